@@ -1,0 +1,191 @@
+"""The typed configuration: one object, loaded once from `PROJECT_DIR/taskweaver_config.yaml`.
+
+Every key has a default, so an empty file is a valid project. `--set a.b=value` overrides are
+parsed as YAML and applied before validation, so they are checked exactly like the file.
+Errors name the file, the key and what was expected, on one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from taskweaver_lite.errors import ConfigError
+
+CONFIG_FILE_NAME = "taskweaver_config.yaml"
+
+Strategy = Literal["round_compression", "sliding_window", "summary_buffer", "none"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LLMConfig(_Section):
+    """Where and how the chat model is called."""
+
+    api_base: str | None = None
+    api_key: SecretStr | None = None
+    model: str = "gpt-4o-mini"
+    context_window: int = Field(128_000, gt=256)
+    reply_reserve: int = Field(4_096, ge=0, description="tokens kept free for the model's reply")
+    margin: int = Field(256, ge=0, description="tokens kept free for counting differences")
+    json_mode: bool = Field(True, description="send response_format=json_object")
+    timeout: float = Field(120.0, gt=0)
+    max_retries: int = Field(2, ge=0)
+    tokenizer: Literal["o200k_base", "cl100k_base"] = "o200k_base"
+
+
+class RoleConfig(_Section):
+    """Per-role prompt history settings."""
+
+    prompt_compression: bool = True
+    strategy: Strategy = "round_compression"
+
+
+class RoundCompressorConfig(_Section):
+    """When and how old rounds fold into a summary."""
+
+    rounds_to_compress: int = Field(2, ge=1)
+    rounds_to_retain: int = Field(3, ge=0)
+    fold_token_trigger: int = Field(
+        24_000, ge=0, description="fold early when unfolded rounds exceed this many tokens (0: off)"
+    )
+    summary_placement: Literal["system", "first_user"] = "system"
+    retry_backoff: float = Field(30.0, ge=0, description="seconds before a failed fold is retried")
+    summary_buffer_rounds: int = Field(10, ge=1, description="rounds kept verbatim by summary_buffer")
+    max_summary_tokens: int = Field(1_500, ge=64)
+
+
+class SessionConfig(_Section):
+    """One user turn."""
+
+    max_internal_hops: int = Field(10, ge=1)
+    max_repair_attempts: int = Field(3, ge=0, description="repair turns per round for bad replies")
+
+
+class CodeInterpreterConfig(_Section):
+    """Code writing and its retries."""
+
+    max_retry_count: int = Field(3, ge=0)
+
+
+class ExecutionConfig(_Section):
+    """The Jupyter kernel that runs generated code."""
+
+    timeout: float = Field(120.0, gt=0)
+    output_budget: int = Field(4_000, ge=200, description="characters of output kept for prompts")
+    allowed_env: list[str] = Field(default_factory=list, description="secret-looking env vars to pass")
+    kernel_start_timeout: float = Field(60.0, gt=0)
+
+
+class StoreConfig(_Section):
+    """Where sessions are kept."""
+
+    path: str = "sessions.db"
+    record_prompts: bool = False
+
+
+class Config(_Section):
+    """Everything a session needs, validated."""
+
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    planner: RoleConfig = Field(default_factory=RoleConfig)
+    code_generator: RoleConfig = Field(default_factory=RoleConfig)
+    round_compressor: RoundCompressorConfig = Field(default_factory=RoundCompressorConfig)
+    session: SessionConfig = Field(default_factory=SessionConfig)
+    code_interpreter: CodeInterpreterConfig = Field(default_factory=CodeInterpreterConfig)
+    execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    # Not a YAML key: where the project lives, filled in by load_config.
+    project_dir: Path = Field(default=Path("project"), exclude=True)
+
+    @property
+    def sessions_dir(self) -> Path:
+        """Folder holding one working folder per session."""
+        return self.project_dir / "sessions"
+
+    @property
+    def store_path(self) -> Path:
+        """The SQLite file, relative paths taken from the project folder."""
+        path = Path(self.store.path).expanduser()
+        return path if path.is_absolute() else self.project_dir / path
+
+
+def load_config(project_dir: str | Path = "project", overrides: list[str] | None = None) -> Config:
+    """Read the project's YAML, apply `KEY=VALUE` overrides, and validate once."""
+    project = Path(project_dir)
+    path = project / CONFIG_FILE_NAME
+    if not project.is_dir():
+        raise ConfigError(f"{project}: project folder not found (pass -p PROJECT_DIR)")
+    data: dict[str, Any] = {}
+    if path.exists():
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{path}:{where} is not valid YAML ({_first_line(exc)}); fix the syntax") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections (llm:, planner:, ...) at the top")
+        data = loaded or {}
+    for item in overrides or []:
+        _apply_override(data, item)
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path, overrides or [])) from None
+    config.project_dir = project
+    return config
+
+
+def _apply_override(data: dict[str, Any], item: str) -> None:
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {item}: expected KEY=VALUE, for example --set llm.model=gpt-4o")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    parts = key.split(".")
+    node: Any = Config
+    for part in parts:
+        fields = getattr(node, "model_fields", None)
+        if fields is None or part not in fields or part == "project_dir":
+            raise ConfigError(f"--set {key}: unknown config key '{part}'; known here: {_known(node)}")
+        node = fields[part].annotation
+    target = data
+    for part in parts[:-1]:
+        child = target.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            target[part] = child
+        target = child
+    target[parts[-1]] = value
+
+
+def _known(node: Any) -> str:
+    fields = getattr(node, "model_fields", {})
+    return ", ".join(name for name in fields if name != "project_dir") or "(none: this is a value)"
+
+
+def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
+    err = exc.errors()[0]
+    key = ".".join(str(p) for p in err["loc"])
+    source = next((f"--set {o}" for o in overrides if o.split("=", 1)[0].strip() == key), str(path))
+    if err["type"] == "extra_forbidden":
+        parent = Config
+        for part in err["loc"][:-1]:
+            parent = parent.model_fields[str(part)].annotation  # type: ignore[assignment]
+        return f"{source}: unknown key '{key}'; known keys here: {_known(parent)}"
+    got = err.get("input")
+    shown = "" if "api_key" in key else f", got {got!r}"
+    return f"{source}: key '{key}': {err['msg'].lower()}{shown}"
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -1,0 +1,64 @@
+"""The error tree: every `str()` here is written for the person at the prompt.
+
+`TaskWeaverError` and its subclasses are shown to the user as they are. Fatal ones (bad config,
+an LLM that cannot be reached) end the CLI with a non-zero exit; recoverable ones (a reply that
+breaks the schema, code that fails) are recorded on the round and sent back to the model.
+"""
+
+from __future__ import annotations
+
+
+class TaskWeaverError(Exception):
+    """Base class: the message is meant for the user."""
+
+
+class ConfigError(TaskWeaverError):
+    """The configuration file or a `--set` override is wrong."""
+
+
+class LLMError(TaskWeaverError):
+    """A model call failed after the SDK's retries."""
+
+
+class LLMAuthError(LLMError):
+    """The endpoint refused the API key."""
+
+
+class LLMUnreachableError(LLMError):
+    """The endpoint could not be reached (connection refused, DNS, timeout)."""
+
+
+class LLMModelNotFoundError(LLMError):
+    """The endpoint does not serve the configured model."""
+
+
+class LLMRateLimitError(LLMError):
+    """The endpoint kept answering 429 after the retries."""
+
+
+class LLMContextTooLongError(LLMError):
+    """The endpoint rejected the prompt as longer than the model's context."""
+
+
+class ReplyFormatError(TaskWeaverError):
+    """A model reply could not be read as the JSON its role must answer in."""
+
+
+class RoundFailedError(TaskWeaverError):
+    """A round could not be finished; the session goes on without it."""
+
+
+class ContextOverflowError(TaskWeaverError):
+    """Even the current round alone does not fit the model's context window."""
+
+
+class KernelError(TaskWeaverError):
+    """The Jupyter kernel could not be started or reached."""
+
+
+class StoreError(TaskWeaverError):
+    """The session store is unreadable, locked, or from a newer version."""
+
+
+class SessionBusyError(StoreError):
+    """Another process has this session open."""
