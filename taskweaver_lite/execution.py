@@ -161,6 +161,10 @@ class Executor(Protocol):
         """The latest snapshot of user variables (from the last cell; no kernel round trip)."""
         ...
 
+    def restart(self) -> tuple[str, ...]:
+        """Start a fresh kernel; returns the names of the variables that were lost."""
+        ...
+
     def shutdown(self) -> None:
         """End the kernel and everything it started."""
         ...

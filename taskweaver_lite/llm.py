@@ -5,8 +5,24 @@ Roles and compression only see `ChatModel`; `OpenAIChatModel` is the real one.
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from dataclasses import dataclass
-from typing import Literal, Protocol, Sequence, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence, TypedDict
+from urllib.parse import urlsplit
+
+from taskweaver_lite.errors import (
+    LLMAuthError,
+    LLMContextTooLongError,
+    LLMError,
+    LLMModelNotFoundError,
+    LLMRateLimitError,
+    LLMUnreachableError,
+)
+
+if TYPE_CHECKING:
+    from taskweaver_lite.config import LLMConfig
 
 
 class Message(TypedDict):
@@ -33,3 +49,259 @@ class ChatModel(Protocol):
     def complete(self, messages: Sequence[Message], *, purpose: str) -> Completion:
         """Answer `messages`; `purpose` names the caller (planner, code_generator, compression_planner...)."""
         ...
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One model call as it happened: what was sent, what came back, what it cost."""
+
+    purpose: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency: float
+    ok: bool
+    error: str | None
+    messages: tuple[Message, ...]
+    reply: str | None
+    # False when the endpoint sent no usage numbers, so the token counts above are 0, not measured.
+    usage_reported: bool = True
+
+
+@dataclass(frozen=True)
+class UsageTotals:
+    """Token usage summed over every call a client made."""
+
+    calls: int = 0
+    failed_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    calls_without_usage: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt and completion tokens together."""
+        return self.prompt_tokens + self.completion_tokens
+
+
+class OpenAIChatModel:
+    """`ChatModel` over the openai SDK: its retries and timeouts, one clear error per failure.
+
+    Safe to call from several threads at once; `on_call` then runs on each calling thread.
+    """
+
+    def __init__(self, config: LLMConfig, *, on_call: Callable[[CallRecord], None] | None = None) -> None:
+        import openai  # here, not at module level: it costs ~0.4 s and `--help` must not pay it
+
+        self._config = config
+        self._on_call = on_call
+        self._lock = threading.Lock()
+        self._calls: list[CallRecord] = []
+        self._totals = UsageTotals()
+        base_url = config.api_base or os.environ.get("OPENAI_BASE_URL") or None
+        self.base_url = (base_url or _OPENAI_BASE_URL).rstrip("/")
+        self.host = urlsplit(self.base_url).netloc or self.base_url
+        key = (config.api_key.get_secret_value() if config.api_key is not None else "") or os.environ.get(
+            "OPENAI_API_KEY", ""
+        )
+        if not key:
+            if self.host == urlsplit(_OPENAI_BASE_URL).netloc:
+                raise LLMAuthError(
+                    f"no API key for {self.base_url}: set llm.api_key in taskweaver_config.yaml "
+                    "or the OPENAI_API_KEY environment variable"
+                )
+            key = _LOCAL_SERVER_KEY  # Ollama, vLLM, LM Studio... accept any key
+        self._key = key
+        self._client = openai.OpenAI(
+            api_key=key,
+            base_url=self.base_url,
+            timeout=config.timeout,
+            max_retries=config.max_retries,
+        )
+
+    @property
+    def calls(self) -> list[CallRecord]:
+        """Every call made so far, oldest first."""
+        with self._lock:
+            return list(self._calls)
+
+    def usage_totals(self) -> UsageTotals:
+        """Tokens and calls summed over this client's life."""
+        with self._lock:
+            return self._totals
+
+    def complete(self, messages: Sequence[Message], *, purpose: str) -> Completion:
+        """Send one Chat Completions request; raise an `LLMError` subclass when it fails."""
+        import openai
+
+        request: dict[str, Any] = {"model": self._config.model, "messages": list(messages)}
+        if self._config.json_mode:
+            request["response_format"] = {"type": "json_object"}
+        started = time.perf_counter()
+        try:
+            response = self._client.chat.completions.create(**request)
+        except openai.OpenAIError as exc:
+            raise self._failed(purpose, messages, started, self._translate(exc)) from exc
+        latency = time.perf_counter() - started
+        choices = getattr(response, "choices", None)
+        if not choices:
+            # A wrong api_base often lands on a web page or another API that answers 200.
+            raise self._failed(
+                purpose,
+                messages,
+                started,
+                LLMError(
+                    f"{self.base_url} did not answer with a chat completion; check llm.api_base "
+                    "(for most servers it ends in /v1)"
+                ),
+            )
+        text = choices[0].message.content or ""
+        usage = response.usage
+        record = CallRecord(
+            purpose=purpose,
+            prompt_tokens=usage.prompt_tokens if usage is not None else 0,
+            completion_tokens=usage.completion_tokens if usage is not None else 0,
+            latency=latency,
+            ok=True,
+            error=None,
+            messages=tuple(messages),
+            reply=text,
+            usage_reported=usage is not None,
+        )
+        self._record(record)
+        return Completion(
+            text=text,
+            prompt_tokens=record.prompt_tokens,
+            completion_tokens=record.completion_tokens,
+            latency=latency,
+            finish_reason=choices[0].finish_reason,
+        )
+
+    def close(self) -> None:
+        """Release the HTTP connections."""
+        self._client.close()
+
+    def _failed(self, purpose: str, messages: Sequence[Message], started: float, error: LLMError) -> LLMError:
+        """Record a failed call and hand back the error to raise."""
+        self._record(
+            CallRecord(
+                purpose=purpose,
+                prompt_tokens=0,
+                completion_tokens=0,
+                latency=time.perf_counter() - started,
+                ok=False,
+                error=str(error),
+                messages=tuple(messages),
+                reply=None,
+                usage_reported=False,
+            )
+        )
+        return error
+
+    def _record(self, record: CallRecord) -> None:
+        with self._lock:
+            self._calls.append(record)
+            totals = self._totals
+            self._totals = UsageTotals(
+                calls=totals.calls + 1,
+                failed_calls=totals.failed_calls + (0 if record.ok else 1),
+                prompt_tokens=totals.prompt_tokens + record.prompt_tokens,
+                completion_tokens=totals.completion_tokens + record.completion_tokens,
+                calls_without_usage=totals.calls_without_usage + (0 if record.usage_reported or not record.ok else 1),
+            )
+        if self._on_call is not None:
+            self._on_call(record)
+
+    def _translate(self, exc: Exception) -> LLMError:
+        """One message per failure, naming the host or model and the setting that fixes it."""
+        import openai
+
+        model = self._config.model
+        retries = self._config.max_retries
+        retried = f"after {retries} {'retry' if retries == 1 else 'retries'}" if retries else "with retries off"
+        if isinstance(exc, openai.APITimeoutError):
+            return LLMUnreachableError(
+                f"the model endpoint at {self.host} did not answer within {self._config.timeout:g} s ({retried}); "
+                "check the server, or raise llm.timeout"
+            )
+        if isinstance(exc, openai.APIConnectionError):
+            return LLMUnreachableError(
+                f"cannot reach the model endpoint at {self.host} ({_cause(exc)}, {retried}); "
+                "check llm.api_base or OPENAI_BASE_URL and that the server is running"
+            )
+        if not isinstance(exc, openai.APIStatusError):
+            return LLMError(f"the call to {self.host} failed: {self._scrub(str(exc))}")
+        detail = self._scrub(_server_message(exc))
+        if isinstance(exc, (openai.AuthenticationError, openai.PermissionDeniedError)):
+            return LLMAuthError(f"the API key was refused by {self.host}; check llm.api_key or OPENAI_API_KEY")
+        if isinstance(exc, openai.NotFoundError):
+            if "model" in detail.lower() or exc.code == "model_not_found":
+                return LLMModelNotFoundError(
+                    f"the model '{model}' is not served by {self.host} ({detail}); check llm.model"
+                )
+            return LLMError(
+                f"{self.base_url}/chat/completions was not found on {self.host} (HTTP 404: {detail}); "
+                "check llm.api_base (for most servers it ends in /v1)"
+            )
+        if isinstance(exc, openai.RateLimitError):
+            if exc.code == "insufficient_quota":
+                return LLMRateLimitError(f"the account behind the API key has no quota left at {self.host} ({detail})")
+            return LLMRateLimitError(
+                f"{self.host} kept answering 'rate limited' (HTTP 429, {retried}): {detail}; "
+                "wait a moment and try again, or raise llm.max_retries"
+            )
+        lowered = detail.lower()
+        if exc.status_code in (400, 413, 422) and any(words in lowered for words in _CONTEXT_WORDS):
+            return LLMContextTooLongError(
+                f"the prompt is longer than model '{model}' accepts at {self.host} ({detail}); "
+                "set llm.context_window to the model's real context size so prompts are compressed to fit"
+            )
+        if exc.status_code in (400, 422) and "response_format" in lowered:
+            return LLMError(
+                f"{self.host} does not accept response_format=json_object for model '{model}' ({detail}); "
+                "run with --set llm.json_mode=false (or set llm.json_mode: false in taskweaver_config.yaml)"
+            )
+        return LLMError(f"the model endpoint at {self.host} answered HTTP {exc.status_code}: {detail}")
+
+    def _scrub(self, text: str) -> str:
+        """Servers sometimes echo the key back; it must never reach the screen or a log."""
+        if len(self._key) < _MIN_SCRUBBED_KEY or self._key == _LOCAL_SERVER_KEY:
+            return text  # too short to mask without garbling ordinary words
+        return text.replace(self._key, "***")
+
+
+_OPENAI_BASE_URL = "https://api.openai.com/v1"
+_LOCAL_SERVER_KEY = "not-needed"
+_MIN_SCRUBBED_KEY = 6
+_CONTEXT_WORDS = (
+    "context length",
+    "context_length",
+    "context window",
+    "maximum context",
+    "too many tokens",
+    "prompt is too long",
+    "input is too long",
+    "exceeds the model",
+)
+_DETAIL_CHARS = 300
+
+
+def _server_message(exc: Any) -> str:
+    body = exc.body
+    message = body.get("message") if isinstance(body, dict) else None
+    if not isinstance(message, str) or not message.strip():
+        message = body if isinstance(body, str) and body.strip() else exc.message
+    flat = " ".join(str(message).split())
+    return flat[:_DETAIL_CHARS] + ("..." if len(flat) > _DETAIL_CHARS else "")
+
+
+def _cause(exc: BaseException) -> str:
+    """The innermost reason for a connection failure, in a few words."""
+    inner: BaseException = exc
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    text = str(inner).lower()
+    if "refused" in text:
+        return "connection refused"
+    if "name or service" in text or "nodename" in text or "getaddrinfo" in text:
+        return "unknown host name"
+    return " ".join(str(inner).split())[:120] or type(inner).__name__

@@ -1,0 +1,7 @@
+"""`python -m taskweaver_lite` is the same program as `taskweaver-lite`."""
+
+import sys
+
+from taskweaver_lite.cli import main
+
+sys.exit(main())

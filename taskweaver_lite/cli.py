@@ -1,0 +1,84 @@
+"""The `taskweaver-lite` command: parse arguments, run a command, turn errors into messages.
+
+Heavy modules (the kernel client, the openai SDK, rich) are imported inside the commands that use
+them, so `taskweaver-lite --help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import Sequence
+
+from taskweaver_lite import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="taskweaver-lite",
+        description="A code-interpreter agent for data analysis: ask in plain language, it plans, writes and runs Python.",
+    )
+    parser.add_argument("--version", action="version", version=f"taskweaver-lite {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    chat = commands.add_parser("chat", help="start (or resume) an interactive session; reads lines from stdin when piped")
+    _project_option(chat)
+    chat.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key (value parsed as YAML); repeatable")
+    chat.add_argument("--resume", metavar="ID", help="continue a stored session ('last' for the newest)")
+    chat.add_argument("--no-replay", action="store_true", help="with --resume: do not re-run earlier cells to rebuild the kernel's variables")
+
+    demo = commands.add_parser("demo", help="a complete analysis of bundled data with a scripted model (no network, no key)")
+    demo.add_argument("-p", "--project", dest="project", default=None, help="where to write the demo project (default: a new temporary folder)")
+    demo.add_argument("--plain", action="store_true", help="plain text output, as when piped")
+
+    sessions = commands.add_parser("sessions", help="list stored sessions, newest first")
+    _project_option(sessions)
+    sessions.add_argument("--json", action="store_true", help="one JSON array on stdout")
+
+    export = commands.add_parser("export", help="write a stored session as a notebook or Markdown")
+    export.add_argument("session_id", metavar="ID", help="session id ('last' for the newest)")
+    _project_option(export)
+    export.add_argument("--format", choices=("ipynb", "md"), required=True)
+    export.add_argument("-o", "--output", metavar="FILE", help="output file (default: <ID>.<format> in the current folder)")
+    return parser
+
+
+def _project_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-p", "--project", dest="project", default="project", metavar="PROJECT_DIR", help="project folder (default: ./project)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    if args.command is None:
+        build_parser().print_help()
+        return 0
+    # SIGTERM becomes SystemExit so that sessions save and kernels stop on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    from taskweaver_lite.errors import TaskWeaverError
+
+    try:
+        if args.command == "chat":
+            from taskweaver_lite.repl import run_chat
+
+            return run_chat(args)
+        if args.command == "demo":
+            from taskweaver_lite.demo import run_demo
+
+            return run_demo(project=args.project, plain=args.plain or not sys.stdout.isatty())
+        if args.command == "sessions":
+            from taskweaver_lite.repl import list_sessions
+
+            return list_sessions(args)
+        from taskweaver_lite.repl import export_session
+
+        return export_session(args)
+    except TaskWeaverError as exc:
+        print(f"taskweaver-lite: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("taskweaver-lite: interrupted", file=sys.stderr)
+        return 130
+

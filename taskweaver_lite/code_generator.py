@@ -1,0 +1,146 @@
+"""The CodeGenerator and the CodeInterpreter around it: write code for a step, run it, fix it.
+
+The CodeGenerator's prompt carries the kernel's live variables (from the execution service's
+snapshot, never from the model's memory), its examples, and its earlier code with results. The
+code runs in the session's kernel; on an error the traceback goes back for a revision, up to
+`code_interpreter.max_retry_count` times, and the outcome goes to the Planner as one post.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from taskweaver_lite.compression import RoleContext, RoundMessages
+from taskweaver_lite.conversation import Post, Round
+from taskweaver_lite.events import Working
+from taskweaver_lite.execution import ExecutionResult, Executor, Variable
+from taskweaver_lite.llm import ChatModel, Message
+from taskweaver_lite.prompts import load_prompt
+from taskweaver_lite.replies import CODE_GENERATOR_SCHEMA
+from taskweaver_lite.role import RepairBudget, as_reply_json, ask_json
+
+
+class CodeInterpreter:
+    """Turns one Planner step into code, runs it, revises it on errors, and reports back."""
+
+    def __init__(
+        self,
+        model: ChatModel,
+        *,
+        executor: Executor,
+        context: RoleContext,
+        examples: Sequence[Message],
+        max_retry_count: int,
+        lost_variables: Callable[[], tuple[str, ...]],
+    ) -> None:
+        self._model = model
+        self._executor = executor
+        self._context = context
+        self._examples = list(examples)
+        self._max_retry = max_retry_count
+        self._lost_variables = lost_variables
+        self._prompt = load_prompt("code_generator")
+
+    @property
+    def context(self) -> RoleContext:
+        """The CodeGenerator's prompt history manager (summary, budget, report)."""
+        return self._context
+
+    def handle(
+        self,
+        request: Post,
+        *,
+        history: Sequence[Round],
+        current: Round,
+        add_post: Callable[[Post], None],
+        repairs: RepairBudget,
+        notify: Callable[[Working], None],
+    ) -> Post:
+        """Work on the Planner's `request` (already in `current`) and return the report to the Planner."""
+        attempts = self._max_retry + 1
+        for attempt in range(1, attempts + 1):
+            notify(Working("code_writing", f"attempt {attempt}" if attempt > 1 else ""))
+            fields = self._generate(history, current, repairs, notify)
+            reply_json = as_reply_json(fields)
+            if fields["reply_type"] == "text":
+                return Post(send_from="CodeInterpreter", send_to="Planner", message=fields["reply_content"], thought=fields["thought"], reply_json=reply_json)
+            code = fields["reply_content"]
+            notify(Working("code_running", code))
+            result = self._executor.run(code)
+            final = result.success or result.timed_out or result.kernel_died or attempt == attempts
+            if final:
+                return Post(
+                    send_from="CodeInterpreter",
+                    send_to="Planner",
+                    message=_report(code, result, attempt),
+                    thought=fields["thought"],
+                    code=code,
+                    execution=result,
+                    reply_json=reply_json,
+                )
+            add_post(
+                Post(
+                    send_from="CodeInterpreter",
+                    send_to="CodeInterpreter",
+                    message=self._prompt.render("revise", attempt=attempt + 1, max_attempts=attempts, message=request.message),
+                    thought=fields["thought"],
+                    code=code,
+                    execution=result,
+                    reply_json=reply_json,
+                )
+            )
+        raise AssertionError("unreachable: the last attempt always returns")
+
+    def _generate(self, history: Sequence[Round], current: Round, repairs: RepairBudget, notify: Callable[[Working], None]) -> dict[str, str]:
+        system = self._prompt.render("system", variables=self._executor.variables(), lost=self._lost_variables())
+        built = self._context.build(
+            system=system,
+            examples=self._examples,
+            history=[self.render_round(r) for r in history],
+            current=self.render_round(current),
+        )
+        return ask_json(
+            self._model,
+            built.messages,
+            schema=CODE_GENERATOR_SCHEMA,
+            purpose="code_generator",
+            repairs=repairs,
+            on_repair=lambda problem: notify(Working("repairing", problem)),
+        )
+
+    def render_round(self, rnd: Round) -> RoundMessages:
+        """One round as the CodeGenerator's chat messages: steps, its code, and what the code did."""
+        messages: list[Message] = []
+        lines: list[str] = []
+        for post in rnd.posts:
+            if post.send_from == "Planner" and post.send_to == "CodeInterpreter":
+                messages.append(Message(role="user", content=self._prompt.render("request", message=post.message)))
+                lines.append(f"Planner asked: {post.message}")
+            elif post.send_from == "CodeInterpreter":
+                messages.append(Message(role="assistant", content=post.reply_json or post.message))
+                if post.execution is None:
+                    lines.append(f"CodeGenerator answered: {post.message}")
+                    continue
+                feedback = self._prompt.render("execution", result=post.execution.summary_text())
+                if post.send_to == "CodeInterpreter":
+                    feedback += "\n\n" + post.message
+                messages.append(Message(role="user", content=feedback))
+                lines.append(f"Code:\n{post.code}\n{feedback}")
+        return RoundMessages(index=rnd.index, messages=tuple(messages), summary_text="\n".join(lines))
+
+
+def _report(code: str, result: ExecutionResult, attempt: int) -> str:
+    if result.kernel_died:
+        outcome = "The kernel died while running the code; it was restarted."
+    elif result.timed_out:
+        outcome = "The code ran too long and was stopped."
+    elif result.success:
+        outcome = "The code ran successfully" + (f" (after {attempt - 1} fixes)." if attempt > 1 else ".")
+    else:
+        outcome = f"The code still failed after {attempt} attempts."
+    return f"{outcome}\n```python\n{code.strip()}\n```"
+
+
+def describe_variables(variables: Sequence[Variable]) -> str:
+    """Variables as one line each, the way the CLI's /info and summaries show them."""
+    return "\n".join(f"{v.name} ({v.type}): {v.description}" for v in variables)

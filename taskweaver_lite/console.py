@@ -1,0 +1,156 @@
+"""Rendering a session for a person: live progress, code, outputs, answers.
+
+`RichConsole` is for a terminal: a spinner saying who is working (with elapsed time while code
+runs), highlighted code, outputs, artifact paths, and the answer as Markdown. `PlainConsole` is
+for pipes: only the Planner's final answers go to stdout; progress goes to stderr as plain lines.
+Both are session listeners.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import IO
+
+from rich.console import Console
+from rich.markdown import Markdown
+from rich.panel import Panel
+from rich.status import Status
+from rich.syntax import Syntax
+from rich.text import Text
+
+from taskweaver_lite.conversation import Post
+from taskweaver_lite.events import Event, Folded, PostAdded, RoundEnded, Working
+from taskweaver_lite.execution import ExecutionResult
+
+_ACTIVITY = {
+    "planner_thinking": "Planner is thinking",
+    "code_writing": "CodeGenerator is writing code",
+    "code_running": "Running code",
+    "repairing": "Asking the model to fix a malformed reply",
+}
+
+
+def fold_line(event: Folded) -> str:
+    """One line about a background fold, e.g. 'Planner: folded rounds 1-4, 5,210 -> 380 tokens'."""
+    role = {"planner": "Planner", "code_generator": "CodeGenerator"}.get(event.role, event.role)
+    rounds = f"{event.first_round}-{event.last_round}" if event.first_round != event.last_round else str(event.first_round)
+    if event.ok:
+        return f"{role}: folded rounds {rounds}, {event.tokens_before:,} -> {event.tokens_after:,} tokens"
+    return f"{role}: could not fold rounds {rounds} ({event.error}); keeping them verbatim and retrying later"
+
+
+class _Elapsed:
+    """A status line that shows how long the current activity has run (re-rendered by rich)."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.started = time.monotonic()
+
+    def __rich__(self) -> Text:
+        return Text(f"{self.label}… {time.monotonic() - self.started:.1f} s")
+
+
+class RichConsole:
+    """Renders events on a terminal."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(highlight=False)
+        self._status: Status | None = None
+        self._lock = threading.RLock()
+
+    def __call__(self, event: Event) -> None:
+        with self._lock:
+            self._render(event)
+
+    def _render(self, event: Event) -> None:
+        if isinstance(event, Working):
+            if event.activity == "repairing":
+                self._print(Text(f"The model's reply was malformed ({event.detail}); asking it to fix it.", style="yellow"))
+            if event.activity == "code_running":
+                self._print(Syntax(event.detail.strip(), "python", theme="monokai", line_numbers=False, word_wrap=True))
+            self._set_status(_ACTIVITY[event.activity])
+        elif isinstance(event, PostAdded):
+            self._post(event.post)
+        elif isinstance(event, Folded):
+            self._print(Text(fold_line(event), style="dim cyan" if event.ok else "yellow"))
+        elif isinstance(event, RoundEnded):
+            self.stop_status()
+            if event.round.state == "failed" and event.round.error:
+                self._print(Text(f"This request failed: {event.round.error}", style="bold red"))
+
+    def _post(self, post: Post) -> None:
+        if post.send_from == "Planner" and post.send_to == "CodeInterpreter":
+            step = f" [{post.plan.current_plan_step}]" if post.plan and post.plan.current_plan_step else ""
+            self._print(Text(f"Planner → CodeInterpreter{step}: {post.message}", style="cyan"))
+        elif post.send_from == "CodeInterpreter" and post.execution is not None:
+            self.stop_status()
+            self._execution(post.execution, retrying=post.send_to == "CodeInterpreter")
+        elif post.send_from == "CodeInterpreter":
+            self._print(Text(f"CodeInterpreter: {post.message}", style="cyan"))
+        elif post.send_to == "User":
+            self.stop_status()
+            self._print(Panel(Markdown(post.message), title="Answer", border_style="green"))
+
+    def _execution(self, result: ExecutionResult, *, retrying: bool) -> None:
+        style = "green" if result.success else "red"
+        body = result.summary_text()
+        title = f"Result ({result.elapsed:.2f} s)" + (" — revising the code" if retrying else "")
+        self._print(Panel(Text(body), title=title, border_style=style))
+
+    def _set_status(self, label: str) -> None:
+        if not self.console.is_terminal:
+            return
+        if self._status is None:
+            self._status = self.console.status(_Elapsed(label), spinner="dots")
+            self._status.start()
+        else:
+            self._status.update(_Elapsed(label))
+
+    def stop_status(self) -> None:
+        """Remove the spinner (before printing an answer or returning to the prompt)."""
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def _print(self, renderable: object) -> None:
+        self.console.print(renderable)
+
+
+class PlainConsole:
+    """Renders events for pipes: answers on stdout, progress on stderr, no colour."""
+
+    def __init__(self, out: IO[str] | None = None, err: IO[str] | None = None) -> None:
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self._lock = threading.Lock()
+
+    def __call__(self, event: Event) -> None:
+        with self._lock:
+            self._render(event)
+
+    def _render(self, event: Event) -> None:
+        if isinstance(event, Working) and event.activity != "code_running":
+            self._progress(_ACTIVITY[event.activity] + (f": {event.detail}" if event.detail else ""))
+        elif isinstance(event, Working):
+            self._progress("Running code:\n" + _indent(event.detail.strip()))
+        elif isinstance(event, Folded):
+            self._progress(fold_line(event))
+        elif isinstance(event, RoundEnded) and event.round.state == "failed":
+            self._progress(f"This request failed: {event.round.error}")
+        elif isinstance(event, PostAdded):
+            post = event.post
+            if post.send_to == "User":
+                print(post.message, file=self.out, flush=True)
+            elif post.send_from == "CodeInterpreter" and post.execution is not None:
+                self._progress(_indent(post.execution.summary_text()))
+            elif post.send_from == "Planner":
+                self._progress(f"Planner -> CodeInterpreter: {post.message}")
+
+    def _progress(self, text: str) -> None:
+        print(text, file=self.err, flush=True)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())

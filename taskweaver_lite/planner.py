@@ -1,0 +1,105 @@
+"""The Planner: reads the user's request and the results so far, then answers or delegates a step.
+
+Its prompt is `prompts/planner.yaml` with the project's examples and its own view of the
+conversation: the user's messages, its own replies, and the CodeInterpreter's reports.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+from taskweaver_lite.compression import RoleContext, RoundMessages
+from taskweaver_lite.conversation import Plan, Post, Round
+from taskweaver_lite.llm import ChatModel, Message
+from taskweaver_lite.prompts import load_prompt
+from taskweaver_lite.replies import PLANNER_SCHEMA
+from taskweaver_lite.role import RepairBudget, as_reply_json, ask_json
+
+
+class Planner:
+    """Plans a request and decides, hop by hop, whether to delegate or to answer."""
+
+    def __init__(
+        self,
+        model: ChatModel,
+        *,
+        context: RoleContext,
+        examples: Sequence[Message],
+        max_hops: int,
+        working_files: Callable[[], list[str]],
+    ) -> None:
+        self._model = model
+        self._context = context
+        self._examples = list(examples)
+        self._max_hops = max_hops
+        self._working_files = working_files
+        self._prompt = load_prompt("planner")
+
+    @property
+    def context(self) -> RoleContext:
+        """The Planner's prompt history manager (summary, budget, report)."""
+        return self._context
+
+    def reply(self, history: Sequence[Round], current: Round, *, repairs: RepairBudget, on_repair: Callable[[str], None] | None = None) -> Post:
+        """The Planner's next post in `current`: to the CodeInterpreter or to the User."""
+        system = self._prompt.render("system", max_hops=self._max_hops, files=self._working_files())
+        built = self._context.build(
+            system=system,
+            examples=self._examples,
+            history=[self.render_round(r) for r in history],
+            current=self.render_round(current),
+        )
+        fields = ask_json(self._model, built.messages, schema=PLANNER_SCHEMA, purpose="planner", repairs=repairs, on_repair=on_repair)
+        return Post(
+            send_from="Planner",
+            send_to=fields["send_to"],
+            message=fields["message"],
+            plan=Plan(init_plan=fields["init_plan"], plan=fields["plan"], current_plan_step=fields["current_plan_step"]),
+            reply_json=as_reply_json(fields),
+        )
+
+    def hop_limit_post(self, *, hops: int, last: str) -> Post:
+        """The message the user gets when a request used up its hops."""
+        return Post(send_from="Planner", send_to="User", message=self._prompt.render("hop_limit", hops=hops, last=last))
+
+    def file_note(self, name: str) -> str:
+        """The note that tells the Planner a file was loaded into the working folder."""
+        return self._prompt.render("file_loaded", name=name)
+
+    def render_round(self, rnd: Round) -> RoundMessages:
+        """One round as the Planner's chat messages (only posts the Planner sent or received)."""
+        messages: list[Message] = []
+        lines: list[str] = []
+        for post in rnd.posts:
+            if post.send_to == "Planner" and post.send_from == "User":
+                messages.append(Message(role="user", content=self._prompt.render("user", text=post.message)))
+                lines.append(f"User: {post.message}")
+            elif post.send_to == "Planner" and post.send_from == "CodeInterpreter":
+                result = post.execution.summary_text() if post.execution else ""
+                text = self._prompt.render("code_interpreter", message=post.message, result=result)
+                messages.append(Message(role="user", content=text))
+                lines.append(text)
+            elif post.send_from == "Planner":
+                messages.append(Message(role="assistant", content=post.reply_json or post.message))
+                lines.append(f"Planner to {post.send_to}: {post.message}")
+        return RoundMessages(index=rnd.index, messages=tuple(messages), summary_text="\n".join(lines))
+
+
+def list_working_files(folder: Path, *, limit: int = 30) -> list[str]:
+    """Data files in the kernel's working folder, with sizes, for the Planner's prompt."""
+    if not folder.is_dir():
+        return []
+    found = sorted(p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    shown = [f"{p.relative_to(folder)} ({_size(p.stat().st_size)})" for p in found[:limit]]
+    if len(found) > limit:
+        shown.append(f"... and {len(found) - limit} more files")
+    return shown
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n:.1f} GB"

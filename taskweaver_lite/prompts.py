@@ -1,0 +1,56 @@
+"""Prompt templates: Jinja2 text in YAML files under `prompts/`, rendered with StrictUndefined.
+
+Each YAML file maps part names (`system`, `revise`, ...) to Jinja2 templates. The files live at the
+repository's top level and ship inside the installed package as `taskweaver_lite.prompts`.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from taskweaver_lite.errors import ConfigError
+
+_REPO_PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
+_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False, autoescape=False)
+
+
+class PromptTemplate:
+    """The named parts of one prompt file, ready to render."""
+
+    def __init__(self, name: str, parts: dict[str, str]) -> None:
+        self.name = name
+        self._templates = {part: _ENV.from_string(text) for part, text in parts.items()}
+
+    def render(self, part: str, /, **values: Any) -> str:
+        """Render one part; a missing value is an error, never an empty string."""
+        try:
+            template = self._templates[part]
+        except KeyError:
+            raise ConfigError(f"prompts/{self.name}.yaml: no part '{part}'; it has {', '.join(self._templates)}") from None
+        return template.render(**values).strip()
+
+
+@functools.cache
+def load_prompt(name: str) -> PromptTemplate:
+    """Load `prompts/<name>.yaml` (from the checkout if present, else the installed package)."""
+    text = _read(f"{name}.yaml")
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise ConfigError(f"prompts/{name}.yaml: expected a mapping of part names to template text")
+    return PromptTemplate(name, data)
+
+
+def _read(file_name: str) -> str:
+    local = _REPO_PROMPTS / file_name
+    if local.is_file():
+        return local.read_text(encoding="utf-8")
+    try:
+        return resources.files("taskweaver_lite.prompts").joinpath(file_name).read_text(encoding="utf-8")
+    except (FileNotFoundError, ModuleNotFoundError):
+        raise ConfigError(f"prompt file {file_name} is missing from the installation; reinstall taskweaver-lite") from None

@@ -1,0 +1,57 @@
+"""What the Planner and the CodeGenerator share: a model call that must come back as valid JSON.
+
+A reply that breaks its schema gets a repair turn telling the model exactly what was wrong. The
+number of repair turns is counted per round, across both roles, so a confused model cannot loop.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from taskweaver_lite.errors import ReplyFormatError, RoundFailedError
+from taskweaver_lite.llm import ChatModel, Message
+from taskweaver_lite.replies import ReplySchema, parse_reply, repair_message
+
+
+@dataclass
+class RepairBudget:
+    """Repair turns left in the current round."""
+
+    left: int
+
+
+def ask_json(
+    model: ChatModel,
+    messages: Sequence[Message],
+    *,
+    schema: ReplySchema,
+    purpose: str,
+    repairs: RepairBudget,
+    on_repair: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Call the model and return the reply's fields, repairing bad replies while the budget lasts."""
+    conversation = list(messages)
+    while True:
+        completion = model.complete(conversation, purpose=purpose)
+        try:
+            return parse_reply(completion.text, schema)
+        except ReplyFormatError as problem:
+            if repairs.left <= 0:
+                raise RoundFailedError(
+                    f"The {schema.name} kept answering in a broken format and the repair turns for this "
+                    f"request are used up. Last problem: {problem}"
+                ) from None
+            repairs.left -= 1
+            if on_repair is not None:
+                on_repair(str(problem))
+            conversation += [
+                Message(role="assistant", content=completion.text),
+                Message(role="user", content=repair_message(problem, schema)),
+            ]
+
+
+def as_reply_json(fields: dict[str, Any], *, wrapper: str | None = "response") -> str:
+    """The reply as clean JSON, the form it is replayed to the model in later prompts."""
+    return json.dumps({wrapper: fields} if wrapper else fields, ensure_ascii=False)

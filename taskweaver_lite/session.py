@@ -1,0 +1,303 @@
+"""A session: one conversation, one kernel, and the turn loop that connects them.
+
+    config = load_config("project")
+    with Session.open(config) as session:
+        print(session.ask("load sales.csv; which region grew fastest?").answer)
+
+A turn runs hop by hop: the Planner answers the user or delegates a step; the CodeInterpreter
+writes and runs code for it; its report goes back to the Planner. Listeners (the CLI, the store)
+observe every event; they never drive the turn.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from taskweaver_lite.code_generator import CodeInterpreter
+from taskweaver_lite.compression import LiveVariables, RoleContext
+from taskweaver_lite.config import Config
+from taskweaver_lite.conversation import Conversation, Post, Round
+from taskweaver_lite.errors import LLMError, RoundFailedError, TaskWeaverError
+from taskweaver_lite.events import Event, Folded, Listener, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
+from taskweaver_lite.examples import load_examples
+from taskweaver_lite.execution import Executor
+from taskweaver_lite.llm import ChatModel, Completion, Message
+from taskweaver_lite.planner import Planner, list_working_files
+from taskweaver_lite.role import RepairBudget
+from taskweaver_lite.tokens import get_tokenizer
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Model calls and tokens so far in this session."""
+
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Session:
+    """One conversation with its kernel: ask, load files, reset, and inspect the context."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        model: ChatModel,
+        executor: Executor,
+        session_id: str,
+        working_dir: Path,
+        listeners: Iterable[Listener] = (),
+    ) -> None:
+        self.config = config
+        self.id = session_id
+        self.working_dir = working_dir
+        self.executor = executor
+        self.conversation = Conversation()
+        self._listeners = list(listeners)
+        self._model = _MeteredModel(model, emit=self._emit, keep_prompts=config.store.record_prompts)
+        self._notes: list[str] = []
+        self._lost: list[str] = []
+        self._tokenizer = get_tokenizer(config.llm.tokenizer)
+        self.planner, self.code_interpreter = self._build_roles()
+
+    def _build_roles(self) -> tuple[Planner, CodeInterpreter]:
+        config = self.config
+        planner_context = RoleContext("planner", config=config, model=self._model, tokenizer=self._tokenizer, on_fold=self._on_fold)
+        coder_context = RoleContext(
+            "code_generator",
+            config=config,
+            model=self._model,
+            tokenizer=self._tokenizer,
+            live_variables=self.live_variables,
+            on_fold=self._on_fold,
+        )
+        planner = Planner(
+            self._model,
+            context=planner_context,
+            examples=load_examples(config.project_dir, "planner"),
+            max_hops=config.session.max_internal_hops,
+            working_files=lambda: list_working_files(self.working_dir),
+        )
+        code_interpreter = CodeInterpreter(
+            self._model,
+            executor=self.executor,
+            context=coder_context,
+            examples=load_examples(config.project_dir, "code_generator"),
+            max_retry_count=config.code_interpreter.max_retry_count,
+            lost_variables=lambda: self.live_variables().lost,
+        )
+        return planner, code_interpreter
+
+    @classmethod
+    def open(
+        cls,
+        config: Config,
+        *,
+        model: ChatModel | None = None,
+        listeners: Iterable[Listener] = (),
+        session_id: str | None = None,
+    ) -> Session:
+        """Start a session: its kernel boots in the background while the first request is typed."""
+        from taskweaver_lite.kernel import KernelExecutor
+        from taskweaver_lite.llm import OpenAIChatModel
+
+        session_id = session_id or new_session_id()
+        chat_model = model or OpenAIChatModel(config.llm)
+        executor = KernelExecutor(config.sessions_dir / session_id, config=config.execution)
+        return cls(config, model=chat_model, executor=executor, session_id=session_id, working_dir=executor.cwd, listeners=listeners)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def add_listener(self, listener: Listener) -> None:
+        """Observe every event from now on (the CLI renderer, the store)."""
+        self._listeners.append(listener)
+
+    def ask(self, text: str) -> Round:
+        """Handle one user request to the end and return its round.
+
+        A reply that cannot be repaired fails the round and the session goes on. A model error
+        (unreachable, refused) fails the round and is raised. Ctrl-C (KeyboardInterrupt) cancels
+        the step, fails the round, and is raised after the kernel has stopped.
+        """
+        history = [r for r in self.conversation.rounds if r.state == "finished"]
+        rnd = self.conversation.start_round(text)
+        self._emit(RoundStarted(rnd))
+        message = "\n\n".join([*self._notes, text])
+        self._notes.clear()
+        try:
+            self._add(rnd, Post(send_from="User", send_to="Planner", message=message))
+            self._run_hops(rnd, history)
+            rnd.state = "finished"
+        except RoundFailedError as exc:
+            self._fail(rnd, str(exc))
+            return rnd
+        except (LLMError, TaskWeaverError) as exc:
+            self._fail(rnd, str(exc))
+            raise
+        except KeyboardInterrupt:
+            self._fail(rnd, "Cancelled by the user.")
+            raise
+        self._emit(RoundEnded(rnd))
+        self._after_round()
+        return rnd
+
+    def _run_hops(self, rnd: Round, history: Sequence[Round]) -> None:
+        repairs = RepairBudget(self.config.session.max_repair_attempts)
+        planner_view = [r.visible_to("Planner") for r in history]
+        coder_view = [r.visible_to("CodeInterpreter") for r in history]
+        max_hops = self.config.session.max_internal_hops
+        hops = 0
+        while True:
+            self._emit(Working("planner_thinking"))
+            post = self.planner.reply(planner_view, rnd.visible_to("Planner"), repairs=repairs, on_repair=self._on_repair)
+            if post.send_to == "CodeInterpreter" and hops >= max_hops:
+                self._add(rnd, self.planner.hop_limit_post(hops=hops, last=_last_report(rnd)))
+                return
+            self._add(rnd, post)
+            if post.send_to == "User":
+                return
+            hops += 1
+            report = self.code_interpreter.handle(
+                post,
+                history=coder_view,
+                current=rnd,
+                add_post=lambda p: self._add(rnd, p),
+                repairs=repairs,
+                notify=self._emit,
+            )
+            self._add(rnd, report)
+
+    def load_file(self, source: str | Path) -> Path:
+        """Copy a data file into the working folder and tell the Planner with the next request."""
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise TaskWeaverError(f"{path}: no such file")
+        target = self.working_dir / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if path.resolve() != target.resolve():
+            shutil.copy2(path, target)
+        self._notes.append(self.planner.file_note(path.name))
+        return target
+
+    def reset(self) -> None:
+        """Start over: a fresh conversation and a fresh kernel, same working folder."""
+        for context in self.contexts().values():
+            context.close()
+        self.executor.restart()
+        self.conversation = Conversation()
+        self._notes.clear()
+        self._lost.clear()
+        self.planner, self.code_interpreter = self._build_roles()
+
+    def live_variables(self) -> LiveVariables:
+        """The kernel's variables now, and names lost to restarts that were not recreated."""
+        variables = self.executor.variables()
+        alive = {v.name for v in variables}
+        lost = tuple(dict.fromkeys(n for n in self._lost if n not in alive))
+        return LiveVariables(variables=variables, lost=lost)
+
+    def contexts(self) -> dict[str, RoleContext]:
+        """Each role's prompt history manager, by role name."""
+        return {"Planner": self.planner.context, "CodeGenerator": self.code_interpreter.context}
+
+    def usage(self) -> Usage:
+        """Model calls and tokens used so far."""
+        return self._model.usage()
+
+    def close(self) -> None:
+        """Stop background folds and the kernel."""
+        for context in self.contexts().values():
+            context.close()
+        self.executor.shutdown()
+
+    def _after_round(self) -> None:
+        finished = [r for r in self.conversation.rounds if r.state == "finished"]
+        self.planner.context.round_finished([self.planner.render_round(r.visible_to("Planner")) for r in finished])
+        self.code_interpreter.context.round_finished(
+            [self.code_interpreter.render_round(r.visible_to("CodeInterpreter")) for r in finished]
+        )
+
+    def _add(self, rnd: Round, post: Post) -> None:
+        rnd.posts.append(post)
+        if post.execution is not None and post.execution.kernel_died:
+            self._lost.extend(post.execution.lost_variables)
+        self._emit(PostAdded(rnd, post))
+
+    def _fail(self, rnd: Round, error: str) -> None:
+        rnd.state = "failed"
+        rnd.error = error
+        self._emit(RoundEnded(rnd))
+
+    def _on_repair(self, problem: str) -> None:
+        self._emit(Working("repairing", problem))
+
+    def _on_fold(self, event: object) -> None:
+        self._emit(Folded(**vars(event)))
+
+    def _emit(self, event: Event) -> None:
+        for listener in list(self._listeners):
+            listener(event)
+
+
+def new_session_id() -> str:
+    """A sortable, readable session id: date, time, and a short random suffix."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+
+
+def _last_report(rnd: Round) -> str:
+    for post in reversed(rnd.posts):
+        if post.send_from == "CodeInterpreter":
+            return post.execution.summary_text() if post.execution else post.message
+    return "(no results yet)"
+
+
+class _MeteredModel:
+    """Wraps the chat model to count calls and tokens and to report each call as an event."""
+
+    def __init__(self, inner: ChatModel, *, emit: Listener, keep_prompts: bool) -> None:
+        self.inner = inner
+        self._emit = emit
+        self._keep_prompts = keep_prompts
+        self._lock = threading.Lock()
+        self._totals = Usage(0, 0, 0)
+
+    def complete(self, messages: Sequence[Message], *, purpose: str) -> Completion:
+        """Forward to the real model, then record what the call cost."""
+        started = time.perf_counter()
+        prompt = tuple(dict(m) for m in messages) if self._keep_prompts else None
+        try:
+            completion = self.inner.complete(messages, purpose=purpose)
+        except TaskWeaverError as exc:
+            self._emit(ModelCalled(purpose, 0, 0, time.perf_counter() - started, ok=False, error=str(exc), prompt=prompt))
+            raise
+        with self._lock:
+            t = self._totals
+            self._totals = Usage(t.calls + 1, t.prompt_tokens + completion.prompt_tokens, t.completion_tokens + completion.completion_tokens)
+        self._emit(
+            ModelCalled(
+                purpose,
+                completion.prompt_tokens,
+                completion.completion_tokens,
+                completion.latency,
+                ok=True,
+                prompt=prompt,
+                reply=completion.text if self._keep_prompts else None,
+            )
+        )
+        return completion
+
+    def usage(self) -> Usage:
+        """Totals so far."""
+        with self._lock:
+            return self._totals
