@@ -1,3 +1,30 @@
-"""taskweaver_lite: a light code-interpreter agent for data analysis."""
+"""taskweaver_lite: a light code-interpreter agent for data analysis.
+
+    from taskweaver_lite import Session, load_config
+    with Session.open(load_config("project")) as session:
+        print(session.ask("load sales.csv; which region grew fastest?").answer)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+__all__ = ["Session", "load_config", "__version__"]
+
+if TYPE_CHECKING:
+    from taskweaver_lite.config import load_config
+    from taskweaver_lite.session import Session
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use so that `taskweaver-lite --help` does not pay for pydantic and friends.
+    if name == "Session":
+        from taskweaver_lite.session import Session
+
+        return Session
+    if name == "load_config":
+        from taskweaver_lite.config import load_config
+
+        return load_config
+    raise AttributeError(f"module 'taskweaver_lite' has no attribute {name!r}")

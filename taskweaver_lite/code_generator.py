@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 from taskweaver_lite.compression import RoleContext, RoundMessages
 from taskweaver_lite.conversation import Post, Round
 from taskweaver_lite.events import Working
-from taskweaver_lite.execution import ExecutionResult, Executor, Variable
+from taskweaver_lite.execution import ExecutionResult, Executor
 from taskweaver_lite.llm import ChatModel, Message
 from taskweaver_lite.prompts import load_prompt
 from taskweaver_lite.replies import CODE_GENERATOR_SCHEMA
@@ -140,7 +140,3 @@ def _report(code: str, result: ExecutionResult, attempt: int) -> str:
         outcome = f"The code still failed after {attempt} attempts."
     return f"{outcome}\n```python\n{code.strip()}\n```"
 
-
-def describe_variables(variables: Sequence[Variable]) -> str:
-    """Variables as one line each, the way the CLI's /info and summaries show them."""
-    return "\n".join(f"{v.name} ({v.type}): {v.description}" for v in variables)

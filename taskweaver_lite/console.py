@@ -32,15 +32,6 @@ _ACTIVITY = {
 }
 
 
-def fold_line(event: Folded) -> str:
-    """One line about a background fold, e.g. 'Planner: folded rounds 1-4, 5,210 -> 380 tokens'."""
-    role = {"planner": "Planner", "code_generator": "CodeGenerator"}.get(event.role, event.role)
-    rounds = f"{event.first_round}-{event.last_round}" if event.first_round != event.last_round else str(event.first_round)
-    if event.ok:
-        return f"{role}: folded rounds {rounds}, {event.tokens_before:,} -> {event.tokens_after:,} tokens"
-    return f"{role}: could not fold rounds {rounds} ({event.error}); keeping them verbatim and retrying later"
-
-
 class _Elapsed:
     """A status line that shows how long the current activity has run (re-rendered by rich)."""
 
@@ -74,7 +65,7 @@ class RichConsole:
         elif isinstance(event, PostAdded):
             self._post(event.post)
         elif isinstance(event, Folded):
-            self._print(Text(fold_line(event), style="dim cyan" if event.ok else "yellow"))
+            self._print(Text(event.describe(), style="dim cyan" if event.ok else "yellow"))
         elif isinstance(event, RoundEnded):
             self.stop_status()
             if event.round.state == "failed" and event.round.error:
@@ -136,7 +127,7 @@ class PlainConsole:
         elif isinstance(event, Working):
             self._progress("Running code:\n" + _indent(event.detail.strip()))
         elif isinstance(event, Folded):
-            self._progress(fold_line(event))
+            self._progress(event.describe())
         elif isinstance(event, RoundEnded) and event.round.state == "failed":
             self._progress(f"This request failed: {event.round.error}")
         elif isinstance(event, PostAdded):

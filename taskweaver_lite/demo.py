@@ -140,7 +140,7 @@ STEPS: list[Step] = [
         hops=[
             (
                 "Find the month with the highest total revenue in sales; store it in best_month and print it with its revenue.",
-                ['totals = sales.groupby("date").revenue.sum()\nbest_month = totals.idxmax()\nprint("best month:", best_month.strftime("%B %Y"), f"{totals.max():,.0f}")'],
+                ['totals = sales.groupby("date").revenue.sum()\nbest_month = totals.idxmax()\nprint("best month:", best_month.strftime("%B %Y"))\nprint("revenue:", f"{totals.max():,.0f}")'],
             ),
             (
                 "For best_month, compute the Software category's revenue and its share of that month's revenue; print both.",
@@ -150,7 +150,10 @@ STEPS: list[Step] = [
                 ],
             ),
         ],
-        answer=lambda r: f"The best month was **{_line(r, 'best month')}** in revenue; Software brought in **{_line(r, 'software')}**.",
+        answer=lambda r: (
+            f"The best month was **{_line(r, 'best month')}** with revenue of {_line(r, 'revenue')}; "
+            f"Software brought in **{_line(r, 'software')}**."
+        ),
     ),
     Step(
         request="Summarize the key findings in three bullet points.",
@@ -179,7 +182,8 @@ class _Script:
             text = step.answer("\n".join(reports[-len(step.hops) :]))
             self.findings.append(text.split("\n")[0])
         else:
-            text = "\n".join(f"- {finding}" for finding in self.findings[1:4]) or "- No findings yet."
+            # The growth, margin and discount findings (requests 2, 4 and 5) make the summary.
+            text = "\n".join(f"- {self.findings[i]}" for i in (1, 3, 4) if i < len(self.findings)) or "- No findings yet."
         last = step.plan.splitlines()[-1]
         return planner_reply(text, send_to="User", plan=step.plan, current_plan_step=last)
 

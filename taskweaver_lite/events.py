@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Literal, Union
 
 from taskweaver_lite.conversation import Post, Round
+from taskweaver_lite.summary import FoldEvent as Folded
 
 Activity = Literal["planner_thinking", "code_writing", "code_running", "repairing"]
 
@@ -57,18 +58,7 @@ class ModelCalled:
     reply: str | None = None
 
 
-@dataclass(frozen=True)
-class Folded:
-    """A role's old rounds were folded into a summary in the background (or the fold failed)."""
-
-    role: str
-    first_round: int
-    last_round: int
-    tokens_before: int
-    tokens_after: int
-    ok: bool
-    error: str | None = None
-
-
+# A role's old rounds were folded into a summary in the background (or the fold failed): `Folded`,
+# the compressor's own FoldEvent, re-exported here so listeners find every event in one place.
 Event = Union[RoundStarted, PostAdded, Working, RoundEnded, ModelCalled, Folded]
 Listener = Callable[[Event], None]

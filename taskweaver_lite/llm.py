@@ -1,6 +1,9 @@
 """The chat-model seam: `ChatModel.complete(messages) -> Completion`, and the openai-SDK client.
 
-Roles and compression only see `ChatModel`; `OpenAIChatModel` is the real one.
+Roles and compression only see `ChatModel`; `OpenAIChatModel` is the real one. It keeps a
+`CallRecord` of every call (tokens, latency, outcome) and turns each SDK failure into one
+`LLMError` subclass whose message names the host or model and the setting that fixes it.
+Reading the JSON inside replies is `replies.py`'s job.
 """
 
 from __future__ import annotations

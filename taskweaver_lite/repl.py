@@ -16,6 +16,7 @@ from taskweaver_lite.config import Config, load_config
 from taskweaver_lite.console import PlainConsole, RichConsole
 from taskweaver_lite.errors import LLMError, TaskWeaverError
 from taskweaver_lite.session import Session
+from taskweaver_lite.summary import render_summary
 
 HELP = """Commands:
   /help            this list
@@ -178,10 +179,32 @@ class SlashCommands:
     def _context(self, _: str) -> bool:
         for role, context in self.session.contexts().items():
             report = context.report()
-            self.say(f"{role}: no prompt built yet" if report is None else f"{role}:\n{report.describe()}")
+            if report is None:
+                self.say(f"{role} ({context.strategy}): no prompt built yet")
+                continue
+            lines = [f"{role} ({report.strategy}): {report.total:,} of {report.budget:,} tokens ({report.total / report.budget:.0%})"]
+            lines += [f"  {part:<16}{tokens:>9,}" for part, tokens in report.parts().items()]
+            notes = []
+            if report.folded_through:
+                notes.append(f"rounds 1-{report.folded_through} folded into the summary")
+            if report.rounds_dropped:
+                notes.append(f"rounds {', '.join(map(str, report.rounds_dropped))} left out to fit")
+            if report.examples_left_out:
+                notes.append("examples left out to fit")
+            if report.messages_cut:
+                notes.append(f"{report.messages_cut} long messages cut")
+            if report.fold_running:
+                notes.append("a fold is running in the background")
+            lines += [f"  ({'; '.join(notes)})"] if notes else []
+            self.say("\n".join(lines))
         return True
 
     def _summary(self, _: str) -> bool:
+        live = self.session.live_variables()
         for role, context in self.session.contexts().items():
-            self.say(f"{role}:\n{context.state.describe()}")
+            state = context.state
+            if not state.folded_through:
+                self.say(f"{role}: nothing folded yet")
+                continue
+            self.say(f"{role}:\n{render_summary(state, live=live if role == 'CodeGenerator' else None)}")
         return True

@@ -24,7 +24,7 @@ from taskweaver_lite.compression import LiveVariables, RoleContext
 from taskweaver_lite.config import Config
 from taskweaver_lite.conversation import Conversation, Post, Round
 from taskweaver_lite.errors import LLMError, RoundFailedError, TaskWeaverError
-from taskweaver_lite.events import Event, Folded, Listener, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
+from taskweaver_lite.events import Event, Listener, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
 from taskweaver_lite.examples import load_examples
 from taskweaver_lite.execution import Executor
 from taskweaver_lite.llm import ChatModel, Completion, Message
@@ -69,14 +69,14 @@ class Session:
 
     def _build_roles(self) -> tuple[Planner, CodeInterpreter]:
         config = self.config
-        planner_context = RoleContext("planner", config=config, model=self._model, tokenizer=self._tokenizer, on_fold=self._on_fold)
+        planner_context = RoleContext("planner", config=config, model=self._model, tokenizer=self._tokenizer, on_fold=self._emit)
         coder_context = RoleContext(
             "code_generator",
             config=config,
             model=self._model,
             tokenizer=self._tokenizer,
             live_variables=self.live_variables,
-            on_fold=self._on_fold,
+            on_fold=self._emit,
         )
         planner = Planner(
             self._model,
@@ -241,9 +241,6 @@ class Session:
 
     def _on_repair(self, problem: str) -> None:
         self._emit(Working("repairing", problem))
-
-    def _on_fold(self, event: object) -> None:
-        self._emit(Folded(**vars(event)))
 
     def _emit(self, event: Event) -> None:
         for listener in list(self._listeners):

@@ -1,0 +1,306 @@
+"""Round compression, measured: prompt sizes, latency added to the user, Variables accuracy, tokenizer speed.
+
+One run, the real `OpenAIChatModel` talking HTTP to the scripted OpenAI-compatible server, whose
+summary responder stands in for the model. Each claim is printed beside a baseline from the same run:
+
+1. A 200-round session with mixed round sizes (every 15th round and the next print 20k tokens), in a
+   32k window: the largest prompt per role with our compression, against compression off (every round
+   verbatim) and against TaskWeaver-style folding (by round count only, no token budget).
+2. The latency compression adds before the next answer when a summary takes 2 s: our background folds
+   against a synchronous fold before the next prompt (TaskWeaver's way, one role after the other).
+3. Variables accuracy after 50 rounds: the share of live kernel variables that appear with the right
+   type in the CodeGenerator's prompt, merged with the kernel against the model's own list (scripted to
+   omit some, invent some and keep stale types).
+4. Tokenizer speed, and the error of the chars/4 estimate it replaces.
+
+Run: .venv/bin/python bench/compression_bench.py   (about a minute)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from taskweaver_lite.compression import LiveVariables, RoleContext, RoundMessages
+from taskweaver_lite.config import Config
+from taskweaver_lite.errors import ContextOverflowError
+from taskweaver_lite.execution import Variable
+from taskweaver_lite.llm import Message, OpenAIChatModel
+from taskweaver_lite.scripted_model import Reply, ScriptedServer
+from taskweaver_lite.summary import render_summary
+from taskweaver_lite.tokens import get_tokenizer, prompt_budget
+
+ROUNDS = 200
+VARIABLE_ROUNDS = 50
+LATENCY_ROUNDS = 12
+ROUND_WORK_SECONDS = 0.3  # the rest of a round (the roles' own calls, the kernel) in the latency run
+SUMMARY_SECONDS = 2.0
+WINDOW = 32_000
+BIG_OUTPUT_EVERY = 15
+BIG_OUTPUT_TOKENS = 20_000
+TOKENIZER = get_tokenizer()
+WORDS = (
+    "sales region month revenue margin customer order total mean median growth quarter product "
+    "price cost units store share trend north south east west value count rows column index"
+).split()
+SYSTEM = {role: f"You are the {role} of a data-analysis assistant. " + " ".join(WORDS * 12) for role in ("planner", "code_generator")}
+EXAMPLES = (Message(role="user", content="Example: " + " ".join(WORDS * 6)), Message(role="assistant", content=" ".join(WORDS * 8)))
+
+
+def words(rng: random.Random, count: int) -> str:
+    return " ".join(rng.choices(WORDS, k=count))
+
+
+@dataclass
+class Kernel:
+    """The kernel's truth in the simulation: variables come, change type, go, and vanish in a restart."""
+
+    rng: random.Random
+    variables: dict[str, Variable] = field(default_factory=dict)
+    lost: list[str] = field(default_factory=list)
+
+    def run_round(self, index: int) -> None:
+        kinds = [("pandas.DataFrame", "DataFrame 1200 rows x 6 columns"), ("float", "a number"), ("pandas.Series", "Series of 12"), ("dict", "dict of 4 keys")]
+        for k in range(self.rng.randint(0, 2)):
+            kind, description = self.rng.choice(kinds)
+            self.variables[f"v{index}_{k}"] = Variable(f"v{index}_{k}", kind, description)
+        if self.variables and self.rng.random() < 0.25:  # a variable reassigned to another type
+            name = self.rng.choice(list(self.variables))
+            self.variables[name] = Variable(name, "list", "list of 12 numbers")
+        if self.variables and self.rng.random() < 0.15:
+            del self.variables[self.rng.choice(list(self.variables))]
+        if index == 30:  # the kernel dies: everything is lost until recomputed
+            self.lost, self.variables = list(self.variables), {}
+        if index == 32:  # half of it is recomputed
+            for name in self.lost[::2]:
+                self.variables[name] = Variable(name, "pandas.DataFrame", "DataFrame 1200 rows x 6 columns")
+
+    def live(self) -> LiveVariables:
+        names = set(self.variables)
+        return LiveVariables(variables=tuple(self.variables.values()), lost=tuple(n for n in self.lost if n not in names))
+
+
+class SummaryResponder:
+    """The scripted summary model: bounded summaries; Variables that omit, invent and keep stale types."""
+
+    def __init__(self, *, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.rng = random.Random(7)
+        self.last_variables: list[dict[str, str]] = []
+
+    def __call__(self, messages: list[dict[str, Any]]) -> Reply:
+        request = messages[1]["content"]
+        covered = sorted({int(n) for n in re.findall(r"ROUND-(\d+)\b", request)})
+        lines = [f"Round {n}: looked at {words(self.rng, 6)}." for n in covered[-60:]]
+        data: dict[str, Any] = {"ConversationSummary": "\n".join(lines)}
+        if "Variables:" in messages[0]["content"]:
+            kernel = json.loads(re.search(r"Variables the kernel holds now \(name, type, description\): (\[.*\])", request).group(1))  # type: ignore[union-attr]
+            previous = {v["name"]: v for v in json.loads((re.search(r"Variables in the previous summary: (\[.*\])", request) or _EMPTY).group(1))}
+            told = []
+            for variable in kernel:
+                if self.rng.random() < 0.2:
+                    continue  # omitted
+                known = previous.get(variable["name"])
+                kind = known["type"] if known and self.rng.random() < 0.5 else variable["type"]  # stale type
+                told.append({"name": variable["name"], "type": kind, "description": "used in the analysis"})
+            told += [{"name": f"result_{self.rng.randint(0, 999)}", "type": "DataFrame", "description": "invented"} for _ in range(2)]
+            data["Variables"] = told
+            self.last_variables = told
+        return Reply(content=json.dumps(data), delay=self.delay)
+
+
+class _Empty:
+    @staticmethod
+    def group(_: int) -> str:
+        return "[]"
+
+
+_EMPTY = _Empty()
+
+
+def make_rounds(rng: random.Random) -> list[dict[str, RoundMessages]]:
+    """The scripted session: each round as the Planner sees it and as the CodeGenerator sees it."""
+    session = []
+    for index in range(1, ROUNDS + 1):
+        big = index % BIG_OUTPUT_EVERY in (0, 1) and index > 1  # large outputs come in pairs
+        output = f"Output of ROUND-{index}:\n" + words(rng, BIG_OUTPUT_TOKENS if big else rng.randint(50, 900))
+        ask = f"ROUND-{index}: " + words(rng, rng.randint(20, 150))
+        step = f"Step for ROUND-{index}: " + words(rng, rng.randint(20, 80))
+        code = json.dumps({"response": {"thought": words(rng, 30), "reply_type": "python", "reply_content": words(rng, rng.randint(40, 300))}})
+        plan = json.dumps({"response": {"init_plan": words(rng, 30), "plan": words(rng, 30), "current_plan_step": "1", "send_to": "CodeInterpreter", "message": step}})
+        answer = json.dumps({"response": {"init_plan": "", "plan": "", "current_plan_step": "2", "send_to": "User", "message": words(rng, 80)}})
+        planner = (Message(role="user", content=ask), Message(role="assistant", content=plan), Message(role="user", content=f"CodeInterpreter: done\n{output}"), Message(role="assistant", content=answer))
+        coder = (Message(role="user", content=step), Message(role="assistant", content=code), Message(role="user", content=f"Execution result:\n{output}"))
+        session.append(
+            {
+                "planner": RoundMessages(index, planner, f"User: {ask}\nPlanner: {step}\n{output}"),
+                "code_generator": RoundMessages(index, coder, f"Planner asked: {step}\nCode ran.\n{output}"),
+            }
+        )
+    return session
+
+
+def last_call(rnd: RoundMessages, role: str) -> RoundMessages:
+    """The round as it stands at the role's largest call: the Planner's answer, the CodeGenerator's first code."""
+    keep = 3 if role == "planner" else 1
+    return RoundMessages(rnd.index, rnd.messages[:keep], rnd.summary_text)
+
+
+def bench_prompt_sizes(server: ScriptedServer, session: list[dict[str, RoundMessages]]) -> None:
+    print(f"\n1. Prompt tokens over a {ROUNDS}-round session, {WINDOW:,}-token window (budget {prompt_budget(config(server)):,})")
+    cfg, taskweaver_cfg = config(server), config(server, fold_token_trigger=0)
+    model = OpenAIChatModel(cfg.llm)
+    budget = prompt_budget(cfg)
+    sizes: dict[str, dict[str, list[int]]] = {}
+    overflows = {"off": {}, "taskweaver": {}, "ours": {}}  # type: dict[str, dict[str, int]]
+    for role in ("planner", "code_generator"):
+        kernel = Kernel(random.Random(3))
+        ours = RoleContext(role, config=cfg, model=model, tokenizer=TOKENIZER, live_variables=kernel.live if role == "code_generator" else None)
+        live = kernel.live if role == "code_generator" else None
+        taskweaver = RoleContext(role, config=taskweaver_cfg, model=model, tokenizer=TOKENIZER, live_variables=live)
+        fixed = TOKENIZER.count_messages([Message(role="system", content=SYSTEM[role]), *EXAMPLES])
+        history: list[RoundMessages] = []
+        all_tokens = 0
+        sizes[role] = {"off": [], "taskweaver": [], "ours": []}
+        counts = {"off": 0, "taskweaver": 0, "ours": 0}
+        for rounds in session:
+            rnd = rounds[role]
+            current = last_call(rnd, role)
+            current_tokens = TOKENIZER.count_messages(current.messages) - 3
+            off = fixed + all_tokens + current_tokens
+            folded = taskweaver.state
+            unfolded = sum(TOKENIZER.count_messages(r.messages) - 3 for r in history if r.index > folded.folded_through)
+            summary = TOKENIZER.count(render_summary(folded, live=None))  # the model's own Variables
+            tw = fixed + summary + unfolded + current_tokens
+            try:
+                built = ours.build(system=SYSTEM[role], examples=EXAMPLES, history=history, current=current).report.total
+            except ContextOverflowError:
+                built = budget + 1
+            for name, total in (("off", off), ("taskweaver", tw), ("ours", built)):
+                sizes[role][name].append(total)
+                counts[name] += total > (budget if name == "ours" else WINDOW)
+            history.append(rnd)
+            all_tokens += TOKENIZER.count_messages(rnd.messages) - 3
+            if role == "code_generator":
+                kernel.run_round(rnd.index)
+            for context in (ours, taskweaver):
+                context.round_finished(history)
+                context.wait_idle(30)  # a round lasts longer than a 0 s fold
+        for name in counts:
+            overflows[name][role] = counts[name]
+    labels = {"off": "compression off", "taskweaver": "TaskWeaver-style (by count)", "ours": "ours"}
+    print(f"   {'':40}{'planner':>10}{'coder':>10}")
+    for name, label in labels.items():
+        print(f"   {'largest prompt, ' + label:<40}{max(sizes['planner'][name]):>10,}{max(sizes['code_generator'][name]):>10,}")
+    for name, label in labels.items():
+        limit = "budget" if name == "ours" else "window"
+        print(f"   {f'over the {limit}, ' + label:<40}{overflows[name]['planner']:>10}{overflows[name]['code_generator']:>10}   of {ROUNDS} prompts")
+    for role in ("planner", "code_generator"):
+        ours_share, taskweaver_share = (sum(sizes[role][name]) / sum(sizes[role]["off"]) for name in ("ours", "taskweaver"))
+        print(f"   {role}: tokens sent over the session / compression off: ours {ours_share:.3f}, TaskWeaver-style {taskweaver_share:.3f}")
+    print("\n   tokens per prompt at rounds (planner off / TW / ours | coder off / TW / ours)")
+    for index in (1, 5, 10, 15, 16, 30, 50, 75, 100, 105, 150, 199, 200):
+        row = [sizes[r][n][index - 1] for r in ("planner", "code_generator") for n in ("off", "taskweaver", "ours")]
+        print(f"   round {index:>3}: {row[0]:>8,} {row[1]:>7,} {row[2]:>7,} | {row[3]:>8,} {row[4]:>7,} {row[5]:>7,}")
+
+
+def bench_latency(server: ScriptedServer, session: list[dict[str, RoundMessages]]) -> None:
+    print(f"\n2. Latency added before the next answer, summary call = {SUMMARY_SECONDS:.0f} s, {LATENCY_ROUNDS} rounds")
+    server.set_default("compression", SummaryResponder(delay=SUMMARY_SECONDS))
+    results = {}
+    for mode in ("synchronous (TaskWeaver)", "background (ours)"):
+        cfg = config(server)
+        model = OpenAIChatModel(cfg.llm)
+        contexts = {role: RoleContext(role, config=cfg, model=model, tokenizer=TOKENIZER) for role in ("planner", "code_generator")}
+        added: list[float] = []
+        history: dict[str, list[RoundMessages]] = {"planner": [], "code_generator": []}
+        for rounds in session[:LATENCY_ROUNDS]:
+            time.sleep(ROUND_WORK_SECONDS)
+            waited = 0.0
+            for role, context in contexts.items():
+                history[role].append(rounds[role])
+                started = time.perf_counter()
+                context.round_finished(history[role])
+                if mode.startswith("synchronous"):
+                    context.wait_idle()  # the fold in front of the role's next prompt
+                nxt = session[len(history[role])][role]
+                context.build(system=SYSTEM[role], examples=EXAMPLES, history=history[role], current=last_call(nxt, role))
+                waited += time.perf_counter() - started
+            added.append(waited)
+        for context in contexts.values():
+            context.wait_idle(60)
+        folds = sum(len(c.state.log) for c in contexts.values())
+        through = "/".join(str(c.state.folded_through) for c in contexts.values())
+        results[mode] = (sum(added), max(added), folds)
+        print(f"   {mode:<26} added {sum(added):6.2f} s in total, {max(added):5.2f} s at worst; {folds} fold calls, folded through round {through}")
+    sync, ours = results["synchronous (TaskWeaver)"], results["background (ours)"]
+    print(f"   ours / synchronous: total {ours[0] / sync[0]:.4f}, worst round {ours[1] / sync[1]:.4f}")
+
+
+def bench_variables(server: ScriptedServer, session: list[dict[str, RoundMessages]]) -> None:
+    print(f"\n3. Variables accuracy after {VARIABLE_ROUNDS} rounds (live variables in the CodeGenerator's prompt with the right type)")
+    responder = SummaryResponder()
+    server.set_default("compression", responder)
+    cfg = config(server)
+    kernel = Kernel(random.Random(3))
+    context = RoleContext("code_generator", config=cfg, model=OpenAIChatModel(cfg.llm), tokenizer=TOKENIZER, live_variables=kernel.live)
+    history: list[RoundMessages] = []
+    for rounds in session[:VARIABLE_ROUNDS]:
+        history.append(rounds["code_generator"])
+        kernel.run_round(rounds["code_generator"].index)
+        context.round_finished(history)
+        context.wait_idle(30)
+    nxt = last_call(session[VARIABLE_ROUNDS]["code_generator"], "code_generator")
+    system = context.build(system=SYSTEM["code_generator"], examples=EXAMPLES, history=history, current=nxt).messages[0]["content"]
+    truth = {(v.name, v.type) for v in kernel.live().variables}
+    shown = set(re.findall(r"^- (\S+) \(([^)]*)\):", system, flags=re.MULTILINE))
+    told = {(v["name"], v["type"]) for v in responder.last_variables}
+    invented = len({n for n, _ in told} - {n for n, _ in truth})
+    print(f"   live variables: {len(truth)}; lost in the restart at round 30 and not recomputed: {len(kernel.live().lost)}")
+    print(f"   merged with the kernel (ours): {len(truth & shown) / len(truth):6.1%} right, {len(shown - truth)} wrong or invented entries")
+    print(f"   the model's own Variables    : {len(truth & told) / len(truth):6.1%} right, {invented} invented names")
+
+
+def bench_tokenizer() -> None:
+    print("\n4. Tokenizer")
+    rng = random.Random(5)
+    text = "\n".join(f"{words(rng, 12)} {rng.random():.6f} {json.dumps({'k': rng.randint(0, 10**6)})}" for _ in range(60_000))
+    started = time.perf_counter()
+    tokens = TOKENIZER.count(text)
+    elapsed = time.perf_counter() - started
+    estimate = len(text) / 4
+    print(f"   o200k_base exact count: {tokens:,} tokens in {elapsed * 1000:.0f} ms = {tokens / elapsed / 1e6:.1f} M tokens/s")
+    print(f"   chars/4 estimate (the seed's): {estimate:,.0f}, off by {abs(estimate - tokens) / tokens:.1%}")
+    started = time.perf_counter()
+    for _ in range(20):
+        TOKENIZER.truncate_middle(text, 2_000)
+    print(f"   truncate_middle of that text to 2,000 tokens: {(time.perf_counter() - started) / 20 * 1000:.0f} ms")
+
+
+def config(server: ScriptedServer, **compressor: Any) -> Config:
+    return Config.model_validate(
+        {
+            "llm": {"api_base": server.url, "api_key": "bench", "context_window": WINDOW, "max_retries": 0},
+            "round_compressor": {"rounds_to_compress": 2, "rounds_to_retain": 3, **compressor},
+        }
+    )
+
+
+def main() -> None:
+    started = time.perf_counter()
+    session = make_rounds(random.Random(11))
+    with ScriptedServer() as server:
+        server.set_default("compression", SummaryResponder())
+        bench_prompt_sizes(server, session)
+        bench_latency(server, session)
+        bench_variables(server, session)
+    bench_tokenizer()
+    print(f"\n(bench ran in {time.perf_counter() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The framework's overhead per user turn, and how fast `taskweaver-lite --help` answers.
+
+One turn = Planner call, CodeGenerator call, kernel runs `x = 1`, Planner call, answer; the
+scripted model answers at once. Overhead = turn wall time minus the time spent inside the kernel
+executor. Baseline, measured in the same run: the same three chat calls made with the bare openai
+SDK against the same server, plus one `execute` of `x = 1` through bare jupyter-client.
+
+    python bench/turn_bench.py [--turns 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import openai
+from jupyter_client import KernelManager
+
+from taskweaver_lite.config import load_config
+from taskweaver_lite.demo import bundled_project
+from taskweaver_lite.execution import ExecutionResult, Executor, Variable
+from taskweaver_lite.kernel import KernelExecutor
+from taskweaver_lite.llm import OpenAIChatModel
+from taskweaver_lite.scripted_model import ScriptedServer, code_reply, planner_reply
+from taskweaver_lite.session import Session
+
+
+class TimedExecutor:
+    """Counts the wall time spent inside the real executor, so it can be subtracted."""
+
+    def __init__(self, inner: Executor) -> None:
+        self.inner = inner
+        self.seconds = 0.0
+
+    def run(self, code: str, *, timeout: float | None = None) -> ExecutionResult:
+        started = time.perf_counter()
+        try:
+            return self.inner.run(code, timeout=timeout)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def interrupt(self) -> None:
+        self.inner.interrupt()
+
+    def variables(self) -> tuple[Variable, ...]:
+        return self.inner.variables()
+
+    def restart(self) -> tuple[str, ...]:
+        return self.inner.restart()
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+
+def enqueue_turn(server: ScriptedServer) -> None:
+    server.enqueue("planner", planner_reply("Set x to 1."), planner_reply("x is 1.", send_to="User"))
+    server.enqueue("code_generator", code_reply("x = 1"))
+
+
+def bare_sdk_calls(server: ScriptedServer, turns: int) -> list[float]:
+    client = openai.OpenAI(base_url=server.url, api_key="bench")
+    system = {"role": "system", "content": "schema: init_plan"}
+    coder = {"role": "system", "content": "schema: reply_content"}
+    times = []
+    for _ in range(turns):
+        enqueue_turn(server)
+        started = time.perf_counter()
+        for sys_msg in (system, coder, system):
+            client.chat.completions.create(model="m", messages=[sys_msg, {"role": "user", "content": "x"}], response_format={"type": "json_object"})
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def bare_kernel_execute(turns: int) -> list[float]:
+    km = KernelManager()
+    km.start_kernel()
+    client = km.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=60)
+    times = []
+    try:
+        for _ in range(turns):
+            started = time.perf_counter()
+            client.execute_interactive("x = 1", output_hook=lambda msg: None, timeout=30)
+            times.append(time.perf_counter() - started)
+    finally:
+        client.stop_channels()
+        km.shutdown_kernel(now=True)
+    return times
+
+
+def our_turns(server: ScriptedServer, turns: int) -> tuple[list[float], list[float]]:
+    project = Path(tempfile.mkdtemp(prefix="turn-bench-"))
+    config = load_config(bundled_project(), [f"llm.api_base={server.url}", "llm.api_key=bench", "execution.timeout=30"])
+    config.project_dir = project
+    executor = TimedExecutor(KernelExecutor(project / "sessions" / "bench", config=config.execution))
+    session = Session(config, model=OpenAIChatModel(config.llm), executor=executor, session_id="bench", working_dir=project)
+    overheads, walls = [], []
+    try:
+        for number in range(turns + 3):
+            enqueue_turn(server)
+            executor.seconds = 0.0
+            started = time.perf_counter()
+            session.ask("Set x to 1, please.")
+            wall = time.perf_counter() - started
+            if number >= 3:  # warm-up: kernel start, first imports
+                walls.append(wall)
+                overheads.append(wall - executor.seconds)
+    finally:
+        session.close()
+    return overheads, walls
+
+
+def help_time(runs: int = 7) -> tuple[float, float]:
+    def timed(args: list[str]) -> float:
+        samples = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            subprocess.run(args, check=True, capture_output=True)
+            samples.append(time.perf_counter() - started)
+        return statistics.median(samples)
+
+    return timed([sys.executable, "-m", "taskweaver_lite", "--help"]), timed([sys.executable, "-c", "pass"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--turns", type=int, default=40)
+    args = parser.parse_args()
+    with ScriptedServer() as server:
+        sdk = statistics.median(bare_sdk_calls(server, args.turns))
+        overheads, walls = our_turns(server, args.turns)
+    kernel = statistics.median(bare_kernel_execute(args.turns))
+    overhead = statistics.median(overheads)
+    wall = statistics.median(walls)
+    help_s, python_s = help_time()
+    print(f"{'measure':<52}{'ours':>12}{'baseline':>12}{'ratio':>8}")
+    print(f"{'turn wall time (3 model calls + x = 1)':<52}{wall * 1e3:>10.1f}ms{(sdk + kernel) * 1e3:>10.1f}ms{wall / (sdk + kernel):>8.2f}")
+    print(f"{'framework overhead = turn - kernel (target < 15 ms)':<52}{overhead * 1e3:>10.1f}ms{sdk * 1e3:>10.1f}ms{overhead / sdk:>8.2f}")
+    print(f"{'  of which not the 3 HTTP calls (overhead - bare SDK)':<52}{(overhead - sdk) * 1e3:>10.1f}ms{'':>12}{'':>8}")
+    print(f"{'taskweaver-lite --help vs python -c pass':<52}{help_s * 1e3:>10.1f}ms{python_s * 1e3:>10.1f}ms{help_s / python_s:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()

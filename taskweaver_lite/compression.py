@@ -1,0 +1,297 @@
+"""Round compression: each role's prompt history, folded into summaries in the background, kept in budget.
+
+A `RoleContext` per role decides what of the conversation goes into that role's prompt. Finished
+rounds fold, together with the previous summary, into a new summary by one model call in a worker
+thread; `build` never waits for it and uses the newest summary that is ready, with the rounds not
+yet folded verbatim. Whatever the strategy, the budget guard (budget.py) keeps every prompt within
+`llm.context_window - llm.reply_reserve - llm.margin`.
+
+Strategies (`<role>.strategy`):
+- round_compression: fold everything older than the latest `rounds_to_retain` rounds once
+  `rounds_to_compress + rounds_to_retain` rounds are unfolded (TaskWeaver's rule), or earlier when
+  the unfolded rounds pass `fold_token_trigger` tokens (at most half the budget, so the retained
+  rounds always leave room for the current one).
+- summary_buffer: the last `summary_buffer_rounds` rounds verbatim, everything older in one
+  narrative summary.
+- sliding_window: the newest rounds that fit, no model call.
+- none: every round; only the budget guard shortens it.
+`<role>.prompt_compression: false` turns the summarising strategies into sliding_window.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+from taskweaver_lite.budget import PromptParts, ShrinkOrder, fit_prompt
+from taskweaver_lite.config import Config, RoleConfig, Strategy
+from taskweaver_lite.llm import ChatModel, Message
+from taskweaver_lite.summary import (
+    ROLE_LABELS,
+    CompressionState,
+    FoldEvent,
+    FoldStyle,
+    LiveVariables,
+    MergedVariables,
+    fold_rounds,
+    merge_variables,
+    render_summary,
+)
+from taskweaver_lite.tokens import Tokenizer, prompt_budget
+
+__all__ = [
+    "BuiltPrompt",
+    "CompressionState",
+    "ContextReport",
+    "FoldEvent",
+    "LiveVariables",
+    "MergedVariables",
+    "RoleContext",
+    "RoundMessages",
+    "merge_variables",
+]
+
+
+@dataclass(frozen=True)
+class RoundMessages:
+    """One finished (or the current) round as one role's chat messages."""
+
+    index: int  # Round.index, 1-based
+    messages: tuple[Message, ...]
+    summary_text: str  # the round as plain text for the summary prompt
+
+
+@dataclass(frozen=True)
+class ContextReport:
+    """Where a role's last prompt spent its tokens, against the budget (for /context)."""
+
+    role: str
+    strategy: Strategy
+    budget: int
+    system: int
+    examples: int
+    summary: int
+    retained_rounds: int
+    current_round: int
+    total: int
+    folded_through: int
+    rounds_kept: tuple[int, ...]
+    rounds_dropped: tuple[int, ...]
+    examples_left_out: bool
+    summary_left_out: bool
+    messages_cut: int
+    fold_running: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON shape: the fields by name."""
+        return asdict(self)
+
+    def parts(self) -> dict[str, int]:
+        """Tokens per part, in prompt order."""
+        return {
+            "system": self.system,
+            "examples": self.examples,
+            "summary": self.summary,
+            "retained rounds": self.retained_rounds,
+            "current round": self.current_round,
+        }
+
+
+@dataclass(frozen=True)
+class BuiltPrompt:
+    """The messages to send and what they cost."""
+
+    messages: tuple[Message, ...]
+    report: ContextReport
+
+
+class RoleContext:
+    """One role's prompt history: its summary state, its background folds, and its budget guard."""
+
+    def __init__(
+        self,
+        role: str,
+        *,
+        config: Config,
+        model: ChatModel,
+        tokenizer: Tokenizer,
+        live_variables: Callable[[], LiveVariables] | None = None,
+        on_fold: Callable[[FoldEvent], None] | None = None,
+    ) -> None:
+        role_config: RoleConfig = getattr(config, role)
+        self.role = role
+        self.strategy: Strategy = role_config.strategy
+        if not role_config.prompt_compression and self.strategy in ("round_compression", "summary_buffer"):
+            self.strategy = "sliding_window"
+        self._settings = config.round_compressor
+        self._budget = prompt_budget(config)
+        self._budget_source = (
+            f"llm.context_window {config.llm.context_window:,} - llm.reply_reserve {config.llm.reply_reserve:,} "
+            f"- llm.margin {config.llm.margin:,}"
+        )
+        self._model = model
+        self._tokenizer = tokenizer
+        self._live_variables = live_variables
+        self._on_fold = on_fold
+        # Guards everything below; `_state` is immutable, so a reader takes it once and is consistent.
+        self._lock = threading.Condition()
+        self._state = CompressionState()
+        self._generation = 0  # bumped by restore(): a fold started before it is discarded
+        self._worker: threading.Thread | None = None
+        self._pending: tuple[RoundMessages, ...] = ()
+        self._pending_live: LiveVariables | None = None
+        self._failures = 0
+        self._retry_at = 0.0
+        self._closed = False
+        self._report: ContextReport | None = None
+
+    @property
+    def state(self) -> CompressionState:
+        """The current summary, its Variables, the last folded round and the fold log."""
+        with self._lock:
+            return self._state
+
+    def restore(self, state: CompressionState) -> None:
+        """Continue from a saved state (a resumed session); a fold still running is discarded."""
+        with self._lock:
+            self._state = state
+            self._generation += 1
+            self._failures = 0
+            self._retry_at = 0.0
+
+    def report(self) -> ContextReport | None:
+        """Tokens per part of the last prompt built, against the budget."""
+        with self._lock:
+            return self._report
+
+    def build(self, *, system: str, examples: Sequence[Message], history: Sequence[RoundMessages], current: RoundMessages) -> BuiltPrompt:
+        """The prompt for this role now: never waits for a fold, never over the budget."""
+        with self._lock:
+            state, running = self._state, self._worker is not None
+        summarising = self.strategy in ("round_compression", "summary_buffer")
+        live = self._live() if summarising else None
+        summary = render_summary(state, live=live) if summarising else ""
+        retained = tuple(r for r in history if r.index > state.folded_through) if summarising else tuple(history)
+        parts = PromptParts(
+            system=system,
+            summary=summary,
+            placement=self._settings.summary_placement,
+            examples=tuple(examples),
+            rounds=retained,
+            current=current,
+        )
+        order: ShrinkOrder = "window" if self.strategy == "sliding_window" else "standard"
+        label = ROLE_LABELS.get(self.role, self.role)
+        fitted = fit_prompt(parts, tokenizer=self._tokenizer, budget=self._budget, order=order, budget_source=self._budget_source, who=label)
+        report = ContextReport(
+            role=self.role,
+            strategy=self.strategy,
+            budget=self._budget,
+            system=fitted.system,
+            examples=fitted.examples,
+            summary=fitted.summary,
+            retained_rounds=fitted.retained_rounds,
+            current_round=fitted.current_round,
+            total=fitted.total,
+            folded_through=state.folded_through,
+            rounds_kept=fitted.rounds_kept,
+            rounds_dropped=fitted.rounds_dropped,
+            examples_left_out=fitted.examples_left_out,
+            summary_left_out=fitted.summary_left_out,
+            messages_cut=fitted.messages_cut,
+            fold_running=running,
+        )
+        with self._lock:
+            self._report = report
+        return BuiltPrompt(messages=fitted.messages, report=report)
+
+    def round_finished(self, history: Sequence[RoundMessages]) -> None:
+        """Note the finished rounds; start a background fold if one is due. Returns at once."""
+        if self.strategy not in ("round_compression", "summary_buffer"):
+            return
+        live = self._live()
+        with self._lock:
+            self._pending, self._pending_live = tuple(history), live
+            if self._closed or self._worker is not None or time.monotonic() < self._retry_at:
+                return  # a running fold re-checks the newest rounds when it ends
+            due = self._due(self._state, self._pending)
+            if not due:
+                return
+            self._worker = threading.Thread(target=self._fold_loop, args=(due,), name=f"fold-{self.role}", daemon=True)
+            self._worker.start()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no fold is running; False if `timeout` passed first."""
+        with self._lock:
+            return self._lock.wait_for(lambda: self._worker is None, timeout)
+
+    def close(self) -> None:
+        """Start no more folds; a fold still running finishes on its own and is discarded."""
+        with self._lock:
+            self._closed = True
+            self._generation += 1
+
+    def _live(self) -> LiveVariables | None:
+        return self._live_variables() if self._live_variables is not None else None
+
+    def _due(self, state: CompressionState, history: Sequence[RoundMessages]) -> tuple[RoundMessages, ...]:
+        """The rounds to fold now, oldest first; empty when no fold is due."""
+        unfolded = [r for r in history if r.index > state.folded_through]
+        settings = self._settings
+        keep = settings.summary_buffer_rounds if self.strategy == "summary_buffer" else settings.rounds_to_retain
+        if self.strategy == "summary_buffer":
+            count_due = len(unfolded) > keep
+        else:
+            count_due = len(unfolded) >= settings.rounds_to_compress + keep
+        fold_upto = max(len(unfolded) - keep, 0)
+        trigger = min(settings.fold_token_trigger, self._budget // 2)
+        if trigger:
+            sizes = [self._tokenizer.count_messages(r.messages) for r in unfolded]
+            kept_tokens = sum(sizes[fold_upto:])
+            # Large rounds fold early: move the oldest kept rounds into the fold until the rest is
+            # under the trigger, but keep the newest round verbatim.
+            while kept_tokens > trigger and fold_upto < len(unfolded) - 1:
+                kept_tokens -= sizes[fold_upto]
+                fold_upto += 1
+            if sum(sizes) > trigger and fold_upto > 0:
+                count_due = True
+        return tuple(unfolded[:fold_upto]) if count_due else ()
+
+    def _fold_loop(self, due: tuple[RoundMessages, ...]) -> None:
+        style: FoldStyle = "narrative" if self.strategy == "summary_buffer" else "rounds"
+        try:
+            while due:
+                with self._lock:
+                    # The kernel's truth as of the newest finished round, read on the session's thread.
+                    previous, generation, live = self._state, self._generation, self._pending_live
+                result = fold_rounds(
+                    previous,
+                    rounds=due,
+                    role=self.role,
+                    style=style,
+                    model=self._model,
+                    tokenizer=self._tokenizer,
+                    budget=self._budget,
+                    max_summary_tokens=self._settings.max_summary_tokens,
+                    live=live,
+                )
+                with self._lock:
+                    if generation != self._generation:
+                        return  # restored or closed meanwhile: this result belongs to another state
+                    if result.state is not None:
+                        self._state = result.state
+                        self._failures, self._retry_at = 0, 0.0
+                        due = self._due(self._state, self._pending)
+                    else:
+                        self._state = self._state.logged(result.event)
+                        self._failures += 1
+                        self._retry_at = time.monotonic() + self._settings.retry_backoff * 2 ** (self._failures - 1)
+                        due = ()
+                if self._on_fold is not None:
+                    self._on_fold(result.event)  # from this worker thread
+        finally:
+            with self._lock:
+                self._worker = None
+                self._lock.notify_all()

@@ -1,0 +1,217 @@
+"""Export: a stored session as a Jupyter notebook that re-runs top to bottom, or as a Markdown transcript.
+
+The notebook keeps every cell the kernel ran, in order, with its recorded outputs: a request and
+an answer become markdown cells, code becomes code cells. A failed attempt stays (the kernel ran
+it, later cells may rely on what it did before raising), is marked in a note, and is tagged
+`raises-exception` so Jupyter's "run all" and nbclient carry on past it. Code that hung or killed
+the kernel is shown as text, not as a cell, so a re-run neither hangs nor crashes.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import nbformat
+from nbformat.notebooknode import NotebookNode
+
+from taskweaver_lite.conversation import Post, Round
+from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.store import StoredSession
+
+IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".svg": "image/svg+xml"}
+RAISES_TAG = "raises-exception"
+
+
+def export_notebook(stored: StoredSession, path: Path, *, working_dir: Path | None = None) -> Path:
+    """Write the session as an .ipynb (nbformat v4, validated); `working_dir` adds a first cell that cds there."""
+    cells: list[NotebookNode] = [nbformat.v4.new_markdown_cell(_heading(stored))]
+    counter = _Counter()
+    if working_dir is not None:
+        cells.append(nbformat.v4.new_markdown_cell("The session's working folder, where its cells read and write files:"))
+        cells.append(nbformat.v4.new_code_cell(f"import os\nos.chdir({str(working_dir)!r})", execution_count=counter.next()))
+    for rnd in stored.rounds:
+        cells.extend(_round_cells(rnd, counter))
+    notebook = nbformat.v4.new_notebook(
+        cells=cells,
+        metadata={
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+            "language_info": {"name": "python"},
+            "taskweaver_lite": {"session_id": stored.id},
+        },
+    )
+    nbformat.validate(notebook)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, str(path))
+    return path
+
+
+def export_markdown(stored: StoredSession, path: Path) -> Path:
+    """Write the session as a readable Markdown transcript: requests, plans, code, outputs, answers."""
+    lines = [f"# {stored.title or stored.id}", "", _about(stored), ""]
+    for rnd in stored.rounds:
+        lines.extend(_round_markdown(rnd))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    return path
+
+
+class _Counter:
+    """Execution counts as a fresh top-to-bottom run would number the cells."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def next(self) -> int:
+        self.value += 1
+        return self.value
+
+
+def _heading(stored: StoredSession) -> str:
+    return (
+        f"# {stored.title or stored.id}\n\n{_about(stored)}\n\n"
+        f"Exported by taskweaver-lite. Attempts that failed are kept with a note and tagged `{RAISES_TAG}`, "
+        "so the notebook runs top to bottom."
+    )
+
+
+def _about(stored: StoredSession) -> str:
+    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(stored.started))
+    usage = stored.usage
+    return (
+        f"Session `{stored.id}`, started {started}; {len(stored.rounds)} request(s), {usage.calls} model call(s), "
+        f"{usage.prompt_tokens:,} tokens in, {usage.completion_tokens:,} out."
+    )
+
+
+def _round_status(rnd: Round) -> str:
+    if rnd.state == "failed":
+        return f"**This request failed:** {rnd.error or 'no reason recorded'}"
+    if rnd.state == "running":
+        return "**This request was cut off:** the program stopped before it finished."
+    return ""
+
+
+def _round_cells(rnd: Round, counter: _Counter) -> list[NotebookNode]:
+    status = _round_status(rnd)
+    request = f"## Request {rnd.index}\n\n{_quoted(rnd.user_query)}" + (f"\n\n{status}" if status else "")
+    cells = [nbformat.v4.new_markdown_cell(request)]
+    for post in rnd.posts:
+        if post.send_from == "Planner" and post.send_to == "CodeInterpreter":
+            cells.append(nbformat.v4.new_markdown_cell(f"**Planner → CodeInterpreter:** {post.message}"))
+        elif post.execution is not None:
+            cells.extend(_execution_cells(post, post.execution, counter))
+    if rnd.answer is not None:
+        cells.append(nbformat.v4.new_markdown_cell(f"**Answer:** {rnd.answer}"))
+    return cells
+
+
+def _execution_cells(post: Post, result: ExecutionResult, counter: _Counter) -> list[NotebookNode]:
+    if result.timed_out or result.kernel_died or result.interrupted:
+        why = "crashed the kernel" if result.kernel_died else "ran too long" if result.timed_out else "was interrupted"
+        note = f"*This code {why}; it is shown as text so that re-running the notebook does not repeat that.*"
+        return [nbformat.v4.new_markdown_cell(f"{note}\n\n{_fenced(result.code, 'python')}")]
+    cells: list[NotebookNode] = []
+    if not result.success:
+        revised = post.send_to == "CodeInterpreter"  # a retry inside the round follows
+        note = "This attempt failed and was revised below." if revised else "This code failed."
+        cells.append(nbformat.v4.new_markdown_cell(f"*{note} The cell is tagged `{RAISES_TAG}` so a re-run carries on.*"))
+    count = counter.next()
+    cell = nbformat.v4.new_code_cell(result.code, execution_count=count, outputs=_outputs(result, count))
+    if result.error is not None:
+        cell.metadata["tags"] = [RAISES_TAG]
+    cells.append(cell)
+    return cells
+
+
+def _outputs(result: ExecutionResult, count: int) -> list[NotebookNode]:
+    outputs: list[NotebookNode] = []
+    for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
+        if text:
+            outputs.append(nbformat.v4.new_output("stream", name=name, text=text))
+    for shown in result.displays:
+        outputs.append(nbformat.v4.new_output("display_data", data={"text/plain": shown}))
+    for artifact in result.artifacts:
+        outputs.append(nbformat.v4.new_output("display_data", data=_image_data(Path(artifact))))
+    if result.result is not None:
+        data = {"text/plain": result.result}
+        if result.result_html:
+            data["text/html"] = result.result_html
+        outputs.append(nbformat.v4.new_output("execute_result", data=data, execution_count=count))
+    if result.error is not None:
+        traceback = result.error.traceback.splitlines() or [f"{result.error.name}: {result.error.value}"]
+        outputs.append(nbformat.v4.new_output("error", ename=result.error.name, evalue=result.error.value, traceback=traceback))
+    return outputs
+
+
+def _image_data(path: Path) -> dict[str, Any]:
+    mime = IMAGE_TYPES.get(path.suffix.lower())
+    if not path.is_file():
+        return {"text/plain": f"[{path.name}: no longer on disk at {path}]"}
+    if mime is None:
+        return {"text/plain": f"[saved file: {path}]"}
+    if mime == "image/svg+xml":
+        return {mime: path.read_text(encoding="utf-8"), "text/plain": f"[image: {path}]"}
+    return {mime: base64.b64encode(path.read_bytes()).decode("ascii"), "text/plain": f"[image: {path}]"}
+
+
+def _round_markdown(rnd: Round) -> list[str]:
+    lines = [f"## {rnd.index}. {_first_line(rnd.user_query)}", "", _quoted(rnd.user_query), ""]
+    status = _round_status(rnd)
+    if status:
+        lines += [f"> {status}", ""]
+    shown_plan: str | None = None
+    for post in rnd.posts:
+        if post.send_from == "Planner" and post.plan is not None and post.plan.plan and post.plan.plan != shown_plan:
+            shown_plan = post.plan.plan
+            lines += ["**Plan**", "", shown_plan.strip(), ""]
+        if post.send_from == "Planner" and post.send_to == "CodeInterpreter":
+            lines += [f"**Planner → CodeInterpreter:** {post.message}", ""]
+        elif post.send_from == "CodeInterpreter" and post.execution is not None:
+            lines += _execution_markdown(post, post.execution)
+        elif post.send_from == "CodeInterpreter" and post.send_to == "Planner":
+            lines += [f"**CodeInterpreter:** {post.message}", ""]
+    if rnd.answer is not None:
+        lines += [f"**Answer:** {rnd.answer}", ""]
+    return lines
+
+
+def _execution_markdown(post: Post, result: ExecutionResult) -> list[str]:
+    lines = [_fenced(result.code, "python"), ""]
+    for label, text in (("Output", result.stdout), ("Stderr", result.stderr), *(("Display", d) for d in result.displays), ("Result", result.result)):
+        if text:
+            lines += [f"{label}:", "", _fenced(text.rstrip(), "text"), ""]
+    if result.error is not None:
+        lines += [f"Error: `{result.error.name}: {_first_line(result.error.value)}`", "", _fenced(result.error.traceback.rstrip(), "text"), ""]
+    for artifact in result.artifacts:
+        is_image = Path(artifact).suffix.lower() in IMAGE_TYPES
+        lines += [f"![{Path(artifact).name}]({artifact})" if is_image else f"Saved: `{artifact}`", ""]
+    if result.kernel_died:
+        lines += ["*The kernel died while running this code and was restarted.*", ""]
+    elif result.timed_out:
+        lines += ["*This code ran too long and was stopped.*", ""]
+    elif not result.success:
+        revised = post.send_to == "CodeInterpreter"
+        lines += ["*This attempt failed and was revised.*" if revised else "*This code failed.*", ""]
+    return lines
+
+
+def _quoted(text: str) -> str:
+    return "\n".join(f"> {line}" if line else ">" for line in text.strip().splitlines()) or ">"
+
+
+def _first_line(text: str, limit: int = 80) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _fenced(text: str, language: str) -> str:
+    # A fence longer than any backtick run inside, so code that holds ``` cannot end the block early.
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{language}\n{text}\n{fence}"

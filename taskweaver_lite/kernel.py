@@ -1,0 +1,433 @@
+"""The Jupyter executor: one ipykernel per session, driven through jupyter-client.
+
+`KernelExecutor` starts its kernel in a background thread the moment a session opens, runs each
+cell as ONE execute request (the variable snapshot rides along in `user_expressions`), bounds what
+comes back for prompts, and keeps the session going through timeouts, interrupts and kernel death.
+Kernels never outlive the program: shutdown runs at exit and on SIGTERM, and each kernel also
+watches its parent process (ipykernel's parent poller) in case we are killed outright.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import math
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any, Literal
+
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.kernelspec import KernelSpec
+from jupyter_client.manager import KernelManager
+
+from taskweaver_lite import kernel_snapshot
+from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.errors import KernelError
+from taskweaver_lite.execution import ExecutionResult, Variable, VariableChanges
+from taskweaver_lite.kernel_output import CellOutput
+
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+SECRET_PREFIXES = ("OPENAI_",)
+# Seconds between checks of the clock and of the kernel process while a cell runs: the bound on
+# how late a timeout fires and how long a dead kernel goes unnoticed.
+POLL_INTERVAL = 0.1
+# An interrupted cell gets this long to unwind (SIGINT is re-sent each second) before the kernel is
+# replaced; C code that never checks for signals ends up here.
+INTERRUPT_GRACE = 5.0
+SHUTDOWN_GRACE = 2.0
+REPLY_WAIT = 5.0
+
+_SNAPSHOT = "snapshot"
+_SNAPSHOT_EXPRESSIONS = {_SNAPSHOT: f"__import__('sys').modules[{kernel_snapshot.MODULE_NAME!r}].snapshot()"}
+# Loaded by path at kernel start, so the kernel never imports taskweaver_lite and its agent deps.
+_LOAD_SNAPSHOT = (
+    "import importlib.util as _twl_u, sys as _twl_s; "
+    f"_twl_p = _twl_u.spec_from_file_location({kernel_snapshot.MODULE_NAME!r}, {kernel_snapshot.__file__!r}); "
+    "_twl_m = _twl_u.module_from_spec(_twl_p); _twl_p.loader.exec_module(_twl_m); "
+    "_twl_s.modules[_twl_p.name] = _twl_m; del _twl_u, _twl_s, _twl_p, _twl_m"
+)
+_CELL_FILE = re.compile(r"cell-(\d+)")
+
+_Ending = Literal["idle", "died", "stuck"]
+
+
+def filtered_environment(environ: Mapping[str, str], *, allowed: list[str]) -> dict[str, str]:
+    """The kernel's environment: ours minus anything that looks like a secret, unless allowed by name."""
+    kept = {
+        name: value
+        for name, value in environ.items()
+        if name in allowed
+        or not (any(marker in name.upper() for marker in SECRET_MARKERS) or name.upper().startswith(SECRET_PREFIXES))
+    }
+    # Figures must come back as images whatever backend the parent prefers (Agg would drop them).
+    kept["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    return kept
+
+
+class _InterpreterKernelManager(KernelManager):
+    """A KernelManager that always runs ipykernel on this interpreter, whatever kernelspecs exist."""
+
+    @property
+    def kernel_spec(self) -> KernelSpec:
+        argv = [
+            sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+            # Sessions keep their own record; IPython's shared SQLite history only adds lock contention.
+            "--HistoryManager.hist_file=:memory:",
+            f"--IPKernelApp.exec_lines={_LOAD_SNAPSHOT}",
+        ]  # fmt: skip
+        return KernelSpec(argv=argv, display_name="taskweaver-lite", language="python")
+
+
+class KernelExecutor:
+    """Runs a session's cells in its own ipykernel; implements the `Executor` protocol."""
+
+    def __init__(self, session_dir: Path, *, config: ExecutionConfig) -> None:
+        """Prepare the session folders and start the kernel in the background; returns at once."""
+        self.session_dir = Path(session_dir).resolve()
+        self.cwd = self.session_dir / "cwd"
+        self.artifacts_dir = self.session_dir / "artifacts"
+        self.outputs_dir = self.session_dir / "outputs"
+        for folder in (self.cwd, self.artifacts_dir, self.outputs_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self._log_path = self.session_dir / "kernel.log"
+        # The kernel's own stderr (warnings, a segfault's last words) goes here, not over our terminal.
+        self._log = self._log_path.open("ab")
+        # IPC sockets: local only, no ports, in a private folder with a short path (socket paths are
+        # capped near 100 bytes, and session folders can be deep).
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="twl-kernel-"))
+        self._manager = _InterpreterKernelManager(transport="ipc", ip=str(self._socket_dir / "kernel"))
+        self._manager.connection_file = str(self._socket_dir / "connection.json")
+        self._manager.shutdown_wait_time = SHUTDOWN_GRACE
+        self._client: BlockingKernelClient | None = None
+        self._start_error: BaseException | None = None
+        self._ready = threading.Event()
+        self._run_lock = threading.Lock()
+        self._running: str | None = None
+        self._interrupt_requested = False
+        self._closed = False
+        # name -> (type, description, object id): what "changed" is judged by, without touching data.
+        self._fingerprints: dict[str, tuple[str, str, str]] = {}
+        self._variables: tuple[Variable, ...] = ()
+        self._cell = _last_cell_number(self.outputs_dir, self.artifacts_dir)
+        _LIVE.add(self)
+        _install_exit_hooks()
+        self._starter = threading.Thread(target=self._start, name="kernel-start", daemon=True)
+        self._starter.start()
+
+    @property
+    def pid(self) -> int | None:
+        """The kernel's process id while it runs."""
+        if self._closed or not self._manager.has_kernel:
+            return None
+        pid = getattr(self._manager.provisioner, "pid", None)
+        return pid if isinstance(pid, int) else None
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until the kernel answers; raise KernelError if it could not start."""
+        if self._closed:
+            raise KernelError("The Python kernel of this session was already shut down.")
+        if not self._ready.wait(timeout):
+            raise KernelError(f"The Python kernel is not ready after {timeout:g} s.")
+        if self._start_error is not None:
+            raise KernelError(f"The Python kernel could not start ({self._start_error}); see {self._log_path}")
+
+    def run(self, code: str, *, timeout: float | None = None) -> ExecutionResult:
+        """Run one cell and return what it did; waits for the kernel if it is still starting."""
+        self.wait_ready()
+        with self._run_lock:
+            if self._closed:
+                raise KernelError("The Python kernel of this session was already shut down.")
+            lost: tuple[str, ...] = ()
+            if not self._manager.is_alive():
+                # Died between cells (the OOM killer picks idle kernels too): say so on this cell.
+                lost = tuple(self._fingerprints)
+                self._replace_kernel(graceful=False)
+            result = self._run_cell(code, self.config.timeout if timeout is None else timeout)
+            if lost:
+                result = dataclasses.replace(result, kernel_died=True, lost_variables=lost)
+            return result
+
+    def interrupt(self) -> None:
+        """Stop the running cell, if any; the kernel and its variables stay (thread- and signal-safe)."""
+        if self._running is None or self._closed:
+            return
+        self._interrupt_requested = True
+        self._manager.interrupt_kernel()
+
+    def variables(self) -> tuple[Variable, ...]:
+        """The latest snapshot of user variables (from the last cell; no kernel round trip)."""
+        return self._variables
+
+    def restart(self) -> tuple[str, ...]:
+        """Replace the kernel with a fresh one; returns the names of the variables that were lost."""
+        self.wait_ready()
+        with self._run_lock:
+            lost = tuple(self._fingerprints)
+            self._replace_kernel(graceful=True)
+            self._fingerprints, self._variables = {}, ()
+            return lost
+
+    def shutdown(self) -> None:
+        """End the kernel and everything it started; safe to call more than once."""
+        if self._closed:
+            return
+        self._closed = True
+        _LIVE.discard(self)
+        self._starter.join()
+        if self._client is not None:
+            self._client.stop_channels()
+            self._client = None
+        group = getattr(self._manager.provisioner, "pgid", None)
+        try:
+            if self._manager.has_kernel:
+                self._manager.shutdown_kernel(now=False)
+        finally:
+            _kill_group(group)  # whatever the user's code spawned in the kernel's process group
+            self._log.close()
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+
+    def __enter__(self) -> KernelExecutor:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self.shutdown()
+
+    def _start(self) -> None:
+        try:
+            self._manager.start_kernel(
+                env=filtered_environment(os.environ, allowed=self.config.allowed_env),
+                cwd=str(self.cwd),
+                stdout=subprocess.DEVNULL,
+                stderr=self._log,
+            )
+            self._client = self._connect()
+        except Exception as exc:
+            self._start_error = exc
+        finally:
+            self._ready.set()
+
+    def _connect(self) -> BlockingKernelClient:
+        client = self._manager.client()
+        client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+        client.wait_for_ready(timeout=self.config.kernel_start_timeout)
+        return client
+
+    def _replace_kernel(self, *, graceful: bool) -> None:
+        if self._client is not None:
+            self._client.stop_channels()
+            self._client = None
+        try:
+            self._manager.restart_kernel(now=not graceful)
+            self._client = self._connect()
+        except Exception as exc:
+            raise KernelError(f"The Python kernel could not be restarted ({exc}); see {self._log_path}") from exc
+
+    def _run_cell(self, code: str, timeout: float) -> ExecutionResult:
+        client = self._client
+        if client is None:
+            raise KernelError(f"The Python kernel is not connected; see {self._log_path}")
+        self._cell += 1
+        stem = f"cell-{self._cell:04d}"
+        output = CellOutput(
+            budget=self.config.output_budget,
+            transcript_path=self.outputs_dir / f"{stem}.txt",
+            artifacts_dir=self.artifacts_dir,
+            stem=stem,
+        )
+        self._interrupt_requested = False
+        started = time.monotonic()
+        msg_id = client.execute(
+            code, store_history=True, user_expressions=_SNAPSHOT_EXPRESSIONS, allow_stdin=False, stop_on_error=False
+        )
+        self._running = msg_id
+        try:
+            ending, timed_out = self._follow(client, msg_id, output, deadline=started + timeout)
+        except KeyboardInterrupt:
+            self._stop_after_ctrl_c(client, msg_id, output)
+            raise
+        finally:
+            self._running = None
+        elapsed = time.monotonic() - started
+        status = {"elapsed": elapsed, "timed_out": timed_out, "interrupted": self._interrupt_requested and not timed_out}
+        base = output.finish(code)
+        if ending != "idle":
+            lost = tuple(self._fingerprints)
+            self._replace_kernel(graceful=False)
+            self._fingerprints, self._variables = {}, ()
+            return dataclasses.replace(
+                base, success=False, kernel_died=True, lost_variables=lost, changes=VariableChanges(deleted=lost), **status
+            )
+        reply = _reply(client, msg_id) or {}
+        ok = reply.get("status") == "ok"
+        # The kernel skips user_expressions after an error, so only then does the snapshot cost a request.
+        rows = _snapshot_rows(reply) if ok else self._request_snapshot(client)
+        changes = self._take_snapshot(rows)
+        return dataclasses.replace(
+            base,
+            success=base.success and ok,
+            execution_count=reply.get("execution_count"),
+            variables=self._variables,
+            changes=changes,
+            **status,
+        )
+
+    def _follow(self, client: BlockingKernelClient, msg_id: str, output: CellOutput, *, deadline: float) -> tuple[_Ending, bool]:
+        """Feed the cell's iopub messages to `output` until the kernel is idle, dead, or stuck."""
+        timed_out = False
+        signalled_at: float | None = None
+        interrupted_at: float | None = None
+        next_check = time.monotonic() + POLL_INTERVAL
+        while True:
+            try:
+                msg = client.get_iopub_msg(timeout=POLL_INTERVAL)
+            except queue.Empty:
+                msg = None
+            if msg is not None and msg["parent_header"].get("msg_id") == msg_id:
+                if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
+                    return "idle", timed_out
+                output.add(msg["msg_type"], msg["content"])
+            now = time.monotonic()
+            if now < next_check:
+                continue
+            next_check = now + POLL_INTERVAL
+            if not self._manager.is_alive():
+                return "died", timed_out
+            if interrupted_at is None and (self._interrupt_requested or now >= deadline):
+                timed_out = not self._interrupt_requested
+                interrupted_at = signalled_at = now
+                if timed_out:
+                    self._manager.interrupt_kernel()
+            elif interrupted_at is not None and signalled_at is not None:
+                if now >= interrupted_at + INTERRUPT_GRACE:
+                    return "stuck", timed_out
+                # A SIGINT that lands before the kernel enters the cell is ignored; repeat it.
+                if now >= signalled_at + 1.0:
+                    signalled_at = now
+                    self._manager.interrupt_kernel()
+
+    def _stop_after_ctrl_c(self, client: BlockingKernelClient, msg_id: str, output: CellOutput) -> None:
+        """Ctrl-C reached us mid-cell: stop the cell, wait for the kernel to settle, keep the snapshot current."""
+        self._interrupt_requested = True
+        self._manager.interrupt_kernel()
+        try:
+            ending, _ = self._follow(client, msg_id, output, deadline=math.inf)
+        finally:
+            output.close()
+        if ending == "idle":
+            _reply(client, msg_id)
+            self._take_snapshot(self._request_snapshot(client))
+        else:
+            self._replace_kernel(graceful=False)
+            self._fingerprints, self._variables = {}, ()
+
+    def _request_snapshot(self, client: BlockingKernelClient) -> list[list[str]] | None:
+        msg_id = client.execute(
+            "", silent=True, store_history=False, user_expressions=_SNAPSHOT_EXPRESSIONS, allow_stdin=False, stop_on_error=False
+        )
+        reply = _reply(client, msg_id)
+        return _snapshot_rows(reply) if reply is not None else None
+
+    def _take_snapshot(self, rows: list[list[str]] | None) -> VariableChanges:
+        """Adopt a new snapshot and say how it differs; an unreadable one keeps the previous."""
+        if rows is None:
+            return VariableChanges()
+        current = {name: (kind, description, identity) for name, kind, description, identity in rows}
+        before = self._fingerprints
+        changes = VariableChanges(
+            created=tuple(name for name in current if name not in before),
+            changed=tuple(name for name in current if name in before and before[name] != current[name]),
+            deleted=tuple(name for name in before if name not in current),
+        )
+        self._fingerprints = current
+        self._variables = tuple(Variable(name=name, type=kind, description=text) for name, (kind, text, _) in current.items())
+        return changes
+
+
+def _reply(client: BlockingKernelClient, msg_id: str) -> dict[str, Any] | None:
+    """The shell reply to `msg_id`, skipping replies to requests we gave up on."""
+    deadline = time.monotonic() + REPLY_WAIT
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            msg = client.get_shell_msg(timeout=left)
+        except queue.Empty:
+            return None
+        if msg["parent_header"].get("msg_id") == msg_id:
+            content: dict[str, Any] = msg["content"]
+            return content
+    return None
+
+
+def _snapshot_rows(reply: dict[str, Any]) -> list[list[str]] | None:
+    value = (reply.get("user_expressions") or {}).get(_SNAPSHOT) or {}
+    if value.get("status") != "ok":
+        return None
+    try:
+        rows = json.loads(value["data"]["text/plain"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return rows if isinstance(rows, list) else None
+
+
+def _last_cell_number(*folders: Path) -> int:
+    """Highest cell number already used in these folders, so a resumed session never overwrites files."""
+    numbers = [int(m.group(1)) for folder in folders for path in folder.iterdir() if (m := _CELL_FILE.match(path.name))]
+    return max(numbers, default=0)
+
+
+def _kill_group(group: Any) -> None:
+    if not isinstance(group, int) or not hasattr(os, "killpg") or group == os.getpgrp():
+        return
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is already gone
+
+
+# Process-wide exit hooks: every live executor is shut down at interpreter exit and on SIGTERM.
+_LIVE: weakref.WeakSet[KernelExecutor] = weakref.WeakSet()
+_HOOKS: dict[str, Any] = {}
+
+
+def _shutdown_all() -> None:
+    for executor in list(_LIVE):
+        try:
+            executor.shutdown()
+        except Exception:  # noqa: BLE001 - at exit nobody can act on it; the other kernels must still go
+            pass
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    _shutdown_all()
+    previous = _HOOKS.get("previous_sigterm")
+    if callable(previous):
+        previous(signum, frame)
+        return
+    # Die of SIGTERM as we would have without this handler, so our parent sees the usual status.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install_exit_hooks() -> None:
+    if "atexit" not in _HOOKS:
+        _HOOKS["atexit"] = atexit.register(_shutdown_all)
+    # Signal handlers can only be set from the main thread; until one is, the kernel's parent
+    # poller still ends it within a second or two of our death.
+    if "previous_sigterm" not in _HOOKS and threading.current_thread() is threading.main_thread():
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is not signal.SIG_IGN:
+            _HOOKS["previous_sigterm"] = previous
+            signal.signal(signal.SIGTERM, _on_sigterm)

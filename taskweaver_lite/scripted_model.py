@@ -1,0 +1,385 @@
+"""The scripted model: an OpenAI-compatible HTTP server on 127.0.0.1 that answers from scripts.
+
+Tests and the offline demo point the real `openai` client at it, so every byte goes over the
+same wire as with a real endpoint. It tells which role a request is for from the system message
+(CONTRACT §4) and answers from that role's queue, then from its default responder; with neither
+it answers HTTP 500 naming the role, so a test that runs out of script fails loudly.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Mapping, Sequence, Union
+
+ROLES = ("planner", "code_generator", "compression", "other")
+_HOST = "127.0.0.1"
+
+_ERROR_CODES = {
+    400: ("invalid_request_error", "invalid_request_error"),
+    401: ("invalid_request_error", "invalid_api_key"),
+    403: ("invalid_request_error", "permission_denied"),
+    404: ("invalid_request_error", "model_not_found"),
+    429: ("requests", "rate_limit_exceeded"),
+}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted answer: content for a 200, or an HTTP error; optionally slow."""
+
+    content: str = ""
+    status: int = 200
+    delay: float = 0.0
+    finish_reason: str = "stop"
+    error_message: str | None = None
+    include_usage: bool = True
+
+
+Responder = Callable[[list[dict[str, Any]]], Union[str, Reply]]
+Scripted = Union[str, Reply, Responder]
+
+
+@dataclass(frozen=True)
+class ScriptedRequest:
+    """A request the server received, with the role it was taken for."""
+
+    role: str
+    messages: list[dict[str, Any]]
+    body: dict[str, Any]
+
+
+def detect_role(messages: Sequence[Mapping[str, Any]]) -> str:
+    """Which role a chat request is for, read from its system message's schema words."""
+    system = "\n".join(_text_of(m.get("content")) for m in messages if m.get("role") == "system")
+    if "init_plan" in system:
+        return "planner"
+    if "reply_content" in system:
+        return "code_generator"
+    if "ConversationSummary" in system:
+        return "compression"
+    return "other"
+
+
+def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The text of the last user message, for responders that react to what they were sent."""
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return _text_of(message.get("content"))
+    return ""
+
+
+class ScriptedServer:
+    """An OpenAI-compatible chat server in a daemon thread, answering from per-role scripts."""
+
+    def __init__(self, *, model: str | None = None, api_key: str | None = None) -> None:
+        self.model = model
+        self.api_key = api_key
+        self._lock = threading.Lock()
+        self._queues: dict[str, deque[Scripted]] = {role: deque() for role in ROLES}
+        self._defaults: dict[str, Scripted] = {}
+        self._requests: list[ScriptedRequest] = []
+        self._stopping = threading.Event()
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        """The base URL to give the client, ending in /v1."""
+        if self._httpd is None:
+            raise RuntimeError("the scripted server is not started; call start() or use it in a with block")
+        return f"http://{_HOST}:{self._httpd.server_port}/v1"
+
+    @property
+    def requests(self) -> list[ScriptedRequest]:
+        """Every request received so far, in order (retries included)."""
+        with self._lock:
+            return list(self._requests)
+
+    def start(self) -> ScriptedServer:
+        """Listen on a free port of 127.0.0.1 and serve in a daemon thread."""
+        if self._httpd is not None:
+            return self
+        self._stopping.clear()
+        self._httpd = _HTTPServer((_HOST, 0), _Handler)
+        self._httpd.scripted = self
+        self._thread = threading.Thread(
+            # A short poll keeps stop() quick: shutdown waits for the loop's next look at its flag.
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.02},
+            name="scripted-model",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and cut open connections; slow replies still waiting give up at once."""
+        if self._httpd is None:
+            return
+        self._stopping.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._httpd.drop_connections()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._httpd = None
+        self._thread = None
+
+    def __enter__(self) -> ScriptedServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def enqueue(self, role: str, *replies: Scripted) -> None:
+        """Queue answers for `role`, used first in, first out."""
+        with self._lock:
+            self._queue(role).extend(replies)
+
+    def set_default(self, role: str, responder: Scripted) -> None:
+        """Answer `role` with `responder` whenever its queue is empty."""
+        self._queue(role)
+        with self._lock:
+            self._defaults[role] = responder
+
+    def remaining(self, role: str) -> int:
+        """How many queued answers for `role` are still unused."""
+        with self._lock:
+            return len(self._queue(role))
+
+    def _queue(self, role: str) -> deque[Scripted]:
+        if role not in self._queues:
+            raise ValueError(f"unknown role {role!r}; the scripted server knows {', '.join(ROLES)}")
+        return self._queues[role]
+
+    def _record(self, request: ScriptedRequest) -> None:
+        with self._lock:
+            self._requests.append(request)
+
+    def _next(self, role: str) -> Scripted | None:
+        with self._lock:
+            queue = self._queues[role]
+            return queue.popleft() if queue else self._defaults.get(role)
+
+    def _wait(self, seconds: float) -> None:
+        self._stopping.wait(seconds)
+
+
+def planner_reply(
+    message: str,
+    *,
+    send_to: str = "CodeInterpreter",
+    plan: str = "1. carry out the request",
+    init_plan: str | None = None,
+    current_plan_step: str | None = None,
+) -> str:
+    """A Planner reply in the contract's JSON."""
+    response = {
+        "init_plan": plan if init_plan is None else init_plan,
+        "plan": plan,
+        "current_plan_step": plan.splitlines()[0] if current_plan_step is None else current_plan_step,
+        "send_to": send_to,
+        "message": message,
+    }
+    return json.dumps({"response": response})
+
+
+def code_reply(code: str, *, thought: str = "I will run this code.") -> str:
+    """A CodeGenerator reply that runs `code`."""
+    return json.dumps({"response": {"thought": thought, "reply_type": "python", "reply_content": code}})
+
+
+def text_reply(text: str, *, thought: str = "No code is needed.") -> str:
+    """A CodeGenerator reply that answers in text instead of code."""
+    return json.dumps({"response": {"thought": thought, "reply_type": "text", "reply_content": text}})
+
+
+def summary_reply(summary: str, variables: Sequence[Mapping[str, str]] | None = None) -> str:
+    """A round-compression reply; without `variables`, the Planner's form that leaves them out."""
+    data: dict[str, Any] = {"ConversationSummary": summary}
+    if variables is not None:
+        data["Variables"] = [dict(v) for v in variables]
+    return json.dumps(data)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    scripted: ScriptedServer
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._connections_lock:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._connections_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def drop_connections(self) -> None:
+        """Cut kept-alive connections, so a stopped server looks down to clients that have one open."""
+        with self._connections_lock:
+            connections = list(self._connections)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by the client
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _HTTPServer
+    protocol_version = "HTTP/1.1"  # keep-alive, as the SDK's connection pool expects
+    # Buffered, so headers and body leave in one segment: two small writes meet Nagle's algorithm
+    # and the client's delayed ACK, which costs 40 ms a reply.
+    wbufsize = -1
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Stay quiet: test output is for the tests."""
+
+    def do_GET(self) -> None:
+        scripted = self.server.scripted
+        if not self._authorized(scripted):
+            return
+        if self.path.rstrip("/") == "/v1/models":
+            name = scripted.model or "scripted-model"
+            self._send_json(200, {"object": "list", "data": [_model_entry(name)]})
+            return
+        self._send_error(404, f"no route GET {self.path}", code="not_found")
+
+    def do_POST(self) -> None:
+        scripted = self.server.scripted
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except (ValueError, json.JSONDecodeError):
+            self._send_error(400, "the request body is not JSON")
+            return
+        if not isinstance(body, dict):
+            self._send_error(400, "the request body must be a JSON object")
+            return
+        raw_messages = body.get("messages")
+        messages: list[dict[str, Any]] = raw_messages if isinstance(raw_messages, list) else []
+        role = detect_role(messages)
+        scripted._record(ScriptedRequest(role=role, messages=messages, body=body))
+        if not self._authorized(scripted):
+            return
+        if self.path.rstrip("/") != "/v1/chat/completions":
+            self._send_error(404, f"no route POST {self.path}", code="not_found")
+            return
+        if scripted.model is not None and body.get("model") != scripted.model:
+            model = body.get("model")
+            self._send_error(404, f"The model `{model}` does not exist or you do not have access to it.")
+            return
+        if body.get("stream"):
+            self._send_error(400, "the scripted server does not stream; call without stream=True")
+            return
+        self._answer(scripted, role, messages, body)
+
+    def _answer(
+        self, scripted: ScriptedServer, role: str, messages: list[dict[str, Any]], body: dict[str, Any]
+    ) -> None:
+        scripted_reply = scripted._next(role)
+        if scripted_reply is None:
+            asked = " ".join(last_user_text(messages).split())[:200]
+            self._send_error(
+                500,
+                f"scripted server: no reply queued for role '{role}' and no default responder "
+                f"(last user message: {asked!r})",
+            )
+            return
+        try:
+            reply = scripted_reply(messages) if callable(scripted_reply) else scripted_reply
+        except Exception as exc:  # a broken responder must fail the test, not hang it
+            self._send_error(500, f"scripted server: the responder for role '{role}' raised {exc!r}")
+            return
+        if isinstance(reply, str):
+            reply = Reply(content=reply)
+        if not isinstance(reply, Reply):
+            self._send_error(500, f"scripted server: the responder for role '{role}' returned {reply!r}, not a reply")
+            return
+        if reply.delay > 0:
+            scripted._wait(reply.delay)
+        if reply.status != 200:
+            self._send_error(reply.status, reply.error_message or f"scripted HTTP {reply.status} for role '{role}'")
+            return
+        completion: dict[str, Any] = {
+            "id": f"chatcmpl-scripted-{len(scripted.requests)}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model") or scripted.model or "scripted-model",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": reply.content},
+                    "finish_reason": reply.finish_reason,
+                    "logprobs": None,
+                }
+            ],
+        }
+        if reply.include_usage:
+            prompt = sum(_rough_tokens(_text_of(m.get("content"))) + 3 for m in messages) + 3
+            completion["usage"] = {
+                "prompt_tokens": prompt,
+                "completion_tokens": _rough_tokens(reply.content),
+                "total_tokens": prompt + _rough_tokens(reply.content),
+            }
+        self._send_json(200, completion)
+
+    def _authorized(self, scripted: ScriptedServer) -> bool:
+        if scripted.api_key is None:
+            return True
+        given = (self.headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+        if given == scripted.api_key:
+            return True
+        self._send_error(401, "Incorrect API key provided.")
+        return False
+
+    def _send_error(self, status: int, message: str, *, code: str | None = None) -> None:
+        kind, default_code = _ERROR_CODES.get(status, ("server_error", "server_error"))
+        error = {"message": message, "type": kind, "param": None, "code": code or default_code}
+        self._send_json(status, {"error": error})
+
+    def _send_json(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode("utf-8")
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            if status == 429 or status >= 500:
+                # The SDK honours this, so retry tests wait 10 ms instead of its 0.5 s backoff.
+                self.send_header("retry-after-ms", "10")
+            self.end_headers()
+            self.wfile.write(data)
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (its timeout) before the slow reply was ready
+
+
+def _model_entry(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "scripted"}
+
+
+def _rough_tokens(text: str) -> int:
+    """About four characters per token, enough for usage numbers that move the right way."""
+    return (len(text) + 3) // 4
+
+
+def _text_of(content: Any) -> str:
+    """Message content as text, whether a string or a list of content parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""

@@ -1,0 +1,380 @@
+"""The session store: every event of every session, written as it happens to one SQLite file per project.
+
+    store = SessionStore(config.store_path)
+    store.create_session(session.id, started=time.time())
+    session.add_listener(StoreRecorder(store, session.id))
+    ...
+    stored = store.load(store.resolve("last"))
+
+Durability: WAL journal, `synchronous=NORMAL`, one transaction per event. A `kill -9` at any moment
+loses at most the event being written and never corrupts the file (in WAL mode a commit is durable
+against a process crash; NORMAL only skips the fsync that guards against power loss). Two processes
+may write to one file at once: SQLite serialises them, and `busy_timeout` makes each wait its turn
+instead of failing. A session open in one process is guarded by an `flock` on a lock file (see
+`session_lock.py`), which the operating system releases even when the process is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal
+
+from taskweaver_lite.conversation import Post, Round
+from taskweaver_lite.errors import StoreError
+from taskweaver_lite.events import Event, Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
+from taskweaver_lite.execution import Variable
+from taskweaver_lite.session_lock import SessionLock
+from taskweaver_lite.store_schema import MIGRATIONS, SCHEMA_VERSION, migrate
+
+__all__ = ["SCHEMA_VERSION", "ModelUsage", "SessionLock", "SessionStore", "SessionSummary", "StoreRecorder", "StoredSession"]
+
+Synchronous = Literal["NORMAL", "FULL"]
+INTERRUPTED_ERROR = "Cut off: the program stopped during this request."
+BUSY_TIMEOUT_SECONDS = 10.0
+TITLE_LENGTH = 60
+_SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    """One line of `taskweaver-lite sessions`."""
+
+    id: str
+    title: str
+    rounds: int
+    started: float
+    last_active: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON shape for `sessions --json`: {id, title, rounds, started, last_active} (epoch seconds)."""
+        return {"id": self.id, "title": self.title, "rounds": self.rounds, "started": self.started, "last_active": self.last_active}
+
+
+@dataclass(frozen=True)
+class ModelUsage:
+    """Model calls recorded for a session, with their token totals."""
+
+    calls: int
+    failed_calls: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class StoredSession:
+    """Everything a resume or an export needs, as it was last written."""
+
+    id: str
+    title: str
+    started: float
+    last_active: float
+    rounds: list[Round]
+    compression: dict[str, dict[str, Any]]  # role ("planner", "code_generator") -> CompressionState.to_dict()
+    usage: ModelUsage
+    interrupted: tuple[int, ...]  # indexes of rounds still 'running': cut off by a crash
+    last_variables: tuple[Variable, ...]  # the kernel's variables after the last cell that ran
+
+
+class SessionStore:
+    """The project's SQLite file of sessions: safe to share between threads and between processes."""
+
+    def __init__(self, path: Path, *, synchronous: Synchronous = "NORMAL") -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        if synchronous not in ("NORMAL", "FULL"):
+            raise StoreError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves, one transaction per event.
+            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"{self.path}: cannot open the session store ({exc})") from None
+        try:
+            with self._errors():
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute(f"PRAGMA synchronous={synchronous}")
+                self._db.execute("PRAGMA foreign_keys=ON")
+                migrate(self._db, MIGRATIONS, path=self.path)
+        except StoreError:
+            self._db.close()
+            raise
+
+    def create_session(self, session_id: str, *, started: float) -> None:
+        """Add a new, empty session."""
+        if not _SESSION_ID.match(session_id):
+            raise StoreError(f"'{session_id}' is not a valid session id (letters, digits, '.', '_' and '-' only)")
+        with self._transaction() as db:
+            if db.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
+                raise StoreError(f"session {session_id} already exists in {self.path}")
+            db.execute("INSERT INTO sessions (id, started, last_active) VALUES (?, ?, ?)", (session_id, started, started))
+
+    def record(self, session_id: str, event: Event) -> None:
+        """Write one session event in its own transaction; `Working` is progress only and is skipped."""
+        if isinstance(event, Working):
+            return
+        now = time.time()
+        with self._transaction() as db:
+            if not db.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
+                raise StoreError(f"session {session_id} is not in {self.path}; it must be created before events are recorded")
+            if isinstance(event, RoundStarted):
+                _ensure_round(db, session_id, event.round)
+                db.execute("UPDATE sessions SET title = ? WHERE id = ? AND title = ''", (shorten(event.round.user_query), session_id))
+            elif isinstance(event, PostAdded):
+                _ensure_round(db, session_id, event.round)
+                _insert_post(db, session_id, event.round.id, event.post)
+            elif isinstance(event, RoundEnded):
+                _ensure_round(db, session_id, event.round)
+                db.execute(
+                    "UPDATE rounds SET state = ?, error = ?, ended_at = ? WHERE session_id = ? AND round_id = ?",
+                    (event.round.state, event.round.error, now, session_id, event.round.id),
+                )
+            elif isinstance(event, ModelCalled):
+                db.execute(
+                    "INSERT INTO model_calls (session_id, purpose, prompt_tokens, completion_tokens, latency, ok, error, prompt, reply, at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        session_id,
+                        event.purpose,
+                        event.prompt_tokens,
+                        event.completion_tokens,
+                        event.latency,
+                        event.ok,
+                        event.error,
+                        json.dumps(list(event.prompt), ensure_ascii=False) if event.prompt is not None else None,
+                        event.reply,
+                        now,
+                    ),
+                )
+            elif isinstance(event, Folded):
+                db.execute(
+                    "INSERT INTO folds (session_id, role, first_round, last_round, tokens_before, tokens_after, ok, error, at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (session_id, event.role, event.first_round, event.last_round, event.tokens_before, event.tokens_after, event.ok, event.error, now),
+                )
+            db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
+
+    def save_compression(self, session_id: str, role: str, state: dict[str, Any]) -> None:
+        """Keep `role`'s CompressionState.to_dict(), replacing the one saved before."""
+        now = time.time()
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO compression (session_id, role, state, saved_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (session_id, role) DO UPDATE SET state = excluded.state, saved_at = excluded.saved_at",
+                (session_id, role, json.dumps(state, ensure_ascii=False), now),
+            )
+            db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
+
+    def list_sessions(self) -> list[SessionSummary]:
+        """Every stored session, most recently active first."""
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT s.id, s.title, (SELECT COUNT(*) FROM rounds r WHERE r.session_id = s.id), s.started, s.last_active"
+                " FROM sessions s ORDER BY s.last_active DESC, s.started DESC"
+            ).fetchall()
+        return [SessionSummary(id=r[0], title=r[1], rounds=r[2], started=r[3], last_active=r[4]) for r in rows]
+
+    def resolve(self, ref: str) -> str:
+        """The session id that `ref` names: 'last' (most recently active), an id, or a unique start of one."""
+        with self._read() as db:
+            if ref == "last":
+                row = db.execute("SELECT id FROM sessions ORDER BY last_active DESC, started DESC LIMIT 1").fetchone()
+                if row is None:
+                    raise StoreError(f"there are no stored sessions in {self.path} yet")
+                return str(row[0])
+            if db.execute("SELECT 1 FROM sessions WHERE id = ?", (ref,)).fetchone():
+                return ref
+            pattern = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            matches = [r[0] for r in db.execute("SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' ORDER BY id", (pattern,))]
+        if len(matches) == 1:
+            return str(matches[0])
+        if matches:
+            raise StoreError(f"'{ref}' matches several sessions ({', '.join(matches[:5])}); give more of the id")
+        raise StoreError(f"no session '{ref}' in {self.path}; run `taskweaver-lite sessions` to see the ids")
+
+    def load(self, session_id: str) -> StoredSession:
+        """The whole session: rounds rebuilt from their posts in order, summaries, usage, crash marks."""
+        with self._read() as db:
+            head = db.execute("SELECT title, started, last_active, variables FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            if head is None:
+                raise StoreError(f"no session '{session_id}' in {self.path}; run `taskweaver-lite sessions` to see the ids")
+            round_rows = db.execute(
+                "SELECT round_id, idx, user_query, state, error, started_at FROM rounds WHERE session_id = ? ORDER BY seq", (session_id,)
+            ).fetchall()
+            post_rows = db.execute("SELECT round_id, data FROM posts WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
+            states = db.execute("SELECT role, state FROM compression WHERE session_id = ?", (session_id,)).fetchall()
+            usage = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0)"
+                " FROM model_calls WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()
+        rounds = {
+            r[0]: Round(id=r[0], index=r[1], user_query=r[2], state=r[3], error=r[4], started_at=r[5], posts=[]) for r in round_rows
+        }
+        for round_id, data in post_rows:
+            rounds[round_id].posts.append(Post.from_dict(json.loads(data)))
+        ordered = list(rounds.values())
+        return StoredSession(
+            id=session_id,
+            title=head[0],
+            started=head[1],
+            last_active=head[2],
+            rounds=ordered,
+            compression={role: json.loads(state) for role, state in states},
+            usage=ModelUsage(calls=usage[0], failed_calls=usage[1], prompt_tokens=usage[2], completion_tokens=usage[3]),
+            interrupted=tuple(r.index for r in ordered if r.state == "running"),
+            last_variables=tuple(Variable.from_dict(v) for v in json.loads(head[3])),
+        )
+
+    def mark_interrupted(self, session_id: str) -> tuple[int, ...]:
+        """Fail the rounds a crash left 'running'; returns their indexes (to tell the user)."""
+        with self._transaction() as db:
+            rows = db.execute("SELECT seq, idx FROM rounds WHERE session_id = ? AND state = 'running' ORDER BY seq", (session_id,)).fetchall()
+            db.executemany(
+                "UPDATE rounds SET state = 'failed', error = ?, ended_at = COALESCE(ended_at, ?) WHERE seq = ?",
+                [(INTERRUPTED_ERROR, time.time(), seq) for seq, _ in rows],
+            )
+        return tuple(idx for _, idx in rows)
+
+    def successful_cells(self, session_id: str) -> list[str]:
+        """The code of every cell that ran without error, in the order it ran (for the kernel replay)."""
+        # Rounds of every state count: the kernel ran a failed round's good cells all the same.
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT json_extract(data, '$.execution.code') FROM posts WHERE session_id = ? AND success = 1 ORDER BY seq", (session_id,)
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    def lock(self, session_id: str) -> SessionLock:
+        """Claim the session for this process; SessionBusyError if another process has it open."""
+        if not _SESSION_ID.match(session_id):
+            raise StoreError(f"'{session_id}' is not a valid session id")
+        return SessionLock(self.path.with_name(self.path.name + ".locks") / f"{session_id}.lock", session_id=session_id)
+
+    def close(self) -> None:
+        """Close the database connection (committed events are already on disk)."""
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock, self._errors():
+            # IMMEDIATE takes the write lock up front, so a busy database waits here (busy_timeout)
+            # instead of failing half-way through the event.
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                if self._db.in_transaction:  # SQLite may already have rolled back (disk full, I/O error)
+                    self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock, self._errors():
+            self._db.execute("BEGIN")  # one snapshot for all the reads, even while others write
+            try:
+                yield self._db
+            finally:
+                if self._db.in_transaction:
+                    self._db.execute("COMMIT")
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise StoreError(
+                    f"{self.path} stayed locked by another process for over {BUSY_TIMEOUT_SECONDS:.0f} s; try again"
+                ) from None
+            raise StoreError(f"{self.path}: the session store could not be written or read ({exc})") from None
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(
+                f"{self.path} is not a readable session store ({exc}); move it aside "
+                f"(mv {self.path} {self.path}.broken) and a new one will be created"
+            ) from None
+        except sqlite3.ProgrammingError as exc:  # used after close(), e.g. by a late background fold
+            raise StoreError(f"{self.path}: the session store is closed ({exc})") from None
+
+
+class StoreRecorder:
+    """A session listener that records every event; safe to call from the session's and the fold threads.
+
+    `compression_state(role)` returns that role's CompressionState.to_dict(); with it, each fold also
+    saves the role's new state. A store failure in a background thread is raised again on the next
+    event from the thread that made the recorder, so the session learns its record is incomplete.
+    """
+
+    def __init__(
+        self, store: SessionStore, session_id: str, *, compression_state: Callable[[str], dict[str, Any] | None] | None = None
+    ) -> None:
+        self.store = store
+        self.session_id = session_id
+        self._compression_state = compression_state
+        self._owner = threading.get_ident()
+        self._failure: StoreError | None = None
+
+    def __call__(self, event: Event) -> None:
+        """Record `event` (the Listener signature)."""
+        try:
+            self.store.record(self.session_id, event)
+            if isinstance(event, Folded) and self._compression_state is not None:
+                state = self._compression_state(event.role)
+                if state is not None:
+                    self.store.save_compression(self.session_id, event.role, state)
+        except StoreError as exc:
+            if threading.get_ident() != self._owner:
+                self._failure = exc
+                return
+            raise
+        if self._failure is not None and threading.get_ident() == self._owner:
+            failure, self._failure = self._failure, None
+            raise failure
+
+
+def shorten(text: str, limit: int = TITLE_LENGTH) -> str:
+    """One line of at most `limit` characters, cut at a word with '…' when longer."""
+    line = " ".join(text.split())
+    if len(line) <= limit:
+        return line
+    cut = line[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,.;:") + "…"
+
+
+def _ensure_round(db: sqlite3.Connection, session_id: str, rnd: Round) -> None:
+    db.execute(
+        "INSERT INTO rounds (session_id, round_id, idx, user_query, state, error, started_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (session_id, round_id) DO NOTHING",
+        (session_id, rnd.id, rnd.index, rnd.user_query, "running", None, rnd.started_at),
+    )
+
+
+def _insert_post(db: sqlite3.Connection, session_id: str, round_id: str, post: Post) -> None:
+    execution = post.execution
+    inserted = db.execute(
+        "INSERT INTO posts (session_id, round_id, post_id, send_from, send_to, success, created_at, data)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, post_id) DO NOTHING",
+        (
+            session_id,
+            round_id,
+            post.id,
+            post.send_from,
+            post.send_to,
+            execution.success if execution else None,
+            post.created_at,
+            json.dumps(post.to_dict(), ensure_ascii=False),
+        ),
+    ).rowcount
+    if inserted and execution is not None:
+        # Every cell's result carries the kernel's snapshot after it (empty after a kernel death).
+        variables = json.dumps([v.to_dict() for v in execution.variables], ensure_ascii=False)
+        db.execute("UPDATE sessions SET variables = ? WHERE id = ?", (variables, session_id))

@@ -1,0 +1,80 @@
+"""The session store's schema: its versions and the steps that upgrade an older file to the newest.
+
+The version lives in SQLite's `PRAGMA user_version` (0 = a new, empty file). Each step runs in one
+transaction together with the version bump, so a crash mid-upgrade leaves the old version intact.
+A file from a newer taskweaver-lite is refused, never misread.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from taskweaver_lite.errors import StoreError
+
+Migration = tuple[str, ...]
+
+# MIGRATIONS[n] upgrades a store from schema version n to n + 1; the version lives in PRAGMA user_version.
+MIGRATIONS: list[Migration] = [
+    (
+        """CREATE TABLE sessions (
+            id TEXT PRIMARY KEY, started REAL NOT NULL, last_active REAL NOT NULL,
+            title TEXT NOT NULL DEFAULT '', variables TEXT NOT NULL DEFAULT '[]')""",
+        """CREATE TABLE rounds (
+            seq INTEGER PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id), round_id TEXT NOT NULL,
+            idx INTEGER NOT NULL, user_query TEXT NOT NULL, state TEXT NOT NULL, error TEXT,
+            started_at REAL NOT NULL, ended_at REAL, UNIQUE (session_id, round_id))""",
+        """CREATE TABLE posts (
+            seq INTEGER PRIMARY KEY, session_id TEXT NOT NULL, round_id TEXT NOT NULL, post_id TEXT NOT NULL,
+            send_from TEXT NOT NULL, send_to TEXT NOT NULL, success INTEGER, created_at REAL NOT NULL,
+            data TEXT NOT NULL, UNIQUE (session_id, post_id),
+            FOREIGN KEY (session_id, round_id) REFERENCES rounds(session_id, round_id))""",
+        "CREATE INDEX posts_by_round ON posts(session_id, round_id, seq)",
+        """CREATE TABLE model_calls (
+            seq INTEGER PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id), purpose TEXT NOT NULL,
+            prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, latency REAL NOT NULL,
+            ok INTEGER NOT NULL, error TEXT, prompt TEXT, reply TEXT, at REAL NOT NULL)""",
+        "CREATE INDEX model_calls_by_session ON model_calls(session_id, seq)",
+        """CREATE TABLE folds (
+            seq INTEGER PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id), role TEXT NOT NULL,
+            first_round INTEGER NOT NULL, last_round INTEGER NOT NULL, tokens_before INTEGER NOT NULL,
+            tokens_after INTEGER NOT NULL, ok INTEGER NOT NULL, error TEXT, at REAL NOT NULL)""",
+        """CREATE TABLE compression (
+            session_id TEXT NOT NULL REFERENCES sessions(id), role TEXT NOT NULL, state TEXT NOT NULL,
+            saved_at REAL NOT NULL, PRIMARY KEY (session_id, role))""",
+    ),
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def migrate(db: sqlite3.Connection, steps: list[Migration], *, path: Path) -> int:
+    """Bring the open database up to `len(steps)`, one transaction per step; returns the new version."""
+    target = len(steps)
+    while True:
+        version = _schema_version(db, target, path=path)
+        if version == target:
+            return version  # the usual case: no write lock needed just to open
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            # Another process may have migrated while we waited for the write lock.
+            if _schema_version(db, target, path=path) == version:
+                for statement in steps[version]:
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {version + 1}")
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+
+def _schema_version(db: sqlite3.Connection, target: int, *, path: Path) -> int:
+    version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if version > target:
+        raise StoreError(
+            f"{path} was written by a newer taskweaver-lite (store schema version {version}; this one reads "
+            f"up to {target}); upgrade taskweaver-lite (pip install -U taskweaver-lite) to open it"
+        )
+    if version == 0 and db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
+        raise StoreError(f"{path} is an SQLite file but not a taskweaver-lite session store; move it aside or set store.path")
+    return version

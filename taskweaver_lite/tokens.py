@@ -1,0 +1,98 @@
+"""Exact token counting and prompt budgets, offline.
+
+Counts come from the Rust BPE tables of `bpe-openai` (o200k_base or cl100k_base), so a prompt is
+measured exactly before it is sent instead of guessed from its length. The binding is imported on
+first use: importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, Sequence
+
+from taskweaver_lite.errors import ConfigError
+
+if TYPE_CHECKING:
+    from taskweaver_lite.config import Config
+    from taskweaver_lite.llm import Message
+
+# OpenAI's chat format wraps every message in a few tokens (<|start|>role ... <|end|>) and primes
+# the reply with <|start|>assistant<|message|>; these are the cookbook's numbers for gpt-4o models.
+TOKENS_PER_MESSAGE = 3
+REPLY_PRIMING_TOKENS = 3
+
+
+class Tokenizer:
+    """Counts tokens of text and of chat messages for one BPE encoding."""
+
+    def __init__(self, name: str, *, backend: Any) -> None:
+        self.name = name
+        self._bpe = backend
+
+    def count(self, text: str) -> int:
+        """Exact number of tokens in `text`."""
+        return int(self._bpe.count(text)) if text else 0
+
+    def count_message(self, message: Message) -> int:
+        """Tokens one chat message adds to a prompt, its framing included."""
+        return TOKENS_PER_MESSAGE + self.count(message["role"]) + self.count(message["content"])
+
+    def count_messages(self, messages: Sequence[Message]) -> int:
+        """Tokens a whole chat prompt takes, the reply priming included."""
+        return sum(self.count_message(m) for m in messages) + REPLY_PRIMING_TOKENS
+
+    def truncate_middle(self, text: str, max_tokens: int) -> str:
+        """`text` cut to at most `max_tokens` tokens: head and tail kept, a marker in between."""
+        tokens = self._bpe.encode(text) if text else []
+        if len(tokens) <= max_tokens:
+            return text
+        keep = max_tokens - self.count(_marker(len(tokens)))
+        if keep < 2:
+            # No room for a marker: keep what fits of the head, the part a reader sees first.
+            return self._decode(tokens[: max(max_tokens, 0)], side="head")
+        while keep >= 2:
+            head_len = (keep + 1) // 2
+            head = self._decode(tokens[:head_len], side="head")
+            tail = self._decode(tokens[len(tokens) - (keep - head_len) :], side="tail")
+            result = f"{head}{_marker(len(tokens) - self.count(head) - self.count(tail))}{tail}"
+            # Re-joined pieces can merge differently at the seams; shrink until the promise holds.
+            if self.count(result) <= max_tokens:
+                return result
+            keep -= 1
+        return self._decode(tokens[:max_tokens], side="head")
+
+    def _decode(self, tokens: Sequence[int], *, side: str) -> str:
+        # A cut can land inside a multi-byte character; move the cut a token at a time until it decodes.
+        pieces = list(tokens)
+        while pieces:
+            try:
+                return str(self._bpe.decode(pieces))
+            except ValueError:
+                pieces = pieces[:-1] if side == "head" else pieces[1:]
+        return ""
+
+
+def _marker(left_out: int) -> str:
+    return f"\n[... {left_out:,} tokens left out here ...]\n"
+
+
+def get_tokenizer(name: str = "o200k_base") -> Tokenizer:
+    """The shared, offline tokenizer for encoding `name` (o200k_base or cl100k_base)."""
+    return _load(name)
+
+
+@functools.cache
+def _load(name: str) -> Tokenizer:
+    from bpe_openai import _bindings  # type: ignore[import-untyped]  # Rust extension, loaded on first count
+
+    try:
+        backend = _bindings.tokenizer_for_encoding(name)
+    except (ValueError, KeyError):
+        known = ", ".join(sorted(_bindings.supported_encodings()))
+        raise ConfigError(f"llm.tokenizer: unknown encoding '{name}'; supported: {known}") from None
+    return Tokenizer(name, backend=backend)
+
+
+def prompt_budget(config: Config) -> int:
+    """Tokens a prompt may use: the context window minus the reply reserve and the safety margin."""
+    return config.llm.context_window - config.llm.reply_reserve - config.llm.margin

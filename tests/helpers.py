@@ -1,0 +1,46 @@
+"""Shared helpers for session and CLI tests: a project wired to a scripted server, a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def make_project(root: Path, server_url: str, **sections: dict) -> Path:
+    """A project folder with the bundled examples and data, pointed at the scripted server."""
+    project = root / "project"
+    shutil.copytree(REPO / "project", project, ignore=shutil.ignore_patterns("sessions", "*.db*", ".chat_history"))
+    config = {
+        "llm": {"api_base": server_url, "api_key": "test-key", "model": "scripted", "max_retries": 2, "timeout": 10},
+        "execution": {"timeout": 30},
+    }
+    for name, values in sections.items():
+        config.setdefault(name, {}).update(values)
+    (project / "taskweaver_config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    return project
+
+
+def cli_env() -> dict[str, str]:
+    """The environment for a CLI subprocess: no real keys, no colours, unbuffered."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
+    env.update(PYTHONUNBUFFERED="1", NO_COLOR="1", TERM="dumb")
+    return env
+
+
+def run_cli(*args: str, stdin: str = "", timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """Run `python -m taskweaver_lite ARGS` with piped stdin and captured output."""
+    return subprocess.run(
+        [sys.executable, "-m", "taskweaver_lite", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=cli_env(),
+    )

@@ -1,0 +1,176 @@
+"""`taskweaver-lite chat` and friends, driven as a user would: a subprocess with piped stdin."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from helpers import cli_env, make_project, run_cli
+
+from taskweaver_lite.scripted_model import Reply, ScriptedServer, code_reply, planner_reply
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as srv:
+        yield srv
+
+
+def test_piped_stdin_prints_each_answer_to_stdout_exactly(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    server.enqueue("planner", planner_reply("Hello! What shall we analyse?", send_to="User"))
+    server.enqueue("planner", planner_reply("Put 2 + 3 in a variable s and print it."), planner_reply("2 + 3 = 5", send_to="User"))
+    server.enqueue("code_generator", code_reply("s = 2 + 3\nprint(s)"))
+    done = run_cli("chat", "-p", str(project), stdin="hi\n\n   \nwhat is 2 + 3?\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "Hello! What shall we analyse?\n2 + 3 = 5\n"
+    assert "Running code" in done.stderr and "s = 2 + 3" in done.stderr
+
+
+def test_a_multi_step_request_runs_each_step_in_the_same_kernel(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    server.enqueue(
+        "planner",
+        planner_reply("Create a list nums with 1..10.", plan="1. make nums\n2. sum nums"),
+        planner_reply("Print the sum of nums.", plan="1. make nums\n2. sum nums", current_plan_step="2. sum nums"),
+        planner_reply("The sum of 1..10 is 55.", send_to="User"),
+    )
+    server.enqueue("code_generator", code_reply("nums = list(range(1, 11))"), code_reply("print(sum(nums))"))
+    done = run_cli("chat", "-p", str(project), stdin="sum the numbers one to ten\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "The sum of 1..10 is 55.\n"
+    final_planner_prompt = [r for r in server.requests if r.role == "planner"][-1].messages
+    assert "55" in final_planner_prompt[-1]["content"]
+
+
+def test_a_code_error_is_fixed_and_the_fix_is_reported(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    server.enqueue("planner", planner_reply("Print the mean of [2, 4]."), planner_reply("The mean is 3.", send_to="User"))
+    server.enqueue("code_generator", code_reply("import statistics\nprint(statistics.meen([2, 4]))"), code_reply("import statistics\nprint(statistics.mean([2, 4]))"))
+    done = run_cli("chat", "-p", str(project), stdin="mean of 2 and 4\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "The mean is 3.\n"
+    assert "AttributeError" in done.stderr and "after 1 fixes" in [r for r in server.requests if r.role == "planner"][-1].messages[-1]["content"]
+
+
+def test_a_malformed_reply_is_repaired(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    server.enqueue("planner", "Sure! Here is my answer: send it to the user.", planner_reply("Repaired answer.", send_to="User"))
+    done = run_cli("chat", "-p", str(project), stdin="hello\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "Repaired answer.\n"
+    assert "malformed" in done.stderr.lower()
+
+
+def test_rate_limit_then_success(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    server.enqueue("planner", Reply(status=429), planner_reply("Got through.", send_to="User"))
+    done = run_cli("chat", "-p", str(project), stdin="hello\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "Got through.\n"
+    assert sum(r.role == "planner" for r in server.requests) == 2
+
+
+def test_the_llm_down_gives_one_clear_line_and_a_non_zero_exit(tmp_path: Path) -> None:
+    project = make_project(tmp_path, "http://127.0.0.1:9/v1", llm={"max_retries": 0, "timeout": 3})
+    done = run_cli("chat", "-p", str(project), stdin="hello\nsecond line\n")
+    assert done.returncode == 1
+    assert done.stdout == ""
+    errors = [line for line in done.stderr.splitlines() if line.startswith("taskweaver-lite:")]
+    assert len(errors) == 1 and "127.0.0.1:9" in errors[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "overrides", "expected"),
+    [
+        ("llm:\n  modle: x\n", [], ["taskweaver_config.yaml", "unknown key 'llm.modle'", "model"]),
+        ("execution:\n  timeout: soon\n", [], ["taskweaver_config.yaml", "execution.timeout", "number"]),
+        ("llm: [unclosed\n", [], ["taskweaver_config.yaml", "not valid YAML", "line"]),
+        ("", ["round_compressor.rounds_to_retian=1"], ["--set round_compressor.rounds_to_retian", "rounds_to_retain"]),
+        ("", ["planner.prompt_compression=maybe"], ["--set planner.prompt_compression=maybe", "boolean"]),
+    ],
+)
+def test_a_bad_config_names_the_file_and_key_in_one_line(tmp_path: Path, yaml_text: str, overrides: list[str], expected: list[str]) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "taskweaver_config.yaml").write_text(yaml_text)
+    args = ["chat", "-p", str(project)] + [a for o in overrides for a in ("--set", o)]
+    done = run_cli(*args, stdin="hello\n", timeout=30)
+    assert done.returncode != 0
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    for fragment in expected:
+        assert fragment in done.stderr, done.stderr
+
+
+def test_a_missing_project_folder_is_named(tmp_path: Path) -> None:
+    done = run_cli("chat", "-p", str(tmp_path / "nowhere"), stdin="hello\n", timeout=30)
+    assert done.returncode != 0 and "nowhere" in done.stderr and "project folder not found" in done.stderr
+
+
+def test_load_copies_the_file_and_the_planner_is_told(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    data = tmp_path / "prices.csv"
+    data.write_text("item,price\napple,3\npear,4\n")
+    server.enqueue("planner", planner_reply("Read prices.csv and print the total price."), planner_reply("Total: 7", send_to="User"))
+    server.enqueue("code_generator", code_reply("import pandas as pd\nprint(pd.read_csv('prices.csv').price.sum())"))
+    done = run_cli("chat", "-p", str(project), stdin=f"/load {data}\nwhat do the prices add up to?\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "Total: 7\n"
+    first_prompt = [r for r in server.requests if r.role == "planner"][0].messages
+    assert 'loaded the file "prices.csv"' in first_prompt[-1]["content"]
+    assert list(project.glob("sessions/*/cwd/prices.csv"))
+
+
+def test_ctrl_c_cancels_the_running_step_and_the_session_goes_on(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    server.enqueue(
+        "planner",
+        planner_reply("Set x = 5, then wait a minute."),
+        planner_reply("Print x."),
+        planner_reply("Printed x.", send_to="User"),
+    )
+    server.enqueue("code_generator", code_reply("x = 5\nimport time\ntime.sleep(60)"), code_reply("print('x is', x)"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "taskweaver_lite", "chat", "-p", str(project)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(),
+    )
+    lines: list[str] = []
+    running = threading.Event()
+
+    def read_stderr() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if "time.sleep(60)" in line:
+                running.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    assert proc.stdin is not None
+    proc.stdin.write("wait for a minute\nnow print x\n")
+    proc.stdin.close()
+    assert running.wait(60), "".join(lines)
+    time.sleep(0.5)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    proc.wait(timeout=60)
+    reader.join(timeout=5)
+    assert proc.returncode == 0, "".join(lines)
+    assert time.monotonic() - started < 30, "the cell was not interrupted"
+    assert "Cancelled" in "".join(lines)
+    assert out == "Printed x.\n"
+    last_planner = [r for r in server.requests if r.role == "planner"][-1].messages
+    assert "x is 5" in last_planner[-1]["content"], "variables from before the cancel survive"

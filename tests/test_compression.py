@@ -1,0 +1,484 @@
+"""Round compression: when rounds fold, what the summary holds, and that no prompt ever overflows."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from typing import Any, Callable, Sequence
+
+import pytest
+
+from taskweaver_lite.compression import CompressionState, LiveVariables, RoleContext, RoundMessages, merge_variables
+from taskweaver_lite.config import Config
+from taskweaver_lite.errors import ContextOverflowError
+from taskweaver_lite.execution import Variable
+from taskweaver_lite.llm import Completion, Message, OpenAIChatModel
+from taskweaver_lite.scripted_model import Reply, ScriptedServer, detect_role
+from taskweaver_lite.tokens import get_tokenizer
+
+TOKENIZER = get_tokenizer()
+SYSTEM = "You are the role under test."
+EXAMPLES = (Message(role="user", content="EXAMPLE question"), Message(role="assistant", content="EXAMPLE answer"))
+BIG_WORD = "sales "  # one o200k token per repetition
+
+
+def marks(text: str) -> list[int]:
+    """The round numbers whose ROUND-n marker appears in `text`, sorted and unique."""
+    return sorted({int(n) for n in re.findall(r"ROUND-(\d+)\b", text)})
+
+
+def covering_summary(messages: Sequence[Message]) -> str:
+    """A valid summary naming every round marker in the fold prompt (previous summary included)."""
+    fold_request = next(m["content"] for m in messages if m["role"] == "user")  # not a repair turn
+    covered = " ".join(f"ROUND-{n}" for n in marks(fold_request))
+    return json.dumps({"ConversationSummary": f"Covers {covered}.", "Variables": []})
+
+
+class SummaryModel:
+    """A ChatModel that answers fold calls from a function of the prompt, and records every call."""
+
+    def __init__(self, answer: Callable[[Sequence[Message]], str] = covering_summary, *, gate: threading.Event | None = None) -> None:
+        self.answer = answer
+        self.gate = gate
+        self.calls: list[tuple[str, list[Message]]] = []
+        self.entered = threading.Event()  # set once a call has arrived
+
+    def complete(self, messages: Sequence[Message], *, purpose: str) -> Completion:
+        self.calls.append((purpose, list(messages)))
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(10)
+        return Completion(text=self.answer(messages), prompt_tokens=0, completion_tokens=0, latency=0.0)
+
+
+def make_round(index: int, *, output_tokens: int = 0) -> RoundMessages:
+    output = f"Result of ROUND-{index}: " + BIG_WORD * output_tokens
+    messages = (
+        Message(role="user", content=f"Please do step ROUND-{index}."),
+        Message(role="assistant", content=f'{{"code": "print({index})"}}'),
+        Message(role="user", content=output),
+    )
+    return RoundMessages(index=index, messages=messages, summary_text=f"Asked ROUND-{index}\n{output}")
+
+
+def config(**sections: dict[str, Any]) -> Config:
+    data: dict[str, Any] = {"round_compressor": {"retry_backoff": 0.0}}
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return Config.model_validate(data)
+
+
+def context(cfg: Config, model: SummaryModel, role: str = "planner", **kwargs: Any) -> RoleContext:
+    return RoleContext(role, config=cfg, model=model, tokenizer=TOKENIZER, **kwargs)
+
+
+def play(ctx: RoleContext, rounds: int, *, sizes: dict[int, int] | None = None) -> list[RoundMessages]:
+    """Finish `rounds` rounds one by one, letting each fold complete, like a session would."""
+    history: list[RoundMessages] = []
+    for index in range(1, rounds + 1):
+        history.append(make_round(index, output_tokens=(sizes or {}).get(index, 0)))
+        ctx.round_finished(history)
+        assert ctx.wait_idle(10)
+    return history
+
+
+def build(ctx: RoleContext, history: Sequence[RoundMessages], current_index: int | None = None, **kwargs: Any) -> Any:
+    current = make_round(current_index or len(history) + 1, **kwargs)
+    return ctx.build(system=SYSTEM, examples=EXAMPLES, history=history, current=current)
+
+
+def text_of(messages: Sequence[Message]) -> str:
+    return "\n".join(m["content"] for m in messages)
+
+
+# --- when rounds fold -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compress, retain", [(1, 1), (2, 3), (5, 10)])
+def test_rounds_fold_once_compress_plus_retain_are_unfolded_keeping_the_latest_retained(compress: int, retain: int) -> None:
+    model = SummaryModel()
+    ctx = context(config(round_compressor={"rounds_to_compress": compress, "rounds_to_retain": retain}), model)
+    history: list[RoundMessages] = []
+    folded_after: list[int] = []
+    for index in range(1, 3 * compress + retain + 1):
+        history.append(make_round(index))
+        ctx.round_finished(history)
+        assert ctx.wait_idle(10)
+        folded_after.append(ctx.state.folded_through)
+    # Nothing folds before compress + retain rounds; then each fold takes `compress` rounds.
+    expected = [max(0, (n - retain) // compress * compress) if n >= compress + retain else 0 for n in range(1, len(folded_after) + 1)]
+    assert folded_after == expected
+    assert len(model.calls) == 3
+    prompt = build(ctx, history).messages
+    assert marks(prompt[0]["content"]) == list(range(1, 3 * compress + 1))  # the summary in the system message
+    assert marks(text_of(prompt[1:])) == list(range(3 * compress + 1, len(history) + 2))  # verbatim, plus current
+
+
+def test_the_new_summary_is_built_from_the_previous_one() -> None:
+    model = SummaryModel()
+    ctx = context(config(round_compressor={"rounds_to_compress": 2, "rounds_to_retain": 1}), model)
+    play(ctx, 5)
+    first_summary = json.loads(covering_summary(model.calls[0][1]))["ConversationSummary"]
+    second_prompt = model.calls[1][1][-1]["content"]
+    assert first_summary in second_prompt
+    assert ctx.state.summary == "Covers ROUND-1 ROUND-2 ROUND-3 ROUND-4."
+
+
+def test_the_fold_call_speaks_the_summary_schema_and_nothing_else() -> None:
+    model = SummaryModel()
+    for role in ("planner", "code_generator"):
+        ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}), model, role, live_variables=LiveVariables)
+        play(ctx, 2)
+    for (purpose, messages), role in zip(model.calls, ("planner", "code_generator")):
+        assert purpose == f"compression_{role}"
+        assert "ConversationSummary" in messages[0]["content"]
+        assert "init_plan" not in messages[0]["content"] and "reply_content" not in messages[0]["content"]
+    assert "Variables" in model.calls[1][1][0]["content"]
+
+
+def test_large_rounds_fold_early_on_the_token_trigger() -> None:
+    model = SummaryModel()
+    cfg = config(round_compressor={"rounds_to_compress": 5, "rounds_to_retain": 3, "fold_token_trigger": 3_000})
+    ctx = context(cfg, model)
+    play(ctx, 3, sizes={1: 2_000, 2: 2_000})
+    # Far from 5 + 3 rounds, but after round 2 the 4,000 unfolded tokens pass the trigger: round 1
+    # folds, the newest stays verbatim; rounds 2-3 are then under the trigger and wait.
+    assert ctx.state.folded_through == 1
+    assert len(model.calls) == 1
+
+
+def test_a_fold_never_blocks_building_the_next_prompt() -> None:
+    gate = threading.Event()
+    model = SummaryModel(gate=gate)
+    ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}), model)
+    history = [make_round(1), make_round(2)]
+    ctx.round_finished(history)  # returns while the model call hangs on the gate
+    built = build(ctx, history)
+    assert built.report.fold_running
+    assert marks(text_of(built.messages)) == [1, 2, 3]  # not folded yet: everything verbatim
+    gate.set()
+    assert ctx.wait_idle(10)
+    assert marks(build(ctx, history).messages[0]["content"]) == [1]
+
+
+def test_a_fold_finishing_in_the_middle_of_a_build_never_corrupts_the_prompt() -> None:
+    gate = threading.Event()
+    model = SummaryModel(gate=gate)
+    cfg = config(round_compressor={"rounds_to_compress": 2, "rounds_to_retain": 1})
+    holder: dict[str, RoleContext] = {}
+    armed = threading.Event()
+
+    def live_then_fold() -> LiveVariables:
+        # Called inside build(): let the fold finish right now, before build() goes on.
+        if not armed.is_set():
+            return LiveVariables()
+        armed.clear()
+        assert model.entered.wait(10)
+        gate.set()
+        assert holder["ctx"].wait_idle(10)
+        assert holder["ctx"].state.folded_through == 2
+        return LiveVariables()
+
+    ctx = holder["ctx"] = context(cfg, model, "code_generator", live_variables=live_then_fold)
+    history = [make_round(1), make_round(2), make_round(3)]
+    ctx.round_finished(history)
+    armed.set()
+    during = build(ctx, history)
+    after = build(ctx, history)
+    # Each round appears exactly once: in the summary or verbatim, never both and never neither.
+    for prompt, summarised in ((during, []), (after, [1, 2])):
+        assert marks(prompt.messages[0]["content"]) == summarised
+        verbatim = text_of(prompt.messages[1:])
+        assert marks(verbatim) == [n for n in (1, 2, 3, 4) if n not in summarised]
+        assert all(verbatim.count(f"Please do step ROUND-{n}.") == 1 for n in marks(verbatim))
+    assert during.report.folded_through == 0 and after.report.folded_through == 2
+
+
+# --- valid or nothing ---------------------------------------------------------------------------
+
+
+def test_an_invalid_summary_gets_one_repair_then_falls_back_and_is_not_retried_on_the_next_prompt() -> None:
+    model = SummaryModel(lambda messages: "I summarised it for you: the user asked things.")
+    cfg = config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1, "retry_backoff": 3600})
+    events: list[Any] = []
+    ctx = context(cfg, model, on_fold=events.append)
+    history = play(ctx, 2)
+    assert len(model.calls) == 2  # the reply and one repair turn
+    assert "could not be used" in model.calls[1][1][-1]["content"]
+    assert ctx.state.folded_through == 0 and ctx.state.summary == ""
+    assert [e.ok for e in events] == [False] and "verbatim" in events[0].describe()
+    # The rounds stay verbatim, and neither prompts nor the next rounds retry inside the backoff.
+    prompt = build(ctx, history)
+    assert marks(text_of(prompt.messages)) == [1, 2, 3]
+    history.append(make_round(3))
+    ctx.round_finished(history)
+    assert ctx.wait_idle(10)
+    assert len(model.calls) == 2
+
+
+def test_a_failed_fold_is_retried_after_the_backoff_and_then_succeeds() -> None:
+    replies = iter(["not json", "still not json"])
+    model = SummaryModel(lambda messages: next(replies, None) or covering_summary(messages))
+    ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1, "retry_backoff": 0.0}), model)
+    play(ctx, 3)
+    assert ctx.state.folded_through == 2
+    assert [e.ok for e in ctx.state.log] == [False, True]
+
+
+def test_a_repaired_summary_is_used() -> None:
+    replies = iter(["```json\n{\"Summary\": \"wrong key\"}\n```"])
+    model = SummaryModel(lambda messages: next(replies, None) or covering_summary(messages))
+    ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}), model)
+    play(ctx, 2)
+    assert len(model.calls) == 2
+    assert ctx.state.summary == "Covers ROUND-1."
+
+
+def test_a_summary_over_the_size_limit_is_sent_back_to_be_shortened() -> None:
+    long_summary = json.dumps({"ConversationSummary": "detail " * 500})
+    replies = iter([long_summary])
+    model = SummaryModel(lambda messages: next(replies, None) or covering_summary(messages))
+    ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1, "max_summary_tokens": 100}), model)
+    play(ctx, 2)
+    assert "keep it under 100 tokens" in model.calls[1][1][-1]["content"]
+    assert ctx.state.summary == "Covers ROUND-1."
+
+
+# --- Variables are the kernel's truth -------------------------------------------------------------
+
+DF = Variable("df", "pandas.DataFrame", "DataFrame 100 rows x 3 columns (region, month, sales)")
+TOTAL = Variable("total", "float", "1234.5")
+MODEL = Variable("model", "sklearn.linear_model.LinearRegression", "fitted")
+
+
+def test_merge_drops_variables_the_model_invented() -> None:
+    merged = merge_variables([Variable("df", "DataFrame", "the sales"), Variable("ghost", "int", "made up")], live=LiveVariables((DF,)))
+    assert [v.name for v in merged.variables] == ["df"]
+    assert merged.dropped == ("ghost",)
+
+
+def test_merge_adds_live_variables_the_model_omitted_with_the_snapshot_type_and_description() -> None:
+    merged = merge_variables([Variable("df", "DataFrame", "monthly sales by region")], live=LiveVariables((DF, TOTAL)))
+    assert merged.variables == (Variable("df", "pandas.DataFrame", "monthly sales by region"), TOTAL)
+    assert merged.added == ("total",)
+
+
+def test_merge_removes_deleted_variables_and_takes_types_from_the_kernel() -> None:
+    described = [Variable("df", "list", "the sales"), Variable("total", "float", "grand total")]
+    merged = merge_variables(described, live=LiveVariables((DF,)))  # `del total` ran since
+    assert merged.variables == (Variable("df", "pandas.DataFrame", "the sales"),)
+    assert merged.dropped == ("total",)
+
+
+def test_merge_after_a_kernel_restart_lists_the_lost_state_until_it_is_recreated() -> None:
+    described = [Variable("df", "DataFrame", "the sales"), Variable("model", "LinearRegression", "fit on df")]
+    after_restart = merge_variables(described, live=LiveVariables((), lost=("df", "model")))
+    assert after_restart.variables == () and after_restart.lost == ("df", "model")
+    recreated = merge_variables((), live=LiveVariables((DF,)), previously_lost=after_restart.lost)
+    assert recreated.lost == ("model",)
+
+
+def test_the_code_generator_summary_carries_the_merged_variables_and_the_lost_state() -> None:
+    answer = json.dumps(
+        {
+            "ConversationSummary": "Loaded the sales data; the kernel restarted.",
+            "Variables": [
+                {"name": "df", "type": "list", "description": "monthly sales by region"},
+                {"name": "imaginary", "type": "int", "description": "never existed"},
+                {"name": "model", "type": "LinearRegression", "description": "fit on df"},
+            ],
+        }
+    )
+    live = LiveVariables((DF, TOTAL), lost=("model",))
+    ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}), SummaryModel(lambda m: answer), "code_generator", live_variables=lambda: live)
+    history = play(ctx, 2)
+    assert ctx.state.variables == (Variable("df", "pandas.DataFrame", "monthly sales by region"), TOTAL)
+    assert ctx.state.lost == ("model",)
+    system = build(ctx, history).messages[0]["content"]
+    assert "- df (pandas.DataFrame): monthly sales by region [now: DataFrame 100 rows x 3 columns" in system
+    assert "- total (float): 1234.5" in system
+    assert "imaginary" not in system
+    assert "Lost in a kernel restart (recompute before use)\nmodel" in system
+
+
+# --- the budget guard ------------------------------------------------------------------------------
+
+
+def small_window(strategy: str = "round_compression", window: int = 4_000, **compressor: Any) -> Config:
+    return config(
+        llm={"context_window": window, "reply_reserve": 500, "margin": 0},
+        planner={"strategy": strategy},
+        round_compressor={"fold_token_trigger": 0, **compressor},
+    )
+
+
+def test_a_giant_output_in_a_retained_round_is_cut_head_and_tail_and_the_prompt_fits() -> None:
+    ctx = context(small_window(), SummaryModel())
+    history = [make_round(1), make_round(2, output_tokens=20_000), make_round(3)]
+    built = build(ctx, history)
+    assert built.report.total <= 3_500 == built.report.budget
+    assert TOKENIZER.count_messages(built.messages) == built.report.total
+    assert built.report.rounds_kept == (1, 2, 3) and built.report.messages_cut == 1
+    assert "Result of ROUND-2: sales" in text_of(built.messages) and "tokens left out here" in text_of(built.messages)
+    assert not built.report.examples_left_out
+
+
+def test_a_giant_output_in_the_current_round_is_cut_but_its_last_message_stays_verbatim() -> None:
+    ctx = context(small_window(), SummaryModel())
+    current = make_round(2, output_tokens=20_000)
+    last = Message(role="user", content="Now plot ROUND-2 as a bar chart.")
+    current = RoundMessages(2, (*current.messages, Message(role="assistant", content="{}"), last), current.summary_text)
+    built = ctx.build(system=SYSTEM, examples=EXAMPLES, history=[make_round(1)], current=current)
+    assert built.report.total <= built.report.budget
+    assert built.messages[-1] == last
+    assert built.report.rounds_dropped == (1,) and built.report.examples_left_out
+
+
+def test_in_a_tiny_window_examples_then_the_oldest_whole_rounds_give_way() -> None:
+    ctx = context(small_window(window=1_000), SummaryModel())
+    history = [make_round(n, output_tokens=150) for n in range(1, 6)]
+    built = build(ctx, history)
+    assert built.report.total <= 500
+    assert built.report.examples_left_out
+    assert built.report.rounds_dropped == tuple(range(1, 1 + len(built.report.rounds_dropped)))
+    kept = built.report.rounds_kept
+    for index in kept:  # kept rounds are whole: request, code and result together
+        assert f"Please do step ROUND-{index}." in text_of(built.messages) and f"Result of ROUND-{index}" in text_of(built.messages)
+
+
+def test_the_guard_holds_for_every_strategy() -> None:
+    history = [make_round(n, output_tokens=400) for n in range(1, 30)]
+    for strategy in ("round_compression", "summary_buffer", "sliding_window", "none"):
+        built = build(context(small_window(strategy), SummaryModel()), history)
+        assert built.report.total <= built.report.budget, strategy
+        assert built.report.rounds_kept[-1] == 29, strategy
+
+
+def test_a_pasted_message_too_big_for_the_window_is_cut_as_the_last_resort() -> None:
+    ctx = context(small_window(), SummaryModel())
+    pasted = RoundMessages(2, (Message(role="user", content="Analyse this: " + BIG_WORD * 9_000 + "END OF PASTE"),), "")
+    built = ctx.build(system=SYSTEM, examples=EXAMPLES, history=[make_round(1)], current=pasted)
+    assert built.report.total <= built.report.budget
+    last = built.messages[-1]["content"]
+    assert last.startswith("Analyse this:") and last.endswith("END OF PASTE") and "tokens left out here" in last
+
+
+def test_a_current_round_that_cannot_fit_raises_a_plain_overflow_error_with_the_numbers() -> None:
+    ctx = context(small_window(window=1_000), SummaryModel())
+    current = RoundMessages(1, (Message(role="user", content="x " * 2_000),), "")
+    with pytest.raises(ContextOverflowError) as raised:
+        ctx.build(system="rules " * 600, examples=EXAMPLES, history=[], current=current)
+    message = str(raised.value)
+    assert "current round alone needs" in message
+    assert "budget is 500 tokens (llm.context_window 1,000 - llm.reply_reserve 500 - llm.margin 0)" in message
+
+
+# --- strategies, placement, switches ---------------------------------------------------------------
+
+
+def test_sliding_window_never_calls_the_model_and_keeps_the_newest_rounds_that_fit() -> None:
+    model = SummaryModel()
+    ctx = context(small_window("sliding_window"), model)
+    history = play(ctx, 20, sizes={n: 300 for n in range(1, 21)})
+    built = build(ctx, history)
+    assert model.calls == []
+    assert built.report.messages_cut == 0 and not built.report.examples_left_out
+    assert built.report.rounds_kept == tuple(range(21 - len(built.report.rounds_kept), 21))
+
+
+def test_summary_buffer_keeps_the_last_n_rounds_verbatim_and_one_narrative_of_the_rest() -> None:
+    model = SummaryModel()
+    ctx = context(config(planner={"strategy": "summary_buffer"}, round_compressor={"summary_buffer_rounds": 3}), model)
+    history = play(ctx, 6)
+    assert ctx.state.folded_through == 3
+    assert "third person" in model.calls[0][1][0]["content"]
+    built = build(ctx, history)
+    assert marks(built.messages[0]["content"]) == [1, 2, 3]
+    assert built.report.rounds_kept == (4, 5, 6)
+
+
+def test_strategy_none_shows_every_round_and_never_calls_the_model() -> None:
+    model = SummaryModel()
+    ctx = context(config(planner={"strategy": "none"}), model)
+    history = play(ctx, 12)
+    assert model.calls == []
+    assert build(ctx, history).report.rounds_kept == tuple(range(1, 13))
+
+
+def test_compression_off_for_one_role_leaves_the_other_folding() -> None:
+    model = SummaryModel()
+    cfg = config(planner={"prompt_compression": False}, round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1})
+    planner = context(cfg, model, "planner")
+    coder = context(cfg, model, "code_generator", live_variables=LiveVariables)
+    play(planner, 4)
+    play(coder, 4)
+    assert planner.strategy == "sliding_window" and planner.state.folded_through == 0
+    assert coder.state.folded_through == 3
+    assert {purpose for purpose, _ in model.calls} == {"compression_code_generator"}
+
+
+def test_summary_placement_first_user_puts_it_in_its_own_first_user_message() -> None:
+    ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1, "summary_placement": "first_user"}), SummaryModel())
+    history = play(ctx, 2)
+    messages = build(ctx, history).messages
+    assert messages[0]["content"] == SYSTEM
+    assert messages[1]["role"] == "user" and messages[1]["content"].startswith("## Summary of earlier rounds")
+    assert "Use this summary only when it is relevant" in messages[1]["content"]
+
+
+def test_the_state_round_trips_through_json_and_restores_the_prompt() -> None:
+    ctx = context(config(round_compressor={"rounds_to_compress": 2, "rounds_to_retain": 1}), SummaryModel())
+    history = play(ctx, 5)
+    saved = json.loads(json.dumps(ctx.state.to_dict()))
+    restored = context(config(round_compressor={"rounds_to_compress": 2, "rounds_to_retain": 1}), SummaryModel())
+    restored.restore(CompressionState.from_dict(saved))
+    assert restored.state == ctx.state
+    assert build(restored, history).messages == build(ctx, history).messages
+
+
+def test_the_report_accounts_for_every_part_of_the_prompt() -> None:
+    ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}), SummaryModel())
+    history = play(ctx, 3)
+    built = build(ctx, history)
+    report = ctx.report()
+    assert report is built.report and report.folded_through == 2
+    assert abs(sum(report.parts().values()) - report.total) <= 2  # joins may merge a token
+    assert report.summary > 0 and report.examples > 0 and report.retained_rounds > 0 and report.current_round > 0
+
+
+# --- over the real wire ----------------------------------------------------------------------------
+
+
+def test_folds_go_over_http_to_an_openai_compatible_server_for_both_roles_at_once() -> None:
+    both_in_flight = threading.Barrier(2, timeout=10)
+
+    def answer_when_both_asked(messages: list[dict[str, Any]]) -> str:
+        both_in_flight.wait()  # breaks, failing the fold, if the two folds ran one after the other
+        return covering_summary(messages)  # type: ignore[arg-type]
+
+    with ScriptedServer() as server:
+        server.set_default("compression", answer_when_both_asked)
+        cfg = config(llm={"api_base": server.url, "api_key": "test"}, round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1})
+        model = OpenAIChatModel(cfg.llm)
+        planner = RoleContext("planner", config=cfg, model=model, tokenizer=TOKENIZER)
+        coder = RoleContext("code_generator", config=cfg, model=model, tokenizer=TOKENIZER, live_variables=lambda: LiveVariables((DF,)))
+        history = [make_round(1), make_round(2)]
+        planner.round_finished(history)
+        coder.round_finished(history)
+        assert planner.wait_idle(10) and coder.wait_idle(10)
+        assert [detect_role(r.messages) for r in server.requests] == ["compression", "compression"]
+    assert planner.state.summary == coder.state.summary == "Covers ROUND-1."
+    assert coder.state.variables == (DF,)
+
+
+def test_a_fold_that_meets_a_server_error_keeps_the_rounds_verbatim_and_says_why() -> None:
+    with ScriptedServer() as server:
+        server.set_default("compression", Reply(status=500, error_message="the summariser is down"))
+        cfg = config(llm={"api_base": server.url, "api_key": "test", "max_retries": 0}, round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1})
+        events: list[Any] = []
+        ctx = RoleContext("planner", config=cfg, model=OpenAIChatModel(cfg.llm), tokenizer=TOKENIZER, on_fold=events.append)
+        history = play(ctx, 2)
+    assert ctx.state.folded_through == 0 and not events[0].ok
+    assert "summariser is down" in (events[0].error or "")
+    assert marks(text_of(build(ctx, history).messages)) == [1, 2, 3]

@@ -1,0 +1,129 @@
+"""Export: a recorded session as a notebook that validates and re-runs in a kernel, and as Markdown."""
+
+from __future__ import annotations
+
+import base64
+import time
+from pathlib import Path
+
+import nbclient
+import nbformat
+import pytest
+from recorded_session import (
+    BROKEN_CODE,
+    FIRST_ANSWER,
+    FIRST_REQUEST,
+    PLOT_CODE,
+    SECOND_ANSWER,
+    SECOND_REQUEST,
+    WRITE_CODE,
+    RecordedSession,
+    record_session,
+)
+
+from taskweaver_lite.conversation import Post, Round
+from taskweaver_lite.events import PostAdded, RoundStarted
+from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.export import export_markdown, export_notebook
+from taskweaver_lite.store import SessionStore, StoredSession
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> RecordedSession:
+    return record_session(tmp_path_factory.mktemp("export"))
+
+
+def load(recorded: RecordedSession) -> StoredSession:
+    store = SessionStore(recorded.store_path)
+    try:
+        return store.load(recorded.session_id)
+    finally:
+        store.close()
+
+
+def code_cells(notebook: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    return [c for c in notebook.cells if c.cell_type == "code"]
+
+
+def test_the_notebook_has_requests_code_with_outputs_and_answers_and_validates(recorded: RecordedSession, tmp_path: Path) -> None:
+    path = export_notebook(load(recorded), tmp_path / "session.ipynb")
+    notebook = nbformat.read(str(path), as_version=4)
+    nbformat.validate(notebook)
+    markdown = "\n".join(c.source for c in notebook.cells if c.cell_type == "markdown")
+    for text in (FIRST_REQUEST, SECOND_REQUEST, f"**Answer:** {FIRST_ANSWER}", f"**Answer:** {SECOND_ANSWER}", "This attempt failed and was revised"):
+        assert text in markdown
+    write, broken, plot = code_cells(notebook)
+    assert [c.source for c in (write, broken, plot)] == [WRITE_CODE, BROKEN_CODE, PLOT_CODE]
+    assert [c.execution_count for c in (write, broken, plot)] == [1, 2, 3]
+    assert write.outputs[0].output_type == "stream" and write.outputs[0].text == "rows: 3\n"
+    assert broken.metadata.tags == ["raises-exception"] and broken.outputs[0].ename == "NameError"
+    image = next(o for o in plot.outputs if o.output_type == "display_data")
+    assert base64.b64decode(image.data["image/png"]).startswith(b"\x89PNG")
+    result = next(o for o in plot.outputs if o.output_type == "execute_result")
+    assert "text/html" in result.data and result.execution_count == 3
+
+
+def test_the_notebook_reruns_top_to_bottom_in_a_real_kernel_past_the_failed_attempt(recorded: RecordedSession, tmp_path: Path) -> None:
+    path = export_notebook(load(recorded), tmp_path / "session.ipynb", working_dir=recorded.working_dir)
+    notebook = nbformat.read(str(path), as_version=4)
+    nbclient.NotebookClient(notebook, timeout=60, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    setup, write, broken, plot = code_cells(notebook)
+    assert setup.source.startswith("import os\nos.chdir(")
+    assert write.outputs[0].text == "rows: 3\n"
+    assert broken.outputs[0].ename == "NameError"
+    assert any("image/png" in o.get("data", {}) for o in plot.outputs), "the plot cell, after the failure, ran and read numbers.csv"
+
+
+def test_an_image_whose_file_is_gone_is_named_instead_of_embedded(recorded: RecordedSession, tmp_path: Path) -> None:
+    stored = load(recorded)
+    [artifact] = [a for r in stored.rounds for p in r.posts for a in p.artifacts]
+    moved = tmp_path / "kept.png"
+    Path(artifact).rename(moved)
+    try:
+        notebook = nbformat.read(str(export_notebook(stored, tmp_path / "s.ipynb")), as_version=4)
+    finally:
+        moved.rename(artifact)
+    image = next(o for o in code_cells(notebook)[-1].outputs if o.output_type == "display_data")
+    assert "image/png" not in image.data and "no longer on disk" in image.data["text/plain"]
+
+
+def test_the_markdown_transcript_has_requests_plans_code_outputs_errors_artifacts_and_answers(recorded: RecordedSession, tmp_path: Path) -> None:
+    text = export_markdown(load(recorded), tmp_path / "session.md").read_text(encoding="utf-8")
+    assert text.startswith("# Make a small table")
+    for part in (
+        f"## 1. {FIRST_REQUEST}",
+        f"## 2. {SECOND_REQUEST}",
+        "**Plan**",
+        "**Planner → CodeInterpreter:** Plot numbers.csv",
+        f"```python\n{WRITE_CODE}\n```",
+        "```text\nrows: 3\n```",
+        "Error: `NameError: name 'dff' is not defined`",
+        "*This attempt failed and was revised.*",
+        f"```python\n{PLOT_CODE}\n```",
+        f"**Answer:** {FIRST_ANSWER}",
+        f"**Answer:** {SECOND_ANSWER}",
+    ):
+        assert part in text
+    assert text.index(FIRST_REQUEST) < text.index(WRITE_CODE) < text.index(FIRST_ANSWER) < text.index(SECOND_REQUEST)
+    assert "![cell-" in text and ".png](" in text
+
+
+def test_cut_off_rounds_and_code_that_killed_the_kernel_are_marked_and_never_rerun(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path / "sessions.db")
+    store.create_session("s", started=time.time())
+    rnd = Round(index=1, user_query="crash the kernel")
+    store.record("s", RoundStarted(rnd))
+    fatal = "import os\nos._exit(1)  # ```fenced```"
+    post = Post("CodeInterpreter", "Planner", "it died", code=fatal, execution=ExecutionResult(code=fatal, success=False, kernel_died=True))
+    rnd.posts.append(post)
+    store.record("s", PostAdded(rnd, post))
+    store.mark_interrupted("s")
+    stored = store.load("s")
+    store.close()
+    notebook = nbformat.read(str(export_notebook(stored, tmp_path / "s.ipynb")), as_version=4)
+    assert code_cells(notebook) == []
+    markdown = "\n".join(c.source for c in notebook.cells)
+    assert "This request failed:** Cut off: the program stopped during this request." in markdown
+    assert "This code crashed the kernel" in markdown and f"````python\n{fatal}\n````" in markdown
+    text = export_markdown(stored, tmp_path / "s.md").read_text(encoding="utf-8")
+    assert "> **This request failed:** Cut off" in text and "*The kernel died while running this code and was restarted.*" in text

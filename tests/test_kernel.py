@@ -1,0 +1,238 @@
+"""The Jupyter executor against a real ipykernel: outputs, bounds, timeouts, death, secrets, orphans."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import _thread
+from pathlib import Path
+
+import psutil
+import pytest
+
+from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.errors import KernelError
+from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.kernel import KernelExecutor
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def process_gone(pid: int, *, within: float = 5.0) -> bool:
+    """True once `pid` has exited (a zombie waiting for its reaper counts as exited)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def by_name(result: ExecutionResult) -> dict[str, str]:
+    return {v.name: v.description for v in result.variables}
+
+
+def test_cell_returns_stdout_stderr_last_value_with_html_and_displays(kernel_executor: KernelExecutor) -> None:
+    result = kernel_executor.run(
+        "import sys, pandas as pd\nfrom IPython.display import display\n"
+        "print('to stdout')\nprint('to stderr', file=sys.stderr)\ndisplay('shown')\n"
+        "pd.DataFrame({'a': [1, 2]})"
+    )
+    assert result.success and result.error is None
+    assert result.stdout == "to stdout\n"
+    assert result.stderr == "to stderr\n"
+    assert result.displays == ("'shown'",)
+    assert result.result == "   a\n0  1\n1  2"
+    assert result.result_html is not None and "<table" in result.result_html
+    assert result.execution_count is not None and result.elapsed > 0
+    assert result.full_output_path is None
+
+
+def test_plot_shown_with_plt_show_becomes_png_artifact(kernel_executor: KernelExecutor) -> None:
+    result = kernel_executor.run("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('t')\nplt.show()")
+    assert result.success, result.summary_text()
+    assert len(result.artifacts) == 1
+    artifact = Path(result.artifacts[0])
+    assert artifact.is_absolute() and artifact.parent == kernel_executor.artifacts_dir
+    assert artifact.suffix == ".png" and artifact.read_bytes().startswith(PNG_MAGIC)
+    assert result.displays == ()  # the figure's "<Figure size ...>" text is not worth prompt space
+
+
+def test_error_gives_name_value_and_traceback_without_ansi_codes(kernel_executor: KernelExecutor) -> None:
+    result = kernel_executor.run("def explode():\n    raise ValueError('bad input')\nexplode()")
+    assert not result.success and result.error is not None
+    assert (result.error.name, result.error.value) == ("ValueError", "bad input")
+    assert "explode()" in result.error.traceback and "ValueError: bad input" in result.error.traceback
+    assert "\x1b" not in result.error.traceback
+    assert "explode" in by_name(result)  # the snapshot is current even after an error
+
+
+def test_ten_megabyte_print_is_cut_with_marker_and_saved_in_full(kernel_executor: KernelExecutor) -> None:
+    budget = kernel_executor.config.output_budget
+    result = kernel_executor.run("print('HEAD' + 'x' * 10_000_000 + 'TAIL')")
+    assert result.success
+    assert result.stdout.startswith("HEAD") and result.stdout.rstrip().endswith("TAIL")
+    assert len(result.stdout) < budget + 300
+    assert f"[{10_000_009 - budget:,} characters omitted; full output in {result.full_output_path}]" in result.stdout
+    assert result.full_output_path is not None
+    saved = Path(result.full_output_path).read_text(encoding="utf-8")
+    assert saved == "HEAD" + "x" * 10_000_000 + "TAIL\n"
+
+
+def test_endless_loop_times_out_and_next_cell_sees_earlier_variables(kernel_executor: KernelExecutor) -> None:
+    kernel_executor.run("kept = 41")
+    result = kernel_executor.run("while True:\n    pass", timeout=1)
+    assert result.timed_out and not result.kernel_died and not result.success
+    assert 1 <= result.elapsed < 4
+    assert "timed out" in result.summary_text()
+    assert kernel_executor.run("kept + 1").result == "42"
+
+
+def test_killed_kernel_is_reported_with_lost_variables_and_next_cell_runs(kernel_executor: KernelExecutor) -> None:
+    kernel_executor.run("doomed = [1, 2, 3]\nalso_doomed = 'x'")
+    old_pid = kernel_executor.pid
+    result = kernel_executor.run("import os\nos._exit(1)", timeout=60)
+    assert result.kernel_died and not result.success
+    assert {"doomed", "also_doomed"} <= set(result.lost_variables)
+    assert "doomed" in result.changes.deleted and result.variables == ()
+    assert result.elapsed < 3  # noticed by polling the process, not at the 60 s timeout
+    assert kernel_executor.pid != old_pid
+    after = kernel_executor.run("doomed")
+    assert after.error is not None and after.error.name == "NameError"
+    assert kernel_executor.run("1 + 1").result == "2"
+
+
+def test_kernel_environment_has_no_secret_from_the_parent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_API_KEY", "sk-parent-secret")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-secret")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp-secret")
+    monkeypatch.setenv("DB_PASSWORD", "hunter2")
+    monkeypatch.setenv("SHARED_TOKEN", "allowed-by-config")
+    monkeypatch.setenv("PLAIN_SETTING", "visible")
+    config = ExecutionConfig(allowed_env=["SHARED_TOKEN"])
+    with KernelExecutor(tmp_path, config=config) as executor:
+        result = executor.run("import os\nseen = dict(os.environ)\nsorted(seen)")
+        values = executor.run("'|'.join(seen.values())").result or ""
+        cwd = executor.run("os.getcwd()").result
+    names = result.result or ""
+    for secret in ("MY_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL", "GITHUB_TOKEN", "DB_PASSWORD"):
+        assert f"'{secret}'" not in names
+    for value in ("sk-parent-secret", "sk-openai-secret", "ghp-secret", "hunter2"):
+        assert value not in values
+    assert "'SHARED_TOKEN'" in names and "'PLAIN_SETTING'" in names
+    assert cwd == repr(str(tmp_path.resolve() / "cwd"))
+
+
+def test_interrupt_from_another_thread_stops_a_long_sleep_quickly(kernel_executor: KernelExecutor) -> None:
+    kernel_executor.run("survivor = 'still here'")
+    timer = threading.Timer(0.5, kernel_executor.interrupt)
+    timer.start()
+    result = kernel_executor.run("import time\ntime.sleep(100)")
+    timer.join()
+    assert result.interrupted and not result.timed_out and not result.kernel_died
+    assert result.error is not None and result.error.name == "KeyboardInterrupt"
+    assert result.elapsed < 3
+    assert kernel_executor.run("survivor").result == "'still here'"
+
+
+def test_ctrl_c_while_waiting_interrupts_the_cell_and_reraises(kernel_executor: KernelExecutor) -> None:
+    kernel_executor.run("before_ctrl_c = 1")
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        kernel_executor.run("import time\nduring_ctrl_c = 2\ntime.sleep(100)")
+    timer.join()
+    assert time.monotonic() - started < 3
+    assert {"before_ctrl_c", "during_ctrl_c"} <= {v.name for v in kernel_executor.variables()}
+    assert kernel_executor.run("before_ctrl_c + during_ctrl_c").result == "3"
+
+
+def test_snapshot_describes_user_variables_and_the_diff_names_created_changed_deleted(
+    kernel_executor: KernelExecutor,
+) -> None:
+    first = kernel_executor.run(
+        "import numpy as np, pandas as pd\nfrom math import sqrt\n"
+        "frame = pd.DataFrame({'a': [1, 2, 3], 'b': ['x', 'y', 'z']})\n"
+        "series = frame['a']\nmatrix = np.zeros((4, 2))\ncount = 1\ngone = 'bye'\n_private = 5\n"
+        "wide = pd.DataFrame({f'c{i}': [i] for i in range(30)})\n"
+        "def helper(a, b=2):\n    return a"
+    )
+    described = by_name(first)
+    assert described["frame"] == "shape (3, 2); columns: a int64, b str"
+    assert described["series"] == "length 3, dtype int64, name 'a'"
+    assert described["matrix"] == "shape (4, 2), dtype float64"
+    assert described["count"] == "1" and described["gone"] == "'bye'"
+    assert described["helper"] == "function helper(a, b=2)"
+    assert described["wide"].endswith("c19 int64, ... (10 more)")
+    assert {v.name: v.type for v in first.variables}["frame"] == "pandas.DataFrame"
+    for skipped in ("np", "pd", "sqrt", "_private", "In", "Out", "get_ipython", "exit", "quit"):
+        assert skipped not in described
+    assert {"frame", "count", "gone", "helper"} <= set(first.changes.created)
+
+    second = kernel_executor.run("count = 2\ndel gone\nnew_list = ['a', 'b']\nframe['c'] = 1.5")
+    assert "new_list" in second.changes.created and "frame" not in second.changes.created
+    assert {"count", "frame"} <= set(second.changes.changed) and "matrix" not in second.changes.changed
+    assert "gone" in second.changes.deleted
+    assert by_name(second)["new_list"] == "length 2: ['a', 'b']"
+    assert kernel_executor.variables() == second.variables
+
+
+def test_restart_returns_the_names_of_lost_variables(kernel_executor: KernelExecutor) -> None:
+    kernel_executor.run("lost_on_restart = 1")
+    lost = kernel_executor.restart()
+    assert "lost_on_restart" in lost and kernel_executor.variables() == ()
+    assert kernel_executor.run("'lost_on_restart' in globals()").result == "False"
+
+
+def test_no_kernel_or_kernel_child_outlives_shutdown(tmp_path: Path) -> None:
+    executor = KernelExecutor(tmp_path, config=ExecutionConfig())
+    child = executor.run("import subprocess\nchild = subprocess.Popen(['sleep', '60'])\nchild.pid").result
+    pid = executor.pid
+    assert pid is not None and child is not None
+    executor.shutdown()
+    executor.shutdown()  # idempotent
+    assert executor.pid is None
+    assert process_gone(pid) and process_gone(int(child))
+    with pytest.raises(KernelError):
+        executor.run("1")
+
+
+def test_sigterm_to_the_owning_process_ends_its_kernel(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import time
+        from pathlib import Path
+        from taskweaver_lite.config import ExecutionConfig
+        from taskweaver_lite.kernel import KernelExecutor
+        executor = KernelExecutor(Path({str(tmp_path)!r}), config=ExecutionConfig())
+        executor.wait_ready()
+        print(executor.pid, flush=True)
+        time.sleep(60)
+        """
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    kernel_pid = int(owner.stdout.readline())
+    owner.send_signal(signal.SIGTERM)
+    assert owner.wait(timeout=10) == -signal.SIGTERM
+    assert process_gone(kernel_pid)
+
+
+def test_kernel_that_cannot_start_raises_kernel_error_naming_its_log(tmp_path: Path) -> None:
+    # `python -m` puts the working folder first on sys.path, so this file replaces the launcher.
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "cwd" / "ipykernel_launcher.py").write_text("import sys\nsys.exit('broken launcher')\n")
+    with KernelExecutor(tmp_path, config=ExecutionConfig()) as executor:
+        with pytest.raises(KernelError, match="could not start") as raised:
+            executor.run("1")
+    assert str(tmp_path / "kernel.log") in str(raised.value)
+    assert "broken launcher" in (tmp_path / "kernel.log").read_text()

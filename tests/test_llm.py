@@ -1,0 +1,300 @@
+"""The openai-SDK client against the scripted server: replies, usage, the SDK's retries, and one
+clear error per failure (wrong key, unreachable host, timeout, unknown model, rate limit...)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from taskweaver_lite.config import LLMConfig
+from taskweaver_lite.errors import (
+    LLMAuthError,
+    LLMContextTooLongError,
+    LLMError,
+    LLMModelNotFoundError,
+    LLMRateLimitError,
+    LLMUnreachableError,
+)
+from taskweaver_lite.llm import CallRecord, Message, OpenAIChatModel
+from taskweaver_lite.scripted_model import Reply, ScriptedServer, last_user_text, planner_reply
+
+KEY = "sk-test-0123456789"
+MODEL = "scripted-model"
+PLANNER_CALL: list[Message] = [
+    {"role": "system", "content": "Answer in JSON with init_plan, plan, current_plan_step, send_to, message."},
+    {"role": "user", "content": "How many rows does sales.csv have?"},
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_openai_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer(model=MODEL, api_key=KEY) as running:
+        yield running
+
+
+ModelFactory = Callable[..., OpenAIChatModel]
+
+
+@pytest.fixture
+def make_model() -> Iterator[ModelFactory]:
+    made: list[OpenAIChatModel] = []
+
+    def make(config: LLMConfig, **kwargs: Any) -> OpenAIChatModel:
+        made.append(OpenAIChatModel(config, **kwargs))
+        return made[-1]
+
+    yield make
+    for model in made:
+        model.close()
+
+
+def config_for(server: ScriptedServer, **changes: Any) -> LLMConfig:
+    settings: dict[str, Any] = {"api_base": server.url, "api_key": KEY, "model": MODEL, "timeout": 5.0}
+    settings.update(changes)
+    return LLMConfig(**settings)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_reply_text_and_token_usage_are_recorded_per_call(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    seen: list[CallRecord] = []
+    model = make_model(config_for(server), on_call=seen.append)
+    server.enqueue("planner", planner_reply("There are 42 rows.", send_to="User"))
+
+    completion = model.complete(PLANNER_CALL, purpose="planner")
+
+    assert completion.text == planner_reply("There are 42 rows.", send_to="User")
+    assert completion.finish_reason == "stop"
+    assert completion.prompt_tokens > 0 and completion.completion_tokens > 0
+    [record] = seen
+    assert model.calls == [record]
+    assert (record.purpose, record.ok, record.error, record.usage_reported) == ("planner", True, None, True)
+    assert record.messages == tuple(PLANNER_CALL)
+    assert record.reply == completion.text
+    assert (record.prompt_tokens, record.completion_tokens) == (completion.prompt_tokens, completion.completion_tokens)
+    totals = model.usage_totals()
+    assert (totals.calls, totals.failed_calls) == (1, 0)
+    assert totals.total_tokens == completion.prompt_tokens + completion.completion_tokens
+
+
+def test_request_carries_the_model_the_messages_and_json_mode(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    server.enqueue("planner", planner_reply("hi", send_to="User"))
+    make_model(config_for(server)).complete(PLANNER_CALL, purpose="planner")
+    [request] = server.requests
+    assert request.role == "planner"
+    assert request.body["model"] == MODEL
+    assert request.messages == PLANNER_CALL
+    assert request.body["response_format"] == {"type": "json_object"}
+
+
+def test_json_mode_off_sends_no_response_format(server: ScriptedServer, make_model: ModelFactory) -> None:
+    server.enqueue("planner", planner_reply("hi", send_to="User"))
+    make_model(config_for(server, json_mode=False)).complete(PLANNER_CALL, purpose="planner")
+    assert "response_format" not in server.requests[0].body
+
+
+def test_rate_limited_request_is_retried_by_the_sdk_then_succeeds(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    model = make_model(config_for(server, max_retries=2))
+    server.enqueue("planner", Reply(status=429), planner_reply("done", send_to="User"))
+    assert model.complete(PLANNER_CALL, purpose="planner").text == planner_reply("done", send_to="User")
+    assert len(server.requests) == 2
+    assert [record.ok for record in model.calls] == [True]
+
+
+def test_server_error_is_retried_by_the_sdk_then_succeeds(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    model = make_model(config_for(server, max_retries=2))
+    server.enqueue("planner", Reply(status=500), Reply(status=503), planner_reply("done", send_to="User"))
+    assert model.complete(PLANNER_CALL, purpose="planner").text == planner_reply("done", send_to="User")
+    assert len(server.requests) == 3
+
+
+def test_rate_limit_that_outlasts_the_retries_raises_rate_limit_error(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    model = make_model(config_for(server, max_retries=1))
+    server.enqueue("planner", *[Reply(status=429, error_message="Slow down")] * 2)
+    with pytest.raises(LLMRateLimitError, match=r"HTTP 429, after 1 retry\): Slow down"):
+        model.complete(PLANNER_CALL, purpose="planner")
+    [record] = model.calls
+    assert not record.ok and record.error is not None and "429" in record.error
+    assert model.usage_totals().failed_calls == 1
+
+
+def test_closed_port_raises_unreachable_naming_the_host(make_model: ModelFactory) -> None:
+    port = closed_port()
+    model = make_model(LLMConfig(api_base=f"http://127.0.0.1:{port}/v1", timeout=2.0, max_retries=0))
+    with pytest.raises(LLMUnreachableError) as caught:
+        model.complete(PLANNER_CALL, purpose="planner")
+    assert f"127.0.0.1:{port}" in str(caught.value)
+    assert "connection refused" in str(caught.value)
+
+
+def test_reply_slower_than_the_timeout_raises_unreachable_saying_it_timed_out(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    model = make_model(config_for(server, timeout=0.3, max_retries=0))
+    server.enqueue("planner", Reply(content=planner_reply("late"), delay=3.0))
+    with pytest.raises(LLMUnreachableError, match=r"did not answer within 0.3 s \(with retries off\)"):
+        model.complete(PLANNER_CALL, purpose="planner")
+
+
+def test_wrong_key_raises_auth_error_without_showing_the_key(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    wrong = "sk-wrong-9876543210"
+    model = make_model(config_for(server, api_key=wrong, max_retries=0))
+    with pytest.raises(LLMAuthError) as caught:
+        model.complete(PLANNER_CALL, purpose="planner")
+    message = str(caught.value)
+    host = server.url.removeprefix("http://").removesuffix("/v1")
+    assert message == f"the API key was refused by {host}; check llm.api_key or OPENAI_API_KEY"
+    assert wrong not in message and wrong not in (model.calls[0].error or "")
+
+
+def test_missing_key_for_the_openai_endpoint_names_both_ways_to_give_it() -> None:
+    with pytest.raises(LLMAuthError) as caught:
+        OpenAIChatModel(LLMConfig())
+    assert "llm.api_key" in str(caught.value) and "OPENAI_API_KEY" in str(caught.value)
+
+
+def test_local_server_needs_no_key(make_model: ModelFactory) -> None:
+    with ScriptedServer() as keyless:
+        keyless.enqueue("planner", planner_reply("hi", send_to="User"))
+        model = make_model(LLMConfig(api_base=keyless.url, max_retries=0))
+        assert model.complete(PLANNER_CALL, purpose="planner").text == planner_reply("hi", send_to="User")
+
+
+def test_base_url_and_key_come_from_the_environment_when_not_configured(
+    server: ScriptedServer, monkeypatch: pytest.MonkeyPatch, make_model: ModelFactory
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", server.url)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    server.enqueue("planner", planner_reply("hi", send_to="User"))
+    model = make_model(LLMConfig(model=MODEL, max_retries=0))
+    assert model.complete(PLANNER_CALL, purpose="planner").text == planner_reply("hi", send_to="User")
+
+
+def test_unknown_model_raises_model_not_found_naming_the_model(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    model = make_model(config_for(server, model="llama-9000"))
+    with pytest.raises(LLMModelNotFoundError, match=r"the model 'llama-9000' is not served by 127\.0\.0\.1:"):
+        model.complete(PLANNER_CALL, purpose="planner")
+
+
+def test_api_base_without_v1_raises_a_hint_about_the_path(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    model = make_model(config_for(server, api_base=server.url.removesuffix("/v1"), max_retries=0))
+    with pytest.raises(LLMError, match=r"check llm\.api_base \(for most servers it ends in /v1\)") as caught:
+        model.complete(PLANNER_CALL, purpose="planner")
+    assert not isinstance(caught.value, LLMModelNotFoundError)
+
+
+def test_prompt_over_the_context_window_raises_context_too_long(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    model = make_model(config_for(server))
+    server.enqueue(
+        "planner",
+        Reply(status=400, error_message="This model's maximum context length is 8192 tokens, you sent 9000."),
+    )
+    with pytest.raises(LLMContextTooLongError, match=r"maximum context length is 8192 tokens.*llm\.context_window"):
+        model.complete(PLANNER_CALL, purpose="planner")
+
+
+def test_endpoint_rejecting_response_format_suggests_turning_json_mode_off(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    model = make_model(config_for(server))
+    server.enqueue("planner", Reply(status=400, error_message="response_format of type json_object is not supported"))
+    with pytest.raises(LLMError, match=r"--set llm\.json_mode=false"):
+        model.complete(PLANNER_CALL, purpose="planner")
+
+
+def test_other_http_errors_name_the_status_and_the_server_message(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    model = make_model(config_for(server))
+    server.enqueue("planner", Reply(status=422, error_message="temperature must be <= 2"))
+    with pytest.raises(LLMError, match=r"answered HTTP 422: temperature must be <= 2$"):
+        model.complete(PLANNER_CALL, purpose="planner")
+
+
+def test_key_echoed_back_by_the_server_is_masked(server: ScriptedServer, make_model: ModelFactory) -> None:
+    model = make_model(config_for(server))
+    server.enqueue("planner", Reply(status=400, error_message=f"bad request from {KEY}"))
+    with pytest.raises(LLMError) as caught:
+        model.complete(PLANNER_CALL, purpose="planner")
+    assert KEY not in str(caught.value) and "bad request from ***" in str(caught.value)
+
+
+def test_reply_without_usage_counts_zero_tokens_and_is_marked(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    model = make_model(config_for(server))
+    server.enqueue("planner", Reply(content=planner_reply("hi", send_to="User"), include_usage=False))
+    completion = model.complete(PLANNER_CALL, purpose="planner")
+    assert (completion.prompt_tokens, completion.completion_tokens) == (0, 0)
+    assert model.calls[0].usage_reported is False
+    assert model.usage_totals().calls_without_usage == 1
+
+
+def test_truncated_reply_reports_finish_reason_length(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    model = make_model(config_for(server))
+    server.enqueue("planner", Reply(content='{"response": {"init_plan": "1. lo', finish_reason="length"))
+    assert model.complete(PLANNER_CALL, purpose="planner").finish_reason == "length"
+
+
+def test_concurrent_calls_from_threads_are_all_answered_and_recorded(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    server.set_default("planner", lambda messages: planner_reply(last_user_text(messages), send_to="User"))
+    model = make_model(config_for(server))
+    answers: dict[int, str] = {}
+
+    def ask(number: int) -> None:
+        call: list[Message] = [PLANNER_CALL[0], {"role": "user", "content": f"question {number}"}]
+        answers[number] = model.complete(call, purpose=f"compression_{number}").text
+
+    threads = [threading.Thread(target=ask, args=(number,)) for number in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+    assert answers == {n: planner_reply(f"question {n}", send_to="User") for n in range(8)}
+    assert sorted(record.purpose for record in model.calls) == sorted(f"compression_{n}" for n in range(8))
+    totals = model.usage_totals()
+    assert totals.calls == 8
+    assert totals.prompt_tokens == sum(record.prompt_tokens for record in model.calls)
+
+
+def test_importing_the_module_does_not_import_the_sdk() -> None:
+    code = "import sys, taskweaver_lite.llm; print('openai' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

@@ -1,0 +1,161 @@
+"""A turn, hop by hop, through the real openai client, a scripted server and a real kernel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from helpers import make_project
+
+from taskweaver_lite.config import load_config
+from taskweaver_lite.errors import LLMUnreachableError
+from taskweaver_lite.events import Event, PostAdded
+from taskweaver_lite.scripted_model import Reply, ScriptedServer, code_reply, planner_reply, text_reply
+from taskweaver_lite.session import Session
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as srv:
+        yield srv
+
+
+def open_session(tmp_path: Path, server: ScriptedServer, **sections: dict) -> Session:
+    project = make_project(tmp_path, server.url, **sections)
+    return Session.open(load_config(project))
+
+
+def calls(server: ScriptedServer, role: str) -> list[list[dict]]:
+    return [r.messages for r in server.requests if r.role == role]
+
+
+def last_user(messages: list[dict]) -> str:
+    return next(m["content"] for m in reversed(messages) if m["role"] == "user")
+
+
+def test_planner_delegates_code_runs_and_the_result_reaches_the_planner_and_user(tmp_path: Path, server: ScriptedServer) -> None:
+    step = "Compute 6 times 7, store it in answer, and print it."
+    server.enqueue("planner", planner_reply(step), planner_reply("The answer is 42.", send_to="User"))
+    server.enqueue("code_generator", code_reply("answer = 6 * 7\nprint('value:', answer)\nanswer + 1"))
+    with open_session(tmp_path, server) as session:
+        rnd = session.ask("What is six times seven?")
+    assert rnd.state == "finished" and rnd.answer == "The answer is 42."
+    planner_calls, coder_calls = calls(server, "planner"), calls(server, "code_generator")
+    assert "What is six times seven?" in last_user(planner_calls[0])
+    assert "init_plan" in planner_calls[0][0]["content"]
+    assert step in last_user(coder_calls[0]) and "reply_content" in coder_calls[0][0]["content"]
+    report = last_user(planner_calls[1])
+    assert "value: 42" in report and "43" in report, "the Planner must see the printed output and the result value"
+
+
+def test_code_that_fails_is_revised_with_its_traceback(tmp_path: Path, server: ScriptedServer) -> None:
+    server.enqueue("planner", planner_reply("Print the total of [1, 2, 3]."), planner_reply("The total is 6.", send_to="User"))
+    server.enqueue("code_generator", code_reply("print(totl)"), code_reply("print(sum([1, 2, 3]))"))
+    with open_session(tmp_path, server) as session:
+        rnd = session.ask("Add up 1, 2 and 3.")
+    coder_calls = calls(server, "code_generator")
+    assert len(coder_calls) == 2
+    retry = last_user(coder_calls[1])
+    assert "NameError" in retry and "Print the total of [1, 2, 3]." in retry
+    report = last_user(calls(server, "planner")[1])
+    assert "after 1 fixes" in report and "6" in report
+    assert "NameError" not in report, "the Planner sees the outcome, not the failed attempts"
+    assert rnd.answer == "The total is 6."
+
+
+def test_after_the_last_retry_the_failure_goes_to_the_planner(tmp_path: Path, server: ScriptedServer) -> None:
+    server.enqueue("planner", planner_reply("Divide 1 by 0."), planner_reply("It cannot be done: division by zero.", send_to="User"))
+    server.enqueue("code_generator", code_reply("1 / 0"), code_reply("1 // 0"))
+    with open_session(tmp_path, server, code_interpreter={"max_retry_count": 1}) as session:
+        session.ask("What is 1 divided by 0?")
+    report = last_user(calls(server, "planner")[1])
+    assert "still failed after 2 attempts" in report and "ZeroDivisionError" in report
+
+
+def test_a_malformed_reply_gets_a_repair_turn_that_names_the_problem(tmp_path: Path, server: ScriptedServer) -> None:
+    bad = '{"response": {"init_plan": "1. answer", "plan": "1. answer", "current_plan_step": "1", "send_to": "Boss", "message": "hi"}}'
+    server.enqueue("planner", bad, planner_reply("Hello!", send_to="User"))
+    with open_session(tmp_path, server) as session:
+        rnd = session.ask("Say hello.")
+    repair = last_user(calls(server, "planner")[1])
+    assert "send_to" in repair and "Boss" in repair
+    assert rnd.answer == "Hello!"
+
+
+def test_repairs_run_out_the_round_fails_and_the_session_goes_on(tmp_path: Path, server: ScriptedServer) -> None:
+    server.enqueue("planner", *["this is not json"] * 3, planner_reply("Fine now.", send_to="User"))
+    with open_session(tmp_path, server, session={"max_repair_attempts": 2}) as session:
+        failed = session.ask("First request.")
+        assert failed.state == "failed" and "repair turns" in (failed.error or "")
+        ok = session.ask("Second request.")
+    assert ok.state == "finished" and ok.answer == "Fine now."
+    prompt = calls(server, "planner")[-1]
+    assert not any("First request." in m["content"] for m in prompt), "failed rounds stay out of prompts"
+
+
+def test_the_hop_limit_stops_the_turn_and_tells_the_user_why(tmp_path: Path, server: ScriptedServer) -> None:
+    server.enqueue("planner", *[planner_reply("Print 1.")] * 3)
+    server.enqueue("code_generator", *[code_reply("print(1)")] * 2)
+    with open_session(tmp_path, server, session={"max_internal_hops": 2}) as session:
+        rnd = session.ask("Loop forever.")
+    assert rnd.state == "finished"
+    assert "stopped after 2 steps" in (rnd.answer or "") and "max_internal_hops" in (rnd.answer or "")
+
+
+def test_a_text_reply_from_the_code_generator_goes_to_the_planner(tmp_path: Path, server: ScriptedServer) -> None:
+    server.enqueue("planner", planner_reply("Explain what a DataFrame is."), planner_reply("Explained.", send_to="User"))
+    server.enqueue("code_generator", text_reply("A DataFrame is a table with labelled columns."))
+    with open_session(tmp_path, server) as session:
+        session.ask("What is a DataFrame?")
+    assert "A DataFrame is a table with labelled columns." in last_user(calls(server, "planner")[1])
+
+
+def test_the_code_generator_sees_the_kernels_live_variables(tmp_path: Path, server: ScriptedServer) -> None:
+    server.enqueue(
+        "planner",
+        planner_reply("Make a DataFrame df with columns a and b."),
+        planner_reply("Done.", send_to="User"),
+        planner_reply("Show df."),
+        planner_reply("Shown.", send_to="User"),
+    )
+    server.enqueue("code_generator", code_reply("import pandas as pd\ndf = pd.DataFrame({'a': [1, 2, 3], 'b': [0.5, 1.5, 2.5]})"), code_reply("df"))
+    with open_session(tmp_path, server) as session:
+        session.ask("Make a small table.")
+        session.ask("Show it.")
+    system = calls(server, "code_generator")[1][0]["content"]
+    assert "- df (pandas.DataFrame): shape (3, 2); columns: a int64, b float64" in system, system
+
+
+def test_a_loaded_file_is_copied_and_announced_to_the_planner(tmp_path: Path, server: ScriptedServer) -> None:
+    data = tmp_path / "numbers.csv"
+    data.write_text("n\n1\n2\n")
+    server.enqueue("planner", planner_reply("Got it.", send_to="User"))
+    with open_session(tmp_path, server) as session:
+        target = session.load_file(data)
+        session.ask("I loaded some numbers.")
+    assert target.read_text() == "n\n1\n2\n" and target.parent == session.working_dir
+    prompt = calls(server, "planner")[0]
+    assert "numbers.csv" in last_user(prompt) and "numbers.csv" in prompt[0]["content"]
+
+
+def test_a_model_that_cannot_be_reached_fails_the_round_and_keeps_the_history(tmp_path: Path, server: ScriptedServer) -> None:
+    server.enqueue("planner", planner_reply("Hi.", send_to="User"))
+    events: list[Event] = []
+    with open_session(tmp_path, server, llm={"max_retries": 0, "timeout": 2}) as session:
+        session.add_listener(events.append)
+        assert session.ask("Hello.").answer == "Hi."
+        server.stop()
+        with pytest.raises(LLMUnreachableError) as error:
+            session.ask("Are you there?")
+        assert "127.0.0.1" in str(error.value)
+        first, second = session.conversation.rounds
+    assert first.state == "finished" and second.state == "failed"
+    assert any(isinstance(e, PostAdded) and e.post.message == "Hi." for e in events)
+
+
+def test_slow_and_failing_endpoints_are_retried_by_the_sdk(tmp_path: Path, server: ScriptedServer) -> None:
+    server.enqueue("planner", Reply(status=429), Reply(status=500), planner_reply("Made it.", send_to="User"))
+    with open_session(tmp_path, server) as session:
+        assert session.ask("Hello?").answer == "Made it."
+        assert session.usage().calls == 1
