@@ -26,7 +26,7 @@ from taskweaver_lite.demo import bundled_project
 from taskweaver_lite.execution import ExecutionResult, Executor, Variable
 from taskweaver_lite.kernel import KernelExecutor
 from taskweaver_lite.llm import OpenAIChatModel
-from taskweaver_lite.scripted_model import ScriptedServer, code_reply, planner_reply
+from taskweaver_lite.scripted_model import ScriptedServer, code_reply, planner_reply, summary_reply
 from taskweaver_lite.session import Session
 
 
@@ -100,6 +100,7 @@ def our_turns(server: ScriptedServer, turns: int) -> tuple[list[float], list[flo
     config.project_dir = project
     executor = TimedExecutor(KernelExecutor(project / "sessions" / "bench", config=config.execution))
     session = Session(config, model=OpenAIChatModel(config.llm), executor=executor, session_id="bench", working_dir=project)
+    server.set_default("compression", summary_reply("The user set x to 1 several times.", [{"name": "x", "type": "int", "description": "1"}]))
     overheads, walls = [], []
     try:
         for number in range(turns + 3):

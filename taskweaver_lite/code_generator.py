@@ -17,7 +17,7 @@ from taskweaver_lite.execution import ExecutionResult, Executor
 from taskweaver_lite.llm import ChatModel, Message
 from taskweaver_lite.prompts import load_prompt
 from taskweaver_lite.replies import CODE_GENERATOR_SCHEMA
-from taskweaver_lite.role import RepairBudget, as_reply_json, ask_json
+from taskweaver_lite.role import RepairBudget, RoundRenderCache, as_reply_json, ask_json
 
 
 class CodeInterpreter:
@@ -39,6 +39,7 @@ class CodeInterpreter:
         self._examples = list(examples)
         self._max_retry = max_retry_count
         self._lost_variables = lost_variables
+        self.rendered = RoundRenderCache(self.render_round)
         self._prompt = load_prompt("code_generator")
 
     @property
@@ -96,8 +97,8 @@ class CodeInterpreter:
         built = self._context.build(
             system=system,
             examples=self._examples,
-            history=[self.render_round(r) for r in history],
-            current=self.render_round(current),
+            history=[self.rendered(r) for r in history],
+            current=self.rendered(current),
         )
         return ask_json(
             self._model,

@@ -135,13 +135,16 @@ class OpenAIChatModel:
     def complete(self, messages: Sequence[Message], *, purpose: str) -> Completion:
         """Send one Chat Completions request; raise an `LLMError` subclass when it fails."""
         import openai
+        from openai.types.chat import ChatCompletion
 
         request: dict[str, Any] = {"model": self._config.model, "messages": list(messages)}
         if self._config.json_mode:
             request["response_format"] = {"type": "json_object"}
         started = time.perf_counter()
         try:
-            response = self._client.chat.completions.create(**request)
+            # `post` rather than `chat.completions.create`: the same request, retries and errors, but
+            # without the SDK re-walking every message as a TypedDict (milliseconds per call on long prompts).
+            response = self._client.post("/chat/completions", body=request, cast_to=ChatCompletion)
         except openai.OpenAIError as exc:
             raise self._failed(purpose, messages, started, self._translate(exc)) from exc
         latency = time.perf_counter() - started

@@ -14,7 +14,7 @@ from taskweaver_lite.conversation import Plan, Post, Round
 from taskweaver_lite.llm import ChatModel, Message
 from taskweaver_lite.prompts import load_prompt
 from taskweaver_lite.replies import PLANNER_SCHEMA
-from taskweaver_lite.role import RepairBudget, as_reply_json, ask_json
+from taskweaver_lite.role import RepairBudget, RoundRenderCache, as_reply_json, ask_json
 
 
 class Planner:
@@ -34,6 +34,7 @@ class Planner:
         self._examples = list(examples)
         self._max_hops = max_hops
         self._working_files = working_files
+        self.rendered = RoundRenderCache(self.render_round)
         self._prompt = load_prompt("planner")
 
     @property
@@ -47,8 +48,8 @@ class Planner:
         built = self._context.build(
             system=system,
             examples=self._examples,
-            history=[self.render_round(r) for r in history],
-            current=self.render_round(current),
+            history=[self.rendered(r) for r in history],
+            current=self.rendered(current),
         )
         fields = ask_json(self._model, built.messages, schema=PLANNER_SCHEMA, purpose="planner", repairs=repairs, on_repair=on_repair)
         return Post(

@@ -10,6 +10,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from taskweaver_lite.compression import RoundMessages
+from taskweaver_lite.conversation import Round
+
 from taskweaver_lite.errors import ReplyFormatError, RoundFailedError
 from taskweaver_lite.llm import ChatModel, Message
 from taskweaver_lite.replies import ReplySchema, parse_reply, repair_message
@@ -55,3 +58,20 @@ def ask_json(
 def as_reply_json(fields: dict[str, Any], *, wrapper: str | None = "response") -> str:
     """The reply as clean JSON, the form it is replayed to the model in later prompts."""
     return json.dumps({wrapper: fields} if wrapper else fields, ensure_ascii=False)
+
+
+class RoundRenderCache:
+    """Remembers each round's rendering: finished rounds never change, so each is rendered once."""
+
+    def __init__(self, render: Callable[[Round], RoundMessages]) -> None:
+        self._render = render
+        self._done: dict[str, tuple[int, RoundMessages]] = {}
+
+    def __call__(self, rnd: Round) -> RoundMessages:
+        """The round's messages; re-rendered only when posts were added since last time."""
+        cached = self._done.get(rnd.id)
+        if cached is not None and cached[0] == len(rnd.posts):
+            return cached[1]
+        rendered = self._render(rnd)
+        self._done[rnd.id] = (len(rnd.posts), rendered)
+        return rendered

@@ -223,10 +223,8 @@ class Session:
 
     def _after_round(self) -> None:
         finished = [r for r in self.conversation.rounds if r.state == "finished"]
-        self.planner.context.round_finished([self.planner.render_round(r.visible_to("Planner")) for r in finished])
-        self.code_interpreter.context.round_finished(
-            [self.code_interpreter.render_round(r.visible_to("CodeInterpreter")) for r in finished]
-        )
+        self.planner.context.round_finished([self.planner.rendered(r.visible_to("Planner")) for r in finished])
+        self.code_interpreter.context.round_finished([self.code_interpreter.rendered(r.visible_to("CodeInterpreter")) for r in finished])
 
     def _add(self, rnd: Round, post: Post) -> None:
         rnd.posts.append(post)

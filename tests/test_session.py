@@ -159,3 +159,48 @@ def test_slow_and_failing_endpoints_are_retried_by_the_sdk(tmp_path: Path, serve
     with open_session(tmp_path, server) as session:
         assert session.ask("Hello?").answer == "Made it."
         assert session.usage().calls == 1
+
+
+def test_old_rounds_fold_in_the_background_and_the_summary_replaces_them(tmp_path: Path, server: ScriptedServer) -> None:
+    from taskweaver_lite.scripted_model import summary_reply
+
+    for n in range(1, 4):
+        server.enqueue("planner", planner_reply(f"Answer number {n}.", send_to="User"))
+    server.set_default("compression", summary_reply("The user greeted us twice.", []))
+    folds: list[Event] = []
+    sections = {"round_compressor": {"rounds_to_compress": 1, "rounds_to_retain": 1}, "code_generator": {"prompt_compression": False}}
+    with open_session(tmp_path, server, **sections) as session:
+        session.add_listener(folds.append)
+        session.ask("Hello, first request.")
+        session.ask("Hello, second request.")
+        assert session.planner.context.wait_idle(timeout=10)
+        session.ask("Third request.")
+    compression = [r for r in server.requests if r.role == "compression"]
+    assert "Hello, first request." in compression[0].messages[-1]["content"]
+    assert "Hello, second request." not in compression[0].messages[-1]["content"], "the retained round is not folded"
+    third = calls(server, "planner")[-1]
+    text = "\n".join(m["content"] for m in third)
+    assert "The user greeted us twice." in third[0]["content"], "the summary goes into the system message"
+    assert "Hello, first request." not in text and "Hello, second request." in text
+    assert any(getattr(e, "describe", None) and "Planner: folded round" in e.describe() for e in folds)
+
+
+def test_a_dead_kernel_is_reported_and_the_code_generator_is_told_what_was_lost(tmp_path: Path, server: ScriptedServer) -> None:
+    server.enqueue(
+        "planner",
+        planner_reply("Set a = 1 and b = 2."),
+        planner_reply("Set.", send_to="User"),
+        planner_reply("Crash the kernel."),
+        planner_reply("It crashed.", send_to="User"),
+        planner_reply("Print a."),
+        planner_reply("Done.", send_to="User"),
+    )
+    server.enqueue("code_generator", code_reply("a = 1\nb = 2"), code_reply("import os\nos._exit(1)"), code_reply("a = 1\nprint(a)"))
+    with open_session(tmp_path, server) as session:
+        session.ask("Make two variables.")
+        session.ask("Crash it.")
+        session.ask("Print a again.")
+    crash_report = last_user(calls(server, "planner")[3])
+    assert "kernel died" in crash_report and "a, b" in crash_report
+    system = calls(server, "code_generator")[2][0]["content"]
+    assert "lost when the kernel restarted" in system and "a, b" in system
