@@ -15,7 +15,9 @@ from typing import Callable
 from taskweaver_lite.config import Config, load_config
 from taskweaver_lite.console import PlainConsole, RichConsole
 from taskweaver_lite.errors import LLMError, TaskWeaverError
+from taskweaver_lite.conversation import Round
 from taskweaver_lite.session import Session
+from taskweaver_lite.store import SessionStore
 from taskweaver_lite.summary import render_summary
 
 HELP = """Commands:
@@ -24,7 +26,9 @@ HELP = """Commands:
   /info            session id, model, rounds, tokens used so far
   /context         tokens per prompt part for each role, against the budget
   /summary         both roles' summaries and the variables they track
-  /reset           forget the conversation and restart the kernel (files stay)
+  /history         every earlier request in full, also those folded out of the prompts
+  /export [ipynb|md] [file]   write this session as a notebook or Markdown
+  /reset           start over: new session, fresh kernel, working files copied
   /exit            leave (Ctrl-D or Ctrl-C at an empty prompt too)
 Ctrl-C while a request runs cancels it and keeps the session."""
 
@@ -34,22 +38,50 @@ def run_chat(args: argparse.Namespace) -> int:
     config = load_config(args.project, args.overrides)
     interactive = sys.stdin.isatty() and sys.stdout.isatty()
     renderer: RichConsole | PlainConsole = RichConsole() if interactive else PlainConsole()
-    session = Session.open(config, listeners=[renderer])
     say: Callable[[str], None]
     if isinstance(renderer, RichConsole):
         say = renderer.console.print
     else:
         say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    if args.resume:
+        session = _resume(config, args.resume, replay=not args.no_replay, renderer=renderer, say=say)
+    else:
+        session = Session.open(config, listeners=[renderer])
     commands = SlashCommands(session, say=say)
     try:
         if isinstance(renderer, RichConsole):
-            return _interactive(session, renderer, commands, config)
-        return _piped(session, commands)
+            return _interactive(renderer, commands, config)
+        return _piped(commands)
     finally:
-        session.close()
+        commands.session.close()
 
 
-def _interactive(session: Session, renderer: RichConsole, commands: SlashCommands, config: Config) -> int:
+def _resume(config: Config, ref: str, *, replay: bool, renderer: RichConsole | PlainConsole, say: Callable[[str], None]) -> Session:
+    if isinstance(renderer, RichConsole):
+        from rich.progress import Progress
+
+        with Progress(transient=True, console=renderer.console) as progress:
+            task = progress.add_task("Re-running earlier cells", total=None)
+            session, report = Session.resume(
+                config, ref, replay=replay, listeners=[renderer], on_replay=lambda done, total: progress.update(task, completed=done, total=total)
+            )
+    else:
+        session, report = Session.resume(
+            config, ref, replay=replay, listeners=[renderer], on_replay=lambda done, total: say(f"Re-running earlier cells: {done}/{total}")
+        )
+    lines = [f"Resumed session {report.session_id}: {report.rounds} earlier requests."]
+    if report.cut_off:
+        lines.append(f"Request {', '.join(map(str, report.cut_off))} was cut off when the program stopped; it is marked failed.")
+    if replay:
+        failed = f", {report.replay_failures} failed" if report.replay_failures else ""
+        lines.append(f"Re-ran {report.replayed} cells to rebuild the kernel's variables{failed}.")
+    elif report.lost:
+        lines.append(f"Not replayed: these variables are gone until recomputed: {', '.join(report.lost)}.")
+    say("\n".join(lines))
+    return session
+
+
+def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config) -> int:
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import FileHistory
     from prompt_toolkit.key_binding import KeyBindings
@@ -66,7 +98,7 @@ def _interactive(session: Session, renderer: RichConsole, commands: SlashCommand
 
     config.project_dir.mkdir(parents=True, exist_ok=True)
     prompt = PromptSession(history=FileHistory(str(config.project_dir / ".chat_history")), key_bindings=bindings)
-    renderer.console.print(f"[bold]taskweaver-lite[/bold] session {session.id} — model {config.llm.model}. Type /help for commands.")
+    renderer.console.print(f"[bold]taskweaver-lite[/bold] session {commands.session.id} — model {config.llm.model}. Type /help for commands.")
     while True:
         try:
             text = prompt.prompt("you> ").strip()
@@ -79,7 +111,7 @@ def _interactive(session: Session, renderer: RichConsole, commands: SlashCommand
                 return 0
             continue
         try:
-            session.ask(text)
+            commands.session.ask(text)
         except KeyboardInterrupt:
             renderer.stop_status()
             renderer.console.print("[yellow]Cancelled. The session and its variables are kept.[/yellow]")
@@ -88,7 +120,7 @@ def _interactive(session: Session, renderer: RichConsole, commands: SlashCommand
             renderer.console.print(f"[bold red]{exc}[/bold red]\nThe session is kept; try again or check the llm settings.")
 
 
-def _piped(session: Session, commands: SlashCommands) -> int:
+def _piped(commands: SlashCommands) -> int:
     for line in sys.stdin:
         text = line.strip()
         if not text:
@@ -98,7 +130,7 @@ def _piped(session: Session, commands: SlashCommands) -> int:
                 return 0
             continue
         try:
-            session.ask(text)
+            commands.session.ask(text)
         except KeyboardInterrupt:
             print("Cancelled. The session and its variables are kept.", file=sys.stderr, flush=True)
         except LLMError as exc:
@@ -122,6 +154,8 @@ class SlashCommands:
             "/reset": self._reset,
             "/context": self._context,
             "/summary": self._summary,
+            "/history": self._history,
+            "/export": self._export,
         }
 
     def known(self, line: str) -> bool:
@@ -172,8 +206,25 @@ class SlashCommands:
         return True
 
     def _reset(self, _: str) -> bool:
-        self.session.reset()
-        self.say("The conversation is cleared and the kernel restarted; files in the working folder stay.")
+        old = self.session.id
+        self.session = self.session.reset()
+        self.say(f"Started over as session {self.session.id} with a fresh kernel and a copy of the working files ({old} stays stored).")
+        return True
+
+    def _history(self, _: str) -> bool:
+        rounds = self.session.conversation.rounds
+        self.say("\n\n".join(round_transcript(r) for r in rounds) if rounds else "No requests yet.")
+        return True
+
+    def _export(self, argument: str) -> bool:
+        parts = argument.split()
+        fmt = parts[0] if parts else "ipynb"
+        if fmt not in ("ipynb", "md"):
+            self.say("Usage: /export [ipynb|md] [file]")
+            return True
+        target = Path(parts[1]) if len(parts) > 1 else Path(f"{self.session.id}.{fmt}")
+        written = write_export(self.session.config, self.session.id, fmt=fmt, target=target)
+        self.say(f"Wrote {written}")
         return True
 
     def _context(self, _: str) -> bool:
@@ -208,3 +259,76 @@ class SlashCommands:
                 continue
             self.say(f"{role}:\n{render_summary(state, live=live if role == 'CodeGenerator' else None)}")
         return True
+
+
+def round_transcript(rnd: Round) -> str:
+    """One round in full, for /history: request, every step, code, results and the answer."""
+    lines = [f"[{rnd.index}] You: {rnd.user_query}" + ("" if rnd.state != "failed" else f"  (failed: {rnd.error})")]
+    for post in rnd.posts:
+        if post.send_from == "User":
+            continue
+        if post.code:
+            lines.append(f"  {post.send_from} ran:\n" + _indent(post.code, 4))
+        if post.execution is not None:
+            lines.append(_indent(post.execution.summary_text(), 4))
+        elif post.send_from != "User":
+            lines.append(f"  {post.send_from} -> {post.send_to}: {post.message}")
+    return "\n".join(lines)
+
+
+def _indent(text: str, width: int) -> str:
+    return "\n".join(" " * width + line for line in text.splitlines())
+
+
+def list_sessions(args: argparse.Namespace) -> int:
+    """`taskweaver-lite sessions`: the stored sessions, newest first."""
+    import json
+    import time
+
+    config = load_config(args.project)
+    if not config.store_path.exists():
+        rows = []
+    else:
+        store = SessionStore(config.store_path)
+        try:
+            rows = store.list_sessions()
+        finally:
+            store.close()
+    if args.json:
+        print(json.dumps([row.to_dict() for row in rows]))
+        return 0
+    if not rows:
+        print(f"No stored sessions in {config.store_path}.")
+        return 0
+    stamp = lambda t: time.strftime("%Y-%m-%d %H:%M", time.localtime(t))  # noqa: E731
+    print(f"{'ID':<24} {'STARTED':<17} {'LAST ACTIVE':<17} {'ROUNDS':>6}  TITLE")
+    for row in rows:
+        print(f"{row.id:<24} {stamp(row.started):<17} {stamp(row.last_active):<17} {row.rounds:>6}  {row.title}")
+    return 0
+
+
+def export_session(args: argparse.Namespace) -> int:
+    """`taskweaver-lite export ID --format ipynb|md [-o FILE]`."""
+    config = load_config(args.project)
+    target = Path(args.output) if args.output else None
+    written = write_export(config, args.session_id, fmt=args.format, target=target)
+    print(f"Wrote {written}", file=sys.stderr)
+    return 0
+
+
+def write_export(config: Config, ref: str, *, fmt: str, target: Path | None) -> Path:
+    """Export a stored session (by id or 'last') as a notebook or Markdown; returns the file written."""
+    from taskweaver_lite.export import export_markdown, export_notebook
+
+    if not config.store_path.exists():
+        raise TaskWeaverError(f"{config.store_path}: no stored sessions in this project yet")
+    store = SessionStore(config.store_path)
+    try:
+        session_id = store.resolve(ref)
+        stored = store.load(session_id)
+    finally:
+        store.close()
+    path = target or Path(f"{session_id}.{fmt}")
+    if fmt == "ipynb":
+        return export_notebook(stored, path, working_dir=config.sessions_dir / session_id / "cwd")
+    return export_markdown(stored, path)

@@ -17,10 +17,10 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from taskweaver_lite.code_generator import CodeInterpreter
-from taskweaver_lite.compression import LiveVariables, RoleContext
+from taskweaver_lite.compression import CompressionState, LiveVariables, RoleContext
 from taskweaver_lite.config import Config
 from taskweaver_lite.conversation import Conversation, Post, Round
 from taskweaver_lite.errors import LLMError, RoundFailedError, TaskWeaverError
@@ -30,7 +30,21 @@ from taskweaver_lite.execution import Executor
 from taskweaver_lite.llm import ChatModel, Completion, Message
 from taskweaver_lite.planner import Planner, list_working_files
 from taskweaver_lite.role import RepairBudget
+from taskweaver_lite.session_lock import SessionLock
+from taskweaver_lite.store import SessionStore, StoreRecorder
 from taskweaver_lite.tokens import get_tokenizer
+
+
+@dataclass(frozen=True)
+class ResumeReport:
+    """What a resume brought back, and what it could not."""
+
+    session_id: str
+    rounds: int
+    cut_off: tuple[int, ...]  # rounds that were running when the program stopped, now failed
+    replayed: int  # cells re-run to rebuild the kernel's variables
+    replay_failures: int
+    lost: tuple[str, ...]  # variables not rebuilt (replay skipped)
 
 
 @dataclass(frozen=True)
@@ -54,18 +68,25 @@ class Session:
         session_id: str,
         working_dir: Path,
         listeners: Iterable[Listener] = (),
+        store: SessionStore | None = None,
+        lock: SessionLock | None = None,
+        usage_before: Usage = Usage(0, 0, 0),
     ) -> None:
         self.config = config
         self.id = session_id
         self.working_dir = working_dir
         self.executor = executor
+        self.store = store
         self.conversation = Conversation()
+        self._lock = lock
         self._listeners = list(listeners)
-        self._model = _MeteredModel(model, emit=self._emit, keep_prompts=config.store.record_prompts)
+        self._model = _MeteredModel(model, emit=self._emit, keep_prompts=config.store.record_prompts, totals=usage_before)
         self._notes: list[str] = []
         self._lost: list[str] = []
         self._tokenizer = get_tokenizer(config.llm.tokenizer)
         self.planner, self.code_interpreter = self._build_roles()
+        if store is not None:
+            self._listeners.append(StoreRecorder(store, session_id, compression_state=self._compression_state))
 
     def _build_roles(self) -> tuple[Planner, CodeInterpreter]:
         config = self.config
@@ -104,14 +125,96 @@ class Session:
         listeners: Iterable[Listener] = (),
         session_id: str | None = None,
     ) -> Session:
-        """Start a session: its kernel boots in the background while the first request is typed."""
+        """Start a stored session: its kernel boots in the background while the first request is typed."""
+        session_id = session_id or new_session_id()
+        store = SessionStore(config.store_path)
+        try:
+            lock = store.lock(session_id)
+            store.create_session(session_id, started=time.time())
+        except BaseException:
+            store.close()
+            raise
+        return cls._assemble(config, session_id, store=store, lock=lock, model=model, listeners=listeners)
+
+    @classmethod
+    def resume(
+        cls,
+        config: Config,
+        ref: str,
+        *,
+        replay: bool = True,
+        model: ChatModel | None = None,
+        listeners: Iterable[Listener] = (),
+        on_replay: Callable[[int, int], None] | None = None,
+    ) -> tuple[Session, ResumeReport]:
+        """Continue a stored session ('last' or an id): conversation, summaries and, by replay, the kernel's variables."""
+        store = SessionStore(config.store_path)
+        try:
+            session_id = store.resolve(ref)
+            lock = store.lock(session_id)
+            cut_off = store.mark_interrupted(session_id)
+            stored = store.load(session_id)
+            cells = store.successful_cells(session_id) if replay else []
+        except BaseException:
+            store.close()
+            raise
+        usage = Usage(stored.usage.calls, stored.usage.prompt_tokens, stored.usage.completion_tokens)
+        session = cls._assemble(config, session_id, store=store, lock=lock, model=model, listeners=listeners, usage_before=usage)
+        session.conversation.rounds = list(stored.rounds)
+        for context in session.contexts().values():
+            saved = stored.compression.get(context.role)
+            if saved:
+                context.restore(CompressionState.from_dict(saved))
+        failed_cells = 0
+        for number, code in enumerate(cells, 1):
+            failed_cells += not session.executor.run(code).success
+            if on_replay is not None:
+                on_replay(number, len(cells))
+        if not replay:
+            session._lost = [v.name for v in stored.last_variables]
+        report = ResumeReport(
+            session_id=session_id,
+            rounds=len(stored.rounds),
+            cut_off=cut_off,
+            replayed=len(cells),
+            replay_failures=failed_cells,
+            lost=tuple(session._lost),
+        )
+        return session, report
+
+    @classmethod
+    def _assemble(
+        cls,
+        config: Config,
+        session_id: str,
+        *,
+        store: SessionStore,
+        lock: SessionLock,
+        model: ChatModel | None,
+        listeners: Iterable[Listener],
+        usage_before: Usage = Usage(0, 0, 0),
+    ) -> Session:
         from taskweaver_lite.kernel import KernelExecutor
         from taskweaver_lite.llm import OpenAIChatModel
 
-        session_id = session_id or new_session_id()
-        chat_model = model or OpenAIChatModel(config.llm)
-        executor = KernelExecutor(config.sessions_dir / session_id, config=config.execution)
-        return cls(config, model=chat_model, executor=executor, session_id=session_id, working_dir=executor.cwd, listeners=listeners)
+        try:
+            chat_model = model or OpenAIChatModel(config.llm)
+            executor = KernelExecutor(config.sessions_dir / session_id, config=config.execution)
+        except BaseException:
+            lock.release()
+            store.close()
+            raise
+        return cls(
+            config,
+            model=chat_model,
+            executor=executor,
+            session_id=session_id,
+            working_dir=executor.cwd,
+            listeners=listeners,
+            store=store,
+            lock=lock,
+            usage_before=usage_before,
+        )
 
     def __enter__(self) -> Session:
         return self
@@ -190,15 +293,16 @@ class Session:
         self._notes.append(self.planner.file_note(path.name))
         return target
 
-    def reset(self) -> None:
-        """Start over: a fresh conversation and a fresh kernel, same working folder."""
-        for context in self.contexts().values():
-            context.close()
-        self.executor.restart()
-        self.conversation = Conversation()
-        self._notes.clear()
-        self._lost.clear()
-        self.planner, self.code_interpreter = self._build_roles()
+    def reset(self) -> Session:
+        """Start over: a new session with a fresh kernel and a copy of this one's working files.
+
+        This session is closed (and stays stored, resumable); use the returned one from now on.
+        """
+        listeners = [listener for listener in self._listeners if not isinstance(listener, StoreRecorder)]
+        fresh = Session.open(self.config, model=self._model.inner, listeners=listeners)
+        shutil.copytree(self.working_dir, fresh.working_dir, dirs_exist_ok=True)
+        self.close()
+        return fresh
 
     def live_variables(self) -> LiveVariables:
         """The kernel's variables now, and names lost to restarts that were not recreated."""
@@ -216,10 +320,23 @@ class Session:
         return self._model.usage()
 
     def close(self) -> None:
-        """Stop background folds and the kernel."""
+        """Stop background folds and the kernel; save the summaries; release the stored session."""
         for context in self.contexts().values():
             context.close()
         self.executor.shutdown()
+        if self.store is not None:
+            try:
+                for context in self.contexts().values():
+                    self.store.save_compression(self.id, context.role, context.state.to_dict())
+            finally:
+                if self._lock is not None:
+                    self._lock.release()
+                self.store.close()
+                self.store = None
+
+    def _compression_state(self, role: str) -> dict[str, Any] | None:
+        context = next((c for c in self.contexts().values() if c.role == role), None)
+        return context.state.to_dict() if context is not None else None
 
     def _after_round(self) -> None:
         finished = [r for r in self.conversation.rounds if r.state == "finished"]
@@ -260,12 +377,12 @@ def _last_report(rnd: Round) -> str:
 class _MeteredModel:
     """Wraps the chat model to count calls and tokens and to report each call as an event."""
 
-    def __init__(self, inner: ChatModel, *, emit: Listener, keep_prompts: bool) -> None:
+    def __init__(self, inner: ChatModel, *, emit: Listener, keep_prompts: bool, totals: Usage) -> None:
         self.inner = inner
         self._emit = emit
         self._keep_prompts = keep_prompts
         self._lock = threading.Lock()
-        self._totals = Usage(0, 0, 0)
+        self._totals = totals
 
     def complete(self, messages: Sequence[Message], *, purpose: str) -> Completion:
         """Forward to the real model, then record what the call cost."""
