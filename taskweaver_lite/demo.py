@@ -11,7 +11,6 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,7 +19,8 @@ from taskweaver_lite.console import PlainConsole, RichConsole
 from taskweaver_lite.scripted_model import ScriptedServer, code_reply, last_user_text, planner_reply, summary_reply
 from taskweaver_lite.session import Session
 
-_REPO_PROJECT = Path(__file__).resolve().parent.parent / "project"
+# The checkout's project/ folder, or its copy inside the installed package.
+_PROJECT_FOLDERS = (Path(__file__).resolve().parent.parent / "project", Path(__file__).resolve().parent / "default_project")
 
 Answer = Callable[[str], str]  # from the CodeInterpreter's reports in this round to the Planner's answer
 
@@ -195,9 +195,7 @@ def _summarize(messages: list[dict[str, Any]]) -> str:
 
 def bundled_project() -> Path:
     """The default project folder (from the checkout, or the installed package)."""
-    if (_REPO_PROJECT / "taskweaver_config.yaml").is_file():
-        return _REPO_PROJECT
-    return Path(str(resources.files("taskweaver_lite.default_project")))
+    return next((f for f in _PROJECT_FOLDERS if (f / "taskweaver_config.yaml").is_file()), _PROJECT_FOLDERS[-1])
 
 
 def run_demo(*, project: str | None, plain: bool) -> int:

@@ -7,7 +7,6 @@ repository's top level and ship inside the installed package as `taskweaver_lite
 from __future__ import annotations
 
 import functools
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,8 @@ import yaml
 
 from taskweaver_lite.errors import ConfigError
 
-_REPO_PROMPTS = Path(__file__).resolve().parent.parent / "prompts"
+# In a checkout the templates sit at the top level; `pip install .` puts them inside the package.
+_PROMPT_FOLDERS = (Path(__file__).resolve().parent.parent / "prompts", Path(__file__).resolve().parent / "prompts")
 _ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False, autoescape=False)
 
 
@@ -47,10 +47,7 @@ def load_prompt(name: str) -> PromptTemplate:
 
 
 def _read(file_name: str) -> str:
-    local = _REPO_PROMPTS / file_name
-    if local.is_file():
-        return local.read_text(encoding="utf-8")
-    try:
-        return resources.files("taskweaver_lite.prompts").joinpath(file_name).read_text(encoding="utf-8")
-    except (FileNotFoundError, ModuleNotFoundError):
-        raise ConfigError(f"prompt file {file_name} is missing from the installation; reinstall taskweaver-lite") from None
+    for folder in _PROMPT_FOLDERS:
+        if (folder / file_name).is_file():
+            return (folder / file_name).read_text(encoding="utf-8")
+    raise ConfigError(f"prompt file {file_name} is missing from the installation; reinstall taskweaver-lite")

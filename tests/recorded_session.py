@@ -1,4 +1,4 @@
-"""A real two-round session (scripted server, real kernel, background folds) recorded into a store.
+"""A real two-round session (scripted server, real kernel, background folds) recorded into its store.
 
 Round 1 writes numbers.csv and prints; round 2 fails once (NameError), is revised, reads the file
 back and draws a plot (an image artifact). Both roles fold round 1 in the background.
@@ -6,7 +6,6 @@ back and draws a plot (an image artifact). Both roles fold round 1 in the backgr
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,6 @@ from taskweaver_lite.config import load_config
 from taskweaver_lite.conversation import Round
 from taskweaver_lite.scripted_model import ScriptedServer, code_reply, planner_reply, summary_reply
 from taskweaver_lite.session import Session, Usage
-from taskweaver_lite.store import SessionStore, StoreRecorder
 
 FIRST_REQUEST = "Make a small table of the numbers 1 to 3 and save it as numbers.csv"
 SECOND_REQUEST = "Plot the saved numbers"
@@ -54,22 +52,17 @@ def record_session(root: Path) -> RecordedSession:
             planner_reply(SECOND_ANSWER, send_to="User"),
         )
         server.enqueue("code_generator", code_reply(WRITE_CODE), code_reply(BROKEN_CODE), code_reply(PLOT_CODE))
-        store = SessionStore(config.store_path)
-        try:
-            with Session.open(config) as session:
-                store.create_session(session.id, started=time.time())
-                contexts = {c.role: c for c in session.contexts().values()}
-                session.add_listener(StoreRecorder(store, session.id, compression_state=lambda role: contexts[role].state.to_dict()))
-                rounds: list[Round] = [session.ask(FIRST_REQUEST), session.ask(SECOND_REQUEST)]
-                for context in contexts.values():
-                    assert context.wait_idle(20), "the background fold did not finish"
-                return RecordedSession(
-                    store_path=config.store_path,
-                    session_id=session.id,
-                    working_dir=session.working_dir,
-                    rounds=[r.to_dict() for r in rounds],
-                    usage=session.usage(),
-                    states={role: c.state.to_dict() for role, c in contexts.items()},
-                )
-        finally:
-            store.close()
+        # The session records itself (Session.open attaches a StoreRecorder to the project's store).
+        with Session.open(config) as session:
+            contexts = {c.role: c for c in session.contexts().values()}
+            rounds: list[Round] = [session.ask(FIRST_REQUEST), session.ask(SECOND_REQUEST)]
+            for context in contexts.values():
+                assert context.wait_idle(20), "the background fold did not finish"
+            return RecordedSession(
+                store_path=config.store_path,
+                session_id=session.id,
+                working_dir=session.working_dir,
+                rounds=[r.to_dict() for r in rounds],
+                usage=session.usage(),
+                states={role: c.state.to_dict() for role, c in contexts.items()},
+            )
