@@ -24,6 +24,7 @@ from taskweaver_lite.kernel import KernelExecutor
 
 # 45 small variables plus 5 DataFrames of 1M rows and 4 columns (~32 MB each).
 FIFTY_VARIABLES = """
+del x
 import numpy as np, pandas as pd
 for _i in range(5):
     globals()[f"frame{_i}"] = pd.DataFrame({"a": np.arange(1_000_000), "b": np.ones(1_000_000),
@@ -58,10 +59,14 @@ def bare_execute(client: BlockingKernelClient, code: str) -> None:
     msg_id = client.execute(code)
     while True:
         msg = client.get_iopub_msg(timeout=30)
-        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status":
-            if msg["content"]["execution_state"] == "idle":
-                break
+        if msg["parent_header"].get("msg_id") == msg_id and msg["content"].get("execution_state") == "idle":
+            break
     client.get_shell_msg(timeout=30)  # keep the shell queue empty; the reply is already there
+
+
+def ratio_row(label: str, bare: float, ours: float, *, digits: int) -> tuple[str, str, str, str]:
+    """One table row from two durations in seconds."""
+    return (label, f"{bare * 1000:.{digits}f} ms", f"{ours * 1000:.{digits}f} ms", f"{ours / bare:.2f}x")
 
 
 def timed(action: Callable[[], object]) -> float:
@@ -109,7 +114,8 @@ def measure_death(executor: KernelExecutor, repeats: int) -> tuple[float, float]
         started = time.perf_counter()
         result = executor.run("import os; os._exit(1)")
         total.append(time.perf_counter() - started)
-        assert result.kernel_died and "y" in result.lost_variables, result
+        if not (result.kernel_died and "y" in result.lost_variables):
+            raise RuntimeError(f"the dead kernel was not reported: {result}")
         detected.append(result.elapsed)
     return statistics.median(detected), statistics.median(total)
 
@@ -124,13 +130,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kernel-bench-") as tmp:
         root = Path(tmp)
         bare_ready, our_ready = measure_ready(args.starts, root)
-        rows.append(("kernel ready", f"{bare_ready * 1000:.0f} ms", f"{our_ready * 1000:.0f} ms", f"{our_ready / bare_ready:.2f}x"))
+        rows.append(ratio_row("kernel ready", bare_ready, our_ready, digits=0))
 
         manager, client = bare_start()
         executor = KernelExecutor(root / "session", config=ExecutionConfig())
         try:
             bare_trip, our_trip = measure_round_trip(executor, client, args.cells)
-            rows.append(("`x = 1` round trip", f"{bare_trip * 1000:.2f} ms", f"{our_trip * 1000:.2f} ms", f"{our_trip / bare_trip:.2f}x"))
+            rows.append(ratio_row("`x = 1` round trip", bare_trip, our_trip, digits=2))
 
             executor.run(FIFTY_VARIABLES)
             count = len(executor.variables())
@@ -138,9 +144,7 @@ def main() -> None:
             bare_execute(client, FIFTY_VARIABLES)
             bare_full, our_full = measure_round_trip(executor, client, max(args.cells // 3, 30))
             rows.append((f"snapshot alone ({count} vars, 5x1M-row frames)", "-", f"{in_kernel:.2f} ms", "-"))
-            rows.append(
-                ("`x = 1` round trip, same 50 vars", f"{bare_full * 1000:.2f} ms", f"{our_full * 1000:.2f} ms", f"{our_full / bare_full:.2f}x")
-            )
+            rows.append(ratio_row("`x = 1` round trip, with those vars", bare_full, our_full, digits=2))
 
             detected, total = measure_death(executor, 3)
             rows.append(("dead kernel noticed (os._exit)", "timeout", f"{detected * 1000:.0f} ms", "-"))

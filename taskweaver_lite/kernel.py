@@ -3,13 +3,11 @@
 `KernelExecutor` starts its kernel in a background thread the moment a session opens, runs each
 cell as ONE execute request (the variable snapshot rides along in `user_expressions`), bounds what
 comes back for prompts, and keeps the session going through timeouts, interrupts and kernel death.
-Kernels never outlive the program: shutdown runs at exit and on SIGTERM, and each kernel also
-watches its parent process (ipykernel's parent poller) in case we are killed outright.
+How the kernel process is launched and made sure to end lives in `kernel_process.py`.
 """
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import json
 import math
@@ -17,30 +15,23 @@ import os
 import queue
 import re
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-import weakref
-from collections.abc import Mapping
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any, Literal
 
 from jupyter_client.blocking.client import BlockingKernelClient
-from jupyter_client.kernelspec import KernelSpec
-from jupyter_client.manager import KernelManager
 
 from taskweaver_lite import kernel_snapshot
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
 from taskweaver_lite.execution import ExecutionResult, Variable, VariableChanges
 from taskweaver_lite.kernel_output import CellOutput
+from taskweaver_lite.kernel_process import InterpreterKernelManager, end_at_exit, filtered_environment, forget, kill_process_group
 
-SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
-SECRET_PREFIXES = ("OPENAI_",)
 # Seconds between checks of the clock and of the kernel process while a cell runs: the bound on
 # how late a timeout fires and how long a dead kernel goes unnoticed.
 POLL_INTERVAL = 0.1
@@ -52,43 +43,9 @@ REPLY_WAIT = 5.0
 
 _SNAPSHOT = "snapshot"
 _SNAPSHOT_EXPRESSIONS = {_SNAPSHOT: f"__import__('sys').modules[{kernel_snapshot.MODULE_NAME!r}].snapshot()"}
-# Loaded by path at kernel start, so the kernel never imports taskweaver_lite and its agent deps.
-_LOAD_SNAPSHOT = (
-    "import importlib.util as _twl_u, sys as _twl_s; "
-    f"_twl_p = _twl_u.spec_from_file_location({kernel_snapshot.MODULE_NAME!r}, {kernel_snapshot.__file__!r}); "
-    "_twl_m = _twl_u.module_from_spec(_twl_p); _twl_p.loader.exec_module(_twl_m); "
-    "_twl_s.modules[_twl_p.name] = _twl_m; del _twl_u, _twl_s, _twl_p, _twl_m"
-)
 _CELL_FILE = re.compile(r"cell-(\d+)")
 
 _Ending = Literal["idle", "died", "stuck"]
-
-
-def filtered_environment(environ: Mapping[str, str], *, allowed: list[str]) -> dict[str, str]:
-    """The kernel's environment: ours minus anything that looks like a secret, unless allowed by name."""
-    kept = {
-        name: value
-        for name, value in environ.items()
-        if name in allowed
-        or not (any(marker in name.upper() for marker in SECRET_MARKERS) or name.upper().startswith(SECRET_PREFIXES))
-    }
-    # Figures must come back as images whatever backend the parent prefers (Agg would drop them).
-    kept["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
-    return kept
-
-
-class _InterpreterKernelManager(KernelManager):
-    """A KernelManager that always runs ipykernel on this interpreter, whatever kernelspecs exist."""
-
-    @property
-    def kernel_spec(self) -> KernelSpec:
-        argv = [
-            sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
-            # Sessions keep their own record; IPython's shared SQLite history only adds lock contention.
-            "--HistoryManager.hist_file=:memory:",
-            f"--IPKernelApp.exec_lines={_LOAD_SNAPSHOT}",
-        ]  # fmt: skip
-        return KernelSpec(argv=argv, display_name="taskweaver-lite", language="python")
 
 
 class KernelExecutor:
@@ -109,7 +66,7 @@ class KernelExecutor:
         # IPC sockets: local only, no ports, in a private folder with a short path (socket paths are
         # capped near 100 bytes, and session folders can be deep).
         self._socket_dir = Path(tempfile.mkdtemp(prefix="twl-kernel-"))
-        self._manager = _InterpreterKernelManager(transport="ipc", ip=str(self._socket_dir / "kernel"))
+        self._manager = InterpreterKernelManager(transport="ipc", ip=str(self._socket_dir / "kernel"))
         self._manager.connection_file = str(self._socket_dir / "connection.json")
         self._manager.shutdown_wait_time = SHUTDOWN_GRACE
         self._client: BlockingKernelClient | None = None
@@ -123,8 +80,7 @@ class KernelExecutor:
         self._fingerprints: dict[str, tuple[str, str, str]] = {}
         self._variables: tuple[Variable, ...] = ()
         self._cell = _last_cell_number(self.outputs_dir, self.artifacts_dir)
-        _LIVE.add(self)
-        _install_exit_hooks()
+        end_at_exit(self)
         self._starter = threading.Thread(target=self._start, name="kernel-start", daemon=True)
         self._starter.start()
 
@@ -137,11 +93,12 @@ class KernelExecutor:
         return pid if isinstance(pid, int) else None
 
     def wait_ready(self, timeout: float | None = None) -> None:
-        """Block until the kernel answers; raise KernelError if it could not start."""
+        """Block until the kernel answers (default limit: the configured start timeout); KernelError if not."""
         if self._closed:
             raise KernelError("The Python kernel of this session was already shut down.")
-        if not self._ready.wait(timeout):
-            raise KernelError(f"The Python kernel is not ready after {timeout:g} s.")
+        limit = self.config.kernel_start_timeout + REPLY_WAIT if timeout is None else timeout
+        if not self._ready.wait(limit):
+            raise KernelError(f"The Python kernel is not ready after {limit:g} s; see {self._log_path}")
         if self._start_error is not None:
             raise KernelError(f"The Python kernel could not start ({self._start_error}); see {self._log_path}")
 
@@ -186,8 +143,9 @@ class KernelExecutor:
         if self._closed:
             return
         self._closed = True
-        _LIVE.discard(self)
-        self._starter.join()
+        forget(self)
+        # A start stuck past its own timeout must not keep the kernel alive: go on and kill it.
+        self._starter.join(self.config.kernel_start_timeout + REPLY_WAIT)
         if self._client is not None:
             self._client.stop_channels()
             self._client = None
@@ -196,7 +154,7 @@ class KernelExecutor:
             if self._manager.has_kernel:
                 self._manager.shutdown_kernel(now=False)
         finally:
-            _kill_group(group)  # whatever the user's code spawned in the kernel's process group
+            kill_process_group(group)  # whatever the user's code spawned in the kernel's process group
             self._log.close()
             shutil.rmtree(self._socket_dir, ignore_errors=True)
 
@@ -214,7 +172,11 @@ class KernelExecutor:
                 stdout=subprocess.DEVNULL,
                 stderr=self._log,
             )
-            self._client = self._connect()
+            client = self._connect()
+            if self._closed:  # shut down while we were starting
+                client.stop_channels()
+            else:
+                self._client = client
         except Exception as exc:
             self._start_error = exc
         finally:
@@ -223,7 +185,11 @@ class KernelExecutor:
     def _connect(self) -> BlockingKernelClient:
         client = self._manager.client()
         client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
-        client.wait_for_ready(timeout=self.config.kernel_start_timeout)
+        try:
+            client.wait_for_ready(timeout=self.config.kernel_start_timeout)
+        except BaseException:
+            client.stop_channels()  # open sockets would keep the zmq context from terminating at exit
+            raise
         return client
 
     def _replace_kernel(self, *, graceful: bool) -> None:
@@ -261,15 +227,16 @@ class KernelExecutor:
             raise
         finally:
             self._running = None
-        elapsed = time.monotonic() - started
-        status = {"elapsed": elapsed, "timed_out": timed_out, "interrupted": self._interrupt_requested and not timed_out}
-        base = output.finish(code)
+        interrupted = self._interrupt_requested and not timed_out
+        base = dataclasses.replace(
+            output.finish(code), elapsed=time.monotonic() - started, timed_out=timed_out, interrupted=interrupted
+        )
         if ending != "idle":
             lost = tuple(self._fingerprints)
             self._replace_kernel(graceful=False)
             self._fingerprints, self._variables = {}, ()
             return dataclasses.replace(
-                base, success=False, kernel_died=True, lost_variables=lost, changes=VariableChanges(deleted=lost), **status
+                base, success=False, kernel_died=True, lost_variables=lost, changes=VariableChanges(deleted=lost)
             )
         reply = _reply(client, msg_id) or {}
         ok = reply.get("status") == "ok"
@@ -282,14 +249,13 @@ class KernelExecutor:
             execution_count=reply.get("execution_count"),
             variables=self._variables,
             changes=changes,
-            **status,
         )
 
     def _follow(self, client: BlockingKernelClient, msg_id: str, output: CellOutput, *, deadline: float) -> tuple[_Ending, bool]:
         """Feed the cell's iopub messages to `output` until the kernel is idle, dead, or stuck."""
         timed_out = False
-        signalled_at: float | None = None
         interrupted_at: float | None = None
+        signalled_at = 0.0
         next_check = time.monotonic() + POLL_INTERVAL
         while True:
             try:
@@ -300,24 +266,25 @@ class KernelExecutor:
                 if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
                     return "idle", timed_out
                 output.add(msg["msg_type"], msg["content"])
+            # Checked on a clock rather than on silence, so a cell that prints nonstop still times out.
             now = time.monotonic()
             if now < next_check:
                 continue
             next_check = now + POLL_INTERVAL
             if not self._manager.is_alive():
                 return "died", timed_out
-            if interrupted_at is None and (self._interrupt_requested or now >= deadline):
-                timed_out = not self._interrupt_requested
-                interrupted_at = signalled_at = now
-                if timed_out:
+            if interrupted_at is None:
+                if now >= deadline and not self._interrupt_requested:
+                    timed_out = True
                     self._manager.interrupt_kernel()
-            elif interrupted_at is not None and signalled_at is not None:
-                if now >= interrupted_at + INTERRUPT_GRACE:
-                    return "stuck", timed_out
+                if timed_out or self._interrupt_requested:
+                    interrupted_at = signalled_at = now
+            elif now >= interrupted_at + INTERRUPT_GRACE:
+                return "stuck", timed_out
+            elif now >= signalled_at + 1.0:
                 # A SIGINT that lands before the kernel enters the cell is ignored; repeat it.
-                if now >= signalled_at + 1.0:
-                    signalled_at = now
-                    self._manager.interrupt_kernel()
+                signalled_at = now
+                self._manager.interrupt_kernel()
 
     def _stop_after_ctrl_c(self, client: BlockingKernelClient, msg_id: str, output: CellOutput) -> None:
         """Ctrl-C reached us mid-cell: stop the cell, wait for the kernel to settle, keep the snapshot current."""
@@ -386,48 +353,3 @@ def _last_cell_number(*folders: Path) -> int:
     """Highest cell number already used in these folders, so a resumed session never overwrites files."""
     numbers = [int(m.group(1)) for folder in folders for path in folder.iterdir() if (m := _CELL_FILE.match(path.name))]
     return max(numbers, default=0)
-
-
-def _kill_group(group: Any) -> None:
-    if not isinstance(group, int) or not hasattr(os, "killpg") or group == os.getpgrp():
-        return
-    try:
-        os.killpg(group, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is already gone
-
-
-# Process-wide exit hooks: every live executor is shut down at interpreter exit and on SIGTERM.
-_LIVE: weakref.WeakSet[KernelExecutor] = weakref.WeakSet()
-_HOOKS: dict[str, Any] = {}
-
-
-def _shutdown_all() -> None:
-    for executor in list(_LIVE):
-        try:
-            executor.shutdown()
-        except Exception:  # noqa: BLE001 - at exit nobody can act on it; the other kernels must still go
-            pass
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    _shutdown_all()
-    previous = _HOOKS.get("previous_sigterm")
-    if callable(previous):
-        previous(signum, frame)
-        return
-    # Die of SIGTERM as we would have without this handler, so our parent sees the usual status.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _install_exit_hooks() -> None:
-    if "atexit" not in _HOOKS:
-        _HOOKS["atexit"] = atexit.register(_shutdown_all)
-    # Signal handlers can only be set from the main thread; until one is, the kernel's parent
-    # poller still ends it within a second or two of our death.
-    if "previous_sigterm" not in _HOOKS and threading.current_thread() is threading.main_thread():
-        previous = signal.getsignal(signal.SIGTERM)
-        if previous is not signal.SIG_IGN:
-            _HOOKS["previous_sigterm"] = previous
-            signal.signal(signal.SIGTERM, _on_sigterm)

@@ -116,9 +116,9 @@ def _describe_container(value: Any) -> str:
     size = f"length {len(value)}"
     # Short collections of plain values are worth showing (a list of column names, a few labels);
     # anything else could be arbitrarily expensive to repr.
-    if 0 < len(value) <= MAX_INLINE_ITEMS and not isinstance(value, dict):
-        if all(isinstance(item, (str, bool, int, float, type(None))) for item in value):
-            return f"{size}: {_short(repr(value))}"
+    plain = (str, bool, int, float, type(None))
+    if 0 < len(value) <= MAX_INLINE_ITEMS and not isinstance(value, dict) and all(isinstance(v, plain) for v in value):
+        return f"{size}: {_short(repr(value))}"
     return size
 
 

@@ -9,6 +9,7 @@ import pytest
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.kernel import KernelExecutor
 
+
 @pytest.fixture(scope="module")
 def kernel_executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelExecutor]:
     """One real ipykernel shared by a test module (tests set up the variables they rely on)."""

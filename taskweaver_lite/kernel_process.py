@@ -1,0 +1,120 @@
+"""The kernel process: how it is launched, what environment it gets, and how it is sure to end.
+
+Launching: ipykernel on this very interpreter (never whatever a `python3` kernelspec points to),
+with the in-kernel snapshot helper loaded at start. Environment: ours minus secrets. Ending: every
+live executor is shut down at interpreter exit and on SIGTERM; ipykernel's parent poller ends a
+kernel whose parent vanished without either (SIGKILL); and the kernel's whole process group is
+killed after it, so subprocesses started by user code go too.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import weakref
+from collections.abc import Mapping
+from types import FrameType
+from typing import Any, Protocol
+
+from jupyter_client.kernelspec import KernelSpec
+from jupyter_client.manager import KernelManager
+
+from taskweaver_lite import kernel_snapshot
+
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+SECRET_PREFIXES = ("OPENAI_",)
+
+# Loaded by path, so the kernel never imports taskweaver_lite (and the agent's dependencies);
+# registered in sys.modules, so `%reset` in a cell cannot remove it.
+_LOAD_SNAPSHOT = (
+    "import importlib.util as _twl_u, sys as _twl_s; "
+    f"_twl_p = _twl_u.spec_from_file_location({kernel_snapshot.MODULE_NAME!r}, {kernel_snapshot.__file__!r}); "
+    "_twl_m = _twl_u.module_from_spec(_twl_p); _twl_p.loader.exec_module(_twl_m); "
+    "_twl_s.modules[_twl_p.name] = _twl_m; del _twl_u, _twl_s, _twl_p, _twl_m"
+)
+
+
+def filtered_environment(environ: Mapping[str, str], *, allowed: list[str]) -> dict[str, str]:
+    """The kernel's environment: ours minus anything that looks like a secret, unless allowed by name."""
+    kept = {name: value for name, value in environ.items() if name in allowed or not _looks_secret(name)}
+    # Figures must come back as images whatever backend the parent prefers (Agg would drop them).
+    kept["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    return kept
+
+
+def _looks_secret(name: str) -> bool:
+    upper = name.upper()
+    return upper.startswith(SECRET_PREFIXES) or any(marker in upper for marker in SECRET_MARKERS)
+
+
+class InterpreterKernelManager(KernelManager):
+    """A KernelManager that always runs ipykernel on this interpreter, whatever kernelspecs exist."""
+
+    @property
+    def kernel_spec(self) -> KernelSpec:
+        argv = [
+            sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+            # Sessions keep their own record; IPython's shared SQLite history only adds lock contention.
+            "--HistoryManager.hist_file=:memory:",
+            f"--IPKernelApp.exec_lines={_LOAD_SNAPSHOT}",
+        ]  # fmt: skip
+        return KernelSpec(argv=argv, display_name="taskweaver-lite", language="python")
+
+
+def kill_process_group(group: Any) -> None:
+    """SIGKILL what is left of a kernel's process group (never our own group)."""
+    if not isinstance(group, int) or not hasattr(os, "killpg") or group == os.getpgrp():
+        return
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is already gone
+
+
+class _Closable(Protocol):
+    def shutdown(self) -> None: ...
+
+
+_LIVE: weakref.WeakSet[_Closable] = weakref.WeakSet()
+_HOOKS: dict[str, Any] = {}
+
+
+def end_at_exit(owner: _Closable) -> None:
+    """Shut `owner` down at interpreter exit and on SIGTERM, unless it was shut down before."""
+    _LIVE.add(owner)
+    if "atexit" not in _HOOKS:
+        _HOOKS["atexit"] = atexit.register(_shutdown_all)
+    # Signal handlers can only be set from the main thread; until one is, the kernel's parent
+    # poller still ends the kernel within a second or two of our death.
+    if "previous_sigterm" not in _HOOKS and threading.current_thread() is threading.main_thread():
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is not signal.SIG_IGN:
+            _HOOKS["previous_sigterm"] = previous
+            signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def forget(owner: _Closable) -> None:
+    """`owner` has shut down by itself; nothing left to do at exit."""
+    _LIVE.discard(owner)
+
+
+def _shutdown_all() -> None:
+    for owner in list(_LIVE):
+        try:
+            owner.shutdown()
+        except Exception:  # noqa: BLE001, S110 - at exit nobody can act on it; the other kernels must still go
+            pass
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    _shutdown_all()
+    previous = _HOOKS.get("previous_sigterm")
+    if callable(previous):
+        previous(signum, frame)
+        return
+    # Die of SIGTERM as we would have without this handler, so our parent sees the usual status.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
