@@ -115,9 +115,9 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
         except KeyboardInterrupt:
             renderer.stop_status()
             renderer.console.print("[yellow]Cancelled. The session and its variables are kept.[/yellow]")
-        except LLMError as exc:
+        except TaskWeaverError as exc:
             renderer.stop_status()
-            renderer.console.print(f"[bold red]{exc}[/bold red]\nThe session is kept; try again or check the llm settings.")
+            renderer.console.print(f"[bold red]{exc}[/bold red]\nThe session is kept; try again, or check the settings.")
 
 
 def _piped(commands: SlashCommands) -> int:
@@ -133,9 +133,11 @@ def _piped(commands: SlashCommands) -> int:
             commands.session.ask(text)
         except KeyboardInterrupt:
             print("Cancelled. The session and its variables are kept.", file=sys.stderr, flush=True)
-        except LLMError as exc:
+        except LLMError as exc:  # the model is unreachable or refuses us: fatal when scripted (CONTRACT §2)
             print(f"taskweaver-lite: {exc}", file=sys.stderr, flush=True)
             return 1
+        except TaskWeaverError:
+            continue  # the round failed and the renderer said why; the next line may still work
     return 0
 
 

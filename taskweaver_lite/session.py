@@ -23,7 +23,7 @@ from taskweaver_lite.code_generator import CodeInterpreter
 from taskweaver_lite.compression import CompressionState, LiveVariables, RoleContext
 from taskweaver_lite.config import Config
 from taskweaver_lite.conversation import Conversation, Post, Round
-from taskweaver_lite.errors import LLMError, RoundFailedError, TaskWeaverError
+from taskweaver_lite.errors import RoundFailedError, TaskWeaverError
 from taskweaver_lite.events import Event, Listener, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
 from taskweaver_lite.examples import load_examples
 from taskweaver_lite.execution import Executor
@@ -237,15 +237,15 @@ class Session:
         rnd = self.conversation.start_round(text)
         self._emit(RoundStarted(rnd))
         message = "\n\n".join([*self._notes, text])
-        self._notes.clear()
         try:
             self._add(rnd, Post(send_from="User", send_to="Planner", message=message))
             self._run_hops(rnd, history)
             rnd.state = "finished"
+            self._notes.clear()  # only now: a failed round's notes go out again with the next request
         except RoundFailedError as exc:
             self._fail(rnd, str(exc))
             return rnd
-        except (LLMError, TaskWeaverError) as exc:
+        except TaskWeaverError as exc:  # the model or the kernel failed: the round fails, the record stays
             self._fail(rnd, str(exc))
             raise
         except KeyboardInterrupt:
