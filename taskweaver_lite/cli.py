@@ -7,6 +7,7 @@ them, so `taskweaver-lite --help` answers at once.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from typing import Sequence
@@ -76,6 +77,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return export_session(args)
     except TaskWeaverError as exc:
+        print(f"taskweaver-lite: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # The reader of our stdout went away (`taskweaver-lite sessions | head`): nothing left to say.
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as exc:
         print(f"taskweaver-lite: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

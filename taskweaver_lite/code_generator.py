@@ -59,6 +59,7 @@ class CodeInterpreter:
     ) -> Post:
         """Work on the Planner's `request` (already in `current`) and return the report to the Planner."""
         attempts = self._max_retry + 1
+        fixed: list[str] = []  # the errors of attempts that were revised, for the Planner's report
         for attempt in range(1, attempts + 1):
             notify(Working("code_writing", f"attempt {attempt}" if attempt > 1 else ""))
             fields = self._generate(history, current, repairs, notify)
@@ -73,12 +74,14 @@ class CodeInterpreter:
                 return Post(
                     send_from="CodeInterpreter",
                     send_to="Planner",
-                    message=_report(code, result, attempt),
+                    message=_report(code, result, fixed),
                     thought=fields["thought"],
                     code=code,
                     execution=result,
                     reply_json=reply_json,
                 )
+            if result.error is not None:
+                fixed.append(f"{result.error.name}: {result.error.value}")
             add_post(
                 Post(
                     send_from="CodeInterpreter",
@@ -130,14 +133,16 @@ class CodeInterpreter:
         return RoundMessages(index=rnd.index, messages=tuple(messages), summary_text="\n".join(lines))
 
 
-def _report(code: str, result: ExecutionResult, attempt: int) -> str:
+def _report(code: str, result: ExecutionResult, fixed: list[str]) -> str:
+    attempts = len(fixed) + 1
     if result.kernel_died:
         outcome = "The kernel died while running the code; it was restarted."
     elif result.timed_out:
         outcome = "The code ran too long and was stopped."
     elif result.success:
-        outcome = "The code ran successfully" + (f" (after {attempt - 1} fixes)." if attempt > 1 else ".")
+        outcome = "The code ran successfully" + (f" (after {len(fixed)} fixes)." if fixed else ".")
     else:
-        outcome = f"The code still failed after {attempt} attempts."
+        outcome = f"The code still failed after {attempts} attempts."
+    if fixed and (result.success or result.timed_out or result.kernel_died):
+        outcome += "\nErrors fixed on the way: " + "; ".join(fixed)
     return f"{outcome}\n```python\n{code.strip()}\n```"
-

@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from taskweaver_lite.errors import ConfigError
 
 CONFIG_FILE_NAME = "taskweaver_config.yaml"
+
+MIN_PROMPT_TOKENS = 256  # below this not even a short system prompt and one request fit
 
 Strategy = Literal["round_compression", "sliding_window", "summary_buffer", "none"]
 
@@ -31,12 +33,23 @@ class LLMConfig(_Section):
     api_key: SecretStr | None = None
     model: str = "gpt-4o-mini"
     context_window: int = Field(128_000, gt=256)
-    reply_reserve: int = Field(4_096, ge=0, description="tokens kept free for the model's reply")
+    reply_reserve: int = Field(4_096, ge=16, description="tokens kept free for the model's reply (sent as max_tokens)")
     margin: int = Field(256, ge=0, description="tokens kept free for counting differences")
     json_mode: bool = Field(True, description="send response_format=json_object")
     timeout: float = Field(120.0, gt=0)
     max_retries: int = Field(2, ge=0)
     tokenizer: Literal["o200k_base", "cl100k_base"] = "o200k_base"
+
+    @model_validator(mode="after")
+    def _room_for_a_prompt(self) -> LLMConfig:
+        room = self.context_window - self.reply_reserve - self.margin
+        if room < MIN_PROMPT_TOKENS:
+            raise ValueError(
+                f"context_window {self.context_window} leaves {room} tokens for the prompt after reply_reserve "
+                f"{self.reply_reserve} and margin {self.margin}; it needs at least {MIN_PROMPT_TOKENS}: "
+                "raise llm.context_window or lower llm.reply_reserve"
+            )
+        return self
 
 
 class RoleConfig(_Section):
@@ -176,15 +189,22 @@ def _known(node: Any) -> str:
 def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
     err = exc.errors()[0]
     key = ".".join(str(p) for p in err["loc"])
-    source = next((f"--set {o}" for o in overrides if o.split("=", 1)[0].strip() == key), str(path))
+    touched = [o for o in overrides if (k := o.split("=", 1)[0].strip()) == key or k.startswith(key + ".")]
+    source = ", ".join(f"--set {_masked(o)}" for o in touched) if touched else str(path)
     if err["type"] == "extra_forbidden":
         parent = Config
         for part in err["loc"][:-1]:
             parent = parent.model_fields[str(part)].annotation  # type: ignore[assignment]
         return f"{source}: unknown key '{key}'; known keys here: {_known(parent)}"
     got = err.get("input")
-    shown = "" if "api_key" in key else f", got {got!r}"
+    # Only scalars are echoed: a whole section could hold the API key.
+    shown = "" if "api_key" in key or isinstance(got, (dict, list)) else f", got {got!r}"
     return f"{source}: key '{key}': {err['msg'].lower()}{shown}"
+
+
+def _masked(override: str) -> str:
+    key, sep, value = override.partition("=")
+    return f"{key}{sep}***" if "api_key" in key and value else override
 
 
 def _first_line(exc: Exception) -> str:

@@ -50,6 +50,19 @@ class RichConsole:
         self.console = console or Console(highlight=False)
         self._status: Status | None = None
         self._lock = threading.RLock()
+        self._held: list[Text] | None = None
+
+    def hold(self) -> None:
+        """Keep background notices (folds) back while the input line owns the terminal."""
+        with self._lock:
+            self._held = []
+
+    def release(self) -> None:
+        """Print the notices held back since `hold`."""
+        with self._lock:
+            held, self._held = self._held or [], None
+            for line in held:
+                self._print(line)
 
     def __call__(self, event: Event) -> None:
         with self._lock:
@@ -65,11 +78,13 @@ class RichConsole:
         elif isinstance(event, PostAdded):
             self._post(event.post)
         elif isinstance(event, Folded):
-            self._print(Text(event.describe(), style="dim cyan" if event.ok else "yellow"))
+            line = Text(event.describe(), style="dim cyan" if event.ok else "yellow")
+            if self._held is not None:
+                self._held.append(line)  # the user is typing: print it when the prompt returns
+            else:
+                self._print(line)
         elif isinstance(event, RoundEnded):
-            self.stop_status()
-            if event.round.state == "failed" and event.round.error:
-                self._print(Text(f"This request failed: {event.round.error}", style="bold red"))
+            self.stop_status()  # the chat loop reports a failed round, once, with its reason
 
     def _post(self, post: Post) -> None:
         if post.send_from == "Planner" and post.send_to == "CodeInterpreter":
@@ -125,17 +140,15 @@ class PlainConsole:
         if isinstance(event, Working) and event.activity != "code_running":
             self._progress(_ACTIVITY[event.activity] + (f": {event.detail}" if event.detail else ""))
         elif isinstance(event, Working):
-            self._progress("Running code:\n" + _indent(event.detail.strip()))
+            self._progress("Running code:\n" + indent(event.detail.strip()))
         elif isinstance(event, Folded):
             self._progress(event.describe())
-        elif isinstance(event, RoundEnded) and event.round.state == "failed":
-            self._progress(f"This request failed: {event.round.error}")
         elif isinstance(event, PostAdded):
             post = event.post
             if post.send_to == "User":
                 print(post.message, file=self.out, flush=True)
             elif post.send_from == "CodeInterpreter" and post.execution is not None:
-                self._progress(_indent(post.execution.summary_text()))
+                self._progress(indent(post.execution.summary_text()))
             elif post.send_from == "Planner":
                 self._progress(f"Planner -> CodeInterpreter: {post.message}")
 
@@ -143,5 +156,6 @@ class PlainConsole:
         print(text, file=self.err, flush=True)
 
 
-def _indent(text: str) -> str:
-    return "\n".join("    " + line for line in text.splitlines())
+def indent(text: str, width: int = 4) -> str:
+    """Every line of `text` indented by `width` spaces."""
+    return "\n".join(" " * width + line for line in text.splitlines())

@@ -147,10 +147,5 @@ class Conversation:
         return new
 
     def view(self, party: Party) -> list[Round]:
-        """The rounds `party` takes part in, with only its posts; failed rounds left out."""
-        return [r.visible_to(party) for r in self.rounds if r.state != "failed"]
-
-    @property
-    def current(self) -> Round | None:
-        """The running round, if any."""
-        return self.rounds[-1] if self.rounds and self.rounds[-1].state == "running" else None
+        """The finished rounds as `party` sees them: only its posts; failed and running rounds left out."""
+        return [r.visible_to(party) for r in self.rounds if r.state == "finished"]

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from taskweaver_lite.config import load_config
 from taskweaver_lite.console import PlainConsole, RichConsole
+from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.scripted_model import ScriptedServer, code_reply, last_user_text, planner_reply, summary_reply
 from taskweaver_lite.session import Session
 
@@ -201,6 +202,8 @@ def bundled_project() -> Path:
 def run_demo(*, project: str | None, plain: bool) -> int:
     """Run the scripted analysis end to end and print it like a chat."""
     target = Path(project) if project else Path(tempfile.mkdtemp(prefix="taskweaver-demo-"))
+    if target.exists() and any(target.iterdir()) and project:
+        raise TaskWeaverError(f"{target} is not empty; the demo writes a fresh project there, so name a new or empty folder")
     source = bundled_project()
     shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("sessions", "*.db*", ".chat_history"))
     renderer = PlainConsole() if plain else RichConsole()

@@ -113,8 +113,13 @@ class ExecutionResult:
     def summary_text(self) -> str:
         """The result as the models read it: status, output, value, error, artifacts, variables."""
         lines: list[str] = []
-        if self.kernel_died:
-            lost = ", ".join(self.lost_variables) or "none"
+        lost = ", ".join(self.lost_variables) or "none"
+        if self.kernel_died and self.timed_out:
+            lines.append(
+                f"The cell timed out after {self.elapsed:.0f} s and did not stop when interrupted, so the kernel "
+                f"was restarted. Variables lost: {lost}."
+            )
+        elif self.kernel_died:
             lines.append(f"The kernel died while running this cell and was restarted. Variables lost: {lost}.")
         elif self.timed_out:
             lines.append(f"The cell timed out after {self.elapsed:.0f} s and was interrupted; earlier variables are kept.")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence, TypedDict
 from urllib.parse import urlsplit
@@ -98,7 +99,8 @@ class OpenAIChatModel:
         self._config = config
         self._on_call = on_call
         self._lock = threading.Lock()
-        self._calls: list[CallRecord] = []
+        # The most recent calls only: the store keeps the full record, this is for quick inspection.
+        self._calls: deque[CallRecord] = deque(maxlen=RECENT_CALLS)
         self._totals = UsageTotals()
         base_url = config.api_base or os.environ.get("OPENAI_BASE_URL") or None
         self.base_url = (base_url or _OPENAI_BASE_URL).rstrip("/")
@@ -137,7 +139,8 @@ class OpenAIChatModel:
         import openai
         from openai.types.chat import ChatCompletion
 
-        request: dict[str, Any] = {"model": self._config.model, "messages": list(messages)}
+        # max_tokens enforces the reply_reserve the prompt budget left free for the answer.
+        request: dict[str, Any] = {"model": self._config.model, "messages": list(messages), "max_tokens": self._config.reply_reserve}
         if self._config.json_mode:
             request["response_format"] = {"type": "json_object"}
         started = time.perf_counter()
@@ -276,6 +279,7 @@ class OpenAIChatModel:
 
 
 _OPENAI_BASE_URL = "https://api.openai.com/v1"
+RECENT_CALLS = 100
 _LOCAL_SERVER_KEY = "not-needed"
 _MIN_SCRUBBED_KEY = 6
 _CONTEXT_WORDS = (

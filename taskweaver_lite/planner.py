@@ -60,9 +60,12 @@ class Planner:
             reply_json=as_reply_json(fields),
         )
 
-    def hop_limit_post(self, *, hops: int, last: str) -> Post:
-        """The message the user gets when a request used up its hops."""
-        return Post(send_from="Planner", send_to="User", message=self._prompt.render("hop_limit", hops=hops, last=last))
+    def hop_limit_post(self, *, hops: int, last: str, plan: Plan | None) -> Post:
+        """The message the user gets when a request used up its hops (JSON-shaped, like any Planner reply)."""
+        message = self._prompt.render("hop_limit", hops=hops, last=last)
+        plan = plan or Plan(init_plan="", plan="", current_plan_step="")
+        fields = {**plan.to_dict(), "send_to": "User", "message": message}
+        return Post(send_from="Planner", send_to="User", message=message, plan=plan, reply_json=as_reply_json(fields))
 
     def file_note(self, name: str) -> str:
         """The note that tells the Planner a file was loaded into the working folder."""

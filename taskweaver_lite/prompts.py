@@ -25,7 +25,8 @@ class PromptTemplate:
 
     def __init__(self, name: str, parts: dict[str, str]) -> None:
         self.name = name
-        self._templates = {part: _ENV.from_string(text) for part, text in parts.items()}
+        # The template text is trimmed, never the rendered result: values must arrive verbatim.
+        self._templates = {part: _ENV.from_string(text.strip()) for part, text in parts.items()}
 
     def render(self, part: str, /, **values: Any) -> str:
         """Render one part; a missing value is an error, never an empty string."""
@@ -33,7 +34,7 @@ class PromptTemplate:
             template = self._templates[part]
         except KeyError:
             raise ConfigError(f"prompts/{self.name}.yaml: no part '{part}'; it has {', '.join(self._templates)}") from None
-        return template.render(**values).strip()
+        return template.render(**values)
 
 
 @functools.cache

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from taskweaver_lite.config import Config, load_config
-from taskweaver_lite.console import PlainConsole, RichConsole
+from taskweaver_lite.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.errors import LLMError, TaskWeaverError
 from taskweaver_lite.conversation import Round
 from taskweaver_lite.session import Session
@@ -36,7 +36,7 @@ Ctrl-C while a request runs cancels it and keeps the session."""
 def run_chat(args: argparse.Namespace) -> int:
     """`taskweaver-lite chat`: interactive on a terminal, line by line when piped."""
     config = load_config(args.project, args.overrides)
-    interactive = sys.stdin.isatty() and sys.stdout.isatty()
+    interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
     renderer: RichConsole | PlainConsole = RichConsole() if interactive else PlainConsole()
     say: Callable[[str], None]
     if isinstance(renderer, RichConsole):
@@ -100,10 +100,13 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
     prompt = PromptSession(history=FileHistory(str(config.project_dir / ".chat_history")), key_bindings=bindings)
     renderer.console.print(f"[bold]taskweaver-lite[/bold] session {commands.session.id} — model {config.llm.model}. Type /help for commands.")
     while True:
+        renderer.hold()
         try:
             text = prompt.prompt("you> ").strip()
         except (EOFError, KeyboardInterrupt):
             return 0
+        finally:
+            renderer.release()
         if not text:
             continue
         if text.startswith("/"):
@@ -111,33 +114,40 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
                 return 0
             continue
         try:
-            commands.session.ask(text)
+            rnd = commands.session.ask(text)
         except KeyboardInterrupt:
             renderer.stop_status()
             renderer.console.print("[yellow]Cancelled. The session and its variables are kept.[/yellow]")
         except TaskWeaverError as exc:
             renderer.stop_status()
             renderer.console.print(f"[bold red]{exc}[/bold red]\nThe session is kept; try again, or check the settings.")
+        else:
+            if rnd.state == "failed":
+                renderer.console.print(f"[bold red]This request failed: {rnd.error}[/bold red]")
 
 
 def _piped(commands: SlashCommands) -> int:
+    say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     for line in sys.stdin:
-        text = line.strip()
-        if not text:
+        text = line.rstrip("\r\n")
+        if not text.strip():
             continue
         if text.startswith("/") and commands.known(text):
-            if not commands.run(text):
+            if not commands.run(text.strip()):
                 return 0
             continue
         try:
-            commands.session.ask(text)
+            rnd = commands.session.ask(text)
         except KeyboardInterrupt:
-            print("Cancelled. The session and its variables are kept.", file=sys.stderr, flush=True)
+            say("Cancelled. The session and its variables are kept.")
         except LLMError as exc:  # the model is unreachable or refuses us: fatal when scripted (CONTRACT §2)
-            print(f"taskweaver-lite: {exc}", file=sys.stderr, flush=True)
+            say(f"taskweaver-lite: {exc}")
             return 1
-        except TaskWeaverError:
-            continue  # the round failed and the renderer said why; the next line may still work
+        except TaskWeaverError as exc:  # this request failed; the next line may still work
+            say(f"This request failed: {exc}")
+        else:
+            if rnd.state == "failed":
+                say(f"This request failed: {rnd.error}")
     return 0
 
 
@@ -173,7 +183,7 @@ class SlashCommands:
             return True
         try:
             return handler(rest.strip())
-        except TaskWeaverError as exc:
+        except (TaskWeaverError, OSError) as exc:
             self.say(str(exc))
             return True
 
@@ -270,16 +280,12 @@ def round_transcript(rnd: Round) -> str:
         if post.send_from == "User":
             continue
         if post.code:
-            lines.append(f"  {post.send_from} ran:\n" + _indent(post.code, 4))
+            lines.append(f"  {post.send_from} ran:\n" + indent(post.code))
         if post.execution is not None:
-            lines.append(_indent(post.execution.summary_text(), 4))
+            lines.append(indent(post.execution.summary_text()))
         elif post.send_from != "User":
             lines.append(f"  {post.send_from} -> {post.send_to}: {post.message}")
     return "\n".join(lines)
-
-
-def _indent(text: str, width: int) -> str:
-    return "\n".join(" " * width + line for line in text.splitlines())
 
 
 def list_sessions(args: argparse.Namespace) -> int:

@@ -34,11 +34,19 @@ def ask_json(
     repairs: RepairBudget,
     on_repair: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Call the model and return the reply's fields, repairing bad replies while the budget lasts."""
+    """Call the model and return the reply's fields, repairing bad replies while the budget lasts.
+
+    A repair turn repeats the message being answered, so the request (a Planner step, say) stays
+    verbatim in the last user message of every call that handles it.
+    """
     conversation = list(messages)
+    answering = next((m["content"] for m in reversed(conversation) if m["role"] == "user"), "")
     while True:
         completion = model.complete(conversation, purpose=purpose)
         try:
+            if completion.finish_reason == "length":
+                # json-repair could close the cut-off JSON, but the code or answer inside is incomplete.
+                raise ReplyFormatError("the reply was cut off at the model's output limit; answer again, shorter")
             return parse_reply(completion.text, schema)
         except ReplyFormatError as problem:
             if repairs.left <= 0:
@@ -49,9 +57,10 @@ def ask_json(
             repairs.left -= 1
             if on_repair is not None:
                 on_repair(str(problem))
+            repair = repair_message(problem, schema)
             conversation += [
                 Message(role="assistant", content=completion.text),
-                Message(role="user", content=repair_message(problem, schema)),
+                Message(role="user", content=f"{repair}\n\nThe message you are answering:\n{answering}" if answering else repair),
             ]
 
 

@@ -128,13 +128,10 @@ class Session:
         """Start a stored session: its kernel boots in the background while the first request is typed."""
         session_id = session_id or new_session_id()
         store = SessionStore(config.store_path)
-        try:
-            lock = store.lock(session_id)
+        with _closing_on_error(store) as guard:
+            lock = guard.lock = store.lock(session_id)
             store.create_session(session_id, started=time.time())
-        except BaseException:
-            store.close()
-            raise
-        return cls._assemble(config, session_id, store=store, lock=lock, model=model, listeners=listeners)
+            return cls._assemble(config, session_id, store=store, lock=lock, model=model, listeners=listeners)
 
     @classmethod
     def resume(
@@ -149,17 +146,14 @@ class Session:
     ) -> tuple[Session, ResumeReport]:
         """Continue a stored session ('last' or an id): conversation, summaries and, by replay, the kernel's variables."""
         store = SessionStore(config.store_path)
-        try:
+        with _closing_on_error(store) as guard:
             session_id = store.resolve(ref)
-            lock = store.lock(session_id)
+            lock = guard.lock = store.lock(session_id)
             cut_off = store.mark_interrupted(session_id)
             stored = store.load(session_id)
             cells = store.successful_cells(session_id) if replay else []
-        except BaseException:
-            store.close()
-            raise
-        usage = Usage(stored.usage.calls, stored.usage.prompt_tokens, stored.usage.completion_tokens)
-        session = cls._assemble(config, session_id, store=store, lock=lock, model=model, listeners=listeners, usage_before=usage)
+            usage = Usage(stored.usage.calls - stored.usage.failed_calls, stored.usage.prompt_tokens, stored.usage.completion_tokens)
+            session = cls._assemble(config, session_id, store=store, lock=lock, model=model, listeners=listeners, usage_before=usage)
         session.conversation.rounds = list(stored.rounds)
         for context in session.contexts().values():
             saved = stored.compression.get(context.role)
@@ -197,24 +191,23 @@ class Session:
         from taskweaver_lite.kernel import KernelExecutor
         from taskweaver_lite.llm import OpenAIChatModel
 
+        chat_model = model or OpenAIChatModel(config.llm)
+        executor = KernelExecutor(config.sessions_dir / session_id, config=config.execution)
         try:
-            chat_model = model or OpenAIChatModel(config.llm)
-            executor = KernelExecutor(config.sessions_dir / session_id, config=config.execution)
-        except BaseException:
-            lock.release()
-            store.close()
+            return cls(
+                config,
+                model=chat_model,
+                executor=executor,
+                session_id=session_id,
+                working_dir=executor.cwd,
+                listeners=listeners,
+                store=store,
+                lock=lock,
+                usage_before=usage_before,
+            )
+        except BaseException:  # bad examples or prompts: the kernel already booting must not linger
+            executor.shutdown()
             raise
-        return cls(
-            config,
-            model=chat_model,
-            executor=executor,
-            session_id=session_id,
-            working_dir=executor.cwd,
-            listeners=listeners,
-            store=store,
-            lock=lock,
-            usage_before=usage_before,
-        )
 
     def __enter__(self) -> Session:
         return self
@@ -233,13 +226,13 @@ class Session:
         (unreachable, refused) fails the round and is raised. Ctrl-C (KeyboardInterrupt) cancels
         the step, fails the round, and is raised after the kernel has stopped.
         """
-        history = [r for r in self.conversation.rounds if r.state == "finished"]
+        planner_view, coder_view = self.conversation.view("Planner"), self.conversation.view("CodeInterpreter")
         rnd = self.conversation.start_round(text)
         self._emit(RoundStarted(rnd))
         message = "\n\n".join([*self._notes, text])
         try:
             self._add(rnd, Post(send_from="User", send_to="Planner", message=message))
-            self._run_hops(rnd, history)
+            self._run_hops(rnd, planner_view, coder_view)
             rnd.state = "finished"
             self._notes.clear()  # only now: a failed round's notes go out again with the next request
         except RoundFailedError as exc:
@@ -255,17 +248,15 @@ class Session:
         self._after_round()
         return rnd
 
-    def _run_hops(self, rnd: Round, history: Sequence[Round]) -> None:
+    def _run_hops(self, rnd: Round, planner_view: Sequence[Round], coder_view: Sequence[Round]) -> None:
         repairs = RepairBudget(self.config.session.max_repair_attempts)
-        planner_view = [r.visible_to("Planner") for r in history]
-        coder_view = [r.visible_to("CodeInterpreter") for r in history]
         max_hops = self.config.session.max_internal_hops
         hops = 0
         while True:
             self._emit(Working("planner_thinking"))
             post = self.planner.reply(planner_view, rnd.visible_to("Planner"), repairs=repairs, on_repair=self._on_repair)
             if post.send_to == "CodeInterpreter" and hops >= max_hops:
-                self._add(rnd, self.planner.hop_limit_post(hops=hops, last=_last_report(rnd)))
+                self._add(rnd, self.planner.hop_limit_post(hops=hops, last=_last_report(rnd), plan=post.plan))
                 return
             self._add(rnd, post)
             if post.send_to == "User":
@@ -323,25 +314,27 @@ class Session:
         """Stop background folds and the kernel; save the summaries; release the stored session."""
         for context in self.contexts().values():
             context.close()
-        self.executor.shutdown()
-        if self.store is not None:
-            try:
+        store, self.store = self.store, None
+        try:
+            if store is not None:
                 for context in self.contexts().values():
-                    self.store.save_compression(self.id, context.role, context.state.to_dict())
+                    store.save_compression(self.id, context.role, context.state.to_dict())
+        finally:
+            try:
+                self.executor.shutdown()
             finally:
                 if self._lock is not None:
                     self._lock.release()
-                self.store.close()
-                self.store = None
+                if store is not None:
+                    store.close()
 
     def _compression_state(self, role: str) -> dict[str, Any] | None:
         context = next((c for c in self.contexts().values() if c.role == role), None)
         return context.state.to_dict() if context is not None else None
 
     def _after_round(self) -> None:
-        finished = [r for r in self.conversation.rounds if r.state == "finished"]
-        self.planner.context.round_finished([self.planner.rendered(r.visible_to("Planner")) for r in finished])
-        self.code_interpreter.context.round_finished([self.code_interpreter.rendered(r.visible_to("CodeInterpreter")) for r in finished])
+        self.planner.context.round_finished([self.planner.rendered(r) for r in self.conversation.view("Planner")])
+        self.code_interpreter.context.round_finished([self.code_interpreter.rendered(r) for r in self.conversation.view("CodeInterpreter")])
 
     def _add(self, rnd: Round, post: Post) -> None:
         rnd.posts.append(post)
@@ -413,3 +406,20 @@ class _MeteredModel:
         """Totals so far."""
         with self._lock:
             return self._totals
+
+
+class _closing_on_error:
+    """Closes the store, and releases the session lock once taken, if opening a session fails."""
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        self.lock: SessionLock | None = None
+
+    def __enter__(self) -> _closing_on_error:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if kind is not None:
+            if self.lock is not None:
+                self.lock.release()
+            self.store.close()

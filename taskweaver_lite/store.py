@@ -1,10 +1,17 @@
 """The session store: every event of every session, written as it happens to one SQLite file per project.
 
+    # Session.open creates the session in the store, locks it and records its every event, and
+    # Session.resume does the same for a stored one: there is no StoreRecorder to add by hand.
+    with Session.open(config) as session:
+        session.ask("load sales.csv")
+    session, report = Session.resume(config, "last")
+
+    # Reading a store, e.g. to export a session:
     store = SessionStore(config.store_path)
-    store.create_session(session.id, started=time.time())
-    session.add_listener(StoreRecorder(store, session.id))
-    ...
     stored = store.load(store.resolve("last"))
+
+A session joins `list_sessions()` and becomes "last" only with its first round, so a chat left at
+once leaves no clutter behind.
 
 Durability: WAL journal, `synchronous=NORMAL`, one transaction per event. A `kill -9` at any moment
 loses at most the event being written and never corrupts the file (in WAL mode a commit is durable
@@ -59,7 +66,7 @@ class SessionSummary:
 
 @dataclass(frozen=True)
 class ModelUsage:
-    """Model calls recorded for a session, with their token totals."""
+    """Model calls recorded for a session, with their token totals; `calls` counts failed ones too."""
 
     calls: int
     failed_calls: int
@@ -172,19 +179,23 @@ class SessionStore:
             db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
 
     def list_sessions(self) -> list[SessionSummary]:
-        """Every stored session, most recently active first."""
+        """Every stored session with at least one round, most recently active first."""
+        # The inner join drops sessions without rounds: chats left, or failed, before their first request.
         with self._read() as db:
             rows = db.execute(
-                "SELECT s.id, s.title, (SELECT COUNT(*) FROM rounds r WHERE r.session_id = s.id), s.started, s.last_active"
-                " FROM sessions s ORDER BY s.last_active DESC, s.started DESC"
+                "SELECT s.id, s.title, COUNT(*), s.started, s.last_active FROM sessions s JOIN rounds r ON r.session_id = s.id"
+                " GROUP BY s.id ORDER BY s.last_active DESC, s.started DESC"
             ).fetchall()
         return [SessionSummary(id=r[0], title=r[1], rounds=r[2], started=r[3], last_active=r[4]) for r in rows]
 
     def resolve(self, ref: str) -> str:
-        """The session id that `ref` names: 'last' (most recently active), an id, or a unique start of one."""
+        """The session id that `ref` names: 'last' (the most recently active one with a round), an id, or a unique start of one."""
         with self._read() as db:
             if ref == "last":
-                row = db.execute("SELECT id FROM sessions ORDER BY last_active DESC, started DESC LIMIT 1").fetchone()
+                row = db.execute(
+                    "SELECT id FROM sessions s WHERE EXISTS (SELECT 1 FROM rounds r WHERE r.session_id = s.id)"
+                    " ORDER BY last_active DESC, started DESC LIMIT 1"
+                ).fetchone()
                 if row is None:
                     raise StoreError(f"there are no stored sessions in {self.path} yet")
                 return str(row[0])

@@ -83,8 +83,8 @@ def test_the_llm_down_gives_one_clear_line_and_a_non_zero_exit(tmp_path: Path) -
     done = run_cli("chat", "-p", str(project), stdin="hello\nsecond line\n")
     assert done.returncode == 1
     assert done.stdout == ""
-    errors = [line for line in done.stderr.splitlines() if line.startswith("taskweaver-lite:")]
-    assert len(errors) == 1 and "127.0.0.1:9" in errors[0], done.stderr
+    errors = [line for line in done.stderr.splitlines() if "127.0.0.1:9" in line]
+    assert len(errors) == 1 and errors[0].startswith("taskweaver-lite:"), done.stderr
     assert "Traceback" not in done.stderr
     stored = json.loads(run_cli("sessions", "-p", str(project), "--json").stdout)
     assert [(s["title"], s["rounds"]) for s in stored] == [("hello", 1)], "the session and its failed request were saved"

@@ -167,7 +167,8 @@ def test_snapshot_describes_user_variables_and_the_diff_names_created_changed_de
         "def helper(a, b=2):\n    return a"
     )
     described = by_name(first)
-    assert described["frame"] == "shape (3, 2); columns: a int64, b str"
+    # pandas 3 names text columns `str`; pandas 2 calls them `object`.
+    assert described["frame"] in ("shape (3, 2); columns: a int64, b str", "shape (3, 2); columns: a int64, b object")
     assert described["series"] == "length 3, dtype int64, name 'a'"
     assert described["matrix"] == "shape (4, 2), dtype float64"
     assert described["count"] == "1" and described["gone"] == "'bye'"

@@ -147,16 +147,21 @@ def test_a_session_open_in_one_place_cannot_be_opened_twice(tmp_path: Path, serv
 def test_a_history_command_shows_folded_rounds_in_full(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url, round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1})
     server.set_default("compression", summary_reply("Greetings were exchanged.", []))
-    for n in range(3):
+    for n in range(4):
         server.enqueue("planner", planner_reply(f"Reply {n}.", send_to="User"))
     config = load_config(project)
     with Session.open(config) as session:
         for n in range(3):
             session.ask(f"Message {n}")
+            assert session.planner.context.wait_idle(timeout=10)
+        assert session.planner.context.state.folded_through >= 1, "round 1 was folded out of the prompts"
+        session.ask("Message 3")
         from taskweaver_lite.repl import round_transcript
 
         history = "\n".join(round_transcript(r) for r in session.conversation.rounds)
-    assert all(f"Message {n}" in history and f"Reply {n}." in history for n in range(3))
+    last_prompt = "\n".join(m["content"] for m in planner_prompts(server)[-1])
+    assert "Message 0" not in last_prompt and "Greetings were exchanged." in last_prompt
+    assert all(f"Message {n}" in history and f"Reply {n}." in history for n in range(4)), "/history shows every round in full"
 
 
 @pytest.mark.parametrize("damage", ["garbage", "newer"])

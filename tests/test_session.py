@@ -60,7 +60,8 @@ def test_code_that_fails_is_revised_with_its_traceback(tmp_path: Path, server: S
     assert "NameError" in retry and "Print the total of [1, 2, 3]." in retry
     report = last_user(calls(server, "planner")[1])
     assert "after 1 fixes" in report and "6" in report
-    assert "NameError" not in report, "the Planner sees the outcome, not the failed attempts"
+    assert "Errors fixed on the way: NameError" in report, "the Planner hears what was fixed, in one line"
+    assert "Traceback" not in report and "print(totl)" not in report, "but not the failed attempts themselves"
     assert rnd.answer == "The total is 6."
 
 
@@ -204,3 +205,27 @@ def test_a_dead_kernel_is_reported_and_the_code_generator_is_told_what_was_lost(
     assert "kernel died" in crash_report and "a, b" in crash_report
     system = calls(server, "code_generator")[2][0]["content"]
     assert "lost when the kernel restarted" in system and "a, b" in system
+
+
+def test_a_repair_turn_keeps_the_planners_step_verbatim_in_the_last_user_message(tmp_path: Path, server: ScriptedServer) -> None:
+    step = "  Print the sum of [1, 2].\n"  # surrounding whitespace must survive too
+    server.enqueue("planner", planner_reply(step), planner_reply("3.", send_to="User"))
+    server.enqueue("code_generator", "I think the answer is print(3)", code_reply("print(sum([1, 2]))"))
+    with open_session(tmp_path, server) as session:
+        session.ask("  Sum one and two.  ")
+    first, repair = calls(server, "code_generator")
+    assert step in last_user(first) and step in last_user(repair)
+    assert "  Sum one and two.  " in last_user(calls(server, "planner")[0])
+
+
+def test_a_reply_cut_off_at_the_output_limit_is_not_run_but_repaired(tmp_path: Path, server: ScriptedServer) -> None:
+    cut = '{"response": {"thought": "loop", "reply_type": "python", "reply_content": "for x in range(3):'
+    server.enqueue("planner", planner_reply("Print 0..2."), planner_reply("Printed.", send_to="User"))
+    server.enqueue("code_generator", Reply(content=cut, finish_reason="length"), code_reply("for x in range(3):\n    print(x)"))
+    with open_session(tmp_path, server) as session:
+        rnd = session.ask("Count to two.")
+    assert rnd.answer == "Printed."
+    repair = last_user(calls(server, "code_generator")[1])
+    assert "cut off" in repair
+    report = last_user(calls(server, "planner")[1])
+    assert "0\n1\n2" in report and "SyntaxError" not in report

@@ -143,10 +143,13 @@ def test_the_replay_gets_the_successful_cells_in_the_order_they_ran(recorded: Re
 def test_sessions_list_newest_first_with_title_rounds_and_times(recorded: RecordedSession) -> None:
     store = SessionStore(recorded.store_path)
     store.create_session("older", started=1_000.0)
+    record_round(store, "older", 1, "an old question", [])
+    with sqlite3.connect(store.path) as db:  # pin its activity time: recording stamps it with now
+        db.execute("UPDATE sessions SET last_active = 1000.0 WHERE id = 'older'")
     [newest, older] = store.list_sessions()
     assert newest.id == recorded.session_id and newest.rounds == 2 and newest.started <= newest.last_active
     assert newest.title == "Make a small table of the numbers 1 to 3 and save it as…"
-    assert older.to_dict() == {"id": "older", "title": "", "rounds": 0, "started": 1_000.0, "last_active": 1_000.0}
+    assert older.to_dict() == {"id": "older", "title": "an old question", "rounds": 1, "started": 1_000.0, "last_active": 1_000.0}
     store.close()
 
 
@@ -156,6 +159,7 @@ def test_sessions_list_newest_first_with_title_rounds_and_times(recorded: Record
 def test_ids_resolve_from_last_an_exact_id_or_a_unique_prefix(store: SessionStore) -> None:
     for number, session_id in enumerate(["20250101-a", "20250102-b", "20250102-c"]):
         store.create_session(session_id, started=100.0 + number)
+        record_round(store, session_id, 1, f"question {number}", [])
     store.record("20250101-a", ModelCalled("planner", 1, 1, 0.1, ok=True))  # now the most recently active
     assert store.resolve("last") == "20250101-a"
     assert store.resolve("20250102-b") == "20250102-b" and store.resolve("20250101") == "20250101-a"
@@ -163,6 +167,27 @@ def test_ids_resolve_from_last_an_exact_id_or_a_unique_prefix(store: SessionStor
         store.resolve("20250102")
     with pytest.raises(StoreError, match="no session 'nope' .*run `taskweaver-lite sessions` to see the ids"):
         store.resolve("nope")
+
+
+def test_sessions_without_a_round_are_not_listed_and_never_last(store: SessionStore) -> None:
+    store.create_session("real", started=100.0)
+    record_round(store, "real", 1, "sum the sales", [code_post("total = 1")])
+    store.create_session("left-at-once", started=time.time())  # newer and more recently active, but empty
+    store.create_session("failed-start", started=time.time())
+    store.record("failed-start", ModelCalled("planner", 0, 0, 0.1, ok=False, error="unreachable"))  # activity is not a round
+    assert [row.id for row in store.list_sessions()] == ["real"]
+    assert store.resolve("last") == "real"
+    assert store.resolve("left-at-once") == "left-at-once", "an empty session named outright still resolves"
+    assert store.load("left-at-once").rounds == []
+
+
+def test_last_is_a_clear_error_when_no_session_has_a_round(store: SessionStore) -> None:
+    with pytest.raises(StoreError, match="there are no stored sessions in .*sessions.db yet"):
+        store.resolve("last")
+    store.create_session("left-at-once", started=time.time())
+    assert store.list_sessions() == []
+    with pytest.raises(StoreError, match="there are no stored sessions in .*sessions.db yet"):
+        store.resolve("last")
 
 
 def test_a_round_left_running_by_a_crash_is_reported_then_marked_failed(store: SessionStore) -> None:
