@@ -32,6 +32,7 @@ from taskweaver_lite.summary import (
     ROLE_LABELS,
     CompressionState,
     FoldEvent,
+    FoldResult,
     FoldStyle,
     LiveVariables,
     MergedVariables,
@@ -214,16 +215,10 @@ class RoleContext:
         live = self._live()
         with self._lock:
             self._pending, self._pending_live = tuple(history), live
-            if self._closed or self._worker is not None or time.monotonic() < self._retry_at:
-                return  # a running fold re-checks the newest rounds when it ends
-            due = self._due(self._state, self._pending)
-            if not due:
-                return
-            self._worker = threading.Thread(target=self._fold_loop, args=(due,), name=f"fold-{self.role}", daemon=True)
-            self._worker.start()
+            self._start_due_fold()  # if a fold is running, it starts the next one when it ends
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until no fold is running; False if `timeout` passed first."""
+        """Wait until no fold is running or due to start; False if `timeout` passed first."""
         with self._lock:
             return self._lock.wait_for(lambda: self._worker is None, timeout)
 
@@ -238,7 +233,9 @@ class RoleContext:
 
     def _due(self, state: CompressionState, history: Sequence[RoundMessages]) -> tuple[RoundMessages, ...]:
         """The rounds to fold now, oldest first; empty when no fold is due."""
-        unfolded = [r for r in history if r.index > state.folded_through]
+        # Rounds this role took no part in (a chat-only round for the CodeGenerator) cost nothing to
+        # keep, so they neither count towards a fold nor go into one; a fold past them covers them.
+        unfolded = [r for r in history if r.index > state.folded_through and r.messages]
         settings = self._settings
         keep = settings.summary_buffer_rounds if self.strategy == "summary_buffer" else settings.rounds_to_retain
         if self.strategy == "summary_buffer":
@@ -259,39 +256,59 @@ class RoleContext:
                 count_due = True
         return tuple(unfolded[:fold_upto]) if count_due else ()
 
-    def _fold_loop(self, due: tuple[RoundMessages, ...]) -> None:
-        style: FoldStyle = "narrative" if self.strategy == "summary_buffer" else "rounds"
+    def _start_due_fold(self) -> None:
+        """Start a worker for the fold due now, if any and none is running; the lock must be held."""
+        if self._closed or self._worker is not None or time.monotonic() < self._retry_at:
+            return
+        due = self._due(self._state, self._pending)
+        if due:
+            # The state `due` was chosen from, and the kernel's truth as of the newest finished round.
+            job = {"due": due, "generation": self._generation, "live": self._pending_live}
+            self._worker = threading.Thread(target=self._fold, args=(self._state,), kwargs=job, name=f"fold-{self.role}", daemon=True)
+            self._worker.start()
+
+    def _fold(self, previous: CompressionState, *, due: tuple[RoundMessages, ...], generation: int, live: LiveVariables | None) -> None:
+        """Fold `due` in this worker thread, then start the next fold if rounds finished meanwhile."""
         try:
-            while due:
-                with self._lock:
-                    # The kernel's truth as of the newest finished round, read on the session's thread.
-                    previous, generation, live = self._state, self._generation, self._pending_live
-                result = fold_rounds(
-                    previous,
-                    rounds=due,
-                    role=self.role,
-                    style=style,
-                    model=self._model,
-                    tokenizer=self._tokenizer,
-                    budget=self._budget,
-                    max_summary_tokens=self._settings.max_summary_tokens,
-                    live=live,
-                )
-                with self._lock:
-                    if generation != self._generation:
-                        return  # restored or closed meanwhile: this result belongs to another state
-                    if result.state is not None:
-                        self._state = result.state
-                        self._failures, self._retry_at = 0, 0.0
-                        due = self._due(self._state, self._pending)
-                    else:
-                        self._state = self._state.logged(result.event)
-                        self._failures += 1
-                        self._retry_at = time.monotonic() + self._settings.retry_backoff * 2 ** (self._failures - 1)
-                        due = ()
-                if self._on_fold is not None:
-                    self._on_fold(result.event)  # from this worker thread
+            result = self._attempt(previous, due=due, live=live)
+            with self._lock:
+                if generation != self._generation:
+                    return  # restored or closed meanwhile: this result belongs to another state
+                if result.state is not None:
+                    self._state = result.state
+                    self._failures, self._retry_at = 0, 0.0
+                else:
+                    self._state = self._state.logged(result.event)
+                    self._failures += 1
+                    self._retry_at = time.monotonic() + self._settings.retry_backoff * 2 ** (self._failures - 1)
+            if self._on_fold is not None:
+                self._on_fold(result.event)  # from this worker thread
         finally:
             with self._lock:
                 self._worker = None
+                # Rounds that finished while this fold ran (or on_fold ran) found it busy and left the
+                # check to us. After a failure only a later round retries, so a broken model is not
+                # called in a loop.
+                if not self._failures:
+                    self._start_due_fold()
                 self._lock.notify_all()
+
+    def _attempt(self, previous: CompressionState, *, due: tuple[RoundMessages, ...], live: LiveVariables | None) -> FoldResult:
+        """One fold call; any failure, even a bug, becomes a failed event instead of killing the worker."""
+        style: FoldStyle = "narrative" if self.strategy == "summary_buffer" else "rounds"
+        try:
+            return fold_rounds(
+                previous,
+                rounds=due,
+                role=self.role,
+                style=style,
+                model=self._model,
+                tokenizer=self._tokenizer,
+                budget=self._budget,
+                max_summary_tokens=self._settings.max_summary_tokens,
+                live=live,
+            )
+        except Exception as exc:  # fold_rounds turns expected failures into events; this is what it did not expect
+            error = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+            # Token counts are unknown: the attempt broke before it could report them.
+            return FoldResult(state=None, event=FoldEvent(self.role, due[0].index, due[-1].index, 0, 0, ok=False, error=error))

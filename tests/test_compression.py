@@ -195,6 +195,45 @@ def test_a_fold_finishing_in_the_middle_of_a_build_never_corrupts_the_prompt() -
     assert during.report.folded_through == 0 and after.report.folded_through == 2
 
 
+def test_rounds_finished_while_a_fold_reports_are_folded_when_it_ends() -> None:
+    reporting, release = threading.Event(), threading.Event()
+
+    def slow_report(event: Any) -> None:
+        # Like a session writing the fold to its store: round 3 finishes meanwhile.
+        reporting.set()
+        assert release.wait(10)
+
+    model = SummaryModel()
+    ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}), model, on_fold=slow_report)
+    history = [make_round(1), make_round(2)]
+    ctx.round_finished(history)
+    assert reporting.wait(10)
+    history.append(make_round(3))
+    ctx.round_finished(history)  # the fold of round 1 is still running: it has to pick round 2 up
+    release.set()
+    assert ctx.wait_idle(10)
+    assert ctx.state.folded_through == 2
+    assert [marks(messages[-1]["content"]) for _, messages in model.calls] == [[1], [1, 2]]
+
+
+def test_empty_rounds_never_trigger_a_fold_and_are_covered_by_the_next_one() -> None:
+    model = SummaryModel()
+    ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}), model, "code_generator", live_variables=LiveVariables)
+    empty = {1, 3, 4, 6, 7}  # chat-only rounds: the CodeGenerator took no part
+    history: list[RoundMessages] = []
+    for index in range(1, 8):
+        history.append(RoundMessages(index, (), "") if index in empty else make_round(index))
+        ctx.round_finished(history)
+        assert ctx.wait_idle(10)
+    # Only rounds 2 and 5 have messages: one fold, of round 2, once round 5 made it due.
+    assert len(model.calls) == 1
+    assert marks(model.calls[0][1][-1]["content"]) == [2]
+    assert ctx.state.folded_through == 2
+    prompt = build(ctx, history).messages
+    assert marks(prompt[0]["content"]) == [2] and "(rounds 1-2)" in prompt[0]["content"]
+    assert marks(text_of(prompt[1:])) == [5, 8]  # round 5 verbatim, then the current round
+
+
 # --- valid or nothing ---------------------------------------------------------------------------
 
 
@@ -224,6 +263,29 @@ def test_a_failed_fold_is_retried_after_the_backoff_and_then_succeeds() -> None:
     play(ctx, 3)
     assert ctx.state.folded_through == 2
     assert [e.ok for e in ctx.state.log] == [False, True]
+
+
+def test_an_unexpected_error_in_a_fold_is_a_failed_fold_not_a_thread_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    uncaught: list[Any] = []
+    monkeypatch.setattr(threading, "excepthook", uncaught.append)
+    calls = iter(range(100))
+
+    def broken_once(messages: Sequence[Message]) -> str:
+        if next(calls) == 0:
+            raise RuntimeError("summariser bug\nsecond line")
+        return covering_summary(messages)
+
+    model = SummaryModel(broken_once)
+    events: list[Any] = []
+    ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}), model, on_fold=events.append)
+    play(ctx, 3)
+    assert uncaught == []
+    assert [e.ok for e in events] == [False, True]
+    assert events[0].error == "RuntimeError: summariser bug second line"
+    assert "could not fold round 1 (RuntimeError: summariser bug second line)" in events[0].describe()
+    # Not retried in a loop: the next round's fold (after the backoff) is the only other call.
+    assert len(model.calls) == 2
+    assert ctx.state.folded_through == 2 and [e.ok for e in ctx.state.log] == [False, True]
 
 
 def test_a_repaired_summary_is_used() -> None:
@@ -336,10 +398,10 @@ def test_a_giant_output_in_the_current_round_is_cut_but_its_last_message_stays_v
 
 
 def test_in_a_tiny_window_examples_then_the_oldest_whole_rounds_give_way() -> None:
-    ctx = context(small_window(window=1_000), SummaryModel())
-    history = [make_round(n, output_tokens=150) for n in range(1, 6)]
+    ctx = context(small_window(window=1_100), SummaryModel())
+    history = [make_round(n, output_tokens=150) for n in range(1, 8)]
     built = build(ctx, history)
-    assert built.report.total <= 500
+    assert built.report.total <= 600
     assert built.report.examples_left_out
     assert built.report.rounds_dropped == tuple(range(1, 1 + len(built.report.rounds_dropped)))
     kept = built.report.rounds_kept
@@ -365,13 +427,13 @@ def test_a_pasted_message_too_big_for_the_window_is_cut_as_the_last_resort() -> 
 
 
 def test_a_current_round_that_cannot_fit_raises_a_plain_overflow_error_with_the_numbers() -> None:
-    ctx = context(small_window(window=1_000), SummaryModel())
+    ctx = context(small_window(window=1_100), SummaryModel())
     current = RoundMessages(1, (Message(role="user", content="x " * 2_000),), "")
     with pytest.raises(ContextOverflowError) as raised:
         ctx.build(system="rules " * 600, examples=EXAMPLES, history=[], current=current)
     message = str(raised.value)
     assert "current round alone needs" in message
-    assert "budget is 500 tokens (llm.context_window 1,000 - llm.reply_reserve 500 - llm.margin 0)" in message
+    assert "budget is 600 tokens (llm.context_window 1,100 - llm.reply_reserve 500 - llm.margin 0)" in message
 
 
 # --- strategies, placement, switches ---------------------------------------------------------------
