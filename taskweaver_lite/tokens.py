@@ -83,6 +83,8 @@ def get_tokenizer(name: str = "o200k_base") -> Tokenizer:
 
 @functools.cache
 def _load(name: str) -> Tokenizer:
+    # The Rust binding directly: bpe_openai's public Encoding refuses texts over 1M characters or
+    # 200k tokens, and a 20k-token cell output in a long history must still be counted exactly.
     from bpe_openai import _bindings  # type: ignore[import-untyped]  # Rust extension, loaded on first count
 
     try:
