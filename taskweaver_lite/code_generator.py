@@ -101,7 +101,7 @@ class CodeInterpreter:
             system=system,
             examples=self._examples,
             history=[self.rendered(r) for r in history],
-            current=self.rendered(current),
+            current=self.rendered(current.visible_to("CodeInterpreter")),
         )
         return ask_json(
             self._model,

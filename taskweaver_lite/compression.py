@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Sequence
 
 from taskweaver_lite.budget import PromptParts, ShrinkOrder, fit_prompt
@@ -186,23 +186,10 @@ class RoleContext:
         order: ShrinkOrder = "window" if self.strategy == "sliding_window" else "standard"
         label = ROLE_LABELS.get(self.role, self.role)
         fitted = fit_prompt(parts, tokenizer=self._tokenizer, budget=self._budget, order=order, budget_source=self._budget_source, who=label)
+        # Every count the guard made goes into the report; a new one in FittedPrompt must appear here too.
+        counts = {f.name: getattr(fitted, f.name) for f in fields(fitted) if f.name != "messages"}
         report = ContextReport(
-            role=self.role,
-            strategy=self.strategy,
-            budget=self._budget,
-            system=fitted.system,
-            examples=fitted.examples,
-            summary=fitted.summary,
-            retained_rounds=fitted.retained_rounds,
-            current_round=fitted.current_round,
-            total=fitted.total,
-            folded_through=state.folded_through,
-            rounds_kept=fitted.rounds_kept,
-            rounds_dropped=fitted.rounds_dropped,
-            examples_left_out=fitted.examples_left_out,
-            summary_left_out=fitted.summary_left_out,
-            messages_cut=fitted.messages_cut,
-            fold_running=running,
+            role=self.role, strategy=self.strategy, budget=self._budget, folded_through=state.folded_through, fold_running=running, **counts
         )
         with self._lock:
             self._report = report

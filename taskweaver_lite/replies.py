@@ -136,7 +136,7 @@ def repair_message(error: ReplyFormatError, schema: ReplySchema) -> str:
 
 
 def schema_outline(schema: ReplySchema) -> str:
-    """A JSON skeleton of `schema` with a placeholder naming each field's type or allowed values."""
+    """A JSON skeleton of `schema` whose values name each field's type or allowed values."""
     outline: Any = _outline_fields(schema.fields)
     if schema.wrapper is not None:
         outline = {schema.wrapper: outline}

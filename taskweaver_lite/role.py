@@ -74,13 +74,15 @@ class RoundRenderCache:
 
     def __init__(self, render: Callable[[Round], RoundMessages]) -> None:
         self._render = render
-        self._done: dict[str, tuple[int, RoundMessages]] = {}
+        self._done: dict[str, tuple[tuple[str, ...], RoundMessages]] = {}
 
     def __call__(self, rnd: Round) -> RoundMessages:
-        """The round's messages; re-rendered only when posts were added since last time."""
+        """The round's messages; rendered again only when its posts differ from last time."""
+        # Keyed by the posts themselves, not their count: two views of a round can hold as many posts.
+        posts = tuple(p.id for p in rnd.posts)
         cached = self._done.get(rnd.id)
-        if cached is not None and cached[0] == len(rnd.posts):
+        if cached is not None and cached[0] == posts:
             return cached[1]
         rendered = self._render(rnd)
-        self._done[rnd.id] = (len(rnd.posts), rendered)
+        self._done[rnd.id] = (posts, rendered)
         return rendered

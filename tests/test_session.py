@@ -229,3 +229,22 @@ def test_a_reply_cut_off_at_the_output_limit_is_not_run_but_repaired(tmp_path: P
     assert "cut off" in repair
     report = last_user(calls(server, "planner")[1])
     assert "0\n1\n2" in report and "SyntaxError" not in report
+
+
+def test_the_code_generator_sees_its_earlier_code_and_results_in_later_requests(tmp_path: Path, server: ScriptedServer) -> None:
+    server.enqueue(
+        "planner",
+        planner_reply("Set total = 40 + 2 and print it."),
+        planner_reply("42.", send_to="User"),
+        planner_reply("Print total doubled."),
+        planner_reply("84.", send_to="User"),
+    )
+    server.enqueue("code_generator", code_reply("total = 40 + 2\nprint('total is', total)"), code_reply("print(total * 2)"))
+    with open_session(tmp_path, server) as session:
+        session.ask("Make a total.")
+        session.ask("Double it.")
+    second = calls(server, "code_generator")[1]
+    history = "\n".join(m["content"] for m in second[1:-1])
+    assert "Set total = 40 + 2 and print it." in history, "the earlier step"
+    assert "total = 40 + 2" in history and "total is 42" in history, "the earlier code and what it printed"
+    assert [m["role"] for m in second[-4:]] == ["user", "assistant", "user", "user"], "step, code, result, then the new step"
