@@ -2,6 +2,6 @@
 
 import sys
 
-from taskweaver_lite.cli import main
+from taskweaver_lite.cli.main import main
 
 sys.exit(main())

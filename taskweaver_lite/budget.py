@@ -1,28 +1,42 @@
-"""The budget guard: a prompt's parts fitted into the token budget, shrunk in a fixed order.
+"""The budget guard: a prompt's parts fitted into the prompt's token budget, shrunk in a documented order.
 
-Every strategy ends here, so no prompt is ever sent over the budget. Rounds are kept or dropped
-whole, so code is never separated from its result; the current round is never dropped, and its
-last message stays verbatim unless nothing else can make room.
+Every strategy ends here, so no prompt is ever sent over the budget. What a prompt keeps longest,
+in order (the first is never cut):
+
+1. the system instructions and the current round's requests (the user's message, the Planner's
+   step), verbatim;
+2. the summary of folded rounds;
+3. the kernel's variables list;
+4. the latest retained round, then older ones.
+
+So when a prompt must shrink: long messages in retained rounds are cut (head and tail kept, with
+a marker), examples are left out, and retained rounds are dropped oldest first (the
+sliding_window order drops rounds before anything is cut); then the current round's long
+outputs (results, tracebacks, earlier attempts) are cut; then the variables list shows fewer
+lines; only then is the summary cut, and it is left out only when not even a short cut fits.
+Rounds are kept or dropped whole, so code is never separated from its result.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Sequence
+from typing import Callable, Literal, Sequence
 
+from taskweaver_lite.conversation import RoundMessages
 from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.llm import Message
 from taskweaver_lite.tokens import REPLY_PRIMING_TOKENS, Tokenizer
-
-if TYPE_CHECKING:
-    from taskweaver_lite.compression import RoundMessages
 
 Placement = Literal["system", "first_user"]
 # standard: cut long contents, leave out examples, then drop old rounds (round_compression, none).
 # window:   drop old rounds first, then examples: the newest rounds that fit, verbatim (sliding_window).
 ShrinkOrder = Literal["standard", "window"]
-SUMMARY_SEPARATOR = "\n\n"
+SEPARATOR = "\n\n"
 MIN_CUT_TOKENS = 64
+# A summary cut shorter than this says too little to be worth its heading.
+MIN_SUMMARY_TOKENS = 48
+
+RenderVariables = Callable[[int], str]  # the variables block within a token cap
 
 
 @dataclass(frozen=True)
@@ -35,48 +49,63 @@ class PromptParts:
     examples: tuple[Message, ...]
     rounds: tuple[RoundMessages, ...]  # retained history, oldest first
     current: RoundMessages
+    variables: RenderVariables | None = None
+    variables_cap: int = 0  # the variables list's share of the budget, in tokens
 
 
 @dataclass(frozen=True)
-class FittedPrompt:
-    """The messages to send, what each part costs, and what the guard had to do."""
+class PromptCost:
+    """Tokens per part of a prompt as sent, and what the guard had to do to fit it."""
 
-    messages: tuple[Message, ...]
     system: int
     examples: int
     summary: int
+    variables: int
     retained_rounds: int
     current_round: int
     total: int
     rounds_kept: tuple[int, ...]
     rounds_dropped: tuple[int, ...] = ()
     examples_left_out: bool = False
+    summary_cut: bool = False
     summary_left_out: bool = False
+    variables_cut: bool = False
     messages_cut: int = 0
+
+
+@dataclass(frozen=True)
+class FittedPrompt:
+    """The messages to send and what they cost."""
+
+    messages: tuple[Message, ...]
+    cost: PromptCost
 
 
 @dataclass
 class _Draft:
-    """The prompt being shrunk, with each part's cost kept current."""
+    """The prompt being shrunk."""
 
     parts: PromptParts
     tokenizer: Tokenizer
     rounds: list[tuple[int, list[Message]]]
     current: list[Message]
+    summary: str
+    variables: str
     with_examples: bool = True
-    with_summary: bool = True
     dropped: list[int] = field(default_factory=list)
     cut: int = 0
 
     def system_message(self) -> Message:
-        text = self.parts.system
-        if self.with_summary and self.parts.summary and self.parts.placement == "system":
-            text += SUMMARY_SEPARATOR + self.parts.summary
-        return Message(role="system", content=text)
+        blocks = [self.parts.system]
+        if self.summary and self.parts.placement == "system":
+            blocks.append(self.summary)
+        if self.variables:
+            blocks.append(self.variables)
+        return Message(role="system", content=SEPARATOR.join(blocks))
 
     def summary_messages(self) -> list[Message]:
-        if self.with_summary and self.parts.summary and self.parts.placement == "first_user":
-            return [Message(role="user", content=self.parts.summary)]
+        if self.summary and self.parts.placement == "first_user":
+            return [Message(role="user", content=self.summary)]
         return []
 
     def messages(self) -> list[Message]:
@@ -90,10 +119,12 @@ class _Draft:
     def cost(self, messages: Sequence[Message]) -> int:
         return sum(self.tokenizer.count_message(m) for m in messages)
 
-    def cut_long(self, messages: list[Message], limit: int) -> int:
-        """Cut every message over `limit` tokens in place; returns the tokens saved."""
+    def cut_long(self, messages: list[Message], limit: int, *, keep: Sequence[int] = ()) -> int:
+        """Cut every message over `limit` tokens in place, except those at `keep`; returns the tokens saved."""
         saved = 0
         for position, message in enumerate(messages):
+            if position in keep:
+                continue
             before = self.tokenizer.count(message["content"])
             if before > limit:
                 shorter = self.tokenizer.truncate_middle(message["content"], limit)
@@ -104,91 +135,115 @@ class _Draft:
 
 
 def fit_prompt(parts: PromptParts, *, tokenizer: Tokenizer, budget: int, order: ShrinkOrder, budget_source: str, who: str) -> FittedPrompt:
-    """`parts` as chat messages within `budget` tokens; ContextOverflowError if the current round cannot fit."""
-    draft = _Draft(parts, tokenizer, rounds=[(r.index, list(r.messages)) for r in parts.rounds], current=list(parts.current.messages))
-    total = draft.total()
+    """`parts` as chat messages within `budget` tokens; ContextOverflowError if not even the requests fit."""
+    variables = parts.variables(parts.variables_cap) if parts.variables is not None else ""
+    draft = _Draft(
+        parts,
+        tokenizer,
+        rounds=[(r.index, list(r.messages)) for r in parts.rounds],
+        current=list(parts.current.messages),
+        summary=parts.summary,
+        variables=variables,
+    )
     long_limit = max(MIN_CUT_TOKENS, budget // 16)
-
-    def drop_rounds() -> None:
-        nonlocal total
-        while total > budget and draft.rounds:
-            index, messages = draft.rounds.pop(0)
-            draft.dropped.append(index)
-            total -= draft.cost(messages)
-
-    def cut_rounds() -> None:
-        nonlocal total
-        for _, messages in draft.rounds:
-            if total <= budget:
-                return
-            total -= draft.cut_long(messages, long_limit)
-
-    def leave_out_examples() -> None:
-        nonlocal total
-        if total > budget and draft.with_examples and parts.examples:
-            draft.with_examples = False
-            total -= draft.cost(parts.examples)
-
-    steps = (cut_rounds, leave_out_examples, drop_rounds) if order == "standard" else (drop_rounds, leave_out_examples)
-    for step in steps:
-        step()
-    # Joined pieces can count a token differently from their sum: settle on the exact figure.
     total = draft.total()
-    if total > budget:
-        total = _shrink_current(draft, budget=budget, long_limit=long_limit)
+    steps = (_cut_rounds, _leave_out_examples, _drop_rounds) if order == "standard" else (_drop_rounds, _leave_out_examples)
+    for step in (*steps, _cut_current, _shrink_variables, _cut_summary):
+        if total <= budget:
+            break
+        total = step(draft, budget=budget, long_limit=long_limit)
     if total > budget:
         raise ContextOverflowError(
-            f"The {who}'s prompt does not fit: the current round alone needs {total:,} tokens with the system "
-            f"prompt, even with all earlier rounds, the examples and the summary left out and long messages cut, "
-            f"but the budget is {budget:,} tokens ({budget_source}). Raise llm.context_window if the model "
-            f"allows more, or make the request or its output shorter."
+            f"The {who}'s prompt does not fit: its instructions and the current request need {total:,} tokens even "
+            f"with every earlier round, the examples and the summary left out and every output cut, but the budget "
+            f"is {budget:,} tokens ({budget_source}). Raise llm.context_window if the model allows more, or make "
+            f"the request shorter."
         )
-    return _fitted(draft, total)
+    return FittedPrompt(messages=tuple(draft.messages()), cost=_cost(draft, total, variables_cut=draft.variables != variables))
 
 
-def _shrink_current(draft: _Draft, *, budget: int, long_limit: int) -> int:
-    """Last resorts, in order: cut the current round's earlier messages, drop the summary, cut its last message."""
+def _cut_rounds(draft: _Draft, *, budget: int, long_limit: int) -> int:
     total = draft.total()
-    earlier = draft.current[:-1]
-    limit = long_limit
-    while total > budget and earlier and limit >= MIN_CUT_TOKENS:
-        draft.cut_long(earlier, limit)
-        draft.current[:-1] = earlier
+    for _, messages in draft.rounds:
+        if total <= budget:
+            break
+        total -= draft.cut_long(messages, long_limit)
+    return draft.total()  # joined pieces can count a token differently from their sum: settle on the exact figure
+
+
+def _leave_out_examples(draft: _Draft, *, budget: int, long_limit: int) -> int:
+    if draft.with_examples and draft.parts.examples:
+        draft.with_examples = False
+    return draft.total()
+
+
+def _drop_rounds(draft: _Draft, *, budget: int, long_limit: int) -> int:
+    total = draft.total()
+    while total > budget and draft.rounds:
+        index, messages = draft.rounds.pop(0)
+        draft.dropped.append(index)
+        total -= draft.cost(messages)
+    return draft.total()
+
+
+def _cut_current(draft: _Draft, *, budget: int, long_limit: int) -> int:
+    """Cut the current round's outputs and earlier attempts, never its requests, in halving steps."""
+    keep = draft.parts.current.requests
+    total, limit = draft.total(), long_limit
+    while total > budget and limit >= MIN_CUT_TOKENS // 2:
+        draft.cut_long(draft.current, limit, keep=keep)
         total = draft.total()
         limit //= 2
-    if total > budget and draft.parts.summary:
-        draft.with_summary = False
-        total = draft.total()
-    if total > budget and draft.current:
-        last = draft.current[-1]
-        room = draft.tokenizer.count(last["content"]) - (total - budget)
-        while total > budget and room > 0:
-            draft.current[-1] = Message(role=last["role"], content=draft.tokenizer.truncate_middle(last["content"], room))
-            total = draft.total()
-            room -= max(total - budget, 1)
-        if total <= budget:
-            draft.cut += 1
-        else:
-            draft.current[-1] = last
-            total = draft.total()
     return total
 
 
-def _fitted(draft: _Draft, total: int) -> FittedPrompt:
+def _shrink_variables(draft: _Draft, *, budget: int, long_limit: int) -> int:
+    render = draft.parts.variables
+    total = draft.total()
+    if render is None or not draft.variables:
+        return total
+    over = total - budget
+    size = draft.tokenizer.count(draft.variables)
+    # The smallest rendering (heading, counts by type, the note) always fits a cap of 0: it stays.
+    draft.variables = render(max(size - over, 0))
+    return draft.total()
+
+
+def _cut_summary(draft: _Draft, *, budget: int, long_limit: int) -> int:
+    total = draft.total()
+    if not draft.summary:
+        return total
+    room = draft.tokenizer.count(draft.summary) - (total - budget)
+    while total > budget and room >= MIN_SUMMARY_TOKENS:
+        draft.summary = draft.tokenizer.truncate_middle(draft.parts.summary, room)
+        total = draft.total()
+        room -= max(total - budget, 1)
+    if total > budget:
+        draft.summary = ""
+        total = draft.total()
+    return total
+
+
+def _cost(draft: _Draft, total: int, *, variables_cut: bool) -> PromptCost:
     tokenizer = draft.tokenizer
     plain_system = tokenizer.count_message(Message(role="system", content=draft.parts.system))
-    summary = tokenizer.count_message(draft.system_message()) - plain_system + draft.cost(draft.summary_messages())
-    return FittedPrompt(
-        messages=tuple(draft.messages()),
+    with_summary = tokenizer.count_message(Message(role="system", content=SEPARATOR.join([draft.parts.system, draft.summary])))
+    in_system = with_summary - plain_system if draft.summary and draft.parts.placement == "system" else 0
+    summary = in_system + draft.cost(draft.summary_messages())
+    variables = tokenizer.count_message(draft.system_message()) - plain_system - in_system
+    return PromptCost(
         system=plain_system + REPLY_PRIMING_TOKENS,
         examples=draft.cost(draft.parts.examples) if draft.with_examples else 0,
         summary=summary,
+        variables=variables,
         retained_rounds=sum(draft.cost(messages) for _, messages in draft.rounds),
         current_round=draft.cost(draft.current),
         total=total,
         rounds_kept=tuple(index for index, _ in draft.rounds),
         rounds_dropped=tuple(draft.dropped),
         examples_left_out=not draft.with_examples and bool(draft.parts.examples),
-        summary_left_out=not draft.with_summary and bool(draft.parts.summary),
+        summary_cut=bool(draft.summary) and draft.summary != draft.parts.summary,
+        summary_left_out=not draft.summary and bool(draft.parts.summary),
+        variables_cut=variables_cut,
         messages_cut=draft.cut,
     )

@@ -1,26 +1,26 @@
-"""The CodeGenerator and the CodeInterpreter around it: write code for a step, run it, fix it.
+"""The CodeGenerator: write code for a step, run it, fix it, report to the Planner.
 
-The CodeGenerator's prompt carries the kernel's live variables (from the execution service's
-snapshot, never from the model's memory), its examples, and its earlier code with results. The
-code runs in the session's kernel; on an error the traceback goes back for a revision, up to
-`code_interpreter.max_retry_count` times, and the outcome goes to the Planner as one post.
+In the conversation this role is the party "CodeInterpreter" (it writes and runs code). Its prompt
+carries the kernel's live variables (from the executor's snapshot, never from the model's memory),
+its examples, and its earlier code with results. The code runs in the session's executor; on an
+error the traceback goes back for a revision, up to `code_interpreter.max_retry_count` times, and
+the outcome goes to the Planner as one post.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from taskweaver_lite.compression import RoleContext, RoundMessages
-from taskweaver_lite.conversation import Post, Round
+from taskweaver_lite.compression import RoleContext
+from taskweaver_lite.conversation import Post, RoleName, Round, RoundMessages
 from taskweaver_lite.events import Working
-from taskweaver_lite.execution import ExecutionResult, Executor
+from taskweaver_lite.execution import ExecutionResult, Executor, FoldPiece
 from taskweaver_lite.llm import ChatModel, Message
-from taskweaver_lite.prompts import load_prompt
 from taskweaver_lite.replies import CODE_GENERATOR_SCHEMA
-from taskweaver_lite.role import RepairBudget, RoundRenderCache, as_reply_json, ask_json
+from taskweaver_lite.role import RepairTurns, Role, as_reply_json
 
 
-class CodeInterpreter:
+class CodeGenerator(Role):
     """Turns one Planner step into code, runs it, revises it on errors, and reports back."""
 
     def __init__(
@@ -31,21 +31,10 @@ class CodeInterpreter:
         context: RoleContext,
         examples: Sequence[Message],
         max_retry_count: int,
-        lost_variables: Callable[[], tuple[str, ...]],
     ) -> None:
-        self._model = model
+        super().__init__(RoleName.CODE_GENERATOR, model, context=context, examples=examples)
         self._executor = executor
-        self._context = context
-        self._examples = list(examples)
         self._max_retry = max_retry_count
-        self._lost_variables = lost_variables
-        self.rendered = RoundRenderCache(self.render_round)
-        self._prompt = load_prompt("code_generator")
-
-    @property
-    def context(self) -> RoleContext:
-        """The CodeGenerator's prompt history manager (summary, budget, report)."""
-        return self._context
 
     def handle(
         self,
@@ -54,7 +43,7 @@ class CodeInterpreter:
         history: Sequence[Round],
         current: Round,
         add_post: Callable[[Post], None],
-        repairs: RepairBudget,
+        repairs: RepairTurns,
         notify: Callable[[Working], None],
     ) -> Post:
         """Work on the Planner's `request` (already in `current`) and return the report to the Planner."""
@@ -95,19 +84,13 @@ class CodeInterpreter:
             )
         raise AssertionError("unreachable: the last attempt always returns")
 
-    def _generate(self, history: Sequence[Round], current: Round, repairs: RepairBudget, notify: Callable[[Working], None]) -> dict[str, str]:
-        system = self._prompt.render("system", variables=self._executor.variables(), lost=self._lost_variables())
-        built = self._context.build(
+    def _generate(self, history: Sequence[Round], current: Round, repairs: RepairTurns, notify: Callable[[Working], None]) -> dict[str, str]:
+        system = self._prompt.render("system")
+        return self.ask(
             system=system,
-            examples=self._examples,
-            history=[self.rendered(r) for r in history],
-            current=self.rendered(current.visible_to("CodeInterpreter")),
-        )
-        return ask_json(
-            self._model,
-            built.messages,
+            history=history,
+            current=current.visible_to("CodeInterpreter"),
             schema=CODE_GENERATOR_SCHEMA,
-            purpose="code_generator",
             repairs=repairs,
             on_repair=lambda problem: notify(Working("repairing", problem)),
         )
@@ -115,22 +98,23 @@ class CodeInterpreter:
     def render_round(self, rnd: Round) -> RoundMessages:
         """One round as the CodeGenerator's chat messages: steps, its code, and what the code did."""
         messages: list[Message] = []
-        lines: list[str] = []
+        pieces: list[FoldPiece] = []
         for post in rnd.posts:
             if post.send_from == "Planner" and post.send_to == "CodeInterpreter":
                 messages.append(Message(role="user", content=self._prompt.render("request", message=post.message)))
-                lines.append(f"Planner asked: {post.message}")
+                pieces.append(FoldPiece(f"Planner asked: {post.message}", essential=True))
             elif post.send_from == "CodeInterpreter":
                 messages.append(Message(role="assistant", content=post.reply_json or post.message))
                 if post.execution is None:
-                    lines.append(f"CodeGenerator answered: {post.message}")
+                    pieces.append(FoldPiece(f"CodeGenerator answered: {post.message}", essential=True))
                     continue
-                feedback = self._prompt.render("execution", result=post.execution.summary_text())
+                feedback = self._prompt.render("execution", result=post.execution.prompt_text())
                 if post.send_to == "CodeInterpreter":
                     feedback += "\n\n" + post.message
                 messages.append(Message(role="user", content=feedback))
-                lines.append(f"Code:\n{post.code}\n{feedback}")
-        return RoundMessages(index=rnd.index, messages=tuple(messages), summary_text="\n".join(lines))
+                pieces.append(FoldPiece(f"Code:\n{post.code}"))
+                pieces += post.execution.fold_pieces()
+        return RoundMessages(index=rnd.index, messages=tuple(messages), fold_pieces=tuple(pieces))
 
 
 def _report(code: str, result: ExecutionResult, fixed: list[str]) -> str:

@@ -1,10 +1,12 @@
 """Round compression: each role's prompt history, folded into summaries in the background, kept in budget.
 
 A `RoleContext` per role decides what of the conversation goes into that role's prompt. Finished
-rounds fold, together with the previous summary, into a new summary by one model call in a worker
-thread; `build` never waits for it and uses the newest summary that is ready, with the rounds not
-yet folded verbatim. Whatever the strategy, the budget guard (budget.py) keeps every prompt within
-`llm.context_window - llm.reply_reserve - llm.margin`.
+rounds fold into the role's summary by model calls in a worker thread (summary.py); `build` never
+waits for a fold and uses the newest summary that is ready, with the rounds not yet folded
+verbatim. The CodeGenerator's prompt also carries the kernel's variables, once, within their share
+of the budget (variables.py). Whatever the strategy, the budget guard (budget.py) keeps every
+prompt within `llm.context_window - llm.reply_reserve - llm.margin`, and fold calls keep prompt +
+max_tokens within `llm.context_window`.
 
 Strategies (`<role>.strategy`):
 - round_compression: fold everything older than the latest `rounds_to_retain` rounds once
@@ -22,81 +24,44 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
-from taskweaver_lite.budget import PromptParts, ShrinkOrder, fit_prompt
+from taskweaver_lite.budget import PromptCost, PromptParts, ShrinkOrder, fit_prompt
 from taskweaver_lite.config import Config, RoleConfig, Strategy
+from taskweaver_lite.conversation import RoleName, RoundMessages
+from taskweaver_lite.events import Folded
 from taskweaver_lite.llm import ChatModel, Message
-from taskweaver_lite.summary import (
-    ROLE_LABELS,
-    CompressionState,
-    FoldEvent,
-    FoldResult,
-    FoldStyle,
-    LiveVariables,
-    MergedVariables,
-    fold_rounds,
-    merge_variables,
-    render_summary,
-)
-from taskweaver_lite.tokens import Tokenizer, prompt_budget
-
-__all__ = [
-    "BuiltPrompt",
-    "CompressionState",
-    "ContextReport",
-    "FoldEvent",
-    "LiveVariables",
-    "MergedVariables",
-    "RoleContext",
-    "RoundMessages",
-    "merge_variables",
-]
-
-
-@dataclass(frozen=True)
-class RoundMessages:
-    """One finished (or the current) round as one role's chat messages."""
-
-    index: int  # Round.index, 1-based
-    messages: tuple[Message, ...]
-    summary_text: str  # the round as plain text for the summary prompt
+from taskweaver_lite.summary import VARIABLES_SHARE, CompressionState, FoldLimits, FoldResult, FoldStyle, fold_rounds, render_summary
+from taskweaver_lite.tokens import Tokenizer
+from taskweaver_lite.variables import LiveVariables, mentioned_names, render_variables
 
 
 @dataclass(frozen=True)
 class ContextReport:
     """Where a role's last prompt spent its tokens, against the budget (for /context)."""
 
-    role: str
+    role: RoleName
     strategy: Strategy
     budget: int
-    system: int
-    examples: int
-    summary: int
-    retained_rounds: int
-    current_round: int
-    total: int
     folded_through: int
-    rounds_kept: tuple[int, ...]
-    rounds_dropped: tuple[int, ...]
-    examples_left_out: bool
-    summary_left_out: bool
-    messages_cut: int
     fold_running: bool
+    cost: PromptCost
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON shape: the fields by name."""
-        return asdict(self)
+        """JSON shape: the fields by name, the cost's fields inline."""
+        return {"role": self.role.value, "strategy": self.strategy, "budget": self.budget, "folded_through": self.folded_through, "fold_running": self.fold_running, **asdict(self.cost)}
 
     def parts(self) -> dict[str, int]:
         """Tokens per part, in prompt order."""
+        cost = self.cost
         return {
-            "system": self.system,
-            "examples": self.examples,
-            "summary": self.summary,
-            "retained rounds": self.retained_rounds,
-            "current round": self.current_round,
+            "system": cost.system,
+            "summary": cost.summary,
+            "variables": cost.variables,
+            "examples": cost.examples,
+            "retained rounds": cost.retained_rounds,
+            "current round": cost.current_round,
         }
 
 
@@ -113,21 +78,28 @@ class RoleContext:
 
     def __init__(
         self,
-        role: str,
+        role: RoleName,
         *,
         config: Config,
         model: ChatModel,
         tokenizer: Tokenizer,
         live_variables: Callable[[], LiveVariables] | None = None,
-        on_fold: Callable[[FoldEvent], None] | None = None,
+        on_fold: Callable[[Folded], None] | None = None,
     ) -> None:
-        role_config: RoleConfig = getattr(config, role)
+        """`live_variables` gives the kernel's truth; with it the prompt lists the variables (the CodeGenerator's)."""
+        role_config: RoleConfig = getattr(config, role.value)
         self.role = role
         self.strategy: Strategy = role_config.strategy
         if not role_config.prompt_compression and self.strategy in ("round_compression", "summary_buffer"):
             self.strategy = "sliding_window"
         self._settings = config.round_compressor
-        self._budget = prompt_budget(config)
+        self._budget = config.prompt_budget
+        self._limits = FoldLimits.for_budget(
+            self._budget,
+            max_summary_tokens=config.round_compressor.max_summary_tokens,
+            window=config.llm.context_window,
+            margin=config.llm.margin,
+        )
         self._budget_source = (
             f"llm.context_window {config.llm.context_window:,} - llm.reply_reserve {config.llm.reply_reserve:,} "
             f"- llm.margin {config.llm.margin:,}"
@@ -172,28 +144,34 @@ class RoleContext:
         with self._lock:
             state, running = self._state, self._worker is not None
         summarising = self.strategy in ("round_compression", "summary_buffer")
-        live = self._live() if summarising else None
-        summary = render_summary(state, live=live) if summarising else ""
         retained = tuple(r for r in history if r.index > state.folded_through) if summarising else tuple(history)
         parts = PromptParts(
             system=system,
-            summary=summary,
+            summary=render_summary(state) if summarising else "",
             placement=self._settings.summary_placement,
             examples=tuple(examples),
             rounds=retained,
             current=current,
+            variables=self._variables_block(state, (*retained, current)),
+            variables_cap=int(self._budget * VARIABLES_SHARE),
         )
         order: ShrinkOrder = "window" if self.strategy == "sliding_window" else "standard"
-        label = ROLE_LABELS.get(self.role, self.role)
-        fitted = fit_prompt(parts, tokenizer=self._tokenizer, budget=self._budget, order=order, budget_source=self._budget_source, who=label)
-        # Every count the guard made goes into the report; a new one in FittedPrompt must appear here too.
-        counts = {f.name: getattr(fitted, f.name) for f in fields(fitted) if f.name != "messages"}
+        fitted = fit_prompt(parts, tokenizer=self._tokenizer, budget=self._budget, order=order, budget_source=self._budget_source, who=self.role.label)
         report = ContextReport(
-            role=self.role, strategy=self.strategy, budget=self._budget, folded_through=state.folded_through, fold_running=running, **counts
+            role=self.role, strategy=self.strategy, budget=self._budget, folded_through=state.folded_through, fold_running=running, cost=fitted.cost
         )
         with self._lock:
             self._report = report
         return BuiltPrompt(messages=fitted.messages, report=report)
+
+    def _variables_block(self, state: CompressionState, shown: Sequence[RoundMessages]) -> Callable[[int], str] | None:
+        """How to render the variables list at a token cap, or None for a role without one."""
+        live = self._live()
+        if live is None:
+            return None
+        mentioned = mentioned_names([m["content"] for r in shown for m in r.messages])
+        tokenizer = self._tokenizer
+        return lambda cap: render_variables(live, described=state.variables, mentioned=mentioned, max_tokens=cap, tokenizer=tokenizer)
 
     def round_finished(self, history: Sequence[RoundMessages]) -> None:
         """Note the finished rounds; start a background fold if one is due. Returns at once."""
@@ -258,18 +236,21 @@ class RoleContext:
         """Fold `due` in this worker thread, then start the next fold if rounds finished meanwhile."""
         try:
             result = self._attempt(previous, due=due, live=live)
+            failed = next((e for e in result.events if not e.ok), None)
             with self._lock:
                 if generation != self._generation:
                     return  # restored or closed meanwhile: this result belongs to another state
                 if result.state is not None:
-                    self._state = result.state
+                    self._state = result.state  # the batches that succeeded count, even if a later one failed
+                if failed is None:
                     self._failures, self._retry_at = 0, 0.0
                 else:
-                    self._state = self._state.logged(result.event)
+                    self._state = self._state.logged(failed)
                     self._failures += 1
                     self._retry_at = time.monotonic() + self._settings.retry_backoff * 2 ** (self._failures - 1)
             if self._on_fold is not None:
-                self._on_fold(result.event)  # from this worker thread
+                for event in result.events:
+                    self._on_fold(event)  # from this worker thread
         finally:
             with self._lock:
                 self._worker = None
@@ -291,11 +272,10 @@ class RoleContext:
                 style=style,
                 model=self._model,
                 tokenizer=self._tokenizer,
-                budget=self._budget,
-                max_summary_tokens=self._settings.max_summary_tokens,
+                limits=self._limits,
                 live=live,
             )
         except Exception as exc:  # fold_rounds turns expected failures into events; this is what it did not expect
             error = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
             # Token counts are unknown: the attempt broke before it could report them.
-            return FoldResult(state=None, event=FoldEvent(self.role, due[0].index, due[-1].index, 0, 0, ok=False, error=error))
+            return FoldResult(state=None, events=(Folded(self.role, due[0].index, due[-1].index, 0, 0, ok=False, error=error),))

@@ -18,6 +18,11 @@ from taskweaver_lite.errors import ConfigError
 CONFIG_FILE_NAME = "taskweaver_config.yaml"
 
 MIN_PROMPT_TOKENS = 256  # below this not even a short system prompt and one request fit
+# One cell's output gets an eighth of a role's prompt budget: at an 8k window (3,648-token budget)
+# 456 tokens, enough for an error, its last frames and the output's head and tail.
+OUTPUT_SHARE = 8
+MIN_OUTPUT_TOKENS = 256
+MAX_OUTPUT_TOKENS = 2_000
 
 Strategy = Literal["round_compression", "sliding_window", "summary_buffer", "none"]
 
@@ -90,9 +95,21 @@ class ExecutionConfig(_Section):
     """The Jupyter kernel that runs generated code."""
 
     timeout: float = Field(120.0, gt=0)
-    output_budget: int = Field(4_000, ge=200, description="characters of output kept for prompts")
+    output_tokens: int | None = Field(
+        None, ge=64, description="tokens of one cell's output kept for prompts (null: an eighth of the prompt budget, 256-2000)"
+    )
     allowed_env: list[str] = Field(default_factory=list, description="secret-looking env vars to pass")
     kernel_start_timeout: float = Field(60.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "output_budget" in data:
+            raise ValueError(
+                "output_budget (characters per output field) was replaced by output_tokens (tokens per cell, all "
+                "fields together; leave it out to scale it with llm.context_window): rename or remove the key"
+            )
+        return data
 
 
 class StoreConfig(_Section):
@@ -115,6 +132,18 @@ class Config(_Section):
     store: StoreConfig = Field(default_factory=StoreConfig)
     # Not a YAML key: where the project lives, filled in by load_config.
     project_dir: Path = Field(default=Path("project"), exclude=True)
+
+    @property
+    def prompt_budget(self) -> int:
+        """Tokens a role's prompt may use: the context window minus the reply reserve and the margin."""
+        return self.llm.context_window - self.llm.reply_reserve - self.llm.margin
+
+    @property
+    def cell_output_tokens(self) -> int:
+        """Tokens one cell's output may take in a prompt: execution.output_tokens, or scaled to the budget."""
+        if self.execution.output_tokens is not None:
+            return self.execution.output_tokens
+        return min(max(self.prompt_budget // OUTPUT_SHARE, MIN_OUTPUT_TOKENS), MAX_OUTPUT_TOKENS)
 
     @property
     def sessions_dir(self) -> Path:

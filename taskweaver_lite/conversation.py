@@ -4,6 +4,12 @@ A post is one message between two parties (User, Planner, CodeInterpreter) with 
 attachments: the Planner's plan, the CodeGenerator's thought and code, the execution result and
 its artifacts. A round is one user request and every post it caused. A role sees only the posts
 it sent or received, and never the posts of failed rounds (except the round still running).
+
+The two model roles have one name each (`RoleName`): `planner` and `code_generator` in config,
+prompts, the store and model-call purposes; "Planner" and "CodeGenerator" on screen. In the
+conversation the code-writing role is the party "CodeInterpreter" (TaskWeaver's name, and the
+wire's: CONTRACT §4), because that party also runs the code. `RoundMessages` is one round as one
+role's chat messages, the unit that prompts, folds and the budget guard work in.
 """
 
 from __future__ import annotations
@@ -11,12 +17,37 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Any, Literal
 
-from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.execution import ExecutionResult, FoldPiece
+from taskweaver_lite.llm import Message
 
 Party = Literal["User", "Planner", "CodeInterpreter"]
 RoundState = Literal["running", "finished", "failed"]
+
+
+class RoleName(str, Enum):
+    """A model role: its value names its config section, prompt files and call purpose."""
+
+    PLANNER = "planner"
+    CODE_GENERATOR = "code_generator"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def label(self) -> str:
+        """The role's name on screen: "Planner" or "CodeGenerator"."""
+        return _LABELS[self]
+
+    @property
+    def party(self) -> Party:
+        """The role's party in the conversation: "Planner" or "CodeInterpreter"."""
+        return "Planner" if self is RoleName.PLANNER else "CodeInterpreter"
+
+
+_LABELS = {RoleName.PLANNER: "Planner", RoleName.CODE_GENERATOR: "CodeGenerator"}
 
 
 @dataclass(frozen=True)
@@ -149,3 +180,18 @@ class Conversation:
     def view(self, party: Party) -> list[Round]:
         """The finished rounds as `party` sees them: only its posts; failed and running rounds left out."""
         return [r.visible_to(party) for r in self.rounds if r.state == "finished"]
+
+
+@dataclass(frozen=True)
+class RoundMessages:
+    """One finished (or the current) round as one role's chat messages, and as text for a fold."""
+
+    index: int  # Round.index, 1-based
+    messages: tuple[Message, ...]
+    fold_pieces: tuple[FoldPiece, ...] = ()
+    requests: tuple[int, ...] = ()  # positions of the messages that ask (the user's request, a Planner step)
+
+    @property
+    def fold_text(self) -> str:
+        """The round as plain text for the fold prompt, uncut."""
+        return "\n".join(piece.text for piece in self.fold_pieces)

@@ -5,11 +5,10 @@ The session emits these to its listeners; listeners observe, they never drive th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Literal, Union
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Literal, Union
 
-from taskweaver_lite.conversation import Post, Round
-from taskweaver_lite.summary import FoldEvent as Folded
+from taskweaver_lite.conversation import Post, RoleName, Round
 
 Activity = Literal["planner_thinking", "code_writing", "code_running", "repairing"]
 
@@ -58,7 +57,47 @@ class ModelCalled:
     reply: str | None = None
 
 
-# A role's old rounds were folded into a summary in the background (or the fold failed): `Folded`,
-# the compressor's own FoldEvent, re-exported here so listeners find every event in one place.
+@dataclass(frozen=True)
+class Folded:
+    """A role's old rounds were folded into its summary in the background, or the fold failed."""
+
+    role: RoleName
+    first_round: int
+    last_round: int
+    tokens_before: int
+    tokens_after: int
+    ok: bool
+    error: str | None = None
+
+    def describe(self) -> str:
+        """One line for the user: 'Planner: folded rounds 1-4, 5,210 -> 380 tokens'."""
+        rounds = span(self.first_round, self.last_round)
+        if self.ok:
+            return f"{self.role.label}: folded {rounds}, {self.tokens_before:,} -> {self.tokens_after:,} tokens"
+        return f"{self.role.label}: could not fold {rounds} ({self.error}); they stay verbatim and the fold is retried later"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON shape: the fields by name."""
+        return {**asdict(self), "role": self.role.value}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Folded:
+        """Inverse of `to_dict`."""
+        return cls(
+            role=RoleName(data["role"]),
+            first_round=int(data["first_round"]),
+            last_round=int(data["last_round"]),
+            tokens_before=int(data["tokens_before"]),
+            tokens_after=int(data["tokens_after"]),
+            ok=bool(data["ok"]),
+            error=data.get("error"),
+        )
+
+
 Event = Union[RoundStarted, PostAdded, Working, RoundEnded, ModelCalled, Folded]
 Listener = Callable[[Event], None]
+
+
+def span(first: int, last: int) -> str:
+    """'round 3' or 'rounds 1-4'."""
+    return f"round {first}" if first == last else f"rounds {first}-{last}"

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import yaml
 
+from taskweaver_lite.conversation import RoleName
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.llm import Message
 
 
-def load_examples(project_dir: Path, role: str) -> list[Message]:
-    """All example messages for `role` ("planner" or "code_generator"), files in name order."""
-    folder = project_dir / "examples" / role
+def load_examples(project_dir: Path, role: RoleName) -> list[Message]:
+    """All example messages for `role`, from `examples/<role>/*.yaml` in name order."""
+    folder = project_dir / "examples" / role.value
     messages: list[Message] = []
     for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else ():
         try:

@@ -2,13 +2,14 @@
 
 These are plain values with an explicit JSON shape (`to_dict`/`from_dict`) so that the
 conversation, the prompts, compression and the store all read the same thing. The Jupyter
-implementation lives in `kernel.py`.
+implementation lives in `kernel/`; a sandboxed or remote executor implements the same protocol.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Callable, Protocol
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,21 @@ class ExecutionError:
 
 
 @dataclass(frozen=True)
+class FoldPiece:
+    """A piece of text a fold reads (of a result, of a round); essential pieces survive any cut whole."""
+
+    text: str
+    essential: bool = False  # the user's request, the Planner's instruction, an execution's outcome
+
+
+@dataclass(frozen=True)
 class ExecutionResult:
     """Everything one cell did, with text already bounded for prompts.
 
-    `stdout`, `stderr`, `result` and `displays` are cut to the configured budget (head and tail
-    kept, with a marker saying how much was left out); `full_output_path` names the file holding
-    the complete output whenever anything was cut.
+    `stdout`, `stderr`, `result`, `displays` and the error share one token limit per cell (the
+    error's name, message and last frames first; head and tail of the rest, with a marker saying
+    how much was left out); `full_output_path` names the file holding the complete output
+    whenever anything was cut. `result_html` is for pages and exports, never for prompts.
     """
 
     code: str
@@ -110,49 +120,72 @@ class ExecutionResult:
             values[name] = tuple(values.get(name) or ())
         return cls(**values)
 
-    def summary_text(self) -> str:
-        """The result as the models read it: status, output, value, error, artifacts, variables."""
-        lines: list[str] = []
+    def outcome(self) -> str:
+        """The first line a model reads: how the cell ended."""
         lost = ", ".join(self.lost_variables) or "none"
         if self.kernel_died and self.timed_out:
-            lines.append(
+            return (
                 f"The cell timed out after {self.elapsed:.0f} s and did not stop when interrupted, so the kernel "
                 f"was restarted. Variables lost: {lost}."
             )
-        elif self.kernel_died:
-            lines.append(f"The kernel died while running this cell and was restarted. Variables lost: {lost}.")
-        elif self.timed_out:
-            lines.append(f"The cell timed out after {self.elapsed:.0f} s and was interrupted; earlier variables are kept.")
-        elif self.interrupted:
-            lines.append("The cell was interrupted; earlier variables are kept.")
-        else:
-            lines.append("The execution succeeded." if self.success else "The execution failed.")
-        if self.stdout:
-            lines.append(f"Output:\n{self.stdout.rstrip()}")
-        if self.stderr:
-            lines.append(f"Stderr:\n{self.stderr.rstrip()}")
-        for shown in self.displays:
-            lines.append(f"Display:\n{shown.rstrip()}")
-        if self.result is not None:
-            lines.append(f"Result value:\n{self.result.rstrip()}")
+        if self.kernel_died:
+            return f"The kernel died while running this cell and was restarted. Variables lost: {lost}."
+        if self.timed_out:
+            return f"The cell timed out after {self.elapsed:.0f} s and was interrupted; earlier variables are kept."
+        if self.interrupted:
+            return "The cell was interrupted; earlier variables are kept."
+        return "The execution succeeded." if self.success else "The execution failed."
+
+    def prompt_text(self) -> str:
+        """The result as the models read it: outcome, error first, output, value, artifacts, variables."""
+        return "\n".join(piece.text for piece in self.fold_pieces())
+
+    def fold_pieces(self) -> tuple[FoldPiece, ...]:
+        """`prompt_text` in pieces; the outcome and the error line are what a fold must keep."""
+        pieces = [FoldPiece(self.outcome(), essential=True)]
         if self.error is not None:
-            lines.append(f"Error: {self.error.name}: {self.error.value}\n{self.error.traceback.rstrip()}")
+            pieces.append(FoldPiece(f"Error: {self.error.name}: {self.error.value}", essential=True))
+            if self.error.traceback.strip():
+                pieces.append(FoldPiece(f"Traceback (last frames):\n{self.error.traceback.rstrip()}"))
+        if self.stdout:
+            pieces.append(FoldPiece(f"Output:\n{self.stdout.rstrip()}"))
+        if self.stderr:
+            pieces.append(FoldPiece(f"Stderr:\n{self.stderr.rstrip()}"))
+        pieces += [FoldPiece(f"Display:\n{shown.rstrip()}") for shown in self.displays]
+        if self.result is not None:
+            pieces.append(FoldPiece(f"Result value:\n{self.result.rstrip()}"))
         if self.artifacts:
-            lines.append("Artifacts saved: " + ", ".join(self.artifacts))
+            pieces.append(FoldPiece("Artifacts saved: " + ", ".join(self.artifacts), essential=True))
         if self.full_output_path:
-            lines.append(f"(Full output saved to {self.full_output_path})")
+            pieces.append(FoldPiece(f"(Full output saved to {self.full_output_path})"))
         if self.changes:
             parts = [
                 f"{label}: {', '.join(names)}"
                 for label, names in (("created", self.changes.created), ("changed", self.changes.changed), ("deleted", self.changes.deleted))
                 if names
             ]
-            lines.append("Variables " + "; ".join(parts))
-        return "\n".join(lines)
+            pieces.append(FoldPiece("Variables " + "; ".join(parts), essential=True))
+        return tuple(pieces)
 
 
 class Executor(Protocol):
-    """Runs code in a persistent namespace: the seam between the agent and the kernel."""
+    """Runs code in a persistent namespace: the seam between the agent and the kernel.
+
+    A session needs nothing else from it: a local, sandboxed or remote kernel is a drop-in.
+    """
+
+    @property
+    def working_dir(self) -> Path:
+        """The folder the code's relative paths resolve to, as a local folder of this process."""
+        ...
+
+    def upload(self, source: Path, *, name: str | None = None) -> str:
+        """Put a local file into the working folder (as `name`, default its own name); returns that name."""
+        ...
+
+    def artifact(self, name: str) -> Path:
+        """The local file of an artifact a cell produced; ExecutionError-free: KeyError if there is none."""
+        ...
 
     def run(self, code: str, *, timeout: float | None = None) -> ExecutionResult:
         """Run one cell and return what it did."""
@@ -173,3 +206,7 @@ class Executor(Protocol):
     def shutdown(self) -> None:
         """End the kernel and everything it started."""
         ...
+
+
+# Builds a session's executor for its session folder (Session.open, resume and reset call it).
+ExecutorFactory = Callable[[Path], Executor]

@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence, TypedDict
 from urllib.parse import urlsplit
 
@@ -23,6 +22,7 @@ from taskweaver_lite.errors import (
     LLMModelNotFoundError,
     LLMRateLimitError,
     LLMUnreachableError,
+    TaskWeaverError,
 )
 
 if TYPE_CHECKING:
@@ -45,13 +45,17 @@ class Completion:
     completion_tokens: int
     latency: float
     finish_reason: str | None = None
+    usage_reported: bool = True  # False when the endpoint sent no usage numbers (the counts are 0, not measured)
 
 
 class ChatModel(Protocol):
     """Anything that answers a list of chat messages with text."""
 
-    def complete(self, messages: Sequence[Message], *, purpose: str) -> Completion:
-        """Answer `messages`; `purpose` names the caller (planner, code_generator, compression_planner...)."""
+    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None) -> Completion:
+        """Answer `messages` in at most `max_tokens` tokens (default: llm.reply_reserve).
+
+        `purpose` names the caller: planner, code_generator, compression_planner, compression_code_generator.
+        """
         ...
 
 
@@ -72,8 +76,8 @@ class CallRecord:
 
 
 @dataclass(frozen=True)
-class UsageTotals:
-    """Token usage summed over every call a client made."""
+class Usage:
+    """Model calls and their tokens, summed: the one usage figure (session, /info, store)."""
 
     calls: int = 0
     failed_calls: int = 0
@@ -86,22 +90,75 @@ class UsageTotals:
         """Prompt and completion tokens together."""
         return self.prompt_tokens + self.completion_tokens
 
+    def plus(self, completion: Completion | None) -> Usage:
+        """These totals with one more call: its completion, or None for a failed call."""
+        if completion is None:
+            return replace(self, calls=self.calls + 1, failed_calls=self.failed_calls + 1)
+        return Usage(
+            calls=self.calls + 1,
+            failed_calls=self.failed_calls,
+            prompt_tokens=self.prompt_tokens + completion.prompt_tokens,
+            completion_tokens=self.completion_tokens + completion.completion_tokens,
+            calls_without_usage=self.calls_without_usage + (not completion.usage_reported),
+        )
+
+
+class MeteredModel:
+    """Any `ChatModel`, metered: sums usage and reports every call (ok or failed) to `on_call`.
+
+    The one place usage is counted. Safe to call from several threads (the roles and the folds).
+    """
+
+    def __init__(self, inner: ChatModel, *, on_call: Callable[[CallRecord], None] | None = None, usage: Usage = Usage()) -> None:
+        self.inner = inner
+        self._on_call = on_call
+        self._lock = threading.Lock()
+        self._usage = usage
+
+    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None) -> Completion:
+        """Forward to the inner model, then count the call."""
+        started = time.perf_counter()
+        try:
+            completion = self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens)
+        except TaskWeaverError as exc:
+            self._count(None, CallRecord(purpose, 0, 0, time.perf_counter() - started, ok=False, error=str(exc), messages=tuple(messages), reply=None, usage_reported=False))
+            raise
+        record = CallRecord(
+            purpose,
+            completion.prompt_tokens,
+            completion.completion_tokens,
+            completion.latency,
+            ok=True,
+            error=None,
+            messages=tuple(messages),
+            reply=completion.text,
+            usage_reported=completion.usage_reported,
+        )
+        self._count(completion, record)
+        return completion
+
+    def usage(self) -> Usage:
+        """Totals so far."""
+        with self._lock:
+            return self._usage
+
+    def _count(self, completion: Completion | None, record: CallRecord) -> None:
+        with self._lock:
+            self._usage = self._usage.plus(completion)
+        if self._on_call is not None:
+            self._on_call(record)
+
 
 class OpenAIChatModel:
     """`ChatModel` over the openai SDK: its retries and timeouts, one clear error per failure.
 
-    Safe to call from several threads at once; `on_call` then runs on each calling thread.
+    Safe to call from several threads at once. It counts nothing itself: wrap it in `MeteredModel`.
     """
 
-    def __init__(self, config: LLMConfig, *, on_call: Callable[[CallRecord], None] | None = None) -> None:
+    def __init__(self, config: LLMConfig) -> None:
         import openai  # here, not at module level: it costs ~0.4 s and `--help` must not pay it
 
         self._config = config
-        self._on_call = on_call
-        self._lock = threading.Lock()
-        # The most recent calls only: the store keeps the full record, this is for quick inspection.
-        self._calls: deque[CallRecord] = deque(maxlen=RECENT_CALLS)
-        self._totals = UsageTotals()
         base_url = config.api_base or os.environ.get("OPENAI_BASE_URL") or None
         self.base_url = (base_url or _OPENAI_BASE_URL).rstrip("/")
         self.host = urlsplit(self.base_url).netloc or self.base_url
@@ -123,24 +180,15 @@ class OpenAIChatModel:
             max_retries=config.max_retries,
         )
 
-    @property
-    def calls(self) -> list[CallRecord]:
-        """Every call made so far, oldest first."""
-        with self._lock:
-            return list(self._calls)
-
-    def usage_totals(self) -> UsageTotals:
-        """Tokens and calls summed over this client's life."""
-        with self._lock:
-            return self._totals
-
-    def complete(self, messages: Sequence[Message], *, purpose: str) -> Completion:
+    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None) -> Completion:
         """Send one Chat Completions request; raise an `LLMError` subclass when it fails."""
         import openai
         from openai.types.chat import ChatCompletion
 
-        # max_tokens enforces the reply_reserve the prompt budget left free for the answer.
-        request: dict[str, Any] = {"model": self._config.model, "messages": list(messages), "max_tokens": self._config.reply_reserve}
+        # max_tokens enforces the room the prompt budget left free for the answer (reply_reserve for
+        # the roles; a fold asks for less, sized to its summary, and its prompt may use the rest).
+        limit = self._config.reply_reserve if max_tokens is None else max_tokens
+        request: dict[str, Any] = {"model": self._config.model, "messages": list(messages), "max_tokens": limit}
         if self._config.json_mode:
             request["response_format"] = {"type": "json_object"}
         started = time.perf_counter()
@@ -149,76 +197,28 @@ class OpenAIChatModel:
             # without the SDK re-walking every message as a TypedDict (milliseconds per call on long prompts).
             response = self._client.post("/chat/completions", body=request, cast_to=ChatCompletion)
         except openai.OpenAIError as exc:
-            raise self._failed(purpose, messages, started, self._translate(exc)) from exc
+            raise self._translate(exc) from exc
         latency = time.perf_counter() - started
         choices = getattr(response, "choices", None)
         if not choices:
             # A wrong api_base often lands on a web page or another API that answers 200.
-            raise self._failed(
-                purpose,
-                messages,
-                started,
-                LLMError(
-                    f"{self.base_url} did not answer with a chat completion; check llm.api_base "
-                    "(for most servers it ends in /v1)"
-                ),
+            raise LLMError(
+                f"{self.base_url} did not answer with a chat completion; check llm.api_base (for most servers it ends in /v1)"
             )
         text = choices[0].message.content or ""
         usage = response.usage
-        record = CallRecord(
-            purpose=purpose,
+        return Completion(
+            text=text,
             prompt_tokens=usage.prompt_tokens if usage is not None else 0,
             completion_tokens=usage.completion_tokens if usage is not None else 0,
             latency=latency,
-            ok=True,
-            error=None,
-            messages=tuple(messages),
-            reply=text,
-            usage_reported=usage is not None,
-        )
-        self._record(record)
-        return Completion(
-            text=text,
-            prompt_tokens=record.prompt_tokens,
-            completion_tokens=record.completion_tokens,
-            latency=latency,
             finish_reason=choices[0].finish_reason,
+            usage_reported=usage is not None,
         )
 
     def close(self) -> None:
         """Release the HTTP connections."""
         self._client.close()
-
-    def _failed(self, purpose: str, messages: Sequence[Message], started: float, error: LLMError) -> LLMError:
-        """Record a failed call and hand back the error to raise."""
-        self._record(
-            CallRecord(
-                purpose=purpose,
-                prompt_tokens=0,
-                completion_tokens=0,
-                latency=time.perf_counter() - started,
-                ok=False,
-                error=str(error),
-                messages=tuple(messages),
-                reply=None,
-                usage_reported=False,
-            )
-        )
-        return error
-
-    def _record(self, record: CallRecord) -> None:
-        with self._lock:
-            self._calls.append(record)
-            totals = self._totals
-            self._totals = UsageTotals(
-                calls=totals.calls + 1,
-                failed_calls=totals.failed_calls + (0 if record.ok else 1),
-                prompt_tokens=totals.prompt_tokens + record.prompt_tokens,
-                completion_tokens=totals.completion_tokens + record.completion_tokens,
-                calls_without_usage=totals.calls_without_usage + (0 if record.usage_reported or not record.ok else 1),
-            )
-        if self._on_call is not None:
-            self._on_call(record)
 
     def _translate(self, exc: Exception) -> LLMError:
         """One message per failure, naming the host or model and the setting that fixes it."""
@@ -279,7 +279,6 @@ class OpenAIChatModel:
 
 
 _OPENAI_BASE_URL = "https://api.openai.com/v1"
-RECENT_CALLS = 100
 _LOCAL_SERVER_KEY = "not-needed"
 _MIN_SCRUBBED_KEY = 6
 _CONTEXT_WORDS = (

@@ -9,15 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Sequence
 
-from taskweaver_lite.compression import RoleContext, RoundMessages
-from taskweaver_lite.conversation import Plan, Post, Round
+from taskweaver_lite.compression import RoleContext
+from taskweaver_lite.conversation import Plan, Post, RoleName, Round, RoundMessages
+from taskweaver_lite.execution import FoldPiece
 from taskweaver_lite.llm import ChatModel, Message
-from taskweaver_lite.prompts import load_prompt
 from taskweaver_lite.replies import PLANNER_SCHEMA
-from taskweaver_lite.role import RepairBudget, RoundRenderCache, as_reply_json, ask_json
+from taskweaver_lite.role import RepairTurns, Role, as_reply_json
 
 
-class Planner:
+class Planner(Role):
     """Plans a request and decides, hop by hop, whether to delegate or to answer."""
 
     def __init__(
@@ -29,29 +29,14 @@ class Planner:
         max_hops: int,
         working_files: Callable[[], list[str]],
     ) -> None:
-        self._model = model
-        self._context = context
-        self._examples = list(examples)
+        super().__init__(RoleName.PLANNER, model, context=context, examples=examples)
         self._max_hops = max_hops
         self._working_files = working_files
-        self.rendered = RoundRenderCache(self.render_round)
-        self._prompt = load_prompt("planner")
 
-    @property
-    def context(self) -> RoleContext:
-        """The Planner's prompt history manager (summary, budget, report)."""
-        return self._context
-
-    def reply(self, history: Sequence[Round], current: Round, *, repairs: RepairBudget, on_repair: Callable[[str], None] | None = None) -> Post:
+    def reply(self, history: Sequence[Round], current: Round, *, repairs: RepairTurns, on_repair: Callable[[str], None] | None = None) -> Post:
         """The Planner's next post in `current`: to the CodeInterpreter or to the User."""
         system = self._prompt.render("system", max_hops=self._max_hops, files=self._working_files())
-        built = self._context.build(
-            system=system,
-            examples=self._examples,
-            history=[self.rendered(r) for r in history],
-            current=self.rendered(current),
-        )
-        fields = ask_json(self._model, built.messages, schema=PLANNER_SCHEMA, purpose="planner", repairs=repairs, on_repair=on_repair)
+        fields = self.ask(system=system, history=history, current=current, schema=PLANNER_SCHEMA, repairs=repairs, on_repair=on_repair)
         return Post(
             send_from="Planner",
             send_to=fields["send_to"],
@@ -74,20 +59,24 @@ class Planner:
     def render_round(self, rnd: Round) -> RoundMessages:
         """One round as the Planner's chat messages (only posts the Planner sent or received)."""
         messages: list[Message] = []
-        lines: list[str] = []
+        pieces: list[FoldPiece] = []
         for post in rnd.posts:
             if post.send_to == "Planner" and post.send_from == "User":
                 messages.append(Message(role="user", content=self._prompt.render("user", text=post.message)))
-                lines.append(f"User: {post.message}")
+                pieces.append(FoldPiece(f"User: {post.message}", essential=True))
             elif post.send_to == "Planner" and post.send_from == "CodeInterpreter":
-                result = post.execution.summary_text() if post.execution else ""
-                text = self._prompt.render("code_interpreter", message=post.message, result=result)
-                messages.append(Message(role="user", content=text))
-                lines.append(text)
+                result = post.execution.prompt_text() if post.execution else ""
+                messages.append(Message(role="user", content=self._prompt.render("code_interpreter", message=post.message, result=result)))
+                outcome, _, code = post.message.partition("\n")
+                pieces.append(FoldPiece(f"CodeInterpreter: {outcome}", essential=True))
+                if code:
+                    pieces.append(FoldPiece(code))
+                if post.execution is not None:
+                    pieces += post.execution.fold_pieces()
             elif post.send_from == "Planner":
                 messages.append(Message(role="assistant", content=post.reply_json or post.message))
-                lines.append(f"Planner to {post.send_to}: {post.message}")
-        return RoundMessages(index=rnd.index, messages=tuple(messages), summary_text="\n".join(lines))
+                pieces.append(FoldPiece(f"Planner to {post.send_to}: {post.message}", essential=True))
+        return RoundMessages(index=rnd.index, messages=tuple(messages), fold_pieces=tuple(pieces))
 
 
 def list_working_files(folder: Path, *, limit: int = 30) -> list[str]:

@@ -1,28 +1,66 @@
-"""What the Planner and the CodeGenerator share: a model call that must come back as valid JSON.
+"""What the Planner and the CodeGenerator share: the `Role` base and a model call that must return JSON.
 
-A reply that breaks its schema gets a repair turn telling the model exactly what was wrong. The
-number of repair turns is counted per round, across both roles, so a confused model cannot loop.
+A role renders each round of its view of the conversation as chat messages (once per round), asks
+its `RoleContext` for a prompt within the budget, and calls the model. A reply that breaks its
+schema gets a repair turn telling the model exactly what was wrong. Repair turns are counted per
+round, across both roles (`RepairTurns`), so a confused model cannot loop.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from abc import ABC, abstractmethod
 from typing import Any, Callable, Sequence
 
-from taskweaver_lite.compression import RoundMessages
-from taskweaver_lite.conversation import Round
-
+from taskweaver_lite.compression import RoleContext
+from taskweaver_lite.conversation import RoleName, Round, RoundMessages
 from taskweaver_lite.errors import ReplyFormatError, RoundFailedError
 from taskweaver_lite.llm import ChatModel, Message
 from taskweaver_lite.replies import ReplySchema, parse_reply, repair_message
+from taskweaver_lite.templates import PromptTemplate, load_prompt
 
 
 @dataclass
-class RepairBudget:
+class RepairTurns:
     """Repair turns left in the current round."""
 
     left: int
+
+
+class Role(ABC):
+    """One model role: its template, examples, prompt history and round rendering; `ask` makes its call."""
+
+    def __init__(self, name: RoleName, model: ChatModel, *, context: RoleContext, examples: Sequence[Message]) -> None:
+        self.name = name
+        self.context = context
+        self._model = model
+        self._examples = tuple(examples)
+        self._prompt: PromptTemplate = load_prompt(name.value)
+        self.rendered = RoundRenderCache(self.render_round)
+
+    @abstractmethod
+    def render_round(self, rnd: Round) -> RoundMessages:
+        """One round (already this role's view) as this role's chat messages and fold text."""
+
+    def ask(
+        self,
+        *,
+        system: str,
+        history: Sequence[Round],
+        current: Round,
+        schema: ReplySchema,
+        repairs: RepairTurns,
+        on_repair: Callable[[str], None] | None = None,
+    ) -> dict[str, Any]:
+        """Build this role's prompt within its budget, call the model, and return the reply's fields."""
+        built = self.context.build(
+            system=system,
+            examples=self._examples,
+            history=[self.rendered(r) for r in history],
+            current=self.rendered(current),
+        )
+        return ask_json(self._model, built.messages, schema=schema, purpose=self.name.value, repairs=repairs, on_repair=on_repair)
 
 
 def ask_json(
@@ -31,7 +69,7 @@ def ask_json(
     *,
     schema: ReplySchema,
     purpose: str,
-    repairs: RepairBudget,
+    repairs: RepairTurns,
     on_repair: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Call the model and return the reply's fields, repairing bad replies while the budget lasts.

@@ -11,28 +11,30 @@ observe every event; they never drive the turn.
 
 from __future__ import annotations
 
+import functools
 import shutil
-import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from taskweaver_lite.code_generator import CodeInterpreter
-from taskweaver_lite.compression import CompressionState, LiveVariables, RoleContext
+from taskweaver_lite.code_generator import CodeGenerator
+from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.config import Config
-from taskweaver_lite.conversation import Conversation, Post, Round
+from taskweaver_lite.conversation import Conversation, Post, RoleName, Round
 from taskweaver_lite.errors import RoundFailedError, TaskWeaverError
 from taskweaver_lite.events import Event, Listener, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
 from taskweaver_lite.examples import load_examples
-from taskweaver_lite.execution import Executor
-from taskweaver_lite.llm import ChatModel, Completion, Message
+from taskweaver_lite.execution import Executor, ExecutorFactory, Variable
+from taskweaver_lite.llm import CallRecord, ChatModel, MeteredModel, Usage
 from taskweaver_lite.planner import Planner, list_working_files
-from taskweaver_lite.role import RepairBudget
-from taskweaver_lite.session_lock import SessionLock
-from taskweaver_lite.store import SessionStore, StoreRecorder
+from taskweaver_lite.role import RepairTurns
+from taskweaver_lite.store.database import SessionStore, StoreRecorder
+from taskweaver_lite.store.lock import SessionLock
+from taskweaver_lite.summary import CompressionState
 from taskweaver_lite.tokens import get_tokenizer
+from taskweaver_lite.variables import LiveVariables
 
 
 @dataclass(frozen=True)
@@ -47,15 +49,6 @@ class ResumeReport:
     lost: tuple[str, ...]  # variables not rebuilt (replay skipped)
 
 
-@dataclass(frozen=True)
-class Usage:
-    """Model calls and tokens so far in this session."""
-
-    calls: int
-    prompt_tokens: int
-    completion_tokens: int
-
-
 class Session:
     """One conversation with its kernel: ask, load files, reset, and inspect the context."""
 
@@ -66,33 +59,40 @@ class Session:
         model: ChatModel,
         executor: Executor,
         session_id: str,
-        working_dir: Path,
         listeners: Iterable[Listener] = (),
         store: SessionStore | None = None,
         lock: SessionLock | None = None,
-        usage_before: Usage = Usage(0, 0, 0),
+        usage_before: Usage = Usage(),
+        executor_factory: ExecutorFactory | None = None,
     ) -> None:
         self.config = config
         self.id = session_id
-        self.working_dir = working_dir
         self.executor = executor
+        self._executor_factory = executor_factory  # how /reset builds the next session's executor
         self.store = store
         self.conversation = Conversation()
         self._lock = lock
         self._listeners = list(listeners)
-        self._model = _MeteredModel(model, emit=self._emit, keep_prompts=config.store.record_prompts, totals=usage_before)
+        self._model = MeteredModel(model, on_call=self._on_call, usage=usage_before)
         self._notes: list[str] = []
         self._lost: list[str] = []
+        self._recency: dict[str, int] = {}  # variable name -> the last cell that created or changed it
+        self._cells = 0
         self._tokenizer = get_tokenizer(config.llm.tokenizer)
-        self.planner, self.code_interpreter = self._build_roles()
+        self.planner, self.code_generator = self._build_roles()
         if store is not None:
             self._listeners.append(StoreRecorder(store, session_id, compression_state=self._compression_state))
 
-    def _build_roles(self) -> tuple[Planner, CodeInterpreter]:
+    @property
+    def working_dir(self) -> Path:
+        """The folder the session's code reads and writes files in."""
+        return self.executor.working_dir
+
+    def _build_roles(self) -> tuple[Planner, CodeGenerator]:
         config = self.config
-        planner_context = RoleContext("planner", config=config, model=self._model, tokenizer=self._tokenizer, on_fold=self._emit)
+        planner_context = RoleContext(RoleName.PLANNER, config=config, model=self._model, tokenizer=self._tokenizer, on_fold=self._emit)
         coder_context = RoleContext(
-            "code_generator",
+            RoleName.CODE_GENERATOR,
             config=config,
             model=self._model,
             tokenizer=self._tokenizer,
@@ -102,19 +102,18 @@ class Session:
         planner = Planner(
             self._model,
             context=planner_context,
-            examples=load_examples(config.project_dir, "planner"),
+            examples=load_examples(config.project_dir, RoleName.PLANNER),
             max_hops=config.session.max_internal_hops,
             working_files=lambda: list_working_files(self.working_dir),
         )
-        code_interpreter = CodeInterpreter(
+        code_generator = CodeGenerator(
             self._model,
             executor=self.executor,
             context=coder_context,
-            examples=load_examples(config.project_dir, "code_generator"),
+            examples=load_examples(config.project_dir, RoleName.CODE_GENERATOR),
             max_retry_count=config.code_interpreter.max_retry_count,
-            lost_variables=lambda: self.live_variables().lost,
         )
-        return planner, code_interpreter
+        return planner, code_generator
 
     @classmethod
     def open(
@@ -122,16 +121,21 @@ class Session:
         config: Config,
         *,
         model: ChatModel | None = None,
+        executor: ExecutorFactory | None = None,
         listeners: Iterable[Listener] = (),
         session_id: str | None = None,
     ) -> Session:
-        """Start a stored session: its kernel boots in the background while the first request is typed."""
+        """Start a stored session: its kernel boots in the background while the first request is typed.
+
+        `model` defaults to the openai-SDK client for `config.llm`; `executor` builds the session's
+        executor from its session folder (default: a local Jupyter kernel).
+        """
         session_id = session_id or new_session_id()
         store = SessionStore(config.store_path)
         with _closing_on_error(store) as guard:
             lock = guard.lock = store.lock(session_id)
             store.create_session(session_id, started=time.time())
-            return cls._assemble(config, session_id, store=store, lock=lock, model=model, listeners=listeners)
+            return cls._assemble(config, session_id, store=store, lock=lock, model=model, executor=executor, listeners=listeners)
 
     @classmethod
     def resume(
@@ -141,6 +145,7 @@ class Session:
         *,
         replay: bool = True,
         model: ChatModel | None = None,
+        executor: ExecutorFactory | None = None,
         listeners: Iterable[Listener] = (),
         on_replay: Callable[[int, int], None] | None = None,
     ) -> tuple[Session, ResumeReport]:
@@ -152,11 +157,12 @@ class Session:
             cut_off = store.mark_interrupted(session_id)
             stored = store.load(session_id)
             cells = store.successful_cells(session_id) if replay else []
-            usage = Usage(stored.usage.calls - stored.usage.failed_calls, stored.usage.prompt_tokens, stored.usage.completion_tokens)
-            session = cls._assemble(config, session_id, store=store, lock=lock, model=model, listeners=listeners, usage_before=usage)
+            session = cls._assemble(
+                config, session_id, store=store, lock=lock, model=model, executor=executor, listeners=listeners, usage_before=stored.usage
+            )
         session.conversation.rounds = list(stored.rounds)
         for context in session.contexts().values():
-            saved = stored.compression.get(context.role)
+            saved = stored.compression.get(context.role.value)
             if saved:
                 context.restore(CompressionState.from_dict(saved))
         failed_cells = 0
@@ -185,28 +191,28 @@ class Session:
         store: SessionStore,
         lock: SessionLock,
         model: ChatModel | None,
+        executor: ExecutorFactory | None,
         listeners: Iterable[Listener],
-        usage_before: Usage = Usage(0, 0, 0),
+        usage_before: Usage = Usage(),
     ) -> Session:
-        from taskweaver_lite.kernel import KernelExecutor
         from taskweaver_lite.llm import OpenAIChatModel
 
         chat_model = model or OpenAIChatModel(config.llm)
-        executor = KernelExecutor(config.sessions_dir / session_id, config=config.execution)
+        running = (executor or default_executor(config))(config.sessions_dir / session_id)
         try:
             return cls(
                 config,
                 model=chat_model,
-                executor=executor,
+                executor=running,
                 session_id=session_id,
-                working_dir=executor.cwd,
                 listeners=listeners,
                 store=store,
                 lock=lock,
                 usage_before=usage_before,
+                executor_factory=executor,
             )
         except BaseException:  # bad examples or prompts: the kernel already booting must not linger
-            executor.shutdown()
+            running.shutdown()
             raise
 
     def __enter__(self) -> Session:
@@ -249,7 +255,7 @@ class Session:
         return rnd
 
     def _run_hops(self, rnd: Round, planner_view: Sequence[Round], coder_view: Sequence[Round]) -> None:
-        repairs = RepairBudget(self.config.session.max_repair_attempts)
+        repairs = RepairTurns(self.config.session.max_repair_attempts)
         max_hops = self.config.session.max_internal_hops
         hops = 0
         while True:
@@ -262,7 +268,7 @@ class Session:
             if post.send_to == "User":
                 return
             hops += 1
-            report = self.code_interpreter.handle(
+            report = self.code_generator.handle(
                 post,
                 history=coder_view,
                 current=rnd,
@@ -277,12 +283,9 @@ class Session:
         path = Path(source).expanduser()
         if not path.is_file():
             raise TaskWeaverError(f"{path}: no such file")
-        target = self.working_dir / path.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if path.resolve() != target.resolve():
-            shutil.copy2(path, target)
-        self._notes.append(self.planner.file_note(path.name))
-        return target
+        name = self.executor.upload(path)
+        self._notes.append(self.planner.file_note(name))
+        return self.working_dir / name
 
     def reset(self) -> Session:
         """Start over: a new session with a fresh kernel and a copy of this one's working files.
@@ -290,24 +293,24 @@ class Session:
         This session is closed (and stays stored, resumable); use the returned one from now on.
         """
         listeners = [listener for listener in self._listeners if not isinstance(listener, StoreRecorder)]
-        fresh = Session.open(self.config, model=self._model.inner, listeners=listeners)
+        fresh = Session.open(self.config, model=self._model.inner, executor=self._executor_factory, listeners=listeners)
         shutil.copytree(self.working_dir, fresh.working_dir, dirs_exist_ok=True)
         self.close()
         return fresh
 
     def live_variables(self) -> LiveVariables:
-        """The kernel's variables now, and names lost to restarts that were not recreated."""
+        """The kernel's variables now, most recently created or changed first, and names lost to restarts."""
         variables = self.executor.variables()
         alive = {v.name for v in variables}
         lost = tuple(dict.fromkeys(n for n in self._lost if n not in alive))
-        return LiveVariables(variables=variables, lost=lost)
+        return LiveVariables(variables=_newest_first(variables, self._recency), lost=lost)
 
-    def contexts(self) -> dict[str, RoleContext]:
-        """Each role's prompt history manager, by role name."""
-        return {"Planner": self.planner.context, "CodeGenerator": self.code_interpreter.context}
+    def contexts(self) -> dict[RoleName, RoleContext]:
+        """Each role's prompt history manager."""
+        return {RoleName.PLANNER: self.planner.context, RoleName.CODE_GENERATOR: self.code_generator.context}
 
     def usage(self) -> Usage:
-        """Model calls and tokens used so far."""
+        """Model calls and tokens used so far (failed calls counted, with no tokens)."""
         return self._model.usage()
 
     def close(self) -> None:
@@ -328,19 +331,30 @@ class Session:
                 if store is not None:
                     store.close()
 
-    def _compression_state(self, role: str) -> dict[str, Any] | None:
-        context = next((c for c in self.contexts().values() if c.role == role), None)
+    def _compression_state(self, role: RoleName) -> dict[str, Any] | None:
+        context = self.contexts().get(role)
         return context.state.to_dict() if context is not None else None
 
     def _after_round(self) -> None:
-        self.planner.context.round_finished([self.planner.rendered(r) for r in self.conversation.view("Planner")])
-        self.code_interpreter.context.round_finished([self.code_interpreter.rendered(r) for r in self.conversation.view("CodeInterpreter")])
+        for role in (self.planner, self.code_generator):
+            role.context.round_finished([role.rendered(r) for r in self.conversation.view(role.name.party)])
 
     def _add(self, rnd: Round, post: Post) -> None:
         rnd.posts.append(post)
-        if post.execution is not None and post.execution.kernel_died:
-            self._lost.extend(post.execution.lost_variables)
+        execution = post.execution
+        if execution is not None:
+            self._cells += 1
+            for name in (*execution.changes.created, *execution.changes.changed):
+                self._recency[name] = self._cells
+            if execution.kernel_died:
+                self._lost.extend(execution.lost_variables)
         self._emit(PostAdded(rnd, post))
+
+    def _on_call(self, record: CallRecord) -> None:
+        keep = self.config.store.record_prompts
+        prompt = tuple(dict(m) for m in record.messages) if keep else None
+        reply = record.reply if keep else None
+        self._emit(ModelCalled(record.purpose, record.prompt_tokens, record.completion_tokens, record.latency, ok=record.ok, error=record.error, prompt=prompt, reply=reply))
 
     def _fail(self, rnd: Round, error: str) -> None:
         rnd.state = "failed"
@@ -355,6 +369,18 @@ class Session:
             listener(event)
 
 
+def default_executor(config: Config) -> ExecutorFactory:
+    """A local Jupyter kernel per session, started in the background."""
+    from taskweaver_lite.kernel.executor import KernelExecutor
+
+    return functools.partial(KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens)
+
+
+def _newest_first(variables: Sequence[Variable], recency: dict[str, int]) -> tuple[Variable, ...]:
+    """Most recently created or changed first; the kernel's own order among equals."""
+    return tuple(sorted(variables, key=lambda v: -recency.get(v.name, 0)))
+
+
 def new_session_id() -> str:
     """A sortable, readable session id: date, time, and a short random suffix."""
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
@@ -363,49 +389,8 @@ def new_session_id() -> str:
 def _last_report(rnd: Round) -> str:
     for post in reversed(rnd.posts):
         if post.send_from == "CodeInterpreter":
-            return post.execution.summary_text() if post.execution else post.message
+            return post.execution.prompt_text() if post.execution else post.message
     return "(no results yet)"
-
-
-class _MeteredModel:
-    """Wraps the chat model to count calls and tokens and to report each call as an event."""
-
-    def __init__(self, inner: ChatModel, *, emit: Listener, keep_prompts: bool, totals: Usage) -> None:
-        self.inner = inner
-        self._emit = emit
-        self._keep_prompts = keep_prompts
-        self._lock = threading.Lock()
-        self._totals = totals
-
-    def complete(self, messages: Sequence[Message], *, purpose: str) -> Completion:
-        """Forward to the real model, then record what the call cost."""
-        started = time.perf_counter()
-        prompt = tuple(dict(m) for m in messages) if self._keep_prompts else None
-        try:
-            completion = self.inner.complete(messages, purpose=purpose)
-        except TaskWeaverError as exc:
-            self._emit(ModelCalled(purpose, 0, 0, time.perf_counter() - started, ok=False, error=str(exc), prompt=prompt))
-            raise
-        with self._lock:
-            t = self._totals
-            self._totals = Usage(t.calls + 1, t.prompt_tokens + completion.prompt_tokens, t.completion_tokens + completion.completion_tokens)
-        self._emit(
-            ModelCalled(
-                purpose,
-                completion.prompt_tokens,
-                completion.completion_tokens,
-                completion.latency,
-                ok=True,
-                prompt=prompt,
-                reply=completion.text if self._keep_prompts else None,
-            )
-        )
-        return completion
-
-    def usage(self) -> Usage:
-        """Totals so far."""
-        with self._lock:
-            return self._totals
 
 
 class _closing_on_error:

@@ -1,104 +1,52 @@
-"""The summary of folded rounds: its state, the Variables merged from the kernel's truth, and the fold call.
+"""A role's summary of its folded rounds: its state, and the fold calls that grow it.
 
-A fold is one model call over the rounds being folded and the previous summary. Its reply must be
-the summary JSON of CONTRACT §4; it gets one repair turn, and otherwise nothing changes (valid or
-nothing). The Variables of a summary are never the model's word alone: `merge_variables` keeps
-only what the kernel holds, with the kernel's types, and the model's descriptions of them.
+A fold turns finished rounds into summary text with model calls held to the same window as every
+other call: the request's prompt plus its `max_tokens` never pass `llm.context_window`, and its
+`max_tokens` is sized to the reply it asks for (the summary cap), not to `llm.reply_reserve`.
+
+Folds never lose a round. Rounds that do not fit one call go in several (batches packed by
+tokens, oldest first); a round too big for a call on its own is cut head and tail, but keeps its
+essential pieces (the user's request, the Planner's instruction, each execution's outcome). A
+summary's label names exactly the rounds it saw.
+
+Folds are incremental to keep them cheap: while the summary has room, a fold sends only the new
+rounds and appends notes on them ("append"); when the notes would pass the summary cap, it sends
+the previous summary with the new rounds and asks for one shorter summary ("merge"). The
+summary's Variables are only descriptions: the list a prompt shows always comes from the kernel
+(`variables.py`).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal, Sequence
 
+from taskweaver_lite.conversation import RoleName, RoundMessages
 from taskweaver_lite.errors import ReplyFormatError, TaskWeaverError
+from taskweaver_lite.events import Folded, span
 from taskweaver_lite.execution import Variable
 from taskweaver_lite.llm import ChatModel, Message
-from taskweaver_lite.prompts import load_prompt
 from taskweaver_lite.replies import SUMMARY_SCHEMA, parse_reply, repair_message
+from taskweaver_lite.templates import load_prompt
 from taskweaver_lite.tokens import Tokenizer
-
-if TYPE_CHECKING:
-    from taskweaver_lite.compression import RoundMessages
+from taskweaver_lite.variables import LiveVariables
 
 FoldStyle = Literal["rounds", "narrative"]
-ROLE_LABELS = {"planner": "Planner", "code_generator": "CodeGenerator"}
+FoldMode = Literal["append", "merge"]
+HEADING = "## Summary of earlier rounds"
 # Enough fold records to explain a long session; older ones say nothing a user still needs.
 MAX_LOG_ENTRIES = 100
-
-
-@dataclass(frozen=True)
-class LiveVariables:
-    """The kernel's truth: its variables now, and names lost to kernel restarts."""
-
-    variables: tuple[Variable, ...] = ()
-    lost: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class MergedVariables:
-    """The summary's Variables after checking the model's list against the kernel."""
-
-    variables: tuple[Variable, ...]
-    added: tuple[str, ...]  # live in the kernel, left out by the model
-    dropped: tuple[str, ...]  # named by the model, not in the kernel (invented, deleted or lost)
-    lost: tuple[str, ...]  # gone in a kernel restart and not created again since
-
-
-def merge_variables(described: Sequence[Variable], *, live: LiveVariables, previously_lost: Sequence[str] = ()) -> MergedVariables:
-    """The kernel's variables, in kernel order, with the model's descriptions where it gave one."""
-    by_name = {v.name: v for v in described}
-    alive = {v.name for v in live.variables}
-    merged: list[Variable] = []
-    added: list[str] = []
-    for truth in live.variables:
-        told = by_name.get(truth.name)
-        if told is None:
-            added.append(truth.name)
-        description = told.description.strip() if told is not None and told.description.strip() else truth.description
-        merged.append(Variable(name=truth.name, type=truth.type, description=description))
-    dropped = tuple(name for name in by_name if name not in alive)
-    lost = tuple(dict.fromkeys(name for name in (*previously_lost, *live.lost) if name not in alive))
-    return MergedVariables(variables=tuple(merged), added=tuple(added), dropped=dropped, lost=lost)
-
-
-@dataclass(frozen=True)
-class FoldEvent:
-    """One fold attempt, for the CLI line and the fold log."""
-
-    role: str
-    first_round: int
-    last_round: int
-    tokens_before: int
-    tokens_after: int
-    ok: bool
-    error: str | None = None
-
-    def describe(self) -> str:
-        """One line for the user: 'Planner: folded rounds 1-4, 5,210 -> 380 tokens'."""
-        label = ROLE_LABELS.get(self.role, self.role)
-        span = _span(self.first_round, self.last_round)
-        if self.ok:
-            return f"{label}: folded {span}, {self.tokens_before:,} -> {self.tokens_after:,} tokens"
-        return f"{label}: could not fold {span} ({self.error}); they stay verbatim and the fold is retried later"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON shape: the fields by name."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FoldEvent:
-        """Inverse of `to_dict`."""
-        return cls(
-            role=str(data["role"]),
-            first_round=int(data["first_round"]),
-            last_round=int(data["last_round"]),
-            tokens_before=int(data["tokens_before"]),
-            tokens_after=int(data["tokens_after"]),
-            ok=bool(data["ok"]),
-            error=data.get("error"),
-        )
+# The summary's share of a role's prompt budget, and the variables list's (variables.py renders it).
+SUMMARY_SHARE = 0.20
+VARIABLES_SHARE = 0.15
+# Appended notes on one batch may take this share of the summary cap; a merge asks for this share of it.
+NOTES_SHARE = 0.34
+MERGE_SHARE = 0.60
+# Variable descriptions a CodeGenerator fold may return, and what they may cost.
+MAX_DESCRIBED = 15
+DESCRIPTION_TOKENS = 24
+REPLY_OVERHEAD = 32  # JSON keys, quotes and brackets around the summary
+MIN_ROUND_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -106,10 +54,10 @@ class CompressionState:
     """A role's summary of its folded rounds: what a saved session keeps to restore its prompts."""
 
     summary: str = ""
-    variables: tuple[Variable, ...] = ()
+    variables: tuple[Variable, ...] = ()  # the model's descriptions of kernel variables, by name
     lost: tuple[str, ...] = ()
     folded_through: int = 0  # index of the last round in the summary; 0 = nothing folded yet
-    log: tuple[FoldEvent, ...] = ()
+    log: tuple[Folded, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape: {summary, variables, lost, folded_through, log}."""
@@ -129,159 +77,235 @@ class CompressionState:
             variables=tuple(Variable.from_dict(v) for v in data.get("variables", ())),
             lost=tuple(data.get("lost", ())),
             folded_through=int(data.get("folded_through", 0)),
-            log=tuple(FoldEvent.from_dict(e) for e in data.get("log", ())),
+            log=tuple(Folded.from_dict(e) for e in data.get("log", ())),
         )
 
-    def logged(self, event: FoldEvent) -> CompressionState:
+    def logged(self, event: Folded) -> CompressionState:
         """This state with `event` appended to the fold log."""
         return replace(self, log=(*self.log, event)[-MAX_LOG_ENTRIES:])
 
 
-def render_summary(state: CompressionState, *, live: LiveVariables | None) -> str:
-    """The summary as prompt text under a heading saying it is earlier context; '' before any fold."""
+def render_summary(state: CompressionState) -> str:
+    """The summary as prompt text under a heading naming the rounds it covers; '' before any fold."""
     if not state.summary and not state.folded_through:
         return ""
     lines = [
-        f"## Summary of earlier rounds ({_span(1, state.folded_through)})",
+        f"{HEADING} ({span(1, state.folded_through)})",
         "These rounds are no longer shown in full. Use this summary only when it is relevant to the "
         "current request; do not repeat it or act on it unprompted.",
         "",
         state.summary.strip() or "(nothing of note)",
     ]
-    variables, lost = state.variables, state.lost
-    if live is not None:
-        merged = merge_variables(state.variables, live=live, previously_lost=state.lost)
-        variables, lost = merged.variables, merged.lost
-        kernel_says = {v.name: v.description for v in live.variables}
-    else:
-        kernel_says = {}
-    if live is not None or variables:
-        lines += ["", "### Variables in the kernel now"]
-        lines += [_variable_line(v, kernel_says.get(v.name, "")) for v in variables] or ["(none)"]
-    if lost:
-        lines += ["", "### Lost in a kernel restart (recompute before use)", ", ".join(lost)]
+    if state.lost:
+        lines += ["", f"Lost in a kernel restart (recompute before use): {', '.join(state.lost)}"]
     return "\n".join(lines)
 
 
-def _variable_line(variable: Variable, kernel_description: str) -> str:
-    line = f"- {variable.name} ({variable.type}): {variable.description}"
-    if kernel_description and kernel_description != variable.description:
-        line += f" [now: {kernel_description}]"
-    return line
+@dataclass(frozen=True)
+class FoldLimits:
+    """The token sizes of fold calls for one role, from its prompt budget and the window."""
+
+    summary_tokens: int  # the summary's cap: its share of the role's prompt budget
+    window: int  # llm.context_window: prompt + max_tokens of a fold stay within it
+    margin: int  # llm.margin, kept free as for every call
+    round_tokens: int  # one round's text in a fold is cut to this, keeping its essential pieces
+
+    @classmethod
+    def for_budget(cls, budget: int, *, max_summary_tokens: int, window: int, margin: int) -> FoldLimits:
+        """Limits for a role whose prompts get `budget` tokens."""
+        summary = max(MIN_ROUND_TOKENS, min(max_summary_tokens, int(budget * SUMMARY_SHARE)))
+        return cls(summary_tokens=summary, window=window, margin=margin, round_tokens=max(MIN_ROUND_TOKENS * 4, budget // 4))
+
+    def reply_tokens(self, mode: FoldMode, *, describes_variables: bool) -> int:
+        """The fold call's `max_tokens`: the summary (or notes) it asks for, plus variable descriptions."""
+        text = self.summary_tokens if mode == "merge" else self.notes_tokens
+        return text + REPLY_OVERHEAD + (MAX_DESCRIBED * DESCRIPTION_TOKENS if describes_variables else 0)
+
+    @property
+    def notes_tokens(self) -> int:
+        """What one append fold may add."""
+        return max(MIN_ROUND_TOKENS, int(self.summary_tokens * NOTES_SHARE))
 
 
 @dataclass(frozen=True)
 class FoldResult:
-    """What a fold attempt produced: the new state (None when it failed) and its event."""
+    """What a fold produced: the newest state (None if no batch succeeded) and an event per batch tried."""
 
     state: CompressionState | None
-    event: FoldEvent
+    events: tuple[Folded, ...]
+
+
+@dataclass(frozen=True)
+class _Fold:
+    """Who folds, how, with what."""
+
+    role: RoleName
+    style: FoldStyle
+    model: ChatModel
+    tokenizer: Tokenizer
+    limits: FoldLimits
+    live: LiveVariables | None
+
+    @property
+    def describes_variables(self) -> bool:
+        return self.role is RoleName.CODE_GENERATOR
 
 
 def fold_rounds(
     previous: CompressionState,
     *,
     rounds: Sequence[RoundMessages],
-    role: str,
+    role: RoleName,
     style: FoldStyle,
     model: ChatModel,
     tokenizer: Tokenizer,
-    budget: int,
-    max_summary_tokens: int,
+    limits: FoldLimits,
     live: LiveVariables | None,
 ) -> FoldResult:
-    """Fold `rounds` and the previous summary into a new summary with one model call (plus one repair)."""
-    first, last = rounds[0].index, rounds[-1].index
-    tokens_before = sum(tokenizer.count_messages(r.messages) for r in rounds) + tokenizer.count(render_summary(previous, live=live))
-    messages = fold_prompt(previous, rounds=rounds, role=role, style=style, tokenizer=tokenizer, budget=budget, max_summary_tokens=max_summary_tokens, live=live)
-    purpose = f"compression_{role}"
-    try:
-        completion = model.complete(messages, purpose=purpose)
-        try:
-            fields = _read_summary(completion.text, tokenizer=tokenizer, max_summary_tokens=max_summary_tokens)
-        except ReplyFormatError as problem:
-            repair = [*messages, Message(role="assistant", content=completion.text), Message(role="user", content=repair_message(problem, SUMMARY_SCHEMA))]
-            completion = model.complete(repair, purpose=purpose)
-            # The repaired reply only has to be valid; a summary still too long is cut rather than lost.
-            fields = _read_summary(completion.text, tokenizer=tokenizer, max_summary_tokens=None)
-    except TaskWeaverError as exc:  # unreachable model, unusable reply: keep the rounds, retry later
-        event = FoldEvent(role, first, last, tokens_before, tokens_before, ok=False, error=_one_line(exc))
-        return FoldResult(state=None, event=event)
-    summary = tokenizer.truncate_middle(fields["ConversationSummary"].strip(), max_summary_tokens)
-    described = tuple(Variable(name=v["name"], type=v["type"], description=v.get("description", "")) for v in fields.get("Variables", ()))
-    if live is not None:
-        merged = merge_variables(described, live=live, previously_lost=previous.lost)
-        variables, lost = merged.variables, merged.lost
-    else:
-        variables, lost = (), ()
-    state = replace(previous, summary=summary, variables=variables, lost=lost, folded_through=last)
-    event = FoldEvent(role, first, last, tokens_before, tokenizer.count(render_summary(state, live=live)), ok=True)
-    return FoldResult(state=state.logged(event), event=event)
-
-
-def fold_prompt(
-    previous: CompressionState,
-    *,
-    rounds: Sequence[RoundMessages],
-    role: str,
-    style: FoldStyle,
-    tokenizer: Tokenizer,
-    budget: int,
-    max_summary_tokens: int,
-    live: LiveVariables | None,
-) -> list[Message]:
-    """The fold call's messages; round texts are cut (head and tail kept) so the call fits `budget`."""
-    template = load_prompt(f"compression_{role}")
-    system = template.render("system", style=style, max_summary_tokens=max_summary_tokens)
-    values: dict[str, Any] = {
-        "style": style,
-        "previous_summary": previous.summary,
-        "folded_through": previous.folded_through,
-        "first_round": rounds[0].index,
-        "last_round": rounds[-1].index,
-    }
-    if role == "code_generator":
-        values["previous_variables"] = json.dumps([v.to_dict() for v in previous.variables], ensure_ascii=False)
-        values["kernel_variables"] = json.dumps([v.to_dict() for v in (live.variables if live else ())], ensure_ascii=False)
-        values["lost"] = list(dict.fromkeys((*previous.lost, *(live.lost if live else ()))))
-    frame = template.render("user", rounds=[], **values)
-    room = budget - tokenizer.count_messages([Message(role="system", content=system), Message(role="user", content=frame)]) - max_summary_tokens
-    texts = fit_texts([r.summary_text for r in rounds], room=max(room, len(rounds) * 16), tokenizer=tokenizer)
-    shown = [{"index": r.index, "text": text} for r, text in zip(rounds, texts)]
-    return [Message(role="system", content=system), Message(role="user", content=template.render("user", rounds=shown, **values))]
-
-
-def fit_texts(texts: Sequence[str], *, room: int, tokenizer: Tokenizer) -> list[str]:
-    """Cut the longest texts first so that together they take at most about `room` tokens."""
-    sizes = [tokenizer.count(t) for t in texts]
-    if sum(sizes) <= room:
-        return list(texts)
-    # Water-filling: small texts stay whole, the big ones share what is left equally.
-    cap, remaining, pending = 0, room, sorted(range(len(texts)), key=lambda i: sizes[i])
-    for position, i in enumerate(pending):
-        share = remaining // (len(pending) - position)
-        if sizes[i] > share:
-            cap = share
+    """Fold `rounds` into the summary, in as many calls as it takes; stops at the first failed call."""
+    fold = _Fold(role, style, model, tokenizer, limits, live)
+    state: CompressionState | None = None
+    events: list[Folded] = []
+    pending = list(rounds)
+    while pending:
+        current = state or previous
+        mode = _mode(current, fold)
+        batch = _batch(current, pending, fold, mode)
+        result, event = _fold_batch(current, batch, fold, mode)
+        events.append(event)
+        if result is None:
             break
-        remaining -= sizes[i]
-    return [tokenizer.truncate_middle(t, cap) if size > cap else t for t, size in zip(texts, sizes)]
+        state = result.logged(event)
+        pending = pending[len(batch) :]
+    return FoldResult(state=state, events=tuple(events))
 
 
-def _read_summary(text: str, *, tokenizer: Tokenizer, max_summary_tokens: int | None) -> dict[str, Any]:
+def _mode(state: CompressionState, fold: _Fold) -> FoldMode:
+    if fold.style == "narrative" or not state.summary:
+        return "merge"
+    room = fold.limits.summary_tokens - fold.tokenizer.count(state.summary)
+    return "append" if room >= fold.limits.notes_tokens else "merge"
+
+
+def _room(state: CompressionState, fold: _Fold, mode: FoldMode) -> int:
+    """Tokens the rounds may take in one fold call of `mode`."""
+    empty = fold_prompt(state, rounds=(), fold=fold, mode=mode)
+    reply = fold.limits.reply_tokens(mode, describes_variables=fold.describes_variables)
+    return fold.limits.window - fold.limits.margin - reply - fold.tokenizer.count_messages(empty)
+
+
+def _batch(state: CompressionState, pending: Sequence[RoundMessages], fold: _Fold, mode: FoldMode) -> list[RoundMessages]:
+    """The oldest pending rounds that fit one call (at least one: it is cut to fit)."""
+    room = _room(state, fold, mode)
+    batch: list[RoundMessages] = []
+    used = 0
+    for rnd in pending:
+        size = fold.tokenizer.count(round_text(rnd, limit=fold.limits.round_tokens, tokenizer=fold.tokenizer)) + 16
+        if batch and used + size > room:
+            break
+        batch.append(rnd)
+        used += size
+    return batch
+
+
+def _fold_batch(state: CompressionState, batch: Sequence[RoundMessages], fold: _Fold, mode: FoldMode) -> tuple[CompressionState | None, Folded]:
+    tokenizer = fold.tokenizer
+    first, last = batch[0].index, batch[-1].index
+    tokens_before = sum(tokenizer.count_messages(r.messages) for r in batch)
+    messages = fold_prompt(state, rounds=batch, fold=fold, mode=mode)
+    max_tokens = fold.limits.reply_tokens(mode, describes_variables=fold.describes_variables)
+    cap = fold.limits.summary_tokens if mode == "merge" else fold.limits.notes_tokens
+    purpose = f"compression_{fold.role.value}"
+    try:
+        completion = fold.model.complete(messages, purpose=purpose, max_tokens=max_tokens)
+        try:
+            fields = _read_summary(completion.text, tokenizer=tokenizer, cap=cap)
+        except ReplyFormatError as problem:
+            repair = [*messages, Message(role="assistant", content=_clip(completion.text, tokenizer, cap)), Message(role="user", content=repair_message(problem, SUMMARY_SCHEMA))]
+            if tokenizer.count_messages(repair) + max_tokens > fold.limits.window - fold.limits.margin:
+                raise
+            completion = fold.model.complete(repair, purpose=purpose, max_tokens=max_tokens)
+            # The repaired reply only has to be valid; text still too long is cut rather than lost.
+            fields = _read_summary(completion.text, tokenizer=tokenizer, cap=None)
+    except TaskWeaverError as exc:  # unreachable model, unusable reply: keep the rounds, retry later
+        return None, Folded(fold.role, first, last, tokens_before, tokens_before, ok=False, error=_one_line(exc))
+    text = tokenizer.truncate_middle(fields["ConversationSummary"].strip(), cap)
+    summary = text if mode == "merge" else f"{state.summary.rstrip()}\n{text}".strip()
+    described = tuple(Variable(name=v["name"], type=v["type"], description=v.get("description", "")) for v in fields.get("Variables", ()))
+    new = replace(state, summary=summary, variables=_described(state.variables, described, fold.live), lost=_lost(state, fold.live), folded_through=last)
+    return new, Folded(fold.role, first, last, tokens_before, tokenizer.count(render_summary(new)), ok=True)
+
+
+def _described(before: Sequence[Variable], told: Sequence[Variable], live: LiveVariables | None) -> tuple[Variable, ...]:
+    """Descriptions by name, the newest winning, kept only for variables the kernel still holds."""
+    if live is None:
+        return ()
+    alive = {v.name: v for v in live.variables}
+    merged = {v.name: v for v in before}
+    merged.update({v.name: v for v in told if v.description.strip()})
+    return tuple(replace(v, type=alive[name].type) for name, v in merged.items() if name in alive)
+
+
+def _lost(state: CompressionState, live: LiveVariables | None) -> tuple[str, ...]:
+    if live is None:
+        return ()
+    alive = {v.name for v in live.variables}
+    return tuple(dict.fromkeys(name for name in (*state.lost, *live.lost) if name not in alive))
+
+
+def fold_prompt(state: CompressionState, *, rounds: Sequence[RoundMessages], fold: _Fold, mode: FoldMode) -> list[Message]:
+    """The fold call's messages: the previous summary only when merging, each round cut to its limit."""
+    template = load_prompt(f"compression_{fold.role.value}")
+    cap = fold.limits.summary_tokens if mode == "merge" else fold.limits.notes_tokens
+    system = template.render("system", style=fold.style, mode=mode, max_summary_tokens=cap, max_described=MAX_DESCRIBED)
+    shown = [{"index": r.index, "text": round_text(r, limit=fold.limits.round_tokens, tokenizer=fold.tokenizer)} for r in rounds]
+    user = template.render(
+        "user",
+        mode=mode,
+        previous_summary=state.summary if mode == "merge" else "",
+        folded_through=state.folded_through,
+        first_round=rounds[0].index if rounds else state.folded_through + 1,
+        last_round=rounds[-1].index if rounds else state.folded_through + 1,
+        lost=list(_lost(state, fold.live)),
+        rounds=shown,
+    )
+    return [Message(role="system", content=system), Message(role="user", content=user)]
+
+
+def round_text(rnd: RoundMessages, *, limit: int, tokenizer: Tokenizer) -> str:
+    """The round's fold text within about `limit` tokens: essential pieces whole, the rest cut head and tail."""
+    pieces = rnd.fold_pieces
+    full = "\n".join(p.text for p in pieces)
+    if tokenizer.count(full) <= limit:
+        return full
+    essential = [p for p in pieces if p.essential]
+    # Essential pieces stay whole unless together they pass the whole limit; then each is cut alike.
+    essential_room = limit if sum(tokenizer.count(p.text) for p in essential) <= limit else limit // max(len(essential), 1)
+    kept = {id(p): tokenizer.truncate_middle(p.text, essential_room) if p.essential else p.text for p in pieces}
+    rest = [p for p in pieces if not p.essential]
+    room = limit - sum(tokenizer.count(kept[id(p)]) + 1 for p in essential)
+    for piece, text in zip(rest, tokenizer.fit([p.text for p in rest], room=max(room, 0))):
+        kept[id(piece)] = text
+    return "\n".join(kept[id(p)] for p in pieces if kept[id(p)])
+
+
+def _read_summary(text: str, *, tokenizer: Tokenizer, cap: int | None) -> dict[str, Any]:
     fields = parse_reply(text, SUMMARY_SCHEMA)
     if not fields["ConversationSummary"].strip():
         raise ReplyFormatError("field 'ConversationSummary' is empty; write the summary there")
-    if max_summary_tokens is not None:
+    if cap is not None:
         size = tokenizer.count(fields["ConversationSummary"])
-        if size > max_summary_tokens:
-            raise ReplyFormatError(f"'ConversationSummary' has {size:,} tokens; keep it under {max_summary_tokens:,} tokens")
+        if size > cap:
+            raise ReplyFormatError(f"'ConversationSummary' has {size:,} tokens; keep it under {cap:,} tokens")
     return fields
 
 
-def _span(first: int, last: int) -> str:
-    return f"round {first}" if first == last else f"rounds {first}-{last}"
+def _clip(text: str, tokenizer: Tokenizer, cap: int) -> str:
+    """A bad reply as echoed in the repair turn: no longer than a good one could be."""
+    return tokenizer.truncate_middle(text, cap * 2 + REPLY_OVERHEAD)
 
 
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= 200 else text[:197] + "..."
+

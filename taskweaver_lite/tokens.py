@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Sequence
 from taskweaver_lite.errors import ConfigError
 
 if TYPE_CHECKING:
-    from taskweaver_lite.config import Config
     from taskweaver_lite.llm import Message
 
 # OpenAI's chat format wraps every message in a few tokens (<|start|>role ... <|end|>) and primes
@@ -61,6 +60,35 @@ class Tokenizer:
             keep -= 1
         return self._decode(tokens[:max_tokens], side="head")
 
+    def keep_tail(self, text: str, max_tokens: int) -> str:
+        """`text` cut to at most `max_tokens` tokens from its end, a marker in front (a traceback's last frames)."""
+        tokens = self._bpe.encode(text) if text else []
+        if len(tokens) <= max_tokens:
+            return text
+        keep = max(max_tokens - self.count(_marker(len(tokens))), 0)
+        while keep > 0:
+            tail = self._decode(tokens[len(tokens) - keep :], side="tail")
+            result = f"{_marker(len(tokens) - self.count(tail)).lstrip()}{tail}"
+            if self.count(result) <= max_tokens:
+                return result
+            keep -= 1
+        return ""
+
+    def fit(self, texts: Sequence[str], *, room: int) -> list[str]:
+        """Cut the longest texts first (head and tail kept) so that together they take at most about `room` tokens."""
+        sizes = [self.count(t) for t in texts]
+        if sum(sizes) <= room:
+            return list(texts)
+        # Water-filling: small texts stay whole, the big ones share what is left equally.
+        cap, remaining, pending = 0, room, sorted(range(len(texts)), key=lambda i: sizes[i])
+        for position, i in enumerate(pending):
+            share = remaining // (len(pending) - position)
+            if sizes[i] > share:
+                cap = share
+                break
+            remaining -= sizes[i]
+        return [(self.truncate_middle(t, cap) if cap > 0 else "") if size > cap else t for t, size in zip(texts, sizes)]
+
     def _decode(self, tokens: Sequence[int], *, side: str) -> str:
         # A cut can land inside a multi-byte character; move the cut a token at a time until it decodes.
         pieces = list(tokens)
@@ -94,7 +122,3 @@ def _load(name: str) -> Tokenizer:
         raise ConfigError(f"llm.tokenizer: unknown encoding '{name}'; supported: {known}") from None
     return Tokenizer(name, backend=backend)
 
-
-def prompt_budget(config: Config) -> int:
-    """Tokens a prompt may use: the context window minus the reply reserve and the safety margin."""
-    return config.llm.context_window - config.llm.reply_reserve - config.llm.margin

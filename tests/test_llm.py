@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 
@@ -20,8 +20,8 @@ from taskweaver_lite.errors import (
     LLMRateLimitError,
     LLMUnreachableError,
 )
-from taskweaver_lite.llm import CallRecord, Message, OpenAIChatModel
-from taskweaver_lite.scripted_model import Reply, ScriptedServer, last_user_text, planner_reply
+from taskweaver_lite.llm import CallRecord, Completion, Message, MeteredModel, OpenAIChatModel, Usage
+from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, last_user_text, planner_reply
 
 KEY = "sk-test-0123456789"
 MODEL = "scripted-model"
@@ -43,16 +43,37 @@ def server() -> Iterator[ScriptedServer]:
         yield running
 
 
-ModelFactory = Callable[..., OpenAIChatModel]
+class Recorded:
+    """The client as a session uses it: metered, each call's record kept for the test to read."""
+
+    def __init__(self, client: OpenAIChatModel, on_call: Callable[[CallRecord], None] | None = None) -> None:
+        self.client = client
+        self.calls: list[CallRecord] = []
+        self._also = on_call
+        self._meter = MeteredModel(client, on_call=self._seen)
+
+    def _seen(self, record: CallRecord) -> None:
+        self.calls.append(record)
+        if self._also is not None:
+            self._also(record)
+
+    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None) -> Completion:
+        return self._meter.complete(messages, purpose=purpose, max_tokens=max_tokens)
+
+    def usage(self) -> Usage:
+        return self._meter.usage()
+
+
+ModelFactory = Callable[..., Recorded]
 
 
 @pytest.fixture
 def make_model() -> Iterator[ModelFactory]:
     made: list[OpenAIChatModel] = []
 
-    def make(config: LLMConfig, **kwargs: Any) -> OpenAIChatModel:
-        made.append(OpenAIChatModel(config, **kwargs))
-        return made[-1]
+    def make(config: LLMConfig, **kwargs: Any) -> Recorded:
+        made.append(OpenAIChatModel(config))
+        return Recorded(made[-1], **kwargs)
 
     yield make
     for model in made:
@@ -89,7 +110,7 @@ def test_reply_text_and_token_usage_are_recorded_per_call(
     assert record.messages == tuple(PLANNER_CALL)
     assert record.reply == completion.text
     assert (record.prompt_tokens, record.completion_tokens) == (completion.prompt_tokens, completion.completion_tokens)
-    totals = model.usage_totals()
+    totals = model.usage()
     assert (totals.calls, totals.failed_calls) == (1, 0)
     assert totals.total_tokens == completion.prompt_tokens + completion.completion_tokens
 
@@ -140,7 +161,7 @@ def test_rate_limit_that_outlasts_the_retries_raises_rate_limit_error(
         model.complete(PLANNER_CALL, purpose="planner")
     [record] = model.calls
     assert not record.ok and record.error is not None and "429" in record.error
-    assert model.usage_totals().failed_calls == 1
+    assert model.usage().failed_calls == 1
 
 
 def test_closed_port_raises_unreachable_naming_the_host(make_model: ModelFactory) -> None:
@@ -260,7 +281,7 @@ def test_reply_without_usage_counts_zero_tokens_and_is_marked(
     completion = model.complete(PLANNER_CALL, purpose="planner")
     assert (completion.prompt_tokens, completion.completion_tokens) == (0, 0)
     assert model.calls[0].usage_reported is False
-    assert model.usage_totals().calls_without_usage == 1
+    assert model.usage().calls_without_usage == 1
 
 
 def test_truncated_reply_reports_finish_reason_length(
@@ -289,7 +310,7 @@ def test_concurrent_calls_from_threads_are_all_answered_and_recorded(
         thread.join(timeout=20)
     assert answers == {n: planner_reply(f"question {n}", send_to="User") for n in range(8)}
     assert sorted(record.purpose for record in model.calls) == sorted(f"compression_{n}" for n in range(8))
-    totals = model.usage_totals()
+    totals = model.usage()
     assert totals.calls == 8
     assert totals.prompt_tokens == sum(record.prompt_tokens for record in model.calls)
 

@@ -18,7 +18,7 @@ from helpers import cli_env, make_project, run_cli
 
 from taskweaver_lite.config import load_config
 from taskweaver_lite.errors import SessionBusyError
-from taskweaver_lite.scripted_model import ScriptedServer, code_reply, planner_reply, summary_reply
+from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 from taskweaver_lite.session import Session
 
 
@@ -112,7 +112,7 @@ def test_resume_without_replay_tells_the_model_which_variables_are_gone(tmp_path
     assert done.returncode == 0, done.stderr
     assert "gone until recomputed: total" in done.stderr
     coder_system = [r.messages for r in server.requests if r.role == "code_generator"][-1][0]["content"]
-    assert "lost" in coder_system and "total" in coder_system
+    assert "Lost in a kernel restart (recompute before use): total" in coder_system
 
 
 def test_export_writes_a_notebook_that_validates_and_a_markdown_transcript(tmp_path: Path, server: ScriptedServer) -> None:
@@ -156,7 +156,7 @@ def test_a_history_command_shows_folded_rounds_in_full(tmp_path: Path, server: S
             assert session.planner.context.wait_idle(timeout=10)
         assert session.planner.context.state.folded_through >= 1, "round 1 was folded out of the prompts"
         session.ask("Message 3")
-        from taskweaver_lite.repl import round_transcript
+        from taskweaver_lite.cli.chat import round_transcript
 
         history = "\n".join(round_transcript(r) for r in session.conversation.rounds)
     last_prompt = "\n".join(m["content"] for m in planner_prompts(server)[-1])

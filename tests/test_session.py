@@ -11,7 +11,7 @@ from helpers import make_project
 from taskweaver_lite.config import load_config
 from taskweaver_lite.errors import LLMUnreachableError
 from taskweaver_lite.events import Event, PostAdded
-from taskweaver_lite.scripted_model import Reply, ScriptedServer, code_reply, planner_reply, text_reply
+from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply, text_reply
 from taskweaver_lite.session import Session
 
 
@@ -163,7 +163,7 @@ def test_slow_and_failing_endpoints_are_retried_by_the_sdk(tmp_path: Path, serve
 
 
 def test_old_rounds_fold_in_the_background_and_the_summary_replaces_them(tmp_path: Path, server: ScriptedServer) -> None:
-    from taskweaver_lite.scripted_model import summary_reply
+    from taskweaver_lite.testing.scripted_server import summary_reply
 
     for n in range(1, 4):
         server.enqueue("planner", planner_reply(f"Answer number {n}.", send_to="User"))
@@ -204,7 +204,7 @@ def test_a_dead_kernel_is_reported_and_the_code_generator_is_told_what_was_lost(
     crash_report = last_user(calls(server, "planner")[3])
     assert "kernel died" in crash_report and "a, b" in crash_report
     system = calls(server, "code_generator")[2][0]["content"]
-    assert "lost when the kernel restarted" in system and "a, b" in system
+    assert "Lost in a kernel restart (recompute before use): a, b" in system
 
 
 def test_a_repair_turn_keeps_the_planners_step_verbatim_in_the_last_user_message(tmp_path: Path, server: ScriptedServer) -> None:

@@ -16,12 +16,13 @@ import pytest
 from helpers import REPO
 from recorded_session import PLOT_CODE, WRITE_CODE, RecordedSession, record_session
 
-from taskweaver_lite.conversation import Post, Round
+from taskweaver_lite.conversation import Post, RoleName, Round
 from taskweaver_lite.errors import SessionBusyError, StoreError
 from taskweaver_lite.events import Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import ExecutionResult, Variable
-from taskweaver_lite.store import SCHEMA_VERSION, SessionStore, StoreRecorder
-from taskweaver_lite.store_schema import MIGRATIONS, migrate
+from taskweaver_lite.store.database import SessionStore, StoreRecorder
+from taskweaver_lite.store.schema import SCHEMA_VERSION
+from taskweaver_lite.store.schema import MIGRATIONS, migrate
 
 # Records rounds of three posts in a loop and prints how many events are committed after each one.
 WRITER = """
@@ -31,7 +32,7 @@ from typing import Iterator
 from taskweaver_lite.conversation import Post, Round
 from taskweaver_lite.events import PostAdded, RoundEnded, RoundStarted
 from taskweaver_lite.execution import ExecutionResult
-from taskweaver_lite.store import SessionStore
+from taskweaver_lite.store.database import SessionStore
 
 store = SessionStore(Path(sys.argv[1]))
 session_id, limit = sys.argv[2], int(sys.argv[3])
@@ -62,7 +63,7 @@ HOLDER = """
 import sys, time
 from pathlib import Path
 from typing import Iterator
-from taskweaver_lite.store import SessionStore
+from taskweaver_lite.store.database import SessionStore
 
 lock = SessionStore(Path(sys.argv[1])).lock(sys.argv[2])
 print("locked", flush=True)
@@ -248,7 +249,7 @@ def test_the_recorder_takes_events_from_many_threads_at_once(store: SessionStore
 
 def test_a_store_failure_in_a_fold_thread_reaches_the_session_thread(store: SessionStore) -> None:
     recorder = StoreRecorder(store, "later")
-    fold = Folded("planner", 1, 2, 100, 10, ok=True)
+    fold = Folded(RoleName.PLANNER, 1, 2, 100, 10, ok=True)
     thread = threading.Thread(target=recorder, args=(fold,))
     thread.start()
     thread.join()  # the background thread is not the place to raise: the session would never hear of it
@@ -261,9 +262,10 @@ def test_a_store_failure_in_a_fold_thread_reaches_the_session_thread(store: Sess
 def test_a_fold_saves_the_roles_new_compression_state(store: SessionStore) -> None:
     store.create_session("s", started=time.time())
     state = {"summary": "they loaded data", "variables": [], "lost": [], "folded_through": 2, "log": []}
-    StoreRecorder(store, "s", compression_state=lambda role: state if role == "planner" else None)(Folded("planner", 1, 2, 900, 80, ok=True))
-    store.save_compression("s", "code_generator", {**state, "folded_through": 1})
-    store.save_compression("s", "code_generator", {**state, "folded_through": 2})  # replaces, not appends
+    recorder = StoreRecorder(store, "s", compression_state=lambda role: state if role is RoleName.PLANNER else None)
+    recorder(Folded(RoleName.PLANNER, 1, 2, 900, 80, ok=True))
+    store.save_compression("s", RoleName.CODE_GENERATOR, {**state, "folded_through": 1})
+    store.save_compression("s", RoleName.CODE_GENERATOR, {**state, "folded_through": 2})  # replaces, not appends
     assert store.load("s").compression == {"planner": state, "code_generator": state}
 
 

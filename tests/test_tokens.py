@@ -7,7 +7,7 @@ import pytest
 from taskweaver_lite.config import Config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.llm import Message
-from taskweaver_lite.tokens import REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE, get_tokenizer, prompt_budget
+from taskweaver_lite.tokens import REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE, get_tokenizer
 
 
 def test_count_matches_the_o200k_encoding_exactly() -> None:
@@ -70,4 +70,4 @@ def test_truncate_middle_never_breaks_multibyte_characters_or_exceeds_the_limit(
 
 def test_prompt_budget_is_the_window_minus_reply_reserve_and_margin() -> None:
     config = Config.model_validate({"llm": {"context_window": 32_000, "reply_reserve": 2_000, "margin": 100}})
-    assert prompt_budget(config) == 29_900
+    assert config.prompt_budget == 29_900

@@ -33,14 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal
 
-from taskweaver_lite.conversation import Post, Round
+from taskweaver_lite.conversation import Post, RoleName, Round
 from taskweaver_lite.errors import StoreError
 from taskweaver_lite.events import Event, Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import Variable
-from taskweaver_lite.session_lock import SessionLock
-from taskweaver_lite.store_schema import MIGRATIONS, SCHEMA_VERSION, migrate
-
-__all__ = ["SCHEMA_VERSION", "ModelUsage", "SessionLock", "SessionStore", "SessionSummary", "StoreRecorder", "StoredSession"]
+from taskweaver_lite.llm import Usage
+from taskweaver_lite.store.lock import SessionLock
+from taskweaver_lite.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
 
 Synchronous = Literal["NORMAL", "FULL"]
 INTERRUPTED_ERROR = "Cut off: the program stopped during this request."
@@ -65,16 +64,6 @@ class SessionSummary:
 
 
 @dataclass(frozen=True)
-class ModelUsage:
-    """Model calls recorded for a session, with their token totals; `calls` counts failed ones too."""
-
-    calls: int
-    failed_calls: int
-    prompt_tokens: int
-    completion_tokens: int
-
-
-@dataclass(frozen=True)
 class StoredSession:
     """Everything a resume or an export needs, as it was last written."""
 
@@ -84,7 +73,7 @@ class StoredSession:
     last_active: float
     rounds: list[Round]
     compression: dict[str, dict[str, Any]]  # role ("planner", "code_generator") -> CompressionState.to_dict()
-    usage: ModelUsage
+    usage: Usage  # failed calls counted, with no tokens
     interrupted: tuple[int, ...]  # indexes of rounds still 'running': cut off by a crash
     last_variables: tuple[Variable, ...]  # the kernel's variables after the last cell that ran
 
@@ -163,18 +152,18 @@ class SessionStore:
                 db.execute(
                     "INSERT INTO folds (session_id, role, first_round, last_round, tokens_before, tokens_after, ok, error, at)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (session_id, event.role, event.first_round, event.last_round, event.tokens_before, event.tokens_after, event.ok, event.error, now),
+                    (session_id, event.role.value, event.first_round, event.last_round, event.tokens_before, event.tokens_after, event.ok, event.error, now),
                 )
             db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
 
-    def save_compression(self, session_id: str, role: str, state: dict[str, Any]) -> None:
+    def save_compression(self, session_id: str, role: RoleName, state: dict[str, Any]) -> None:
         """Keep `role`'s CompressionState.to_dict(), replacing the one saved before."""
         now = time.time()
         with self._transaction() as db:
             db.execute(
                 "INSERT INTO compression (session_id, role, state, saved_at) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (session_id, role) DO UPDATE SET state = excluded.state, saved_at = excluded.saved_at",
-                (session_id, role, json.dumps(state, ensure_ascii=False), now),
+                (session_id, role.value, json.dumps(state, ensure_ascii=False), now),
             )
             db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
 
@@ -238,7 +227,7 @@ class SessionStore:
             last_active=head[2],
             rounds=ordered,
             compression={role: json.loads(state) for role, state in states},
-            usage=ModelUsage(calls=usage[0], failed_calls=usage[1], prompt_tokens=usage[2], completion_tokens=usage[3]),
+            usage=Usage(calls=usage[0], failed_calls=usage[1], prompt_tokens=usage[2], completion_tokens=usage[3]),
             interrupted=tuple(r.index for r in ordered if r.state == "running"),
             last_variables=tuple(Variable.from_dict(v) for v in json.loads(head[3])),
         )
@@ -325,7 +314,7 @@ class StoreRecorder:
     """
 
     def __init__(
-        self, store: SessionStore, session_id: str, *, compression_state: Callable[[str], dict[str, Any] | None] | None = None
+        self, store: SessionStore, session_id: str, *, compression_state: Callable[[RoleName], dict[str, Any] | None] | None = None
     ) -> None:
         self.store = store
         self.session_id = session_id

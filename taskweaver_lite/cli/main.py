@@ -62,18 +62,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "chat":
-            from taskweaver_lite.repl import run_chat
+            from taskweaver_lite.cli.chat import run_chat
 
             return run_chat(args)
         if args.command == "demo":
-            from taskweaver_lite.demo import run_demo
+            from taskweaver_lite.cli.demo import run_demo
 
             return run_demo(project=args.project, plain=args.plain or not sys.stdout.isatty())
         if args.command == "sessions":
-            from taskweaver_lite.repl import list_sessions
+            from taskweaver_lite.cli.chat import list_sessions
 
             return list_sessions(args)
-        from taskweaver_lite.repl import export_session
+        from taskweaver_lite.cli.chat import export_session
 
         return export_session(args)
     except TaskWeaverError as exc:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import KernelManager
 
-from taskweaver_lite import kernel_snapshot
+from taskweaver_lite.kernel import snapshot as kernel_snapshot
 
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 SECRET_PREFIXES = ("OPENAI_",)

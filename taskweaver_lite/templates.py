@@ -1,13 +1,14 @@
 """Prompt templates: Jinja2 text in YAML files under `prompts/`, rendered with StrictUndefined.
 
 Each YAML file maps part names (`system`, `revise`, ...) to Jinja2 templates. The files live at the
-repository's top level and ship inside the installed package as `taskweaver_lite.prompts`.
+repository's top level as `prompts/` and are installed as the data package `taskweaver_lite.prompts`
+(an editable install maps that package to the checkout's folder), so one lookup serves both.
 """
 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
+import importlib.resources
 from typing import Any
 
 import jinja2
@@ -15,8 +16,6 @@ import yaml
 
 from taskweaver_lite.errors import ConfigError
 
-# In a checkout the templates sit at the top level; `pip install .` puts them inside the package.
-_PROMPT_FOLDERS = (Path(__file__).resolve().parent.parent / "prompts", Path(__file__).resolve().parent / "prompts")
 _ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False, autoescape=False)
 
 
@@ -39,7 +38,7 @@ class PromptTemplate:
 
 @functools.cache
 def load_prompt(name: str) -> PromptTemplate:
-    """Load `prompts/<name>.yaml` (from the checkout if present, else the installed package)."""
+    """Load and parse `prompts/<name>.yaml` (once per process)."""
     text = _read(f"{name}.yaml")
     data = yaml.safe_load(text)
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
@@ -48,7 +47,7 @@ def load_prompt(name: str) -> PromptTemplate:
 
 
 def _read(file_name: str) -> str:
-    for folder in _PROMPT_FOLDERS:
-        if (folder / file_name).is_file():
-            return (folder / file_name).read_text(encoding="utf-8")
-    raise ConfigError(f"prompt file {file_name} is missing from the installation; reinstall taskweaver-lite")
+    resource = importlib.resources.files("taskweaver_lite.prompts") / file_name
+    if not resource.is_file():
+        raise ConfigError(f"prompt file {file_name} is missing from the installation; reinstall taskweaver-lite")
+    return resource.read_text(encoding="utf-8")

@@ -20,7 +20,7 @@ from nbformat.notebooknode import NotebookNode
 
 from taskweaver_lite.conversation import Post, Round
 from taskweaver_lite.execution import ExecutionResult
-from taskweaver_lite.store import StoredSession
+from taskweaver_lite.store.database import StoredSession
 
 IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".svg": "image/svg+xml"}
 RAISES_TAG = "raises-exception"

@@ -3,7 +3,8 @@
 `KernelExecutor` starts its kernel in a background thread the moment a session opens, runs each
 cell as ONE execute request (the variable snapshot rides along in `user_expressions`), bounds what
 comes back for prompts, and keeps the session going through timeouts, interrupts and kernel death.
-How the kernel process is launched and made sure to end lives in `kernel_process.py`.
+How the kernel process is launched and made sure to end lives in `process.py`; how a cell's
+output is bounded, in `output.py`.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from typing import Any, Literal
 
 from jupyter_client.blocking.client import BlockingKernelClient
 
-from taskweaver_lite import kernel_snapshot
+from taskweaver_lite.kernel import snapshot as kernel_snapshot
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
 from taskweaver_lite.execution import ExecutionResult, Variable, VariableChanges
-from taskweaver_lite.kernel_output import CellOutput
-from taskweaver_lite.kernel_process import InterpreterKernelManager, end_at_exit, filtered_environment, forget, kill_process_group
+from taskweaver_lite.kernel.output import CellOutput
+from taskweaver_lite.kernel.process import InterpreterKernelManager, end_at_exit, filtered_environment, forget, kill_process_group
 
 # Seconds between checks of the clock and of the kernel process while a cell runs: the bound on
 # how late a timeout fires and how long a dead kernel goes unnoticed.
@@ -40,6 +41,7 @@ POLL_INTERVAL = 0.1
 INTERRUPT_GRACE = 5.0
 SHUTDOWN_GRACE = 2.0
 REPLY_WAIT = 5.0
+DEFAULT_OUTPUT_TOKENS = 1_000
 
 _SNAPSHOT = "snapshot"
 _SNAPSHOT_EXPRESSIONS = {_SNAPSHOT: f"__import__('sys').modules[{kernel_snapshot.MODULE_NAME!r}].snapshot()"}
@@ -51,8 +53,11 @@ _Ending = Literal["idle", "died", "stuck"]
 class KernelExecutor:
     """Runs a session's cells in its own ipykernel; implements the `Executor` protocol."""
 
-    def __init__(self, session_dir: Path, *, config: ExecutionConfig) -> None:
-        """Prepare the session folders and start the kernel in the background; returns at once."""
+    def __init__(self, session_dir: Path, *, config: ExecutionConfig, output_tokens: int = DEFAULT_OUTPUT_TOKENS) -> None:
+        """Prepare the session folders and start the kernel in the background; returns at once.
+
+        `output_tokens` bounds what one cell's output may take in a prompt (Config.cell_output_tokens).
+        """
         self.session_dir = Path(session_dir).resolve()
         self.cwd = self.session_dir / "cwd"
         self.artifacts_dir = self.session_dir / "artifacts"
@@ -60,6 +65,7 @@ class KernelExecutor:
         for folder in (self.cwd, self.artifacts_dir, self.outputs_dir):
             folder.mkdir(parents=True, exist_ok=True)
         self.config = config
+        self.output_tokens = output_tokens
         self._log_path = self.session_dir / "kernel.log"
         # The kernel's own stderr (warnings, a segfault's last words) goes here, not over our terminal.
         self._log = self._log_path.open("ab")
@@ -91,6 +97,26 @@ class KernelExecutor:
             return None
         pid = getattr(self._manager.provisioner, "pid", None)
         return pid if isinstance(pid, int) else None
+
+    @property
+    def working_dir(self) -> Path:
+        """The kernel's working folder (`<session>/cwd`)."""
+        return self.cwd
+
+    def upload(self, source: Path, *, name: str | None = None) -> str:
+        """Copy a local file into the working folder; returns its name there."""
+        target_name = Path(name or source.name).name  # a bare name: never outside the folder
+        target = self.cwd / target_name
+        if source.resolve() != target.resolve():
+            shutil.copy2(source, target)
+        return target_name
+
+    def artifact(self, name: str) -> Path:
+        """The file of an artifact a cell saved (plots), by its file name; KeyError if there is none."""
+        path = self.artifacts_dir / Path(name).name
+        if Path(name).name != name or not path.is_file():
+            raise KeyError(name)
+        return path
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until the kernel answers (default limit: the configured start timeout); KernelError if not."""
@@ -135,7 +161,6 @@ class KernelExecutor:
         with self._run_lock:
             lost = tuple(self._fingerprints)
             self._replace_kernel(graceful=True)
-            self._fingerprints, self._variables = {}, ()
             return lost
 
     def shutdown(self) -> None:
@@ -193,6 +218,8 @@ class KernelExecutor:
         return client
 
     def _replace_kernel(self, *, graceful: bool) -> None:
+        """A fresh kernel in place of the old one; every variable the old one held is gone."""
+        self._fingerprints, self._variables = {}, ()
         if self._client is not None:
             self._client.stop_channels()
             self._client = None
@@ -209,7 +236,7 @@ class KernelExecutor:
         self._cell += 1
         stem = f"cell-{self._cell:04d}"
         output = CellOutput(
-            budget=self.config.output_budget,
+            max_tokens=self.output_tokens,
             transcript_path=self.outputs_dir / f"{stem}.txt",
             artifacts_dir=self.artifacts_dir,
             stem=stem,
@@ -234,7 +261,6 @@ class KernelExecutor:
         if ending != "idle":
             lost = tuple(self._fingerprints)
             self._replace_kernel(graceful=False)
-            self._fingerprints, self._variables = {}, ()
             return dataclasses.replace(
                 base, success=False, kernel_died=True, lost_variables=lost, changes=VariableChanges(deleted=lost)
             )
@@ -299,7 +325,6 @@ class KernelExecutor:
             self._take_snapshot(self._request_snapshot(client))
         else:
             self._replace_kernel(graceful=False)
-            self._fingerprints, self._variables = {}, ()
 
     def _request_snapshot(self, client: BlockingKernelClient) -> list[list[str]] | None:
         msg_id = client.execute(

@@ -13,12 +13,17 @@ from pathlib import Path
 from typing import Callable
 
 from taskweaver_lite.config import Config, load_config
-from taskweaver_lite.console import PlainConsole, RichConsole, indent
+from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.errors import LLMError, TaskWeaverError
-from taskweaver_lite.conversation import Round
+from taskweaver_lite.conversation import RoleName, Round
 from taskweaver_lite.session import Session
-from taskweaver_lite.store import SessionStore
+from taskweaver_lite.tokens import get_tokenizer
+from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.summary import render_summary
+from taskweaver_lite.variables import render_variables
+
+# /summary shows the variables list more fully than a prompt can afford to.
+SUMMARY_VARIABLES_TOKENS = 4_000
 
 HELP = """Commands:
   /help            this list
@@ -243,19 +248,24 @@ class SlashCommands:
         for role, context in self.session.contexts().items():
             report = context.report()
             if report is None:
-                self.say(f"{role} ({context.strategy}): no prompt built yet")
+                self.say(f"{role.label} ({context.strategy}): no prompt built yet")
                 continue
-            lines = [f"{role} ({report.strategy}): {report.total:,} of {report.budget:,} tokens ({report.total / report.budget:.0%})"]
+            cost = report.cost
+            lines = [f"{role.label} ({report.strategy}): {cost.total:,} of {report.budget:,} tokens ({cost.total / report.budget:.0%})"]
             lines += [f"  {part:<16}{tokens:>9,}" for part, tokens in report.parts().items()]
             notes = []
             if report.folded_through:
                 notes.append(f"rounds 1-{report.folded_through} folded into the summary")
-            if report.rounds_dropped:
-                notes.append(f"rounds {', '.join(map(str, report.rounds_dropped))} left out to fit")
-            if report.examples_left_out:
+            if cost.rounds_dropped:
+                notes.append(f"rounds {', '.join(map(str, cost.rounds_dropped))} left out to fit")
+            if cost.examples_left_out:
                 notes.append("examples left out to fit")
-            if report.messages_cut:
-                notes.append(f"{report.messages_cut} long messages cut")
+            if cost.variables_cut:
+                notes.append("variables list shortened to fit")
+            if cost.summary_cut or cost.summary_left_out:
+                notes.append("summary " + ("left out" if cost.summary_left_out else "cut") + " to fit")
+            if cost.messages_cut:
+                notes.append(f"{cost.messages_cut} long messages cut")
             if report.fold_running:
                 notes.append("a fold is running in the background")
             lines += [f"  ({'; '.join(notes)})"] if notes else []
@@ -264,12 +274,16 @@ class SlashCommands:
 
     def _summary(self, _: str) -> bool:
         live = self.session.live_variables()
+        tokenizer = get_tokenizer(self.session.config.llm.tokenizer)
         for role, context in self.session.contexts().items():
             state = context.state
             if not state.folded_through:
-                self.say(f"{role}: nothing folded yet")
+                self.say(f"{role.label}: nothing folded yet")
                 continue
-            self.say(f"{role}:\n{render_summary(state, live=live if role == 'CodeGenerator' else None)}")
+            text = render_summary(state)
+            if role is RoleName.CODE_GENERATOR:
+                text += "\n\n" + render_variables(live, described=state.variables, max_tokens=SUMMARY_VARIABLES_TOKENS, tokenizer=tokenizer)
+            self.say(f"{role.label}:\n{text}")
         return True
 
 
@@ -282,7 +296,7 @@ def round_transcript(rnd: Round) -> str:
         if post.code:
             lines.append(f"  {post.send_from} ran:\n" + indent(post.code))
         if post.execution is not None:
-            lines.append(indent(post.execution.summary_text()))
+            lines.append(indent(post.execution.prompt_text()))
         elif post.send_from != "User":
             lines.append(f"  {post.send_from} -> {post.send_to}: {post.message}")
     return "\n".join(lines)
@@ -326,7 +340,7 @@ def export_session(args: argparse.Namespace) -> int:
 
 def write_export(config: Config, ref: str, *, fmt: str, target: Path | None) -> Path:
     """Export a stored session (by id or 'last') as a notebook or Markdown; returns the file written."""
-    from taskweaver_lite.export import export_markdown, export_notebook
+    from taskweaver_lite.store.export import export_markdown, export_notebook
 
     if not config.store_path.exists():
         raise TaskWeaverError(f"{config.store_path}: no stored sessions in this project yet")

@@ -7,6 +7,7 @@ from what that code actually printed. No network and no key are needed.
 
 from __future__ import annotations
 
+
 import re
 import shutil
 import tempfile
@@ -15,13 +16,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from taskweaver_lite.config import load_config
-from taskweaver_lite.console import PlainConsole, RichConsole
+from taskweaver_lite.cli.console import PlainConsole, RichConsole
 from taskweaver_lite.errors import TaskWeaverError
-from taskweaver_lite.scripted_model import ScriptedServer, code_reply, last_user_text, planner_reply, summary_reply
+from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, last_user_text, planner_reply, summary_reply
 from taskweaver_lite.session import Session
 
-# The checkout's project/ folder, or its copy inside the installed package.
-_PROJECT_FOLDERS = (Path(__file__).resolve().parent.parent / "project", Path(__file__).resolve().parent / "default_project")
 
 Answer = Callable[[str], str]  # from the CodeInterpreter's reports in this round to the Planner's answer
 
@@ -196,7 +195,11 @@ def _summarize(messages: list[dict[str, Any]]) -> str:
 
 def bundled_project() -> Path:
     """The default project folder (from the checkout, or the installed package)."""
-    return next((f for f in _PROJECT_FOLDERS if (f / "taskweaver_config.yaml").is_file()), _PROJECT_FOLDERS[-1])
+    # The checkout's project/ folder, or its copy inside an installed package (a data folder, not a
+    # package: a user's copy of it should hold no __init__.py).
+    checkout = Path(__file__).resolve().parents[2] / "project"
+    installed = Path(__file__).resolve().parents[1] / "default_project"
+    return checkout if (checkout / "taskweaver_config.yaml").is_file() else installed
 
 
 def run_demo(*, project: str | None, plain: bool) -> int:

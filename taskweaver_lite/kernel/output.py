@@ -1,9 +1,12 @@
 """One cell's output as it streams in: text bounded for prompts, the full text on disk, images as files.
 
-Every text field keeps its head and tail within the budget and says how much it left out; the
-complete text goes, in arrival order, to one file per cell that the cut text names. Large output
-moves to that file while it streams, so a cell printing in a loop until its timeout cannot fill
-our memory.
+The prompt's share is one token limit per cell, for all fields together. The error comes first:
+its name and message whole, then the last frames of its traceback; the other fields (output,
+stderr, displays, the value) share the rest, each keeping its head and tail with a marker.
+Repeated warning lines collapse into one line with a count before anything is cut. The complete
+text goes, in arrival order, to one file per cell that the result names. While streaming, each
+field keeps only a bounded head and tail in memory and large output moves to that file, so a cell
+printing in a loop until its timeout cannot fill our memory.
 """
 
 from __future__ import annotations
@@ -14,12 +17,21 @@ from pathlib import Path
 from typing import IO, Any
 
 from taskweaver_lite.execution import ExecutionError, ExecutionResult
+from taskweaver_lite.tokens import Tokenizer, get_tokenizer
 
 # CSI sequences (colours, cursor moves) and OSC sequences (terminal titles, hyperlinks).
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 IMAGE_SUFFIXES = {"image/png": ".png", "image/jpeg": ".jpg", "image/svg+xml": ".svg"}
 # Text kept in memory before the transcript moves to disk.
 SPILL_CHARS = 1_000_000
+# While streaming, each field keeps this many characters per token of the cell's limit (head and
+# tail): plenty to cut from exactly at the end, bounded whatever the cell prints.
+CHARS_PER_TOKEN_KEPT = 8
+MIN_KEPT_CHARS = 4_000
+# The error's share of the cell's limit when there is other output too.
+ERROR_SHARE = 0.5
+_WARNING = re.compile(r"warn", re.IGNORECASE)
+_DIGITS = re.compile(r"\d+")
 
 
 def strip_ansi(text: str) -> str:
@@ -100,7 +112,10 @@ class _Transcript:
 class CellOutput:
     """Collects one cell's iopub messages into the output fields of an `ExecutionResult`."""
 
-    def __init__(self, *, budget: int, transcript_path: Path, artifacts_dir: Path, stem: str) -> None:
+    def __init__(self, *, max_tokens: int, transcript_path: Path, artifacts_dir: Path, stem: str, tokenizer: Tokenizer | None = None) -> None:
+        self._max_tokens = max_tokens
+        self._tokenizer = tokenizer or get_tokenizer()
+        budget = max(max_tokens * CHARS_PER_TOKEN_KEPT, MIN_KEPT_CHARS)
         self._budget = budget
         self._artifacts_dir = artifacts_dir
         self._stem = stem
@@ -142,29 +157,52 @@ class CellOutput:
             self._transcript.add(traceback + "\n")
 
     def finish(self, code: str) -> ExecutionResult:
-        """The result's output fields; `success` means no error was raised (the caller adds status)."""
+        """The result's output fields within the cell's token limit; `success` means no error was raised."""
         path = self._transcript.path
         clips = [self._stdout, self._stderr, *self._displays, self._result, self._result_html]
         if self._error is not None:
             clips += [self._error[1], self._error[2]]
-        cut = any(clip is not None and clip.omitted > 0 for clip in clips)
-        full_output_path = self._transcript.save(needed=cut)
-        error = None
+        clipped = any(clip is not None and clip.omitted > 0 for clip in clips)
+        texts = [
+            collapse_repeats(self._stdout.text(path)),
+            collapse_repeats(self._stderr.text(path), warnings_only=False),
+            *(clip.text(path) for clip in self._displays),
+            *([self._result.text(path)] if self._result is not None else []),
+        ]
+        error, error_cut, room = None, False, self._max_tokens
         if self._error is not None:
-            name, value, traceback = self._error
-            error = ExecutionError(name=name, value=value.text(path), traceback=traceback.text(path))
+            error, error_cut = self._bounded_error(share=ERROR_SHARE if any(texts) else 1.0)
+            room -= self._tokenizer.count(f"{error.name}: {error.value}\n{error.traceback}")
+        bounded = self._tokenizer.fit(texts, room=max(room, 0))
+        cut = clipped or error_cut or bounded != texts
+        stdout, stderr, *rest = bounded
+        displays = tuple(rest[: len(self._displays)])
+        result = rest[len(self._displays)] if self._result is not None else None
         return ExecutionResult(
             code=code,
             success=error is None,
-            stdout=self._stdout.text(path),
-            stderr=self._stderr.text(path),
-            result=self._result.text(path) if self._result is not None else None,
+            stdout=stdout,
+            stderr=stderr,
+            result=result,
             result_html=self._result_html.text(path) if self._result_html is not None else None,
             error=error,
-            displays=tuple(clip.text(path) for clip in self._displays),
+            displays=displays,
             artifacts=tuple(self._artifacts),
-            full_output_path=full_output_path,
+            full_output_path=self._transcript.save(needed=cut),
         )
+
+    def _bounded_error(self, *, share: float) -> tuple[ExecutionError, bool]:
+        """The error within its share (name and message first, cut only if huge; then the traceback's
+        last frames), and whether anything was left out."""
+        assert self._error is not None
+        name, value_clip, traceback_clip = self._error
+        path = self._transcript.path
+        limit = max(int(self._max_tokens * share), 64)
+        full_value, full_traceback = value_clip.text(path), traceback_clip.text(path)
+        value = self._tokenizer.truncate_middle(full_value, limit // 2)
+        left = limit - self._tokenizer.count(f"{name}: {value}")
+        traceback = self._tokenizer.keep_tail(collapse_repeats(full_traceback), max(left, 0))
+        return ExecutionError(name=name, value=value, traceback=traceback), (value, traceback) != (full_value, full_traceback)
 
     def close(self) -> None:
         """Release the transcript file when the cell is abandoned (Ctrl-C)."""
@@ -192,3 +230,35 @@ def _plain_text(data: dict[str, Any]) -> str:
         if value:
             return strip_ansi(value if isinstance(value, str) else "".join(value))
     return ""
+
+
+def collapse_repeats(text: str, *, warnings_only: bool = True) -> str:
+    """Repeated lines as one line with a count: runs of the same line anywhere, and repeated warning
+    lines (digits aside) wherever they recur. With `warnings_only` False (stderr) every repeated line
+    counts as a warning would.
+    """
+    if "\n" not in text:
+        return text
+    lines = text.split("\n")
+    counts: dict[str, int] = {}
+    first: dict[str, int] = {}
+    kept: list[str] = []
+    for line in lines:
+        repeatable = bool(line.strip()) and (not warnings_only or _WARNING.search(line) is not None)
+        key = _DIGITS.sub("#", line.strip()) if repeatable else None
+        if key is not None and key in first:
+            counts[key] += 1
+            continue
+        if key is None and kept and line == kept[-1] and line.strip():
+            key = f"\0run{len(kept)}"  # a run of one ordinary line: counted on the line before
+            previous = len(kept) - 1
+            first.setdefault(key, previous)
+            counts[key] = counts.get(key, 1) + 1
+            continue
+        if key is not None:
+            first[key], counts[key] = len(kept), 1
+        kept.append(line)
+    for key, position in first.items():
+        if counts[key] > 1:
+            kept[position] += f"  [repeated {counts[key]} times]"
+    return "\n".join(kept)
