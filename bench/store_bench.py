@@ -21,7 +21,7 @@ from typing import Iterator
 from taskweaver_lite.conversation import Plan, Post, Round
 from taskweaver_lite.events import Event, ModelCalled, PostAdded, RoundEnded, RoundStarted
 from taskweaver_lite.execution import ExecutionResult, Variable, VariableChanges
-from taskweaver_lite.store import SessionStore
+from taskweaver_lite.store.database import SessionStore
 
 PLAN = Plan(init_plan="1. load the data\n2. compute the growth per region\n3. report", plan="1. load\n2. compute\n3. report", current_plan_step="2. compute")
 CODE = "import pandas as pd\ndf = pd.read_csv('sales.csv')\ngrowth = df.groupby('region')['revenue'].pct_change()\n" * 3

@@ -22,11 +22,11 @@ import openai
 from jupyter_client import KernelManager
 
 from taskweaver_lite.config import load_config
-from taskweaver_lite.demo import bundled_project
+from taskweaver_lite.cli.demo import bundled_project
 from taskweaver_lite.execution import ExecutionResult, Executor, Variable
-from taskweaver_lite.kernel import KernelExecutor
+from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.llm import OpenAIChatModel
-from taskweaver_lite.scripted_model import ScriptedServer, code_reply, planner_reply, summary_reply
+from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 from taskweaver_lite.session import Session
 
 
