@@ -9,10 +9,11 @@ in order (the first is never cut):
 3. the kernel's variables list;
 4. the latest retained round, then older ones.
 
-So when a prompt must shrink: long messages in retained rounds are cut (head and tail kept, with
-a marker), examples are left out, and retained rounds are dropped oldest first (the
-sliding_window order drops rounds before anything is cut); then the current round's long
-outputs (results, tracebacks, earlier attempts) are cut; then the variables list shows fewer
+The current round's outputs (results, tracebacks, earlier attempts) rank below all of these.
+So when a prompt must shrink: long messages in retained rounds and in the current round are cut
+to a sixteenth of the budget (head and tail kept, with a marker), examples are left out, and
+retained rounds are dropped oldest first (the sliding_window order drops rounds before anything
+is cut); then the current round's outputs are cut further; then the variables list shows fewer
 lines; only then is the summary cut, and it is left out only when not even a short cut fits.
 Rounds are kept or dropped whole, so code is never separated from its result.
 """
@@ -147,7 +148,10 @@ def fit_prompt(parts: PromptParts, *, tokenizer: Tokenizer, budget: int, order: 
     )
     long_limit = max(MIN_CUT_TOKENS, budget // 16)
     total = draft.total()
-    steps = (_cut_rounds, _leave_out_examples, _drop_rounds) if order == "standard" else (_drop_rounds, _leave_out_examples)
+    if order == "standard":
+        steps = (_cut_rounds, _trim_current, _leave_out_examples, _drop_rounds)
+    else:
+        steps = (_drop_rounds, _trim_current, _leave_out_examples)
     for step in (*steps, _cut_current, _shrink_variables, _cut_summary):
         if total <= budget:
             break
@@ -183,6 +187,12 @@ def _drop_rounds(draft: _Draft, *, budget: int, long_limit: int) -> int:
         index, messages = draft.rounds.pop(0)
         draft.dropped.append(index)
         total -= draft.cost(messages)
+    return draft.total()
+
+
+def _trim_current(draft: _Draft, *, budget: int, long_limit: int) -> int:
+    """Cut the current round's long outputs to the size long messages get anywhere (its requests stay whole)."""
+    draft.cut_long(draft.current, long_limit, keep=draft.parts.current.requests)
     return draft.total()
 
 

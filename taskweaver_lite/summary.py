@@ -96,8 +96,7 @@ def render_summary(state: CompressionState) -> str:
         "",
         state.summary.strip() or "(nothing of note)",
     ]
-    if state.lost:
-        lines += ["", f"Lost in a kernel restart (recompute before use): {', '.join(state.lost)}"]
+    # Lost variables are the variables list's to show (variables.py): it knows what was recreated since.
     return "\n".join(lines)
 
 

@@ -9,13 +9,16 @@ from typing import Any, Callable, Sequence
 
 import pytest
 
-from taskweaver_lite.compression import CompressionState, LiveVariables, RoleContext, RoundMessages, merge_variables
+from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.config import Config
+from taskweaver_lite.conversation import RoleName, RoundMessages
 from taskweaver_lite.errors import ContextOverflowError
-from taskweaver_lite.execution import Variable
+from taskweaver_lite.execution import FoldPiece, Variable
 from taskweaver_lite.llm import Completion, Message, OpenAIChatModel
-from taskweaver_lite.scripted_model import Reply, ScriptedServer, detect_role
+from taskweaver_lite.summary import CompressionState
+from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, detect_role
 from taskweaver_lite.tokens import get_tokenizer
+from taskweaver_lite.variables import LiveVariables, merge_variables
 
 TOKENIZER = get_tokenizer()
 SYSTEM = "You are the role under test."
@@ -42,10 +45,12 @@ class SummaryModel:
         self.answer = answer
         self.gate = gate
         self.calls: list[tuple[str, list[Message]]] = []
+        self.max_tokens: list[int | None] = []
         self.entered = threading.Event()  # set once a call has arrived
 
-    def complete(self, messages: Sequence[Message], *, purpose: str) -> Completion:
+    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None) -> Completion:
         self.calls.append((purpose, list(messages)))
+        self.max_tokens.append(max_tokens)
         self.entered.set()
         if self.gate is not None:
             self.gate.wait(10)
@@ -59,7 +64,8 @@ def make_round(index: int, *, output_tokens: int = 0) -> RoundMessages:
         Message(role="assistant", content=f'{{"code": "print({index})"}}'),
         Message(role="user", content=output),
     )
-    return RoundMessages(index=index, messages=messages, summary_text=f"Asked ROUND-{index}\n{output}")
+    pieces = (FoldPiece(f"Asked ROUND-{index}", essential=True), FoldPiece(output))
+    return RoundMessages(index=index, messages=messages, fold_pieces=pieces, requests=(0,))
 
 
 def config(**sections: dict[str, Any]) -> Config:
@@ -70,7 +76,7 @@ def config(**sections: dict[str, Any]) -> Config:
 
 
 def context(cfg: Config, model: SummaryModel, role: str = "planner", **kwargs: Any) -> RoleContext:
-    return RoleContext(role, config=cfg, model=model, tokenizer=TOKENIZER, **kwargs)
+    return RoleContext(RoleName(role), config=cfg, model=model, tokenizer=TOKENIZER, **kwargs)
 
 
 def play(ctx: RoleContext, rounds: int, *, sizes: dict[int, int] | None = None) -> list[RoundMessages]:
@@ -115,14 +121,21 @@ def test_rounds_fold_once_compress_plus_retain_are_unfolded_keeping_the_latest_r
     assert marks(text_of(prompt[1:])) == list(range(3 * compress + 1, len(history) + 2))  # verbatim, plus current
 
 
-def test_the_new_summary_is_built_from_the_previous_one() -> None:
+def test_folds_append_notes_while_the_summary_has_room_then_merge_it_with_the_new_rounds() -> None:
     model = SummaryModel()
     ctx = context(config(round_compressor={"rounds_to_compress": 2, "rounds_to_retain": 1}), model)
     play(ctx, 5)
     first_summary = json.loads(covering_summary(model.calls[0][1]))["ConversationSummary"]
     second_prompt = model.calls[1][1][-1]["content"]
-    assert first_summary in second_prompt
-    assert ctx.state.summary == "Covers ROUND-1 ROUND-2 ROUND-3 ROUND-4."
+    assert first_summary not in second_prompt and "Rounds 1-2 are summarised already" in second_prompt
+    assert ctx.state.summary == "Covers ROUND-1 ROUND-2.\nCovers ROUND-3 ROUND-4."
+    # With a summary cap too small for more notes, the next fold merges: previous summary + new rounds.
+    small = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1, "max_summary_tokens": 64}), SummaryModel(lambda m: covering_summary(m) + " " * 0))
+    play(small, 6)
+    merges = [messages for _, messages in small._model.calls if "Previous summary" in messages[-1]["content"]]  # type: ignore[attr-defined]
+    assert merges, "no fold ever merged the summary"
+    assert "Write one summary that merges" in merges[0][0]["content"]
+    assert marks(small.state.summary) == [1, 2, 3, 4, 5], "a merge lost a round"
 
 
 def test_the_fold_call_speaks_the_summary_schema_and_nothing_else() -> None:
@@ -213,7 +226,8 @@ def test_rounds_finished_while_a_fold_reports_are_folded_when_it_ends() -> None:
     release.set()
     assert ctx.wait_idle(10)
     assert ctx.state.folded_through == 2
-    assert [marks(messages[-1]["content"]) for _, messages in model.calls] == [[1], [1, 2]]
+    # The second fold appends notes on round 2 alone: the summary had room for them.
+    assert [marks(messages[-1]["content"]) for _, messages in model.calls] == [[1], [2]]
 
 
 def test_empty_rounds_never_trigger_a_fold_and_are_covered_by_the_next_one() -> None:
@@ -222,7 +236,7 @@ def test_empty_rounds_never_trigger_a_fold_and_are_covered_by_the_next_one() -> 
     empty = {1, 3, 4, 6, 7}  # chat-only rounds: the CodeGenerator took no part
     history: list[RoundMessages] = []
     for index in range(1, 8):
-        history.append(RoundMessages(index, (), "") if index in empty else make_round(index))
+        history.append(RoundMessages(index, ()) if index in empty else make_round(index))
         ctx.round_finished(history)
         assert ctx.wait_idle(10)
     # Only rounds 2 and 5 have messages: one fold, of round 2, once round 5 made it due.
@@ -355,13 +369,13 @@ def test_the_code_generator_summary_carries_the_merged_variables_and_the_lost_st
     live = LiveVariables((DF, TOTAL), lost=("model",))
     ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}), SummaryModel(lambda m: answer), "code_generator", live_variables=lambda: live)
     history = play(ctx, 2)
-    assert ctx.state.variables == (Variable("df", "pandas.DataFrame", "monthly sales by region"), TOTAL)
+    assert ctx.state.variables == (Variable("df", "pandas.DataFrame", "monthly sales by region"),)
     assert ctx.state.lost == ("model",)
     system = build(ctx, history).messages[0]["content"]
-    assert "- df (pandas.DataFrame): monthly sales by region [now: DataFrame 100 rows x 3 columns" in system
+    assert "- df (pandas.DataFrame): DataFrame 100 rows x 3 columns (region, month, sales) [monthly sales by region]" in system
     assert "- total (float): 1234.5" in system
     assert "imaginary" not in system
-    assert "Lost in a kernel restart (recompute before use)\nmodel" in system
+    assert system.count("Lost in a kernel restart (recompute before use): model") == 1
 
 
 # --- the budget guard ------------------------------------------------------------------------------
@@ -379,32 +393,34 @@ def test_a_giant_output_in_a_retained_round_is_cut_head_and_tail_and_the_prompt_
     ctx = context(small_window(), SummaryModel())
     history = [make_round(1), make_round(2, output_tokens=20_000), make_round(3)]
     built = build(ctx, history)
-    assert built.report.total <= 3_500 == built.report.budget
-    assert TOKENIZER.count_messages(built.messages) == built.report.total
-    assert built.report.rounds_kept == (1, 2, 3) and built.report.messages_cut == 1
+    assert built.report.cost.total <= 3_500 == built.report.budget
+    assert TOKENIZER.count_messages(built.messages) == built.report.cost.total
+    assert built.report.cost.rounds_kept == (1, 2, 3) and built.report.cost.messages_cut == 1
     assert "Result of ROUND-2: sales" in text_of(built.messages) and "tokens left out here" in text_of(built.messages)
-    assert not built.report.examples_left_out
+    assert not built.report.cost.examples_left_out
 
 
 def test_a_giant_output_in_the_current_round_is_cut_but_its_last_message_stays_verbatim() -> None:
     ctx = context(small_window(), SummaryModel())
     current = make_round(2, output_tokens=20_000)
     last = Message(role="user", content="Now plot ROUND-2 as a bar chart.")
-    current = RoundMessages(2, (*current.messages, Message(role="assistant", content="{}"), last), current.summary_text)
+    current = RoundMessages(2, (*current.messages, Message(role="assistant", content="{}"), last), current.fold_pieces, requests=(0, 4))
     built = ctx.build(system=SYSTEM, examples=EXAMPLES, history=[make_round(1)], current=current)
-    assert built.report.total <= built.report.budget
-    assert built.messages[-1] == last
-    assert built.report.rounds_dropped == (1,) and built.report.examples_left_out
+    assert built.report.cost.total <= built.report.budget
+    assert built.messages[-1] == last and built.messages[-5]["content"] == "Please do step ROUND-2."
+    # The current round's output is cut before any retained round or the examples give way.
+    assert built.report.cost.rounds_kept == (1,) and not built.report.cost.examples_left_out
+    assert "tokens left out here" in built.messages[-3]["content"]
 
 
 def test_in_a_tiny_window_examples_then_the_oldest_whole_rounds_give_way() -> None:
     ctx = context(small_window(window=1_100), SummaryModel())
     history = [make_round(n, output_tokens=150) for n in range(1, 8)]
     built = build(ctx, history)
-    assert built.report.total <= 600
-    assert built.report.examples_left_out
-    assert built.report.rounds_dropped == tuple(range(1, 1 + len(built.report.rounds_dropped)))
-    kept = built.report.rounds_kept
+    assert built.report.cost.total <= 600
+    assert built.report.cost.examples_left_out
+    assert built.report.cost.rounds_dropped == tuple(range(1, 1 + len(built.report.cost.rounds_dropped)))
+    kept = built.report.cost.rounds_kept
     for index in kept:  # kept rounds are whole: request, code and result together
         assert f"Please do step ROUND-{index}." in text_of(built.messages) and f"Result of ROUND-{index}" in text_of(built.messages)
 
@@ -413,26 +429,24 @@ def test_the_guard_holds_for_every_strategy() -> None:
     history = [make_round(n, output_tokens=400) for n in range(1, 30)]
     for strategy in ("round_compression", "summary_buffer", "sliding_window", "none"):
         built = build(context(small_window(strategy), SummaryModel()), history)
-        assert built.report.total <= built.report.budget, strategy
-        assert built.report.rounds_kept[-1] == 29, strategy
+        assert built.report.cost.total <= built.report.budget, strategy
+        assert built.report.cost.rounds_kept[-1] == 29, strategy
 
 
-def test_a_pasted_message_too_big_for_the_window_is_cut_as_the_last_resort() -> None:
+def test_a_request_too_big_for_the_window_is_never_cut_but_refused_with_the_numbers() -> None:
     ctx = context(small_window(), SummaryModel())
-    pasted = RoundMessages(2, (Message(role="user", content="Analyse this: " + BIG_WORD * 9_000 + "END OF PASTE"),), "")
-    built = ctx.build(system=SYSTEM, examples=EXAMPLES, history=[make_round(1)], current=pasted)
-    assert built.report.total <= built.report.budget
-    last = built.messages[-1]["content"]
-    assert last.startswith("Analyse this:") and last.endswith("END OF PASTE") and "tokens left out here" in last
+    pasted = RoundMessages(2, (Message(role="user", content="Analyse this: " + BIG_WORD * 9_000 + "END OF PASTE"),), requests=(0,))
+    with pytest.raises(ContextOverflowError, match="make the request shorter"):
+        ctx.build(system=SYSTEM, examples=EXAMPLES, history=[make_round(1)], current=pasted)
 
 
 def test_a_current_round_that_cannot_fit_raises_a_plain_overflow_error_with_the_numbers() -> None:
     ctx = context(small_window(window=1_100), SummaryModel())
-    current = RoundMessages(1, (Message(role="user", content="x " * 2_000),), "")
+    current = RoundMessages(1, (Message(role="user", content="x " * 2_000),), requests=(0,))
     with pytest.raises(ContextOverflowError) as raised:
         ctx.build(system="rules " * 600, examples=EXAMPLES, history=[], current=current)
     message = str(raised.value)
-    assert "current round alone needs" in message
+    assert "its instructions and the current request need" in message
     assert "budget is 600 tokens (llm.context_window 1,100 - llm.reply_reserve 500 - llm.margin 0)" in message
 
 
@@ -445,8 +459,8 @@ def test_sliding_window_never_calls_the_model_and_keeps_the_newest_rounds_that_f
     history = play(ctx, 20, sizes={n: 300 for n in range(1, 21)})
     built = build(ctx, history)
     assert model.calls == []
-    assert built.report.messages_cut == 0 and not built.report.examples_left_out
-    assert built.report.rounds_kept == tuple(range(21 - len(built.report.rounds_kept), 21))
+    assert built.report.cost.messages_cut == 0 and not built.report.cost.examples_left_out
+    assert built.report.cost.rounds_kept == tuple(range(21 - len(built.report.cost.rounds_kept), 21))
 
 
 def test_summary_buffer_keeps_the_last_n_rounds_verbatim_and_one_narrative_of_the_rest() -> None:
@@ -457,7 +471,7 @@ def test_summary_buffer_keeps_the_last_n_rounds_verbatim_and_one_narrative_of_th
     assert "third person" in model.calls[0][1][0]["content"]
     built = build(ctx, history)
     assert marks(built.messages[0]["content"]) == [1, 2, 3]
-    assert built.report.rounds_kept == (4, 5, 6)
+    assert built.report.cost.rounds_kept == (4, 5, 6)
 
 
 def test_strategy_none_shows_every_round_and_never_calls_the_model() -> None:
@@ -465,7 +479,7 @@ def test_strategy_none_shows_every_round_and_never_calls_the_model() -> None:
     ctx = context(config(planner={"strategy": "none"}), model)
     history = play(ctx, 12)
     assert model.calls == []
-    assert build(ctx, history).report.rounds_kept == tuple(range(1, 13))
+    assert build(ctx, history).report.cost.rounds_kept == tuple(range(1, 13))
 
 
 def test_compression_off_for_one_role_leaves_the_other_folding() -> None:
@@ -505,8 +519,8 @@ def test_the_report_accounts_for_every_part_of_the_prompt() -> None:
     built = build(ctx, history)
     report = ctx.report()
     assert report is built.report and report.folded_through == 2
-    assert abs(sum(report.parts().values()) - report.total) <= 2  # joins may merge a token
-    assert report.summary > 0 and report.examples > 0 and report.retained_rounds > 0 and report.current_round > 0
+    assert abs(sum(report.parts().values()) - report.cost.total) <= 2  # joins may merge a token
+    assert report.cost.summary > 0 and report.cost.examples > 0 and report.cost.retained_rounds > 0 and report.cost.current_round > 0
 
 
 # --- over the real wire ----------------------------------------------------------------------------
@@ -523,15 +537,15 @@ def test_folds_go_over_http_to_an_openai_compatible_server_for_both_roles_at_onc
         server.set_default("compression", answer_when_both_asked)
         cfg = config(llm={"api_base": server.url, "api_key": "test"}, round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1})
         model = OpenAIChatModel(cfg.llm)
-        planner = RoleContext("planner", config=cfg, model=model, tokenizer=TOKENIZER)
-        coder = RoleContext("code_generator", config=cfg, model=model, tokenizer=TOKENIZER, live_variables=lambda: LiveVariables((DF,)))
+        planner = RoleContext(RoleName.PLANNER, config=cfg, model=model, tokenizer=TOKENIZER)
+        coder = RoleContext(RoleName.CODE_GENERATOR, config=cfg, model=model, tokenizer=TOKENIZER, live_variables=lambda: LiveVariables((DF,)))
         history = [make_round(1), make_round(2)]
         planner.round_finished(history)
         coder.round_finished(history)
         assert planner.wait_idle(10) and coder.wait_idle(10)
         assert [detect_role(r.messages) for r in server.requests] == ["compression", "compression"]
     assert planner.state.summary == coder.state.summary == "Covers ROUND-1."
-    assert coder.state.variables == (DF,)
+    assert coder.state.variables == ()  # the summary described none; the prompt still lists df from the kernel
 
 
 def test_a_fold_that_meets_a_server_error_keeps_the_rounds_verbatim_and_says_why() -> None:
@@ -539,8 +553,94 @@ def test_a_fold_that_meets_a_server_error_keeps_the_rounds_verbatim_and_says_why
         server.set_default("compression", Reply(status=500, error_message="the summariser is down"))
         cfg = config(llm={"api_base": server.url, "api_key": "test", "max_retries": 0}, round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1})
         events: list[Any] = []
-        ctx = RoleContext("planner", config=cfg, model=OpenAIChatModel(cfg.llm), tokenizer=TOKENIZER, on_fold=events.append)
+        ctx = RoleContext(RoleName.PLANNER, config=cfg, model=OpenAIChatModel(cfg.llm), tokenizer=TOKENIZER, on_fold=events.append)
         history = play(ctx, 2)
     assert ctx.state.folded_through == 0 and not events[0].ok
     assert "summariser is down" in (events[0].error or "")
     assert marks(text_of(build(ctx, history).messages)) == [1, 2, 3]
+
+
+# --- an 8k window (a local model's usual size): issue A, B and C ------------------------------------
+
+
+def window_8k(**compressor: Any) -> Config:
+    """llm.context_window 8000: a 3,648-token prompt budget after the 4,096 reply reserve and 256 margin."""
+    return config(llm={"context_window": 8_000}, round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1, **compressor})
+
+
+def many_variables(count: int) -> LiveVariables:
+    kinds = ("int", "list", "pandas.DataFrame", "dict")
+    return LiveVariables(tuple(Variable(f"v{n}", kinds[n % 4], f"value number {n} of the analysis") for n in range(count)))
+
+
+def test_at_8k_a_huge_traceback_in_the_current_round_is_cut_and_the_summary_stays() -> None:
+    ctx = context(window_8k(), SummaryModel(), "code_generator", live_variables=lambda: many_variables(40))
+    history = play(ctx, 3)
+    assert ctx.state.folded_through == 2
+    current = make_round(4, output_tokens=20_000)  # a grid search's warnings and traceback, say
+    built = ctx.build(system=SYSTEM, examples=EXAMPLES, history=history, current=current)
+    system = built.messages[0]["content"]
+    assert "## Summary of earlier rounds (rounds 1-2)" in system and marks(system) == [1, 2], "the summary was dropped for the traceback"
+    assert built.report.cost.total <= built.report.budget == 3_648
+    assert built.messages[-3]["content"] == "Please do step ROUND-4.", "the request must stay verbatim"
+    assert "tokens left out here" in built.messages[-1]["content"]
+
+
+def test_at_8k_with_500_variables_each_is_listed_at_most_once_within_its_share() -> None:
+    describe = json.dumps({"ConversationSummary": "Built many values.", "Variables": [{"name": "v7", "type": "int", "description": "the seventh value"}]})
+    live = many_variables(500)
+    ctx = context(window_8k(), SummaryModel(lambda m: describe), "code_generator", live_variables=lambda: live)
+    history = play(ctx, 3)
+    current = RoundMessages(4, (Message(role="user", content="Plot v499 against v3."),), requests=(0,))
+    built = ctx.build(system=SYSTEM, examples=EXAMPLES, history=history, current=current)
+    system = built.messages[0]["content"]
+    lines = [line for line in system.splitlines() if line.startswith("- v")]
+    names = [line.split(" ")[1] for line in lines]
+    assert len(names) == len(set(names)), "a variable is listed twice"
+    assert system.count("## Variables in the kernel now") == 1
+    assert names[:2] == ["v3", "v499"] or set(names[:2]) == {"v3", "v499"}, "variables named in the request come first"
+    assert "- v7 (dict): value number 7 of the analysis [the seventh value]" in system or "v7" not in names
+    assert "more not listed here" in system and "list them with code" in system
+    assert built.report.cost.variables <= int(3_648 * 0.15) + 8
+    assert "## Summary of earlier rounds" in system
+
+
+def test_at_8k_every_fold_request_fits_the_window_and_no_round_goes_unseen() -> None:
+    gate = threading.Event()
+    model = SummaryModel(gate=gate)
+    ctx = context(window_8k(), model, "code_generator", live_variables=lambda: many_variables(300))
+    history: list[RoundMessages] = []
+    for index in range(1, 9):  # a slow summariser: seven big rounds pile up behind the first fold
+        history.append(make_round(index, output_tokens=2_500))
+        ctx.round_finished(history)
+    gate.set()
+    assert ctx.wait_idle(20)
+    ctx.round_finished(history)
+    assert ctx.wait_idle(20)
+    assert ctx.state.folded_through == 7
+    seen: set[int] = set()
+    for (purpose, messages), max_tokens in zip(model.calls, model.max_tokens):
+        assert max_tokens is not None and max_tokens < 4_096, "a fold's max_tokens is sized to the summary, not the reply reserve"
+        assert TOKENIZER.count_messages(messages) + max_tokens <= 8_000 - 256, "a fold request is over the window"
+        seen |= {n for n in marks(messages[-1]["content"]) if f"Asked ROUND-{n}" in messages[-1]["content"]}
+    assert seen == set(range(1, 8)), "a folded round never reached a fold's input"
+    assert "(rounds 1-7)" in build(ctx, history).messages[0]["content"]
+
+
+def test_a_round_too_big_for_a_fold_keeps_its_request_instruction_and_outcome() -> None:
+    from taskweaver_lite.summary import round_text
+
+    pieces = (
+        FoldPiece("User: which region grew fastest?", essential=True),
+        FoldPiece("Planner to CodeInterpreter: compute growth by region", essential=True),
+        FoldPiece("Code:\n" + "x = 1\n" * 2_000),
+        FoldPiece("The execution failed.", essential=True),
+        FoldPiece("Error: ValueError: all 70 fits failed", essential=True),
+        FoldPiece("Stderr:\n" + "FitFailedWarning: fit failed\n" * 3_000),
+    )
+    text = round_text(RoundMessages(9, (), pieces), limit=300, tokenizer=TOKENIZER)
+    assert TOKENIZER.count(text) <= 320
+    for piece in pieces:
+        if piece.essential:
+            assert piece.text in text
+    assert "tokens left out here" in text
