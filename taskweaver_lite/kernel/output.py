@@ -24,10 +24,11 @@ _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 IMAGE_SUFFIXES = {"image/png": ".png", "image/jpeg": ".jpg", "image/svg+xml": ".svg"}
 # Text kept in memory before the transcript moves to disk.
 SPILL_CHARS = 1_000_000
-# While streaming, each field keeps this many characters per token of the cell's limit (head and
-# tail): plenty to cut from exactly at the end, bounded whatever the cell prints.
+# While streaming, each field keeps this many characters per token of the cell's limit, and at
+# least MIN_KEPT_CHARS (head and tail): enough that repeated warnings collapse before anything is
+# cut, bounded whatever the cell prints.
 CHARS_PER_TOKEN_KEPT = 8
-MIN_KEPT_CHARS = 4_000
+MIN_KEPT_CHARS = 100_000
 # The error's share of the cell's limit when there is other output too.
 ERROR_SHARE = 0.5
 _WARNING = re.compile(r"warn", re.IGNORECASE)
