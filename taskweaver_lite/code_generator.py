@@ -99,8 +99,10 @@ class CodeGenerator(Role):
         """One round as the CodeGenerator's chat messages: steps, its code, and what the code did."""
         messages: list[Message] = []
         pieces: list[FoldPiece] = []
+        requests: list[int] = []
         for post in rnd.posts:
             if post.send_from == "Planner" and post.send_to == "CodeInterpreter":
+                requests.append(len(messages))
                 messages.append(Message(role="user", content=self._prompt.render("request", message=post.message)))
                 pieces.append(FoldPiece(f"Planner asked: {post.message}", essential=True))
             elif post.send_from == "CodeInterpreter":
@@ -114,7 +116,7 @@ class CodeGenerator(Role):
                 messages.append(Message(role="user", content=feedback))
                 pieces.append(FoldPiece(f"Code:\n{post.code}"))
                 pieces += post.execution.fold_pieces()
-        return RoundMessages(index=rnd.index, messages=tuple(messages), fold_pieces=tuple(pieces))
+        return RoundMessages(index=rnd.index, messages=tuple(messages), fold_pieces=tuple(pieces), requests=tuple(requests))
 
 
 def _report(code: str, result: ExecutionResult, fixed: list[str]) -> str:

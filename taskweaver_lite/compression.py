@@ -139,8 +139,20 @@ class RoleContext:
         with self._lock:
             return self._report
 
-    def build(self, *, system: str, examples: Sequence[Message], history: Sequence[RoundMessages], current: RoundMessages) -> BuiltPrompt:
-        """The prompt for this role now: never waits for a fold, never over the budget."""
+    @property
+    def budget(self) -> int:
+        """Tokens this role's prompts may use."""
+        return self._budget
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer every count of this role's prompts is made with."""
+        return self._tokenizer
+
+    def build(
+        self, *, system: str, examples: Sequence[Message], history: Sequence[RoundMessages], current: RoundMessages, reserve: int = 0
+    ) -> BuiltPrompt:
+        """The prompt for this role now, within the budget less `reserve` (room for a repair turn); never waits for a fold."""
         with self._lock:
             state, running = self._state, self._worker is not None
         summarising = self.strategy in ("round_compression", "summary_buffer")
@@ -156,7 +168,7 @@ class RoleContext:
             variables_cap=int(self._budget * VARIABLES_SHARE),
         )
         order: ShrinkOrder = "window" if self.strategy == "sliding_window" else "standard"
-        fitted = fit_prompt(parts, tokenizer=self._tokenizer, budget=self._budget, order=order, budget_source=self._budget_source, who=self.role.label)
+        fitted = fit_prompt(parts, tokenizer=self._tokenizer, budget=self._budget - reserve, order=order, budget_source=self._budget_source, who=self.role.label)
         report = ContextReport(
             role=self.role, strategy=self.strategy, budget=self._budget, folded_through=state.folded_through, fold_running=running, cost=fitted.cost
         )

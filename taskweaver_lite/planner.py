@@ -60,8 +60,10 @@ class Planner(Role):
         """One round as the Planner's chat messages (only posts the Planner sent or received)."""
         messages: list[Message] = []
         pieces: list[FoldPiece] = []
+        requests: list[int] = []
         for post in rnd.posts:
             if post.send_to == "Planner" and post.send_from == "User":
+                requests.append(len(messages))
                 messages.append(Message(role="user", content=self._prompt.render("user", text=post.message)))
                 pieces.append(FoldPiece(f"User: {post.message}", essential=True))
             elif post.send_to == "Planner" and post.send_from == "CodeInterpreter":
@@ -76,7 +78,7 @@ class Planner(Role):
             elif post.send_from == "Planner":
                 messages.append(Message(role="assistant", content=post.reply_json or post.message))
                 pieces.append(FoldPiece(f"Planner to {post.send_to}: {post.message}", essential=True))
-        return RoundMessages(index=rnd.index, messages=tuple(messages), fold_pieces=tuple(pieces))
+        return RoundMessages(index=rnd.index, messages=tuple(messages), fold_pieces=tuple(pieces), requests=tuple(requests))
 
 
 def list_working_files(folder: Path, *, limit: int = 30) -> list[str]:

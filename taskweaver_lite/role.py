@@ -16,9 +16,13 @@ from typing import Any, Callable, Sequence
 from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.conversation import RoleName, Round, RoundMessages
 from taskweaver_lite.errors import ReplyFormatError, RoundFailedError
-from taskweaver_lite.llm import ChatModel, Message
+from taskweaver_lite.llm import ChatModel, Completion, Message
 from taskweaver_lite.replies import ReplySchema, parse_reply, repair_message
 from taskweaver_lite.templates import PromptTemplate, load_prompt
+
+
+# A bad reply echoed in a repair turn takes at most this fraction of the prompt budget.
+ECHO_SHARE = 4
 
 
 @dataclass
@@ -53,53 +57,46 @@ class Role(ABC):
         repairs: RepairTurns,
         on_repair: Callable[[str], None] | None = None,
     ) -> dict[str, Any]:
-        """Build this role's prompt within its budget, call the model, and return the reply's fields."""
-        built = self.context.build(
-            system=system,
-            examples=self._examples,
-            history=[self.rendered(r) for r in history],
-            current=self.rendered(current),
-        )
-        return ask_json(self._model, built.messages, schema=schema, purpose=self.name.value, repairs=repairs, on_repair=on_repair)
+        """Call the model with this role's prompt and return the reply's fields, repairing bad replies.
+
+        A repair turn is the prompt rebuilt with room for the bad reply (cut to a quarter of the
+        budget) and a message saying what was wrong, which repeats the request being worked on, so
+        a Planner step stays verbatim in the last user message of every call that handles it. Each
+        repair turn fits the budget like any prompt; only the latest bad reply is shown.
+        """
+        rendered_history = [self.rendered(r) for r in history]
+        now = self.rendered(current)
+        request = now.messages[now.requests[-1]]["content"] if now.requests else ""
+        tokenizer = self.context.tokenizer
+        repair: list[Message] = []
+        while True:
+            reserve = tokenizer.count_messages(repair) if repair else 0
+            built = self.context.build(system=system, examples=self._examples, history=rendered_history, current=now, reserve=reserve)
+            completion = self._model.complete([*built.messages, *repair], purpose=self.name.value)
+            try:
+                return _read(completion, schema)
+            except ReplyFormatError as problem:
+                if repairs.left <= 0:
+                    raise RoundFailedError(
+                        f"The {schema.name} kept answering in a broken format and the repair turns for this "
+                        f"request are used up. Last problem: {problem}"
+                    ) from None
+                repairs.left -= 1
+                if on_repair is not None:
+                    on_repair(str(problem))
+                text = repair_message(problem, schema)
+                echo = tokenizer.truncate_middle(completion.text, self.context.budget // ECHO_SHARE)
+                repair = [
+                    Message(role="assistant", content=echo),
+                    Message(role="user", content=f"{text}\n\nThe message you are answering:\n{request}" if request else text),
+                ]
 
 
-def ask_json(
-    model: ChatModel,
-    messages: Sequence[Message],
-    *,
-    schema: ReplySchema,
-    purpose: str,
-    repairs: RepairTurns,
-    on_repair: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Call the model and return the reply's fields, repairing bad replies while the budget lasts.
-
-    A repair turn repeats the message being answered, so the request (a Planner step, say) stays
-    verbatim in the last user message of every call that handles it.
-    """
-    conversation = list(messages)
-    answering = next((m["content"] for m in reversed(conversation) if m["role"] == "user"), "")
-    while True:
-        completion = model.complete(conversation, purpose=purpose)
-        try:
-            if completion.finish_reason == "length":
-                # json-repair could close the cut-off JSON, but the code or answer inside is incomplete.
-                raise ReplyFormatError("the reply was cut off at the model's output limit; answer again, shorter")
-            return parse_reply(completion.text, schema)
-        except ReplyFormatError as problem:
-            if repairs.left <= 0:
-                raise RoundFailedError(
-                    f"The {schema.name} kept answering in a broken format and the repair turns for this "
-                    f"request are used up. Last problem: {problem}"
-                ) from None
-            repairs.left -= 1
-            if on_repair is not None:
-                on_repair(str(problem))
-            repair = repair_message(problem, schema)
-            conversation += [
-                Message(role="assistant", content=completion.text),
-                Message(role="user", content=f"{repair}\n\nThe message you are answering:\n{answering}" if answering else repair),
-            ]
+def _read(completion: Completion, schema: ReplySchema) -> dict[str, Any]:
+    if completion.finish_reason == "length":
+        # json-repair could close the cut-off JSON, but the code or answer inside is incomplete.
+        raise ReplyFormatError("the reply was cut off at the model's output limit; answer again, shorter")
+    return parse_reply(completion.text, schema)
 
 
 def as_reply_json(fields: dict[str, Any], *, wrapper: str | None = "response") -> str:

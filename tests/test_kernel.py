@@ -17,7 +17,7 @@ import pytest
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
 from taskweaver_lite.execution import ExecutionResult
-from taskweaver_lite.kernel import KernelExecutor
+from taskweaver_lite.kernel.executor import KernelExecutor
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -57,7 +57,7 @@ def test_cell_returns_stdout_stderr_last_value_with_html_and_displays(kernel_exe
 
 def test_plot_shown_with_plt_show_becomes_png_artifact(kernel_executor: KernelExecutor) -> None:
     result = kernel_executor.run("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('t')\nplt.show()")
-    assert result.success, result.summary_text()
+    assert result.success, result.prompt_text()
     assert len(result.artifacts) == 1
     artifact = Path(result.artifacts[0])
     assert artifact.is_absolute() and artifact.parent == kernel_executor.artifacts_dir
@@ -75,13 +75,14 @@ def test_error_gives_name_value_and_traceback_without_ansi_codes(kernel_executor
 
 
 def test_ten_megabyte_print_is_cut_with_marker_and_saved_in_full(kernel_executor: KernelExecutor) -> None:
-    budget = kernel_executor.config.output_budget
+    from taskweaver_lite.tokens import get_tokenizer
+
     result = kernel_executor.run("print('HEAD' + 'x' * 10_000_000 + 'TAIL')")
     assert result.success
     assert result.stdout.startswith("HEAD") and result.stdout.rstrip().endswith("TAIL")
-    assert len(result.stdout) < budget + 300
-    assert f"[{10_000_009 - budget:,} characters omitted; full output in {result.full_output_path}]" in result.stdout
-    assert result.full_output_path is not None
+    assert get_tokenizer().count(result.stdout) <= kernel_executor.output_tokens
+    assert "tokens left out here" in result.stdout
+    assert result.full_output_path is not None and f"(Full output saved to {result.full_output_path})" in result.prompt_text()
     saved = Path(result.full_output_path).read_text(encoding="utf-8")
     assert saved == "HEAD" + "x" * 10_000_000 + "TAIL\n"
 
@@ -91,7 +92,7 @@ def test_endless_loop_times_out_and_next_cell_sees_earlier_variables(kernel_exec
     result = kernel_executor.run("while True:\n    pass", timeout=1)
     assert result.timed_out and not result.kernel_died and not result.success
     assert 1 <= result.elapsed < 4
-    assert "timed out" in result.summary_text()
+    assert "timed out" in result.prompt_text()
     assert kernel_executor.run("kept + 1").result == "42"
 
 
@@ -213,7 +214,7 @@ def test_sigterm_to_the_owning_process_ends_its_kernel(tmp_path: Path) -> None:
         import time
         from pathlib import Path
         from taskweaver_lite.config import ExecutionConfig
-        from taskweaver_lite.kernel import KernelExecutor
+        from taskweaver_lite.kernel.executor import KernelExecutor
         executor = KernelExecutor(Path({str(tmp_path)!r}), config=ExecutionConfig())
         executor.wait_ready()
         print(executor.pid, flush=True)
