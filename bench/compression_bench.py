@@ -12,29 +12,44 @@ summary responder stands in for the model. Each claim is printed beside a baseli
    type in the CodeGenerator's prompt, merged with the kernel against the model's own list (scripted to
    omit some, invent some and keep stale types).
 4. Tokenizer speed, and the error of the chars/4 estimate it replaces.
+5. The soak of issue 8 (`tests/soak_session.py`, the session `tests/test_soak.py` asserts on): 160
+   requests through the real Session, kernel and openai client at (1, 1), at an 8k and a 32k window,
+   against the same session with compression off: requests over the window, rounds lost, the share
+   of prompts carrying the summary, total prompt tokens (roles and folds together), fold calls.
 
-Run: .venv/bin/python bench/compression_bench.py   (about a minute)
+Run: .venv/bin/python bench/compression_bench.py [sizes latency variables tokenizer soak]   (a few minutes)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import re
+import sys
+import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.compression import LiveVariables, RoleContext, RoundMessages
+from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.config import Config
+from taskweaver_lite.conversation import RoleName, RoundMessages
 from taskweaver_lite.errors import ContextOverflowError
-from taskweaver_lite.execution import Variable
+from taskweaver_lite.execution import FoldPiece, Variable
 from taskweaver_lite.llm import Message, OpenAIChatModel
-from taskweaver_lite.scripted_model import Reply, ScriptedServer
 from taskweaver_lite.summary import render_summary
-from taskweaver_lite.tokens import get_tokenizer, prompt_budget
+from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer
+from taskweaver_lite.tokens import get_tokenizer
+from taskweaver_lite.variables import LiveVariables
+
+# The soak's session driver lives with the tests that assert on it: one implementation for both.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 ROUNDS = 200
+SOAK_ROUNDS = 160
+SOAK_WINDOWS = (8_000, 32_000)
 VARIABLE_ROUNDS = 50
 LATENCY_ROUNDS = 12
 ROUND_WORK_SECONDS = 0.3  # the rest of a round (the roles' own calls, the kernel) in the latency run
@@ -43,10 +58,10 @@ WINDOW = 32_000
 BIG_OUTPUT_EVERY = 15
 BIG_OUTPUT_TOKENS = 20_000
 TOKENIZER = get_tokenizer()
-WORDS = (
-    "sales region month revenue margin customer order total mean median growth quarter product "
-    "price cost units store share trend north south east west value count rows column index"
-).split()
+WORDS = [
+    "sales", "region", "month", "revenue", "margin", "customer", "order", "total", "mean", "median", "growth", "quarter", "product",
+    "price", "cost", "units", "store", "share", "trend", "north", "south", "east", "west", "value", "count", "rows", "column", "index",
+]
 SYSTEM = {role: f"You are the {role} of a data-analysis assistant. " + " ".join(WORDS * 12) for role in ("planner", "code_generator")}
 EXAMPLES = (Message(role="user", content="Example: " + " ".join(WORDS * 6)), Message(role="assistant", content=" ".join(WORDS * 8)))
 
@@ -85,10 +100,15 @@ class Kernel:
 
 
 class SummaryResponder:
-    """The scripted summary model: bounded summaries; Variables that omit, invent and keep stale types."""
+    """The scripted summary model: bounded summaries; Variables that omit, invent and keep stale types.
 
-    def __init__(self, *, delay: float = 0.0) -> None:
+    Fold prompts carry rounds, not the kernel's variables, so the simulated model reads them from the
+    simulated `kernel`, as a real one would recall them from the rounds (with the same slips).
+    """
+
+    def __init__(self, *, delay: float = 0.0, kernel: Kernel | None = None) -> None:
         self.delay = delay
+        self.kernel = kernel
         self.rng = random.Random(7)
         self.last_variables: list[dict[str, str]] = []
 
@@ -97,29 +117,19 @@ class SummaryResponder:
         covered = sorted({int(n) for n in re.findall(r"ROUND-(\d+)\b", request)})
         lines = [f"Round {n}: looked at {words(self.rng, 6)}." for n in covered[-60:]]
         data: dict[str, Any] = {"ConversationSummary": "\n".join(lines)}
-        if "Variables:" in messages[0]["content"]:
-            kernel = json.loads(re.search(r"Variables the kernel holds now \(name, type, description\): (\[.*\])", request).group(1))  # type: ignore[union-attr]
-            previous = {v["name"]: v for v in json.loads((re.search(r"Variables in the previous summary: (\[.*\])", request) or _EMPTY).group(1))}
+        if "Variables:" in messages[0]["content"] and self.kernel is not None:
+            previous = {v["name"]: v for v in self.last_variables}
             told = []
-            for variable in kernel:
+            for variable in self.kernel.live().variables:
                 if self.rng.random() < 0.2:
                     continue  # omitted
-                known = previous.get(variable["name"])
-                kind = known["type"] if known and self.rng.random() < 0.5 else variable["type"]  # stale type
-                told.append({"name": variable["name"], "type": kind, "description": "used in the analysis"})
+                known = previous.get(variable.name)
+                kind = known["type"] if known and self.rng.random() < 0.5 else variable.type  # stale type
+                told.append({"name": variable.name, "type": kind, "description": "used in the analysis"})
             told += [{"name": f"result_{self.rng.randint(0, 999)}", "type": "DataFrame", "description": "invented"} for _ in range(2)]
             data["Variables"] = told
             self.last_variables = told
         return Reply(content=json.dumps(data), delay=self.delay)
-
-
-class _Empty:
-    @staticmethod
-    def group(_: int) -> str:
-        return "[]"
-
-
-_EMPTY = _Empty()
 
 
 def make_rounds(rng: random.Random) -> list[dict[str, RoundMessages]]:
@@ -131,14 +141,23 @@ def make_rounds(rng: random.Random) -> list[dict[str, RoundMessages]]:
         ask = f"ROUND-{index}: " + words(rng, rng.randint(20, 150))
         step = f"Step for ROUND-{index}: " + words(rng, rng.randint(20, 80))
         code = json.dumps({"response": {"thought": words(rng, 30), "reply_type": "python", "reply_content": words(rng, rng.randint(40, 300))}})
-        plan = json.dumps({"response": {"init_plan": words(rng, 30), "plan": words(rng, 30), "current_plan_step": "1", "send_to": "CodeInterpreter", "message": step}})
+        plan_fields = {"init_plan": words(rng, 30), "plan": words(rng, 30), "current_plan_step": "1", "send_to": "CodeInterpreter", "message": step}
+        plan = json.dumps({"response": plan_fields})
         answer = json.dumps({"response": {"init_plan": "", "plan": "", "current_plan_step": "2", "send_to": "User", "message": words(rng, 80)}})
-        planner = (Message(role="user", content=ask), Message(role="assistant", content=plan), Message(role="user", content=f"CodeInterpreter: done\n{output}"), Message(role="assistant", content=answer))
+        report = f"CodeInterpreter: done\n{output}"
+        planner = (
+            Message(role="user", content=ask),
+            Message(role="assistant", content=plan),
+            Message(role="user", content=report),
+            Message(role="assistant", content=answer),
+        )
         coder = (Message(role="user", content=step), Message(role="assistant", content=code), Message(role="user", content=f"Execution result:\n{output}"))
+        planner_pieces = (FoldPiece(f"User: {ask}", essential=True), FoldPiece(f"Planner: {step}", essential=True), FoldPiece(output))
+        coder_pieces = (FoldPiece(f"Planner asked: {step}", essential=True), FoldPiece(f"Code ran.\n{output}"))
         session.append(
             {
-                "planner": RoundMessages(index, planner, f"User: {ask}\nPlanner: {step}\n{output}"),
-                "code_generator": RoundMessages(index, coder, f"Planner asked: {step}\nCode ran.\n{output}"),
+                "planner": RoundMessages(index, planner, planner_pieces, requests=(0,)),
+                "code_generator": RoundMessages(index, coder, coder_pieces, requests=(0,)),
             }
         )
     return session
@@ -147,21 +166,21 @@ def make_rounds(rng: random.Random) -> list[dict[str, RoundMessages]]:
 def last_call(rnd: RoundMessages, role: str) -> RoundMessages:
     """The round as it stands at the role's largest call: the Planner's answer, the CodeGenerator's first code."""
     keep = 3 if role == "planner" else 1
-    return RoundMessages(rnd.index, rnd.messages[:keep], rnd.summary_text)
+    return replace(rnd, messages=rnd.messages[:keep])
 
 
 def bench_prompt_sizes(server: ScriptedServer, session: list[dict[str, RoundMessages]]) -> None:
-    print(f"\n1. Prompt tokens over a {ROUNDS}-round session, {WINDOW:,}-token window (budget {prompt_budget(config(server)):,})")
     cfg, taskweaver_cfg = config(server), config(server, fold_token_trigger=0)
+    budget = cfg.prompt_budget
+    print(f"\n1. Prompt tokens over a {ROUNDS}-round session, {WINDOW:,}-token window (budget {budget:,})")
     model = OpenAIChatModel(cfg.llm)
-    budget = prompt_budget(cfg)
     sizes: dict[str, dict[str, list[int]]] = {}
     overflows = {"off": {}, "taskweaver": {}, "ours": {}}  # type: dict[str, dict[str, int]]
     for role in ("planner", "code_generator"):
         kernel = Kernel(random.Random(3))
-        ours = RoleContext(role, config=cfg, model=model, tokenizer=TOKENIZER, live_variables=kernel.live if role == "code_generator" else None)
         live = kernel.live if role == "code_generator" else None
-        taskweaver = RoleContext(role, config=taskweaver_cfg, model=model, tokenizer=TOKENIZER, live_variables=live)
+        ours = RoleContext(RoleName(role), config=cfg, model=model, tokenizer=TOKENIZER, live_variables=live)
+        taskweaver = RoleContext(RoleName(role), config=taskweaver_cfg, model=model, tokenizer=TOKENIZER, live_variables=live)
         fixed = TOKENIZER.count_messages([Message(role="system", content=SYSTEM[role]), *EXAMPLES])
         history: list[RoundMessages] = []
         all_tokens = 0
@@ -174,10 +193,10 @@ def bench_prompt_sizes(server: ScriptedServer, session: list[dict[str, RoundMess
             off = fixed + all_tokens + current_tokens
             folded = taskweaver.state
             unfolded = sum(TOKENIZER.count_messages(r.messages) - 3 for r in history if r.index > folded.folded_through)
-            summary = TOKENIZER.count(render_summary(folded, live=None))  # the model's own Variables
+            summary = TOKENIZER.count(render_summary(folded))
             tw = fixed + summary + unfolded + current_tokens
             try:
-                built = ours.build(system=SYSTEM[role], examples=EXAMPLES, history=history, current=current).report.total
+                built = ours.build(system=SYSTEM[role], examples=EXAMPLES, history=history, current=current).report.cost.total
             except ContextOverflowError:
                 built = budget + 1
             for name, total in (("off", off), ("taskweaver", tw), ("ours", built)):
@@ -215,7 +234,7 @@ def bench_latency(server: ScriptedServer, session: list[dict[str, RoundMessages]
     for mode in ("synchronous (TaskWeaver)", "background (ours)"):
         cfg = config(server)
         model = OpenAIChatModel(cfg.llm)
-        contexts = {role: RoleContext(role, config=cfg, model=model, tokenizer=TOKENIZER) for role in ("planner", "code_generator")}
+        contexts = {role: RoleContext(RoleName(role), config=cfg, model=model, tokenizer=TOKENIZER) for role in ("planner", "code_generator")}
         added: list[float] = []
         history: dict[str, list[RoundMessages]] = {"planner": [], "code_generator": []}
         for rounds in session[:LATENCY_ROUNDS]:
@@ -243,11 +262,11 @@ def bench_latency(server: ScriptedServer, session: list[dict[str, RoundMessages]
 
 def bench_variables(server: ScriptedServer, session: list[dict[str, RoundMessages]]) -> None:
     print(f"\n3. Variables accuracy after {VARIABLE_ROUNDS} rounds (live variables in the CodeGenerator's prompt with the right type)")
-    responder = SummaryResponder()
+    kernel = Kernel(random.Random(3))
+    responder = SummaryResponder(kernel=kernel)
     server.set_default("compression", responder)
     cfg = config(server)
-    kernel = Kernel(random.Random(3))
-    context = RoleContext("code_generator", config=cfg, model=OpenAIChatModel(cfg.llm), tokenizer=TOKENIZER, live_variables=kernel.live)
+    context = RoleContext(RoleName.CODE_GENERATOR, config=cfg, model=OpenAIChatModel(cfg.llm), tokenizer=TOKENIZER, live_variables=kernel.live)
     history: list[RoundMessages] = []
     for rounds in session[:VARIABLE_ROUNDS]:
         history.append(rounds["code_generator"])
@@ -281,6 +300,41 @@ def bench_tokenizer() -> None:
     print(f"   truncate_middle of that text to 2,000 tokens: {(time.perf_counter() - started) / 20 * 1000:.0f} ms")
 
 
+def bench_soak(rounds: int = SOAK_ROUNDS) -> None:
+    import soak_session as soak  # from tests/, put on sys.path above
+
+    print(f"\n5. Soak: {rounds} requests through the real Session at (1, 1), compression on against off (issue 8)")
+    rows: dict[str, list[str]] = {}
+    for window in SOAK_WINDOWS:
+        with tempfile.TemporaryDirectory() as root:
+            on = soak.run_soak(Path(root) / "on", rounds=rounds, window=window)
+            off = soak.run_soak(Path(root) / "off", rounds=rounds, window=window, compression=False)
+        for label, value in soak_figures(soak, on, off).items():
+            rows.setdefault(label, []).append(value)
+    print(f"   {'':58}" + "".join(f"{f'{w // 1000}k window':>16}" for w in SOAK_WINDOWS))
+    for label, values in rows.items():
+        print(f"   {label:<58}" + "".join(f"{v:>16}" for v in values))
+
+
+def soak_figures(soak: Any, on: Any, off: Any) -> dict[str, str]:
+    """One soak's figures by label, compression on (`on`) against off (`off`), formatted for the table."""
+    lost = sorted({n for rounds in soak.unreachable_rounds(on).values() for n in rounds})
+    on_tokens, off_tokens = soak.total_prompt_tokens(on), soak.total_prompt_tokens(off)
+    return {
+        "requests over the window, folds included (target 0)": f"{len(soak.overflows(on.requests, window=on.window)):,}",
+        "rounds failed": f"{len(on.failed_rounds)}",
+        "rounds lost: in no fold input nor the last prompt (target 0)": f"{len(lost)}",
+        "prompts after the first fold with the summary (target 100%)": f"{soak.summary_fraction(on):.1%}",
+        "CodeGenerator prompts with variables-list problems": f"{len(soak.variables_problems(on.requests, budget=on.budget))}",
+        "total prompt tokens, compression on (roles + folds)": f"{on_tokens:,}",
+        "total prompt tokens, compression off": f"{off_tokens:,}",
+        "on / off (target <= 0.60)": f"{on_tokens / off_tokens:.3f}",
+        "fold calls per 100 rounds": f"{soak.fold_calls(on) * 100 / on.rounds:.0f}",
+        "variables in the kernel at the end": f"{on.variables}",
+        "seconds, on / off": f"{on.seconds:.0f} / {off.seconds:.0f}",
+    }
+
+
 def config(server: ScriptedServer, **compressor: Any) -> Config:
     return Config.model_validate(
         {
@@ -290,15 +344,30 @@ def config(server: ScriptedServer, **compressor: Any) -> Config:
     )
 
 
+SECTIONS = ("sizes", "latency", "variables", "tokenizer", "soak")
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    # No `choices=`: argparse checks an empty `nargs="*"` list against them and refuses it.
+    parser.add_argument("sections", nargs="*", metavar="SECTION", help=f"the sections to run: {', '.join(SECTIONS)} (default: all)")
+    chosen = set(parser.parse_args().sections or SECTIONS)
+    if chosen - set(SECTIONS):
+        parser.error(f"unknown section {', '.join(sorted(chosen - set(SECTIONS)))}; choose from {', '.join(SECTIONS)}")
     started = time.perf_counter()
     session = make_rounds(random.Random(11))
     with ScriptedServer() as server:
         server.set_default("compression", SummaryResponder())
-        bench_prompt_sizes(server, session)
-        bench_latency(server, session)
-        bench_variables(server, session)
-    bench_tokenizer()
+        if "sizes" in chosen:
+            bench_prompt_sizes(server, session)
+        if "latency" in chosen:
+            bench_latency(server, session)
+        if "variables" in chosen:
+            bench_variables(server, session)
+    if "tokenizer" in chosen:
+        bench_tokenizer()
+    if "soak" in chosen:
+        bench_soak()
     print(f"\n(bench ran in {time.perf_counter() - started:.0f} s)")
 
 

@@ -90,6 +90,7 @@ class RoleContext:
         role_config: RoleConfig = getattr(config, role.value)
         self.role = role
         self.strategy: Strategy = role_config.strategy
+        self._examples_always = role_config.examples == "always"
         if not role_config.prompt_compression and self.strategy in ("round_compression", "summary_buffer"):
             self.strategy = "sliding_window"
         self._settings = config.round_compressor
@@ -161,7 +162,9 @@ class RoleContext:
             system=system,
             summary=render_summary(state) if summarising else "",
             placement=self._settings.summary_placement,
-            examples=tuple(examples),
+            # Once the prompt shows a round of the role's own, its replies show the format as well as
+            # the examples did: leaving them out saves their tokens in every later call.
+            examples=tuple(examples) if self._examples_always or not retained else (),
             rounds=retained,
             current=current,
             variables=self._variables_block(state, (*retained, current)),

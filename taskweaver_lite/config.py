@@ -62,6 +62,10 @@ class RoleConfig(_Section):
 
     prompt_compression: bool = True
     strategy: Strategy = "round_compression"
+    examples: Literal["until_history", "always"] = Field(
+        "until_history",
+        description="few-shot examples in every prompt, or only until the prompt shows a round of the role's own (which shows the reply format as well)",
+    )
 
 
 class RoundCompressorConfig(_Section):
@@ -221,9 +225,12 @@ def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
     touched = [o for o in overrides if (k := o.split("=", 1)[0].strip()) == key or k.startswith(key + ".")]
     source = ", ".join(f"--set {_masked(o)}" for o in touched) if touched else str(path)
     if err["type"] == "extra_forbidden":
-        parent = Config
+        parent: type[BaseModel] = Config
         for part in err["loc"][:-1]:
-            parent = parent.model_fields[str(part)].annotation  # type: ignore[assignment]
+            section = parent.model_fields[str(part)].annotation
+            if not (isinstance(section, type) and issubclass(section, BaseModel)):
+                break
+            parent = section
         return f"{source}: unknown key '{key}'; known keys here: {_known(parent)}"
     got = err.get("input")
     # Only scalars are echoed: a whole section could hold the API key.

@@ -6,8 +6,8 @@ conversation: the user's messages, its own replies, and the CodeInterpreter's re
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.conversation import Plan, Post, RoleName, Round, RoundMessages
@@ -69,10 +69,9 @@ class Planner(Role):
             elif post.send_to == "Planner" and post.send_from == "CodeInterpreter":
                 result = post.execution.prompt_text() if post.execution else ""
                 messages.append(Message(role="user", content=self._prompt.render("code_interpreter", message=post.message, result=result)))
-                outcome, _, code = post.message.partition("\n")
+                # The Planner's summary keeps results, not code: the report's first line and what it printed.
+                outcome = post.message.partition("\n")[0]
                 pieces.append(FoldPiece(f"CodeInterpreter: {outcome}", essential=True))
-                if code:
-                    pieces.append(FoldPiece(code))
                 if post.execution is not None:
                     pieces += post.execution.fold_pieces()
             elif post.send_from == "Planner":
@@ -93,8 +92,9 @@ def list_working_files(folder: Path, *, limit: int = 30) -> list[str]:
 
 
 def _size(n: int) -> str:
+    size = float(n)
     for unit in ("B", "KB", "MB"):
-        if n < 1024:
-            return f"{n:.0f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n:.1f} GB"
+        if size < 1024:
+            return f"{size:.0f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GB"

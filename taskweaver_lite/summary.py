@@ -38,14 +38,17 @@ HEADING = "## Summary of earlier rounds"
 MAX_LOG_ENTRIES = 100
 # The summary's share of a role's prompt budget, and the variables list's (variables.py renders it).
 SUMMARY_SHARE = 0.20
-VARIABLES_SHARE = 0.15
+VARIABLES_SHARE = 0.12
 # Appended notes on one batch may take this share of the summary cap; a merge asks for this share of it.
 NOTES_SHARE = 0.34
 MERGE_SHARE = 0.60
 # Variable descriptions a CodeGenerator fold may return, and what they may cost.
 MAX_DESCRIBED = 15
 DESCRIPTION_TOKENS = 24
-REPLY_OVERHEAD = 32  # JSON keys, quotes and brackets around the summary
+REPLY_OVERHEAD = 32
+# One round's text in a fold is cut to a sixth of the role's budget (608 tokens at 8k), keeping its
+# essential pieces: a summary keeps a few lines of a round, not its whole output.
+ROUND_SHARE = 6  # JSON keys, quotes and brackets around the summary
 MIN_ROUND_TOKENS = 64
 
 
@@ -113,17 +116,16 @@ class FoldLimits:
     def for_budget(cls, budget: int, *, max_summary_tokens: int, window: int, margin: int) -> FoldLimits:
         """Limits for a role whose prompts get `budget` tokens."""
         summary = max(MIN_ROUND_TOKENS, min(max_summary_tokens, int(budget * SUMMARY_SHARE)))
-        return cls(summary_tokens=summary, window=window, margin=margin, round_tokens=max(MIN_ROUND_TOKENS * 4, budget // 4))
+        return cls(summary_tokens=summary, window=window, margin=margin, round_tokens=max(MIN_ROUND_TOKENS * 4, budget // ROUND_SHARE))
 
     def reply_tokens(self, mode: FoldMode, *, describes_variables: bool) -> int:
         """The fold call's `max_tokens`: the summary (or notes) it asks for, plus variable descriptions."""
-        text = self.summary_tokens if mode == "merge" else self.notes_tokens
-        return text + REPLY_OVERHEAD + (MAX_DESCRIBED * DESCRIPTION_TOKENS if describes_variables else 0)
+        return self.text_tokens(mode) + REPLY_OVERHEAD + (MAX_DESCRIBED * DESCRIPTION_TOKENS if describes_variables else 0)
 
-    @property
-    def notes_tokens(self) -> int:
-        """What one append fold may add."""
-        return max(MIN_ROUND_TOKENS, int(self.summary_tokens * NOTES_SHARE))
+    def text_tokens(self, mode: FoldMode) -> int:
+        """The summary text a fold of `mode` may write: a merged summary leaves room for notes to follow."""
+        share = MERGE_SHARE if mode == "merge" else NOTES_SHARE
+        return max(MIN_ROUND_TOKENS, int(self.summary_tokens * share))
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,7 @@ def _mode(state: CompressionState, fold: _Fold) -> FoldMode:
     if fold.style == "narrative" or not state.summary:
         return "merge"
     room = fold.limits.summary_tokens - fold.tokenizer.count(state.summary)
-    return "append" if room >= fold.limits.notes_tokens else "merge"
+    return "append" if room >= fold.limits.text_tokens("append") else "merge"
 
 
 def _room(state: CompressionState, fold: _Fold, mode: FoldMode) -> int:
@@ -213,7 +215,7 @@ def _fold_batch(state: CompressionState, batch: Sequence[RoundMessages], fold: _
     tokens_before = sum(tokenizer.count_messages(r.messages) for r in batch)
     messages = fold_prompt(state, rounds=batch, fold=fold, mode=mode)
     max_tokens = fold.limits.reply_tokens(mode, describes_variables=fold.describes_variables)
-    cap = fold.limits.summary_tokens if mode == "merge" else fold.limits.notes_tokens
+    cap = fold.limits.text_tokens(mode)
     purpose = f"compression_{fold.role.value}"
     try:
         completion = fold.model.complete(messages, purpose=purpose, max_tokens=max_tokens)
@@ -255,7 +257,7 @@ def _lost(state: CompressionState, live: LiveVariables | None) -> tuple[str, ...
 def fold_prompt(state: CompressionState, *, rounds: Sequence[RoundMessages], fold: _Fold, mode: FoldMode) -> list[Message]:
     """The fold call's messages: the previous summary only when merging, each round cut to its limit."""
     template = load_prompt(f"compression_{fold.role.value}")
-    cap = fold.limits.summary_tokens if mode == "merge" else fold.limits.notes_tokens
+    cap = fold.limits.text_tokens(mode)
     system = template.render("system", style=fold.style, mode=mode, max_summary_tokens=cap, max_described=MAX_DESCRIBED)
     shown = [{"index": r.index, "text": round_text(r, limit=fold.limits.round_tokens, tokenizer=fold.tokenizer)} for r in rounds]
     user = template.render(
