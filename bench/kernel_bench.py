@@ -157,7 +157,7 @@ def main() -> None:
     table = [("measure", "bare jupyter-client", "KernelExecutor", "ratio"), *rows]
     widths = [max(len(row[i]) for row in table) for i in range(4)]
     for row in table:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
 if __name__ == "__main__":

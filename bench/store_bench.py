@@ -15,13 +15,13 @@ import sqlite3
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from taskweaver_lite.conversation import Plan, Post, Round
 from taskweaver_lite.events import Event, ModelCalled, PostAdded, RoundEnded, RoundStarted
 from taskweaver_lite.execution import ExecutionResult, Variable, VariableChanges
-from taskweaver_lite.store.database import SessionStore
+from taskweaver_lite.store.database import SessionStore, Synchronous
 
 PLAN = Plan(init_plan="1. load the data\n2. compute the growth per region\n3. report", plan="1. load\n2. compute\n3. report", current_plan_step="2. compute")
 CODE = "import pandas as pd\ndf = pd.read_csv('sales.csv')\ngrowth = df.groupby('region')['revenue'].pct_change()\n" * 3
@@ -44,8 +44,14 @@ def round_events(index: int) -> Iterator[Event]:
     )
     posts = [
         Post("User", "Planner", rnd.user_query),
-        Post("Planner", "CodeInterpreter", "Compute revenue growth per region for the last quarter.", plan=PLAN, reply_json=json.dumps({"response": PLAN.to_dict()})),
-        Post("CodeInterpreter", "Planner", "The code ran successfully.\n```python\n" + CODE + "```", thought="Group by region.", code=CODE, execution=result, reply_json=json.dumps({"code": CODE})),
+        Post(
+            "Planner", "CodeInterpreter", "Compute revenue growth per region for the last quarter.",
+            plan=PLAN, reply_json=json.dumps({"response": PLAN.to_dict()}),
+        ),
+        Post(
+            "CodeInterpreter", "Planner", "The code ran successfully.\n```python\n" + CODE + "```",
+            thought="Group by region.", code=CODE, execution=result, reply_json=json.dumps({"code": CODE}),
+        ),
         Post("Planner", "User", "North grew fastest: +12% over the quarter.", plan=PLAN, reply_json=json.dumps({"response": PLAN.to_dict()})),
     ]
     for number, post in enumerate(posts):
@@ -66,8 +72,8 @@ def event_json(event: Event) -> str:
     return json.dumps(vars(event), default=str)
 
 
-def time_store_writes(folder: Path, synchronous: str, rounds: int) -> list[float]:
-    store = SessionStore(folder / f"store-{synchronous}.db", synchronous=synchronous)  # type: ignore[arg-type]
+def time_store_writes(folder: Path, synchronous: Synchronous, rounds: int) -> list[float]:
+    store = SessionStore(folder / f"store-{synchronous}.db", synchronous=synchronous)
     store.create_session("bench", started=time.time())
     latencies = []
     for index in range(1, rounds + 1):
@@ -125,9 +131,12 @@ def main() -> None:
         store.create_session("big", started=time.time())
         round_json = 0
         for index in range(1, args.rounds + 1):
-            for event in round_events(index):
+            events = list(round_events(index))
+            for event in events:
                 store.record("big", event)
-            round_json += len(json.dumps(event.round.to_dict()).encode())  # type: ignore[union-attr]
+            started_event = events[0]
+            assert isinstance(started_event, RoundStarted)  # its round is the whole round once recorded
+            round_json += len(json.dumps(started_event.round.to_dict()).encode())
         loads, replays, raws = [], [], []
         for _ in range(5):
             started = time.perf_counter()

@@ -19,15 +19,16 @@ import time
 from pathlib import Path
 
 import openai
-from jupyter_client import KernelManager
+from jupyter_client.manager import KernelManager
+from openai.types.chat import ChatCompletionSystemMessageParam
 
-from taskweaver_lite.config import load_config
 from taskweaver_lite.cli.demo import bundled_project
+from taskweaver_lite.config import load_config
 from taskweaver_lite.execution import ExecutionResult, Executor, Variable
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.llm import OpenAIChatModel
-from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 from taskweaver_lite.session import Session
+from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 
 
 class TimedExecutor:
@@ -36,6 +37,16 @@ class TimedExecutor:
     def __init__(self, inner: Executor) -> None:
         self.inner = inner
         self.seconds = 0.0
+
+    @property
+    def working_dir(self) -> Path:
+        return self.inner.working_dir
+
+    def upload(self, source: Path, *, name: str | None = None) -> str:
+        return self.inner.upload(source, name=name)
+
+    def artifact(self, name: str) -> Path:
+        return self.inner.artifact(name)
 
     def run(self, code: str, *, timeout: float | None = None) -> ExecutionResult:
         started = time.perf_counter()
@@ -64,8 +75,8 @@ def enqueue_turn(server: ScriptedServer) -> None:
 
 def bare_sdk_calls(server: ScriptedServer, turns: int) -> list[float]:
     client = openai.OpenAI(base_url=server.url, api_key="bench")
-    system = {"role": "system", "content": "schema: init_plan"}
-    coder = {"role": "system", "content": "schema: reply_content"}
+    system: ChatCompletionSystemMessageParam = {"role": "system", "content": "schema: init_plan"}
+    coder: ChatCompletionSystemMessageParam = {"role": "system", "content": "schema: reply_content"}
     times = []
     for _ in range(turns):
         enqueue_turn(server)
@@ -99,7 +110,7 @@ def our_turns(server: ScriptedServer, turns: int) -> tuple[list[float], list[flo
     config = load_config(bundled_project(), [f"llm.api_base={server.url}", "llm.api_key=bench", "execution.timeout=30"])
     config.project_dir = project
     executor = TimedExecutor(KernelExecutor(project / "sessions" / "bench", config=config.execution))
-    session = Session(config, model=OpenAIChatModel(config.llm), executor=executor, session_id="bench", working_dir=project)
+    session = Session(config, model=OpenAIChatModel(config.llm), executor=executor, session_id="bench")
     server.set_default("compression", summary_reply("The user set x to 1 several times.", [{"name": "x", "type": "int", "description": "1"}]))
     overheads, walls = [], []
     try:
@@ -117,7 +128,7 @@ def our_turns(server: ScriptedServer, turns: int) -> tuple[list[float], list[flo
     return overheads, walls
 
 
-def help_time(runs: int = 7) -> tuple[float, float]:
+def help_time(runs: int = 21) -> tuple[float, float]:
     def timed(args: list[str]) -> float:
         samples = []
         for _ in range(runs):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Session", "load_config", "__version__"]
+__all__ = ["Session", "__version__", "load_config"]
 
 if TYPE_CHECKING:
     from taskweaver_lite.config import load_config

@@ -20,8 +20,9 @@ Rounds are kept or dropped whole, so code is never separated from its result.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Sequence
+from typing import Literal
 
 from taskweaver_lite.conversation import RoundMessages
 from taskweaver_lite.errors import ContextOverflowError
@@ -38,6 +39,7 @@ MIN_CUT_TOKENS = 64
 MIN_SUMMARY_TOKENS = 48
 
 RenderVariables = Callable[[int], str]  # the variables block within a token cap
+_Step = Callable[..., int]  # one way of shrinking a draft; returns its new total
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,7 @@ def fit_prompt(parts: PromptParts, *, tokenizer: Tokenizer, budget: int, order: 
     )
     long_limit = max(MIN_CUT_TOKENS, budget // 16)
     total = draft.total()
+    steps: tuple[_Step, ...]
     if order == "standard":
         steps = (_cut_rounds, _trim_current, _leave_out_examples, _drop_rounds)
     else:

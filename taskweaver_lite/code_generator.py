@@ -9,7 +9,7 @@ the outcome goes to the Planner as one post.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.conversation import Post, RoleName, Round, RoundMessages

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from taskweaver_lite.budget import PromptCost, PromptParts, ShrinkOrder, fit_prompt
 from taskweaver_lite.config import Config, RoleConfig, Strategy
@@ -50,7 +51,8 @@ class ContextReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape: the fields by name, the cost's fields inline."""
-        return {"role": self.role.value, "strategy": self.strategy, "budget": self.budget, "folded_through": self.folded_through, "fold_running": self.fold_running, **asdict(self.cost)}
+        head = {"role": self.role.value, "strategy": self.strategy, "budget": self.budget}
+        return {**head, "folded_through": self.folded_through, "fold_running": self.fold_running, **asdict(self.cost)}
 
     def parts(self) -> dict[str, int]:
         """Tokens per part, in prompt order."""
@@ -171,7 +173,8 @@ class RoleContext:
             variables_cap=int(self._budget * VARIABLES_SHARE),
         )
         order: ShrinkOrder = "window" if self.strategy == "sliding_window" else "standard"
-        fitted = fit_prompt(parts, tokenizer=self._tokenizer, budget=self._budget - reserve, order=order, budget_source=self._budget_source, who=self.role.label)
+        budget = self._budget - reserve
+        fitted = fit_prompt(parts, tokenizer=self._tokenizer, budget=budget, order=order, budget_source=self._budget_source, who=self.role.label)
         report = ContextReport(
             role=self.role, strategy=self.strategy, budget=self._budget, folded_through=state.folded_through, fold_running=running, cost=fitted.cost
         )
@@ -290,7 +293,7 @@ class RoleContext:
                 limits=self._limits,
                 live=live,
             )
-        except Exception as exc:  # fold_rounds turns expected failures into events; this is what it did not expect
+        except Exception as exc:  # noqa: BLE001 - fold_rounds turns expected failures into events; this is a bug, and a worker must survive it
             error = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
             # Token counts are unknown: the attempt broke before it could report them.
             return FoldResult(state=None, events=(Folded(self.role, due[0].index, due[-1].index, 0, 0, ok=False, error=error),))

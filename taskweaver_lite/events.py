@@ -5,8 +5,9 @@ The session emits these to its listeners; listeners observe, they never drive th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Literal, Union
+from typing import Any, Literal
 
 from taskweaver_lite.conversation import Post, RoleName, Round
 
@@ -94,7 +95,7 @@ class Folded:
         )
 
 
-Event = Union[RoundStarted, PostAdded, Working, RoundEnded, ModelCalled, Folded]
+Event = RoundStarted | PostAdded | Working | RoundEnded | ModelCalled | Folded
 Listener = Callable[[Event], None]
 
 

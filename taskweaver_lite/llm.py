@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
 from urllib.parse import urlsplit
 
 from taskweaver_lite.errors import (
@@ -121,7 +122,10 @@ class MeteredModel:
         try:
             completion = self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens)
         except TaskWeaverError as exc:
-            self._count(None, CallRecord(purpose, 0, 0, time.perf_counter() - started, ok=False, error=str(exc), messages=tuple(messages), reply=None, usage_reported=False))
+            failed = CallRecord(
+                purpose, 0, 0, time.perf_counter() - started, ok=False, error=str(exc), messages=tuple(messages), reply=None, usage_reported=False
+            )
+            self._count(None, failed)
             raise
         record = CallRecord(
             purpose,

@@ -9,9 +9,10 @@ round, across both roles (`RepairTurns`), so a confused model cannot loop.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.conversation import RoleName, Round, RoundMessages
@@ -19,7 +20,6 @@ from taskweaver_lite.errors import ReplyFormatError, RoundFailedError
 from taskweaver_lite.llm import ChatModel, Completion, Message
 from taskweaver_lite.replies import ReplySchema, parse_reply, repair_message
 from taskweaver_lite.templates import PromptTemplate, load_prompt
-
 
 # A bad reply echoed in a repair turn takes at most this fraction of the prompt budget.
 ECHO_SHARE = 4

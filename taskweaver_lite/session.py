@@ -15,9 +15,10 @@ import functools
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from taskweaver_lite.code_generator import CodeGenerator
 from taskweaver_lite.compression import RoleContext
@@ -352,9 +353,14 @@ class Session:
 
     def _on_call(self, record: CallRecord) -> None:
         keep = self.config.store.record_prompts
-        prompt = tuple(dict(m) for m in record.messages) if keep else None
+        prompt = tuple({"role": m["role"], "content": m["content"]} for m in record.messages) if keep else None
         reply = record.reply if keep else None
-        self._emit(ModelCalled(record.purpose, record.prompt_tokens, record.completion_tokens, record.latency, ok=record.ok, error=record.error, prompt=prompt, reply=reply))
+        self._emit(
+            ModelCalled(
+                record.purpose, record.prompt_tokens, record.completion_tokens, record.latency,
+                ok=record.ok, error=record.error, prompt=prompt, reply=reply,
+            )
+        )
 
     def _fail(self, rnd: Round, error: str) -> None:
         rnd.state = "failed"

@@ -18,8 +18,9 @@ summary's Variables are only descriptions: the list a prompt shows always comes 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from taskweaver_lite.conversation import RoleName, RoundMessages
 from taskweaver_lite.errors import ReplyFormatError, TaskWeaverError
@@ -222,7 +223,8 @@ def _fold_batch(state: CompressionState, batch: Sequence[RoundMessages], fold: _
         try:
             fields = _read_summary(completion.text, tokenizer=tokenizer, cap=cap)
         except ReplyFormatError as problem:
-            repair = [*messages, Message(role="assistant", content=_clip(completion.text, tokenizer, cap)), Message(role="user", content=repair_message(problem, SUMMARY_SCHEMA))]
+            echo = Message(role="assistant", content=_clip(completion.text, tokenizer, cap))
+            repair = [*messages, echo, Message(role="user", content=repair_message(problem, SUMMARY_SCHEMA))]
             if tokenizer.count_messages(repair) + max_tokens > fold.limits.window - fold.limits.margin:
                 raise
             completion = fold.model.complete(repair, purpose=purpose, max_tokens=max_tokens)
@@ -285,7 +287,7 @@ def round_text(rnd: RoundMessages, *, limit: int, tokenizer: Tokenizer) -> str:
     kept = {id(p): tokenizer.truncate_middle(p.text, essential_room) if p.essential else p.text for p in pieces}
     rest = [p for p in pieces if not p.essential]
     room = limit - sum(tokenizer.count(kept[id(p)]) + 1 for p in essential)
-    for piece, text in zip(rest, tokenizer.fit([p.text for p in rest], room=max(room, 0))):
+    for piece, text in zip(rest, tokenizer.fit([p.text for p in rest], room=max(room, 0)), strict=True):
         kept[id(piece)] = text
     return "\n".join(kept[id(p)] for p in pieces if kept[id(p)])
 

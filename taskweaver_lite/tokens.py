@@ -8,7 +8,8 @@ first use: importing this module costs nothing.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from taskweaver_lite.errors import ConfigError
 
@@ -87,7 +88,7 @@ class Tokenizer:
                 cap = share
                 break
             remaining -= sizes[i]
-        return [(self.truncate_middle(t, cap) if cap > 0 else "") if size > cap else t for t, size in zip(texts, sizes)]
+        return [(self.truncate_middle(t, cap) if cap > 0 else "") if size > cap else t for t, size in zip(texts, sizes, strict=True)]
 
     def _decode(self, tokens: Sequence[int], *, side: str) -> str:
         # A cut can land inside a multi-byte character; move the cut a token at a time until it decodes.
@@ -113,7 +114,7 @@ def get_tokenizer(name: str = "o200k_base") -> Tokenizer:
 def _load(name: str) -> Tokenizer:
     # The Rust binding directly: bpe_openai's public Encoding refuses texts over 1M characters or
     # 200k tokens, and a 20k-token cell output in a long history must still be counted exactly.
-    from bpe_openai import _bindings  # type: ignore[import-untyped]  # Rust extension, loaded on first count
+    from bpe_openai import _bindings  # Rust extension, loaded on first count
 
     try:
         backend = _bindings.tokenizer_for_encoding(name)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from taskweaver_lite.execution import Variable
 from taskweaver_lite.tokens import Tokenizer

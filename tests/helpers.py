@@ -6,18 +6,21 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def make_project(root: Path, server_url: str, **sections: dict) -> Path:
+def make_project(root: Path, server_url: str, **sections: Mapping[str, object]) -> Path:
     """A project folder with the bundled examples and data, pointed at the scripted server."""
     project = root / "project"
     shutil.copytree(REPO / "project", project, ignore=shutil.ignore_patterns("sessions", "*.db*", ".chat_history"))
-    config = {
+    config: dict[str, dict[str, Any]] = {
         "llm": {"api_base": server_url, "api_key": "test-key", "model": "scripted", "max_retries": 2, "timeout": 10},
         "execution": {"timeout": 30},
     }
@@ -32,6 +35,18 @@ def cli_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")}
     env.update(PYTHONUNBUFFERED="1", NO_COLOR="1", TERM="dumb")
     return env
+
+
+@contextmanager
+def running_cli(*args: str) -> Iterator[subprocess.Popen[str]]:
+    """`python -m taskweaver_lite ARGS` with all three streams piped; killed if still running at the end, pipes closed."""
+    command = [sys.executable, "-m", "taskweaver_lite", *args]
+    with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env()) as proc:
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
 
 
 def run_cli(*args: str, stdin: str = "", timeout: float = 90) -> subprocess.CompletedProcess[str]:

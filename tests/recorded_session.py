@@ -14,8 +14,9 @@ from helpers import make_project
 
 from taskweaver_lite.config import load_config
 from taskweaver_lite.conversation import Round
-from taskweaver_lite.scripted_model import ScriptedServer, code_reply, planner_reply, summary_reply
-from taskweaver_lite.session import Session, Usage
+from taskweaver_lite.llm import Usage
+from taskweaver_lite.session import Session
+from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 
 FIRST_REQUEST = "Make a small table of the numbers 1 to 3 and save it as numbers.csv"
 SECOND_REQUEST = "Plot the saved numbers"
@@ -43,7 +44,8 @@ def record_session(root: Path) -> RecordedSession:
     with ScriptedServer() as server:
         project = make_project(root, server.url, round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1})
         config = load_config(project)
-        server.set_default("compression", summary_reply("They saved 1-3 to numbers.csv.", variables=[{"name": "df", "type": "DataFrame", "description": "x = 1..3"}]))
+        saved = summary_reply("They saved 1-3 to numbers.csv.", variables=[{"name": "df", "type": "DataFrame", "description": "x = 1..3"}])
+        server.set_default("compression", saved)
         server.enqueue(
             "planner",
             planner_reply("Save the numbers 1-3 to numbers.csv"),

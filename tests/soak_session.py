@@ -34,13 +34,12 @@ from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.events import Event, Listener, ModelCalled
 from taskweaver_lite.llm import Message
 from taskweaver_lite.session import Session
+from taskweaver_lite.summary import VARIABLES_SHARE
 from taskweaver_lite.testing.scripted_server import ScriptedRequest, ScriptedServer, code_reply, planner_reply
 from taskweaver_lite.tokens import Tokenizer, get_tokenizer
 
 SUMMARY_HEADING = "## Summary of earlier rounds"
 VARIABLES_HEADING = "Variables in the kernel now"
-# The variables list's share of a role's prompt budget, as the README states it.
-VARIABLES_SHARE = 0.15
 ROLES = ("planner", "code_generator")
 FAIL_EVERY = 7
 LONG_OUTPUT_EVERY = 5

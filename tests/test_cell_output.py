@@ -43,7 +43,8 @@ def test_all_fields_of_a_cell_share_one_token_limit_and_the_error_comes_first(tm
     cell = output(tmp_path, max_tokens=400)
     cell.add("stream", {"name": "stdout", "text": "progress line\n" * 0 + "".join(f"step {n} of 5000\n" for n in range(5000))})
     cell.add("stream", {"name": "stderr", "text": "Warning: slow\n" * 900})
-    cell.add("error", {"ename": "ValueError", "evalue": "All the 70 fits failed", "traceback": [f"frame {n}" for n in range(600)] + ["ValueError: All the 70 fits failed"]})
+    frames = [f"frame {n}" for n in range(600)]
+    cell.add("error", {"ename": "ValueError", "evalue": "All the 70 fits failed", "traceback": [*frames, "ValueError: All the 70 fits failed"]})
     result = cell.finish("grid.fit(X, y)")
     assert result.error is not None and result.error.value == "All the 70 fits failed"
     assert result.error.traceback.endswith("ValueError: All the 70 fits failed"), "the last frames are kept"

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-from helpers import cli_env, make_project, run_cli
+from helpers import make_project, run_cli, running_cli
 
-from taskweaver_lite.scripted_model import Reply, ScriptedServer, code_reply, planner_reply
+from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 
 
 @pytest.fixture
@@ -53,7 +51,9 @@ def test_a_multi_step_request_runs_each_step_in_the_same_kernel(tmp_path: Path, 
 def test_a_code_error_is_fixed_and_the_fix_is_reported(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url)
     server.enqueue("planner", planner_reply("Print the mean of [2, 4]."), planner_reply("The mean is 3.", send_to="User"))
-    server.enqueue("code_generator", code_reply("import statistics\nprint(statistics.meen([2, 4]))"), code_reply("import statistics\nprint(statistics.mean([2, 4]))"))
+    server.enqueue(
+        "code_generator", code_reply("import statistics\nprint(statistics.meen([2, 4]))"), code_reply("import statistics\nprint(statistics.mean([2, 4]))")
+    )
     done = run_cli("chat", "-p", str(project), stdin="mean of 2 and 4\n")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "The mean is 3.\n"
@@ -126,7 +126,7 @@ def test_load_copies_the_file_and_the_planner_is_told(tmp_path: Path, server: Sc
     done = run_cli("chat", "-p", str(project), stdin=f"/load {data}\nwhat do the prices add up to?\n")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "Total: 7\n"
-    first_prompt = [r for r in server.requests if r.role == "planner"][0].messages
+    first_prompt = next(r for r in server.requests if r.role == "planner").messages
     assert 'loaded the file "prices.csv"' in first_prompt[-1]["content"]
     assert list(project.glob("sessions/*/cwd/prices.csv"))
 
@@ -140,37 +140,30 @@ def test_ctrl_c_cancels_the_running_step_and_the_session_goes_on(tmp_path: Path,
         planner_reply("Printed x.", send_to="User"),
     )
     server.enqueue("code_generator", code_reply("x = 5\nimport time\ntime.sleep(60)"), code_reply("print('x is', x)"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "taskweaver_lite", "chat", "-p", str(project)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=cli_env(),
-    )
-    lines: list[str] = []
-    running = threading.Event()
+    with running_cli("chat", "-p", str(project)) as proc:
+        lines: list[str] = []
+        running = threading.Event()
 
-    def read_stderr() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            lines.append(line)
-            if "time.sleep(60)" in line:
-                running.set()
+        def read_stderr() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                lines.append(line)
+                if "time.sleep(60)" in line:
+                    running.set()
 
-    reader = threading.Thread(target=read_stderr, daemon=True)
-    reader.start()
-    assert proc.stdin is not None
-    proc.stdin.write("wait for a minute\nnow print x\n")
-    proc.stdin.close()
-    assert running.wait(60), "".join(lines)
-    time.sleep(0.5)
-    started = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    assert proc.stdout is not None
-    out = proc.stdout.read()
-    proc.wait(timeout=60)
-    reader.join(timeout=5)
+        reader = threading.Thread(target=read_stderr, daemon=True)
+        reader.start()
+        assert proc.stdin is not None
+        proc.stdin.write("wait for a minute\nnow print x\n")
+        proc.stdin.close()
+        assert running.wait(60), "".join(lines)
+        time.sleep(0.5)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+        proc.wait(timeout=60)
+        reader.join(timeout=5)
     assert proc.returncode == 0, "".join(lines)
     assert time.monotonic() - started < 30, "the cell was not interrupted"
     assert "Cancelled" in "".join(lines)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import re
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -131,7 +132,7 @@ def test_folds_append_notes_while_the_summary_has_room_then_merge_it_with_the_ne
     assert first_summary not in second_prompt and "Rounds 1-2 are summarised already" in second_prompt
     assert ctx.state.summary == "Covers ROUND-1 ROUND-2.\nCovers ROUND-3 ROUND-4."
     # With a summary cap too small for more notes, the next fold merges: previous summary + new rounds.
-    small = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1, "max_summary_tokens": 64}), SummaryModel(lambda m: covering_summary(m) + " " * 0))
+    small = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1, "max_summary_tokens": 64}), SummaryModel())
     play(small, 6)
     merges = [messages for _, messages in small._model.calls if "Previous summary" in messages[-1]["content"]]  # type: ignore[attr-defined]
     assert merges, "no fold ever merged the summary"
@@ -144,7 +145,7 @@ def test_the_fold_call_speaks_the_summary_schema_and_nothing_else() -> None:
     for role in ("planner", "code_generator"):
         ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}), model, role, live_variables=LiveVariables)
         play(ctx, 2)
-    for (purpose, messages), role in zip(model.calls, ("planner", "code_generator")):
+    for (purpose, messages), role in zip(model.calls, ("planner", "code_generator"), strict=True):
         assert purpose == f"compression_{role}"
         assert "ConversationSummary" in messages[0]["content"]
         assert "init_plan" not in messages[0]["content"] and "reply_content" not in messages[0]["content"]
@@ -369,7 +370,8 @@ def test_the_code_generator_summary_carries_the_merged_variables_and_the_lost_st
         }
     )
     live = LiveVariables((DF, TOTAL), lost=("model",))
-    ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}), SummaryModel(lambda m: answer), "code_generator", live_variables=lambda: live)
+    cfg = config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1})
+    ctx = context(cfg, SummaryModel(lambda m: answer), "code_generator", live_variables=lambda: live)
     history = play(ctx, 2)
     assert ctx.state.variables == (Variable("df", "pandas.DataFrame", "monthly sales by region"),)
     assert ctx.state.lost == ("model",)
@@ -458,7 +460,7 @@ def test_a_current_round_that_cannot_fit_raises_a_plain_overflow_error_with_the_
 def test_sliding_window_never_calls_the_model_and_keeps_the_newest_rounds_that_fit() -> None:
     model = SummaryModel()
     ctx = context(small_window("sliding_window"), model)
-    history = play(ctx, 20, sizes={n: 300 for n in range(1, 21)})
+    history = play(ctx, 20, sizes=dict.fromkeys(range(1, 21), 300))
     built = build(ctx, history)
     assert model.calls == []
     assert built.report.cost.messages_cut == 0 and not built.report.cost.examples_left_out
@@ -621,7 +623,7 @@ def test_at_8k_every_fold_request_fits_the_window_and_no_round_goes_unseen() -> 
     assert ctx.wait_idle(20)
     assert ctx.state.folded_through == 7
     seen: set[int] = set()
-    for (purpose, messages), max_tokens in zip(model.calls, model.max_tokens):
+    for (_, messages), max_tokens in zip(model.calls, model.max_tokens, strict=True):
         assert max_tokens is not None and max_tokens < 4_096, "a fold's max_tokens is sized to the summary, not the reply reserve"
         assert TOKENIZER.count_messages(messages) + max_tokens <= 8_000 - 256, "a fold request is over the window"
         seen |= {n for n in marks(messages[-1]["content"]) if f"Asked ROUND-{n}" in messages[-1]["content"]}

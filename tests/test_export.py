@@ -24,8 +24,8 @@ from recorded_session import (
 from taskweaver_lite.conversation import Post, Round
 from taskweaver_lite.events import PostAdded, RoundStarted
 from taskweaver_lite.execution import ExecutionResult
-from taskweaver_lite.export import export_markdown, export_notebook
-from taskweaver_lite.store import SessionStore, StoredSession
+from taskweaver_lite.store.database import SessionStore, StoredSession
+from taskweaver_lite.store.export import export_markdown, export_notebook
 
 
 @pytest.fixture(scope="module")

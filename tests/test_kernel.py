@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import os
 import signal
 import subprocess
 import sys
@@ -27,7 +28,10 @@ def process_gone(pid: int, *, within: float = 5.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            process = psutil.Process(pid)
+            # A multithreaded process's main thread turns zombie before its other threads end, and
+            # its parent cannot reap it (nor see it dead) until they have: wait for the last one.
+            if process.status() == psutil.STATUS_ZOMBIE and process.num_threads() <= 1:
                 return True
         except psutil.NoSuchProcess:
             return True
@@ -108,6 +112,21 @@ def test_killed_kernel_is_reported_with_lost_variables_and_next_cell_runs(kernel
     after = kernel_executor.run("doomed")
     assert after.error is not None and after.error.name == "NameError"
     assert kernel_executor.run("1 + 1").result == "2"
+
+
+def test_kernel_killed_between_cells_starts_afresh_and_reports_what_was_lost(kernel_executor: KernelExecutor) -> None:
+    kernel_executor.run("x = 5")
+    pid = kernel_executor.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)  # as the OOM killer would, while no cell runs
+    assert process_gone(pid)
+    result = kernel_executor.run("x = 5")
+    assert result.success and result.kernel_died
+    assert "x" in result.lost_variables
+    assert "kernel died" in result.outcome() and f"Variables lost: {', '.join(result.lost_variables)}." in result.outcome()
+    # A new kernel has no `x` to change: the one this cell made is new.
+    assert "x" in result.changes.created and "x" not in result.changes.changed
+    assert by_name(result)["x"] == "5" and kernel_executor.pid not in (None, pid)
 
 
 def test_kernel_environment_has_no_secret_from_the_parent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,11 +240,11 @@ def test_sigterm_to_the_owning_process_ends_its_kernel(tmp_path: Path) -> None:
         time.sleep(60)
         """
     )
-    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    assert owner.stdout is not None
-    kernel_pid = int(owner.stdout.readline())
-    owner.send_signal(signal.SIGTERM)
-    assert owner.wait(timeout=10) == -signal.SIGTERM
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as owner:
+        assert owner.stdout is not None
+        kernel_pid = int(owner.stdout.readline())
+        owner.send_signal(signal.SIGTERM)
+        assert owner.wait(timeout=10) == -signal.SIGTERM
     # Already gone when the owner is: its SIGTERM handler shut the kernel down (the kernel's own
     # parent poller would only notice a second or so later).
     assert process_gone(kernel_pid, within=0.5)

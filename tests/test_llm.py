@@ -7,7 +7,8 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import pytest
 

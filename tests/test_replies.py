@@ -102,7 +102,7 @@ def test_prose_without_json_is_reported_with_a_preview() -> None:
 
 
 def test_empty_reply_is_reported_as_empty() -> None:
-    with pytest.raises(ReplyFormatError, match="^the reply is not JSON: it is empty$"):
+    with pytest.raises(ReplyFormatError, match=r"^the reply is not JSON: it is empty$"):
         extract_json("  \n")
 
 

@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import nbformat
 import pytest
-from helpers import cli_env, make_project, run_cli
+from helpers import make_project, run_cli, running_cli
 
 from taskweaver_lite.config import load_config
 from taskweaver_lite.errors import SessionBusyError
-from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 from taskweaver_lite.session import Session
+from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 
 
 @pytest.fixture
@@ -45,33 +45,48 @@ def script_two_rounds_then_a_hang(server: ScriptedServer) -> None:
     server.enqueue("code_generator", code_reply("a = 40\nprint(a)"), code_reply("b = a + 2\nprint(b)"), code_reply("import time\ntime.sleep(60)"))
 
 
+def folded_roles(store: Path) -> set[str]:
+    """The roles whose compression state, saved in the store, has folded at least one round."""
+    if not store.exists():
+        return set()
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as db:
+            rows = db.execute("SELECT role, state FROM compression").fetchall()
+    except sqlite3.OperationalError:  # the table is not there yet
+        return set()
+    return {role for role, state in rows if json.loads(state).get("folded_through", 0) >= 1}
+
+
 def kill_during_third_request(project: Path) -> str:
-    """Run the CLI, kill -9 it while its third request's cell runs; return what it printed."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "taskweaver_lite", "chat", "-p", str(project), "--set", "round_compressor.rounds_to_compress=1", "--set", "round_compressor.rounds_to_retain=1"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=cli_env(),
-    )
+    """Run the CLI, kill -9 it while its third request's cell runs, once both roles' folds of round 1 are saved.
+
+    Returns what it printed. The folds run in the background: the kill waits for them, never for a time.
+    """
     sleeping = threading.Event()
     seen: list[str] = []
+    compress_one_keep_one = ["--set", "round_compressor.rounds_to_compress=1", "--set", "round_compressor.rounds_to_retain=1"]
+    with running_cli("chat", "-p", str(project), *compress_one_keep_one) as proc:
 
-    def watch() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            seen.append(line)
-            if "time.sleep(60)" in line:
-                sleeping.set()
+        def watch() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                seen.append(line)
+                if "time.sleep(60)" in line:
+                    sleeping.set()
 
-    threading.Thread(target=watch, daemon=True).start()
-    assert proc.stdin is not None
-    proc.stdin.write("make a\nmake b\nnow wait\n")
-    proc.stdin.flush()
-    assert sleeping.wait(60), "".join(seen)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        assert proc.stdin is not None
+        proc.stdin.write("make a\nmake b\nnow wait\n")
+        proc.stdin.flush()
+        assert sleeping.wait(60), "".join(seen)
+        deadline = time.monotonic() + 60
+        while folded_roles(project / "sessions.db") != {"planner", "code_generator"}:
+            assert time.monotonic() < deadline and proc.poll() is None, "round 1 was never folded and saved:\n" + "".join(seen)
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        watcher.join(timeout=10)  # it reads stderr to the end; the pipe closes when we leave the block
     return "".join(seen)
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from taskweaver_lite.config import LLMConfig
 from taskweaver_lite.errors import LLMError, LLMUnreachableError
 from taskweaver_lite.llm import Message, OpenAIChatModel
 from taskweaver_lite.replies import CODE_GENERATOR_SCHEMA, PLANNER_SCHEMA, SUMMARY_SCHEMA, parse_reply
-from taskweaver_lite.scripted_model import (
+from taskweaver_lite.testing.scripted_server import (
     Reply,
     ScriptedServer,
     code_reply,

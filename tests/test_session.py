@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from helpers import make_project
 
 from taskweaver_lite.config import load_config
 from taskweaver_lite.errors import LLMUnreachableError
-from taskweaver_lite.events import Event, PostAdded
-from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply, text_reply
+from taskweaver_lite.events import Event, Folded, PostAdded
 from taskweaver_lite.session import Session
+from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply, text_reply
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def server() -> Iterator[ScriptedServer]:
         yield srv
 
 
-def open_session(tmp_path: Path, server: ScriptedServer, **sections: dict) -> Session:
+def open_session(tmp_path: Path, server: ScriptedServer, **sections: Mapping[str, object]) -> Session:
     project = make_project(tmp_path, server.url, **sections)
     return Session.open(load_config(project))
 
@@ -169,7 +169,10 @@ def test_old_rounds_fold_in_the_background_and_the_summary_replaces_them(tmp_pat
         server.enqueue("planner", planner_reply(f"Answer number {n}.", send_to="User"))
     server.set_default("compression", summary_reply("The user greeted us twice.", []))
     folds: list[Event] = []
-    sections = {"round_compressor": {"rounds_to_compress": 1, "rounds_to_retain": 1}, "code_generator": {"prompt_compression": False}}
+    sections: dict[str, dict[str, object]] = {
+        "round_compressor": {"rounds_to_compress": 1, "rounds_to_retain": 1},
+        "code_generator": {"prompt_compression": False},
+    }
     with open_session(tmp_path, server, **sections) as session:
         session.add_listener(folds.append)
         session.ask("Hello, first request.")
@@ -183,7 +186,7 @@ def test_old_rounds_fold_in_the_background_and_the_summary_replaces_them(tmp_pat
     text = "\n".join(m["content"] for m in third)
     assert "The user greeted us twice." in third[0]["content"], "the summary goes into the system message"
     assert "Hello, first request." not in text and "Hello, second request." in text
-    assert any(getattr(e, "describe", None) and "Planner: folded round" in e.describe() for e in folds)
+    assert any(isinstance(e, Folded) and "Planner: folded round" in e.describe() for e in folds)
 
 
 def test_a_dead_kernel_is_reported_and_the_code_generator_is_told_what_was_lost(tmp_path: Path, server: ScriptedServer) -> None:

@@ -9,20 +9,19 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from helpers import REPO
 from recorded_session import PLOT_CODE, WRITE_CODE, RecordedSession, record_session
 
-from taskweaver_lite.conversation import Post, RoleName, Round
+from taskweaver_lite.conversation import Post, RoleName, Round, RoundState
 from taskweaver_lite.errors import SessionBusyError, StoreError
 from taskweaver_lite.events import Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import ExecutionResult, Variable
 from taskweaver_lite.store.database import SessionStore, StoreRecorder
-from taskweaver_lite.store.schema import SCHEMA_VERSION
-from taskweaver_lite.store.schema import MIGRATIONS, migrate
+from taskweaver_lite.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
 
 # Records rounds of three posts in a loop and prints how many events are committed after each one.
 WRITER = """
@@ -97,14 +96,14 @@ def code_post(code: str, *, success: bool = True, variables: tuple[str, ...] = (
     return Post("CodeInterpreter", "Planner", "ran it", code=code, execution=result)
 
 
-def record_round(store: SessionStore, session_id: str, index: int, query: str, posts: list[Post], *, state: str | None = "finished") -> Round:
+def record_round(store: SessionStore, session_id: str, index: int, query: str, posts: list[Post], *, state: RoundState | None = "finished") -> Round:
     rnd = Round(index=index, user_query=query)
     store.record(session_id, RoundStarted(rnd))
     for post in posts:
         rnd.posts.append(post)
         store.record(session_id, PostAdded(rnd, post))
     if state is not None:
-        rnd.state = state  # type: ignore[assignment]
+        rnd.state = state
         rnd.error = "it broke" if state == "failed" else None
         store.record(session_id, RoundEnded(rnd))
     return rnd
@@ -166,7 +165,7 @@ def test_ids_resolve_from_last_an_exact_id_or_a_unique_prefix(store: SessionStor
     assert store.resolve("20250102-b") == "20250102-b" and store.resolve("20250101") == "20250101-a"
     with pytest.raises(StoreError, match="matches several sessions"):
         store.resolve("20250102")
-    with pytest.raises(StoreError, match="no session 'nope' .*run `taskweaver-lite sessions` to see the ids"):
+    with pytest.raises(StoreError, match=r"no session 'nope' .*run `taskweaver-lite sessions` to see the ids"):
         store.resolve("nope")
 
 
@@ -183,11 +182,11 @@ def test_sessions_without_a_round_are_not_listed_and_never_last(store: SessionSt
 
 
 def test_last_is_a_clear_error_when_no_session_has_a_round(store: SessionStore) -> None:
-    with pytest.raises(StoreError, match="there are no stored sessions in .*sessions.db yet"):
+    with pytest.raises(StoreError, match=r"there are no stored sessions in .*sessions\.db yet"):
         store.resolve("last")
     store.create_session("left-at-once", started=time.time())
     assert store.list_sessions() == []
-    with pytest.raises(StoreError, match="there are no stored sessions in .*sessions.db yet"):
+    with pytest.raises(StoreError, match=r"there are no stored sessions in .*sessions\.db yet"):
         store.resolve("last")
 
 
@@ -225,7 +224,7 @@ def test_prompt_text_is_kept_only_when_the_call_carries_it(store: SessionStore) 
 
 
 def test_recording_into_an_unknown_session_is_a_clear_error(store: SessionStore) -> None:
-    with pytest.raises(StoreError, match="session ghost is not in .*sessions.db"):
+    with pytest.raises(StoreError, match=r"session ghost is not in .*sessions\.db"):
         store.record("ghost", ModelCalled("planner", 1, 1, 0.1, ok=True))
 
 
@@ -310,7 +309,8 @@ def test_a_session_open_in_another_process_is_refused_until_that_process_dies(tm
         holder.kill()  # kill -9: the lock must not outlive the process
         holder.communicate()
     with store.lock("s1") as lock:
-        assert (path.parent / "sessions.db.locks" / "s1.lock").read_text().strip() == str(os.getpid())
+        assert lock.path == path.parent / "sessions.db.locks" / "s1.lock"
+        assert (path.parent / "sessions.db.locks" / "s1.owner").read_text().strip() == str(os.getpid())
     lock.release()
     store.close()
 

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from taskweaver_lite.config import Config, load_config
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
-from taskweaver_lite.errors import LLMError, TaskWeaverError
+from taskweaver_lite.config import Config, load_config
 from taskweaver_lite.conversation import RoleName, Round
+from taskweaver_lite.errors import LLMError, TaskWeaverError
 from taskweaver_lite.session import Session
-from taskweaver_lite.tokens import get_tokenizer
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.summary import render_summary
+from taskweaver_lite.tokens import get_tokenizer
 from taskweaver_lite.variables import render_variables
 
 # /summary shows the variables list more fully than a prompt can afford to.
@@ -43,11 +44,7 @@ def run_chat(args: argparse.Namespace) -> int:
     config = load_config(args.project, args.overrides)
     interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
     renderer: RichConsole | PlainConsole = RichConsole() if interactive else PlainConsole()
-    say: Callable[[str], None]
-    if isinstance(renderer, RichConsole):
-        say = renderer.console.print
-    else:
-        say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    say: Callable[[str], None] = renderer.console.print if isinstance(renderer, RichConsole) else _to_stderr
     if args.resume:
         session = _resume(config, args.resume, replay=not args.no_replay, renderer=renderer, say=say)
     else:
@@ -89,12 +86,12 @@ def _resume(config: Config, ref: str, *, replay: bool, renderer: RichConsole | P
 def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config) -> int:
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import FileHistory
-    from prompt_toolkit.key_binding import KeyBindings
+    from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 
     bindings = KeyBindings()
 
     @bindings.add("c-c")
-    def _(event) -> None:  # type: ignore[no-untyped-def]
+    def _(event: KeyPressEvent) -> None:
         # Ctrl-C clears a half-typed line; at an empty prompt it leaves.
         if event.current_buffer.text:
             event.current_buffer.reset()
@@ -102,7 +99,7 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
             event.app.exit(exception=EOFError())
 
     config.project_dir.mkdir(parents=True, exist_ok=True)
-    prompt = PromptSession(history=FileHistory(str(config.project_dir / ".chat_history")), key_bindings=bindings)
+    prompt: PromptSession[str] = PromptSession(history=FileHistory(str(config.project_dir / ".chat_history")), key_bindings=bindings)
     renderer.console.print(f"[bold]taskweaver-lite[/bold] session {commands.session.id} — model {config.llm.model}. Type /help for commands.")
     while True:
         renderer.hold()
@@ -131,8 +128,12 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
                 renderer.console.print(f"[bold red]This request failed: {rnd.error}[/bold red]")
 
 
+def _to_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
 def _piped(commands: SlashCommands) -> int:
-    say = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    say = _to_stderr
     for line in sys.stdin:
         text = line.rstrip("\r\n")
         if not text.strip():
@@ -297,7 +298,7 @@ def round_transcript(rnd: Round) -> str:
             lines.append(f"  {post.send_from} ran:\n" + indent(post.code))
         if post.execution is not None:
             lines.append(indent(post.execution.prompt_text()))
-        elif post.send_from != "User":
+        else:
             lines.append(f"  {post.send_from} -> {post.send_to}: {post.message}")
     return "\n".join(lines)
 
@@ -305,7 +306,6 @@ def round_transcript(rnd: Round) -> str:
 def list_sessions(args: argparse.Namespace) -> int:
     """`taskweaver-lite sessions`: the stored sessions, newest first."""
     import json
-    import time
 
     config = load_config(args.project)
     if not config.store_path.exists():
@@ -322,11 +322,14 @@ def list_sessions(args: argparse.Namespace) -> int:
     if not rows:
         print(f"No stored sessions in {config.store_path}.")
         return 0
-    stamp = lambda t: time.strftime("%Y-%m-%d %H:%M", time.localtime(t))  # noqa: E731
     print(f"{'ID':<24} {'STARTED':<17} {'LAST ACTIVE':<17} {'ROUNDS':>6}  TITLE")
     for row in rows:
-        print(f"{row.id:<24} {stamp(row.started):<17} {stamp(row.last_active):<17} {row.rounds:>6}  {row.title}")
+        print(f"{row.id:<24} {_stamp(row.started):<17} {_stamp(row.last_active):<17} {row.rounds:>6}  {row.title}")
     return 0
+
+
+def _stamp(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
 
 
 def export_session(args: argparse.Namespace) -> int:

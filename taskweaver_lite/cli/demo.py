@@ -7,20 +7,20 @@ from what that code actually printed. No network and no key are needed.
 
 from __future__ import annotations
 
-
+import functools
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from taskweaver_lite.config import load_config
 from taskweaver_lite.cli.console import PlainConsole, RichConsole
+from taskweaver_lite.config import load_config
 from taskweaver_lite.errors import TaskWeaverError
-from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, last_user_text, planner_reply, summary_reply
 from taskweaver_lite.session import Session
-
+from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, last_user_text, planner_reply, summary_reply
 
 Answer = Callable[[str], str]  # from the CodeInterpreter's reports in this round to the Planner's answer
 
@@ -76,7 +76,8 @@ STEPS: list[Step] = [
         plan="1. Compute revenue per region per year\n2. Compute the growth and rank the regions\n3. Report the fastest",
         hops=[
             (
-                "Using sales, compute total revenue per region for 2023 and 2024, the growth in percent, sorted descending. Print the table and the fastest region.",
+                "Using sales, compute total revenue per region for 2023 and 2024, the growth in percent, sorted descending. "
+                "Print the table and the fastest region.",
                 [
                     'by_year = sales.groupby(["region", sales.date.dt.year])["Revenue"].sum().unstack()',
                     'by_year = sales.groupby(["region", sales.date.dt.year])["revenue"].sum().unstack()\n'
@@ -140,7 +141,10 @@ STEPS: list[Step] = [
         hops=[
             (
                 "Find the month with the highest total revenue in sales; store it in best_month and print it with its revenue.",
-                ['totals = sales.groupby("date").revenue.sum()\nbest_month = totals.idxmax()\nprint("best month:", best_month.strftime("%B %Y"))\nprint("revenue:", f"{totals.max():,.0f}")'],
+                [
+                    'totals = sales.groupby("date").revenue.sum()\nbest_month = totals.idxmax()\n'
+                    'print("best month:", best_month.strftime("%B %Y"))\nprint("revenue:", f"{totals.max():,.0f}")'
+                ],
             ),
             (
                 "For best_month, compute the Software category's revenue and its share of that month's revenue; print both.",
@@ -209,8 +213,9 @@ def run_demo(*, project: str | None, plain: bool) -> int:
         raise TaskWeaverError(f"{target} is not empty; the demo writes a fresh project there, so name a new or empty folder")
     source = bundled_project()
     shutil.copytree(source, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("sessions", "*.db*", ".chat_history"))
-    renderer = PlainConsole() if plain else RichConsole()
-    say = (lambda text: print(text, flush=True)) if plain else renderer.console.print  # type: ignore[union-attr]
+    rich = None if plain else RichConsole()
+    renderer = rich or PlainConsole()
+    say: Callable[[str], None] = rich.console.print if rich else functools.partial(print, flush=True)
     with ScriptedServer() as server:
         script = _Script(server)
         server.set_default("compression", _summarize)

@@ -10,7 +10,7 @@ import argparse
 import os
 import signal
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from taskweaver_lite import __version__
 
@@ -26,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = commands.add_parser("chat", help="start (or resume) an interactive session; reads lines from stdin when piped")
     _project_option(chat)
-    chat.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key (value parsed as YAML); repeatable")
+    chat.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key (value parsed as YAML); repeatable"
+    )
     chat.add_argument("--resume", metavar="ID", help="continue a stored session ('last' for the newest)")
     chat.add_argument("--no-replay", action="store_true", help="with --resume: do not re-run earlier cells to rebuild the kernel's variables")
 

@@ -9,6 +9,7 @@ output is bounded, in `output.py`.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import math
@@ -25,11 +26,12 @@ from types import TracebackType
 from typing import Any, Literal
 
 from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_core.utils import ensure_event_loop
 
-from taskweaver_lite.kernel import snapshot as kernel_snapshot
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
 from taskweaver_lite.execution import ExecutionResult, Variable, VariableChanges
+from taskweaver_lite.kernel import snapshot as kernel_snapshot
 from taskweaver_lite.kernel.output import CellOutput
 from taskweaver_lite.kernel.process import InterpreterKernelManager, end_at_exit, filtered_environment, forget, kill_process_group
 
@@ -150,6 +152,8 @@ class KernelExecutor:
             return
         self._interrupt_requested = True
         self._manager.interrupt_kernel()
+        if threading.current_thread() is not threading.main_thread():
+            _close_thread_loop()
 
     def variables(self) -> tuple[Variable, ...]:
         """The latest snapshot of user variables (from the last cell; no kernel round trip)."""
@@ -202,9 +206,10 @@ class KernelExecutor:
                 client.stop_channels()
             else:
                 self._client = client
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever it is, `wait_ready` reports it as a KernelError in the caller's thread
             self._start_error = exc
         finally:
+            _close_thread_loop()
             self._ready.set()
 
     def _connect(self) -> BlockingKernelClient:
@@ -347,6 +352,18 @@ class KernelExecutor:
         self._fingerprints = current
         self._variables = tuple(Variable(name=name, type=kind, description=text) for name, (kind, text, _) in current.items())
         return changes
+
+
+def _close_thread_loop() -> None:
+    """Close the event loop jupyter-client's blocking calls opened for this (non-main) thread.
+
+    jupyter_core keeps one loop per thread and never closes it, so each thread that started or
+    interrupted a kernel would leave the loop's two sockets for the garbage collector.
+    """
+    loop = ensure_event_loop()
+    if not loop.is_running():
+        loop.close()
+        asyncio.set_event_loop(None)
 
 
 def _reply(client: BlockingKernelClient, msg_id: str) -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ killed after it, so subprocesses started by user code go too.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -68,10 +69,8 @@ def kill_process_group(group: Any) -> None:
     """SIGKILL what is left of a kernel's process group (never our own group)."""
     if not isinstance(group, int) or not hasattr(os, "killpg") or group == os.getpgrp():
         return
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is already gone
         os.killpg(group, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # the group is already gone
 
 
 class _Closable(Protocol):
@@ -103,10 +102,9 @@ def forget(owner: _Closable) -> None:
 
 def _shutdown_all() -> None:
     for owner in list(_LIVE):
-        try:
+        # At exit nobody can act on an error; the other kernels must still go.
+        with contextlib.suppress(Exception):
             owner.shutdown()
-        except Exception:  # noqa: BLE001, S110 - at exit nobody can act on it; the other kernels must still go
-            pass
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:

@@ -54,7 +54,7 @@ def snapshot() -> _Json:
             continue
         try:
             rows.append([name, _type_name(value), _describe(value), str(id(value))])
-        except Exception as exc:  # a broken __len__ or property must not hide the other variables
+        except Exception as exc:  # noqa: BLE001 - a broken __len__ or property must not hide the other variables
             rows.append([name, _type_name(value), f"(not describable: {type(exc).__name__})", str(id(value))])
     return _Json(json.dumps(rows))
 

@@ -28,10 +28,11 @@ import re
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Literal
 
 from taskweaver_lite.conversation import Post, RoleName, Round
 from taskweaver_lite.errors import StoreError
@@ -39,7 +40,7 @@ from taskweaver_lite.events import Event, Folded, ModelCalled, PostAdded, RoundE
 from taskweaver_lite.execution import Variable
 from taskweaver_lite.llm import Usage
 from taskweaver_lite.store.lock import SessionLock
-from taskweaver_lite.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
+from taskweaver_lite.store.schema import MIGRATIONS, migrate
 
 Synchronous = Literal["NORMAL", "FULL"]
 INTERRUPTED_ERROR = "Cut off: the program stopped during this request."
@@ -49,7 +50,7 @@ _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 @dataclass(frozen=True)
-class SessionSummary:
+class SessionEntry:
     """One line of `taskweaver-lite sessions`."""
 
     id: str
@@ -167,7 +168,7 @@ class SessionStore:
             )
             db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
 
-    def list_sessions(self) -> list[SessionSummary]:
+    def list_sessions(self) -> list[SessionEntry]:
         """Every stored session with at least one round, most recently active first."""
         # The inner join drops sessions without rounds: chats left, or failed, before their first request.
         with self._read() as db:
@@ -175,7 +176,7 @@ class SessionStore:
                 "SELECT s.id, s.title, COUNT(*), s.started, s.last_active FROM sessions s JOIN rounds r ON r.session_id = s.id"
                 " GROUP BY s.id ORDER BY s.last_active DESC, s.started DESC"
             ).fetchall()
-        return [SessionSummary(id=r[0], title=r[1], rounds=r[2], started=r[3], last_active=r[4]) for r in rows]
+        return [SessionEntry(id=r[0], title=r[1], rounds=r[2], started=r[3], last_active=r[4]) for r in rows]
 
     def resolve(self, ref: str) -> str:
         """The session id that `ref` names: 'last' (the most recently active one with a round), an id, or a unique start of one."""

@@ -1,16 +1,18 @@
 """The session lock: one process at a time may have a session open.
 
-An exclusive `flock` on a small file beside the database (`<db>.locks/<id>.lock`, holding the
-owner's pid for the message). The operating system drops the lock when the process exits in any
-way, even `kill -9`, so a crash never leaves a session stuck. Python opens files close-on-exec, so
-the Jupyter kernel a session starts does not inherit (and keep) the lock.
+An exclusive operating-system lock, taken through `filelock` (`flock` on POSIX, `LockFileEx` on
+Windows), on a small file beside the database (`<db>.locks/<id>.lock`); the holder's pid is written
+beside it (`<id>.owner`) for the message another process gets. The operating system drops the lock
+when the process exits in any way, even `kill -9`, so a crash never leaves a session stuck. The lock
+file is opened non-inheritable, so the Jupyter kernel a session starts does not inherit (and keep) it.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 from pathlib import Path
+
+import filelock
 
 from taskweaver_lite.errors import SessionBusyError
 
@@ -21,28 +23,33 @@ class SessionLock:
     def __init__(self, path: Path, *, session_id: str) -> None:
         self.path = path
         self.session_id = session_id
+        # The pid lives in its own file: Windows will not let another process read a locked file.
+        self.owner_path = path.with_suffix(".owner")
         path.parent.mkdir(parents=True, exist_ok=True)
-        # Opened without truncating: the holder's pid must stay readable until we own the lock.
-        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        # timeout=0: fail at once rather than wait. Not thread-local: a session may be closed by
+        # another thread than the one that opened it.
+        lock = filelock.FileLock(path, timeout=0, thread_local=False)
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(self._fd, 32).decode("ascii", "replace").strip() or "unknown"
-            os.close(self._fd)
-            self._fd = None
+            lock.acquire()
+        except filelock.Timeout:
             raise SessionBusyError(
-                f"session {session_id} is open in another taskweaver-lite process (pid {holder}); "
+                f"session {session_id} is open in another taskweaver-lite process (pid {self._holder()}); "
                 "close it there first, or resume a different session"
             ) from None
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock: filelock.FileLock | None = lock
+        self.owner_path.write_text(f"{os.getpid()}\n", encoding="ascii")
 
     def release(self) -> None:
-        """Let other processes open the session (the file stays: deleting it would race a new locker)."""
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        """Let other processes open the session (the owner file stays: the next holder overwrites it)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def _holder(self) -> str:
+        try:
+            return self.owner_path.read_text(encoding="ascii", errors="replace").strip() or "unknown"
+        except OSError:  # the holder has not written it yet
+            return "unknown"
 
     def __enter__(self) -> SessionLock:
         return self

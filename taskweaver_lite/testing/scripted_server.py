@@ -8,14 +8,16 @@ it answers HTTP 500 naming the role, so a test that runs out of script fails lou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any
 
 ROLES = ("planner", "code_generator", "compression", "other")
 _HOST = "127.0.0.1"
@@ -41,8 +43,8 @@ class Reply:
     include_usage: bool = True
 
 
-Responder = Callable[[list[dict[str, Any]]], Union[str, Reply]]
-Scripted = Union[str, Reply, Responder]
+Responder = Callable[[list[dict[str, Any]]], str | Reply]
+Scripted = str | Reply | Responder
 
 
 @dataclass(frozen=True)
@@ -232,10 +234,8 @@ class _HTTPServer(ThreadingHTTPServer):
         with self._connections_lock:
             connections = list(self._connections)
         for connection in connections:
-            try:
+            with contextlib.suppress(OSError):  # already closed by the client
                 connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already closed by the client
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -301,7 +301,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             reply = scripted_reply(messages) if callable(scripted_reply) else scripted_reply
-        except Exception as exc:  # a broken responder must fail the test, not hang it
+        except Exception as exc:  # noqa: BLE001 - a broken responder must fail the test, not hang it
             self._send_error(500, f"scripted server: the responder for role '{role}' raised {exc!r}")
             return
         if isinstance(reply, str):
