@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from helpers import make_project
 
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config import ExecutionConfig, load_config
 from taskweaver_lite.errors import LLMUnreachableError
 from taskweaver_lite.events import Event, Folded, PostAdded
+from taskweaver_lite.execution import ExecutionResult, Variable
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply, text_reply
 
@@ -251,3 +252,56 @@ def test_the_code_generator_sees_its_earlier_code_and_results_in_later_requests(
     assert "Set total = 40 + 2 and print it." in history, "the earlier step"
     assert "total = 40 + 2" in history and "total is 42" in history, "the earlier code and what it printed"
     assert [m["role"] for m in second[-4:]] == ["user", "assistant", "user", "user"], "step, code, result, then the new step"
+
+
+class CountingExecutor:
+    """Another executor behind the `Executor` protocol: the real kernel, with every call it gets counted."""
+
+    def __init__(self, session_dir: Path, *, seen: list[str]) -> None:
+        from taskweaver_lite.kernel.executor import KernelExecutor
+
+        self.inner = KernelExecutor(session_dir, config=ExecutionConfig(timeout=30))
+        self.seen = seen
+
+    @property
+    def working_dir(self) -> Path:
+        return self.inner.working_dir
+
+    def upload(self, source: Path, *, name: str | None = None) -> str:
+        self.seen.append(f"upload {source.name}")
+        return self.inner.upload(source, name=name)
+
+    def artifact(self, name: str) -> Path:
+        return self.inner.artifact(name)
+
+    def run(self, code: str, *, timeout: float | None = None) -> ExecutionResult:
+        self.seen.append(f"run {code}")
+        return self.inner.run(code, timeout=timeout)
+
+    def interrupt(self) -> None:
+        self.inner.interrupt()
+
+    def variables(self) -> tuple[Variable, ...]:
+        return self.inner.variables()
+
+    def restart(self) -> tuple[str, ...]:
+        return self.inner.restart()
+
+    def shutdown(self) -> None:
+        self.seen.append("shutdown")
+        self.inner.shutdown()
+
+
+def test_a_caller_passes_its_own_executor_and_the_session_uses_only_the_protocol(tmp_path: Path, server: ScriptedServer) -> None:
+    seen: list[str] = []
+    server.enqueue("planner", planner_reply("Set n = 5."), planner_reply("n is 5.", send_to="User"))
+    server.enqueue("code_generator", code_reply("n = 5"))
+    data = tmp_path / "numbers.csv"
+    data.write_text("a\n1\n", encoding="utf-8")
+    config = load_config(make_project(tmp_path, server.url))
+    with Session.open(config, executor=lambda folder: CountingExecutor(folder, seen=seen)) as session:
+        loaded = session.load_file(data)
+        assert session.ask("Make n.").answer == "n is 5."
+        assert [v.name for v in session.live_variables().variables] == ["n"]
+        assert loaded == session.working_dir / "numbers.csv" and loaded.is_file()
+    assert seen == ["upload numbers.csv", "run n = 5", "shutdown"]
