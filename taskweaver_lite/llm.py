@@ -170,7 +170,7 @@ class OpenAIChatModel:
         self._config = config
         base_url = (config.api_base or os.environ.get("OPENAI_BASE_URL") or _OPENAI_BASE_URL).rstrip("/")
         self.url = redact_url(base_url)  # the only form of the address that may reach a message
-        self.host = urlsplit(self.url).netloc or self.url
+        self.host = urlsplit(self.url).netloc.rpartition("@")[2] or self.url
         key = (config.api_key.get_secret_value() if config.api_key is not None else "") or os.environ.get(
             "OPENAI_API_KEY", ""
         )
