@@ -3,19 +3,24 @@
 Roles and compression only see `ChatModel`; `OpenAIChatModel` is the real one. It keeps a
 `CallRecord` of every call (tokens, latency, outcome) and turns each SDK failure into one
 `LLMError` subclass whose message names the host or model and the setting that fixes it.
-Reading the JSON inside replies is `replies.py`'s job.
+The retries are its own (the SDK's are off), so a broken reply body is retried like an HTTP 500,
+a server's `Retry-After` is honoured or refused by our rule, and messages count the real requests.
+Credentials inside `llm.api_base` never reach a message. Reading the JSON inside replies is
+`replies.py`'s job; reading the completion around it, `completions.py`'s.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
+from taskweaver_lite.completions import BrokenReply, OddReply, ReplyFields, read_body, read_completion, retry_after
 from taskweaver_lite.errors import (
     LLMAuthError,
     LLMContextTooLongError,
@@ -154,7 +159,7 @@ class MeteredModel:
 
 
 class OpenAIChatModel:
-    """`ChatModel` over the openai SDK: its retries and timeouts, one clear error per failure.
+    """`ChatModel` over the openai SDK: retries, an overall deadline per request, one clear error per failure.
 
     Safe to call from several threads at once. It counts nothing itself: wrap it in `MeteredModel`.
     """
@@ -163,32 +168,31 @@ class OpenAIChatModel:
         import openai  # here, not at module level: it costs ~0.4 s and `--help` must not pay it
 
         self._config = config
-        base_url = config.api_base or os.environ.get("OPENAI_BASE_URL") or None
-        self.base_url = (base_url or _OPENAI_BASE_URL).rstrip("/")
-        self.host = urlsplit(self.base_url).netloc or self.base_url
+        base_url = (config.api_base or os.environ.get("OPENAI_BASE_URL") or _OPENAI_BASE_URL).rstrip("/")
+        self.url = redact_url(base_url)  # the only form of the address that may reach a message
+        self.host = urlsplit(self.url).netloc.rpartition("@")[2] or self.url
         key = (config.api_key.get_secret_value() if config.api_key is not None else "") or os.environ.get(
             "OPENAI_API_KEY", ""
         )
         if not key:
             if self.host == urlsplit(_OPENAI_BASE_URL).netloc:
                 raise LLMAuthError(
-                    f"no API key for {self.base_url}: set llm.api_key in taskweaver_config.yaml "
+                    f"no API key for {self.url}: set llm.api_key in taskweaver_config.yaml "
                     "or the OPENAI_API_KEY environment variable"
                 )
             key = _LOCAL_SERVER_KEY  # Ollama, vLLM, LM Studio... accept any key
-        self._key = key
+        self._secrets = tuple(
+            secret for secret in (key, *url_secrets(base_url)) if len(secret) >= _MIN_SCRUBBED_KEY and secret != _LOCAL_SERVER_KEY
+        )
         self._client = openai.OpenAI(
             api_key=key,
-            base_url=self.base_url,
+            base_url=base_url,
             timeout=config.timeout,
-            max_retries=config.max_retries,
+            max_retries=0,  # ours, in `complete`: the SDK's cannot retry a broken body or count requests for us
         )
 
     def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None) -> Completion:
-        """Send one Chat Completions request; raise an `LLMError` subclass when it fails."""
-        import openai
-        from openai.types.chat import ChatCompletion
-
+        """Send one Chat Completions request, retrying server failures; raise an `LLMError` subclass when it fails."""
         # max_tokens enforces the room the prompt budget left free for the answer (reply_reserve for
         # the roles; a fold asks for less, sized to its summary, and its prompt may use the rest).
         limit = self._config.reply_reserve if max_tokens is None else max_tokens
@@ -196,53 +200,111 @@ class OpenAIChatModel:
         if self._config.json_mode:
             request["response_format"] = {"type": "json_object"}
         started = time.perf_counter()
-        try:
-            # `post` rather than `chat.completions.create`: the same request, retries and errors, but
-            # without the SDK re-walking every message as a TypedDict (milliseconds per call on long prompts).
-            response = self._client.post("/chat/completions", body=request, cast_to=ChatCompletion)
-        except openai.OpenAIError as exc:
-            raise self._translate(exc) from exc
-        latency = time.perf_counter() - started
-        choices = getattr(response, "choices", None)
-        if not choices:
-            # A wrong api_base often lands on a web page or another API that answers 200.
-            raise LLMError(
-                f"{self.base_url} did not answer with a chat completion; check llm.api_base (for most servers it ends in /v1)"
+        made = 0
+        while True:
+            made += 1
+            try:
+                fields = self._request(request)
+            except _Failure as failure:
+                self._pause_or_raise(failure, made)
+                continue
+            return Completion(
+                text=fields.text,
+                prompt_tokens=fields.prompt_tokens or 0,
+                completion_tokens=fields.completion_tokens or 0,
+                latency=time.perf_counter() - started,
+                finish_reason=fields.finish_reason,
+                usage_reported=fields.prompt_tokens is not None and fields.completion_tokens is not None,
             )
-        text = choices[0].message.content or ""
-        usage = response.usage
-        return Completion(
-            text=text,
-            prompt_tokens=usage.prompt_tokens if usage is not None else 0,
-            completion_tokens=usage.completion_tokens if usage is not None else 0,
-            latency=latency,
-            finish_reason=choices[0].finish_reason,
-            usage_reported=usage is not None,
-        )
 
     def close(self) -> None:
         """Release the HTTP connections."""
         self._client.close()
 
-    def _translate(self, exc: Exception) -> LLMError:
+    def _request(self, request: dict[str, Any]) -> ReplyFields:
+        """One HTTP request, its body read within llm.timeout in all; `_Failure` says whether to retry."""
+        import openai
+        from openai.types.chat import ChatCompletion
+
+        deadline = time.monotonic() + self._config.timeout
+        try:
+            # `post` rather than `chat.completions.create`: the same request and errors, without the SDK
+            # re-walking every message as a TypedDict (milliseconds per call on long prompts). The header
+            # is how the SDK's own `with_streaming_response` leaves the body unread, for us to read.
+            response = self._client.post(
+                "/chat/completions",
+                body=request,
+                cast_to=openai.APIResponse[ChatCompletion],
+                options={"headers": {_RAW_RESPONSE_HEADER: "stream"}},
+            )
+        except openai.APIStatusError as exc:
+            raise _Failure(exc, retryable=_worth_retrying(exc), wait=retry_after(exc.response.headers)) from exc
+        except openai.APIConnectionError as exc:  # timeouts included
+            raise _Failure(exc, retryable=True) from exc
+        except openai.OpenAIError as exc:
+            raise _Failure(exc, retryable=False) from exc
+        try:
+            return read_completion(read_body(response.iter_bytes(), deadline=deadline))
+        except BrokenReply as exc:
+            raise _Failure(exc, retryable=True) from exc
+        except OddReply as exc:
+            raise _Failure(exc, retryable=False) from exc
+        finally:
+            response.close()
+
+    def _pause_or_raise(self, failure: _Failure, made: int) -> None:
+        """Wait before the next request, or raise the failure's `LLMError` when there is to be none."""
+        longest = self._config.timeout
+        if failure.retryable and failure.wait is not None and failure.wait > longest:
+            raise self._refuse_wait(failure, made, longest) from failure.cause
+        if not failure.retryable or made > self._config.max_retries:
+            raise self._translate(failure.cause, made) from failure.cause
+        time.sleep(failure.wait if failure.wait is not None else _backoff(made))
+
+    def _refuse_wait(self, failure: _Failure, made: int, longest: float) -> LLMError:
+        """A server asking for a wait longer than we keep a user waiting: say so at once."""
+        status = getattr(failure.cause, "status_code", None)
+        what = "is rate limited (HTTP 429)" if status == 429 else f"answered HTTP {status}"
+        requests = f"{made} request{'' if made == 1 else 's'}"
+        error = LLMRateLimitError if status == 429 else LLMError
+        return error(
+            f"the model endpoint at {self.host} {what} and asks to wait {failure.wait:,.0f} s before the next request; "
+            f"gave up after {requests}, since waits over llm.timeout ({longest:g} s) are not sat out: "
+            "try again later, or raise llm.timeout to wait"
+        )
+
+    def _translate(self, exc: Exception, made: int) -> LLMError:
         """One message per failure, naming the host or model and the setting that fixes it."""
         import openai
 
-        model = self._config.model
-        retries = self._config.max_retries
-        retried = f"after {retries} {'retry' if retries == 1 else 'retries'}" if retries else "with retries off"
-        if isinstance(exc, openai.APITimeoutError):
+        retried = self._retried(made)
+        if isinstance(exc, openai.APITimeoutError) or (isinstance(exc, BrokenReply) and exc.timed_out):
             return LLMUnreachableError(
                 f"the model endpoint at {self.host} did not answer within {self._config.timeout:g} s ({retried}); "
                 "check the server, or raise llm.timeout"
             )
         if isinstance(exc, openai.APIConnectionError):
             return LLMUnreachableError(
-                f"cannot reach the model endpoint at {self.host} ({_cause(exc)}, {retried}); "
+                f"cannot reach the model endpoint at {self.host} ({self._scrub(_cause(exc))}, {retried}); "
                 "check llm.api_base or OPENAI_BASE_URL and that the server is running"
+            )
+        if isinstance(exc, BrokenReply):
+            return LLMError(f"the model endpoint at {self.host} {exc} ({retried}); check the server behind llm.api_base")
+        if isinstance(exc, OddReply):
+            # A wrong api_base often lands on a web page or another API that answers 200.
+            return LLMError(
+                f"{self.url} {exc}; check llm.api_base (for most servers it ends in /v1) and that it serves "
+                "the Chat Completions API"
             )
         if not isinstance(exc, openai.APIStatusError):
             return LLMError(f"the call to {self.host} failed: {self._scrub(str(exc))}")
+        return self._translate_status(exc, retried)
+
+    def _translate_status(self, exc: Any, retried: str) -> LLMError:
+        """The message for an HTTP error status (`exc` is an openai.APIStatusError)."""
+        import openai
+
+        model = self._config.model
         detail = self._scrub(_server_message(exc))
         if isinstance(exc, (openai.AuthenticationError, openai.PermissionDeniedError)):
             return LLMAuthError(f"the API key was refused by {self.host}; check llm.api_key or OPENAI_API_KEY")
@@ -252,7 +314,7 @@ class OpenAIChatModel:
                     f"the model '{model}' is not served by {self.host} ({detail}); check llm.model"
                 )
             return LLMError(
-                f"{self.base_url}/chat/completions was not found on {self.host} (HTTP 404: {detail}); "
+                f"{self.url}/chat/completions was not found on {self.host} (HTTP 404: {detail}); "
                 "check llm.api_base (for most servers it ends in /v1)"
             )
         if isinstance(exc, openai.RateLimitError):
@@ -275,16 +337,70 @@ class OpenAIChatModel:
             )
         return LLMError(f"the model endpoint at {self.host} answered HTTP {exc.status_code}: {detail}")
 
+    def _retried(self, made: int) -> str:
+        """How the requests went, for messages: the real count, not the configured one."""
+        if self._config.max_retries == 0:
+            return "with retries off"
+        retries = made - 1
+        return f"after {retries} {'retry' if retries == 1 else 'retries'}" if retries else "not retried"
+
     def _scrub(self, text: str) -> str:
-        """Servers sometimes echo the key back; it must never reach the screen or a log."""
-        if len(self._key) < _MIN_SCRUBBED_KEY or self._key == _LOCAL_SERVER_KEY:
-            return text  # too short to mask without garbling ordinary words
-        return text.replace(self._key, "***")
+        """Servers sometimes echo the key or the address back; neither may reach the screen or a log."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+
+class _Failure(Exception):
+    """One request failed: why, whether another is worth making, and the wait the server asked for."""
+
+    def __init__(self, cause: Exception, *, retryable: bool, wait: float | None = None) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.retryable = retryable
+        self.wait = wait
+
+
+def _worth_retrying(exc: Any) -> bool:
+    """The SDK's rule for an HTTP error (`exc` is an openai.APIStatusError), less a quota that is gone."""
+    told = exc.response.headers.get("x-should-retry")
+    if told in ("true", "false"):
+        return bool(told == "true")
+    if exc.status_code == 429 and exc.code == "insufficient_quota":
+        return False  # it will not come back in seconds
+    return bool(exc.status_code in (408, 409, 429) or exc.status_code >= 500)
+
+
+def _backoff(made: int) -> float:
+    """Seconds before retry number `made` when the server names none: 0.5 s doubling to 8 s, less up to a quarter."""
+    return min(_FIRST_BACKOFF * 2.0 ** (made - 1), _LONGEST_BACKOFF) * (1 - 0.25 * random.random())
+
+
+def redact_url(url: str) -> str:
+    """`url` without its credentials: the user and password replaced by ***, and every query value too."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    query = "&".join(f"{name}=***" for name, _ in parse_qsl(parts.query, keep_blank_values=True))
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """The credentials inside `url` (user, password, query values), to mask wherever a server echoes them."""
+    parts = urlsplit(url)
+    userinfo = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
+    found = [piece for piece in userinfo.split(":") if piece]
+    found += [value for _, value in parse_qsl(parts.query) if value]
+    return tuple(found)
 
 
 _OPENAI_BASE_URL = "https://api.openai.com/v1"
 _LOCAL_SERVER_KEY = "not-needed"
-_MIN_SCRUBBED_KEY = 6
+_MIN_SCRUBBED_KEY = 6  # shorter secrets cannot be masked without garbling ordinary words
+_RAW_RESPONSE_HEADER = "X-Stainless-Raw-Response"  # openai's switch for an unread (streamed) body
+_FIRST_BACKOFF = 0.5
+_LONGEST_BACKOFF = 8.0
 _CONTEXT_WORDS = (
     "context length",
     "context_length",

@@ -1,12 +1,15 @@
-"""The openai-SDK client against the scripted server: replies, usage, the SDK's retries, and one
-clear error per failure (wrong key, unreachable host, timeout, unknown model, rate limit...)."""
+"""The openai-SDK client against the scripted server: replies, usage, retries, and one clear error
+per failure (wrong key, unreachable host, timeout, unknown model, rate limit...), hostile servers
+included: cut-off and odd bodies, dripped replies, long Retry-After, credentials in the address."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -134,7 +137,7 @@ def test_json_mode_off_sends_no_response_format(server: ScriptedServer, make_mod
     assert "response_format" not in server.requests[0].body
 
 
-def test_rate_limited_request_is_retried_by_the_sdk_then_succeeds(
+def test_rate_limited_request_is_retried_then_succeeds(
     server: ScriptedServer, make_model: ModelFactory
 ) -> None:
     model = make_model(config_for(server, max_retries=2))
@@ -144,7 +147,7 @@ def test_rate_limited_request_is_retried_by_the_sdk_then_succeeds(
     assert [record.ok for record in model.calls] == [True]
 
 
-def test_server_error_is_retried_by_the_sdk_then_succeeds(
+def test_server_error_is_retried_then_succeeds(
     server: ScriptedServer, make_model: ModelFactory
 ) -> None:
     model = make_model(config_for(server, max_retries=2))
@@ -320,3 +323,121 @@ def test_importing_the_module_does_not_import_the_sdk() -> None:
     code = "import sys, taskweaver_lite.llm; print('openai' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def completion_body(message: object, *, usage: object = None) -> str:
+    """A chat completion body as a server might send it, with any `message` and `usage`."""
+    choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
+    if message is not None:
+        choice["message"] = message
+    body: dict[str, Any] = {"id": "x", "object": "chat.completion", "choices": [choice]}
+    if usage is not None:
+        body["usage"] = usage
+    return json.dumps(body)
+
+
+def test_a_reply_body_cut_off_is_retried_like_a_server_error(server: ScriptedServer, make_model: ModelFactory) -> None:
+    model = make_model(config_for(server, max_retries=2))
+    server.enqueue("planner", Reply(raw_body='{"choices": ['), planner_reply("done", send_to="User"))
+    assert model.complete(PLANNER_CALL, purpose="planner").text == planner_reply("done", send_to="User")
+    assert len(server.requests) == 2
+
+
+def test_a_reply_body_cut_off_every_time_ends_in_one_line_naming_the_host(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    model = make_model(config_for(server, max_retries=1))
+    server.enqueue("planner", *[Reply(raw_body='{"choices": [')] * 2)
+    with pytest.raises(LLMError) as caught:
+        model.complete(PLANNER_CALL, purpose="planner")
+    message = str(caught.value)
+    assert "127.0.0.1:" in message and "not valid JSON (cut off?)" in message and "after 1 retry" in message
+    assert "\n" not in message and len(server.requests) == 2
+    assert model.calls[0].error == message
+
+
+def test_content_sent_as_a_list_of_text_parts_is_joined(server: ScriptedServer, make_model: ModelFactory) -> None:
+    model = make_model(config_for(server))
+    server.enqueue("planner", Reply(content_parts=('{"response": ', '{"message": "hi"}}')))
+    assert model.complete(PLANNER_CALL, purpose="planner").text == '{"response": {"message": "hi"}}'
+
+
+def test_usage_numbers_sent_as_strings_are_read_and_unreadable_ones_tolerated(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    model = make_model(config_for(server))
+    message = {"role": "assistant", "content": "hi"}
+    server.enqueue(
+        "planner",
+        Reply(raw_body=completion_body(message, usage={"prompt_tokens": "12", "completion_tokens": "3"})),
+        Reply(raw_body=completion_body(message, usage={"prompt_tokens": "many", "completion_tokens": None})),
+    )
+    first = model.complete(PLANNER_CALL, purpose="planner")
+    second = model.complete(PLANNER_CALL, purpose="planner")
+    assert (first.prompt_tokens, first.completion_tokens, first.usage_reported) == (12, 3, True)
+    assert (second.text, second.prompt_tokens, second.usage_reported) == ("hi", 0, False)
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        (None, "first choice has no message"),
+        ("just a string", "first choice has no message"),
+        ({"role": "assistant", "content": 42}, "message content that is int, not text"),
+        ({"role": "assistant", "content": {"text": "hi"}}, "message content that is dict, not text"),
+    ],
+)
+def test_a_choice_without_a_message_or_text_content_is_one_clear_line_not_retried(
+    server: ScriptedServer, make_model: ModelFactory, message: object, expected: str
+) -> None:
+    model = make_model(config_for(server, max_retries=2))
+    server.enqueue("planner", Reply(raw_body=completion_body(message)))
+    with pytest.raises(LLMError, match=expected) as caught:
+        model.complete(PLANNER_CALL, purpose="planner")
+    assert "llm.api_base" in str(caught.value) and len(server.requests) == 1
+
+
+def test_a_reply_dripped_a_byte_at_a_time_stops_at_the_timeout(server: ScriptedServer, make_model: ModelFactory) -> None:
+    model = make_model(config_for(server, timeout=1.0, max_retries=0))
+    server.enqueue("planner", Reply(content=planner_reply("slowly"), drip=0.1))
+    started = time.monotonic()
+    with pytest.raises(LLMUnreachableError, match=r"did not answer within 1 s \(with retries off\); .*llm\.timeout"):
+        model.complete(PLANNER_CALL, purpose="planner")
+    assert time.monotonic() - started < 2.0
+
+
+def test_a_short_retry_after_is_waited_out(server: ScriptedServer, make_model: ModelFactory) -> None:
+    model = make_model(config_for(server, timeout=2.0, max_retries=1))
+    server.enqueue("planner", Reply(status=429, headers={"Retry-After": "0.4"}), planner_reply("done", send_to="User"))
+    started = time.monotonic()
+    assert model.complete(PLANNER_CALL, purpose="planner").text == planner_reply("done", send_to="User")
+    assert time.monotonic() - started >= 0.4 and len(server.requests) == 2
+
+
+def test_a_long_retry_after_is_refused_at_once_with_the_real_count_and_the_wait(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    model = make_model(config_for(server, max_retries=2))
+    server.enqueue("planner", Reply(status=429, headers={"Retry-After": "3600"}))
+    started = time.monotonic()
+    with pytest.raises(LLMRateLimitError) as caught:
+        model.complete(PLANNER_CALL, purpose="planner")
+    assert time.monotonic() - started < 1.0 and len(server.requests) == 1
+    message = str(caught.value)
+    assert "asks to wait 3,600 s" in message and "gave up after 1 request," in message and "llm.timeout" in message
+    assert "retries" not in message
+
+
+@pytest.mark.parametrize(
+    "address", ["http://alice:{secret}@127.0.0.1:{port}/v1", "http://127.0.0.1:{port}/v1?api-key={secret}"]
+)
+def test_credentials_inside_the_api_base_never_reach_an_error_message(make_model: ModelFactory, address: str) -> None:
+    secret = "sk-url-secret-123456"
+    for port in (closed_port(), None):  # unreachable, then a server that echoes the path it got
+        with ScriptedServer() as keyless:
+            real_port = port or int(keyless.url.split(":")[2].split("/")[0])
+            model = make_model(LLMConfig(api_base=address.format(secret=secret, port=real_port), max_retries=0))
+            with pytest.raises(LLMError) as caught:
+                model.complete(PLANNER_CALL, purpose="planner")
+        assert secret not in str(caught.value) and secret not in (model.calls[-1].error or "")
+        assert secret not in model.client.url and secret not in model.client.host

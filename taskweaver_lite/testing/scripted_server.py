@@ -4,6 +4,10 @@ Tests and the offline demo point the real `openai` client at it, so every byte g
 same wire as with a real endpoint. It tells which role a request is for from the system message
 (CONTRACT §4) and answers from that role's queue, then from its default responder; with neither
 it answers HTTP 500 naming the role, so a test that runs out of script fails loudly.
+
+A `Reply` can also misbehave the way real servers do: send a raw body (cut off, not JSON, an odd
+completion), drip its body one byte at a time, answer with content parts, or add headers such
+as `Retry-After`.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -33,7 +37,7 @@ _ERROR_CODES = {
 
 @dataclass(frozen=True)
 class Reply:
-    """One scripted answer: content for a 200, or an HTTP error; optionally slow."""
+    """One scripted answer: content for a 200, or an HTTP error; optionally slow or broken."""
 
     content: str = ""
     status: int = 200
@@ -41,6 +45,14 @@ class Reply:
     finish_reason: str = "stop"
     error_message: str | None = None
     include_usage: bool = True
+    # Sent as the whole body instead of a completion or an error (with `status`): cut-off or odd JSON.
+    raw_body: str | None = None
+    # Seconds between the body's bytes: a server that drips its reply.
+    drip: float = 0.0
+    # Sent as the message's content as a list of text parts instead of `content`.
+    content_parts: tuple[str, ...] | None = None
+    # Extra response headers (`Retry-After`...); they replace the 10 ms retry hint of errors.
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 Responder = Callable[[list[dict[str, Any]]], str | Reply]
@@ -311,31 +323,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if reply.delay > 0:
             scripted._wait(reply.delay)
-        if reply.status != 200:
-            self._send_error(reply.status, reply.error_message or f"scripted HTTP {reply.status} for role '{role}'")
-            return
-        completion: dict[str, Any] = {
-            "id": f"chatcmpl-scripted-{len(scripted.requests)}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model") or scripted.model or "scripted-model",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": reply.content},
-                    "finish_reason": reply.finish_reason,
-                    "logprobs": None,
-                }
-            ],
-        }
-        if reply.include_usage:
-            prompt = sum(_rough_tokens(_text_of(m.get("content"))) + 3 for m in messages) + 3
-            completion["usage"] = {
-                "prompt_tokens": prompt,
-                "completion_tokens": _rough_tokens(reply.content),
-                "total_tokens": prompt + _rough_tokens(reply.content),
-            }
-        self._send_json(200, completion)
+        if reply.raw_body is not None:
+            self._send_body(reply.status, reply.raw_body.encode("utf-8"), reply)
+        elif reply.status != 200:
+            self._send_error(reply.status, reply.error_message or f"scripted HTTP {reply.status} for role '{role}'", reply=reply)
+        else:
+            number = len(scripted.requests)
+            self._send_json(200, _completion(reply, messages, model=body.get("model") or scripted.model, number=number), reply)
 
     def _authorized(self, scripted: ScriptedServer) -> bool:
         if scripted.api_key is None:
@@ -346,25 +340,71 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_error(401, "Incorrect API key provided.")
         return False
 
-    def _send_error(self, status: int, message: str, *, code: str | None = None) -> None:
+    def _send_error(self, status: int, message: str, *, code: str | None = None, reply: Reply | None = None) -> None:
         kind, default_code = _ERROR_CODES.get(status, ("server_error", "server_error"))
         error = {"message": message, "type": kind, "param": None, "code": code or default_code}
-        self._send_json(status, {"error": error})
+        self._send_json(status, {"error": error}, reply)
 
-    def _send_json(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode("utf-8")
+    def _send_json(self, status: int, payload: dict[str, Any], reply: Reply | None = None) -> None:
+        self._send_body(status, json.dumps(payload).encode("utf-8"), reply)
+
+    def _send_body(self, status: int, data: bytes, reply: Reply | None) -> None:
+        headers = dict(reply.headers) if reply is not None else {}
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
-            if status == 429 or status >= 500:
+            named = {name.lower() for name in headers}
+            if (status == 429 or status >= 500) and not named & {"retry-after", "retry-after-ms"}:
                 # The SDK honours this, so retry tests wait 10 ms instead of its 0.5 s backoff.
                 self.send_header("retry-after-ms", "10")
+            for name, value in headers.items():
+                self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(data)
+            if reply is not None and reply.drip > 0:
+                self._drip(data, reply.drip)
+            else:
+                self.wfile.write(data)
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (its timeout) before the slow reply was ready
+
+    def _drip(self, data: bytes, interval: float) -> None:
+        """Send `data` one byte every `interval` seconds, until done, the client leaves or the server stops."""
+        scripted = self.server.scripted
+        for offset in range(len(data)):
+            self.wfile.write(data[offset : offset + 1])
+            self.wfile.flush()
+            scripted._wait(interval)
+            if scripted._stopping.is_set():
+                self.close_connection = True
+                return
+
+
+def _completion(reply: Reply, messages: list[dict[str, Any]], *, model: str | None, number: int) -> dict[str, Any]:
+    """The chat completion a real server would send for `reply`."""
+    content: str | list[dict[str, str]] = reply.content
+    if reply.content_parts is not None:
+        content = [{"type": "text", "text": part} for part in reply.content_parts]
+    completion: dict[str, Any] = {
+        "id": f"chatcmpl-scripted-{number}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model or "scripted-model",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": reply.finish_reason,
+                "logprobs": None,
+            }
+        ],
+    }
+    if reply.include_usage:
+        prompt = sum(_rough_tokens(_text_of(m.get("content"))) + 3 for m in messages) + 3
+        answer = _rough_tokens(_text_of(content))
+        completion["usage"] = {"prompt_tokens": prompt, "completion_tokens": answer, "total_tokens": prompt + answer}
+    return completion
 
 
 def _model_entry(name: str) -> dict[str, Any]:
