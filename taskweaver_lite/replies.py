@@ -92,6 +92,10 @@ SUMMARY_SCHEMA = ReplySchema(
 )
 
 
+# Broken replies longer than this are not searched or repaired: the answer is to ask again, shorter.
+MAX_REPAIR_CHARS = 200_000
+
+
 def extract_json(text: str) -> Any:
     """Find the JSON value in a model reply: fenced, after prose or `<think>`, slightly broken, or cut off."""
     body = _strip_thinking(text)
@@ -103,6 +107,11 @@ def extract_json(text: str) -> Any:
         return json.loads(body)
     except json.JSONDecodeError:
         pass
+    if len(body) > MAX_REPAIR_CHARS:
+        # Searching and repairing grow with the square of the length (a cut-off 2 MB reply: ~1 min).
+        raise ReplyFormatError(
+            f"the reply is {len(body):,} characters long and not valid JSON; answer with the JSON object only, much shorter"
+        )
     for language, block in _FENCE.findall(body):
         if language.lower() in ("", "json", "jsonc", "json5"):
             found = _search(block)

@@ -219,3 +219,10 @@ def test_repair_message_for_the_summary_shows_no_wrapper() -> None:
     outline = json.loads(text[text.index("{") :])
     assert list(outline) == ["ConversationSummary", "Variables"]
     assert outline["Variables"] == [{"name": "<string>", "type": "<string>", "description": "<string>"}]
+
+
+def test_a_huge_broken_reply_is_refused_instead_of_repaired() -> None:
+    # json-repair on a cut-off 2 MB reply takes about a minute: such a reply is asked for again.
+    cut_off = '{"response": {"thought": "' + "x" * 2_000_000
+    with pytest.raises(ReplyFormatError, match="2,000,026 characters long and not valid JSON"):
+        parse_reply(cut_off, CODE_GENERATOR_SCHEMA)
