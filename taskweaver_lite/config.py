@@ -244,9 +244,9 @@ def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
             unknown.setdefault((source, ".".join(str(p) for p in err["loc"][:-1])), []).append(key)
         else:
             problems.append(f"{source}: {_wrong_value(err, key)}")
-    where = (lambda section: f"in {section}") if len(unknown) > 1 else (lambda section: "here")
     named = [
-        f"{source}: unknown key {' and '.join(repr(k) for k in keys)}; known keys {where(section)}: {_known(_section(section))}"
+        f"{source}: unknown key {' and '.join(repr(k) for k in keys)}; known keys {f'in {section}' if len(unknown) > 1 else 'here'}: "
+        + _known(_section(section))
         for (source, section), keys in unknown.items()
     ]
     return "; ".join(dict.fromkeys(named + problems))
