@@ -181,6 +181,14 @@ class SessionStore:
         with self._transaction() as db:
             db.execute("UPDATE sessions SET overrides = ? WHERE id = ?", (json.dumps(kept, ensure_ascii=False), session_id))
 
+    def overrides(self, session_id: str) -> list[str]:
+        """The `--set` items saved for the session (empty if none were)."""
+        with self._read() as db:
+            row = db.execute("SELECT overrides FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        if row is None:
+            raise UnknownSessionError(session_id, store=str(self.path))
+        return [str(item) for item in json.loads(row[0])]
+
     def list_sessions(self) -> list[SessionEntry]:
         """Every stored session with at least one round, most recently active first."""
         # The inner join drops sessions without rounds: chats left, or failed, before their first request.
