@@ -59,7 +59,7 @@ def test_an_unknown_session_names_the_listing_command_with_its_project(tmp_path:
     for command in (("export", "nosuch"), ("chat", "--resume", "nosuch")):
         done = run_cli(*command, "-p", str(project))
         assert done.returncode == 1
-        assert f"no session 'nosuch'" in done.stderr and f"run `taskweaver-lite sessions -p {project}` to see the ids" in done.stderr
+        assert "no session 'nosuch'" in done.stderr and f"run `taskweaver-lite sessions -p {project}` to see the ids" in done.stderr
 
 
 def test_a_chat_without_requests_says_there_is_nothing_to_resume(tmp_path: Path, server: ScriptedServer) -> None:
