@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, make_project, run_cli
 
-from taskweaver_lite.testing.scripted_server import ScriptedServer, planner_reply
+from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
 
 @pytest.fixture
@@ -77,3 +77,15 @@ def test_the_chat_history_file_is_ignored_by_git() -> None:
     if ignored.returncode == 128:
         pytest.skip("not a git checkout")
     assert ignored.returncode == 0, "project/.chat_history is not in .gitignore"
+
+
+def test_a_failed_step_shows_the_users_frames_and_last_shows_the_whole_traceback(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url, code_interpreter={"max_retry_count": 0})
+    server.enqueue("planner", planner_reply("Print column b of a frame."), planner_reply("There is no column b.", send_to="User"))
+    server.enqueue("code_generator", code_reply("import pandas as pd\nframe = pd.DataFrame({'a': [1]})\nframe['b']"))
+    done = run_cli("chat", "-p", str(project), stdin="show b\n/last\n")
+    assert done.returncode == 0, done.stderr
+    step, _, last = done.stderr.partition("The last cell that ran (request 1)")
+    assert "KeyError: 'b'" in step and "----> 3 frame['b']" in step and "/last shows the whole traceback" in step
+    assert "pandas/core" not in step, "library frames stay off the screen"
+    assert "pandas/core" in last and "frame['b']" in last
