@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from taskweaver_lite.errors import ConfigError
 
@@ -44,6 +45,14 @@ class LLMConfig(_Section):
     timeout: float = Field(120.0, gt=0)
     max_retries: int = Field(2, ge=0)
     tokenizer: Literal["o200k_base", "cl100k_base"] = "o200k_base"
+
+    @field_validator("api_base")
+    @classmethod
+    def _a_web_address(cls, value: str | None) -> str | None:
+        # Caught here, a typo is a config error naming the key, not a connection failure minutes later.
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("expected an http:// or https:// address such as http://localhost:11434/v1")
+        return value
 
     @model_validator(mode="after")
     def _room_for_a_prompt(self) -> LLMConfig:
@@ -104,6 +113,9 @@ class ExecutionConfig(_Section):
     )
     allowed_env: list[str] = Field(default_factory=list, description="secret-looking env vars to pass")
     kernel_start_timeout: float = Field(60.0, gt=0)
+    display_width: int | None = Field(
+        None, ge=40, description="characters per line for pandas in the kernel (null: the chat's terminal width, else pandas' 80)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -166,20 +178,19 @@ def load_config(project_dir: str | Path = "project", overrides: list[str] | None
     project = Path(project_dir)
     path = project / CONFIG_FILE_NAME
     if not project.is_dir():
-        raise ConfigError(f"{project}: project folder not found (pass -p PROJECT_DIR)")
+        raise ConfigError(f"{project}: project folder not found; create one with `taskweaver-lite init {project}`")
     data: dict[str, Any] = {}
     if path.exists():
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{path}:{where} is not valid YAML ({_first_line(exc)}); fix the syntax") from None
+            raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}; fix the syntax") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of sections (llm:, planner:, ...) at the top")
         data = loaded or {}
-    for item in overrides or []:
-        _apply_override(data, item)
+    unknown = [problem for item in overrides or [] if (problem := _apply_override(data, item))]
+    if unknown:
+        raise ConfigError("; ".join(unknown))
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
@@ -188,21 +199,23 @@ def load_config(project_dir: str | Path = "project", overrides: list[str] | None
     return config
 
 
-def _apply_override(data: dict[str, Any], item: str) -> None:
+def _apply_override(data: dict[str, Any], item: str) -> str | None:
+    """Put one `KEY=VALUE` into `data`; returns the problem when the key is unknown (all are reported together)."""
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key:
         raise ConfigError(f"--set {item}: expected KEY=VALUE, for example --set llm.model=gpt-4o")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+    except yaml.YAMLError as exc:
+        # Taking the raw text instead would pass `[x` on as an address and fail later as a network error.
+        raise ConfigError(f"--set {_masked(item)}: the value is not valid YAML ({_yaml_problem(exc)}); quote it: --set '{key}=\"...\"'") from None
     parts = key.split(".")
     node: Any = Config
     for part in parts:
         fields = getattr(node, "model_fields", None)
         if fields is None or part not in fields or part == "project_dir":
-            raise ConfigError(f"--set {key}: unknown config key '{part}'; known here: {_known(node)}")
+            return f"--set {key}: unknown config key '{part}'; known here: {_known(node)}"
         node = fields[part].annotation
     target = data
     for part in parts[:-1]:
@@ -212,6 +225,7 @@ def _apply_override(data: dict[str, Any], item: str) -> None:
             target[part] = child
         target = child
     target[parts[-1]] = value
+    return None
 
 
 def _known(node: Any) -> str:
@@ -220,22 +234,44 @@ def _known(node: Any) -> str:
 
 
 def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
-    err = exc.errors()[0]
-    key = ".".join(str(p) for p in err["loc"])
+    """Every problem pydantic found on one line: unknown keys grouped by section, then wrong values."""
+    unknown: dict[tuple[str, str], list[str]] = {}  # (source, section) -> unknown keys there
+    problems: list[str] = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"])
+        source = _source(key, path, overrides)
+        if err["type"] == "extra_forbidden":
+            unknown.setdefault((source, ".".join(str(p) for p in err["loc"][:-1])), []).append(key)
+        else:
+            problems.append(f"{source}: {_wrong_value(err, key)}")
+    named = [
+        f"{source}: unknown key {' and '.join(repr(k) for k in keys)}; known keys {f'in {section}' if len(unknown) > 1 else 'here'}: "
+        + _known(_section(section))
+        for (source, section), keys in unknown.items()
+    ]
+    return "; ".join(dict.fromkeys(named + problems))
+
+
+def _source(key: str, path: Path, overrides: list[str]) -> str:
     touched = [o for o in overrides if (k := o.split("=", 1)[0].strip()) == key or k.startswith(key + ".")]
-    source = ", ".join(f"--set {_masked(o)}" for o in touched) if touched else str(path)
-    if err["type"] == "extra_forbidden":
-        parent: type[BaseModel] = Config
-        for part in err["loc"][:-1]:
-            section = parent.model_fields[str(part)].annotation
-            if not (isinstance(section, type) and issubclass(section, BaseModel)):
-                break
-            parent = section
-        return f"{source}: unknown key '{key}'; known keys here: {_known(parent)}"
+    return ", ".join(f"--set {_masked(o)}" for o in touched) if touched else str(path)
+
+
+def _section(dotted: str) -> type[BaseModel]:
+    parent: type[BaseModel] = Config
+    for part in filter(None, dotted.split(".")):
+        section = parent.model_fields[part].annotation
+        if not (isinstance(section, type) and issubclass(section, BaseModel)):
+            break
+        parent = section
+    return parent
+
+
+def _wrong_value(err: ErrorDetails, key: str) -> str:
     got = err.get("input")
     # Only scalars are echoed: a whole section could hold the API key.
     shown = "" if "api_key" in key or isinstance(got, (dict, list)) else f", got {got!r}"
-    return f"{source}: key '{key}': {err['msg'].lower()}{shown}"
+    return f"key '{key}': {err['msg'].lower()}{shown}"
 
 
 def _masked(override: str) -> str:
@@ -243,5 +279,12 @@ def _masked(override: str) -> str:
     return f"{key}{sep}***" if "api_key" in key and value else override
 
 
-def _first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's own explanation with the line it points at, and where the enclosing construct began."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    mark = exc.problem_mark
+    text = f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem}"
+    if exc.context and exc.context_mark is not None:
+        text += f" ({exc.context} on line {exc.context_mark.line + 1})"
+    return text

@@ -62,3 +62,16 @@ class StoreError(TaskWeaverError):
 
 class SessionBusyError(StoreError):
     """Another process has this session open."""
+
+
+class UnknownSessionError(StoreError):
+    """No stored session has this id; the message says how to list them (the CLI adds its -p)."""
+
+    def __init__(self, ref: str, *, store: str, listing: str = "taskweaver-lite sessions") -> None:
+        super().__init__(f"no session '{ref}' in {store}; run `{listing}` to see the ids")
+        self.ref = ref
+        self.store = store
+
+    def listed_with(self, listing: str) -> UnknownSessionError:
+        """The same error, pointing at the listing command that finds this store."""
+        return UnknownSessionError(self.ref, store=self.store, listing=listing)

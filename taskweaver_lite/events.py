@@ -5,7 +5,7 @@ The session emits these to its listeners; listeners observe, they never drive th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -95,8 +95,41 @@ class Folded:
         )
 
 
-Event = RoundStarted | PostAdded | Working | RoundEnded | ModelCalled | Folded
+@dataclass(frozen=True)
+class FileLoaded:
+    """The user copied a data file into the working folder (`/load`) after `after_round` rounds."""
+
+    name: str  # its name in the working folder
+    source: str  # where it was copied from
+    after_round: int
+    at: float
+
+    def describe(self) -> str:
+        """One line for the user and the exports: 'Loaded sales.csv (from /data/sales.csv)'."""
+        return f"Loaded {self.name} into the working folder (from {self.source})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON shape: the fields by name."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FileLoaded:
+        """Inverse of `to_dict`."""
+        return cls(name=str(data["name"]), source=str(data["source"]), after_round=int(data["after_round"]), at=float(data["at"]))
+
+
+Event = RoundStarted | PostAdded | Working | RoundEnded | ModelCalled | Folded | FileLoaded
 Listener = Callable[[Event], None]
+
+
+def timeline(rounds: Sequence[Round], loads: Sequence[FileLoaded]) -> Iterator[Round | FileLoaded]:
+    """Rounds and file loads in the order they happened (a load goes before the round that followed it)."""
+    pending = sorted(loads, key=lambda load: (load.after_round, load.at))
+    for rnd in rounds:
+        while pending and pending[0].after_round < rnd.index:
+            yield pending.pop(0)
+        yield rnd
+    yield from pending
 
 
 def span(first: int, last: int) -> str:

@@ -25,7 +25,7 @@ from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.config import Config
 from taskweaver_lite.conversation import Conversation, Post, RoleName, Round
 from taskweaver_lite.errors import RoundFailedError, TaskWeaverError
-from taskweaver_lite.events import Event, Listener, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
+from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
 from taskweaver_lite.examples import load_examples
 from taskweaver_lite.execution import Executor, ExecutorFactory, Variable
 from taskweaver_lite.llm import CallRecord, ChatModel, MeteredModel, Usage
@@ -76,6 +76,7 @@ class Session:
         self._listeners = list(listeners)
         self._model = MeteredModel(model, on_call=self._on_call, usage=usage_before)
         self._notes: list[str] = []
+        self.loads: list[FileLoaded] = []  # every /load, for /history and the exports
         self._lost: list[str] = []
         self._recency: dict[str, int] = {}  # variable name -> the last cell that created or changed it
         self._cells = 0
@@ -162,6 +163,7 @@ class Session:
                 config, session_id, store=store, lock=lock, model=model, executor=executor, listeners=listeners, usage_before=stored.usage
             )
         session.conversation.rounds = list(stored.rounds)
+        session.loads = list(stored.loads)
         for context in session.contexts().values():
             saved = stored.compression.get(context.role.value)
             if saved:
@@ -286,6 +288,9 @@ class Session:
             raise TaskWeaverError(f"{path}: no such file")
         name = self.executor.upload(path)
         self._notes.append(self.planner.file_note(name))
+        loaded = FileLoaded(name=name, source=str(path.resolve()), after_round=len(self.conversation.rounds), at=time.time())
+        self.loads.append(loaded)
+        self._emit(loaded)
         return self.working_dir / name
 
     def reset(self) -> Session:

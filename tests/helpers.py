@@ -49,8 +49,8 @@ def running_cli(*args: str) -> Iterator[subprocess.Popen[str]]:
                 proc.kill()
 
 
-def run_cli(*args: str, stdin: str = "", timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    """Run `python -m taskweaver_lite ARGS` with piped stdin and captured output."""
+def run_cli(*args: str, stdin: str = "", timeout: float = 90, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `python -m taskweaver_lite ARGS` with piped stdin and captured output (in `cwd`, if given)."""
     return subprocess.run(
         [sys.executable, "-m", "taskweaver_lite", *args],
         input=stdin,
@@ -58,4 +58,5 @@ def run_cli(*args: str, stdin: str = "", timeout: float = 90) -> subprocess.Comp
         text=True,
         timeout=timeout,
         env=cli_env(),
+        cwd=cwd,
     )

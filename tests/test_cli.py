@@ -98,6 +98,11 @@ def test_the_llm_down_gives_one_clear_line_and_a_non_zero_exit(tmp_path: Path) -
         ("llm: [unclosed\n", [], ["taskweaver_config.yaml", "not valid YAML", "line"]),
         ("", ["round_compressor.rounds_to_retian=1"], ["--set round_compressor.rounds_to_retian", "rounds_to_retain"]),
         ("", ["planner.prompt_compression=maybe"], ["--set planner.prompt_compression=maybe", "boolean"]),
+        ("llm:\n  model: gpt\n   bad: indent\n", [], ["taskweaver_config.yaml", "line 3", "mapping values are not allowed here"]),
+        ("llm:\n  modle: x\n  api_bsae: y\nplanner: {x: 1}\n", [], ["'llm.modle' and 'llm.api_bsae'", "'planner.x'"]),
+        ("", ["llm.x=1", "planner.y=2"], ["--set llm.x", "--set planner.y"]),
+        ("", ["llm.api_base=[x"], ["--set llm.api_base=[x", "not valid YAML", "quote it"]),
+        ("", ["llm.api_base=localhost:11434"], ["llm.api_base", "http://"]),
     ],
 )
 def test_a_bad_config_names_the_file_and_key_in_one_line(tmp_path: Path, yaml_text: str, overrides: list[str], expected: list[str]) -> None:
@@ -112,9 +117,19 @@ def test_a_bad_config_names_the_file_and_key_in_one_line(tmp_path: Path, yaml_te
         assert fragment in done.stderr, done.stderr
 
 
-def test_a_missing_project_folder_is_named(tmp_path: Path) -> None:
-    done = run_cli("chat", "-p", str(tmp_path / "nowhere"), stdin="hello\n", timeout=30)
-    assert done.returncode != 0 and "nowhere" in done.stderr and "project folder not found" in done.stderr
+def test_a_missing_project_folder_is_named_with_the_init_command_that_makes_it(tmp_path: Path) -> None:
+    nowhere = tmp_path / "nowhere"
+    done = run_cli("chat", "-p", str(nowhere), stdin="hello\n", timeout=30)
+    assert done.returncode != 0 and "project folder not found" in done.stderr
+    assert f"`taskweaver-lite init {nowhere}`" in done.stderr and "pass -p" not in done.stderr, "-p was passed"
+    default = run_cli("chat", stdin="hello\n", timeout=30, cwd=tmp_path)
+    assert default.returncode != 0
+    assert "project: project folder not found; create one with `taskweaver-lite init`, or pass -p PROJECT_DIR" in default.stderr
+
+
+def test_no_replay_without_resume_is_an_error(tmp_path: Path) -> None:
+    done = run_cli("chat", "--no-replay", stdin="hello\n", timeout=30, cwd=tmp_path)
+    assert done.returncode == 2 and "--no-replay only applies to a resumed session" in done.stderr
 
 
 def test_load_copies_the_file_and_the_planner_is_told(tmp_path: Path, server: ScriptedServer) -> None:

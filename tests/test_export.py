@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import os
+import shutil
 import time
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from recorded_session import (
 )
 
 from taskweaver_lite.conversation import Post, Round
-from taskweaver_lite.events import PostAdded, RoundStarted
+from taskweaver_lite.events import FileLoaded, PostAdded, RoundStarted
 from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.store.database import SessionStore, StoredSession
 from taskweaver_lite.store.export import export_markdown, export_notebook
@@ -68,7 +70,7 @@ def test_the_notebook_reruns_top_to_bottom_in_a_real_kernel_past_the_failed_atte
     notebook = nbformat.read(str(path), as_version=4)
     nbclient.NotebookClient(notebook, timeout=60, resources={"metadata": {"path": str(tmp_path)}}).execute()
     setup, write, broken, plot = code_cells(notebook)
-    assert setup.source.startswith("import os\nos.chdir(")
+    assert setup.source.startswith("import os\nfolder = ") and "os.chdir(folder)" in setup.source
     assert write.outputs[0].text == "rows: 3\n"
     assert broken.outputs[0].ename == "NameError"
     assert any("image/png" in o.get("data", {}) for o in plot.outputs), "the plot cell, after the failure, ran and read numbers.csv"
@@ -127,3 +129,38 @@ def test_cut_off_rounds_and_code_that_killed_the_kernel_are_marked_and_never_rer
     assert "This code crashed the kernel" in markdown and f"````python\n{fatal}\n````" in markdown
     text = export_markdown(stored, tmp_path / "s.md").read_text(encoding="utf-8")
     assert "> **This request failed:** Cut off" in text and "*The kernel died while running this code and was restarted.*" in text
+
+
+def test_a_notebook_exported_with_a_relative_project_path_runs_after_it_is_moved(
+    recorded: RecordedSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(recorded.working_dir.parents[2])  # as `taskweaver-lite export -p project` would run
+    relative = Path(os.path.relpath(recorded.working_dir))
+    written = export_notebook(load(recorded), Path("moved-later.ipynb"), working_dir=relative)
+    elsewhere = tmp_path / "somewhere" / "else"
+    elsewhere.mkdir(parents=True)
+    moved = Path(shutil.move(str(written), elsewhere / "analysis.ipynb"))
+    notebook = nbformat.read(str(moved), as_version=4)
+    nbclient.NotebookClient(notebook, timeout=60, resources={"metadata": {"path": str(elsewhere)}}).execute()
+    setup, write, _broken, plot = code_cells(notebook)
+    assert str(recorded.working_dir.resolve()) in setup.source
+    assert write.outputs[0].text == "rows: 3\n"
+    assert any("image/png" in o.get("data", {}) for o in plot.outputs), "numbers.csv was read from the session folder"
+
+
+def test_loaded_files_appear_where_they_were_loaded_in_both_exports(tmp_path: Path) -> None:
+    store = SessionStore(tmp_path / "sessions.db")
+    store.create_session("s", started=time.time())
+    store.record("s", FileLoaded(name="sales.csv", source="/data/sales.csv", after_round=0, at=1.0))
+    rnd = Round(index=1, user_query="how many rows?")
+    store.record("s", RoundStarted(rnd))
+    store.record("s", FileLoaded(name="costs.csv", source="/data/costs.csv", after_round=1, at=2.0))
+    stored = store.load("s")
+    store.close()
+    assert [load.name for load in stored.loads] == ["sales.csv", "costs.csv"]
+    text = export_markdown(stored, tmp_path / "s.md").read_text(encoding="utf-8")
+    first, second = "Loaded `sales.csv` into the working folder (from /data/sales.csv).", "Loaded `costs.csv`"
+    assert text.index(first) < text.index("## 1. how many rows?") < text.index(second)
+    notebook = nbformat.read(str(export_notebook(stored, tmp_path / "s.ipynb")), as_version=4)
+    markdown = [c.source for c in notebook.cells if c.cell_type == "markdown"]
+    assert f"*{first}*" in markdown and markdown.index(f"*{first}*") < next(i for i, m in enumerate(markdown) if m.startswith("## Request 1"))

@@ -261,3 +261,13 @@ def test_kernel_that_cannot_start_raises_kernel_error_naming_its_log(tmp_path: P
         executor.run("1")
     assert str(tmp_path / "kernel.log") in str(raised.value)
     assert "broken launcher" in (tmp_path / "kernel.log").read_text()
+
+
+def test_pandas_prints_as_wide_as_the_display_width_the_chat_passes(tmp_path: Path) -> None:
+    with KernelExecutor(tmp_path, config=ExecutionConfig(timeout=60, display_width=150)) as executor:
+        wide = "pd.DataFrame({f'column_{i}': range(2) for i in range(14)})"
+        result = executor.run(f"import pandas as pd\nprint(pd.get_option('display.width'))\nprint({wide})")
+    assert result.success, result.error
+    width, *table = result.stdout.splitlines()
+    assert width == "150"
+    assert len(table) == 3 and max(map(len, table)) > 80, "the frame is printed in one block, not wrapped at 80 columns"

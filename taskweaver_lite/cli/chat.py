@@ -8,15 +8,21 @@ answers go to stdout and everything else to stderr.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rich.console import Console
+from rich.markup import escape
+
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
-from taskweaver_lite.config import Config, load_config
+from taskweaver_lite.config import CONFIG_FILE_NAME, Config, load_config
 from taskweaver_lite.conversation import RoleName, Round
-from taskweaver_lite.errors import LLMError, TaskWeaverError
+from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
+from taskweaver_lite.events import FileLoaded, timeline
+from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.session import Session
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.summary import render_summary
@@ -30,35 +36,116 @@ HELP = """Commands:
   /help            this list
   /load <file>     copy a data file into the working folder and tell the Planner
   /info            session id, model, rounds, tokens used so far
-  /context         tokens per prompt part for each role, against the budget
-  /summary         both roles' summaries and the variables they track
+  /context         the last prompt sent to each role: tokens per part, against the budget
+  /summary         the text each role's prompt carries for its folded rounds (written for the model)
   /history         every earlier request in full, also those folded out of the prompts
-  /export [ipynb|md] [file]   write this session as a notebook or Markdown
+  /last            the last cell that ran, with its whole output and traceback
+  /export [ipynb|md] [file] [--force]   write this session as a notebook or Markdown
   /reset           start over: new session, fresh kernel, working files copied
   /exit            leave (Ctrl-D or Ctrl-C at an empty prompt too)
 Ctrl-C while a request runs cancels it and keeps the session."""
+EXPORT_USAGE = "Usage: /export [ipynb|md] [file] [--force]"
+DEFAULT_PROJECT = "project"
+
+
+def project_dir(args: argparse.Namespace) -> Path:
+    """The project folder named by -p (or ./project); a missing one is an error that says how to make it."""
+    given = args.project is not None
+    project = Path(args.project if given else DEFAULT_PROJECT)
+    if not project.is_dir():
+        create = f"taskweaver-lite init {project}" if given else "taskweaver-lite init"
+        other = "" if given else ", or pass -p PROJECT_DIR to use another folder"
+        raise ConfigError(f"{project}: project folder not found; create one with `{create}`{other}")
+    return project
+
+
+def plain_printer(console: Console) -> Callable[[str], None]:
+    """Print text as it is: '[ipynb|md]' in a usage line is not Rich markup."""
+    return functools.partial(console.print, markup=False, highlight=False)
+
+
+def _sessions_command(project: Path) -> str:
+    return f"taskweaver-lite sessions -p {project}"
 
 
 def run_chat(args: argparse.Namespace) -> int:
     """`taskweaver-lite chat`: interactive on a terminal, line by line when piped."""
-    config = load_config(args.project, args.overrides)
+    project = project_dir(args)
+    overrides: list[str] = list(args.overrides)
+    config = load_config(project, overrides)
+    if not (project / CONFIG_FILE_NAME).exists():
+        _to_stderr(f"{project / CONFIG_FILE_NAME} not found: using the defaults (`taskweaver-lite init` writes a commented one).")
     interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
     renderer: RichConsole | PlainConsole = RichConsole() if interactive else PlainConsole()
-    say: Callable[[str], None] = renderer.console.print if isinstance(renderer, RichConsole) else _to_stderr
+    say: Callable[[str], None] = plain_printer(renderer.console) if isinstance(renderer, RichConsole) else _to_stderr
+    if isinstance(renderer, RichConsole) and config.execution.display_width is None and renderer.console.width >= MIN_DISPLAY_WIDTH:
+        config.execution.display_width = renderer.console.width  # DataFrames as wide as this terminal
     if args.resume:
-        session = _resume(config, args.resume, replay=not args.no_replay, renderer=renderer, say=say)
+        session, overrides = _resume(config, args, overrides=overrides, renderer=renderer, say=say)
     else:
         session = Session.open(config, listeners=[renderer])
+    if session.store is not None:
+        session.store.save_overrides(session.id, overrides)
     commands = SlashCommands(session, say=say)
     try:
         if isinstance(renderer, RichConsole):
-            return _interactive(renderer, commands, config)
-        return _piped(commands)
+            code = _interactive(renderer, commands, config)
+        else:
+            code = _piped(commands)
     finally:
         commands.session.close()
+    say(resume_hint(commands.session, project if args.project is not None else None))
+    return code
 
 
-def _resume(config: Config, ref: str, *, replay: bool, renderer: RichConsole | PlainConsole, say: Callable[[str], None]) -> Session:
+MIN_DISPLAY_WIDTH = 40
+
+
+def resume_hint(session: Session, project: Path | None) -> str:
+    """The line printed on the way out: the session id and the command that continues it."""
+    if not session.conversation.rounds:
+        return f"Session {session.id} had no requests; nothing was kept to resume."
+    option = f" -p {project}" if project is not None else ""
+    return f"Session {session.id} is saved. Continue it with: taskweaver-lite chat{option} --resume {session.id}"
+
+
+def _resume(
+    config: Config, args: argparse.Namespace, *, overrides: list[str], renderer: RichConsole | PlainConsole, say: Callable[[str], None]
+) -> tuple[Session, list[str]]:
+    """Resume with the --set values the session was started with (new ones win); returns it and those values."""
+    project = project_dir(args)
+    try:
+        remembered = _remembered_overrides(config, args.resume)
+        if remembered:
+            overrides = merge_overrides(remembered, overrides)
+            config = load_config(project, overrides)
+        session = _resume_session(config, args.resume, replay=not args.no_replay, renderer=renderer, say=say)
+    except UnknownSessionError as exc:
+        raise exc.listed_with(_sessions_command(project)) from None
+    if remembered:
+        say("Re-applied the settings this session was started with: " + " ".join(f"--set {item}" for item in remembered))
+    return session, overrides
+
+
+def merge_overrides(earlier: list[str], later: list[str]) -> list[str]:
+    """One `KEY=VALUE` per key, the later value winning, in the order the keys first appeared."""
+    merged: dict[str, str] = {}
+    for item in [*earlier, *later]:
+        merged[item.partition("=")[0].strip()] = item
+    return list(merged.values())
+
+
+def _remembered_overrides(config: Config, ref: str) -> list[str]:
+    if not config.store_path.exists():
+        return []
+    store = SessionStore(config.store_path)
+    try:
+        return store.overrides(store.resolve(ref))
+    finally:
+        store.close()
+
+
+def _resume_session(config: Config, ref: str, *, replay: bool, renderer: RichConsole | PlainConsole, say: Callable[[str], None]) -> Session:
     if isinstance(renderer, RichConsole):
         from rich.progress import Progress
 
@@ -74,9 +161,10 @@ def _resume(config: Config, ref: str, *, replay: bool, renderer: RichConsole | P
     lines = [f"Resumed session {report.session_id}: {report.rounds} earlier requests."]
     if report.cut_off:
         lines.append(f"Request {', '.join(map(str, report.cut_off))} was cut off when the program stopped; it is marked failed.")
-    if replay:
+    if replay and report.replayed:
         failed = f", {report.replay_failures} failed" if report.replay_failures else ""
-        lines.append(f"Re-ran {report.replayed} cells to rebuild the kernel's variables{failed}.")
+        cells = "cell" if report.replayed == 1 else "cells"
+        lines.append(f"Re-ran {report.replayed} {cells} to rebuild the kernel's variables{failed}.")
     elif report.lost:
         lines.append(f"Not replayed: these variables are gone until recomputed: {', '.join(report.lost)}.")
     say("\n".join(lines))
@@ -100,15 +188,13 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
 
     config.project_dir.mkdir(parents=True, exist_ok=True)
     prompt: PromptSession[str] = PromptSession(history=FileHistory(str(config.project_dir / ".chat_history")), key_bindings=bindings)
-    renderer.console.print(f"[bold]taskweaver-lite[/bold] session {commands.session.id} — model {config.llm.model}. Type /help for commands.")
+    renderer.console.print(f"[bold]taskweaver-lite[/bold] session {commands.session.id} — model {escape(config.llm.model)}. Type /help for commands.")
     while True:
-        renderer.hold()
+        renderer.flush_notices()  # a quiet moment: between the last output and the next input
         try:
             text = prompt.prompt("you> ").strip()
         except (EOFError, KeyboardInterrupt):
             return 0
-        finally:
-            renderer.release()
         if not text:
             continue
         if text.startswith("/"):
@@ -122,10 +208,10 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
             renderer.console.print("[yellow]Cancelled. The session and its variables are kept.[/yellow]")
         except TaskWeaverError as exc:
             renderer.stop_status()
-            renderer.console.print(f"[bold red]{exc}[/bold red]\nThe session is kept; try again, or check the settings.")
+            renderer.console.print(f"[bold red]{escape(str(exc))}[/bold red]\nThe session is kept; try again, or check the settings.")
         else:
             if rnd.state == "failed":
-                renderer.console.print(f"[bold red]This request failed: {rnd.error}[/bold red]")
+                renderer.console.print(f"[bold red]This request failed: {escape(rnd.error or '')}[/bold red]")
 
 
 def _to_stderr(text: str) -> None:
@@ -173,6 +259,7 @@ class SlashCommands:
             "/context": self._context,
             "/summary": self._summary,
             "/history": self._history,
+            "/last": self._last,
             "/export": self._export,
         }
 
@@ -230,22 +317,39 @@ class SlashCommands:
         return True
 
     def _history(self, _: str) -> bool:
-        rounds = self.session.conversation.rounds
-        self.say("\n\n".join(round_transcript(r) for r in rounds) if rounds else "No requests yet.")
+        entries = list(timeline(self.session.conversation.rounds, self.session.loads))
+        texts = [round_transcript(e) if isinstance(e, Round) else f"({load_line(e)})" for e in entries]
+        self.say("\n\n".join(texts) if texts else "No requests yet.")
+        return True
+
+    def _last(self, _: str) -> bool:
+        found = last_execution(self.session.conversation.rounds)
+        if found is None:
+            self.say("No code has run in this session yet.")
+            return True
+        rnd, result = found
+        text = f"The last cell that ran (request {rnd.index}), with everything it returned:\n{indent(result.code)}\n\n{result.prompt_text()}"
+        full = Path(result.full_output_path) if result.full_output_path else None
+        if full is not None and full.is_file():
+            text += f"\n\nIts complete output ({full}):\n{full.read_text(encoding='utf-8', errors='replace').rstrip()}"
+        self.say(text)
         return True
 
     def _export(self, argument: str) -> bool:
         parts = argument.split()
-        fmt = parts[0] if parts else "ipynb"
-        if fmt not in ("ipynb", "md"):
-            self.say("Usage: /export [ipynb|md] [file]")
+        force = "--force" in parts
+        parts = [p for p in parts if p != "--force"]
+        fmt = parts.pop(0) if parts and parts[0] in ("ipynb", "md") else None
+        if len(parts) > 1:
+            self.say(EXPORT_USAGE)
             return True
-        target = Path(parts[1]) if len(parts) > 1 else Path(f"{self.session.id}.{fmt}")
-        written = write_export(self.session.config, self.session.id, fmt=fmt, target=target)
+        target = Path(parts[0]) if parts else None
+        written = write_export(self.session.config, self.session.id, fmt=export_format(fmt, target), target=target, force=force)
         self.say(f"Wrote {written}")
         return True
 
     def _context(self, _: str) -> bool:
+        self.say("The last prompt sent to each role, in tokens by part, against the role's budget:")
         for role, context in self.session.contexts().items():
             report = context.report()
             if report is None:
@@ -274,6 +378,10 @@ class SlashCommands:
         return True
 
     def _summary(self, _: str) -> bool:
+        self.say(
+            "What each role's prompt carries in place of its folded rounds. It is written for the model "
+            "(the next prompt includes it as it is), not a report for you; /history has every request in full."
+        )
         live = self.session.live_variables()
         tokenizer = get_tokenizer(self.session.config.llm.tokenizer)
         for role, context in self.session.contexts().items():
@@ -303,11 +411,25 @@ def round_transcript(rnd: Round) -> str:
     return "\n".join(lines)
 
 
+def load_line(load: FileLoaded) -> str:
+    """A /load in /history."""
+    return f"after request {load.after_round}: {load.describe()}" if load.after_round else load.describe()
+
+
+def last_execution(rounds: list[Round]) -> tuple[Round, ExecutionResult] | None:
+    """The newest cell the kernel ran, with its round."""
+    for rnd in reversed(rounds):
+        for post in reversed(rnd.posts):
+            if post.execution is not None:
+                return rnd, post.execution
+    return None
+
+
 def list_sessions(args: argparse.Namespace) -> int:
     """`taskweaver-lite sessions`: the stored sessions, newest first."""
     import json
 
-    config = load_config(args.project)
+    config = load_config(project_dir(args))
     if not config.store_path.exists():
         rows = []
     else:
@@ -333,16 +455,34 @@ def _stamp(seconds: float) -> str:
 
 
 def export_session(args: argparse.Namespace) -> int:
-    """`taskweaver-lite export ID --format ipynb|md [-o FILE]`."""
-    config = load_config(args.project)
+    """`taskweaver-lite export ID [--format ipynb|md] [-o FILE] [--force]`."""
+    project = project_dir(args)
+    config = load_config(project)
     target = Path(args.output) if args.output else None
-    written = write_export(config, args.session_id, fmt=args.format, target=target)
+    try:
+        written = write_export(config, args.session_id, fmt=export_format(args.format, target), target=target, force=args.force)
+    except UnknownSessionError as exc:
+        raise exc.listed_with(_sessions_command(project)) from None
     print(f"Wrote {written}", file=sys.stderr)
     return 0
 
 
-def write_export(config: Config, ref: str, *, fmt: str, target: Path | None) -> Path:
-    """Export a stored session (by id or 'last') as a notebook or Markdown; returns the file written."""
+def export_format(fmt: str | None, target: Path | None) -> str:
+    """The format asked for, else the one the file name says (.md, .ipynb), else ipynb."""
+    if fmt is not None:
+        return fmt
+    if target is None or target.suffix.lower() == ".ipynb":
+        return "ipynb"
+    if target.suffix.lower() in (".md", ".markdown"):
+        return "md"
+    raise TaskWeaverError(f"{target}: cannot tell the format from the file name; name it .ipynb or .md, or pass the format (ipynb or md)")
+
+
+def write_export(config: Config, ref: str, *, fmt: str, target: Path | None, force: bool = False) -> Path:
+    """Export a stored session (by id or 'last') as a notebook or Markdown; returns the file written.
+
+    An existing file is kept (TaskWeaverError) unless `force`.
+    """
     from taskweaver_lite.store.export import export_markdown, export_notebook
 
     if not config.store_path.exists():
@@ -354,6 +494,8 @@ def write_export(config: Config, ref: str, *, fmt: str, target: Path | None) -> 
     finally:
         store.close()
     path = target or Path(f"{session_id}.{fmt}")
+    if path.exists() and not force:
+        raise TaskWeaverError(f"{path} exists and was left as it is; choose another file name, or add --force to overwrite it")
     if fmt == "ipynb":
         return export_notebook(stored, path, working_dir=config.sessions_dir / session_id / "cwd")
     return export_markdown(stored, path)

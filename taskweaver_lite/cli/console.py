@@ -20,6 +20,7 @@ from rich.status import Status
 from rich.syntax import Syntax
 from rich.text import Text
 
+from taskweaver_lite.cli.tracebacks import screen_text
 from taskweaver_lite.conversation import Post
 from taskweaver_lite.events import Event, Folded, PostAdded, RoundEnded, Working
 from taskweaver_lite.execution import ExecutionResult
@@ -50,18 +51,15 @@ class RichConsole:
         self.console = console or Console(highlight=False)
         self._status: Status | None = None
         self._lock = threading.RLock()
-        self._held: list[Text] | None = None
+        # Background notices (folds) arrive at any moment, from another thread: printed at once they
+        # would land inside a command's output or under the answer. They wait for a quiet moment.
+        self._notices: list[Text] = []
 
-    def hold(self) -> None:
-        """Keep background notices (folds) back while the input line owns the terminal."""
+    def flush_notices(self) -> None:
+        """Print the background notices that arrived since the last call (the chat calls it before each prompt)."""
         with self._lock:
-            self._held = []
-
-    def release(self) -> None:
-        """Print the notices held back since `hold`."""
-        with self._lock:
-            held, self._held = self._held or [], None
-            for line in held:
+            notices, self._notices = self._notices, []
+            for line in notices:
                 self._print(line)
 
     def __call__(self, event: Event) -> None:
@@ -78,11 +76,7 @@ class RichConsole:
         elif isinstance(event, PostAdded):
             self._post(event.post)
         elif isinstance(event, Folded):
-            line = Text(event.describe(), style="dim cyan" if event.ok else "yellow")
-            if self._held is not None:
-                self._held.append(line)  # the user is typing: print it when the prompt returns
-            else:
-                self._print(line)
+            self._notices.append(Text(event.describe(), style="dim cyan" if event.ok else "yellow"))
         elif isinstance(event, RoundEnded):
             self.stop_status()  # the chat loop reports a failed round, once, with its reason
 
@@ -101,7 +95,7 @@ class RichConsole:
 
     def _execution(self, result: ExecutionResult, *, retrying: bool) -> None:
         style = "green" if result.success else "red"
-        body = result.prompt_text()
+        body = screen_text(result)
         title = f"Result ({result.elapsed:.2f} s)" + (" — revising the code" if retrying else "")
         self._print(Panel(Text(body), title=title, border_style=style))
 
@@ -148,7 +142,7 @@ class PlainConsole:
             if post.send_to == "User":
                 print(post.message, file=self.out, flush=True)
             elif post.send_from == "CodeInterpreter" and post.execution is not None:
-                self._progress(indent(post.execution.prompt_text()))
+                self._progress(indent(screen_text(post.execution)))
             elif post.send_from == "Planner":
                 self._progress(f"Planner -> CodeInterpreter: {post.message}")
 

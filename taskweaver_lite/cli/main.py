@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--resume", metavar="ID", help="continue a stored session ('last' for the newest)")
     chat.add_argument("--no-replay", action="store_true", help="with --resume: do not re-run earlier cells to rebuild the kernel's variables")
 
+    init = commands.add_parser("init", help="create a project folder: commented config, few-shot examples, plugins/, sample data")
+    init.add_argument("directory", nargs="?", default="project", metavar="PROJECT_DIR", help="the folder to create (default: ./project)")
+
     demo = commands.add_parser("demo", help="a complete analysis of bundled data with a scripted model (no network, no key)")
     demo.add_argument("-p", "--project", dest="project", default=None, help="where to write the demo project (default: a new temporary folder)")
     demo.add_argument("--plain", action="store_true", help="plain text output, as when piped")
@@ -43,21 +46,26 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="write a stored session as a notebook or Markdown")
     export.add_argument("session_id", metavar="ID", help="session id ('last' for the newest)")
     _project_option(export)
-    export.add_argument("--format", choices=("ipynb", "md"), required=True)
+    export.add_argument("--format", choices=("ipynb", "md"), help="default: from the output file's name (.md or .ipynb), else ipynb")
     export.add_argument("-o", "--output", metavar="FILE", help="output file (default: <ID>.<format> in the current folder)")
+    export.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
     return parser
 
 
 def _project_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-p", "--project", dest="project", default="project", metavar="PROJECT_DIR", help="project folder (default: ./project)")
+    # None, not "project": an error about a missing folder should only suggest -p when it was not passed.
+    parser.add_argument("-p", "--project", dest="project", default=None, metavar="PROJECT_DIR", help="project folder (default: ./project)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command is None:
-        build_parser().print_help()
+        parser.print_help()
         return 0
+    if args.command == "chat" and args.no_replay and not args.resume:
+        parser.error("--no-replay only applies to a resumed session: add --resume ID (or --resume last)")
     # SIGTERM becomes SystemExit so that sessions save and kernels stop on the way out.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     from taskweaver_lite.errors import TaskWeaverError
@@ -71,6 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from taskweaver_lite.cli.demo import run_demo
 
             return run_demo(project=args.project, plain=args.plain or not sys.stdout.isatty())
+        if args.command == "init":
+            from taskweaver_lite.cli.init import run_init
+
+            return run_init(args.directory)
         if args.command == "sessions":
             from taskweaver_lite.cli.chat import list_sessions
 

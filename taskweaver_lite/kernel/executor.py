@@ -196,7 +196,7 @@ class KernelExecutor:
     def _start(self) -> None:
         try:
             self._manager.start_kernel(
-                env=filtered_environment(os.environ, allowed=self.config.allowed_env),
+                env=filtered_environment(os.environ, allowed=self.config.allowed_env, display_width=self.config.display_width),
                 cwd=str(self.cwd),
                 stdout=subprocess.DEVNULL,
                 stderr=self._log,

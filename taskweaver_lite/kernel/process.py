@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import KernelManager
 
+from taskweaver_lite.kernel import display as kernel_display
 from taskweaver_lite.kernel import snapshot as kernel_snapshot
 
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
@@ -36,11 +37,19 @@ _LOAD_SNAPSHOT = (
     "_twl_m = _twl_u.module_from_spec(_twl_p); _twl_p.loader.exec_module(_twl_m); "
     "_twl_s.modules[_twl_p.name] = _twl_m; del _twl_u, _twl_s, _twl_p, _twl_m"
 )
+# pandas' display width from TASKWEAVER_DISPLAY_WIDTH (see display.py); loaded the same way.
+_SET_DISPLAY = (
+    "import importlib.util as _twl_u; "
+    f"_twl_p = _twl_u.spec_from_file_location('_taskweaver_display', {kernel_display.__file__!r}); "
+    "_twl_m = _twl_u.module_from_spec(_twl_p); _twl_p.loader.exec_module(_twl_m); _twl_m.install(); del _twl_u, _twl_p, _twl_m"
+)
 
 
-def filtered_environment(environ: Mapping[str, str], *, allowed: list[str]) -> dict[str, str]:
+def filtered_environment(environ: Mapping[str, str], *, allowed: list[str], display_width: int | None = None) -> dict[str, str]:
     """The kernel's environment: ours minus anything that looks like a secret, unless allowed by name."""
     kept = {name: value for name, value in environ.items() if name in allowed or not _looks_secret(name)}
+    if display_width is not None:
+        kept[kernel_display.WIDTH_VARIABLE] = str(display_width)
     # Figures must come back as images whatever backend the parent prefers (Agg would drop them).
     kept["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     return kept
@@ -60,7 +69,7 @@ class InterpreterKernelManager(KernelManager):
             sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
             # Sessions keep their own record; IPython's shared SQLite history only adds lock contention.
             "--HistoryManager.hist_file=:memory:",
-            f"--IPKernelApp.exec_lines={_LOAD_SNAPSHOT}",
+            f"--IPKernelApp.exec_lines={_LOAD_SNAPSHOT}; {_SET_DISPLAY}",
         ]  # fmt: skip
         return KernelSpec(argv=argv, display_name="taskweaver-lite", language="python")
 

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from taskweaver_lite.conversation import Post, RoleName, Round
-from taskweaver_lite.errors import StoreError
-from taskweaver_lite.events import Event, Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
+from taskweaver_lite.errors import StoreError, UnknownSessionError
+from taskweaver_lite.events import Event, FileLoaded, Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import Variable
 from taskweaver_lite.llm import Usage
 from taskweaver_lite.store.lock import SessionLock
@@ -77,6 +77,8 @@ class StoredSession:
     usage: Usage  # failed calls counted, with no tokens
     interrupted: tuple[int, ...]  # indexes of rounds still 'running': cut off by a crash
     last_variables: tuple[Variable, ...]  # the kernel's variables after the last cell that ran
+    loads: tuple[FileLoaded, ...] = ()  # files copied in with /load, in order
+    overrides: tuple[str, ...] = ()  # the --set values the session runs with (api keys left out)
 
 
 class SessionStore:
@@ -155,6 +157,11 @@ class SessionStore:
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (session_id, event.role.value, event.first_round, event.last_round, event.tokens_before, event.tokens_after, event.ok, event.error, now),
                 )
+            elif isinstance(event, FileLoaded):
+                db.execute(
+                    "INSERT INTO files (session_id, name, source, after_round, at) VALUES (?, ?, ?, ?, ?)",
+                    (session_id, event.name, event.source, event.after_round, event.at),
+                )
             db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
 
     def save_compression(self, session_id: str, role: RoleName, state: dict[str, Any]) -> None:
@@ -167,6 +174,20 @@ class SessionStore:
                 (session_id, role.value, json.dumps(state, ensure_ascii=False), now),
             )
             db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
+
+    def save_overrides(self, session_id: str, overrides: list[str]) -> None:
+        """Keep the `--set KEY=VALUE` items a session runs with, for its resume; api keys are never stored."""
+        kept = [item for item in overrides if "api_key" not in item.partition("=")[0]]
+        with self._transaction() as db:
+            db.execute("UPDATE sessions SET overrides = ? WHERE id = ?", (json.dumps(kept, ensure_ascii=False), session_id))
+
+    def overrides(self, session_id: str) -> list[str]:
+        """The `--set` items saved for the session (empty if none were)."""
+        with self._read() as db:
+            row = db.execute("SELECT overrides FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        if row is None:
+            raise UnknownSessionError(session_id, store=str(self.path))
+        return [str(item) for item in json.loads(row[0])]
 
     def list_sessions(self) -> list[SessionEntry]:
         """Every stored session with at least one round, most recently active first."""
@@ -197,19 +218,20 @@ class SessionStore:
             return str(matches[0])
         if matches:
             raise StoreError(f"'{ref}' matches several sessions ({', '.join(matches[:5])}); give more of the id")
-        raise StoreError(f"no session '{ref}' in {self.path}; run `taskweaver-lite sessions` to see the ids")
+        raise UnknownSessionError(ref, store=str(self.path))
 
     def load(self, session_id: str) -> StoredSession:
         """The whole session: rounds rebuilt from their posts in order, summaries, usage, crash marks."""
         with self._read() as db:
-            head = db.execute("SELECT title, started, last_active, variables FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            head = db.execute("SELECT title, started, last_active, variables, overrides FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if head is None:
-                raise StoreError(f"no session '{session_id}' in {self.path}; run `taskweaver-lite sessions` to see the ids")
+                raise UnknownSessionError(session_id, store=str(self.path))
             round_rows = db.execute(
                 "SELECT round_id, idx, user_query, state, error, started_at FROM rounds WHERE session_id = ? ORDER BY seq", (session_id,)
             ).fetchall()
             post_rows = db.execute("SELECT round_id, data FROM posts WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
             states = db.execute("SELECT role, state FROM compression WHERE session_id = ?", (session_id,)).fetchall()
+            loads = db.execute("SELECT name, source, after_round, at FROM files WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
             usage = db.execute(
                 "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0)"
                 " FROM model_calls WHERE session_id = ?",
@@ -231,6 +253,8 @@ class SessionStore:
             usage=Usage(calls=usage[0], failed_calls=usage[1], prompt_tokens=usage[2], completion_tokens=usage[3]),
             interrupted=tuple(r.index for r in ordered if r.state == "running"),
             last_variables=tuple(Variable.from_dict(v) for v in json.loads(head[3])),
+            loads=tuple(FileLoaded(name=r[0], source=r[1], after_round=r[2], at=r[3]) for r in loads),
+            overrides=tuple(json.loads(head[4])),
         )
 
     def mark_interrupted(self, session_id: str) -> tuple[int, ...]:

@@ -4,7 +4,11 @@ The notebook keeps every cell the kernel ran, in order, with its recorded output
 an answer become markdown cells, code becomes code cells. A failed attempt stays (the kernel ran
 it, later cells may rely on what it did before raising), is marked in a note, and is tagged
 `raises-exception` so Jupyter's "run all" and nbclient carry on past it. Code that hung or killed
-the kernel is shown as text, not as a cell, so a re-run neither hangs nor crashes.
+the kernel is shown as text, not as a cell, so a re-run neither hangs nor crashes. Files loaded
+with `/load` are noted where they were loaded.
+
+The notebook's first cell changes to the session's working folder by its absolute path, so the
+notebook runs wherever it is saved on this machine, as long as the project folder stays put.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import nbformat
 from nbformat.notebooknode import NotebookNode
 
 from taskweaver_lite.conversation import Post, Round
+from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.store.database import StoredSession
 
@@ -32,9 +37,9 @@ def export_notebook(stored: StoredSession, path: Path, *, working_dir: Path | No
     counter = _Counter()
     if working_dir is not None:
         cells.append(nbformat.v4.new_markdown_cell("The session's working folder, where its cells read and write files:"))
-        cells.append(nbformat.v4.new_code_cell(f"import os\nos.chdir({str(working_dir)!r})", execution_count=counter.next()))
-    for rnd in stored.rounds:
-        cells.extend(_round_cells(rnd, counter))
+        cells.append(nbformat.v4.new_code_cell(_chdir_source(working_dir), execution_count=counter.next()))
+    for entry in timeline(stored.rounds, stored.loads):
+        cells.extend(_round_cells(entry, counter) if isinstance(entry, Round) else [nbformat.v4.new_markdown_cell(f"*{_load_note(entry)}*")])
     notebook = nbformat.v4.new_notebook(
         cells=cells,
         metadata={
@@ -53,12 +58,27 @@ def export_notebook(stored: StoredSession, path: Path, *, working_dir: Path | No
 def export_markdown(stored: StoredSession, path: Path) -> Path:
     """Write the session as a readable Markdown transcript: requests, plans, code, outputs, answers."""
     lines = [f"# {stored.title or stored.id}", "", _about(stored), ""]
-    for rnd in stored.rounds:
-        lines.extend(_round_markdown(rnd))
+    for entry in timeline(stored.rounds, stored.loads):
+        lines.extend(_round_markdown(entry) if isinstance(entry, Round) else [f"*{_load_note(entry)}*", ""])
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     return path
+
+
+def _chdir_source(working_dir: Path) -> str:
+    # Absolute: a path relative to where the export ran would break as soon as the notebook moves.
+    folder = str(Path(working_dir).resolve())
+    return (
+        f"import os\nfolder = {folder!r}\n"
+        "if not os.path.isdir(folder):\n"
+        "    raise FileNotFoundError(f'The session folder {folder} is gone; the cells below read and write files there.')\n"
+        "os.chdir(folder)"
+    )
+
+
+def _load_note(load: FileLoaded) -> str:
+    return f"{load.describe().replace(load.name, f'`{load.name}`', 1)}."
 
 
 class _Counter:

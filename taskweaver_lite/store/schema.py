@@ -43,6 +43,14 @@ MIGRATIONS: list[Migration] = [
             session_id TEXT NOT NULL REFERENCES sessions(id), role TEXT NOT NULL, state TEXT NOT NULL,
             saved_at REAL NOT NULL, PRIMARY KEY (session_id, role))""",
     ),
+    (
+        # Version 2: files loaded with /load (for /history and the exports), and the --set values a
+        # session started with (re-applied on resume).
+        """CREATE TABLE files (
+            seq INTEGER PRIMARY KEY, session_id TEXT NOT NULL REFERENCES sessions(id), name TEXT NOT NULL,
+            source TEXT NOT NULL, after_round INTEGER NOT NULL, at REAL NOT NULL)""",
+        "ALTER TABLE sessions ADD COLUMN overrides TEXT NOT NULL DEFAULT '[]'",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

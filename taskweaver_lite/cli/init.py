@@ -1,0 +1,49 @@
+"""`taskweaver-lite init [PROJECT_DIR]`: a new project folder, copied from the bundled one.
+
+A project is what `chat -p PROJECT_DIR` reads: `taskweaver_config.yaml` (commented), the few-shot
+`examples/` that show the models the reply format, `plugins/`, and `sample_data/` to try it on.
+An existing project is never overwritten.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from taskweaver_lite.cli.demo import bundled_project
+from taskweaver_lite.config import CONFIG_FILE_NAME
+from taskweaver_lite.errors import ConfigError
+
+# What a session writes into its project; a user's own project keeps it out of version control.
+GITIGNORE = "# written by taskweaver-lite sessions\nsessions/\nsessions.db*\n.chat_history\n"
+# Never copied: another checkout's sessions, and the packaging files of the installed copy.
+_NOT_COPIED = ("sessions", "*.db*", ".chat_history", "__init__.py", "__pycache__")
+
+
+def init_project(target: Path) -> Path:
+    """Create `target` as a project from the bundled one; ConfigError if it exists and is not empty."""
+    if (target / CONFIG_FILE_NAME).exists():
+        raise ConfigError(f"{target} is already a project ({target / CONFIG_FILE_NAME} exists); nothing was changed")
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise ConfigError(f"{target} exists and is not empty; nothing was changed: name a new or empty folder")
+    shutil.copytree(bundled_project(), target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*_NOT_COPIED))
+    (target / "plugins").mkdir(exist_ok=True)
+    (target / ".gitignore").write_text(GITIGNORE, encoding="utf-8")
+    return target
+
+
+def run_init(directory: str) -> int:
+    """Create the project and say what is in it and what to do next."""
+    target = init_project(Path(directory))
+    option = "" if directory == "project" else f" -p {directory}"
+    print(
+        f"Created the project {target}:\n"
+        f"  {CONFIG_FILE_NAME}   model, endpoint and limits, with comments\n"
+        "  examples/                few-shot examples for the Planner and the CodeGenerator\n"
+        "  plugins/                 your plugins (TaskWeaver's format)\n"
+        "  sample_data/sales.csv    data to try it on\n"
+        f"Next: set llm.model (and OPENAI_API_KEY, or llm.api_base for a local model), then\n"
+        f"  taskweaver-lite chat{option}\n"
+        f"and type: /load {target / 'sample_data' / 'sales.csv'}"
+    )
+    return 0
