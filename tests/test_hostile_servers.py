@@ -6,7 +6,6 @@ The client-level cases (cut-off bodies, dripped replies, Retry-After...) are in 
 from __future__ import annotations
 
 import sqlite3
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -55,7 +54,6 @@ def test_a_2_mb_bad_reply_is_cut_so_the_repair_request_fits_the_window(tmp_path:
     server.enqueue("planner", huge, planner_reply("Done.", send_to="User"))
     window, reserve = 16_000, 2_000
     with open_session(tmp_path, server, llm={"context_window": window, "reply_reserve": reserve}) as session:
-        started = time.monotonic()
         rnd = session.ask("Plan something.")
     assert rnd.state == "finished" and rnd.answer == "Done.", rnd.error
     first, repair = (r.messages for r in server.requests if r.role == "planner")
@@ -64,7 +62,6 @@ def test_a_2_mb_bad_reply_is_cut_so_the_repair_request_fits_the_window(tmp_path:
     assert echoed["role"] == "assistant" and "tokens left out here" in echoed["content"]
     sent = [Message(role=m["role"], content=m["content"]) for m in repair]
     assert get_tokenizer().count_messages(sent) <= window - reserve, "the repair request fits the window"
-    assert time.monotonic() - started < 30
 
 
 def test_credentials_inside_the_api_base_reach_neither_the_terminal_nor_the_store(
@@ -78,7 +75,8 @@ def test_credentials_inside_the_api_base_reach_neither_the_terminal_nor_the_stor
     done = run_cli("chat", "-p", str(project), stdin="hello\n")
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "***@127.0.0.1" in done.stderr and "api-key=***" in done.stderr, done.stderr
-    assert stored_rounds(project / "sessions.db") == [("failed", done.stderr.splitlines()[-1].removeprefix("taskweaver-lite: "))]
+    failure = next(line for line in done.stderr.splitlines() if line.startswith("taskweaver-lite: "))
+    assert stored_rounds(project / "sessions.db") == [("failed", failure.removeprefix("taskweaver-lite: "))]
     written = [path for path in project.rglob("*") if path.is_file() and path.name != "taskweaver_config.yaml"]
     stored = b"".join(path.read_bytes() for path in written)
     for secret in (password, query_key):
