@@ -20,6 +20,7 @@ from taskweaver_lite.errors import LLMError, TaskWeaverError
 from taskweaver_lite.session import Session
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.summary import render_summary
+from taskweaver_lite.terminal import strip_controls
 from taskweaver_lite.tokens import get_tokenizer
 from taskweaver_lite.variables import render_variables
 
@@ -44,7 +45,7 @@ def run_chat(args: argparse.Namespace) -> int:
     config = load_config(args.project, args.overrides)
     interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
     renderer: RichConsole | PlainConsole = RichConsole() if interactive else PlainConsole()
-    say: Callable[[str], None] = renderer.console.print if isinstance(renderer, RichConsole) else _to_stderr
+    say: Callable[[str], None] = renderer.say
     if args.resume:
         session = _resume(config, args.resume, replay=not args.no_replay, renderer=renderer, say=say)
     else:
@@ -100,7 +101,7 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
 
     config.project_dir.mkdir(parents=True, exist_ok=True)
     prompt: PromptSession[str] = PromptSession(history=FileHistory(str(config.project_dir / ".chat_history")), key_bindings=bindings)
-    renderer.console.print(f"[bold]taskweaver-lite[/bold] session {commands.session.id} — model {config.llm.model}. Type /help for commands.")
+    renderer.say(f"taskweaver-lite session {commands.session.id} — model {config.llm.model}. Type /help for commands.", style="bold")
     while True:
         renderer.hold()
         try:
@@ -119,17 +120,18 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
             rnd = commands.session.ask(text)
         except KeyboardInterrupt:
             renderer.stop_status()
-            renderer.console.print("[yellow]Cancelled. The session and its variables are kept.[/yellow]")
+            renderer.say("Cancelled. The session and its variables are kept.", style="yellow")
         except TaskWeaverError as exc:
             renderer.stop_status()
-            renderer.console.print(f"[bold red]{exc}[/bold red]\nThe session is kept; try again, or check the settings.")
+            renderer.say(f"{exc}", style="bold red")
+            renderer.say("The session is kept; try again, or check the settings.")
         else:
             if rnd.state == "failed":
-                renderer.console.print(f"[bold red]This request failed: {rnd.error}[/bold red]")
+                renderer.say(f"This request failed: {rnd.error}", style="bold red")
 
 
 def _to_stderr(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    print(strip_controls(text), file=sys.stderr, flush=True)
 
 
 def _piped(commands: SlashCommands) -> int:
@@ -324,7 +326,7 @@ def list_sessions(args: argparse.Namespace) -> int:
         return 0
     print(f"{'ID':<24} {'STARTED':<17} {'LAST ACTIVE':<17} {'ROUNDS':>6}  TITLE")
     for row in rows:
-        print(f"{row.id:<24} {_stamp(row.started):<17} {_stamp(row.last_active):<17} {row.rounds:>6}  {row.title}")
+        print(f"{row.id:<24} {_stamp(row.started):<17} {_stamp(row.last_active):<17} {row.rounds:>6}  {strip_controls(row.title)}")
     return 0
 
 

@@ -1,0 +1,104 @@
+"""Hostile input: control sequences from the model or a cell, injected instructions, odd files and configs.
+
+Each test drives the program as a user would (a pseudo-terminal, a pipe, a session) with a real
+kernel and the scripted server sending the hostile text.
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import cli_env, make_project, run_cli
+
+from taskweaver_lite.terminal import strip_controls
+from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
+
+ESC = "\x1b"
+# What a hostile model or cell sends: window title (OSC 0), clipboard write (OSC 52), clear screen,
+# terminal reset (RIS), a DCS string, an 8-bit CSI, and an OSC that never ends.
+HOSTILE = f"{ESC}]0;PWNED-TITLE\x07{ESC}]52;c;UFdORUQ={ESC}\\{ESC}[2J{ESC}c{ESC}P1$qm{ESC}\\\x9b2J{ESC}]0;unterminated"
+# The same, as Python source that prints it from a cell.
+HOSTILE_PRINT = "print('cell:' + " + repr(HOSTILE) + ")"
+# Bytes the program's own styling never produces: any of them on screen came from the model or a cell.
+FORBIDDEN = (b"\x1b]", b"\x1bP", b"\x1bc", b"\x1b[2J", b"\x07", "\x9b".encode())
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as srv:
+        yield srv
+
+
+def _hostile_turn(server: ScriptedServer) -> None:
+    server.enqueue(
+        "planner",
+        planner_reply(f"Print the banner {HOSTILE}", current_plan_step=f"1. banner {HOSTILE}"),
+        planner_reply(f"ANSWER-DONE {HOSTILE} end", send_to="User"),
+    )
+    server.enqueue("code_generator", code_reply(f"# listing {HOSTILE}\n{HOSTILE_PRINT}"))
+
+
+def test_strip_controls_removes_every_kind_of_control_sequence() -> None:
+
+    cleaned = strip_controls(f"a{HOSTILE}\tb\r\nc\rd\x08\x00\ud800")
+    assert not any(ch in cleaned for ch in "\x1b\x07\x9b\r\x08\x00\ud800"), repr(cleaned)
+    assert cleaned.startswith("a") and "\tb\nc" in cleaned and cleaned.endswith("\ufffd")
+    assert strip_controls("plain text, ünïcode\tand tabs\n") == "plain text, ünïcode\tand tabs\n"
+
+
+def _read_until(fd: int, marker: bytes, *, timeout: float) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while marker not in seen and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                seen += os.read(fd, 65536)
+            except OSError:  # the child closed the terminal
+                break
+    return seen
+
+
+def test_no_control_sequence_from_the_model_or_a_cell_reaches_the_terminal(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    _hostile_turn(server)
+    env = {**cli_env(), "TERM": "xterm-256color", "COLUMNS": "200", "LINES": "50"}
+    env.pop("NO_COLOR")
+    master, slave = pty.openpty()
+    command = [sys.executable, "-m", "taskweaver_lite", "chat", "-p", str(project)]
+    with subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True) as proc:
+        os.close(slave)
+        try:
+            screen = _read_until(master, b"you>", timeout=60)
+            os.write(master, b"show the banner\r")
+            screen += _read_until(master, b"ANSWER-DONE", timeout=90)
+            screen += _read_until(master, b"you>", timeout=10)
+            os.write(master, b"\x04")
+            screen += _read_until(master, b"\0never", timeout=5)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            os.close(master)
+    assert b"ANSWER-DONE" in screen and b"cell:" in screen, screen[-2000:]
+    assert b"\x1b[" in screen, "the program's own styling still reaches the terminal"
+    for sequence in FORBIDDEN:
+        assert sequence not in screen, f"{sequence!r} reached the terminal: {screen[max(screen.find(sequence) - 300, 0):screen.find(sequence) + 100]!r}"
+
+
+def test_piped_answers_and_progress_carry_no_control_sequence(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    _hostile_turn(server)
+    done = run_cli("chat", "-p", str(project), stdin="show the banner\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ANSWER-DONE") and "cell:" in done.stderr
+    for text in (done.stdout, done.stderr):
+        assert not any(ch in text for ch in "\x1b\x07\x9b"), repr(text)
