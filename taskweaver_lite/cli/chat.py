@@ -299,7 +299,7 @@ def round_transcript(rnd: Round) -> str:
         if post.code:
             lines.append(f"  {post.send_from} ran:\n" + indent(post.code))
         if post.execution is not None:
-            lines.append(indent(post.execution.prompt_text()))
+            lines.append(indent(post.execution.prompt_text(marked=False)))
         else:
             lines.append(f"  {post.send_from} -> {post.send_to}: {post.message}")
     return "\n".join(lines)

@@ -110,7 +110,7 @@ class RichConsole:
 
     def _execution(self, result: ExecutionResult, *, retrying: bool) -> None:
         style = "green" if result.success else "red"
-        body = strip_controls(result.prompt_text())
+        body = strip_controls(result.prompt_text(marked=False))
         title = f"Result ({result.elapsed:.2f} s)" + (" — revising the code" if retrying else "")
         self._print(Panel(Text(body), title=title, border_style=style))
 
@@ -157,7 +157,7 @@ class PlainConsole:
             if post.send_to == "User":
                 print(strip_controls(post.message), file=self.out, flush=True)
             elif post.send_from == "CodeInterpreter" and post.execution is not None:
-                self._progress(indent(post.execution.prompt_text()))
+                self._progress(indent(post.execution.prompt_text(marked=False)))
             elif post.send_from == "Planner":
                 self._progress(f"Planner -> CodeInterpreter: {post.message}")
 
