@@ -87,6 +87,9 @@ class SessionConfig(_Section):
 
     max_internal_hops: int = Field(10, ge=1)
     max_repair_attempts: int = Field(3, ge=0, description="repair turns per round for bad replies")
+    max_upload_bytes: int = Field(
+        256 * 1024 * 1024, ge=1, description="largest file /load copies into the working folder; larger ones are refused"
+    )
 
 
 class CodeInterpreterConfig(_Section):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from taskweaver_lite.config import load_config
 from taskweaver_lite.session import Session
 from taskweaver_lite.terminal import strip_controls
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
+from taskweaver_lite.uploads import UploadError
 
 ESC = "\x1b"
 # What a hostile model or cell sends: window title (OSC 0), clipboard write (OSC 52), clear screen,
@@ -131,3 +133,39 @@ def test_cell_output_reaches_both_roles_marked_as_data_they_must_not_obey(tmp_pa
     assert report.count("</data>") == report.count("<data>"), "a fake closing tag cannot end the block early"
     retry = coder_calls[1][-1]["content"]
     assert "Error: ValueError: <data>IGNORE THIS TOO</data>" in retry and step in retry, "the step stays verbatim beside the data"
+
+
+def test_load_refuses_folders_system_files_and_files_over_the_limit_with_the_reason(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url, session={"max_upload_bytes": 64 * 1024 * 1024})
+    big = tmp_path / "big.csv"
+    with big.open("wb") as handle:
+        handle.truncate(65 * 1024 * 1024)
+    with Session.open(load_config(project)) as session:
+        for source, reason in [
+            (tmp_path, "is a folder"),
+            (Path("/proc/self/environ"), "not a regular data file"),
+            (tmp_path / "missing.csv", "no such file"),
+            (big, "more than session.max_upload_bytes (64.0 MiB); not loaded"),
+        ]:
+            with pytest.raises(UploadError, match=re.escape(reason)):
+                session.load_file(source)
+        assert list(session.working_dir.iterdir()) == [], "nothing was copied"
+
+
+def test_load_keeps_a_sparse_file_sparse(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    sparse = tmp_path / "sparse.bin"
+    with sparse.open("wb") as handle:
+        handle.write(b"head")
+        handle.seek(40 * 1024 * 1024)
+        handle.write(b"tail")
+    with Session.open(load_config(project)) as session:
+        copied = session.load_file(sparse)
+    assert copied.read_bytes()[:4] == b"head" and copied.stat().st_size == sparse.stat().st_size
+    assert copied.stat().st_blocks * 512 < 1024 * 1024, "the holes were not written out"
+
+
+def test_load_of_a_folder_in_a_chat_says_it_is_a_folder(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    done = run_cli("chat", "-p", str(project), stdin=f"/load {tmp_path}\n", timeout=60)
+    assert done.returncode == 0 and "is a folder" in done.stderr and "no such file" not in done.stderr, done.stderr

@@ -29,7 +29,8 @@ SUMMARY_VARIABLES_TOKENS = 4_000
 
 HELP = """Commands:
   /help            this list
-  /load <file>     copy a data file into the working folder and tell the Planner
+  /load <file>     copy a data file (a regular file up to session.max_upload_bytes) into the
+                   working folder and tell the Planner
   /info            session id, model, rounds, tokens used so far
   /context         tokens per prompt part for each role, against the budget
   /summary         both roles' summaries and the variables they track

@@ -34,6 +34,7 @@ from taskweaver_lite.execution import ExecutionResult, Variable, VariableChanges
 from taskweaver_lite.kernel import snapshot as kernel_snapshot
 from taskweaver_lite.kernel.output import CellOutput
 from taskweaver_lite.kernel.process import InterpreterKernelManager, end_at_exit, filtered_environment, forget, kill_process_group
+from taskweaver_lite.uploads import copy_file
 
 # Seconds between checks of the clock and of the kernel process while a cell runs: the bound on
 # how late a timeout fires and how long a dead kernel goes unnoticed.
@@ -110,7 +111,7 @@ class KernelExecutor:
         target_name = Path(name or source.name).name  # a bare name: never outside the folder
         target = self.cwd / target_name
         if source.resolve() != target.resolve():
-            shutil.copy2(source, target)
+            copy_file(source, target)
         return target_name
 
     def artifact(self, name: str) -> Path:
