@@ -169,3 +169,24 @@ def test_load_of_a_folder_in_a_chat_says_it_is_a_folder(tmp_path: Path, server: 
     project = make_project(tmp_path, server.url)
     done = run_cli("chat", "-p", str(project), stdin=f"/load {tmp_path}\n", timeout=60)
     assert done.returncode == 0 and "is a folder" in done.stderr and "no such file" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("llm:\n  model: caf\u00e9\n".encode("latin-1"), ["taskweaver_config.yaml", "line 2 is not UTF-8", "0xe9", "save the file as UTF-8"]),
+        ("llm:\n  model: gpt-4o\n".encode("utf-16"), ["taskweaver_config.yaml", "UTF-16", "save it as UTF-8"]),
+        (b"llm:\n  reply_reserve: 1e20\n", ["taskweaver_config.yaml", "llm.reply_reserve"]),
+        (b"llm:\n  reply_reserve: 1.0e+20\n  context_window: 1.0e+21\n", ["taskweaver_config.yaml", "llm.context_window"]),
+        (b"llm:\n  context_window: 8000\nexecution:\n  output_tokens: 3000\n", ["execution.output_tokens is 3000 tokens", "prompt budget (3648"]),
+        (b"llm:\n  timeout: .inf\n", ["llm.timeout", "finite"]),
+    ],
+)
+def test_an_unreadable_or_impossible_config_is_one_line_naming_the_file(tmp_path: Path, raw: bytes, expected: list[str]) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "taskweaver_config.yaml").write_bytes(raw)
+    done = run_cli("chat", "-p", str(project), stdin="hello\n", timeout=30)
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    for fragment in expected:
+        assert fragment in done.stderr, done.stderr
