@@ -113,6 +113,7 @@ class ExecutionResult:
     variables: tuple[Variable, ...] = ()
     changes: VariableChanges = field(default_factory=VariableChanges)
     execution_count: int | None = None
+    notices: tuple[str, ...] = ()  # what the executor put right after the cell (a working folder restored)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape used by the store and by export."""
@@ -129,7 +130,7 @@ class ExecutionResult:
         values["error"] = ExecutionError(**err) if err else None
         values["variables"] = tuple(Variable.from_dict(v) for v in values.get("variables", ()))
         values["changes"] = VariableChanges.from_dict(values.get("changes") or {})
-        for name in ("displays", "artifacts", "lost_variables"):
+        for name in ("displays", "artifacts", "lost_variables", "notices"):
             values[name] = tuple(values.get(name) or ())
         return cls(**values)
 
@@ -173,6 +174,7 @@ class ExecutionResult:
             pieces.append(FoldPiece(f"Result value:\n{block(self.result.rstrip())}"))
         if self.artifacts:
             pieces.append(FoldPiece("Artifacts saved: " + ", ".join(self.artifacts), essential=True))
+        pieces += [FoldPiece(f"Note: {notice}", essential=True) for notice in self.notices]
         if self.full_output_path:
             pieces.append(FoldPiece(f"(Full output saved to {self.full_output_path})"))
         if self.changes:

@@ -20,6 +20,7 @@ import pytest
 from helpers import cli_env, make_project, run_cli
 
 from taskweaver_lite.config import load_config
+from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.session import Session
 from taskweaver_lite.terminal import strip_controls
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
@@ -190,3 +191,29 @@ def test_an_unreadable_or_impossible_config_is_one_line_naming_the_file(tmp_path
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     for fragment in expected:
         assert fragment in done.stderr, done.stderr
+
+
+def test_a_cell_that_changes_folder_is_put_back_and_the_note_reaches_the_prompt(kernel_executor: KernelExecutor) -> None:
+    (kernel_executor.working_dir / "here.txt").write_text("found")
+    moved = kernel_executor.run("import os\nos.chdir('/')")
+    assert moved.notices and "changed the working folder to /" in moved.notices[0]
+    assert "Note: The cell changed the working folder to /" in moved.prompt_text()
+    after = kernel_executor.run("print(open('here.txt').read())")
+    assert after.success and after.stdout == "found\n" and after.notices == ()
+
+
+def test_a_background_threads_prints_are_labelled_in_the_cell_they_land_in(kernel_executor: KernelExecutor) -> None:
+    started = kernel_executor.run(
+        "import threading, time\n"
+        "def _talk():\n    time.sleep(0.5)\n    print('tick from the thread')\n"
+        "threading.Thread(target=_talk).start()\nprint('started')"
+    )
+    assert started.stdout == "started\n"
+    landed = kernel_executor.run("import time\ntime.sleep(1.5)\nprint('second cell')")
+    assert landed.stdout == "[background thread] tick from the thread\nsecond cell\n", landed.stdout
+
+
+def test_a_lone_surrogate_keeps_the_cells_output(kernel_executor: KernelExecutor) -> None:
+    result = kernel_executor.run("print('before \\ud800 after')\nraise ValueError('bad \\udc80 value')")
+    assert result.stdout == "before \ufffd after\n"
+    assert not result.success and result.error is not None and result.error.value == "bad \ufffd value"

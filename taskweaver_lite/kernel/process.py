@@ -23,18 +23,34 @@ from typing import Any, Protocol
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import KernelManager
 
+from taskweaver_lite.kernel import guard as kernel_guard
 from taskweaver_lite.kernel import snapshot as kernel_snapshot
 
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 SECRET_PREFIXES = ("OPENAI_",)
 
-# Loaded by path, so the kernel never imports taskweaver_lite (and the agent's dependencies);
-# registered in sys.modules, so `%reset` in a cell cannot remove it.
-_LOAD_SNAPSHOT = (
-    "import importlib.util as _twl_u, sys as _twl_s; "
-    f"_twl_p = _twl_u.spec_from_file_location({kernel_snapshot.MODULE_NAME!r}, {kernel_snapshot.__file__!r}); "
-    "_twl_m = _twl_u.module_from_spec(_twl_p); _twl_p.loader.exec_module(_twl_m); "
-    "_twl_s.modules[_twl_p.name] = _twl_m; del _twl_u, _twl_s, _twl_p, _twl_m"
+
+
+def _load_by_path(name: str, path: str) -> str:
+    """Kernel start-up code that loads one of our in-kernel modules.
+
+    Loaded by path, so the kernel never imports taskweaver_lite (and the agent's dependencies);
+    registered in sys.modules, so `%reset` in a cell cannot remove it.
+    """
+    return (
+        "import importlib.util as _twl_u, sys as _twl_s; "
+        f"_twl_p = _twl_u.spec_from_file_location({name!r}, {path!r}); "
+        "_twl_m = _twl_u.module_from_spec(_twl_p); _twl_p.loader.exec_module(_twl_m); "
+        "_twl_s.modules[_twl_p.name] = _twl_m; del _twl_u, _twl_s, _twl_p, _twl_m"
+    )
+
+
+_START_UP = "; ".join(
+    [
+        _load_by_path(kernel_snapshot.MODULE_NAME, kernel_snapshot.__file__),
+        _load_by_path(kernel_guard.MODULE_NAME, kernel_guard.__file__),
+        f"__import__('sys').modules[{kernel_guard.MODULE_NAME!r}].install()",
+    ]
 )
 
 
@@ -60,7 +76,7 @@ class InterpreterKernelManager(KernelManager):
             sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
             # Sessions keep their own record; IPython's shared SQLite history only adds lock contention.
             "--HistoryManager.hist_file=:memory:",
-            f"--IPKernelApp.exec_lines={_LOAD_SNAPSHOT}",
+            f"--IPKernelApp.exec_lines={_START_UP}",
         ]  # fmt: skip
         return KernelSpec(argv=argv, display_name="taskweaver-lite", language="python")
 
