@@ -6,10 +6,12 @@ kernel and the scripted server sending the hostile text.
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
 import select
+import shutil
 import subprocess
 import sys
 import time
@@ -217,3 +219,55 @@ def test_a_lone_surrogate_keeps_the_cells_output(kernel_executor: KernelExecutor
     result = kernel_executor.run("print('before \\ud800 after')\nraise ValueError('bad \\udc80 value')")
     assert result.stdout == "before \ufffd after\n"
     assert not result.success and result.error is not None and result.error.value == "bad \ufffd value"
+
+
+def _one_stored_session(tmp_path: Path, server: ScriptedServer) -> Path:
+    project = make_project(tmp_path, server.url)
+    server.enqueue("planner", planner_reply("Hello there.", send_to="User"))
+    done = run_cli("chat", "-p", str(project), stdin="hello\n", timeout=60)
+    assert done.returncode == 0, done.stderr
+    return project
+
+
+def test_a_store_with_damaged_pages_is_named_before_any_work_with_the_way_out(tmp_path: Path, server: ScriptedServer) -> None:
+    project = _one_stored_session(tmp_path, server)
+    store = project / "sessions.db"
+    data = bytearray(store.read_bytes())
+    data[4096 * 2 : 4096 * 4] = b"\xa5" * (4096 * 2)  # damaged table pages, the header intact
+    store.write_bytes(bytes(data))
+    calls_before = len(server.requests)
+    done = run_cli("chat", "-p", str(project), stdin="hello again\n", timeout=60)
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "is damaged" in done.stderr and "session folders" in done.stderr and "move it aside" in done.stderr
+    assert len(server.requests) == calls_before, "no model call was made on a damaged store"
+    assert len(list((project / "sessions").iterdir())) == 1, "the session folder survives"
+
+
+def _read_only(folder: Path) -> list[str]:
+    """A command prefix under which `folder` cannot be written (root ignores permissions: a read-only bind mount)."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        return []
+    if shutil.which("unshare") is None:
+        pytest.skip("running as root without unshare: cannot make a folder read-only")
+    return ["unshare", "-m", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"', str(folder)]
+
+
+def test_read_only_commands_work_in_a_read_only_project_folder(tmp_path: Path, server: ScriptedServer) -> None:
+    project = _one_stored_session(tmp_path, server)
+    before = sorted(p.name for p in project.glob("sessions.db*"))
+    prefix = _read_only(project)
+    cli = [*prefix, sys.executable, "-m", "taskweaver_lite"]
+    try:
+        listed = subprocess.run([*cli, "sessions", "-p", str(project), "--json"], capture_output=True, text=True, timeout=60, env=cli_env())
+        assert listed.returncode == 0, listed.stderr
+        assert [s["title"] for s in json.loads(listed.stdout)] == ["hello"]
+        target = tmp_path / "s.md"
+        exported = subprocess.run(
+            [*cli, "export", "last", "-p", str(project), "--format", "md", "-o", str(target)], capture_output=True, text=True, timeout=60, env=cli_env()
+        )
+        assert exported.returncode == 0, exported.stderr
+        assert "hello" in target.read_text()
+        assert sorted(p.name for p in project.glob("sessions.db*")) == before, "nothing was written beside the store"
+    finally:
+        project.chmod(0o755)

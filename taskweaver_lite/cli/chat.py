@@ -314,7 +314,7 @@ def list_sessions(args: argparse.Namespace) -> int:
     if not config.store_path.exists():
         rows = []
     else:
-        store = SessionStore(config.store_path)
+        store = SessionStore(config.store_path, read_only=True)
         try:
             rows = store.list_sessions()
         finally:
@@ -350,7 +350,7 @@ def write_export(config: Config, ref: str, *, fmt: str, target: Path | None) -> 
 
     if not config.store_path.exists():
         raise TaskWeaverError(f"{config.store_path}: no stored sessions in this project yet")
-    store = SessionStore(config.store_path)
+    store = SessionStore(config.store_path, read_only=True)
     try:
         session_id = store.resolve(ref)
         stored = store.load(session_id)
