@@ -12,17 +12,20 @@ import pty
 import re
 import select
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import cli_env, make_project, run_cli
+from helpers import cli_env, make_project, run_cli, running_cli
 
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config import ExecutionConfig, load_config
 from taskweaver_lite.kernel.executor import KernelExecutor
+from taskweaver_lite.kernel.process import OWNER_FILE
 from taskweaver_lite.session import Session
 from taskweaver_lite.terminal import strip_controls
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
@@ -271,3 +274,38 @@ def test_read_only_commands_work_in_a_read_only_project_folder(tmp_path: Path, s
         assert sorted(p.name for p in project.glob("sessions.db*")) == before, "nothing was written beside the store"
     finally:
         project.chmod(0o755)
+
+
+def _socket_dirs_of(pid: int) -> list[Path]:
+    return [p for p in Path(tempfile.gettempdir()).glob("twl-kernel-*") if (p / OWNER_FILE).is_file() and (p / OWNER_FILE).read_text() == str(pid)]
+
+
+def test_socket_folders_of_killed_programs_are_removed_at_the_next_start(tmp_path: Path) -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    stale = Path(tempfile.mkdtemp(prefix="twl-kernel-"))
+    (stale / OWNER_FILE).write_text(gone.stdout.strip())
+    (stale / "connection.json").write_text("{}")
+    with KernelExecutor(tmp_path / "session", config=ExecutionConfig(timeout=10)) as executor:
+        assert not stale.exists(), "the folder of a program that is gone was removed"
+        assert executor.run("x = 1").success
+        assert len(_socket_dirs_of(os.getpid())) >= 1
+    assert not any(p == executor._socket_dir for p in _socket_dirs_of(os.getpid()))
+
+
+def test_sighup_ends_the_chat_like_sigterm_and_leaves_no_kernel_folder(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    server.enqueue("planner", planner_reply("Wait a minute."))
+    server.enqueue("code_generator", code_reply("import time\ntime.sleep(60)"))
+    with running_cli("chat", "-p", str(project)) as proc:
+        assert proc.stdin is not None and proc.stderr is not None
+        proc.stdin.write("wait\n")
+        proc.stdin.flush()
+        for line in proc.stderr:
+            if "time.sleep(60)" in line:
+                break
+        folders = _socket_dirs_of(proc.pid)
+        assert folders, "the kernel's socket folder is marked with its owner"
+        proc.send_signal(signal.SIGHUP)
+        proc.wait(timeout=30)
+    assert proc.returncode == 128 + signal.SIGHUP
+    assert not any(folder.exists() for folder in folders), "the socket folder was removed on SIGHUP"

@@ -58,8 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         build_parser().print_help()
         return 0
-    # SIGTERM becomes SystemExit so that sessions save and kernels stop on the way out.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # SIGTERM, and SIGHUP (the terminal closed), become SystemExit so that sessions save and kernels
+    # stop on the way out.
+    for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if signum is not None:
+            signal.signal(signum, lambda signum, frame: sys.exit(128 + signum))
     from taskweaver_lite.errors import TaskWeaverError
     from taskweaver_lite.terminal import strip_controls
 

@@ -19,7 +19,6 @@ import queue
 import re
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -35,7 +34,14 @@ from taskweaver_lite.execution import ExecutionResult, Variable, VariableChanges
 from taskweaver_lite.kernel import guard as kernel_guard
 from taskweaver_lite.kernel import snapshot as kernel_snapshot
 from taskweaver_lite.kernel.output import CellOutput
-from taskweaver_lite.kernel.process import InterpreterKernelManager, end_at_exit, filtered_environment, forget, kill_process_group
+from taskweaver_lite.kernel.process import (
+    InterpreterKernelManager,
+    end_at_exit,
+    filtered_environment,
+    forget,
+    kill_process_group,
+    private_socket_dir,
+)
 from taskweaver_lite.uploads import copy_file
 
 # Seconds between checks of the clock and of the kernel process while a cell runs: the bound on
@@ -76,7 +82,7 @@ class KernelExecutor:
         self._log = self._log_path.open("ab")
         # IPC sockets: local only, no ports, in a private folder with a short path (socket paths are
         # capped near 100 bytes, and session folders can be deep).
-        self._socket_dir = Path(tempfile.mkdtemp(prefix="twl-kernel-"))
+        self._socket_dir = private_socket_dir()
         self._manager = InterpreterKernelManager(transport="ipc", ip=str(self._socket_dir / "kernel"))
         self._manager.connection_file = str(self._socket_dir / "connection.json")
         self._manager.shutdown_wait_time = SHUTDOWN_GRACE

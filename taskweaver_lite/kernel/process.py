@@ -12,11 +12,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import weakref
 from collections.abc import Mapping
+from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
@@ -81,6 +84,39 @@ class InterpreterKernelManager(KernelManager):
         return KernelSpec(argv=argv, display_name="taskweaver-lite", language="python")
 
 
+def private_socket_dir(prefix: str = "twl-kernel-") -> Path:
+    """A new private folder for a kernel's sockets (short path: socket paths are capped near 100 bytes).
+
+    It holds our pid, so a later start can remove the folders of programs that were killed (`kill -9`)
+    before they could clean up: `remove_stale_socket_dirs`.
+    """
+    remove_stale_socket_dirs(prefix)
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    (folder / OWNER_FILE).write_text(str(os.getpid()), encoding="ascii")
+    return folder
+
+
+def remove_stale_socket_dirs(prefix: str = "twl-kernel-") -> None:
+    """Remove socket folders whose owning program is gone (folders without an owner file are left alone)."""
+    for folder in Path(tempfile.gettempdir()).glob(prefix + "*"):
+        try:
+            owner = int((folder / OWNER_FILE).read_text(encoding="ascii"))
+        except (OSError, ValueError):
+            continue  # not ours to judge: another version's, or still being set up
+        if not _alive(owner):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
 def kill_process_group(group: Any) -> None:
     """SIGKILL what is left of a kernel's process group (never our own group)."""
     if not isinstance(group, int) or not hasattr(os, "killpg") or group == os.getpgrp():
@@ -93,22 +129,29 @@ class _Closable(Protocol):
     def shutdown(self) -> None: ...
 
 
+# A closed terminal (SIGHUP) ends us like `kill` (SIGTERM): kernels stop, their folders go.
+ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP) if hasattr(signal, "SIGHUP") else (signal.SIGTERM,)
+OWNER_FILE = "owner.pid"
 _LIVE: weakref.WeakSet[_Closable] = weakref.WeakSet()
 _HOOKS: dict[str, Any] = {}
 
 
 def end_at_exit(owner: _Closable) -> None:
-    """Shut `owner` down at interpreter exit and on SIGTERM, unless it was shut down before."""
+    """Shut `owner` down at interpreter exit and on SIGTERM or SIGHUP, unless it was shut down before."""
     _LIVE.add(owner)
     if "atexit" not in _HOOKS:
         _HOOKS["atexit"] = atexit.register(_shutdown_all)
     # Signal handlers can only be set from the main thread; until one is, the kernel's parent
     # poller still ends the kernel within a second or two of our death.
-    if "previous_sigterm" not in _HOOKS and threading.current_thread() is threading.main_thread():
-        previous = signal.getsignal(signal.SIGTERM)
-        if previous is not signal.SIG_IGN:
-            _HOOKS["previous_sigterm"] = previous
-            signal.signal(signal.SIGTERM, _on_sigterm)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in ENDING_SIGNALS:
+        key = f"previous_{signum}"
+        if key not in _HOOKS:
+            previous = signal.getsignal(signum)
+            if previous is not signal.SIG_IGN:
+                _HOOKS[key] = previous
+                signal.signal(signum, _on_ending_signal)
 
 
 def forget(owner: _Closable) -> None:
@@ -123,12 +166,12 @@ def _shutdown_all() -> None:
             owner.shutdown()
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+def _on_ending_signal(signum: int, frame: FrameType | None) -> None:
     _shutdown_all()
-    previous = _HOOKS.get("previous_sigterm")
+    previous = _HOOKS.get(f"previous_{signum}")
     if callable(previous):
         previous(signum, frame)
         return
-    # Die of SIGTERM as we would have without this handler, so our parent sees the usual status.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
+    # Die of the signal as we would have without this handler, so our parent sees the usual status.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
