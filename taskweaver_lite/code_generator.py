@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.conversation import Post, RoleName, Round, RoundMessages
 from taskweaver_lite.events import Working
-from taskweaver_lite.execution import ExecutionResult, Executor, FoldPiece
+from taskweaver_lite.execution import ExecutionResult, Executor, FoldPiece, as_data
 from taskweaver_lite.llm import ChatModel, Message
 from taskweaver_lite.replies import CODE_GENERATOR_SCHEMA
 from taskweaver_lite.role import RepairTurns, Role, as_reply_json
@@ -70,7 +70,7 @@ class CodeGenerator(Role):
                     reply_json=reply_json,
                 )
             if result.error is not None:
-                fixed.append(f"{result.error.name}: {result.error.value}")
+                fixed.append(f"{result.error.name}: {as_data(result.error.value, block=False)}")
             add_post(
                 Post(
                     send_from="CodeInterpreter",

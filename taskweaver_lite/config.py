@@ -28,8 +28,13 @@ MAX_OUTPUT_TOKENS = 2_000
 Strategy = Literal["round_compression", "sliding_window", "summary_buffer", "none"]
 
 
+# No model accepts more than this; a bigger number is a typo (1e20) that would reach the wire as max_tokens.
+MAX_CONTEXT_WINDOW = 10_000_000
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf and nan pass `gt=0` checks but make every timeout and budget meaningless.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class LLMConfig(_Section):
@@ -38,9 +43,9 @@ class LLMConfig(_Section):
     api_base: str | None = None
     api_key: SecretStr | None = None
     model: str = "gpt-4o-mini"
-    context_window: int = Field(128_000, gt=256)
-    reply_reserve: int = Field(4_096, ge=16, description="tokens kept free for the model's reply (sent as max_tokens)")
-    margin: int = Field(256, ge=0, description="tokens kept free for counting differences")
+    context_window: int = Field(128_000, gt=256, le=MAX_CONTEXT_WINDOW)
+    reply_reserve: int = Field(4_096, ge=16, lt=MAX_CONTEXT_WINDOW, description="tokens kept free for the model's reply (sent as max_tokens)")
+    margin: int = Field(256, ge=0, lt=MAX_CONTEXT_WINDOW, description="tokens kept free for counting differences")
     json_mode: bool = Field(True, description="send response_format=json_object")
     timeout: float = Field(120.0, gt=0)
     max_retries: int = Field(2, ge=0)
@@ -96,6 +101,9 @@ class SessionConfig(_Section):
 
     max_internal_hops: int = Field(10, ge=1)
     max_repair_attempts: int = Field(3, ge=0, description="repair turns per round for bad replies")
+    max_upload_bytes: int = Field(
+        256 * 1024 * 1024, ge=1, description="largest file /load copies into the working folder; larger ones are refused"
+    )
 
 
 class CodeInterpreterConfig(_Section):
@@ -149,6 +157,18 @@ class Config(_Section):
     # Not a YAML key: where the project lives, filled in by load_config.
     project_dir: Path = Field(default=Path("project"), exclude=True)
 
+    @model_validator(mode="after")
+    def _parts_fit_the_prompt(self) -> Config:
+        # (the summary's cap needs no check: its share of the budget is bounded where prompts are built)
+        budget, value, key = self.prompt_budget, self.execution.output_tokens, "execution.output_tokens"
+        if value is not None and value > budget // 2:
+            raise ValueError(
+                f"{key} is {value} tokens, more than half of the prompt budget ({budget} = llm.context_window "
+                f"{self.llm.context_window} - reply_reserve {self.llm.reply_reserve} - margin {self.llm.margin}); "
+                f"lower {key} or raise llm.context_window"
+            )
+        return self
+
     @property
     def prompt_budget(self) -> int:
         """Tokens a role's prompt may use: the context window minus the reply reserve and the margin."""
@@ -182,7 +202,7 @@ def load_config(project_dir: str | Path = "project", overrides: list[str] | None
     data: dict[str, Any] = {}
     if path.exists():
         try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+            loaded = yaml.safe_load(_read_text(path))
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}; fix the syntax") from None
         if loaded is not None and not isinstance(loaded, dict):
@@ -197,6 +217,20 @@ def load_config(project_dir: str | Path = "project", overrides: list[str] | None
         raise ConfigError(_describe(exc, path, overrides or [])) from None
     config.project_dir = project
     return config
+
+
+def _read_text(path: Path) -> str:
+    """The config file's text; ConfigError naming the encoding problem if it is not UTF-8."""
+    raw = path.read_bytes()
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ConfigError(f"{path}: the file is UTF-16 encoded; save it as UTF-8")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{path}: line {line} is not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}, perhaps Latin-1); save the file as UTF-8"
+        ) from None
 
 
 def _apply_override(data: dict[str, Any], item: str) -> str | None:
@@ -239,6 +273,11 @@ def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
     problems: list[str] = []
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"])
+        if not key:  # a check across keys of a section: its message names them
+            touched = [o for o in overrides if o.split("=", 1)[0].strip() in err["msg"]]
+            source = ", ".join(f"--set {_masked(o)}" for o in touched) if touched else str(path)
+            problems.append(f"{source}: {err['msg'].removeprefix('Value error, ')}")
+            continue
         source = _source(key, path, overrides)
         if err["type"] == "extra_forbidden":
             unknown.setdefault((source, ".".join(str(p) for p in err["loc"][:-1])), []).append(key)

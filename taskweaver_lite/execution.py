@@ -7,6 +7,7 @@ implementation lives in `kernel/`; a sandboxed or remote executor implements the
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -65,6 +66,17 @@ class ExecutionError:
         return asdict(self)
 
 
+DATA_OPEN, DATA_CLOSE = "<data>", "</data>"
+# A cell that prints "</data>" must not end its own block early and pass the rest off as ours.
+_DATA_TAGS = re.compile(r"<(/?)data>", re.IGNORECASE)
+
+
+def as_data(text: str, *, block: bool = True) -> str:
+    """`text` (cell output, file contents) marked as data, which the prompts tell the roles never to obey."""
+    inner = _DATA_TAGS.sub(r"&lt;\1data&gt;", text)
+    return f"{DATA_OPEN}\n{inner}\n{DATA_CLOSE}" if block else f"{DATA_OPEN}{inner}{DATA_CLOSE}"
+
+
 @dataclass(frozen=True)
 class FoldPiece:
     """A piece of text a fold reads (of a result, of a round); essential pieces survive any cut whole."""
@@ -101,6 +113,7 @@ class ExecutionResult:
     variables: tuple[Variable, ...] = ()
     changes: VariableChanges = field(default_factory=VariableChanges)
     execution_count: int | None = None
+    notices: tuple[str, ...] = ()  # what the executor put right after the cell (a working folder restored)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape used by the store and by export."""
@@ -117,7 +130,7 @@ class ExecutionResult:
         values["error"] = ExecutionError(**err) if err else None
         values["variables"] = tuple(Variable.from_dict(v) for v in values.get("variables", ()))
         values["changes"] = VariableChanges.from_dict(values.get("changes") or {})
-        for name in ("displays", "artifacts", "lost_variables"):
+        for name in ("displays", "artifacts", "lost_variables", "notices"):
             values[name] = tuple(values.get(name) or ())
         return cls(**values)
 
@@ -137,26 +150,31 @@ class ExecutionResult:
             return "The cell was interrupted; earlier variables are kept."
         return "The execution succeeded." if self.success else "The execution failed."
 
-    def prompt_text(self) -> str:
-        """The result as the models read it: outcome, error first, output, value, artifacts, variables."""
-        return "\n".join(piece.text for piece in self.fold_pieces())
+    def prompt_text(self, *, marked: bool = True) -> str:
+        """The result as the models read it: outcome, error first, output, value, artifacts, variables.
 
-    def fold_pieces(self) -> tuple[FoldPiece, ...]:
+        What the cell printed and raised is marked as data (`as_data`); `marked=False` is for people.
+        """
+        return "\n".join(piece.text for piece in self.fold_pieces(marked=marked))
+
+    def fold_pieces(self, *, marked: bool = True) -> tuple[FoldPiece, ...]:
         """`prompt_text` in pieces; the outcome and the error line are what a fold must keep."""
+        block = as_data if marked else _unmarked
         pieces = [FoldPiece(self.outcome(), essential=True)]
         if self.error is not None:
-            pieces.append(FoldPiece(f"Error: {self.error.name}: {self.error.value}", essential=True))
+            pieces.append(FoldPiece(f"Error: {self.error.name}: {block(self.error.value, block=False)}", essential=True))
             if self.error.traceback.strip():
-                pieces.append(FoldPiece(f"Traceback (last frames):\n{self.error.traceback.rstrip()}"))
+                pieces.append(FoldPiece(f"Traceback (last frames):\n{block(self.error.traceback.rstrip())}"))
         if self.stdout:
-            pieces.append(FoldPiece(f"Output:\n{self.stdout.rstrip()}"))
+            pieces.append(FoldPiece(f"Output:\n{block(self.stdout.rstrip())}"))
         if self.stderr:
-            pieces.append(FoldPiece(f"Stderr:\n{self.stderr.rstrip()}"))
-        pieces += [FoldPiece(f"Display:\n{shown.rstrip()}") for shown in self.displays]
+            pieces.append(FoldPiece(f"Stderr:\n{block(self.stderr.rstrip())}"))
+        pieces += [FoldPiece(f"Display:\n{block(shown.rstrip())}") for shown in self.displays]
         if self.result is not None:
-            pieces.append(FoldPiece(f"Result value:\n{self.result.rstrip()}"))
+            pieces.append(FoldPiece(f"Result value:\n{block(self.result.rstrip())}"))
         if self.artifacts:
             pieces.append(FoldPiece("Artifacts saved: " + ", ".join(self.artifacts), essential=True))
+        pieces += [FoldPiece(f"Note: {notice}", essential=True) for notice in self.notices]
         if self.full_output_path:
             pieces.append(FoldPiece(f"(Full output saved to {self.full_output_path})"))
         if self.changes:
@@ -167,6 +185,10 @@ class ExecutionResult:
             ]
             pieces.append(FoldPiece("Variables " + "; ".join(parts), essential=True))
         return tuple(pieces)
+
+
+def _unmarked(text: str, *, block: bool = True) -> str:
+    return text
 
 
 class Executor(Protocol):

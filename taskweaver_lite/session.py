@@ -35,6 +35,7 @@ from taskweaver_lite.store.database import SessionStore, StoreRecorder
 from taskweaver_lite.store.lock import SessionLock
 from taskweaver_lite.summary import CompressionState
 from taskweaver_lite.tokens import get_tokenizer
+from taskweaver_lite.uploads import check_upload
 from taskweaver_lite.variables import LiveVariables
 
 
@@ -282,10 +283,12 @@ class Session:
             self._add(rnd, report)
 
     def load_file(self, source: str | Path) -> Path:
-        """Copy a data file into the working folder and tell the Planner with the next request."""
+        """Copy a data file into the working folder and tell the Planner with the next request.
+
+        Only regular files up to `session.max_upload_bytes` are copied (UploadError says why not).
+        """
         path = Path(source).expanduser()
-        if not path.is_file():
-            raise TaskWeaverError(f"{path}: no such file")
+        check_upload(path, max_bytes=self.config.session.max_upload_bytes)
         name = self.executor.upload(path)
         self._notes.append(self.planner.file_note(name))
         loaded = FileLoaded(name=name, source=str(path.resolve()), after_round=len(self.conversation.rounds), at=time.time())

@@ -6,7 +6,7 @@ import io
 
 from rich.console import Console
 
-from taskweaver_lite.cli.chat import EXPORT_USAGE, HELP, plain_printer
+from taskweaver_lite.cli.chat import EXPORT_USAGE, HELP
 from taskweaver_lite.cli.console import PlainConsole, RichConsole
 from taskweaver_lite.cli.tracebacks import screen_text, shorten_traceback
 from taskweaver_lite.conversation import Post, RoleName, Round
@@ -96,10 +96,9 @@ def test_fold_notices_wait_for_a_quiet_moment_instead_of_landing_under_the_answe
 
 
 def test_help_and_usage_lines_keep_their_square_brackets() -> None:
-    console = recording_console()
-    say = plain_printer(console)
-    say(HELP)
-    say(EXPORT_USAGE)
-    shown = console.export_text()
+    renderer = RichConsole(recording_console())
+    renderer.say(HELP)
+    renderer.say(EXPORT_USAGE)
+    shown = renderer.console.export_text()
     assert "/export [ipynb|md] [file] [--force]" in shown
     assert shown.count("[ipynb|md]") == 2

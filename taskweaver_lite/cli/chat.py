@@ -8,14 +8,10 @@ answers go to stdout and everything else to stderr.
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-from rich.console import Console
-from rich.markup import escape
 
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.config import CONFIG_FILE_NAME, Config, load_config
@@ -26,6 +22,7 @@ from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.session import Session
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.summary import render_summary
+from taskweaver_lite.terminal import strip_controls
 from taskweaver_lite.tokens import get_tokenizer
 from taskweaver_lite.variables import render_variables
 
@@ -34,7 +31,8 @@ SUMMARY_VARIABLES_TOKENS = 4_000
 
 HELP = """Commands:
   /help            this list
-  /load <file>     copy a data file into the working folder and tell the Planner
+  /load <file>     copy a data file (a regular file up to session.max_upload_bytes) into the
+                   working folder and tell the Planner
   /info            session id, model, rounds, tokens used so far
   /context         the last prompt sent to each role: tokens per part, against the budget
   /summary         the text each role's prompt carries for its folded rounds (written for the model)
@@ -59,11 +57,6 @@ def project_dir(args: argparse.Namespace) -> Path:
     return project
 
 
-def plain_printer(console: Console) -> Callable[[str], None]:
-    """Print text as it is: '[ipynb|md]' in a usage line is not Rich markup."""
-    return functools.partial(console.print, markup=False, highlight=False)
-
-
 def _sessions_command(project: Path) -> str:
     return f"taskweaver-lite sessions -p {project}"
 
@@ -77,7 +70,7 @@ def run_chat(args: argparse.Namespace) -> int:
         _to_stderr(f"{project / CONFIG_FILE_NAME} not found: using the defaults (`taskweaver-lite init` writes a commented one).")
     interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
     renderer: RichConsole | PlainConsole = RichConsole() if interactive else PlainConsole()
-    say: Callable[[str], None] = plain_printer(renderer.console) if isinstance(renderer, RichConsole) else _to_stderr
+    say: Callable[[str], None] = renderer.say
     if isinstance(renderer, RichConsole) and config.execution.display_width is None and renderer.console.width >= MIN_DISPLAY_WIDTH:
         config.execution.display_width = renderer.console.width  # DataFrames as wide as this terminal
     if args.resume:
@@ -188,7 +181,7 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
 
     config.project_dir.mkdir(parents=True, exist_ok=True)
     prompt: PromptSession[str] = PromptSession(history=FileHistory(str(config.project_dir / ".chat_history")), key_bindings=bindings)
-    renderer.console.print(f"[bold]taskweaver-lite[/bold] session {commands.session.id} — model {escape(config.llm.model)}. Type /help for commands.")
+    renderer.say(f"taskweaver-lite session {commands.session.id} — model {config.llm.model}. Type /help for commands.", style="bold")
     while True:
         renderer.flush_notices()  # a quiet moment: between the last output and the next input
         try:
@@ -205,17 +198,18 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
             rnd = commands.session.ask(text)
         except KeyboardInterrupt:
             renderer.stop_status()
-            renderer.console.print("[yellow]Cancelled. The session and its variables are kept.[/yellow]")
+            renderer.say("Cancelled. The session and its variables are kept.", style="yellow")
         except TaskWeaverError as exc:
             renderer.stop_status()
-            renderer.console.print(f"[bold red]{escape(str(exc))}[/bold red]\nThe session is kept; try again, or check the settings.")
+            renderer.say(f"{exc}", style="bold red")
+            renderer.say("The session is kept; try again, or check the settings.")
         else:
             if rnd.state == "failed":
-                renderer.console.print(f"[bold red]This request failed: {escape(rnd.error or '')}[/bold red]")
+                renderer.say(f"This request failed: {rnd.error}", style="bold red")
 
 
 def _to_stderr(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    print(strip_controls(text), file=sys.stderr, flush=True)
 
 
 def _piped(commands: SlashCommands) -> int:
@@ -405,7 +399,7 @@ def round_transcript(rnd: Round) -> str:
         if post.code:
             lines.append(f"  {post.send_from} ran:\n" + indent(post.code))
         if post.execution is not None:
-            lines.append(indent(post.execution.prompt_text()))
+            lines.append(indent(post.execution.prompt_text(marked=False)))
         else:
             lines.append(f"  {post.send_from} -> {post.send_to}: {post.message}")
     return "\n".join(lines)
@@ -433,7 +427,7 @@ def list_sessions(args: argparse.Namespace) -> int:
     if not config.store_path.exists():
         rows = []
     else:
-        store = SessionStore(config.store_path)
+        store = SessionStore(config.store_path, read_only=True)
         try:
             rows = store.list_sessions()
         finally:
@@ -446,7 +440,7 @@ def list_sessions(args: argparse.Namespace) -> int:
         return 0
     print(f"{'ID':<24} {'STARTED':<17} {'LAST ACTIVE':<17} {'ROUNDS':>6}  TITLE")
     for row in rows:
-        print(f"{row.id:<24} {_stamp(row.started):<17} {_stamp(row.last_active):<17} {row.rounds:>6}  {row.title}")
+        print(f"{row.id:<24} {_stamp(row.started):<17} {_stamp(row.last_active):<17} {row.rounds:>6}  {strip_controls(row.title)}")
     return 0
 
 
@@ -487,7 +481,7 @@ def write_export(config: Config, ref: str, *, fmt: str, target: Path | None, for
 
     if not config.store_path.exists():
         raise TaskWeaverError(f"{config.store_path}: no stored sessions in this project yet")
-    store = SessionStore(config.store_path)
+    store = SessionStore(config.store_path, read_only=True)
     try:
         session_id = store.resolve(ref)
         stored = store.load(session_id)

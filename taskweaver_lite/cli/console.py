@@ -3,7 +3,8 @@
 `RichConsole` is for a terminal: a spinner saying who is working (with elapsed time while code
 runs), highlighted code, outputs, artifact paths, and the answer as Markdown. `PlainConsole` is
 for pipes: only the Planner's final answers go to stdout; progress goes to stderr as plain lines.
-Both are session listeners.
+Both are session listeners. Every text that comes from the model or a cell passes `strip_controls`
+before it is rendered, so only the styling added here ever reaches the terminal.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from taskweaver_lite.cli.tracebacks import screen_text
 from taskweaver_lite.conversation import Post
 from taskweaver_lite.events import Event, Folded, PostAdded, RoundEnded, Working
 from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.terminal import strip_controls
 
 _ACTIVITY = {
     "planner_thinking": "Planner is thinking",
@@ -69,33 +71,40 @@ class RichConsole:
     def _render(self, event: Event) -> None:
         if isinstance(event, Working):
             if event.activity == "repairing":
-                self._print(Text(f"The model's reply was malformed ({event.detail}); asking it to fix it.", style="yellow"))
+                self._print(Text(f"The model's reply was malformed ({strip_controls(event.detail)}); asking it to fix it.", style="yellow"))
             if event.activity == "code_running":
-                self._print(Syntax(event.detail.strip(), "python", theme="monokai", line_numbers=False, word_wrap=True))
+                code = strip_controls(event.detail).strip()
+                self._print(Syntax(code, "python", theme="monokai", line_numbers=False, word_wrap=True))
             self._set_status(_ACTIVITY[event.activity])
         elif isinstance(event, PostAdded):
             self._post(event.post)
         elif isinstance(event, Folded):
-            self._notices.append(Text(event.describe(), style="dim cyan" if event.ok else "yellow"))
+            self._notices.append(Text(strip_controls(event.describe()), style="dim cyan" if event.ok else "yellow"))
         elif isinstance(event, RoundEnded):
             self.stop_status()  # the chat loop reports a failed round, once, with its reason
 
+    def say(self, text: str, *, style: str = "") -> None:
+        """Print a message of ours that may quote outside text (errors, /history): no markup, no controls."""
+        with self._lock:
+            self._print(Text(strip_controls(text), style=style))
+
     def _post(self, post: Post) -> None:
+        message = strip_controls(post.message)
         if post.send_from == "Planner" and post.send_to == "CodeInterpreter":
-            step = f" [{post.plan.current_plan_step}]" if post.plan and post.plan.current_plan_step else ""
-            self._print(Text(f"Planner → CodeInterpreter{step}: {post.message}", style="cyan"))
+            step = f" [{strip_controls(post.plan.current_plan_step)}]" if post.plan and post.plan.current_plan_step else ""
+            self._print(Text(f"Planner → CodeInterpreter{step}: {message}", style="cyan"))
         elif post.send_from == "CodeInterpreter" and post.execution is not None:
             self.stop_status()
             self._execution(post.execution, retrying=post.send_to == "CodeInterpreter")
         elif post.send_from == "CodeInterpreter":
-            self._print(Text(f"CodeInterpreter: {post.message}", style="cyan"))
+            self._print(Text(f"CodeInterpreter: {message}", style="cyan"))
         elif post.send_to == "User":
             self.stop_status()
-            self._print(Panel(Markdown(post.message), title="Answer", border_style="green"))
+            self._print(Panel(Markdown(message), title="Answer", border_style="green"))
 
     def _execution(self, result: ExecutionResult, *, retrying: bool) -> None:
         style = "green" if result.success else "red"
-        body = screen_text(result)
+        body = strip_controls(screen_text(result))
         title = f"Result ({result.elapsed:.2f} s)" + (" — revising the code" if retrying else "")
         self._print(Panel(Text(body), title=title, border_style=style))
 
@@ -140,14 +149,19 @@ class PlainConsole:
         elif isinstance(event, PostAdded):
             post = event.post
             if post.send_to == "User":
-                print(post.message, file=self.out, flush=True)
+                print(strip_controls(post.message), file=self.out, flush=True)
             elif post.send_from == "CodeInterpreter" and post.execution is not None:
                 self._progress(indent(screen_text(post.execution)))
             elif post.send_from == "Planner":
                 self._progress(f"Planner -> CodeInterpreter: {post.message}")
 
+    def say(self, text: str) -> None:
+        """Print a message of ours that may quote outside text (errors, /history) to stderr."""
+        with self._lock:
+            self._progress(text)
+
     def _progress(self, text: str) -> None:
-        print(text, file=self.err, flush=True)
+        print(strip_controls(text), file=self.err, flush=True)
 
 
 def indent(text: str, width: int = 4) -> str:

@@ -66,9 +66,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "chat" and args.no_replay and not args.resume:
         parser.error("--no-replay only applies to a resumed session: add --resume ID (or --resume last)")
-    # SIGTERM becomes SystemExit so that sessions save and kernels stop on the way out.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # SIGTERM, and SIGHUP (the terminal closed), become SystemExit so that sessions save and kernels
+    # stop on the way out.
+    for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if signum is not None:
+            signal.signal(signum, lambda signum, frame: sys.exit(128 + signum))
     from taskweaver_lite.errors import TaskWeaverError
+    from taskweaver_lite.terminal import strip_controls
 
     try:
         if args.command == "chat":
@@ -91,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return export_session(args)
     except TaskWeaverError as exc:
-        print(f"taskweaver-lite: {exc}", file=sys.stderr)
+        print(f"taskweaver-lite: {strip_controls(str(exc))}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         # The reader of our stdout went away (`taskweaver-lite sessions | head`): nothing left to say.
@@ -99,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as exc:
-        print(f"taskweaver-lite: {exc}", file=sys.stderr)
+        print(f"taskweaver-lite: {strip_controls(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("taskweaver-lite: interrupted", file=sys.stderr)

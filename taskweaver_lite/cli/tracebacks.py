@@ -59,7 +59,7 @@ def shorten_traceback(traceback: str) -> ShortTraceback:
 def screen_text(result: ExecutionResult) -> str:
     """What a cell did, for the screen: like the models' text, with the traceback cut to the user's frames."""
     pieces = []
-    for piece in result.fold_pieces():
+    for piece in result.fold_pieces(marked=False):  # people read it: no data markers
         if piece.text.startswith(_TRACEBACK_PIECE) and result.error is not None:
             short = shorten_traceback(result.error.traceback).render()
             if short:

@@ -9,6 +9,7 @@ output is bounded, in `output.py`.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import dataclasses
 import json
@@ -18,7 +19,6 @@ import queue
 import re
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -31,9 +31,18 @@ from jupyter_core.utils import ensure_event_loop
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
 from taskweaver_lite.execution import ExecutionResult, Variable, VariableChanges
+from taskweaver_lite.kernel import guard as kernel_guard
 from taskweaver_lite.kernel import snapshot as kernel_snapshot
 from taskweaver_lite.kernel.output import CellOutput
-from taskweaver_lite.kernel.process import InterpreterKernelManager, end_at_exit, filtered_environment, forget, kill_process_group
+from taskweaver_lite.kernel.process import (
+    InterpreterKernelManager,
+    end_at_exit,
+    filtered_environment,
+    forget,
+    kill_process_group,
+    private_socket_dir,
+)
+from taskweaver_lite.uploads import copy_file
 
 # Seconds between checks of the clock and of the kernel process while a cell runs: the bound on
 # how late a timeout fires and how long a dead kernel goes unnoticed.
@@ -46,7 +55,7 @@ REPLY_WAIT = 5.0
 DEFAULT_OUTPUT_TOKENS = 1_000
 
 _SNAPSHOT = "snapshot"
-_SNAPSHOT_EXPRESSIONS = {_SNAPSHOT: f"__import__('sys').modules[{kernel_snapshot.MODULE_NAME!r}].snapshot()"}
+_CWD = "cwd"
 _CELL_FILE = re.compile(r"cell-(\d+)")
 
 _Ending = Literal["idle", "died", "stuck"]
@@ -73,7 +82,7 @@ class KernelExecutor:
         self._log = self._log_path.open("ab")
         # IPC sockets: local only, no ports, in a private folder with a short path (socket paths are
         # capped near 100 bytes, and session folders can be deep).
-        self._socket_dir = Path(tempfile.mkdtemp(prefix="twl-kernel-"))
+        self._socket_dir = private_socket_dir()
         self._manager = InterpreterKernelManager(transport="ipc", ip=str(self._socket_dir / "kernel"))
         self._manager.connection_file = str(self._socket_dir / "connection.json")
         self._manager.shutdown_wait_time = SHUTDOWN_GRACE
@@ -88,6 +97,11 @@ class KernelExecutor:
         self._fingerprints: dict[str, tuple[str, str, str]] = {}
         self._variables: tuple[Variable, ...] = ()
         self._cell = _last_cell_number(self.outputs_dir, self.artifacts_dir)
+        # Asked for with every cell, in the same request: the variables, and the working folder put back.
+        self._expressions = {
+            _SNAPSHOT: f"__import__('sys').modules[{kernel_snapshot.MODULE_NAME!r}].snapshot()",
+            _CWD: f"__import__('sys').modules[{kernel_guard.MODULE_NAME!r}].after_cell({str(self.cwd)!r})",
+        }
         end_at_exit(self)
         self._starter = threading.Thread(target=self._start, name="kernel-start", daemon=True)
         self._starter.start()
@@ -110,7 +124,7 @@ class KernelExecutor:
         target_name = Path(name or source.name).name  # a bare name: never outside the folder
         target = self.cwd / target_name
         if source.resolve() != target.resolve():
-            shutil.copy2(source, target)
+            copy_file(source, target)
         return target_name
 
     def artifact(self, name: str) -> Path:
@@ -217,6 +231,8 @@ class KernelExecutor:
         client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
         try:
             client.wait_for_ready(timeout=self.config.kernel_start_timeout)
+            # IPython took the streams' guard off when its start-up code ended: put it back before the first cell.
+            _reply(client, client.execute("", silent=True, store_history=False, user_expressions={_CWD: self._expressions[_CWD]}))
         except BaseException:
             client.stop_channels()  # open sockets would keep the zmq context from terminating at exit
             raise
@@ -248,9 +264,7 @@ class KernelExecutor:
         )
         self._interrupt_requested = False
         started = time.monotonic()
-        msg_id = client.execute(
-            code, store_history=True, user_expressions=_SNAPSHOT_EXPRESSIONS, allow_stdin=False, stop_on_error=False
-        )
+        msg_id = client.execute(code, store_history=True, user_expressions=self._expressions, allow_stdin=False, stop_on_error=False)
         self._running = msg_id
         try:
             ending, timed_out = self._follow(client, msg_id, output, deadline=started + timeout)
@@ -271,15 +285,21 @@ class KernelExecutor:
             )
         reply = _reply(client, msg_id) or {}
         ok = reply.get("status") == "ok"
-        # The kernel skips user_expressions after an error, so only then does the snapshot cost a request.
-        rows = _snapshot_rows(reply) if ok else self._request_snapshot(client)
-        changes = self._take_snapshot(rows)
+        # The kernel skips user_expressions after an error, so only then do they cost a request.
+        expressions = reply if ok else self._request_expressions(client)
+        changes = self._take_snapshot(_snapshot_rows(expressions))
+        moved = _moved_from(expressions)
+        notices = (
+            f"The cell changed the working folder to {moved}; it was set back to {self.cwd} so that relative paths "
+            "keep working. Use absolute paths for other folders.",
+        ) if moved else ()
         return dataclasses.replace(
             base,
             success=base.success and ok,
             execution_count=reply.get("execution_count"),
             variables=self._variables,
             changes=changes,
+            notices=notices,
         )
 
     def _follow(self, client: BlockingKernelClient, msg_id: str, output: CellOutput, *, deadline: float) -> tuple[_Ending, bool]:
@@ -327,16 +347,14 @@ class KernelExecutor:
             output.close()
         if ending == "idle":
             _reply(client, msg_id)
-            self._take_snapshot(self._request_snapshot(client))
+            self._take_snapshot(_snapshot_rows(self._request_expressions(client)))
         else:
             self._replace_kernel(graceful=False)
 
-    def _request_snapshot(self, client: BlockingKernelClient) -> list[list[str]] | None:
-        msg_id = client.execute(
-            "", silent=True, store_history=False, user_expressions=_SNAPSHOT_EXPRESSIONS, allow_stdin=False, stop_on_error=False
-        )
-        reply = _reply(client, msg_id)
-        return _snapshot_rows(reply) if reply is not None else None
+    def _request_expressions(self, client: BlockingKernelClient) -> dict[str, Any]:
+        """The reply of an empty request that only evaluates our expressions ({} if none came)."""
+        msg_id = client.execute("", silent=True, store_history=False, user_expressions=self._expressions, allow_stdin=False, stop_on_error=False)
+        return _reply(client, msg_id) or {}
 
     def _take_snapshot(self, rows: list[list[str]] | None) -> VariableChanges:
         """Adopt a new snapshot and say how it differs; an unreadable one keeps the previous."""
@@ -389,6 +407,18 @@ def _snapshot_rows(reply: dict[str, Any]) -> list[list[str]] | None:
     except (KeyError, TypeError, ValueError):
         return None
     return rows if isinstance(rows, list) else None
+
+
+def _moved_from(reply: dict[str, Any]) -> str:
+    """The folder a cell left the kernel in, if it was not the working folder ('' otherwise)."""
+    value = (reply.get("user_expressions") or {}).get(_CWD) or {}
+    if value.get("status") != "ok":
+        return ""
+    try:
+        moved = ast.literal_eval(value["data"]["text/plain"])
+    except (KeyError, TypeError, ValueError, SyntaxError):
+        return ""
+    return moved if isinstance(moved, str) else ""
 
 
 def _last_cell_number(*folders: Path) -> int:

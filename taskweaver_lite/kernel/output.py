@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from taskweaver_lite.execution import ExecutionError, ExecutionResult
+from taskweaver_lite.terminal import strip_controls
 from taskweaver_lite.tokens import Tokenizer, get_tokenizer
 
-# CSI sequences (colours, cursor moves) and OSC sequences (terminal titles, hyperlinks).
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 IMAGE_SUFFIXES = {"image/png": ".png", "image/jpeg": ".jpg", "image/svg+xml": ".svg"}
 # Text kept in memory before the transcript moves to disk.
 SPILL_CHARS = 1_000_000
@@ -33,11 +32,6 @@ MIN_KEPT_CHARS = 100_000
 ERROR_SHARE = 0.5
 _WARNING = re.compile(r"warn", re.IGNORECASE)
 _DIGITS = re.compile(r"\d+")
-
-
-def strip_ansi(text: str) -> str:
-    """Remove terminal escape codes (tracebacks are coloured by IPython)."""
-    return _ANSI.sub("", text) if "\x1b" in text else text
 
 
 class _Clip:
@@ -132,7 +126,7 @@ class CellOutput:
     def add(self, msg_type: str, content: dict[str, Any]) -> None:
         """Take one iopub message that belongs to this cell."""
         if msg_type == "stream":
-            text = strip_ansi(str(content.get("text", "")))
+            text = strip_controls(str(content.get("text", "")))
             (self._stderr if content.get("name") == "stderr" else self._stdout).add(text)
             self._transcript.add(text)
         elif msg_type in ("display_data", "update_display_data"):
@@ -152,9 +146,9 @@ class CellOutput:
             if "text/html" in data:
                 self._result_html = _clipped(str(data["text/html"]), self._budget)
         elif msg_type == "error":
-            traceback = strip_ansi("\n".join(content.get("traceback") or []))
-            value = strip_ansi(str(content.get("evalue", "")))
-            self._error = (str(content.get("ename", "Error")), _clipped(value, self._budget), _clipped(traceback, self._budget))
+            traceback = strip_controls("\n".join(content.get("traceback") or []))
+            value = strip_controls(str(content.get("evalue", "")))
+            self._error = (strip_controls(str(content.get("ename", "Error"))), _clipped(value, self._budget), _clipped(traceback, self._budget))
             self._transcript.add(traceback + "\n")
 
     def finish(self, code: str) -> ExecutionResult:
@@ -229,7 +223,7 @@ def _plain_text(data: dict[str, Any]) -> str:
     for mime in ("text/plain", "text/markdown", "text/html"):
         value = data.get(mime)
         if value:
-            return strip_ansi(value if isinstance(value, str) else "".join(value))
+            return strip_controls(value if isinstance(value, str) else "".join(value))
     return ""
 
 

@@ -40,7 +40,7 @@ from taskweaver_lite.events import Event, FileLoaded, Folded, ModelCalled, PostA
 from taskweaver_lite.execution import Variable
 from taskweaver_lite.llm import Usage
 from taskweaver_lite.store.lock import SessionLock
-from taskweaver_lite.store.schema import MIGRATIONS, migrate
+from taskweaver_lite.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate, read_version
 
 Synchronous = Literal["NORMAL", "FULL"]
 INTERRUPTED_ERROR = "Cut off: the program stopped during this request."
@@ -84,19 +84,26 @@ class StoredSession:
 class SessionStore:
     """The project's SQLite file of sessions: safe to share between threads and between processes."""
 
-    def __init__(self, path: Path, *, synchronous: Synchronous = "NORMAL") -> None:
+    def __init__(self, path: Path, *, synchronous: Synchronous = "NORMAL", read_only: bool = False) -> None:
+        """Open (creating if needed) and check the store; `read_only` never writes, for listing and export.
+
+        A store with damaged pages is refused here, before any work, with how to recover.
+        """
         self.path = Path(path)
         self._lock = threading.Lock()
         if synchronous not in ("NORMAL", "FULL"):
             raise StoreError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # isolation_level=None: we issue BEGIN/COMMIT ourselves, one transaction per event.
-            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_SECONDS, isolation_level=None, check_same_thread=False)
+            self._db = self._connect(read_only=read_only)
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(f"{self.path}: cannot open the session store ({exc})") from None
         try:
             with self._errors():
+                self._check_pages()
+                if read_only:
+                    if read_version(self._db, path=self.path) != SCHEMA_VERSION:
+                        raise StoreError(f"{self.path} is from an older taskweaver-lite; run `taskweaver-lite chat` once to upgrade it")
+                    return
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute(f"PRAGMA synchronous={synchronous}")
                 self._db.execute("PRAGMA foreign_keys=ON")
@@ -104,6 +111,45 @@ class SessionStore:
         except StoreError:
             self._db.close()
             raise
+
+    def _connect(self, *, read_only: bool) -> sqlite3.Connection:
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves, one transaction per event.
+        options: dict[str, Any] = {"timeout": BUSY_TIMEOUT_SECONDS, "isolation_level": None, "check_same_thread": False}
+        if not read_only:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            connection: sqlite3.Connection = sqlite3.connect(self.path, **options)
+            return connection
+        if not self.path.is_file():
+            raise StoreError(f"{self.path}: no session store here yet")
+        uri = f"{self.path.resolve().as_uri()}?mode=ro"  # never writes the store
+        reader: sqlite3.Connection = sqlite3.connect(uri, uri=True, **options)
+        try:
+            reader.execute("PRAGMA user_version").fetchone()
+        except sqlite3.OperationalError:
+            # A folder we cannot write: SQLite cannot create the WAL index (-shm) beside the store.
+            # Read it as immutable instead, which is exact when the last writer closed cleanly (no -wal left).
+            reader.close()
+            reader = sqlite3.connect(uri + "&immutable=1", uri=True, **options)
+        except sqlite3.DatabaseError:
+            pass  # damaged: `_check_pages` says so, with the way out
+        return reader
+
+    def _check_pages(self) -> None:
+        """PRAGMA quick_check: a damaged store is named before any work is done, with the way out."""
+        try:
+            with self._lock:
+                problems = [row[0] for row in self._db.execute("PRAGMA quick_check").fetchall()]
+        except sqlite3.OperationalError:
+            raise  # locked or unreadable, not damaged: `_errors` words it
+        except sqlite3.DatabaseError as exc:
+            problems = [str(exc)]
+        if problems != ["ok"]:
+            sessions = self.path.parent / "sessions"
+            raise StoreError(
+                f"{self.path} is not a readable session store: it is damaged ({problems[0].splitlines()[-1].strip()}); nothing "
+                f"was run. The session folders in {sessions} (working files, outputs, plots) are intact: move it aside (mv {self.path} "
+                f"{self.path}.damaged) and a new one will be created; `sqlite3 {self.path}.damaged .recover` may rescue old records"
+            )
 
     def create_session(self, session_id: str, *, started: float) -> None:
         """Add a new, empty session."""

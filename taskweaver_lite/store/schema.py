@@ -76,6 +76,11 @@ def migrate(db: sqlite3.Connection, steps: list[Migration], *, path: Path) -> in
             raise
 
 
+def read_version(db: sqlite3.Connection, *, path: Path) -> int:
+    """The store's schema version without migrating (for read-only use); StoreError if it is not ours or too new."""
+    return _schema_version(db, SCHEMA_VERSION, path=path)
+
+
 def _schema_version(db: sqlite3.Connection, target: int, *, path: Path) -> int:
     version = int(db.execute("PRAGMA user_version").fetchone()[0])
     if version > target:
