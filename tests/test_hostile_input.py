@@ -276,8 +276,10 @@ def test_read_only_commands_work_in_a_read_only_project_folder(tmp_path: Path, s
         project.chmod(0o755)
 
 
-def _socket_dirs_of(pid: int) -> list[Path]:
-    return [p for p in Path(tempfile.gettempdir()).glob("twl-kernel-*") if (p / OWNER_FILE).is_file() and (p / OWNER_FILE).read_text() == str(pid)]
+def _socket_dirs_of(pid: int, *, sessions: Path | None = None) -> list[Path]:
+    """The socket folders `pid` owns: in the temporary folder, or in the sessions of `sessions`."""
+    candidates = [*Path(tempfile.gettempdir()).glob("twl-kernel-*"), *(sessions.glob("*/kernel") if sessions else ())]
+    return [p for p in candidates if (p / OWNER_FILE).is_file() and (p / OWNER_FILE).read_text() == str(pid)]
 
 
 def test_socket_folders_of_killed_programs_are_removed_at_the_next_start(tmp_path: Path) -> None:
@@ -285,11 +287,28 @@ def test_socket_folders_of_killed_programs_are_removed_at_the_next_start(tmp_pat
     stale = Path(tempfile.mkdtemp(prefix="twl-kernel-"))
     (stale / OWNER_FILE).write_text(gone.stdout.strip())
     (stale / "connection.json").write_text("{}")
-    with KernelExecutor(tmp_path / "session", config=ExecutionConfig(timeout=10)) as executor:
-        assert not stale.exists(), "the folder of a program that is gone was removed"
+    sessions = Path(tempfile.mkdtemp(prefix="twl-test-")) / "sessions"  # short enough for socket paths
+    stale_in_session = sessions / "killed-session" / "kernel"
+    stale_in_session.mkdir(parents=True)
+    (stale_in_session / OWNER_FILE).write_text(gone.stdout.strip())
+    try:
+        with KernelExecutor(sessions / "this-session", config=ExecutionConfig(timeout=10)) as executor:
+            assert not stale.exists() and not stale_in_session.exists(), "the folders of a program that is gone were removed"
+            assert executor.run("x = 1").success
+            assert _socket_dirs_of(os.getpid(), sessions=sessions) == [sessions / "this-session" / "kernel"], (
+                "a short session path keeps the sockets in the session folder"
+            )
+        assert _socket_dirs_of(os.getpid(), sessions=sessions) == [], "the folder goes with the kernel"
+    finally:
+        shutil.rmtree(sessions.parent, ignore_errors=True)
+
+
+def test_a_session_folder_too_deep_for_a_socket_path_uses_a_short_private_folder(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / "sessions" / "20261123-112442-abcdef"
+    with KernelExecutor(deep, config=ExecutionConfig(timeout=10)) as executor:
         assert executor.run("x = 1").success
-        assert len(_socket_dirs_of(os.getpid())) >= 1
-    assert not any(p == executor._socket_dir for p in _socket_dirs_of(os.getpid()))
+        assert [p.parent for p in _socket_dirs_of(os.getpid())] == [Path(tempfile.gettempdir())]
+    assert _socket_dirs_of(os.getpid()) == []
 
 
 def test_sighup_ends_the_chat_like_sigterm_and_leaves_no_kernel_folder(tmp_path: Path, server: ScriptedServer) -> None:
@@ -303,7 +322,7 @@ def test_sighup_ends_the_chat_like_sigterm_and_leaves_no_kernel_folder(tmp_path:
         for line in proc.stderr:
             if "time.sleep(60)" in line:
                 break
-        folders = _socket_dirs_of(proc.pid)
+        folders = _socket_dirs_of(proc.pid, sessions=project / "sessions")
         assert folders, "the kernel's socket folder is marked with its owner"
         proc.send_signal(signal.SIGHUP)
         proc.wait(timeout=30)

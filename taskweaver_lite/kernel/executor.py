@@ -40,7 +40,7 @@ from taskweaver_lite.kernel.process import (
     filtered_environment,
     forget,
     kill_process_group,
-    private_socket_dir,
+    socket_dir,
 )
 from taskweaver_lite.uploads import copy_file
 
@@ -80,9 +80,9 @@ class KernelExecutor:
         self._log_path = self.session_dir / "kernel.log"
         # The kernel's own stderr (warnings, a segfault's last words) goes here, not over our terminal.
         self._log = self._log_path.open("ab")
-        # IPC sockets: local only, no ports, in a private folder with a short path (socket paths are
-        # capped near 100 bytes, and session folders can be deep).
-        self._socket_dir = private_socket_dir()
+        # IPC sockets: local only, no ports; in the session folder unless its path is too long for
+        # a socket name (then a short private folder in /tmp), always removed at the end.
+        self._socket_dir = socket_dir(self.session_dir)
         self._manager = InterpreterKernelManager(transport="ipc", ip=str(self._socket_dir / "kernel"))
         self._manager.connection_file = str(self._socket_dir / "connection.json")
         self._manager.shutdown_wait_time = SHUTDOWN_GRACE

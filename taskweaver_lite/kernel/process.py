@@ -32,6 +32,11 @@ from taskweaver_lite.kernel import snapshot as kernel_snapshot
 
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 SECRET_PREFIXES = ("OPENAI_",)
+OWNER_FILE = "owner.pid"
+SOCKET_PREFIX = "twl-kernel-"
+SOCKET_FOLDER = "kernel"
+# Unix socket paths are capped at 107 bytes on Linux and 103 on macOS; keep clear of both.
+SOCKET_PATH_LIMIT = 100
 
 
 
@@ -93,25 +98,39 @@ class InterpreterKernelManager(KernelManager):
         return KernelSpec(argv=argv, display_name="taskweaver-lite", language="python")
 
 
-def private_socket_dir(prefix: str = "twl-kernel-") -> Path:
-    """A new private folder for a kernel's sockets (short path: socket paths are capped near 100 bytes).
+def socket_dir(session_dir: Path, *, prefix: str = SOCKET_PREFIX) -> Path:
+    """A new folder for a kernel's connection file and IPC sockets, holding our pid.
 
-    It holds our pid, so a later start can remove the folders of programs that were killed (`kill -9`)
-    before they could clean up: `remove_stale_socket_dirs`.
+    It is `<session>/kernel` when that path leaves room for a socket name within the ~100 bytes a
+    Unix socket path may have; otherwise (a deep project folder) a private folder in the system's
+    temporary folder. Either way a later start removes the folders of programs that were killed
+    (`kill -9`) before they could clean up: `remove_stale_socket_dirs`.
     """
-    remove_stale_socket_dirs(prefix)
-    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    remove_stale_socket_dirs(session_dir.parent, prefix=prefix)
+    folder = session_dir / SOCKET_FOLDER
+    if len(os.fsencode(folder / "kernel-65535")) <= SOCKET_PATH_LIMIT:
+        # Left by a killed run of this same session: nobody else holds it (the session lock).
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(mode=0o700, parents=True)
+    else:
+        folder = Path(tempfile.mkdtemp(prefix=prefix))
     (folder / OWNER_FILE).write_text(str(os.getpid()), encoding="ascii")
     return folder
 
 
-def remove_stale_socket_dirs(prefix: str = "twl-kernel-") -> None:
-    """Remove socket folders whose owning program is gone (folders without an owner file are left alone)."""
-    for folder in Path(tempfile.gettempdir()).glob(prefix + "*"):
+def remove_stale_socket_dirs(sessions_dir: Path | None = None, *, prefix: str = SOCKET_PREFIX) -> None:
+    """Remove socket folders whose owning program is gone: in the temporary folder, and in `sessions_dir`'s sessions.
+
+    Folders without an owner file are left alone: another version's, or still being set up.
+    """
+    candidates = list(Path(tempfile.gettempdir()).glob(prefix + "*"))
+    if sessions_dir is not None and sessions_dir.is_dir():
+        candidates += sessions_dir.glob(f"*/{SOCKET_FOLDER}")
+    for folder in candidates:
         try:
             owner = int((folder / OWNER_FILE).read_text(encoding="ascii"))
         except (OSError, ValueError):
-            continue  # not ours to judge: another version's, or still being set up
+            continue
         if not _alive(owner):
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -140,7 +159,6 @@ class _Closable(Protocol):
 
 # A closed terminal (SIGHUP) ends us like `kill` (SIGTERM): kernels stop, their folders go.
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP) if hasattr(signal, "SIGHUP") else (signal.SIGTERM,)
-OWNER_FILE = "owner.pid"
 _LIVE: weakref.WeakSet[_Closable] = weakref.WeakSet()
 _HOOKS: dict[str, Any] = {}
 
