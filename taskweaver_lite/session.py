@@ -11,6 +11,7 @@ observe every event; they never drive the turn.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import shutil
 import time
@@ -24,7 +25,7 @@ from taskweaver_lite.code_generator import CodeGenerator
 from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.config import Config
 from taskweaver_lite.conversation import Conversation, Post, RoleName, Round
-from taskweaver_lite.errors import RoundFailedError, TaskWeaverError
+from taskweaver_lite.errors import RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
 from taskweaver_lite.examples import load_examples
 from taskweaver_lite.execution import Executor, ExecutorFactory, Variable
@@ -238,9 +239,9 @@ class Session:
         """
         planner_view, coder_view = self.conversation.view("Planner"), self.conversation.view("CodeInterpreter")
         rnd = self.conversation.start_round(text)
-        self._emit(RoundStarted(rnd))
         message = "\n\n".join([*self._notes, text])
         try:
+            self._emit(RoundStarted(rnd))
             self._add(rnd, Post(send_from="User", send_to="Planner", message=message))
             self._run_hops(rnd, planner_view, coder_view)
             rnd.state = "finished"
@@ -373,7 +374,9 @@ class Session:
     def _fail(self, rnd: Round, error: str) -> None:
         rnd.state = "failed"
         rnd.error = error
-        self._emit(RoundEnded(rnd))
+        # The store may have failed too (a full disk): the error being raised already says why.
+        with contextlib.suppress(StoreError):
+            self._emit(RoundEnded(rnd))
 
     def _on_repair(self, problem: str) -> None:
         self._emit(Working("repairing", problem))

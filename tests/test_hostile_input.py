@@ -328,3 +328,26 @@ def test_sighup_ends_the_chat_like_sigterm_and_leaves_no_kernel_folder(tmp_path:
         proc.wait(timeout=30)
     assert proc.returncode == 128 + signal.SIGHUP
     assert not any(folder.exists() for folder in folders), "the socket folder was removed on SIGHUP"
+
+
+def test_a_disk_that_fills_during_a_cell_fails_the_round_with_the_reason_and_the_chat_goes_on(tmp_path: Path, server: ScriptedServer) -> None:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to mount a small tmpfs")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    server.enqueue("planner", planner_reply("Print a lot."), planner_reply("Set y."), planner_reply("y is 2.", send_to="User"))
+    server.enqueue("code_generator", code_reply("for i in range(40000):\n    print('x' * 100)"), code_reply("y = 2"))
+    # The project lives on a 3 MB disk: the cell's 4 MB of output fills it, then the store cannot write.
+    script = (
+        'mount -t tmpfs -o size=3m tmpfs "$0" && cp -r "$1" "$0/project" && '
+        'printf "print a lot\\nset y\\n" | "$2" -m taskweaver_lite chat -p "$0/project"'
+    )
+    project = make_project(tmp_path, server.url)
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, str(disk), str(project), sys.executable], capture_output=True, text=True, timeout=120, env=cli_env()
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "Note: the full output could not be saved" in done.stderr and "No space left on device" in done.stderr
+    failures = [line for line in done.stderr.splitlines() if line.startswith("This request failed")]
+    assert len(failures) == 2, "both requests were handled: the chat went on after the disk filled"
+    assert all("disk is full" in line and "free some disk space" in line for line in failures)

@@ -289,10 +289,10 @@ class KernelExecutor:
         expressions = reply if ok else self._request_expressions(client)
         changes = self._take_snapshot(_snapshot_rows(expressions))
         moved = _moved_from(expressions)
-        notices = (
+        notices = base.notices + ((
             f"The cell changed the working folder to {moved}; it was set back to {self.cwd} so that relative paths "
             "keep working. Use absolute paths for other folders.",
-        ) if moved else ()
+        ) if moved else ())
         return dataclasses.replace(
             base,
             success=base.success and ok,

@@ -12,6 +12,7 @@ printing in a loop until its timeout cannot fill our memory.
 from __future__ import annotations
 
 import base64
+import contextlib
 import re
 from pathlib import Path
 from typing import IO, Any
@@ -59,11 +60,13 @@ class _Clip:
     def omitted(self) -> int:
         return self.size - self._head_len - len(self._tail)
 
-    def text(self, full_path: Path) -> str:
+    def text(self, full_path: Path | None) -> str:
+        """Head and tail with a marker naming the full output's file (None: it could not be saved)."""
         head = "".join(self._head)
         if self.omitted <= 0:
             return head + self._tail
-        return f"{head}\n... [{self.omitted:,} characters omitted; full output in {full_path}] ...\n{self._tail}"
+        where = f"full output in {full_path}" if full_path is not None else "the full output could not be saved"
+        return f"{head}\n... [{self.omitted:,} characters omitted; {where}] ...\n{self._tail}"
 
 
 def _clipped(text: str, budget: int) -> _Clip:
@@ -73,35 +76,57 @@ def _clipped(text: str, budget: int) -> _Clip:
 
 
 class _Transcript:
-    """The cell's complete text in arrival order: in memory while small, then streamed to its file."""
+    """The cell's complete text in arrival order: in memory while small, then streamed to its file.
+
+    A file that cannot be written (a full disk) never fails the cell: the transcript stops, keeps
+    no more in memory, and `problem` says why, for the result's notices.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.problem: str | None = None
         self._parts: list[str] = []
         self._size = 0
         self._file: IO[str] | None = None
 
     def add(self, text: str) -> None:
-        if self._file is not None:
-            self._file.write(text)
+        if self.problem is not None:
             return
-        self._parts.append(text)
-        self._size += len(text)
-        if self._size > SPILL_CHARS:
-            self._file = self.path.open("w", encoding="utf-8")
-            self._file.write("".join(self._parts))
-            self._parts = []
+        try:
+            if self._file is not None:
+                self._file.write(text)
+                return
+            self._parts.append(text)
+            self._size += len(text)
+            if self._size > SPILL_CHARS:
+                self._file = self.path.open("w", encoding="utf-8")
+                self._file.write("".join(self._parts))
+                self._parts = []
+        except OSError as exc:
+            self._give_up(exc)
 
     def save(self, *, needed: bool) -> str | None:
         """Close the file (writing it first if `needed` and still in memory); its path, if written."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        try:
+            if self._file is not None:
+                file, self._file = self._file, None
+                file.close()
+                return str(self.path) if self.problem is None else None
+            if not needed or self.problem is not None:
+                return None
+            self.path.write_text("".join(self._parts), encoding="utf-8")
             return str(self.path)
-        if not needed:
+        except OSError as exc:
+            self._give_up(exc)
             return None
-        self.path.write_text("".join(self._parts), encoding="utf-8")
-        return str(self.path)
+
+    def _give_up(self, exc: OSError) -> None:
+        self.problem = f"the full output could not be saved to {self.path} ({exc.strerror or exc}); what is shown here is all there is"
+        self._parts = []
+        if self._file is not None:
+            with contextlib.suppress(OSError):  # closing flushes, which fails the same way
+                self._file.close()
+            self._file = None
 
 
 class CellOutput:
@@ -122,6 +147,7 @@ class CellOutput:
         self._result_html: _Clip | None = None
         self._error: tuple[str, _Clip, _Clip] | None = None
         self._artifacts: list[str] = []
+        self._problems: list[str] = []  # files that could not be written, for the result's notices
 
     def add(self, msg_type: str, content: dict[str, Any]) -> None:
         """Take one iopub message that belongs to this cell."""
@@ -153,7 +179,7 @@ class CellOutput:
 
     def finish(self, code: str) -> ExecutionResult:
         """The result's output fields within the cell's token limit; `success` means no error was raised."""
-        path = self._transcript.path
+        path = self._transcript.path if self._transcript.problem is None else None  # None: not saved (a full disk)
         clips = [self._stdout, self._stderr, *self._displays, self._result, self._result_html]
         if self._error is not None:
             clips += [self._error[1], self._error[2]]
@@ -184,6 +210,7 @@ class CellOutput:
             displays=displays,
             artifacts=tuple(self._artifacts),
             full_output_path=self._transcript.save(needed=cut),
+            notices=tuple(self._problems) + ((self._transcript.problem,) if self._transcript.problem else ()),
         )
 
     def _bounded_error(self, *, share: float) -> tuple[ExecutionError, bool]:
@@ -191,7 +218,7 @@ class CellOutput:
         last frames), and whether anything was left out."""
         assert self._error is not None
         name, value_clip, traceback_clip = self._error
-        path = self._transcript.path
+        path = self._transcript.path if self._transcript.problem is None else None
         limit = max(int(self._max_tokens * share), 64)
         full_value, full_traceback = value_clip.text(path), traceback_clip.text(path)
         value = self._tokenizer.truncate_middle(full_value, limit // 2)
@@ -210,10 +237,14 @@ class CellOutput:
                 continue
             path = self._artifacts_dir / f"{self._stem}-{len(self._artifacts) + 1}{suffix}"
             payload = data[mime]
-            if mime == "image/svg+xml":
-                path.write_text(payload if isinstance(payload, str) else "".join(payload), encoding="utf-8")
-            else:
-                path.write_bytes(base64.b64decode(payload))
+            try:
+                if mime == "image/svg+xml":
+                    path.write_text(payload if isinstance(payload, str) else "".join(payload), encoding="utf-8")
+                else:
+                    path.write_bytes(base64.b64decode(payload))
+            except OSError as exc:  # a full disk: say so, and the cell's other output still counts
+                self._problems.append(f"an image the cell displayed could not be saved to {path} ({exc.strerror or exc})")
+                return True  # its text/plain ("<Figure ...>") says nothing more
             self._artifacts.append(str(path))
             saved = True
         return saved

@@ -366,7 +366,8 @@ class SessionStore:
                 raise StoreError(
                     f"{self.path} stayed locked by another process for over {BUSY_TIMEOUT_SECONDS:.0f} s; try again"
                 ) from None
-            raise StoreError(f"{self.path}: the session store could not be written or read ({exc})") from None
+            hint = "; free some disk space: the session goes on, but what happens until then is not stored" if "full" in str(exc) else ""
+            raise StoreError(f"{self.path}: the session store could not be written or read ({exc}){hint}") from None
         except sqlite3.DatabaseError as exc:
             raise StoreError(
                 f"{self.path} is not a readable session store ({exc}); move it aside "
