@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,3 +61,20 @@ def run_cli(*args: str, stdin: str = "", timeout: float = 90, cwd: Path | None =
         env=cli_env(),
         cwd=cwd,
     )
+
+
+def watch_stderr(proc: subprocess.Popen[str], marker: str) -> tuple[list[str], threading.Event, threading.Thread]:
+    """Read `proc`'s stderr in a thread into a list; the event is set once a line contains `marker`."""
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if marker in line:
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return lines, seen, reader

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import make_project, run_cli, running_cli
+from helpers import make_project, run_cli, running_cli, watch_stderr
 
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 
@@ -156,18 +155,7 @@ def test_ctrl_c_cancels_the_running_step_and_the_session_goes_on(tmp_path: Path,
     )
     server.enqueue("code_generator", code_reply("x = 5\nimport time\ntime.sleep(60)"), code_reply("print('x is', x)"))
     with running_cli("chat", "-p", str(project)) as proc:
-        lines: list[str] = []
-        running = threading.Event()
-
-        def read_stderr() -> None:
-            assert proc.stderr is not None
-            for line in proc.stderr:
-                lines.append(line)
-                if "time.sleep(60)" in line:
-                    running.set()
-
-        reader = threading.Thread(target=read_stderr, daemon=True)
-        reader.start()
+        lines, running, reader = watch_stderr(proc, "time.sleep(60)")
         assert proc.stdin is not None
         proc.stdin.write("wait for a minute\nnow print x\n")
         proc.stdin.close()

@@ -7,14 +7,13 @@ import json
 import os
 import signal
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
 import pytest
-from helpers import make_project, run_cli, running_cli
+from helpers import make_project, run_cli, running_cli, watch_stderr
 
 from taskweaver_lite.config import load_config
 from taskweaver_lite.errors import SessionBusyError
@@ -62,20 +61,9 @@ def kill_during_third_request(project: Path) -> str:
 
     Returns what it printed. The folds run in the background: the kill waits for them, never for a time.
     """
-    sleeping = threading.Event()
-    seen: list[str] = []
     compress_one_keep_one = ["--set", "round_compressor.rounds_to_compress=1", "--set", "round_compressor.rounds_to_retain=1"]
     with running_cli("chat", "-p", str(project), *compress_one_keep_one) as proc:
-
-        def watch() -> None:
-            assert proc.stderr is not None
-            for line in proc.stderr:
-                seen.append(line)
-                if "time.sleep(60)" in line:
-                    sleeping.set()
-
-        watcher = threading.Thread(target=watch, daemon=True)
-        watcher.start()
+        seen, sleeping, watcher = watch_stderr(proc, "time.sleep(60)")
         assert proc.stdin is not None
         proc.stdin.write("make a\nmake b\nnow wait\n")
         proc.stdin.flush()
