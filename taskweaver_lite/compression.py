@@ -166,7 +166,7 @@ class RoleContext:
             placement=self._settings.summary_placement,
             # Once the prompt shows a round of the role's own, its replies show the format as well as
             # the examples did: leaving them out saves their tokens in every later call.
-            examples=tuple(examples) if self._examples_always or not retained else (),
+            examples=tuple(examples) if self._examples_always or not any(r.messages for r in retained) else (),
             rounds=retained,
             current=current,
             variables=self._variables_block(state, (*retained, current)),
