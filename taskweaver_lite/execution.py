@@ -142,6 +142,9 @@ class ExecutionResult:
                 f"The cell timed out after {self.elapsed:.0f} s and did not stop when interrupted, so the kernel "
                 f"was restarted. Variables lost: {lost}."
             )
+        if self.kernel_died and self.success:
+            # It died between cells (the OOM killer picks idle kernels too): this cell ran on a fresh one.
+            return f"The kernel died before this cell and was restarted; the cell ran on the fresh kernel. Variables lost: {lost}."
         if self.kernel_died:
             return f"The kernel died while running this cell and was restarted. Variables lost: {lost}."
         if self.timed_out:

@@ -123,7 +123,7 @@ def test_kernel_killed_between_cells_starts_afresh_and_reports_what_was_lost(ker
     result = kernel_executor.run("x = 5")
     assert result.success and result.kernel_died
     assert "x" in result.lost_variables
-    assert "kernel died" in result.outcome() and f"Variables lost: {', '.join(result.lost_variables)}." in result.outcome()
+    assert "kernel died before this cell" in result.outcome() and f"Variables lost: {', '.join(result.lost_variables)}." in result.outcome()
     # A new kernel has no `x` to change: the one this cell made is new.
     assert "x" in result.changes.created and "x" not in result.changes.changed
     assert by_name(result)["x"] == "5" and kernel_executor.pid not in (None, pid)
