@@ -15,7 +15,7 @@ from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.conversation import Post, RoleName, Round, RoundMessages
 from taskweaver_lite.events import Working
 from taskweaver_lite.execution import ExecutionResult, Executor, FoldPiece, as_data
-from taskweaver_lite.llm import ChatModel, Message
+from taskweaver_lite.llm import ChatModel, DeltaSink, Message
 from taskweaver_lite.replies import CODE_GENERATOR_SCHEMA
 from taskweaver_lite.role import RepairTurns, Role, as_reply_json
 
@@ -30,9 +30,10 @@ class CodeGenerator(Role):
         executor: Executor,
         context: RoleContext,
         examples: Sequence[Message],
+        on_delta: DeltaSink | None = None,
         max_retry_count: int,
     ) -> None:
-        super().__init__(RoleName.CODE_GENERATOR, model, context=context, examples=examples)
+        super().__init__(RoleName.CODE_GENERATOR, model, context=context, examples=examples, on_delta=on_delta)
         self._executor = executor
         self._max_retry = max_retry_count
 

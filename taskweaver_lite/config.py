@@ -50,6 +50,8 @@ class LLMConfig(_Section):
     timeout: float = Field(120.0, gt=0)
     max_retries: int = Field(2, ge=0)
     tokenizer: Literal["o200k_base", "cl100k_base"] = "o200k_base"
+    stream: bool = Field(True, description="stream replies (stream=true); false for endpoints that cannot")
+    show_reasoning: bool = Field(True, description="show a model's reasoning (<think>, reasoning_content) dimmed while it streams")
 
     @field_validator("api_base")
     @classmethod

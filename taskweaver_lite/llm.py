@@ -5,7 +5,10 @@ Roles and compression only see `ChatModel`; `OpenAIChatModel` is the real one. I
 `LLMError` subclass whose message names the host or model and the setting that fixes it.
 The retries are its own (the SDK's are off), so a broken reply body is retried like an HTTP 500,
 a server's `Retry-After` is honoured or refused by our rule, and messages count the real requests.
-Credentials inside `llm.api_base` never reach a message. Reading the JSON inside replies is
+Credentials inside `llm.api_base` never reach a message. With `llm.stream` each request streams,
+and the text reaches the caller's `on_delta` as it arrives: a `start` delta opens every request
+(a retry's included, so what was shown of a broken stream is known to be void), then `content` and
+`reasoning` pieces; reasoning never becomes part of the reply's text. Reading the JSON inside replies is
 `replies.py`'s job; reading the completion around it, `completions.py`'s.
 """
 
@@ -20,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from taskweaver_lite.completions import BrokenReply, OddReply, ReplyFields, read_body, read_completion, retry_after
+from taskweaver_lite.completions import BrokenReply, OddReply, Piece, PieceSink, ReplyFields, read_body, read_completion, read_stream, retry_after
 from taskweaver_lite.errors import (
     LLMAuthError,
     LLMContextTooLongError,
@@ -54,13 +57,27 @@ class Completion:
     usage_reported: bool = True  # False when the endpoint sent no usage numbers (the counts are 0, not measured)
 
 
+@dataclass(frozen=True)
+class Delta:
+    """A piece of a reply as it streams in: `start` (a request begins; any text before it is void), `content` or `reasoning`."""
+
+    kind: Literal["start", "content", "reasoning"]
+    text: str = ""
+
+
+DeltaSink = Callable[[Delta], None]
+
+
 class ChatModel(Protocol):
     """Anything that answers a list of chat messages with text."""
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None) -> Completion:
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
+    ) -> Completion:
         """Answer `messages` in at most `max_tokens` tokens (default: llm.reply_reserve).
 
         `purpose` names the caller: planner, code_generator, compression_planner, compression_code_generator.
+        A model that streams sends the reply's pieces to `on_delta` as they come; others may never call it.
         """
         ...
 
@@ -121,11 +138,13 @@ class MeteredModel:
         self._lock = threading.Lock()
         self._usage = usage
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None) -> Completion:
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
+    ) -> Completion:
         """Forward to the inner model, then count the call."""
         started = time.perf_counter()
         try:
-            completion = self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens)
+            completion = self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
         except TaskWeaverError as exc:
             failed = CallRecord(
                 purpose, 0, 0, time.perf_counter() - started, ok=False, error=str(exc), messages=tuple(messages), reply=None, usage_reported=False
@@ -191,7 +210,9 @@ class OpenAIChatModel:
             max_retries=0,  # ours, in `complete`: the SDK's cannot retry a broken body or count requests for us
         )
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None) -> Completion:
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
+    ) -> Completion:
         """Send one Chat Completions request, retrying server failures; raise an `LLMError` subclass when it fails."""
         # max_tokens enforces the room the prompt budget left free for the answer (reply_reserve for
         # the roles; a fold asks for less, sized to its summary, and its prompt may use the rest).
@@ -199,12 +220,17 @@ class OpenAIChatModel:
         request: dict[str, Any] = {"model": self._config.model, "messages": list(messages), "max_tokens": limit}
         if self._config.json_mode:
             request["response_format"] = {"type": "json_object"}
+        if self._config.stream:
+            request["stream"] = True
+            request["stream_options"] = {"include_usage": True}  # else streamed replies carry no token counts
         started = time.perf_counter()
         made = 0
         while True:
             made += 1
+            if on_delta is not None and self._config.stream:
+                on_delta(Delta("start"))
             try:
-                fields = self._request(request)
+                fields = self._request(request, on_delta)
             except _Failure as failure:
                 self._pause_or_raise(failure, made)
                 continue
@@ -221,7 +247,7 @@ class OpenAIChatModel:
         """Release the HTTP connections."""
         self._client.close()
 
-    def _request(self, request: dict[str, Any]) -> ReplyFields:
+    def _request(self, request: dict[str, Any], on_delta: DeltaSink | None) -> ReplyFields:
         """One HTTP request, its body read within llm.timeout in all; `_Failure` says whether to retry."""
         import openai
         from openai.types.chat import ChatCompletion
@@ -244,6 +270,8 @@ class OpenAIChatModel:
         except openai.OpenAIError as exc:
             raise _Failure(exc, retryable=False) from exc
         try:
+            if "text/event-stream" in response.headers.get("content-type", ""):
+                return read_stream(response.iter_bytes(), deadline=deadline, on_piece=_piece_sink(on_delta))
             return read_completion(read_body(response.iter_bytes(), deadline=deadline))
         except BrokenReply as exc:
             raise _Failure(exc, retryable=True) from exc
@@ -369,6 +397,16 @@ def _worth_retrying(exc: Any) -> bool:
     if exc.status_code == 429 and exc.code == "insufficient_quota":
         return False  # it will not come back in seconds
     return bool(exc.status_code in (408, 409, 429) or exc.status_code >= 500)
+
+
+def _piece_sink(on_delta: DeltaSink | None) -> PieceSink:
+    """Stream pieces as deltas for the caller, or dropped when nobody watches."""
+
+    def sink(kind: Piece, text: str) -> None:
+        if on_delta is not None:
+            on_delta(Delta(kind, text))
+
+    return sink
 
 
 def _backoff(made: int) -> float:

@@ -26,7 +26,7 @@ from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.config import Config
 from taskweaver_lite.conversation import Conversation, Post, RoleName, Round
 from taskweaver_lite.errors import RoundFailedError, StoreError, TaskWeaverError
-from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
+from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
 from taskweaver_lite.examples import load_examples
 from taskweaver_lite.execution import Executor, ExecutorFactory, Variable
 from taskweaver_lite.llm import CallRecord, ChatModel, MeteredModel, Usage
@@ -109,6 +109,7 @@ class Session:
             examples=load_examples(config.project_dir, RoleName.PLANNER),
             max_hops=config.session.max_internal_hops,
             working_files=lambda: list_working_files(self.working_dir),
+            on_delta=lambda delta: self._emit(ReplyStreamed(RoleName.PLANNER, delta)),
         )
         code_generator = CodeGenerator(
             self._model,
@@ -116,6 +117,7 @@ class Session:
             context=coder_context,
             examples=load_examples(config.project_dir, RoleName.CODE_GENERATOR),
             max_retry_count=config.code_interpreter.max_retry_count,
+            on_delta=lambda delta: self._emit(ReplyStreamed(RoleName.CODE_GENERATOR, delta)),
         )
         return planner, code_generator
 

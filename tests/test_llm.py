@@ -24,7 +24,7 @@ from taskweaver_lite.errors import (
     LLMRateLimitError,
     LLMUnreachableError,
 )
-from taskweaver_lite.llm import CallRecord, Completion, Message, MeteredModel, OpenAIChatModel, Usage
+from taskweaver_lite.llm import CallRecord, Completion, DeltaSink, Message, MeteredModel, OpenAIChatModel, Usage
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, last_user_text, planner_reply
 
 KEY = "sk-test-0123456789"
@@ -61,8 +61,10 @@ class Recorded:
         if self._also is not None:
             self._also(record)
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None) -> Completion:
-        return self._meter.complete(messages, purpose=purpose, max_tokens=max_tokens)
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
+    ) -> Completion:
+        return self._meter.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
 
     def usage(self) -> Usage:
         return self._meter.usage()

@@ -69,7 +69,7 @@ def run_chat(args: argparse.Namespace) -> int:
     if not (project / CONFIG_FILE_NAME).exists():
         _to_stderr(f"{project / CONFIG_FILE_NAME} not found: using the defaults (`taskweaver-lite init` writes a commented one).")
     interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
-    renderer: RichConsole | PlainConsole = RichConsole() if interactive else PlainConsole()
+    renderer: RichConsole | PlainConsole = RichConsole(show_reasoning=config.llm.show_reasoning) if interactive else PlainConsole()
     say: Callable[[str], None] = renderer.say
     if isinstance(renderer, RichConsole) and config.execution.display_width is None and renderer.console.width >= MIN_DISPLAY_WIDTH:
         config.execution.display_width = renderer.console.width  # DataFrames as wide as this terminal

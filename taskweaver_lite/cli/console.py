@@ -1,8 +1,10 @@
 """Rendering a session for a person: live progress, code, outputs, answers.
 
 `RichConsole` is for a terminal: a spinner saying who is working (with elapsed time while code
-runs), highlighted code, outputs, artifact paths, and the answer as Markdown. `PlainConsole` is
-for pipes: only the Planner's final answers go to stdout; progress goes to stderr as plain lines.
+runs), the Planner's message and the code while they stream (`live.py`), highlighted code,
+outputs, artifact paths, and the answer as Markdown. `PlainConsole` is
+for pipes: only the Planner's final answers go to stdout (never streamed pieces); progress goes to
+stderr as plain lines.
 Both are session listeners. Every text that comes from the model or a cell passes `strip_controls`
 before it is rendered, so only the styling added here ever reaches the terminal.
 """
@@ -15,15 +17,17 @@ import time
 from typing import IO
 
 from rich.console import Console
+from rich.live import Live
 from rich.markdown import Markdown
 from rich.panel import Panel
 from rich.status import Status
 from rich.syntax import Syntax
 from rich.text import Text
 
+from taskweaver_lite.cli.live import StreamView
 from taskweaver_lite.cli.tracebacks import screen_text
 from taskweaver_lite.conversation import Post
-from taskweaver_lite.events import Event, Folded, PostAdded, RoundEnded, Working
+from taskweaver_lite.events import Event, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, Working
 from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.terminal import strip_controls
 
@@ -33,6 +37,11 @@ _ACTIVITY = {
     "code_running": "Running code",
     "repairing": "Asking the model to fix a malformed reply",
 }
+
+
+_REFRESHES_PER_SECOND = 10
+_MIN_REDRAW = 0.005
+_REASONING_CHARS = 4_000  # only the tail is shown; more is memory for nothing
 
 
 class _Elapsed:
@@ -49,9 +58,14 @@ class _Elapsed:
 class RichConsole:
     """Renders events on a terminal."""
 
-    def __init__(self, console: Console | None = None) -> None:
+    def __init__(self, console: Console | None = None, *, show_reasoning: bool = True) -> None:
         self.console = console or Console(highlight=False)
+        self.show_reasoning = show_reasoning
         self._status: Status | None = None
+        self._label = _ACTIVITY["planner_thinking"]
+        # The reply streaming now, in a transient live display the finished post replaces.
+        self._stream: tuple[StreamView, Live] | None = None
+        self._refreshed = 0.0
         self._lock = threading.RLock()
         # Background notices (folds) arrive at any moment, from another thread: printed at once they
         # would land inside a command's output or under the answer. They wait for a quiet moment.
@@ -69,6 +83,11 @@ class RichConsole:
             self._render(event)
 
     def _render(self, event: Event) -> None:
+        if isinstance(event, ReplyStreamed):
+            self._streamed(event)
+            return
+        if not isinstance(event, ModelCalled):
+            self._end_stream()
         if isinstance(event, Working):
             if event.activity == "repairing":
                 self._print(Text(f"The model's reply was malformed ({strip_controls(event.detail)}); asking it to fix it.", style="yellow"))
@@ -108,7 +127,40 @@ class RichConsole:
         title = f"Result ({result.elapsed:.2f} s)" + (" — revising the code" if retrying else "")
         self._print(Panel(Text(body), title=title, border_style=style))
 
+    def _streamed(self, event: ReplyStreamed) -> None:
+        """Show a piece of a streaming reply; a `start` opens the live view or voids what it showed."""
+        if not self.console.is_terminal:
+            return
+        delta = event.delta
+        if self._stream is None or self._stream[0].role != event.role:
+            self._end_stream()
+            self.stop_status()  # one live display at a time: the stream view has its own elapsed time
+            view = StreamView(event.role, self._label, show_reasoning=self.show_reasoning)
+            live = Live(view, console=self.console, transient=True, refresh_per_second=_REFRESHES_PER_SECOND)
+            live.start()
+            self._stream = (view, live)
+        view, live = self._stream
+        if delta.kind == "start":
+            view.restart()
+        elif delta.kind == "content":
+            view.partial.feed(delta.text)
+        else:
+            view.reasoning = (view.reasoning + delta.text)[-_REASONING_CHARS:]
+        # At once, not at the next tick: the words should appear as they arrive. A burst of tiny
+        # pieces is drawn at most every few milliseconds; the ticking refresh draws the rest.
+        now = time.monotonic()
+        if delta.kind != "start" and now - self._refreshed >= _MIN_REDRAW:
+            self._refreshed = now
+            live.refresh()
+
+    def _end_stream(self) -> None:
+        """Clear the live view of a streamed reply (its post, printed next, replaces it)."""
+        if self._stream is not None:
+            self._stream[1].stop()
+            self._stream = None
+
     def _set_status(self, label: str) -> None:
+        self._label = label
         if not self.console.is_terminal:
             return
         if self._status is None:
@@ -118,7 +170,8 @@ class RichConsole:
             self._status.update(_Elapsed(label))
 
     def stop_status(self) -> None:
-        """Remove the spinner (before printing an answer or returning to the prompt)."""
+        """Remove the spinner or a streaming reply's view (before printing an answer or returning to the prompt)."""
+        self._end_stream()
         if self._status is not None:
             self._status.stop()
             self._status = None
