@@ -47,6 +47,14 @@ class ReplyStreamed:
 
 
 @dataclass(frozen=True)
+class CellPrinted:
+    """A running cell printed `text` on `stream` (stdout or stderr): for live display only, not recorded."""
+
+    stream: str
+    text: str
+
+
+@dataclass(frozen=True)
 class RoundEnded:
     """The round finished or failed; `round.state` and `round.error` say which."""
 
@@ -127,7 +135,7 @@ class FileLoaded:
         return cls(name=str(data["name"]), source=str(data["source"]), after_round=int(data["after_round"]), at=float(data["at"]))
 
 
-Event = RoundStarted | PostAdded | Working | ReplyStreamed | RoundEnded | ModelCalled | Folded | FileLoaded
+Event = RoundStarted | PostAdded | Working | ReplyStreamed | CellPrinted | RoundEnded | ModelCalled | Folded | FileLoaded
 Listener = Callable[[Event], None]
 
 

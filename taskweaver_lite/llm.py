@@ -18,7 +18,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -55,6 +55,7 @@ class Completion:
     latency: float
     finish_reason: str | None = None
     usage_reported: bool = True  # False when the endpoint sent no usage numbers (the counts are 0, not measured)
+    model: str = ""  # the model asked for, when the client knows it
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class CallRecord:
     reply: str | None
     # False when the endpoint sent no usage numbers, so the token counts above are 0, not measured.
     usage_reported: bool = True
+    model: str = ""  # the model asked for, when the client knows it
 
 
 @dataclass(frozen=True)
@@ -126,10 +128,46 @@ class Usage:
         )
 
 
+class RoutedModel:
+    """One `ChatModel` made of several: each call goes to the model for its purpose (a model per role)."""
+
+    def __init__(self, by_purpose: Mapping[str, ChatModel], *, default: ChatModel) -> None:
+        self._by_purpose = dict(by_purpose)
+        self._default = default
+
+    def route(self, purpose: str) -> ChatModel:
+        """The model that answers calls for `purpose`."""
+        return self._by_purpose.get(purpose, self._default)
+
+    def model_name(self, purpose: str) -> str:
+        """The model name calls for `purpose` ask for."""
+        return model_name(self.route(purpose), purpose)
+
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
+    ) -> Completion:
+        """Forward to the model for `purpose`."""
+        return self.route(purpose).complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+
+    def close(self) -> None:
+        """Close every distinct model that can be closed."""
+        for model in {id(m): m for m in (*self._by_purpose.values(), self._default)}.values():
+            close = getattr(model, "close", None)
+            if callable(close):
+                close()
+
+
+def model_name(model: ChatModel, purpose: str) -> str:
+    """The model name `model` asks for on calls for `purpose`, or '' when it cannot say (scripted models)."""
+    namer = getattr(model, "model_name", None)
+    return str(namer(purpose)) if callable(namer) else ""
+
+
 class MeteredModel:
     """Any `ChatModel`, metered: sums usage and reports every call (ok or failed) to `on_call`.
 
-    The one place usage is counted. Safe to call from several threads (the roles and the folds).
+    The one place usage is counted, in all and per purpose and model (for /info). Safe to call from
+    several threads (the roles and the folds).
     """
 
     def __init__(self, inner: ChatModel, *, on_call: Callable[[CallRecord], None] | None = None, usage: Usage = Usage()) -> None:
@@ -137,6 +175,7 @@ class MeteredModel:
         self._on_call = on_call
         self._lock = threading.Lock()
         self._usage = usage
+        self._by_model: dict[tuple[str, str], Usage] = {}
 
     def complete(
         self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
@@ -147,7 +186,8 @@ class MeteredModel:
             completion = self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
         except TaskWeaverError as exc:
             failed = CallRecord(
-                purpose, 0, 0, time.perf_counter() - started, ok=False, error=str(exc), messages=tuple(messages), reply=None, usage_reported=False
+                purpose, 0, 0, time.perf_counter() - started, ok=False, error=str(exc), messages=tuple(messages), reply=None,
+                usage_reported=False, model=model_name(self.inner, purpose),
             )
             self._count(None, failed)
             raise
@@ -161,6 +201,7 @@ class MeteredModel:
             messages=tuple(messages),
             reply=completion.text,
             usage_reported=completion.usage_reported,
+            model=completion.model or model_name(self.inner, purpose),
         )
         self._count(completion, record)
         return completion
@@ -170,9 +211,16 @@ class MeteredModel:
         with self._lock:
             return self._usage
 
+    def usage_by_model(self) -> dict[tuple[str, str], Usage]:
+        """This process's calls summed per (purpose, model name), in the order first seen."""
+        with self._lock:
+            return dict(self._by_model)
+
     def _count(self, completion: Completion | None, record: CallRecord) -> None:
         with self._lock:
             self._usage = self._usage.plus(completion)
+            key = (record.purpose, record.model)
+            self._by_model[key] = self._by_model.get(key, Usage()).plus(completion)
         if self._on_call is not None:
             self._on_call(record)
 
@@ -235,6 +283,7 @@ class OpenAIChatModel:
                 self._pause_or_raise(failure, made)
                 continue
             return Completion(
+                model=self._config.model,
                 text=fields.text,
                 prompt_tokens=fields.prompt_tokens or 0,
                 completion_tokens=fields.completion_tokens or 0,
@@ -242,6 +291,10 @@ class OpenAIChatModel:
                 finish_reason=fields.finish_reason,
                 usage_reported=fields.prompt_tokens is not None and fields.completion_tokens is not None,
             )
+
+    def model_name(self, purpose: str) -> str:
+        """The model every call asks for (`llm.model`)."""
+        return self._config.model
 
     def close(self) -> None:
         """Release the HTTP connections."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import shutil
 import time
 import uuid
@@ -23,7 +24,7 @@ from typing import Any
 
 from taskweaver_lite.code_generator import CodeGenerator
 from taskweaver_lite.compression import RoleContext
-from taskweaver_lite.config import Config
+from taskweaver_lite.config import Config, LLMConfig
 from taskweaver_lite.conversation import Conversation, Post, RoleName, Round
 from taskweaver_lite.errors import RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
@@ -202,9 +203,7 @@ class Session:
         listeners: Iterable[Listener],
         usage_before: Usage = Usage(),
     ) -> Session:
-        from taskweaver_lite.llm import OpenAIChatModel
-
-        chat_model = model or OpenAIChatModel(config.llm)
+        chat_model = model or role_models(config)
         running = (executor or default_executor(config))(config.sessions_dir / session_id)
         try:
             return cls(
@@ -325,6 +324,10 @@ class Session:
         """Model calls and tokens used so far (failed calls counted, with no tokens)."""
         return self._model.usage()
 
+    def usage_by_model(self) -> dict[tuple[str, str], Usage]:
+        """This process's model calls summed per (purpose, model name): which role spent what, on which model."""
+        return self._model.usage_by_model()
+
     def close(self) -> None:
         """Stop background folds and the kernel; save the summaries; release the stored session."""
         for context in self.contexts().values():
@@ -386,6 +389,29 @@ class Session:
     def _emit(self, event: Event) -> None:
         for listener in list(self._listeners):
             listener(event)
+
+
+def role_models(config: Config) -> ChatModel:
+    """The openai-SDK clients a session calls: one per distinct role model (`planner.llm`...), shared when equal."""
+    from taskweaver_lite.llm import OpenAIChatModel, RoutedModel
+
+    clients: dict[str, OpenAIChatModel] = {}
+
+    def client(llm: LLMConfig) -> OpenAIChatModel:
+        secret = llm.api_key.get_secret_value() if llm.api_key is not None else None
+        key = json.dumps([llm.model_dump(mode="json", exclude={"api_key"}), secret], sort_keys=True)
+        if key not in clients:
+            clients[key] = OpenAIChatModel(llm)
+        return clients[key]
+
+    folder = client(config.llm_for("round_compressor"))
+    by_purpose: dict[str, ChatModel] = {
+        "planner": client(config.llm_for("planner")),
+        "code_generator": client(config.llm_for("code_generator")),
+        "compression_planner": folder,
+        "compression_code_generator": folder,
+    }
+    return RoutedModel(by_purpose, default=client(config.llm))
 
 
 def default_executor(config: Config) -> ExecutorFactory:

@@ -24,10 +24,10 @@ from rich.status import Status
 from rich.syntax import Syntax
 from rich.text import Text
 
-from taskweaver_lite.cli.live import StreamView
+from taskweaver_lite.cli.live import CellView, StreamView
 from taskweaver_lite.cli.tracebacks import screen_text
 from taskweaver_lite.conversation import Post
-from taskweaver_lite.events import Event, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, Working
+from taskweaver_lite.events import CellPrinted, Event, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, Working
 from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.terminal import strip_controls
 
@@ -41,6 +41,7 @@ _ACTIVITY = {
 
 _REFRESHES_PER_SECOND = 10
 _MIN_REDRAW = 0.005
+_MIN_CELL_REDRAW = 0.05  # a print loop sends thousands of pieces a second; the screen needs 20
 _REASONING_CHARS = 4_000  # only the tail is shown; more is memory for nothing
 
 
@@ -63,8 +64,8 @@ class RichConsole:
         self.show_reasoning = show_reasoning
         self._status: Status | None = None
         self._label = _ACTIVITY["planner_thinking"]
-        # The reply streaming now, in a transient live display the finished post replaces.
-        self._stream: tuple[StreamView, Live] | None = None
+        # The reply streaming or the cell running now, in a transient live display the finished post replaces.
+        self._stream: tuple[StreamView | CellView, Live] | None = None
         self._refreshed = 0.0
         self._lock = threading.RLock()
         # Background notices (folds) arrive at any moment, from another thread: printed at once they
@@ -86,6 +87,9 @@ class RichConsole:
         if isinstance(event, ReplyStreamed):
             self._streamed(event)
             return
+        if isinstance(event, CellPrinted):
+            self._printed(event)
+            return
         if not isinstance(event, ModelCalled):
             self._end_stream()
         if isinstance(event, Working):
@@ -94,6 +98,10 @@ class RichConsole:
             if event.activity == "code_running":
                 code = strip_controls(event.detail).strip()
                 self._print(Syntax(code, "python", theme="monokai", line_numbers=False, word_wrap=True))
+                if self.console.is_terminal:  # the cell's output shows as it is printed, under the code
+                    self._label = _ACTIVITY["code_running"]
+                    self._show_live(CellView(self._label))
+                    return
             self._set_status(_ACTIVITY[event.activity])
         elif isinstance(event, PostAdded):
             self._post(event.post)
@@ -132,26 +140,41 @@ class RichConsole:
         if not self.console.is_terminal:
             return
         delta = event.delta
-        if self._stream is None or self._stream[0].role != event.role:
-            self._end_stream()
-            self.stop_status()  # one live display at a time: the stream view has its own elapsed time
-            view = StreamView(event.role, self._label, show_reasoning=self.show_reasoning)
-            live = Live(view, console=self.console, transient=True, refresh_per_second=_REFRESHES_PER_SECOND)
-            live.start()
-            self._stream = (view, live)
-        view, live = self._stream
+        current = self._stream[0] if self._stream is not None else None
+        if not isinstance(current, StreamView) or current.role != event.role:
+            current = StreamView(event.role, self._label, show_reasoning=self.show_reasoning)
+            self._show_live(current)
+        view = current
         if delta.kind == "start":
             view.restart()
         elif delta.kind == "content":
             view.partial.feed(delta.text)
         else:
             view.reasoning = (view.reasoning + delta.text)[-_REASONING_CHARS:]
-        # At once, not at the next tick: the words should appear as they arrive. A burst of tiny
-        # pieces is drawn at most every few milliseconds; the ticking refresh draws the rest.
+        if delta.kind != "start":
+            self._redraw(_MIN_REDRAW)
+
+    def _printed(self, event: CellPrinted) -> None:
+        """Show what the running cell just printed (its view keeps only the last lines)."""
+        if self._stream is not None and isinstance(self._stream[0], CellView):
+            self._stream[0].add(event.text)
+            self._redraw(_MIN_CELL_REDRAW)
+
+    def _show_live(self, view: StreamView | CellView) -> None:
+        """Start a transient live display of `view` (one at a time: the spinner and any other view end first)."""
+        self._end_stream()
+        self.stop_status()
+        live = Live(view, console=self.console, transient=True, refresh_per_second=_REFRESHES_PER_SECOND)
+        live.start()
+        self._stream = (view, live)
+
+    def _redraw(self, gap: float) -> None:
+        # At once, not at the next tick: text should appear as it arrives. A burst of tiny pieces
+        # is drawn at most every few milliseconds; the ticking refresh draws the rest.
         now = time.monotonic()
-        if delta.kind != "start" and now - self._refreshed >= _MIN_REDRAW:
+        if self._stream is not None and now - self._refreshed >= gap:
             self._refreshed = now
-            live.refresh()
+            self._stream[1].refresh()
 
     def _end_stream(self) -> None:
         """Clear the live view of a streamed reply (its post, printed next, replaces it)."""

@@ -1,10 +1,13 @@
-"""What the terminal shows while a reply streams: the Planner's step and message, the code as it grows.
+"""What the terminal shows while things happen: a streaming reply, a running cell's output.
 
 `StreamView` is a rich renderable over a `PartialReply`: only the fields meant for the user (never
 the raw JSON, init_plan or plan), the tail of the model's reasoning dimmed, and the elapsed time.
 It is shown in a transient live display and replaced by the finished post when it arrives, so the
 screen ends as it would without streaming. Every piece of model text passes `strip_controls`, and
 every part is cut to its last lines, so a long reply cannot flood the screen.
+
+`CellView` is the same for a running cell: the last lines it printed (kept to a few kilobytes
+however much it prints) and the elapsed time, ticking.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ SHOWN_FIELDS = {RoleName.PLANNER: ("current_plan_step", "message"), RoleName.COD
 REASONING_LINES = 3
 MESSAGE_LINES = 12
 CODE_LINES = 24
+CELL_LINES = 10
+CELL_CHARS = 8_000
 
 
 class StreamView:
@@ -64,6 +69,34 @@ class StreamView:
         again = " (the reply broke off; asked again)" if self.restarts else ""
         parts.append(Text(f"{self.label}… {time.monotonic() - self._started:.1f} s{again}", style="dim"))
         return parts
+
+
+class CellView:
+    """A running cell as the terminal shows it: its latest output lines and how long it has run."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.printed = ""  # the tail of what the cell printed (stdout and stderr in order)
+        self.dropped = False
+        self._started = time.monotonic()
+
+    def add(self, text: str) -> None:
+        """Take more printed text, keeping only a tail: a print loop cannot grow memory or the screen."""
+        self.printed += text
+        if len(self.printed) > CELL_CHARS:
+            self.printed = self.printed[-CELL_CHARS:]
+            self.dropped = True
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        parts: list[RenderableType] = []
+        shown = strip_controls(self.printed.rstrip("\n"))
+        if shown:
+            lines = [line[: options.max_width] for line in shown.split("\n")]  # long lines cut, not wrapped
+            if len(lines) > CELL_LINES or self.dropped:
+                lines = ["… (earlier output above)", *lines[-CELL_LINES:]]
+            parts.append(Text("\n".join(lines), style="dim"))
+        parts.append(Text(f"{self.label}… {time.monotonic() - self._started:.1f} s", style="dim"))
+        yield Group(*parts)
 
 
 def tail(text: str, lines: int) -> str:
