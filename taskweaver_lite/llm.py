@@ -251,6 +251,8 @@ class OpenAIChatModel:
         self._secrets = tuple(
             secret for secret in (key, *url_secrets(base_url)) if len(secret) >= _MIN_SCRUBBED_KEY and secret != _LOCAL_SERVER_KEY
         )
+        # Cleared for good (this client's life: the session) when the endpoint refuses response_format.
+        self._json_mode = config.json_mode
         self._client = openai.OpenAI(
             api_key=key,
             base_url=base_url,
@@ -266,7 +268,7 @@ class OpenAIChatModel:
         # the roles; a fold asks for less, sized to its summary, and its prompt may use the rest).
         limit = self._config.reply_reserve if max_tokens is None else max_tokens
         request: dict[str, Any] = {"model": self._config.model, "messages": list(messages), "max_tokens": limit}
-        if self._config.json_mode:
+        if self._json_mode:
             request["response_format"] = {"type": "json_object"}
         if self._config.stream:
             request["stream"] = True
@@ -280,6 +282,12 @@ class OpenAIChatModel:
             try:
                 fields = self._request(request, on_delta)
             except _Failure as failure:
+                if "response_format" in request and _refuses_json_mode(failure.cause):
+                    # Many local servers (older llama.cpp, some vLLM models) refuse it: the prompts ask
+                    # for JSON anyway and replies are read tolerantly, so ask again without it, at once.
+                    self._json_mode = False
+                    del request["response_format"]
+                    continue
                 self._pause_or_raise(failure, made)
                 continue
             return Completion(
@@ -440,6 +448,12 @@ class _Failure(Exception):
         self.cause = cause
         self.retryable = retryable
         self.wait = wait
+
+
+def _refuses_json_mode(exc: Exception) -> bool:
+    """An HTTP 400/422 whose message names response_format: the endpoint does not take json_object."""
+    status = getattr(exc, "status_code", None)
+    return status in (400, 422) and hasattr(exc, "body") and "response_format" in _server_message(exc).lower()
 
 
 def _worth_retrying(exc: Any) -> bool:

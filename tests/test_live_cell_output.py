@@ -48,7 +48,6 @@ def run_cell(tmp_path: Path, server: ScriptedServer, code: str) -> tuple[io.Stri
     console = Console(file=screen, force_terminal=True, width=100, highlight=False, color_system=None)
     stop = threading.Event()
     with Session.open(load_config(make_project(tmp_path, server.url)), listeners=[RichConsole(console)]) as session:
-        session.executor.wait_ready()
         taken = snapshots(screen, stop)
         try:
             session.ask("run the cell")

@@ -253,11 +253,24 @@ def test_prompt_over_the_context_window_raises_context_too_long(
         model.complete(PLANNER_CALL, purpose="planner")
 
 
-def test_endpoint_rejecting_response_format_suggests_turning_json_mode_off(
+def test_endpoint_rejecting_response_format_is_asked_again_without_it_and_that_is_remembered(
     server: ScriptedServer, make_model: ModelFactory
 ) -> None:
-    model = make_model(config_for(server))
-    server.enqueue("planner", Reply(status=400, error_message="response_format of type json_object is not supported"))
+    model = make_model(config_for(server, max_retries=0))
+    refusal = Reply(status=400, error_message="response_format of type json_object is not supported")
+    server.enqueue("planner", refusal, planner_reply("first", send_to="User"), planner_reply("second", send_to="User"))
+    assert model.complete(PLANNER_CALL, purpose="planner").text == planner_reply("first", send_to="User")
+    assert model.complete(PLANNER_CALL, purpose="planner").text == planner_reply("second", send_to="User")
+    bodies = [request.body for request in server.requests]
+    assert ["response_format" in body for body in bodies] == [True, False, False]
+
+
+def test_endpoint_rejecting_response_format_even_without_it_suggests_turning_json_mode_off(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    model = make_model(config_for(server, max_retries=0))
+    refusal = Reply(status=400, error_message="response_format of type json_object is not supported")
+    server.enqueue("planner", refusal, refusal)
     with pytest.raises(LLMError, match=r"--set llm\.json_mode=false"):
         model.complete(PLANNER_CALL, purpose="planner")
 
