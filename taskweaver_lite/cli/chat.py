@@ -16,6 +16,7 @@ from pathlib import Path
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.config import CONFIG_FILE_NAME, MODEL_USERS, Config, load_config
 from taskweaver_lite.conversation import RoleName, Round
+from taskweaver_lite.discovery import discover, needs_discovery, use_local_server
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
@@ -68,6 +69,10 @@ def run_chat(args: argparse.Namespace) -> int:
     config = load_config(project, overrides)
     if not (project / CONFIG_FILE_NAME).exists():
         _to_stderr(f"{project / CONFIG_FILE_NAME} not found: using the defaults (`taskweaver-lite init` writes a commented one).")
+    if needs_discovery(config):
+        found = use_local_server(config, discover())
+        if found is not None:
+            _to_stderr(found)
     interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
     renderer: RichConsole | PlainConsole = RichConsole(show_reasoning=config.llm.show_reasoning) if interactive else PlainConsole()
     say: Callable[[str], None] = renderer.say

@@ -106,9 +106,10 @@ def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
 class ScriptedServer:
     """An OpenAI-compatible chat server in a daemon thread, answering from per-role scripts."""
 
-    def __init__(self, *, model: str | None = None, api_key: str | None = None) -> None:
+    def __init__(self, *, model: str | None = None, api_key: str | None = None, port: int = 0) -> None:
         self.model = model
         self.api_key = api_key
+        self.port = port  # 0: any free port; a fixed one plays a local server on its default port
         self._lock = threading.Lock()
         self._queues: dict[str, deque[Scripted]] = {role: deque() for role in ROLES}
         self._defaults: dict[str, Scripted] = {}
@@ -135,7 +136,7 @@ class ScriptedServer:
         if self._httpd is not None:
             return self
         self._stopping.clear()
-        self._httpd = _HTTPServer((_HOST, 0), _Handler)
+        self._httpd = _HTTPServer((_HOST, self.port), _Handler)
         self._httpd.scripted = self
         self._thread = threading.Thread(
             # A short poll keeps stop() quick: shutdown waits for the loop's next look at its flag.
