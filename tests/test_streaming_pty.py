@@ -29,16 +29,22 @@ class Terminal:
         os.close(slave)
         self.shown = ""
 
-    def read_until(self, text: str, seconds: float = 30) -> bool:
+    def read_until(self, text: str, seconds: float = 30, *, after: str = "") -> bool:
+        """Read until `text` is on screen (after the first `after`, when given)."""
         deadline = time.monotonic() + seconds
-        while text not in self.shown and time.monotonic() < deadline:
+
+        def seen() -> bool:
+            start = self.shown.find(after)
+            return start >= 0 and text in self.shown[start + len(after) :]
+
+        while not seen() and time.monotonic() < deadline:
             ready, _, _ = select.select([self.master], [], [], 0.05)
             if ready:
                 try:
                     self.shown += os.read(self.master, 65536).decode("utf-8", "replace")
                 except OSError:
                     break
-        return text in self.shown
+        return seen()
 
     def type(self, text: str) -> None:
         os.write(self.master, text.encode())
@@ -64,8 +70,7 @@ def test_the_planners_first_words_reach_the_terminal_before_the_reply_is_complet
             assert "the rest follows" not in terminal.shown
             gate.set()
             assert terminal.read_until("the rest follows"), terminal.shown
-            terminal.shown = ""
-            assert terminal.read_until("you>")
+            assert terminal.read_until("you>", after="the rest follows"), terminal.shown
             terminal.type("\x04")  # Ctrl-D: leave
             assert terminal.proc.wait(30) == 0
         finally:

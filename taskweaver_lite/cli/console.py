@@ -41,6 +41,7 @@ _ACTIVITY = {
 
 _REFRESHES_PER_SECOND = 10
 _MIN_REDRAW = 0.005
+_SHOW_AFTER = 0.02  # seconds a reply streams before its live view appears
 _MIN_CELL_REDRAW = 0.05  # a print loop sends thousands of pieces a second; the screen needs 20
 _REASONING_CHARS = 4_000  # only the tail is shown; more is memory for nothing
 
@@ -66,6 +67,8 @@ class RichConsole:
         self._label = _ACTIVITY["planner_thinking"]
         # The reply streaming or the cell running now, in a transient live display the finished post replaces.
         self._stream: tuple[StreamView | CellView, Live] | None = None
+        self._pending: StreamView | None = None
+        self._timer: threading.Timer | None = None
         self._refreshed = 0.0
         self._lock = threading.RLock()
         # Background notices (folds) arrive at any moment, from another thread: printed at once they
@@ -140,19 +143,46 @@ class RichConsole:
         if not self.console.is_terminal:
             return
         delta = event.delta
-        current = self._stream[0] if self._stream is not None else None
-        if not isinstance(current, StreamView) or current.role != event.role:
-            current = StreamView(event.role, self._label, show_reasoning=self.show_reasoning)
-            self._show_live(current)
-        view = current
+        view = self._view_for(event)
         if delta.kind == "start":
             view.restart()
         elif delta.kind == "content":
             view.partial.feed(delta.text)
         else:
             view.reasoning = (view.reasoning + delta.text)[-_REASONING_CHARS:]
-        if delta.kind != "start":
-            self._redraw(_MIN_REDRAW)
+        if delta.kind == "start":
+            return
+        if view is self._pending and view.has_text():
+            if view.age() >= _SHOW_AFTER:
+                self._show_pending(view)
+            elif self._timer is None:
+                # The next piece may be seconds away (a stalled or slow model): show it on time anyway.
+                self._timer = threading.Timer(_SHOW_AFTER - view.age(), self._show_pending, args=(view,))
+                self._timer.daemon = True
+                self._timer.start()
+        self._redraw(_MIN_REDRAW)
+
+    def _show_pending(self, view: StreamView) -> None:
+        """Put a waiting reply view on screen, unless its reply is already over (called from a timer too)."""
+        with self._lock:
+            if self._pending is not view:
+                return
+            self._pending = None
+            self._show_live(view)
+            if self._stream is not None:
+                self._stream[1].refresh()
+
+    def _view_for(self, event: ReplyStreamed) -> StreamView:
+        """The view of `event`'s reply: on screen, waiting to be shown, or new (then waiting)."""
+        shown = self._stream[0] if self._stream is not None else None
+        if isinstance(shown, StreamView) and shown.role == event.role:
+            return shown
+        if self._pending is None or self._pending.role != event.role:
+            # Shown only once it has been streaming a moment: a reply that arrives all at once
+            # (a fast model, a short answer) goes straight to its post, without a live display
+            # that would cost more to draw and clear than the reply took.
+            self._pending = StreamView(event.role, self._label, show_reasoning=self.show_reasoning)
+        return self._pending
 
     def _printed(self, event: CellPrinted) -> None:
         """Show what the running cell just printed (its view keeps only the last lines)."""
@@ -178,6 +208,10 @@ class RichConsole:
 
     def _end_stream(self) -> None:
         """Clear the live view of a streamed reply (its post, printed next, replaces it)."""
+        self._pending = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._stream is not None:
             self._stream[1].stop()
             self._stream = None

@@ -43,6 +43,14 @@ class StreamView:
         self._show_reasoning = show_reasoning
         self._started = time.monotonic()
 
+    def has_text(self) -> bool:
+        """True once there is something of the reply to show."""
+        return bool(self.partial.values or (self._show_reasoning and (self.reasoning or self.partial.reasoning)))
+
+    def age(self) -> float:
+        """Seconds since the reply began streaming."""
+        return time.monotonic() - self._started
+
     def restart(self) -> None:
         """The request is being made again (a cut stream, a repair turn): what was read so far is void."""
         if self.partial.values or self.partial.reasoning or self.reasoning:

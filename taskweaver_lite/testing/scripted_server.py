@@ -68,6 +68,8 @@ class Reply:
     # The stream waits for this event after `gate_after` content characters (tests watch the screen meanwhile).
     gate: threading.Event | None = None
     gate_after: int = 0
+    # Called with each content piece right after it is sent (benchmarks time the way to the screen).
+    on_sent: Callable[[str], None] | None = None
 
 
 Responder = Callable[[list[dict[str, Any]]], str | Reply]
@@ -408,6 +410,8 @@ class _Handler(BaseHTTPRequestHandler):
                 else:
                     self.wfile.write(data)
                 self.wfile.flush()
+                if reply.on_sent is not None and '"content": "' in event:
+                    reply.on_sent(json.loads(event)["choices"][0]["delta"]["content"])
                 if self.server.scripted._stopping.is_set():
                     return
         except (BrokenPipeError, ConnectionResetError):
