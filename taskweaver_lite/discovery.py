@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
-from taskweaver_lite.config import Config
+from taskweaver_lite.config import Config, LLMConfig
 
 # (server, port): their defaults, in the order a found one is preferred.
 KNOWN_SERVERS: tuple[tuple[str, int], ...] = (("Ollama", 11434), ("LM Studio", 1234), ("llama.cpp server", 8080), ("vLLM", 8000))
@@ -72,12 +72,12 @@ def needs_discovery(config: Config) -> bool:
 
 
 def use_local_server(config: Config, servers: Sequence[LocalServer]) -> str | None:
-    """Point `config.llm` at the first server found (its first model unless `llm.model` was set); what to tell the user."""
+    """Point `config.llm` at the first server found (its first model unless `llm.model` names another); what to tell the user."""
+    # The default model (also written in new projects' configs) is OpenAI's: no local server has it.
+    wanted = None if config.llm.model == LLMConfig.model_fields["model"].default else config.llm.model
     for server in servers:
-        if not server.models:
-            continue
-        chosen = config.llm.model if "model" in config.llm.model_fields_set else server.models[0]
-        if chosen not in server.models:
+        chosen = wanted or (server.models[0] if server.models else None)
+        if chosen is None or chosen not in server.models:
             continue
         config.llm.api_base = server.api_base
         config.llm.model = chosen

@@ -83,7 +83,6 @@ class Session:
         self._lost: list[str] = []
         self._recency: dict[str, int] = {}  # variable name -> the last cell that created or changed it
         self._cells = 0
-        self._tokenizer = get_tokenizer(config.llm.tokenizer)
         self.planner, self.code_generator = self._build_roles()
         if store is not None:
             self._listeners.append(StoreRecorder(store, session_id, compression_state=self._compression_state))
@@ -95,12 +94,15 @@ class Session:
 
     def _build_roles(self) -> tuple[Planner, CodeGenerator]:
         config = self.config
-        planner_context = RoleContext(RoleName.PLANNER, config=config, model=self._model, tokenizer=self._tokenizer, on_fold=self._emit)
+        # Each role counts with its own model's tokenizer (planner.llm.tokenizer...).
+        planner_context = RoleContext(
+            RoleName.PLANNER, config=config, model=self._model, tokenizer=get_tokenizer(config.llm_for("planner").tokenizer), on_fold=self._emit
+        )
         coder_context = RoleContext(
             RoleName.CODE_GENERATOR,
             config=config,
             model=self._model,
-            tokenizer=self._tokenizer,
+            tokenizer=get_tokenizer(config.llm_for("code_generator").tokenizer),
             live_variables=self.live_variables,
             on_fold=self._emit,
         )

@@ -13,7 +13,8 @@ import pytest
 import yaml
 from helpers import make_project, run_cli
 
-from taskweaver_lite.discovery import KNOWN_SERVERS, discover, probe
+from taskweaver_lite.config import Config
+from taskweaver_lite.discovery import KNOWN_SERVERS, LocalServer, discover, probe, use_local_server
 from taskweaver_lite.testing.scripted_server import ScriptedServer, planner_reply
 
 
@@ -77,3 +78,13 @@ def test_models_lists_the_reachable_local_servers(local_server: tuple[str, Scrip
     assert {"name": name, "api_base": server.url, "models": ["scripted-model"]} in json.loads(done.stdout)
     plain = run_cli("models")
     assert f"{name} at {server.url}: scripted-model" in plain.stdout
+
+
+def test_the_default_model_gives_way_to_the_servers_but_a_named_one_must_be_served() -> None:
+    servers = [LocalServer("Ollama", "http://127.0.0.1:11434/v1", ("llama3.2",)), LocalServer("vLLM", "http://127.0.0.1:8000/v1", ("qwen",))]
+    written = Config.model_validate({"llm": {"model": "gpt-4o-mini"}})  # as new projects' configs say
+    assert use_local_server(written, servers) is not None
+    assert (written.llm.api_base, written.llm.model) == ("http://127.0.0.1:11434/v1", "llama3.2")
+    named = Config.model_validate({"llm": {"model": "qwen"}})
+    assert "using vLLM at http://127.0.0.1:8000/v1 with model qwen" in (use_local_server(named, servers) or "")
+    assert use_local_server(Config.model_validate({"llm": {"model": "mistral"}}), servers) is None

@@ -19,6 +19,7 @@ then `data: [DONE]`. `Reply.cut_after` breaks the stream off mid-reply; `Reply.g
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import socket
 import threading
@@ -415,7 +416,13 @@ class _Handler(BaseHTTPRequestHandler):
                 if self.server.scripted._stopping.is_set():
                     return
         except (BrokenPipeError, ConnectionResetError):
-            pass
+            self._abandon_output()
+
+    def _abandon_output(self) -> None:
+        """The client left mid-stream: drop what is still buffered, or the handler's own last flush fails loudly."""
+        broken, self.wfile = self.wfile, io.BytesIO()
+        with contextlib.suppress(OSError):
+            broken.close()
 
     def _pause(self, reply: Reply, sent: int) -> None:
         """The wait before the next content chunk: the reply's pace, and its gate once `gate_after` is reached."""
