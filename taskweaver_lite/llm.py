@@ -282,7 +282,10 @@ class OpenAIChatModel:
             try:
                 fields = self._request(request, on_delta)
             except _Failure as failure:
-                if "response_format" in request and _refuses_json_mode(failure.cause):
+                if "stream_options" in request and _refuses(failure.cause, "stream_options"):
+                    del request["stream_options"]  # older servers stream but know no options: no usage, then
+                    continue
+                if "response_format" in request and _refuses(failure.cause, "response_format"):
                     # Many local servers (older llama.cpp, some vLLM models) refuse it: the prompts ask
                     # for JSON anyway and replies are read tolerantly, so ask again without it, at once.
                     self._json_mode = False
@@ -450,10 +453,10 @@ class _Failure(Exception):
         self.wait = wait
 
 
-def _refuses_json_mode(exc: Exception) -> bool:
-    """An HTTP 400/422 whose message names response_format: the endpoint does not take json_object."""
+def _refuses(exc: Exception, parameter: str) -> bool:
+    """An HTTP 400/422 whose message names `parameter`: the endpoint does not take it."""
     status = getattr(exc, "status_code", None)
-    return status in (400, 422) and hasattr(exc, "body") and "response_format" in _server_message(exc).lower()
+    return status in (400, 422) and hasattr(exc, "body") and parameter in _server_message(exc).lower()
 
 
 def _worth_retrying(exc: Any) -> bool:

@@ -105,3 +105,11 @@ def test_pieces_reach_the_caller_while_the_server_is_still_sending(server: Scrip
     assert worker.is_alive()  # the reply is not complete yet
     gate.set()
     worker.join(5)
+
+
+def test_an_endpoint_that_refuses_stream_options_is_asked_again_without_them(server: ScriptedServer, client: OpenAIChatModel) -> None:
+    reply = planner_reply("fine", send_to="User")
+    server.enqueue("planner", Reply(status=400, error_message="Unrecognized request argument: stream_options"), reply)
+    completion = client.complete(CALL, purpose="planner")
+    assert completion.text == reply and not completion.usage_reported  # no options, no usage numbers
+    assert ["stream_options" in r.body for r in server.requests] == [True, False]

@@ -138,3 +138,15 @@ def test_with_stream_off_the_session_works_as_before(tmp_path: Path, server: Scr
     with open_session(tmp_path, server, RichConsole(console), stream=False) as session:
         assert session.ask("hi").posts[-1].message == "Unstreamed."
     assert "stream" not in server.requests[0].body and "Unstreamed." in screen.getvalue()
+
+
+def test_control_sequences_in_a_streamed_reply_or_a_cells_output_never_reach_the_terminal(tmp_path: Path, server: ScriptedServer) -> None:
+    gate = threading.Event()
+    reply = planner_reply("Clear\x1b[2J screen\x1b]0;title\x07 now, then wait.", send_to="User")
+    server.enqueue("planner", Reply(content=reply, gate=gate, gate_after=reply.index("wait")))
+    console, screen = terminal()
+    with open_session(tmp_path, server, RichConsole(console)) as session:
+        watcher = Watcher(screen, gate, "screen")
+        session.ask("hi")
+    assert watcher.seen is not None and "now, then" in watcher.seen
+    assert "\x1b[2J" not in screen.getvalue() and "\x1b]0;" not in screen.getvalue()
