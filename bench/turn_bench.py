@@ -24,7 +24,7 @@ from openai.types.chat import ChatCompletionSystemMessageParam
 
 from taskweaver_lite.cli.demo import bundled_project
 from taskweaver_lite.config import load_config
-from taskweaver_lite.execution import ExecutionResult, Executor, Variable
+from taskweaver_lite.execution import ExecutionResult, Executor, OutputSink, Variable
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.llm import OpenAIChatModel
 from taskweaver_lite.session import Session
@@ -48,7 +48,7 @@ class TimedExecutor:
     def artifact(self, name: str) -> Path:
         return self.inner.artifact(name)
 
-    def run(self, code: str, *, timeout: float | None = None) -> ExecutionResult:
+    def run(self, code: str, *, timeout: float | None = None, on_output: OutputSink | None = None) -> ExecutionResult:
         started = time.perf_counter()
         try:
             return self.inner.run(code, timeout=timeout)

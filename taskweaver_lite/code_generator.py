@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 
 from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.conversation import Post, RoleName, Round, RoundMessages
-from taskweaver_lite.events import Working
+from taskweaver_lite.events import CellPrinted, Working
 from taskweaver_lite.execution import ExecutionResult, Executor, FoldPiece, as_data
-from taskweaver_lite.llm import ChatModel, Message
+from taskweaver_lite.llm import ChatModel, DeltaSink, Message
 from taskweaver_lite.replies import CODE_GENERATOR_SCHEMA
 from taskweaver_lite.role import RepairTurns, Role, as_reply_json
 
@@ -30,9 +30,10 @@ class CodeGenerator(Role):
         executor: Executor,
         context: RoleContext,
         examples: Sequence[Message],
+        on_delta: DeltaSink | None = None,
         max_retry_count: int,
     ) -> None:
-        super().__init__(RoleName.CODE_GENERATOR, model, context=context, examples=examples)
+        super().__init__(RoleName.CODE_GENERATOR, model, context=context, examples=examples, on_delta=on_delta)
         self._executor = executor
         self._max_retry = max_retry_count
 
@@ -44,7 +45,7 @@ class CodeGenerator(Role):
         current: Round,
         add_post: Callable[[Post], None],
         repairs: RepairTurns,
-        notify: Callable[[Working], None],
+        notify: Callable[[Working | CellPrinted], None],
     ) -> Post:
         """Work on the Planner's `request` (already in `current`) and return the report to the Planner."""
         attempts = self._max_retry + 1
@@ -57,7 +58,7 @@ class CodeGenerator(Role):
                 return Post(send_from="CodeInterpreter", send_to="Planner", message=fields["reply_content"], thought=fields["thought"], reply_json=reply_json)
             code = fields["reply_content"]
             notify(Working("code_running", code))
-            result = self._executor.run(code)
+            result = self._executor.run(code, on_output=lambda stream, text: notify(CellPrinted(stream, text)))
             final = result.success or result.timed_out or result.kernel_died or attempt == attempts
             if final:
                 return Post(
@@ -84,7 +85,7 @@ class CodeGenerator(Role):
             )
         raise AssertionError("unreachable: the last attempt always returns")
 
-    def _generate(self, history: Sequence[Round], current: Round, repairs: RepairTurns, notify: Callable[[Working], None]) -> dict[str, str]:
+    def _generate(self, history: Sequence[Round], current: Round, repairs: RepairTurns, notify: Callable[[Working | CellPrinted], None]) -> dict[str, str]:
         system = self._prompt.render("system")
         return self.ask(
             system=system,

@@ -6,6 +6,11 @@ here, against one deadline, and turns it into text, token counts and a finish re
 `BrokenReply` (the server had a bad moment: worth a retry) or `OddReply` (a complete answer that is
 not a chat completion we can read: a retry would get the same).
 
+A streamed completion (`read_stream`) is read the same way, event by event: each piece of text
+goes to a sink as it arrives (reasoning apart from the reply), and a stream that ends before its
+finish reason or `[DONE]` is a `BrokenReply`, so it is retried whole. A server that ignores
+`stream` and sends one JSON body is read as if we had not asked.
+
 Servers differ in what they send: `content` as a list of text parts, `usage` numbers as strings,
 or no `usage` at all. Those are read, not refused.
 """
@@ -16,9 +21,12 @@ import email.utils
 import json
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+Piece = Literal["content", "reasoning"]
+PieceSink = Callable[[Piece, str], None]
 
 # A chat reply is kilobytes; a body past this is a broken or hostile server, not a long answer.
 MAX_BODY_BYTES = 64 * 2**20
@@ -86,6 +94,100 @@ def read_completion(body: bytes) -> ReplyFields:
         completion_tokens=_token_count(usage.get("completion_tokens")),
         finish_reason=finish_reason if isinstance(finish_reason, str) else None,
     )
+
+
+def read_stream(chunks: Iterable[bytes], *, deadline: float, on_piece: PieceSink, limit: int = MAX_BODY_BYTES) -> ReplyFields:
+    """The fields of a streamed chat completion (server-sent events), each text piece sent to `on_piece` as it comes."""
+    stream = _StreamState(on_piece)
+    buffer = b""
+    try:
+        for chunk in chunks:
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                stream.line(line)
+            if stream.size + len(buffer) > limit:
+                raise BrokenReply(f"sent a streamed reply over {limit // 2**20} MB")
+            if time.monotonic() > deadline:
+                raise BrokenReply(f"was still streaming its reply at the deadline ({stream.size:,} bytes so far)", timed_out=True)
+    except (BrokenReply, OddReply):
+        raise
+    except Exception as exc:  # httpx's errors by SDK version: no common base class to name
+        raise BrokenReply(f"broke off its streamed reply after {stream.size:,} bytes ({type(exc).__name__})") from exc
+    stream.line(buffer)
+    return stream.fields()
+
+
+class _StreamState:
+    """What a stream has said so far: text, finish reason, usage, and whether it ended properly."""
+
+    def __init__(self, on_piece: PieceSink) -> None:
+        self._on_piece = on_piece
+        self._text: list[str] = []
+        self._finish: str | None = None
+        self._usage: dict[str, Any] = {}
+        self._done = False
+        self._events = 0
+        self.size = 0
+
+    def line(self, raw: bytes) -> None:
+        """One line of the event stream: only `data:` lines carry anything."""
+        self.size += len(raw) + 1
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            return  # blank separators, comments (': keep-alive'), `event:` names
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            self._done = True
+            return
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise BrokenReply(f"sent a stream event that is not JSON: {data[:_PREVIEW_CHARS]!r}") from None
+        self._events += 1
+        self._event(event)
+
+    def _event(self, event: Any) -> None:
+        if not isinstance(event, dict):
+            raise OddReply("streamed an event that is not a chat completion chunk")
+        if "error" in event:  # some servers report a failure mid-stream as an event
+            raise BrokenReply(f"reported an error in the middle of its streamed reply{_error_in(event)}")
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            self._usage = usage
+        choices = event.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            self._delta(delta)
+        finish = choice.get("finish_reason")
+        if isinstance(finish, str):
+            self._finish = finish
+
+    def _delta(self, delta: dict[str, Any]) -> None:
+        # vLLM and DeepSeek send `reasoning_content`, Ollama and OpenRouter `reasoning`: never the reply.
+        for key in ("reasoning_content", "reasoning"):
+            thought = delta.get(key)
+            if isinstance(thought, str) and thought:
+                self._on_piece("reasoning", thought)
+        content = delta.get("content")
+        text = _content_text(content) if content is not None else ""
+        if text:
+            self._text.append(text)
+            self._on_piece("content", text)
+
+    def fields(self) -> ReplyFields:
+        """The whole reply; BrokenReply when the stream stopped before saying it was done."""
+        if self._events == 0:
+            raise BrokenReply("ended its streamed reply before sending any event")
+        if not self._done and self._finish is None:
+            raise BrokenReply(f"broke off its streamed reply after {sum(map(len, self._text)):,} characters")
+        return ReplyFields(
+            text="".join(self._text),
+            prompt_tokens=_token_count(self._usage.get("prompt_tokens")),
+            completion_tokens=_token_count(self._usage.get("completion_tokens")),
+            finish_reason=self._finish,
+        )
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:

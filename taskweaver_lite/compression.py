@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from taskweaver_lite.budget import PromptCost, PromptParts, ShrinkOrder, fit_prompt
-from taskweaver_lite.config import Config, RoleConfig, Strategy
+from taskweaver_lite.config import Config, ModelUser, RoleConfig, Strategy
 from taskweaver_lite.conversation import RoleName, RoundMessages
 from taskweaver_lite.events import Folded
 from taskweaver_lite.llm import ChatModel, Message
@@ -96,16 +96,20 @@ class RoleContext:
         if not role_config.prompt_compression and self.strategy in ("round_compression", "summary_buffer"):
             self.strategy = "sliding_window"
         self._settings = config.round_compressor
-        self._budget = config.prompt_budget
+        # Each role's prompts fit its own model's window; folds fit the round compressor's.
+        user: ModelUser = "planner" if role == RoleName.PLANNER else "code_generator"
+        llm, folder = config.llm_for(user), config.llm_for("round_compressor")
+        self._budget = config.role_budget(user)
         self._limits = FoldLimits.for_budget(
             self._budget,
             max_summary_tokens=config.round_compressor.max_summary_tokens,
-            window=config.llm.context_window,
-            margin=config.llm.margin,
+            window=folder.context_window,
+            margin=folder.margin,
         )
+        prefix = "llm" if llm == config.llm else f"{role.value}.llm"
         self._budget_source = (
-            f"llm.context_window {config.llm.context_window:,} - llm.reply_reserve {config.llm.reply_reserve:,} "
-            f"- llm.margin {config.llm.margin:,}"
+            f"{prefix}.context_window {llm.context_window:,} - {prefix}.reply_reserve {llm.reply_reserve:,} "
+            f"- {prefix}.margin {llm.margin:,}"
         )
         self._model = model
         self._tokenizer = tokenizer

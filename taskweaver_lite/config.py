@@ -50,6 +50,8 @@ class LLMConfig(_Section):
     timeout: float = Field(120.0, gt=0)
     max_retries: int = Field(2, ge=0)
     tokenizer: Literal["o200k_base", "cl100k_base"] = "o200k_base"
+    stream: bool = Field(True, description="stream replies (stream=true); false for endpoints that cannot")
+    show_reasoning: bool = Field(True, description="show a model's reasoning (<think>, reasoning_content) dimmed while it streams")
 
     @field_validator("api_base")
     @classmethod
@@ -71,8 +73,39 @@ class LLMConfig(_Section):
         return self
 
 
+class LLMOverrides(_Section):
+    """A partial `llm` mapping for one role (`planner.llm`...): the keys given replace the top-level ones."""
+
+    api_base: str | None = None
+    api_key: SecretStr | None = None
+    model: str | None = None
+    context_window: int | None = None
+    reply_reserve: int | None = None
+    margin: int | None = None
+    json_mode: bool | None = None
+    timeout: float | None = None
+    max_retries: int | None = None
+    tokenizer: Literal["o200k_base", "cl100k_base"] | None = None
+    stream: bool | None = None
+
+
+# The parts of a session that call a model, each with its own `llm` overrides.
+ModelUser = Literal["planner", "code_generator", "round_compressor"]
+MODEL_USERS: tuple[ModelUser, ...] = ("planner", "code_generator", "round_compressor")
+
+
+def merged_llm(base: LLMConfig, overrides: LLMOverrides) -> LLMConfig:
+    """`base` with the keys `overrides` sets (checked as a whole, like the top-level `llm`)."""
+    given = overrides.model_dump(exclude_unset=True, exclude_none=True)
+    if not given:
+        return base
+    return LLMConfig.model_validate({**base.model_dump(), **given})
+
+
 class RoleConfig(_Section):
     """Per-role prompt history settings."""
+
+    llm: LLMOverrides = Field(default_factory=LLMOverrides, description="this role's model: keys that replace llm's")
 
     prompt_compression: bool = True
     strategy: Strategy = "round_compression"
@@ -94,6 +127,7 @@ class RoundCompressorConfig(_Section):
     retry_backoff: float = Field(30.0, ge=0, description="seconds before a failed fold is retried")
     summary_buffer_rounds: int = Field(10, ge=1, description="rounds kept verbatim by summary_buffer")
     max_summary_tokens: int = Field(1_500, ge=64)
+    llm: LLMOverrides = Field(default_factory=LLMOverrides, description="the model that folds rounds: keys that replace llm's")
 
 
 class SessionConfig(_Section):
@@ -158,6 +192,29 @@ class Config(_Section):
     project_dir: Path = Field(default=Path("project"), exclude=True)
 
     @model_validator(mode="after")
+    def _role_models_are_whole(self) -> Config:
+        # Checked here, so a bad merge is reported against its section, not at the first call.
+        for user in MODEL_USERS:
+            try:
+                self.llm_for(user)
+            except ValidationError as exc:
+                problems = "; ".join(_merge_problem(e) for e in exc.errors())
+                # The fix belongs in the role's section: point the message's key names there.
+                problems = problems.replace(" llm.", f" {user}.llm.")
+                raise ValueError(f"{user}.llm (over llm): {problems}") from None
+        return self
+
+    def llm_for(self, user: ModelUser) -> LLMConfig:
+        """The model settings `user` calls with: its `llm` overrides over the top-level `llm`."""
+        section: RoleConfig | RoundCompressorConfig = getattr(self, user)
+        return merged_llm(self.llm, section.llm)
+
+    def role_budget(self, user: ModelUser) -> int:
+        """Tokens `user`'s prompts may use: its model's window minus its reply reserve and margin."""
+        llm = self.llm_for(user)
+        return llm.context_window - llm.reply_reserve - llm.margin
+
+    @model_validator(mode="after")
     def _parts_fit_the_prompt(self) -> Config:
         # (the summary's cap needs no check: its share of the budget is bounded where prompts are built)
         budget, value, key = self.prompt_budget, self.execution.output_tokens, "execution.output_tokens"
@@ -217,6 +274,12 @@ def load_config(project_dir: str | Path = "project", overrides: list[str] | None
         raise ConfigError(_describe(exc, path, overrides or [])) from None
     config.project_dir = project
     return config
+
+
+def _merge_problem(err: ErrorDetails) -> str:
+    key = ".".join(map(str, err["loc"]))
+    message = err["msg"].removeprefix("Value error, ")
+    return f"key '{key}': {message.lower()}" if key else message
 
 
 def _read_text(path: Path) -> str:

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from taskweaver_lite.conversation import Post, RoleName, Round
+from taskweaver_lite.llm import Delta
 
 Activity = Literal["planner_thinking", "code_writing", "code_running", "repairing"]
 
@@ -35,6 +36,22 @@ class Working:
 
     activity: Activity
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class ReplyStreamed:
+    """A piece of a role's reply arrived while it streams (for live display only: not recorded, not parsed)."""
+
+    role: RoleName
+    delta: Delta
+
+
+@dataclass(frozen=True)
+class CellPrinted:
+    """A running cell printed `text` on `stream` (stdout or stderr): for live display only, not recorded."""
+
+    stream: str
+    text: str
 
 
 @dataclass(frozen=True)
@@ -118,7 +135,7 @@ class FileLoaded:
         return cls(name=str(data["name"]), source=str(data["source"]), after_round=int(data["after_round"]), at=float(data["at"]))
 
 
-Event = RoundStarted | PostAdded | Working | RoundEnded | ModelCalled | Folded | FileLoaded
+Event = RoundStarted | PostAdded | Working | ReplyStreamed | CellPrinted | RoundEnded | ModelCalled | Folded | FileLoaded
 Listener = Callable[[Event], None]
 
 

@@ -194,6 +194,10 @@ def _unmarked(text: str, *, block: bool = True) -> str:
     return text
 
 
+# What a running cell prints, as it prints it: (stream name "stdout" or "stderr", text).
+OutputSink = Callable[[str, str], None]
+
+
 class Executor(Protocol):
     """Runs code in a persistent namespace: the seam between the agent and the kernel.
 
@@ -213,8 +217,8 @@ class Executor(Protocol):
         """The local file of an artifact a cell produced; ExecutionError-free: KeyError if there is none."""
         ...
 
-    def run(self, code: str, *, timeout: float | None = None) -> ExecutionResult:
-        """Run one cell and return what it did."""
+    def run(self, code: str, *, timeout: float | None = None, on_output: OutputSink | None = None) -> ExecutionResult:
+        """Run one cell and return what it did; what it prints also goes to `on_output` as it is printed."""
         ...
 
     def interrupt(self) -> None:

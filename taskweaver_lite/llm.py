@@ -5,7 +5,10 @@ Roles and compression only see `ChatModel`; `OpenAIChatModel` is the real one. I
 `LLMError` subclass whose message names the host or model and the setting that fixes it.
 The retries are its own (the SDK's are off), so a broken reply body is retried like an HTTP 500,
 a server's `Retry-After` is honoured or refused by our rule, and messages count the real requests.
-Credentials inside `llm.api_base` never reach a message. Reading the JSON inside replies is
+Credentials inside `llm.api_base` never reach a message. With `llm.stream` each request streams,
+and the text reaches the caller's `on_delta` as it arrives: a `start` delta opens every request
+(a retry's included, so what was shown of a broken stream is known to be void), then `content` and
+`reasoning` pieces; reasoning never becomes part of the reply's text. Reading the JSON inside replies is
 `replies.py`'s job; reading the completion around it, `completions.py`'s.
 """
 
@@ -15,12 +18,12 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from taskweaver_lite.completions import BrokenReply, OddReply, ReplyFields, read_body, read_completion, retry_after
+from taskweaver_lite.completions import BrokenReply, OddReply, Piece, PieceSink, ReplyFields, read_body, read_completion, read_stream, retry_after
 from taskweaver_lite.errors import (
     LLMAuthError,
     LLMContextTooLongError,
@@ -52,15 +55,30 @@ class Completion:
     latency: float
     finish_reason: str | None = None
     usage_reported: bool = True  # False when the endpoint sent no usage numbers (the counts are 0, not measured)
+    model: str = ""  # the model asked for, when the client knows it
+
+
+@dataclass(frozen=True)
+class Delta:
+    """A piece of a reply as it streams in: `start` (a request begins; any text before it is void), `content` or `reasoning`."""
+
+    kind: Literal["start", "content", "reasoning"]
+    text: str = ""
+
+
+DeltaSink = Callable[[Delta], None]
 
 
 class ChatModel(Protocol):
     """Anything that answers a list of chat messages with text."""
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None) -> Completion:
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
+    ) -> Completion:
         """Answer `messages` in at most `max_tokens` tokens (default: llm.reply_reserve).
 
         `purpose` names the caller: planner, code_generator, compression_planner, compression_code_generator.
+        A model that streams sends the reply's pieces to `on_delta` as they come; others may never call it.
         """
         ...
 
@@ -79,6 +97,7 @@ class CallRecord:
     reply: str | None
     # False when the endpoint sent no usage numbers, so the token counts above are 0, not measured.
     usage_reported: bool = True
+    model: str = ""  # the model asked for, when the client knows it
 
 
 @dataclass(frozen=True)
@@ -109,10 +128,46 @@ class Usage:
         )
 
 
+class RoutedModel:
+    """One `ChatModel` made of several: each call goes to the model for its purpose (a model per role)."""
+
+    def __init__(self, by_purpose: Mapping[str, ChatModel], *, default: ChatModel) -> None:
+        self._by_purpose = dict(by_purpose)
+        self._default = default
+
+    def route(self, purpose: str) -> ChatModel:
+        """The model that answers calls for `purpose`."""
+        return self._by_purpose.get(purpose, self._default)
+
+    def model_name(self, purpose: str) -> str:
+        """The model name calls for `purpose` ask for."""
+        return model_name(self.route(purpose), purpose)
+
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
+    ) -> Completion:
+        """Forward to the model for `purpose`."""
+        return self.route(purpose).complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+
+    def close(self) -> None:
+        """Close every distinct model that can be closed."""
+        for model in {id(m): m for m in (*self._by_purpose.values(), self._default)}.values():
+            close = getattr(model, "close", None)
+            if callable(close):
+                close()
+
+
+def model_name(model: ChatModel, purpose: str) -> str:
+    """The model name `model` asks for on calls for `purpose`, or '' when it cannot say (scripted models)."""
+    namer = getattr(model, "model_name", None)
+    return str(namer(purpose)) if callable(namer) else ""
+
+
 class MeteredModel:
     """Any `ChatModel`, metered: sums usage and reports every call (ok or failed) to `on_call`.
 
-    The one place usage is counted. Safe to call from several threads (the roles and the folds).
+    The one place usage is counted, in all and per purpose and model (for /info). Safe to call from
+    several threads (the roles and the folds).
     """
 
     def __init__(self, inner: ChatModel, *, on_call: Callable[[CallRecord], None] | None = None, usage: Usage = Usage()) -> None:
@@ -120,15 +175,19 @@ class MeteredModel:
         self._on_call = on_call
         self._lock = threading.Lock()
         self._usage = usage
+        self._by_model: dict[tuple[str, str], Usage] = {}
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None) -> Completion:
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
+    ) -> Completion:
         """Forward to the inner model, then count the call."""
         started = time.perf_counter()
         try:
-            completion = self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens)
+            completion = self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
         except TaskWeaverError as exc:
             failed = CallRecord(
-                purpose, 0, 0, time.perf_counter() - started, ok=False, error=str(exc), messages=tuple(messages), reply=None, usage_reported=False
+                purpose, 0, 0, time.perf_counter() - started, ok=False, error=str(exc), messages=tuple(messages), reply=None,
+                usage_reported=False, model=model_name(self.inner, purpose),
             )
             self._count(None, failed)
             raise
@@ -142,6 +201,7 @@ class MeteredModel:
             messages=tuple(messages),
             reply=completion.text,
             usage_reported=completion.usage_reported,
+            model=completion.model or model_name(self.inner, purpose),
         )
         self._count(completion, record)
         return completion
@@ -151,9 +211,16 @@ class MeteredModel:
         with self._lock:
             return self._usage
 
+    def usage_by_model(self) -> dict[tuple[str, str], Usage]:
+        """This process's calls summed per (purpose, model name), in the order first seen."""
+        with self._lock:
+            return dict(self._by_model)
+
     def _count(self, completion: Completion | None, record: CallRecord) -> None:
         with self._lock:
             self._usage = self._usage.plus(completion)
+            key = (record.purpose, record.model)
+            self._by_model[key] = self._by_model.get(key, Usage()).plus(completion)
         if self._on_call is not None:
             self._on_call(record)
 
@@ -184,6 +251,8 @@ class OpenAIChatModel:
         self._secrets = tuple(
             secret for secret in (key, *url_secrets(base_url)) if len(secret) >= _MIN_SCRUBBED_KEY and secret != _LOCAL_SERVER_KEY
         )
+        # Cleared for good (this client's life: the session) when the endpoint refuses response_format.
+        self._json_mode = config.json_mode
         self._client = openai.OpenAI(
             api_key=key,
             base_url=base_url,
@@ -191,24 +260,41 @@ class OpenAIChatModel:
             max_retries=0,  # ours, in `complete`: the SDK's cannot retry a broken body or count requests for us
         )
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None) -> Completion:
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
+    ) -> Completion:
         """Send one Chat Completions request, retrying server failures; raise an `LLMError` subclass when it fails."""
         # max_tokens enforces the room the prompt budget left free for the answer (reply_reserve for
         # the roles; a fold asks for less, sized to its summary, and its prompt may use the rest).
         limit = self._config.reply_reserve if max_tokens is None else max_tokens
         request: dict[str, Any] = {"model": self._config.model, "messages": list(messages), "max_tokens": limit}
-        if self._config.json_mode:
+        if self._json_mode:
             request["response_format"] = {"type": "json_object"}
+        if self._config.stream:
+            request["stream"] = True
+            request["stream_options"] = {"include_usage": True}  # else streamed replies carry no token counts
         started = time.perf_counter()
         made = 0
         while True:
             made += 1
+            if on_delta is not None and self._config.stream:
+                on_delta(Delta("start"))
             try:
-                fields = self._request(request)
+                fields = self._request(request, on_delta)
             except _Failure as failure:
+                if "stream_options" in request and _refuses(failure.cause, "stream_options"):
+                    del request["stream_options"]  # older servers stream but know no options: no usage, then
+                    continue
+                if "response_format" in request and _refuses(failure.cause, "response_format"):
+                    # Many local servers (older llama.cpp, some vLLM models) refuse it: the prompts ask
+                    # for JSON anyway and replies are read tolerantly, so ask again without it, at once.
+                    self._json_mode = False
+                    del request["response_format"]
+                    continue
                 self._pause_or_raise(failure, made)
                 continue
             return Completion(
+                model=self._config.model,
                 text=fields.text,
                 prompt_tokens=fields.prompt_tokens or 0,
                 completion_tokens=fields.completion_tokens or 0,
@@ -217,11 +303,15 @@ class OpenAIChatModel:
                 usage_reported=fields.prompt_tokens is not None and fields.completion_tokens is not None,
             )
 
+    def model_name(self, purpose: str) -> str:
+        """The model every call asks for (`llm.model`)."""
+        return self._config.model
+
     def close(self) -> None:
         """Release the HTTP connections."""
         self._client.close()
 
-    def _request(self, request: dict[str, Any]) -> ReplyFields:
+    def _request(self, request: dict[str, Any], on_delta: DeltaSink | None) -> ReplyFields:
         """One HTTP request, its body read within llm.timeout in all; `_Failure` says whether to retry."""
         import openai
         from openai.types.chat import ChatCompletion
@@ -244,6 +334,8 @@ class OpenAIChatModel:
         except openai.OpenAIError as exc:
             raise _Failure(exc, retryable=False) from exc
         try:
+            if "text/event-stream" in response.headers.get("content-type", ""):
+                return read_stream(response.iter_bytes(), deadline=deadline, on_piece=_piece_sink(on_delta))
             return read_completion(read_body(response.iter_bytes(), deadline=deadline))
         except BrokenReply as exc:
             raise _Failure(exc, retryable=True) from exc
@@ -361,6 +453,12 @@ class _Failure(Exception):
         self.wait = wait
 
 
+def _refuses(exc: Exception, parameter: str) -> bool:
+    """An HTTP 400/422 whose message names `parameter`: the endpoint does not take it."""
+    status = getattr(exc, "status_code", None)
+    return status in (400, 422) and hasattr(exc, "body") and parameter in _server_message(exc).lower()
+
+
 def _worth_retrying(exc: Any) -> bool:
     """The SDK's rule for an HTTP error (`exc` is an openai.APIStatusError), less a quota that is gone."""
     told = exc.response.headers.get("x-should-retry")
@@ -369,6 +467,16 @@ def _worth_retrying(exc: Any) -> bool:
     if exc.status_code == 429 and exc.code == "insufficient_quota":
         return False  # it will not come back in seconds
     return bool(exc.status_code in (408, 409, 429) or exc.status_code >= 500)
+
+
+def _piece_sink(on_delta: DeltaSink | None) -> PieceSink:
+    """Stream pieces as deltas for the caller, or dropped when nobody watches."""
+
+    def sink(kind: Piece, text: str) -> None:
+        if on_delta is not None:
+            on_delta(Delta(kind, text))
+
+    return sink
 
 
 def _backoff(made: int) -> float:

@@ -12,7 +12,7 @@ from pathlib import Path
 from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.conversation import Plan, Post, RoleName, Round, RoundMessages
 from taskweaver_lite.execution import FoldPiece
-from taskweaver_lite.llm import ChatModel, Message
+from taskweaver_lite.llm import ChatModel, DeltaSink, Message
 from taskweaver_lite.replies import PLANNER_SCHEMA
 from taskweaver_lite.role import RepairTurns, Role, as_reply_json
 
@@ -26,10 +26,11 @@ class Planner(Role):
         *,
         context: RoleContext,
         examples: Sequence[Message],
+        on_delta: DeltaSink | None = None,
         max_hops: int,
         working_files: Callable[[], list[str]],
     ) -> None:
-        super().__init__(RoleName.PLANNER, model, context=context, examples=examples)
+        super().__init__(RoleName.PLANNER, model, context=context, examples=examples, on_delta=on_delta)
         self._max_hops = max_hops
         self._working_files = working_files
 

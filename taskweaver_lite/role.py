@@ -2,7 +2,8 @@
 
 A role renders each round of its view of the conversation as chat messages (once per round), asks
 its `RoleContext` for a prompt within the budget, and calls the model. A reply that breaks its
-schema gets a repair turn telling the model exactly what was wrong. Repair turns are counted per
+schema gets a repair turn telling the model exactly what was wrong. While a reply streams its pieces
+go to the role's `on_delta` (the screen); only the finished reply is parsed. Repair turns are counted per
 round, across both roles (`RepairTurns`), so a confused model cannot loop.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.conversation import RoleName, Round, RoundMessages
 from taskweaver_lite.errors import ReplyFormatError, RoundFailedError
-from taskweaver_lite.llm import ChatModel, Completion, Message
+from taskweaver_lite.llm import ChatModel, Completion, DeltaSink, Message
 from taskweaver_lite.replies import ReplySchema, parse_reply, repair_message
 from taskweaver_lite.templates import PromptTemplate, load_prompt
 
@@ -35,10 +36,13 @@ class RepairTurns:
 class Role(ABC):
     """One model role: its template, examples, prompt history and round rendering; `ask` makes its call."""
 
-    def __init__(self, name: RoleName, model: ChatModel, *, context: RoleContext, examples: Sequence[Message]) -> None:
+    def __init__(
+        self, name: RoleName, model: ChatModel, *, context: RoleContext, examples: Sequence[Message], on_delta: DeltaSink | None = None
+    ) -> None:
         self.name = name
         self.context = context
         self._model = model
+        self._on_delta = on_delta  # the reply's pieces as they stream, for the screen; never read back
         self._examples = tuple(examples)
         self._prompt: PromptTemplate = load_prompt(name.value)
         self.rendered = RoundRenderCache(self.render_round)
@@ -72,7 +76,7 @@ class Role(ABC):
         while True:
             reserve = tokenizer.count_messages(repair) if repair else 0
             built = self.context.build(system=system, examples=self._examples, history=rendered_history, current=now, reserve=reserve)
-            completion = self._model.complete([*built.messages, *repair], purpose=self.name.value)
+            completion = self._model.complete([*built.messages, *repair], purpose=self.name.value, on_delta=self._on_delta)
             try:
                 return _read(completion, schema)
             except ReplyFormatError as problem:

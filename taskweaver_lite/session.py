@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import shutil
 import time
 import uuid
@@ -23,10 +24,10 @@ from typing import Any
 
 from taskweaver_lite.code_generator import CodeGenerator
 from taskweaver_lite.compression import RoleContext
-from taskweaver_lite.config import Config
+from taskweaver_lite.config import Config, LLMConfig
 from taskweaver_lite.conversation import Conversation, Post, RoleName, Round
 from taskweaver_lite.errors import RoundFailedError, StoreError, TaskWeaverError
-from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
+from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
 from taskweaver_lite.examples import load_examples
 from taskweaver_lite.execution import Executor, ExecutorFactory, Variable
 from taskweaver_lite.llm import CallRecord, ChatModel, MeteredModel, Usage
@@ -82,7 +83,6 @@ class Session:
         self._lost: list[str] = []
         self._recency: dict[str, int] = {}  # variable name -> the last cell that created or changed it
         self._cells = 0
-        self._tokenizer = get_tokenizer(config.llm.tokenizer)
         self.planner, self.code_generator = self._build_roles()
         if store is not None:
             self._listeners.append(StoreRecorder(store, session_id, compression_state=self._compression_state))
@@ -94,12 +94,15 @@ class Session:
 
     def _build_roles(self) -> tuple[Planner, CodeGenerator]:
         config = self.config
-        planner_context = RoleContext(RoleName.PLANNER, config=config, model=self._model, tokenizer=self._tokenizer, on_fold=self._emit)
+        # Each role counts with its own model's tokenizer (planner.llm.tokenizer...).
+        planner_context = RoleContext(
+            RoleName.PLANNER, config=config, model=self._model, tokenizer=get_tokenizer(config.llm_for("planner").tokenizer), on_fold=self._emit
+        )
         coder_context = RoleContext(
             RoleName.CODE_GENERATOR,
             config=config,
             model=self._model,
-            tokenizer=self._tokenizer,
+            tokenizer=get_tokenizer(config.llm_for("code_generator").tokenizer),
             live_variables=self.live_variables,
             on_fold=self._emit,
         )
@@ -109,6 +112,7 @@ class Session:
             examples=load_examples(config.project_dir, RoleName.PLANNER),
             max_hops=config.session.max_internal_hops,
             working_files=lambda: list_working_files(self.working_dir),
+            on_delta=lambda delta: self._emit(ReplyStreamed(RoleName.PLANNER, delta)),
         )
         code_generator = CodeGenerator(
             self._model,
@@ -116,6 +120,7 @@ class Session:
             context=coder_context,
             examples=load_examples(config.project_dir, RoleName.CODE_GENERATOR),
             max_retry_count=config.code_interpreter.max_retry_count,
+            on_delta=lambda delta: self._emit(ReplyStreamed(RoleName.CODE_GENERATOR, delta)),
         )
         return planner, code_generator
 
@@ -200,9 +205,7 @@ class Session:
         listeners: Iterable[Listener],
         usage_before: Usage = Usage(),
     ) -> Session:
-        from taskweaver_lite.llm import OpenAIChatModel
-
-        chat_model = model or OpenAIChatModel(config.llm)
+        chat_model = model or role_models(config)
         running = (executor or default_executor(config))(config.sessions_dir / session_id)
         try:
             return cls(
@@ -323,6 +326,10 @@ class Session:
         """Model calls and tokens used so far (failed calls counted, with no tokens)."""
         return self._model.usage()
 
+    def usage_by_model(self) -> dict[tuple[str, str], Usage]:
+        """This process's model calls summed per (purpose, model name): which role spent what, on which model."""
+        return self._model.usage_by_model()
+
     def close(self) -> None:
         """Stop background folds and the kernel; save the summaries; release the stored session."""
         for context in self.contexts().values():
@@ -384,6 +391,29 @@ class Session:
     def _emit(self, event: Event) -> None:
         for listener in list(self._listeners):
             listener(event)
+
+
+def role_models(config: Config) -> ChatModel:
+    """The openai-SDK clients a session calls: one per distinct role model (`planner.llm`...), shared when equal."""
+    from taskweaver_lite.llm import OpenAIChatModel, RoutedModel
+
+    clients: dict[str, OpenAIChatModel] = {}
+
+    def client(llm: LLMConfig) -> OpenAIChatModel:
+        secret = llm.api_key.get_secret_value() if llm.api_key is not None else None
+        key = json.dumps([llm.model_dump(mode="json", exclude={"api_key"}), secret], sort_keys=True)
+        if key not in clients:
+            clients[key] = OpenAIChatModel(llm)
+        return clients[key]
+
+    folder = client(config.llm_for("round_compressor"))
+    by_purpose: dict[str, ChatModel] = {
+        "planner": client(config.llm_for("planner")),
+        "code_generator": client(config.llm_for("code_generator")),
+        "compression_planner": folder,
+        "compression_code_generator": folder,
+    }
+    return RoutedModel(by_purpose, default=client(config.llm))
 
 
 def default_executor(config: Config) -> ExecutorFactory:

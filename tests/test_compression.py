@@ -15,7 +15,7 @@ from taskweaver_lite.config import Config
 from taskweaver_lite.conversation import RoleName, RoundMessages
 from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.execution import FoldPiece, Variable
-from taskweaver_lite.llm import Completion, Message, OpenAIChatModel
+from taskweaver_lite.llm import Completion, DeltaSink, Message, OpenAIChatModel
 from taskweaver_lite.summary import CompressionState
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, detect_role
 from taskweaver_lite.tokens import get_tokenizer
@@ -49,7 +49,9 @@ class SummaryModel:
         self.max_tokens: list[int | None] = []
         self.entered = threading.Event()  # set once a call has arrived
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None) -> Completion:
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
+    ) -> Completion:
         self.calls.append((purpose, list(messages)))
         self.max_tokens.append(max_tokens)
         self.entered.set()

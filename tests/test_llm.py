@@ -24,7 +24,7 @@ from taskweaver_lite.errors import (
     LLMRateLimitError,
     LLMUnreachableError,
 )
-from taskweaver_lite.llm import CallRecord, Completion, Message, MeteredModel, OpenAIChatModel, Usage
+from taskweaver_lite.llm import CallRecord, Completion, DeltaSink, Message, MeteredModel, OpenAIChatModel, Usage
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, last_user_text, planner_reply
 
 KEY = "sk-test-0123456789"
@@ -61,8 +61,10 @@ class Recorded:
         if self._also is not None:
             self._also(record)
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None) -> Completion:
-        return self._meter.complete(messages, purpose=purpose, max_tokens=max_tokens)
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
+    ) -> Completion:
+        return self._meter.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
 
     def usage(self) -> Usage:
         return self._meter.usage()
@@ -251,11 +253,24 @@ def test_prompt_over_the_context_window_raises_context_too_long(
         model.complete(PLANNER_CALL, purpose="planner")
 
 
-def test_endpoint_rejecting_response_format_suggests_turning_json_mode_off(
+def test_endpoint_rejecting_response_format_is_asked_again_without_it_and_that_is_remembered(
     server: ScriptedServer, make_model: ModelFactory
 ) -> None:
-    model = make_model(config_for(server))
-    server.enqueue("planner", Reply(status=400, error_message="response_format of type json_object is not supported"))
+    model = make_model(config_for(server, max_retries=0))
+    refusal = Reply(status=400, error_message="response_format of type json_object is not supported")
+    server.enqueue("planner", refusal, planner_reply("first", send_to="User"), planner_reply("second", send_to="User"))
+    assert model.complete(PLANNER_CALL, purpose="planner").text == planner_reply("first", send_to="User")
+    assert model.complete(PLANNER_CALL, purpose="planner").text == planner_reply("second", send_to="User")
+    bodies = [request.body for request in server.requests]
+    assert ["response_format" in body for body in bodies] == [True, False, False]
+
+
+def test_endpoint_rejecting_response_format_even_without_it_suggests_turning_json_mode_off(
+    server: ScriptedServer, make_model: ModelFactory
+) -> None:
+    model = make_model(config_for(server, max_retries=0))
+    refusal = Reply(status=400, error_message="response_format of type json_object is not supported")
+    server.enqueue("planner", refusal, refusal)
     with pytest.raises(LLMError, match=r"--set llm\.json_mode=false"):
         model.complete(PLANNER_CALL, purpose="planner")
 

@@ -120,13 +120,32 @@ def test_error_replies_ask_the_client_to_retry_after_ten_milliseconds(server: Sc
         assert json.loads(error.read())["error"]["message"] == "slow down"
 
 
-def test_streaming_requests_are_refused_with_a_reason(server: ScriptedServer) -> None:
-    request = post(server, {"model": "m", "stream": True, "messages": call(PLANNER_SYSTEM, "go")})
-    with pytest.raises(urllib.error.HTTPError) as caught:
-        urllib.request.urlopen(request, timeout=5)
-    with caught.value as error:
-        assert error.code == 400
-        assert "does not stream" in json.loads(error.read())["error"]["message"]
+def stream_events(server: ScriptedServer, body: dict[str, Any]) -> list[str]:
+    with urllib.request.urlopen(post(server, body), timeout=5) as response:
+        assert response.headers["Content-Type"] == "text/event-stream"
+        text = response.read().decode("utf-8")
+    return [line.removeprefix("data: ") for line in text.split("\n\n") if line]
+
+
+def test_streaming_requests_get_reasoning_then_content_in_chunks_then_usage_and_done(server: ScriptedServer) -> None:
+    server.enqueue("planner", Reply(content="abcdefghij", reasoning="hmm", chunk_chars=4))
+    body = {"model": "m", "stream": True, "stream_options": {"include_usage": True}, "messages": call(PLANNER_SYSTEM, "go")}
+    events = stream_events(server, body)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert [d.get("reasoning_content") for d in deltas if "reasoning_content" in d] == ["hmm"]
+    assert [d["content"] for d in deltas if d.get("content")] == ["abcd", "efgh", "ij"]
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["usage"]["completion_tokens"] > 0
+
+
+def test_a_cut_stream_ends_mid_reply_without_a_finish_or_done(server: ScriptedServer) -> None:
+    server.enqueue("planner", Reply(content="abcdefghij", chunk_chars=4, cut_after=6))
+    events = stream_events(server, {"model": "m", "stream": True, "messages": call(PLANNER_SYSTEM, "go")})
+    chunks = [json.loads(event) for event in events]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "abcdef"
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
 
 
 def test_models_endpoint_lists_the_served_model() -> None:

@@ -11,7 +11,7 @@ from helpers import make_project
 from taskweaver_lite.config import ExecutionConfig, load_config
 from taskweaver_lite.errors import LLMUnreachableError
 from taskweaver_lite.events import Event, Folded, PostAdded
-from taskweaver_lite.execution import ExecutionResult, Variable
+from taskweaver_lite.execution import ExecutionResult, OutputSink, Variable
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply, text_reply
 
@@ -274,9 +274,9 @@ class CountingExecutor:
     def artifact(self, name: str) -> Path:
         return self.inner.artifact(name)
 
-    def run(self, code: str, *, timeout: float | None = None) -> ExecutionResult:
+    def run(self, code: str, *, timeout: float | None = None, on_output: OutputSink | None = None) -> ExecutionResult:
         self.seen.append(f"run {code}")
-        return self.inner.run(code, timeout=timeout)
+        return self.inner.run(code, timeout=timeout, on_output=on_output)
 
     def interrupt(self) -> None:
         self.inner.interrupt()

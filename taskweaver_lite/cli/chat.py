@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
-from taskweaver_lite.config import CONFIG_FILE_NAME, Config, load_config
+from taskweaver_lite.config import CONFIG_FILE_NAME, MODEL_USERS, Config, load_config
 from taskweaver_lite.conversation import RoleName, Round
+from taskweaver_lite.discovery import discover, needs_discovery, use_local_server
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
@@ -68,8 +69,12 @@ def run_chat(args: argparse.Namespace) -> int:
     config = load_config(project, overrides)
     if not (project / CONFIG_FILE_NAME).exists():
         _to_stderr(f"{project / CONFIG_FILE_NAME} not found: using the defaults (`taskweaver-lite init` writes a commented one).")
+    if needs_discovery(config):
+        found = use_local_server(config, discover())
+        if found is not None:
+            _to_stderr(found)
     interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
-    renderer: RichConsole | PlainConsole = RichConsole() if interactive else PlainConsole()
+    renderer: RichConsole | PlainConsole = RichConsole(show_reasoning=config.llm.show_reasoning) if interactive else PlainConsole()
     say: Callable[[str], None] = renderer.say
     if isinstance(renderer, RichConsole) and config.execution.display_width is None and renderer.console.width >= MIN_DISPLAY_WIDTH:
         config.execution.display_width = renderer.console.width  # DataFrames as wide as this terminal
@@ -92,6 +97,14 @@ def run_chat(args: argparse.Namespace) -> int:
 
 
 MIN_DISPLAY_WIDTH = 40
+
+
+def _model_lines(config: Config) -> list[str]:
+    """/info's model lines: one when every part uses `llm`, else one per role with its window."""
+    models = {user: config.llm_for(user) for user in MODEL_USERS}
+    if all(llm == config.llm for llm in models.values()):
+        return [f"Model:    {config.llm.model} (context window {config.llm.context_window:,} tokens)"]
+    return ["Models:"] + [f"  {user}: {llm.model} (context window {llm.context_window:,} tokens)" for user, llm in models.items()]
 
 
 def resume_hint(session: Session, project: Path | None) -> str:
@@ -295,9 +308,14 @@ class SlashCommands:
             "\n".join(
                 [
                     f"Session:  {s.id}",
-                    f"Model:    {s.config.llm.model} (context window {s.config.llm.context_window:,} tokens)",
+                    *_model_lines(s.config),
                     f"Rounds:   {len(rounds)} ({failed} failed)",
                     f"Tokens:   {usage.prompt_tokens:,} in, {usage.completion_tokens:,} out over {usage.calls} model calls",
+                    *(
+                        f"  {purpose} on {model or 'the given model'}: {part.prompt_tokens:,} in, {part.completion_tokens:,} out "
+                        f"over {part.calls} call{'' if part.calls == 1 else 's'}"
+                        for (purpose, model), part in s.usage_by_model().items()
+                    ),
                     f"Folder:   {s.working_dir}",
                 ]
             )

@@ -1,8 +1,10 @@
 """Rendering a session for a person: live progress, code, outputs, answers.
 
 `RichConsole` is for a terminal: a spinner saying who is working (with elapsed time while code
-runs), highlighted code, outputs, artifact paths, and the answer as Markdown. `PlainConsole` is
-for pipes: only the Planner's final answers go to stdout; progress goes to stderr as plain lines.
+runs), the Planner's message and the code while they stream (`live.py`), highlighted code,
+outputs, artifact paths, and the answer as Markdown. `PlainConsole` is
+for pipes: only the Planner's final answers go to stdout (never streamed pieces); progress goes to
+stderr as plain lines.
 Both are session listeners. Every text that comes from the model or a cell passes `strip_controls`
 before it is rendered, so only the styling added here ever reaches the terminal.
 """
@@ -15,15 +17,17 @@ import time
 from typing import IO
 
 from rich.console import Console
+from rich.live import Live
 from rich.markdown import Markdown
 from rich.panel import Panel
 from rich.status import Status
 from rich.syntax import Syntax
 from rich.text import Text
 
+from taskweaver_lite.cli.live import CellView, StreamView
 from taskweaver_lite.cli.tracebacks import screen_text
 from taskweaver_lite.conversation import Post
-from taskweaver_lite.events import Event, Folded, PostAdded, RoundEnded, Working
+from taskweaver_lite.events import CellPrinted, Event, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, Working
 from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.terminal import strip_controls
 
@@ -33,6 +37,13 @@ _ACTIVITY = {
     "code_running": "Running code",
     "repairing": "Asking the model to fix a malformed reply",
 }
+
+
+_REFRESHES_PER_SECOND = 10
+_MIN_REDRAW = 0.005
+_SHOW_AFTER = 0.02  # seconds a reply streams before its live view appears
+_MIN_CELL_REDRAW = 0.05  # a print loop sends thousands of pieces a second; the screen needs 20
+_REASONING_CHARS = 4_000  # only the tail is shown; more is memory for nothing
 
 
 class _Elapsed:
@@ -49,9 +60,16 @@ class _Elapsed:
 class RichConsole:
     """Renders events on a terminal."""
 
-    def __init__(self, console: Console | None = None) -> None:
+    def __init__(self, console: Console | None = None, *, show_reasoning: bool = True) -> None:
         self.console = console or Console(highlight=False)
+        self.show_reasoning = show_reasoning
         self._status: Status | None = None
+        self._label = _ACTIVITY["planner_thinking"]
+        # The reply streaming or the cell running now, in a transient live display the finished post replaces.
+        self._stream: tuple[StreamView | CellView, Live] | None = None
+        self._pending: StreamView | None = None
+        self._timer: threading.Timer | None = None
+        self._refreshed = 0.0
         self._lock = threading.RLock()
         # Background notices (folds) arrive at any moment, from another thread: printed at once they
         # would land inside a command's output or under the answer. They wait for a quiet moment.
@@ -69,12 +87,24 @@ class RichConsole:
             self._render(event)
 
     def _render(self, event: Event) -> None:
+        if isinstance(event, ReplyStreamed):
+            self._streamed(event)
+            return
+        if isinstance(event, CellPrinted):
+            self._printed(event)
+            return
+        if not isinstance(event, ModelCalled):
+            self._end_stream()
         if isinstance(event, Working):
             if event.activity == "repairing":
                 self._print(Text(f"The model's reply was malformed ({strip_controls(event.detail)}); asking it to fix it.", style="yellow"))
             if event.activity == "code_running":
                 code = strip_controls(event.detail).strip()
                 self._print(Syntax(code, "python", theme="monokai", line_numbers=False, word_wrap=True))
+                if self.console.is_terminal:  # the cell's output shows as it is printed, under the code
+                    self._label = _ACTIVITY["code_running"]
+                    self._show_live(CellView(self._label))
+                    return
             self._set_status(_ACTIVITY[event.activity])
         elif isinstance(event, PostAdded):
             self._post(event.post)
@@ -108,7 +138,86 @@ class RichConsole:
         title = f"Result ({result.elapsed:.2f} s)" + (" — revising the code" if retrying else "")
         self._print(Panel(Text(body), title=title, border_style=style))
 
+    def _streamed(self, event: ReplyStreamed) -> None:
+        """Show a piece of a streaming reply; a `start` opens the live view or voids what it showed."""
+        if not self.console.is_terminal:
+            return
+        delta = event.delta
+        view = self._view_for(event)
+        if delta.kind == "start":
+            view.restart()
+        elif delta.kind == "content":
+            view.partial.feed(delta.text)
+        else:
+            view.reasoning = (view.reasoning + delta.text)[-_REASONING_CHARS:]
+        if delta.kind == "start":
+            return
+        if view is self._pending and view.has_text():
+            if view.age() >= _SHOW_AFTER:
+                self._show_pending(view)
+            elif self._timer is None:
+                # The next piece may be seconds away (a stalled or slow model): show it on time anyway.
+                self._timer = threading.Timer(_SHOW_AFTER - view.age(), self._show_pending, args=(view,))
+                self._timer.daemon = True
+                self._timer.start()
+        self._redraw(_MIN_REDRAW)
+
+    def _show_pending(self, view: StreamView) -> None:
+        """Put a waiting reply view on screen, unless its reply is already over (called from a timer too)."""
+        with self._lock:
+            if self._pending is not view:
+                return
+            self._pending = None
+            self._show_live(view)
+            if self._stream is not None:
+                self._stream[1].refresh()
+
+    def _view_for(self, event: ReplyStreamed) -> StreamView:
+        """The view of `event`'s reply: on screen, waiting to be shown, or new (then waiting)."""
+        shown = self._stream[0] if self._stream is not None else None
+        if isinstance(shown, StreamView) and shown.role == event.role:
+            return shown
+        if self._pending is None or self._pending.role != event.role:
+            # Shown only once it has been streaming a moment: a reply that arrives all at once
+            # (a fast model, a short answer) goes straight to its post, without a live display
+            # that would cost more to draw and clear than the reply took.
+            self._pending = StreamView(event.role, self._label, show_reasoning=self.show_reasoning)
+        return self._pending
+
+    def _printed(self, event: CellPrinted) -> None:
+        """Show what the running cell just printed (its view keeps only the last lines)."""
+        if self._stream is not None and isinstance(self._stream[0], CellView):
+            self._stream[0].add(event.text)
+            self._redraw(_MIN_CELL_REDRAW)
+
+    def _show_live(self, view: StreamView | CellView) -> None:
+        """Start a transient live display of `view` (one at a time: the spinner and any other view end first)."""
+        self._end_stream()
+        self.stop_status()
+        live = Live(view, console=self.console, transient=True, refresh_per_second=_REFRESHES_PER_SECOND)
+        live.start()
+        self._stream = (view, live)
+
+    def _redraw(self, gap: float) -> None:
+        # At once, not at the next tick: text should appear as it arrives. A burst of tiny pieces
+        # is drawn at most every few milliseconds; the ticking refresh draws the rest.
+        now = time.monotonic()
+        if self._stream is not None and now - self._refreshed >= gap:
+            self._refreshed = now
+            self._stream[1].refresh()
+
+    def _end_stream(self) -> None:
+        """Clear the live view of a streamed reply (its post, printed next, replaces it)."""
+        self._pending = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._stream is not None:
+            self._stream[1].stop()
+            self._stream = None
+
     def _set_status(self, label: str) -> None:
+        self._label = label
         if not self.console.is_terminal:
             return
         if self._status is None:
@@ -118,7 +227,8 @@ class RichConsole:
             self._status.update(_Elapsed(label))
 
     def stop_status(self) -> None:
-        """Remove the spinner (before printing an answer or returning to the prompt)."""
+        """Remove the spinner or a streaming reply's view (before printing an answer or returning to the prompt)."""
+        self._end_stream()
         if self._status is not None:
             self._status.stop()
             self._status = None

@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     _project_option(sessions)
     sessions.add_argument("--json", action="store_true", help="one JSON array on stdout")
 
+    models = commands.add_parser("models", help="the local model servers reachable (Ollama, LM Studio, llama.cpp, vLLM) and their models")
+    models.add_argument("--json", action="store_true", help="one JSON array on stdout")
+
     export = commands.add_parser("export", help="write a stored session as a notebook or Markdown")
     export.add_argument("session_id", metavar="ID", help="session id ('last' for the newest)")
     _project_option(export)
@@ -87,6 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from taskweaver_lite.cli.init import run_init
 
             return run_init(args.directory)
+        if args.command == "models":
+            from taskweaver_lite.cli.models import list_models
+
+            return list_models(as_json=args.json)
         if args.command == "sessions":
             from taskweaver_lite.cli.chat import list_sessions
 

@@ -30,7 +30,7 @@ from jupyter_core.utils import ensure_event_loop
 
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
-from taskweaver_lite.execution import ExecutionResult, Variable, VariableChanges
+from taskweaver_lite.execution import ExecutionResult, OutputSink, Variable, VariableChanges
 from taskweaver_lite.kernel import guard as kernel_guard
 from taskweaver_lite.kernel import snapshot as kernel_snapshot
 from taskweaver_lite.kernel.output import CellOutput
@@ -144,8 +144,11 @@ class KernelExecutor:
         if self._start_error is not None:
             raise KernelError(f"The Python kernel could not start ({self._start_error}); see {self._log_path}")
 
-    def run(self, code: str, *, timeout: float | None = None) -> ExecutionResult:
-        """Run one cell and return what it did; waits for the kernel if it is still starting."""
+    def run(self, code: str, *, timeout: float | None = None, on_output: OutputSink | None = None) -> ExecutionResult:
+        """Run one cell and return what it did; waits for the kernel if it is still starting.
+
+        What the cell prints also goes to `on_output` as the kernel sends it (for the screen).
+        """
         self.wait_ready()
         with self._run_lock:
             if self._closed:
@@ -155,7 +158,7 @@ class KernelExecutor:
                 # Died between cells (the OOM killer picks idle kernels too): say so on this cell.
                 lost = tuple(self._fingerprints)
                 self._replace_kernel(graceful=False)
-            result = self._run_cell(code, self.config.timeout if timeout is None else timeout)
+            result = self._run_cell(code, self.config.timeout if timeout is None else timeout, on_output)
             if lost:
                 result = dataclasses.replace(result, kernel_died=True, lost_variables=lost)
             return result
@@ -250,7 +253,7 @@ class KernelExecutor:
         except Exception as exc:
             raise KernelError(f"The Python kernel could not be restarted ({exc}); see {self._log_path}") from exc
 
-    def _run_cell(self, code: str, timeout: float) -> ExecutionResult:
+    def _run_cell(self, code: str, timeout: float, on_output: OutputSink | None) -> ExecutionResult:
         client = self._client
         if client is None:
             raise KernelError(f"The Python kernel is not connected; see {self._log_path}")
@@ -267,7 +270,7 @@ class KernelExecutor:
         msg_id = client.execute(code, store_history=True, user_expressions=self._expressions, allow_stdin=False, stop_on_error=False)
         self._running = msg_id
         try:
-            ending, timed_out = self._follow(client, msg_id, output, deadline=started + timeout)
+            ending, timed_out = self._follow(client, msg_id, output, deadline=started + timeout, on_output=on_output)
         except KeyboardInterrupt:
             self._stop_after_ctrl_c(client, msg_id, output)
             raise
@@ -302,7 +305,9 @@ class KernelExecutor:
             notices=notices,
         )
 
-    def _follow(self, client: BlockingKernelClient, msg_id: str, output: CellOutput, *, deadline: float) -> tuple[_Ending, bool]:
+    def _follow(
+        self, client: BlockingKernelClient, msg_id: str, output: CellOutput, *, deadline: float, on_output: OutputSink | None = None
+    ) -> tuple[_Ending, bool]:
         """Feed the cell's iopub messages to `output` until the kernel is idle, dead, or stuck."""
         timed_out = False
         interrupted_at: float | None = None
@@ -317,6 +322,8 @@ class KernelExecutor:
                 if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
                     return "idle", timed_out
                 output.add(msg["msg_type"], msg["content"])
+                if on_output is not None and msg["msg_type"] == "stream":
+                    on_output(str(msg["content"].get("name", "stdout")), str(msg["content"].get("text", "")))
             # Checked on a clock rather than on silence, so a cell that prints nonstop still times out.
             now = time.monotonic()
             if now < next_check:

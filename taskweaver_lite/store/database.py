@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from taskweaver_lite.conversation import Post, RoleName, Round
 from taskweaver_lite.errors import StoreError, UnknownSessionError
-from taskweaver_lite.events import Event, FileLoaded, Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
+from taskweaver_lite.events import CellPrinted, Event, FileLoaded, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import Variable
 from taskweaver_lite.llm import Usage
 from taskweaver_lite.store.lock import SessionLock
@@ -161,8 +161,8 @@ class SessionStore:
             db.execute("INSERT INTO sessions (id, started, last_active) VALUES (?, ?, ?)", (session_id, started, started))
 
     def record(self, session_id: str, event: Event) -> None:
-        """Write one session event in its own transaction; `Working` is progress only and is skipped."""
-        if isinstance(event, Working):
+        """Write one session event in its own transaction; `Working`, `ReplyStreamed`, `CellPrinted` are progress only and are skipped."""
+        if isinstance(event, (Working, ReplyStreamed, CellPrinted)):
             return
         now = time.time()
         with self._transaction() as db:

@@ -8,17 +8,24 @@ it answers HTTP 500 naming the role, so a test that runs out of script fails lou
 A `Reply` can also misbehave the way real servers do: send a raw body (cut off, not JSON, an odd
 completion), drip its body one byte at a time, answer with content parts, or add headers such
 as `Retry-After`.
+
+A request with `stream: true` is answered as a real server streams: `text/event-stream` chunks of
+`Reply.chunk_chars` characters, `Reply.chunk_delay` seconds apart, reasoning first
+(`reasoning_content`) when the reply has some, usage last when `stream_options.include_usage` asks,
+then `data: [DONE]`. `Reply.cut_after` breaks the stream off mid-reply; `Reply.gate` holds it after
+`gate_after` characters until the test sets the event. A raw body or an error is sent as it is.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -53,6 +60,17 @@ class Reply:
     content_parts: tuple[str, ...] | None = None
     # Extra response headers (`Retry-After`...); they replace the 10 ms retry hint of errors.
     headers: Mapping[str, str] = field(default_factory=dict)
+    # Streaming (requests with stream=true): the pieces, their pace, reasoning sent before the content.
+    chunk_chars: int = 16
+    chunk_delay: float = 0.0
+    reasoning: str = ""
+    # The stream breaks off (connection closed, no [DONE]) after this many content characters.
+    cut_after: int | None = None
+    # The stream waits for this event after `gate_after` content characters (tests watch the screen meanwhile).
+    gate: threading.Event | None = None
+    gate_after: int = 0
+    # Called with each content piece right after it is sent (benchmarks time the way to the screen).
+    on_sent: Callable[[str], None] | None = None
 
 
 Responder = Callable[[list[dict[str, Any]]], str | Reply]
@@ -91,9 +109,10 @@ def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
 class ScriptedServer:
     """An OpenAI-compatible chat server in a daemon thread, answering from per-role scripts."""
 
-    def __init__(self, *, model: str | None = None, api_key: str | None = None) -> None:
+    def __init__(self, *, model: str | None = None, api_key: str | None = None, port: int = 0) -> None:
         self.model = model
         self.api_key = api_key
+        self.port = port  # 0: any free port; a fixed one plays a local server on its default port
         self._lock = threading.Lock()
         self._queues: dict[str, deque[Scripted]] = {role: deque() for role in ROLES}
         self._defaults: dict[str, Scripted] = {}
@@ -120,7 +139,7 @@ class ScriptedServer:
         if self._httpd is not None:
             return self
         self._stopping.clear()
-        self._httpd = _HTTPServer((_HOST, 0), _Handler)
+        self._httpd = _HTTPServer((_HOST, self.port), _Handler)
         self._httpd.scripted = self
         self._thread = threading.Thread(
             # A short poll keeps stop() quick: shutdown waits for the loop's next look at its flag.
@@ -294,9 +313,6 @@ class _Handler(BaseHTTPRequestHandler):
             model = body.get("model")
             self._send_error(404, f"The model `{model}` does not exist or you do not have access to it.")
             return
-        if body.get("stream"):
-            self._send_error(400, "the scripted server does not stream; call without stream=True")
-            return
         self._answer(scripted, role, messages, body)
 
     def _answer(
@@ -329,7 +345,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(reply.status, reply.error_message or f"scripted HTTP {reply.status} for role '{role}'", reply=reply)
         else:
             number = len(scripted.requests)
-            self._send_json(200, _completion(reply, messages, model=body.get("model") or scripted.model, number=number), reply)
+            completion = _completion(reply, messages, model=body.get("model") or scripted.model, number=number)
+            if body.get("stream"):
+                options = body.get("stream_options")
+                usage = isinstance(options, dict) and bool(options.get("include_usage"))
+                self._stream(reply, completion, usage=usage)
+            else:
+                self._send_json(200, completion, reply)
 
     def _authorized(self, scripted: ScriptedServer) -> bool:
         if scripted.api_key is None:
@@ -369,6 +391,48 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (its timeout) before the slow reply was ready
 
+    def _stream(self, reply: Reply, completion: dict[str, Any], *, usage: bool) -> None:
+        """Send `completion` as server-sent events, as paced, gated or cut as `reply` says."""
+        # No length is known in advance: the stream ends when the connection closes, as with real servers.
+        self.close_connection = True
+        try:
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each chunk leaves at once
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.flush()
+            for event in _stream_events(reply, completion, usage=usage, pause=self._pause):
+                if event is None:
+                    return  # cut off: the connection closes without [DONE]
+                data = b"data: " + event.encode("utf-8") + b"\n\n"
+                if reply.drip > 0:
+                    self._drip(data, reply.drip)
+                else:
+                    self.wfile.write(data)
+                self.wfile.flush()
+                if reply.on_sent is not None and '"content": "' in event:
+                    reply.on_sent(json.loads(event)["choices"][0]["delta"]["content"])
+                if self.server.scripted._stopping.is_set():
+                    return
+        except (BrokenPipeError, ConnectionResetError):
+            self._abandon_output()
+
+    def _abandon_output(self) -> None:
+        """The client left mid-stream: drop what is still buffered, or the handler's own last flush fails loudly."""
+        broken, self.wfile = self.wfile, io.BytesIO()
+        with contextlib.suppress(OSError):
+            broken.close()
+
+    def _pause(self, reply: Reply, sent: int) -> None:
+        """The wait before the next content chunk: the reply's pace, and its gate once `gate_after` is reached."""
+        scripted = self.server.scripted
+        if reply.gate is not None and sent >= reply.gate_after:
+            while not reply.gate.is_set() and not scripted._stopping.is_set():
+                reply.gate.wait(0.05)
+        if reply.chunk_delay > 0:
+            scripted._wait(reply.chunk_delay)
+
     def _drip(self, data: bytes, interval: float) -> None:
         """Send `data` one byte every `interval` seconds, until done, the client leaves or the server stops."""
         scripted = self.server.scripted
@@ -405,6 +469,38 @@ def _completion(reply: Reply, messages: list[dict[str, Any]], *, model: str | No
         answer = _rough_tokens(_text_of(content))
         completion["usage"] = {"prompt_tokens": prompt, "completion_tokens": answer, "total_tokens": prompt + answer}
     return completion
+
+
+def _stream_events(
+    reply: Reply, completion: dict[str, Any], *, usage: bool, pause: Callable[[Reply, int], None]
+) -> Iterator[str | None]:
+    """The `data:` payloads of a streamed `completion`; None where the stream is cut off."""
+    base = {key: completion[key] for key in ("id", "created", "model")}
+    base["object"] = "chat.completion.chunk"
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        return json.dumps({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+    yield chunk({"role": "assistant", "content": ""})
+    size = max(1, reply.chunk_chars)
+    for start in range(0, len(reply.reasoning), size):
+        yield chunk({"reasoning_content": reply.reasoning[start : start + size]})
+    parts = reply.content_parts if reply.content_parts is not None else (reply.content,)
+    sent = 0
+    for part in parts:
+        for start in range(0, len(part), size):
+            piece = part[start : start + size]
+            if reply.cut_after is not None and sent + len(piece) > reply.cut_after:
+                yield chunk({"content": piece[: reply.cut_after - sent]})
+                yield None
+                return
+            pause(reply, sent)
+            yield chunk({"content": piece})
+            sent += len(piece)
+    yield chunk({}, reply.finish_reason)
+    if usage and "usage" in completion:
+        yield json.dumps({**base, "choices": [], "usage": completion["usage"]})
+    yield "[DONE]"
 
 
 def _model_entry(name: str) -> dict[str, Any]:

@@ -1,0 +1,76 @@
+"""A running cell's output on a terminal: each line as it is printed, the elapsed time ticking, a
+print loop kept to a few lines on screen; pipes still get only the final answer."""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import make_project
+from rich.console import Console
+
+from taskweaver_lite.cli.console import RichConsole
+from taskweaver_lite.config import load_config
+from taskweaver_lite.session import Session
+from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
+
+TICKS = "import time\nfor i in range(3):\n    print(f'tick {i}', flush=True)\n    time.sleep(1)"
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as running:
+        yield running
+
+
+def snapshots(screen: io.StringIO, stop: threading.Event) -> list[tuple[float, str]]:
+    """The screen every 20 ms until `stop`, taken on a thread while the session runs on the test's."""
+    taken: list[tuple[float, str]] = []
+
+    def take() -> None:
+        while not stop.is_set():
+            taken.append((time.monotonic(), screen.getvalue()))
+            time.sleep(0.02)
+
+    threading.Thread(target=take, daemon=True).start()
+    return taken
+
+
+def run_cell(tmp_path: Path, server: ScriptedServer, code: str) -> tuple[io.StringIO, list[tuple[float, str]]]:
+    server.enqueue("planner", planner_reply("Run it."), planner_reply("Done.", send_to="User"))
+    server.enqueue("code_generator", code_reply(code))
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=100, highlight=False, color_system=None)
+    stop = threading.Event()
+    with Session.open(load_config(make_project(tmp_path, server.url)), listeners=[RichConsole(console)]) as session:
+        taken = snapshots(screen, stop)
+        try:
+            session.ask("run the cell")
+        finally:
+            stop.set()
+    return screen, taken
+
+
+def test_a_cell_printing_once_a_second_shows_its_first_line_before_it_ends(tmp_path: Path, server: ScriptedServer) -> None:
+    screen, taken = run_cell(tmp_path, server, TICKS)
+    first = next((at, text) for at, text in taken if "tick 0" in text)
+    assert "tick 2" not in first[1], "the first line waited for the cell to end"
+    ends = next(at for at, text in taken if "tick 2" in text)
+    assert ends - first[0] > 1.5
+    # The elapsed time ticks while the cell runs: several different readings of it.
+    readings = set(re.findall(r"Running code… (\d+\.\d) s", screen.getvalue()))
+    assert len(readings) >= 5, readings
+    assert "Done." in screen.getvalue()
+
+
+def test_a_print_loop_cannot_flood_the_screen(tmp_path: Path, server: ScriptedServer) -> None:
+    screen, _ = run_cell(tmp_path, server, "for i in range(200_000):\n    print('line', i)")
+    shown = screen.getvalue()
+    assert "… (earlier output above)" in shown
+    assert len(shown) < 3_000_000, f"{len(shown):,} characters reached the terminal"
+    assert "line 199999" in shown
