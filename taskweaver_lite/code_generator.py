@@ -16,6 +16,8 @@ from taskweaver_lite.conversation import Post, RoleName, Round, RoundMessages
 from taskweaver_lite.events import Working
 from taskweaver_lite.execution import ExecutionResult, Executor, FoldPiece, as_data
 from taskweaver_lite.llm import ChatModel, Message
+from taskweaver_lite.plugin_prompt import render_block, select, used_plugins
+from taskweaver_lite.plugins import PluginSpec
 from taskweaver_lite.replies import CODE_GENERATOR_SCHEMA
 from taskweaver_lite.role import RepairTurns, Role, as_reply_json
 
@@ -31,10 +33,15 @@ class CodeGenerator(Role):
         context: RoleContext,
         examples: Sequence[Message],
         max_retry_count: int,
+        plugins: Sequence[PluginSpec] = (),
+        plugin_top_k: int | None = None,
     ) -> None:
+        """`plugin_top_k` set: show only that many plugins, the most relevant to the step (and those used before)."""
         super().__init__(RoleName.CODE_GENERATOR, model, context=context, examples=examples)
         self._executor = executor
         self._max_retry = max_retry_count
+        self._plugins = tuple(plugins)
+        self._plugin_top_k = plugin_top_k
 
     def handle(
         self,
@@ -85,7 +92,7 @@ class CodeGenerator(Role):
         raise AssertionError("unreachable: the last attempt always returns")
 
     def _generate(self, history: Sequence[Round], current: Round, repairs: RepairTurns, notify: Callable[[Working], None]) -> dict[str, str]:
-        system = self._prompt.render("system")
+        system = self._prompt.render("system", plugins=render_block(self.shown_plugins(history, current)))
         return self.ask(
             system=system,
             history=history,
@@ -94,6 +101,14 @@ class CodeGenerator(Role):
             repairs=repairs,
             on_repair=lambda problem: notify(Working("repairing", problem)),
         )
+
+    def shown_plugins(self, history: Sequence[Round], current: Round) -> tuple[PluginSpec, ...]:
+        """The plugins this call's prompt shows: all, or the top-k for the step plus those used earlier."""
+        if self._plugin_top_k is None or len(self._plugins) <= self._plugin_top_k:
+            return self._plugins
+        code = [post.code for rnd in (*history, current) for post in rnd.posts if post.code]
+        step = next((p.message for p in reversed(current.posts) if p.send_to == "CodeInterpreter" and p.send_from == "Planner"), "")
+        return select(self._plugins, step, top_k=self._plugin_top_k, keep=used_plugins(self._plugins, code))
 
     def render_round(self, rnd: Round) -> RoundMessages:
         """One round as the CodeGenerator's chat messages: steps, its code, and what the code did."""

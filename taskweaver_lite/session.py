@@ -31,6 +31,8 @@ from taskweaver_lite.examples import load_examples
 from taskweaver_lite.execution import Executor, ExecutorFactory, Variable
 from taskweaver_lite.llm import CallRecord, ChatModel, MeteredModel, Usage
 from taskweaver_lite.planner import Planner, list_working_files
+from taskweaver_lite.plugin_prompt import planner_line
+from taskweaver_lite.plugins import PluginCatalog, PluginSpec, discover
 from taskweaver_lite.role import RepairTurns
 from taskweaver_lite.store.database import SessionStore, StoreRecorder
 from taskweaver_lite.store.lock import SessionLock
@@ -67,8 +69,10 @@ class Session:
         lock: SessionLock | None = None,
         usage_before: Usage = Usage(),
         executor_factory: ExecutorFactory | None = None,
+        plugins: PluginCatalog | None = None,
     ) -> None:
         self.config = config
+        self.plugins = plugins or PluginCatalog()  # every plugin found, broken ones with their errors; the enabled ones are shown
         self.id = session_id
         self.executor = executor
         self._executor_factory = executor_factory  # how /reset builds the next session's executor
@@ -109,6 +113,7 @@ class Session:
             examples=load_examples(config.project_dir, RoleName.PLANNER),
             max_hops=config.session.max_internal_hops,
             working_files=lambda: list_working_files(self.working_dir),
+            plugin_lines=[planner_line(spec) for spec in self.plugins.enabled],
         )
         code_generator = CodeGenerator(
             self._model,
@@ -116,6 +121,8 @@ class Session:
             context=coder_context,
             examples=load_examples(config.project_dir, RoleName.CODE_GENERATOR),
             max_retry_count=config.code_interpreter.max_retry_count,
+            plugins=self.plugins.enabled,
+            plugin_top_k=config.code_generator.auto_plugin_selection_topk if config.code_generator.auto_plugin_selection else None,
         )
         return planner, code_generator
 
@@ -203,7 +210,8 @@ class Session:
         from taskweaver_lite.llm import OpenAIChatModel
 
         chat_model = model or OpenAIChatModel(config.llm)
-        running = (executor or default_executor(config))(config.sessions_dir / session_id)
+        plugins = discover(config.project_dir)
+        running = (executor or default_executor(config, plugins=plugins.enabled))(config.sessions_dir / session_id)
         try:
             return cls(
                 config,
@@ -215,6 +223,7 @@ class Session:
                 lock=lock,
                 usage_before=usage_before,
                 executor_factory=executor,
+                plugins=plugins,
             )
         except BaseException:  # bad examples or prompts: the kernel already booting must not linger
             running.shutdown()
@@ -386,11 +395,11 @@ class Session:
             listener(event)
 
 
-def default_executor(config: Config) -> ExecutorFactory:
-    """A local Jupyter kernel per session, started in the background."""
+def default_executor(config: Config, *, plugins: Sequence[PluginSpec] = ()) -> ExecutorFactory:
+    """A local Jupyter kernel per session, started in the background, with `plugins` loaded in it."""
     from taskweaver_lite.kernel.executor import KernelExecutor
 
-    return functools.partial(KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens)
+    return functools.partial(KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens, plugins=tuple(plugins))
 
 
 def _newest_first(variables: Sequence[Variable], recency: dict[str, int]) -> tuple[Variable, ...]:
