@@ -38,6 +38,7 @@ HELP = """Commands:
   /summary         the text each role's prompt carries for its folded rounds (written for the model)
   /history         every earlier request in full, also those folded out of the prompts
   /last            the last cell that ran, with its whole output and traceback
+  /plugins         the plugins: enabled, disabled, or why they are not loaded
   /export [ipynb|md] [file] [--force]   write this session as a notebook or Markdown
   /reset           start over: new session, fresh kernel, working files copied
   /exit            leave (Ctrl-D or Ctrl-C at an empty prompt too)
@@ -79,6 +80,8 @@ def run_chat(args: argparse.Namespace) -> int:
         session = Session.open(config, listeners=[renderer])
     if session.store is not None:
         session.store.save_overrides(session.id, overrides)
+    for entry in session.plugins.broken:
+        _to_stderr(strip_controls(entry.line()))
     commands = SlashCommands(session, say=say)
     try:
         if isinstance(renderer, RichConsole):
@@ -255,6 +258,7 @@ class SlashCommands:
             "/history": self._history,
             "/last": self._last,
             "/export": self._export,
+            "/plugins": self._plugins,
         }
 
     def known(self, line: str) -> bool:
@@ -308,6 +312,13 @@ class SlashCommands:
         old = self.session.id
         self.session = self.session.reset()
         self.say(f"Started over as session {self.session.id} with a fresh kernel and a copy of the working files ({old} stays stored).")
+        return True
+
+    def _plugins(self, _: str) -> bool:
+        from taskweaver_lite.cli.plugins import plugin_table
+
+        failures = getattr(self.session.executor, "plugin_failures", ())
+        self.say(plugin_table(self.session.plugins.entries, failures))
         return True
 
     def _history(self, _: str) -> bool:

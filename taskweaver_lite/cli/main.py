@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     _project_option(sessions)
     sessions.add_argument("--json", action="store_true", help="one JSON array on stdout")
 
+    plugins = commands.add_parser("plugins", help="list the project's plugins (and installed ones) with their state or error")
+    _project_option(plugins)
+    plugins.add_argument("--json", action="store_true", help="one JSON array on stdout")
+
     export = commands.add_parser("export", help="write a stored session as a notebook or Markdown")
     export.add_argument("session_id", metavar="ID", help="session id ('last' for the newest)")
     _project_option(export)
@@ -91,6 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from taskweaver_lite.cli.chat import list_sessions
 
             return list_sessions(args)
+        if args.command == "plugins":
+            from taskweaver_lite.cli.plugins import run_plugins
+
+            return run_plugins(args)
         from taskweaver_lite.cli.chat import export_session
 
         return export_session(args)

@@ -261,7 +261,8 @@ class KernelExecutor:
     def _install_plugins(self, client: BlockingKernelClient) -> None:
         """Load the plugins into a new kernel; failures are kept to be reported with the next cell."""
         expression = f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].failures()"
-        msg_id = client.execute(self._plugin_install, silent=True, store_history=False, user_expressions={_PLUGIN_FAILURES: expression})
+        code = f"{self._plugin_install}{self._cell})"  # the cells run before: ctx.execution_id goes on from there
+        msg_id = client.execute(code, silent=True, store_history=False, user_expressions={_PLUGIN_FAILURES: expression})
         value = _expression_json(_reply(client, msg_id) or {}, _PLUGIN_FAILURES)
         failures = tuple(str(line) for line in value) if isinstance(value, list) else ("the plugins could not be loaded (no answer from the kernel)",)
         self.plugin_failures = self._unreported_failures = failures
@@ -443,7 +444,8 @@ def _snapshot_rows(reply: dict[str, Any]) -> list[list[str]] | None:
 
 def _plugin_install_code(plugins: tuple[PluginSpec, ...], *, session_id: str, cwd: Path) -> str:
     specs = json.dumps([spec.kernel_spec() for spec in plugins])
-    return f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].install({specs!r}, {session_id!r}, {str(cwd)!r})"
+    """The install call up to its last argument, the number of cells run before, added at each install."""
+    return f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].install({specs!r}, {session_id!r}, {str(cwd)!r}, "
 
 
 def _expression_json(reply: dict[str, Any], name: str) -> Any:

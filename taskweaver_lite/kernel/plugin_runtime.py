@@ -27,7 +27,7 @@ _TEXT_TYPES = {"txt", "svg", "html", "file", "chart"}
 
 # What plugins reported during the current cell; the executor drains it with `drain()` after each cell.
 _reported: dict[str, list[str]] = {"logs": [], "artifacts": []}
-_state: dict[str, Any] = {"session_id": "", "working_dir": "", "classes": {}, "failures": []}
+_state: dict[str, Any] = {"session_id": "", "working_dir": "", "classes": {}, "failures": [], "cell": 0}
 
 
 class PluginContext:
@@ -48,10 +48,12 @@ class PluginContext:
 
     @property
     def execution_id(self) -> str:
-        """An id of the running cell, unique within the session: `<session>-<execution count>`."""
-        shell = _shell()
-        count = getattr(shell, "execution_count", 0) if shell is not None else 0
-        return f"{self.session_id}-{count}"
+        """An id of the running cell, unique within the session: `<session>-<cell number>`.
+
+        The number is the executor's (it names the cell's output files), not IPython's execution
+        count, which starts again at 1 in a restarted kernel.
+        """
+        return f"{self.session_id}-{_state['cell'] + 1}"
 
     def create_artifact_path(self, name: str, file_name: str) -> tuple[str, str]:
         """A path in the working folder for a file the plugin writes itself; returns (id, path)."""
@@ -118,13 +120,13 @@ def register_shims() -> None:
         sys.modules[name] = me
 
 
-def install(specs_json: str, session_id: str, working_dir: str) -> list[str]:
+def install(specs_json: str, session_id: str, working_dir: str, cells_before: int = 0) -> list[str]:
     """Load each plugin's source and put an instance in the user namespace; returns one line per failure.
 
     Instances are also entered in `user_ns_hidden`, which keeps them out of the variable snapshot
     and out of `%who`; a failing plugin is left out and named, the others still load.
     """
-    _state.update(session_id=session_id, working_dir=working_dir, failures=[])
+    _state.update(session_id=session_id, working_dir=working_dir, failures=[], cell=cells_before)
     shell = _shell()
     for spec in json.loads(specs_json):
         try:
@@ -147,6 +149,7 @@ def drain() -> str:
     """What plugins logged and saved since the last call, as JSON; emptied for the next cell."""
     out = json.dumps(_reported)
     _reported["logs"], _reported["artifacts"] = [], []
+    _state["cell"] += 1
     return out
 
 
