@@ -96,9 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return list_sessions(args)
         if args.command == "plugins":
+            from taskweaver_lite.cli.chat import project_dir
             from taskweaver_lite.cli.plugins import run_plugins
 
-            return run_plugins(args)
+            return run_plugins(project_dir(args), as_json=args.json)
         from taskweaver_lite.cli.chat import export_session
 
         return export_session(args)

@@ -7,13 +7,13 @@ dependency, an error at module level) shows here before any session starts.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from taskweaver_lite.config import load_config
 from taskweaver_lite.kernel import plugin_runtime
@@ -30,13 +30,11 @@ _CHECK = (
 )
 
 
-def run_plugins(args: argparse.Namespace) -> int:
+def run_plugins(project: Path, *, as_json: bool) -> int:
     """`taskweaver-lite plugins`: list the project's and installed packages' plugins with their state."""
-    from taskweaver_lite.cli.chat import project_dir
-
-    config = load_config(project_dir(args))
+    config = load_config(project)
     entries = with_import_errors(discover(config.project_dir).entries)
-    if args.json:
+    if as_json:
         print(entries_as_json(entries))
     else:
         print(plugin_table(entries))
