@@ -70,6 +70,7 @@ class Session:
         usage_before: Usage = Usage(),
         executor_factory: ExecutorFactory | None = None,
         plugins: PluginCatalog | None = None,
+        owns_model: bool = False,
     ) -> None:
         self.config = config
         self.plugins = plugins or PluginCatalog()  # every plugin found, broken ones with their errors; the enabled ones are shown
@@ -81,6 +82,7 @@ class Session:
         self._lock = lock
         self._listeners = list(listeners)
         self._model = MeteredModel(model, on_call=self._on_call, usage=usage_before)
+        self._owns_model = owns_model  # built by us (not passed in): we close its HTTP connections
         self._notes: list[str] = []
         self.loads: list[FileLoaded] = []  # every /load, for /history and the exports
         self._lost: list[str] = []
@@ -224,6 +226,7 @@ class Session:
                 usage_before=usage_before,
                 executor_factory=executor,
                 plugins=plugins,
+                owns_model=model is None,
             )
         except BaseException:  # bad examples or prompts: the kernel already booting must not linger
             running.shutdown()
@@ -314,6 +317,7 @@ class Session:
         listeners = [listener for listener in self._listeners if not isinstance(listener, StoreRecorder)]
         fresh = Session.open(self.config, model=self._model.inner, executor=self._executor_factory, listeners=listeners)
         shutil.copytree(self.working_dir, fresh.working_dir, dirs_exist_ok=True)
+        fresh._owns_model, self._owns_model = self._owns_model, False  # the model client lives on in the new session
         self.close()
         return fresh
 
@@ -349,6 +353,14 @@ class Session:
                     self._lock.release()
                 if store is not None:
                     store.close()
+                self._close_model()
+
+    def _close_model(self) -> None:
+        """Close the model's HTTP connections if we built the model; a model passed in is its owner's."""
+        close = getattr(self._model.inner, "close", None)
+        if self._owns_model and callable(close):
+            self._owns_model = False
+            close()
 
     def _compression_state(self, role: RoleName) -> dict[str, Any] | None:
         context = self.contexts().get(role)

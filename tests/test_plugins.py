@@ -12,6 +12,7 @@ import pytest
 from helpers import REPO, make_project, run_cli
 
 from taskweaver_lite.config import ExecutionConfig, load_config
+from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.plugin_prompt import planner_line, render_block, render_stub, select, used_plugins
 from taskweaver_lite.plugins import ENTRY_POINT_GROUP, Parameter, PluginSpec, discover, read_entry
@@ -268,3 +269,36 @@ def test_the_plugins_command_lists_states_and_errors_and_chat_reports_broken_one
     reason = "is not valid YAML at line 2 (expected the node content, but found '<stream end>')"
     assert broken == [f"plugin {project / 'plugins' / 'bad_yaml.yaml'}: {reason}; the session starts without it"]
     assert "greeter            enabled" in chat.stderr and "turned_off         disabled" in chat.stderr, "/plugins lists them too"
+
+
+def test_auto_selection_shows_the_plugins_for_the_step_and_keeps_those_used_before(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url, code_generator={"auto_plugin_selection": True, "auto_plugin_selection_topk": 1})
+    write_plugin(project / "plugins", "greeter", GREETER_YAML, TASKWEAVER_PLUGIN)
+    server.enqueue("planner", planner_reply("Find the anomalies in column v of df."), planner_reply("Done.", send_to="User"))
+    server.enqueue("code_generator", code_reply("print(greeter('Ada')[0])"))
+    server.enqueue("planner", planner_reply("Pull the rows of the SQLite database shop.db with a SQL query."), planner_reply("Done.", send_to="User"))
+    server.enqueue("code_generator", code_reply("print(1)"))
+    with Session.open(load_config(project)) as session:
+        session.ask("anomalies?")
+        session.ask("rows?")
+    first, second = (r.messages[0]["content"] for r in server.requests if r.role == "code_generator")
+    assert "def anomaly_detection(" in first and "def sql_pull(" not in first and "def greeter(" not in first
+    assert "def sql_pull(" in second and "def greeter(" in second, "the step's plugin, and the one called before"
+    assert "def anomaly_detection(" not in second
+
+
+@pytest.mark.parametrize("selection", [False, True])
+def test_the_plugin_block_counts_against_the_budget(tmp_path: Path, server: ScriptedServer, selection: bool) -> None:
+    long_text = " ".join(f"Detail {n} of how the weather data is fetched, cached and cleaned." for n in range(12))
+    project = make_project(tmp_path, server.url, llm={"context_window": 2048, "reply_reserve": 512}, code_generator={"auto_plugin_selection": selection})
+    for i in range(10):
+        write_plugin(project / "plugins", f"tool_{i}", f"name: tool_{i}\ndescription: |-\n  Fetch weather {i}.\n  {long_text}\n", "x = 1\n")
+    server.enqueue("planner", planner_reply("Print 1."), planner_reply("Done.", send_to="User"))
+    server.enqueue("code_generator", code_reply("print(1)"))
+    with Session.open(load_config(project)) as session:
+        if selection:
+            assert session.ask("print one").state == "finished", "the top 3 fit where all 10 did not"
+            assert [r.role for r in server.requests] == ["planner", "code_generator", "planner"]
+        else:
+            with pytest.raises(ContextOverflowError, match="CodeGenerator's prompt does not fit"):
+                session.ask("print one")
