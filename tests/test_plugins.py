@@ -267,7 +267,11 @@ def test_the_plugins_command_lists_states_and_errors_and_chat_reports_broken_one
     chat = run_cli("chat", "-p", str(project), stdin="/plugins\n")
     broken = [line for line in chat.stderr.splitlines() if line.startswith("plugin ")]
     reason = "is not valid YAML at line 2 (expected the node content, but found '<stream end>')"
-    assert broken == [f"plugin {project / 'plugins' / 'bad_yaml.yaml'}: {reason}; the session starts without it"]
+    assert broken == [
+        f"plugin {project / 'plugins' / 'bad_yaml.yaml'}: {reason}; the session starts without it",
+        f"plugin {project / 'plugins' / 'needs_lib.py'}: ModuleNotFoundError: No module named 'not_installed_anywhere' (line 1); "
+        "the session goes on without it",
+    ]
     assert "greeter            enabled" in chat.stderr and "turned_off         disabled" in chat.stderr, "/plugins lists them too"
 
 

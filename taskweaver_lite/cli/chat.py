@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
+from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
 from taskweaver_lite.config import CONFIG_FILE_NAME, Config, load_config
 from taskweaver_lite.conversation import RoleName, Round
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
@@ -82,6 +83,7 @@ def run_chat(args: argparse.Namespace) -> int:
         session.store.save_overrides(session.id, overrides)
     for entry in session.plugins.broken:
         _to_stderr(strip_controls(entry.line()))
+    report_kernel_failures(session, renderer, to_stderr=_to_stderr)
     commands = SlashCommands(session, say=say)
     try:
         if isinstance(renderer, RichConsole):
@@ -315,8 +317,6 @@ class SlashCommands:
         return True
 
     def _plugins(self, _: str) -> bool:
-        from taskweaver_lite.cli.plugins import plugin_table
-
         failures = getattr(self.session.executor, "plugin_failures", ())
         self.say(plugin_table(self.session.plugins.entries, failures))
         return True

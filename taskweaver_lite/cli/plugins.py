@@ -12,12 +12,17 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+from taskweaver_lite.cli.console import PlainConsole, RichConsole
 from taskweaver_lite.config import load_config
+from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.kernel import plugin_runtime
 from taskweaver_lite.plugins import PluginEntry, discover, entries_as_json
+from taskweaver_lite.session import Session
 from taskweaver_lite.terminal import strip_controls
 
 IMPORT_CHECK_TIMEOUT = 60.0
@@ -86,3 +91,32 @@ def _import_failures(specs: list[dict[str, object]]) -> list[str]:
         reason = done.stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
         return [f"{spec['source_file']}: the import check did not finish ({reason[0]})" for spec in specs]
     return [str(line) for line in value] if isinstance(value, list) else []
+
+
+def report_kernel_failures(session: Session, renderer: RichConsole | PlainConsole, *, to_stderr: Callable[[str], None]) -> None:
+    """Plugins whose import failed in the kernel, one stderr line each, once the kernel has started.
+
+    Piped, we wait for the kernel here: the first request would wait for it anyway, and the lines
+    come out before any answer. On a terminal a background thread hands them to the renderer, so
+    the prompt is not held up.
+    """
+    executor: Any = session.executor
+    if not hasattr(executor, "plugin_failures") or not session.plugins.enabled:
+        return  # nothing to load, or an executor that does not load plugins
+
+    def lines() -> list[str]:
+        try:
+            executor.wait_ready()
+        except TaskWeaverError:
+            return []  # the first request reports a kernel that cannot start, with the way out
+        return [strip_controls(f"plugin {line}; the session goes on without it") for line in executor.plugin_failures]
+
+    def hand_over(rich: RichConsole) -> None:
+        for line in lines():
+            rich.notice(line)
+
+    if isinstance(renderer, RichConsole):
+        threading.Thread(target=hand_over, args=(renderer,), name="plugin-report", daemon=True).start()
+        return
+    for line in lines():
+        to_stderr(line)
