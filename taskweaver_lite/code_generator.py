@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.conversation import Post, RoleName, Round, RoundMessages
+from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.events import Working
 from taskweaver_lite.execution import ExecutionResult, Executor, FoldPiece, as_data
 from taskweaver_lite.llm import ChatModel, Message
@@ -92,15 +93,24 @@ class CodeGenerator(Role):
         raise AssertionError("unreachable: the last attempt always returns")
 
     def _generate(self, history: Sequence[Round], current: Round, repairs: RepairTurns, notify: Callable[[Working], None]) -> dict[str, str]:
-        system = self._prompt.render("system", plugins=render_block(self.shown_plugins(history, current)))
-        return self.ask(
-            system=system,
-            history=history,
-            current=current.visible_to("CodeInterpreter"),
-            schema=CODE_GENERATOR_SCHEMA,
-            repairs=repairs,
-            on_repair=lambda problem: notify(Working("repairing", problem)),
-        )
+        shown = self.shown_plugins(history, current)
+        system = self._prompt.render("system", plugins=render_block(shown))
+        try:
+            return self.ask(
+                system=system,
+                history=history,
+                current=current.visible_to("CodeInterpreter"),
+                schema=CODE_GENERATOR_SCHEMA,
+                repairs=repairs,
+                on_repair=lambda problem: notify(Working("repairing", problem)),
+            )
+        except ContextOverflowError as exc:
+            if not shown or self._plugin_top_k is not None:
+                raise
+            raise ContextOverflowError(
+                f"{exc} The descriptions of {len(shown)} plugins are part of the instructions: set "
+                "code_generator.auto_plugin_selection: true to show only those that fit the step."
+            ) from exc
 
     def shown_plugins(self, history: Sequence[Round], current: Round) -> tuple[PluginSpec, ...]:
         """The plugins this call's prompt shows: all, or the top-k for the step plus those used earlier."""

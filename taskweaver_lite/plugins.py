@@ -241,6 +241,9 @@ def _text(data: dict[str, Any], key: str, *, required: bool = False) -> str:
         if required:
             raise PluginProblem(f"field {key!r} is missing")
         return ""
+    if isinstance(value, bool):
+        # YAML 1.1 reads on/off/yes/no as booleans: `name: off` is not the text "off".
+        raise PluginProblem(f"field {key!r} must be text, not {value}; put quotes around it")
     if not isinstance(value, str):
         raise PluginProblem(f"field {key!r} must be text, not {type(value).__name__}")
     return value

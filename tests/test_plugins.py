@@ -134,6 +134,7 @@ def test_a_broken_yaml_and_a_failing_import_leave_the_session_running_without_th
         ("name: p\ndescription: x\nenabled: maybe\n", "field 'enabled' must be true or false"),
         ("name: p\ndescription: x\ncode: elsewhere\n", "field 'code': the file"),
         ("name: p\ndescription: x\nfavourite: 1\n", "unknown field 'favourite'"),
+        ("name: off\ndescription: x\n", "field 'name' must be text, not False; put quotes around it"),
     ],
 )
 def test_validation_names_the_field_that_is_wrong(tmp_path: Path, yaml_text: str, problem: str) -> None:
@@ -304,5 +305,6 @@ def test_the_plugin_block_counts_against_the_budget(tmp_path: Path, server: Scri
             assert session.ask("print one").state == "finished", "the top 3 fit where all 10 did not"
             assert [r.role for r in server.requests] == ["planner", "code_generator", "planner"]
         else:
-            with pytest.raises(ContextOverflowError, match="CodeGenerator's prompt does not fit"):
+            with pytest.raises(ContextOverflowError, match="CodeGenerator's prompt does not fit") as raised:
                 session.ask("print one")
+            assert "set code_generator.auto_plugin_selection: true" in str(raised.value), "the error names the setting that fixes it"

@@ -2,7 +2,8 @@
 
 The command also imports each enabled plugin the way the kernel would, in a short-lived process of
 this interpreter with the kernel's environment, so an import that fails in the kernel (a missing
-dependency, an error at module level) shows here before any session starts.
+dependency, an error at module level) shows here before any session starts. In a chat, the
+kernel's own import failures become one stderr line each (`report_kernel_failures`).
 """
 
 from __future__ import annotations
