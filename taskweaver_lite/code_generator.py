@@ -13,9 +13,12 @@ from collections.abc import Callable, Sequence
 
 from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.conversation import Post, RoleName, Round, RoundMessages
+from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.events import CellPrinted, Working
 from taskweaver_lite.execution import ExecutionResult, Executor, FoldPiece, as_data
 from taskweaver_lite.llm import ChatModel, DeltaSink, Message
+from taskweaver_lite.plugin_prompt import render_block, select, used_plugins
+from taskweaver_lite.plugins import PluginSpec
 from taskweaver_lite.replies import CODE_GENERATOR_SCHEMA
 from taskweaver_lite.role import RepairTurns, Role, as_reply_json
 
@@ -32,10 +35,15 @@ class CodeGenerator(Role):
         examples: Sequence[Message],
         on_delta: DeltaSink | None = None,
         max_retry_count: int,
+        plugins: Sequence[PluginSpec] = (),
+        plugin_top_k: int | None = None,
     ) -> None:
+        """`plugin_top_k` set: show only that many plugins, the most relevant to the step (and those used before)."""
         super().__init__(RoleName.CODE_GENERATOR, model, context=context, examples=examples, on_delta=on_delta)
         self._executor = executor
         self._max_retry = max_retry_count
+        self._plugins = tuple(plugins)
+        self._plugin_top_k = plugin_top_k
 
     def handle(
         self,
@@ -86,15 +94,32 @@ class CodeGenerator(Role):
         raise AssertionError("unreachable: the last attempt always returns")
 
     def _generate(self, history: Sequence[Round], current: Round, repairs: RepairTurns, notify: Callable[[Working | CellPrinted], None]) -> dict[str, str]:
-        system = self._prompt.render("system")
-        return self.ask(
-            system=system,
-            history=history,
-            current=current.visible_to("CodeInterpreter"),
-            schema=CODE_GENERATOR_SCHEMA,
-            repairs=repairs,
-            on_repair=lambda problem: notify(Working("repairing", problem)),
-        )
+        shown = self.shown_plugins(history, current)
+        system = self._prompt.render("system", plugins=render_block(shown))
+        try:
+            return self.ask(
+                system=system,
+                history=history,
+                current=current.visible_to("CodeInterpreter"),
+                schema=CODE_GENERATOR_SCHEMA,
+                repairs=repairs,
+                on_repair=lambda problem: notify(Working("repairing", problem)),
+            )
+        except ContextOverflowError as exc:
+            if not shown or self._plugin_top_k is not None:
+                raise
+            raise ContextOverflowError(
+                f"{exc} The descriptions of {len(shown)} plugins are part of the instructions: set "
+                "code_generator.auto_plugin_selection: true to show only those that fit the step."
+            ) from exc
+
+    def shown_plugins(self, history: Sequence[Round], current: Round) -> tuple[PluginSpec, ...]:
+        """The plugins this call's prompt shows: all, or the top-k for the step plus those used earlier."""
+        if self._plugin_top_k is None or len(self._plugins) <= self._plugin_top_k:
+            return self._plugins
+        code = [post.code for rnd in (*history, current) for post in rnd.posts if post.code]
+        step = next((p.message for p in reversed(current.posts) if p.send_to == "CodeInterpreter" and p.send_from == "Planner"), "")
+        return select(self._plugins, step, top_k=self._plugin_top_k, keep=used_plugins(self._plugins, code))
 
     def render_round(self, rnd: Round) -> RoundMessages:
         """One round as the CodeGenerator's chat messages: steps, its code, and what the code did."""

@@ -115,6 +115,15 @@ class RoleConfig(_Section):
     )
 
 
+class CodeGeneratorConfig(RoleConfig):
+    """The CodeGenerator's settings: its prompt history, and which plugins its prompt shows."""
+
+    auto_plugin_selection: bool = Field(
+        False, description="show only the plugins most relevant to the current step (and those used before), not all"
+    )
+    auto_plugin_selection_topk: int = Field(3, ge=1, description="how many plugins auto_plugin_selection shows")
+
+
 class RoundCompressorConfig(_Section):
     """When and how old rounds fold into a summary."""
 
@@ -182,7 +191,7 @@ class Config(_Section):
 
     llm: LLMConfig = Field(default_factory=LLMConfig)
     planner: RoleConfig = Field(default_factory=RoleConfig)
-    code_generator: RoleConfig = Field(default_factory=RoleConfig)
+    code_generator: CodeGeneratorConfig = Field(default_factory=CodeGeneratorConfig)
     round_compressor: RoundCompressorConfig = Field(default_factory=RoundCompressorConfig)
     session: SessionConfig = Field(default_factory=SessionConfig)
     code_interpreter: CodeInterpreterConfig = Field(default_factory=CodeInterpreterConfig)

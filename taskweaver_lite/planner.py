@@ -29,14 +29,16 @@ class Planner(Role):
         on_delta: DeltaSink | None = None,
         max_hops: int,
         working_files: Callable[[], list[str]],
+        plugin_lines: Sequence[str] = (),
     ) -> None:
         super().__init__(RoleName.PLANNER, model, context=context, examples=examples, on_delta=on_delta)
         self._max_hops = max_hops
         self._working_files = working_files
+        self._plugin_lines = tuple(plugin_lines)
 
     def reply(self, history: Sequence[Round], current: Round, *, repairs: RepairTurns, on_repair: Callable[[str], None] | None = None) -> Post:
         """The Planner's next post in `current`: to the CodeInterpreter or to the User."""
-        system = self._prompt.render("system", max_hops=self._max_hops, files=self._working_files())
+        system = self._prompt.render("system", max_hops=self._max_hops, files=self._working_files(), plugins=self._plugin_lines)
         fields = self.ask(system=system, history=history, current=current, schema=PLANNER_SCHEMA, repairs=repairs, on_repair=on_repair)
         return Post(
             send_from="Planner",

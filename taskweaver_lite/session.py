@@ -32,6 +32,8 @@ from taskweaver_lite.examples import load_examples
 from taskweaver_lite.execution import Executor, ExecutorFactory, Variable
 from taskweaver_lite.llm import CallRecord, ChatModel, MeteredModel, Usage
 from taskweaver_lite.planner import Planner, list_working_files
+from taskweaver_lite.plugin_prompt import planner_line
+from taskweaver_lite.plugins import PluginCatalog, PluginSpec, discover
 from taskweaver_lite.role import RepairTurns
 from taskweaver_lite.store.database import SessionStore, StoreRecorder
 from taskweaver_lite.store.lock import SessionLock
@@ -68,8 +70,11 @@ class Session:
         lock: SessionLock | None = None,
         usage_before: Usage = Usage(),
         executor_factory: ExecutorFactory | None = None,
+        plugins: PluginCatalog | None = None,
+        owns_model: bool = False,
     ) -> None:
         self.config = config
+        self.plugins = plugins or PluginCatalog()  # every plugin found, broken ones with their errors; the enabled ones are shown
         self.id = session_id
         self.executor = executor
         self._executor_factory = executor_factory  # how /reset builds the next session's executor
@@ -78,6 +83,7 @@ class Session:
         self._lock = lock
         self._listeners = list(listeners)
         self._model = MeteredModel(model, on_call=self._on_call, usage=usage_before)
+        self._owns_model = owns_model  # built by us (not passed in): we close its HTTP connections
         self._notes: list[str] = []
         self.loads: list[FileLoaded] = []  # every /load, for /history and the exports
         self._lost: list[str] = []
@@ -113,6 +119,7 @@ class Session:
             max_hops=config.session.max_internal_hops,
             working_files=lambda: list_working_files(self.working_dir),
             on_delta=lambda delta: self._emit(ReplyStreamed(RoleName.PLANNER, delta)),
+            plugin_lines=[planner_line(spec) for spec in self.plugins.enabled],
         )
         code_generator = CodeGenerator(
             self._model,
@@ -121,6 +128,8 @@ class Session:
             examples=load_examples(config.project_dir, RoleName.CODE_GENERATOR),
             max_retry_count=config.code_interpreter.max_retry_count,
             on_delta=lambda delta: self._emit(ReplyStreamed(RoleName.CODE_GENERATOR, delta)),
+            plugins=self.plugins.enabled,
+            plugin_top_k=config.code_generator.auto_plugin_selection_topk if config.code_generator.auto_plugin_selection else None,
         )
         return planner, code_generator
 
@@ -206,7 +215,8 @@ class Session:
         usage_before: Usage = Usage(),
     ) -> Session:
         chat_model = model or role_models(config)
-        running = (executor or default_executor(config))(config.sessions_dir / session_id)
+        plugins = discover(config.project_dir)
+        running = (executor or default_executor(config, plugins=plugins.enabled))(config.sessions_dir / session_id)
         try:
             return cls(
                 config,
@@ -218,6 +228,8 @@ class Session:
                 lock=lock,
                 usage_before=usage_before,
                 executor_factory=executor,
+                plugins=plugins,
+                owns_model=model is None,
             )
         except BaseException:  # bad examples or prompts: the kernel already booting must not linger
             running.shutdown()
@@ -308,6 +320,7 @@ class Session:
         listeners = [listener for listener in self._listeners if not isinstance(listener, StoreRecorder)]
         fresh = Session.open(self.config, model=self._model.inner, executor=self._executor_factory, listeners=listeners)
         shutil.copytree(self.working_dir, fresh.working_dir, dirs_exist_ok=True)
+        fresh._owns_model, self._owns_model = self._owns_model, False  # the model client lives on in the new session
         self.close()
         return fresh
 
@@ -347,6 +360,14 @@ class Session:
                     self._lock.release()
                 if store is not None:
                     store.close()
+                self._close_model()
+
+    def _close_model(self) -> None:
+        """Close the model's HTTP connections if we built the model; a model passed in is its owner's."""
+        close = getattr(self._model.inner, "close", None)
+        if self._owns_model and callable(close):
+            self._owns_model = False
+            close()
 
     def _compression_state(self, role: RoleName) -> dict[str, Any] | None:
         context = self.contexts().get(role)
@@ -416,11 +437,11 @@ def role_models(config: Config) -> ChatModel:
     return RoutedModel(by_purpose, default=client(config.llm))
 
 
-def default_executor(config: Config) -> ExecutorFactory:
-    """A local Jupyter kernel per session, started in the background."""
+def default_executor(config: Config, *, plugins: Sequence[PluginSpec] = ()) -> ExecutorFactory:
+    """A local Jupyter kernel per session, started in the background, with `plugins` loaded in it."""
     from taskweaver_lite.kernel.executor import KernelExecutor
 
-    return functools.partial(KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens)
+    return functools.partial(KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens, plugins=tuple(plugins))
 
 
 def _newest_first(variables: Sequence[Variable], recency: dict[str, int]) -> tuple[Variable, ...]:

@@ -69,7 +69,8 @@ def test_the_first_project_walkthrough_runs_as_written_and_its_notebook_runs_els
 def test_the_demo_runs_from_a_fresh_folder(tmp_path: Path) -> None:
     done = subprocess.run(["taskweaver-lite", "demo"], cwd=tmp_path, env=shell_env(tmp_path), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "Done: 7 requests" in done.stdout
+    assert "Done: 8 requests" in done.stdout
+    assert "The anomaly_detection plugin flagged" in done.stdout, "the demo calls a shipped plugin"
 
 
 def test_the_readme_test_commands_are_exactly_what_ci_runs() -> None:

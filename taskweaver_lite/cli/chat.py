@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
+from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
 from taskweaver_lite.config import CONFIG_FILE_NAME, MODEL_USERS, Config, load_config
 from taskweaver_lite.conversation import RoleName, Round
 from taskweaver_lite.discovery import discover, needs_discovery, use_local_server
@@ -39,6 +40,7 @@ HELP = """Commands:
   /summary         the text each role's prompt carries for its folded rounds (written for the model)
   /history         every earlier request in full, also those folded out of the prompts
   /last            the last cell that ran, with its whole output and traceback
+  /plugins         the plugins: enabled, disabled, or why they are not loaded
   /export [ipynb|md] [file] [--force]   write this session as a notebook or Markdown
   /reset           start over: new session, fresh kernel, working files copied
   /exit            leave (Ctrl-D or Ctrl-C at an empty prompt too)
@@ -84,6 +86,9 @@ def run_chat(args: argparse.Namespace) -> int:
         session = Session.open(config, listeners=[renderer])
     if session.store is not None:
         session.store.save_overrides(session.id, overrides)
+    for entry in session.plugins.broken:
+        _to_stderr(strip_controls(entry.line()))
+    report_kernel_failures(session, renderer, to_stderr=_to_stderr)
     commands = SlashCommands(session, say=say)
     try:
         if isinstance(renderer, RichConsole):
@@ -268,6 +273,7 @@ class SlashCommands:
             "/history": self._history,
             "/last": self._last,
             "/export": self._export,
+            "/plugins": self._plugins,
         }
 
     def known(self, line: str) -> bool:
@@ -326,6 +332,11 @@ class SlashCommands:
         old = self.session.id
         self.session = self.session.reset()
         self.say(f"Started over as session {self.session.id} with a fresh kernel and a copy of the working files ({old} stays stored).")
+        return True
+
+    def _plugins(self, _: str) -> bool:
+        failures = getattr(self.session.executor, "plugin_failures", ())
+        self.say(plugin_table(self.session.plugins.entries, failures))
         return True
 
     def _history(self, _: str) -> bool:

@@ -113,6 +113,11 @@ class RichConsole:
         elif isinstance(event, RoundEnded):
             self.stop_status()  # the chat loop reports a failed round, once, with its reason
 
+    def notice(self, text: str) -> None:
+        """A message from another thread: shown before the next prompt, never inside other output."""
+        with self._lock:
+            self._notices.append(Text(strip_controls(text), style="yellow"))
+
     def say(self, text: str, *, style: str = "") -> None:
         """Print a message of ours that may quote outside text (errors, /history): no markup, no controls."""
         with self._lock:

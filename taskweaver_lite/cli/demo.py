@@ -160,6 +160,25 @@ STEPS: list[Step] = [
         ),
     ),
     Step(
+        request="Were there unusual months for any region?",
+        plan="1. Total revenue per region and month\n2. Flag anomalies with the anomaly_detection plugin\n3. Report them",
+        hops=[
+            (
+                "Total the revenue per region and month from sales into region_months, then call the anomaly_detection plugin "
+                "on its revenue column (method iqr) and print the flagged rows.",
+                [
+                    'region_months = sales.groupby(["region", "date"], as_index=False).revenue.sum()\n'
+                    'unusual = anomaly_detection(region_months, "revenue", method="iqr")\n'
+                    'print("flagged:", len(unusual), "of", len(region_months))\nprint(unusual.head(5).round(1).to_string(index=False))'
+                ],
+            )
+        ],
+        answer=lambda r: (
+            f"The anomaly_detection plugin flagged **{_line(r, 'flagged')}** region-months as unusual (beyond 1.5 IQR).\n\n"
+            f"```\n{_output(r)}\n```\nThe full list is saved as {_artifacts(r)}."
+        ),
+    ),
+    Step(
         request="Summarize the key findings in three bullet points.",
         plan="1. Summarize the findings so far for the user",
         answer=lambda r: "",

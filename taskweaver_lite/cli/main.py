@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = commands.add_parser("models", help="the local model servers reachable (Ollama, LM Studio, llama.cpp, vLLM) and their models")
     models.add_argument("--json", action="store_true", help="one JSON array on stdout")
+    plugins = commands.add_parser("plugins", help="list the project's plugins (and installed ones) with their state or error")
+    _project_option(plugins)
+    plugins.add_argument("--json", action="store_true", help="one JSON array on stdout")
 
     export = commands.add_parser("export", help="write a stored session as a notebook or Markdown")
     export.add_argument("session_id", metavar="ID", help="session id ('last' for the newest)")
@@ -98,6 +101,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from taskweaver_lite.cli.chat import list_sessions
 
             return list_sessions(args)
+        if args.command == "plugins":
+            from taskweaver_lite.cli.chat import project_dir
+            from taskweaver_lite.cli.plugins import run_plugins
+
+            return run_plugins(project_dir(args), as_json=args.json)
         from taskweaver_lite.cli.chat import export_session
 
         return export_session(args)

@@ -32,6 +32,7 @@ from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
 from taskweaver_lite.execution import ExecutionResult, OutputSink, Variable, VariableChanges
 from taskweaver_lite.kernel import guard as kernel_guard
+from taskweaver_lite.kernel import plugin_runtime
 from taskweaver_lite.kernel import snapshot as kernel_snapshot
 from taskweaver_lite.kernel.output import CellOutput
 from taskweaver_lite.kernel.process import (
@@ -42,6 +43,7 @@ from taskweaver_lite.kernel.process import (
     kill_process_group,
     socket_dir,
 )
+from taskweaver_lite.plugins import PluginSpec
 from taskweaver_lite.uploads import copy_file
 
 # Seconds between checks of the clock and of the kernel process while a cell runs: the bound on
@@ -56,6 +58,8 @@ DEFAULT_OUTPUT_TOKENS = 1_000
 
 _SNAPSHOT = "snapshot"
 _CWD = "cwd"
+_PLUGINS = "plugins"
+_PLUGIN_FAILURES = "plugin_failures"
 _CELL_FILE = re.compile(r"cell-(\d+)")
 
 _Ending = Literal["idle", "died", "stuck"]
@@ -64,10 +68,18 @@ _Ending = Literal["idle", "died", "stuck"]
 class KernelExecutor:
     """Runs a session's cells in its own ipykernel; implements the `Executor` protocol."""
 
-    def __init__(self, session_dir: Path, *, config: ExecutionConfig, output_tokens: int = DEFAULT_OUTPUT_TOKENS) -> None:
+    def __init__(
+        self,
+        session_dir: Path,
+        *,
+        config: ExecutionConfig,
+        output_tokens: int = DEFAULT_OUTPUT_TOKENS,
+        plugins: tuple[PluginSpec, ...] = (),
+    ) -> None:
         """Prepare the session folders and start the kernel in the background; returns at once.
 
         `output_tokens` bounds what one cell's output may take in a prompt (Config.cell_output_tokens).
+        `plugins` are loaded into every kernel this executor starts (first, restarted) before its first cell.
         """
         self.session_dir = Path(session_dir).resolve()
         self.cwd = self.session_dir / "cwd"
@@ -97,11 +109,17 @@ class KernelExecutor:
         self._fingerprints: dict[str, tuple[str, str, str]] = {}
         self._variables: tuple[Variable, ...] = ()
         self._cell = _last_cell_number(self.outputs_dir, self.artifacts_dir)
+        # The plugins' source text travels in the request, so a kernel that cannot see our files loads them too.
+        self._plugin_install = _plugin_install_code(plugins, session_id=self.session_dir.name, cwd=self.cwd) if plugins else ""
+        self.plugin_failures: tuple[str, ...] = ()  # plugins that failed to load in the current kernel, one line each
+        self._unreported_failures: tuple[str, ...] = ()
         # Asked for with every cell, in the same request: the variables, and the working folder put back.
         self._expressions = {
             _SNAPSHOT: f"__import__('sys').modules[{kernel_snapshot.MODULE_NAME!r}].snapshot()",
             _CWD: f"__import__('sys').modules[{kernel_guard.MODULE_NAME!r}].after_cell({str(self.cwd)!r})",
         }
+        if plugins:  # what plugins logged and saved during the cell; no cost for sessions without plugins
+            self._expressions[_PLUGINS] = f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].drain()"
         end_at_exit(self)
         self._starter = threading.Thread(target=self._start, name="kernel-start", daemon=True)
         self._starter.start()
@@ -236,10 +254,21 @@ class KernelExecutor:
             client.wait_for_ready(timeout=self.config.kernel_start_timeout)
             # IPython took the streams' guard off when its start-up code ended: put it back before the first cell.
             _reply(client, client.execute("", silent=True, store_history=False, user_expressions={_CWD: self._expressions[_CWD]}))
+            if self._plugin_install:
+                self._install_plugins(client)
         except BaseException:
             client.stop_channels()  # open sockets would keep the zmq context from terminating at exit
             raise
         return client
+
+    def _install_plugins(self, client: BlockingKernelClient) -> None:
+        """Load the plugins into a new kernel; failures are kept to be reported with the next cell."""
+        expression = f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].failures()"
+        code = f"{self._plugin_install}{self._cell})"  # the cells run before: ctx.execution_id goes on from there
+        msg_id = client.execute(code, silent=True, store_history=False, user_expressions={_PLUGIN_FAILURES: expression})
+        value = _expression_json(_reply(client, msg_id) or {}, _PLUGIN_FAILURES)
+        failures = tuple(str(line) for line in value) if isinstance(value, list) else ("the plugins could not be loaded (no answer from the kernel)",)
+        self.plugin_failures = self._unreported_failures = failures
 
     def _replace_kernel(self, *, graceful: bool) -> None:
         """A fresh kernel in place of the old one; every variable the old one held is gone."""
@@ -296,13 +325,17 @@ class KernelExecutor:
             f"The cell changed the working folder to {moved}; it was set back to {self.cwd} so that relative paths "
             "keep working. Use absolute paths for other folders.",
         ) if moved else ())
+        logs, saved = _plugin_reports(expressions)
+        failures = tuple(f"A plugin could not be loaded and is not available: {line}" for line in self._unreported_failures)
+        self._unreported_failures = ()
         return dataclasses.replace(
             base,
             success=base.success and ok,
             execution_count=reply.get("execution_count"),
             variables=self._variables,
             changes=changes,
-            notices=notices,
+            notices=failures + notices + logs,
+            artifacts=base.artifacts + saved,
         )
 
     def _follow(
@@ -414,6 +447,33 @@ def _snapshot_rows(reply: dict[str, Any]) -> list[list[str]] | None:
     except (KeyError, TypeError, ValueError):
         return None
     return rows if isinstance(rows, list) else None
+
+
+def _plugin_install_code(plugins: tuple[PluginSpec, ...], *, session_id: str, cwd: Path) -> str:
+    specs = json.dumps([spec.kernel_spec() for spec in plugins])
+    """The install call up to its last argument, the number of cells run before, added at each install."""
+    return f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].install({specs!r}, {session_id!r}, {str(cwd)!r}, "
+
+
+def _expression_json(reply: dict[str, Any], name: str) -> Any:
+    """A user expression whose text is JSON (a repr of a JSON string), decoded; None if it failed."""
+    value = (reply.get("user_expressions") or {}).get(name) or {}
+    if value.get("status") != "ok":
+        return None
+    try:
+        return json.loads(ast.literal_eval(value["data"]["text/plain"]))
+    except (KeyError, TypeError, ValueError, SyntaxError):
+        return None
+
+
+def _plugin_reports(reply: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What plugins logged (as notices) and the artifacts they saved during the cell."""
+    value = _expression_json(reply, _PLUGINS)
+    if not isinstance(value, dict):
+        return (), ()
+    logs = tuple(f"plugin log {line}" for line in value.get("logs", ()) if isinstance(line, str))
+    saved = tuple(line for line in value.get("artifacts", ()) if isinstance(line, str))
+    return logs, saved
 
 
 def _moved_from(reply: dict[str, Any]) -> str:

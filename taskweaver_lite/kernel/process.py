@@ -1,7 +1,7 @@
 """The kernel process: how it is launched, what environment it gets, and how it is sure to end.
 
 Launching: ipykernel on this very interpreter (never whatever a `python3` kernelspec points to),
-with the in-kernel snapshot helper loaded at start. Environment: ours minus secrets. Ending: every
+with the in-kernel helpers (snapshot, guard, plugin runtime) loaded at start. Environment: ours minus secrets. Ending: every
 live executor is shut down at interpreter exit and on SIGTERM; ipykernel's parent poller ends a
 kernel whose parent vanished without either (SIGKILL); and the kernel's whole process group is
 killed after it, so subprocesses started by user code go too.
@@ -28,6 +28,7 @@ from jupyter_client.manager import KernelManager
 
 from taskweaver_lite.kernel import display as kernel_display
 from taskweaver_lite.kernel import guard as kernel_guard
+from taskweaver_lite.kernel import plugin_runtime
 from taskweaver_lite.kernel import snapshot as kernel_snapshot
 
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
@@ -59,6 +60,9 @@ _START_UP = "; ".join(
         _load_by_path(kernel_snapshot.MODULE_NAME, kernel_snapshot.__file__),
         _load_by_path(kernel_guard.MODULE_NAME, kernel_guard.__file__),
         f"__import__('sys').modules[{kernel_guard.MODULE_NAME!r}].install()",
+        # Plugin files import `taskweaver.plugin` / `taskweaver_lite.plugin`: both are this module in the kernel.
+        _load_by_path(plugin_runtime.MODULE_NAME, plugin_runtime.__file__),
+        f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].register_shims()",
     ]
 )
 # pandas' display width from TASKWEAVER_DISPLAY_WIDTH (see display.py); loaded the same way.
