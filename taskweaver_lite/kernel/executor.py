@@ -9,14 +9,11 @@ output is bounded, in `output.py`.
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import dataclasses
-import json
 import math
 import os
 import queue
-import re
 import shutil
 import subprocess
 import threading
@@ -31,8 +28,7 @@ from jupyter_core.utils import ensure_event_loop
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
 from taskweaver_lite.execution import ExecutionResult, Variable, VariableChanges
-from taskweaver_lite.kernel import guard as kernel_guard
-from taskweaver_lite.kernel import snapshot as kernel_snapshot
+from taskweaver_lite.kernel import namespace
 from taskweaver_lite.kernel.output import CellOutput
 from taskweaver_lite.kernel.process import (
     InterpreterKernelManager,
@@ -53,10 +49,6 @@ INTERRUPT_GRACE = 5.0
 SHUTDOWN_GRACE = 2.0
 REPLY_WAIT = 5.0
 DEFAULT_OUTPUT_TOKENS = 1_000
-
-_SNAPSHOT = "snapshot"
-_CWD = "cwd"
-_CELL_FILE = re.compile(r"cell-(\d+)")
 
 _Ending = Literal["idle", "died", "stuck"]
 
@@ -93,15 +85,10 @@ class KernelExecutor:
         self._running: str | None = None
         self._interrupt_requested = False
         self._closed = False
-        # name -> (type, description, object id): what "changed" is judged by, without touching data.
-        self._fingerprints: dict[str, tuple[str, str, str]] = {}
-        self._variables: tuple[Variable, ...] = ()
-        self._cell = _last_cell_number(self.outputs_dir, self.artifacts_dir)
+        self._namespace = namespace.VariableTracker()
+        self._cell = namespace.last_cell_number(self.outputs_dir, self.artifacts_dir)
         # Asked for with every cell, in the same request: the variables, and the working folder put back.
-        self._expressions = {
-            _SNAPSHOT: f"__import__('sys').modules[{kernel_snapshot.MODULE_NAME!r}].snapshot()",
-            _CWD: f"__import__('sys').modules[{kernel_guard.MODULE_NAME!r}].after_cell({str(self.cwd)!r})",
-        }
+        self._expressions = namespace.cell_expressions(str(self.cwd))
         end_at_exit(self)
         self._starter = threading.Thread(target=self._start, name="kernel-start", daemon=True)
         self._starter.start()
@@ -153,7 +140,7 @@ class KernelExecutor:
             lost: tuple[str, ...] = ()
             if not self._manager.is_alive():
                 # Died between cells (the OOM killer picks idle kernels too): say so on this cell.
-                lost = tuple(self._fingerprints)
+                lost = self._namespace.names()
                 self._replace_kernel(graceful=False)
             result = self._run_cell(code, self.config.timeout if timeout is None else timeout)
             if lost:
@@ -171,13 +158,13 @@ class KernelExecutor:
 
     def variables(self) -> tuple[Variable, ...]:
         """The latest snapshot of user variables (from the last cell; no kernel round trip)."""
-        return self._variables
+        return self._namespace.variables
 
     def restart(self) -> tuple[str, ...]:
         """Replace the kernel with a fresh one; returns the names of the variables that were lost."""
         self.wait_ready()
         with self._run_lock:
-            lost = tuple(self._fingerprints)
+            lost = self._namespace.names()
             self._replace_kernel(graceful=True)
             return lost
 
@@ -232,7 +219,7 @@ class KernelExecutor:
         try:
             client.wait_for_ready(timeout=self.config.kernel_start_timeout)
             # IPython took the streams' guard off when its start-up code ended: put it back before the first cell.
-            _reply(client, client.execute("", silent=True, store_history=False, user_expressions={_CWD: self._expressions[_CWD]}))
+            _reply(client, client.execute("", silent=True, store_history=False, user_expressions={namespace.CWD: self._expressions[namespace.CWD]}))
         except BaseException:
             client.stop_channels()  # open sockets would keep the zmq context from terminating at exit
             raise
@@ -240,7 +227,7 @@ class KernelExecutor:
 
     def _replace_kernel(self, *, graceful: bool) -> None:
         """A fresh kernel in place of the old one; every variable the old one held is gone."""
-        self._fingerprints, self._variables = {}, ()
+        self._namespace.forget()
         if self._client is not None:
             self._client.stop_channels()
             self._client = None
@@ -278,7 +265,7 @@ class KernelExecutor:
             output.finish(code), elapsed=time.monotonic() - started, timed_out=timed_out, interrupted=interrupted
         )
         if ending != "idle":
-            lost = tuple(self._fingerprints)
+            lost = self._namespace.names()
             self._replace_kernel(graceful=False)
             return dataclasses.replace(
                 base, success=False, kernel_died=True, lost_variables=lost, changes=VariableChanges(deleted=lost)
@@ -287,17 +274,13 @@ class KernelExecutor:
         ok = reply.get("status") == "ok"
         # The kernel skips user_expressions after an error, so only then do they cost a request.
         expressions = reply if ok else self._request_expressions(client)
-        changes = self._take_snapshot(_snapshot_rows(expressions))
-        moved = _moved_from(expressions)
-        notices = base.notices + ((
-            f"The cell changed the working folder to {moved}; it was set back to {self.cwd} so that relative paths "
-            "keep working. Use absolute paths for other folders.",
-        ) if moved else ())
+        changes = self._namespace.take(namespace.snapshot_rows(expressions))
+        notices = base.notices + namespace.moved_notice(namespace.moved_from(expressions), str(self.cwd))
         return dataclasses.replace(
             base,
             success=base.success and ok,
             execution_count=reply.get("execution_count"),
-            variables=self._variables,
+            variables=self._namespace.variables,
             changes=changes,
             notices=notices,
         )
@@ -347,7 +330,7 @@ class KernelExecutor:
             output.close()
         if ending == "idle":
             _reply(client, msg_id)
-            self._take_snapshot(_snapshot_rows(self._request_expressions(client)))
+            self._namespace.take(namespace.snapshot_rows(self._request_expressions(client)))
         else:
             self._replace_kernel(graceful=False)
 
@@ -355,21 +338,6 @@ class KernelExecutor:
         """The reply of an empty request that only evaluates our expressions ({} if none came)."""
         msg_id = client.execute("", silent=True, store_history=False, user_expressions=self._expressions, allow_stdin=False, stop_on_error=False)
         return _reply(client, msg_id) or {}
-
-    def _take_snapshot(self, rows: list[list[str]] | None) -> VariableChanges:
-        """Adopt a new snapshot and say how it differs; an unreadable one keeps the previous."""
-        if rows is None:
-            return VariableChanges()
-        current = {name: (kind, description, identity) for name, kind, description, identity in rows}
-        before = self._fingerprints
-        changes = VariableChanges(
-            created=tuple(name for name in current if name not in before),
-            changed=tuple(name for name in current if name in before and before[name] != current[name]),
-            deleted=tuple(name for name in before if name not in current),
-        )
-        self._fingerprints = current
-        self._variables = tuple(Variable(name=name, type=kind, description=text) for name, (kind, text, _) in current.items())
-        return changes
 
 
 def _close_thread_loop() -> None:
@@ -396,32 +364,3 @@ def _reply(client: BlockingKernelClient, msg_id: str) -> dict[str, Any] | None:
             content: dict[str, Any] = msg["content"]
             return content
     return None
-
-
-def _snapshot_rows(reply: dict[str, Any]) -> list[list[str]] | None:
-    value = (reply.get("user_expressions") or {}).get(_SNAPSHOT) or {}
-    if value.get("status") != "ok":
-        return None
-    try:
-        rows = json.loads(value["data"]["text/plain"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return rows if isinstance(rows, list) else None
-
-
-def _moved_from(reply: dict[str, Any]) -> str:
-    """The folder a cell left the kernel in, if it was not the working folder ('' otherwise)."""
-    value = (reply.get("user_expressions") or {}).get(_CWD) or {}
-    if value.get("status") != "ok":
-        return ""
-    try:
-        moved = ast.literal_eval(value["data"]["text/plain"])
-    except (KeyError, TypeError, ValueError, SyntaxError):
-        return ""
-    return moved if isinstance(moved, str) else ""
-
-
-def _last_cell_number(*folders: Path) -> int:
-    """Highest cell number already used in these folders, so a resumed session never overwrites files."""
-    numbers = [int(m.group(1)) for folder in folders for path in folder.iterdir() if (m := _CELL_FILE.match(path.name))]
-    return max(numbers, default=0)
