@@ -25,7 +25,7 @@ from taskweaver_lite.code_generator import CodeGenerator
 from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.config import Config
 from taskweaver_lite.conversation import Conversation, Post, RoleName, Round
-from taskweaver_lite.errors import RoundFailedError, StoreError, TaskWeaverError
+from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
 from taskweaver_lite.examples import load_examples
 from taskweaver_lite.execution import Executor, ExecutorFactory, Variable
@@ -387,9 +387,18 @@ class Session:
 
 
 def default_executor(config: Config) -> ExecutorFactory:
-    """A local Jupyter kernel per session, started in the background."""
+    """A Jupyter kernel per session, started in the background: local, or on `execution.kernel_gateway`."""
     from taskweaver_lite.kernel.executor import KernelExecutor
 
+    gateway = config.execution.kernel_gateway
+    if gateway is not None:
+        try:
+            from taskweaver_lite.kernel.remote import GatewayExecutor
+        except ImportError as exc:
+            raise ConfigError(
+                f"execution.kernel_gateway needs {exc.name}: pip install 'taskweaver-lite[gateway]'"
+            ) from exc
+        return functools.partial(GatewayExecutor, config=config.execution, gateway=gateway, output_tokens=config.cell_output_tokens)
     return functools.partial(KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens)
 
 

@@ -1,0 +1,425 @@
+"""The remote executor: a session's kernel on a Jupyter Kernel Gateway or Enterprise Gateway.
+
+`GatewayExecutor` implements the `Executor` protocol like `KernelExecutor` does locally: one execute
+request per cell with the variable snapshot in `user_expressions`, timeouts that interrupt, a dead
+kernel noticed (the gateway restarts it and says "restarting") with the lost variables named,
+output bounded by `CellOutput` (images land in the local session folder). What differs: the
+in-kernel helpers are sent as source at start, `/load` streams the file through the kernel in
+base64 chunks (a gateway has no file API), and a dropped WebSocket is reopened once per cell.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import dataclasses
+import math
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+from taskweaver_lite.config import ExecutionConfig, KernelGatewayConfig
+from taskweaver_lite.errors import GatewayConnectionLost, GatewayError, KernelError
+from taskweaver_lite.execution import ExecutionError, ExecutionResult, Variable, VariableChanges
+from taskweaver_lite.kernel import display as kernel_display
+from taskweaver_lite.kernel import guard as kernel_guard
+from taskweaver_lite.kernel import namespace
+from taskweaver_lite.kernel import snapshot as kernel_snapshot
+from taskweaver_lite.kernel.executor import DEFAULT_OUTPUT_TOKENS, INTERRUPT_GRACE, POLL_INTERVAL, REPLY_WAIT
+from taskweaver_lite.kernel.gateway import GatewayKernel
+from taskweaver_lite.kernel.output import CellOutput
+from taskweaver_lite.kernel.process import end_at_exit, forget
+from taskweaver_lite.uploads import UploadError
+
+# Raw bytes per upload request (base64 makes it a third bigger on the wire); requests in flight at once.
+UPLOAD_CHUNK = 1024 * 1024
+UPLOAD_WINDOW = 4
+# Where sessions' folders go, relative to the folder the gateway starts kernels in.
+REMOTE_SESSIONS = "taskweaver_sessions"
+_STATES_OF_DEATH = ("restarting", "dead")
+_HOME = "home"
+
+_Ending = Literal["idle", "died", "stuck", "lost"]
+
+
+class GatewayExecutor:
+    """Runs a session's cells in a kernel that a Jupyter gateway hosts; implements the `Executor` protocol."""
+
+    def __init__(
+        self, session_dir: Path, *, config: ExecutionConfig, gateway: KernelGatewayConfig, output_tokens: int = DEFAULT_OUTPUT_TOKENS
+    ) -> None:
+        """Prepare the local folders and start the remote kernel in the background; returns at once."""
+        self.session_dir = Path(session_dir).resolve()
+        self.cwd = self.session_dir / "cwd"
+        self.artifacts_dir = self.session_dir / "artifacts"
+        self.outputs_dir = self.session_dir / "outputs"
+        for folder in (self.cwd, self.artifacts_dir, self.outputs_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self.output_tokens = output_tokens
+        self.kernel = GatewayKernel(gateway)
+        self.home = f"{REMOTE_SESSIONS}/{self.session_dir.name}"  # made absolute by the kernel at start
+        self._expressions = namespace.cell_expressions(self.home)
+        self._namespace = namespace.VariableTracker()
+        self._cell = namespace.last_cell_number(self.outputs_dir, self.artifacts_dir)
+        self._start_error: BaseException | None = None
+        self._ready = threading.Event()
+        self._run_lock = threading.Lock()
+        self._running = False
+        self._interrupt_requested = False
+        self._closed = False
+        end_at_exit(self)
+        self._starter = threading.Thread(target=self._start, name="gateway-kernel-start", daemon=True)
+        self._starter.start()
+
+    @property
+    def working_dir(self) -> Path:
+        """The local session folder's `cwd` (the kernel's own folder is `home`, on the gateway's machine)."""
+        return self.cwd
+
+    def artifact(self, name: str) -> Path:
+        """The local file of an image a cell displayed, by its file name; KeyError if there is none."""
+        path = self.artifacts_dir / Path(name).name
+        if Path(name).name != name or not path.is_file():
+            raise KeyError(name)
+        return path
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until the remote kernel answers; KernelError (a GatewayError naming the URL) if not."""
+        if self._closed:
+            raise KernelError("The Python kernel of this session was already shut down.")
+        limit = self.config.kernel_start_timeout + REPLY_WAIT if timeout is None else timeout
+        if not self._ready.wait(limit):
+            raise KernelError(f"The kernel on the gateway {self.kernel.url} is not ready after {limit:g} s.")
+        if isinstance(self._start_error, KernelError):
+            raise self._start_error
+        if self._start_error is not None:
+            raise KernelError(f"The kernel on the gateway {self.kernel.url} could not start ({self._start_error}).")
+
+    def run(self, code: str, *, timeout: float | None = None) -> ExecutionResult:
+        """Run one cell and return what it did; waits for the kernel if it is still starting."""
+        self.wait_ready()
+        with self._run_lock:
+            self._check_open()
+            lost = self._replaced_since_last_cell()
+            result = self._run_cell(code, self.config.timeout if timeout is None else timeout)
+            if lost:
+                result = dataclasses.replace(result, kernel_died=True, lost_variables=lost)
+            return result
+
+    def interrupt(self) -> None:
+        """Stop the running cell through the gateway's REST API; the kernel and its variables stay."""
+        if not self._running or self._closed:
+            return
+        self._interrupt_requested = True
+        self.kernel.interrupt()
+
+    def variables(self) -> tuple[Variable, ...]:
+        """The latest snapshot of user variables (from the last cell; no kernel round trip)."""
+        return self._namespace.variables
+
+    def restart(self) -> tuple[str, ...]:
+        """Restart the remote kernel; returns the names of the variables that were lost."""
+        self.wait_ready()
+        with self._run_lock:
+            self._check_open()
+            lost = self._namespace.forget()
+            self._restart_kernel()
+            return lost
+
+    def upload(self, source: Path, *, name: str | None = None) -> str:
+        """Stream a local file into the kernel's working folder in base64 chunks; returns its name there."""
+        target = Path(name or source.name).name  # a bare name: never outside the folder
+        self.wait_ready()
+        with self._run_lock:
+            self._check_open()
+            try:
+                self._stream(source, target)
+            except GatewayError as exc:
+                raise UploadError(f"{source} could not be uploaded to the kernel on the gateway: {exc}") from exc
+        return target
+
+    def shutdown(self) -> None:
+        """Shut the kernel down on the gateway and close the connection; safe to call more than once."""
+        if self._closed:
+            return
+        self._closed = True
+        forget(self)
+        self._starter.join(self.config.kernel_start_timeout + REPLY_WAIT)
+        self.kernel.shutdown()
+
+    def __enter__(self) -> GatewayExecutor:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self.shutdown()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise KernelError("The Python kernel of this session was already shut down.")
+
+    def _start(self) -> None:
+        try:
+            self.kernel.start(env=dict(self.kernel.config.env))
+            self.kernel.connect()
+            self._initialize()
+        except Exception as exc:  # noqa: BLE001 - whatever it is, `wait_ready` reports it in the caller's thread
+            self._start_error = exc
+        finally:
+            self._ready.set()
+
+    def _initialize(self) -> None:
+        """Load our helpers into a fresh kernel and move it into the session's folder there."""
+        deadline = time.monotonic() + self.config.kernel_start_timeout
+        msg_id = self.kernel.execute(_start_up(self.home, self.config.display_width), user_expressions={_HOME: "__import__('os').getcwd()"}, silent=True)
+        reply = self._reply(msg_id, deadline)
+        if reply is None or reply.get("status") != "ok":
+            problem = (reply or {}).get("evalue") or "no answer"
+            raise GatewayError(f"The kernel on the gateway {self.kernel.url} did not take our start-up code ({problem}).")
+        home = _text_value(reply, _HOME)
+        if home:
+            self.home = home
+            self._expressions = namespace.cell_expressions(home)
+
+    def _restart_kernel(self) -> None:
+        self._namespace.forget()
+        try:
+            self.kernel.restart()
+            self._initialize()
+        except GatewayError as exc:
+            raise KernelError(f"The kernel on the gateway could not be restarted: {exc}") from exc
+
+    def _after_death(self) -> None:
+        """The gateway restarted a kernel that died: reconnect if need be and load our helpers again."""
+        self._namespace.forget()
+        try:
+            if not self.kernel.connected:
+                self.kernel.connect()
+            self._initialize()
+        except GatewayError:
+            self._restart_kernel()  # the gateway's own restart failed ("dead"): ask for one
+
+    def _replaced_since_last_cell(self) -> tuple[str, ...]:
+        """Names lost if the kernel died between cells (the gateway said "restarting"); reconnects a dropped socket."""
+        died = False
+        try:
+            if not self.kernel.connected:
+                self.kernel.connect()
+            while (msg := self.kernel.receive(0.001)) is not None:
+                died = died or _death(msg)
+        except GatewayConnectionLost:
+            self.kernel.connect()
+        if not died:
+            return ()
+        lost = self._namespace.names()
+        self._after_death()
+        return lost
+
+    def _run_cell(self, code: str, timeout: float) -> ExecutionResult:
+        self._cell += 1
+        stem = f"cell-{self._cell:04d}"
+        output = CellOutput(
+            max_tokens=self.output_tokens, transcript_path=self.outputs_dir / f"{stem}.txt", artifacts_dir=self.artifacts_dir, stem=stem
+        )
+        self._interrupt_requested = False
+        started = time.monotonic()
+        msg_id = self.kernel.execute(code, user_expressions=self._expressions)
+        self._running = True
+        try:
+            ending, timed_out, reply = self._follow(msg_id, output, deadline=started + timeout)
+        except KeyboardInterrupt:
+            self._stop_after_ctrl_c(msg_id, output)
+            raise
+        finally:
+            self._running = False
+        interrupted = self._interrupt_requested and not timed_out
+        base = dataclasses.replace(output.finish(code), elapsed=time.monotonic() - started, timed_out=timed_out, interrupted=interrupted)
+        if ending == "lost":
+            return dataclasses.replace(base, success=False, error=_connection_lost(self.kernel.url))
+        if ending != "idle":
+            lost = self._namespace.names()
+            self._after_death() if ending == "died" else self._restart_kernel()
+            return dataclasses.replace(base, success=False, kernel_died=True, lost_variables=lost, changes=VariableChanges(deleted=lost))
+        return self._finish(base, reply or {})
+
+    def _finish(self, base: ExecutionResult, reply: dict[str, Any]) -> ExecutionResult:
+        ok = reply.get("status") == "ok"
+        # The kernel skips user_expressions after an error, so only then do they cost a request.
+        expressions = reply if ok else (self._reply(self.kernel.execute("", user_expressions=self._expressions, silent=True)) or {})
+        changes = self._namespace.take(namespace.snapshot_rows(expressions))
+        notices = base.notices + namespace.moved_notice(namespace.moved_from(expressions), self.home)
+        return dataclasses.replace(
+            base,
+            success=base.success and ok,
+            execution_count=reply.get("execution_count"),
+            variables=self._namespace.variables,
+            changes=changes,
+            notices=notices,
+        )
+
+    def _follow(self, msg_id: str, output: CellOutput, *, deadline: float) -> tuple[_Ending, bool, dict[str, Any] | None]:
+        """Feed the cell's output to `output` until the kernel is idle (and has replied), dies, is stuck, or is unreachable."""
+        timed_out, reconnected = False, False
+        interrupted_at: float | None = None
+        signalled_at = 0.0
+        reply: dict[str, Any] | None = None
+        idle_at: float | None = None
+        while True:
+            try:
+                msg = self.kernel.receive(POLL_INTERVAL)
+            except GatewayConnectionLost:
+                if reconnected or not self._reconnect():
+                    return "lost", timed_out, None
+                reconnected, msg = True, None
+            if msg is not None:
+                if _death(msg):
+                    return "died", timed_out, None
+                if msg.get("parent_header", {}).get("msg_id") == msg_id:
+                    reply, idle = _take(msg, output, reply)
+                    idle_at = idle_at or (time.monotonic() if idle else None)
+            now = time.monotonic()
+            if idle_at is not None and (reply is not None or now > idle_at + REPLY_WAIT):
+                return "idle", timed_out, reply
+            if interrupted_at is None:
+                if now >= deadline and not self._interrupt_requested:
+                    timed_out = True
+                    self.kernel.interrupt()
+                if timed_out or self._interrupt_requested:
+                    interrupted_at = signalled_at = now
+            elif now >= interrupted_at + INTERRUPT_GRACE:
+                return "stuck", timed_out, None
+            elif now >= signalled_at + 1.0:
+                # An interrupt that lands before the kernel enters the cell is ignored; repeat it.
+                signalled_at = now
+                self.kernel.interrupt()
+
+    def _reconnect(self) -> bool:
+        """Reopen a dropped socket (the gateway hands over what it buffered meanwhile); False if that fails."""
+        try:
+            self.kernel.connect()
+        except GatewayError:
+            return False
+        return self.kernel.exists()
+
+    def _stop_after_ctrl_c(self, msg_id: str, output: CellOutput) -> None:
+        """Ctrl-C reached us mid-cell: stop the cell, wait for the kernel to settle, keep the snapshot current."""
+        self._interrupt_requested = True
+        self.kernel.interrupt()
+        try:
+            ending, _, _ = self._follow(msg_id, output, deadline=math.inf)
+        finally:
+            output.close()
+        if ending == "idle":
+            self._namespace.take(namespace.snapshot_rows(self._reply(self.kernel.execute("", user_expressions=self._expressions, silent=True)) or {}))
+        elif ending != "lost":
+            self._restart_kernel()
+
+    def _reply(self, msg_id: str, deadline: float | None = None) -> dict[str, Any] | None:
+        """The shell reply to `msg_id` (None if none came by `deadline`, default REPLY_WAIT from now)."""
+        deadline = time.monotonic() + REPLY_WAIT if deadline is None else deadline
+        while (left := deadline - time.monotonic()) > 0:
+            msg = self.kernel.receive(min(left, 1.0))
+            if msg is None:
+                continue
+            if _death(msg):
+                raise GatewayError(f"The kernel on the gateway {self.kernel.url} died while answering.")
+            if msg.get("channel") == "shell" and msg.get("parent_header", {}).get("msg_id") == msg_id:
+                content: dict[str, Any] = msg["content"]
+                return content
+        return None
+
+    def _stream(self, source: Path, target: str) -> None:
+        """Write `source` to `<home>/<target>` through execute requests, a few chunks in flight at a time."""
+        partial = f"{target}.part"
+        pending = [self.kernel.execute(_open_code(partial), user_expressions={}, silent=True)]
+        with source.open("rb") as data:
+            while chunk := data.read(UPLOAD_CHUNK):
+                pending.append(self.kernel.execute(_append_code(partial, chunk), user_expressions={}, silent=True))
+                if len(pending) > UPLOAD_WINDOW:
+                    _check_written(self._reply(pending.pop(0), time.monotonic() + self.kernel.config.connect_timeout), target)
+        pending.append(self.kernel.execute(_close_code(partial, target), user_expressions={}, silent=True))
+        for msg_id in pending:
+            _check_written(self._reply(msg_id, time.monotonic() + self.kernel.config.connect_timeout), target)
+
+
+def _take(msg: dict[str, Any], output: CellOutput, reply: dict[str, Any] | None) -> tuple[dict[str, Any] | None, bool]:
+    """Route one message of our cell: (the execute reply so far, whether the kernel went idle)."""
+    if msg.get("channel") == "shell":
+        return msg["content"], False
+    if msg["msg_type"] == "status":
+        return reply, msg["content"].get("execution_state") == "idle"
+    output.add(msg["msg_type"], msg["content"])
+    return reply, False
+
+
+def _death(msg: dict[str, Any]) -> bool:
+    """The gateway says the kernel died: it is restarting it, or gave up ("dead")."""
+    return msg.get("msg_type") == "status" and msg.get("content", {}).get("execution_state") in _STATES_OF_DEATH
+
+
+def _connection_lost(url: str) -> ExecutionError:
+    return ExecutionError(
+        name="GatewayConnectionLost",
+        value=(
+            f"The connection to the kernel gateway {url} dropped during this cell and could not be restored, so its "
+            "outcome is unknown; the session goes on and the next cell reconnects."
+        ),
+        traceback="",
+    )
+
+
+def _text_value(reply: dict[str, Any], key: str) -> str:
+    """A string the kernel evaluated in `user_expressions` ('' if it failed)."""
+    value = (reply.get("user_expressions") or {}).get(key) or {}
+    try:
+        text = ast.literal_eval(value["data"]["text/plain"])
+    except (KeyError, TypeError, ValueError, SyntaxError):
+        return ""
+    return text if isinstance(text, str) else ""
+
+
+def _check_written(reply: dict[str, Any] | None, target: str) -> None:
+    if reply is None:
+        raise GatewayError(f"the kernel did not confirm a part of {target} in time")
+    if reply.get("status") != "ok":
+        raise GatewayError(f"the kernel could not write {target} ({reply.get('ename')}: {reply.get('evalue')})")
+
+
+def _open_code(partial: str) -> str:
+    return f"open({partial!r}, 'wb').close()"
+
+
+def _append_code(partial: str, chunk: bytes) -> str:
+    return f"with open({partial!r}, 'ab') as _twl_f: _twl_f.write(__import__('base64').b64decode({base64.b64encode(chunk).decode('ascii')!r}))"
+
+
+def _close_code(partial: str, target: str) -> str:
+    return f"__import__('os').replace({partial!r}, {target!r})"
+
+
+def _module_code(name: str, source_path: str) -> str:
+    """Code that creates our standalone module `name` from its source, registered before it runs."""
+    source = Path(source_path).read_text(encoding="utf-8")
+    return (
+        f"_twl_m = _twl_t.ModuleType({name!r}); _twl_s.modules[{name!r}] = _twl_m\n"
+        f"exec(compile({source!r}, {'<' + name + '>'!r}, 'exec'), _twl_m.__dict__)\n"
+    )
+
+
+def _start_up(home: str, display_width: int | None) -> str:
+    """What a fresh remote kernel runs first: our helpers (sent as source), the plot backend, the session's folder."""
+    width = {kernel_display.WIDTH_VARIABLE: str(display_width)} if display_width else {}
+    return (
+        "import os as _twl_o, sys as _twl_s, types as _twl_t\n"
+        # Figures must come back as images whatever the gateway's environment prefers.
+        "_twl_o.environ['MPLBACKEND'] = 'module://matplotlib_inline.backend_inline'\n"
+        + _module_code(kernel_snapshot.MODULE_NAME, kernel_snapshot.__file__)
+        + _module_code(kernel_guard.MODULE_NAME, kernel_guard.__file__)
+        + _module_code("_taskweaver_display", kernel_display.__file__)
+        + f"_twl_m.install({width!r})\n"
+        f"_twl_s.modules[{kernel_guard.MODULE_NAME!r}].install()\n"
+        f"_twl_o.makedirs({home!r}, exist_ok=True); _twl_o.chdir({home!r})\n"
+        "del _twl_o, _twl_s, _twl_t, _twl_m\n"
+    )
