@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import requests
-from gateway import Gateway, Relay, free_port, kernel_gateway
 from helpers import make_project
 
 from taskweaver_lite.config import ExecutionConfig, KernelGatewayConfig, load_config
@@ -20,6 +19,7 @@ from taskweaver_lite.errors import GatewayAuthError, GatewayUnreachableError
 from taskweaver_lite.kernel import remote
 from taskweaver_lite.kernel.remote import GatewayExecutor
 from taskweaver_lite.session import Session
+from taskweaver_lite.testing.kernel_gateway import Gateway, Relay, free_port, kernel_gateway
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -9,8 +9,11 @@ Every failure becomes a `GatewayError` whose message names the gateway's address
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
+import select
+import socket
 import ssl
 from typing import Any
 
@@ -110,6 +113,7 @@ class GatewayKernel:
         """The next message (None if none came within `timeout`); GatewayConnectionLost if the socket closed."""
         sock = self._live_socket()
         sock.settimeout(timeout)
+        _ack_at_once(sock)
         try:
             text = sock.recv()
         except websocket.WebSocketTimeoutException:
@@ -122,6 +126,16 @@ class GatewayKernel:
             raise GatewayConnectionLost(f"The kernel gateway {self.url} closed the connection.")
         msg: dict[str, Any] = json.loads(text)
         return msg
+
+    def waiting(self) -> bool:
+        """Whether a message is ready to read now (no wait; False when not connected)."""
+        raw = self._socket.sock if self._socket is not None else None
+        if raw is None:
+            return False
+        # TLS may hold decrypted bytes the OS no longer reports as readable.
+        if isinstance(raw, ssl.SSLSocket) and raw.pending():
+            return True
+        return bool(select.select([raw], [], [], 0)[0])
 
     def interrupt(self) -> None:
         """Interrupt the running cell through the REST API."""
@@ -182,6 +196,18 @@ class GatewayKernel:
             return GatewayAuthError(f"The kernel gateway {self.url} refused the token (HTTP {status}); {_TOKEN_HINT}.")
         reason = _reason(body)
         return GatewayError(f"The kernel gateway {self.url} could not {action} (HTTP {status}{': ' + reason if reason else ''}).")
+
+
+def _ack_at_once(sock: websocket.WebSocket) -> None:
+    """Ask Linux to acknowledge the next packets at once rather than after its 40 ms delay.
+
+    The gateway's WebSocket (tornado) leaves Nagle's algorithm on, so each of a cell's small
+    messages waits for our acknowledgement of the one before: ~45 ms per `x = 1` instead of ~10.
+    The flag does not stick, hence before every read.
+    """
+    if hasattr(socket, "TCP_QUICKACK") and sock.sock is not None:
+        with contextlib.suppress(OSError):
+            sock.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
 
 
 def _reason(body: str) -> str:
