@@ -78,6 +78,7 @@ class Relay:
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.refuse = False
+        self._closed = False
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._server.getsockname()[1]
         self._open: list[socket.socket] = []
@@ -89,6 +90,9 @@ class Relay:
             try:
                 client, _ = self._server.accept()
             except OSError:
+                return
+            if self._closed:  # woken by `close`: a later socket may already hold our descriptor number
+                client.close()
                 return
             if self.refuse:
                 client.close()
@@ -110,6 +114,11 @@ class Relay:
 
     def close(self) -> None:
         """Stop listening and cut everything."""
+        self._closed = True
+        # close() alone does not wake a thread blocked in accept(), which would then take the
+        # connections of whatever socket reuses the descriptor number next; shutdown() does.
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)
         self._server.close()
         self.drop()
 
