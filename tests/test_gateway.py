@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -15,10 +18,11 @@ import requests
 from helpers import make_project
 
 from taskweaver_lite.config import ExecutionConfig, KernelGatewayConfig, load_config
-from taskweaver_lite.errors import GatewayAuthError, GatewayUnreachableError
+from taskweaver_lite.errors import ConfigError, GatewayAuthError, GatewayUnreachableError
 from taskweaver_lite.kernel import remote
+from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.remote import GatewayExecutor
-from taskweaver_lite.session import Session
+from taskweaver_lite.session import Session, default_executor
 from taskweaver_lite.testing.kernel_gateway import Gateway, Relay, free_port, kernel_gateway
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
@@ -199,3 +203,51 @@ def test_a_session_runs_loads_and_resumes_on_the_gateway(gateway: Gateway, tmp_p
         with resumed:
             assert report.replayed == 1 and report.replay_failures == 0
             assert {"table", "total"} <= {v.name for v in resumed.executor.variables()}
+
+
+def test_sigterm_to_the_owning_process_shuts_the_kernel_down_on_the_gateway(gateway: Gateway, tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import time
+        from pathlib import Path
+        from taskweaver_lite.config import ExecutionConfig, KernelGatewayConfig
+        from taskweaver_lite.kernel.remote import GatewayExecutor
+        gateway = KernelGatewayConfig(url={gateway.url!r}, token={gateway.token!r})
+        executor = GatewayExecutor(Path({str(tmp_path)!r}), config=ExecutionConfig(), gateway=gateway)
+        executor.wait_ready()
+        print(executor.kernel.kernel_id, flush=True)
+        time.sleep(60)
+        """
+    )
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as owner:
+        assert owner.stdout is not None
+        kernel_id = owner.stdout.readline().strip()
+        assert kernel_status(gateway, kernel_id) == 200
+        owner.send_signal(signal.SIGTERM)
+        assert owner.wait(timeout=10) == -signal.SIGTERM
+    assert kernel_status(gateway, kernel_id) == 404
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"url": "bigbox:8888"}, "key 'execution.kernel_gateway.url': value error, expected an http:// or https:// address such as http://bigbox:8888"),
+        ({"url": "http://bigbox:8888", "connect_timeout": 0}, "execution.kernel_gateway.connect_timeout"),
+        ({"token": "t"}, "execution.kernel_gateway.url"),
+    ],
+)
+def test_gateway_settings_are_checked_with_the_key_named(tmp_path: Path, settings: dict[str, object], message: str) -> None:
+    project = make_project(tmp_path, "http://127.0.0.1:9/v1", execution={"kernel_gateway": settings})
+    with pytest.raises(ConfigError) as caught:
+        load_config(project)
+    assert message in str(caught.value)
+
+
+def test_no_gateway_means_the_local_kernel(tmp_path: Path) -> None:
+    config = load_config(make_project(tmp_path, "http://127.0.0.1:9/v1"))
+    assert config.execution.kernel_gateway is None
+    executor = default_executor(config)(tmp_path / "local")
+    try:
+        assert isinstance(executor, KernelExecutor)
+    finally:
+        executor.shutdown()
