@@ -146,6 +146,14 @@ class GatewayKernel:
         self._call("POST", f"{self._path()}/restart", "restart the kernel")
         self.connect()
 
+    def state(self) -> str:
+        """The kernel's execution state as the gateway tracks it ('busy', 'idle', 'restarting'...; '' if unknown)."""
+        try:
+            answer = self._http.get(self.url + self._path(), timeout=self.config.connect_timeout)
+            return str(answer.json().get("execution_state") or "") if answer.status_code == 200 else ""
+        except (requests.RequestException, ValueError, AttributeError):
+            return ""
+
     def exists(self) -> bool:
         """Whether the gateway still has our kernel."""
         try:

@@ -38,8 +38,15 @@ UPLOAD_CHUNK = 1024 * 1024
 UPLOAD_WINDOW = 4
 # Where sessions' folders go, relative to the folder the gateway starts kernels in.
 REMOTE_SESSIONS = "taskweaver_sessions"
-_STATES_OF_DEATH = ("restarting", "dead")
+# What the gateway says when a kernel died ("restarting", "dead" if it gave up) and what a new one
+# says when it boots ("starting"): any of them means the variables are gone.
+_STATES_OF_DEATH = ("restarting", "dead", "starting")
+# Seconds between asking the gateway how a silent cell's kernel is, should its "restarting" message
+# have gone astray: two answers in a row that are not "busy" mean the kernel is no longer in our cell.
+LIVENESS_CHECK = 2.0
 _HOME = "home"
+# Seconds to wait for a new kernel's output channel to answer before asking again.
+IOPUB_PROBE = 0.2
 # The kernel-side name of the file an upload is writing, and the expression key of each chunk.
 _UPLOAD = "_twl_upload"
 _WRITE = "write"
@@ -176,6 +183,7 @@ class GatewayExecutor:
     def _initialize(self) -> None:
         """Load our helpers into a fresh kernel and move it into the session's folder there."""
         deadline = time.monotonic() + self.config.kernel_start_timeout
+        self._await_iopub(deadline)
         msg_id = self.kernel.execute(_start_up(self.home, self.config.display_width), user_expressions={_HOME: "__import__('os').getcwd()"}, silent=True)
         reply = self._reply(msg_id, deadline)
         if reply is None or reply.get("status") != "ok":
@@ -185,6 +193,22 @@ class GatewayExecutor:
         if home:
             self.home = home
             self._expressions = namespace.cell_expressions(home)
+
+    def _await_iopub(self, deadline: float) -> None:
+        """Ask for kernel_info until its status messages come back: output flows again.
+
+        A new kernel's output channel (ZMQ pub/sub, relayed by the gateway) drops what it publishes
+        before the gateway's subscription is live: a cell sent too early would run with its output,
+        and its "idle", lost.
+        """
+        while time.monotonic() < deadline:
+            msg_id = self.kernel.send("shell", "kernel_info_request", {})
+            answered = time.monotonic() + IOPUB_PROBE
+            while (left := answered - time.monotonic()) > 0:
+                msg = self.kernel.receive(left)
+                if msg is not None and msg.get("channel") == "iopub" and msg.get("parent_header", {}).get("msg_id") == msg_id:
+                    return
+        raise GatewayError(f"The kernel on the gateway {self.kernel.url} did not answer within {self.config.kernel_start_timeout:g} s.")
 
     def _restart_kernel(self) -> None:
         self._namespace.forget()
@@ -269,6 +293,8 @@ class GatewayExecutor:
         signalled_at = 0.0
         reply: dict[str, Any] | None = None
         idle_at: float | None = None
+        next_check, quiet = time.monotonic() + LIVENESS_CHECK, 0
+        replied_at: float | None = None
         while True:
             try:
                 msg = self.kernel.receive(POLL_INTERVAL)
@@ -285,6 +311,16 @@ class GatewayExecutor:
             now = time.monotonic()
             if idle_at is not None and (reply is not None or now > idle_at + REPLY_WAIT):
                 return "idle", timed_out, reply
+            if reply is not None and idle_at is None:
+                # Replied but never idle: its output channel dropped the end; do not wait for it forever.
+                replied_at = replied_at or now
+                if now > replied_at + REPLY_WAIT:
+                    return "idle", timed_out, reply
+            if idle_at is None and now >= next_check:
+                next_check = now + LIVENESS_CHECK
+                quiet = quiet + 1 if self.kernel.state() not in ("busy", "") else 0
+                if quiet >= 2:
+                    return "died", timed_out, None
             if interrupted_at is None:
                 if now >= deadline and not self._interrupt_requested:
                     timed_out = True
@@ -326,7 +362,7 @@ class GatewayExecutor:
             msg = self.kernel.receive(min(left, 1.0))
             if msg is None:
                 continue
-            if _death(msg):
+            if _death(msg, booting=False):  # a kernel we just (re)started says "starting": not news
                 raise GatewayError(f"The kernel on the gateway {self.kernel.url} died while answering.")
             if msg.get("channel") == "shell" and msg.get("parent_header", {}).get("msg_id") == msg_id:
                 content: dict[str, Any] = msg["content"]
@@ -371,9 +407,10 @@ def _take(msg: dict[str, Any], output: CellOutput, reply: dict[str, Any] | None)
     return reply, False
 
 
-def _death(msg: dict[str, Any]) -> bool:
-    """The gateway says the kernel died: it is restarting it, or gave up ("dead")."""
-    return msg.get("msg_type") == "status" and msg.get("content", {}).get("execution_state") in _STATES_OF_DEATH
+def _death(msg: dict[str, Any], *, booting: bool = True) -> bool:
+    """The kernel died: the gateway is restarting it, or gave up ("dead"), or (`booting`) a new one says "starting"."""
+    states = _STATES_OF_DEATH if booting else _STATES_OF_DEATH[:2]
+    return msg.get("msg_type") == "status" and msg.get("content", {}).get("execution_state") in states
 
 
 def _connection_lost(url: str) -> ExecutionError:
