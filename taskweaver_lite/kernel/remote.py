@@ -11,7 +11,6 @@ base64 chunks (a gateway has no file API), and a dropped WebSocket is reopened o
 from __future__ import annotations
 
 import ast
-import base64
 import dataclasses
 import math
 import threading
@@ -23,10 +22,7 @@ from typing import Any, Literal
 from taskweaver_lite.config import ExecutionConfig, KernelGatewayConfig
 from taskweaver_lite.errors import GatewayConnectionLost, GatewayError, KernelError
 from taskweaver_lite.execution import ExecutionError, ExecutionResult, Variable, VariableChanges
-from taskweaver_lite.kernel import display as kernel_display
-from taskweaver_lite.kernel import guard as kernel_guard
-from taskweaver_lite.kernel import namespace
-from taskweaver_lite.kernel import snapshot as kernel_snapshot
+from taskweaver_lite.kernel import namespace, remote_code
 from taskweaver_lite.kernel.executor import DEFAULT_OUTPUT_TOKENS, INTERRUPT_GRACE, POLL_INTERVAL, REPLY_WAIT
 from taskweaver_lite.kernel.gateway import GatewayKernel
 from taskweaver_lite.kernel.output import CellOutput
@@ -47,9 +43,6 @@ LIVENESS_CHECK = 2.0
 _HOME = "home"
 # Seconds to wait for a new kernel's output channel to answer before asking again.
 IOPUB_PROBE = 0.2
-# The kernel-side name of the file an upload is writing, and the expression key of each chunk.
-_UPLOAD = "_twl_upload"
-_WRITE = "write"
 
 _Ending = Literal["idle", "died", "stuck", "lost"]
 
@@ -184,7 +177,8 @@ class GatewayExecutor:
         """Load our helpers into a fresh kernel and move it into the session's folder there."""
         deadline = time.monotonic() + self.config.kernel_start_timeout
         self._await_iopub(deadline)
-        msg_id = self.kernel.execute(_start_up(self.home, self.config.display_width), user_expressions={_HOME: "__import__('os').getcwd()"}, silent=True)
+        start_up = remote_code.start_up(self.home, self.config.display_width)
+        msg_id = self.kernel.execute(start_up, user_expressions={_HOME: remote_code.HOME_EXPRESSION}, silent=True)
         reply = self._reply(msg_id, deadline)
         if reply is None or reply.get("status") != "ok":
             problem = (reply or {}).get("evalue") or "no answer"
@@ -376,14 +370,13 @@ class GatewayExecutor:
         skips IPython's cell transforms, which cost ~0.3 s per megabyte of code.
         """
         partial = f"{target}.part"
-        pending = [self.kernel.execute(f"{_UPLOAD} = open({partial!r}, 'wb')", user_expressions={}, silent=True)]
+        pending = [self.kernel.execute(remote_code.upload_open(partial), user_expressions={}, silent=True)]
         with source.open("rb") as data:
             while chunk := data.read(UPLOAD_CHUNK):
-                pending.append(self.kernel.execute("", user_expressions={_WRITE: _write_expression(chunk)}, silent=True))
+                pending.append(self.kernel.execute("", user_expressions={remote_code.WRITE: remote_code.upload_write(chunk)}, silent=True))
                 if len(pending) > UPLOAD_WINDOW:
                     self._confirm(pending.pop(0), target)
-        finish = f"{_UPLOAD}.close(); del {_UPLOAD}; __import__('os').replace({partial!r}, {target!r})"
-        pending.append(self.kernel.execute(finish, user_expressions={}, silent=True))
+        pending.append(self.kernel.execute(remote_code.upload_finish(partial, target), user_expressions={}, silent=True))
         for msg_id in pending:
             self._confirm(msg_id, target)
 
@@ -392,7 +385,7 @@ class GatewayExecutor:
         reply = self._reply(msg_id, time.monotonic() + self.kernel.config.connect_timeout)
         if reply is None:
             raise GatewayError(f"the kernel did not confirm a part of {target} in time")
-        written = (reply.get("user_expressions") or {}).get(_WRITE) or reply
+        written = (reply.get("user_expressions") or {}).get(remote_code.WRITE) or reply
         if written.get("status") != "ok":
             raise GatewayError(f"the kernel could not write {target} ({written.get('ename')}: {written.get('evalue')})")
 
@@ -432,33 +425,3 @@ def _text_value(reply: dict[str, Any], key: str) -> str:
     except (KeyError, TypeError, ValueError, SyntaxError):
         return ""
     return text if isinstance(text, str) else ""
-
-
-def _write_expression(chunk: bytes) -> str:
-    return f"{_UPLOAD}.write(__import__('base64').b64decode({base64.b64encode(chunk).decode('ascii')!r}))"
-
-
-def _module_code(name: str, source_path: str) -> str:
-    """Code that creates our standalone module `name` from its source, registered before it runs."""
-    source = Path(source_path).read_text(encoding="utf-8")
-    return (
-        f"_twl_m = _twl_t.ModuleType({name!r}); _twl_s.modules[{name!r}] = _twl_m\n"
-        f"exec(compile({source!r}, {'<' + name + '>'!r}, 'exec'), _twl_m.__dict__)\n"
-    )
-
-
-def _start_up(home: str, display_width: int | None) -> str:
-    """What a fresh remote kernel runs first: our helpers (sent as source), the plot backend, the session's folder."""
-    width = {kernel_display.WIDTH_VARIABLE: str(display_width)} if display_width else {}
-    return (
-        "import os as _twl_o, sys as _twl_s, types as _twl_t\n"
-        # Figures must come back as images whatever the gateway's environment prefers.
-        "_twl_o.environ['MPLBACKEND'] = 'module://matplotlib_inline.backend_inline'\n"
-        + _module_code(kernel_snapshot.MODULE_NAME, kernel_snapshot.__file__)
-        + _module_code(kernel_guard.MODULE_NAME, kernel_guard.__file__)
-        + _module_code("_taskweaver_display", kernel_display.__file__)
-        + f"_twl_m.install({width!r})\n"
-        f"_twl_s.modules[{kernel_guard.MODULE_NAME!r}].install()\n"
-        f"_twl_o.makedirs({home!r}, exist_ok=True); _twl_o.chdir({home!r})\n"
-        "del _twl_o, _twl_s, _twl_t, _twl_m\n"
-    )
