@@ -74,6 +74,13 @@ def test_an_error_comes_back_with_its_traceback_and_the_snapshot_stays_current(e
     assert "made_before_error" in result.changes.created
 
 
+def test_output_is_bounded_for_prompts_with_the_whole_of_it_in_the_local_session_folder(executor: GatewayExecutor) -> None:
+    result = executor.run("for i in range(20000):\n    print('line', i)")
+    assert result.success and result.full_output_path is not None and "line 19999" in result.stdout
+    assert len(result.stdout) < 20000 * 10 and Path(result.full_output_path).parent == executor.session_dir / "outputs"
+    assert "line 10000\n" in Path(result.full_output_path).read_text(encoding="utf-8")
+
+
 def test_a_timeout_interrupts_the_cell_and_keeps_the_variables(executor: GatewayExecutor) -> None:
     executor.run("kept = 'yes'")
     result = executor.run("import time\ntime.sleep(30)", timeout=1)
@@ -134,6 +141,12 @@ def test_restart_names_the_lost_variables_and_shutdown_ends_the_kernel(gateway: 
     assert kernel_status(gateway, kernel_id) == 200
     executor.shutdown()
     assert kernel_status(gateway, kernel_id) == 404
+
+
+def test_extra_headers_reach_both_the_rest_calls_and_the_websocket(gateway: Gateway, tmp_path: Path) -> None:
+    config = KernelGatewayConfig(url=gateway.url, headers={"Authorization": f"token {gateway.token}"})
+    with GatewayExecutor(tmp_path / "headers", config=ExecutionConfig(), gateway=config) as executor:
+        assert executor.run("6 * 7").result == "42"
 
 
 def test_a_wrong_token_says_so(gateway: Gateway, tmp_path: Path) -> None:
