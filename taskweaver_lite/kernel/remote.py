@@ -15,6 +15,7 @@ import dataclasses
 import math
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -45,6 +46,43 @@ _HOME = "home"
 IOPUB_PROBE = 0.2
 
 _Ending = Literal["idle", "died", "stuck", "lost"]
+
+
+@dataclass
+class _Watch:
+    """Where one running cell stands: its reply, when it went idle, whether it timed out, its interrupts."""
+
+    msg_id: str
+    deadline: float
+    next_check: float
+    reply: dict[str, Any] | None = None
+    idle_at: float | None = None
+    replied_at: float | None = None
+    timed_out: bool = False
+    interrupted_at: float | None = None
+    signalled_at: float = 0.0
+    quiet: int = 0
+
+    def take(self, msg: dict[str, Any], output: CellOutput) -> None:
+        """Route one message: ours go to `output` (output), the reply, or the idle clock; others are ignored."""
+        if msg.get("parent_header", {}).get("msg_id") != self.msg_id:
+            return
+        if msg.get("channel") == "shell":
+            self.reply = msg["content"]
+        elif msg["msg_type"] == "status":
+            if msg["content"].get("execution_state") == "idle" and self.idle_at is None:
+                self.idle_at = time.monotonic()
+        else:
+            output.add(msg["msg_type"], msg["content"])
+
+    def done(self, now: float) -> bool:
+        """Idle and replied; or one of the two and the other overdue (its channel dropped it)."""
+        if self.idle_at is not None:
+            return self.reply is not None or now > self.idle_at + REPLY_WAIT
+        if self.reply is not None:
+            self.replied_at = self.replied_at or now
+            return now > self.replied_at + REPLY_WAIT
+        return False
 
 
 class GatewayExecutor:
@@ -249,21 +287,21 @@ class GatewayExecutor:
         msg_id = self.kernel.execute(code, user_expressions=self._expressions)
         self._running = True
         try:
-            ending, timed_out, reply = self._follow(msg_id, output, deadline=started + timeout)
+            ending, watch = self._follow(msg_id, output, deadline=started + timeout)
         except KeyboardInterrupt:
             self._stop_after_ctrl_c(msg_id, output)
             raise
         finally:
             self._running = False
-        interrupted = self._interrupt_requested and not timed_out
-        base = dataclasses.replace(output.finish(code), elapsed=time.monotonic() - started, timed_out=timed_out, interrupted=interrupted)
+        interrupted = self._interrupt_requested and not watch.timed_out
+        base = dataclasses.replace(output.finish(code), elapsed=time.monotonic() - started, timed_out=watch.timed_out, interrupted=interrupted)
         if ending == "lost":
             return dataclasses.replace(base, success=False, error=_connection_lost(self.kernel.url))
         if ending != "idle":
             lost = self._namespace.names()
             self._after_death() if ending == "died" else self._restart_kernel()
             return dataclasses.replace(base, success=False, kernel_died=True, lost_variables=lost, changes=VariableChanges(deleted=lost))
-        return self._finish(base, reply or {})
+        return self._finish(base, watch.reply or {})
 
     def _finish(self, base: ExecutionResult, reply: dict[str, Any]) -> ExecutionResult:
         ok = reply.get("status") == "ok"
@@ -280,53 +318,53 @@ class GatewayExecutor:
             notices=notices,
         )
 
-    def _follow(self, msg_id: str, output: CellOutput, *, deadline: float) -> tuple[_Ending, bool, dict[str, Any] | None]:
+    def _follow(self, msg_id: str, output: CellOutput, *, deadline: float) -> tuple[_Ending, _Watch]:
         """Feed the cell's output to `output` until the kernel is idle (and has replied), dies, is stuck, or is unreachable."""
-        timed_out, reconnected = False, False
-        interrupted_at: float | None = None
-        signalled_at = 0.0
-        reply: dict[str, Any] | None = None
-        idle_at: float | None = None
-        next_check, quiet = time.monotonic() + LIVENESS_CHECK, 0
-        replied_at: float | None = None
+        watch = _Watch(msg_id=msg_id, deadline=deadline, next_check=time.monotonic() + LIVENESS_CHECK)
+        reconnected = False
         while True:
             try:
                 msg = self.kernel.receive(POLL_INTERVAL)
             except GatewayConnectionLost:
                 if reconnected or not self._reconnect():
-                    return "lost", timed_out, None
+                    return "lost", watch
                 reconnected, msg = True, None
+            if msg is not None and _death(msg):
+                return "died", watch
             if msg is not None:
-                if _death(msg):
-                    return "died", timed_out, None
-                if msg.get("parent_header", {}).get("msg_id") == msg_id:
-                    reply, idle = _take(msg, output, reply)
-                    idle_at = idle_at or (time.monotonic() if idle else None)
+                watch.take(msg, output)
             now = time.monotonic()
-            if idle_at is not None and (reply is not None or now > idle_at + REPLY_WAIT):
-                return "idle", timed_out, reply
-            if reply is not None and idle_at is None:
-                # Replied but never idle: its output channel dropped the end; do not wait for it forever.
-                replied_at = replied_at or now
-                if now > replied_at + REPLY_WAIT:
-                    return "idle", timed_out, reply
-            if idle_at is None and now >= next_check:
-                next_check = now + LIVENESS_CHECK
-                quiet = quiet + 1 if self.kernel.state() not in ("busy", "") else 0
-                if quiet >= 2:
-                    return "died", timed_out, None
-            if interrupted_at is None:
-                if now >= deadline and not self._interrupt_requested:
-                    timed_out = True
-                    self.kernel.interrupt()
-                if timed_out or self._interrupt_requested:
-                    interrupted_at = signalled_at = now
-            elif now >= interrupted_at + INTERRUPT_GRACE:
-                return "stuck", timed_out, None
-            elif now >= signalled_at + 1.0:
-                # An interrupt that lands before the kernel enters the cell is ignored; repeat it.
-                signalled_at = now
+            if watch.done(now):
+                return "idle", watch
+            if self._kernel_left(watch, now):
+                return "died", watch
+            if self._keep_interrupting(watch, now):
+                return "stuck", watch
+
+    def _kernel_left(self, watch: _Watch, now: float) -> bool:
+        """Every LIVENESS_CHECK seconds of a silent cell: has the gateway said twice that the kernel is not busy with it?"""
+        if watch.idle_at is not None or now < watch.next_check:
+            return False
+        watch.next_check = now + LIVENESS_CHECK
+        watch.quiet = watch.quiet + 1 if self.kernel.state() not in ("busy", "") else 0
+        return watch.quiet >= 2
+
+    def _keep_interrupting(self, watch: _Watch, now: float) -> bool:
+        """Interrupt at the deadline or when asked, again each second; True once the grace has run out (stuck)."""
+        if watch.interrupted_at is None:
+            if now >= watch.deadline and not self._interrupt_requested:
+                watch.timed_out = True
                 self.kernel.interrupt()
+            if watch.timed_out or self._interrupt_requested:
+                watch.interrupted_at = watch.signalled_at = now
+            return False
+        if now >= watch.interrupted_at + INTERRUPT_GRACE:
+            return True
+        if now >= watch.signalled_at + 1.0:
+            # An interrupt that lands before the kernel enters the cell is ignored; repeat it.
+            watch.signalled_at = now
+            self.kernel.interrupt()
+        return False
 
     def _reconnect(self) -> bool:
         """Reopen a dropped socket (the gateway hands over what it buffered meanwhile); False if that fails."""
@@ -341,7 +379,7 @@ class GatewayExecutor:
         self._interrupt_requested = True
         self.kernel.interrupt()
         try:
-            ending, _, _ = self._follow(msg_id, output, deadline=math.inf)
+            ending, _ = self._follow(msg_id, output, deadline=math.inf)
         finally:
             output.close()
         if ending == "idle":
@@ -388,16 +426,6 @@ class GatewayExecutor:
         written = (reply.get("user_expressions") or {}).get(remote_code.WRITE) or reply
         if written.get("status") != "ok":
             raise GatewayError(f"the kernel could not write {target} ({written.get('ename')}: {written.get('evalue')})")
-
-
-def _take(msg: dict[str, Any], output: CellOutput, reply: dict[str, Any] | None) -> tuple[dict[str, Any] | None, bool]:
-    """Route one message of our cell: (the execute reply so far, whether the kernel went idle)."""
-    if msg.get("channel") == "shell":
-        return msg["content"], False
-    if msg["msg_type"] == "status":
-        return reply, msg["content"].get("execution_state") == "idle"
-    output.add(msg["msg_type"], msg["content"])
-    return reply, False
 
 
 def _death(msg: dict[str, Any], *, booting: bool = True) -> bool:
