@@ -155,6 +155,27 @@ class CodeInterpreterConfig(_Section):
     max_retry_count: int = Field(3, ge=0)
 
 
+class KernelGatewayConfig(_Section):
+    """A Jupyter Kernel Gateway or Enterprise Gateway that runs the session's kernel instead of this machine."""
+
+    url: str = Field(description="the gateway's base address, e.g. http://bigbox:8888")
+    token: SecretStr | None = Field(None, description="the gateway's auth token (KG_AUTH_TOKEN), sent as `Authorization: token ...`")
+    kernel_name: str | None = Field(None, description="the kernelspec to start (null: the gateway's default)")
+    headers: dict[str, str] = Field(default_factory=dict, description="extra HTTP headers on every request (a proxy's auth)")
+    validate_cert: bool = Field(True, description="check the gateway's TLS certificate (https:// and wss://)")
+    connect_timeout: float = Field(20.0, gt=0, description="seconds to connect to the gateway and for each REST call")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="KERNEL_* variables sent with the start request (KERNEL_WORKING_DIR, KERNEL_NAMESPACE, ...)"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _a_web_address(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("expected an http:// or https:// address such as http://bigbox:8888")
+        return value.rstrip("/")
+
+
 class ExecutionConfig(_Section):
     """The Jupyter kernel that runs generated code."""
 
@@ -167,6 +188,7 @@ class ExecutionConfig(_Section):
     display_width: int | None = Field(
         None, ge=40, description="characters per line for pandas in the kernel (null: the chat's terminal width, else pandas' 80)"
     )
+    kernel_gateway: KernelGatewayConfig | None = Field(None, description="run the kernel on a Jupyter Kernel/Enterprise Gateway (null: locally)")
 
     @model_validator(mode="before")
     @classmethod

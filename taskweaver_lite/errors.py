@@ -56,6 +56,22 @@ class KernelError(TaskWeaverError):
     """The Jupyter kernel could not be started or reached."""
 
 
+class GatewayError(KernelError):
+    """A Jupyter Kernel/Enterprise Gateway refused a request; the message names its address."""
+
+
+class GatewayUnreachableError(GatewayError):
+    """The gateway could not be reached at the configured address."""
+
+
+class GatewayAuthError(GatewayError):
+    """The gateway refused the token."""
+
+
+class GatewayConnectionLost(GatewayError):
+    """The WebSocket to the kernel closed."""
+
+
 class StoreError(TaskWeaverError):
     """The session store is unreadable, locked, or from a newer version."""
 

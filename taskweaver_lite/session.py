@@ -26,7 +26,7 @@ from taskweaver_lite.code_generator import CodeGenerator
 from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.config import Config, LLMConfig
 from taskweaver_lite.conversation import Conversation, Post, RoleName, Round
-from taskweaver_lite.errors import RoundFailedError, StoreError, TaskWeaverError
+from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
 from taskweaver_lite.examples import load_examples
 from taskweaver_lite.execution import Executor, ExecutorFactory, Variable
@@ -438,9 +438,18 @@ def role_models(config: Config) -> ChatModel:
 
 
 def default_executor(config: Config, *, plugins: Sequence[PluginSpec] = ()) -> ExecutorFactory:
-    """A local Jupyter kernel per session, started in the background, with `plugins` loaded in it."""
+    """A Jupyter kernel per session, started in the background, with `plugins` loaded in it: local, or on `execution.kernel_gateway`."""
     from taskweaver_lite.kernel.executor import KernelExecutor
 
+    gateway = config.execution.kernel_gateway
+    if gateway is not None:
+        try:
+            from taskweaver_lite.kernel.remote import GatewayExecutor
+        except ImportError as exc:
+            raise ConfigError(
+                f"execution.kernel_gateway needs {exc.name}: pip install 'taskweaver-lite[gateway]'"
+            ) from exc
+        return functools.partial(GatewayExecutor, config=config.execution, gateway=gateway, output_tokens=config.cell_output_tokens, plugins=tuple(plugins))
     return functools.partial(KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens, plugins=tuple(plugins))
 
 

@@ -9,14 +9,11 @@ output is bounded, in `output.py`.
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import dataclasses
-import json
 import math
 import os
 import queue
-import re
 import shutil
 import subprocess
 import threading
@@ -31,9 +28,7 @@ from jupyter_core.utils import ensure_event_loop
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
 from taskweaver_lite.execution import ExecutionResult, OutputSink, Variable, VariableChanges
-from taskweaver_lite.kernel import guard as kernel_guard
-from taskweaver_lite.kernel import plugin_runtime
-from taskweaver_lite.kernel import snapshot as kernel_snapshot
+from taskweaver_lite.kernel import namespace
 from taskweaver_lite.kernel.output import CellOutput
 from taskweaver_lite.kernel.process import (
     InterpreterKernelManager,
@@ -56,11 +51,6 @@ SHUTDOWN_GRACE = 2.0
 REPLY_WAIT = 5.0
 DEFAULT_OUTPUT_TOKENS = 1_000
 
-_SNAPSHOT = "snapshot"
-_CWD = "cwd"
-_PLUGINS = "plugins"
-_PLUGIN_FAILURES = "plugin_failures"
-_CELL_FILE = re.compile(r"cell-(\d+)")
 
 _Ending = Literal["idle", "died", "stuck"]
 
@@ -105,21 +95,16 @@ class KernelExecutor:
         self._running: str | None = None
         self._interrupt_requested = False
         self._closed = False
-        # name -> (type, description, object id): what "changed" is judged by, without touching data.
-        self._fingerprints: dict[str, tuple[str, str, str]] = {}
-        self._variables: tuple[Variable, ...] = ()
-        self._cell = _last_cell_number(self.outputs_dir, self.artifacts_dir)
+        self._namespace = namespace.VariableTracker()
+        self._cell = namespace.last_cell_number(self.outputs_dir, self.artifacts_dir)
         # The plugins' source text travels in the request, so a kernel that cannot see our files loads them too.
-        self._plugin_install = _plugin_install_code(plugins, session_id=self.session_dir.name, cwd=self.cwd) if plugins else ""
+        self._plugin_install = namespace.plugin_install_code(plugins, session_id=self.session_dir.name, cwd=self.cwd) if plugins else ""
         self.plugin_failures: tuple[str, ...] = ()  # plugins that failed to load in the current kernel, one line each
         self._unreported_failures: tuple[str, ...] = ()
         # Asked for with every cell, in the same request: the variables, and the working folder put back.
-        self._expressions = {
-            _SNAPSHOT: f"__import__('sys').modules[{kernel_snapshot.MODULE_NAME!r}].snapshot()",
-            _CWD: f"__import__('sys').modules[{kernel_guard.MODULE_NAME!r}].after_cell({str(self.cwd)!r})",
-        }
+        self._expressions = namespace.cell_expressions(str(self.cwd))
         if plugins:  # what plugins logged and saved during the cell; no cost for sessions without plugins
-            self._expressions[_PLUGINS] = f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].drain()"
+            self._expressions.update(namespace.PLUGIN_REPORT_EXPRESSION)
         end_at_exit(self)
         self._starter = threading.Thread(target=self._start, name="kernel-start", daemon=True)
         self._starter.start()
@@ -174,7 +159,7 @@ class KernelExecutor:
             lost: tuple[str, ...] = ()
             if not self._manager.is_alive():
                 # Died between cells (the OOM killer picks idle kernels too): say so on this cell.
-                lost = tuple(self._fingerprints)
+                lost = self._namespace.names()
                 self._replace_kernel(graceful=False)
             result = self._run_cell(code, self.config.timeout if timeout is None else timeout, on_output)
             if lost:
@@ -192,13 +177,13 @@ class KernelExecutor:
 
     def variables(self) -> tuple[Variable, ...]:
         """The latest snapshot of user variables (from the last cell; no kernel round trip)."""
-        return self._variables
+        return self._namespace.variables
 
     def restart(self) -> tuple[str, ...]:
         """Replace the kernel with a fresh one; returns the names of the variables that were lost."""
         self.wait_ready()
         with self._run_lock:
-            lost = tuple(self._fingerprints)
+            lost = self._namespace.names()
             self._replace_kernel(graceful=True)
             return lost
 
@@ -253,7 +238,7 @@ class KernelExecutor:
         try:
             client.wait_for_ready(timeout=self.config.kernel_start_timeout)
             # IPython took the streams' guard off when its start-up code ended: put it back before the first cell.
-            _reply(client, client.execute("", silent=True, store_history=False, user_expressions={_CWD: self._expressions[_CWD]}))
+            _reply(client, client.execute("", silent=True, store_history=False, user_expressions={namespace.CWD: self._expressions[namespace.CWD]}))
             if self._plugin_install:
                 self._install_plugins(client)
         except BaseException:
@@ -263,16 +248,13 @@ class KernelExecutor:
 
     def _install_plugins(self, client: BlockingKernelClient) -> None:
         """Load the plugins into a new kernel; failures are kept to be reported with the next cell."""
-        expression = f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].failures()"
         code = f"{self._plugin_install}{self._cell})"  # the cells run before: ctx.execution_id goes on from there
-        msg_id = client.execute(code, silent=True, store_history=False, user_expressions={_PLUGIN_FAILURES: expression})
-        value = _expression_json(_reply(client, msg_id) or {}, _PLUGIN_FAILURES)
-        failures = tuple(str(line) for line in value) if isinstance(value, list) else ("the plugins could not be loaded (no answer from the kernel)",)
-        self.plugin_failures = self._unreported_failures = failures
+        msg_id = client.execute(code, silent=True, store_history=False, user_expressions=namespace.PLUGIN_FAILURES_EXPRESSION)
+        self.plugin_failures = self._unreported_failures = namespace.plugin_failures(_reply(client, msg_id))
 
     def _replace_kernel(self, *, graceful: bool) -> None:
         """A fresh kernel in place of the old one; every variable the old one held is gone."""
-        self._fingerprints, self._variables = {}, ()
+        self._namespace.forget()
         if self._client is not None:
             self._client.stop_channels()
             self._client = None
@@ -310,7 +292,7 @@ class KernelExecutor:
             output.finish(code), elapsed=time.monotonic() - started, timed_out=timed_out, interrupted=interrupted
         )
         if ending != "idle":
-            lost = tuple(self._fingerprints)
+            lost = self._namespace.names()
             self._replace_kernel(graceful=False)
             return dataclasses.replace(
                 base, success=False, kernel_died=True, lost_variables=lost, changes=VariableChanges(deleted=lost)
@@ -319,20 +301,16 @@ class KernelExecutor:
         ok = reply.get("status") == "ok"
         # The kernel skips user_expressions after an error, so only then do they cost a request.
         expressions = reply if ok else self._request_expressions(client)
-        changes = self._take_snapshot(_snapshot_rows(expressions))
-        moved = _moved_from(expressions)
-        notices = base.notices + ((
-            f"The cell changed the working folder to {moved}; it was set back to {self.cwd} so that relative paths "
-            "keep working. Use absolute paths for other folders.",
-        ) if moved else ())
-        logs, saved = _plugin_reports(expressions)
+        changes = self._namespace.take(namespace.snapshot_rows(expressions))
+        notices = base.notices + namespace.moved_notice(namespace.moved_from(expressions), str(self.cwd))
+        logs, saved = namespace.plugin_reports(expressions)
         failures = tuple(f"A plugin could not be loaded and is not available: {line}" for line in self._unreported_failures)
         self._unreported_failures = ()
         return dataclasses.replace(
             base,
             success=base.success and ok,
             execution_count=reply.get("execution_count"),
-            variables=self._variables,
+            variables=self._namespace.variables,
             changes=changes,
             notices=failures + notices + logs,
             artifacts=base.artifacts + saved,
@@ -387,7 +365,7 @@ class KernelExecutor:
             output.close()
         if ending == "idle":
             _reply(client, msg_id)
-            self._take_snapshot(_snapshot_rows(self._request_expressions(client)))
+            self._namespace.take(namespace.snapshot_rows(self._request_expressions(client)))
         else:
             self._replace_kernel(graceful=False)
 
@@ -395,21 +373,6 @@ class KernelExecutor:
         """The reply of an empty request that only evaluates our expressions ({} if none came)."""
         msg_id = client.execute("", silent=True, store_history=False, user_expressions=self._expressions, allow_stdin=False, stop_on_error=False)
         return _reply(client, msg_id) or {}
-
-    def _take_snapshot(self, rows: list[list[str]] | None) -> VariableChanges:
-        """Adopt a new snapshot and say how it differs; an unreadable one keeps the previous."""
-        if rows is None:
-            return VariableChanges()
-        current = {name: (kind, description, identity) for name, kind, description, identity in rows}
-        before = self._fingerprints
-        changes = VariableChanges(
-            created=tuple(name for name in current if name not in before),
-            changed=tuple(name for name in current if name in before and before[name] != current[name]),
-            deleted=tuple(name for name in before if name not in current),
-        )
-        self._fingerprints = current
-        self._variables = tuple(Variable(name=name, type=kind, description=text) for name, (kind, text, _) in current.items())
-        return changes
 
 
 def _close_thread_loop() -> None:
@@ -438,57 +401,3 @@ def _reply(client: BlockingKernelClient, msg_id: str) -> dict[str, Any] | None:
     return None
 
 
-def _snapshot_rows(reply: dict[str, Any]) -> list[list[str]] | None:
-    value = (reply.get("user_expressions") or {}).get(_SNAPSHOT) or {}
-    if value.get("status") != "ok":
-        return None
-    try:
-        rows = json.loads(value["data"]["text/plain"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    return rows if isinstance(rows, list) else None
-
-
-def _plugin_install_code(plugins: tuple[PluginSpec, ...], *, session_id: str, cwd: Path) -> str:
-    specs = json.dumps([spec.kernel_spec() for spec in plugins])
-    """The install call up to its last argument, the number of cells run before, added at each install."""
-    return f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].install({specs!r}, {session_id!r}, {str(cwd)!r}, "
-
-
-def _expression_json(reply: dict[str, Any], name: str) -> Any:
-    """A user expression whose text is JSON (a repr of a JSON string), decoded; None if it failed."""
-    value = (reply.get("user_expressions") or {}).get(name) or {}
-    if value.get("status") != "ok":
-        return None
-    try:
-        return json.loads(ast.literal_eval(value["data"]["text/plain"]))
-    except (KeyError, TypeError, ValueError, SyntaxError):
-        return None
-
-
-def _plugin_reports(reply: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """What plugins logged (as notices) and the artifacts they saved during the cell."""
-    value = _expression_json(reply, _PLUGINS)
-    if not isinstance(value, dict):
-        return (), ()
-    logs = tuple(f"plugin log {line}" for line in value.get("logs", ()) if isinstance(line, str))
-    saved = tuple(line for line in value.get("artifacts", ()) if isinstance(line, str))
-    return logs, saved
-
-
-def _moved_from(reply: dict[str, Any]) -> str:
-    """The folder a cell left the kernel in, if it was not the working folder ('' otherwise)."""
-    value = (reply.get("user_expressions") or {}).get(_CWD) or {}
-    if value.get("status") != "ok":
-        return ""
-    try:
-        moved = ast.literal_eval(value["data"]["text/plain"])
-    except (KeyError, TypeError, ValueError, SyntaxError):
-        return ""
-    return moved if isinstance(moved, str) else ""
-
-
-def _last_cell_number(*folders: Path) -> int:
-    """Highest cell number already used in these folders, so a resumed session never overwrites files."""
-    numbers = [int(m.group(1)) for folder in folders for path in folder.iterdir() if (m := _CELL_FILE.match(path.name))]
-    return max(numbers, default=0)

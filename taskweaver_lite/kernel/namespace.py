@@ -1,0 +1,149 @@
+"""What our side knows of a kernel's namespace, whichever way the kernel is reached.
+
+Every executor (local ipykernel, a kernel behind a gateway) asks for the same `user_expressions`
+with each cell: the variable snapshot (`snapshot.py`), the working folder put back (`guard.py`),
+and in a session with plugins what they logged and saved (`plugin_runtime.py`). This module builds
+those expressions and the plugin install call, reads their values out of an execute reply, and turns
+successive snapshots into `VariableChanges`.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from taskweaver_lite.execution import Variable, VariableChanges
+from taskweaver_lite.kernel import guard as kernel_guard
+from taskweaver_lite.kernel import plugin_runtime
+from taskweaver_lite.kernel import snapshot as kernel_snapshot
+from taskweaver_lite.plugins import PluginSpec
+
+SNAPSHOT = "snapshot"
+CWD = "cwd"
+PLUGINS = "plugins"
+PLUGIN_FAILURES = "plugin_failures"
+# What plugins logged and saved during a cell (asked with every cell of a session with plugins), and
+# which failed to load (asked with the install request).
+PLUGIN_REPORT_EXPRESSION = {PLUGINS: f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].drain()"}
+PLUGIN_FAILURES_EXPRESSION = {PLUGIN_FAILURES: f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].failures()"}
+_CELL_FILE = re.compile(r"cell-(\d+)")
+
+
+def cell_expressions(home: str) -> dict[str, str]:
+    """The expressions asked for with every cell: the variables, and the working folder `home` put back."""
+    return {
+        SNAPSHOT: f"__import__('sys').modules[{kernel_snapshot.MODULE_NAME!r}].snapshot()",
+        CWD: f"__import__('sys').modules[{kernel_guard.MODULE_NAME!r}].after_cell({home!r})",
+    }
+
+
+class VariableTracker:
+    """The latest snapshot of user variables, and how each new one differs from it."""
+
+    def __init__(self) -> None:
+        # name -> (type, description, object id): what "changed" is judged by, without touching data.
+        self._fingerprints: dict[str, tuple[str, str, str]] = {}
+        self.variables: tuple[Variable, ...] = ()
+
+    def names(self) -> tuple[str, ...]:
+        """The names the kernel holds now: what a kernel that dies takes with it."""
+        return tuple(self._fingerprints)
+
+    def forget(self) -> tuple[str, ...]:
+        """The kernel was replaced: nothing is held any more; returns the names that were lost."""
+        lost = self.names()
+        self._fingerprints, self.variables = {}, ()
+        return lost
+
+    def take(self, rows: list[list[str]] | None) -> VariableChanges:
+        """Adopt a new snapshot and say how it differs; an unreadable one keeps the previous."""
+        if rows is None:
+            return VariableChanges()
+        current = {name: (kind, description, identity) for name, kind, description, identity in rows}
+        before = self._fingerprints
+        changes = VariableChanges(
+            created=tuple(name for name in current if name not in before),
+            changed=tuple(name for name in current if name in before and before[name] != current[name]),
+            deleted=tuple(name for name in before if name not in current),
+        )
+        self._fingerprints = current
+        self.variables = tuple(Variable(name=name, type=kind, description=text) for name, (kind, text, _) in current.items())
+        return changes
+
+
+def snapshot_rows(reply: dict[str, Any]) -> list[list[str]] | None:
+    """The snapshot's rows in an execute reply, None if it is missing or unreadable."""
+    value = (reply.get("user_expressions") or {}).get(SNAPSHOT) or {}
+    if value.get("status") != "ok":
+        return None
+    try:
+        rows = json.loads(value["data"]["text/plain"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return rows if isinstance(rows, list) else None
+
+
+def moved_from(reply: dict[str, Any]) -> str:
+    """The folder a cell left the kernel in, if it was not the working folder ('' otherwise)."""
+    value = (reply.get("user_expressions") or {}).get(CWD) or {}
+    if value.get("status") != "ok":
+        return ""
+    try:
+        moved = ast.literal_eval(value["data"]["text/plain"])
+    except (KeyError, TypeError, ValueError, SyntaxError):
+        return ""
+    return moved if isinstance(moved, str) else ""
+
+
+def moved_notice(moved: str, home: str) -> tuple[str, ...]:
+    """The note a result carries when the cell left the working folder (none if it did not)."""
+    if not moved:
+        return ()
+    return (
+        f"The cell changed the working folder to {moved}; it was set back to {home} so that relative paths "
+        "keep working. Use absolute paths for other folders.",
+    )
+
+
+def last_cell_number(*folders: Path) -> int:
+    """Highest cell number already used in these folders, so a resumed session never overwrites files."""
+    numbers = [int(m.group(1)) for folder in folders for path in folder.iterdir() if (m := _CELL_FILE.match(path.name))]
+    return max(numbers, default=0)
+
+
+def plugin_install_code(plugins: tuple[PluginSpec, ...], *, session_id: str, cwd: Path) -> str:
+    """The install call up to its last argument, the number of cells run before, added at each install."""
+    specs = json.dumps([spec.kernel_spec() for spec in plugins])
+    return f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].install({specs!r}, {session_id!r}, {str(cwd)!r}, "
+
+
+def expression_json(reply: dict[str, Any], name: str) -> Any:
+    """A user expression whose text is JSON (a repr of a JSON string), decoded; None if it failed."""
+    value = (reply.get("user_expressions") or {}).get(name) or {}
+    if value.get("status") != "ok":
+        return None
+    try:
+        return json.loads(ast.literal_eval(value["data"]["text/plain"]))
+    except (KeyError, TypeError, ValueError, SyntaxError):
+        return None
+
+
+def plugin_reports(reply: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """What plugins logged (as notices) and the artifacts they saved during the cell."""
+    value = expression_json(reply, PLUGINS)
+    if not isinstance(value, dict):
+        return (), ()
+    logs = tuple(f"plugin log {line}" for line in value.get("logs", ()) if isinstance(line, str))
+    saved = tuple(line for line in value.get("artifacts", ()) if isinstance(line, str))
+    return logs, saved
+
+
+def plugin_failures(reply: dict[str, Any] | None) -> tuple[str, ...]:
+    """The plugins that failed to load, one line each, from the install request's reply."""
+    value = expression_json(reply or {}, PLUGIN_FAILURES)
+    if isinstance(value, list):
+        return tuple(str(line) for line in value)
+    return ("the plugins could not be loaded (no answer from the kernel)",)

@@ -1,0 +1,131 @@
+"""A real Jupyter Kernel Gateway on 127.0.0.1 for tests and benches, and a TCP relay that can drop connections."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+START_LIMIT = 30.0
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """A running gateway: where it listens, its token, the folder its kernels start in."""
+
+    url: str
+    token: str
+    root: Path
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def kernel_gateway(root: Path) -> Iterator[Gateway]:
+    """`jupyter kernelgateway` on 127.0.0.1 with a fresh token, kernels starting in `root`; ended afterwards."""
+    port, token = free_port(), secrets.token_hex(16)
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(root / ".runtime"), "MPLBACKEND": "Agg"}
+    args = [
+        sys.executable, "-m", "jupyter", "kernelgateway", "--KernelGatewayApp.ip=127.0.0.1",
+        f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0", f"--KernelGatewayApp.auth_token={token}",
+    ]  # fmt: skip
+    with (root / "gateway.log").open("wb") as log:
+        process = subprocess.Popen(args, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    gateway = Gateway(url=f"http://127.0.0.1:{port}", token=token, root=root)
+    try:
+        _wait_until_up(gateway, process)
+        yield gateway
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _wait_until_up(gateway: Gateway, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + START_LIMIT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the kernel gateway exited; see {gateway.root / 'gateway.log'}")
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(f"{gateway.url}/api", headers={"Authorization": f"token {gateway.token}"}, timeout=1).ok:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"the kernel gateway did not answer within {START_LIMIT:g} s; see {gateway.root / 'gateway.log'}")
+
+
+class Relay:
+    """A TCP relay in front of the gateway: `drop()` cuts every open connection, `refuse` turns new ones away."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.refuse = False
+        self._closed = False
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._server.getsockname()[1]
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            if self._closed:  # woken by `close`: a later socket may already hold our descriptor number
+                client.close()
+                return
+            if self.refuse:
+                client.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            with self._lock:
+                self._open += [client, upstream]
+            threading.Thread(target=_pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
+
+    def drop(self) -> None:
+        """Cut every connection open now, both ways."""
+        with self._lock:
+            for sock in self._open:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            self._open = []
+
+    def close(self) -> None:
+        """Stop listening and cut everything."""
+        self._closed = True
+        # close() alone does not wake a thread blocked in accept(), which would then take the
+        # connections of whatever socket reuses the descriptor number next; shutdown() does.
+        with contextlib.suppress(OSError):
+            self._server.shutdown(socket.SHUT_RDWR)
+        self._server.close()
+        self.drop()
+
+
+def _pump(source: socket.socket, target: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            target.sendall(data)
+    with contextlib.suppress(OSError):
+        target.shutdown(socket.SHUT_WR)

@@ -1,0 +1,266 @@
+"""The remote executor against a real Jupyter Kernel Gateway on 127.0.0.1: cells, faults, uploads, a whole session."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+from helpers import make_project
+
+from taskweaver_lite.config import ExecutionConfig, KernelGatewayConfig, load_config
+from taskweaver_lite.errors import ConfigError, GatewayAuthError, GatewayUnreachableError
+from taskweaver_lite.kernel import remote
+from taskweaver_lite.kernel.executor import KernelExecutor
+from taskweaver_lite.kernel.remote import GatewayExecutor
+from taskweaver_lite.session import Session, default_executor
+from taskweaver_lite.testing.kernel_gateway import Gateway, Relay, free_port, kernel_gateway
+from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    with kernel_gateway(tmp_path_factory.mktemp("gateway")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def executor(gateway: Gateway, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayExecutor]:
+    """One remote kernel shared by the module's executor tests (each sets up the variables it relies on)."""
+    with connect(gateway, tmp_path_factory.mktemp("sessions") / "shared") as running:
+        running.wait_ready()
+        yield running
+
+
+def connect(gateway: Gateway, session_dir: Path, *, url: str | None = None, token: str | None = None, timeout: float = 30) -> GatewayExecutor:
+    config = KernelGatewayConfig(url=url or gateway.url, token=gateway.token if token is None else token, connect_timeout=5)
+    return GatewayExecutor(session_dir, config=ExecutionConfig(timeout=timeout), gateway=config)
+
+
+def kernel_status(gateway: Gateway, kernel_id: str | None) -> int:
+    """The HTTP status of the gateway's kernel resource (its kernel listing is off by default)."""
+    return requests.get(f"{gateway.url}/api/kernels/{kernel_id}", headers={"Authorization": f"token {gateway.token}"}, timeout=5).status_code
+
+
+def kernel_pid(executor: GatewayExecutor) -> int:
+    return int(executor.run("import os; os.getpid()").result or "0")
+
+
+def test_cells_keep_variables_in_the_sessions_folder_on_the_gateway(executor: GatewayExecutor, gateway: Gateway) -> None:
+    first = executor.run("import os\nrows = [1, 2, 3]\nprint('total', sum(rows))\nlen(rows)")
+    assert first.success and first.stdout == "total 6\n" and first.result == "3"
+    assert first.changes.created == ("rows",) and [v.name for v in executor.variables()] == ["rows"]
+    second = executor.run("rows.append(4); os.chdir('/'); os.getcwd()")
+    assert second.success and second.changes.changed == ("rows",)
+    home = gateway.root / "taskweaver_sessions" / "shared"
+    assert executor.home == str(home) and any("set back to" in n for n in second.notices)
+    assert executor.run("os.getcwd()").result == repr(str(home))
+
+
+def test_an_error_comes_back_with_its_traceback_and_the_snapshot_stays_current(executor: GatewayExecutor) -> None:
+    result = executor.run("made_before_error = 5\n1 / 0")
+    assert not result.success and result.error is not None and result.error.name == "ZeroDivisionError"
+    assert "made_before_error" in result.changes.created
+
+
+def test_output_is_bounded_for_prompts_with_the_whole_of_it_in_the_local_session_folder(executor: GatewayExecutor) -> None:
+    result = executor.run("for i in range(20000):\n    print('line', i)")
+    assert result.success and result.full_output_path is not None and "line 19999" in result.stdout
+    assert len(result.stdout) < 20000 * 10 and Path(result.full_output_path).parent == executor.session_dir / "outputs"
+    assert "line 10000\n" in Path(result.full_output_path).read_text(encoding="utf-8")
+
+
+def test_a_timeout_interrupts_the_cell_and_keeps_the_variables(executor: GatewayExecutor) -> None:
+    executor.run("kept = 'yes'")
+    result = executor.run("import time\ntime.sleep(30)", timeout=1)
+    assert result.timed_out and not result.kernel_died and result.elapsed < 5
+    assert executor.run("kept").result == "'yes'"
+
+
+def test_interrupt_from_another_thread_stops_the_cell(executor: GatewayExecutor) -> None:
+    threading.Timer(0.7, executor.interrupt).start()
+    result = executor.run("import time\ntime.sleep(30)")
+    assert result.interrupted and not result.timed_out and result.elapsed < 5
+
+
+def test_a_plot_comes_back_as_a_file_in_the_local_session_folder(executor: GatewayExecutor) -> None:
+    result = executor.run("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()")
+    assert result.success and len(result.artifacts) == 1
+    path = executor.artifact(Path(result.artifacts[0]).name)
+    assert path.parent == executor.session_dir / "artifacts" and path.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_upload_streams_a_file_into_the_kernels_folder_in_chunks(executor: GatewayExecutor, tmp_path: Path) -> None:
+    data = os.urandom(2 * remote.UPLOAD_CHUNK + 123)  # three chunks, the last one short
+    source = tmp_path / "blob.bin"
+    source.write_bytes(data)
+    assert executor.upload(source, name="copy.bin") == "copy.bin"
+    digest = executor.run("import hashlib\nhashlib.sha256(open('copy.bin', 'rb').read()).hexdigest()").result
+    assert digest == repr(hashlib.sha256(data).hexdigest())
+    assert not (Path(executor.home) / "copy.bin.part").exists()
+
+
+def test_a_kernel_killed_mid_cell_is_noticed_restarted_and_the_lost_variables_named(gateway: Gateway, tmp_path: Path) -> None:
+    with connect(gateway, tmp_path / "killed") as executor:
+        executor.run("precious = 42")
+        pid = kernel_pid(executor)
+        threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
+        result = executor.run("import time\ntime.sleep(30)")
+        assert result.kernel_died and "precious" in result.lost_variables and result.elapsed < 10
+        after = executor.run("fresh = 1")
+        assert after.success and [v.name for v in after.variables] == ["fresh"], "the helpers are loaded again in the new kernel"
+        assert kernel_pid(executor) != pid
+
+
+def test_a_kernel_killed_between_cells_is_named_on_the_next_cell(gateway: Gateway, tmp_path: Path) -> None:
+    with connect(gateway, tmp_path / "killed-idle") as executor:
+        executor.run("precious = 42")
+        os.kill(kernel_pid(executor), signal.SIGKILL)
+        time.sleep(4)  # the gateway checks its kernels every 3 s
+        result = executor.run("1 + 1")
+        assert result.kernel_died and "precious" in result.lost_variables and result.result == "2"
+
+
+def test_restart_names_the_lost_variables_and_shutdown_ends_the_kernel(gateway: Gateway, tmp_path: Path) -> None:
+    executor = connect(gateway, tmp_path / "restart")
+    executor.run("a = 1\nb = 2")
+    assert executor.restart() == ("a", "b") and executor.variables() == ()
+    assert executor.run("c = 3").variables[0].name == "c"
+    kernel_id = executor.kernel.kernel_id
+    assert kernel_status(gateway, kernel_id) == 200
+    executor.shutdown()
+    assert kernel_status(gateway, kernel_id) == 404
+
+
+def test_extra_headers_reach_both_the_rest_calls_and_the_websocket(gateway: Gateway, tmp_path: Path) -> None:
+    config = KernelGatewayConfig(url=gateway.url, headers={"Authorization": f"token {gateway.token}"})
+    with GatewayExecutor(tmp_path / "headers", config=ExecutionConfig(), gateway=config) as executor:
+        assert executor.run("6 * 7").result == "42"
+
+
+def test_a_wrong_token_says_so(gateway: Gateway, tmp_path: Path) -> None:
+    with connect(gateway, tmp_path / "bad-token", token="not-the-token") as executor, pytest.raises(GatewayAuthError) as caught:
+        executor.wait_ready()
+    assert f"The kernel gateway {gateway.url} refused the token (HTTP 401)" in str(caught.value)
+    assert "execution.kernel_gateway.token" in str(caught.value)
+
+
+def test_an_unreachable_gateway_names_the_url(gateway: Gateway, tmp_path: Path) -> None:
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    with connect(gateway, tmp_path / "nowhere", url=nowhere) as executor, pytest.raises(GatewayUnreachableError) as caught:
+        executor.wait_ready()
+    assert str(caught.value).startswith(f"Cannot reach the kernel gateway {nowhere} (")
+    assert "execution.kernel_gateway.url" in str(caught.value)
+
+
+@pytest.fixture
+def relay(gateway: Gateway) -> Iterator[Relay]:
+    through = Relay(int(gateway.url.rsplit(":", 1)[1]))
+    yield through
+    through.close()
+
+
+def test_a_connection_dropped_mid_cell_reconnects_and_the_cell_finishes(gateway: Gateway, relay: Relay, tmp_path: Path) -> None:
+    with connect(gateway, tmp_path / "dropped", url=f"http://127.0.0.1:{relay.port}") as executor:
+        executor.run("kept = 1")
+        threading.Timer(0.5, relay.drop).start()
+        result = executor.run("import time\ntime.sleep(1.5)\nprint('after the drop')\nkept + 1")
+        assert result.success and result.stdout == "after the drop\n" and result.result == "2"
+
+
+def test_a_connection_that_cannot_be_restored_fails_the_cell_and_keeps_the_session(gateway: Gateway, relay: Relay, tmp_path: Path) -> None:
+    with connect(gateway, tmp_path / "cut", url=f"http://127.0.0.1:{relay.port}") as executor:
+        executor.run("kept = 1")
+
+        def cut() -> None:
+            relay.refuse = True
+            relay.drop()
+
+        threading.Timer(0.5, cut).start()
+        result = executor.run("import time\ntime.sleep(1.5)")
+        assert not result.success and result.error is not None and result.error.name == "GatewayConnectionLost"
+        assert f"The connection to the kernel gateway http://127.0.0.1:{relay.port} dropped" in result.error.value
+        relay.refuse = False
+        assert executor.run("kept + 1").result == "2", "the next cell reconnects to the same kernel"
+
+
+def test_a_session_runs_loads_and_resumes_on_the_gateway(gateway: Gateway, tmp_path: Path) -> None:
+    settings = {"kernel_gateway": {"url": gateway.url, "token": gateway.token}}
+    with ScriptedServer() as server:
+        project = make_project(tmp_path, server.url, execution=settings)
+        config = load_config(project)
+        server.enqueue("planner", planner_reply("Sum the column."), planner_reply("The total is 6.", send_to="User"))
+        server.enqueue("code_generator", code_reply("import pandas as pd\ntable = pd.read_csv('numbers.csv')\ntotal = int(table['n'].sum())\nprint(total)"))
+        data = tmp_path / "numbers.csv"
+        data.write_text("n\n1\n2\n3\n", encoding="utf-8")
+        with Session.open(config) as session:
+            assert isinstance(session.executor, GatewayExecutor)
+            session.load_file(data)
+            rnd = session.ask("What is the total of numbers.csv?")
+            assert rnd.state == "finished" and rnd.answer == "The total is 6."
+            assert any("numbers.csv" in m["content"] for r in server.requests if r.role == "planner" for m in r.messages)
+            home = Path(session.executor.home)
+        assert (home / "numbers.csv").read_text(encoding="utf-8") == "n\n1\n2\n3\n"
+        resumed, report = Session.resume(config, "last")
+        with resumed:
+            assert report.replayed == 1 and report.replay_failures == 0
+            assert {"table", "total"} <= {v.name for v in resumed.executor.variables()}
+
+
+def test_sigterm_to_the_owning_process_shuts_the_kernel_down_on_the_gateway(gateway: Gateway, tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import time
+        from pathlib import Path
+        from taskweaver_lite.config import ExecutionConfig, KernelGatewayConfig
+        from taskweaver_lite.kernel.remote import GatewayExecutor
+        gateway = KernelGatewayConfig(url={gateway.url!r}, token={gateway.token!r})
+        executor = GatewayExecutor(Path({str(tmp_path)!r}), config=ExecutionConfig(), gateway=gateway)
+        executor.wait_ready()
+        print(executor.kernel.kernel_id, flush=True)
+        time.sleep(60)
+        """
+    )
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as owner:
+        assert owner.stdout is not None
+        kernel_id = owner.stdout.readline().strip()
+        assert kernel_status(gateway, kernel_id) == 200
+        owner.send_signal(signal.SIGTERM)
+        assert owner.wait(timeout=10) == -signal.SIGTERM
+    assert kernel_status(gateway, kernel_id) == 404
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"url": "bigbox:8888"}, "key 'execution.kernel_gateway.url': value error, expected an http:// or https:// address such as http://bigbox:8888"),
+        ({"url": "http://bigbox:8888", "connect_timeout": 0}, "execution.kernel_gateway.connect_timeout"),
+        ({"token": "t"}, "execution.kernel_gateway.url"),
+    ],
+)
+def test_gateway_settings_are_checked_with_the_key_named(tmp_path: Path, settings: dict[str, object], message: str) -> None:
+    project = make_project(tmp_path, "http://127.0.0.1:9/v1", execution={"kernel_gateway": settings})
+    with pytest.raises(ConfigError) as caught:
+        load_config(project)
+    assert message in str(caught.value)
+
+
+def test_no_gateway_means_the_local_kernel(tmp_path: Path) -> None:
+    config = load_config(make_project(tmp_path, "http://127.0.0.1:9/v1"))
+    assert config.execution.kernel_gateway is None
+    executor = default_executor(config)(tmp_path / "local")
+    try:
+        assert isinstance(executor, KernelExecutor)
+    finally:
+        executor.shutdown()
