@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from helpers import make_project
+from helpers import REPO, make_project
 
 from taskweaver_lite.config import ExecutionConfig, KernelGatewayConfig, load_config
 from taskweaver_lite.errors import ConfigError, GatewayAuthError, GatewayUnreachableError
@@ -264,3 +264,18 @@ def test_no_gateway_means_the_local_kernel(tmp_path: Path) -> None:
         assert isinstance(executor, KernelExecutor)
     finally:
         executor.shutdown()
+
+
+def test_plugins_are_loaded_on_the_gateways_kernel_and_come_back_after_a_restart(gateway: Gateway, tmp_path: Path) -> None:
+    from taskweaver_lite.plugins import discover
+
+    plugins = discover(REPO / "project").enabled
+    assert {p.name for p in plugins} >= {"sql_pull", "anomaly_detection"}
+    settings = KernelGatewayConfig(url=gateway.url, token=gateway.token)
+    with GatewayExecutor(tmp_path / "session", config=ExecutionConfig(timeout=30), gateway=settings, plugins=plugins) as executor:
+        shown = executor.run("print(type(anomaly_detection).__name__, callable(sql_pull))")
+        assert shown.success and shown.stdout.split() == ["AnomalyDetection", "True"], shown.prompt_text()
+        assert executor.plugin_failures == ()
+        assert "anomaly_detection" not in {v.name for v in executor.variables()}, "plugins are not user variables"
+        executor.restart()
+        assert executor.run("callable(anomaly_detection)").result == "True", "plugins come back after a restart"
