@@ -29,7 +29,7 @@ from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
 from taskweaver_lite.execution import ExecutionResult, OutputSink, Variable, VariableChanges
 from taskweaver_lite.kernel import namespace
-from taskweaver_lite.kernel.output import CellOutput
+from taskweaver_lite.kernel.output import CellOutput, artifact_file
 from taskweaver_lite.kernel.process import (
     InterpreterKernelManager,
     end_at_exit,
@@ -132,10 +132,7 @@ class KernelExecutor:
 
     def artifact(self, name: str) -> Path:
         """The file of an artifact a cell saved (plots), by its file name; KeyError if there is none."""
-        path = self.artifacts_dir / Path(name).name
-        if Path(name).name != name or not path.is_file():
-            raise KeyError(name)
-        return path
+        return artifact_file(self.artifacts_dir, name)
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until the kernel answers (default limit: the configured start timeout); KernelError if not."""

@@ -288,3 +288,11 @@ def collapse_repeats(text: str, *, warnings_only: bool = True) -> str:
         if counts[key] > 1:
             kept[position] += f"  [repeated {counts[key]} times]"
     return "\n".join(kept)
+
+
+def artifact_file(artifacts_dir: Path, name: str) -> Path:
+    """The file of an artifact a cell saved, by its bare file name; KeyError if there is none (or `name` is a path)."""
+    path = artifacts_dir / Path(name).name
+    if Path(name).name != name or not path.is_file():
+        raise KeyError(name)
+    return path

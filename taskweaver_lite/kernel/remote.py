@@ -26,7 +26,7 @@ from taskweaver_lite.execution import ExecutionError, ExecutionResult, OutputSin
 from taskweaver_lite.kernel import namespace, remote_code
 from taskweaver_lite.kernel.executor import DEFAULT_OUTPUT_TOKENS, INTERRUPT_GRACE, POLL_INTERVAL, REPLY_WAIT
 from taskweaver_lite.kernel.gateway import GatewayKernel
-from taskweaver_lite.kernel.output import CellOutput
+from taskweaver_lite.kernel.output import CellOutput, artifact_file
 from taskweaver_lite.kernel.process import end_at_exit, forget
 from taskweaver_lite.plugins import PluginSpec
 from taskweaver_lite.uploads import UploadError
@@ -135,10 +135,7 @@ class GatewayExecutor:
 
     def artifact(self, name: str) -> Path:
         """The local file of an image a cell displayed, by its file name; KeyError if there is none."""
-        path = self.artifacts_dir / Path(name).name
-        if Path(name).name != name or not path.is_file():
-            raise KeyError(name)
-        return path
+        return artifact_file(self.artifacts_dir, name)
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until the remote kernel answers; KernelError (a GatewayError naming the URL) if not."""
