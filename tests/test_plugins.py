@@ -13,6 +13,7 @@ from helpers import REPO, make_project, run_cli
 
 from taskweaver_lite.config import ExecutionConfig, load_config
 from taskweaver_lite.errors import ContextOverflowError
+from taskweaver_lite.execution import ExecutionError
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.plugin_prompt import planner_line, render_block, render_stub, select, used_plugins
 from taskweaver_lite.plugins import ENTRY_POINT_GROUP, Parameter, PluginSpec, discover, read_entry
@@ -308,3 +309,13 @@ def test_the_plugin_block_counts_against_the_budget(tmp_path: Path, server: Scri
             with pytest.raises(ContextOverflowError, match="CodeGenerator's prompt does not fit") as raised:
                 session.ask("print one")
             assert "set code_generator.auto_plugin_selection: true" in str(raised.value), "the error names the setting that fixes it"
+
+
+def test_a_plugin_class_without_call_is_reported_when_it_loads(tmp_path: Path) -> None:
+    project = make_project(tmp_path, "http://127.0.0.1:9")
+    source = "from taskweaver.plugin import Plugin, register_plugin\n\n@register_plugin\nclass Mute(Plugin):\n    pass\n"
+    write_plugin(project / "plugins", "mute", "name: mute\ndescription: Does nothing.\n", source)
+    with KernelExecutor(tmp_path / "s", config=ExecutionConfig(timeout=30), plugins=discover(project).enabled) as executor:
+        executor.wait_ready()
+        assert any("mute.py" in line and "defines no __call__" in line for line in executor.plugin_failures), executor.plugin_failures
+        assert "NameError" in (executor.run("mute").error or ExecutionError("", "", "")).name

@@ -84,8 +84,8 @@ class Plugin:
         self.config = config
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """What the plugin does; a subclass overrides it."""
-        raise NotImplementedError(f"the plugin {self.name} defines no __call__")
+        """What the plugin does; every registered subclass overrides it (`register_plugin` checks)."""
+        raise TypeError(f"the plugin {self.name} defines no __call__")
 
     def log(self, level: str, message: str) -> None:
         """Record a message; it reaches the result of the cell the model reads."""
@@ -104,6 +104,9 @@ def register_plugin(cls: type) -> type:
     """Class decorator marking the plugin class of the file being loaded."""
     if not (isinstance(cls, type) and issubclass(cls, Plugin)):
         raise TypeError(f"@register_plugin is for subclasses of Plugin, not {cls!r}")
+    if cls.__call__ is Plugin.__call__:
+        # Refused here, so the plugin is reported broken when it loads, not when the model first calls it.
+        raise TypeError(f"{cls.__name__} defines no __call__: a plugin is called like a function")
     _state["classes"][cls.__module__] = cls
     return cls
 
