@@ -17,7 +17,7 @@ from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.events import CellPrinted, Working
 from taskweaver_lite.execution import ExecutionResult, Executor, FoldPiece, as_data
 from taskweaver_lite.llm import ChatModel, DeltaSink, Message
-from taskweaver_lite.plugin_prompt import render_block, select, used_plugins
+from taskweaver_lite.plugin_prompt import PLUGINS_SHARE, render_block, select, used_plugins
 from taskweaver_lite.plugins import PluginSpec
 from taskweaver_lite.replies import CODE_GENERATOR_SCHEMA
 from taskweaver_lite.role import RepairTurns, Role, as_reply_json
@@ -95,7 +95,8 @@ class CodeGenerator(Role):
 
     def _generate(self, history: Sequence[Round], current: Round, repairs: RepairTurns, notify: Callable[[Working | CellPrinted], None]) -> dict[str, str]:
         shown = self.shown_plugins(history, current)
-        system = self._prompt.render("system", plugins=render_block(shown))
+        share = int(self.context.budget * PLUGINS_SHARE)
+        system = self._prompt.render("system", plugins=render_block(shown, max_tokens=share, tokenizer=self.context.tokenizer))
         try:
             return self.ask(
                 system=system,

@@ -4,7 +4,9 @@ A stub is generated from the YAML spec alone, so what the model reads and what t
 cannot drift: required parameters first-class with their types (where TaskWeaver printed `Any`),
 optional ones with their defaults, the description and each parameter's description as the
 docstring, the examples after it. With many plugins, `select` ranks them lexically against the
-current step (BM25 over name, description and parameters: offline, no model download).
+current step (BM25 over name, description and parameters: offline, no model download). In a
+small window the block keeps to its share of the CodeGenerator's budget: past it, each plugin is
+shown as its typed signature with the first sentence of its description.
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from taskweaver_lite.plugins import Parameter, PluginSpec
+from taskweaver_lite.tokens import Tokenizer
 
 PLANNER_LINE_CHARS = 160
+# The plugin block's share of the CodeGenerator's prompt budget before it shows signatures only
+# (291 tokens at an 8k window: two full stubs take ~400).
+PLUGINS_SHARE = 0.08
 # BM25's usual constants: term frequency saturates at k1, length normalised by b.
 _K1, _B = 1.2, 0.75
 _WORD = re.compile(r"[a-z0-9]+")
@@ -38,11 +44,19 @@ def render_stub(spec: PluginSpec) -> str:
     return "\n".join(lines)
 
 
-def render_block(specs: Sequence[PluginSpec]) -> str:
-    """The stubs of `specs` as one Python block ('' when there are none)."""
+def render_block(specs: Sequence[PluginSpec], *, max_tokens: int | None = None, tokenizer: Tokenizer | None = None) -> str:
+    """The stubs of `specs` as one Python block ('' when there are none); compact stubs when the full ones pass `max_tokens`."""
     if not specs:
         return ""
-    return "```python\n" + "\n\n".join(render_stub(s) for s in specs) + "\n```"
+    block = "```python\n" + "\n\n".join(render_stub(s) for s in specs) + "\n```"
+    if max_tokens is None or tokenizer is None or tokenizer.count(block) <= max_tokens:
+        return block
+    return "```python\n" + "\n".join(_compact_stub(s) for s in specs) + "\n```"
+
+
+def _compact_stub(spec: PluginSpec) -> str:
+    """One plugin in one or two lines: its typed signature and its description's first sentence."""
+    return f"def {spec.name}({_signature(spec.parameters)}) -> {_returns(spec.returns)}: ...  # {planner_line(spec).partition(': ')[2]}"
 
 
 def planner_line(spec: PluginSpec) -> str:

@@ -297,8 +297,11 @@ def test_auto_selection_shows_the_plugins_for_the_step_and_keeps_those_used_befo
 def test_the_plugin_block_counts_against_the_budget(tmp_path: Path, server: ScriptedServer, selection: bool) -> None:
     long_text = " ".join(f"Detail {n} of how the weather data is fetched, cached and cleaned." for n in range(12))
     project = make_project(tmp_path, server.url, llm={"context_window": 2048, "reply_reserve": 512}, code_generator={"auto_plugin_selection": selection})
+    # Wide signatures: even the compact one-line stubs of all ten pass the budget.
+    parameters = "".join(f"  - {{name: weather_station_setting_{n}, type: str, required: true, description: a setting}}\n" for n in range(12))
     for i in range(10):
-        write_plugin(project / "plugins", f"tool_{i}", f"name: tool_{i}\ndescription: |-\n  Fetch weather {i}.\n  {long_text}\n", "x = 1\n")
+        spec = f"name: tool_{i}\ndescription: |-\n  Fetch weather {i}.\n  {long_text}\nparameters:\n{parameters}"
+        write_plugin(project / "plugins", f"tool_{i}", spec, "x = 1\n")
     server.enqueue("planner", planner_reply("Print 1."), planner_reply("Done.", send_to="User"))
     server.enqueue("code_generator", code_reply("print(1)"))
     with Session.open(load_config(project)) as session:
@@ -319,3 +322,15 @@ def test_a_plugin_class_without_call_is_reported_when_it_loads(tmp_path: Path) -
         executor.wait_ready()
         assert any("mute.py" in line and "defines no __call__" in line for line in executor.plugin_failures), executor.plugin_failures
         assert "NameError" in (executor.run("mute").error or ExecutionError("", "", "")).name
+
+
+def test_in_a_small_window_the_plugin_block_shows_typed_signatures_within_its_share(tmp_path: Path) -> None:
+    from taskweaver_lite.tokens import get_tokenizer
+
+    tokenizer = get_tokenizer()
+    specs = discover(make_project(tmp_path, "http://127.0.0.1:9")).enabled
+    full = render_block(specs)
+    compact = render_block(specs, max_tokens=291, tokenizer=tokenizer)  # 8% of an 8k window's 3,648-token budget
+    assert tokenizer.count(full) > 291 >= tokenizer.count(compact)
+    assert "def sql_pull(database: str, query: str, max_rows: int = 100000) -> pandas.DataFrame: ...  # Run a read-only SQL query" in compact
+    assert render_block(specs, max_tokens=5_000, tokenizer=tokenizer) == full, "a large window shows the full stubs"
