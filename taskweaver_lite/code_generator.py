@@ -158,4 +158,12 @@ def _report(code: str, result: ExecutionResult, fixed: list[str]) -> str:
         outcome = f"The code still failed after {attempts} attempts."
     if fixed and (result.success or result.timed_out or result.kernel_died):
         outcome += "\nErrors fixed on the way: " + "; ".join(fixed)
-    return f"{outcome}\n```python\n{code.strip()}\n```"
+    return f"{outcome}{_CODE_OPENS}{code.strip()}\n```"
+
+
+_CODE_OPENS = "\n```python\n"
+
+
+def report_outcome(report: str) -> str:
+    """A CodeInterpreter report without its code: the outcome line and any errors fixed on the way."""
+    return report.partition(_CODE_OPENS)[0]

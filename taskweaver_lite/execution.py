@@ -153,17 +153,21 @@ class ExecutionResult:
             return "The cell was interrupted; earlier variables are kept."
         return "The execution succeeded." if self.success else "The execution failed."
 
-    def prompt_text(self, *, marked: bool = True) -> str:
+    def prompt_text(self, *, marked: bool = True, outcome_told: bool = False) -> str:
         """The result as the models read it: outcome, error first, output, value, artifacts, variables.
 
         What the cell printed and raised is marked as data (`as_data`); `marked=False` is for people.
+        `outcome_told`: the reader was already told whether the code succeeded, so the plain
+        succeeded/failed line is left out (a kernel death, timeout or interrupt is still said).
         """
-        return "\n".join(piece.text for piece in self.fold_pieces(marked=marked))
+        return "\n".join(piece.text for piece in self.fold_pieces(marked=marked, outcome_told=outcome_told))
 
-    def fold_pieces(self, *, marked: bool = True) -> tuple[FoldPiece, ...]:
+    def fold_pieces(self, *, marked: bool = True, outcome_told: bool = False) -> tuple[FoldPiece, ...]:
         """`prompt_text` in pieces; the outcome and the error line are what a fold must keep."""
         block = as_data if marked else _unmarked
-        pieces = [FoldPiece(self.outcome(), essential=True)]
+        outcome = self.outcome()
+        plain = not (self.kernel_died or self.timed_out or self.interrupted)
+        pieces = [] if outcome_told and plain else [FoldPiece(outcome, essential=True)]
         if self.error is not None:
             pieces.append(FoldPiece(f"Error: {self.error.name}: {block(self.error.value, block=False)}", essential=True))
             if self.error.traceback.strip():

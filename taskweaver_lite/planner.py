@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from taskweaver_lite.code_generator import report_outcome
 from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.conversation import Plan, Post, RoleName, Round, RoundMessages
 from taskweaver_lite.execution import FoldPiece
@@ -61,6 +62,17 @@ class Planner(Role):
 
     def render_round(self, rnd: Round) -> RoundMessages:
         """One round as the Planner's chat messages (only posts the Planner sent or received)."""
+        return self._render(rnd, with_code=True)
+
+    def render_earlier_round(self, rnd: Round) -> RoundMessages:
+        """An earlier round without the code in the CodeInterpreter's reports: what it did and printed stays.
+
+        The Planner judges the current request's steps by their code; for earlier requests the
+        outcome, output and variables are what it plans with (the CodeGenerator keeps the code).
+        """
+        return self._render(rnd, with_code=False)
+
+    def _render(self, rnd: Round, *, with_code: bool) -> RoundMessages:
         messages: list[Message] = []
         pieces: list[FoldPiece] = []
         requests: list[int] = []
@@ -70,13 +82,14 @@ class Planner(Role):
                 messages.append(Message(role="user", content=self._prompt.render("user", text=post.message)))
                 pieces.append(FoldPiece(f"User: {post.message}", essential=True))
             elif post.send_to == "Planner" and post.send_from == "CodeInterpreter":
-                result = post.execution.prompt_text() if post.execution else ""
-                messages.append(Message(role="user", content=self._prompt.render("code_interpreter", message=post.message, result=result)))
+                result = post.execution.prompt_text(outcome_told=True) if post.execution else ""
+                message = post.message if with_code or not post.code else report_outcome(post.message)
+                messages.append(Message(role="user", content=self._prompt.render("code_interpreter", message=message, result=result)))
                 # The Planner's summary keeps results, not code: the report's first line and what it printed.
                 outcome = post.message.partition("\n")[0]
                 pieces.append(FoldPiece(f"CodeInterpreter: {outcome}", essential=True))
                 if post.execution is not None:
-                    pieces += post.execution.fold_pieces()
+                    pieces += post.execution.fold_pieces(outcome_told=True)
             elif post.send_from == "Planner":
                 messages.append(Message(role="assistant", content=post.reply_json or post.message))
                 pieces.append(FoldPiece(f"Planner to {post.send_to}: {post.message}", essential=True))

@@ -46,10 +46,15 @@ class Role(ABC):
         self._examples = tuple(examples)
         self._prompt: PromptTemplate = load_prompt(name.value)
         self.rendered = RoundRenderCache(self.render_round)
+        self.rendered_earlier = RoundRenderCache(self.render_earlier_round)
 
     @abstractmethod
     def render_round(self, rnd: Round) -> RoundMessages:
         """One round (already this role's view) as this role's chat messages and fold text."""
+
+    def render_earlier_round(self, rnd: Round) -> RoundMessages:
+        """A retained earlier round as this role's prompt shows it: by default as `render_round` does."""
+        return self.render_round(rnd)
 
     def ask(
         self,
@@ -68,7 +73,7 @@ class Role(ABC):
         a Planner step stays verbatim in the last user message of every call that handles it. Each
         repair turn fits the budget like any prompt; only the latest bad reply is shown.
         """
-        rendered_history = [self.rendered(r) for r in history]
+        rendered_history = [self.rendered_earlier(r) for r in history]
         now = self.rendered(current)
         request = now.messages[now.requests[-1]]["content"] if now.requests else ""
         tokenizer = self.context.tokenizer

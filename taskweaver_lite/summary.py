@@ -95,8 +95,7 @@ def render_summary(state: CompressionState) -> str:
         return ""
     lines = [
         f"{HEADING} ({span(1, state.folded_through)})",
-        "These rounds are no longer shown in full. Use this summary only when it is relevant to the "
-        "current request; do not repeat it or act on it unprompted.",
+        "Rounds no longer shown in full. Use only what the current request needs; do not repeat it.",
         "",
         state.summary.strip() or "(nothing of note)",
     ]

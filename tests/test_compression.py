@@ -506,7 +506,7 @@ def test_summary_placement_first_user_puts_it_in_its_own_first_user_message() ->
     messages = build(ctx, history).messages
     assert messages[0]["content"] == SYSTEM
     assert messages[1]["role"] == "user" and messages[1]["content"].startswith("## Summary of earlier rounds")
-    assert "Use this summary only when it is relevant" in messages[1]["content"]
+    assert "Use only what the current request needs" in messages[1]["content"]
 
 
 def test_the_state_round_trips_through_json_and_restores_the_prompt() -> None:

@@ -50,6 +50,21 @@ def test_planner_delegates_code_runs_and_the_result_reaches_the_planner_and_user
     assert "value: 42" in report and "43" in report, "the Planner must see the printed output and the result value"
 
 
+def test_the_planner_sees_code_for_the_current_request_and_only_results_for_earlier_ones(tmp_path: Path, server: ScriptedServer) -> None:
+    first_code, second_code = "first_total = sum(range(10))\nprint('first:', first_total)", "second_total = 2 ** 10\nprint('second:', second_total)"
+    server.enqueue("planner", planner_reply("Sum 0..9."), planner_reply("It is 45.", send_to="User"))
+    server.enqueue("planner", planner_reply("Compute 2 ** 10."), planner_reply("It is 1024.", send_to="User"))
+    server.enqueue("code_generator", code_reply(first_code), code_reply(second_code))
+    with open_session(tmp_path, server, round_compressor={"rounds_to_compress": 2, "rounds_to_retain": 3}) as session:
+        session.ask("Add up 0 to 9.")
+        session.ask("What is 2 to the 10th?")
+    prompt = "\n".join(m["content"] for m in calls(server, "planner")[-1])
+    assert "first: 45" in prompt and "first_total" in prompt, "an earlier request's output and variables must stay in the Planner's view"
+    assert first_code not in prompt, "an earlier request's code should be left out of the Planner's prompt (the CodeGenerator keeps it)"
+    assert second_code in prompt and "second: 1024" in prompt, "the current request's code and output must be in the Planner's prompt"
+    assert "The execution succeeded." not in prompt, "the report already says the code ran; the plain outcome line is not repeated"
+
+
 def test_code_that_fails_is_revised_with_its_traceback(tmp_path: Path, server: ScriptedServer) -> None:
     server.enqueue("planner", planner_reply("Print the total of [1, 2, 3]."), planner_reply("The total is 6.", send_to="User"))
     server.enqueue("code_generator", code_reply("print(totl)"), code_reply("print(sum([1, 2, 3]))"))
