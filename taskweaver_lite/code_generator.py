@@ -9,18 +9,21 @@ the outcome goes to the Planner as one post.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 from taskweaver_lite.compression import RoleContext
+from taskweaver_lite.confirm import DECLINED, EDITED_NOTICE, ConfirmCell
 from taskweaver_lite.conversation import Post, RoleName, Round, RoundMessages
 from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.events import CellPrinted, Working
-from taskweaver_lite.execution import ExecutionResult, Executor, FoldPiece, as_data
+from taskweaver_lite.execution import ExecutionError, ExecutionResult, Executor, FoldPiece, as_data
 from taskweaver_lite.llm import ChatModel, DeltaSink, Message
 from taskweaver_lite.plugin_prompt import PLUGINS_SHARE, render_block, select, used_plugins
 from taskweaver_lite.plugins import PluginSpec
 from taskweaver_lite.replies import CODE_GENERATOR_SCHEMA
 from taskweaver_lite.role import RepairTurns, Role, as_reply_json
+from taskweaver_lite.verification import CodeVerifier, refusal_text
 
 
 class CodeGenerator(Role):
@@ -37,13 +40,21 @@ class CodeGenerator(Role):
         max_retry_count: int,
         plugins: Sequence[PluginSpec] = (),
         plugin_top_k: int | None = None,
+        verifier: CodeVerifier | None = None,
+        confirm: ConfirmCell | None = None,
     ) -> None:
-        """`plugin_top_k` set: show only that many plugins, the most relevant to the step (and those used before)."""
+        """`plugin_top_k` set: show only that many plugins, the most relevant to the step (and those used before).
+
+        `verifier` (verification on) refuses cells that break its rules; `confirm` (confirm mode)
+        lets a person run, edit or skip each cell that passed. Neither: every cell runs.
+        """
         super().__init__(RoleName.CODE_GENERATOR, model, context=context, examples=examples, on_delta=on_delta)
         self._executor = executor
         self._max_retry = max_retry_count
         self._plugins = tuple(plugins)
         self._plugin_top_k = plugin_top_k
+        self._verifier = verifier
+        self._confirm = confirm
 
     def handle(
         self,
@@ -64,9 +75,14 @@ class CodeGenerator(Role):
             reply_json = as_reply_json(fields)
             if fields["reply_type"] == "text":
                 return Post(send_from="CodeInterpreter", send_to="Planner", message=fields["reply_content"], thought=fields["thought"], reply_json=reply_json)
-            code = fields["reply_content"]
-            notify(Working("code_running", code))
-            result = self._executor.run(code, on_output=lambda stream, text: notify(CellPrinted(stream, text)))
+            code, result = self._review(fields["reply_content"])
+            if code != fields["reply_content"]:  # a person's edit: later prompts show what ran
+                reply_json = as_reply_json({**fields, "reply_content": code})
+            if result is None:
+                notify(Working("code_running", code))
+                result = self._executor.run(code, on_output=lambda stream, text: notify(CellPrinted(stream, text)))
+                if code != fields["reply_content"]:
+                    result = dataclasses.replace(result, notices=(*result.notices, EDITED_NOTICE))
             final = result.success or result.timed_out or result.kernel_died or attempt == attempts
             if final:
                 return Post(
@@ -84,7 +100,7 @@ class CodeGenerator(Role):
                 Post(
                     send_from="CodeInterpreter",
                     send_to="CodeInterpreter",
-                    message=self._prompt.render("revise", attempt=attempt + 1, max_attempts=attempts, message=request.message),
+                    message=self._prompt.render("revise", attempt=attempt + 1, max_attempts=attempts, message=request.message, refused=result.refused),
                     thought=fields["thought"],
                     code=code,
                     execution=result,
@@ -92,6 +108,23 @@ class CodeGenerator(Role):
                 )
             )
         raise AssertionError("unreachable: the last attempt always returns")
+
+    def _review(self, code: str) -> tuple[str, ExecutionResult | None]:
+        """The code to run and, when it must not run, the result that says why (verification, then the person)."""
+        if self._verifier is not None:
+            violations = self._verifier.check(code)
+            if violations:
+                error = ExecutionError(name="CodeVerificationError", value=refusal_text(violations), traceback="")
+                return code, self._not_run(code, "it breaks the verification rules", error=error)
+        if self._confirm is None:
+            return code, None
+        choice = self._confirm(code)
+        if choice.action == "skip":
+            return code, self._not_run(code, DECLINED)
+        return choice.code, None
+
+    def _not_run(self, code: str, why: str, *, error: ExecutionError | None = None) -> ExecutionResult:
+        return ExecutionResult(code=code, success=False, error=error, refused=why, variables=self._executor.variables())
 
     def _generate(self, history: Sequence[Round], current: Round, repairs: RepairTurns, notify: Callable[[Working | CellPrinted], None]) -> dict[str, str]:
         shown = self.shown_plugins(history, current)

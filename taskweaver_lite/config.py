@@ -7,6 +7,7 @@ Errors name the file, the key and what was expected, on one line.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic_core import ErrorDetails
 
 from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.verification import DEFAULT_ALLOWED_MODULES, DEFAULT_BLOCKED_FUNCTIONS
 
 CONFIG_FILE_NAME = "taskweaver_config.yaml"
 
@@ -150,9 +152,16 @@ class SessionConfig(_Section):
 
 
 class CodeInterpreterConfig(_Section):
-    """Code writing and its retries."""
+    """Code writing, its retries, and the static check each cell passes before it runs (verification.py)."""
 
     max_retry_count: int = Field(3, ge=0)
+    code_verification_on: bool = Field(False, description="check each cell's syntax tree before it runs; a cell that breaks a rule is not run")
+    allowed_modules: list[str] | None = Field(
+        default_factory=lambda: list(DEFAULT_ALLOWED_MODULES), description="modules code may import ([]: none; null: any)"
+    )
+    blocked_functions: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_BLOCKED_FUNCTIONS), description="names code may not use, as a call, an alias or an attribute"
+    )
 
 
 class KernelGatewayConfig(_Section):
@@ -189,6 +198,24 @@ class ExecutionConfig(_Section):
         None, ge=40, description="characters per line for pandas in the kernel (null: the chat's terminal width, else pandas' 80)"
     )
     kernel_gateway: KernelGatewayConfig | None = Field(None, description="run the kernel on a Jupyter Kernel/Enterprise Gateway (null: locally)")
+    sandbox: Literal["none", "bubblewrap", "auto"] = Field("auto", description="run the local kernel inside bubblewrap (auto: where bwrap is installed)")
+    network: bool = Field(False, description="let the sandboxed kernel reach the network")
+    memory_limit: int | str | None = Field(
+        "50%", description="address space each kernel process may use: bytes, '4GB', '512MB', or a share of this machine's memory ('50%'); null: none"
+    )
+    max_processes: int = Field(256, ge=8, description="processes and threads the sandboxed kernel may run at once")
+    confirm: bool = Field(False, description="show each cell and wait for run / edit / skip (interactive chat only)")
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _a_size(cls, value: int | str | None) -> int | str | None:
+        if value is not None:
+            size_in_bytes(value)  # raises ValueError with the accepted forms
+        return value
+
+    def memory_limit_bytes(self) -> int | None:
+        """`memory_limit` in bytes (None: no limit)."""
+        return None if self.memory_limit is None else size_in_bytes(self.memory_limit)
 
     @model_validator(mode="before")
     @classmethod
@@ -199,6 +226,30 @@ class ExecutionConfig(_Section):
                 "fields together; leave it out to scale it with llm.context_window): rename or remove the key"
             )
         return data
+
+
+_UNITS = {"": 1, "B": 1, "KB": 1024, "MB": 1024**2, "GB": 1024**3, "TB": 1024**4}
+MIN_MEMORY_LIMIT = 256 * 1024**2  # below this not even Python with pandas starts
+
+
+def size_in_bytes(value: int | str) -> int:
+    """Bytes from 4294967296, '4GB', '512 MB' or '50%' (of this machine's memory); ValueError otherwise."""
+    text = str(value).strip().upper()
+    if text.endswith("%"):
+        share = float(text[:-1])
+        if not 0 < share <= 100:
+            raise ValueError("a share of memory must be between 0% and 100%, such as 50%")
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        size = int(total * share / 100)
+    else:
+        number = text.rstrip("KMGTB ").strip()
+        unit = text[len(number) :].strip()
+        if unit not in _UNITS or not number.replace(".", "", 1).isdigit():
+            raise ValueError("expected a size such as 4GB, 512MB, a number of bytes, or a share such as 50%")
+        size = int(float(number) * _UNITS[unit])
+    if size < MIN_MEMORY_LIMIT:
+        raise ValueError("at least 256MB: below that the kernel cannot start (null for no limit)")
+    return size
 
 
 class StoreConfig(_Section):

@@ -114,6 +114,7 @@ class ExecutionResult:
     changes: VariableChanges = field(default_factory=VariableChanges)
     execution_count: int | None = None
     notices: tuple[str, ...] = ()  # what the executor put right after the cell (a working folder restored)
+    refused: str = ""  # why the code was not run at all (a verification rule, the user declined); "" when it ran
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape used by the store and by export."""
@@ -130,12 +131,15 @@ class ExecutionResult:
         values["error"] = ExecutionError(**err) if err else None
         values["variables"] = tuple(Variable.from_dict(v) for v in values.get("variables", ()))
         values["changes"] = VariableChanges.from_dict(values.get("changes") or {})
+        values["refused"] = str(values.get("refused") or "")
         for name in ("displays", "artifacts", "lost_variables", "notices"):
             values[name] = tuple(values.get(name) or ())
         return cls(**values)
 
     def outcome(self) -> str:
         """The first line a model reads: how the cell ended."""
+        if self.refused:
+            return f"The code was not run: {self.refused}."
         lost = ", ".join(self.lost_variables) or "none"
         if self.kernel_died and self.timed_out:
             return (
@@ -166,7 +170,7 @@ class ExecutionResult:
         """`prompt_text` in pieces; the outcome and the error line are what a fold must keep."""
         block = as_data if marked else _unmarked
         outcome = self.outcome()
-        plain = not (self.kernel_died or self.timed_out or self.interrupted)
+        plain = not (self.kernel_died or self.timed_out or self.interrupted or self.refused)
         pieces = [] if outcome_told and plain else [FoldPiece(outcome, essential=True)]
         if self.error is not None:
             pieces.append(FoldPiece(f"Error: {self.error.name}: {block(self.error.value, block=False)}", essential=True))

@@ -25,6 +25,7 @@ from typing import Any
 from taskweaver_lite.code_generator import CodeGenerator
 from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.config import Config, LLMConfig
+from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.conversation import Conversation, Post, RoleName, Round
 from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
@@ -41,6 +42,7 @@ from taskweaver_lite.summary import CompressionState
 from taskweaver_lite.tokens import get_tokenizer
 from taskweaver_lite.uploads import check_upload
 from taskweaver_lite.variables import LiveVariables
+from taskweaver_lite.verification import verifier_from
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,10 @@ class Session:
         executor_factory: ExecutorFactory | None = None,
         plugins: PluginCatalog | None = None,
         owns_model: bool = False,
+        confirm: ConfirmCell | None = None,
     ) -> None:
         self.config = config
+        self._confirm = confirm  # confirm mode: a person runs, edits or skips each cell
         self.plugins = plugins or PluginCatalog()  # every plugin found, broken ones with their errors; the enabled ones are shown
         self.id = session_id
         self.executor = executor
@@ -100,6 +104,7 @@ class Session:
 
     def _build_roles(self) -> tuple[Planner, CodeGenerator]:
         config = self.config
+        checks = config.code_interpreter
         # Each role counts with its own model's tokenizer (planner.llm.tokenizer...).
         planner_context = RoleContext(
             RoleName.PLANNER, config=config, model=self._model, tokenizer=get_tokenizer(config.llm_for("planner").tokenizer), on_fold=self._emit
@@ -130,6 +135,8 @@ class Session:
             on_delta=lambda delta: self._emit(ReplyStreamed(RoleName.CODE_GENERATOR, delta)),
             plugins=self.plugins.enabled,
             plugin_top_k=config.code_generator.auto_plugin_selection_topk if config.code_generator.auto_plugin_selection else None,
+            verifier=verifier_from(checks.allowed_modules, checks.blocked_functions) if checks.code_verification_on else None,
+            confirm=self._confirm,
         )
         return planner, code_generator
 
@@ -142,18 +149,20 @@ class Session:
         executor: ExecutorFactory | None = None,
         listeners: Iterable[Listener] = (),
         session_id: str | None = None,
+        confirm: ConfirmCell | None = None,
     ) -> Session:
         """Start a stored session: its kernel boots in the background while the first request is typed.
 
         `model` defaults to the openai-SDK client for `config.llm`; `executor` builds the session's
-        executor from its session folder (default: a local Jupyter kernel).
+        executor from its session folder (default: a local Jupyter kernel). `confirm` turns on
+        confirm mode: it is asked about each cell before the cell runs.
         """
         session_id = session_id or new_session_id()
         store = SessionStore(config.store_path)
         with _closing_on_error(store) as guard:
             lock = guard.lock = store.lock(session_id)
             store.create_session(session_id, started=time.time())
-            return cls._assemble(config, session_id, store=store, lock=lock, model=model, executor=executor, listeners=listeners)
+            return cls._assemble(config, session_id, store=store, lock=lock, model=model, executor=executor, listeners=listeners, confirm=confirm)
 
     @classmethod
     def resume(
@@ -166,6 +175,7 @@ class Session:
         executor: ExecutorFactory | None = None,
         listeners: Iterable[Listener] = (),
         on_replay: Callable[[int, int], None] | None = None,
+        confirm: ConfirmCell | None = None,
     ) -> tuple[Session, ResumeReport]:
         """Continue a stored session ('last' or an id): conversation, summaries and, by replay, the kernel's variables."""
         store = SessionStore(config.store_path)
@@ -176,7 +186,15 @@ class Session:
             stored = store.load(session_id)
             cells = store.successful_cells(session_id) if replay else []
             session = cls._assemble(
-                config, session_id, store=store, lock=lock, model=model, executor=executor, listeners=listeners, usage_before=stored.usage
+                config,
+                session_id,
+                store=store,
+                lock=lock,
+                model=model,
+                executor=executor,
+                listeners=listeners,
+                usage_before=stored.usage,
+                confirm=confirm,
             )
         session.conversation.rounds = list(stored.rounds)
         session.loads = list(stored.loads)
@@ -213,6 +231,7 @@ class Session:
         executor: ExecutorFactory | None,
         listeners: Iterable[Listener],
         usage_before: Usage = Usage(),
+        confirm: ConfirmCell | None = None,
     ) -> Session:
         chat_model = model or role_models(config)
         plugins = discover(config.project_dir)
@@ -230,6 +249,7 @@ class Session:
                 executor_factory=executor,
                 plugins=plugins,
                 owns_model=model is None,
+                confirm=confirm,
             )
         except BaseException:  # bad examples or prompts: the kernel already booting must not linger
             running.shutdown()
@@ -450,7 +470,9 @@ def default_executor(config: Config, *, plugins: Sequence[PluginSpec] = ()) -> E
                 f"execution.kernel_gateway needs {exc.name}: pip install 'taskweaver-lite[gateway]'"
             ) from exc
         return functools.partial(GatewayExecutor, config=config.execution, gateway=gateway, output_tokens=config.cell_output_tokens, plugins=tuple(plugins))
-    return functools.partial(KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens, plugins=tuple(plugins))
+    # A sandboxed kernel sees neither the project folder nor the store (wherever store.path puts it).
+    hidden = (config.project_dir, config.store_path.parent)
+    return functools.partial(KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens, plugins=tuple(plugins), hidden=hidden)
 
 
 def _newest_first(variables: Sequence[Variable], recency: dict[str, int]) -> tuple[Variable, ...]:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import pty
+import select
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -78,3 +81,40 @@ def watch_stderr(proc: subprocess.Popen[str], marker: str) -> tuple[list[str], t
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     return lines, seen, reader
+
+
+class Terminal:
+    """A pseudo-terminal the program runs on; `read_until` collects what it shows."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.master, slave = pty.openpty()
+        env = {**cli_env(), "TERM": "xterm", "COLUMNS": "100", "LINES": "40"}
+        self.proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+        os.close(slave)
+        self.shown = ""
+
+    def read_until(self, text: str, seconds: float = 30, *, after: str = "") -> bool:
+        """Read until `text` is on screen (after the first `after`, when given)."""
+        deadline = time.monotonic() + seconds
+
+        def seen() -> bool:
+            start = self.shown.find(after)
+            return start >= 0 and text in self.shown[start + len(after) :]
+
+        while not seen() and time.monotonic() < deadline:
+            ready, _, _ = select.select([self.master], [], [], 0.05)
+            if ready:
+                try:
+                    self.shown += os.read(self.master, 65536).decode("utf-8", "replace")
+                except OSError:
+                    break
+        return seen()
+
+    def type(self, text: str) -> None:
+        os.write(self.master, text.encode())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        os.close(self.master)

@@ -13,9 +13,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
 from taskweaver_lite.config import CONFIG_FILE_NAME, MODEL_USERS, Config, load_config
+from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.conversation import RoleName, Round
 from taskweaver_lite.discovery import discover, needs_discovery, use_local_server
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
@@ -76,14 +78,26 @@ def run_chat(args: argparse.Namespace) -> int:
         if found is not None:
             _to_stderr(found)
     interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
+    if any(item.split("=", 1)[0].strip() == "llm.api_key" for item in overrides):
+        _to_stderr(
+            "Warning: a key given with --set llm.api_key is visible to every program on this machine (ps, "
+            "/proc/<pid>/cmdline) and in your shell history: set OPENAI_API_KEY in the environment instead."
+        )
+    confirm_mode = args.confirm or config.execution.confirm
+    if confirm_mode and not interactive:
+        raise ConfigError(
+            "Confirm mode (--confirm or execution.confirm: true) asks before each cell runs, so it needs a terminal; "
+            "stdin is piped here. Run without it, or interactively."
+        )
     renderer: RichConsole | PlainConsole = RichConsole(show_reasoning=config.llm.show_reasoning) if interactive else PlainConsole()
     say: Callable[[str], None] = renderer.say
+    confirm = terminal_confirm(renderer) if confirm_mode and isinstance(renderer, RichConsole) else None
     if isinstance(renderer, RichConsole) and config.execution.display_width is None and renderer.console.width >= MIN_DISPLAY_WIDTH:
         config.execution.display_width = renderer.console.width  # DataFrames as wide as this terminal
     if args.resume:
-        session, overrides = _resume(config, args, overrides=overrides, renderer=renderer, say=say)
+        session, overrides = _resume(config, args, overrides=overrides, renderer=renderer, say=say, confirm=confirm)
     else:
-        session = Session.open(config, listeners=[renderer])
+        session = Session.open(config, listeners=[renderer], confirm=confirm)
     if session.store is not None:
         session.store.save_overrides(session.id, overrides)
     for entry in session.plugins.broken:
@@ -121,7 +135,13 @@ def resume_hint(session: Session, project: Path | None) -> str:
 
 
 def _resume(
-    config: Config, args: argparse.Namespace, *, overrides: list[str], renderer: RichConsole | PlainConsole, say: Callable[[str], None]
+    config: Config,
+    args: argparse.Namespace,
+    *,
+    overrides: list[str],
+    renderer: RichConsole | PlainConsole,
+    say: Callable[[str], None],
+    confirm: ConfirmCell | None,
 ) -> tuple[Session, list[str]]:
     """Resume with the --set values the session was started with (new ones win); returns it and those values."""
     project = project_dir(args)
@@ -130,7 +150,7 @@ def _resume(
         if remembered:
             overrides = merge_overrides(remembered, overrides)
             config = load_config(project, overrides)
-        session = _resume_session(config, args.resume, replay=not args.no_replay, renderer=renderer, say=say)
+        session = _resume_session(config, args.resume, replay=not args.no_replay, renderer=renderer, say=say, confirm=confirm)
     except UnknownSessionError as exc:
         raise exc.listed_with(_sessions_command(project)) from None
     if remembered:
@@ -156,14 +176,21 @@ def _remembered_overrides(config: Config, ref: str) -> list[str]:
         store.close()
 
 
-def _resume_session(config: Config, ref: str, *, replay: bool, renderer: RichConsole | PlainConsole, say: Callable[[str], None]) -> Session:
+def _resume_session(
+    config: Config, ref: str, *, replay: bool, renderer: RichConsole | PlainConsole, say: Callable[[str], None], confirm: ConfirmCell | None = None
+) -> Session:
     if isinstance(renderer, RichConsole):
         from rich.progress import Progress
 
         with Progress(transient=True, console=renderer.console) as progress:
             task = progress.add_task("Re-running earlier cells", total=None)
             session, report = Session.resume(
-                config, ref, replay=replay, listeners=[renderer], on_replay=lambda done, total: progress.update(task, completed=done, total=total)
+                config,
+                ref,
+                replay=replay,
+                listeners=[renderer],
+                on_replay=lambda done, total: progress.update(task, completed=done, total=total),
+                confirm=confirm,
             )
     else:
         session, report = Session.resume(

@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chat.add_argument("--resume", metavar="ID", help="continue a stored session ('last' for the newest)")
     chat.add_argument("--no-replay", action="store_true", help="with --resume: do not re-run earlier cells to rebuild the kernel's variables")
+    chat.add_argument("--confirm", action="store_true", help="show each cell before it runs: run, edit or skip it (a terminal only)")
 
     init = commands.add_parser("init", help="create a project folder: commented config, few-shot examples, plugins/, sample data")
     init.add_argument("directory", nargs="?", default="project", metavar="PROJECT_DIR", help="the folder to create (default: ./project)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import math
 import os
 import queue
@@ -18,6 +19,7 @@ import shutil
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -35,9 +37,13 @@ from taskweaver_lite.kernel.process import (
     end_at_exit,
     filtered_environment,
     forget,
+    kill_marked,
     kill_process_group,
+    make_undumpable,
+    on_launcher_thread,
     socket_dir,
 )
+from taskweaver_lite.kernel.sandbox import kernel_command, plan_for, uses_sandbox
 from taskweaver_lite.plugins import PluginSpec
 from taskweaver_lite.uploads import copy_file
 
@@ -65,12 +71,18 @@ class KernelExecutor:
         config: ExecutionConfig,
         output_tokens: int = DEFAULT_OUTPUT_TOKENS,
         plugins: tuple[PluginSpec, ...] = (),
+        hidden: tuple[Path, ...] = (),
     ) -> None:
         """Prepare the session folders and start the kernel in the background; returns at once.
 
         `output_tokens` bounds what one cell's output may take in a prompt (Config.cell_output_tokens).
         `plugins` are loaded into every kernel this executor starts (first, restarted) before its first cell.
+        `hidden`: folders a sandboxed kernel must not see besides the user's home (the project's).
+        A missing `bwrap` with `execution.sandbox: bubblewrap` raises ConfigError here, before anything starts.
         """
+        use_sandbox = uses_sandbox(config)
+        make_undumpable()
+        self._mark = uuid.uuid4().hex
         self.session_dir = Path(session_dir).resolve()
         self.cwd = self.session_dir / "cwd"
         self.artifacts_dir = self.session_dir / "artifacts"
@@ -87,6 +99,15 @@ class KernelExecutor:
         self._socket_dir = socket_dir(self.session_dir)
         self._manager = InterpreterKernelManager(transport="ipc", ip=str(self._socket_dir / "kernel"))
         self._manager.connection_file = str(self._socket_dir / "connection.json")
+        self.sandbox = plan_for(cwd=self.cwd, socket_dir=self._socket_dir, hidden=hidden, network=config.network) if use_sandbox else None
+        self._manager.wrap = functools.partial(kernel_command, config=config, plan=self.sandbox)
+        if self.sandbox is not None:
+            self._manager.interrupt_mode = "message"
+        if self.sandbox is not None and self.sandbox.run_as is not None:
+            # Root's sandboxed kernel runs as nobody: it must write its sockets and the working folder.
+            for folder in (self._socket_dir, self.cwd):
+                os.chown(folder, self.sandbox.run_as, self.sandbox.run_as)
+            self._manager.kernel_uid = self.sandbox.run_as
         self._manager.shutdown_wait_time = SHUTDOWN_GRACE
         self._client: BlockingKernelClient | None = None
         self._start_error: BaseException | None = None
@@ -201,6 +222,7 @@ class KernelExecutor:
                 self._manager.shutdown_kernel(now=False)
         finally:
             kill_process_group(group)  # whatever the user's code spawned in the kernel's process group
+            kill_marked(self._mark)  # and what left the group (setsid) but still carries the kernel's mark
             self._log.close()
             shutil.rmtree(self._socket_dir, ignore_errors=True)
 
@@ -212,11 +234,13 @@ class KernelExecutor:
 
     def _start(self) -> None:
         try:
-            self._manager.start_kernel(
-                env=filtered_environment(os.environ, allowed=self.config.allowed_env, display_width=self.config.display_width),
-                cwd=str(self.cwd),
-                stdout=subprocess.DEVNULL,
-                stderr=self._log,
+            on_launcher_thread(
+                lambda: self._manager.start_kernel(
+                    env=filtered_environment(os.environ, allowed=self.config.allowed_env, display_width=self.config.display_width, mark=self._mark),
+                    cwd=str(self.cwd),
+                    stdout=subprocess.DEVNULL,
+                    stderr=self._log,
+                )
             )
             client = self._connect()
             if self._closed:  # shut down while we were starting
@@ -256,7 +280,7 @@ class KernelExecutor:
             self._client.stop_channels()
             self._client = None
         try:
-            self._manager.restart_kernel(now=not graceful)
+            on_launcher_thread(lambda: self._manager.restart_kernel(now=not graceful))
             self._client = self._connect()
         except Exception as exc:
             raise KernelError(f"The Python kernel could not be restarted ({exc}); see {self._log_path}") from exc

@@ -10,6 +10,7 @@ killed after it, so subprocesses started by user code go too.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import os
 import shutil
@@ -18,10 +19,10 @@ import sys
 import tempfile
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import KernelManager
@@ -73,13 +74,18 @@ _SET_DISPLAY = (
 )
 
 
-def filtered_environment(environ: Mapping[str, str], *, allowed: list[str], display_width: int | None = None) -> dict[str, str]:
-    """The kernel's environment: ours minus anything that looks like a secret, unless allowed by name."""
+def filtered_environment(environ: Mapping[str, str], *, allowed: list[str], display_width: int | None = None, mark: str | None = None) -> dict[str, str]:
+    """The kernel's environment: ours minus anything that looks like a secret, unless allowed by name.
+
+    `mark` tags the kernel and its descendants (`kill_marked` ends them all at shutdown).
+    """
     kept = {name: value for name, value in environ.items() if name in allowed or not _looks_secret(name)}
     if display_width is not None:
         kept[kernel_display.WIDTH_VARIABLE] = str(display_width)
     # Figures must come back as images whatever backend the parent prefers (Agg would drop them).
     kept["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    if mark is not None:
+        kept[KERNEL_MARK] = mark
     return kept
 
 
@@ -89,7 +95,20 @@ def _looks_secret(name: str) -> bool:
 
 
 class InterpreterKernelManager(KernelManager):
-    """A KernelManager that always runs ipykernel on this interpreter, whatever kernelspecs exist."""
+    """A KernelManager that always runs ipykernel on this interpreter, whatever kernelspecs exist.
+
+    `wrap` puts the command behind the limits launcher and the sandbox (sandbox.py); `kernel_uid`
+    is the user a sandboxed kernel runs as, who must be able to read the connection file.
+    """
+
+    wrap: Callable[[list[str]], list[str]] | None = None
+    kernel_uid: int | None = None
+    interrupt_mode = "signal"
+
+    def write_connection_file(self, **kwargs: Any) -> None:
+        super().write_connection_file(**kwargs)
+        if self.kernel_uid is not None:
+            os.chown(self.connection_file, self.kernel_uid, self.kernel_uid)
 
     @property
     def kernel_spec(self) -> KernelSpec:
@@ -99,7 +118,11 @@ class InterpreterKernelManager(KernelManager):
             "--HistoryManager.hist_file=:memory:",
             f"--IPKernelApp.exec_lines={_START_UP}; {_SET_DISPLAY}",
         ]  # fmt: skip
-        return KernelSpec(argv=argv, display_name="taskweaver-lite", language="python")
+        if self.wrap is None:
+            return KernelSpec(argv=argv, display_name="taskweaver-lite", language="python")
+        # A sandboxed kernel is in its own session inside bwrap: a signal to bwrap's process group
+        # would not reach it, so interrupts travel as messages on the control channel.
+        return KernelSpec(argv=self.wrap(argv), display_name="taskweaver-lite", language="python", interrupt_mode=self.interrupt_mode)
 
 
 def socket_dir(session_dir: Path, *, prefix: str = SOCKET_PREFIX) -> Path:
@@ -149,12 +172,67 @@ def _alive(pid: int) -> bool:
     return True
 
 
+KERNEL_MARK = "TASKWEAVER_LITE_KERNEL"  # in the environment of a kernel and of everything it starts
+
+
+def kill_marked(mark: str) -> int:
+    """SIGKILL every process of ours whose environment carries `KERNEL_MARK=mark`; how many there were.
+
+    What a kernel started in a new session (`setsid`, a daemon) has left its process group but
+    still carries the kernel's environment. A process that replaced its environment on purpose is
+    out of reach here: the sandbox's PID namespace ends those too.
+    """
+    needle = f"{KERNEL_MARK}={mark}".encode() + b"\0"
+    killed = 0
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if needle not in (entry / "environ").read_bytes() or int(entry.name) == os.getpid():
+                continue
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed += 1
+        except (OSError, ValueError):
+            continue  # another user's, or gone meanwhile
+    return killed
+
+
+def make_undumpable() -> None:
+    """Linux: keep this program's memory, environment and command line out of its kernels' reach.
+
+    A non-dumpable process's /proc entries (mem, environ, cmdline) belong to root and cannot be
+    traced by processes of the same user. Root's kernels could still read them: the sandbox is
+    what stops those.
+    """
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+PR_SET_DUMPABLE = 4
+
+
 def kill_process_group(group: Any) -> None:
     """SIGKILL what is left of a kernel's process group (never our own group)."""
     if not isinstance(group, int) or not hasattr(os, "killpg") or group == os.getpgrp():
         return
     with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is already gone
         os.killpg(group, signal.SIGKILL)
+
+
+# bwrap's --die-with-parent (PR_SET_PDEATHSIG) fires when the *thread* that started the sandbox
+# ends, not the program: kernels are started and restarted on this one lasting thread.
+_LAUNCHER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernel-launcher")
+_T = TypeVar("_T")
+
+
+def on_launcher_thread(call: Callable[[], _T]) -> _T:
+    """Run `call` (a kernel start or restart) on the thread that outlives every kernel it starts."""
+    if threading.current_thread().name.startswith("kernel-launcher"):
+        return call()
+    return _LAUNCHER.submit(call).result()
 
 
 class _Closable(Protocol):

@@ -132,6 +132,8 @@ def _round_cells(rnd: Round, counter: _Counter) -> list[NotebookNode]:
 
 
 def _execution_cells(post: Post, result: ExecutionResult, counter: _Counter) -> list[NotebookNode]:
+    if result.refused:
+        return [nbformat.v4.new_markdown_cell(f"{_not_run_note(result)}\n\n{_fenced(result.code, 'python')}")]
     if result.timed_out or result.kernel_died or result.interrupted:
         why = "crashed the kernel" if result.kernel_died else "ran too long" if result.timed_out else "was interrupted"
         note = f"*This code {why}; it is shown as text so that re-running the notebook does not repeat that.*"
@@ -201,7 +203,14 @@ def _round_markdown(rnd: Round) -> list[str]:
     return lines
 
 
+def _not_run_note(result: ExecutionResult) -> str:
+    why = f" {result.error.value}" if result.error is not None else ""
+    return f"*This code was not run: {result.refused}.*{why}"
+
+
 def _execution_markdown(post: Post, result: ExecutionResult) -> list[str]:
+    if result.refused:
+        return [_not_run_note(result), "", _fenced(result.code, "python"), ""]
     lines = [_fenced(result.code, "python"), ""]
     for label, text in (("Output", result.stdout), ("Stderr", result.stderr), *(("Display", d) for d in result.displays), ("Result", result.result)):
         if text:

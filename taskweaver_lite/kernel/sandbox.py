@@ -1,0 +1,146 @@
+"""The kernel's sandbox and limits: the command line that starts ipykernel inside bubblewrap (`bwrap`).
+
+With `execution.sandbox: bubblewrap` the kernel sees the machine's file system read-only, the
+session's working folder as its only writable folder besides a private `/tmp`, and neither the
+user's home nor the project folder (the store, the config, other sessions): both are replaced by
+empty folders, with only the Python installation put back (read-only) where it lives inside them.
+It runs in its own PID namespace (the program's `/proc` entries are out of sight), with no network
+unless `execution.network`, and it ends with the program (`--die-with-parent`; the namespace's
+init takes every process in it along, `setsid` or not). When the program runs as root the kernel
+runs as `nobody`, so that the process cap (`RLIMIT_NPROC`, which never applies to root) holds.
+
+Limits apply with or without the sandbox: `execution.memory_limit` as the address-space limit of
+every process of the kernel (a cell that passes it gets a MemoryError, or the kernel dies and is
+restarted, and the model is told), `execution.max_processes` inside the sandbox. They are set by
+`limits.py`, which runs first and then becomes the kernel (exec), so no shell is involved.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.kernel import limits
+
+NOBODY = 65534
+PACKAGE = "bubblewrap"
+
+
+@dataclass(frozen=True)
+class SandboxPlan:
+    """Where a sandboxed kernel may write, and what it must not see."""
+
+    cwd: Path  # the session's working folder: read-write
+    socket_dir: Path  # the kernel's IPC sockets and connection file: read-write
+    hidden: tuple[Path, ...]  # replaced by empty folders: the user's home, the project folder
+    network: bool = False
+    run_as: int | None = None  # a uid to become inside (root's kernels run as nobody)
+
+
+def bwrap_path() -> str | None:
+    """The `bwrap` executable on PATH, if bubblewrap is installed."""
+    return shutil.which("bwrap")
+
+
+def uses_sandbox(config: ExecutionConfig) -> bool:
+    """Whether kernels start inside bubblewrap: `bubblewrap` always (missing bwrap is an error), `auto` where installed."""
+    if config.sandbox == "none" or sys.platform != "linux":
+        if config.sandbox == "bubblewrap" and sys.platform != "linux":
+            raise ConfigError("execution.sandbox: bubblewrap needs Linux; set execution.sandbox: none (or auto) on this system.")
+        return False
+    if bwrap_path() is not None:
+        return True
+    if config.sandbox == "bubblewrap":
+        raise ConfigError(
+            f"execution.sandbox is bubblewrap but `bwrap` is not installed: install the {PACKAGE} package "
+            f"(Debian/Ubuntu: sudo apt-get install {PACKAGE}), or set execution.sandbox: auto or none."
+        )
+    return False
+
+
+def plan_for(*, cwd: Path, socket_dir: Path, hidden: Iterable[Path], network: bool) -> SandboxPlan:
+    """The sandbox of one session's kernel: `hidden` (the project folder, the store's) and the user's home out of sight."""
+    run_as = NOBODY if os.geteuid() == 0 else None
+    candidates = [Path.home(), *hidden]
+    if run_as is not None:
+        # Private folders on the way to the writable ones (pytest's, a 0700 home): nobody could not
+        # pass them, so they are replaced by passable empty ones like the hidden folders.
+        reached = (cwd.resolve(), socket_dir.resolve(), *_needed())
+        candidates += [folder for path in reached for folder in path.parents if not folder.stat().st_mode & 0o001]
+    resolved = tuple(dict.fromkeys(p.resolve() for p in candidates if p.exists() and p.resolve() != Path("/")))
+    return SandboxPlan(cwd=cwd.resolve(), socket_dir=socket_dir.resolve(), hidden=resolved, network=network, run_as=run_as)
+
+
+def kernel_command(argv: Sequence[str], *, config: ExecutionConfig, plan: SandboxPlan | None) -> list[str]:
+    """`argv` (ipykernel) behind the limits launcher and, with a plan, inside bwrap."""
+    uid = plan.run_as if plan is not None else None
+    # RLIMIT_NPROC counts every process of the user: the cap comes on top of what the user runs now.
+    processes = limits.user_tasks(os.getuid() if uid is None else uid) + config.max_processes if plan is not None else None
+    launcher = [sys.executable, limits.__file__, *limits.arguments(memory=config.memory_limit_bytes(), processes=processes, uid=uid), "--"]
+    if plan is None:
+        return [*launcher, *argv]
+    bwrap = bwrap_path()
+    if bwrap is None:
+        raise ConfigError(f"`bwrap` is not installed: install the {PACKAGE} package (Debian/Ubuntu: sudo apt-get install {PACKAGE}).")
+    return [bwrap, *bwrap_arguments(plan), *launcher, *argv]
+
+
+def bwrap_arguments(plan: SandboxPlan) -> list[str]:
+    """bubblewrap's options for `plan`; mounts apply in order, so later ones cover earlier ones."""
+    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+    for folder in sorted(plan.hidden, key=lambda p: len(p.parts)):  # outer ones first: inner ones land on them
+        args += [*_open_way(folder, plan.hidden), "--perms", "0755", "--tmpfs", str(folder)]
+    for keep in _put_back(plan.hidden):
+        args += [*_open_way(keep, plan.hidden), "--ro-bind", str(keep), str(keep)]
+    for writable in (plan.cwd, plan.socket_dir):
+        args += [*_open_way(writable, plan.hidden), "--bind", str(writable), str(writable)]
+    args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent"]
+    if not plan.network:
+        args.append("--unshare-net")
+    args += ["--setenv", "HOME", "/tmp", "--setenv", "MPLCONFIGDIR", "/tmp/matplotlib", "--chdir", str(plan.cwd)]
+    # The kernel's parent inside is the namespace's init (pid 1): ipykernel would take that for its
+    # parent having died. `--die-with-parent` ends the sandbox with the program instead.
+    args += ["--setenv", "JPY_PARENT_PID", "1"]
+    return args
+
+
+def _open_way(path: Path, hidden: Sequence[Path]) -> list[str]:
+    """Options creating the folders on the way to `path` inside a hidden one, passable by anyone.
+
+    bwrap creates missing folders private (0700): only root could pass them.
+    """
+    around = [h for h in hidden if _inside(path, h) and h != path]
+    if not around:
+        return []
+    top = max(around, key=lambda h: len(h.parts))  # the innermost: the folders below it are bwrap's to create
+    args: list[str] = []
+    for step in reversed(path.relative_to(top).parents[:-1]):
+        args += ["--perms", "0755", "--dir", str(top / step)]
+    return args
+
+
+def _put_back(hidden: Iterable[Path]) -> list[Path]:
+    """What the kernel needs from inside the hidden folders: Python, its packages, our in-kernel modules."""
+    hidden = list(hidden)
+    inside = {p for p in _needed() if any(_inside(p, h) for h in hidden)}
+    # Never put back a folder that holds a hidden one whole (the project inside a source checkout on sys.path):
+    # its Python files are what is needed, so such an entry is skipped and the package folder is kept instead.
+    kept = sorted(p for p in inside if not any(_inside(h, p) for h in hidden))
+    return [p for p in kept if not any(p != q and _inside(p, q) for q in kept)]
+
+
+def _needed() -> set[Path]:
+    """Folders the kernel reads: the interpreter and its packages, our in-kernel modules."""
+    needed = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix), Path(limits.__file__).parent.parent}
+    needed |= {Path(entry) for entry in sys.path if entry and Path(entry).is_dir()}
+    return {p.resolve() for p in needed}
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents

@@ -1,0 +1,193 @@
+"""Code verification: a static check of a cell's syntax tree before it runs (`code_interpreter.code_verification_on`).
+
+The check refuses imports outside `allowed_modules`, every use of a name in `blocked_functions`
+(called, aliased or reached as an attribute), shell and magic lines, and the attribute paths that
+escape to the interpreter's internals (`().__class__.__subclasses__()`, frames, globals). A refused
+cell does not run: the CodeGenerator gets each rule broken, with its line, and revises.
+
+It is a filter against a model's mistakes and clumsy attacks, not a sandbox: names computed at run
+time (`getattr(x, "sys" + "tem")`), file paths given to allowed libraries (`pd.read_csv("/etc/shadow")`)
+and unsafe deserialisers of allowed libraries (`pd.read_pickle`) are out of its reach. The sandbox
+(`execution.sandbox`) is what holds against those; README "Safety" says which layer stops what.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+# Attributes that lead from any object to the interpreter's internals: classes and their subclasses,
+# function globals and code, frames, the builtins.
+ESCAPE_ATTRIBUTES = frozenset(
+    {
+        "__class__", "__bases__", "__base__", "__mro__", "__subclasses__", "__globals__", "__builtins__", "__code__",
+        "__closure__", "__func__", "__self__", "__dict__", "__getattribute__", "__import__", "__loader__", "__spec__",
+        "__reduce__", "__reduce_ex__", "__init_subclass__", "__traceback__", "__wrapped__", "mro",
+        "f_globals", "f_locals", "f_builtins", "f_back", "f_code", "tb_frame", "tb_next", "gi_frame", "gi_code",
+        "cr_frame", "cr_code", "ag_frame", "ag_code", "co_code", "_getframe",
+    }
+)  # fmt: skip
+# Names that are the interpreter's internals themselves.
+ESCAPE_NAMES = frozenset({"__builtins__", "__loader__", "__spec__", "get_ipython"})
+# Modules reachable as an attribute of an allowed one (`pd.io.common.os`): refused like an import of them.
+RISKY_MODULES = frozenset(
+    {"os", "sys", "subprocess", "shutil", "ctypes", "builtins", "importlib", "socket", "pty", "posix", "signal", "multiprocessing", "pickle", "marshal"}
+)
+# Calls that import the module named by their first argument.
+IMPORT_CALLS = frozenset({"__import__", "import_module", "load_module", "load_source", "run_module", "run_path", "spec_from_file_location"})
+# Calls whose second argument names an attribute.
+ATTRIBUTE_CALLS = frozenset({"getattr", "setattr", "delattr", "hasattr", "attrgetter", "methodcaller"})
+
+DEFAULT_ALLOWED_MODULES = (
+    "pandas", "numpy", "matplotlib", "scipy", "sklearn", "seaborn", "statsmodels", "math", "statistics", "datetime",
+    "time", "json", "csv", "re", "collections", "itertools", "functools", "operator", "typing", "random", "decimal",
+    "fractions", "string", "textwrap", "dataclasses", "enum", "warnings", "calendar", "zoneinfo", "io",
+)  # fmt: skip
+DEFAULT_BLOCKED_FUNCTIONS = (
+    "eval", "exec", "execfile", "compile", "open", "input", "breakpoint", "globals", "locals", "vars", "__import__",
+    "system", "popen", "Popen", "fork", "setsid",
+)  # fmt: skip
+
+MAX_REPORTED = 8
+_SHELL_LINE = re.compile(r"^\s*(?:[\w.\[\]'\", ]+=\s*)?(?:!|%)|\?\s*$")
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One rule a cell breaks, where it breaks it."""
+
+    line: int
+    rule: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.rule}"
+
+
+@dataclass(frozen=True)
+class CodeVerifier:
+    """The verification rules of a project: which modules code may import, which names it may not use.
+
+    `allowed_modules` None means any module; an empty tuple means no imports at all.
+    """
+
+    allowed_modules: tuple[str, ...] | None = DEFAULT_ALLOWED_MODULES
+    blocked_functions: tuple[str, ...] = DEFAULT_BLOCKED_FUNCTIONS
+
+    def check(self, code: str) -> list[Violation]:
+        """Every rule `code` breaks, in line order (at most `MAX_REPORTED`); empty when it may run."""
+        try:
+            tree = ast.parse(code)
+        except SyntaxError:
+            # IPython syntax (`!ls`, `%system`) is a syntax error to Python; any other syntax error
+            # breaks no rule, and the kernel reports it like any other error.
+            return _shell_lines(code)
+        found = sorted(set(self._walk(tree)), key=lambda v: (v.line, v.rule))
+        return found[:MAX_REPORTED]
+
+    def _walk(self, tree: ast.AST) -> Iterator[Violation]:
+        blocked = set(self.blocked_functions)
+        for node in ast.walk(tree):
+            line = getattr(node, "lineno", 0)
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield from self._module(alias.name, line)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    yield from self._relative(line)
+                else:
+                    yield from self._module(node.module or "", line)
+                for alias in node.names:
+                    if alias.name in blocked:
+                        yield Violation(line, f"`{alias.name}` is a blocked function")
+            elif isinstance(node, ast.Name):
+                if node.id in blocked:
+                    yield Violation(line, f"`{node.id}` is a blocked function (called, passed or renamed alike)")
+                elif node.id in ESCAPE_NAMES:
+                    yield Violation(line, f"`{node.id}` reaches the interpreter's internals")
+            elif isinstance(node, ast.Attribute):
+                yield from self._attribute(node.attr, line, blocked)
+            elif isinstance(node, ast.Call):
+                yield from self._call(node, line, blocked)
+            elif isinstance(node, ast.Subscript):
+                key = _constant_text(node.slice)
+                if key is not None and (key in blocked or key in ESCAPE_ATTRIBUTES or key in ESCAPE_NAMES):
+                    yield Violation(line, f"looking up {key!r} by name reaches what the rules refuse")
+
+    def _attribute(self, name: str, line: int, blocked: set[str]) -> Iterator[Violation]:
+        if name in blocked:
+            yield Violation(line, f"`.{name}` is a blocked function")
+        elif name in ESCAPE_ATTRIBUTES:
+            yield Violation(line, f"`.{name}` reaches the interpreter's internals")
+        elif name in RISKY_MODULES and not self._allowed(name):
+            yield Violation(line, f"`.{name}` reaches the module `{name}`, which may not be imported")
+
+    def _call(self, node: ast.Call, line: int, blocked: set[str]) -> Iterator[Violation]:
+        called = _called_name(node.func)
+        if called in IMPORT_CALLS and self.allowed_modules is not None:
+            module = _constant_text(node.args[0]) if node.args else None
+            if module is None:
+                yield Violation(line, f"`{called}(...)` imports a module whose name is computed; import it by name")
+            else:
+                yield from self._module(module, line)
+        elif called in ATTRIBUTE_CALLS:
+            for arg in node.args[1:2] if called in ("getattr", "setattr", "delattr", "hasattr") else node.args[:1]:
+                text = _constant_text(arg)
+                if text is not None and (text in blocked or text in ESCAPE_ATTRIBUTES):
+                    yield Violation(line, f"`{called}(..., {text!r})` reaches what the rules refuse")
+        elif called in ("format", "format_map") and isinstance(node.func, ast.Attribute):
+            template = _constant_text(node.func.value)
+            if template is not None and any(f".{attr}" in template for attr in ESCAPE_ATTRIBUTES):
+                yield Violation(line, "a format string that reads the interpreter's internals")
+
+    def _module(self, name: str, line: int) -> Iterator[Violation]:
+        if self.allowed_modules is None or not name:
+            return
+        if not self._allowed(name):
+            allowed = ", ".join(self.allowed_modules) or "none"
+            yield Violation(line, f"importing `{name}` is not allowed (allowed modules: {allowed})")
+
+    def _relative(self, line: int) -> Iterator[Violation]:
+        if self.allowed_modules is not None:
+            yield Violation(line, "relative imports are not allowed")
+
+    def _allowed(self, name: str) -> bool:
+        if self.allowed_modules is None:
+            return True
+        root = name.split(".", 1)[0]
+        return root in self.allowed_modules or name in self.allowed_modules
+
+
+def verifier_from(allowed_modules: Sequence[str] | None, blocked_functions: Sequence[str]) -> CodeVerifier:
+    """A verifier for the configured lists (see `CodeInterpreterConfig`)."""
+    return CodeVerifier(tuple(allowed_modules) if allowed_modules is not None else None, tuple(blocked_functions))
+
+
+def refusal_text(violations: Sequence[Violation]) -> str:
+    """What the CodeGenerator reads about a refused cell: every rule broken, with its line."""
+    return "The code breaks the verification rules and was not run: " + "; ".join(str(v) for v in violations) + "."
+
+
+def _shell_lines(code: str) -> list[Violation]:
+    """Shell commands (`!ls`), magics (`%system`, `%%bash`) and help lines (`x?`): IPython syntax, not Python."""
+    found = []
+    for number, text in enumerate(code.splitlines(), start=1):
+        if _SHELL_LINE.search(text):
+            try:
+                ast.parse(text.strip())
+            except SyntaxError:
+                found.append(Violation(number, "shell commands and magics (`!`, `%`, `?`) are not allowed"))
+    return found[:MAX_REPORTED]
+
+
+def _called_name(func: ast.expr) -> str:
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return ""
+
+
+def _constant_text(node: ast.expr) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None

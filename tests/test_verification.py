@@ -1,0 +1,149 @@
+"""Code verification (CONTRACT §6): a static check refuses bypass attempts and lets ordinary analysis through.
+
+The corpus is what an attacker scripting the model would try first. Each entry is refused, or
+listed in OUT_OF_REACH with the reason a static check cannot see it (the sandbox's job).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+from helpers import make_project
+
+from taskweaver_lite.config import load_config
+from taskweaver_lite.session import Session
+from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
+from taskweaver_lite.verification import CodeVerifier
+
+BYPASSES: Mapping[str, str] = {
+    "plain import": "import os\nos.listdir('/')",
+    "import as": "import subprocess as sp\nsp.run(['id'])",
+    "from import": "from os import system\nsystem('id')",
+    "from import renamed": "from os import system as s\ns('id')",
+    "dotted import": "import os.path\nprint(os.path.expanduser('~'))",
+    "relative import": "from . import secrets",
+    "__import__ call": "__import__('os').system('id')",
+    "__import__ computed": "m = 'o' + 's'\n__import__(m)",
+    "importlib": "import importlib\nimportlib.import_module('os')",
+    "import_module from an allowed module's attribute": "pd.io.common.importlib.import_module('os')",
+    "builtins module": "import builtins\nbuiltins.eval('1')",
+    "eval": "eval('1 + 1')",
+    "exec": "exec('x = 1')",
+    "compile": "code = compile('1', 'x', 'eval')",
+    "alias of eval": "f = eval\nf('1')",
+    "eval passed as an argument": "list(map(eval, ['1']))",
+    "eval as a default argument": "def g(f=eval):\n    return f('1')",
+    "eval as a decorator": "@eval\ndef g():\n    pass",
+    "getattr with a blocked name": "import pandas as pd\ngetattr(pd.io.common.os, 'system')('id')",
+    "getattr on builtins": "getattr(print, '__self__')",
+    "globals lookup": "globals()['__builtins__']['eval']('1')",
+    "__builtins__ subscript": "__builtins__['exec']('x = 1')",
+    "__subclasses__ escape": "().__class__.__base__.__subclasses__()",
+    "__mro__ escape": "[].__class__.__mro__[1].__subclasses__()",
+    "function globals": "(lambda: 0).__globals__['__builtins__']",
+    "frame walk": "import sys\nsys._getframe().f_back.f_globals",
+    "generator frame": "g = (x for x in [1])\ng.gi_frame.f_globals",
+    "os through pandas": "import pandas as pd\npd.io.common.os.system('id')",
+    "format string attributes": "'{0.__class__.__mro__}'.format(1)",
+    "f-string attributes": "x = 1\nprint(f'{x.__class__.__mro__}')",
+    "shell line": "!cat ~/.ssh/id_rsa",
+    "shell assignment": "files = !ls ~",
+    "line magic": "%system id",
+    "cell magic": "%%bash\ncat /etc/shadow",
+    "get_ipython": "get_ipython().system('id')",
+    "open": "open('/etc/shadow').read()",
+    "io.open": "import io\nio.open('/etc/shadow').read()",
+    "setattr escape": "setattr(object, '__class__', int)",
+    "operator.attrgetter": "import operator\noperator.attrgetter('__globals__')(len)",
+    "vars": "vars()['__builtins__']",
+    "breakpoint": "breakpoint()",
+    "ctypes": "import ctypes\nctypes.CDLL(None)",
+    "pickle": "import pickle\npickle.loads(b'')",
+}
+
+# Out of reach of a static check, on purpose; what stops each instead.
+OUT_OF_REACH: Mapping[str, str] = {
+    "getattr with a computed name": "getattr(pd.io.common, 'o' + 's')",  # names built at run time: the sandbox
+    "an allowed library reading any path": "import pandas as pd\npd.read_csv('/etc/shadow')",  # paths: the sandbox
+    "an allowed library's unsafe loader": "import pandas as pd\npd.read_pickle('payload.pkl')",  # code in data: the sandbox
+}
+
+ORDINARY_CELLS: Mapping[str, str] = {
+    "analysis": (
+        "import pandas as pd\nimport numpy as np\ndf = pd.DataFrame({'region': ['a', 'b'], 'sales': [1.5, 2.0]})\n"
+        "top = df.groupby('region')['sales'].sum().sort_values(ascending=False)\nprint(top.head())\ntop"
+    ),
+    "plot": "import matplotlib.pyplot as plt\nfig, ax = plt.subplots()\nax.plot([1, 2], [3, 4])\nplt.savefig('p.png')\nplt.show()",
+    "operators that look like magics": "x = 10 % 3\ny = x != 2\nprint(f'{x!r} {y}', '%d%%' % 5)",
+    "type names": "import pandas as pd\nprint(type(pd.DataFrame()).__name__, len([1, 2]))",
+    "a syntax error is the kernel's to report": "print('unclosed'",
+    "strings that mention rules": "note = 'do not eval or exec here; !rm is shell'\nprint(note)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BYPASSES))
+def test_each_bypass_attempt_is_refused(name: str) -> None:
+    assert CodeVerifier().check(BYPASSES[name]), f"the bypass {name!r} passed verification"
+
+
+def test_the_corpus_is_large_enough() -> None:
+    assert len(BYPASSES) >= 25
+
+
+@pytest.mark.parametrize("name", sorted(OUT_OF_REACH))
+def test_what_is_out_of_reach_is_documented_and_really_passes(name: str) -> None:
+    # Listed here so the README's list stays honest: if the check learns to catch one, move it up.
+    assert not CodeVerifier().check(OUT_OF_REACH[name]), f"{name!r} is now refused: move it to BYPASSES"
+
+
+@pytest.mark.parametrize("name", sorted(ORDINARY_CELLS))
+def test_ordinary_analysis_passes(name: str) -> None:
+    assert CodeVerifier().check(ORDINARY_CELLS[name]) == [], f"an ordinary cell ({name}) was refused"
+
+
+def test_a_refusal_names_the_rule_and_the_line() -> None:
+    found = CodeVerifier().check("import pandas as pd\nx = 1\nimport socket")
+    assert [v.line for v in found] == [3] and "socket" in found[0].rule and "allowed modules: pandas" in found[0].rule
+
+
+def test_an_empty_allowed_list_means_no_imports_and_none_means_any() -> None:
+    assert CodeVerifier(allowed_modules=()).check("import math")
+    assert CodeVerifier(allowed_modules=None).check("import os") == []
+    assert CodeVerifier(allowed_modules=None, blocked_functions=()).check("eval('1')") == []
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as srv:
+        yield srv
+
+
+def test_a_refused_cell_does_not_run_and_the_code_generator_revises_with_the_rule(tmp_path: Path, server: ScriptedServer) -> None:
+    marker = tmp_path / "ran.txt"
+    server.enqueue("planner", planner_reply("Count the files in the working folder."), planner_reply("Done.", send_to="User"))
+    server.enqueue(
+        "code_generator",
+        code_reply(f"import os\nopen({str(marker)!r}, 'w').write('x')\nprint(len(os.listdir('.')))"),
+        code_reply("import pandas as pd\nprint('counted', 0)"),
+    )
+    project = make_project(tmp_path, server.url, code_interpreter={"code_verification_on": True})
+    with Session.open(load_config(project)) as session:
+        rnd = session.ask("How many files are there?")
+    assert not marker.exists(), "a cell that broke the rules ran anyway"
+    assert rnd.state == "finished"
+    revision = [r.messages for r in server.requests if r.role == "code_generator"][1]
+    feedback = "\n".join(m["content"] for m in revision[1:])
+    assert "was not run" in feedback and "line 1: importing `os` is not allowed" in feedback, "the CodeGenerator must get the rule and its line"
+    assert "`open` is a blocked function" in feedback
+
+
+def test_after_the_last_refusal_the_planner_is_told(tmp_path: Path, server: ScriptedServer) -> None:
+    server.enqueue("planner", planner_reply("List the home folder."), planner_reply("That is not allowed here.", send_to="User"))
+    server.enqueue("code_generator", *[code_reply("import os\nprint(os.listdir('/root'))") for _ in range(2)])
+    project = make_project(tmp_path, server.url, code_interpreter={"code_verification_on": True, "max_retry_count": 1})
+    with Session.open(load_config(project)) as session:
+        session.ask("What is in the home folder?")
+    report = [r.messages for r in server.requests if r.role == "planner"][1][-1]["content"]
+    assert "not run" in report and "verification rules" in report and "importing `os`" in report
