@@ -14,9 +14,11 @@ and unsafe deserialisers of allowed libraries (`pd.read_pickle`) are out of its 
 from __future__ import annotations
 
 import ast
+import dis
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from types import CodeType
 
 # Attributes that lead from any object to the interpreter's internals: classes and their subclasses,
 # function globals and code, frames, the builtins.
@@ -76,15 +78,33 @@ class CodeVerifier:
     blocked_functions: tuple[str, ...] = DEFAULT_BLOCKED_FUNCTIONS
 
     def check(self, code: str) -> list[Violation]:
-        """Every rule `code` breaks, in line order (at most `MAX_REPORTED`); empty when it may run."""
+        """Every rule `code` breaks, in line order (at most `MAX_REPORTED`); empty when it may run.
+
+        First the compiled cell's names, strings and imports are matched against the rules (fast:
+        no syntax tree is built); only a cell with something suspect is walked node by node, which
+        finds each violation with its line.
+        """
         try:
-            tree = ast.parse(code)
-        except SyntaxError:
+            compiled = compile(code, "<cell>", "exec", dont_inherit=True)
+        except (SyntaxError, ValueError):
             # IPython syntax (`!ls`, `%system`) is a syntax error to Python; any other syntax error
             # breaks no rule, and the kernel reports it like any other error.
             return _shell_lines(code)
-        found = sorted(set(self._walk(tree)), key=lambda v: (v.line, v.rule))
+        if not self._suspect(compiled):
+            return []
+        found = sorted(set(self._walk(ast.parse(code))), key=lambda v: (v.line, v.rule))
         return found[:MAX_REPORTED]
+
+    def _suspect(self, compiled: CodeType) -> bool:
+        """Whether the compiled cell uses a name, a string or an import that some rule is about."""
+        names, strings, imports = _contents(compiled)
+        watched = self._watched()
+        if names & watched or any(text in watched or "__" in text for text in strings):
+            return True
+        return self.allowed_modules is not None and not all(self._allowed(module) for module in imports)
+
+    def _watched(self) -> frozenset[str]:
+        return frozenset(self.blocked_functions) | ESCAPE_ATTRIBUTES | ESCAPE_NAMES | RISKY_MODULES | IMPORT_CALLS | ATTRIBUTE_CALLS
 
     def _walk(self, tree: ast.AST) -> Iterator[Violation]:
         blocked = set(self.blocked_functions)
@@ -179,6 +199,35 @@ def _shell_lines(code: str) -> list[Violation]:
             except SyntaxError:
                 found.append(Violation(number, "shell commands and magics (`!`, `%`, `?`) are not allowed"))
     return found[:MAX_REPORTED]
+
+
+_IMPORT_NAME = dis.opmap["IMPORT_NAME"]
+_EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
+
+
+def _contents(code: CodeType) -> tuple[set[str], set[str], set[str]]:
+    """Every name (globals, attributes, imports), string constant and imported module in `code` and the code inside it."""
+    names: set[str] = set()
+    strings: set[str] = set()
+    imports: set[str] = set()
+    pending = [code]
+    while pending:
+        current = pending.pop()
+        names.update(current.co_names)
+        raw, extended = current.co_code, 0
+        for i in range(0, len(raw), 2):
+            op, arg = raw[i], raw[i + 1] | extended
+            extended = arg << 8 if op == _EXTENDED_ARG else 0
+            if op == _IMPORT_NAME:
+                imports.add(current.co_names[arg])
+        for const in current.co_consts:
+            if isinstance(const, CodeType):
+                pending.append(const)
+            elif isinstance(const, str):
+                strings.add(const)
+            elif isinstance(const, tuple):
+                strings.update(item for item in const if isinstance(item, str))
+    return names, strings, imports
 
 
 def _called_name(func: ast.expr) -> str:

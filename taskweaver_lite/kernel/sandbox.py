@@ -82,7 +82,7 @@ def kernel_command(argv: Sequence[str], *, config: ExecutionConfig, plan: Sandbo
     uid = plan.run_as if plan is not None else None
     # RLIMIT_NPROC counts every process of the user: the cap comes on top of what the user runs now.
     processes = limits.user_tasks(os.getuid() if uid is None else uid) + config.max_processes if plan is not None else None
-    launcher = [sys.executable, limits.__file__, *limits.arguments(memory=config.memory_limit_bytes(), processes=processes, uid=uid), "--"]
+    launcher = [sys.executable, "-I", "-S", limits.__file__, *limits.arguments(memory=config.memory_limit_bytes(), processes=processes, uid=uid), "--"]
     if plan is None:
         return [*launcher, *argv]
     bwrap = bwrap_path()

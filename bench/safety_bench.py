@@ -1,0 +1,119 @@
+"""Code safety's costs (issue 11): the sandbox's kernel start and round trip, and verification's time per cell.
+
+1. Kernel ready: from `KernelExecutor(...)` to the kernel answering, with `execution.sandbox: none`
+   and `bubblewrap`, alternated in one run. Target: sandbox / none <= 1.1.
+2. Round trip: `x = 1` through `run()` on a warm kernel, both ways. Target: sandbox / none <= 1.1.
+3. Verification: `CodeVerifier.check` on a 200-line analysis cell as a model writes one (comments,
+   blank lines, one operation a line). Target: < 2 ms per cell. Also shown: 200 dense lines, and
+   Python's own compile of them, the floor of any check that parses the cell.
+
+    python bench/safety_bench.py [--starts 6] [--cells 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.kernel.executor import KernelExecutor
+from taskweaver_lite.kernel.sandbox import bwrap_path
+from taskweaver_lite.verification import CodeVerifier
+
+MODES = ("none", "bubblewrap")
+
+
+def kernel_figures(root: Path, *, starts: int, cells: int) -> dict[str, tuple[float, float]]:
+    """Median seconds to ready and per `x = 1`, by sandbox mode (starts alternate between modes)."""
+    ready: dict[str, list[float]] = {mode: [] for mode in MODES}
+    trips: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for n in range(starts):
+        for mode in MODES:
+            began = time.perf_counter()
+            executor = KernelExecutor(root / f"{mode}-{n}", config=ExecutionConfig(sandbox=mode), hidden=(root,))
+            try:
+                executor.wait_ready()
+                ready[mode].append(time.perf_counter() - began)
+                executor.run("x = 0")
+                for _ in range(cells // starts):
+                    began = time.perf_counter()
+                    executor.run("x = 1")
+                    trips[mode].append(time.perf_counter() - began)
+            finally:
+                executor.shutdown()
+    return {mode: (statistics.median(ready[mode]), statistics.median(trips[mode])) for mode in MODES}
+
+
+def analysis_cell(lines: int, *, dense: bool = False) -> str:
+    """An analysis cell of `lines` lines as a model writes one: comments, blank lines, group-bys, prints, a plot.
+
+    `dense`: every line a long pandas expression (no comments or blank lines), the worst case.
+    """
+    body = ["import pandas as pd", "import numpy as np", "import matplotlib.pyplot as plt", "", "df = pd.read_csv('sales.csv')"]
+    n = 0
+    while len(body) < lines - 2:
+        n += 1
+        block = [
+            f"part_{n} = df[df['units'] > {n}].groupby('region')['revenue'].agg(['sum', 'mean'])",
+            f"print(f'part {n}:', part_{n}.shape, round(float(part_{n}['sum'].sum()), 2))",
+            f"share_{n} = part_{n}['sum'] / part_{n}['sum'].sum() if len(part_{n}) else np.nan",
+        ]
+        plain = [
+            f"# Revenue by region where more than {n} units sold",
+            f"subset_{n} = df[df['units'] > {n}]",
+            f"total_{n} = subset_{n}['revenue'].sum()",
+            f"print('units >', {n}, 'revenue', round(total_{n}, 2))",
+            "",
+        ]
+        body += block if dense else plain
+    body = [*body[: lines - 2], "fig, ax = plt.subplots()", "ax.plot(range(10)); plt.savefig('trend.png'); plt.show()"]
+    return "\n".join(body)
+
+
+def verification_ms(lines: int, repeats: int = 200, *, dense: bool = False) -> float:
+    """Median milliseconds `CodeVerifier().check` takes on a `lines`-line cell."""
+    verifier, cell = CodeVerifier(), analysis_cell(lines, dense=dense)
+    assert not verifier.check(cell), "the bench's cell must pass verification"
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        verifier.check(cell)
+        times.append(time.perf_counter() - began)
+    return statistics.median(times) * 1000
+
+
+def compile_ms(lines: int, repeats: int = 200) -> float:
+    """Median milliseconds Python's own `compile` takes on the dense cell: the floor of any check that parses it."""
+    cell = analysis_cell(lines, dense=True)
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        compile(cell, "<cell>", "exec")
+        times.append(time.perf_counter() - began)
+    return statistics.median(times) * 1000
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--starts", type=int, default=6, help="kernel starts per mode (alternating)")
+    parser.add_argument("--cells", type=int, default=200, help="`x = 1` round trips per mode")
+    args = parser.parse_args()
+    print(f"3. Verification of a 200-line cell: {verification_ms(200):.2f} ms median (target < 2 ms); "
+          f"200 dense lines: {verification_ms(200, dense=True):.2f} ms; compiling that cell alone: {compile_ms(200):.2f} ms")
+    if bwrap_path() is None:
+        print("bubblewrap (bwrap) is not installed: no sandbox figures (apt-get install bubblewrap)")
+        return 1
+    with tempfile.TemporaryDirectory() as root:
+        figures = kernel_figures(Path(root), starts=args.starts, cells=args.cells)
+    (ready_none, trip_none), (ready_box, trip_box) = figures["none"], figures["bubblewrap"]
+    print(f"1. Kernel ready: none {ready_none:.3f} s, bubblewrap {ready_box:.3f} s: ratio {ready_box / ready_none:.2f} (target <= 1.1)")
+    print(f"2. x = 1 round trip: none {trip_none * 1000:.2f} ms, bubblewrap {trip_box * 1000:.2f} ms: ratio {trip_box / trip_none:.2f} (target <= 1.1)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
