@@ -261,9 +261,12 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def add_listener(self, listener: Listener) -> None:
-        """Observe every event from now on (the CLI renderer, the store)."""
-        self._listeners.append(listener)
+    def add_listener(self, listener: Listener, *, first: bool = False) -> None:
+        """Observe every event from now on (the CLI renderer, the store); `first`: before the store records it."""
+        if first:
+            self._listeners.insert(0, listener)
+        else:
+            self._listeners.append(listener)
 
     def ask(self, text: str) -> Round:
         """Handle one user request to the end and return its round.

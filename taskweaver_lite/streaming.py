@@ -12,8 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from taskweaver_lite.conversation import RoleName
+
 _OPEN_TAGS = ("<think>", "<thinking>")
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "/": "/", "\\": "\\", '"': '"'}
+
+# The fields of each role's reply meant for the user while it streams (the terminal's and the page's live views).
+SHOWN_FIELDS = {RoleName.PLANNER: ("current_plan_step", "message"), RoleName.CODE_GENERATOR: ("reply_content",)}
 
 
 class PartialReply:

@@ -25,6 +25,7 @@ from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.session import Session
 from taskweaver_lite.store.database import SessionStore
+from taskweaver_lite.store.export import write_export
 from taskweaver_lite.summary import render_summary
 from taskweaver_lite.terminal import strip_controls
 from taskweaver_lite.tokens import get_tokenizer
@@ -526,26 +527,3 @@ def export_format(fmt: str | None, target: Path | None) -> str:
     if target.suffix.lower() in (".md", ".markdown"):
         return "md"
     raise TaskWeaverError(f"{target}: cannot tell the format from the file name; name it .ipynb or .md, or pass the format (ipynb or md)")
-
-
-def write_export(config: Config, ref: str, *, fmt: str, target: Path | None, force: bool = False) -> Path:
-    """Export a stored session (by id or 'last') as a notebook or Markdown; returns the file written.
-
-    An existing file is kept (TaskWeaverError) unless `force`.
-    """
-    from taskweaver_lite.store.export import export_markdown, export_notebook
-
-    if not config.store_path.exists():
-        raise TaskWeaverError(f"{config.store_path}: no stored sessions in this project yet")
-    store = SessionStore(config.store_path, read_only=True)
-    try:
-        session_id = store.resolve(ref)
-        stored = store.load(session_id)
-    finally:
-        store.close()
-    path = target or Path(f"{session_id}.{fmt}")
-    if path.exists() and not force:
-        raise TaskWeaverError(f"{path} exists and was left as it is; choose another file name, or add --force to overwrite it")
-    if fmt == "ipynb":
-        return export_notebook(stored, path, working_dir=config.sessions_dir / session_id / "cwd")
-    return export_markdown(stored, path)

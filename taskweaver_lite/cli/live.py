@@ -19,11 +19,9 @@ from rich.syntax import Syntax
 from rich.text import Text
 
 from taskweaver_lite.conversation import RoleName
-from taskweaver_lite.streaming import PartialReply
+from taskweaver_lite.streaming import SHOWN_FIELDS, PartialReply
 from taskweaver_lite.terminal import strip_controls
 
-# The fields each role's live view shows.
-SHOWN_FIELDS = {RoleName.PLANNER: ("current_plan_step", "message"), RoleName.CODE_GENERATOR: ("reply_content",)}
 REASONING_LINES = 3
 MESSAGE_LINES = 12
 CODE_LINES = 24

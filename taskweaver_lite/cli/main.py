@@ -50,6 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
     _project_option(plugins)
     plugins.add_argument("--json", action="store_true", help="one JSON array on stdout")
 
+    serve = commands.add_parser("serve", help="a local web page and HTTP API: many sessions, plots and tables in the browser")
+    _project_option(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other needs a token)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    serve.add_argument("--token", default=None, help="the token every request must carry (default: env TASKWEAVER_LITE_TOKEN)")
+    serve.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key (value parsed as YAML); repeatable"
+    )
+
     export = commands.add_parser("export", help="write a stored session as a notebook or Markdown")
     export.add_argument("session_id", metavar="ID", help="session id ('last' for the newest)")
     _project_option(export)
@@ -102,6 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from taskweaver_lite.cli.chat import list_sessions
 
             return list_sessions(args)
+        if args.command == "serve":
+            from taskweaver_lite.cli.serve import run_serve
+
+            return run_serve(args)
         if args.command == "plugins":
             from taskweaver_lite.cli.chat import project_dir
             from taskweaver_lite.cli.plugins import run_plugins

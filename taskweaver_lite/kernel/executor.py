@@ -191,7 +191,7 @@ class KernelExecutor:
         self._interrupt_requested = True
         self._manager.interrupt_kernel()
         if threading.current_thread() is not threading.main_thread():
-            _close_thread_loop()
+            close_thread_loop()
 
     def variables(self) -> tuple[Variable, ...]:
         """The latest snapshot of user variables (from the last cell; no kernel round trip)."""
@@ -250,7 +250,7 @@ class KernelExecutor:
         except Exception as exc:  # noqa: BLE001 - whatever it is, `wait_ready` reports it as a KernelError in the caller's thread
             self._start_error = exc
         finally:
-            _close_thread_loop()
+            close_thread_loop()
             self._ready.set()
 
     def _connect(self) -> BlockingKernelClient:
@@ -396,7 +396,7 @@ class KernelExecutor:
         return _reply(client, msg_id) or {}
 
 
-def _close_thread_loop() -> None:
+def close_thread_loop() -> None:
     """Close the event loop jupyter-client's blocking calls opened for this (non-main) thread.
 
     jupyter_core keeps one loop per thread and never closes it, so each thread that started or

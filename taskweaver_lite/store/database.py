@@ -81,6 +81,17 @@ class StoredSession:
     overrides: tuple[str, ...] = ()  # the --set values the session runs with (api keys left out)
 
 
+_WRITERS: dict[Path, threading.Lock] = {}
+_WRITERS_GUARD = threading.Lock()
+
+
+def _writers(path: Path) -> threading.Lock:
+    """The in-process write lock of one database file (sessions of one server share the file)."""
+    key = path.resolve()
+    with _WRITERS_GUARD:
+        return _WRITERS.setdefault(key, threading.Lock())
+
+
 class SessionStore:
     """The project's SQLite file of sessions: safe to share between threads and between processes."""
 
@@ -335,7 +346,9 @@ class SessionStore:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock, self._errors():
+        # Writers of this process take turns on a lock of their own first: SQLite's busy handler
+        # would make them sleep (1, 2, 5 ... 100 ms) while another session of this process commits.
+        with self._lock, _writers(self.path), self._errors():
             # IMMEDIATE takes the write lock up front, so a busy database waits here (busy_timeout)
             # instead of failing half-way through the event.
             self._db.execute("BEGIN IMMEDIATE")

@@ -22,13 +22,36 @@ from typing import Any
 import nbformat
 from nbformat.notebooknode import NotebookNode
 
+from taskweaver_lite.config import Config
 from taskweaver_lite.conversation import Post, Round
+from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
-from taskweaver_lite.store.database import StoredSession
+from taskweaver_lite.store.database import SessionStore, StoredSession
 
 IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".svg": "image/svg+xml"}
 RAISES_TAG = "raises-exception"
+
+
+def write_export(config: Config, ref: str, *, fmt: str, target: Path | None, force: bool = False) -> Path:
+    """Export a stored session (by id or 'last') as a notebook or Markdown; returns the file written.
+
+    An existing file is kept (TaskWeaverError) unless `force`.
+    """
+    if not config.store_path.exists():
+        raise TaskWeaverError(f"{config.store_path}: no stored sessions in this project yet")
+    store = SessionStore(config.store_path, read_only=True)
+    try:
+        session_id = store.resolve(ref)
+        stored = store.load(session_id)
+    finally:
+        store.close()
+    path = target or Path(f"{session_id}.{fmt}")
+    if path.exists() and not force:
+        raise TaskWeaverError(f"{path} exists and was left as it is; choose another file name, or add --force to overwrite it")
+    if fmt == "ipynb":
+        return export_notebook(stored, path, working_dir=config.sessions_dir / session_id / "cwd")
+    return export_markdown(stored, path)
 
 
 def export_notebook(stored: StoredSession, path: Path, *, working_dir: Path | None = None) -> Path:

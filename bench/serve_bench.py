@@ -1,0 +1,173 @@
+"""The web server under load (issue 13): ten sessions at once, five requests each, a 50 ms model.
+
+`taskweaver-lite serve` runs in its own process; the scripted model (50 ms before each reply) and
+the ten clients run here, so the moment the model's last reply leaves the scripted server and the
+moment its `answer` event reaches the client are read on one clock. Baseline, same run: the same
+requests through `Session.ask` in this process (no HTTP), from the reply leaving to `ask` returning.
+Memory: the server's resident size after the ten sessions minus before, per session (kernels are
+their own processes and are not counted).
+
+    python bench/serve_bench.py [--sessions 10] [--requests 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import yaml
+
+from taskweaver_lite.cli.demo import bundled_project
+from taskweaver_lite.config import load_config
+from taskweaver_lite.session import Session
+from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
+
+LATENCY = 0.05
+
+
+class Model:
+    """Planner: delegate, then answer with a marker; notes when each answer's last piece left the server."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def planner(self, messages: list[dict[str, Any]]) -> Reply:
+        last = messages[-1]["content"]
+        if "CodeInterpreter:" not in last:
+            return Reply(content=planner_reply("Set x to 1."), delay=LATENCY)
+        request = next(m["content"] for m in reversed(messages) if "MARK-" in m["content"])  # this round's user message
+        marker = request.rsplit("MARK-", 1)[1].split()[0]
+        answer = planner_reply(f"Done: MARK-{marker} x is 1.", send_to="User")
+        return Reply(content=answer, delay=LATENCY, chunk_chars=100_000, on_sent=lambda _: self._note(marker))
+
+    def _note(self, marker: str) -> None:
+        with self._lock:
+            self.sent[marker] = time.perf_counter()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def through_serve(project: Path, model: Model, *, sessions: int, requests: int) -> tuple[list[float], int, float]:
+    """Latencies (s) reply -> answer event, answers received, server memory per session (MiB)."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "taskweaver_lite", "serve", "-p", str(project), "--port", str(port)],
+        stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(url + "/api/sessions", timeout=1)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        # The first session loads what every session uses (pandas, the tokenizer...): memory per session is counted after it.
+        with httpx.Client(base_url=url, timeout=60) as http:
+            opened = [http.post("/api/sessions", json={}).json()["id"]]
+            warm = psutil.Process(server.pid).memory_info().rss
+            opened += [http.post("/api/sessions", json={}).json()["id"] for _ in range(sessions - 1)]
+            after = psutil.Process(server.pid).memory_info().rss
+        # The clients run in a process of their own: in this one the scripted model's threads would
+        # hold the GIL while an answer waits to be read. perf_counter is the system's monotonic clock.
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            arrivals: dict[str, float] = pool.apply(run_clients, (url, opened, requests))
+        latencies = [arrived - model.sent[marker] for marker, arrived in arrivals.items()]
+        answered = len(arrivals)
+        return latencies, answered, (after - warm) / max(sessions - 1, 1) / 2**20
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def run_clients(url: str, sessions: list[str], requests: int) -> dict[str, float]:
+    """One thread per session, `requests` requests each, in turn; when each answer event arrived, by marker."""
+    arrivals: dict[str, float] = {}
+
+    def client(n: int, session_id: str) -> None:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            for r in range(requests):
+                marker = f"{n}-{r}"
+                last: dict[str, Any] = {}
+                with http.stream("POST", f"/api/sessions/{session_id}/messages", json={"text": f"set x MARK-{marker} please"}) as response:
+                    for line in response.iter_lines():
+                        if line.startswith("data: "):
+                            last = json.loads(line[6:])
+                            if last["type"] == "answer":
+                                arrivals[marker] = time.perf_counter()
+                if last.get("type") != "answer":
+                    print(f"session {n}, request {r}: no answer; the stream ended with {last}", file=sys.stderr)
+
+    threads = [threading.Thread(target=client, args=(n, session_id)) for n, session_id in enumerate(sessions)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return arrivals
+
+
+def in_process(project: Path, model: Model, *, requests: int) -> list[float]:
+    """The baseline: reply leaving the model -> `Session.ask` returning, no HTTP."""
+    latencies = []
+    with Session.open(load_config(project)) as session:
+        for r in range(requests):
+            marker = f"local-{r}"
+            session.ask(f"set x MARK-{marker} please")
+            latencies.append(time.perf_counter() - model.sent[marker])
+    return latencies
+
+
+def p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20)[-1] if len(values) > 1 else values[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", type=int, default=10)
+    parser.add_argument("--requests", type=int, default=5)
+    args = parser.parse_args()
+    model = Model()
+    with ScriptedServer() as scripted, tempfile.TemporaryDirectory() as root:
+        scripted.set_default("planner", model.planner)
+        scripted.set_default("code_generator", code_reply("x = 1"))
+        scripted.set_default("compression", '{"ConversationSummary": "x was set to 1 on request.", "Variables": []}')
+        project = Path(root) / "project"
+        shutil.copytree(bundled_project(), project, ignore=shutil.ignore_patterns("sessions", "*.db*", ".chat_history"))
+        settings = {"llm": {"api_base": scripted.url, "api_key": "bench", "model": "scripted"}, "execution": {"timeout": 60}}
+        (project / "taskweaver_config.yaml").write_text(yaml.safe_dump(settings), encoding="utf-8")
+        baseline = in_process(project, model, requests=args.requests * 2)
+        latencies, answered, per_session = through_serve(project, model, sessions=args.sessions, requests=args.requests)
+    total = args.sessions * args.requests
+    print(f"answered: {answered} of {total} requests ({args.sessions} sessions at once, {args.requests} each, model {LATENCY * 1000:.0f} ms)")
+    print(
+        f"model's reply -> answer event on the client: p95 {p95(latencies) * 1000:.1f} ms, median {statistics.median(latencies) * 1000:.1f} ms "
+        f"(target p95 < 20 ms); in-process Session.ask: p95 {p95(baseline) * 1000:.1f} ms, median {statistics.median(baseline) * 1000:.1f} ms"
+    )
+    print(f"server memory per session, kernels excluded: {per_session:.1f} MiB")
+    return 0 if answered == total else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""The HTTP API and the page (CONTRACT §8): Starlette routes over the server's `Hub` of open sessions.
+
+    GET  /                                      the page (static/index.html; no build step)
+    GET  /api/sessions                          stored sessions, as `sessions --json`
+    POST /api/sessions                          a new session -> {"id"}
+    POST /api/sessions/{id}/resume              re-open a stored one (409 when open elsewhere)
+    GET  /api/sessions/{id}                     its rounds, for a page (re)loading it
+    POST /api/sessions/{id}/messages {"text"}   -> text/event-stream, ending with answer or error
+    POST /api/sessions/{id}/stop                cancel the running request, like Ctrl-C
+    POST /api/sessions/{id}/files               multipart `file` -> like /load
+    GET  /api/sessions/{id}/artifacts/{name}    a file the session produced (only from its folders)
+    GET  /api/sessions/{id}/context             each role's last prompt, in tokens by part, against its budget
+    GET  /api/sessions/{id}/export?format=ipynb|md
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import mimetypes
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.datastructures import UploadFile
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from taskweaver_lite.config import Config
+from taskweaver_lite.errors import TaskWeaverError, UnknownSessionError
+from taskweaver_lite.store.database import SessionStore
+from taskweaver_lite.store.export import write_export
+from taskweaver_lite.web.auth import COOKIE, Access
+from taskweaver_lite.web.events import round_json
+from taskweaver_lite.web.hub import Busy, Hub, LiveSession
+
+STATIC = files("taskweaver_lite.web") / "static"
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def build_app(config: Config, access: Access) -> Starlette:
+    """The server's application; its sessions close when it shuts down."""
+    hub = Hub(config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        yield
+        await asyncio.to_thread(hub.close)
+
+    routes = [
+        Route("/", _page(access)),
+        Route("/static/{name}", _static),
+        Route("/api/sessions", _sessions(hub), methods=["GET", "POST"]),
+        Route("/api/sessions/{id}", _with(hub, _history)),
+        Route("/api/sessions/{id}/resume", _resume(hub), methods=["POST"]),
+        Route("/api/sessions/{id}/messages", _with(hub, _messages), methods=["POST"]),
+        Route("/api/sessions/{id}/stop", _with(hub, _stop), methods=["POST"]),
+        Route("/api/sessions/{id}/files", _with(hub, _files(hub)), methods=["POST"]),
+        Route("/api/sessions/{id}/artifacts/{name}", _with(hub, _artifact)),
+        Route("/api/sessions/{id}/context", _with(hub, _context)),
+        Route("/api/sessions/{id}/export", _export(config)),
+    ]
+    app = Starlette(routes=routes, middleware=[Middleware(_Guard, access=access)], lifespan=lifespan)
+    app.state.hub = hub
+    return app
+
+
+class _Guard:
+    """Every request passes `Access` first (a plain ASGI middleware: event streams pass through untouched)."""
+
+    def __init__(self, app: ASGIApp, access: Access) -> None:
+        self._app = app
+        self._access = access
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            request = Request(scope)
+            offered = request.query_params.get("token")
+            # The page with the right token in its address sets the cookie and drops the token from the address.
+            opening = request.url.path == "/" and self._access.token is not None and offered == self._access.token
+            refused = None if opening else self._access.problem(request)
+            if refused is not None:
+                await _error(*refused)(scope, receive, send)
+                return
+        await self._app(scope, receive, send)
+
+
+def _page(access: Access) -> Handler:
+    async def page(request: Request) -> Response:
+        offered = request.query_params.get("token")
+        if offered is not None and access.token is not None:
+            response: Response = RedirectResponse("/", status_code=303)
+            response.set_cookie(COOKIE, offered, httponly=True, samesite="strict")
+            return response
+        return Response((STATIC / "index.html").read_text(encoding="utf-8"), media_type="text/html", headers=_PAGE_HEADERS)
+
+    return page
+
+
+# The page loads nothing from elsewhere; a cell's HTML is shown in a sandboxed frame without scripts.
+_PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-src 'self' data:; object-src 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+async def _static(request: Request) -> Response:
+    name = request.path_params["name"]
+    resource = STATIC / name
+    if "/" in name or name.startswith(".") or not resource.is_file():
+        return _error(404, f"No file {name!r}.")
+    kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    return Response(resource.read_bytes(), media_type=kind, headers={"X-Content-Type-Options": "nosniff"})
+
+
+def _sessions(hub: Hub) -> Handler:
+    async def sessions(request: Request) -> Response:
+        if request.method == "POST":
+            live = await asyncio.to_thread(hub.new)
+            return JSONResponse({"id": live.id})
+        return JSONResponse(await asyncio.to_thread(_stored_sessions, hub.config))
+
+    return sessions
+
+
+def _stored_sessions(config: Config) -> list[dict[str, Any]]:
+    if not config.store_path.exists():
+        return []
+    store = SessionStore(config.store_path, read_only=True)
+    try:
+        return [row.to_dict() for row in store.list_sessions()]
+    finally:
+        store.close()
+
+
+def _resume(hub: Hub) -> Handler:
+    async def resume(request: Request) -> Response:
+        try:
+            live = await asyncio.to_thread(hub.resume, request.path_params["id"])
+        except Busy as exc:
+            return _error(409, str(exc))
+        except UnknownSessionError as exc:
+            return _error(404, str(exc))
+        return JSONResponse({"id": live.id})
+
+    return resume
+
+
+def _with(hub: Hub, handler: Callable[[Request, LiveSession], Awaitable[Response]]) -> Handler:
+    """A route about one open session: 404 (with what to do) when it is not open here."""
+
+    async def route(request: Request) -> Response:
+        live = hub.get(request.path_params["id"])
+        if live is None:
+            return _error(404, "This session is not open in this server: resume it first (POST .../resume).")
+        try:
+            return await handler(request, live)
+        except Busy as exc:
+            return _error(409, str(exc))
+        except TaskWeaverError as exc:
+            return _error(400, str(exc))
+
+    return route
+
+
+async def _history(_: Request, live: LiveSession) -> Response:
+    rounds = [round_json(r, session_id=live.id) for r in live.session.conversation.rounds]
+    loads = [{"name": load.name, "after_round": load.after_round} for load in live.session.loads]
+    return JSONResponse({"id": live.id, "rounds": rounds, "loads": loads, "busy": live.busy})
+
+
+async def _messages(request: Request, live: LiveSession) -> Response:
+    body = await _json(request)
+    text = body.get("text") if isinstance(body, dict) else None
+    if not isinstance(text, str) or not text.strip():
+        return _error(400, 'Send {"text": "..."} with the request.')
+    turn = live.ask(text)
+
+    async def stream() -> AsyncIterator[str]:
+        async for item in turn:
+            yield f"data: {json.dumps(item, ensure_ascii=False)}\n\n"
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+
+async def _stop(_: Request, live: LiveSession) -> Response:
+    return JSONResponse({"stopped": live.stop()})
+
+
+def _files(hub: Hub) -> Callable[[Request, LiveSession], Awaitable[Response]]:
+    async def upload(request: Request, live: LiveSession) -> Response:
+        limit = hub.config.session.max_upload_bytes
+        declared = int(request.headers.get("content-length") or 0)
+        if declared > limit + 64 * 1024:  # the multipart envelope on top of the file
+            return _error(413, f"The file is larger than session.max_upload_bytes ({limit:,} bytes).")
+        async with request.form(max_files=1, max_fields=4) as form:
+            received = form.get("file")
+            if not isinstance(received, UploadFile) or not received.filename:
+                return _error(400, "Send the file as multipart form data in the field `file`.")
+            name = Path(received.filename.replace("\\", "/")).name
+            if not name or name.startswith("."):
+                return _error(400, f"{received.filename!r} is not a usable file name.")
+            folder = Path(tempfile.mkdtemp(dir=hub.upload_dir(live)))
+            try:
+                target = folder / name
+                with target.open("wb") as out:
+                    await asyncio.to_thread(shutil.copyfileobj, received.file, out)
+                if target.stat().st_size > limit:
+                    return _error(413, f"The file is larger than session.max_upload_bytes ({limit:,} bytes).")
+                loaded = await asyncio.to_thread(live.session.load_file, target)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+        return JSONResponse({"name": loaded.name, "text": f"Loaded {loaded.name} into the working folder."})
+
+    return upload
+
+
+async def _artifact(request: Request, live: LiveSession) -> Response:
+    name = request.path_params["name"]
+    if Path(name).name != name or name in ("", ".", ".."):
+        return _error(404, "No such artifact.")
+    try:
+        path = live.session.executor.artifact(name)
+    except KeyError:
+        candidate = live.session.working_dir / name
+        if not candidate.is_file():
+            return _error(404, f"No artifact {name!r} in this session.")
+        path = candidate
+    return FileResponse(path, headers={"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox"})
+
+
+async def _context(_: Request, live: LiveSession) -> Response:
+    roles = []
+    for role, context in live.session.contexts().items():
+        report = context.report()
+        if report is None:
+            roles.append({"role": role.label, "budget": context.budget, "total": 0, "parts": {}})
+            continue
+        parts = dict(report.parts())
+        roles.append({"role": role.label, "budget": report.budget, "total": report.cost.total, "parts": parts, "folded_through": report.folded_through})
+    return JSONResponse({"roles": roles})
+
+
+def _export(config: Config) -> Handler:
+    async def export(request: Request) -> Response:
+        fmt = request.query_params.get("format", "ipynb")
+        if fmt not in ("ipynb", "md"):
+            return _error(400, "format is ipynb or md.")
+        session_id = request.path_params["id"]
+        folder = Path(tempfile.mkdtemp())
+        target = folder / f"{session_id}.{fmt}"
+        try:
+            await asyncio.to_thread(write_export, config, session_id, fmt=fmt, target=target)
+        except TaskWeaverError as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            return _error(404, str(exc))
+        data = target.read_bytes()
+        shutil.rmtree(folder, ignore_errors=True)
+        kind = "application/x-ipynb+json" if fmt == "ipynb" else "text/markdown; charset=utf-8"
+        return Response(data, media_type=kind, headers={"Content-Disposition": f'attachment; filename="{target.name}"'})
+
+    return export
+
+
+async def _json(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError:
+        return None
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)

@@ -1,0 +1,353 @@
+// The page: sessions, the chat with streamed replies, steps with code and outputs, uploads, context, export.
+// Text from the model and the kernel is always inserted as text (textContent), never as markup; a
+// cell's HTML table goes into a sandboxed frame that may not run scripts.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+let current = null;      // the open session's id
+let running = false;     // a request is being answered
+let step = null;         // the step (details element) the CodeInterpreter is working on
+let streaming = null;    // the Planner's bubble while its reply streams
+
+function el(tag, cls, text) {
+  const node = document.createElement(tag);
+  if (cls) node.className = cls;
+  if (text !== undefined && text !== null) node.textContent = text;
+  return node;
+}
+
+function notice(text) {
+  const box = $("notice");
+  box.textContent = text || "";
+  box.hidden = !text;
+}
+
+async function api(path, options = {}) {
+  const response = await fetch(path, { credentials: "same-origin", ...options });
+  const body = response.headers.get("content-type")?.includes("json") ? await response.json() : null;
+  if (!response.ok) throw new Error((body && body.error) || `${response.status} ${response.statusText}`);
+  return body;
+}
+
+function postJSON(path, data) {
+  return api(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(data || {}) });
+}
+
+// --- sessions -----------------------------------------------------------------------------------
+
+async function listSessions() {
+  try {
+    const rows = await api("/api/sessions");
+    const list = $("sessions");
+    list.replaceChildren();
+    for (const row of rows) {
+      const item = el("li", row.id === current ? "current" : "", row.title || "(untitled)");
+      item.append(el("span", "meta", `${row.rounds} requests · ${row.id}`));
+      item.onclick = () => openSession(row.id, true);
+      list.append(item);
+    }
+  } catch (error) {
+    notice(`Could not list the sessions: ${error.message}`);
+  }
+}
+
+async function newSession() {
+  try {
+    const { id } = await postJSON("/api/sessions");
+    await openSession(id, false);
+    listSessions();
+  } catch (error) {
+    notice(`Could not start a session: ${error.message}`);
+  }
+}
+
+async function openSession(id, resume) {
+  notice("");
+  try {
+    if (resume) {
+      notice("Opening the session (earlier cells re-run to rebuild its variables)…");
+      await postJSON(`/api/sessions/${encodeURIComponent(id)}/resume`);
+    }
+    const state = await api(`/api/sessions/${encodeURIComponent(id)}`);
+    current = id;
+    history.replaceState(null, "", `#${id}`);
+    $("session-title").textContent = `Session ${id}`;
+    for (const [link, format] of [["export-ipynb", "ipynb"], ["export-md", "md"]]) {
+      $(link).href = `/api/sessions/${encodeURIComponent(id)}/export?format=${format}`;
+      $(link).classList.remove("disabled");
+    }
+    $("show-context").disabled = false;
+    const chat = $("chat");
+    chat.replaceChildren();
+    for (const round of state.rounds) showRound(round);
+    setRunning(state.busy);
+    notice(state.busy ? "This session is still answering a request started elsewhere." : "");
+    listSessions();
+  } catch (error) {
+    // After a server restart the session is stored but not open: re-open it.
+    if (!resume && /not open in this server/.test(error.message)) return openSession(id, true);
+    notice(error.message);
+  }
+}
+
+function showRound(round) {
+  say("user", "You", round.text);
+  step = null;
+  for (const post of round.posts) showPost(post);
+  if (round.answer !== null && round.answer !== undefined) say("planner", "Planner", round.answer);
+  else if (round.state === "failed") say("error", "Failed", round.error || "This request failed.");
+}
+
+// --- the chat -------------------------------------------------------------------------------------
+
+function say(kind, who, text) {
+  const bubble = el("div", `msg ${kind}`);
+  if (who) bubble.append(el("span", "who", who));
+  bubble.append(document.createTextNode(text));
+  $("chat").append(bubble);
+  bubble.scrollIntoView({ block: "end" });
+  return bubble;
+}
+
+function showPost(post) {
+  if (post.from === "Planner" && post.to === "CodeInterpreter") {
+    step = el("details", "step");
+    step.open = true;
+    step.append(el("summary", "", "Step"));
+    step.append(el("div", "instruction", post.message));
+    $("chat").append(step);
+  } else if (post.from === "CodeInterpreter" && post.execution) {
+    showExecution(post.code || "", post.execution);
+  } else if (post.from === "CodeInterpreter" && post.to === "Planner") {
+    (step || $("chat")).append(el("div", "instruction", post.message));
+  }
+}
+
+function currentStep() {
+  if (!step) {
+    step = el("details", "step");
+    step.open = true;
+    step.append(el("summary", "", "Step"));
+    $("chat").append(step);
+  }
+  return step;
+}
+
+function showExecution(code, run) {
+  const box = currentStep();
+  box.querySelector(".live")?.remove();
+  const cell = el("details", "cell");
+  cell.open = true;
+  cell.append(el("summary", "", run.success ? "Code" : "Code (failed)"));
+  cell.append(highlight(code));
+  if (run.stdout) cell.append(el("pre", "out", run.stdout));
+  if (run.stderr) cell.append(el("pre", "out err", run.stderr));
+  if (run.html) {
+    const frame = el("iframe", "table");
+    frame.setAttribute("sandbox", "");
+    frame.srcdoc = `<style>body{font:12px system-ui;margin:4px}table{border-collapse:collapse}td,th{border:1px solid #ddd;padding:2px 6px}</style>${run.html}`;
+    cell.append(frame);
+  } else if (run.result) {
+    cell.append(el("pre", "out", run.result));
+  }
+  if (run.error) cell.append(el("pre", "out err", `${run.error.name}: ${run.error.value}`));
+  for (const url of run.artifacts || []) {
+    if (/\.(png|jpe?g|gif|svg)$/i.test(url)) {
+      const image = el("img");
+      image.src = url;
+      image.alt = "plot";
+      cell.append(image);
+    } else {
+      const link = el("a", "", url.split("/").pop());
+      link.href = url;
+      cell.append(link);
+    }
+  }
+  cell.append(el("div", "outcome", run.outcome));
+  box.append(cell);
+  box.scrollIntoView({ block: "end" });
+}
+
+const KEYWORDS = new Set("False None True and as assert async await break class continue def del elif else except finally for from global if import in is lambda nonlocal not or pass raise return try while with yield".split(" "));
+const TOKEN = /(#[^\n]*)|("""[\s\S]*?"""|'''[\s\S]*?'''|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')|\b(\d+(?:\.\d+)?)\b|\b([A-Za-z_]\w*)\b/g;
+
+function highlight(code) {
+  const pre = el("pre", "code");
+  let last = 0;
+  for (const match of code.matchAll(TOKEN)) {
+    if (match.index > last) pre.append(document.createTextNode(code.slice(last, match.index)));
+    const [text, comment, string, number, word] = match;
+    const kind = comment ? "com" : string ? "str" : number ? "num" : word && KEYWORDS.has(word) ? "kw" : "";
+    pre.append(kind ? el("span", kind, text) : document.createTextNode(text));
+    last = match.index + text.length;
+  }
+  pre.append(document.createTextNode(code.slice(last)));
+  return pre;
+}
+
+function setRunning(value) {
+  running = value;
+  $("send").disabled = value || !current;
+  $("text").disabled = !current;
+  $("stop").hidden = !value;
+}
+
+async function send(text) {
+  if (!current || running || !text.trim()) return;
+  setRunning(true);
+  notice("");
+  step = null;
+  streaming = null;
+  try {
+    const response = await fetch(`/api/sessions/${encodeURIComponent(current)}/messages`, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ text }),
+    });
+    if (!response.ok) {
+      const body = await response.json().catch(() => ({}));
+      throw new Error(body.error || `${response.status} ${response.statusText}`);
+    }
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const chunk = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + 2);
+        for (const line of chunk.split("\n")) if (line.startsWith("data: ")) handle(JSON.parse(line.slice(6)));
+      }
+    }
+  } catch (error) {
+    notice(`The connection was lost (${error.message}). The session is kept on the server: reload the page to see where it stands.`);
+  } finally {
+    setRunning(false);
+    listSessions();
+  }
+}
+
+function handle(event) {
+  switch (event.type) {
+    case "round_started":
+      say("user", "You", event.text);
+      break;
+    case "delta":
+      if (event.role === "planner" && event.fields.message) {
+        streaming = streaming || say("planner", "Planner", "");
+        streaming.lastChild.textContent = event.fields.message;
+      }
+      break;
+    case "status":
+      $("session-title").textContent = `Session ${current} — ${event.activity.replace("_", " ")}…`;
+      break;
+    case "output": {
+      const box = currentStep();
+      let live = box.querySelector(".live");
+      if (!live) box.append((live = el("pre", "out live")));
+      live.textContent += event.text;
+      break;
+    }
+    case "post":
+      if (event.from === "Planner") {
+        streaming?.remove();
+        streaming = null;
+        if (event.to === "User") break;  // the answer event shows it
+      }
+      showPost(event);
+      break;
+    case "folded":
+    case "file_loaded":
+      say("system", "", event.text);
+      break;
+    case "answer":
+      streaming?.remove();
+      say("planner", "Planner", event.text);
+      $("session-title").textContent = `Session ${current}`;
+      break;
+    case "error":
+      streaming?.remove();
+      say("error", "Error", event.message);
+      $("session-title").textContent = `Session ${current}`;
+      break;
+  }
+}
+
+// --- uploads, stop, context -----------------------------------------------------------------------
+
+async function upload(file) {
+  if (!current) return notice("Open or start a session first.");
+  const form = new FormData();
+  form.append("file", file);
+  try {
+    const result = await api(`/api/sessions/${encodeURIComponent(current)}/files`, { method: "POST", body: form });
+    say("system", "", result.text);
+  } catch (error) {
+    notice(`Could not load ${file.name}: ${error.message}`);
+  }
+}
+
+async function showContext() {
+  const box = $("context");
+  if (!box.hidden) return (box.hidden = true);
+  try {
+    const { roles } = await api(`/api/sessions/${encodeURIComponent(current)}/context`);
+    box.replaceChildren();
+    const colors = ["#3b6fd8", "#27ae60", "#e67e22", "#8e44ad", "#c0392b", "#16a085", "#7f8c8d"];
+    for (const role of roles) {
+      box.append(el("div", "", `${role.role}: ${role.total.toLocaleString()} of ${role.budget.toLocaleString()} tokens`));
+      const bar = el("div", "bar");
+      const legend = el("div", "legend");
+      Object.entries(role.parts).forEach(([part, tokens], i) => {
+        const piece = el("span");
+        piece.style.width = `${(100 * tokens) / role.budget}%`;
+        piece.style.background = colors[i % colors.length];
+        piece.title = `${part}: ${tokens}`;
+        bar.append(piece);
+        const key = el("span", "", `${part} ${tokens}`);
+        const swatch = el("i");
+        swatch.style.background = colors[i % colors.length];
+        key.prepend(swatch);
+        legend.append(key);
+      });
+      box.append(bar, legend);
+    }
+    box.hidden = false;
+  } catch (error) {
+    notice(error.message);
+  }
+}
+
+window.addEventListener("DOMContentLoaded", () => {
+  $("new-session").onclick = newSession;
+  $("show-context").onclick = showContext;
+  $("stop").onclick = () => current && postJSON(`/api/sessions/${encodeURIComponent(current)}/stop`).catch((e) => notice(e.message));
+  $("composer").onsubmit = (event) => {
+    event.preventDefault();
+    const text = $("text").value;
+    $("text").value = "";
+    send(text);
+  };
+  $("text").onkeydown = (event) => {
+    if (event.key === "Enter" && !event.shiftKey) {
+      event.preventDefault();
+      $("composer").requestSubmit();
+    }
+  };
+  $("file").onchange = () => [...$("file").files].forEach(upload);
+  const chat = $("chat");
+  chat.ondragover = (event) => { event.preventDefault(); chat.classList.add("dragging"); };
+  chat.ondragleave = () => chat.classList.remove("dragging");
+  chat.ondrop = (event) => {
+    event.preventDefault();
+    chat.classList.remove("dragging");
+    [...event.dataTransfer.files].forEach(upload);
+  };
+  listSessions();
+  const wanted = location.hash.slice(1);
+  if (wanted) openSession(wanted, false);
+});

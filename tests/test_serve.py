@@ -1,0 +1,142 @@
+"""`serve`'s HTTP API (CONTRACT §8) over real HTTP: a real uvicorn, real kernels, the scripted model."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from helpers import make_project
+
+from taskweaver_lite.config import load_config
+from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.session import Session
+from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
+from taskweaver_lite.testing.web_server import WebServer
+from taskweaver_lite.web.auth import Access
+
+PLOT = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.savefig('trend.png')\nplt.show()\nprint('plotted')"
+
+
+@pytest.fixture
+def scripted() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as server:
+        yield server
+
+
+@pytest.fixture
+def project(tmp_path: Path, scripted: ScriptedServer) -> Path:
+    return make_project(tmp_path, scripted.url, session={"max_upload_bytes": 4096})
+
+
+@pytest.fixture
+def web(project: Path) -> Iterator[WebServer]:
+    with WebServer(load_config(project)) as server:
+        yield server
+
+
+def events(client: httpx.Client, session_id: str, text: str) -> list[dict[str, Any]]:
+    """The event stream of one request, each `data` line decoded."""
+    with client.stream("POST", f"/api/sessions/{session_id}/messages", json={"text": text}, timeout=60) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def test_a_request_streams_the_events_the_cli_renders_and_ends_with_the_answer(web: WebServer, scripted: ScriptedServer) -> None:
+    scripted.enqueue("planner", planner_reply("Plot the numbers."), planner_reply("The plot is in trend.png.", send_to="User"))
+    scripted.enqueue("code_generator", code_reply(PLOT))
+    with httpx.Client(base_url=web.url) as client:
+        session_id = client.post("/api/sessions", json={}).json()["id"]
+        received = events(client, session_id, "plot 1, 3, 2")
+        kinds = [event["type"] for event in received]
+        assert kinds[0] == "round_started" and kinds[-1] == "answer", kinds
+        assert received[-1]["text"] == "The plot is in trend.png."
+        assert "status" in kinds and "output" in kinds, "the page must see progress and the cell's output as it prints"
+        execution = next(e["execution"] for e in received if e["type"] == "post" and "execution" in e)
+        assert execution["stdout"].strip() == "plotted" and execution["artifacts"]
+        image = client.get(execution["artifacts"][0])
+        assert image.status_code == 200 and image.headers["content-type"] == "image/png" and image.content[:4] == b"\x89PNG"
+        state = client.get(f"/api/sessions/{session_id}").json()
+        assert [r["answer"] for r in state["rounds"]] == ["The plot is in trend.png."], "a reloaded page shows the session as it is"
+        listed = client.get("/api/sessions").json()
+        assert any(row["id"] == session_id for row in listed)
+        context = client.get(f"/api/sessions/{session_id}/context").json()["roles"]
+        assert {role["role"] for role in context} == {"Planner", "CodeGenerator"} and all(r["total"] <= r["budget"] for r in context)
+        notebook = client.get(f"/api/sessions/{session_id}/export", params={"format": "ipynb"})
+        assert notebook.status_code == 200 and json.loads(notebook.content)["nbformat"] == 4
+
+
+def test_a_model_error_ends_the_stream_with_an_error_and_the_session_goes_on(web: WebServer, scripted: ScriptedServer) -> None:
+    scripted.enqueue("planner", Reply(status=401, error_message="invalid api key"))
+    with httpx.Client(base_url=web.url) as client:
+        session_id = client.post("/api/sessions", json={}).json()["id"]
+        received = events(client, session_id, "hello")
+        assert received[-1]["type"] == "error" and received[-1]["message"]
+        scripted.enqueue("planner", planner_reply("Hello again.", send_to="User"))
+        assert events(client, session_id, "hello again")[-1] == {"type": "answer", "text": "Hello again.", "round": 2}
+
+
+def test_stop_cancels_the_running_step_like_ctrl_c(web: WebServer, scripted: ScriptedServer) -> None:
+    scripted.enqueue("planner", planner_reply("Wait a while."))
+    scripted.enqueue("code_generator", code_reply("import time\ntime.sleep(60)"))
+    with httpx.Client(base_url=web.url) as client:
+        session_id = client.post("/api/sessions", json={}).json()["id"]
+        threading.Timer(3.0, lambda: httpx.post(f"{web.url}/api/sessions/{session_id}/stop", json={})).start()
+        began = time.monotonic()
+        received = events(client, session_id, "wait")
+        assert received[-1]["type"] == "error" and "Stopped" in received[-1]["message"]
+        assert time.monotonic() - began < 20, "Stop must not wait for the cell to end"
+        scripted.enqueue("planner", planner_reply("Still here.", send_to="User"))
+        assert events(client, session_id, "are you there")[-1]["type"] == "answer"
+
+
+def test_a_session_open_elsewhere_answers_409(web: WebServer, project: Path) -> None:
+    with Session.open(load_config(project)) as elsewhere, httpx.Client(base_url=web.url) as client:
+        response = client.post(f"/api/sessions/{elsewhere.id}/resume", json={})
+        assert response.status_code == 409 and "open" in response.json()["error"]
+
+
+def test_uploads_land_in_the_working_folder_and_are_size_limited(web: WebServer, project: Path) -> None:
+    with httpx.Client(base_url=web.url) as client:
+        session_id = client.post("/api/sessions", json={}).json()["id"]
+        loaded = client.post(f"/api/sessions/{session_id}/files", files={"file": ("../../sales.csv", b"region,sales\nnorth,3\n", "text/csv")})
+        assert loaded.status_code == 200 and loaded.json()["name"] == "sales.csv"
+        assert (project / "sessions" / session_id / "cwd" / "sales.csv").read_bytes() == b"region,sales\nnorth,3\n"
+        too_big = client.post(f"/api/sessions/{session_id}/files", files={"file": ("big.csv", b"x" * 8192, "text/csv")})
+        assert too_big.status_code == 413 and "max_upload_bytes" in too_big.json()["error"]
+
+
+def test_artifacts_are_served_only_from_the_sessions_folders(web: WebServer, project: Path) -> None:
+    (project / "secret.txt").write_text("do not serve")
+    with httpx.Client(base_url=web.url) as client:
+        session_id = client.post("/api/sessions", json={}).json()["id"]
+        for name in ("..%2F..%2F..%2Fsecret.txt", "%2E%2E", "..%2Fsessions.db", "%2Fetc%2Fpasswd"):
+            response = client.get(f"/api/sessions/{session_id}/artifacts/{name}")
+            assert response.status_code == 404, f"{name} was served"
+            assert b"do not serve" not in response.content
+
+
+def test_off_loopback_a_token_is_required_and_checked_on_every_request(project: Path) -> None:
+    with pytest.raises(ConfigError, match="token"):
+        Access.for_address("0.0.0.0", None)
+    with WebServer(load_config(project), token="t0ken") as web, httpx.Client(base_url=web.url) as client:
+        assert client.get("/api/sessions").status_code == 401
+        assert client.get("/").status_code == 401
+        authorized = {"Authorization": "Bearer t0ken"}
+        assert client.get("/api/sessions", headers=authorized).status_code == 200
+        page = client.get("/?token=t0ken", follow_redirects=False)
+        assert page.status_code == 303 and "twl_token" in page.headers["set-cookie"] and "HttpOnly" in page.headers["set-cookie"]
+        assert client.get("/api/sessions").status_code == 200, "the page's cookie carries the token for its own requests"
+        assert "access-control-allow-origin" not in {k.lower() for k in client.get("/api/sessions").headers}
+
+
+def test_state_changing_requests_from_another_site_are_refused(web: WebServer) -> None:
+    with httpx.Client(base_url=web.url) as client:
+        assert client.post("/api/sessions", json={}, headers={"Origin": "http://evil.example"}).status_code == 403
+        assert client.post("/api/sessions", content=b"x=1", headers={"Content-Type": "application/x-www-form-urlencoded"}).status_code == 415
+        assert client.post("/api/sessions", json={}, headers={"Origin": web.url}).status_code == 200
