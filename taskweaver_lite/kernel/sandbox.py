@@ -30,6 +30,7 @@ from taskweaver_lite.kernel import limits
 
 NOBODY = 65534
 PACKAGE = "bubblewrap"
+PRIVATE_TMP = Path("/tmp")
 
 
 @dataclass(frozen=True)
@@ -93,13 +94,15 @@ def kernel_command(argv: Sequence[str], *, config: ExecutionConfig, plan: Sandbo
 
 def bwrap_arguments(plan: SandboxPlan) -> list[str]:
     """bubblewrap's options for `plan`; mounts apply in order, so later ones cover earlier ones."""
-    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"]
+    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", str(PRIVATE_TMP)]
+    # The private /tmp covers whatever lived there too (a checkout and its venv in /tmp): put back like the hidden folders.
+    covered = (PRIVATE_TMP, *plan.hidden)
     for folder in sorted(plan.hidden, key=lambda p: len(p.parts)):  # outer ones first: inner ones land on them
-        args += [*_open_way(folder, plan.hidden), "--perms", "0755", "--tmpfs", str(folder)]
-    for keep in _put_back(plan.hidden):
-        args += [*_open_way(keep, plan.hidden), "--ro-bind", str(keep), str(keep)]
+        args += [*_open_way(folder, covered), "--perms", "0755", "--tmpfs", str(folder)]
+    for keep in _put_back(covered):
+        args += [*_open_way(keep, covered), "--ro-bind", str(keep), str(keep)]
     for writable in (plan.cwd, plan.socket_dir):
-        args += [*_open_way(writable, plan.hidden), "--bind", str(writable), str(writable)]
+        args += [*_open_way(writable, covered), "--bind", str(writable), str(writable)]
     args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent"]
     if not plan.network:
         args.append("--unshare-net")
