@@ -113,7 +113,9 @@ def test_forking_many_processes_hits_the_cap_and_the_session_goes_on(sandboxed: 
     )
     result = sandboxed.run(code)
     started, error = result.stdout.split()
-    assert error == "BlockingIOError" and int(started) < 48, f"the process cap did not hold: {result.stdout}"
+    # The cap is 48 on top of what the kernel's user ran at its start (other tests' sandboxes, still ending,
+    # may have counted then): far below the 400 the cell tried.
+    assert error == "BlockingIOError" and int(started) < 120, f"the process cap did not hold: {result.stdout}"
     assert sandboxed.run("x = 1\nprint(x)").stdout.strip() == "1"
 
 

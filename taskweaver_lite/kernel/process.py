@@ -112,6 +112,15 @@ class InterpreterKernelManager(KernelManager):
 
     @property
     def kernel_spec(self) -> KernelSpec:
+        # jupyter-client reads this many times per start and on every interrupt: built once per setting.
+        key = (id(self.wrap), self.interrupt_mode)
+        cached = self.__dict__.get("_twl_spec")
+        if cached is None or cached[0] != key:
+            cached = self.__dict__["_twl_spec"] = (key, self._build_spec())
+        spec: KernelSpec = cached[1]
+        return spec
+
+    def _build_spec(self) -> KernelSpec:
         argv = [
             sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
             # Sessions keep their own record; IPython's shared SQLite history only adds lock contention.
