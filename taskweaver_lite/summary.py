@@ -95,7 +95,7 @@ def render_summary(state: CompressionState) -> str:
         return ""
     lines = [
         f"{HEADING} ({span(1, state.folded_through)})",
-        "Rounds no longer shown in full. Use only what the current request needs; do not repeat it.",
+        "Earlier rounds, folded. Use only what the current request needs.",
         "",
         state.summary.strip() or "(nothing of note)",
     ]

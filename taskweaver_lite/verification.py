@@ -53,6 +53,11 @@ DEFAULT_BLOCKED_FUNCTIONS = (
 )  # fmt: skip
 
 MAX_REPORTED = 8
+# Strings up to this long that look like code (a call or an attribute) are checked as code, nested this deep.
+MAX_CODE_STRING = 2_000
+MAX_STRING_DEPTH = 2
+_CODE_LIKE = re.compile(r"[\w)\]]\s*[.(]|@|__")
+_WORD = re.compile(r"[A-Za-z_]\w*")
 _SHELL_LINE = re.compile(r"^\s*(?:[\w.\[\]'\", ]+=\s*)?(?:!|%)|\?\s*$")
 
 
@@ -101,15 +106,22 @@ class CodeVerifier:
         watched = self._watched()
         if names & watched or any(text in watched or "__" in text for text in strings):
             return True
+        if any(_CODE_LIKE.search(text) and watched.intersection(_WORD.findall(text)) for text in strings if len(text) <= MAX_CODE_STRING):
+            return True  # a string that reads as code naming something watched
         return self.allowed_modules is not None and not all(self._allowed(module) for module in imports)
 
     def _watched(self) -> frozenset[str]:
         return frozenset(self.blocked_functions) | ESCAPE_ATTRIBUTES | ESCAPE_NAMES | RISKY_MODULES | IMPORT_CALLS | ATTRIBUTE_CALLS
 
-    def _walk(self, tree: ast.AST) -> Iterator[Violation]:
+    def _walk(self, tree: ast.AST, *, at: int | None = None, depth: int = 0) -> Iterator[Violation]:
         blocked = set(self.blocked_functions)
         for node in ast.walk(tree):
-            line = getattr(node, "lineno", 0)
+            line = at if at is not None else getattr(node, "lineno", 0)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and depth < MAX_STRING_DEPTH:
+                # Strings that read as code are checked as code: annotations that typing evaluates,
+                # expressions pandas evaluates (`df.query("@pd.io.common.os.system(...)", engine="python")`).
+                yield from self._walk_string(node.value, line, depth)
+                continue
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     yield from self._module(alias.name, line)
@@ -134,6 +146,15 @@ class CodeVerifier:
                 key = _constant_text(node.slice)
                 if key is not None and (key in blocked or key in ESCAPE_ATTRIBUTES or key in ESCAPE_NAMES):
                     yield Violation(line, f"looking up {key!r} by name reaches what the rules refuse")
+
+    def _walk_string(self, text: str, line: int, depth: int) -> Iterator[Violation]:
+        if len(text) > MAX_CODE_STRING or not _CODE_LIKE.search(text):
+            return
+        try:
+            parsed = ast.parse(text.replace("@", " ").strip(), mode="eval")
+        except (SyntaxError, ValueError):
+            return
+        yield from self._walk(parsed, at=line, depth=depth + 1)
 
     def _attribute(self, name: str, line: int, blocked: set[str]) -> Iterator[Violation]:
         if name in blocked:

@@ -120,6 +120,15 @@ def test_forking_many_processes_hits_the_cap_and_the_session_goes_on(sandboxed: 
 
 
 @needs_bwrap
+def test_tmp_is_capped_run_is_empty_and_automagic_is_off(sandboxed: KernelExecutor) -> None:
+    # tmpfs pages do not count against the memory limit: /tmp and /dev/shm are capped at it instead.
+    error = denied(sandboxed, "with open('/tmp/fill', 'wb') as f:\n    for _ in range(1500):\n        f.write(b'x' * 2**20)")
+    assert "No space left" in error
+    assert sandboxed.run("import os\nos.remove('/tmp/fill')\nprint(os.listdir('/run'))").stdout.strip() == "[]", "/run's sockets lead out"
+    assert not sandboxed.run("ls = None\ndel ls\nls -la").success, "a bare `ls -la` must not run the shell (automagic)"
+
+
+@needs_bwrap
 def test_a_cell_over_the_memory_limit_fails_and_the_kernel_keeps_its_variables(sandboxed: KernelExecutor) -> None:
     assert sandboxed.run("kept = 42").success
     error = denied(sandboxed, "hog = bytearray(2 * 1024**3)")

@@ -115,7 +115,8 @@ def test_artifacts_are_served_only_from_the_sessions_folders(web: WebServer, pro
     (project / "secret.txt").write_text("do not serve")
     with httpx.Client(base_url=web.url) as client:
         session_id = client.post("/api/sessions", json={}).json()["id"]
-        for name in ("..%2F..%2F..%2Fsecret.txt", "%2E%2E", "..%2Fsessions.db", "%2Fetc%2Fpasswd"):
+        (project / "sessions" / session_id / "cwd" / "leak.txt").symlink_to(project / "secret.txt")  # what a cell could make
+        for name in ("..%2F..%2F..%2Fsecret.txt", "%2E%2E", "..%2Fsessions.db", "%2Fetc%2Fpasswd", "leak.txt"):
             response = client.get(f"/api/sessions/{session_id}/artifacts/{name}")
             assert response.status_code == 404, f"{name} was served"
             assert b"do not serve" not in response.content
@@ -138,5 +139,15 @@ def test_off_loopback_a_token_is_required_and_checked_on_every_request(project: 
 def test_state_changing_requests_from_another_site_are_refused(web: WebServer) -> None:
     with httpx.Client(base_url=web.url) as client:
         assert client.post("/api/sessions", json={}, headers={"Origin": "http://evil.example"}).status_code == 403
+        assert client.post("/api/sessions", json={}, headers={"Sec-Fetch-Site": "cross-site"}).status_code == 403
         assert client.post("/api/sessions", content=b"x=1", headers={"Content-Type": "application/x-www-form-urlencoded"}).status_code == 415
         assert client.post("/api/sessions", json={}, headers={"Origin": web.url}).status_code == 200
+        assert client.post("/api/sessions").status_code == 200, "CONTRACT §8: a new session needs no body"
+
+
+def test_without_a_token_only_this_machines_names_are_answered(web: WebServer) -> None:
+    # DNS rebinding: a page on evil.example re-pointed at 127.0.0.1 sends its own name as Host.
+    with httpx.Client(base_url=web.url) as client:
+        assert client.get("/api/sessions", headers={"Host": "evil.example"}).status_code == 403
+        assert client.post("/api/sessions", headers={"Host": f"evil.example:{web.port}", "Origin": f"http://evil.example:{web.port}"}).status_code == 403
+        assert client.get("/api/sessions", headers={"Host": f"localhost:{web.port}"}).status_code == 200

@@ -61,6 +61,8 @@ BYPASSES: Mapping[str, str] = {
     "breakpoint": "breakpoint()",
     "ctypes": "import ctypes\nctypes.CDLL(None)",
     "pickle": "import pickle\npickle.loads(b'')",
+    "a string annotation typing evaluates": "import typing\ndef f(x: \"__import__('os').system('id')\"):\n    pass\ntyping.get_type_hints(f)",
+    "an expression pandas evaluates": "import pandas as pd\ndf = pd.DataFrame({'a': [1]})\ndf.query(\"@pd.io.common.os.system('id') == 0\", engine='python')",
 }
 
 # Out of reach of a static check, on purpose; what stops each instead.
@@ -80,6 +82,7 @@ ORDINARY_CELLS: Mapping[str, str] = {
     "type names": "import pandas as pd\nprint(type(pd.DataFrame()).__name__, len([1, 2]))",
     "a syntax error is the kernel's to report": "print('unclosed'",
     "strings that mention rules": "note = 'do not eval or exec here; !rm is shell'\nprint(note)",
+    "a query on columns": "import pandas as pd\ndf = pd.DataFrame({'units': [1, 5]})\nprint(df.query('units > 3 and units < 9'))",
 }
 
 

@@ -99,7 +99,9 @@ class KernelExecutor:
         self._socket_dir = socket_dir(self.session_dir)
         self._manager = InterpreterKernelManager(transport="ipc", ip=str(self._socket_dir / "kernel"))
         self._manager.connection_file = str(self._socket_dir / "connection.json")
-        self.sandbox = plan_for(cwd=self.cwd, socket_dir=self._socket_dir, hidden=hidden, network=config.network) if use_sandbox else None
+        self.sandbox = None
+        if use_sandbox:
+            self.sandbox = plan_for(cwd=self.cwd, socket_dir=self._socket_dir, hidden=hidden, network=config.network, tmp_bytes=config.memory_limit_bytes())
         self._manager.wrap = functools.partial(kernel_command, config=config, plan=self.sandbox)
         if self.sandbox is not None:
             self._manager.interrupt_mode = "message"

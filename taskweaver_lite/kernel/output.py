@@ -292,7 +292,15 @@ def collapse_repeats(text: str, *, warnings_only: bool = True) -> str:
 
 def artifact_file(artifacts_dir: Path, name: str) -> Path:
     """The file of an artifact a cell saved, by its bare file name; KeyError if there is none (or `name` is a path)."""
-    path = artifacts_dir / Path(name).name
-    if Path(name).name != name or not path.is_file():
+    return file_inside(artifacts_dir, name)
+
+
+def file_inside(folder: Path, name: str) -> Path:
+    """The regular file `name` directly in `folder`, never followed out of it by a link; KeyError otherwise."""
+    path = folder / Path(name).name
+    if Path(name).name != name or name in (".", "..") or path.is_symlink() or not path.is_file():
         raise KeyError(name)
-    return path
+    resolved = path.resolve()
+    if resolved.parent != folder.resolve():
+        raise KeyError(name)
+    return resolved

@@ -125,6 +125,8 @@ class InterpreterKernelManager(KernelManager):
             sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
             # Sessions keep their own record; IPython's shared SQLite history only adds lock contention.
             "--HistoryManager.hist_file=:memory:",
+            # `ls -la` would run the shell through automagic, and it parses as Python (`ls - la`).
+            "--InteractiveShell.automagic=False",
             f"--IPKernelApp.exec_lines={_START_UP}; {_SET_DISPLAY}",
         ]  # fmt: skip
         if self.wrap is None:

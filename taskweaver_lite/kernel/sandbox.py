@@ -42,6 +42,7 @@ class SandboxPlan:
     hidden: tuple[Path, ...]  # replaced by empty folders: the user's home, the project folder
     network: bool = False
     run_as: int | None = None  # a uid to become inside (root's kernels run as nobody)
+    tmp_bytes: int | None = None  # the private /tmp's and /dev/shm's size (the memory limit)
 
 
 def bwrap_path() -> str | None:
@@ -65,7 +66,7 @@ def uses_sandbox(config: ExecutionConfig) -> bool:
     return False
 
 
-def plan_for(*, cwd: Path, socket_dir: Path, hidden: Iterable[Path], network: bool) -> SandboxPlan:
+def plan_for(*, cwd: Path, socket_dir: Path, hidden: Iterable[Path], network: bool, tmp_bytes: int | None = None) -> SandboxPlan:
     """The sandbox of one session's kernel: `hidden` (the project folder, the store's) and the user's home out of sight."""
     run_as = NOBODY if os.geteuid() == 0 else None
     candidates = [Path.home(), *hidden]
@@ -75,7 +76,7 @@ def plan_for(*, cwd: Path, socket_dir: Path, hidden: Iterable[Path], network: bo
         reached = (cwd.resolve(), socket_dir.resolve(), *_needed())
         candidates += [folder for path in reached for folder in path.parents if not folder.stat().st_mode & 0o001]
     resolved = tuple(dict.fromkeys(p.resolve() for p in candidates if p.exists() and p.resolve() != Path("/")))
-    return SandboxPlan(cwd=cwd.resolve(), socket_dir=socket_dir.resolve(), hidden=resolved, network=network, run_as=run_as)
+    return SandboxPlan(cwd=cwd.resolve(), socket_dir=socket_dir.resolve(), hidden=resolved, network=network, run_as=run_as, tmp_bytes=tmp_bytes)
 
 
 def kernel_command(argv: Sequence[str], *, config: ExecutionConfig, plan: SandboxPlan | None) -> list[str]:
@@ -94,7 +95,13 @@ def kernel_command(argv: Sequence[str], *, config: ExecutionConfig, plan: Sandbo
 
 def bwrap_arguments(plan: SandboxPlan) -> list[str]:
     """bubblewrap's options for `plan`; mounts apply in order, so later ones cover earlier ones."""
-    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", str(PRIVATE_TMP)]
+    # Private /tmp and /dev/shm hold at most the memory limit (tmpfs pages are not counted against it);
+    # /run is emptied: its sockets (D-Bus, docker.sock) lead out of any sandbox.
+    size = ["--size", str(plan.tmp_bytes)] if plan.tmp_bytes else []
+    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--perms", "1777", *size, "--tmpfs", str(PRIVATE_TMP)]
+    args += ["--perms", "1777", *size, "--tmpfs", "/dev/shm", "--tmpfs", "/run"]
+    if plan.network and Path("/run/systemd/resolve").is_dir():  # DNS, where resolv.conf points into /run
+        args += ["--ro-bind", "/run/systemd/resolve", "/run/systemd/resolve"]
     # The private /tmp covers whatever lived there too (a checkout and its venv in /tmp): put back like the hidden folders.
     covered = (PRIVATE_TMP, *plan.hidden)
     for folder in sorted(plan.hidden, key=lambda p: len(p.parts)):  # outer ones first: inner ones land on them

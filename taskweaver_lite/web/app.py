@@ -36,6 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from taskweaver_lite.config import Config
 from taskweaver_lite.errors import TaskWeaverError, UnknownSessionError
+from taskweaver_lite.kernel.output import file_inside
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.store.export import write_export
 from taskweaver_lite.web.auth import COOKIE, Access
@@ -231,10 +232,10 @@ async def _artifact(request: Request, live: LiveSession) -> Response:
     try:
         path = live.session.executor.artifact(name)
     except KeyError:
-        candidate = live.session.working_dir / name
-        if not candidate.is_file():
+        try:  # a file a cell wrote into the working folder; a link out of it is not followed
+            path = file_inside(live.session.working_dir, name)
+        except KeyError:
             return _error(404, f"No artifact {name!r} in this session.")
-        path = candidate
     return FileResponse(path, headers={"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox"})
 
 
