@@ -102,8 +102,9 @@ def bwrap_arguments(plan: SandboxPlan) -> list[str]:
     args += ["--perms", "1777", *size, "--tmpfs", "/dev/shm", "--tmpfs", "/run"]
     if plan.network and Path("/run/systemd/resolve").is_dir():  # DNS, where resolv.conf points into /run
         args += ["--ro-bind", "/run/systemd/resolve", "/run/systemd/resolve"]
-    # The private /tmp covers whatever lived there too (a checkout and its venv in /tmp): put back like the hidden folders.
-    covered = (PRIVATE_TMP, *plan.hidden)
+    # The private /tmp and the empty /run cover whatever lived there too (a checkout and its venv in
+    # /tmp, a socket folder in /run/user): put back like the hidden folders.
+    covered = (PRIVATE_TMP, Path("/run"), *plan.hidden)
     for folder in sorted(plan.hidden, key=lambda p: len(p.parts)):  # outer ones first: inner ones land on them
         args += [*_open_way(folder, covered), "--perms", "0755", "--tmpfs", str(folder)]
     for keep in _put_back(covered):

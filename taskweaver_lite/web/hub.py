@@ -86,8 +86,8 @@ class LiveSession:
 
     def stop(self) -> bool:
         """Cancel the running request like Ctrl-C; False when nothing runs."""
-        worker = self._worker
-        if worker is None or not worker.is_alive() or worker.ident is None:
+        worker, turn = self._worker, self._turn
+        if worker is None or not worker.is_alive() or worker.ident is None or (turn is not None and turn.finished):
             return False
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(KeyboardInterrupt))
         self.session.executor.interrupt()  # a running cell stops now, not at the next bytecode
