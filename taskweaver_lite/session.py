@@ -341,7 +341,7 @@ class Session:
         This session is closed (and stays stored, resumable); use the returned one from now on.
         """
         listeners = [listener for listener in self._listeners if not isinstance(listener, StoreRecorder)]
-        fresh = Session.open(self.config, model=self._model.inner, executor=self._executor_factory, listeners=listeners)
+        fresh = Session.open(self.config, model=self._model.inner, executor=self._executor_factory, listeners=listeners, confirm=self._confirm)
         shutil.copytree(self.working_dir, fresh.working_dir, dirs_exist_ok=True)
         fresh._owns_model, self._owns_model = self._owns_model, False  # the model client lives on in the new session
         self.close()
