@@ -24,7 +24,7 @@ from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, Unkno
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.session import Session
-from taskweaver_lite.store.database import SessionStore
+from taskweaver_lite.store.database import SessionStore, stored_sessions
 from taskweaver_lite.store.export import write_export
 from taskweaver_lite.summary import render_summary
 from taskweaver_lite.terminal import strip_controls
@@ -481,14 +481,7 @@ def list_sessions(args: argparse.Namespace) -> int:
     import json
 
     config = load_config(project_dir(args))
-    if not config.store_path.exists():
-        rows = []
-    else:
-        store = SessionStore(config.store_path, read_only=True)
-        try:
-            rows = store.list_sessions()
-        finally:
-            store.close()
+    rows = stored_sessions(config.store_path)
     if args.json:
         print(json.dumps([row.to_dict() for row in rows]))
         return 0

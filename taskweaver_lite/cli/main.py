@@ -26,9 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = commands.add_parser("chat", help="start (or resume) an interactive session; reads lines from stdin when piped")
     _project_option(chat)
-    chat.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key (value parsed as YAML); repeatable"
-    )
+    _overrides_option(chat)
     chat.add_argument("--resume", metavar="ID", help="continue a stored session ('last' for the newest)")
     chat.add_argument("--no-replay", action="store_true", help="with --resume: do not re-run earlier cells to rebuild the kernel's variables")
     chat.add_argument("--confirm", action="store_true", help="show each cell before it runs: run, edit or skip it (a terminal only)")
@@ -55,9 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other needs a token)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     serve.add_argument("--token", default=None, help="the token every request must carry (default: env TASKWEAVER_LITE_TOKEN)")
-    serve.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key (value parsed as YAML); repeatable"
-    )
+    _overrides_option(serve)
 
     export = commands.add_parser("export", help="write a stored session as a notebook or Markdown")
     export.add_argument("session_id", metavar="ID", help="session id ('last' for the newest)")
@@ -66,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", metavar="FILE", help="output file (default: <ID>.<format> in the current folder)")
     export.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
     return parser
+
+
+def _overrides_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key (value parsed as YAML); repeatable"
+    )
 
 
 def _project_option(parser: argparse.ArgumentParser) -> None:

@@ -52,8 +52,10 @@ def bwrap_path() -> str | None:
 
 def uses_sandbox(config: ExecutionConfig) -> bool:
     """Whether kernels start inside bubblewrap: `bubblewrap` always (missing bwrap is an error), `auto` where installed."""
-    if config.sandbox == "none" or sys.platform != "linux":
-        if config.sandbox == "bubblewrap" and sys.platform != "linux":
+    if config.sandbox == "none":
+        return False
+    if sys.platform != "linux":
+        if config.sandbox == "bubblewrap":
             raise ConfigError("execution.sandbox: bubblewrap needs Linux; set execution.sandbox: none (or auto) on this system.")
         return False
     if bwrap_path() is not None:

@@ -425,6 +425,17 @@ class StoreRecorder:
             raise failure
 
 
+def stored_sessions(path: Path) -> list[SessionEntry]:
+    """The sessions stored at `path`, most recently active first (none when there is no store yet); read-only."""
+    if not path.exists():
+        return []
+    store = SessionStore(path, read_only=True)
+    try:
+        return store.list_sessions()
+    finally:
+        store.close()
+
+
 def shorten(text: str, limit: int = TITLE_LENGTH) -> str:
     """One line of at most `limit` characters, cut at a word with '…' when longer."""
     line = " ".join(text.split())

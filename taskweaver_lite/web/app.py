@@ -37,7 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from taskweaver_lite.config import Config
 from taskweaver_lite.errors import TaskWeaverError, UnknownSessionError
 from taskweaver_lite.kernel.output import file_inside
-from taskweaver_lite.store.database import SessionStore
+from taskweaver_lite.store.database import stored_sessions
 from taskweaver_lite.store.export import write_export
 from taskweaver_lite.web.auth import COOKIE, Access
 from taskweaver_lite.web.events import round_json
@@ -134,13 +134,7 @@ def _sessions(hub: Hub) -> Handler:
 
 
 def _stored_sessions(config: Config) -> list[dict[str, Any]]:
-    if not config.store_path.exists():
-        return []
-    store = SessionStore(config.store_path, read_only=True)
-    try:
-        return [row.to_dict() for row in store.list_sessions()]
-    finally:
-        store.close()
+    return [row.to_dict() for row in stored_sessions(config.store_path)]
 
 
 def _resume(hub: Hub) -> Handler:
