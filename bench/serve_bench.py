@@ -5,7 +5,8 @@ the ten clients run here, so the moment the model's last reply leaves the script
 moment its `answer` event reaches the client are read on one clock. Baseline, same run: the same
 requests through `Session.ask` in this process (no HTTP), from the reply leaving to `ask` returning.
 Memory: the server's resident size after the ten sessions minus before, per session (kernels are
-their own processes and are not counted).
+their own processes and are not counted). Each session answers one untimed request before the timed
+ones, so the ten kernels have started: their start-up is not what is measured.
 
     python bench/serve_bench.py [--sessions 10] [--requests 5]
 """
@@ -93,6 +94,9 @@ def through_serve(project: Path, model: Model, *, sessions: int, requests: int) 
         # The clients run in a process of their own: in this one the scripted model's threads would
         # hold the GIL while an answer waits to be read. perf_counter is the system's monotonic clock.
         with multiprocessing.get_context("spawn").Pool(1) as pool:
+            # One untimed request per session first: its kernel has started and its first cell ran.
+            # Ten kernels starting at once (~0.5 s of CPU each) is another load than ten sessions answering.
+            pool.apply(run_clients, (url, opened, 1, "warm-"))
             arrivals: dict[str, float] = pool.apply(run_clients, (url, opened, requests))
         latencies = [arrived - model.sent[marker] for marker, arrived in arrivals.items()]
         answered = len(arrivals)
@@ -102,14 +106,14 @@ def through_serve(project: Path, model: Model, *, sessions: int, requests: int) 
         server.wait(30)
 
 
-def run_clients(url: str, sessions: list[str], requests: int) -> dict[str, float]:
+def run_clients(url: str, sessions: list[str], requests: int, prefix: str = "") -> dict[str, float]:
     """One thread per session, `requests` requests each, in turn; when each answer event arrived, by marker."""
     arrivals: dict[str, float] = {}
 
     def client(n: int, session_id: str) -> None:
         with httpx.Client(base_url=url, timeout=60) as http:
             for r in range(requests):
-                marker = f"{n}-{r}"
+                marker = f"{prefix}{n}-{r}"
                 last: dict[str, Any] = {}
                 with http.stream("POST", f"/api/sessions/{session_id}/messages", json={"text": f"set x MARK-{marker} please"}) as response:
                     for line in response.iter_lines():

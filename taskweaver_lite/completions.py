@@ -113,7 +113,7 @@ def read_stream(chunks: Iterable[bytes], *, deadline: float, on_piece: PieceSink
     except (BrokenReply, OddReply):
         raise
     except Exception as exc:  # httpx's errors by SDK version: no common base class to name
-        raise BrokenReply(f"broke off its streamed reply after {stream.size:,} bytes ({type(exc).__name__})") from exc
+        raise BrokenReply(f"broke off its streamed reply after {stream.characters:,} characters ({type(exc).__name__})") from exc
     stream.line(buffer)
     return stream.fields()
 
@@ -176,12 +176,17 @@ class _StreamState:
             self._text.append(text)
             self._on_piece("content", text)
 
+    @property
+    def characters(self) -> int:
+        """Characters of the reply's content received so far."""
+        return sum(map(len, self._text))
+
     def fields(self) -> ReplyFields:
         """The whole reply; BrokenReply when the stream stopped before saying it was done."""
         if self._events == 0:
             raise BrokenReply("ended its streamed reply before sending any event")
         if not self._done and self._finish is None:
-            raise BrokenReply(f"broke off its streamed reply after {sum(map(len, self._text)):,} characters")
+            raise BrokenReply(f"broke off its streamed reply after {self.characters:,} characters")
         return ReplyFields(
             text="".join(self._text),
             prompt_tokens=_token_count(self._usage.get("prompt_tokens")),

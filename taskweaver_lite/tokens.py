@@ -22,16 +22,29 @@ TOKENS_PER_MESSAGE = 3
 REPLY_PRIMING_TOKENS = 3
 
 
+# Counts of texts seen lately. Every prompt re-renders the same instructions and earlier rounds, and
+# the server's sessions share one interpreter lock that a count holds: looking a text up costs a
+# hash of it, counting it again a BPE pass. Bounded in entries and in the length of a text kept.
+COUNT_CACHE_ENTRIES = 2048
+COUNT_CACHE_MAX_CHARS = 32_768
+
+
 class Tokenizer:
     """Counts tokens of text and of chat messages for one BPE encoding."""
 
     def __init__(self, name: str, *, backend: Any) -> None:
         self.name = name
         self._bpe = backend
+        self._cached_count = functools.lru_cache(maxsize=COUNT_CACHE_ENTRIES)(self._count)
 
     def count(self, text: str) -> int:
         """Exact number of tokens in `text`."""
-        return int(self._bpe.count(text)) if text else 0
+        if not text:
+            return 0
+        return self._cached_count(text) if len(text) <= COUNT_CACHE_MAX_CHARS else self._count(text)
+
+    def _count(self, text: str) -> int:
+        return int(self._bpe.count(text))
 
     def count_message(self, message: Message) -> int:
         """Tokens one chat message adds to a prompt, its framing included."""

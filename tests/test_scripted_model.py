@@ -3,6 +3,7 @@ loud failures when the script runs out, and the HTTP details the SDK relies on."
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -123,7 +124,10 @@ def test_error_replies_ask_the_client_to_retry_after_ten_milliseconds(server: Sc
 def stream_events(server: ScriptedServer, body: dict[str, Any]) -> list[str]:
     with urllib.request.urlopen(post(server, body), timeout=5) as response:
         assert response.headers["Content-Type"] == "text/event-stream"
-        text = response.read().decode("utf-8")
+        try:
+            text = response.read().decode("utf-8")
+        except http.client.IncompleteRead as cut:  # a cut stream: the connection closed before the last chunk
+            text = cut.partial.decode("utf-8")
     return [line.removeprefix("data: ") for line in text.split("\n\n") if line]
 
 
@@ -197,3 +201,17 @@ def test_reply_helpers_build_json_the_product_schemas_accept() -> None:
         "Variables": variables,
     }
     assert "Variables" not in json.loads(summary_reply("Loaded the data."))
+
+
+def test_streams_are_chunked_on_a_connection_kept_for_the_next_request(server: ScriptedServer) -> None:
+    # As OpenAI and vLLM stream: the SDK's pool reuses the connection instead of opening one per call.
+    server.set_default("planner", Reply(content="abcdefghij", chunk_chars=4))
+    connection = http.client.HTTPConnection("127.0.0.1", int(server.url.rsplit(":", 1)[1].split("/")[0]), timeout=5)
+    body = json.dumps({"model": "m", "stream": True, "messages": call(PLANNER_SYSTEM, "go")})
+    for _ in range(2):
+        connection.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.getheader("Transfer-Encoding") == "chunked"
+        assert response.read().decode("utf-8").rstrip().endswith("data: [DONE]")
+        assert not response.will_close
+    connection.close()

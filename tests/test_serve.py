@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import threading
 import time
@@ -19,6 +21,7 @@ from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 from taskweaver_lite.testing.web_server import WebServer
 from taskweaver_lite.web.auth import Access
+from taskweaver_lite.web.hub import END, Turn
 
 PLOT = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.savefig('trend.png')\nplt.show()\nprint('plotted')"
 
@@ -151,3 +154,55 @@ def test_without_a_token_only_this_machines_names_are_answered(web: WebServer) -
         assert client.get("/api/sessions", headers={"Host": "evil.example"}).status_code == 403
         assert client.post("/api/sessions", headers={"Host": f"evil.example:{web.port}", "Origin": f"http://evil.example:{web.port}"}).status_code == 403
         assert client.get("/api/sessions", headers={"Host": f"localhost:{web.port}"}).status_code == 200
+
+
+def test_a_request_sent_the_moment_the_answer_arrives_is_answered_not_refused(web: WebServer, scripted: ScriptedServer) -> None:
+    # The answer goes out once the round is stored, while the round's bookkeeping (folds) goes on:
+    # the next request must wait for that bookkeeping, not get 409.
+    scripted.set_default("planner", lambda messages: planner_reply("Done.", send_to="User"))
+    with httpx.Client(base_url=web.url) as client:
+        session_id = client.post("/api/sessions", json={}).json()["id"]
+        for number in range(1, 6):
+            received = events(client, session_id, f"request {number}")
+            kinds = [event["type"] for event in received]
+            assert kinds[-2:] == ["round_ended", "answer"], kinds
+            assert received[-2]["state"] == "finished" and received[-1] == {"type": "answer", "text": "Done.", "round": number}
+        rounds = client.get(f"/api/sessions/{session_id}").json()["rounds"]
+        assert [r["state"] for r in rounds] == ["finished"] * 5
+
+
+def test_a_streamed_reply_that_outruns_its_reader_is_sent_as_its_latest_text() -> None:
+    async def read() -> list[list[dict[str, Any]]]:
+        turn = Turn(asyncio.get_running_loop())
+
+        def worker() -> None:
+            for text in ("Lo", "Load", "Loading"):
+                turn.put({"type": "delta", "role": "Planner", "fields": {"message": text}})
+            turn.put({"type": "delta", "role": "CodeGenerator", "fields": {"code": "x"}})
+            turn.put({"type": "post", "round": 1})
+            turn.put({"type": "delta", "role": "Planner", "fields": {"message": "Done"}})
+            turn.put({"type": "answer", "text": "Done", "round": 1})
+            turn.put(END)
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()  # everything arrives before the stream reads: one batch
+        return [batch async for batch in turn.batches()]
+
+    batches = asyncio.run(read())
+    assert len(batches) == 1, "what arrived together leaves together"
+    assert [(e["type"], e.get("role"), e.get("fields")) for e in batches[0]] == [
+        ("delta", "Planner", {"message": "Loading"}),  # the steps on the way are dropped, the latest kept
+        ("delta", "CodeGenerator", {"code": "x"}),
+        ("post", None, None),
+        ("delta", "Planner", {"message": "Done"}),  # never merged across another event: the order holds
+        ("answer", None, None),
+    ]
+
+
+def test_opening_a_session_takes_the_loaded_modules_out_of_the_collectors_view(web: WebServer) -> None:
+    # A full collection over pandas, the tokenizer and the SDKs stops every session for ~100 ms.
+    gc.unfreeze()  # what earlier tests froze
+    with httpx.Client(base_url=web.url) as client:
+        client.post("/api/sessions", json={})
+    assert gc.get_freeze_count() > 50_000

@@ -7,7 +7,7 @@ import pytest
 from taskweaver_lite.config import Config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.llm import Message
-from taskweaver_lite.tokens import REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE, get_tokenizer
+from taskweaver_lite.tokens import COUNT_CACHE_ENTRIES, REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE, get_tokenizer
 
 
 def test_count_matches_the_o200k_encoding_exactly() -> None:
@@ -71,3 +71,17 @@ def test_truncate_middle_never_breaks_multibyte_characters_or_exceeds_the_limit(
 def test_prompt_budget_is_the_window_minus_reply_reserve_and_margin() -> None:
     config = Config.model_validate({"llm": {"context_window": 32_000, "reply_reserve": 2_000, "margin": 100}})
     assert config.prompt_budget == 29_900
+
+
+def test_counts_of_texts_seen_before_stay_exact_and_the_memory_of_them_stays_bounded() -> None:
+    tokenizer = get_tokenizer()
+    text = "Rows by region: " + ", ".join(f"region {i} grew {i * 3}%" for i in range(200))
+    first = tokenizer.count(text)
+    assert tokenizer.count("".join(list(text))) == first == len(tokenizer._bpe.encode(text))  # an equal text, another object
+    for i in range(COUNT_CACHE_ENTRIES + 100):
+        tokenizer.count(f"text number {i}")
+    kept = tokenizer._cached_count.cache_info().currsize
+    assert kept <= COUNT_CACHE_ENTRIES
+    huge = "word " * 20_000  # longer than any text kept: counted each time, never held
+    assert tokenizer.count(huge) == len(tokenizer._bpe.encode(huge))
+    assert tokenizer._cached_count.cache_info().currsize == kept

@@ -102,6 +102,7 @@ class SessionStore:
         """
         self.path = Path(path)
         self._lock = threading.Lock()
+        self._writers = _writers(self.path)
         if synchronous not in ("NORMAL", "FULL"):
             raise StoreError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
         try:
@@ -177,7 +178,7 @@ class SessionStore:
             return
         now = time.time()
         with self._transaction() as db:
-            if not db.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
+            if db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id)).rowcount == 0:
                 raise StoreError(f"session {session_id} is not in {self.path}; it must be created before events are recorded")
             if isinstance(event, RoundStarted):
                 _ensure_round(db, session_id, event.round)
@@ -219,7 +220,6 @@ class SessionStore:
                     "INSERT INTO files (session_id, name, source, after_round, at) VALUES (?, ?, ?, ?, ?)",
                     (session_id, event.name, event.source, event.after_round, event.at),
                 )
-            db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
 
     def save_compression(self, session_id: str, role: RoleName, state: dict[str, Any]) -> None:
         """Keep `role`'s CompressionState.to_dict(), replacing the one saved before."""
@@ -348,7 +348,7 @@ class SessionStore:
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         # Writers of this process take turns on a lock of their own first: SQLite's busy handler
         # would make them sleep (1, 2, 5 ... 100 ms) while another session of this process commits.
-        with self._lock, _writers(self.path), self._errors():
+        with self._lock, self._writers, self._errors():
             # IMMEDIATE takes the write lock up front, so a busy database waits here (busy_timeout)
             # instead of failing half-way through the event.
             self._db.execute("BEGIN IMMEDIATE")

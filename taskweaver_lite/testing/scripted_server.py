@@ -392,30 +392,38 @@ class _Handler(BaseHTTPRequestHandler):
             pass  # the client gave up (its timeout) before the slow reply was ready
 
     def _stream(self, reply: Reply, completion: dict[str, Any], *, usage: bool) -> None:
-        """Send `completion` as server-sent events, as paced, gated or cut as `reply` says."""
-        # No length is known in advance: the stream ends when the connection closes, as with real servers.
-        self.close_connection = True
+        """Send `completion` as server-sent events, as paced, gated or cut as `reply` says.
+
+        Chunked, on a connection kept alive for the next request, as OpenAI and vLLM send streams; a
+        cut-off stream closes the connection before the last chunk, so the client sees a broken body.
+        """
         try:
             self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # each chunk leaves at once
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Connection", "close")
+            self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             self.wfile.flush()
             for event in _stream_events(reply, completion, usage=usage, pause=self._pause):
                 if event is None:
-                    return  # cut off: the connection closes without [DONE]
+                    self.close_connection = True
+                    return  # cut off: the connection closes without [DONE] and without the last chunk
                 data = b"data: " + event.encode("utf-8") + b"\n\n"
+                framed = b"%x\r\n%s\r\n" % (len(data), data)
                 if reply.drip > 0:
-                    self._drip(data, reply.drip)
+                    self._drip(framed, reply.drip)
                 else:
-                    self.wfile.write(data)
+                    self.wfile.write(framed)
                 self.wfile.flush()
                 if reply.on_sent is not None and '"content": "' in event:
                     reply.on_sent(json.loads(event)["choices"][0]["delta"]["content"])
                 if self.server.scripted._stopping.is_set():
+                    self.close_connection = True
                     return
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
             self._abandon_output()
 
     def _abandon_output(self) -> None:
