@@ -67,8 +67,8 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def through_serve(project: Path, model: Model, *, sessions: int, requests: int) -> tuple[list[float], int, float]:
-    """Latencies (s) reply -> answer event, answers received, server memory per session (MiB)."""
+def through_serve(project: Path, model: Model, *, sessions: int, requests: int) -> tuple[list[float], list[float], int, float]:
+    """Latencies (s) reply -> answer event and reply -> its text on the page, answers received, server memory per session (MiB)."""
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "taskweaver_lite", "serve", "-p", str(project), "--port", str(port)],
@@ -97,18 +97,20 @@ def through_serve(project: Path, model: Model, *, sessions: int, requests: int) 
             # One untimed request per session first: its kernel has started and its first cell ran.
             # Ten kernels starting at once (~0.5 s of CPU each) is another load than ten sessions answering.
             pool.apply(run_clients, (url, opened, 1, "warm-"))
-            arrivals: dict[str, float] = pool.apply(run_clients, (url, opened, requests))
+            arrivals, shown = pool.apply(run_clients, (url, opened, requests))
         latencies = [arrived - model.sent[marker] for marker, arrived in arrivals.items()]
-        answered = len(arrivals)
-        return latencies, answered, (after - warm) / max(sessions - 1, 1) / 2**20
+        streamed = [arrived - model.sent[marker] for marker, arrived in shown.items()]
+        return latencies, streamed, len(arrivals), (after - warm) / max(sessions - 1, 1) / 2**20
     finally:
         server.terminate()
         server.wait(30)
 
 
-def run_clients(url: str, sessions: list[str], requests: int, prefix: str = "") -> dict[str, float]:
-    """One thread per session, `requests` requests each, in turn; when each answer event arrived, by marker."""
+def run_clients(url: str, sessions: list[str], requests: int, prefix: str = "") -> tuple[dict[str, float], dict[str, float]]:
+    """One thread per session, `requests` requests each, in turn; by marker, when each answer event
+    arrived, and when the answer's text first arrived as it streamed (a `delta` carrying it)."""
     arrivals: dict[str, float] = {}
+    shown: dict[str, float] = {}
 
     def client(n: int, session_id: str) -> None:
         with httpx.Client(base_url=url, timeout=60) as http:
@@ -121,6 +123,8 @@ def run_clients(url: str, sessions: list[str], requests: int, prefix: str = "") 
                             last = json.loads(line[6:])
                             if last["type"] == "answer":
                                 arrivals[marker] = time.perf_counter()
+                            elif last["type"] == "delta" and marker not in shown and f"MARK-{marker}" in last["fields"].get("message", ""):
+                                shown[marker] = time.perf_counter()
                 if last.get("type") != "answer":
                     print(f"session {n}, request {r}: no answer; the stream ended with {last}", file=sys.stderr)
 
@@ -129,7 +133,7 @@ def run_clients(url: str, sessions: list[str], requests: int, prefix: str = "") 
         thread.start()
     for thread in threads:
         thread.join()
-    return arrivals
+    return arrivals, shown
 
 
 def in_process(project: Path, model: Model, *, requests: int) -> list[float]:
@@ -162,12 +166,16 @@ def main() -> int:
         settings = {"llm": {"api_base": scripted.url, "api_key": "bench", "model": "scripted"}, "execution": {"timeout": 60}}
         (project / "taskweaver_config.yaml").write_text(yaml.safe_dump(settings), encoding="utf-8")
         baseline = in_process(project, model, requests=args.requests * 2)
-        latencies, answered, per_session = through_serve(project, model, sessions=args.sessions, requests=args.requests)
+        latencies, streamed, answered, per_session = through_serve(project, model, sessions=args.sessions, requests=args.requests)
     total = args.sessions * args.requests
     print(f"answered: {answered} of {total} requests ({args.sessions} sessions at once, {args.requests} each, model {LATENCY * 1000:.0f} ms)")
     print(
         f"model's reply -> answer event on the client: p95 {p95(latencies) * 1000:.1f} ms, median {statistics.median(latencies) * 1000:.1f} ms "
         f"(target p95 < 20 ms); in-process Session.ask: p95 {p95(baseline) * 1000:.1f} ms, median {statistics.median(baseline) * 1000:.1f} ms"
+    )
+    print(
+        f"model's reply -> its text on the client as it streams (delta event): p95 {p95(streamed) * 1000:.1f} ms, "
+        f"median {statistics.median(streamed) * 1000:.1f} ms ({len(streamed)} replies)"
     )
     print(f"server memory per session, kernels excluded: {per_session:.1f} MiB")
     return 0 if answered == total else 1

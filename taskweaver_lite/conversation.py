@@ -79,6 +79,11 @@ class Post:
     created_at: float = field(default_factory=time.time)
 
     @property
+    def is_answer(self) -> bool:
+        """The Planner's reply to the user: the round ends with it."""
+        return self.send_from == "Planner" and self.send_to == "User"
+
+    @property
     def artifacts(self) -> tuple[str, ...]:
         """Files the post's code produced (plots and the like)."""
         return self.execution.artifacts if self.execution else ()
@@ -131,7 +136,7 @@ class Round:
     def answer(self) -> str | None:
         """The Planner's final message to the user, if the round got that far."""
         for post in reversed(self.posts):
-            if post.send_from == "Planner" and post.send_to == "User":
+            if post.is_answer:
                 return post.message
         return None
 

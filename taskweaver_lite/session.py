@@ -373,6 +373,9 @@ class Session:
         store, self.store = self.store, None
         try:
             if store is not None:
+                for listener in self._listeners:
+                    if isinstance(listener, StoreRecorder):
+                        listener.flush()
                 for context in self.contexts().values():
                     store.save_compression(self.id, context.role, context.state.to_dict())
         finally:

@@ -16,7 +16,7 @@ import pytest
 from helpers import REPO
 from recorded_session import PLOT_CODE, WRITE_CODE, RecordedSession, record_session
 
-from taskweaver_lite.conversation import Post, RoleName, Round, RoundState
+from taskweaver_lite.conversation import Conversation, Post, RoleName, Round, RoundState
 from taskweaver_lite.errors import SessionBusyError, StoreError
 from taskweaver_lite.events import Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import ExecutionResult, Variable
@@ -242,8 +242,27 @@ def test_the_recorder_takes_events_from_many_threads_at_once(store: SessionStore
     record_round(store, "s", 1, "meanwhile", [code_post(f"v{n} = {n}") for n in range(20)])
     for thread in threads:
         thread.join()
+    recorder(Working("planner_thinking"))  # the calls' records go with the session's next event
     stored = store.load("s")
     assert (stored.usage.calls, stored.usage.prompt_tokens) == (300, 900) and len(stored.rounds[0].posts) == 20
+
+
+def test_a_model_calls_record_is_written_with_the_post_its_reply_became(store: SessionStore) -> None:
+    store.create_session("s", started=time.time())
+    recorder = StoreRecorder(store, "s")
+    rnd = Conversation().start_round("hello")
+    recorder(RoundStarted(rnd))
+    recorder(ModelCalled("planner", 7, 2, 0.05, ok=True))
+    assert store.load("s").usage.calls == 0, "held until the reply is a post: one transaction for both"
+    answer = Post(send_from="Planner", send_to="User", message="Hi.")
+    rnd.posts.append(answer)
+    recorder(PostAdded(rnd, answer))
+    stored = store.load("s")
+    assert stored.usage.calls == 1 and stored.rounds[0].posts[-1].message == "Hi."
+    assert stored.rounds[0].state == "finished", "the answer and its round's end are one write"
+    recorder(ModelCalled("compression_planner", 3, 1, 0.01, ok=True))
+    recorder.flush()  # the session closes with a record still held
+    assert store.load("s").usage.calls == 2
 
 
 def test_a_store_failure_in_a_fold_thread_reaches_the_session_thread(store: SessionStore) -> None:
@@ -255,6 +274,7 @@ def test_a_store_failure_in_a_fold_thread_reaches_the_session_thread(store: Sess
     store.create_session("later", started=time.time())
     with pytest.raises(StoreError, match="session later is not in"):
         recorder(ModelCalled("planner", 1, 1, 0.1, ok=True))
+    recorder.flush()
     assert store.load("later").usage.calls == 1, "the event itself is still recorded"
 
 

@@ -172,54 +172,17 @@ class SessionStore:
                 raise StoreError(f"session {session_id} already exists in {self.path}")
             db.execute("INSERT INTO sessions (id, started, last_active) VALUES (?, ?, ?)", (session_id, started, started))
 
-    def record(self, session_id: str, event: Event) -> None:
-        """Write one session event in its own transaction; `Working`, `ReplyStreamed`, `CellPrinted` are progress only and are skipped."""
-        if isinstance(event, (Working, ReplyStreamed, CellPrinted)):
+    def record(self, session_id: str, *events: Event) -> None:
+        """Write session events in one transaction; `Working`, `ReplyStreamed`, `CellPrinted` are progress only and are skipped."""
+        kept = [event for event in events if not isinstance(event, (Working, ReplyStreamed, CellPrinted))]
+        if not kept:
             return
         now = time.time()
         with self._transaction() as db:
             if db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id)).rowcount == 0:
                 raise StoreError(f"session {session_id} is not in {self.path}; it must be created before events are recorded")
-            if isinstance(event, RoundStarted):
-                _ensure_round(db, session_id, event.round)
-                db.execute("UPDATE sessions SET title = ? WHERE id = ? AND title = ''", (shorten(event.round.user_query), session_id))
-            elif isinstance(event, PostAdded):
-                _ensure_round(db, session_id, event.round)
-                _insert_post(db, session_id, event.round.id, event.post)
-            elif isinstance(event, RoundEnded):
-                _ensure_round(db, session_id, event.round)
-                db.execute(
-                    "UPDATE rounds SET state = ?, error = ?, ended_at = ? WHERE session_id = ? AND round_id = ?",
-                    (event.round.state, event.round.error, now, session_id, event.round.id),
-                )
-            elif isinstance(event, ModelCalled):
-                db.execute(
-                    "INSERT INTO model_calls (session_id, purpose, prompt_tokens, completion_tokens, latency, ok, error, prompt, reply, at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        session_id,
-                        event.purpose,
-                        event.prompt_tokens,
-                        event.completion_tokens,
-                        event.latency,
-                        event.ok,
-                        event.error,
-                        json.dumps(list(event.prompt), ensure_ascii=False) if event.prompt is not None else None,
-                        event.reply,
-                        now,
-                    ),
-                )
-            elif isinstance(event, Folded):
-                db.execute(
-                    "INSERT INTO folds (session_id, role, first_round, last_round, tokens_before, tokens_after, ok, error, at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (session_id, event.role.value, event.first_round, event.last_round, event.tokens_before, event.tokens_after, event.ok, event.error, now),
-                )
-            elif isinstance(event, FileLoaded):
-                db.execute(
-                    "INSERT INTO files (session_id, name, source, after_round, at) VALUES (?, ?, ?, ?, ?)",
-                    (session_id, event.name, event.source, event.after_round, event.at),
-                )
+            for event in kept:
+                _write_event(db, session_id, event, now)
 
     def save_compression(self, session_id: str, role: RoleName, state: dict[str, Any]) -> None:
         """Keep `role`'s CompressionState.to_dict(), replacing the one saved before."""
@@ -393,6 +356,10 @@ class SessionStore:
 class StoreRecorder:
     """A session listener that records every event; safe to call from the session's and the fold threads.
 
+    A model call's record is written with the next event (the post its reply became, the repair,
+    the fold, the round's end): one transaction instead of two, and a kill -9 in between loses
+    only what `kill -9` during the call's own write would have. `flush` writes what is held.
+
     `compression_state(role)` returns that role's CompressionState.to_dict(); with it, each fold also
     saves the role's new state. A store failure in a background thread is raised again on the next
     event from the thread that made the recorder, so the session learns its record is incomplete.
@@ -406,23 +373,38 @@ class StoreRecorder:
         self._compression_state = compression_state
         self._owner = threading.get_ident()
         self._failure: StoreError | None = None
+        self._held: list[ModelCalled] = []
+        self._held_lock = threading.Lock()
 
     def __call__(self, event: Event) -> None:
         """Record `event` (the Listener signature)."""
-        try:
-            self.store.record(self.session_id, event)
-            if isinstance(event, Folded) and self._compression_state is not None:
-                state = self._compression_state(event.role)
-                if state is not None:
-                    self.store.save_compression(self.session_id, event.role, state)
-        except StoreError as exc:
-            if threading.get_ident() != self._owner:
-                self._failure = exc
-                return
-            raise
+        with self._held_lock:
+            if isinstance(event, ModelCalled):
+                self._held.append(event)
+                held = None
+            else:
+                held, self._held = self._held, []
+        if held is not None:
+            try:
+                self.store.record(self.session_id, *held, event)
+                if isinstance(event, Folded) and self._compression_state is not None:
+                    state = self._compression_state(event.role)
+                    if state is not None:
+                        self.store.save_compression(self.session_id, event.role, state)
+            except StoreError as exc:
+                if threading.get_ident() != self._owner:
+                    self._failure = exc
+                    return
+                raise
         if self._failure is not None and threading.get_ident() == self._owner:
             failure, self._failure = self._failure, None
             raise failure
+
+    def flush(self) -> None:
+        """Write the model-call records still held (the session is closing)."""
+        with self._held_lock:
+            held, self._held = self._held, []
+        self.store.record(self.session_id, *held)
 
 
 def stored_sessions(path: Path) -> list[SessionEntry]:
@@ -452,6 +434,52 @@ def _ensure_round(db: sqlite3.Connection, session_id: str, rnd: Round) -> None:
         " ON CONFLICT (session_id, round_id) DO NOTHING",
         (session_id, rnd.id, rnd.index, rnd.user_query, "running", None, rnd.started_at),
     )
+
+
+def _write_event(db: sqlite3.Connection, session_id: str, event: Event, now: float) -> None:
+    if isinstance(event, RoundStarted):
+        _ensure_round(db, session_id, event.round)
+        db.execute("UPDATE sessions SET title = ? WHERE id = ? AND title = ''", (shorten(event.round.user_query), session_id))
+    elif isinstance(event, PostAdded):
+        _ensure_round(db, session_id, event.round)
+        _insert_post(db, session_id, event.round.id, event.post)
+        if event.post.is_answer:  # the answer ends its round: both kept in one write, before anyone is shown it
+            _end_round(db, session_id, event.round.id, state="finished", error=None, at=now)
+    elif isinstance(event, RoundEnded):
+        _ensure_round(db, session_id, event.round)
+        _end_round(db, session_id, event.round.id, state=event.round.state, error=event.round.error, at=now)
+    elif isinstance(event, ModelCalled):
+        db.execute(
+            "INSERT INTO model_calls (session_id, purpose, prompt_tokens, completion_tokens, latency, ok, error, prompt, reply, at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                session_id,
+                event.purpose,
+                event.prompt_tokens,
+                event.completion_tokens,
+                event.latency,
+                event.ok,
+                event.error,
+                json.dumps(list(event.prompt), ensure_ascii=False) if event.prompt is not None else None,
+                event.reply,
+                now,
+            ),
+        )
+    elif isinstance(event, Folded):
+        db.execute(
+            "INSERT INTO folds (session_id, role, first_round, last_round, tokens_before, tokens_after, ok, error, at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (session_id, event.role.value, event.first_round, event.last_round, event.tokens_before, event.tokens_after, event.ok, event.error, now),
+        )
+    elif isinstance(event, FileLoaded):
+        db.execute(
+            "INSERT INTO files (session_id, name, source, after_round, at) VALUES (?, ?, ?, ?, ?)",
+            (session_id, event.name, event.source, event.after_round, event.at),
+        )
+
+
+def _end_round(db: sqlite3.Connection, session_id: str, round_id: str, *, state: str, error: str | None, at: float) -> None:
+    db.execute("UPDATE rounds SET state = ?, error = ?, ended_at = ? WHERE session_id = ? AND round_id = ?", (state, error, at, session_id, round_id))
 
 
 def _insert_post(db: sqlite3.Connection, session_id: str, round_id: str, post: Post) -> None:

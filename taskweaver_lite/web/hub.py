@@ -19,7 +19,7 @@ from typing import Any
 from taskweaver_lite.config import Config
 from taskweaver_lite.conversation import RoleName
 from taskweaver_lite.errors import SessionBusyError, TaskWeaverError
-from taskweaver_lite.events import Event, ReplyStreamed, RoundEnded
+from taskweaver_lite.events import Event, PostAdded, ReplyStreamed, RoundEnded
 from taskweaver_lite.kernel.executor import close_thread_loop
 from taskweaver_lite.session import Session
 from taskweaver_lite.streaming import SHOWN_FIELDS, PartialReply
@@ -44,7 +44,7 @@ class Turn:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.finished = False  # the final event is on its way
-        self.answered = False  # the answer is on its way (the round is stored; its bookkeeping may go on)
+        self.answered = False  # the answer is on its way (stored, and its round with it; the bookkeeping may go on)
         self._pending: list[dict[str, Any] | None] = []
         self._lock = threading.Lock()
         self._ready = asyncio.Event()
@@ -146,19 +146,20 @@ class LiveSession:
 
     def _on_event(self, event: Event) -> None:
         turn = self._turn
-        if turn is None:
-            return
+        if turn is None or (isinstance(event, RoundEnded) and turn.answered):
+            return  # a round that answered was said to have ended with its answer
         shown = self._streamed(event) if isinstance(event, ReplyStreamed) else event_json(event, session_id=self.id)
         if shown is not None:
             turn.put(shown)
 
     def _on_recorded(self, event: Event) -> None:
-        """A finished round's answer, sent as soon as the store has the round: its bookkeeping (folds) follows."""
+        """The answer, sent as soon as the store has it (and with it, the round's end): bookkeeping follows."""
         turn = self._turn
-        if turn is None or not isinstance(event, RoundEnded) or event.round.state != "finished" or event.round.answer is None:
+        if turn is None or not isinstance(event, PostAdded) or not event.post.is_answer:
             return
         turn.answered = True
-        turn.put({"type": "answer", "text": event.round.answer, "round": event.round.index})
+        turn.put({"type": "round_ended", "round": event.round.index, "state": "finished", "error": None})
+        turn.put({"type": "answer", "text": event.post.message, "round": event.round.index})
 
     def _streamed(self, event: ReplyStreamed) -> dict[str, Any] | None:
         """A streaming reply as the fields read from it so far (the message, the code), never its raw JSON."""
