@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import threading
@@ -206,3 +207,19 @@ def test_opening_a_session_takes_the_loaded_modules_out_of_the_collectors_view(w
     with httpx.Client(base_url=web.url) as client:
         client.post("/api/sessions", json={})
     assert gc.get_freeze_count() > 50_000
+
+
+def test_the_request_thread_learns_when_its_answer_has_been_written() -> None:
+    # The round's bookkeeping waits for this, so it does not take the interpreter from the writing loop.
+    async def read() -> tuple[bool, bool]:
+        turn = Turn(asyncio.get_running_loop())
+        turn.put({"type": "answer", "text": "Done", "round": 1})
+        stream = turn.batches()
+        assert [e["type"] for e in await stream.__anext__()] == ["answer"]
+        before = turn.answer_sent.is_set()  # handed to the server, not yet written
+        turn.put(END)
+        with contextlib.suppress(StopAsyncIteration):
+            await stream.__anext__()  # the server comes back for more: the answer went out
+        return before, turn.answer_sent.is_set()
+
+    assert asyncio.run(read()) == (False, True)

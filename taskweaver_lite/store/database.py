@@ -103,6 +103,7 @@ class SessionStore:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._writers = _writers(self.path)
+        self._known_rounds: set[tuple[str, str]] = set()  # (session, round) rows this store has made sure of
         if synchronous not in ("NORMAL", "FULL"):
             raise StoreError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
         try:
@@ -181,8 +182,10 @@ class SessionStore:
         with self._transaction() as db:
             if db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id)).rowcount == 0:
                 raise StoreError(f"session {session_id} is not in {self.path}; it must be created before events are recorded")
+            made: set[tuple[str, str]] = set()
             for event in kept:
-                _write_event(db, session_id, event, now)
+                _write_event(db, session_id, event, now, known_rounds=self._known_rounds, made=made)
+        self._known_rounds |= made  # only once committed: a rolled-back round row is made again next time
 
     def save_compression(self, session_id: str, role: RoleName, state: dict[str, Any]) -> None:
         """Keep `role`'s CompressionState.to_dict(), replacing the one saved before."""
@@ -436,17 +439,22 @@ def _ensure_round(db: sqlite3.Connection, session_id: str, rnd: Round) -> None:
     )
 
 
-def _write_event(db: sqlite3.Connection, session_id: str, event: Event, now: float) -> None:
+def _write_event(
+    db: sqlite3.Connection, session_id: str, event: Event, now: float, *, known_rounds: set[tuple[str, str]], made: set[tuple[str, str]]
+) -> None:
+    """One event's rows; a round's row is made first unless `known_rounds` has it (`made` collects the new ones)."""
+    if isinstance(event, (RoundStarted, PostAdded, RoundEnded)):
+        key = (session_id, event.round.id)
+        if key not in known_rounds and key not in made:
+            _ensure_round(db, session_id, event.round)
+            made.add(key)
     if isinstance(event, RoundStarted):
-        _ensure_round(db, session_id, event.round)
         db.execute("UPDATE sessions SET title = ? WHERE id = ? AND title = ''", (shorten(event.round.user_query), session_id))
     elif isinstance(event, PostAdded):
-        _ensure_round(db, session_id, event.round)
         _insert_post(db, session_id, event.round.id, event.post)
         if event.post.is_answer:  # the answer ends its round: both kept in one write, before anyone is shown it
             _end_round(db, session_id, event.round.id, state="finished", error=None, at=now)
     elif isinstance(event, RoundEnded):
-        _ensure_round(db, session_id, event.round)
         _end_round(db, session_id, event.round.id, state=event.round.state, error=event.round.error, at=now)
     elif isinstance(event, ModelCalled):
         db.execute(

@@ -26,6 +26,7 @@ from taskweaver_lite.streaming import SHOWN_FIELDS, PartialReply
 from taskweaver_lite.web.events import event_json
 
 END = None  # closes a turn's stream
+ANSWER_WRITE_WAIT = 0.05  # seconds a request's thread gives the loop to write its answer before its bookkeeping
 
 
 class Busy(Exception):
@@ -49,6 +50,7 @@ class Turn:
         self._lock = threading.Lock()
         self._ready = asyncio.Event()
         self._woken = False  # a wake-up is on its way to the loop
+        self.answer_sent = threading.Event()  # the answer has been written to the client (or there is none to write to)
 
     @property
     def done(self) -> bool:
@@ -75,11 +77,14 @@ class Turn:
                 pending, self._pending = self._pending, []
                 self._ready.clear()
                 self._woken = False
-            if END in pending:
-                if batch := pending[: pending.index(END)]:
-                    yield [item for item in batch if item is not None]
+            ended = END in pending
+            batch = [item for item in pending[: pending.index(END) if ended else len(pending)] if item is not None]
+            if batch:
+                yield batch  # resumed once the server has written it
+            if ended or any(item["type"] == "answer" for item in batch):
+                self.answer_sent.set()
+            if ended:
                 return
-            yield [item for item in pending if item is not None]
 
 
 class LiveSession:
@@ -160,6 +165,9 @@ class LiveSession:
         turn.answered = True
         turn.put({"type": "round_ended", "round": event.round.index, "state": "finished", "error": None})
         turn.put({"type": "answer", "text": event.post.message, "round": event.round.index})
+        # The round's bookkeeping (its end, folds) waits while the loop writes the answer, instead of
+        # taking the interpreter from it; a client that stopped reading costs at most this wait.
+        turn.answer_sent.wait(ANSWER_WRITE_WAIT)
 
     def _streamed(self, event: ReplyStreamed) -> dict[str, Any] | None:
         """A streaming reply as the fields read from it so far (the message, the code), never its raw JSON."""
