@@ -71,6 +71,8 @@ class Reply:
     gate_after: int = 0
     # Called with each content piece right after it is sent (benchmarks time the way to the screen).
     on_sent: Callable[[str], None] | None = None
+    # Called once a streamed reply has been sent whole: [DONE] is out, the body's end follows at once.
+    on_finished: Callable[[], None] | None = None
 
 
 Responder = Callable[[list[dict[str, Any]]], str | Reply]
@@ -420,6 +422,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if self.server.scripted._stopping.is_set():
                     self.close_connection = True
                     return
+            if reply.on_finished is not None:
+                reply.on_finished()  # before the body's last bytes: no client can be done reading first
             self.wfile.write(b"0\r\n\r\n")
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):

@@ -45,7 +45,7 @@ class Turn:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.finished = False  # the final event is on its way
-        self.answered = False  # the answer is on its way (stored, and its round with it; the bookkeeping may go on)
+        self.answered = False  # the answer is on its way (its round is being stored; the bookkeeping follows)
         self._pending: list[dict[str, Any] | None] = []
         self._lock = threading.Lock()
         self._ready = asyncio.Event()
@@ -97,7 +97,6 @@ class LiveSession:
         self._guard = threading.Lock()
         self._partial: dict[RoleName, PartialReply] = {}
         session.add_listener(self._on_event, first=True)  # to the page at once, as to the terminal
-        session.add_listener(self._on_recorded)  # after the store: the answer goes out once it is kept
 
     @property
     def id(self) -> str:
@@ -156,17 +155,19 @@ class LiveSession:
         shown = self._streamed(event) if isinstance(event, ReplyStreamed) else event_json(event, session_id=self.id)
         if shown is not None:
             turn.put(shown)
+        if isinstance(event, PostAdded) and event.post.is_answer:
+            self._answered(turn, event)
 
-    def _on_recorded(self, event: Event) -> None:
-        """The answer, sent as soon as the store has it (and with it, the round's end): bookkeeping follows."""
-        turn = self._turn
-        if turn is None or not isinstance(event, PostAdded) or not event.post.is_answer:
-            return
+    def _answered(self, turn: Turn, event: PostAdded) -> None:
+        """The answer goes to the page when the terminal would print it; the round is stored after it.
+
+        Its thread then waits for the loop to write it, rather than take the interpreter from the
+        loop for the store and the round's bookkeeping; a client that stopped reading costs at most
+        that wait. Should storing the round fail, an error follows the answer, last.
+        """
         turn.answered = True
         turn.put({"type": "round_ended", "round": event.round.index, "state": "finished", "error": None})
         turn.put({"type": "answer", "text": event.post.message, "round": event.round.index})
-        # The round's bookkeeping (its end, folds) waits while the loop writes the answer, instead of
-        # taking the interpreter from it; a client that stopped reading costs at most this wait.
         turn.answer_sent.wait(ANSWER_WRITE_WAIT)
 
     def _streamed(self, event: ReplyStreamed) -> dict[str, Any] | None:
