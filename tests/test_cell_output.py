@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from taskweaver_lite.config import Config
+from taskweaver_lite.kernel import output as output_module
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.output import CellOutput, collapse_repeats
 from taskweaver_lite.tokens import get_tokenizer
@@ -79,3 +82,16 @@ def test_a_noisy_failing_grid_search_in_a_real_kernel_fits_an_8k_windows_share(t
     assert "raise ValueError" in result.error.traceback, "the raising frame is kept"
     assert "FitFailedWarning" in result.stderr and "[repeated 70 times]" in result.stderr
     assert TOKENIZER.count(text) <= config.cell_output_tokens + 120  # outcome, labels and the variables line on top
+
+
+def test_a_cell_that_prints_without_end_leaves_an_output_file_of_bounded_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A print loop writes gigabytes before its timeout: the file keeps the first part and says how much more there was.
+    monkeypatch.setattr(output_module, "TRANSCRIPT_MAX_CHARS", 10_000)
+    cell = output(tmp_path, max_tokens=400)
+    for n in range(5_000):
+        cell.add("stream", {"name": "stdout", "text": f"row {n:05d}\n"})
+    result = cell.finish("while True: print(...)")
+    saved = Path(str(result.full_output_path)).read_text(encoding="utf-8")
+    assert saved.startswith("row 00000\n") and len(saved) < 10_200
+    assert saved.rstrip().endswith("[... 40,000 more characters not saved: a cell's output file holds at most 10,000 ...]")
+    assert "row 04999" in result.stdout, "the models still see the output's end"

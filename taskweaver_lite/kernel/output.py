@@ -24,6 +24,9 @@ from taskweaver_lite.tokens import Tokenizer, get_tokenizer
 IMAGE_SUFFIXES = {"image/png": ".png", "image/jpeg": ".jpg", "image/svg+xml": ".svg"}
 # Text kept in memory before the transcript moves to disk.
 SPILL_CHARS = 1_000_000
+# The most a cell's transcript file holds: a print loop writes gigabytes before its timeout; past
+# this the file ends with a line saying how much more there was (the prompt's view keeps the tail).
+TRANSCRIPT_MAX_CHARS = 50_000_000
 # While streaming, each field keeps this many characters per token of the cell's limit, and at
 # least MIN_KEPT_CHARS (head and tail): enough that repeated warnings collapse before anything is
 # cut, bounded whatever the cell prints.
@@ -88,20 +91,28 @@ class _Transcript:
         self._parts: list[str] = []
         self._size = 0
         self._file: IO[str] | None = None
+        self._max_chars = TRANSCRIPT_MAX_CHARS
+        self._written = 0  # characters in the file so far
+        self._dropped = 0  # characters past max_chars, not written
 
     def add(self, text: str) -> None:
         if self.problem is not None:
             return
         try:
             if self._file is not None:
+                room = max(self._max_chars - self._written, 0)
+                if len(text) > room:
+                    self._dropped += len(text) - room
+                    text = text[:room]
                 self._file.write(text)
+                self._written += len(text)
                 return
             self._parts.append(text)
             self._size += len(text)
-            if self._size > SPILL_CHARS:
+            if self._size > min(SPILL_CHARS, self._max_chars):
                 self._file = self.path.open("w", encoding="utf-8")
-                self._file.write("".join(self._parts))
-                self._parts = []
+                held, self._parts = "".join(self._parts), []
+                self.add(held)
         except OSError as exc:
             self._give_up(exc)
 
@@ -110,6 +121,8 @@ class _Transcript:
         try:
             if self._file is not None:
                 file, self._file = self._file, None
+                if self._dropped:
+                    file.write(f"\n[... {self._dropped:,} more characters not saved: a cell's output file holds at most {self._max_chars:,} ...]\n")
                 file.close()
                 return str(self.path) if self.problem is None else None
             if not needed or self.problem is not None:
