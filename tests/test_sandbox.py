@@ -171,6 +171,21 @@ def test_bubblewrap_asked_for_but_missing_is_an_error_naming_the_package(monkeyp
     assert uses_sandbox(ExecutionConfig(sandbox="auto")) is False
 
 
+def test_auto_runs_without_a_bwrap_that_cannot_build_a_sandbox_here_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Some containers forbid the namespaces bwrap needs: every kernel start would fail with `auto`.
+    fake = tmp_path / "bin" / "bwrap"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    assert uses_sandbox(ExecutionConfig(sandbox="auto")) is False
+    assert uses_sandbox(ExecutionConfig(sandbox="bubblewrap")) is True, "asked for by name, its failure is the kernel start's error"
+    with KernelExecutor(tmp_path / "sessions" / "s1", config=ExecutionConfig(sandbox="auto", timeout=30)) as executor:
+        first, second = executor.run("x = 1"), executor.run("y = 2")
+    assert first.success and any("without the sandbox" in n and "No permissions to create new namespace" in n for n in first.notices)
+    assert not any("sandbox" in n for n in second.notices), "said once"
+
+
 @needs_bwrap
 def test_a_sessions_hostile_cell_fails_and_the_session_goes_on(tmp_path: Path) -> None:
     with ScriptedServer() as server:

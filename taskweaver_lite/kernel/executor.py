@@ -43,7 +43,7 @@ from taskweaver_lite.kernel.process import (
     on_launcher_thread,
     socket_dir,
 )
-from taskweaver_lite.kernel.sandbox import kernel_command, plan_for, uses_sandbox
+from taskweaver_lite.kernel.sandbox import fallback_notice, kernel_command, plan_for, uses_sandbox
 from taskweaver_lite.plugins import PluginSpec
 from taskweaver_lite.uploads import copy_file
 
@@ -124,6 +124,9 @@ class KernelExecutor:
         self._plugin_install = namespace.plugin_install_code(plugins, session_id=self.session_dir.name, cwd=self.cwd) if plugins else ""
         self.plugin_failures: tuple[str, ...] = ()  # plugins that failed to load in the current kernel, one line each
         self._unreported_failures: tuple[str, ...] = ()
+        # Said with the first cell: `auto` found bubblewrap but could not build a sandbox with it here.
+        fallback = fallback_notice() if config.sandbox == "auto" and not use_sandbox else None
+        self._first_notices: tuple[str, ...] = (fallback,) if fallback else ()
         # Asked for with every cell, in the same request: the variables, and the working folder put back.
         self._expressions = namespace.cell_expressions(str(self.cwd))
         if plugins:  # what plugins logged and saved during the cell; no cost for sessions without plugins
@@ -327,8 +330,8 @@ class KernelExecutor:
         changes = self._namespace.take(namespace.snapshot_rows(expressions))
         notices = base.notices + namespace.moved_notice(namespace.moved_from(expressions), str(self.cwd))
         logs, saved = namespace.plugin_reports(expressions)
-        failures = tuple(f"A plugin could not be loaded and is not available: {line}" for line in self._unreported_failures)
-        self._unreported_failures = ()
+        failures = self._first_notices + tuple(f"A plugin could not be loaded and is not available: {line}" for line in self._unreported_failures)
+        self._unreported_failures = self._first_notices = ()
         return dataclasses.replace(
             base,
             success=base.success and ok,

@@ -17,8 +17,10 @@ restarted, and the model is told), `execution.max_processes` inside the sandbox.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -51,21 +53,52 @@ def bwrap_path() -> str | None:
 
 
 def uses_sandbox(config: ExecutionConfig) -> bool:
-    """Whether kernels start inside bubblewrap: `bubblewrap` always (missing bwrap is an error), `auto` where installed."""
+    """Whether kernels start inside bubblewrap: `bubblewrap` always (missing bwrap is an error), `auto`
+    where installed and able to build the sandbox here (`unusable_reason` says why not)."""
     if config.sandbox == "none":
         return False
     if sys.platform != "linux":
         if config.sandbox == "bubblewrap":
             raise ConfigError("execution.sandbox: bubblewrap needs Linux; set execution.sandbox: none (or auto) on this system.")
         return False
-    if bwrap_path() is not None:
-        return True
+    path = bwrap_path()
+    if path is not None:
+        return config.sandbox == "bubblewrap" or unusable_reason(path) is None
     if config.sandbox == "bubblewrap":
         raise ConfigError(
             f"execution.sandbox is bubblewrap but `bwrap` is not installed: install the {PACKAGE} package "
             f"(Debian/Ubuntu: sudo apt-get install {PACKAGE}), or set execution.sandbox: auto or none."
         )
     return False
+
+
+@functools.cache
+def unusable_reason(path: str) -> str | None:
+    """None when the `bwrap` at `path` can build the sandbox's namespaces here; else bwrap's own words.
+
+    Some containers forbid the namespaces bwrap needs: `auto` then runs kernels without it rather
+    than fail every kernel start. Tried once per process (a few milliseconds).
+    """
+    trial = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    try:
+        done = subprocess.run([*trial, "--unshare-net", "--die-with-parent", "true"], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if done.returncode == 0:
+        return None
+    return done.stderr.decode("utf-8", "replace").strip() or f"{path} exited with status {done.returncode}"
+
+
+def fallback_notice() -> str | None:
+    """What to tell the user when `auto` found bwrap but could not use it (None: nothing to tell)."""
+    path = bwrap_path()
+    reason = unusable_reason(path) if path is not None and sys.platform == "linux" else None
+    if reason is None:
+        return None
+    return (
+        f"This kernel runs without the sandbox: bubblewrap is installed but cannot build one here ({reason}). "
+        "Set execution.sandbox: none to run without it knowingly, or bubblewrap to make this an error."
+    )
 
 
 def plan_for(*, cwd: Path, socket_dir: Path, hidden: Iterable[Path], network: bool, tmp_bytes: int | None = None) -> SandboxPlan:
