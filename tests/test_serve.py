@@ -158,15 +158,17 @@ def test_without_a_token_only_this_machines_names_are_answered(web: WebServer) -
 
 
 def test_a_request_sent_the_moment_the_answer_arrives_is_answered_not_refused(web: WebServer, scripted: ScriptedServer) -> None:
-    # The answer goes out once the round is stored, while the round's bookkeeping (folds) goes on:
-    # the next request must wait for that bookkeeping, not get 409.
+    # The answer goes out when the terminal would print it, while its round is stored and its
+    # bookkeeping goes on: the next request must wait for those, not get 409, and its stream must
+    # carry only its own round's events.
     scripted.set_default("planner", lambda messages: planner_reply("Done.", send_to="User"))
     with httpx.Client(base_url=web.url) as client:
         session_id = client.post("/api/sessions", json={}).json()["id"]
         for number in range(1, 6):
             received = events(client, session_id, f"request {number}")
             kinds = [event["type"] for event in received]
-            assert kinds[-2:] == ["round_ended", "answer"], kinds
+            assert kinds[0] == "round_started" and kinds[-2:] == ["round_ended", "answer"], kinds
+            assert {event["round"] for event in received if "round" in event} == {number}, received
             assert received[-2]["state"] == "finished" and received[-1] == {"type": "answer", "text": "Done.", "round": number}
         rounds = client.get(f"/api/sessions/{session_id}").json()["rounds"]
         assert [r["state"] for r in rounds] == ["finished"] * 5

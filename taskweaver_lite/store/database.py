@@ -452,7 +452,7 @@ def _write_event(
         db.execute("UPDATE sessions SET title = ? WHERE id = ? AND title = ''", (shorten(event.round.user_query), session_id))
     elif isinstance(event, PostAdded):
         _insert_post(db, session_id, event.round.id, event.post)
-        if event.post.is_answer:  # the answer ends its round: both kept in one write, before anyone is shown it
+        if event.post.is_answer:  # the answer ends its round: both are kept in one write
             _end_round(db, session_id, event.round.id, state="finished", error=None, at=now)
     elif isinstance(event, RoundEnded):
         _end_round(db, session_id, event.round.id, state=event.round.state, error=event.round.error, at=now)

@@ -19,7 +19,7 @@ from typing import Any
 from taskweaver_lite.config import Config
 from taskweaver_lite.conversation import RoleName
 from taskweaver_lite.errors import SessionBusyError, TaskWeaverError
-from taskweaver_lite.events import Event, PostAdded, ReplyStreamed, RoundEnded
+from taskweaver_lite.events import Event, PostAdded, ReplyStreamed
 from taskweaver_lite.kernel.executor import close_thread_loop
 from taskweaver_lite.session import Session
 from taskweaver_lite.streaming import SHOWN_FIELDS, PartialReply
@@ -93,6 +93,7 @@ class LiveSession:
     def __init__(self, session: Session) -> None:
         self.session = session
         self._turn: Turn | None = None
+        self._turns: dict[int, Turn] = {}  # a request's thread -> its turn: its events go there, not to a newer one
         self._worker: threading.Thread | None = None
         self._guard = threading.Lock()
         self._partial: dict[RoleName, PartialReply] = {}
@@ -130,6 +131,7 @@ class LiveSession:
 
     def _answer(self, text: str, turn: Turn, previous: threading.Thread | None) -> None:
         final: dict[str, Any] | None
+        self._turns[threading.get_ident()] = turn
         try:
             if previous is not None:
                 previous.join()  # Stop while waiting for it cancels this request too
@@ -143,15 +145,18 @@ class LiveSession:
         else:
             final = None if turn.answered else {"type": "error", "message": f"This request failed: {rnd.error or 'no answer'}"}
         close_thread_loop()  # the kernel client's loop for this thread
+        self._turns.pop(threading.get_ident(), None)
         turn.finished = True  # a next request may start: this thread only returns from here
         if final is not None:
             turn.put(final)  # an error after the answer (the round's bookkeeping failed) is still said, last
         turn.put(END)
 
     def _on_event(self, event: Event) -> None:
-        turn = self._turn
-        if turn is None or (isinstance(event, RoundEnded) and turn.answered):
-            return  # a round that answered was said to have ended with its answer
+        # A request's thread feeds its own turn, even once a newer request has started (it finishes
+        # its round's bookkeeping meanwhile); background folds feed the newest.
+        turn = self._turns.get(threading.get_ident(), self._turn)
+        if turn is None or turn.answered:
+            return  # nothing follows an answer but an error, said by `_answer`
         shown = self._streamed(event) if isinstance(event, ReplyStreamed) else event_json(event, session_id=self.id)
         if shown is not None:
             turn.put(shown)
