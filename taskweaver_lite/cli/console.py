@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import IO
 
 from rich.console import Console
@@ -57,6 +58,40 @@ class _Elapsed:
         return Text(f"{self.label}… {time.monotonic() - self.started:.1f} s")
 
 
+class _Alarm:
+    """Calls an action after a delay, unless cancelled first, on one thread that lasts (started on
+    first use): a thread per streamed reply cost more to start and stop than an instant reply took."""
+
+    def __init__(self) -> None:
+        self._wake = threading.Condition()
+        self._due: tuple[float, Callable[[], None]] | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def waiting(self) -> bool:
+        return self._due is not None
+
+    def ring_in(self, delay: float, action: Callable[[], None]) -> None:
+        with self._wake:
+            self._due = (time.monotonic() + delay, action)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="console-alarm", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def cancel(self) -> None:
+        with self._wake:
+            self._due = None
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while self._due is None or self._due[0] > time.monotonic():
+                    self._wake.wait(None if self._due is None else self._due[0] - time.monotonic())
+                action, self._due = self._due[1], None
+            action()
+
+
 class RichConsole:
     """Renders events on a terminal."""
 
@@ -68,7 +103,7 @@ class RichConsole:
         # The reply streaming or the cell running now, in a transient live display the finished post replaces.
         self._stream: tuple[StreamView | CellView, Live] | None = None
         self._pending: StreamView | None = None
-        self._timer: threading.Timer | None = None
+        self._alarm = _Alarm()  # shows a waiting reply view on time if its stream stalls
         self._refreshed = 0.0
         self._lock = threading.RLock()
         # Background notices (folds) arrive at any moment, from another thread: printed at once they
@@ -160,11 +195,9 @@ class RichConsole:
         if view is self._pending and view.has_text():
             if view.age() >= _SHOW_AFTER:
                 self._show_pending(view)
-            elif self._timer is None:
+            elif not self._alarm.waiting:
                 # The next piece may be seconds away (a stalled or slow model): show it on time anyway.
-                self._timer = threading.Timer(_SHOW_AFTER - view.age(), self._show_pending, args=(view,))
-                self._timer.daemon = True
-                self._timer.start()
+                self._alarm.ring_in(_SHOW_AFTER - view.age(), lambda: self._show_pending(view))
         self._redraw(_MIN_REDRAW)
 
     def _show_pending(self, view: StreamView) -> None:
@@ -214,9 +247,7 @@ class RichConsole:
     def _end_stream(self) -> None:
         """Clear the live view of a streamed reply (its post, printed next, replaces it)."""
         self._pending = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._alarm.cancel()
         if self._stream is not None:
             self._stream[1].stop()
             self._stream = None
