@@ -17,10 +17,7 @@ import base64
 import re
 import time
 from pathlib import Path
-from typing import Any
-
-import nbformat
-from nbformat.notebooknode import NotebookNode
+from typing import TYPE_CHECKING, Any
 
 from taskweaver_lite.config import Config
 from taskweaver_lite.conversation import Post, Round
@@ -28,6 +25,9 @@ from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.store.database import SessionStore, StoredSession
+
+if TYPE_CHECKING:
+    from nbformat.notebooknode import NotebookNode
 
 IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".svg": "image/svg+xml"}
 RAISES_TAG = "raises-exception"
@@ -56,6 +56,7 @@ def write_export(config: Config, ref: str, *, fmt: str, target: Path | None, for
 
 def export_notebook(stored: StoredSession, path: Path, *, working_dir: Path | None = None) -> Path:
     """Write the session as an .ipynb (nbformat v4, validated); `working_dir` adds a first cell that cds there."""
+    import nbformat  # its JSON-schema validator takes ~1 s to import: only when a notebook is written
     cells: list[NotebookNode] = [nbformat.v4.new_markdown_cell(_heading(stored))]
     counter = _Counter()
     if working_dir is not None:
@@ -141,6 +142,7 @@ def _round_status(rnd: Round) -> str:
 
 
 def _round_cells(rnd: Round, counter: _Counter) -> list[NotebookNode]:
+    import nbformat
     status = _round_status(rnd)
     request = f"## Request {rnd.index}\n\n{_quoted(rnd.user_query)}" + (f"\n\n{status}" if status else "")
     cells = [nbformat.v4.new_markdown_cell(request)]
@@ -155,6 +157,7 @@ def _round_cells(rnd: Round, counter: _Counter) -> list[NotebookNode]:
 
 
 def _execution_cells(post: Post, result: ExecutionResult, counter: _Counter) -> list[NotebookNode]:
+    import nbformat
     if result.refused:
         return [nbformat.v4.new_markdown_cell(f"{_not_run_note(result)}\n\n{_fenced(result.code, 'python')}")]
     if result.timed_out or result.kernel_died or result.interrupted:
@@ -175,6 +178,7 @@ def _execution_cells(post: Post, result: ExecutionResult, counter: _Counter) -> 
 
 
 def _outputs(result: ExecutionResult, count: int) -> list[NotebookNode]:
+    import nbformat
     outputs: list[NotebookNode] = []
     for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
         if text:
