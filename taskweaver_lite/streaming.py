@@ -10,6 +10,7 @@ only make the live view lag, never change the answer.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 
 from taskweaver_lite.conversation import RoleName
@@ -60,6 +61,9 @@ class PartialReply:
         self.values[key] = self.values.get(key, "") + text
 
 
+_STRING_SPECIAL = re.compile(r'["\\]')  # what ends a run of ordinary characters inside a JSON string
+
+
 class _Scanner:
     """A JSON tokenizer fed piece by piece: tracks keys and streams the wanted string values out."""
 
@@ -76,13 +80,22 @@ class _Scanner:
         self._high = ""  # the first half of a \uXXXX surrogate pair, waiting for its second
 
     def feed(self, text: str) -> None:
-        """Scan the next characters."""
+        """Scan the next characters (a string's ordinary characters a run at a time)."""
         out: list[str] = []
-        for char in text:
+        at, end = 0, len(text)
+        while at < end:
+            if self._in_string and self._escape is None:
+                special = _STRING_SPECIAL.search(text, at)
+                stop = special.start() if special else end
+                if stop > at:
+                    self._emit(text[at:stop], out)
+                    at = stop
+                    continue
             if self._in_string:
-                self._string_char(char, out)
+                self._string_char(text[at], out)
             else:
-                self._structure_char(char)
+                self._structure_char(text[at])
+            at += 1
         self._flush(out)
 
     def _structure_char(self, char: str) -> None:
