@@ -255,11 +255,11 @@ def _export(config: Config) -> Handler:
         target = folder / f"{session_id}.{fmt}"
         try:
             await asyncio.to_thread(write_export, config, session_id, fmt=fmt, target=target)
+            data = target.read_bytes()
         except TaskWeaverError as exc:
-            shutil.rmtree(folder, ignore_errors=True)
             return _error(404, str(exc))
-        data = target.read_bytes()
-        shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
         kind = "application/x-ipynb+json" if fmt == "ipynb" else "text/markdown; charset=utf-8"
         return Response(data, media_type=kind, headers={"Content-Disposition": f'attachment; filename="{target.name}"'})
 
