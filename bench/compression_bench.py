@@ -33,16 +33,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.config import Config
-from taskweaver_lite.conversation import RoleName, RoundMessages
 from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.execution import FoldPiece, Variable
-from taskweaver_lite.llm import Message, OpenAIChatModel
-from taskweaver_lite.summary import render_summary
+from taskweaver_lite.llm.client import Message, OpenAIChatModel
+from taskweaver_lite.llm.tokens import get_tokenizer
+from taskweaver_lite.memory.compression import RoleContext
+from taskweaver_lite.memory.conversation import RoleName, RoundMessages
+from taskweaver_lite.memory.summary import render_summary
+from taskweaver_lite.memory.variables import LiveVariables
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer
-from taskweaver_lite.tokens import get_tokenizer
-from taskweaver_lite.variables import LiveVariables
 
 # The soak's session driver lives with the tests that assert on it: one implementation for both.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
-from taskweaver_lite.plugin_prompt import render_block, select
-from taskweaver_lite.plugins import PluginSpec, discover
-from taskweaver_lite.tokens import get_tokenizer
+from taskweaver_lite.llm.tokens import get_tokenizer
+from taskweaver_lite.plugins.catalog import PluginSpec, discover
+from taskweaver_lite.plugins.prompt import render_block, select
 
 TOPICS = [
     ("warehouse", "Pull rows from the team's warehouse table for a date range"),

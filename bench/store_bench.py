@@ -18,9 +18,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from taskweaver_lite.conversation import Plan, Post, Round
 from taskweaver_lite.events import Event, ModelCalled, PostAdded, RoundEnded, RoundStarted
 from taskweaver_lite.execution import ExecutionResult, Variable, VariableChanges
+from taskweaver_lite.memory.conversation import Plan, Post, Round
 from taskweaver_lite.store.database import SessionStore, Synchronous
 
 PLAN = Plan(init_plan="1. load the data\n2. compute the growth per region\n3. report", plan="1. load\n2. compute\n3. report", current_plan_step="2. compute")

@@ -26,7 +26,7 @@ from taskweaver_lite.cli.demo import bundled_project
 from taskweaver_lite.config import load_config
 from taskweaver_lite.execution import ExecutionResult, Executor, OutputSink, Variable
 from taskweaver_lite.kernel.executor import KernelExecutor
-from taskweaver_lite.llm import OpenAIChatModel
+from taskweaver_lite.llm.client import OpenAIChatModel
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 

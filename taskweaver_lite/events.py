@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from taskweaver_lite.conversation import Post, RoleName, Round
-from taskweaver_lite.llm import Delta
+from taskweaver_lite.llm.client import Delta
+from taskweaver_lite.memory.conversation import Post, RoleName, Round
 
 Activity = Literal["planner_thinking", "code_writing", "code_running", "repairing"]
 

@@ -22,26 +22,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.code_generator import CodeGenerator
-from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.config import Config, LLMConfig
 from taskweaver_lite.confirm import ConfirmCell
-from taskweaver_lite.conversation import Conversation, Post, RoleName, Round
 from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
-from taskweaver_lite.examples import load_examples
 from taskweaver_lite.execution import Executor, ExecutorFactory, Variable
-from taskweaver_lite.llm import CallRecord, ChatModel, MeteredModel, Usage
-from taskweaver_lite.planner import Planner, list_working_files
-from taskweaver_lite.plugin_prompt import planner_line
-from taskweaver_lite.plugins import PluginCatalog, PluginSpec, discover
-from taskweaver_lite.role import RepairTurns
+from taskweaver_lite.llm.client import CallRecord, ChatModel, MeteredModel, Usage
+from taskweaver_lite.llm.tokens import get_tokenizer
+from taskweaver_lite.memory.compression import RoleContext
+from taskweaver_lite.memory.conversation import Conversation, Post, RoleName, Round
+from taskweaver_lite.memory.summary import CompressionState
+from taskweaver_lite.memory.variables import LiveVariables
+from taskweaver_lite.plugins.catalog import PluginCatalog, PluginSpec, discover
+from taskweaver_lite.plugins.prompt import planner_line
+from taskweaver_lite.roles.code_generator import CodeGenerator
+from taskweaver_lite.roles.examples import load_examples
+from taskweaver_lite.roles.planner import Planner, list_working_files
+from taskweaver_lite.roles.role import RepairTurns
 from taskweaver_lite.store.database import SessionStore, StoreRecorder
 from taskweaver_lite.store.lock import SessionLock
-from taskweaver_lite.summary import CompressionState
-from taskweaver_lite.tokens import get_tokenizer
 from taskweaver_lite.uploads import check_upload
-from taskweaver_lite.variables import LiveVariables
 from taskweaver_lite.verification import verifier_from
 
 
@@ -442,7 +442,7 @@ class Session:
 
 def role_models(config: Config) -> ChatModel:
     """The openai-SDK clients a session calls: one per distinct role model (`planner.llm`...), shared when equal."""
-    from taskweaver_lite.llm import OpenAIChatModel, RoutedModel
+    from taskweaver_lite.llm.client import OpenAIChatModel, RoutedModel
 
     clients: dict[str, OpenAIChatModel] = {}
 

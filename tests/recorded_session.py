@@ -13,8 +13,8 @@ from typing import Any
 from helpers import make_project
 
 from taskweaver_lite.config import load_config
-from taskweaver_lite.conversation import Round
-from taskweaver_lite.llm import Usage
+from taskweaver_lite.llm.client import Usage
+from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 

@@ -32,11 +32,11 @@ from helpers import make_project
 from taskweaver_lite.config import load_config
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.events import Event, Listener, ModelCalled
-from taskweaver_lite.llm import Message
+from taskweaver_lite.llm.client import Message
+from taskweaver_lite.llm.tokens import Tokenizer, get_tokenizer
+from taskweaver_lite.memory.summary import VARIABLES_SHARE
 from taskweaver_lite.session import Session
-from taskweaver_lite.summary import VARIABLES_SHARE
 from taskweaver_lite.testing.scripted_server import ScriptedRequest, ScriptedServer, code_reply, planner_reply
-from taskweaver_lite.tokens import Tokenizer, get_tokenizer
 
 SUMMARY_HEADING = "## Summary of earlier rounds"
 VARIABLES_HEADING = "Variables in the kernel now"

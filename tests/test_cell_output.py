@@ -10,7 +10,7 @@ from taskweaver_lite.config import Config
 from taskweaver_lite.kernel import output as output_module
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.output import CellOutput, collapse_repeats
-from taskweaver_lite.tokens import get_tokenizer
+from taskweaver_lite.llm.tokens import get_tokenizer
 
 TOKENIZER = get_tokenizer()
 

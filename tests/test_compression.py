@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.config import Config
-from taskweaver_lite.conversation import RoleName, RoundMessages
 from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.execution import FoldPiece, Variable
-from taskweaver_lite.llm import Completion, DeltaSink, Message, OpenAIChatModel
-from taskweaver_lite.summary import CompressionState
+from taskweaver_lite.llm.client import Completion, DeltaSink, Message, OpenAIChatModel
+from taskweaver_lite.llm.tokens import get_tokenizer
+from taskweaver_lite.memory.compression import RoleContext
+from taskweaver_lite.memory.conversation import RoleName, RoundMessages
+from taskweaver_lite.memory.summary import CompressionState
+from taskweaver_lite.memory.variables import LiveVariables, merge_variables
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, detect_role
-from taskweaver_lite.tokens import get_tokenizer
-from taskweaver_lite.variables import LiveVariables, merge_variables
 
 TOKENIZER = get_tokenizer()
 SYSTEM = "You are the role under test."
@@ -634,7 +634,7 @@ def test_at_8k_every_fold_request_fits_the_window_and_no_round_goes_unseen() -> 
 
 
 def test_a_round_too_big_for_a_fold_keeps_its_request_instruction_and_outcome() -> None:
-    from taskweaver_lite.summary import round_text
+    from taskweaver_lite.memory.summary import round_text
 
     pieces = (
         FoldPiece("User: which region grew fastest?", essential=True),

@@ -9,9 +9,9 @@ from rich.console import Console
 from taskweaver_lite.cli.chat import EXPORT_USAGE, HELP
 from taskweaver_lite.cli.console import PlainConsole, RichConsole
 from taskweaver_lite.cli.tracebacks import screen_text, shorten_traceback
-from taskweaver_lite.conversation import Post, RoleName, Round
 from taskweaver_lite.events import Folded, PostAdded
 from taskweaver_lite.execution import ExecutionError, ExecutionResult
+from taskweaver_lite.memory.conversation import Post, RoleName, Round
 
 # An IPython traceback as the kernel reports it (colours stripped): a KeyError raised inside pandas
 # from a function the user defined, chained from pandas' own KeyError.

@@ -23,9 +23,9 @@ from recorded_session import (
     record_session,
 )
 
-from taskweaver_lite.conversation import Post, Round
 from taskweaver_lite.events import FileLoaded, PostAdded, RoundStarted
 from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.memory.conversation import Post, Round
 from taskweaver_lite.store.database import SessionStore, StoredSession
 from taskweaver_lite.store.export import export_markdown, export_notebook
 

@@ -267,7 +267,7 @@ def test_no_gateway_means_the_local_kernel(tmp_path: Path) -> None:
 
 
 def test_plugins_are_loaded_on_the_gateways_kernel_and_come_back_after_a_restart(gateway: Gateway, tmp_path: Path) -> None:
-    from taskweaver_lite.plugins import discover
+    from taskweaver_lite.plugins.catalog import discover
 
     plugins = discover(REPO / "project").enabled
     assert {p.name for p in plugins} >= {"sql_pull", "anomaly_detection"}

@@ -14,10 +14,10 @@ from helpers import make_project, run_cli
 
 from taskweaver_lite.config import load_config
 from taskweaver_lite.errors import LLMError
-from taskweaver_lite.llm import Message
+from taskweaver_lite.llm.client import Message
+from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, planner_reply
-from taskweaver_lite.tokens import get_tokenizer
 
 
 @pytest.fixture

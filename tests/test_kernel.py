@@ -79,7 +79,7 @@ def test_error_gives_name_value_and_traceback_without_ansi_codes(kernel_executor
 
 
 def test_ten_megabyte_print_is_cut_with_marker_and_saved_in_full(kernel_executor: KernelExecutor) -> None:
-    from taskweaver_lite.tokens import get_tokenizer
+    from taskweaver_lite.llm.tokens import get_tokenizer
 
     result = kernel_executor.run("print('HEAD' + 'x' * 10_000_000 + 'TAIL')")
     assert result.success

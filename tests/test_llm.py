@@ -24,7 +24,7 @@ from taskweaver_lite.errors import (
     LLMRateLimitError,
     LLMUnreachableError,
 )
-from taskweaver_lite.llm import CallRecord, Completion, DeltaSink, Message, MeteredModel, OpenAIChatModel, Usage
+from taskweaver_lite.llm.client import CallRecord, Completion, DeltaSink, Message, MeteredModel, OpenAIChatModel, Usage
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, last_user_text, planner_reply
 
 KEY = "sk-test-0123456789"
@@ -335,7 +335,7 @@ def test_concurrent_calls_from_threads_are_all_answered_and_recorded(
 
 
 def test_importing_the_module_does_not_import_the_sdk() -> None:
-    code = "import sys, taskweaver_lite.llm; print('openai' in sys.modules)"
+    code = "import sys, taskweaver_lite.llm.client; print('openai' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 

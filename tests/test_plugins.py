@@ -15,8 +15,8 @@ from taskweaver_lite.config import ExecutionConfig, load_config
 from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.execution import ExecutionError
 from taskweaver_lite.kernel.executor import KernelExecutor
-from taskweaver_lite.plugin_prompt import planner_line, render_block, render_stub, select, used_plugins
-from taskweaver_lite.plugins import ENTRY_POINT_GROUP, Parameter, PluginSpec, discover, read_entry
+from taskweaver_lite.plugins.catalog import ENTRY_POINT_GROUP, Parameter, PluginSpec, discover, read_entry
+from taskweaver_lite.plugins.prompt import planner_line, render_block, render_stub, select, used_plugins
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
@@ -325,7 +325,7 @@ def test_a_plugin_class_without_call_is_reported_when_it_loads(tmp_path: Path) -
 
 
 def test_in_a_small_window_the_plugin_block_shows_typed_signatures_within_its_share(tmp_path: Path) -> None:
-    from taskweaver_lite.tokens import get_tokenizer
+    from taskweaver_lite.llm.tokens import get_tokenizer
 
     tokenizer = get_tokenizer()
     specs = discover(make_project(tmp_path, "http://127.0.0.1:9")).enabled

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from taskweaver_lite.errors import ReplyFormatError
-from taskweaver_lite.replies import (
+from taskweaver_lite.llm.replies import (
     CODE_GENERATOR_SCHEMA,
     PLANNER_SCHEMA,
     SUMMARY_SCHEMA,

@@ -10,8 +10,8 @@ import pytest
 from helpers import make_project, run_cli
 
 from taskweaver_lite.config import load_config
-from taskweaver_lite.conversation import RoleName
 from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.memory.conversation import RoleName
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 

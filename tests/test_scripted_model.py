@@ -14,8 +14,8 @@ import pytest
 
 from taskweaver_lite.config import LLMConfig
 from taskweaver_lite.errors import LLMError, LLMUnreachableError
-from taskweaver_lite.llm import Message, OpenAIChatModel
-from taskweaver_lite.replies import CODE_GENERATOR_SCHEMA, PLANNER_SCHEMA, SUMMARY_SCHEMA, parse_reply
+from taskweaver_lite.llm.client import Message, OpenAIChatModel
+from taskweaver_lite.llm.replies import CODE_GENERATOR_SCHEMA, PLANNER_SCHEMA, SUMMARY_SCHEMA, parse_reply
 from taskweaver_lite.testing.scripted_server import (
     Reply,
     ScriptedServer,

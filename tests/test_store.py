@@ -16,10 +16,10 @@ import pytest
 from helpers import REPO
 from recorded_session import PLOT_CODE, WRITE_CODE, RecordedSession, record_session
 
-from taskweaver_lite.conversation import Conversation, Post, RoleName, Round, RoundState
 from taskweaver_lite.errors import SessionBusyError, StoreError
 from taskweaver_lite.events import Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import ExecutionResult, Variable
+from taskweaver_lite.memory.conversation import Conversation, Post, RoleName, Round, RoundState
 from taskweaver_lite.store.database import SessionStore, StoreRecorder
 from taskweaver_lite.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
 
@@ -28,7 +28,7 @@ WRITER = """
 import sys, time
 from pathlib import Path
 from typing import Iterator
-from taskweaver_lite.conversation import Post, Round
+from taskweaver_lite.memory.conversation import Post, Round
 from taskweaver_lite.events import PostAdded, RoundEnded, RoundStarted
 from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.store.database import SessionStore

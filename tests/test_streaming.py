@@ -11,7 +11,7 @@ import pytest
 
 from taskweaver_lite.config import LLMConfig
 from taskweaver_lite.errors import LLMError
-from taskweaver_lite.llm import Delta, Message, OpenAIChatModel
+from taskweaver_lite.llm.client import Delta, Message, OpenAIChatModel
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, planner_reply
 
 CALL: list[Message] = [

@@ -6,8 +6,8 @@ import pytest
 
 from taskweaver_lite.config import Config
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.llm import Message
-from taskweaver_lite.tokens import COUNT_CACHE_ENTRIES, REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE, get_tokenizer
+from taskweaver_lite.llm.client import Message
+from taskweaver_lite.llm.tokens import COUNT_CACHE_ENTRIES, REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE, get_tokenizer
 
 
 def test_count_matches_the_o200k_encoding_exactly() -> None:

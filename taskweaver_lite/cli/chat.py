@@ -18,18 +18,18 @@ from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
 from taskweaver_lite.config import CONFIG_FILE_NAME, MODEL_USERS, Config, load_config
 from taskweaver_lite.confirm import ConfirmCell
-from taskweaver_lite.conversation import RoleName, Round
-from taskweaver_lite.discovery import discover, needs_discovery, use_local_server
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.llm.discovery import discover, needs_discovery, use_local_server
+from taskweaver_lite.llm.tokens import get_tokenizer
+from taskweaver_lite.memory.conversation import RoleName, Round
+from taskweaver_lite.memory.summary import render_summary
+from taskweaver_lite.memory.variables import render_variables
 from taskweaver_lite.session import Session
 from taskweaver_lite.store.database import SessionStore, stored_sessions
 from taskweaver_lite.store.export import write_export
-from taskweaver_lite.summary import render_summary
 from taskweaver_lite.terminal import strip_controls
-from taskweaver_lite.tokens import get_tokenizer
-from taskweaver_lite.variables import render_variables
 
 # /summary shows the variables list more fully than a prompt can afford to.
 SUMMARY_VARIABLES_TOKENS = 4_000

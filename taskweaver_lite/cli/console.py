@@ -27,9 +27,9 @@ from rich.text import Text
 
 from taskweaver_lite.cli.live import CellView, StreamView
 from taskweaver_lite.cli.tracebacks import screen_text
-from taskweaver_lite.conversation import Post
 from taskweaver_lite.events import CellPrinted, Event, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, Working
 from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.memory.conversation import Post
 from taskweaver_lite.terminal import strip_controls
 
 _ACTIVITY = {

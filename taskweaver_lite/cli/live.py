@@ -18,8 +18,8 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.syntax import Syntax
 from rich.text import Text
 
-from taskweaver_lite.conversation import RoleName
-from taskweaver_lite.streaming import SHOWN_FIELDS, PartialReply
+from taskweaver_lite.llm.streaming import SHOWN_FIELDS, PartialReply
+from taskweaver_lite.memory.conversation import RoleName
 from taskweaver_lite.terminal import strip_controls
 
 REASONING_LINES = 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from taskweaver_lite.discovery import KNOWN_SERVERS, discover
+from taskweaver_lite.llm.discovery import KNOWN_SERVERS, discover
 
 
 def list_models(*, as_json: bool) -> int:

@@ -22,7 +22,7 @@ from taskweaver_lite.cli.console import PlainConsole, RichConsole
 from taskweaver_lite.config import load_config
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.kernel import plugin_runtime
-from taskweaver_lite.plugins import PluginEntry, discover, entries_as_json
+from taskweaver_lite.plugins.catalog import PluginEntry, discover, entries_as_json
 from taskweaver_lite.session import Session
 from taskweaver_lite.terminal import strip_controls
 

@@ -44,7 +44,7 @@ from taskweaver_lite.kernel.process import (
     socket_dir,
 )
 from taskweaver_lite.kernel.sandbox import fallback_notice, kernel_command, plan_for, uses_sandbox
-from taskweaver_lite.plugins import PluginSpec
+from taskweaver_lite.plugins.catalog import PluginSpec
 from taskweaver_lite.uploads import copy_file
 
 # Seconds between checks of the clock and of the kernel process while a cell runs: the bound on

@@ -19,7 +19,7 @@ from taskweaver_lite.execution import Variable, VariableChanges
 from taskweaver_lite.kernel import guard as kernel_guard
 from taskweaver_lite.kernel import plugin_runtime
 from taskweaver_lite.kernel import snapshot as kernel_snapshot
-from taskweaver_lite.plugins import PluginSpec
+from taskweaver_lite.plugins.catalog import PluginSpec
 
 SNAPSHOT = "snapshot"
 CWD = "cwd"

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from taskweaver_lite.execution import ExecutionError, ExecutionResult
+from taskweaver_lite.llm.tokens import Tokenizer, get_tokenizer
 from taskweaver_lite.terminal import strip_controls
-from taskweaver_lite.tokens import Tokenizer, get_tokenizer
 
 IMAGE_SUFFIXES = {"image/png": ".png", "image/jpeg": ".jpg", "image/svg+xml": ".svg"}
 # Text kept in memory before the transcript moves to disk.

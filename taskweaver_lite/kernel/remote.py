@@ -28,7 +28,7 @@ from taskweaver_lite.kernel.executor import DEFAULT_OUTPUT_TOKENS, INTERRUPT_GRA
 from taskweaver_lite.kernel.gateway import GatewayKernel
 from taskweaver_lite.kernel.output import CellOutput, artifact_file
 from taskweaver_lite.kernel.process import end_at_exit, forget
-from taskweaver_lite.plugins import PluginSpec
+from taskweaver_lite.plugins.catalog import PluginSpec
 from taskweaver_lite.uploads import UploadError
 
 # Raw bytes per upload request (base64 makes it a third bigger on the wire); requests in flight at once.

@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from taskweaver_lite.conversation import Post, RoleName, Round
 from taskweaver_lite.errors import StoreError, UnknownSessionError
 from taskweaver_lite.events import CellPrinted, Event, FileLoaded, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import Variable
-from taskweaver_lite.llm import Usage
+from taskweaver_lite.llm.client import Usage
+from taskweaver_lite.memory.conversation import Post, RoleName, Round
 from taskweaver_lite.store.lock import SessionLock
 from taskweaver_lite.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate, read_version
 

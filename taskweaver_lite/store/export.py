@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from taskweaver_lite.config import Config
-from taskweaver_lite.conversation import Post, Round
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.memory.conversation import Post, Round
 from taskweaver_lite.store.database import SessionStore, StoredSession
 
 if TYPE_CHECKING:

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from taskweaver_lite.config import Config
-from taskweaver_lite.conversation import RoleName
 from taskweaver_lite.errors import SessionBusyError, TaskWeaverError
 from taskweaver_lite.events import Event, PostAdded, ReplyStreamed
 from taskweaver_lite.kernel.executor import close_thread_loop
+from taskweaver_lite.llm.streaming import SHOWN_FIELDS, PartialReply
+from taskweaver_lite.memory.conversation import RoleName
 from taskweaver_lite.session import Session
-from taskweaver_lite.streaming import SHOWN_FIELDS, PartialReply
 from taskweaver_lite.web.events import event_json
 
 END = None  # closes a turn's stream

@@ -22,15 +22,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from taskweaver_lite.conversation import RoleName, RoundMessages
 from taskweaver_lite.errors import ReplyFormatError, TaskWeaverError
 from taskweaver_lite.events import Folded, span
 from taskweaver_lite.execution import Variable
-from taskweaver_lite.llm import ChatModel, Message
-from taskweaver_lite.replies import SUMMARY_SCHEMA, parse_reply, repair_message
-from taskweaver_lite.templates import load_prompt
-from taskweaver_lite.tokens import Tokenizer
-from taskweaver_lite.variables import LiveVariables
+from taskweaver_lite.llm.client import ChatModel, Message
+from taskweaver_lite.llm.replies import SUMMARY_SCHEMA, parse_reply, repair_message
+from taskweaver_lite.llm.tokens import Tokenizer
+from taskweaver_lite.memory.conversation import RoleName, RoundMessages
+from taskweaver_lite.memory.variables import LiveVariables
+from taskweaver_lite.roles.templates import load_prompt
 
 FoldStyle = Literal["rounds", "narrative"]
 FoldMode = Literal["append", "merge"]

@@ -16,8 +16,8 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from taskweaver_lite.plugins import Parameter, PluginSpec
-from taskweaver_lite.tokens import Tokenizer
+from taskweaver_lite.llm.tokens import Tokenizer
+from taskweaver_lite.plugins.catalog import Parameter, PluginSpec
 
 PLANNER_LINE_CHARS = 160
 # The plugin block's share of the CodeGenerator's prompt budget before it shows signatures only

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from taskweaver_lite.errors import ConfigError
 
 if TYPE_CHECKING:
-    from taskweaver_lite.llm import Message
+    from taskweaver_lite.llm.client import Message
 
 # OpenAI's chat format wraps every message in a few tokens (<|start|>role ... <|end|>) and primes
 # the reply with <|start|>assistant<|message|>; these are the cookbook's numbers for gpt-4o models.

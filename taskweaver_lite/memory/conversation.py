@@ -21,7 +21,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from taskweaver_lite.execution import ExecutionResult, FoldPiece
-from taskweaver_lite.llm import Message
+from taskweaver_lite.llm.client import Message
 
 Party = Literal["User", "Planner", "CodeInterpreter"]
 RoundState = Literal["running", "finished", "failed"]

@@ -12,17 +12,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from taskweaver_lite.compression import RoleContext
 from taskweaver_lite.confirm import DECLINED, EDITED_NOTICE, ConfirmCell
-from taskweaver_lite.conversation import Post, RoleName, Round, RoundMessages
 from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.events import CellPrinted, Working
 from taskweaver_lite.execution import ExecutionError, ExecutionResult, Executor, FoldPiece, as_data
-from taskweaver_lite.llm import ChatModel, DeltaSink, Message
-from taskweaver_lite.plugin_prompt import PLUGINS_SHARE, render_block, select, used_plugins
-from taskweaver_lite.plugins import PluginSpec
-from taskweaver_lite.replies import CODE_GENERATOR_SCHEMA
-from taskweaver_lite.role import RepairTurns, Role, as_reply_json
+from taskweaver_lite.llm.client import ChatModel, DeltaSink, Message
+from taskweaver_lite.llm.replies import CODE_GENERATOR_SCHEMA
+from taskweaver_lite.memory.compression import RoleContext
+from taskweaver_lite.memory.conversation import Post, RoleName, Round, RoundMessages
+from taskweaver_lite.plugins.catalog import PluginSpec
+from taskweaver_lite.plugins.prompt import PLUGINS_SHARE, render_block, select, used_plugins
+from taskweaver_lite.roles.role import RepairTurns, Role, as_reply_json
 from taskweaver_lite.verification import CodeVerifier, refusal_text
 
 

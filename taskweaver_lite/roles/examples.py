@@ -11,9 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from taskweaver_lite.conversation import RoleName
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.llm import Message
+from taskweaver_lite.llm.client import Message
+from taskweaver_lite.memory.conversation import RoleName
 
 
 def load_examples(project_dir: Path, role: RoleName) -> list[Message]:

@@ -28,14 +28,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from taskweaver_lite.budget import PromptCost, PromptParts, ShrinkOrder, fit_prompt
 from taskweaver_lite.config import Config, ModelUser, RoleConfig, Strategy
-from taskweaver_lite.conversation import RoleName, RoundMessages
 from taskweaver_lite.events import Folded
-from taskweaver_lite.llm import ChatModel, Message
-from taskweaver_lite.summary import VARIABLES_SHARE, CompressionState, FoldLimits, FoldResult, FoldStyle, fold_rounds, render_summary
-from taskweaver_lite.tokens import Tokenizer
-from taskweaver_lite.variables import LiveVariables, mentioned_names, render_variables
+from taskweaver_lite.llm.client import ChatModel, Message
+from taskweaver_lite.llm.tokens import Tokenizer
+from taskweaver_lite.memory.budget import PromptCost, PromptParts, ShrinkOrder, fit_prompt
+from taskweaver_lite.memory.conversation import RoleName, RoundMessages
+from taskweaver_lite.memory.summary import VARIABLES_SHARE, CompressionState, FoldLimits, FoldResult, FoldStyle, fold_rounds, render_summary
+from taskweaver_lite.memory.variables import LiveVariables, mentioned_names, render_variables
 
 
 @dataclass(frozen=True)

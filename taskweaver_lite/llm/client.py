@@ -23,7 +23,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from taskweaver_lite.completions import BrokenReply, OddReply, Piece, PieceSink, ReplyFields, read_body, read_completion, read_stream, retry_after
 from taskweaver_lite.errors import (
     LLMAuthError,
     LLMContextTooLongError,
@@ -33,6 +32,7 @@ from taskweaver_lite.errors import (
     LLMUnreachableError,
     TaskWeaverError,
 )
+from taskweaver_lite.llm.completions import BrokenReply, OddReply, Piece, PieceSink, ReplyFields, read_body, read_completion, read_stream, retry_after
 
 if TYPE_CHECKING:
     from taskweaver_lite.config import LLMConfig

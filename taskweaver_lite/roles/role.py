@@ -15,12 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from taskweaver_lite.compression import RoleContext
-from taskweaver_lite.conversation import RoleName, Round, RoundMessages
 from taskweaver_lite.errors import ReplyFormatError, RoundFailedError
-from taskweaver_lite.llm import ChatModel, Completion, DeltaSink, Message
-from taskweaver_lite.replies import ReplySchema, parse_reply, repair_message
-from taskweaver_lite.templates import PromptTemplate, load_prompt
+from taskweaver_lite.llm.client import ChatModel, Completion, DeltaSink, Message
+from taskweaver_lite.llm.replies import ReplySchema, parse_reply, repair_message
+from taskweaver_lite.memory.compression import RoleContext
+from taskweaver_lite.memory.conversation import RoleName, Round, RoundMessages
+from taskweaver_lite.roles.templates import PromptTemplate, load_prompt
 
 # A bad reply echoed in a repair turn takes at most this fraction of the prompt budget.
 ECHO_SHARE = 4

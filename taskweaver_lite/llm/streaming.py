@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 
-from taskweaver_lite.conversation import RoleName
+from taskweaver_lite.memory.conversation import RoleName
 
 _OPEN_TAGS = ("<think>", "<thinking>")
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "/": "/", "\\": "\\", '"': '"'}

@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from taskweaver_lite.code_generator import report_outcome
-from taskweaver_lite.compression import RoleContext
-from taskweaver_lite.conversation import Plan, Post, RoleName, Round, RoundMessages
 from taskweaver_lite.execution import FoldPiece
-from taskweaver_lite.llm import ChatModel, DeltaSink, Message
-from taskweaver_lite.replies import PLANNER_SCHEMA
-from taskweaver_lite.role import RepairTurns, Role, as_reply_json
+from taskweaver_lite.llm.client import ChatModel, DeltaSink, Message
+from taskweaver_lite.llm.replies import PLANNER_SCHEMA
+from taskweaver_lite.memory.compression import RoleContext
+from taskweaver_lite.memory.conversation import Plan, Post, RoleName, Round, RoundMessages
+from taskweaver_lite.roles.code_generator import report_outcome
+from taskweaver_lite.roles.role import RepairTurns, Role, as_reply_json
 
 
 class Planner(Role):

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from taskweaver_lite.execution import Variable
-from taskweaver_lite.tokens import Tokenizer
+from taskweaver_lite.llm.tokens import Tokenizer
 
 HEADING = "## Variables in the kernel now"
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
