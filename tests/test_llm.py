@@ -456,3 +456,12 @@ def test_credentials_inside_the_api_base_never_reach_an_error_message(make_model
                 model.complete(PLANNER_CALL, purpose="planner")
         assert secret not in str(caught.value) and secret not in (model.calls[-1].error or "")
         assert secret not in model.client.url and secret not in model.client.host
+
+
+def test_cached_prompt_tokens_are_read_from_openai_usage_details_and_llama_cpp_timings() -> None:
+    from taskweaver_lite.llm.completions import cached_tokens
+
+    assert cached_tokens({"prompt_tokens": 90, "prompt_tokens_details": {"cached_tokens": 64}}, None) == 64
+    assert cached_tokens({"prompt_tokens": 90}, {"prompt_n": 26, "cache_n": 64}) == 64
+    assert cached_tokens({"prompt_tokens": 90, "prompt_tokens_details": None}, None) == 0
+    assert cached_tokens({}, {"cache_n": "oops"}) == 0

@@ -56,6 +56,7 @@ class Completion:
     finish_reason: str | None = None
     usage_reported: bool = True  # False when the endpoint sent no usage numbers (the counts are 0, not measured)
     model: str = ""  # the model asked for, when the client knows it
+    cached_tokens: int = 0  # of prompt_tokens, those the server reused from its prefix cache
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     calls_without_usage: int = 0
+    cached_tokens: int = 0  # prompt tokens the servers said they took from their cache
 
     @property
     def total_tokens(self) -> int:
@@ -125,6 +127,7 @@ class Usage:
             prompt_tokens=self.prompt_tokens + completion.prompt_tokens,
             completion_tokens=self.completion_tokens + completion.completion_tokens,
             calls_without_usage=self.calls_without_usage + (not completion.usage_reported),
+            cached_tokens=self.cached_tokens + completion.cached_tokens,
         )
 
 
@@ -301,6 +304,7 @@ class OpenAIChatModel:
                 latency=time.perf_counter() - started,
                 finish_reason=fields.finish_reason,
                 usage_reported=fields.prompt_tokens is not None and fields.completion_tokens is not None,
+                cached_tokens=min(fields.cached_tokens, fields.prompt_tokens or 0),
             )
 
     def model_name(self, purpose: str) -> str:

@@ -53,6 +53,7 @@ class ReplyFields:
     prompt_tokens: int | None
     completion_tokens: int | None
     finish_reason: str | None
+    cached_tokens: int = 0  # prompt tokens the server reused from its cache (0 when it does not say)
 
 
 def read_body(chunks: Iterable[bytes], *, deadline: float, limit: int = MAX_BODY_BYTES) -> bytes:
@@ -93,6 +94,7 @@ def read_completion(body: bytes) -> ReplyFields:
         prompt_tokens=_token_count(usage.get("prompt_tokens")),
         completion_tokens=_token_count(usage.get("completion_tokens")),
         finish_reason=finish_reason if isinstance(finish_reason, str) else None,
+        cached_tokens=cached_tokens(usage, data.get("timings")),
     )
 
 
@@ -126,6 +128,7 @@ class _StreamState:
         self._text: list[str] = []
         self._finish: str | None = None
         self._usage: dict[str, Any] = {}
+        self._timings: Any = None
         self._done = False
         self._events = 0
         self.size = 0
@@ -155,6 +158,8 @@ class _StreamState:
         usage = event.get("usage")
         if isinstance(usage, dict):
             self._usage = usage
+        if isinstance(event.get("timings"), dict):
+            self._timings = event["timings"]
         choices = event.get("choices")
         choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
         delta = choice.get("delta")
@@ -192,6 +197,7 @@ class _StreamState:
             prompt_tokens=_token_count(self._usage.get("prompt_tokens")),
             completion_tokens=_token_count(self._usage.get("completion_tokens")),
             finish_reason=self._finish,
+            cached_tokens=cached_tokens(self._usage, self._timings),
         )
 
 
@@ -241,6 +247,17 @@ def _content_text(content: Any) -> str:
         parts = (part.get("text") if isinstance(part, dict) else part for part in content)
         return "".join(part for part in parts if isinstance(part, str))
     raise OddReply(f"answered with message content that is {type(content).__name__}, not text")
+
+
+def cached_tokens(usage: dict[str, Any], timings: Any) -> int:
+    """Prompt tokens the server took from its cache: OpenAI's `usage.prompt_tokens_details.cached_tokens`
+    (vLLM and SGLang send it too), else llama.cpp's `timings.cache_n`; 0 when neither says."""
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and (count := _token_count(details.get("cached_tokens"))) is not None:
+        return count
+    if isinstance(timings, dict) and (count := _token_count(timings.get("cache_n"))) is not None:
+        return count
+    return 0
 
 
 def _token_count(value: Any) -> int | None:
