@@ -442,7 +442,7 @@ class SlashCommands:
                 continue
             text = render_summary(state)
             if role is RoleName.CODE_GENERATOR:
-                text += "\n\n" + render_variables(live, described=state.variables, max_tokens=SUMMARY_VARIABLES_TOKENS, tokenizer=tokenizer)
+                text += "\n\n" + render_variables(live, described=state.variables, max_tokens=SUMMARY_VARIABLES_TOKENS, tokenizer=tokenizer).text
             self.say(f"{role.label}:\n{text}")
         return True
 

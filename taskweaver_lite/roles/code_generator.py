@@ -158,8 +158,10 @@ class CodeGenerator(Role):
     def render_round(self, rnd: Round) -> RoundMessages:
         """One round as the CodeGenerator's chat messages: steps, its code, and what the code did."""
         messages: list[Message] = []
+        masked: list[Message] = []
         pieces: list[FoldPiece] = []
         requests: list[int] = []
+        names: list[str] = []
         for post in rnd.posts:
             if post.send_from == "Planner" and post.send_to == "CodeInterpreter":
                 requests.append(len(messages))
@@ -170,13 +172,22 @@ class CodeGenerator(Role):
                 if post.execution is None:
                     pieces.append(FoldPiece(f"CodeGenerator answered: {post.message}", essential=True))
                     continue
-                feedback = self._prompt.render("execution", result=post.execution.prompt_text())
-                if post.send_to == "CodeInterpreter":
-                    feedback += "\n\n" + post.message
-                messages.append(Message(role="user", content=feedback))
+                masked += messages[len(masked) :]
+                retry = "\n\n" + post.message if post.send_to == "CodeInterpreter" else ""
+                messages.append(Message(role="user", content=self._prompt.render("execution", result=post.execution.prompt_text()) + retry))
+                masked.append(Message(role="user", content=self._prompt.render("execution", result=post.execution.masked_prompt_text()) + retry))
                 pieces.append(FoldPiece(f"Code:\n{post.code}"))
                 pieces += post.execution.fold_pieces()
-        return RoundMessages(index=rnd.index, messages=tuple(messages), fold_pieces=tuple(pieces), requests=tuple(requests))
+                names += [*post.execution.changes.created, *post.execution.changes.changed]
+        masked += messages[len(masked) :]
+        return RoundMessages(
+            index=rnd.index,
+            messages=tuple(messages),
+            fold_pieces=tuple(pieces),
+            requests=tuple(requests),
+            masked=tuple(masked) if masked != messages else (),
+            variables=tuple(dict.fromkeys(names)),
+        )
 
 
 def _report(code: str, result: ExecutionResult, fixed: list[str]) -> str:
@@ -197,6 +208,7 @@ def _report(code: str, result: ExecutionResult, fixed: list[str]) -> str:
 _CODE_OPENS = "\n```python\n"
 
 
-def report_outcome(report: str) -> str:
-    """A CodeInterpreter report without its code: the outcome line and any errors fixed on the way."""
-    return report.partition(_CODE_OPENS)[0]
+def split_report(report: str) -> tuple[str, str]:
+    """A CodeInterpreter report as (the outcome line and any errors fixed on the way, the code it ran; '' when none)."""
+    outcome, _, code = report.partition(_CODE_OPENS)
+    return outcome, code.removesuffix("\n```")

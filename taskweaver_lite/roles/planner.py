@@ -14,7 +14,7 @@ from taskweaver_lite.llm.client import ChatModel, DeltaSink, Message
 from taskweaver_lite.llm.replies import PLANNER_SCHEMA
 from taskweaver_lite.memory.compression import RoleContext
 from taskweaver_lite.memory.conversation import Plan, Post, RoleName, Round, RoundMessages
-from taskweaver_lite.roles.code_generator import report_outcome
+from taskweaver_lite.roles.code_generator import split_report
 from taskweaver_lite.roles.role import RepairTurns, Role, as_reply_json
 
 
@@ -61,39 +61,47 @@ class Planner(Role):
         return self._prompt.render("file_loaded", name=name)
 
     def render_round(self, rnd: Round) -> RoundMessages:
-        """One round as the Planner's chat messages (only posts the Planner sent or received)."""
+        """The current round as the Planner's chat messages: each report ends with the code it ran."""
         return self._render(rnd, with_code=True)
 
     def render_earlier_round(self, rnd: Round) -> RoundMessages:
-        """An earlier round without the code in the CodeInterpreter's reports: what it did and printed stays.
+        """An earlier round: the reports without their code; what the code did and printed stays.
 
         The Planner judges the current request's steps by their code; for earlier requests the
         outcome, output and variables are what it plans with (the CodeGenerator keeps the code).
+        The code closes each report of the current round, so leaving it out here changes no byte
+        before it: the prompt a server cached for the round's last call is still the prefix.
         """
         return self._render(rnd, with_code=False)
 
     def _render(self, rnd: Round, *, with_code: bool) -> RoundMessages:
         messages: list[Message] = []
+        masked: list[Message] = []
         pieces: list[FoldPiece] = []
         requests: list[int] = []
         for post in rnd.posts:
             if post.send_to == "Planner" and post.send_from == "User":
                 requests.append(len(messages))
                 messages.append(Message(role="user", content=self._prompt.render("user", text=post.message)))
+                masked.append(messages[-1])
                 pieces.append(FoldPiece(f"User: {post.message}", essential=True))
             elif post.send_to == "Planner" and post.send_from == "CodeInterpreter":
+                outcome, code = split_report(post.message)
+                code = code if with_code else ""
                 result = post.execution.prompt_text(outcome_told=True) if post.execution else ""
-                message = post.message if with_code or not post.code else report_outcome(post.message)
-                messages.append(Message(role="user", content=self._prompt.render("code_interpreter", message=message, result=result)))
+                messages.append(Message(role="user", content=self._prompt.render("code_interpreter", message=outcome, result=result, code=code)))
+                short = post.execution.masked_prompt_text(outcome_told=True) if post.execution else ""
+                masked.append(Message(role="user", content=self._prompt.render("code_interpreter", message=outcome, result=short, code=code)))
                 # The Planner's summary keeps results, not code: the report's first line and what it printed.
-                outcome = post.message.partition("\n")[0]
-                pieces.append(FoldPiece(f"CodeInterpreter: {outcome}", essential=True))
+                pieces.append(FoldPiece(f"CodeInterpreter: {outcome.partition(chr(10))[0]}", essential=True))
                 if post.execution is not None:
                     pieces += post.execution.fold_pieces(outcome_told=True)
             elif post.send_from == "Planner":
                 messages.append(Message(role="assistant", content=post.reply_json or post.message))
+                masked.append(messages[-1])
                 pieces.append(FoldPiece(f"Planner to {post.send_to}: {post.message}", essential=True))
-        return RoundMessages(index=rnd.index, messages=tuple(messages), fold_pieces=tuple(pieces), requests=tuple(requests))
+        shortened = tuple(masked) if masked != messages else ()
+        return RoundMessages(index=rnd.index, messages=tuple(messages), fold_pieces=tuple(pieces), requests=tuple(requests), masked=shortened)
 
 
 def list_working_files(folder: Path, *, limit: int = 30) -> list[str]:
