@@ -58,6 +58,9 @@ class LLMConfig(_Section):
     prompt_cache: Literal["auto", "off"] = Field(
         "auto", description="cache hints: prompt_cache_key, or llama.cpp's cache_prompt and id_slot; never a field the server refuses"
     )
+    server_kind: Literal["auto", "openai", "llama.cpp", "other"] = Field(
+        "auto", description="which cache hints the server takes (auto: from the address, local discovery, or its replies)"
+    )
 
     @field_validator("api_base")
     @classmethod
@@ -94,6 +97,7 @@ class LLMOverrides(_Section):
     tokenizer: Literal["o200k_base", "cl100k_base"] | None = None
     stream: bool | None = None
     prompt_cache: Literal["auto", "off"] | None = None
+    server_kind: Literal["auto", "openai", "llama.cpp", "other"] | None = None
 
 
 # The part of a session that folds rounds; every role's section (`planner`, `code_generator`, a
