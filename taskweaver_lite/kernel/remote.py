@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from taskweaver_lite.config import ExecutionConfig, KernelGatewayConfig
 from taskweaver_lite.errors import GatewayConnectionLost, GatewayError, KernelError
-from taskweaver_lite.execution import ExecutionError, ExecutionResult, OutputSink, Variable, VariableChanges
+from taskweaver_lite.execution import CellError, ExecutionResult, OutputSink, Variable, VariableChanges
 from taskweaver_lite.kernel import namespace, remote_code
 from taskweaver_lite.kernel.executor import DEFAULT_OUTPUT_TOKENS, INTERRUPT_GRACE, POLL_INTERVAL, REPLY_WAIT
 from taskweaver_lite.kernel.gateway import GatewayKernel
@@ -459,8 +459,8 @@ def _death(msg: dict[str, Any], *, booting: bool = True) -> bool:
     return msg.get("msg_type") == "status" and msg.get("content", {}).get("execution_state") in states
 
 
-def _connection_lost(url: str) -> ExecutionError:
-    return ExecutionError(
+def _connection_lost(url: str) -> CellError:
+    return CellError(
         name="GatewayConnectionLost",
         value=(
             f"The connection to the kernel gateway {url} dropped during this cell and could not be restored, so its "
