@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    pytest.skip("reading pyproject.toml needs tomllib (Python 3.11)", allow_module_level=True)
+tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs tomllib (Python 3.11)")
 
 pytestmark = pytest.mark.unit
 
