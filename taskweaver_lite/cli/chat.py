@@ -16,6 +16,7 @@ from pathlib import Path
 from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
+from taskweaver_lite.cli.roles import role_table
 from taskweaver_lite.config import CONFIG_FILE_NAME, FOLDER, Config, load_config
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
@@ -45,6 +46,7 @@ HELP = """Commands:
   /history         every earlier request in full, also those folded out of the prompts
   /last            the last cell that ran, with its whole output and traceback
   /plugins         the plugins: enabled, disabled, or why they are not loaded
+  /roles           the roles: enabled, disabled, or why they are off
   /export [ipynb|md] [file] [--force]   write this session as a notebook or Markdown
   /reset           start over: new session, fresh kernel, working files copied
   /exit            leave (Ctrl-D or Ctrl-C at an empty prompt too)
@@ -104,6 +106,8 @@ def run_chat(args: argparse.Namespace) -> int:
         session.store.save_overrides(session.id, overrides)
     for entry in session.plugins.broken:
         _to_stderr(strip_controls(entry.line()))
+    for line in session.role_problems:
+        _to_stderr(strip_controls(line))
     report_kernel_failures(session, renderer, to_stderr=_to_stderr)
     commands = SlashCommands(session, say=say)
     try:
@@ -313,6 +317,7 @@ class SlashCommands:
             "/last": self._last,
             "/export": self._export,
             "/plugins": self._plugins,
+            "/roles": self._roles,
         }
 
     def known(self, line: str) -> bool:
@@ -377,6 +382,10 @@ class SlashCommands:
     def _plugins(self, _: str) -> bool:
         failures = getattr(self.session.executor, "plugin_failures", ())
         self.say(plugin_table(self.session.plugins.entries, failures))
+        return True
+
+    def _roles(self, _: str) -> bool:
+        self.say(role_table(self.session.roles.entries))
         return True
 
     def _history(self, _: str) -> bool:
