@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
 from test_compression import EXAMPLES, SYSTEM, SummaryModel, build, config, context, make_round, marks, memory, play
@@ -13,6 +13,7 @@ from test_compression import EXAMPLES, SYSTEM, SummaryModel, build, config, cont
 from taskweaver_lite.execution import CellError, ExecutionResult, Variable, VariableChanges
 from taskweaver_lite.llm.client import Message
 from taskweaver_lite.llm.tokens import get_tokenizer
+from taskweaver_lite.memory.compression import RoleContext
 from taskweaver_lite.memory.conversation import RoundMessages
 from taskweaver_lite.memory.variables import LiveVariables, expand_names, render_variables
 
@@ -98,6 +99,25 @@ def test_the_pressure_schedule_appends_rounds_until_the_trigger_then_folds_all_b
     rounds_schedule = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 2, "fold_token_trigger": 0.1}), SummaryModel())
     play(rounds_schedule, 8, sizes=dict.fromkeys(range(1, 9), 2_000))
     assert len(rounds_schedule._model.calls) == 6, "the rounds schedule folds every round"  # type: ignore[attr-defined]
+
+
+def test_under_pressure_retained_rounds_over_half_the_trigger_fold_too_so_the_next_fold_is_rounds_away() -> None:
+    cfg = config(planner={"fold_schedule": "pressure"}, round_compressor={"rounds_to_retain": 3, "fold_token_trigger": 0.1})
+    ctx = context(cfg, SummaryModel())  # trigger 12,364 tokens; rounds of ~5,000
+    folded = [ctx.state.folded_through for _ in play_each(ctx, 6, tokens=5_000)]
+    # Three rounds pass the trigger; keeping all three would fold again at every round: the newest stays,
+    # and the next fold waits until three rounds are unfolded again.
+    assert folded == [0, 0, 2, 2, 4, 4]
+
+
+def play_each(ctx: RoleContext, rounds: int, *, tokens: int) -> Iterator[int]:
+    """Finish `rounds` rounds of about `tokens` tokens each, letting folds complete; yields each round's index."""
+    history: list[RoundMessages] = []
+    for index in range(1, rounds + 1):
+        history.append(make_round(index, output_tokens=tokens))
+        ctx.round_finished(history)
+        assert ctx.wait_idle(10)
+        yield index
 
 
 def test_a_pressure_fold_too_big_for_one_call_goes_in_batches_and_loses_no_round() -> None:
