@@ -3,6 +3,7 @@ fold schedules, observation masking, fold prompts that share their start, and th
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from collections.abc import Iterator, Sequence
@@ -245,3 +246,26 @@ def test_the_variables_list_stays_byte_identical_between_folds_and_names_new_var
     assert ctx.state.folded_through == 0, "precondition: no fold under pressure"
     assert len(set(lists)) == 1, "no fold, no new list: the variables made since are named by their rounds"
     assert json.dumps(lists[0]).count("new") == 0
+
+
+@pytest.mark.parametrize("strategy", ["sliding_window", "none", "observation_masking"])
+def test_under_pressure_rounds_kept_whole_leave_the_window_in_steps_not_one_per_round(strategy: str) -> None:
+    def kept_prefixes(schedule: str) -> int:
+        cfg = config(
+            llm={"context_window": 4_000, "reply_reserve": 500, "margin": 0},
+            planner={"strategy": strategy, "fold_schedule": schedule, "examples": "until_history"},
+            round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1, "fold_token_trigger": 0},
+        )
+        ctx = context(cfg, SummaryModel())
+        history: list[RoundMessages] = []
+        prompts = []
+        for index in range(1, 31):
+            prompts.append(build(ctx, history).messages)
+            history.append(make_round(index, output_tokens=400))
+            ctx.round_finished(history)
+        # A prompt whose history (all but the current round's three messages) the next one starts with.
+        return sum(is_prefix(a[:-3], b) for a, b in itertools.pairwise(prompts[10:]))
+
+    stepped, sliding = kept_prefixes("pressure"), kept_prefixes("rounds")
+    assert stepped >= 12, f"under pressure most prompts start with the one before ({stepped} of 19)"
+    assert stepped > sliding, f"the rounds schedule drops a round at every call once the window is full ({sliding} of 19)"
