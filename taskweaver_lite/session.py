@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -43,6 +42,10 @@ from taskweaver_lite.store.database import SessionStore, StoreRecorder
 from taskweaver_lite.store.lock import SessionLock
 from taskweaver_lite.uploads import check_upload
 from taskweaver_lite.verification import verifier_from
+from taskweaver_lite.workfiles import CopyReport, copy_folder, owner_only_folder
+
+# `/reset` copies at most this many times session.max_upload_bytes of working files.
+RESET_COPY_UPLOADS = 4
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class Session:
         self._model = MeteredModel(model, on_call=self._on_call, usage=usage_before)
         self._owns_model = owns_model  # built by us (not passed in): we close its HTTP connections
         self._notes: list[str] = []
+        self.reset_report: CopyReport | None = None  # set on the session `reset` made: what it copied over
         self.loads: list[FileLoaded] = []  # every /load, for /history and the exports
         self._lost: list[str] = []
         self._recency: dict[str, int] = {}  # variable name -> the last cell that created or changed it
@@ -235,6 +239,8 @@ class Session:
     ) -> Session:
         chat_model = model or role_models(config)
         plugins = discover(config.project_dir)
+        for folder in (config.sessions_dir, config.sessions_dir / session_id):
+            owner_only_folder(folder)  # conversations, outputs and sockets: no other user (or kernel) may look in
         running = (executor or default_executor(config, plugins=plugins.enabled))(config.sessions_dir / session_id)
         try:
             return cls(
@@ -338,11 +344,14 @@ class Session:
     def reset(self) -> Session:
         """Start over: a new session with a fresh kernel and a copy of this one's working files.
 
-        This session is closed (and stays stored, resumable); use the returned one from now on.
+        This session is closed (and stays stored, resumable); use the returned one from now on. Its
+        `reset_report` says what was copied and what was not (links, odd files, past the bounds).
         """
         listeners = [listener for listener in self._listeners if not isinstance(listener, StoreRecorder)]
         fresh = Session.open(self.config, model=self._model.inner, executor=self._executor_factory, listeners=listeners, confirm=self._confirm)
-        shutil.copytree(self.working_dir, fresh.working_dir, dirs_exist_ok=True)
+        # The old kernel wrote this folder: no link is followed, and the copy is bounded (count, bytes).
+        limit = RESET_COPY_UPLOADS * self.config.session.max_upload_bytes
+        fresh.reset_report = copy_folder(self.working_dir, fresh.working_dir, max_bytes=limit)
         fresh._owns_model, self._owns_model = self._owns_model, False  # the model client lives on in the new session
         self.close()
         return fresh

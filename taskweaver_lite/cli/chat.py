@@ -360,6 +360,8 @@ class SlashCommands:
         old = self.session.id
         self.session = self.session.reset()
         self.say(f"Started over as session {self.session.id} with a fresh kernel and a copy of the working files ({old} stays stored).")
+        for line in self.session.reset_report.notices() if self.session.reset_report is not None else ():
+            self.say(line)
         return True
 
     def _plugins(self, _: str) -> bool:

@@ -31,6 +31,7 @@ from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
 from taskweaver_lite.execution import ExecutionResult, OutputSink, Variable, VariableChanges
 from taskweaver_lite.kernel import namespace
+from taskweaver_lite.kernel.identity import hand_over, kernel_uid
 from taskweaver_lite.kernel.output import CellOutput, artifact_file
 from taskweaver_lite.kernel.process import (
     InterpreterKernelManager,
@@ -46,6 +47,7 @@ from taskweaver_lite.kernel.process import (
 from taskweaver_lite.kernel.sandbox import fallback_notice, kernel_command, plan_for, uses_sandbox
 from taskweaver_lite.plugins.catalog import PluginSpec
 from taskweaver_lite.uploads import copy_file
+from taskweaver_lite.workfiles import owner_only_folder
 
 # Seconds between checks of the clock and of the kernel process while a cell runs: the bound on
 # how late a timeout fires and how long a dead kernel goes unnoticed.
@@ -87,13 +89,13 @@ class KernelExecutor:
         self.cwd = self.session_dir / "cwd"
         self.artifacts_dir = self.session_dir / "artifacts"
         self.outputs_dir = self.session_dir / "outputs"
-        for folder in (self.cwd, self.artifacts_dir, self.outputs_dir):
-            folder.mkdir(parents=True, exist_ok=True)
+        for folder in (self.session_dir, self.cwd, self.artifacts_dir, self.outputs_dir):
+            owner_only_folder(folder)
         self.config = config
         self.output_tokens = output_tokens
         self._log_path = self.session_dir / "kernel.log"
         # The kernel's own stderr (warnings, a segfault's last words) goes here, not over our terminal.
-        self._log = self._log_path.open("ab")
+        self._log = os.fdopen(os.open(self._log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
         # IPC sockets: local only, no ports; in the session folder unless its path is too long for
         # a socket name (then a short private folder in /tmp), always removed at the end.
         self._socket_dir = socket_dir(self.session_dir)
@@ -101,14 +103,17 @@ class KernelExecutor:
         self._manager.connection_file = str(self._socket_dir / "connection.json")
         self.sandbox = None
         if use_sandbox:
-            self.sandbox = plan_for(cwd=self.cwd, socket_dir=self._socket_dir, hidden=hidden, network=config.network, tmp_bytes=config.memory_limit_bytes())
+            run_as = kernel_uid(self.session_dir, cwd=self.cwd)
+            self.sandbox = plan_for(
+                cwd=self.cwd, socket_dir=self._socket_dir, hidden=hidden, network=config.network, tmp_bytes=config.memory_limit_bytes(), run_as=run_as
+            )
         self._manager.wrap = functools.partial(kernel_command, config=config, plan=self.sandbox)
         if self.sandbox is not None:
             self._manager.interrupt_mode = "message"
         if self.sandbox is not None and self.sandbox.run_as is not None:
-            # Root's sandboxed kernel runs as nobody: it must write its sockets and the working folder.
+            # Root's sandboxed kernel runs as a user of its own (identity.py): its sockets and working folder are that user's.
             for folder in (self._socket_dir, self.cwd):
-                os.chown(folder, self.sandbox.run_as, self.sandbox.run_as)
+                hand_over(folder, self.sandbox.run_as)
             self._manager.kernel_uid = self.sandbox.run_as
         self._manager.shutdown_wait_time = SHUTDOWN_GRACE
         self._client: BlockingKernelClient | None = None
@@ -151,9 +156,7 @@ class KernelExecutor:
     def upload(self, source: Path, *, name: str | None = None) -> str:
         """Copy a local file into the working folder; returns its name there."""
         target_name = Path(name or source.name).name  # a bare name: never outside the folder
-        target = self.cwd / target_name
-        if source.resolve() != target.resolve():
-            copy_file(source, target)
+        copy_file(source, self.cwd, target_name)  # link-safe: a link planted under that name is replaced
         return target_name
 
     def artifact(self, name: str) -> Path:
