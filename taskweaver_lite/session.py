@@ -268,7 +268,10 @@ class Session:
         self.close()
 
     def add_listener(self, listener: Listener, *, first: bool = False) -> None:
-        """Observe every event from now on (the CLI renderer, the store); `first`: before the store records it."""
+        """Observe every event from now on (the CLI renderer, the page); `first`: before the other listeners.
+
+        Whatever the order, the store records each event before any listener sees it (`_emit`).
+        """
         if first:
             self._listeners.insert(0, listener)
         else:
@@ -445,8 +448,20 @@ class Session:
         self._emit(Working("repairing", problem))
 
     def _emit(self, event: Event) -> None:
-        for listener in list(self._listeners):
-            listener(event)
+        """The store records `event` first, then the listeners show it: what was shown is durable.
+
+        Should the store fail, the event is still shown (nothing the user saw is hidden) and the
+        failure is raised after, so the round says its record is incomplete.
+        """
+        listeners = list(self._listeners)
+        recorders = [listener for listener in listeners if isinstance(listener, StoreRecorder)]
+        try:
+            for recorder in recorders:
+                recorder(event)
+        finally:
+            for listener in listeners:
+                if not isinstance(listener, StoreRecorder):
+                    listener(event)
 
 
 def role_models(config: Config) -> ChatModel:

@@ -57,8 +57,10 @@ def owner_only_folder(path: Path) -> Path:
     return path
 
 
-def owner_only_file(path: Path) -> None:
-    """Make `path` (if it exists) readable and writable by its owner only."""
+def owner_only_file(path: Path, *, create: bool = False) -> None:
+    """Make `path` readable and writable by its owner only (`create`: made empty if missing, else skipped)."""
+    if create:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _CLOEXEC, 0o600))
     with contextlib.suppress(FileNotFoundError):
         os.chmod(path, 0o600)
 

@@ -30,6 +30,7 @@ from taskweaver_lite.session import Session
 from taskweaver_lite.store.database import SessionStore, stored_sessions
 from taskweaver_lite.store.export import write_export
 from taskweaver_lite.terminal import strip_controls
+from taskweaver_lite.workfiles import owner_only_file
 
 # /summary shows the variables list more fully than a prompt can afford to.
 SUMMARY_VARIABLES_TOKENS = 4_000
@@ -225,7 +226,8 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
         else:
             event.app.exit(exception=EOFError())
 
-    config.project_dir.mkdir(parents=True, exist_ok=True)
+    config.project_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    owner_only_file(config.project_dir / ".chat_history", create=True)  # every request typed: the owner's only
     prompt: PromptSession[str] = PromptSession(history=FileHistory(str(config.project_dir / ".chat_history")), key_bindings=bindings)
     renderer.say(f"taskweaver-lite session {commands.session.id} — model {config.llm.model}. Type /help for commands.", style="bold")
     while True:

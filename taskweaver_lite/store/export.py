@@ -207,7 +207,7 @@ def _image_data(path: Path, session_dir: Path | None) -> dict[str, Any]:
     if mime is None:
         return {"text/plain": f"[saved file: {path}]"}
     try:
-        if session_dir is not None and path.is_relative_to(session_dir.resolve()):
+        if session_dir is not None:  # a path outside the session's folder (a plugin's report) is refused by read_path
             data = read_path(path, below=session_dir, max_bytes=MAX_EMBEDDED_BYTES)
         else:
             data = read_below(path.parent, path.name, max_bytes=MAX_EMBEDDED_BYTES)
