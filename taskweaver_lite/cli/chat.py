@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from taskweaver_lite.cli.confirm import terminal_confirm
@@ -262,8 +262,7 @@ def _to_stderr(text: str) -> None:
 
 def _piped(commands: SlashCommands) -> int:
     say = _to_stderr
-    for line in sys.stdin:
-        text = line.rstrip("\r\n")
+    for text in _stdin_lines(say):
         if not text.strip():
             continue
         if text.startswith("/") and commands.known(text):
@@ -283,6 +282,20 @@ def _piped(commands: SlashCommands) -> int:
             if rnd.state == "failed":
                 say(f"This request failed: {rnd.error}")
     return 0
+
+
+def _stdin_lines(say: Callable[[str], None]) -> Iterator[str]:
+    """Piped stdin's lines as text; a line that does not decode is named in one line and skipped, the rest go on."""
+    encoding = getattr(sys.stdin, "encoding", None) or "utf-8"
+    binary = getattr(sys.stdin, "buffer", None)
+    if binary is None:  # a text stream put in place of stdin (embedding): nothing to decode
+        yield from (line.rstrip("\r\n") for line in sys.stdin)
+        return
+    for number, raw in enumerate(binary, 1):
+        try:
+            yield raw.decode(encoding).rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            say(f"stdin: line {number} is not {encoding} text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); skipped it: pipe {encoding} text")
 
 
 class SlashCommands:
