@@ -8,6 +8,7 @@ Errors name the file, the key and what was expected, on one line.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +20,10 @@ from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.verification import DEFAULT_ALLOWED_MODULES, DEFAULT_BLOCKED_FUNCTIONS
 
 CONFIG_FILE_NAME = "taskweaver_config.yaml"
+# Bounds on any YAML file of a project (config, examples, plugin specs): far above real ones.
+YAML_MAX_CHARS = 1_000_000
+YAML_MAX_DEPTH = 64
+YAML_MAX_NODES = 200_000  # values once every alias is expanded
 
 MIN_PROMPT_TOKENS = 256  # below this not even a short system prompt and one request fit
 # One cell's output gets an eighth of a role's prompt budget: at an 8k window (3,648-token budget)
@@ -427,7 +432,7 @@ def load_config(project_dir: str | Path = "project", overrides: list[str] | None
     data: dict[str, Any] = {}
     if path.exists():
         try:
-            loaded = yaml.safe_load(_read_text(path))
+            loaded = load_yaml(_read_text(path), source=path)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}; fix the syntax") from None
         if loaded is not None and not isinstance(loaded, dict):
@@ -456,8 +461,50 @@ def _merge_problem(err: ErrorDetails) -> str:
     return f"key '{key}': {message.lower()}" if key else message
 
 
+def load_yaml(text: str, *, source: Path | str, max_chars: int = YAML_MAX_CHARS) -> Any:
+    """`yaml.safe_load` of a project's file within bounds: ConfigError naming `source` if it is too big, too deep or alias-heavy.
+
+    PyYAML builds nested values recursively (10,000 levels end in a RecursionError) and an alias
+    bomb is small on disk but explodes once the values are walked: the events are counted first,
+    without recursion, and only a file within the bounds is loaded.
+    """
+    if len(text) > max_chars:
+        raise ConfigError(f"{source}: {len(text):,} characters, more than the {max_chars:,} a taskweaver-lite YAML file may have; nothing was loaded")
+    _check_expansion(yaml.parse(text, Loader=yaml.SafeLoader), source=source)
+    return yaml.safe_load(text)
+
+
+def _check_expansion(events: Iterable[yaml.Event], *, source: Path | str) -> None:
+    """ConfigError if the document nests deeper than YAML_MAX_DEPTH or expands (aliases followed) past YAML_MAX_NODES values."""
+    sizes: dict[str, int] = {}  # an anchor's value, in values once expanded
+    open_counts = [0]  # values in each collection being read, outermost first
+    anchors: list[str | None] = [None]
+    for event in events:
+        if isinstance(event, yaml.CollectionStartEvent):
+            open_counts.append(0)
+            anchors.append(event.anchor)
+            if len(open_counts) > YAML_MAX_DEPTH + 1:
+                raise ConfigError(f"{source}: nested more than {YAML_MAX_DEPTH} levels deep; nothing was loaded: flatten it")
+            continue
+        if isinstance(event, yaml.CollectionEndEvent):
+            added, anchor = open_counts.pop() + 1, anchors.pop()
+        elif isinstance(event, yaml.ScalarEvent):
+            added, anchor = 1, event.anchor
+        elif isinstance(event, yaml.AliasEvent):
+            added, anchor = sizes.get(event.anchor or "", 1), None
+        else:
+            continue
+        if anchor is not None:
+            sizes[anchor] = added
+        open_counts[-1] += added
+        if open_counts[-1] > YAML_MAX_NODES:
+            raise ConfigError(f"{source}: its aliases (*name) expand to more than {YAML_MAX_NODES:,} values; nothing was loaded: write the values out")
+
+
 def _read_text(path: Path) -> str:
     """The config file's text; ConfigError naming the encoding problem if it is not UTF-8."""
+    if path.stat().st_size > YAML_MAX_CHARS * 4:  # never read a huge file whole
+        raise ConfigError(f"{path}: {path.stat().st_size:,} bytes, more than a taskweaver-lite YAML file may have; nothing was loaded")
     raw = path.read_bytes()
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise ConfigError(f"{path}: the file is UTF-16 encoded; save it as UTF-8")
