@@ -259,6 +259,14 @@ class StoreConfig(_Section):
     record_prompts: bool = False
 
 
+class ExperienceConfig(_Section):
+    """Tips from earlier sessions (`/save`) and handcrafted ones (`PROJECT_DIR/experience/*.yaml`), shown to the Planner and the CodeGenerator."""
+
+    enabled: bool = Field(True, description="show the tips that fit each request (false: none are retrieved; /save and /experience still work)")
+    top_k: int = Field(3, ge=1, le=20, description="the most tips a prompt shows")
+    max_tokens: int = Field(400, ge=32, description="tokens the tips may take in a prompt (also at most an eighth of the role's budget)")
+
+
 class Config(_Section):
     """Everything a session needs, validated."""
 
@@ -270,6 +278,7 @@ class Config(_Section):
     code_interpreter: CodeInterpreterConfig = Field(default_factory=CodeInterpreterConfig)
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    experience: ExperienceConfig = Field(default_factory=ExperienceConfig)
     # Not a YAML key: where the project lives, filled in by load_config.
     project_dir: Path = Field(default=Path("project"), exclude=True)
 
@@ -324,6 +333,11 @@ class Config(_Section):
     def sessions_dir(self) -> Path:
         """Folder holding one working folder per session."""
         return self.project_dir / "sessions"
+
+    @property
+    def experience_dir(self) -> Path:
+        """Folder of handcrafted tips (TaskWeaver's `experience/`)."""
+        return self.project_dir / "experience"
 
     @property
     def store_path(self) -> Path:

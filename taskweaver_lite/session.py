@@ -27,6 +27,9 @@ from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import Executor, ExecutorFactory, Variable
+from taskweaver_lite.knowledge.distil import distil
+from taskweaver_lite.knowledge.experience import Experience
+from taskweaver_lite.knowledge.tips import Tip
 from taskweaver_lite.llm.client import CallRecord, ChatModel, MeteredModel, Usage
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import RoleContext
@@ -38,11 +41,14 @@ from taskweaver_lite.plugins.prompt import planner_line
 from taskweaver_lite.roles.code_generator import CodeGenerator
 from taskweaver_lite.roles.examples import load_examples
 from taskweaver_lite.roles.planner import Planner, list_working_files
-from taskweaver_lite.roles.role import RepairTurns
+from taskweaver_lite.roles.role import RepairTurns, Role
 from taskweaver_lite.store.database import SessionStore, StoreRecorder
 from taskweaver_lite.store.lock import SessionLock
 from taskweaver_lite.uploads import check_upload
 from taskweaver_lite.verification import verifier_from
+
+# Experience tips take at most this fraction of a role's prompt budget (and experience.max_tokens).
+EXPERIENCE_SHARE = 8
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,10 @@ class Session:
         self._lost: list[str] = []
         self._recency: dict[str, int] = {}  # variable name -> the last cell that created or changed it
         self._cells = 0
+        self.experience = Experience(store=store, folder=config.experience_dir, settings=config.experience)
         self.planner, self.code_generator = self._build_roles()
+        for role in (self.planner, self.code_generator):
+            role.experience = functools.partial(self._tips_for, role)
         if store is not None:
             self._listeners.append(StoreRecorder(store, session_id, compression_state=self._compression_state))
 
@@ -353,6 +362,16 @@ class Session:
         alive = {v.name for v in variables}
         lost = tuple(dict.fromkeys(n for n in self._lost if n not in alive))
         return LiveVariables(variables=_newest_first(variables, self._recency), lost=lost)
+
+    def save_experience(self) -> list[Tip]:
+        """Distil this session into tips with the model and store them; ExperienceError (nothing stored) when that fails."""
+        tips = distil(self.conversation.rounds, model=self._model, tokenizer=get_tokenizer(self.config.llm.tokenizer), llm=self.config.llm)
+        return self.experience.save(self.id, tips)
+
+    def _tips_for(self, role: Role, request: str) -> str:
+        """The experience tips that fit `request`, as `role`'s prompt shows them (at most an eighth of its budget)."""
+        context = role.context
+        return self.experience.block(request, tokenizer=context.tokenizer, max_tokens=context.budget // EXPERIENCE_SHARE)
 
     def contexts(self) -> dict[RoleName, RoleContext]:
         """Each role's prompt history manager."""

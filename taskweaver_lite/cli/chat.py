@@ -15,6 +15,7 @@ from pathlib import Path
 
 from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
+from taskweaver_lite.cli.experience import experience_command, save_tips
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
 from taskweaver_lite.config import CONFIG_FILE_NAME, MODEL_USERS, Config, load_config
 from taskweaver_lite.confirm import ConfirmCell
@@ -44,6 +45,8 @@ HELP = """Commands:
   /history         every earlier request in full, also those folded out of the prompts
   /last            the last cell that ran, with its whole output and traceback
   /plugins         the plugins: enabled, disabled, or why they are not loaded
+  /save            distil this session into experience tips for later sessions (a model call)
+  /experience [delete ID]   list the experience tips, or delete a stored one
   /export [ipynb|md] [file] [--force]   write this session as a notebook or Markdown
   /reset           start over: new session, fresh kernel, working files copied
   /exit            leave (Ctrl-D or Ctrl-C at an empty prompt too)
@@ -103,6 +106,8 @@ def run_chat(args: argparse.Namespace) -> int:
         session.store.save_overrides(session.id, overrides)
     for entry in session.plugins.broken:
         _to_stderr(strip_controls(entry.line()))
+    for problem in session.experience.problems():
+        _to_stderr(problem)
     report_kernel_failures(session, renderer, to_stderr=_to_stderr)
     commands = SlashCommands(session, say=say)
     try:
@@ -302,6 +307,8 @@ class SlashCommands:
             "/last": self._last,
             "/export": self._export,
             "/plugins": self._plugins,
+            "/save": self._save,
+            "/experience": self._experience,
         }
 
     def known(self, line: str) -> bool:
@@ -365,6 +372,14 @@ class SlashCommands:
     def _plugins(self, _: str) -> bool:
         failures = getattr(self.session.executor, "plugin_failures", ())
         self.say(plugin_table(self.session.plugins.entries, failures))
+        return True
+
+    def _save(self, _: str) -> bool:
+        save_tips(self.session, self.say)
+        return True
+
+    def _experience(self, argument: str) -> bool:
+        experience_command(self.session, argument, self.say)
         return True
 
     def _history(self, _: str) -> bool:
