@@ -82,7 +82,7 @@ def test_only_the_top_k_tips_that_match_the_request_are_shown_within_the_token_c
     server.enqueue("other", tips_reply(unrelated, ("error_resolution", DATES_TIP), ("preference", EURO_TIP)))
     with first_session(project, server) as session:
         session.save_experience()
-        tokenizer = session.planner.context.tokenizer
+        tokenizer = session.contexts()["planner"].tokenizer
         block = session.experience.block("monthly sales from sales.csv", tokenizer=tokenizer, max_tokens=1000)
     assert DATES_TIP in block and EURO_TIP not in block and "violin" not in block
     assert tokenizer.count(block) <= 80

@@ -37,6 +37,7 @@ _ACTIVITY = {
     "code_writing": "CodeGenerator is writing code",
     "code_running": "Running code",
     "repairing": "Asking the model to fix a malformed reply",
+    "role_working": "Waiting for",
 }
 
 
@@ -219,7 +220,7 @@ class RichConsole:
             # Shown only once it has been streaming a moment: a reply that arrives all at once
             # (a fast model, a short answer) goes straight to its post, without a live display
             # that would cost more to draw and clear than the reply took.
-            self._pending = StreamView(event.role, self._label, show_reasoning=self.show_reasoning)
+            self._pending = StreamView(event.role, self._label, alias=event.alias, show_reasoning=self.show_reasoning)
         return self._pending
 
     def _printed(self, event: CellPrinted) -> None:
