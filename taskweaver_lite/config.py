@@ -54,6 +54,7 @@ class LLMConfig(_Section):
     tokenizer: Literal["o200k_base", "cl100k_base"] = "o200k_base"
     stream: bool = Field(True, description="stream replies (stream=true); false for endpoints that cannot")
     show_reasoning: bool = Field(True, description="show a model's reasoning (<think>, reasoning_content) dimmed while it streams")
+    vision: bool = Field(False, description="the model reads images: roles that require vision are off without it")
 
     @field_validator("api_base")
     @classmethod
@@ -89,6 +90,7 @@ class LLMOverrides(_Section):
     max_retries: int | None = None
     tokenizer: Literal["o200k_base", "cl100k_base"] | None = None
     stream: bool | None = None
+    vision: bool | None = None
 
 
 # The part of a session that folds rounds; every role's section (`planner`, `code_generator`, a
@@ -126,6 +128,14 @@ class CodeGeneratorConfig(RoleConfig):
         False, description="show only the plugins most relevant to the current step (and those used before), not all"
     )
     auto_plugin_selection_topk: int = Field(3, ge=1, description="how many plugins auto_plugin_selection shows")
+
+
+class DocumentRetrieverConfig(RoleConfig):
+    """The document_retriever role: which folder it searches and how much of it a reply quotes."""
+
+    folder: str = Field("docs", description="the documents folder, relative to the project (or absolute)")
+    top_k: int = Field(4, ge=1, le=50, description="the most passages a reply quotes")
+    max_tokens: int = Field(700, ge=64, description="tokens a reply may take (also at most a sixth of the Planner's budget)")
 
 
 class RoundCompressorConfig(_Section):
@@ -285,6 +295,7 @@ class Config(_Section):
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     experience: ExperienceConfig = Field(default_factory=ExperienceConfig)
+    document_retriever: DocumentRetrieverConfig = Field(default_factory=DocumentRetrieverConfig)
     # The sections of roles that have no field here (`echo:`, a project role's), written at the top
     # level like `planner:`; load_config moves them here. Not a YAML key of its own.
     role_sections: dict[str, RoleConfig] = Field(default_factory=dict, exclude=True)

@@ -111,7 +111,7 @@ class Session:
         self.config = config
         self.options = options
         self.plugins = options.plugins or PluginCatalog()  # every plugin found, broken ones with their errors; the enabled ones are shown
-        self.roles = options.roles or discover_roles(config.project_dir, enabled=config.session.roles)
+        self.roles = options.roles or discover_roles(config.project_dir, enabled=config.session.roles, config=config)
         self.id = session_id
         self.executor = executor
         self.store = options.store
@@ -278,7 +278,7 @@ class Session:
         usage_before: Usage = Usage(),
         confirm: ConfirmCell | None = None,
     ) -> Session:
-        roles = discover_roles(config.project_dir, enabled=config.session.roles)
+        roles = discover_roles(config.project_dir, enabled=config.session.roles, config=config)
         chat_model = model or role_models(config, roles=roles.enabled)
         plugins = discover(config.project_dir)
         running = (executor or default_executor(config, plugins=plugins.enabled))(config.sessions_dir / session_id)

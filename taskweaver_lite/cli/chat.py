@@ -106,7 +106,7 @@ def run_chat(args: argparse.Namespace) -> int:
         session.store.save_overrides(session.id, overrides)
     for entry in session.plugins.broken:
         _to_stderr(strip_controls(entry.line()))
-    for problem in session.experience.problems():
+    for problem in [*session.role_problems, *session.experience.problems()]:
         _to_stderr(problem)
     report_kernel_failures(session, renderer, to_stderr=_to_stderr)
     commands = SlashCommands(session, say=say)
