@@ -112,3 +112,7 @@ def test_the_chat_reports_an_off_role_on_stderr_and_goes_on(tmp_path: Path, serv
     result = run_cli("chat", "-p", str(project), stdin="hi\n")
     assert result.returncode == 0 and result.stdout.strip() == "Hello!"
     assert "role image_reader is off: it needs a model that reads images" in result.stderr
+    listed = run_cli("roles", "-p", str(project))
+    lines = {line.split()[0]: line for line in listed.stdout.splitlines() if line.strip()}
+    assert " off " in lines["image_reader"] and "needs a model that reads images" in lines["image_reader"]
+    assert " disabled " in lines["document_retriever"], "the retriever ships, off until session.roles lists it"

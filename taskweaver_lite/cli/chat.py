@@ -17,6 +17,7 @@ from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.experience import experience_command, save_tips
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
+from taskweaver_lite.cli.roles import role_table
 from taskweaver_lite.config import CONFIG_FILE_NAME, FOLDER, Config, load_config
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
@@ -47,6 +48,7 @@ HELP = """Commands:
   /plugins         the plugins: enabled, disabled, or why they are not loaded
   /save            distil this session into experience tips for later sessions (a model call)
   /experience [delete ID]   list the experience tips, or delete a stored one
+  /roles           the roles: enabled, disabled, or why they are off
   /export [ipynb|md] [file] [--force]   write this session as a notebook or Markdown
   /reset           start over: new session, fresh kernel, working files copied
   /exit            leave (Ctrl-D or Ctrl-C at an empty prompt too)
@@ -106,8 +108,8 @@ def run_chat(args: argparse.Namespace) -> int:
         session.store.save_overrides(session.id, overrides)
     for entry in session.plugins.broken:
         _to_stderr(strip_controls(entry.line()))
-    for problem in [*session.role_problems, *session.experience.problems()]:
-        _to_stderr(problem)
+    for line in [*session.role_problems, *session.experience.problems()]:
+        _to_stderr(strip_controls(line))
     report_kernel_failures(session, renderer, to_stderr=_to_stderr)
     commands = SlashCommands(session, say=say)
     try:
@@ -309,6 +311,7 @@ class SlashCommands:
             "/plugins": self._plugins,
             "/save": self._save,
             "/experience": self._experience,
+            "/roles": self._roles,
         }
 
     def known(self, line: str) -> bool:
@@ -372,6 +375,10 @@ class SlashCommands:
     def _plugins(self, _: str) -> bool:
         failures = getattr(self.session.executor, "plugin_failures", ())
         self.say(plugin_table(self.session.plugins.entries, failures))
+        return True
+
+    def _roles(self, _: str) -> bool:
+        self.say(role_table(self.session.roles.entries))
         return True
 
     def _save(self, _: str) -> bool:
