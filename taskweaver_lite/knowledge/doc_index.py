@@ -13,6 +13,7 @@ take turns on SQLite's write lock, so each sees the other's work.
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -135,7 +136,7 @@ class DocumentIndex:
 
     def _update(self, db: sqlite3.Connection, name: str, path: Path, known: tuple[int, int, str, str] | None, *, reader: str) -> str:
         """Index one file if it is new or changed; returns 'added', 'changed' or 'same'."""
-        stat = path.stat()
+        stat = os.stat(path)
         if known is not None and known[0] == stat.st_mtime_ns and known[1] == stat.st_size and known[3] == reader:
             return "same"
         digest = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -188,12 +189,8 @@ class DocumentIndex:
 
     def _files(self) -> Iterator[tuple[str, Path]]:
         """Every regular file under the folder (hidden ones and hidden folders left out), by its name in citations."""
-        if not self.docs_dir.is_dir():
-            return
-        for path in sorted(self.docs_dir.rglob("*")):
-            relative = path.relative_to(self.docs_dir)
-            if path.is_file() and not path.is_symlink() and not any(part.startswith(".") for part in relative.parts):
-                yield relative.as_posix(), path
+        if self.docs_dir.is_dir():
+            yield from _walk(self.docs_dir, prefix="")
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -215,6 +212,19 @@ class DocumentIndex:
             raise SearchUnavailableError(
                 f"{self.index_path}: the document index could not be read or written ({exc}); delete the file and it is rebuilt"
             ) from None
+
+
+def _walk(folder: Path, *, prefix: str) -> Iterator[tuple[str, Path]]:
+    """Files below `folder`, sorted, with os.scandir: a check of a folder runs before every search, so no pathlib per file."""
+    with os.scandir(folder) as listing:
+        entries = sorted(listing, key=lambda e: e.name)
+    for entry in entries:
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            yield from _walk(Path(entry.path), prefix=f"{prefix}{entry.name}/")
+        elif entry.is_file(follow_symlinks=False):
+            yield f"{prefix}{entry.name}", Path(entry.path)
 
 
 def _reader_key() -> str:
