@@ -8,6 +8,7 @@ Errors name the file, the key and what was expected, on one line.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +20,10 @@ from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.verification import DEFAULT_ALLOWED_MODULES, DEFAULT_BLOCKED_FUNCTIONS
 
 CONFIG_FILE_NAME = "taskweaver_config.yaml"
+# Bounds on any YAML file of a project (config, examples, plugin specs): far above real ones.
+YAML_MAX_CHARS = 1_000_000
+YAML_MAX_DEPTH = 64
+YAML_MAX_NODES = 200_000  # values once every alias is expanded
 
 MIN_PROMPT_TOKENS = 256  # below this not even a short system prompt and one request fit
 # One cell's output gets an eighth of a role's prompt budget: at an 8k window (3,648-token budget)
@@ -323,6 +328,14 @@ class Config(_Section):
             return section
         return self.role_sections.get(key) or RoleConfig()
 
+    @model_validator(mode="after")
+    def _no_conflicting_settings(self) -> Config:
+        # Two settings that cannot both hold are refused, rather than one of them silently ignored.
+        conflict = next(iter(settings_conflicts(self)), None)
+        if conflict is not None:
+            raise ValueError(conflict)
+        return self
+
     def llm_for(self, user: str) -> LLMConfig:
         """The model settings `user` (a role's config key, or round_compressor) calls with: its `llm` overrides over `llm`."""
         overrides = self.round_compressor.llm if user == FOLDER else self.role_section(user).llm
@@ -336,12 +349,15 @@ class Config(_Section):
     @model_validator(mode="after")
     def _parts_fit_the_prompt(self) -> Config:
         # (the summary's cap needs no check: its share of the budget is bounded where prompts are built)
-        budget, value, key = self.prompt_budget, self.execution.output_tokens, "execution.output_tokens"
+        # Whole cell outputs go into the CodeGenerator's prompts: its model's window is the one to fit.
+        value, key = self.execution.output_tokens, "execution.output_tokens"
+        llm, budget = self.llm_for("code_generator"), self.role_budget("code_generator")
+        section = "code_generator.llm" if self.code_generator.llm.context_window is not None else "llm"
         if value is not None and value > budget // 2:
             raise ValueError(
-                f"{key} is {value} tokens, more than half of the prompt budget ({budget} = llm.context_window "
-                f"{self.llm.context_window} - reply_reserve {self.llm.reply_reserve} - margin {self.llm.margin}); "
-                f"lower {key} or raise llm.context_window"
+                f"{key} is {value} tokens, more than half of the CodeGenerator's prompt budget ({budget} = {section}.context_window "
+                f"{llm.context_window} - reply_reserve {llm.reply_reserve} - margin {llm.margin}); "
+                f"lower {key} or raise {section}.context_window"
             )
         return self
 
@@ -352,10 +368,13 @@ class Config(_Section):
 
     @property
     def cell_output_tokens(self) -> int:
-        """Tokens one cell's output may take in a prompt: execution.output_tokens, or scaled to the budget."""
+        """Tokens one cell's output may take in a prompt: execution.output_tokens, or scaled to the CodeGenerator's budget.
+
+        The CodeGenerator's model (`code_generator.llm` over `llm`) is the one that reads whole cell outputs.
+        """
         if self.execution.output_tokens is not None:
             return self.execution.output_tokens
-        return min(max(self.prompt_budget // OUTPUT_SHARE, MIN_OUTPUT_TOKENS), MAX_OUTPUT_TOKENS)
+        return min(max(self.role_budget("code_generator") // OUTPUT_SHARE, MIN_OUTPUT_TOKENS), MAX_OUTPUT_TOKENS)
 
     @property
     def sessions_dir(self) -> Path:
@@ -392,6 +411,43 @@ def role_names(project: Path, data: dict[str, Any]) -> set[str]:
     return names - set(Config.model_fields)
 
 
+# Settings that shape the local kernel; a kernel on a gateway runs on the gateway's machine, under its rules.
+_LOCAL_ONLY = {
+    "sandbox": "the sandbox wraps a kernel started on this machine",
+    "network": "it opens the local sandbox's network",
+    "memory_limit": "limits are set on a kernel started on this machine",
+    "max_processes": "limits are set on a kernel started on this machine",
+}
+
+
+def settings_conflicts(config: Config) -> list[str]:
+    """One line per pair of settings given together that cannot both hold, naming both and the fix."""
+    execution = config.execution
+    given = execution.model_fields_set
+    found = []
+    if execution.kernel_gateway is not None:
+        for key, why in _LOCAL_ONLY.items():
+            if key in given and not (key == "sandbox" and execution.sandbox != "bubblewrap"):
+                value = json_text(getattr(execution, key))
+                found.append(
+                    f"execution.{key}: {value} and execution.kernel_gateway conflict ({why}, and with a gateway the "
+                    f"kernel runs on the gateway's machine); remove one of them"
+                )
+    for user in ("planner", "code_generator"):
+        role: RoleConfig = getattr(config, user)
+        if not role.prompt_compression and "strategy" in role.model_fields_set and role.strategy in ("round_compression", "summary_buffer"):
+            found.append(
+                f"{user}.prompt_compression: false and {user}.strategy: {role.strategy} conflict (without compression "
+                f"the history is a sliding window); remove one of them"
+            )
+    return found
+
+
+def json_text(value: Any) -> str:
+    """A setting's value as it is written in YAML (true, null, 50%)."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
 def load_config(project_dir: str | Path = "project", overrides: list[str] | None = None) -> Config:
     """Read the project's YAML, apply `KEY=VALUE` overrides, and validate once."""
     project = Path(project_dir)
@@ -401,7 +457,7 @@ def load_config(project_dir: str | Path = "project", overrides: list[str] | None
     data: dict[str, Any] = {}
     if path.exists():
         try:
-            loaded = yaml.safe_load(_read_text(path))
+            loaded = load_yaml(_read_text(path), source=path)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}; fix the syntax") from None
         if loaded is not None and not isinstance(loaded, dict):
@@ -430,8 +486,50 @@ def _merge_problem(err: ErrorDetails) -> str:
     return f"key '{key}': {message.lower()}" if key else message
 
 
+def load_yaml(text: str, *, source: Path | str, max_chars: int = YAML_MAX_CHARS) -> Any:
+    """`yaml.safe_load` of a project's file within bounds: ConfigError naming `source` if it is too big, too deep or alias-heavy.
+
+    PyYAML builds nested values recursively (10,000 levels end in a RecursionError) and an alias
+    bomb is small on disk but explodes once the values are walked: the events are counted first,
+    without recursion, and only a file within the bounds is loaded.
+    """
+    if len(text) > max_chars:
+        raise ConfigError(f"{source}: {len(text):,} characters, more than the {max_chars:,} a taskweaver-lite YAML file may have; nothing was loaded")
+    _check_expansion(yaml.parse(text, Loader=yaml.SafeLoader), source=source)
+    return yaml.safe_load(text)
+
+
+def _check_expansion(events: Iterable[yaml.Event], *, source: Path | str) -> None:
+    """ConfigError if the document nests deeper than YAML_MAX_DEPTH or expands (aliases followed) past YAML_MAX_NODES values."""
+    sizes: dict[str, int] = {}  # an anchor's value, in values once expanded
+    open_counts = [0]  # values in each collection being read, outermost first
+    anchors: list[str | None] = [None]
+    for event in events:
+        if isinstance(event, yaml.CollectionStartEvent):
+            open_counts.append(0)
+            anchors.append(event.anchor)
+            if len(open_counts) > YAML_MAX_DEPTH + 1:
+                raise ConfigError(f"{source}: nested more than {YAML_MAX_DEPTH} levels deep; nothing was loaded: flatten it")
+            continue
+        if isinstance(event, yaml.CollectionEndEvent):
+            added, anchor = open_counts.pop() + 1, anchors.pop()
+        elif isinstance(event, yaml.ScalarEvent):
+            added, anchor = 1, event.anchor
+        elif isinstance(event, yaml.AliasEvent):
+            added, anchor = sizes.get(event.anchor or "", 1), None
+        else:
+            continue
+        if anchor is not None:
+            sizes[anchor] = added
+        open_counts[-1] += added
+        if open_counts[-1] > YAML_MAX_NODES:
+            raise ConfigError(f"{source}: its aliases (*name) expand to more than {YAML_MAX_NODES:,} values; nothing was loaded: write the values out")
+
+
 def _read_text(path: Path) -> str:
     """The config file's text; ConfigError naming the encoding problem if it is not UTF-8."""
+    if path.stat().st_size > YAML_MAX_CHARS * 4:  # never read a huge file whole
+        raise ConfigError(f"{path}: {path.stat().st_size:,} bytes, more than a taskweaver-lite YAML file may have; nothing was loaded")
     raw = path.read_bytes()
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise ConfigError(f"{path}: the file is UTF-16 encoded; save it as UTF-8")

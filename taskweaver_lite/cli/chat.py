@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from taskweaver_lite.cli.confirm import terminal_confirm
@@ -32,6 +32,7 @@ from taskweaver_lite.session import Session
 from taskweaver_lite.store.database import SessionStore, stored_sessions
 from taskweaver_lite.store.export import write_export
 from taskweaver_lite.terminal import strip_controls
+from taskweaver_lite.workfiles import owner_only_file
 
 # /summary shows the variables list more fully than a prompt can afford to.
 SUMMARY_VARIABLES_TOKENS = 4_000
@@ -232,7 +233,8 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
         else:
             event.app.exit(exception=EOFError())
 
-    config.project_dir.mkdir(parents=True, exist_ok=True)
+    config.project_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    owner_only_file(config.project_dir / ".chat_history", create=True)  # every request typed: the owner's only
     prompt: PromptSession[str] = PromptSession(history=FileHistory(str(config.project_dir / ".chat_history")), key_bindings=bindings)
     renderer.say(f"taskweaver-lite session {commands.session.id} — model {config.llm.model}. Type /help for commands.", style="bold")
     while True:
@@ -267,8 +269,7 @@ def _to_stderr(text: str) -> None:
 
 def _piped(commands: SlashCommands) -> int:
     say = _to_stderr
-    for line in sys.stdin:
-        text = line.rstrip("\r\n")
+    for text in _stdin_lines(say):
         if not text.strip():
             continue
         if text.startswith("/") and commands.known(text):
@@ -288,6 +289,20 @@ def _piped(commands: SlashCommands) -> int:
             if rnd.state == "failed":
                 say(f"This request failed: {rnd.error}")
     return 0
+
+
+def _stdin_lines(say: Callable[[str], None]) -> Iterator[str]:
+    """Piped stdin's lines as text; a line that does not decode is named in one line and skipped, the rest go on."""
+    encoding = getattr(sys.stdin, "encoding", None) or "utf-8"
+    binary = getattr(sys.stdin, "buffer", None)
+    if binary is None:  # a text stream put in place of stdin (embedding): nothing to decode
+        yield from (line.rstrip("\r\n") for line in sys.stdin)
+        return
+    for number, raw in enumerate(binary, 1):
+        try:
+            yield raw.decode(encoding).rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            say(f"stdin: line {number} is not {encoding} text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); skipped it: pipe {encoding} text")
 
 
 class SlashCommands:
@@ -370,6 +385,8 @@ class SlashCommands:
         old = self.session.id
         self.session = self.session.reset()
         self.say(f"Started over as session {self.session.id} with a fresh kernel and a copy of the working files ({old} stays stored).")
+        for line in self.session.reset_report.notices() if self.session.reset_report is not None else ():
+            self.say(line)
         return True
 
     def _plugins(self, _: str) -> bool:

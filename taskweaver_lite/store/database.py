@@ -23,7 +23,9 @@ instead of failing. A session open in one process is guarded by an `flock` on a 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import sqlite3
 import threading
@@ -131,6 +133,7 @@ class SessionStore:
         options: dict[str, Any] = {"timeout": BUSY_TIMEOUT_SECONDS, "isolation_level": None, "check_same_thread": False}
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            _owner_only(self.path)
             connection: sqlite3.Connection = sqlite3.connect(self.path, **options)
             return connection
         if not self.path.is_file():
@@ -433,6 +436,18 @@ class StoreRecorder:
         with self._held_lock:
             held, self._held = self._held, []
         self.store.record(self.session_id, *held)
+
+
+def _owner_only(path: Path) -> None:
+    """The store and its -wal and -shm readable by their owner only (SQLite gives the latter two the store's mode).
+
+    It holds every conversation: no other user, and no kernel running as another user, may read it.
+    """
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        with contextlib.suppress(FileNotFoundError, PermissionError):  # PermissionError: another user's store, refused later by SQLite
+            if name.stat().st_mode & 0o077:
+                os.chmod(name, 0o600)
 
 
 def stored_sessions(path: Path) -> list[SessionEntry]:
