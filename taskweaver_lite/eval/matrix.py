@@ -40,7 +40,10 @@ def load_matrix(path: Path) -> tuple[Setting, ...]:
         raise ConfigError(f"--matrix {path}: not valid YAML ({' '.join(str(exc).split())[:160]})") from None
     if not isinstance(data, dict) or not data:
         raise ConfigError(f"--matrix {path}: expected a mapping of setting names to config keys, e.g. 'off: {{planner.prompt_compression: false}}'")
-    return tuple(_setting(path, str(name), keys) for name, keys in data.items())
+    for name in data:
+        if not isinstance(name, str):
+            raise ConfigError(f"--matrix {path}: the setting name {name!r} was read as YAML's {type(name).__name__}: quote it (\"off\":, \"1\":)")
+    return tuple(_setting(path, name, keys) for name, keys in data.items())
 
 
 def _setting(path: Path, name: str, keys: Any) -> Setting:

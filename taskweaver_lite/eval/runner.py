@@ -72,7 +72,7 @@ def run_eval(cases: Sequence[Case], plan: EvalPlan, *, progress: Progress = lamb
         progress(f"resume: {len(runs) - len(todo)} run(s) already scored, {len(todo)} to go")
     finished: dict[tuple[str, str], Outcome] = {o.key: o for o in earlier}
     with ThreadPoolExecutor(max_workers=max(1, plan.jobs), thread_name_prefix="eval") as pool:
-        futures = [pool.submit(run_one, case, setting, plan) for case, setting in todo]
+        futures = [pool.submit(_in_worker, case, setting, plan) for case, setting in todo]
         for count, future in enumerate(as_completed(futures), 1):
             outcome = future.result()
             results.append(outcome)
@@ -80,6 +80,16 @@ def run_eval(cases: Sequence[Case], plan: EvalPlan, *, progress: Progress = lamb
             progress(f"[{count}/{len(todo)}] {describe(outcome)}")
     order = {(case.name, setting.name): n for n, (case, setting) in enumerate(runs)}
     return sorted((o for o in finished.values() if o.key in order), key=lambda o: order[o.key])
+
+
+def _in_worker(case: Case, setting: Setting, plan: EvalPlan) -> Outcome:
+    """`run_one` in a pool thread, which then closes the event loop the kernel client opened in it."""
+    from taskweaver_lite.kernel.executor import close_thread_loop
+
+    try:
+        return run_one(case, setting, plan)
+    finally:
+        close_thread_loop()
 
 
 def check_settings(plan: EvalPlan) -> None:

@@ -68,6 +68,7 @@ _CODE: list[tuple[str, Any]] = [
             "for column, value in data.mean(numeric_only=True).items():\n    print(f'answer: The mean of {column} is {value:.2f}')"
         ),
     ),
+    (r'echo the word "([^"]+)"', lambda m: f"print({'answer: ' + m.group(1)!r})"),
     (r"load `?inputs/([\w.\-]+)`? into a variable called `?(\w+)`?", lambda m: f"import pandas as pd\n{m.group(2)} = pd.read_csv('inputs/{m.group(1)}')"),
     (r"how many rows", lambda m: "len(sales)"),
     (r"total (\w+) per (\w+)", lambda m: f"sales.groupby({m.group(2)!r})[{m.group(1)!r}].sum()"),
@@ -117,7 +118,7 @@ def judge(prompt: str) -> str:
     except (ValueError, TypeError, KeyError):
         said = conversation
     # "after 20 rounds ... the sum 210": the rounds say when, the other numbers are the claim.
-    numbers = re.findall(r"\d[\d,]*(?:\.\d+)?(?!\s*rounds?\b)(?![\d,.])", statement)
+    numbers = re.findall(r"\d[\d,]*(?:\.\d+)?(?!\s*rounds?\b)(?![\d,]|\.\d)", statement)
     wanted = numbers or re.findall(r'"([^"]+)"', statement)
     plain = said.replace(",", "")
     missing = [w for w in wanted if not re.search(rf"(?<![\d.]){re.escape(w.replace(',', ''))}(?![\d])", plain)]
