@@ -133,6 +133,8 @@ def test_a_matrix_runs_every_case_under_every_setting_in_parallel_and_reports_th
     assert all(o.status == "scored" and o.score == 1.0 and o.rounds == 50 for o in outcomes)
     assert result["off"].fold_calls == 0 and result["(1,1)"].fold_calls > 0
     assert result["(1,1)"].prompt_tokens < result["off"].prompt_tokens
+    # The scripted server reports a prefix cache: a round's prompt begins as the last one did.
+    assert all(0 < o.cached_tokens < o.prompt_tokens for o in outcomes)
     written = write_report(the_plan.report_dir, outcomes, [off, tight])
     assert [p.name for p in written] == [REPORT_MD, REPORT_JSON, REPORT_PLOT]
     assert (the_plan.report_dir / REPORT_PLOT).read_bytes().startswith(b"\x89PNG")
@@ -159,5 +161,7 @@ def test_eval_killed_mid_run_resumes_without_redoing_the_scored_runs(tmp_path: P
     again = subprocess.run([*command, "--resume"], capture_output=True, text=True, env=cli_env(), timeout=120)
     assert again.returncode == 0, again.stderr
     assert "resume: 1 run(s) already scored, 1 to go" in again.stderr
+    assert "running_sum @ project: started" in again.stderr and "running_sum @ project: round 50" in again.stderr
+    assert "mean_units @ project: started" not in again.stderr
     assert [json.loads(line)["case"] for line in results.read_text(encoding="utf-8").splitlines()] == ["mean_units", "running_sum"]
     assert "| mean_units | project | 1.00 (1/1) |" in again.stdout and "| running_sum | project | 1.00 (15/15) | 50 |" in again.stdout

@@ -32,6 +32,7 @@ from taskweaver_lite.eval.examiner import RoundFailed, Transcript, examine
 from taskweaver_lite.eval.matrix import Setting
 from taskweaver_lite.eval.outcome import RESULTS_FILE, Outcome, PointResult, ResultsFile, scored_keys
 from taskweaver_lite.eval.scoring import NotAVerdict, mark, score
+from taskweaver_lite.events import Event, Listener, RoundEnded
 from taskweaver_lite.llm.client import ChatModel, MeteredModel, OpenAIChatModel
 from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.session import Session
@@ -44,6 +45,7 @@ TASKWEAVER_KEYS = {
     "code_generator.enable_auto_plugin_selection": "code_generator.auto_plugin_selection",
 }
 PRE_COMMAND_TIMEOUT = 600.0
+PROGRESS_EVERY = 10  # rounds between progress lines of a long case
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ def run_eval(cases: Sequence[Case], plan: EvalPlan, *, progress: Progress = lamb
         progress(f"resume: {len(runs) - len(todo)} run(s) already scored, {len(todo)} to go")
     finished: dict[tuple[str, str], Outcome] = {o.key: o for o in earlier}
     with ThreadPoolExecutor(max_workers=max(1, plan.jobs), thread_name_prefix="eval") as pool:
-        futures = [pool.submit(_in_worker, case, setting, plan) for case, setting in todo]
+        futures = [pool.submit(_in_worker, case, setting, plan, progress) for case, setting in todo]
         for count, future in enumerate(as_completed(futures), 1):
             outcome = future.result()
             results.append(outcome)
@@ -82,12 +84,12 @@ def run_eval(cases: Sequence[Case], plan: EvalPlan, *, progress: Progress = lamb
     return sorted((o for o in finished.values() if o.key in order), key=lambda o: order[o.key])
 
 
-def _in_worker(case: Case, setting: Setting, plan: EvalPlan) -> Outcome:
+def _in_worker(case: Case, setting: Setting, plan: EvalPlan, progress: Progress) -> Outcome:
     """`run_one` in a pool thread, which then closes the event loop the kernel client opened in it."""
     from taskweaver_lite.kernel.executor import close_thread_loop
 
     try:
-        return run_one(case, setting, plan)
+        return run_one(case, setting, plan, progress=progress)
     finally:
         close_thread_loop()
 
@@ -115,8 +117,11 @@ def describe(outcome: Outcome) -> str:
     return f"{where}: score {outcome.score:.2f} ({outcome.points:g}/{outcome.max_points:g}), {cost}"
 
 
-def run_one(case: Case, setting: Setting, plan: EvalPlan) -> Outcome:
-    """One case under one setting, in a session of its own; never raises for the case's own problems."""
+def run_one(case: Case, setting: Setting, plan: EvalPlan, *, progress: Progress = lambda line: None) -> Outcome:
+    """One case under one setting, in a session of its own; never raises for the case's own problems.
+
+    `progress` hears when it starts and every `PROGRESS_EVERY` rounds.
+    """
     started = time.perf_counter()
     kind = "dseval" if isinstance(case, ProblemSet) else "taskweaver"
     blank = Outcome(case=case.name, setting=setting.name, kind=kind, status="skipped")
@@ -133,7 +138,8 @@ def run_one(case: Case, setting: Setting, plan: EvalPlan) -> Outcome:
         return replace(blank, reason=f"{case.name}: config_var: {exc}")
     if isinstance(case, TaskCase):
         notes += _pre_commands(case)
-    outcome = _in_session(case, config, blank=replace(blank, notes=tuple(notes)))
+    progress(f"  {case.name} @ {setting.name}: started")
+    outcome = _in_session(case, config, blank=replace(blank, notes=tuple(notes)), on_event=_round_counter(f"{case.name} @ {setting.name}", progress))
     return replace(outcome, seconds=round(time.perf_counter() - started, 3))
 
 
@@ -202,7 +208,17 @@ def _pre_commands(case: TaskCase) -> list[str]:
     return notes
 
 
-def _in_session(case: TaskCase | ProblemSet, config: Config, *, blank: Outcome) -> Outcome:
+def _round_counter(where: str, progress: Progress) -> Listener:
+    """A session listener that reports every `PROGRESS_EVERY`th round as it ends."""
+
+    def heard(event: Event) -> None:
+        if isinstance(event, RoundEnded) and event.round.index % PROGRESS_EVERY == 0:
+            progress(f"  {where}: round {event.round.index}")
+
+    return heard
+
+
+def _in_session(case: TaskCase | ProblemSet, config: Config, *, blank: Outcome, on_event: Listener) -> Outcome:
     """Open the session, score the case in it, and count what it cost."""
     try:
         examiner, judge = MeteredModel(_client(config, "examiner")), MeteredModel(_client(config, "judge"))
@@ -210,7 +226,7 @@ def _in_session(case: TaskCase | ProblemSet, config: Config, *, blank: Outcome) 
         return replace(blank, status="failed", reason=f"the examiner's or the judge's model: {exc}")
     try:
         try:
-            session = Session.open(config)
+            session = Session.open(config, listeners=[on_event])
         except TaskWeaverError as exc:
             return replace(blank, status="failed", reason=f"the session could not start: {exc}")
         with session:

@@ -31,6 +31,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 ROLES = ("planner", "code_generator", "compression", "other")
+_CACHED_PROMPTS = 64  # recent prompts a prefix_cache server remembers
 _HOST = "127.0.0.1"
 
 _ERROR_CODES = {
@@ -111,9 +112,13 @@ def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
 class ScriptedServer:
     """An OpenAI-compatible chat server in a daemon thread, answering from per-role scripts."""
 
-    def __init__(self, *, model: str | None = None, api_key: str | None = None, port: int = 0) -> None:
+    def __init__(self, *, model: str | None = None, api_key: str | None = None, port: int = 0, prefix_cache: bool = False) -> None:
         self.model = model
         self.api_key = api_key
+        # Report `prompt_tokens_details.cached_tokens` as a server with a prefix cache would: the
+        # tokens of the longest run of whole messages a recent request began with too.
+        self.prefix_cache = prefix_cache
+        self._recent_prompts: deque[tuple[tuple[str, str], ...]] = deque(maxlen=_CACHED_PROMPTS)
         self.port = port  # 0: any free port; a fixed one plays a local server on its default port
         self._lock = threading.Lock()
         self._queues: dict[str, deque[Scripted]] = {role: deque() for role in ROLES}
@@ -201,6 +206,14 @@ class ScriptedServer:
         with self._lock:
             queue = self._queues[role]
             return queue.popleft() if queue else self._defaults.get(role)
+
+    def _cached_tokens(self, messages: list[dict[str, Any]]) -> int:
+        """Tokens of the longest whole-message prefix `messages` shares with a recent prompt (then remembered too)."""
+        prompt = tuple((str(m.get("role")), _text_of(m.get("content"))) for m in messages)
+        with self._lock:
+            shared = max((_shared_prefix(prompt, earlier) for earlier in self._recent_prompts), default=0)
+            self._recent_prompts.append(prompt)
+        return sum(_rough_tokens(text) + 3 for _, text in prompt[:shared])
 
     def _wait(self, seconds: float) -> None:
         self._stopping.wait(seconds)
@@ -347,7 +360,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(reply.status, reply.error_message or f"scripted HTTP {reply.status} for role '{role}'", reply=reply)
         else:
             number = len(scripted.requests)
-            completion = _completion(reply, messages, model=body.get("model") or scripted.model, number=number)
+            cached = scripted._cached_tokens(messages) if scripted.prefix_cache else None
+            completion = _completion(reply, messages, model=body.get("model") or scripted.model, number=number, cached=cached)
             if body.get("stream"):
                 options = body.get("stream_options")
                 usage = isinstance(options, dict) and bool(options.get("include_usage"))
@@ -457,7 +471,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
 
 
-def _completion(reply: Reply, messages: list[dict[str, Any]], *, model: str | None, number: int) -> dict[str, Any]:
+def _completion(reply: Reply, messages: list[dict[str, Any]], *, model: str | None, number: int, cached: int | None = None) -> dict[str, Any]:
     """The chat completion a real server would send for `reply`."""
     content: str | list[dict[str, str]] = reply.content
     if reply.content_parts is not None:
@@ -480,6 +494,8 @@ def _completion(reply: Reply, messages: list[dict[str, Any]], *, model: str | No
         prompt = sum(_rough_tokens(_text_of(m.get("content"))) + 3 for m in messages) + 3
         answer = _rough_tokens(_text_of(content))
         completion["usage"] = {"prompt_tokens": prompt, "completion_tokens": answer, "total_tokens": prompt + answer}
+        if cached is not None:
+            completion["usage"]["prompt_tokens_details"] = {"cached_tokens": min(cached, prompt)}
     return completion
 
 
@@ -513,6 +529,16 @@ def _stream_events(
     if usage and "usage" in completion:
         yield json.dumps({**base, "choices": [], "usage": completion["usage"]})
     yield "[DONE]"
+
+
+def _shared_prefix(one: Sequence[tuple[str, str]], other: Sequence[tuple[str, str]]) -> int:
+    """How many leading messages two prompts have in common."""
+    count = 0
+    for mine, theirs in zip(one, other, strict=False):  # prompts of different lengths: the shorter one ends the run
+        if mine != theirs:
+            break
+        count += 1
+    return count
 
 
 def _model_entry(name: str) -> dict[str, Any]:
