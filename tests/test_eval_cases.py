@@ -59,6 +59,16 @@ def test_dseval_sections_keep_context_code_and_merge_validators_into_the_compari
     assert per_region.validator["result"] == {"compare_fn": {"ignore_names": True}}
 
 
+def test_dseval_own_problem_set_is_read_with_its_data_folder() -> None:
+    [problems] = load_cases([REPO / "tests" / "data" / "dseval" / "iris.py"])
+    assert isinstance(problems, ProblemSet) and problems.data_dir == REPO / "tests" / "data" / "dseval" / "_inputs"
+    assert [p.question is not None for p in problems.problems] == [False, True, True, True]
+    load = problems.problems[1]
+    assert load.question is not None and load.question.startswith("Load Iris dataset from `inputs/iris.csv`")
+    assert load.validator["namespace_check"] == {"iris": None} and load.reference_code == 'iris = pd.read_csv("inputs/iris.csv", index_col="Id")'
+    assert problems.problems[2].validator == {"crash": None, "namespace_intact": None, "result": None}
+
+
 @pytest.mark.parametrize(
     ("text", "reason"),
     [

@@ -6,7 +6,8 @@ then the reference code runs beside it and DSEval's validators compare: `crash` 
 cell ran without error), `namespace_intact` (the agent changed or deleted no variable the reference
 left alone), `result` (the value the agent's last cell showed equals the reference's), and
 `namespace_check` (named variables equal the reference's). A question whose checks include
-others (`table_test`, `model`, `stream`) is asked but not scored, and the report says so.
+others (`table_test`, `model`, `stream`), or whose reference solution fails here (a package it
+needs is not installed), is asked but not scored, and the report says so.
 """
 
 from __future__ import annotations
@@ -45,7 +46,10 @@ def _answer(problem: Problem, question: str, *, session: Session) -> PointResult
     unsupported = sorted(set(problem.validator) - SUPPORTED_VALIDATORS)
     crashed, why = _crash(rnd)
     cell = f"_twl_eval.problems.judge({problem.reference_code!r}, {json.dumps(dict(problem.validator))!r}, {crashed!r}, {why!r})"
-    output = _run(session, cell, what="the reference solution")
+    try:
+        output = _run(session, cell, what="the reference solution")
+    except SetupFailed as exc:  # a package the reference needs is missing here, say: this question only
+        return PointResult(question, 0.0, False, f"not scored: {exc}", by="dseval")
     verdict = json.loads(output.strip().splitlines()[-1])
     if unsupported:
         return PointResult(question, 0.0, False, f"not scored: validator {', '.join(unsupported)} is not supported", by="dseval")
