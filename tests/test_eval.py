@@ -55,6 +55,8 @@ def test_taskweavers_own_cases_are_examined_judged_and_their_eval_code_runs_in_t
     # echo's first point asserts on chat_history[-1] being the agent's HumanMessage saying exactly "Hello World".
     assert [(d.by, d.hit) for d in echo.details] == [("eval_code", True), ("judge", True)]
     assert calc.prompt_tokens > 0 and calc.examiner_tokens > 0 and calc.judge_tokens > 0
+    saved = json.loads((tmp_path / "report" / "transcripts" / "echo@project.json").read_text(encoding="utf-8"))
+    assert saved["chat_history"][-1] == ["ai", "TASK_FINISHED"] and saved["chat_history"][-2] == ["human", "Hello World"]
     examiner_requests = [r for r in server.requests if r.role == "other" and "You are testing" in r.messages[0]["content"]]
     assert "Let's start" not in examiner_requests[0].messages[1]["content"]  # our kick-off, our words
     assert examiner_requests[0].body.get("response_format") is None  # the examiner writes prose, not JSON

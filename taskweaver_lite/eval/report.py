@@ -133,6 +133,8 @@ def plot_scores(path: Path, outcomes: Sequence[Outcome], summaries: Sequence[Set
         axes.scatter([o.uncached_tokens for o in runs], [o.score or 0.0 for o in runs], color=colour, alpha=0.3, s=18)
         mean_tokens = sum(o.uncached_tokens for o in runs) / len(runs)
         axes.scatter([mean_tokens], [summary.mean_score], color=colour, s=70, label=summary.setting, edgecolors="black")
+    if all(o.uncached_tokens > 0 for o in outcomes if o.status == "scored"):
+        axes.set_xscale("log")  # a short case and a 50-round one differ a hundredfold
     axes.set_xlabel("uncached prompt tokens per run")
     axes.set_ylabel("score")
     axes.set_ylim(-0.05, 1.05)

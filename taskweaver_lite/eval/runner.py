@@ -45,6 +45,7 @@ TASKWEAVER_KEYS = {
     "code_generator.enable_auto_plugin_selection": "code_generator.auto_plugin_selection",
 }
 PRE_COMMAND_TIMEOUT = 600.0
+TRANSCRIPTS = "transcripts"  # in the report folder: each TaskWeaver run's conversation, as the examiner saw it
 PROGRESS_EVERY = 10  # rounds between progress lines of a long case
 
 
@@ -139,7 +140,9 @@ def run_one(case: Case, setting: Setting, plan: EvalPlan, *, progress: Progress 
     if isinstance(case, TaskCase):
         notes += _pre_commands(case)
     progress(f"  {case.name} @ {setting.name}: started")
-    outcome = _in_session(case, config, blank=replace(blank, notes=tuple(notes)), on_event=_round_counter(f"{case.name} @ {setting.name}", progress))
+    where = f"{case.name} @ {setting.name}"
+    transcript = plan.report_dir / TRANSCRIPTS / f"{_file_name(case.name)}@{_file_name(setting.name)}.json"
+    outcome = _in_session(case, config, blank=replace(blank, notes=tuple(notes)), on_event=_round_counter(where, progress), transcript=transcript)
     return replace(outcome, seconds=round(time.perf_counter() - started, 3))
 
 
@@ -218,7 +221,12 @@ def _round_counter(where: str, progress: Progress) -> Listener:
     return heard
 
 
-def _in_session(case: TaskCase | ProblemSet, config: Config, *, blank: Outcome, on_event: Listener) -> Outcome:
+def _file_name(name: str) -> str:
+    """`name` as a safe file name part."""
+    return re.sub(r"[^\w.,()+-]+", "_", name).strip("_") or "_"
+
+
+def _in_session(case: TaskCase | ProblemSet, config: Config, *, blank: Outcome, on_event: Listener, transcript: Path) -> Outcome:
     """Open the session, score the case in it, and count what it cost."""
     try:
         examiner, judge = MeteredModel(_client(config, "examiner")), MeteredModel(_client(config, "judge"))
@@ -230,21 +238,23 @@ def _in_session(case: TaskCase | ProblemSet, config: Config, *, blank: Outcome, 
         except TaskWeaverError as exc:
             return replace(blank, status="failed", reason=f"the session could not start: {exc}")
         with session:
-            outcome = _scored(case, session, config, examiner=examiner, judge=judge, blank=blank)
+            outcome = _scored(case, session, config, examiner=examiner, judge=judge, blank=blank, transcript=transcript)
             return _with_costs(outcome, session)
     finally:
         for model in (examiner, judge):
             _close(model.inner)
 
 
-def _scored(case: TaskCase | ProblemSet, session: Session, config: Config, *, examiner: MeteredModel, judge: MeteredModel, blank: Outcome) -> Outcome:
+def _scored(
+    case: TaskCase | ProblemSet, session: Session, config: Config, *, examiner: MeteredModel, judge: MeteredModel, blank: Outcome, transcript: Path
+) -> Outcome:
     """The case's score, or the reason it has none (the run's costs are added by the caller)."""
     try:
         session.executor.run(probe.install_cell(inspect.getsource(probe)))
         if isinstance(case, ProblemSet):
             details = run_problem_set(case, session=session)
         else:
-            details = _task_case(case, session, config, examiner=examiner, judge=judge)
+            details = _task_case(case, session, config, examiner=examiner, judge=judge, transcript=transcript)
     except (NotAVerdict, SetupFailed) as exc:
         return replace(blank, status="failed", reason=str(exc), **_side_costs(examiner, judge))
     except TaskWeaverError as exc:
@@ -258,8 +268,10 @@ def _scored(case: TaskCase | ProblemSet, session: Session, config: Config, *, ex
     )
 
 
-def _task_case(case: TaskCase, session: Session, config: Config, *, examiner: ChatModel, judge: ChatModel) -> tuple[PointResult, ...]:
-    """A TaskWeaver case: data files in, the examiner's conversation, then the marking."""
+def _task_case(
+    case: TaskCase, session: Session, config: Config, *, examiner: ChatModel, judge: ChatModel, transcript: Path
+) -> tuple[PointResult, ...]:
+    """A TaskWeaver case: data files in, the examiner's conversation (saved to `transcript`), then the marking."""
     for name in case.data_files:
         source = case.folder / name
         if source.is_dir():
@@ -273,8 +285,11 @@ def _task_case(case: TaskCase, session: Session, config: Config, *, examiner: Ch
             raise RoundFailed(rnd.error or "the round failed")
         return verbose_reply(rnd) if case.verbose else (rnd.answer or rnd.posts[-1].message)
 
-    transcript: Transcript = examine(case.task_description, model=examiner, ask=ask, max_rounds=case.max_rounds or config.eval.max_rounds)
-    return mark(case.scoring_points, task_description=case.task_description, transcript=transcript, judge=judge, executor=session.executor)
+    talk: Transcript = examine(case.task_description, model=examiner, ask=ask, max_rounds=case.max_rounds or config.eval.max_rounds)
+    transcript.parent.mkdir(parents=True, exist_ok=True)
+    saved = {"case": case.name, "rounds": talk.rounds, "chat_history": [list(record) for record in talk.records]}
+    transcript.write_text(json.dumps(saved, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return mark(case.scoring_points, task_description=case.task_description, transcript=talk, judge=judge, executor=session.executor)
 
 
 def verbose_reply(rnd: Round) -> str:
