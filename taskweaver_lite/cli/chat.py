@@ -10,20 +10,21 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
-from taskweaver_lite.config import CONFIG_FILE_NAME, MODEL_USERS, Config, load_config
+from taskweaver_lite.cli.roles import role_table
+from taskweaver_lite.config import CONFIG_FILE_NAME, FOLDER, Config, load_config
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.llm.discovery import discover, needs_discovery, use_local_server
 from taskweaver_lite.llm.tokens import get_tokenizer
-from taskweaver_lite.memory.conversation import RoleName, Round
+from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.memory.summary import render_summary
 from taskweaver_lite.memory.variables import render_variables
 from taskweaver_lite.session import Session
@@ -44,6 +45,7 @@ HELP = """Commands:
   /history         every earlier request in full, also those folded out of the prompts
   /last            the last cell that ran, with its whole output and traceback
   /plugins         the plugins: enabled, disabled, or why they are not loaded
+  /roles           the roles: enabled, disabled, or why they are off
   /export [ipynb|md] [file] [--force]   write this session as a notebook or Markdown
   /reset           start over: new session, fresh kernel, working files copied
   /exit            leave (Ctrl-D or Ctrl-C at an empty prompt too)
@@ -103,6 +105,8 @@ def run_chat(args: argparse.Namespace) -> int:
         session.store.save_overrides(session.id, overrides)
     for entry in session.plugins.broken:
         _to_stderr(strip_controls(entry.line()))
+    for line in session.role_problems:
+        _to_stderr(strip_controls(line))
     report_kernel_failures(session, renderer, to_stderr=_to_stderr)
     commands = SlashCommands(session, say=say)
     try:
@@ -119,9 +123,9 @@ def run_chat(args: argparse.Namespace) -> int:
 MIN_DISPLAY_WIDTH = 40
 
 
-def _model_lines(config: Config) -> list[str]:
-    """/info's model lines: one when every part uses `llm`, else one per role with its window."""
-    models = {user: config.llm_for(user) for user in MODEL_USERS}
+def _model_lines(config: Config, roles: Sequence[str]) -> list[str]:
+    """/info's model lines: one when every part uses `llm`, else one per role (by key) and the folder, with its window."""
+    models = {user: config.llm_for(user) for user in (*roles, FOLDER)}
     if all(llm == config.llm for llm in models.values()):
         return [f"Model:    {config.llm.model} (context window {config.llm.context_window:,} tokens)"]
     return ["Models:"] + [f"  {user}: {llm.model} (context window {llm.context_window:,} tokens)" for user, llm in models.items()]
@@ -302,6 +306,7 @@ class SlashCommands:
             "/last": self._last,
             "/export": self._export,
             "/plugins": self._plugins,
+            "/roles": self._roles,
         }
 
     def known(self, line: str) -> bool:
@@ -342,7 +347,7 @@ class SlashCommands:
             "\n".join(
                 [
                     f"Session:  {s.id}",
-                    *_model_lines(s.config),
+                    *_model_lines(s.config, list(s.contexts())),
                     f"Rounds:   {len(rounds)} ({failed} failed)",
                     f"Tokens:   {usage.prompt_tokens:,} in, {usage.completion_tokens:,} out over {usage.calls} model calls",
                     *(
@@ -365,6 +370,10 @@ class SlashCommands:
     def _plugins(self, _: str) -> bool:
         failures = getattr(self.session.executor, "plugin_failures", ())
         self.say(plugin_table(self.session.plugins.entries, failures))
+        return True
+
+    def _roles(self, _: str) -> bool:
+        self.say(role_table(self.session.roles.entries))
         return True
 
     def _history(self, _: str) -> bool:
@@ -401,13 +410,13 @@ class SlashCommands:
 
     def _context(self, _: str) -> bool:
         self.say("The last prompt sent to each role, in tokens by part, against the role's budget:")
-        for role, context in self.session.contexts().items():
+        for context in self.session.contexts().values():
             report = context.report()
             if report is None:
-                self.say(f"{role.label} ({context.strategy}): no prompt built yet")
+                self.say(f"{context.label} ({context.strategy}): no prompt built yet")
                 continue
             cost = report.cost
-            lines = [f"{role.label} ({report.strategy}): {cost.total:,} of {report.budget:,} tokens ({cost.total / report.budget:.0%})"]
+            lines = [f"{context.label} ({report.strategy}): {cost.total:,} of {report.budget:,} tokens ({cost.total / report.budget:.0%})"]
             lines += [f"  {part:<16}{tokens:>9,}" for part, tokens in report.parts().items()]
             notes = []
             if report.folded_through:
@@ -435,15 +444,15 @@ class SlashCommands:
         )
         live = self.session.live_variables()
         tokenizer = get_tokenizer(self.session.config.llm.tokenizer)
-        for role, context in self.session.contexts().items():
+        for context in self.session.contexts().values():
             state = context.state
             if not state.folded_through:
-                self.say(f"{role.label}: nothing folded yet")
+                self.say(f"{context.label}: nothing folded yet")
                 continue
             text = render_summary(state)
-            if role is RoleName.CODE_GENERATOR:
+            if context.lists_variables:
                 text += "\n\n" + render_variables(live, described=state.variables, max_tokens=SUMMARY_VARIABLES_TOKENS, tokenizer=tokenizer)
-            self.say(f"{role.label}:\n{text}")
+            self.say(f"{context.label}:\n{text}")
         return True
 
 
