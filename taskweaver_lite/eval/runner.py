@@ -91,6 +91,9 @@ def _in_worker(case: Case, setting: Setting, plan: EvalPlan, progress: Progress)
 
     try:
         return run_one(case, setting, plan, progress=progress)
+    except Exception as exc:  # noqa: BLE001 - one run's unexpected failure must not end the others; its reason is kept
+        kind = "dseval" if isinstance(case, ProblemSet) else "taskweaver"
+        return Outcome(case=case.name, setting=setting.name, kind=kind, status="failed", reason=f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}")
     finally:
         close_thread_loop()
 
