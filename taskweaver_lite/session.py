@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -32,7 +31,7 @@ from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import Executor, ExecutorFactory, Variable
-from taskweaver_lite.llm.client import CallRecord, ChatModel, MeteredModel, Usage
+from taskweaver_lite.llm.client import CallRecord, ChatModel, MeteredModel, Usage, scope_cache
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import ContextSettings, RoleContext
 from taskweaver_lite.memory.conversation import USER, Conversation, Post, Round
@@ -47,6 +46,10 @@ from taskweaver_lite.roles.worker import RoleRequest, RoleTools, Turn
 from taskweaver_lite.store.database import SessionStore, StoreRecorder
 from taskweaver_lite.store.lock import SessionLock
 from taskweaver_lite.uploads import check_upload
+from taskweaver_lite.workfiles import CopyReport, copy_folder, owner_only_folder
+
+# `/reset` copies at most this many times session.max_upload_bytes of working files.
+RESET_COPY_UPLOADS = 4
 
 
 @dataclass(frozen=True)
@@ -113,8 +116,10 @@ class Session:
         self._lock = options.lock
         self._listeners = list(listeners)
         self._model = MeteredModel(model, on_call=self._on_call, usage=options.usage_before)
+        scope_cache(model, name=session_id)  # prompt cache keys per session and role
         self._owns_model = options.owns_model
         self._notes: list[str] = []
+        self.reset_report: CopyReport | None = None  # set on the session `reset` made: what it copied over
         self.loads: list[FileLoaded] = []  # every /load, for /history and the exports
         self._lost: list[str] = []
         self._recency: dict[str, int] = {}  # variable name -> the last cell that created or changed it
@@ -273,6 +278,8 @@ class Session:
         roles = discover_roles(config.project_dir, enabled=config.session.roles)
         chat_model = model or role_models(config, roles=roles.enabled)
         plugins = discover(config.project_dir)
+        for folder in (config.sessions_dir, config.sessions_dir / session_id):
+            owner_only_folder(folder)  # conversations, outputs and sockets: no other user (or kernel) may look in
         running = (executor or default_executor(config, plugins=plugins.enabled))(config.sessions_dir / session_id)
         options = SessionOptions(
             store=store,
@@ -297,7 +304,10 @@ class Session:
         self.close()
 
     def add_listener(self, listener: Listener, *, first: bool = False) -> None:
-        """Observe every event from now on (the CLI renderer, the store); `first`: before the store records it."""
+        """Observe every event from now on (the CLI renderer, the page); `first`: before the other listeners.
+
+        Whatever the order, the store records each event before any listener sees it (`_emit`).
+        """
         if first:
             self._listeners.insert(0, listener)
         else:
@@ -384,11 +394,14 @@ class Session:
     def reset(self) -> Session:
         """Start over: a new session with a fresh kernel and a copy of this one's working files.
 
-        This session is closed (and stays stored, resumable); use the returned one from now on.
+        This session is closed (and stays stored, resumable); use the returned one from now on. Its
+        `reset_report` says what was copied and what was not (links, odd files, past the bounds).
         """
         listeners = [listener for listener in self._listeners if not isinstance(listener, StoreRecorder)]
         fresh = Session.open(self.config, model=self._model.inner, executor=self.options.executor_factory, listeners=listeners, confirm=self.options.confirm)
-        shutil.copytree(self.working_dir, fresh.working_dir, dirs_exist_ok=True)
+        # The old kernel wrote this folder: no link is followed, and the copy is bounded (count, bytes).
+        limit = RESET_COPY_UPLOADS * self.config.session.max_upload_bytes
+        fresh.reset_report = copy_folder(self.working_dir, fresh.working_dir, max_bytes=limit)
         fresh._owns_model, self._owns_model = self._owns_model, False  # the model client lives on in the new session
         self.close()
         return fresh
@@ -467,7 +480,7 @@ class Session:
         self._emit(
             ModelCalled(
                 record.purpose, record.prompt_tokens, record.completion_tokens, record.latency,
-                ok=record.ok, error=record.error, prompt=prompt, reply=reply,
+                ok=record.ok, error=record.error, prompt=prompt, reply=reply, cached_tokens=record.cached_tokens,
             )
         )
 
@@ -482,8 +495,20 @@ class Session:
         self._emit(Working("repairing", problem))
 
     def _emit(self, event: Event) -> None:
-        for listener in list(self._listeners):
-            listener(event)
+        """The store records `event` first, then the listeners show it: what was shown is durable.
+
+        Should the store fail, the event is still shown (nothing the user saw is hidden) and the
+        failure is raised after, so the round says its record is incomplete.
+        """
+        listeners = list(self._listeners)
+        recorders = [listener for listener in listeners if isinstance(listener, StoreRecorder)]
+        try:
+            for recorder in recorders:
+                recorder(event)
+        finally:
+            for listener in listeners:
+                if not isinstance(listener, StoreRecorder):
+                    listener(event)
 
 
 def role_models(config: Config, *, roles: Sequence[RoleSpec]) -> ChatModel:

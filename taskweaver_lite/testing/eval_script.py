@@ -6,8 +6,8 @@ each request to code and answers from what the code printed; the CodeGenerator w
 instructions the shipped cases lead to; the examiner plays a case's brief (a running sum over N
 rounds, or one request and the column it is asked for); the judge checks that the numbers, or the
 quoted words, of a statement appear in what the agent said. The scores are therefore earned by
-code that really ran; what changes between settings is what the prompts cost. The server reports
-cached prompt tokens as a prefix cache would (the whole messages a recent prompt began with too).
+code that really ran; what changes between settings is what the prompts cost (the scripted server
+reports cached prompt tokens as a server's prefix cache would).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ _JUDGE_MARK = "You mark an assistant's work"
 
 def scripted_eval_server() -> ScriptedServer:
     """A started scripted server answering the agent's roles, the folds, the examiner and the judge."""
-    server = ScriptedServer(prefix_cache=True)
+    server = ScriptedServer()
     server.set_default("planner", planner)
     server.set_default("code_generator", code_generator)
     server.set_default("compression", fold)

@@ -28,10 +28,9 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 
 ROLES = ("planner", "code_generator", "compression", "other")
-_CACHED_PROMPTS = 64  # recent prompts a prefix_cache server remembers
 _HOST = "127.0.0.1"
 
 _ERROR_CODES = {
@@ -112,14 +111,25 @@ def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
 class ScriptedServer:
     """An OpenAI-compatible chat server in a daemon thread, answering from per-role scripts."""
 
-    def __init__(self, *, model: str | None = None, api_key: str | None = None, port: int = 0, prefix_cache: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        port: int = 0,
+        server_kind: Literal["openai", "llama.cpp"] = "openai",
+        refuses: Sequence[str] = (),
+        slots: int = 4,
+    ) -> None:
+        """`server_kind`: how cached tokens are reported (OpenAI's usage details, or llama.cpp's `timings` and
+        `GET /props`); `refuses`: request fields answered with HTTP 400 naming them, as a strict server does."""
         self.model = model
         self.api_key = api_key
-        # Report `prompt_tokens_details.cached_tokens` as a server with a prefix cache would: the
-        # tokens of the longest run of whole messages a recent request began with too.
-        self.prefix_cache = prefix_cache
-        self._recent_prompts: deque[tuple[tuple[str, str], ...]] = deque(maxlen=_CACHED_PROMPTS)
         self.port = port  # 0: any free port; a fixed one plays a local server on its default port
+        self.server_kind = server_kind
+        self.refuses = tuple(refuses)
+        self.slots = slots
+        self._last_prompt: dict[str, str] = {}  # per prompt_cache_key or id_slot: the prompt its cache holds
         self._lock = threading.Lock()
         self._queues: dict[str, deque[Scripted]] = {role: deque() for role in ROLES}
         self._defaults: dict[str, Scripted] = {}
@@ -207,16 +217,16 @@ class ScriptedServer:
             queue = self._queues[role]
             return queue.popleft() if queue else self._defaults.get(role)
 
-    def _cached_tokens(self, messages: list[dict[str, Any]]) -> int:
-        """Tokens of the longest whole-message prefix `messages` shares with a recent prompt (then remembered too)."""
-        prompt = tuple((str(m.get("role")), _text_of(m.get("content"))) for m in messages)
-        with self._lock:
-            shared = max((_shared_prefix(prompt, earlier) for earlier in self._recent_prompts), default=0)
-            self._recent_prompts.append(prompt)
-        return sum(_rough_tokens(text) + 3 for _, text in prompt[:shared])
-
     def _wait(self, seconds: float) -> None:
         self._stopping.wait(seconds)
+
+    def _cached_tokens(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> int:
+        """A prefix cache like a server's: the rough tokens this prompt shares with the last one of its key (or slot)."""
+        text = "".join(f"<{m.get('role')}>{_text_of(m.get('content'))}" for m in messages)
+        key = str(body.get("prompt_cache_key") or body.get("id_slot") or "")
+        with self._lock:
+            earlier, self._last_prompt[key] = self._last_prompt.get(key, ""), text
+        return _common_prefix(text, earlier) // 4
 
 
 def planner_reply(
@@ -302,6 +312,9 @@ class _Handler(BaseHTTPRequestHandler):
             name = scripted.model or "scripted-model"
             self._send_json(200, {"object": "list", "data": [_model_entry(name)]})
             return
+        if self.path.rstrip("/") == "/props" and scripted.server_kind == "llama.cpp":
+            self._send_json(200, {"total_slots": scripted.slots, "default_generation_settings": {}})
+            return
         self._send_error(404, f"no route GET {self.path}", code="not_found")
 
     def do_POST(self) -> None:
@@ -323,6 +336,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.path.rstrip("/") != "/v1/chat/completions":
             self._send_error(404, f"no route POST {self.path}", code="not_found")
+            return
+        refused = next((name for name in scripted.refuses if name in body), None)
+        if refused is not None:
+            self._send_error(400, f"Unrecognized request argument supplied: {refused}")
             return
         if scripted.model is not None and body.get("model") != scripted.model:
             model = body.get("model")
@@ -360,8 +377,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(reply.status, reply.error_message or f"scripted HTTP {reply.status} for role '{role}'", reply=reply)
         else:
             number = len(scripted.requests)
-            cached = scripted._cached_tokens(messages) if scripted.prefix_cache else None
-            completion = _completion(reply, messages, model=body.get("model") or scripted.model, number=number, cached=cached)
+            completion = _completion(reply, messages, model=body.get("model") or scripted.model, number=number)
+            if "usage" in completion:
+                _report_cache(completion, scripted._cached_tokens(body, messages), kind=scripted.server_kind)
             if body.get("stream"):
                 options = body.get("stream_options")
                 usage = isinstance(options, dict) and bool(options.get("include_usage"))
@@ -471,7 +489,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
 
 
-def _completion(reply: Reply, messages: list[dict[str, Any]], *, model: str | None, number: int, cached: int | None = None) -> dict[str, Any]:
+def _completion(reply: Reply, messages: list[dict[str, Any]], *, model: str | None, number: int) -> dict[str, Any]:
     """The chat completion a real server would send for `reply`."""
     content: str | list[dict[str, str]] = reply.content
     if reply.content_parts is not None:
@@ -494,8 +512,6 @@ def _completion(reply: Reply, messages: list[dict[str, Any]], *, model: str | No
         prompt = sum(_rough_tokens(_text_of(m.get("content"))) + 3 for m in messages) + 3
         answer = _rough_tokens(_text_of(content))
         completion["usage"] = {"prompt_tokens": prompt, "completion_tokens": answer, "total_tokens": prompt + answer}
-        if cached is not None:
-            completion["usage"]["prompt_tokens_details"] = {"cached_tokens": min(cached, prompt)}
     return completion
 
 
@@ -527,18 +543,31 @@ def _stream_events(
             sent += len(piece)
     yield chunk({}, reply.finish_reason)
     if usage and "usage" in completion:
-        yield json.dumps({**base, "choices": [], "usage": completion["usage"]})
+        timings = {"timings": completion["timings"]} if "timings" in completion else {}  # llama.cpp's last chunk
+        yield json.dumps({**base, "choices": [], "usage": completion["usage"], **timings})
     yield "[DONE]"
 
 
-def _shared_prefix(one: Sequence[tuple[str, str]], other: Sequence[tuple[str, str]]) -> int:
-    """How many leading messages two prompts have in common."""
-    count = 0
-    for mine, theirs in zip(one, other, strict=False):  # prompts of different lengths: the shorter one ends the run
-        if mine != theirs:
-            break
-        count += 1
-    return count
+def _report_cache(completion: dict[str, Any], cached: int, *, kind: str) -> None:
+    """Say how many prompt tokens came from the cache, as OpenAI (usage details) or llama.cpp (`timings`) does."""
+    prompt = completion["usage"]["prompt_tokens"]
+    cached = min(cached, prompt)
+    if kind == "llama.cpp":
+        completion["timings"] = {"cache_n": cached, "prompt_n": prompt - cached}
+    else:
+        completion["usage"]["prompt_tokens_details"] = {"cached_tokens": cached}
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Characters `a` and `b` share from their start (a binary search on slices: C speed on long prompts)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _model_entry(name: str) -> dict[str, Any]:

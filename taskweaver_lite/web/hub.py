@@ -44,7 +44,7 @@ class Turn:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.finished = False  # the final event is on its way
-        self.answered = False  # the answer is on its way (its round is being stored; the bookkeeping follows)
+        self.answered = False  # the answer is stored and on its way (the round's bookkeeping follows)
         self._pending: list[dict[str, Any] | None] = []
         self._lock = threading.Lock()
         self._ready = asyncio.Event()
@@ -163,11 +163,11 @@ class LiveSession:
             self._answered(turn, event)
 
     def _answered(self, turn: Turn, event: PostAdded) -> None:
-        """The answer goes to the page when the terminal would print it; the round is stored after it.
+        """The answer goes to the page when the terminal would print it: once the store holds it (Session._emit).
 
         Its thread then waits for the loop to write it, rather than take the interpreter from the
-        loop for the store and the round's bookkeeping; a client that stopped reading costs at most
-        that wait. Should storing the round fail, an error follows the answer, last.
+        loop for the round's bookkeeping; a client that stopped reading costs at most that wait.
+        Should storing the round's end fail, an error follows the answer, last.
         """
         turn.answered = True
         turn.put({"type": "round_ended", "round": event.round.index, "state": "finished", "error": None})
