@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
+from taskweaver_lite.cli.experience import experience_command, save_tips
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
 from taskweaver_lite.cli.roles import role_table
 from taskweaver_lite.config import CONFIG_FILE_NAME, FOLDER, Config, load_config
@@ -32,6 +33,7 @@ from taskweaver_lite.session import Session
 from taskweaver_lite.store.database import SessionStore, stored_sessions
 from taskweaver_lite.store.export import write_export
 from taskweaver_lite.terminal import strip_controls
+from taskweaver_lite.workfiles import owner_only_file
 
 # /summary shows the variables list more fully than a prompt can afford to.
 SUMMARY_VARIABLES_TOKENS = 4_000
@@ -46,6 +48,8 @@ HELP = """Commands:
   /history         every earlier request in full, also those folded out of the prompts
   /last            the last cell that ran, with its whole output and traceback
   /plugins         the plugins: enabled, disabled, or why they are not loaded
+  /save            distil this session into experience tips for later sessions (a model call)
+  /experience [delete ID]   list the experience tips, or delete a stored one
   /roles           the roles: enabled, disabled, or why they are off
   /export [ipynb|md] [file] [--force]   write this session as a notebook or Markdown
   /reset           start over: new session, fresh kernel, working files copied
@@ -106,7 +110,7 @@ def run_chat(args: argparse.Namespace) -> int:
         session.store.save_overrides(session.id, overrides)
     for entry in session.plugins.broken:
         _to_stderr(strip_controls(entry.line()))
-    for line in session.role_problems:
+    for line in [*session.role_problems, *session.experience.problems()]:
         _to_stderr(strip_controls(line))
     report_kernel_failures(session, renderer, to_stderr=_to_stderr)
     commands = SlashCommands(session, say=say)
@@ -240,7 +244,8 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
         else:
             event.app.exit(exception=EOFError())
 
-    config.project_dir.mkdir(parents=True, exist_ok=True)
+    config.project_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    owner_only_file(config.project_dir / ".chat_history", create=True)  # every request typed: the owner's only
     prompt: PromptSession[str] = PromptSession(history=FileHistory(str(config.project_dir / ".chat_history")), key_bindings=bindings)
     renderer.say(f"taskweaver-lite session {commands.session.id} — model {config.llm.model}. Type /help for commands.", style="bold")
     while True:
@@ -275,8 +280,7 @@ def _to_stderr(text: str) -> None:
 
 def _piped(commands: SlashCommands) -> int:
     say = _to_stderr
-    for line in sys.stdin:
-        text = line.rstrip("\r\n")
+    for text in _stdin_lines(say):
         if not text.strip():
             continue
         if text.startswith("/") and commands.known(text):
@@ -298,6 +302,20 @@ def _piped(commands: SlashCommands) -> int:
     return 0
 
 
+def _stdin_lines(say: Callable[[str], None]) -> Iterator[str]:
+    """Piped stdin's lines as text; a line that does not decode is named in one line and skipped, the rest go on."""
+    encoding = getattr(sys.stdin, "encoding", None) or "utf-8"
+    binary = getattr(sys.stdin, "buffer", None)
+    if binary is None:  # a text stream put in place of stdin (embedding): nothing to decode
+        yield from (line.rstrip("\r\n") for line in sys.stdin)
+        return
+    for number, raw in enumerate(binary, 1):
+        try:
+            yield raw.decode(encoding).rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            say(f"stdin: line {number} is not {encoding} text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); skipped it: pipe {encoding} text")
+
+
 class SlashCommands:
     """The `/...` commands of a chat; each prints through `say`."""
 
@@ -317,6 +335,8 @@ class SlashCommands:
             "/last": self._last,
             "/export": self._export,
             "/plugins": self._plugins,
+            "/save": self._save,
+            "/experience": self._experience,
             "/roles": self._roles,
         }
 
@@ -377,6 +397,8 @@ class SlashCommands:
         old = self.session.id
         self.session = self.session.reset()
         self.say(f"Started over as session {self.session.id} with a fresh kernel and a copy of the working files ({old} stays stored).")
+        for line in self.session.reset_report.notices() if self.session.reset_report is not None else ():
+            self.say(line)
         return True
 
     def _plugins(self, _: str) -> bool:
@@ -386,6 +408,14 @@ class SlashCommands:
 
     def _roles(self, _: str) -> bool:
         self.say(role_table(self.session.roles.entries))
+        return True
+
+    def _save(self, _: str) -> bool:
+        save_tips(self.session, self.say)
+        return True
+
+    def _experience(self, argument: str) -> bool:
+        experience_command(self.session, argument, self.say)
         return True
 
     def _history(self, _: str) -> bool:
