@@ -17,7 +17,14 @@ summary responder stands in for the model. Each claim is printed beside a baseli
    against the same session with compression off: requests over the window, rounds lost, the share
    of prompts carrying the summary, total prompt tokens (roles and folds together), fold calls.
 
-Run: .venv/bin/python bench/compression_bench.py [sizes latency variables tokenizer soak]   (a few minutes)
+6. Prefix reuse (issue 23): the same soak per strategy and fold schedule; for each role, the share of
+   its prompt tokens that its previous request (one cache slot per role) or any earlier request (a
+   prefix cache) began with, uncached and total prompt tokens, fold calls, requests over the window,
+   rounds lost, the summary's presence, live names named while the kernel holds at most 200, and the
+   earlier variables each round's code reads named in its first CodeGenerator prompt.
+
+Run: .venv/bin/python bench/compression_bench.py [sizes latency variables tokenizer soak reuse]   (a few minutes)
+     reuse --full: every strategy and schedule at 8k and 32k (about 20 minutes); the default is round_compression (1,1) at 8k
 """
 
 from __future__ import annotations
@@ -338,16 +345,16 @@ def soak_figures(soak: Any, on: Any, off: Any) -> dict[str, str]:
 def reuse_runs(full: bool) -> list[tuple[str, dict[str, dict[str, Any]]]]:
     """The strategies and schedules of the prefix-reuse table: (label, config sections).
 
-    Schedules matter only where rounds leave the prompt in steps (folds, masking); sliding_window and
-    none run once. The small run (the default) is the issue's targets: round_compression at (1, 1).
+    Under `pressure`, rounds kept whole (sliding_window, none, masking) leave in steps too. The small
+    run (the default) is the issue's targets: round_compression at (1, 1).
     """
     plans = [
         ("round_compression (1,1)", "round_compression", 1, 1, ("rounds", "pressure")),
         ("round_compression (2,3)", "round_compression", 2, 3, ("rounds", "pressure")),
         ("summary_buffer", "summary_buffer", 1, 1, ("rounds", "pressure")),
         ("observation_masking", "observation_masking", 1, 1, ("rounds", "pressure")),
-        ("sliding_window", "sliding_window", 1, 1, ("rounds",)),
-        ("none", "none", 1, 1, ("rounds",)),
+        ("sliding_window", "sliding_window", 1, 1, ("rounds", "pressure")),
+        ("none", "none", 1, 1, ("rounds", "pressure")),
     ]
     runs = []
     for label, strategy, compress, retain, schedules in plans if full else plans[:1]:
@@ -362,7 +369,7 @@ def reuse_runs(full: bool) -> list[tuple[str, dict[str, dict[str, Any]]]]:
     return runs
 
 
-def bench_reuse(*, full: bool, rounds: int) -> None:
+def bench_reuse(*, full: bool, rounds: int, only: str = "") -> None:
     import soak_session as soak  # from tests/, put on sys.path above
     from prefix_ledger import PrefixLedger, as_messages
 
@@ -376,7 +383,7 @@ def bench_reuse(*, full: bool, rounds: int) -> None:
             f"{'uncached':>11}{'total':>11}{'fold calls':>11}{'over':>6}{'lost':>6}{'summary':>9}{'live named':>11}{'needed':>9}"
         )
         print("\n" + header)
-        for label, sections in reuse_runs(full):
+        for label, sections in (run for run in reuse_runs(full) if only in run[0]):
             started = time.perf_counter()
             with tempfile.TemporaryDirectory() as root:
                 run = soak.run_soak(Path(root), rounds=rounds, window=window, settings=sections)
@@ -465,6 +472,7 @@ def main() -> None:
     parser.add_argument("sections", nargs="*", metavar="SECTION", help=f"the sections to run: {', '.join(SECTIONS)} (default: all)")
     parser.add_argument("--full", action="store_true", help="reuse: every strategy and schedule at 8k and 32k (default: round_compression (1,1) at 8k)")
     parser.add_argument("--rounds", type=int, default=SOAK_ROUNDS, help=f"reuse: requests per session (default {SOAK_ROUNDS})")
+    parser.add_argument("--only", default="", help="reuse: only the rows whose label contains this text")
     args = parser.parse_args()
     chosen = set(args.sections or SECTIONS)
     if chosen - set(SECTIONS):
@@ -484,7 +492,7 @@ def main() -> None:
     if "soak" in chosen:
         bench_soak()
     if "reuse" in chosen:
-        bench_reuse(full=args.full, rounds=args.rounds)
+        bench_reuse(full=args.full, rounds=args.rounds, only=args.only)
     print(f"\n(bench ran in {time.perf_counter() - started:.0f} s)")
 
 
