@@ -396,7 +396,8 @@ def bench_reuse(*, full: bool, rounds: int, only: str = "") -> None:
             fold_any = sum(f.shared_any for f in folds) / max(sum(f.prompt for f in folds), 1)
             summarising = sections["planner"]["strategy"] in ("round_compression", "summary_buffer")
             live, needed = _names_listed(soak, run)
-            lost = {n for missing in soak.unreachable_rounds(run).values() for n in missing} if summarising else set()
+            # Rounds no fold saw and the last prompt does not hold: forgotten (a window's dropped rounds too).
+            lost = {n for missing in soak.unreachable_rounds(run).values() for n in missing}
             cells = [
                 _pair(t["planner"]),
                 _pair(t["code_generator"]),
@@ -406,7 +407,7 @@ def bench_reuse(*, full: bool, rounds: int, only: str = "") -> None:
                 f"{t['all requests'].prompt:,}",
                 f"{soak.fold_calls(run):,}",
                 f"{len(soak.overflows(run.requests, window=run.window)):,}",
-                f"{len(lost)}" if summarising else "-",
+                f"{len(lost)}",
                 f"{soak.summary_fraction(run):.0%}" if summarising else "-",
                 live,
                 needed,
