@@ -174,11 +174,8 @@ class RoleContext:
             window=folder.context_window,
             margin=folder.margin,
         )
-        prefix = settings.llm_key
-        self._budget_source = (
-            f"{prefix}.context_window {llm.context_window:,} - {prefix}.reply_reserve {llm.reply_reserve:,} "
-            f"- {prefix}.margin {llm.margin:,}"
-        )
+        key = settings.llm_key
+        self._budget_source = f"{key}.context_window {llm.context_window:,} - {key}.reply_reserve {llm.reply_reserve:,} - {key}.margin {llm.margin:,}"
         self._model = model
         self._tokenizer = tokenizer
         self._live_variables = live_variables
@@ -194,12 +191,15 @@ class RoleContext:
         self._retry_at = 0.0
         self._closed = False
         self._report: ContextReport | None = None
-        # What the prompts of the round in progress show: the state as of its first request, and the
-        # variables list rendered then (refreshed only when it would leave a live name unnamed).
         self._shown_round: int | None = None
-        self._shown = self._state
-        self._variables: VariablesList | None = None
-        self._window_start = 0  # rounds kept whole under the pressure schedule: none before this one is shown
+        self._shown, self._variables, self._window_start = self._state, None, 0
+
+    # What the prompts of the round in progress show: the state as of its first request (`_shown`), the
+    # variables list rendered then (`_variables`, refreshed only when it would leave a live name unnamed),
+    # and, for rounds kept whole under the pressure schedule, the first round still shown (`_window_start`).
+    _shown: CompressionState
+    _variables: VariablesList | None
+    _window_start: int
 
     @property
     def state(self) -> CompressionState:
