@@ -120,6 +120,9 @@ class Session:
         self._recency: dict[str, int] = {}  # variable name -> the last cell that created or changed it
         self._cells = 0
         self.active = self._build_roles()
+        # Each role's view of the finished rounds, extended as rounds finish (a view costs a copy of every round).
+        self._views: dict[str, list[Round]] = {alias: [] for alias in self.active}
+        self._viewed = 0
         entry = next((active for active in self.active.values() if isinstance(active.role, PlannerRole)), None)
         if entry is None or not isinstance(entry.role, PlannerRole):
             raise ConfigError("session.roles must include planner: it is the role the user talks to")
@@ -158,11 +161,9 @@ class Session:
     def _tools(self, spec: RoleSpec) -> RoleTools:
         section = spec.section(self.config.role_section(spec.key))
         settings = ContextSettings.of(self.config, spec.key, section=section, label=spec.label, fold_prompt=spec.fold_prompt)
-        # Only the code-running role's prompt lists the kernel's variables (and its folds describe them).
-        live = self.live_variables if spec.builtin == "code_interpreter" else None
+        live = self.live_variables if spec.kernel_variables else None
         context = RoleContext(settings, model=self._model, tokenizer=get_tokenizer(settings.llm.tokenizer), live_variables=live, on_fold=self._emit)
-        # Only the JSON roles stream to the screen: their fields are read as they arrive.
-        stream = (lambda delta: self._emit(ReplyStreamed(spec.key, delta, spec.alias))) if spec.builtin else None
+        stream = (lambda delta: self._emit(ReplyStreamed(spec.key, delta, spec.alias))) if spec.streams else None
         return RoleTools(
             key=spec.key,
             alias=spec.alias,
@@ -310,7 +311,7 @@ class Session:
         (unreachable, refused) fails the round and is raised. Ctrl-C (KeyboardInterrupt) cancels
         the step, fails the round, and is raised after the kernel has stopped.
         """
-        views = {alias: self.conversation.view(alias) for alias in self.active}  # finished rounds, each role's posts
+        views = self._role_views()
         rnd = self.conversation.start_round(text)
         message = "\n\n".join([*self._notes, text])
         try:
@@ -445,9 +446,21 @@ class Session:
         context = self.contexts().get(role)
         return context.state.to_dict() if context is not None else None
 
+    def _role_views(self) -> dict[str, list[Round]]:
+        """Each role's view of the finished rounds: only the posts it sent or received (copies: a turn may not change them)."""
+        rounds = self.conversation.rounds
+        for rnd in rounds[self._viewed :]:
+            if rnd.state == "finished":
+                for alias, view in self._views.items():
+                    view.append(rnd.visible_to(alias))
+        self._viewed = len(rounds)
+        return {alias: list(view) for alias, view in self._views.items()}
+
     def _after_round(self) -> None:
-        for alias, active in self.active.items():
-            active.context.round_finished([active.role.render(r) for r in self.conversation.view(alias)])
+        for alias, view in self._role_views().items():
+            active = self.active[alias]
+            # A round the role took no part in renders to nothing and never folds: it is not rendered at all.
+            active.context.round_finished([active.role.render(r) for r in view if r.posts])
 
     def _add(self, rnd: Round, post: Post) -> None:
         rnd.posts.append(post)

@@ -74,10 +74,16 @@ class RoleSpec:
     handler: Callable[[], RoleHandler] | None = None  # builds the role's behaviour (None: built by the session, see `builtin`)
     builtin: str = ""  # a role the session builds from its own parts: "planner" or "code_interpreter"
     fold_prompt: str = "compression_worker"
+    kernel_variables: bool = False  # its prompt lists the kernel's variables, and its folds describe them
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", self.key or self.name)
         object.__setattr__(self, "label", self.label or self.alias)
+
+    @property
+    def streams(self) -> bool:
+        """Whether its replies stream to the screen field by field (the JSON roles the session builds)."""
+        return bool(self.builtin)
 
     @property
     def where(self) -> str:
@@ -86,6 +92,8 @@ class RoleSpec:
 
     def section(self, project_section: RoleConfig) -> RoleConfig:
         """The role's settings: its file's keys, with those the project config sets over them."""
+        if not self.settings:  # nothing in a role file (a built-in role): the section as it is, its own type kept
+            return project_section
         given = project_section.model_dump(exclude_unset=True, exclude_none=True)
         merged = {**self.settings, **given}
         if isinstance(self.settings.get("llm"), dict) and "llm" in given:
@@ -174,6 +182,7 @@ def builtin_roles() -> tuple[RoleSpec, ...]:
             intro=_CODE_INTERPRETER_INTRO,
             builtin="code_interpreter",
             fold_prompt="compression_code_generator",
+            kernel_variables=True,
         ),
         RoleSpec(name="echo", alias="Echo", intro=ECHO_INTRO, handler=Echo),
     )
