@@ -303,6 +303,14 @@ class Config(_Section):
             return section
         return self.role_sections.get(key) or RoleConfig()
 
+    @model_validator(mode="after")
+    def _no_conflicting_settings(self) -> Config:
+        # Two settings that cannot both hold are refused, rather than one of them silently ignored.
+        conflict = next(iter(settings_conflicts(self)), None)
+        if conflict is not None:
+            raise ValueError(conflict)
+        return self
+
     def llm_for(self, user: str) -> LLMConfig:
         """The model settings `user` (a role's config key, or round_compressor) calls with: its `llm` overrides over `llm`."""
         overrides = self.round_compressor.llm if user == FOLDER else self.role_section(user).llm
@@ -316,12 +324,15 @@ class Config(_Section):
     @model_validator(mode="after")
     def _parts_fit_the_prompt(self) -> Config:
         # (the summary's cap needs no check: its share of the budget is bounded where prompts are built)
-        budget, value, key = self.prompt_budget, self.execution.output_tokens, "execution.output_tokens"
+        # Whole cell outputs go into the CodeGenerator's prompts: its model's window is the one to fit.
+        value, key = self.execution.output_tokens, "execution.output_tokens"
+        llm, budget = self.llm_for("code_generator"), self.role_budget("code_generator")
+        section = "code_generator.llm" if self.code_generator.llm.context_window is not None else "llm"
         if value is not None and value > budget // 2:
             raise ValueError(
-                f"{key} is {value} tokens, more than half of the prompt budget ({budget} = llm.context_window "
-                f"{self.llm.context_window} - reply_reserve {self.llm.reply_reserve} - margin {self.llm.margin}); "
-                f"lower {key} or raise llm.context_window"
+                f"{key} is {value} tokens, more than half of the CodeGenerator's prompt budget ({budget} = {section}.context_window "
+                f"{llm.context_window} - reply_reserve {llm.reply_reserve} - margin {llm.margin}); "
+                f"lower {key} or raise {section}.context_window"
             )
         return self
 
@@ -332,10 +343,13 @@ class Config(_Section):
 
     @property
     def cell_output_tokens(self) -> int:
-        """Tokens one cell's output may take in a prompt: execution.output_tokens, or scaled to the budget."""
+        """Tokens one cell's output may take in a prompt: execution.output_tokens, or scaled to the CodeGenerator's budget.
+
+        The CodeGenerator's model (`code_generator.llm` over `llm`) is the one that reads whole cell outputs.
+        """
         if self.execution.output_tokens is not None:
             return self.execution.output_tokens
-        return min(max(self.prompt_budget // OUTPUT_SHARE, MIN_OUTPUT_TOKENS), MAX_OUTPUT_TOKENS)
+        return min(max(self.role_budget("code_generator") // OUTPUT_SHARE, MIN_OUTPUT_TOKENS), MAX_OUTPUT_TOKENS)
 
     @property
     def sessions_dir(self) -> Path:
@@ -365,6 +379,43 @@ def role_names(project: Path, data: dict[str, Any]) -> set[str]:
     if isinstance(listed, list):
         names.update(str(name) for name in listed)
     return names - set(Config.model_fields)
+
+
+# Settings that shape the local kernel; a kernel on a gateway runs on the gateway's machine, under its rules.
+_LOCAL_ONLY = {
+    "sandbox": "the sandbox wraps a kernel started on this machine",
+    "network": "it opens the local sandbox's network",
+    "memory_limit": "limits are set on a kernel started on this machine",
+    "max_processes": "limits are set on a kernel started on this machine",
+}
+
+
+def settings_conflicts(config: Config) -> list[str]:
+    """One line per pair of settings given together that cannot both hold, naming both and the fix."""
+    execution = config.execution
+    given = execution.model_fields_set
+    found = []
+    if execution.kernel_gateway is not None:
+        for key, why in _LOCAL_ONLY.items():
+            if key in given and not (key == "sandbox" and execution.sandbox != "bubblewrap"):
+                value = json_text(getattr(execution, key))
+                found.append(
+                    f"execution.{key}: {value} and execution.kernel_gateway conflict ({why}, and with a gateway the "
+                    f"kernel runs on the gateway's machine); remove one of them"
+                )
+    for user in ("planner", "code_generator"):
+        role: RoleConfig = getattr(config, user)
+        if not role.prompt_compression and "strategy" in role.model_fields_set and role.strategy in ("round_compression", "summary_buffer"):
+            found.append(
+                f"{user}.prompt_compression: false and {user}.strategy: {role.strategy} conflict (without compression "
+                f"the history is a sliding window); remove one of them"
+            )
+    return found
+
+
+def json_text(value: Any) -> str:
+    """A setting's value as it is written in YAML (true, null, 50%)."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
 def load_config(project_dir: str | Path = "project", overrides: list[str] | None = None) -> Config:

@@ -10,7 +10,7 @@ from taskweaver_lite.cli.chat import EXPORT_USAGE, HELP
 from taskweaver_lite.cli.console import PlainConsole, RichConsole
 from taskweaver_lite.cli.tracebacks import screen_text, shorten_traceback
 from taskweaver_lite.events import Folded, PostAdded
-from taskweaver_lite.execution import ExecutionError, ExecutionResult
+from taskweaver_lite.execution import CellError, ExecutionResult
 from taskweaver_lite.memory.conversation import Post, Round
 
 # An IPython traceback as the kernel reports it (colours stripped): a KeyError raised inside pandas
@@ -49,7 +49,7 @@ File /venv/lib/python3.11/site-packages/pandas/core/indexes/base.py:3823, in Ind
 KeyError: 'Revenue'
 """
 FAILED = ExecutionResult(
-    code="f(df)", success=False, stdout="hi\n", error=ExecutionError(name="KeyError", value="'Revenue'", traceback=PANDAS_TRACEBACK)
+    code="f(df)", success=False, stdout="hi\n", error=CellError(name="KeyError", value="'Revenue'", traceback=PANDAS_TRACEBACK)
 )
 
 

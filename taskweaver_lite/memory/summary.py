@@ -46,10 +46,10 @@ MERGE_SHARE = 0.60
 # Variable descriptions a CodeGenerator fold may return, and what they may cost.
 MAX_DESCRIBED = 15
 DESCRIPTION_TOKENS = 24
-REPLY_OVERHEAD = 32
+REPLY_OVERHEAD = 32  # JSON keys, quotes and brackets around the summary
 # One round's text in a fold is cut to a sixth of the role's budget (608 tokens at 8k), keeping its
 # essential pieces: a summary keeps a few lines of a round, not its whole output.
-ROUND_SHARE = 6  # JSON keys, quotes and brackets around the summary
+ROUND_SHARE = 6
 MIN_ROUND_TOKENS = 64
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from taskweaver_lite.confirm import DECLINED, EDITED_NOTICE, ConfirmCell
 from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.events import CellPrinted, Working
-from taskweaver_lite.execution import ExecutionError, ExecutionResult, Executor, FoldPiece, as_data
+from taskweaver_lite.execution import CellError, ExecutionResult, Executor, FoldPiece, as_data
 from taskweaver_lite.llm.client import ChatModel, DeltaSink, Message
 from taskweaver_lite.llm.replies import CODE_GENERATOR_SCHEMA
 from taskweaver_lite.memory.compression import RoleContext
@@ -118,7 +118,7 @@ class CodeGenerator(Role):
         if self._verifier is not None:
             violations = self._verifier.check(code)
             if violations:
-                error = ExecutionError(name="CodeVerificationError", value=refusal_text(violations), traceback="")
+                error = CellError(name="CodeVerificationError", value=refusal_text(violations), traceback="")
                 return code, self._not_run(code, "it breaks the verification rules", error=error)
         if self._confirm is None:
             return code, None
@@ -127,7 +127,7 @@ class CodeGenerator(Role):
             return code, self._not_run(code, DECLINED)
         return choice.code, None
 
-    def _not_run(self, code: str, why: str, *, error: ExecutionError | None = None) -> ExecutionResult:
+    def _not_run(self, code: str, why: str, *, error: CellError | None = None) -> ExecutionResult:
         return ExecutionResult(code=code, success=False, error=error, refused=why, variables=self._executor.variables())
 
     def _generate(self, history: Sequence[Round], current: Round, repairs: RepairTurns, notify: Callable[[Working | CellPrinted], None]) -> dict[str, str]:
