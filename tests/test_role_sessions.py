@@ -221,6 +221,7 @@ def test_a_request_that_bounces_between_roles_stops_at_the_hop_cap_with_a_clear_
     assert [p.send_from for p in rnd.posts].count("Echo") == 2 and "Say it again." in rnd.answer
 
 
+@pytest.mark.cli
 def test_roles_command_lists_state_and_the_chat_names_a_broken_enabled_role_in_one_line(tmp_path: Path, server: ScriptedServer) -> None:
     project = project_with_analyst(tmp_path, server, role_file="alias: Analyst\nintro: x\nmodule: analyst.Analyst\n")
     (project / "roles" / "analyst" / "analyst.py").write_text("raise RuntimeError('broken on purpose')\n", encoding="utf-8")
