@@ -7,12 +7,13 @@ of the schema words, so the scripted server files them under "other"; its folds 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import make_project, run_cli
+from helpers import REPO, make_project, run_cli
 
 from taskweaver_lite.config import load_config
 from taskweaver_lite.llm.client import Message
@@ -234,3 +235,36 @@ def test_roles_command_lists_state_and_the_chat_names_a_broken_enabled_role_in_o
     assert chat.returncode == 0 and chat.stdout.strip() == "Hi there."
     lines = [line for line in chat.stderr.splitlines() if "analyst" in line]
     assert len(lines) == 1 and "analyst.py" in lines[0] and "broken on purpose" in lines[0]
+
+
+def readme_role_files() -> dict[str, str]:
+    """The README's "Write a role" example: each block after a `<!-- role example: PATH -->` marker."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    found = dict(re.findall(r"<!-- role example: (\S+) -->\n```\w+\n(.*?)```", readme, re.S))
+    assert set(found) == {"roles/glossary/glossary.role.yaml", "roles/glossary/glossary.py"}, "the README lost its role example"
+    return found
+
+
+def test_the_readme_role_example_answers_from_its_terms_and_asks_its_model_about_others(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url, session={"roles": ["planner", "code_interpreter", "glossary"]})
+    for path, text in readme_role_files().items():
+        (project / path).parent.mkdir(parents=True, exist_ok=True)
+        (project / path).write_text(text, encoding="utf-8")
+    server.enqueue(
+        "planner",
+        planner_reply("What is net_sales?", send_to="Glossary"),
+        planner_reply("What is churn?", send_to="Glossary"),
+        planner_reply("Both explained.", send_to="User"),
+    )
+    server.enqueue("other", "Churn is the share of customers who leave.")
+    with Session.open(load_config(project)) as session:
+        assert not session.role_problems
+        rnd = session.ask("Explain net_sales and churn")
+    assert rnd.answer == "Both explained."
+    glossary_posts = [p for p in rnd.posts if p.send_from == "Glossary"]
+    assert glossary_posts[0].message == "net_sales: sales after returns and discounts, in euros"
+    assert [a.kind for a in glossary_posts[0].attachments] == ["source"]
+    assert glossary_posts[1].message == "Churn is the share of customers who leave."
+    model_call = calls(server, "other")[0]
+    assert model_call[0]["content"] == "You are the Glossary of a data team. Say in one sentence what the term means to an analyst."
+    assert "[source]\nthe team glossary" in last_user(calls(server, "planner")[1])
