@@ -138,7 +138,7 @@ class Session:
     @property
     def role_problems(self) -> list[str]:
         """One line per role left out (a broken role file, a class that failed to import, a name that is no role)."""
-        return [entry.line() for entry in self.roles.broken if entry.name in self.config.session.roles or entry.where == "session.roles"]
+        return self.roles.problems
 
     def _build_roles(self) -> dict[str, ActiveRole]:
         """The enabled roles by alias, each with its own context (its own section, model and tokenizer)."""

@@ -137,11 +137,17 @@ class RoleCatalog:
 
     entries: tuple[RoleEntry, ...] = ()
     enabled: tuple[RoleSpec, ...] = ()
+    requested: tuple[str, ...] = ()  # session.roles as written
 
     @property
     def broken(self) -> tuple[RoleEntry, ...]:
         """The roles left out, each with its reason (including names in session.roles that name no role)."""
         return tuple(e for e in self.entries if e.state == "broken")
+
+    @property
+    def problems(self) -> list[str]:
+        """One line per role session.roles asks for that is left out: its file (or session.roles) and why."""
+        return [entry.line() for entry in self.broken if entry.name in self.requested]
 
     @property
     def entry(self) -> RoleSpec | None:
@@ -262,7 +268,7 @@ def _enable(entries: list[RoleEntry], enabled: Sequence[str]) -> RoleCatalog:
             problems.append(RoleEntry(name, "session.roles", "broken", f"no role is called {name!r}; known roles: {known}"))
     on = {spec.name for spec in active}
     marked = [RoleEntry(e.name, e.where, "enabled", spec=e.spec) if e.name in on and e.spec is not None else e for e in entries]
-    return RoleCatalog(entries=tuple(marked + problems), enabled=tuple(active))
+    return RoleCatalog(entries=tuple(marked + problems), enabled=tuple(active), requested=tuple(enabled))
 
 
 def read_entry(role_dir: Path, *, origin: str = "project") -> RoleEntry:
