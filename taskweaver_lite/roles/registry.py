@@ -38,7 +38,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from taskweaver_lite.config import ROLES_FOLDER, RoleConfig
+from taskweaver_lite.config import ROLES_FOLDER, Config, RoleConfig
 from taskweaver_lite.memory.conversation import USER
 from taskweaver_lite.roles.worker import ModelOnlyRole, RoleHandler
 
@@ -286,6 +286,8 @@ def read_spec(path: Path, *, origin: str = "project") -> RoleSpec:
     name = path.name.removesuffix(ROLE_FILE_SUFFIX)
     if not _NAME.match(name):
         raise RoleProblem(f"the folder name {name!r} may only hold lower-case letters, digits and _ (it is the role's name)")
+    if name in Config.model_fields:  # its section would be that one's (`llm:`, `code_generator:`...)
+        raise RoleProblem(f"the name {name!r} is already a section of taskweaver_config.yaml; rename the folder and its files")
     data = _load_yaml(path)
     alias = _text(data, "alias", required=True)
     if not _ALIAS.match(alias) or alias == USER:
