@@ -22,7 +22,7 @@ import json
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -234,12 +234,7 @@ class Session:
                 usage_before=stored.usage,
                 confirm=confirm,
             )
-        session.conversation.rounds = list(stored.rounds)
-        session.loads = list(stored.loads)
-        for context in session.contexts().values():
-            saved = stored.compression.get(context.role)
-            if saved:
-                context.restore(CompressionState.from_dict(saved))
+        session._restore(stored.rounds, loads=stored.loads, compression=stored.compression)
         failed_cells = 0
         for number, code in enumerate(cells, 1):
             failed_cells += not session.executor.run(code).success
@@ -256,6 +251,15 @@ class Session:
             lost=tuple(session._lost),
         )
         return session, report
+
+    def _restore(self, rounds: Sequence[Round], *, loads: Sequence[FileLoaded], compression: Mapping[str, dict[str, Any]]) -> None:
+        """Take back a stored session's record: its rounds, its loads, and each role's summary (by the role's key)."""
+        self.conversation.rounds = list(rounds)
+        self.loads = list(loads)
+        for context in self.contexts().values():
+            saved = compression.get(context.role)
+            if saved:
+                context.restore(CompressionState.from_dict(saved))
 
     @classmethod
     def _assemble(
@@ -360,7 +364,7 @@ class Session:
         self._emit(Working("role_working", spec.label))
         try:
             reply = active.role.reply(request, active.tools)
-        except (TaskWeaverError, Exception) as exc:  # noqa: BLE001 - a project role's failure must not end the request: the Planner hears why
+        except Exception as exc:  # noqa: BLE001 - a project role's failure (its model, its code) must not end the request: the Planner hears why
             return request.answer(role_failure(spec, exc))
         if not isinstance(reply, Post):
             why = f"answered with {type(reply).__name__}, not a post; its class ({spec.where}) must return request.answer(...)"

@@ -268,3 +268,38 @@ def test_the_readme_role_example_answers_from_its_terms_and_asks_its_model_about
     model_call = calls(server, "other")[0]
     assert model_call[0]["content"] == "You are the Glossary of a data team. Say in one sentence what the term means to an analyst."
     assert "[source]\nthe team glossary" in last_user(calls(server, "planner")[1])
+
+
+@pytest.mark.cli
+def test_context_and_summary_show_each_enabled_role_by_its_name(tmp_path: Path, server: ScriptedServer) -> None:
+    project = project_with_analyst(tmp_path, server)
+    server.enqueue("planner", planner_reply("Explain 12%.", send_to="Analyst"), planner_reply("Fine.", send_to="User"))
+    server.enqueue("other", "It is a healthy rise.")
+    chat = run_cli("chat", "-p", str(project), stdin="Is 12% good?\n/context\n/summary\n/info\n")
+    assert chat.returncode == 0, chat.stderr
+    assert "Analyst (round_compression): " in chat.stderr and "CodeGenerator (round_compression): " in chat.stderr
+    assert "Analyst: nothing folded yet" in chat.stderr
+    assert "Analyst -> Planner: It is a healthy rise." in chat.stderr
+    assert "analyst on " in chat.stderr, "/info counts the role's model calls under its own name"
+
+
+def test_a_role_class_that_raises_or_returns_no_post_answers_with_what_went_wrong(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url, session={"roles": ["planner", "faulty", "silent"]})
+    for name, body in (("faulty", "raise ValueError('no data for ' + request.message)"), ("silent", "return 'not a post'")):
+        folder = project / "roles" / name
+        folder.mkdir(parents=True)
+        (folder / f"{name}.role.yaml").write_text(f"alias: {name.title()}\nintro: x\nmodule: {name}.Role\n", encoding="utf-8")
+        (folder / f"{name}.py").write_text(f"class Role:\n    def reply(self, request, tools):\n        {body}\n", encoding="utf-8")
+    server.enqueue(
+        "planner",
+        planner_reply("Q1", send_to="Faulty"),
+        planner_reply("Q2", send_to="Silent"),
+        planner_reply("Neither helped.", send_to="User"),
+    )
+    with Session.open(load_config(project)) as session:
+        rnd = session.ask("Try both")
+    assert rnd.answer == "Neither helped."
+    faulty, silent = rnd.posts[2], rnd.posts[4]
+    assert (faulty.send_from, faulty.send_to) == ("Faulty", "Planner") and "ValueError: no data for Q1" in faulty.message
+    assert str(project / "roles" / "faulty" / "faulty.role.yaml") in faulty.message
+    assert (silent.send_from, silent.send_to) == ("Silent", "Planner") and "not a post" in silent.message
