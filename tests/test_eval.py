@@ -7,6 +7,7 @@ fail where a real model would. The CLI test kills a real `eval` process mid-run 
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -71,6 +72,13 @@ def test_taskweavers_own_cases_are_examined_judged_and_their_eval_code_runs_in_t
     examiner_requests = [r for r in server.requests if r.role == "other" and "You are testing" in r.messages[0]["content"]]
     assert "Let's start" not in examiner_requests[0].messages[1]["content"]  # our kick-off, our words
     assert examiner_requests[0].body.get("response_format") is None  # the examiner writes prose, not JSON
+
+
+def test_the_shipped_project_as_configured_runs_a_shipped_case(tmp_path: Path, server: ScriptedServer) -> None:
+    project = Path(shutil.copytree(REPO / "project", tmp_path / "project", ignore=shutil.ignore_patterns("sessions", "eval", "*.db*")))
+    wired = (f"llm.api_base={server.url}", "llm.api_key=test-key", "llm.model=scripted")
+    [outcome] = run_eval(load_cases([project / "eval_cases" / "mean_units"]), EvalPlan(project, tmp_path / "report", (Setting("project"),), overrides=wired))
+    assert outcome.status == "scored" and outcome.score == 1.0, outcome.reason
 
 
 def test_eval_code_that_fails_marks_its_point_missed_with_the_assertion(tmp_path: Path, server: ScriptedServer) -> None:

@@ -136,7 +136,7 @@ def test_the_scripted_judge_takes_the_claimed_number_not_the_round_count() -> No
 
 def test_a_matrix_file_names_its_settings_and_a_bad_one_names_the_fix(tmp_path: Path) -> None:
     settings = load_matrix(SHIPPED / "matrix.yaml")
-    assert [s.name for s in settings] == ["off", "(1,1)", "(2,3)", "sliding window"]
+    assert [s.name for s in settings] == ["off", "(1,1)", "(2,3)", "observation masking"]
     assert settings[0].overrides == ("planner.prompt_compression=false", "code_generator.prompt_compression=false")
     (tmp_path / "m.yaml").write_text("- off\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="expected a mapping of setting names"):

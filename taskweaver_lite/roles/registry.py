@@ -90,7 +90,8 @@ class RoleSpec:
         merged = {**self.settings, **given}
         if isinstance(self.settings.get("llm"), dict) and "llm" in given:
             merged["llm"] = {**self.settings["llm"], **given["llm"]}
-        return RoleConfig.model_validate(merged)
+        # The section's own class: the CodeGenerator's has keys (auto_plugin_selection...) a plain RoleConfig refuses.
+        return type(project_section).model_validate(merged)
 
 
 @dataclass(frozen=True)
