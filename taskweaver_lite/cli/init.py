@@ -16,7 +16,7 @@ from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.workfiles import owner_only_file, owner_only_folder
 
 # What a session writes into its project; a user's own project keeps it out of version control.
-GITIGNORE = "# written by taskweaver-lite sessions\nsessions/\nsessions.db*\n.chat_history\n# taskweaver-lite eval reports\neval/\n"
+GITIGNORE = "# written by taskweaver-lite sessions\nsessions/\nsessions.db*\ndocs_index.db*\n.chat_history\n# taskweaver-lite eval reports\neval/\n"
 # Never copied: another checkout's sessions, and the packaging files of the installed copy.
 _NOT_COPIED = ("sessions", "*.db*", ".chat_history", "__init__.py", "__pycache__")
 
