@@ -7,13 +7,15 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
+from taskweaver_lite.cli.eval import report_folder
+from taskweaver_lite.config import load_config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.eval.cases import BadCase, ProblemSet, TaskCase, load_cases
 from taskweaver_lite.eval.examiner import Transcript
 from taskweaver_lite.eval.matrix import Setting, load_matrix
 from taskweaver_lite.eval.outcome import Outcome, PointResult, ResultsFile, scored_keys
 from taskweaver_lite.eval.report import render_markdown, summarize
-from taskweaver_lite.eval.runner import case_overrides, dependency_problem
+from taskweaver_lite.eval.runner import EvalPlan, case_overrides, dependency_problem, eval_llm, run_eval
 from taskweaver_lite.eval.scoring import NotAVerdict, read_verdict
 from taskweaver_lite.testing.eval_script import judge
 
@@ -169,3 +171,35 @@ def test_the_report_lists_every_run_and_says_what_was_skipped_and_why() -> None:
     assert "| a | off | 0.50 (1/2) | 3 | 1,000 | 0 | 400 | 600 | 0 | 0.0 |" in text
     assert "- b @ off: **skipped**: data file x.csv not found in /cases/b" in text
     assert "| off | 0.50 | 1/2 |" in text
+
+
+def test_the_examiner_and_the_judge_default_to_the_projects_model_and_take_partial_llm_mappings(tmp_path: Path) -> None:
+    (tmp_path / "taskweaver_config.yaml").write_text("llm: {model: agent-model, context_window: 32000}\n", encoding="utf-8")
+    plain = load_config(tmp_path)
+    assert eval_llm(plain, "judge").model == eval_llm(plain, "examiner").model == "agent-model"
+    assert eval_llm(plain, "judge").json_mode and not eval_llm(plain, "examiner").json_mode  # the examiner writes prose
+    config = load_config(tmp_path, ["eval.judge.llm.model=judge-model", "eval.examiner.llm.json_mode=true"])
+    assert eval_llm(config, "judge").model == "judge-model" and eval_llm(config, "judge").context_window == 32000
+    assert eval_llm(config, "examiner").json_mode
+    broken = load_config(tmp_path, ["eval.examiner.llm.context_window=300"])
+    with pytest.raises(ConfigError, match=r"eval\.examiner\.llm \(over llm\).*context_window"):
+        eval_llm(broken, "examiner")
+
+
+def test_a_setting_with_an_unknown_key_stops_the_command_before_any_run_naming_the_setting(tmp_path: Path) -> None:
+    (tmp_path / "taskweaver_config.yaml").write_text("llm: {model: m}\n", encoding="utf-8")
+    plan = EvalPlan(tmp_path, tmp_path / "report", (Setting("ok"), Setting("typo", ("round_compressor.rounds_to_retian=1",))))
+    with pytest.raises(ConfigError, match=r"setting 'typo': --set round_compressor.rounds_to_retian: unknown config key 'rounds_to_retian'"):
+        run_eval(load_cases([SHIPPED / "mean_units"]), plan)
+    assert not (tmp_path / "report" / "results.jsonl").exists()
+
+
+def test_report_folder_defaults_to_a_timestamp_and_resume_finds_the_newest(tmp_path: Path) -> None:
+    fresh = report_folder(tmp_path, output=None, resume=False)
+    assert fresh.parent == tmp_path / "eval" and fresh.name[:8].isdigit()
+    with pytest.raises(ConfigError, match="--resume: no earlier report"):
+        report_folder(tmp_path, output=None, resume=True)
+    for name in ("20260101-000000", "20260102-000000"):
+        (tmp_path / "eval" / name).mkdir(parents=True)
+        (tmp_path / "eval" / name / "results.jsonl").write_text("", encoding="utf-8")
+    assert report_folder(tmp_path, output=None, resume=True).name == "20260102-000000"

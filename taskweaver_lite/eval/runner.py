@@ -104,7 +104,7 @@ def check_settings(plan: EvalPlan) -> None:
         try:
             config = load_config(plan.project, [*plan.overrides, *setting.overrides])
             for part in ("examiner", "judge"):
-                _llm(config, part)
+                eval_llm(config, part)
         except ConfigError as exc:
             raise ConfigError(f"setting {setting.name!r}: {exc}") from None
 
@@ -322,10 +322,10 @@ def _side_costs(examiner: MeteredModel, judge: MeteredModel) -> dict[str, Any]:
 
 def _client(config: Config, part: str) -> ChatModel:
     """The examiner's or the judge's model: `eval.<part>.llm` over the project's `llm`; the examiner writes prose, not JSON."""
-    return OpenAIChatModel(_llm(config, part))
+    return OpenAIChatModel(eval_llm(config, part))
 
 
-def _llm(config: Config, part: str) -> LLMConfig:
+def eval_llm(config: Config, part: str) -> LLMConfig:
     """`eval.<part>.llm` merged over `llm`; ConfigError naming the key when the result is not a valid model setting."""
     section = getattr(config.eval, part)
     try:
