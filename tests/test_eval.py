@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, cli_env, make_project
+from helpers import REPO, cli_env, make_project, watch_stderr
 
 from taskweaver_lite.eval.cases import load_cases
 from taskweaver_lite.eval.matrix import Setting
@@ -187,3 +187,19 @@ def test_eval_killed_mid_run_resumes_without_redoing_the_scored_runs(tmp_path: P
     assert "mean_units @ project: started" not in again.stderr
     assert [json.loads(line)["case"] for line in results.read_text(encoding="utf-8").splitlines()] == ["mean_units", "running_sum"]
     assert "| mean_units | project | 1.00 (1/1) |" in again.stdout and "| running_sum | project | 0.53 (8/15) | 20 |" in again.stdout
+
+
+@pytest.mark.cli
+def test_eval_stopped_by_sigterm_ends_its_runs_after_their_current_request(tmp_path: Path) -> None:
+    project = make_project(tmp_path, "http://127.0.0.1:9/v1")
+    report = tmp_path / "report"
+    command = [sys.executable, "-m", "taskweaver_lite", "eval", str(SHIPPED / "running_sum"), "-p", str(project), "--scripted", "-o", str(report)]
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=cli_env()) as proc:
+        lines, seen, reader = watch_stderr(proc, "running_sum @ project: round 10")
+        assert seen.wait(60), "".join(lines)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) != 0
+        reader.join(5)
+    said = "".join(lines)
+    assert "eval: interrupted; the runs recorded so far are in results.jsonl" in said and "round 50" not in said
+    assert not (report / "results.jsonl").exists() or not (report / "results.jsonl").read_text(encoding="utf-8").strip()
