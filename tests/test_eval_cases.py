@@ -203,3 +203,11 @@ def test_report_folder_defaults_to_a_timestamp_and_resume_finds_the_newest(tmp_p
         (tmp_path / "eval" / name).mkdir(parents=True)
         (tmp_path / "eval" / name / "results.jsonl").write_text("", encoding="utf-8")
     assert report_folder(tmp_path, output=None, resume=True).name == "20260102-000000"
+
+
+def test_the_scripted_judge_says_no_to_what_it_cannot_check_by_text() -> None:
+    conversation = 'Conversation:\n[{"speaker": "agent", "text": "Hello World from Microsoft"}]\n\nStatement:\n'
+    assert '"yes"' in judge(conversation + "The affiliation list should include Microsoft")
+    assert '"no"' in judge(conversation + "The author list should include at least Bo Qiao")
+    assert "checks numbers, quoted phrases and names only" in judge(conversation + "The code should not be executed.")
+    assert '"yes"' in judge(conversation + '\\"Hello World\\" should appear in the last agent response')
