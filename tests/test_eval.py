@@ -95,6 +95,24 @@ def test_eval_code_that_fails_marks_its_point_missed_with_the_assertion(tmp_path
     assert outcome.details[0].reason == "AssertionError: said 'Hello World'"
 
 
+def test_verbose_shows_the_examiner_every_post_and_pre_commands_run_in_the_case_folder(tmp_path: Path, server: ScriptedServer) -> None:
+    case = tmp_path / "cases" / "verbose_echo"
+    case.mkdir(parents=True)
+    (case / "verbose_echo.yaml").write_text(
+        'task_description: The task is to echo the word "Hello World"\nverbose: true\n'
+        'pre_command: ["touch made_by_pre_command.txt", "exit 3"]\n'
+        'scoring_points: [{score_point: the agent says "Hello World", weight: 1}]\n',
+        encoding="utf-8",
+    )
+    [outcome] = run_eval(load_cases([case]), plan(tmp_path, server))
+    assert (case / "made_by_pre_command.txt").exists()
+    assert outcome.notes == ("pre_command 'exit 3' failed (exit 3)",)
+    saved = json.loads((tmp_path / "report" / "transcripts" / "verbose_echo@project.json").read_text(encoding="utf-8"))
+    agent_said = saved["chat_history"][3][1]
+    assert "Below are conversation details inside the Agent" in agent_said and "Planner -> User: Hello World" in agent_said
+    assert outcome.status == "scored" and outcome.score == 1.0
+
+
 def test_a_dseval_set_is_scored_by_its_validators_without_a_judge(tmp_path: Path, server: ScriptedServer) -> None:
     def wrong_per_region(messages: list[dict[str, Any]]) -> str:
         if "per region" in last_user_text(messages):

@@ -246,7 +246,7 @@ def _pre_commands(case: TaskCase) -> list[str]:
             continue
         if done.returncode != 0:
             tail = " ".join((done.stderr or done.stdout).split())[-200:]
-            notes.append(f"pre_command {command!r} failed (exit {done.returncode}): {tail}")
+            notes.append(f"pre_command {command!r} failed (exit {done.returncode})" + (f": {tail}" if tail else ""))
     return notes
 
 
