@@ -134,6 +134,7 @@ def test_bad_input_marks_its_case_with_the_reason_and_the_others_go_on(tmp_path:
         "no_data": "task_description: The task is to echo the word \"Hello World\"\ndata_files: [gone.csv]\nscoring_points: [{score_point: s, weight: 1}]\n",
         "unjudged": 'task_description: The task is to echo the word "Hello World"\nscoring_points: [{score_point: says hello, weight: 1}]\n',
         "model_fails": "task_description: The task is to explode the model.\nscoring_points: [{score_point: s, weight: 1}]\n",
+        "web_search": "config_var: {session.roles: [planner, web_search]}\ntask_description: t\nscoring_points: [{score_point: s, weight: 1}]\n",
     }.items():
         (cases / name).mkdir(parents=True)
         (cases / name / f"{name}.yaml").write_text(text, encoding="utf-8")
@@ -157,6 +158,7 @@ def test_bad_input_marks_its_case_with_the_reason_and_the_others_go_on(tmp_path:
     assert result["unjudged"].status == "failed" and "the judge's reply on scoring point 1 is not a verdict" in result["unjudged"].reason
     assert result["model_fails"].status == "failed" and "failed at request 1" in result["model_fails"].reason
     assert "HTTP 500" in result["model_fails"].reason
+    assert result["web_search"].status == "skipped" and "session.roles: no role is called 'web_search'" in result["web_search"].reason
     assert result["echo"].status == "scored" and result["echo"].score == 1.0
     text = write_report(tmp_path / "report", outcomes, [Setting("project")], plot=False)[0].read_text(encoding="utf-8")
     assert "## Skipped or failed" in text and "- no_data @ project: **skipped**: data file gone.csv not found" in text

@@ -264,9 +264,15 @@ def _in_session(case: TaskCase | ProblemSet, config: Config, *, blank: Outcome, 
     try:
         try:
             session = Session.open(config, listeners=[watch])
+        except ConfigError as exc:  # the case's config_var asks for what this project cannot be (no planner...)
+            return replace(blank, reason=f"the case's config: {exc}")
         except TaskWeaverError as exc:
             return replace(blank, status="failed", reason=f"the session could not start: {exc}")
         with session:
+            # A role the case names that this project does not have (TaskWeaver's web_search): the case cannot run as written.
+            absent = [entry.error for entry in session.roles.broken if entry.name in config.session.roles]
+            if absent:
+                return replace(blank, reason=f"session.roles: {'; '.join(str(e) for e in absent)}")
             outcome = _scored(case, session, config, examiner=examiner, judge=judge, blank=blank, watch=watch, transcript=transcript)
             return _with_costs(outcome, session)
     finally:
