@@ -63,7 +63,7 @@ def test_taskweavers_own_cases_are_examined_judged_and_their_eval_code_runs_in_t
     outcomes = by_case(run_eval(load_cases([TASKWEAVER_CASES]), plan(tmp_path, server)))
     calc, echo = outcomes["calc_mean"], outcomes["echo"]
     assert calc.status == "scored" and calc.score == 1.0 and calc.rounds == 1
-    assert calc.details[0].by == "judge" and calc.notes == ("config_var execution_service.kernel_mode not applied: no such setting here",)
+    assert calc.details[0].by == "judge" and calc.notes == ("config_var execution_service.kernel_mode: local keeps the project's execution.sandbox",)
     # echo's first point asserts on chat_history[-1] being the agent's HumanMessage saying exactly "Hello World".
     assert [(d.by, d.hit) for d in echo.details] == [("eval_code", True), ("judge", True)]
     assert calc.prompt_tokens > 0 and calc.examiner_tokens > 0 and calc.judge_tokens > 0

@@ -102,11 +102,18 @@ def test_a_path_that_is_not_there_is_a_bad_case(tmp_path: Path) -> None:
 def test_taskweaver_config_var_keys_are_translated_and_those_with_no_setting_are_noted() -> None:
     case = TaskCase(
         "c", Path("c.yaml"), "t", (),
-        config_var={"planner.prompt_compression": True, "code_verification.code_verification_on": False, "execution_service.kernel_mode": "local"},
+        config_var={"planner.prompt_compression": True, "code_verification.code_verification_on": False, "web_search.chunk_size": 2000},
     )
     overrides, notes = case_overrides(case)
     assert overrides == ["planner.prompt_compression=true", "code_interpreter.code_verification_on=false"]
-    assert notes == ["config_var execution_service.kernel_mode not applied: no such setting here"]
+    assert notes == ["config_var web_search.chunk_size not applied: no such setting here"]
+
+
+def test_taskweavers_container_mode_means_the_sandbox_and_its_local_mode_keeps_the_projects() -> None:
+    container = TaskCase("c", Path("c.yaml"), "t", (), config_var={"execution_service.kernel_mode": "container"})
+    local = TaskCase("l", Path("l.yaml"), "t", (), config_var={"execution_service.kernel_mode": "local"})
+    assert case_overrides(container) == (['execution.sandbox="bubblewrap"'], [])
+    assert case_overrides(local) == ([], ["config_var execution_service.kernel_mode: local keeps the project's execution.sandbox"])
 
 
 def test_dependencies_are_checked_as_taskweaver_writes_them() -> None:

@@ -191,6 +191,14 @@ def case_overrides(case: Case) -> tuple[list[str], list[str]]:
         return ([], [])
     overrides, notes = [], []
     for key, value in case.config_var.items():
+        if key == "execution_service.kernel_mode":
+            # TaskWeaver's container mode isolates the kernel: here that is the sandbox. Its local mode is
+            # not taken to mean "no sandbox": the project's execution.sandbox stays.
+            if value == "container":
+                overrides.append('execution.sandbox="bubblewrap"')
+            else:
+                notes.append(f"config_var {key}: {value} keeps the project's execution.sandbox")
+            continue
         ours = TASKWEAVER_KEYS.get(str(key), str(key))
         if is_config_key(ours):
             overrides.append(f"{ours}={json.dumps(value)}")
