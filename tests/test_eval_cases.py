@@ -218,3 +218,14 @@ def test_the_scripted_judge_says_no_to_what_it_cannot_check_by_text() -> None:
     assert '"no"' in judge(conversation + "The author list should include at least Bo Qiao")
     assert "checks numbers, quoted phrases and names only" in judge(conversation + "The code should not be executed.")
     assert '"yes"' in judge(conversation + '\\"Hello World\\" should appear in the last agent response')
+
+
+def test_a_folder_is_searched_for_cases_at_any_depth_and_its_scripts_and_data_are_not_cases(tmp_path: Path) -> None:
+    case = tmp_path / "auto_eval" / "cases" / "echo"
+    case.mkdir(parents=True)
+    (case / "echo.yaml").write_text("task_description: t\nscoring_points: [{score_point: s, weight: 1}]\n", encoding="utf-8")
+    (case / "docs").mkdir()  # a case's own data folder
+    (tmp_path / "auto_eval" / "evaluator.py").write_text("import yaml\n", encoding="utf-8")
+    (tmp_path / "auto_eval" / "data").mkdir()
+    (tmp_path / "auto_eval" / "data" / "x.csv").write_text("a\n1\n", encoding="utf-8")
+    assert [(type(c).__name__, c.name) for c in load_cases([tmp_path / "auto_eval"])] == [("TaskCase", "echo")]
