@@ -114,16 +114,27 @@ def test_verbose_shows_the_examiner_every_post_and_pre_commands_run_in_the_case_
 
 
 def test_a_dseval_set_is_scored_by_its_validators_without_a_judge(tmp_path: Path, server: ScriptedServer) -> None:
-    def wrong_per_region(messages: list[dict[str, Any]]) -> str:
-        if "per region" in last_user_text(messages):
+    def careless(messages: list[dict[str, Any]]) -> str:
+        asked = last_user_text(messages)
+        if "How many rows" in asked:  # the right count, but it trims the user's DataFrame on the way
+            return code_reply("sales.drop(sales.index[-1], inplace=True)\nlen(sales) + 1")
+        if "per region" in asked:
             return code_reply("sales.groupby('region')['revenue'].mean()")
+        if "largest revenue" in asked:
+            return code_reply("sales['revnue'].max()")
         return eval_script.code_generator(messages)
 
-    server.set_default("code_generator", wrong_per_region)
-    [outcome] = run_eval(load_cases([SHIPPED / "dseval"]), plan(tmp_path, server))
-    assert outcome.kind == "dseval" and outcome.status == "scored" and outcome.rounds == 3
-    assert [d.hit for d in outcome.details] == [True, True, False] and outcome.score == pytest.approx(2 / 3, abs=1e-3)
-    assert outcome.details[2].reason.startswith("Series are different") or "values are different" in outcome.details[2].reason
+    server.set_default("code_generator", careless)
+    problems = tmp_path / "dseval" / "sales_basics.py"
+    shutil.copytree(SHIPPED / "dseval", problems.parent)
+    extra = '\n\n# %%\n"""\nquestion: What is the largest revenue?\n"""\n\nsales["revenue"].max()\n'
+    problems.write_text(problems.read_text(encoding="utf-8") + extra, encoding="utf-8")
+    [outcome] = run_eval(load_cases([problems]), plan(tmp_path, server))
+    assert outcome.kind == "dseval" and outcome.status == "scored" and outcome.rounds == 4
+    assert [d.hit for d in outcome.details] == [True, False, False, False] and outcome.score == 0.25
+    assert outcome.details[1].reason == "unexpected variable updated: sales"  # the side effect, though the count was right
+    assert "different" in outcome.details[2].reason  # the result compared with the reference's
+    assert outcome.details[3].reason.startswith("the code crashed: KeyError")
     assert not any(r.role == "other" for r in server.requests)  # no examiner, no judge
 
 
