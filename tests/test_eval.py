@@ -185,6 +185,9 @@ def test_a_matrix_runs_every_case_under_every_setting_in_parallel_and_reports_th
     # 12 rounds: the points at sums 55 (round 10) and 78 (the last reply, eval_code) hit; those of rounds 20-40 cannot.
     assert all(o.status == "scored" and o.points == 6 and o.max_points == 15 and o.rounds == 12 for o in outcomes)
     assert result["off"].fold_calls == 0 and result["(1,1)"].fold_calls > 0
+    folds = {p: c for p, c in result["(1,1)"].by_purpose.items() if p.startswith("compression")}
+    assert sum(c["calls"] for c in folds.values()) == result["(1,1)"].fold_calls and "planner" in result["(1,1)"].by_purpose
+    assert sum(c["prompt_tokens"] for c in result["(1,1)"].by_purpose.values()) == result["(1,1)"].prompt_tokens
     assert result["(1,1)"].prompt_tokens < result["off"].prompt_tokens
     # The scripted server reports a prefix cache: a round's prompt begins as the last one did.
     assert all(0 < o.cached_tokens < o.prompt_tokens for o in outcomes)

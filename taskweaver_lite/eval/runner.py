@@ -48,6 +48,7 @@ TASKWEAVER_KEYS = {
 PRE_COMMAND_TIMEOUT = 600.0
 TRANSCRIPTS = "transcripts"  # in the report folder: each TaskWeaver run's conversation, as the examiner saw it
 PROGRESS_EVERY = 10  # rounds between progress lines of a long case
+_USAGE_FIELDS = ("calls", "prompt_tokens", "completion_tokens", "cached_tokens")  # of Usage, per purpose in report.json
 
 
 @dataclass(frozen=True)
@@ -355,7 +356,13 @@ def verbose_reply(rnd: Round) -> str:
 def _with_costs(outcome: Outcome, session: Session) -> Outcome:
     """The agent's tokens (roles and folds), its fold calls and its rounds."""
     usage = session.usage()
-    folds = sum(u.calls for (purpose, _), u in session.usage_by_model().items() if purpose.startswith("compression"))
+    by_model = session.usage_by_model()
+    folds = sum(u.calls for (purpose, _), u in by_model.items() if purpose.startswith("compression"))
+    by_purpose: dict[str, dict[str, int]] = {}
+    for (purpose, _), u in by_model.items():  # a purpose may have called more than one model
+        counts = by_purpose.setdefault(purpose, dict.fromkeys(_USAGE_FIELDS, 0))
+        for name in _USAGE_FIELDS:
+            counts[name] += getattr(u, name)
     return replace(
         outcome,
         rounds=len(session.conversation.rounds),
@@ -364,6 +371,7 @@ def _with_costs(outcome: Outcome, session: Session) -> Outcome:
         cached_tokens=usage.cached_tokens,
         fold_calls=folds,
         session_id=session.id,
+        by_purpose=by_purpose,
     )
 
 
