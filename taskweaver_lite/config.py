@@ -185,6 +185,23 @@ class KernelGatewayConfig(_Section):
         return value.rstrip("/")
 
 
+class MountConfig(_Section):
+    """A folder of this machine that the local kernel sees at its own path."""
+
+    path: str = Field(description="an absolute path (~ is expanded) of a folder or file that exists")
+    mode: Literal["ro", "rw"] = Field("ro", description="ro: the kernel reads it; rw: it may write there too")
+
+    @field_validator("path")
+    @classmethod
+    def _an_existing_absolute_path(cls, value: str) -> str:
+        path = os.path.expanduser(value)
+        if not os.path.isabs(path):
+            raise ValueError(f"{value!r} is not an absolute path: write it from the root, such as /data/sales or ~/Downloads")
+        if not os.path.exists(path):
+            raise ValueError(f"{path} does not exist on this machine")
+        return os.path.normpath(path)
+
+
 class ExecutionConfig(_Section):
     """The Jupyter kernel that runs generated code."""
 
@@ -205,6 +222,20 @@ class ExecutionConfig(_Section):
     )
     max_processes: int = Field(256, ge=8, description="processes and threads the sandboxed kernel may run at once")
     confirm: bool = Field(False, description="show each cell and wait for run / edit / skip (interactive chat only)")
+    kernel: str | None = Field(
+        None,
+        description="the Python the local kernel runs on: null (this program's), an installed Jupyter kernelspec's name, "
+        "or a Python interpreter's path (a conda env's or venv's bin/python with ipykernel)",
+    )
+    mounts: list[MountConfig] = Field(
+        default_factory=list, description="folders the sandboxed kernel sees at their own path: paths (read-only), or {path, mode: ro|rw}"
+    )
+
+    @field_validator("mounts", mode="before")
+    @classmethod
+    def _paths_or_mappings(cls, value: Any) -> Any:
+        # A bare path is the common case: read-only.
+        return [{"path": item} if isinstance(item, str) else item for item in value] if isinstance(value, list) else value
 
     @field_validator("memory_limit")
     @classmethod
@@ -368,6 +399,20 @@ def settings_conflicts(config: Config) -> list[str]:
                     f"execution.{key}: {value} and execution.kernel_gateway conflict ({why}, and with a gateway the "
                     f"kernel runs on the gateway's machine); remove one of them"
                 )
+    if execution.kernel_gateway is not None:
+        found += [
+            f"execution.{key} and execution.kernel_gateway conflict ({why}); remove one of them"
+            for key, why in (
+                ("kernel", "it picks the Python of a kernel on this machine; a gateway's kernel is its kernel_gateway.kernel_name"),
+                ("mounts", "they are folders of this machine, and with a gateway the kernel runs on the gateway's machine"),
+            )
+            if getattr(execution, key)
+        ]
+    if execution.mounts and execution.sandbox == "none":
+        found.append(
+            "execution.mounts and execution.sandbox: none conflict (without the sandbox the kernel sees every folder and "
+            "read-only cannot be kept); remove the mounts, or set execution.sandbox: auto"
+        )
     for user in ("planner", "code_generator"):
         role: RoleConfig = getattr(config, user)
         if not role.prompt_compression and "strategy" in role.model_fields_set and role.strategy in ("round_compression", "summary_buffer"):
