@@ -8,6 +8,7 @@ Errors name the file, the key and what was expected, on one line.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +20,10 @@ from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.verification import DEFAULT_ALLOWED_MODULES, DEFAULT_BLOCKED_FUNCTIONS
 
 CONFIG_FILE_NAME = "taskweaver_config.yaml"
+# Bounds on any YAML file of a project (config, examples, plugin specs): far above real ones.
+YAML_MAX_CHARS = 1_000_000
+YAML_MAX_DEPTH = 64
+YAML_MAX_NODES = 200_000  # values once every alias is expanded
 
 MIN_PROMPT_TOKENS = 256  # below this not even a short system prompt and one request fit
 # One cell's output gets an eighth of a role's prompt budget: at an 8k window (3,648-token budget)
@@ -27,7 +32,8 @@ OUTPUT_SHARE = 8
 MIN_OUTPUT_TOKENS = 256
 MAX_OUTPUT_TOKENS = 2_000
 
-Strategy = Literal["round_compression", "sliding_window", "summary_buffer", "none"]
+Strategy = Literal["round_compression", "sliding_window", "summary_buffer", "observation_masking", "none"]
+FoldSchedule = Literal["rounds", "pressure"]
 
 
 # No model accepts more than this; a bigger number is a typo (1e20) that would reach the wire as max_tokens.
@@ -54,6 +60,12 @@ class LLMConfig(_Section):
     tokenizer: Literal["o200k_base", "cl100k_base"] = "o200k_base"
     stream: bool = Field(True, description="stream replies (stream=true); false for endpoints that cannot")
     show_reasoning: bool = Field(True, description="show a model's reasoning (<think>, reasoning_content) dimmed while it streams")
+    prompt_cache: Literal["auto", "off"] = Field(
+        "auto", description="cache hints: prompt_cache_key, or llama.cpp's cache_prompt and id_slot; never a field the server refuses"
+    )
+    server_kind: Literal["auto", "openai", "llama.cpp", "other"] = Field(
+        "auto", description="which cache hints the server takes (auto: from the address, local discovery, or its replies)"
+    )
 
     @field_validator("api_base")
     @classmethod
@@ -89,11 +101,13 @@ class LLMOverrides(_Section):
     max_retries: int | None = None
     tokenizer: Literal["o200k_base", "cl100k_base"] | None = None
     stream: bool | None = None
+    prompt_cache: Literal["auto", "off"] | None = None
+    server_kind: Literal["auto", "openai", "llama.cpp", "other"] | None = None
 
 
-# The parts of a session that call a model, each with its own `llm` overrides.
-ModelUser = Literal["planner", "code_generator", "round_compressor"]
-MODEL_USERS: tuple[ModelUser, ...] = ("planner", "code_generator", "round_compressor")
+# The part of a session that folds rounds; every role's section (`planner`, `code_generator`, a
+# project role's) has its own `llm` overrides too.
+FOLDER = "round_compressor"
 
 
 def merged_llm(base: LLMConfig, overrides: LLMOverrides) -> LLMConfig:
@@ -105,12 +119,19 @@ def merged_llm(base: LLMConfig, overrides: LLMOverrides) -> LLMConfig:
 
 
 class RoleConfig(_Section):
-    """Per-role prompt history settings."""
+    """One role's section: its model and its prompt history (strategy, compression, fold cadence)."""
 
     llm: LLMOverrides = Field(default_factory=LLMOverrides, description="this role's model: keys that replace llm's")
+    rounds_to_compress: int | None = Field(None, ge=1, description="this role's round_compressor.rounds_to_compress (null: round_compressor's)")
+    rounds_to_retain: int | None = Field(None, ge=0, description="this role's round_compressor.rounds_to_retain (null: round_compressor's)")
 
     prompt_compression: bool = True
     strategy: Strategy = "round_compression"
+    fold_schedule: FoldSchedule = Field(
+        "rounds",
+        description="rounds: fold as rounds_to_compress + rounds_to_retain rounds gather (TaskWeaver's rule); "
+        "pressure: fold all but the latest rounds_to_retain at once, only when the unfolded rounds pass fold_token_trigger",
+    )
     examples: Literal["until_history", "always"] = Field(
         "until_history",
         description="few-shot examples in every prompt, or only until the prompt shows a round of the role's own (which shows the reply format as well)",
@@ -131,10 +152,17 @@ class RoundCompressorConfig(_Section):
 
     rounds_to_compress: int = Field(2, ge=1)
     rounds_to_retain: int = Field(3, ge=0)
-    fold_token_trigger: int = Field(
-        24_000, ge=0, description="fold early when unfolded rounds exceed this many tokens (0: off)"
+    fold_token_trigger: float = Field(
+        0.5,
+        ge=0,
+        description="a share of the role's prompt budget (0-1; above 1: tokens): unfolded rounds past it fold early "
+        "(rounds schedule) or fold at all (pressure schedule); 0: off",
     )
-    summary_placement: Literal["system", "first_user"] = "system"
+    summary_placement: Literal["system", "first_user"] = Field(
+        "first_user",
+        description="first_user: the summary and the variables in a user message after the examples, so a fold leaves "
+        "the instructions cached; system: inside the system message",
+    )
     retry_backoff: float = Field(30.0, ge=0, description="seconds before a failed fold is retried")
     summary_buffer_rounds: int = Field(10, ge=1, description="rounds kept verbatim by summary_buffer")
     max_summary_tokens: int = Field(1_500, ge=64)
@@ -142,8 +170,12 @@ class RoundCompressorConfig(_Section):
 
 
 class SessionConfig(_Section):
-    """One user turn."""
+    """One user turn, and the roles that take part in it."""
 
+    roles: list[str] = Field(
+        default_factory=lambda: ["planner", "code_interpreter"],
+        description="the enabled roles by name: built-in ones, PROJECT_DIR/roles/<name>/, installed packages' (taskweaver-lite roles lists them)",
+    )
     max_internal_hops: int = Field(10, ge=1)
     max_repair_attempts: int = Field(3, ge=0, description="repair turns per round for bad replies")
     max_upload_bytes: int = Field(
@@ -301,13 +333,17 @@ class Config(_Section):
     code_interpreter: CodeInterpreterConfig = Field(default_factory=CodeInterpreterConfig)
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    # The sections of roles that have no field here (`echo:`, a project role's), written at the top
+    # level like `planner:`; load_config moves them here. Not a YAML key of its own.
+    role_sections: dict[str, RoleConfig] = Field(default_factory=dict, exclude=True)
     # Not a YAML key: where the project lives, filled in by load_config.
     project_dir: Path = Field(default=Path("project"), exclude=True)
 
     @model_validator(mode="after")
     def _role_models_are_whole(self) -> Config:
         # Checked here, so a bad merge is reported against its section, not at the first call.
-        for user in MODEL_USERS:
+        sections = [name for name, info in type(self).model_fields.items() if _has_llm(info.annotation)]
+        for user in (*sections, *self.role_sections):
             try:
                 self.llm_for(user)
             except ValidationError as exc:
@@ -317,6 +353,13 @@ class Config(_Section):
                 raise ValueError(f"{user}.llm (over llm): {problems}") from None
         return self
 
+    def role_section(self, key: str) -> RoleConfig:
+        """The section of the role whose config key is `key` (`planner`, `code_generator`, `echo`); empty if not written."""
+        section = getattr(self, key, None) if key in type(self).model_fields else None
+        if isinstance(section, RoleConfig):
+            return section
+        return self.role_sections.get(key) or RoleConfig()
+
     @model_validator(mode="after")
     def _no_conflicting_settings(self) -> Config:
         # Two settings that cannot both hold are refused, rather than one of them silently ignored.
@@ -325,12 +368,12 @@ class Config(_Section):
             raise ValueError(conflict)
         return self
 
-    def llm_for(self, user: ModelUser) -> LLMConfig:
-        """The model settings `user` calls with: its `llm` overrides over the top-level `llm`."""
-        section: RoleConfig | RoundCompressorConfig = getattr(self, user)
-        return merged_llm(self.llm, section.llm)
+    def llm_for(self, user: str) -> LLMConfig:
+        """The model settings `user` (a role's config key, or round_compressor) calls with: its `llm` overrides over `llm`."""
+        overrides = self.round_compressor.llm if user == FOLDER else self.role_section(user).llm
+        return merged_llm(self.llm, overrides)
 
-    def role_budget(self, user: ModelUser) -> int:
+    def role_budget(self, user: str) -> int:
         """Tokens `user`'s prompts may use: its model's window minus its reply reserve and margin."""
         llm = self.llm_for(user)
         return llm.context_window - llm.reply_reserve - llm.margin
@@ -375,6 +418,24 @@ class Config(_Section):
         """The SQLite file, relative paths taken from the project folder."""
         path = Path(self.store.path).expanduser()
         return path if path.is_absolute() else self.project_dir / path
+
+
+def _has_llm(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, (RoleConfig, RoundCompressorConfig))
+
+
+ROLES_FOLDER = "roles"
+_ROLE_SECTIONS = "role_sections"
+
+
+def role_names(project: Path, data: dict[str, Any]) -> set[str]:
+    """Names whose top-level section is a role's: the project's role folders and the roles `session.roles` lists."""
+    folder = project / ROLES_FOLDER
+    names = {p.name for p in folder.iterdir() if p.is_dir()} if folder.is_dir() else set()
+    listed = data.get("session", {}).get("roles") if isinstance(data.get("session"), dict) else None
+    if isinstance(listed, list):
+        names.update(str(name) for name in listed)
+    return names - set(Config.model_fields)
 
 
 # Settings that shape the local kernel; a kernel on a gateway runs on the gateway's machine, under its rules.
@@ -437,15 +498,21 @@ def load_config(project_dir: str | Path = "project", overrides: list[str] | None
     data: dict[str, Any] = {}
     if path.exists():
         try:
-            loaded = yaml.safe_load(_read_text(path))
+            loaded = load_yaml(_read_text(path), source=path)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}; fix the syntax") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of sections (llm:, planner:, ...) at the top")
         data = loaded or {}
-    unknown = [problem for item in overrides or [] if (problem := _apply_override(data, item))]
+    data.pop(_ROLE_SECTIONS, None)  # not a key of the file: role sections are written at the top level
+    for item in overrides or []:  # `--set session.roles=[...]` first: it decides which sections are roles'
+        if item.partition("=")[0].strip() == "session.roles":
+            _apply_override(data, item, roles=set())
+    roles = role_names(project, data)
+    unknown = [problem for item in overrides or [] if (problem := _apply_override(data, item, roles=roles))]
     if unknown:
         raise ConfigError("; ".join(unknown))
+    data[_ROLE_SECTIONS] = {name: data.pop(name) for name in sorted(roles) if name in data}
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
@@ -460,8 +527,50 @@ def _merge_problem(err: ErrorDetails) -> str:
     return f"key '{key}': {message.lower()}" if key else message
 
 
+def load_yaml(text: str, *, source: Path | str, max_chars: int = YAML_MAX_CHARS) -> Any:
+    """`yaml.safe_load` of a project's file within bounds: ConfigError naming `source` if it is too big, too deep or alias-heavy.
+
+    PyYAML builds nested values recursively (10,000 levels end in a RecursionError) and an alias
+    bomb is small on disk but explodes once the values are walked: the events are counted first,
+    without recursion, and only a file within the bounds is loaded.
+    """
+    if len(text) > max_chars:
+        raise ConfigError(f"{source}: {len(text):,} characters, more than the {max_chars:,} a taskweaver-lite YAML file may have; nothing was loaded")
+    _check_expansion(yaml.parse(text, Loader=yaml.SafeLoader), source=source)
+    return yaml.safe_load(text)
+
+
+def _check_expansion(events: Iterable[yaml.Event], *, source: Path | str) -> None:
+    """ConfigError if the document nests deeper than YAML_MAX_DEPTH or expands (aliases followed) past YAML_MAX_NODES values."""
+    sizes: dict[str, int] = {}  # an anchor's value, in values once expanded
+    open_counts = [0]  # values in each collection being read, outermost first
+    anchors: list[str | None] = [None]
+    for event in events:
+        if isinstance(event, yaml.CollectionStartEvent):
+            open_counts.append(0)
+            anchors.append(event.anchor)
+            if len(open_counts) > YAML_MAX_DEPTH + 1:
+                raise ConfigError(f"{source}: nested more than {YAML_MAX_DEPTH} levels deep; nothing was loaded: flatten it")
+            continue
+        if isinstance(event, yaml.CollectionEndEvent):
+            added, anchor = open_counts.pop() + 1, anchors.pop()
+        elif isinstance(event, yaml.ScalarEvent):
+            added, anchor = 1, event.anchor
+        elif isinstance(event, yaml.AliasEvent):
+            added, anchor = sizes.get(event.anchor or "", 1), None
+        else:
+            continue
+        if anchor is not None:
+            sizes[anchor] = added
+        open_counts[-1] += added
+        if open_counts[-1] > YAML_MAX_NODES:
+            raise ConfigError(f"{source}: its aliases (*name) expand to more than {YAML_MAX_NODES:,} values; nothing was loaded: write the values out")
+
+
 def _read_text(path: Path) -> str:
     """The config file's text; ConfigError naming the encoding problem if it is not UTF-8."""
+    if path.stat().st_size > YAML_MAX_CHARS * 4:  # never read a huge file whole
+        raise ConfigError(f"{path}: {path.stat().st_size:,} bytes, more than a taskweaver-lite YAML file may have; nothing was loaded")
     raw = path.read_bytes()
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise ConfigError(f"{path}: the file is UTF-16 encoded; save it as UTF-8")
@@ -474,8 +583,11 @@ def _read_text(path: Path) -> str:
         ) from None
 
 
-def _apply_override(data: dict[str, Any], item: str) -> str | None:
-    """Put one `KEY=VALUE` into `data`; returns the problem when the key is unknown (all are reported together)."""
+def _apply_override(data: dict[str, Any], item: str, *, roles: set[str]) -> str | None:
+    """Put one `KEY=VALUE` into `data`; returns the problem when the key is unknown (all are reported together).
+
+    A first part naming a role in `roles` is that role's section (`--set echo.llm.model=...`).
+    """
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key:
@@ -487,9 +599,12 @@ def _apply_override(data: dict[str, Any], item: str) -> str | None:
         raise ConfigError(f"--set {_masked(item)}: the value is not valid YAML ({_yaml_problem(exc)}); quote it: --set '{key}=\"...\"'") from None
     parts = key.split(".")
     node: Any = Config
-    for part in parts:
+    for number, part in enumerate(parts):
         fields = getattr(node, "model_fields", None)
-        if fields is None or part not in fields or part == "project_dir":
+        if number == 0 and part in roles:
+            node = RoleConfig
+            continue
+        if fields is None or part not in fields or part in _NOT_KEYS:
             return f"--set {key}: unknown config key '{part}'; known here: {_known(node)}"
         node = fields[part].annotation
     target = data
@@ -503,9 +618,12 @@ def _apply_override(data: dict[str, Any], item: str) -> str | None:
     return None
 
 
+_NOT_KEYS = ("project_dir", _ROLE_SECTIONS)
+
+
 def _known(node: Any) -> str:
     fields = getattr(node, "model_fields", {})
-    return ", ".join(name for name in fields if name != "project_dir") or "(none: this is a value)"
+    return ", ".join(name for name in fields if name not in _NOT_KEYS) or "(none: this is a value)"
 
 
 def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
@@ -513,6 +631,8 @@ def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
     unknown: dict[tuple[str, str], list[str]] = {}  # (source, section) -> unknown keys there
     problems: list[str] = []
     for err in exc.errors():
+        if err["loc"][:1] == (_ROLE_SECTIONS,):  # a role's section is written at the top level: name it so
+            err["loc"] = err["loc"][1:]
         key = ".".join(str(p) for p in err["loc"])
         if not key:  # a check across keys of a section: its message names them
             touched = [o for o in overrides if o.split("=", 1)[0].strip() in err["msg"]]
@@ -540,6 +660,9 @@ def _source(key: str, path: Path, overrides: list[str]) -> str:
 def _section(dotted: str) -> type[BaseModel]:
     parent: type[BaseModel] = Config
     for part in filter(None, dotted.split(".")):
+        if part not in parent.model_fields:  # a role's section (`echo`), written at the top level
+            parent = RoleConfig
+            continue
         section = parent.model_fields[part].annotation
         if not (isinstance(section, type) and issubclass(section, BaseModel)):
             break

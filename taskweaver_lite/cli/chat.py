@@ -10,26 +10,29 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
-from taskweaver_lite.config import CONFIG_FILE_NAME, MODEL_USERS, Config, load_config
+from taskweaver_lite.cli.roles import role_table
+from taskweaver_lite.config import CONFIG_FILE_NAME, FOLDER, Config, load_config
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult, KernelEnvironment
+from taskweaver_lite.llm.client import usage_by_purpose
 from taskweaver_lite.llm.discovery import discover, needs_discovery, use_local_server
 from taskweaver_lite.llm.tokens import get_tokenizer
-from taskweaver_lite.memory.conversation import RoleName, Round
+from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.memory.summary import render_summary
 from taskweaver_lite.memory.variables import render_variables
 from taskweaver_lite.session import Session
 from taskweaver_lite.store.database import SessionStore, stored_sessions
 from taskweaver_lite.store.export import write_export
 from taskweaver_lite.terminal import strip_controls
+from taskweaver_lite.workfiles import owner_only_file
 
 # /summary shows the variables list more fully than a prompt can afford to.
 SUMMARY_VARIABLES_TOKENS = 4_000
@@ -44,6 +47,7 @@ HELP = """Commands:
   /history         every earlier request in full, also those folded out of the prompts
   /last            the last cell that ran, with its whole output and traceback
   /plugins         the plugins: enabled, disabled, or why they are not loaded
+  /roles           the roles: enabled, disabled, or why they are off
   /export [ipynb|md] [file] [--force]   write this session as a notebook or Markdown
   /reset           start over: new session, fresh kernel, working files copied
   /exit            leave (Ctrl-D or Ctrl-C at an empty prompt too)
@@ -103,6 +107,8 @@ def run_chat(args: argparse.Namespace) -> int:
         session.store.save_overrides(session.id, overrides)
     for entry in session.plugins.broken:
         _to_stderr(strip_controls(entry.line()))
+    for line in session.role_problems:
+        _to_stderr(strip_controls(line))
     report_kernel_failures(session, renderer, to_stderr=_to_stderr)
     commands = SlashCommands(session, say=say)
     try:
@@ -127,20 +133,30 @@ def _kernel_lines(kernel: KernelEnvironment) -> list[str]:
     return lines
 
 
-def _model_lines(config: Config) -> list[str]:
-    """/info's model lines: one when every part uses `llm`, else one per role with its window."""
-    models = {user: config.llm_for(user) for user in MODEL_USERS}
+def _model_lines(config: Config, roles: Sequence[str]) -> list[str]:
+    """/info's model lines: one when every part uses `llm`, else one per role (by key) and the folder, with its window."""
+    models = {user: config.llm_for(user) for user in (*roles, FOLDER)}
     if all(llm == config.llm for llm in models.values()):
         return [f"Model:    {config.llm.model} (context window {config.llm.context_window:,} tokens)"]
     return ["Models:"] + [f"  {user}: {llm.model} (context window {llm.context_window:,} tokens)" for user, llm in models.items()]
 
 
 def resume_hint(session: Session, project: Path | None) -> str:
-    """The line printed on the way out: the session id and the command that continues it."""
+    """The lines printed on the way out: prompt tokens per role (cached and not), the session id and the command that continues it."""
     if not session.conversation.rounds:
         return f"Session {session.id} had no requests; nothing was kept to resume."
     option = f" -p {project}" if project is not None else ""
-    return f"Session {session.id} is saved. Continue it with: taskweaver-lite chat{option} --resume {session.id}"
+    by_purpose = usage_by_purpose(session.usage_by_model())
+    by_role = "; ".join(f"{purpose} {part.prompt_tokens:,} ({part.cached_tokens:,} cached)" for purpose, part in by_purpose.items())
+    tokens = f"Prompt tokens by role: {by_role}.\n" if by_role else ""
+    return f"{tokens}Session {session.id} is saved. Continue it with: taskweaver-lite chat{option} --resume {session.id}"
+
+
+def cache_lines(session: Session, role: str) -> list[str]:
+    """/context's lines on what the servers cached of a role's prompts and of its folds', this process's calls."""
+    by_purpose = usage_by_purpose(session.usage_by_model())
+    named = ((f"{role}'s calls", by_purpose.get(role)), ("its folds", by_purpose.get(f"compression_{role}")))
+    return [f"{who}: {part.cache_line()}" for who, part in named if part is not None and part.calls]
 
 
 def _resume(
@@ -233,7 +249,8 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
         else:
             event.app.exit(exception=EOFError())
 
-    config.project_dir.mkdir(parents=True, exist_ok=True)
+    config.project_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    owner_only_file(config.project_dir / ".chat_history", create=True)  # every request typed: the owner's only
     prompt: PromptSession[str] = PromptSession(history=FileHistory(str(config.project_dir / ".chat_history")), key_bindings=bindings)
     renderer.say(f"taskweaver-lite session {commands.session.id} — model {config.llm.model}. Type /help for commands.", style="bold")
     while True:
@@ -268,8 +285,7 @@ def _to_stderr(text: str) -> None:
 
 def _piped(commands: SlashCommands) -> int:
     say = _to_stderr
-    for line in sys.stdin:
-        text = line.rstrip("\r\n")
+    for text in _stdin_lines(say):
         if not text.strip():
             continue
         if text.startswith("/") and commands.known(text):
@@ -291,6 +307,20 @@ def _piped(commands: SlashCommands) -> int:
     return 0
 
 
+def _stdin_lines(say: Callable[[str], None]) -> Iterator[str]:
+    """Piped stdin's lines as text; a line that does not decode is named in one line and skipped, the rest go on."""
+    encoding = getattr(sys.stdin, "encoding", None) or "utf-8"
+    binary = getattr(sys.stdin, "buffer", None)
+    if binary is None:  # a text stream put in place of stdin (embedding): nothing to decode
+        yield from (line.rstrip("\r\n") for line in sys.stdin)
+        return
+    for number, raw in enumerate(binary, 1):
+        try:
+            yield raw.decode(encoding).rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            say(f"stdin: line {number} is not {encoding} text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); skipped it: pipe {encoding} text")
+
+
 class SlashCommands:
     """The `/...` commands of a chat; each prints through `say`."""
 
@@ -310,6 +340,7 @@ class SlashCommands:
             "/last": self._last,
             "/export": self._export,
             "/plugins": self._plugins,
+            "/roles": self._roles,
         }
 
     def known(self, line: str) -> bool:
@@ -350,12 +381,13 @@ class SlashCommands:
             "\n".join(
                 [
                     f"Session:  {s.id}",
-                    *_model_lines(s.config),
+                    *_model_lines(s.config, list(s.contexts())),
                     f"Rounds:   {len(rounds)} ({failed} failed)",
-                    f"Tokens:   {usage.prompt_tokens:,} in, {usage.completion_tokens:,} out over {usage.calls} model calls",
+                    f"Tokens:   {usage.prompt_tokens:,} in ({usage.cached_tokens:,} cached, {usage.uncached_tokens:,} uncached), "
+                    f"{usage.completion_tokens:,} out over {usage.calls} model calls",
                     *(
-                        f"  {purpose} on {model or 'the given model'}: {part.prompt_tokens:,} in, {part.completion_tokens:,} out "
-                        f"over {part.calls} call{'' if part.calls == 1 else 's'}"
+                        f"  {purpose} on {model or 'the given model'}: {part.prompt_tokens:,} in ({part.cached_tokens:,} cached), "
+                        f"{part.completion_tokens:,} out over {part.calls} call{'' if part.calls == 1 else 's'}"
                         for (purpose, model), part in s.usage_by_model().items()
                     ),
                     f"Folder:   {s.working_dir}",
@@ -369,11 +401,17 @@ class SlashCommands:
         old = self.session.id
         self.session = self.session.reset()
         self.say(f"Started over as session {self.session.id} with a fresh kernel and a copy of the working files ({old} stays stored).")
+        for line in self.session.reset_report.notices() if self.session.reset_report is not None else ():
+            self.say(line)
         return True
 
     def _plugins(self, _: str) -> bool:
         failures = getattr(self.session.executor, "plugin_failures", ())
         self.say(plugin_table(self.session.plugins.entries, failures))
+        return True
+
+    def _roles(self, _: str) -> bool:
+        self.say(role_table(self.session.roles.entries))
         return True
 
     def _history(self, _: str) -> bool:
@@ -410,13 +448,13 @@ class SlashCommands:
 
     def _context(self, _: str) -> bool:
         self.say("The last prompt sent to each role, in tokens by part, against the role's budget:")
-        for role, context in self.session.contexts().items():
+        for context in self.session.contexts().values():
             report = context.report()
             if report is None:
-                self.say(f"{role.label} ({context.strategy}): no prompt built yet")
+                self.say(f"{context.label} ({context.strategy}): no prompt built yet")
                 continue
             cost = report.cost
-            lines = [f"{role.label} ({report.strategy}): {cost.total:,} of {report.budget:,} tokens ({cost.total / report.budget:.0%})"]
+            lines = [f"{context.label} ({report.strategy}): {cost.total:,} of {report.budget:,} tokens ({cost.total / report.budget:.0%})"]
             lines += [f"  {part:<16}{tokens:>9,}" for part, tokens in report.parts().items()]
             notes = []
             if report.folded_through:
@@ -434,6 +472,7 @@ class SlashCommands:
             if report.fold_running:
                 notes.append("a fold is running in the background")
             lines += [f"  ({'; '.join(notes)})"] if notes else []
+            lines += [f"  {line}" for line in cache_lines(self.session, context.role)]
             self.say("\n".join(lines))
         return True
 
@@ -444,15 +483,15 @@ class SlashCommands:
         )
         live = self.session.live_variables()
         tokenizer = get_tokenizer(self.session.config.llm.tokenizer)
-        for role, context in self.session.contexts().items():
+        for context in self.session.contexts().values():
             state = context.state
             if not state.folded_through:
-                self.say(f"{role.label}: nothing folded yet")
+                self.say(f"{context.label}: nothing folded yet")
                 continue
             text = render_summary(state)
-            if role is RoleName.CODE_GENERATOR:
-                text += "\n\n" + render_variables(live, described=state.variables, max_tokens=SUMMARY_VARIABLES_TOKENS, tokenizer=tokenizer)
-            self.say(f"{role.label}:\n{text}")
+            if context.lists_variables:
+                text += "\n\n" + render_variables(live, described=state.variables, max_tokens=SUMMARY_VARIABLES_TOKENS, tokenizer=tokenizer).text
+            self.say(f"{context.label}:\n{text}")
         return True
 
 

@@ -122,16 +122,19 @@ def plan_for(
     hidden: Iterable[Path],
     network: bool,
     tmp_bytes: int | None = None,
+    run_as: int | None = None,
     readable: Iterable[Path] = (),
     mounts: Iterable[Mount] = (),
 ) -> SandboxPlan:
     """The sandbox of one session's kernel: `hidden` (the project folder, the store's) and the user's home out of sight.
 
+    `run_as`: the kernel's own uid when we are root (identity.py); root's kernels never run as root.
     `readable`: folders the kernel's interpreter reads (put back where hidden); `mounts`: the user's folders it sees.
     """
     readable = tuple(p.resolve() for p in readable)
     mounts = tuple(Mount(m.path.resolve(), m.writable) for m in mounts)
-    run_as = NOBODY if os.geteuid() == 0 else None
+    if run_as is None and os.geteuid() == 0:
+        run_as = NOBODY
     candidates = [Path.home(), *hidden]
     if run_as is not None:
         # Private folders on the way to the writable ones (pytest's, a 0700 home): nobody could not

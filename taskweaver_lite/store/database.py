@@ -23,7 +23,9 @@ instead of failing. A session open in one process is guarded by an `flock` on a 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import sqlite3
 import threading
@@ -38,7 +40,7 @@ from taskweaver_lite.errors import StoreError, UnknownSessionError
 from taskweaver_lite.events import CellPrinted, Event, FileLoaded, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import Variable
 from taskweaver_lite.llm.client import Usage
-from taskweaver_lite.memory.conversation import Post, RoleName, Round
+from taskweaver_lite.memory.conversation import Post, Round
 from taskweaver_lite.store.lock import SessionLock
 from taskweaver_lite.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate, read_version
 
@@ -73,7 +75,7 @@ class StoredSession:
     started: float
     last_active: float
     rounds: list[Round]
-    compression: dict[str, dict[str, Any]]  # role ("planner", "code_generator") -> CompressionState.to_dict()
+    compression: dict[str, dict[str, Any]]  # role key ("planner", "code_generator", a project role's) -> CompressionState.to_dict()
     usage: Usage  # failed calls counted, with no tokens
     interrupted: tuple[int, ...]  # indexes of rounds still 'running': cut off by a crash
     last_variables: tuple[Variable, ...]  # the kernel's variables after the last cell that ran
@@ -130,6 +132,7 @@ class SessionStore:
         options: dict[str, Any] = {"timeout": BUSY_TIMEOUT_SECONDS, "isolation_level": None, "check_same_thread": False}
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            _owner_only(self.path)
             connection: sqlite3.Connection = sqlite3.connect(self.path, **options)
             return connection
         if not self.path.is_file():
@@ -187,14 +190,14 @@ class SessionStore:
                 _write_event(db, session_id, event, now, known_rounds=self._known_rounds, made=made)
         self._known_rounds |= made  # only once committed: a rolled-back round row is made again next time
 
-    def save_compression(self, session_id: str, role: RoleName, state: dict[str, Any]) -> None:
+    def save_compression(self, session_id: str, role: str, state: dict[str, Any]) -> None:
         """Keep `role`'s CompressionState.to_dict(), replacing the one saved before."""
         now = time.time()
         with self._transaction() as db:
             db.execute(
                 "INSERT INTO compression (session_id, role, state, saved_at) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (session_id, role) DO UPDATE SET state = excluded.state, saved_at = excluded.saved_at",
-                (session_id, role.value, json.dumps(state, ensure_ascii=False), now),
+                (session_id, role, json.dumps(state, ensure_ascii=False), now),
             )
             db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
 
@@ -256,8 +259,8 @@ class SessionStore:
             states = db.execute("SELECT role, state FROM compression WHERE session_id = ?", (session_id,)).fetchall()
             loads = db.execute("SELECT name, source, after_round, at FROM files WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
             usage = db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0)"
-                " FROM model_calls WHERE session_id = ?",
+                "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0),"
+                " COALESCE(SUM(cached_tokens), 0) FROM model_calls WHERE session_id = ?",
                 (session_id,),
             ).fetchone()
         rounds = {
@@ -273,7 +276,7 @@ class SessionStore:
             last_active=head[2],
             rounds=ordered,
             compression={role: json.loads(state) for role, state in states},
-            usage=Usage(calls=usage[0], failed_calls=usage[1], prompt_tokens=usage[2], completion_tokens=usage[3]),
+            usage=Usage(calls=usage[0], failed_calls=usage[1], prompt_tokens=usage[2], completion_tokens=usage[3], cached_tokens=usage[4]),
             interrupted=tuple(r.index for r in ordered if r.state == "running"),
             last_variables=tuple(Variable.from_dict(v) for v in json.loads(head[3])),
             loads=tuple(FileLoaded(name=r[0], source=r[1], after_round=r[2], at=r[3]) for r in loads),
@@ -369,7 +372,7 @@ class StoreRecorder:
     """
 
     def __init__(
-        self, store: SessionStore, session_id: str, *, compression_state: Callable[[RoleName], dict[str, Any] | None] | None = None
+        self, store: SessionStore, session_id: str, *, compression_state: Callable[[str], dict[str, Any] | None] | None = None
     ) -> None:
         self.store = store
         self.session_id = session_id
@@ -408,6 +411,18 @@ class StoreRecorder:
         with self._held_lock:
             held, self._held = self._held, []
         self.store.record(self.session_id, *held)
+
+
+def _owner_only(path: Path) -> None:
+    """The store and its -wal and -shm readable by their owner only (SQLite gives the latter two the store's mode).
+
+    It holds every conversation: no other user, and no kernel running as another user, may read it.
+    """
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        with contextlib.suppress(FileNotFoundError, PermissionError):  # PermissionError: another user's store, refused later by SQLite
+            if name.stat().st_mode & 0o077:
+                os.chmod(name, 0o600)
 
 
 def stored_sessions(path: Path) -> list[SessionEntry]:
@@ -458,13 +473,14 @@ def _write_event(
         _end_round(db, session_id, event.round.id, state=event.round.state, error=event.round.error, at=now)
     elif isinstance(event, ModelCalled):
         db.execute(
-            "INSERT INTO model_calls (session_id, purpose, prompt_tokens, completion_tokens, latency, ok, error, prompt, reply, at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO model_calls (session_id, purpose, prompt_tokens, completion_tokens, cached_tokens, latency, ok, error, prompt, reply, at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 session_id,
                 event.purpose,
                 event.prompt_tokens,
                 event.completion_tokens,
+                event.cached_tokens,
                 event.latency,
                 event.ok,
                 event.error,
@@ -477,7 +493,7 @@ def _write_event(
         db.execute(
             "INSERT INTO folds (session_id, role, first_round, last_round, tokens_before, tokens_after, ok, error, at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (session_id, event.role.value, event.first_round, event.last_round, event.tokens_before, event.tokens_after, event.ok, event.error, now),
+            (session_id, event.role, event.first_round, event.last_round, event.tokens_before, event.tokens_after, event.ok, event.error, now),
         )
     elif isinstance(event, FileLoaded):
         db.execute(

@@ -23,14 +23,16 @@ from taskweaver_lite.config import Config
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
-from taskweaver_lite.memory.conversation import Post, Round
+from taskweaver_lite.memory.conversation import USER, Post, Round
 from taskweaver_lite.store.database import SessionStore, StoredSession
+from taskweaver_lite.workfiles import read_below, read_path
 
 if TYPE_CHECKING:
     from nbformat.notebooknode import NotebookNode
 
 IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".svg": "image/svg+xml"}
 RAISES_TAG = "raises-exception"
+MAX_EMBEDDED_BYTES = 50 * 1024 * 1024  # an image larger than this is named, not embedded
 
 
 def write_export(config: Config, ref: str, *, fmt: str, target: Path | None, force: bool = False) -> Path:
@@ -59,11 +61,12 @@ def export_notebook(stored: StoredSession, path: Path, *, working_dir: Path | No
     import nbformat  # its JSON-schema validator takes ~1 s to import: only when a notebook is written
     cells: list[NotebookNode] = [nbformat.v4.new_markdown_cell(_heading(stored))]
     counter = _Counter()
+    session_dir = Path(working_dir).parent if working_dir is not None else None  # artifacts are read no deeper than it, link-safe
     if working_dir is not None:
         cells.append(nbformat.v4.new_markdown_cell("The session's working folder, where its cells read and write files:"))
         cells.append(nbformat.v4.new_code_cell(_chdir_source(working_dir), execution_count=counter.next()))
     for entry in timeline(stored.rounds, stored.loads):
-        cells.extend(_round_cells(entry, counter) if isinstance(entry, Round) else [nbformat.v4.new_markdown_cell(f"*{_load_note(entry)}*")])
+        cells.extend(_round_cells(entry, counter, session_dir) if isinstance(entry, Round) else [nbformat.v4.new_markdown_cell(f"*{_load_note(entry)}*")])
     notebook = nbformat.v4.new_notebook(
         cells=cells,
         metadata={
@@ -141,22 +144,22 @@ def _round_status(rnd: Round) -> str:
     return ""
 
 
-def _round_cells(rnd: Round, counter: _Counter) -> list[NotebookNode]:
+def _round_cells(rnd: Round, counter: _Counter, session_dir: Path | None) -> list[NotebookNode]:
     import nbformat
     status = _round_status(rnd)
     request = f"## Request {rnd.index}\n\n{_quoted(rnd.user_query)}" + (f"\n\n{status}" if status else "")
     cells = [nbformat.v4.new_markdown_cell(request)]
     for post in rnd.posts:
-        if post.send_from == "Planner" and post.send_to == "CodeInterpreter":
-            cells.append(nbformat.v4.new_markdown_cell(f"**Planner → CodeInterpreter:** {post.message}"))
-        elif post.execution is not None:
-            cells.extend(_execution_cells(post, post.execution, counter))
+        if post.execution is not None:
+            cells.extend(_execution_cells(post, post.execution, counter, session_dir))
+        elif _between_roles(post):
+            cells.append(nbformat.v4.new_markdown_cell(_post_line(post)))
     if rnd.answer is not None:
         cells.append(nbformat.v4.new_markdown_cell(f"**Answer:** {rnd.answer}"))
     return cells
 
 
-def _execution_cells(post: Post, result: ExecutionResult, counter: _Counter) -> list[NotebookNode]:
+def _execution_cells(post: Post, result: ExecutionResult, counter: _Counter, session_dir: Path | None) -> list[NotebookNode]:
     import nbformat
     if result.refused:
         return [nbformat.v4.new_markdown_cell(f"{_not_run_note(result)}\n\n{_fenced(result.code, 'python')}")]
@@ -166,18 +169,18 @@ def _execution_cells(post: Post, result: ExecutionResult, counter: _Counter) -> 
         return [nbformat.v4.new_markdown_cell(f"{note}\n\n{_fenced(result.code, 'python')}")]
     cells: list[NotebookNode] = []
     if not result.success:
-        revised = post.send_to == "CodeInterpreter"  # a retry inside the round follows
+        revised = post.send_to == post.send_from  # a retry inside the round follows
         note = "This attempt failed and was revised below." if revised else "This code failed."
         cells.append(nbformat.v4.new_markdown_cell(f"*{note} The cell is tagged `{RAISES_TAG}` so a re-run carries on.*"))
     count = counter.next()
-    cell = nbformat.v4.new_code_cell(result.code, execution_count=count, outputs=_outputs(result, count))
+    cell = nbformat.v4.new_code_cell(result.code, execution_count=count, outputs=_outputs(result, count, session_dir))
     if result.error is not None:
         cell.metadata["tags"] = [RAISES_TAG]
     cells.append(cell)
     return cells
 
 
-def _outputs(result: ExecutionResult, count: int) -> list[NotebookNode]:
+def _outputs(result: ExecutionResult, count: int, session_dir: Path | None) -> list[NotebookNode]:
     import nbformat
     outputs: list[NotebookNode] = []
     for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
@@ -186,7 +189,7 @@ def _outputs(result: ExecutionResult, count: int) -> list[NotebookNode]:
     for shown in result.displays:
         outputs.append(nbformat.v4.new_output("display_data", data={"text/plain": shown}))
     for artifact in result.artifacts:
-        outputs.append(nbformat.v4.new_output("display_data", data=_image_data(Path(artifact))))
+        outputs.append(nbformat.v4.new_output("display_data", data=_image_data(Path(artifact), session_dir)))
     if result.result is not None:
         data = {"text/plain": result.result}
         if result.result_html:
@@ -198,15 +201,23 @@ def _outputs(result: ExecutionResult, count: int) -> list[NotebookNode]:
     return outputs
 
 
-def _image_data(path: Path) -> dict[str, Any]:
+def _image_data(path: Path, session_dir: Path | None) -> dict[str, Any]:
+    """An artifact as notebook display data: the image embedded, read link-safe (a kernel may have swapped it for a link)."""
     mime = IMAGE_TYPES.get(path.suffix.lower())
-    if not path.is_file():
-        return {"text/plain": f"[{path.name}: no longer on disk at {path}]"}
     if mime is None:
         return {"text/plain": f"[saved file: {path}]"}
+    try:
+        if session_dir is not None:  # a path outside the session's folder (a plugin's report) is refused by read_path
+            data = read_path(path, below=session_dir, max_bytes=MAX_EMBEDDED_BYTES)
+        else:
+            data = read_below(path.parent, path.name, max_bytes=MAX_EMBEDDED_BYTES)
+    except FileNotFoundError:
+        return {"text/plain": f"[{path.name}: no longer on disk at {path}]"}
+    except OSError as exc:  # a link, a folder, too big: named, never followed
+        return {"text/plain": f"[{path.name}: not embedded ({exc.strerror or exc})]"}
     if mime == "image/svg+xml":
-        return {mime: path.read_text(encoding="utf-8"), "text/plain": f"[image: {path}]"}
-    return {mime: base64.b64encode(path.read_bytes()).decode("ascii"), "text/plain": f"[image: {path}]"}
+        return {mime: data.decode("utf-8", "replace"), "text/plain": f"[image: {path}]"}
+    return {mime: base64.b64encode(data).decode("ascii"), "text/plain": f"[image: {path}]"}
 
 
 def _round_markdown(rnd: Round) -> list[str]:
@@ -216,15 +227,13 @@ def _round_markdown(rnd: Round) -> list[str]:
         lines += [f"> {status}", ""]
     shown_plan: str | None = None
     for post in rnd.posts:
-        if post.send_from == "Planner" and post.plan is not None and post.plan.plan and post.plan.plan != shown_plan:
+        if post.plan is not None and post.plan.plan and post.plan.plan != shown_plan:
             shown_plan = post.plan.plan
             lines += ["**Plan**", "", shown_plan.strip(), ""]
-        if post.send_from == "Planner" and post.send_to == "CodeInterpreter":
-            lines += [f"**Planner → CodeInterpreter:** {post.message}", ""]
-        elif post.send_from == "CodeInterpreter" and post.execution is not None:
+        if post.execution is not None:
             lines += _execution_markdown(post, post.execution)
-        elif post.send_from == "CodeInterpreter" and post.send_to == "Planner":
-            lines += [f"**CodeInterpreter:** {post.message}", ""]
+        elif _between_roles(post):
+            lines += [_post_line(post), ""]
     if rnd.answer is not None:
         lines += [f"**Answer:** {rnd.answer}", ""]
     return lines
@@ -252,9 +261,21 @@ def _execution_markdown(post: Post, result: ExecutionResult) -> list[str]:
     elif result.timed_out:
         lines += ["*This code ran too long and was stopped.*", ""]
     elif not result.success:
-        revised = post.send_to == "CodeInterpreter"
+        revised = post.send_to == post.send_from
         lines += ["*This attempt failed and was revised.*" if revised else "*This code failed.*", ""]
     return lines
+
+
+def _between_roles(post: Post) -> bool:
+    """A post from one role to another (a delegated step, a role's answer): not the user's request or answer."""
+    return USER not in (post.send_from, post.send_to) and post.send_from != post.send_to
+
+
+def _post_line(post: Post) -> str:
+    """A delegated step as '**Planner → Echo:** ...', a role's answer as '**Echo:** ...', with its attachments."""
+    head = f"**{post.send_from} → {post.send_to}:**" if post.plan is not None else f"**{post.send_from}:**"
+    attachments = "".join(f"\n\n*{a.kind}:*\n\n{_fenced(a.content, 'text')}" for a in post.attachments)
+    return f"{head} {post.message}{attachments}"
 
 
 def _quoted(text: str) -> str:

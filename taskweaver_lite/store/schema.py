@@ -51,6 +51,10 @@ MIGRATIONS: list[Migration] = [
             source TEXT NOT NULL, after_round INTEGER NOT NULL, at REAL NOT NULL)""",
         "ALTER TABLE sessions ADD COLUMN overrides TEXT NOT NULL DEFAULT '[]'",
     ),
+    (
+        # Version 3: the prompt tokens each call's server took from its prefix cache.
+        "ALTER TABLE model_calls ADD COLUMN cached_tokens INTEGER NOT NULL DEFAULT 0",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
