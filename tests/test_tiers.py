@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -15,12 +16,12 @@ pytestmark = pytest.mark.unit
 TESTS = Path(__file__).resolve().parent
 
 
+# `pytestmark = pytest.mark.unit`, or a list holding a tier: `pytestmark = [pytest.mark.kernel, pytest.mark.skipif(...)]`.
+MARKED = re.compile(rf"^pytestmark = \[?pytest\.mark\.({'|'.join(TIERS)})\b", re.MULTILINE)
+
+
 def test_every_test_file_has_a_tier() -> None:
-    untiered = [
-        path.name
-        for path in sorted(TESTS.glob("test_*.py"))
-        if path.name not in FILE_TIERS and not any(f"pytestmark = pytest.mark.{tier}" in path.read_text(encoding="utf-8") for tier in TIERS)
-    ]
+    untiered = [path.name for path in sorted(TESTS.glob("test_*.py")) if path.name not in FILE_TIERS and not MARKED.search(path.read_text(encoding="utf-8"))]
     assert untiered == [], "put `pytestmark = pytest.mark.unit` (or kernel, cli, soak) at the top of these files"
     assert set(FILE_TIERS.values()) <= set(TIERS)
 
