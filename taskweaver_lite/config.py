@@ -66,6 +66,7 @@ class LLMConfig(_Section):
     server_kind: Literal["auto", "openai", "llama.cpp", "other"] = Field(
         "auto", description="which cache hints the server takes (auto: from the address, local discovery, or its replies)"
     )
+    vision: bool = Field(False, description="the model reads images: roles that require vision are off without it")
 
     @field_validator("api_base")
     @classmethod
@@ -103,6 +104,7 @@ class LLMOverrides(_Section):
     stream: bool | None = None
     prompt_cache: Literal["auto", "off"] | None = None
     server_kind: Literal["auto", "openai", "llama.cpp", "other"] | None = None
+    vision: bool | None = None
 
 
 # The part of a session that folds rounds; every role's section (`planner`, `code_generator`, a
@@ -145,6 +147,14 @@ class CodeGeneratorConfig(RoleConfig):
         False, description="show only the plugins most relevant to the current step (and those used before), not all"
     )
     auto_plugin_selection_topk: int = Field(3, ge=1, description="how many plugins auto_plugin_selection shows")
+
+
+class DocumentRetrieverConfig(RoleConfig):
+    """The document_retriever role: which folder it searches and how much of it a reply quotes."""
+
+    folder: str = Field("docs", description="the documents folder, relative to the project (or absolute)")
+    top_k: int = Field(4, ge=1, le=50, description="the most passages a reply quotes")
+    max_tokens: int = Field(700, ge=64, description="tokens a reply may take (also at most a sixth of the Planner's budget)")
 
 
 class RoundCompressorConfig(_Section):
@@ -322,6 +332,28 @@ class StoreConfig(_Section):
     record_prompts: bool = False
 
 
+class ExperienceConfig(_Section):
+    """Tips from earlier sessions (`/save`) and handcrafted ones (`PROJECT_DIR/experience/*.yaml`), shown to the Planner and the CodeGenerator."""
+
+    enabled: bool = Field(True, description="show the tips that fit each request (false: none are retrieved; /save and /experience still work)")
+    top_k: int = Field(3, ge=1, le=20, description="the most tips a prompt shows")
+    max_tokens: int = Field(400, ge=32, description="tokens the tips may take in a prompt (also at most an eighth of the role's budget)")
+
+
+class EvalModelConfig(_Section):
+    """A model `taskweaver-lite eval` calls besides the agent's: its `llm` keys replace the project's."""
+
+    llm: LLMOverrides = Field(default_factory=LLMOverrides, description="keys that replace llm's (default: the project's model)")
+
+
+class EvalConfig(_Section):
+    """`taskweaver-lite eval`: the examiner that plays the user, the judge that marks scoring points."""
+
+    examiner: EvalModelConfig = Field(default_factory=EvalModelConfig)
+    judge: EvalModelConfig = Field(default_factory=EvalModelConfig)
+    max_rounds: int = Field(60, ge=1, description="user requests per case at most, unless the case sets max_rounds")
+
+
 class Config(_Section):
     """Everything a session needs, validated."""
 
@@ -333,6 +365,9 @@ class Config(_Section):
     code_interpreter: CodeInterpreterConfig = Field(default_factory=CodeInterpreterConfig)
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    experience: ExperienceConfig = Field(default_factory=ExperienceConfig)
+    document_retriever: DocumentRetrieverConfig = Field(default_factory=DocumentRetrieverConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     # The sections of roles that have no field here (`echo:`, a project role's), written at the top
     # level like `planner:`; load_config moves them here. Not a YAML key of its own.
     role_sections: dict[str, RoleConfig] = Field(default_factory=dict, exclude=True)
@@ -412,6 +447,11 @@ class Config(_Section):
     def sessions_dir(self) -> Path:
         """Folder holding one working folder per session."""
         return self.project_dir / "sessions"
+
+    @property
+    def experience_dir(self) -> Path:
+        """Folder of handcrafted tips (TaskWeaver's `experience/`)."""
+        return self.project_dir / "experience"
 
     @property
     def store_path(self) -> Path:
@@ -581,6 +621,17 @@ def _read_text(path: Path) -> str:
         raise ConfigError(
             f"{path}: line {line} is not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}, perhaps Latin-1); save the file as UTF-8"
         ) from None
+
+
+def is_config_key(key: str) -> bool:
+    """Whether the dotted `key` names a config setting (`planner.prompt_compression`...)."""
+    node: Any = Config
+    for part in key.split("."):
+        fields = getattr(node, "model_fields", None)
+        if fields is None or part not in fields or part == "project_dir":
+            return False
+        node = fields[part].annotation
+    return True
 
 
 def _apply_override(data: dict[str, Any], item: str, *, roles: set[str]) -> str | None:

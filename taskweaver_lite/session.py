@@ -31,6 +31,9 @@ from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import Executor, ExecutorFactory, Variable
+from taskweaver_lite.knowledge.distil import distil
+from taskweaver_lite.knowledge.experience import Experience
+from taskweaver_lite.knowledge.tips import Tip
 from taskweaver_lite.llm.client import CallRecord, ChatModel, MeteredModel, Usage, scope_cache
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import ContextSettings, RoleContext
@@ -38,10 +41,10 @@ from taskweaver_lite.memory.conversation import USER, Conversation, Post, Round
 from taskweaver_lite.memory.summary import CompressionState
 from taskweaver_lite.memory.variables import LiveVariables
 from taskweaver_lite.plugins.catalog import PluginCatalog, PluginSpec, discover
-from taskweaver_lite.roles.builtin import BuiltRole, PlannerRole, SessionParts, build_role
+from taskweaver_lite.roles.builtin import BuiltRole, CodeInterpreterRole, PlannerRole, SessionParts, build_role
 from taskweaver_lite.roles.planner import list_working_files
 from taskweaver_lite.roles.registry import RoleCatalog, RoleSpec, discover_roles
-from taskweaver_lite.roles.role import RepairTurns
+from taskweaver_lite.roles.role import RepairTurns, Role
 from taskweaver_lite.roles.worker import RoleRequest, RoleTools, Turn
 from taskweaver_lite.store.database import SessionStore, StoreRecorder
 from taskweaver_lite.store.lock import SessionLock
@@ -50,6 +53,9 @@ from taskweaver_lite.workfiles import CopyReport, copy_folder, owner_only_folder
 
 # `/reset` copies at most this many times session.max_upload_bytes of working files.
 RESET_COPY_UPLOADS = 4
+
+# Experience tips take at most this fraction of a role's prompt budget (and experience.max_tokens).
+EXPERIENCE_SHARE = 8
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,7 @@ class Session:
         self.config = config
         self.options = options
         self.plugins = options.plugins or PluginCatalog()  # every plugin found, broken ones with their errors; the enabled ones are shown
-        self.roles = options.roles or discover_roles(config.project_dir, enabled=config.session.roles)
+        self.roles = options.roles or discover_roles(config.project_dir, enabled=config.session.roles, config=config)
         self.id = session_id
         self.executor = executor
         self.store = options.store
@@ -124,7 +130,9 @@ class Session:
         self._lost: list[str] = []
         self._recency: dict[str, int] = {}  # variable name -> the last cell that created or changed it
         self._cells = 0
+        self.experience = Experience(store=self.store, folder=config.experience_dir, settings=config.experience)
         self.active = self._build_roles()
+        self._hook_experience()
         entry = next((active for active in self.active.values() if isinstance(active.role, PlannerRole)), None)
         if entry is None or not isinstance(entry.role, PlannerRole):
             raise ConfigError("session.roles must include planner: it is the role the user talks to")
@@ -275,7 +283,7 @@ class Session:
         usage_before: Usage = Usage(),
         confirm: ConfirmCell | None = None,
     ) -> Session:
-        roles = discover_roles(config.project_dir, enabled=config.session.roles)
+        roles = discover_roles(config.project_dir, enabled=config.session.roles, config=config)
         chat_model = model or role_models(config, roles=roles.enabled)
         plugins = discover(config.project_dir)
         for folder in (config.sessions_dir, config.sessions_dir / session_id):
@@ -412,6 +420,24 @@ class Session:
         alive = {v.name for v in variables}
         lost = tuple(dict.fromkeys(n for n in self._lost if n not in alive))
         return LiveVariables(variables=_newest_first(variables, self._recency), lost=lost)
+
+    def save_experience(self) -> list[Tip]:
+        """Distil this session into tips with the model and store them; ExperienceError (nothing stored) when that fails."""
+        tips = distil(self.conversation.rounds, model=self._model, tokenizer=get_tokenizer(self.config.llm.tokenizer), llm=self.config.llm)
+        return self.experience.save(self.id, tips)
+
+    def _tips_for(self, role: Role, request: str) -> str:
+        """The experience tips that fit `request`, as `role`'s prompt shows them (at most an eighth of its budget)."""
+        context = role.context
+        return self.experience.block(request, tokenizer=context.tokenizer, max_tokens=context.budget // EXPERIENCE_SHARE)
+
+    def _hook_experience(self) -> None:
+        """The Planner's and the CodeGenerator's prompts show the tips that fit their request."""
+        for active in self.active.values():
+            built = active.role
+            role = built.planner if isinstance(built, PlannerRole) else built.code_generator if isinstance(built, CodeInterpreterRole) else None
+            if role is not None:
+                role.experience = functools.partial(self._tips_for, role)
 
     def contexts(self) -> dict[str, RoleContext]:
         """Each enabled role's prompt history manager, by the role's key (its config section)."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
+from taskweaver_lite.cli.experience import experience_command, save_tips
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
 from taskweaver_lite.cli.roles import role_table
 from taskweaver_lite.config import CONFIG_FILE_NAME, FOLDER, Config, load_config
@@ -47,6 +48,8 @@ HELP = """Commands:
   /history         every earlier request in full, also those folded out of the prompts
   /last            the last cell that ran, with its whole output and traceback
   /plugins         the plugins: enabled, disabled, or why they are not loaded
+  /save            distil this session into experience tips for later sessions (a model call)
+  /experience [delete ID]   list the experience tips, or delete a stored one
   /roles           the roles: enabled, disabled, or why they are off
   /export [ipynb|md] [file] [--force]   write this session as a notebook or Markdown
   /reset           start over: new session, fresh kernel, working files copied
@@ -107,7 +110,7 @@ def run_chat(args: argparse.Namespace) -> int:
         session.store.save_overrides(session.id, overrides)
     for entry in session.plugins.broken:
         _to_stderr(strip_controls(entry.line()))
-    for line in session.role_problems:
+    for line in [*session.role_problems, *session.experience.problems()]:
         _to_stderr(strip_controls(line))
     report_kernel_failures(session, renderer, to_stderr=_to_stderr)
     commands = SlashCommands(session, say=say)
@@ -340,6 +343,8 @@ class SlashCommands:
             "/last": self._last,
             "/export": self._export,
             "/plugins": self._plugins,
+            "/save": self._save,
+            "/experience": self._experience,
             "/roles": self._roles,
         }
 
@@ -412,6 +417,14 @@ class SlashCommands:
 
     def _roles(self, _: str) -> bool:
         self.say(role_table(self.session.roles.entries))
+        return True
+
+    def _save(self, _: str) -> bool:
+        save_tips(self.session, self.say)
+        return True
+
+    def _experience(self, argument: str) -> bool:
+        experience_command(self.session, argument, self.say)
         return True
 
     def _history(self, _: str) -> bool:

@@ -30,7 +30,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +39,7 @@ from typing import Any, Literal
 from taskweaver_lite.errors import StoreError, UnknownSessionError
 from taskweaver_lite.events import CellPrinted, Event, FileLoaded, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import Variable
+from taskweaver_lite.knowledge.tips import Tip, TipKind
 from taskweaver_lite.llm.client import Usage
 from taskweaver_lite.memory.conversation import Post, Round
 from taskweaver_lite.store.lock import SessionLock
@@ -214,6 +215,30 @@ class SessionStore:
         if row is None:
             raise UnknownSessionError(session_id, store=str(self.path))
         return [str(item) for item in json.loads(row[0])]
+
+    def save_tips(self, session_id: str, tips: Sequence[tuple[TipKind, str]]) -> list[Tip]:
+        """Store tips (kind, text) distilled from `session_id`, in one transaction; returns them with their ids."""
+        now = time.time()
+        with self._transaction() as db:
+            ids = [db.execute("INSERT INTO tips (kind, text, session_id, created_at) VALUES (?, ?, ?, ?)", (k, t, session_id, now)).lastrowid for k, t in tips]
+        return [Tip(id=str(n), kind=k, text=t, source=session_id, created_at=now) for n, (k, t) in zip(ids, tips, strict=True)]
+
+    def stored_tips(self) -> list[Tip]:
+        """Every stored tip, oldest first."""
+        with self._read() as db:
+            rows = db.execute("SELECT id, kind, text, session_id, created_at FROM tips ORDER BY id").fetchall()
+        return [Tip(id=str(r[0]), kind=r[1], text=r[2], source=r[3], created_at=r[4]) for r in rows]
+
+    def tips_version(self) -> tuple[int, int]:
+        """(count, newest id) of the stored tips: changes with every save and delete (ids are never reused)."""
+        with self._read() as db:
+            count, newest = db.execute("SELECT COUNT(*), COALESCE(MAX(id), 0) FROM tips").fetchone()
+        return int(count), int(newest)
+
+    def delete_tip(self, tip_id: int) -> bool:
+        """Delete one stored tip; False when there is none with that id."""
+        with self._transaction() as db:
+            return db.execute("DELETE FROM tips WHERE id = ?", (tip_id,)).rowcount > 0
 
     def list_sessions(self) -> list[SessionEntry]:
         """Every stored session with at least one round, most recently active first."""

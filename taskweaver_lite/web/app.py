@@ -11,6 +11,9 @@
     GET  /api/sessions/{id}/artifacts/{name}    a file the session produced (only from its folders)
     GET  /api/sessions/{id}/context             each role's last prompt, in tokens by part, against its budget; prompt tokens cached and not
     GET  /api/sessions/{id}/export?format=ipynb|md
+    POST /api/sessions/{id}/experience          distil the session into tips (like /save) -> {"saved": [...]}
+    GET  /api/sessions/{id}/experience          every tip, and the handcrafted files that could not be read
+    DELETE /api/sessions/{id}/experience/{tip}  delete a stored tip (like /experience delete)
 """
 
 from __future__ import annotations
@@ -71,6 +74,8 @@ def build_app(config: Config, access: Access) -> Starlette:
         Route("/api/sessions/{id}/artifacts/{name}", _with(hub, _artifact)),
         Route("/api/sessions/{id}/context", _with(hub, _context)),
         Route("/api/sessions/{id}/export", _export(config)),
+        Route("/api/sessions/{id}/experience", _with(hub, _experience), methods=["GET", "POST"]),
+        Route("/api/sessions/{id}/experience/{tip}", _with(hub, _delete_tip), methods=["DELETE"]),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(_Guard, access=access)], lifespan=lifespan)
     app.state.hub = hub
@@ -273,6 +278,20 @@ async def _context(_: Request, live: LiveSession) -> Response:
             {"role": context.label, "budget": report.budget, "total": report.cost.total, "parts": parts, "folded_through": report.folded_through, **tokens}
         )
     return JSONResponse({"roles": roles})
+
+
+async def _experience(request: Request, live: LiveSession) -> Response:
+    if request.method == "POST":
+        saved = await asyncio.to_thread(live.save_experience)
+        return JSONResponse({"saved": [tip.to_dict() for tip in saved]})
+    experience = live.session.experience
+    tips, problems = await asyncio.to_thread(lambda: (experience.all(), experience.problems()))
+    return JSONResponse({"tips": [tip.to_dict() for tip in tips], "problems": problems, "enabled": live.session.config.experience.enabled})
+
+
+async def _delete_tip(request: Request, live: LiveSession) -> Response:
+    tip = await asyncio.to_thread(live.session.experience.delete, request.path_params["tip"])
+    return JSONResponse({"deleted": tip.to_dict()})
 
 
 def _export(config: Config) -> Handler:
