@@ -13,6 +13,11 @@ Limits apply with or without the sandbox: `execution.memory_limit` as the addres
 every process of the kernel (a cell that passes it gets a MemoryError, or the kernel dies and is
 restarted, and the model is told), `execution.max_processes` inside the sandbox. They are set by
 `limits.py`, which runs first and then becomes the kernel (exec), so no shell is involved.
+
+The user's `execution.mounts` are bound at their own path, read-only unless `rw`, after the hidden
+folders are emptied (a hidden folder inside a mount is emptied again); the folders of another
+interpreter (`execution.kernel`) are put back read-only like this program's. `sees` tells whether
+a path is visible inside, in the same order.
 """
 
 from __future__ import annotations
