@@ -489,33 +489,15 @@ _LOCAL_ONLY = {
 
 def settings_conflicts(config: Config) -> list[str]:
     """One line per pair of settings given together that cannot both hold, naming both and the fix."""
-    execution = config.execution
-    given = execution.model_fields_set
-    found = []
-    if execution.kernel_gateway is not None:
-        for key, why in _LOCAL_ONLY.items():
-            if key in given and not (key == "sandbox" and execution.sandbox != "bubblewrap"):
-                value = json_text(getattr(execution, key))
-                found.append(
-                    f"execution.{key}: {value} and execution.kernel_gateway conflict ({why}, and with a gateway the "
-                    f"kernel runs on the gateway's machine); remove one of them"
-                )
-    if execution.kernel_gateway is not None:
-        found += [
-            f"execution.{key} and execution.kernel_gateway conflict ({why}); remove one of them"
-            for key, why in (
-                ("kernel", "it picks the Python of a kernel on this machine; a gateway's kernel is its kernel_gateway.kernel_name"),
-                ("mounts", "they are folders of this machine, and with a gateway the kernel runs on the gateway's machine"),
-            )
-            if getattr(execution, key)
-        ]
-    if execution.mounts and execution.sandbox == "none":
+    found = _gateway_conflicts(config.execution)
+    if config.execution.mounts and config.execution.sandbox == "none":
         found.append(
             "execution.mounts and execution.sandbox: none conflict (without the sandbox the kernel sees every folder and "
             "read-only cannot be kept); remove the mounts, or set execution.sandbox: auto"
         )
     for user in ("planner", "code_generator"):
         role: RoleConfig = getattr(config, user)
+        # The summarising strategies (compression.py turns them into sliding_window without compression).
         if not role.prompt_compression and "strategy" in role.model_fields_set and role.strategy in ("round_compression", "summary_buffer"):
             found.append(
                 f"{user}.prompt_compression: false and {user}.strategy: {role.strategy} conflict (without compression "
@@ -524,7 +506,31 @@ def settings_conflicts(config: Config) -> list[str]:
     return found
 
 
-def json_text(value: Any) -> str:
+def _gateway_conflicts(execution: ExecutionConfig) -> list[str]:
+    """Settings of a kernel on this machine given together with a gateway, whose kernel runs on its own machine."""
+    if execution.kernel_gateway is None:
+        return []
+    # `sandbox: auto` (the default, written out) means "where possible": no conflict.
+    given = [key for key in _LOCAL_ONLY if key in execution.model_fields_set and not (key == "sandbox" and execution.sandbox != "bubblewrap")]
+    found = [
+        f"execution.{key}: {yaml_text(getattr(execution, key))} and execution.kernel_gateway conflict ({_LOCAL_ONLY[key]}, and with a "
+        f"gateway the kernel runs on the gateway's machine); remove one of them"
+        for key in given
+    ]
+    if execution.kernel:
+        found.append(
+            "execution.kernel and execution.kernel_gateway conflict (it picks the Python of a kernel on this machine; a gateway's "
+            "kernel is its kernel_gateway.kernel_name); remove one of them"
+        )
+    if execution.mounts:
+        found.append(
+            "execution.mounts and execution.kernel_gateway conflict (they are folders of this machine, and with a gateway the "
+            "kernel runs on the gateway's machine); remove one of them"
+        )
+    return found
+
+
+def yaml_text(value: Any) -> str:
     """A setting's value as it is written in YAML (true, null, 50%)."""
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
