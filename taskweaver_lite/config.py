@@ -227,6 +227,23 @@ class KernelGatewayConfig(_Section):
         return value.rstrip("/")
 
 
+class MountConfig(_Section):
+    """A folder of this machine that the local kernel sees at its own path."""
+
+    path: str = Field(description="an absolute path (~ is expanded) of a folder or file that exists")
+    mode: Literal["ro", "rw"] = Field("ro", description="ro: the kernel reads it; rw: it may write there too")
+
+    @field_validator("path")
+    @classmethod
+    def _an_existing_absolute_path(cls, value: str) -> str:
+        path = os.path.expanduser(value)
+        if not os.path.isabs(path):
+            raise ValueError(f"{value!r} is not an absolute path: write it from the root, such as /data/sales or ~/Downloads")
+        if not os.path.exists(path):
+            raise ValueError(f"{path} does not exist on this machine")
+        return os.path.normpath(path)
+
+
 class ExecutionConfig(_Section):
     """The Jupyter kernel that runs generated code."""
 
@@ -247,6 +264,20 @@ class ExecutionConfig(_Section):
     )
     max_processes: int = Field(256, ge=8, description="processes and threads the sandboxed kernel may run at once")
     confirm: bool = Field(False, description="show each cell and wait for run / edit / skip (interactive chat only)")
+    kernel: str | None = Field(
+        None,
+        description="the Python the local kernel runs on: null (this program's), an installed Jupyter kernelspec's name, "
+        "or a Python interpreter's path (a conda env's or venv's bin/python with ipykernel)",
+    )
+    mounts: list[MountConfig] = Field(
+        default_factory=list, description="folders the sandboxed kernel sees at their own path: paths (read-only), or {path, mode: ro|rw}"
+    )
+
+    @field_validator("mounts", mode="before")
+    @classmethod
+    def _paths_or_mappings(cls, value: Any) -> Any:
+        # A bare path is the common case: read-only.
+        return [{"path": item} if isinstance(item, str) else item for item in value] if isinstance(value, list) else value
 
     @field_validator("memory_limit")
     @classmethod
@@ -458,19 +489,15 @@ _LOCAL_ONLY = {
 
 def settings_conflicts(config: Config) -> list[str]:
     """One line per pair of settings given together that cannot both hold, naming both and the fix."""
-    execution = config.execution
-    given = execution.model_fields_set
-    found = []
-    if execution.kernel_gateway is not None:
-        for key, why in _LOCAL_ONLY.items():
-            if key in given and not (key == "sandbox" and execution.sandbox != "bubblewrap"):
-                value = json_text(getattr(execution, key))
-                found.append(
-                    f"execution.{key}: {value} and execution.kernel_gateway conflict ({why}, and with a gateway the "
-                    f"kernel runs on the gateway's machine); remove one of them"
-                )
+    found = _gateway_conflicts(config.execution)
+    if config.execution.mounts and config.execution.sandbox == "none":
+        found.append(
+            "execution.mounts and execution.sandbox: none conflict (without the sandbox the kernel sees every folder and "
+            "read-only cannot be kept); remove the mounts, or set execution.sandbox: auto"
+        )
     for user in ("planner", "code_generator"):
         role: RoleConfig = getattr(config, user)
+        # The summarising strategies (compression.py turns them into sliding_window without compression).
         if not role.prompt_compression and "strategy" in role.model_fields_set and role.strategy in ("round_compression", "summary_buffer"):
             found.append(
                 f"{user}.prompt_compression: false and {user}.strategy: {role.strategy} conflict (without compression "
@@ -479,7 +506,31 @@ def settings_conflicts(config: Config) -> list[str]:
     return found
 
 
-def json_text(value: Any) -> str:
+def _gateway_conflicts(execution: ExecutionConfig) -> list[str]:
+    """Settings of a kernel on this machine given together with a gateway, whose kernel runs on its own machine."""
+    if execution.kernel_gateway is None:
+        return []
+    # `sandbox: auto` (the default, written out) means "where possible": no conflict.
+    given = [key for key in _LOCAL_ONLY if key in execution.model_fields_set and not (key == "sandbox" and execution.sandbox != "bubblewrap")]
+    found = [
+        f"execution.{key}: {yaml_text(getattr(execution, key))} and execution.kernel_gateway conflict ({_LOCAL_ONLY[key]}, and with a "
+        f"gateway the kernel runs on the gateway's machine); remove one of them"
+        for key in given
+    ]
+    if execution.kernel:
+        found.append(
+            "execution.kernel and execution.kernel_gateway conflict (it picks the Python of a kernel on this machine; a gateway's "
+            "kernel is its kernel_gateway.kernel_name); remove one of them"
+        )
+    if execution.mounts:
+        found.append(
+            "execution.mounts and execution.kernel_gateway conflict (they are folders of this machine, and with a gateway the "
+            "kernel runs on the gateway's machine); remove one of them"
+        )
+    return found
+
+
+def yaml_text(value: Any) -> str:
     """A setting's value as it is written in YAML (true, null, 50%)."""
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
