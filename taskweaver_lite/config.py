@@ -32,7 +32,8 @@ OUTPUT_SHARE = 8
 MIN_OUTPUT_TOKENS = 256
 MAX_OUTPUT_TOKENS = 2_000
 
-Strategy = Literal["round_compression", "sliding_window", "summary_buffer", "none"]
+Strategy = Literal["round_compression", "sliding_window", "summary_buffer", "observation_masking", "none"]
+FoldSchedule = Literal["rounds", "pressure"]
 
 
 # No model accepts more than this; a bigger number is a typo (1e20) that would reach the wire as max_tokens.
@@ -59,6 +60,13 @@ class LLMConfig(_Section):
     tokenizer: Literal["o200k_base", "cl100k_base"] = "o200k_base"
     stream: bool = Field(True, description="stream replies (stream=true); false for endpoints that cannot")
     show_reasoning: bool = Field(True, description="show a model's reasoning (<think>, reasoning_content) dimmed while it streams")
+    prompt_cache: Literal["auto", "off"] = Field(
+        "auto", description="cache hints: prompt_cache_key, or llama.cpp's cache_prompt and id_slot; never a field the server refuses"
+    )
+    server_kind: Literal["auto", "openai", "llama.cpp", "other"] = Field(
+        "auto", description="which cache hints the server takes (auto: from the address, local discovery, or its replies)"
+    )
+    vision: bool = Field(False, description="the model reads images: roles that require vision are off without it")
 
     @field_validator("api_base")
     @classmethod
@@ -94,11 +102,14 @@ class LLMOverrides(_Section):
     max_retries: int | None = None
     tokenizer: Literal["o200k_base", "cl100k_base"] | None = None
     stream: bool | None = None
+    prompt_cache: Literal["auto", "off"] | None = None
+    server_kind: Literal["auto", "openai", "llama.cpp", "other"] | None = None
+    vision: bool | None = None
 
 
-# The parts of a session that call a model, each with its own `llm` overrides.
-ModelUser = Literal["planner", "code_generator", "round_compressor"]
-MODEL_USERS: tuple[ModelUser, ...] = ("planner", "code_generator", "round_compressor")
+# The part of a session that folds rounds; every role's section (`planner`, `code_generator`, a
+# project role's) has its own `llm` overrides too.
+FOLDER = "round_compressor"
 
 
 def merged_llm(base: LLMConfig, overrides: LLMOverrides) -> LLMConfig:
@@ -110,12 +121,19 @@ def merged_llm(base: LLMConfig, overrides: LLMOverrides) -> LLMConfig:
 
 
 class RoleConfig(_Section):
-    """Per-role prompt history settings."""
+    """One role's section: its model and its prompt history (strategy, compression, fold cadence)."""
 
     llm: LLMOverrides = Field(default_factory=LLMOverrides, description="this role's model: keys that replace llm's")
+    rounds_to_compress: int | None = Field(None, ge=1, description="this role's round_compressor.rounds_to_compress (null: round_compressor's)")
+    rounds_to_retain: int | None = Field(None, ge=0, description="this role's round_compressor.rounds_to_retain (null: round_compressor's)")
 
     prompt_compression: bool = True
     strategy: Strategy = "round_compression"
+    fold_schedule: FoldSchedule = Field(
+        "rounds",
+        description="rounds: fold as rounds_to_compress + rounds_to_retain rounds gather (TaskWeaver's rule); "
+        "pressure: fold all but the latest rounds_to_retain at once, only when the unfolded rounds pass fold_token_trigger",
+    )
     examples: Literal["until_history", "always"] = Field(
         "until_history",
         description="few-shot examples in every prompt, or only until the prompt shows a round of the role's own (which shows the reply format as well)",
@@ -131,15 +149,30 @@ class CodeGeneratorConfig(RoleConfig):
     auto_plugin_selection_topk: int = Field(3, ge=1, description="how many plugins auto_plugin_selection shows")
 
 
+class DocumentRetrieverConfig(RoleConfig):
+    """The document_retriever role: which folder it searches and how much of it a reply quotes."""
+
+    folder: str = Field("docs", description="the documents folder, relative to the project (or absolute)")
+    top_k: int = Field(4, ge=1, le=50, description="the most passages a reply quotes")
+    max_tokens: int = Field(700, ge=64, description="tokens a reply may take (also at most a sixth of the Planner's budget)")
+
+
 class RoundCompressorConfig(_Section):
     """When and how old rounds fold into a summary."""
 
     rounds_to_compress: int = Field(2, ge=1)
     rounds_to_retain: int = Field(3, ge=0)
-    fold_token_trigger: int = Field(
-        24_000, ge=0, description="fold early when unfolded rounds exceed this many tokens (0: off)"
+    fold_token_trigger: float = Field(
+        0.5,
+        ge=0,
+        description="a share of the role's prompt budget (0-1; above 1: tokens): unfolded rounds past it fold early "
+        "(rounds schedule) or fold at all (pressure schedule); 0: off",
     )
-    summary_placement: Literal["system", "first_user"] = "system"
+    summary_placement: Literal["system", "first_user"] = Field(
+        "first_user",
+        description="first_user: the summary and the variables in a user message after the examples, so a fold leaves "
+        "the instructions cached; system: inside the system message",
+    )
     retry_backoff: float = Field(30.0, ge=0, description="seconds before a failed fold is retried")
     summary_buffer_rounds: int = Field(10, ge=1, description="rounds kept verbatim by summary_buffer")
     max_summary_tokens: int = Field(1_500, ge=64)
@@ -147,8 +180,12 @@ class RoundCompressorConfig(_Section):
 
 
 class SessionConfig(_Section):
-    """One user turn."""
+    """One user turn, and the roles that take part in it."""
 
+    roles: list[str] = Field(
+        default_factory=lambda: ["planner", "code_interpreter"],
+        description="the enabled roles by name: built-in ones, PROJECT_DIR/roles/<name>/, installed packages' (taskweaver-lite roles lists them)",
+    )
     max_internal_hops: int = Field(10, ge=1)
     max_repair_attempts: int = Field(3, ge=0, description="repair turns per round for bad replies")
     max_upload_bytes: int = Field(
@@ -264,6 +301,28 @@ class StoreConfig(_Section):
     record_prompts: bool = False
 
 
+class ExperienceConfig(_Section):
+    """Tips from earlier sessions (`/save`) and handcrafted ones (`PROJECT_DIR/experience/*.yaml`), shown to the Planner and the CodeGenerator."""
+
+    enabled: bool = Field(True, description="show the tips that fit each request (false: none are retrieved; /save and /experience still work)")
+    top_k: int = Field(3, ge=1, le=20, description="the most tips a prompt shows")
+    max_tokens: int = Field(400, ge=32, description="tokens the tips may take in a prompt (also at most an eighth of the role's budget)")
+
+
+class EvalModelConfig(_Section):
+    """A model `taskweaver-lite eval` calls besides the agent's: its `llm` keys replace the project's."""
+
+    llm: LLMOverrides = Field(default_factory=LLMOverrides, description="keys that replace llm's (default: the project's model)")
+
+
+class EvalConfig(_Section):
+    """`taskweaver-lite eval`: the examiner that plays the user, the judge that marks scoring points."""
+
+    examiner: EvalModelConfig = Field(default_factory=EvalModelConfig)
+    judge: EvalModelConfig = Field(default_factory=EvalModelConfig)
+    max_rounds: int = Field(60, ge=1, description="user requests per case at most, unless the case sets max_rounds")
+
+
 class Config(_Section):
     """Everything a session needs, validated."""
 
@@ -275,13 +334,20 @@ class Config(_Section):
     code_interpreter: CodeInterpreterConfig = Field(default_factory=CodeInterpreterConfig)
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    experience: ExperienceConfig = Field(default_factory=ExperienceConfig)
+    document_retriever: DocumentRetrieverConfig = Field(default_factory=DocumentRetrieverConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    # The sections of roles that have no field here (`echo:`, a project role's), written at the top
+    # level like `planner:`; load_config moves them here. Not a YAML key of its own.
+    role_sections: dict[str, RoleConfig] = Field(default_factory=dict, exclude=True)
     # Not a YAML key: where the project lives, filled in by load_config.
     project_dir: Path = Field(default=Path("project"), exclude=True)
 
     @model_validator(mode="after")
     def _role_models_are_whole(self) -> Config:
         # Checked here, so a bad merge is reported against its section, not at the first call.
-        for user in MODEL_USERS:
+        sections = [name for name, info in type(self).model_fields.items() if _has_llm(info.annotation)]
+        for user in (*sections, *self.role_sections):
             try:
                 self.llm_for(user)
             except ValidationError as exc:
@@ -291,12 +357,27 @@ class Config(_Section):
                 raise ValueError(f"{user}.llm (over llm): {problems}") from None
         return self
 
-    def llm_for(self, user: ModelUser) -> LLMConfig:
-        """The model settings `user` calls with: its `llm` overrides over the top-level `llm`."""
-        section: RoleConfig | RoundCompressorConfig = getattr(self, user)
-        return merged_llm(self.llm, section.llm)
+    def role_section(self, key: str) -> RoleConfig:
+        """The section of the role whose config key is `key` (`planner`, `code_generator`, `echo`); empty if not written."""
+        section = getattr(self, key, None) if key in type(self).model_fields else None
+        if isinstance(section, RoleConfig):
+            return section
+        return self.role_sections.get(key) or RoleConfig()
 
-    def role_budget(self, user: ModelUser) -> int:
+    @model_validator(mode="after")
+    def _no_conflicting_settings(self) -> Config:
+        # Two settings that cannot both hold are refused, rather than one of them silently ignored.
+        conflict = next(iter(settings_conflicts(self)), None)
+        if conflict is not None:
+            raise ValueError(conflict)
+        return self
+
+    def llm_for(self, user: str) -> LLMConfig:
+        """The model settings `user` (a role's config key, or round_compressor) calls with: its `llm` overrides over `llm`."""
+        overrides = self.round_compressor.llm if user == FOLDER else self.role_section(user).llm
+        return merged_llm(self.llm, overrides)
+
+    def role_budget(self, user: str) -> int:
         """Tokens `user`'s prompts may use: its model's window minus its reply reserve and margin."""
         llm = self.llm_for(user)
         return llm.context_window - llm.reply_reserve - llm.margin
@@ -304,12 +385,15 @@ class Config(_Section):
     @model_validator(mode="after")
     def _parts_fit_the_prompt(self) -> Config:
         # (the summary's cap needs no check: its share of the budget is bounded where prompts are built)
-        budget, value, key = self.prompt_budget, self.execution.output_tokens, "execution.output_tokens"
+        # Whole cell outputs go into the CodeGenerator's prompts: its model's window is the one to fit.
+        value, key = self.execution.output_tokens, "execution.output_tokens"
+        llm, budget = self.llm_for("code_generator"), self.role_budget("code_generator")
+        section = "code_generator.llm" if self.code_generator.llm.context_window is not None else "llm"
         if value is not None and value > budget // 2:
             raise ValueError(
-                f"{key} is {value} tokens, more than half of the prompt budget ({budget} = llm.context_window "
-                f"{self.llm.context_window} - reply_reserve {self.llm.reply_reserve} - margin {self.llm.margin}); "
-                f"lower {key} or raise llm.context_window"
+                f"{key} is {value} tokens, more than half of the CodeGenerator's prompt budget ({budget} = {section}.context_window "
+                f"{llm.context_window} - reply_reserve {llm.reply_reserve} - margin {llm.margin}); "
+                f"lower {key} or raise {section}.context_window"
             )
         return self
 
@@ -320,10 +404,13 @@ class Config(_Section):
 
     @property
     def cell_output_tokens(self) -> int:
-        """Tokens one cell's output may take in a prompt: execution.output_tokens, or scaled to the budget."""
+        """Tokens one cell's output may take in a prompt: execution.output_tokens, or scaled to the CodeGenerator's budget.
+
+        The CodeGenerator's model (`code_generator.llm` over `llm`) is the one that reads whole cell outputs.
+        """
         if self.execution.output_tokens is not None:
             return self.execution.output_tokens
-        return min(max(self.prompt_budget // OUTPUT_SHARE, MIN_OUTPUT_TOKENS), MAX_OUTPUT_TOKENS)
+        return min(max(self.role_budget("code_generator") // OUTPUT_SHARE, MIN_OUTPUT_TOKENS), MAX_OUTPUT_TOKENS)
 
     @property
     def sessions_dir(self) -> Path:
@@ -331,10 +418,70 @@ class Config(_Section):
         return self.project_dir / "sessions"
 
     @property
+    def experience_dir(self) -> Path:
+        """Folder of handcrafted tips (TaskWeaver's `experience/`)."""
+        return self.project_dir / "experience"
+
+    @property
     def store_path(self) -> Path:
         """The SQLite file, relative paths taken from the project folder."""
         path = Path(self.store.path).expanduser()
         return path if path.is_absolute() else self.project_dir / path
+
+
+def _has_llm(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, (RoleConfig, RoundCompressorConfig))
+
+
+ROLES_FOLDER = "roles"
+_ROLE_SECTIONS = "role_sections"
+
+
+def role_names(project: Path, data: dict[str, Any]) -> set[str]:
+    """Names whose top-level section is a role's: the project's role folders and the roles `session.roles` lists."""
+    folder = project / ROLES_FOLDER
+    names = {p.name for p in folder.iterdir() if p.is_dir()} if folder.is_dir() else set()
+    listed = data.get("session", {}).get("roles") if isinstance(data.get("session"), dict) else None
+    if isinstance(listed, list):
+        names.update(str(name) for name in listed)
+    return names - set(Config.model_fields)
+
+
+# Settings that shape the local kernel; a kernel on a gateway runs on the gateway's machine, under its rules.
+_LOCAL_ONLY = {
+    "sandbox": "the sandbox wraps a kernel started on this machine",
+    "network": "it opens the local sandbox's network",
+    "memory_limit": "limits are set on a kernel started on this machine",
+    "max_processes": "limits are set on a kernel started on this machine",
+}
+
+
+def settings_conflicts(config: Config) -> list[str]:
+    """One line per pair of settings given together that cannot both hold, naming both and the fix."""
+    execution = config.execution
+    given = execution.model_fields_set
+    found = []
+    if execution.kernel_gateway is not None:
+        for key, why in _LOCAL_ONLY.items():
+            if key in given and not (key == "sandbox" and execution.sandbox != "bubblewrap"):
+                value = json_text(getattr(execution, key))
+                found.append(
+                    f"execution.{key}: {value} and execution.kernel_gateway conflict ({why}, and with a gateway the "
+                    f"kernel runs on the gateway's machine); remove one of them"
+                )
+    for user in ("planner", "code_generator"):
+        role: RoleConfig = getattr(config, user)
+        if not role.prompt_compression and "strategy" in role.model_fields_set and role.strategy in ("round_compression", "summary_buffer"):
+            found.append(
+                f"{user}.prompt_compression: false and {user}.strategy: {role.strategy} conflict (without compression "
+                f"the history is a sliding window); remove one of them"
+            )
+    return found
+
+
+def json_text(value: Any) -> str:
+    """A setting's value as it is written in YAML (true, null, 50%)."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
 def load_config(project_dir: str | Path = "project", overrides: list[str] | None = None) -> Config:
@@ -352,9 +499,15 @@ def load_config(project_dir: str | Path = "project", overrides: list[str] | None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of sections (llm:, planner:, ...) at the top")
         data = loaded or {}
-    unknown = [problem for item in overrides or [] if (problem := _apply_override(data, item))]
+    data.pop(_ROLE_SECTIONS, None)  # not a key of the file: role sections are written at the top level
+    for item in overrides or []:  # `--set session.roles=[...]` first: it decides which sections are roles'
+        if item.partition("=")[0].strip() == "session.roles":
+            _apply_override(data, item, roles=set())
+    roles = role_names(project, data)
+    unknown = [problem for item in overrides or [] if (problem := _apply_override(data, item, roles=roles))]
     if unknown:
         raise ConfigError("; ".join(unknown))
+    data[_ROLE_SECTIONS] = {name: data.pop(name) for name in sorted(roles) if name in data}
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
@@ -425,8 +578,22 @@ def _read_text(path: Path) -> str:
         ) from None
 
 
-def _apply_override(data: dict[str, Any], item: str) -> str | None:
-    """Put one `KEY=VALUE` into `data`; returns the problem when the key is unknown (all are reported together)."""
+def is_config_key(key: str) -> bool:
+    """Whether the dotted `key` names a config setting (`planner.prompt_compression`...)."""
+    node: Any = Config
+    for part in key.split("."):
+        fields = getattr(node, "model_fields", None)
+        if fields is None or part not in fields or part == "project_dir":
+            return False
+        node = fields[part].annotation
+    return True
+
+
+def _apply_override(data: dict[str, Any], item: str, *, roles: set[str]) -> str | None:
+    """Put one `KEY=VALUE` into `data`; returns the problem when the key is unknown (all are reported together).
+
+    A first part naming a role in `roles` is that role's section (`--set echo.llm.model=...`).
+    """
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key:
@@ -438,9 +605,12 @@ def _apply_override(data: dict[str, Any], item: str) -> str | None:
         raise ConfigError(f"--set {_masked(item)}: the value is not valid YAML ({_yaml_problem(exc)}); quote it: --set '{key}=\"...\"'") from None
     parts = key.split(".")
     node: Any = Config
-    for part in parts:
+    for number, part in enumerate(parts):
         fields = getattr(node, "model_fields", None)
-        if fields is None or part not in fields or part == "project_dir":
+        if number == 0 and part in roles:
+            node = RoleConfig
+            continue
+        if fields is None or part not in fields or part in _NOT_KEYS:
             return f"--set {key}: unknown config key '{part}'; known here: {_known(node)}"
         node = fields[part].annotation
     target = data
@@ -454,9 +624,12 @@ def _apply_override(data: dict[str, Any], item: str) -> str | None:
     return None
 
 
+_NOT_KEYS = ("project_dir", _ROLE_SECTIONS)
+
+
 def _known(node: Any) -> str:
     fields = getattr(node, "model_fields", {})
-    return ", ".join(name for name in fields if name != "project_dir") or "(none: this is a value)"
+    return ", ".join(name for name in fields if name not in _NOT_KEYS) or "(none: this is a value)"
 
 
 def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
@@ -464,6 +637,8 @@ def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
     unknown: dict[tuple[str, str], list[str]] = {}  # (source, section) -> unknown keys there
     problems: list[str] = []
     for err in exc.errors():
+        if err["loc"][:1] == (_ROLE_SECTIONS,):  # a role's section is written at the top level: name it so
+            err["loc"] = err["loc"][1:]
         key = ".".join(str(p) for p in err["loc"])
         if not key:  # a check across keys of a section: its message names them
             touched = [o for o in overrides if o.split("=", 1)[0].strip() in err["msg"]]
@@ -491,6 +666,9 @@ def _source(key: str, path: Path, overrides: list[str]) -> str:
 def _section(dotted: str) -> type[BaseModel]:
     parent: type[BaseModel] = Config
     for part in filter(None, dotted.split(".")):
+        if part not in parent.model_fields:  # a role's section (`echo`), written at the top level
+            parent = RoleConfig
+            continue
         section = parent.model_fields[part].annotation
         if not (isinstance(section, type) and issubclass(section, BaseModel)):
             break

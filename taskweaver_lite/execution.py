@@ -54,8 +54,8 @@ class VariableChanges:
 
 
 @dataclass(frozen=True)
-class ExecutionError:
-    """The exception a cell raised, traceback without ANSI colour codes."""
+class CellError:
+    """What a cell raised (a record, not an exception): name, message, traceback without ANSI colour codes."""
 
     name: str
     value: str
@@ -101,7 +101,7 @@ class ExecutionResult:
     stderr: str = ""
     result: str | None = None
     result_html: str | None = None
-    error: ExecutionError | None = None
+    error: CellError | None = None
     displays: tuple[str, ...] = ()
     artifacts: tuple[str, ...] = ()
     elapsed: float = 0.0
@@ -128,7 +128,7 @@ class ExecutionResult:
         """Inverse of `to_dict`."""
         values = dict(data)
         err = values.get("error")
-        values["error"] = ExecutionError(**err) if err else None
+        values["error"] = CellError(**err) if err else None
         values["variables"] = tuple(Variable.from_dict(v) for v in values.get("variables", ()))
         values["changes"] = VariableChanges.from_dict(values.get("changes") or {})
         values["refused"] = str(values.get("refused") or "")
@@ -165,6 +165,17 @@ class ExecutionResult:
         succeeded/failed line is left out (a kernel death, timeout or interrupt is still said).
         """
         return "\n".join(piece.text for piece in self.fold_pieces(marked=marked, outcome_told=outcome_told))
+
+    def masked_prompt_text(self, *, outcome_told: bool = False) -> str:
+        """`prompt_text` with what the cell printed as one placeholder line (observation masking): outcome, error line, variables stay."""
+        lines = sum(len(text.splitlines()) for text in (self.stdout, self.stderr, self.result or "", *self.displays))
+        if self.error is not None and self.error.traceback.strip():
+            lines += len(self.error.traceback.splitlines())
+        kept = [p.text for p in self.fold_pieces(outcome_told=outcome_told) if p.essential]
+        if lines:
+            where = f"; full output in {self.full_output_path}" if self.full_output_path else ""
+            kept.insert(len(kept) - bool(self.changes), f"(Output omitted: {lines} lines{where})")
+        return "\n".join(kept)
 
     def fold_pieces(self, *, marked: bool = True, outcome_told: bool = False) -> tuple[FoldPiece, ...]:
         """`prompt_text` in pieces; the outcome and the error line are what a fold must keep."""
@@ -222,7 +233,7 @@ class Executor(Protocol):
         ...
 
     def artifact(self, name: str) -> Path:
-        """The local file of an artifact a cell produced; ExecutionError-free: KeyError if there is none."""
+        """The local file of an artifact a cell produced; KeyError if there is none."""
         ...
 
     def run(self, code: str, *, timeout: float | None = None, on_output: OutputSink | None = None) -> ExecutionResult:

@@ -10,20 +10,23 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
+from taskweaver_lite.cli.experience import experience_command, save_tips
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
-from taskweaver_lite.config import CONFIG_FILE_NAME, MODEL_USERS, Config, load_config
+from taskweaver_lite.cli.roles import role_table
+from taskweaver_lite.config import CONFIG_FILE_NAME, FOLDER, Config, load_config
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.llm.client import usage_by_purpose
 from taskweaver_lite.llm.discovery import discover, needs_discovery, use_local_server
 from taskweaver_lite.llm.tokens import get_tokenizer
-from taskweaver_lite.memory.conversation import RoleName, Round
+from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.memory.summary import render_summary
 from taskweaver_lite.memory.variables import render_variables
 from taskweaver_lite.session import Session
@@ -45,6 +48,9 @@ HELP = """Commands:
   /history         every earlier request in full, also those folded out of the prompts
   /last            the last cell that ran, with its whole output and traceback
   /plugins         the plugins: enabled, disabled, or why they are not loaded
+  /save            distil this session into experience tips for later sessions (a model call)
+  /experience [delete ID]   list the experience tips, or delete a stored one
+  /roles           the roles: enabled, disabled, or why they are off
   /export [ipynb|md] [file] [--force]   write this session as a notebook or Markdown
   /reset           start over: new session, fresh kernel, working files copied
   /exit            leave (Ctrl-D or Ctrl-C at an empty prompt too)
@@ -104,6 +110,8 @@ def run_chat(args: argparse.Namespace) -> int:
         session.store.save_overrides(session.id, overrides)
     for entry in session.plugins.broken:
         _to_stderr(strip_controls(entry.line()))
+    for line in [*session.role_problems, *session.experience.problems()]:
+        _to_stderr(strip_controls(line))
     report_kernel_failures(session, renderer, to_stderr=_to_stderr)
     commands = SlashCommands(session, say=say)
     try:
@@ -120,20 +128,30 @@ def run_chat(args: argparse.Namespace) -> int:
 MIN_DISPLAY_WIDTH = 40
 
 
-def _model_lines(config: Config) -> list[str]:
-    """/info's model lines: one when every part uses `llm`, else one per role with its window."""
-    models = {user: config.llm_for(user) for user in MODEL_USERS}
+def _model_lines(config: Config, roles: Sequence[str]) -> list[str]:
+    """/info's model lines: one when every part uses `llm`, else one per role (by key) and the folder, with its window."""
+    models = {user: config.llm_for(user) for user in (*roles, FOLDER)}
     if all(llm == config.llm for llm in models.values()):
         return [f"Model:    {config.llm.model} (context window {config.llm.context_window:,} tokens)"]
     return ["Models:"] + [f"  {user}: {llm.model} (context window {llm.context_window:,} tokens)" for user, llm in models.items()]
 
 
 def resume_hint(session: Session, project: Path | None) -> str:
-    """The line printed on the way out: the session id and the command that continues it."""
+    """The lines printed on the way out: prompt tokens per role (cached and not), the session id and the command that continues it."""
     if not session.conversation.rounds:
         return f"Session {session.id} had no requests; nothing was kept to resume."
     option = f" -p {project}" if project is not None else ""
-    return f"Session {session.id} is saved. Continue it with: taskweaver-lite chat{option} --resume {session.id}"
+    by_purpose = usage_by_purpose(session.usage_by_model())
+    by_role = "; ".join(f"{purpose} {part.prompt_tokens:,} ({part.cached_tokens:,} cached)" for purpose, part in by_purpose.items())
+    tokens = f"Prompt tokens by role: {by_role}.\n" if by_role else ""
+    return f"{tokens}Session {session.id} is saved. Continue it with: taskweaver-lite chat{option} --resume {session.id}"
+
+
+def cache_lines(session: Session, role: str) -> list[str]:
+    """/context's lines on what the servers cached of a role's prompts and of its folds', this process's calls."""
+    by_purpose = usage_by_purpose(session.usage_by_model())
+    named = ((f"{role}'s calls", by_purpose.get(role)), ("its folds", by_purpose.get(f"compression_{role}")))
+    return [f"{who}: {part.cache_line()}" for who, part in named if part is not None and part.calls]
 
 
 def _resume(
@@ -317,6 +335,9 @@ class SlashCommands:
             "/last": self._last,
             "/export": self._export,
             "/plugins": self._plugins,
+            "/save": self._save,
+            "/experience": self._experience,
+            "/roles": self._roles,
         }
 
     def known(self, line: str) -> bool:
@@ -357,12 +378,13 @@ class SlashCommands:
             "\n".join(
                 [
                     f"Session:  {s.id}",
-                    *_model_lines(s.config),
+                    *_model_lines(s.config, list(s.contexts())),
                     f"Rounds:   {len(rounds)} ({failed} failed)",
-                    f"Tokens:   {usage.prompt_tokens:,} in, {usage.completion_tokens:,} out over {usage.calls} model calls",
+                    f"Tokens:   {usage.prompt_tokens:,} in ({usage.cached_tokens:,} cached, {usage.uncached_tokens:,} uncached), "
+                    f"{usage.completion_tokens:,} out over {usage.calls} model calls",
                     *(
-                        f"  {purpose} on {model or 'the given model'}: {part.prompt_tokens:,} in, {part.completion_tokens:,} out "
-                        f"over {part.calls} call{'' if part.calls == 1 else 's'}"
+                        f"  {purpose} on {model or 'the given model'}: {part.prompt_tokens:,} in ({part.cached_tokens:,} cached), "
+                        f"{part.completion_tokens:,} out over {part.calls} call{'' if part.calls == 1 else 's'}"
                         for (purpose, model), part in s.usage_by_model().items()
                     ),
                     f"Folder:   {s.working_dir}",
@@ -382,6 +404,18 @@ class SlashCommands:
     def _plugins(self, _: str) -> bool:
         failures = getattr(self.session.executor, "plugin_failures", ())
         self.say(plugin_table(self.session.plugins.entries, failures))
+        return True
+
+    def _roles(self, _: str) -> bool:
+        self.say(role_table(self.session.roles.entries))
+        return True
+
+    def _save(self, _: str) -> bool:
+        save_tips(self.session, self.say)
+        return True
+
+    def _experience(self, argument: str) -> bool:
+        experience_command(self.session, argument, self.say)
         return True
 
     def _history(self, _: str) -> bool:
@@ -418,13 +452,13 @@ class SlashCommands:
 
     def _context(self, _: str) -> bool:
         self.say("The last prompt sent to each role, in tokens by part, against the role's budget:")
-        for role, context in self.session.contexts().items():
+        for context in self.session.contexts().values():
             report = context.report()
             if report is None:
-                self.say(f"{role.label} ({context.strategy}): no prompt built yet")
+                self.say(f"{context.label} ({context.strategy}): no prompt built yet")
                 continue
             cost = report.cost
-            lines = [f"{role.label} ({report.strategy}): {cost.total:,} of {report.budget:,} tokens ({cost.total / report.budget:.0%})"]
+            lines = [f"{context.label} ({report.strategy}): {cost.total:,} of {report.budget:,} tokens ({cost.total / report.budget:.0%})"]
             lines += [f"  {part:<16}{tokens:>9,}" for part, tokens in report.parts().items()]
             notes = []
             if report.folded_through:
@@ -442,6 +476,7 @@ class SlashCommands:
             if report.fold_running:
                 notes.append("a fold is running in the background")
             lines += [f"  ({'; '.join(notes)})"] if notes else []
+            lines += [f"  {line}" for line in cache_lines(self.session, context.role)]
             self.say("\n".join(lines))
         return True
 
@@ -452,15 +487,15 @@ class SlashCommands:
         )
         live = self.session.live_variables()
         tokenizer = get_tokenizer(self.session.config.llm.tokenizer)
-        for role, context in self.session.contexts().items():
+        for context in self.session.contexts().values():
             state = context.state
             if not state.folded_through:
-                self.say(f"{role.label}: nothing folded yet")
+                self.say(f"{context.label}: nothing folded yet")
                 continue
             text = render_summary(state)
-            if role is RoleName.CODE_GENERATOR:
-                text += "\n\n" + render_variables(live, described=state.variables, max_tokens=SUMMARY_VARIABLES_TOKENS, tokenizer=tokenizer)
-            self.say(f"{role.label}:\n{text}")
+            if context.lists_variables:
+                text += "\n\n" + render_variables(live, described=state.variables, max_tokens=SUMMARY_VARIABLES_TOKENS, tokenizer=tokenizer).text
+            self.say(f"{context.label}:\n{text}")
         return True
 
 

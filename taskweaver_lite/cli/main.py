@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = commands.add_parser("plugins", help="list the project's plugins (and installed ones) with their state or error")
     _project_option(plugins)
     plugins.add_argument("--json", action="store_true", help="one JSON array on stdout")
+    roles = commands.add_parser("roles", help="list the roles (built in, the project's, installed ones) with their state or error")
+    _project_option(roles)
+    roles.add_argument("--json", action="store_true", help="one JSON array on stdout")
 
     serve = commands.add_parser("serve", help="a local web page and HTTP API: many sessions, plots and tables in the browser")
     _project_option(serve)
@@ -54,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     serve.add_argument("--token", default=None, help="the token every request must carry (default: env TASKWEAVER_LITE_TOKEN)")
     _overrides_option(serve)
+
+    from taskweaver_lite.cli.eval import add_eval_parser
+
+    add_eval_parser(commands)
 
     export = commands.add_parser("export", help="write a stored session as a notebook or Markdown")
     export.add_argument("session_id", metavar="ID", help="session id ('last' for the newest)")
@@ -117,11 +124,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             from taskweaver_lite.cli.serve import run_serve
 
             return run_serve(args)
+        if args.command == "eval":
+            from taskweaver_lite.cli.eval import run_eval_command
+
+            return run_eval_command(args)
         if args.command == "plugins":
             from taskweaver_lite.cli.chat import project_dir
             from taskweaver_lite.cli.plugins import run_plugins
 
             return run_plugins(project_dir(args), as_json=args.json)
+        if args.command == "roles":
+            from taskweaver_lite.cli.chat import project_dir
+            from taskweaver_lite.cli.roles import run_roles
+
+            return run_roles(project_dir(args), as_json=args.json)
         from taskweaver_lite.cli.chat import export_session
 
         return export_session(args)

@@ -33,6 +33,7 @@ from taskweaver_lite.errors import (
     TaskWeaverError,
 )
 from taskweaver_lite.llm.completions import BrokenReply, OddReply, Piece, PieceSink, ReplyFields, read_body, read_completion, read_stream, retry_after
+from taskweaver_lite.llm.prompt_cache import PromptCache, read_props
 
 if TYPE_CHECKING:
     from taskweaver_lite.config import LLMConfig
@@ -99,6 +100,7 @@ class CallRecord:
     # False when the endpoint sent no usage numbers, so the token counts above are 0, not measured.
     usage_reported: bool = True
     model: str = ""  # the model asked for, when the client knows it
+    cached_tokens: int = 0  # of prompt_tokens, those the server took from its prefix cache
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,15 @@ class Usage:
     def total_tokens(self) -> int:
         """Prompt and completion tokens together."""
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def uncached_tokens(self) -> int:
+        """Prompt tokens the servers computed anew: what a prefix cache did not save."""
+        return self.prompt_tokens - self.cached_tokens
+
+    def cache_line(self) -> str:
+        """'12,345 prompt tokens, 9,000 cached, 3,345 uncached': the prompt side with what servers cached."""
+        return f"{self.prompt_tokens:,} prompt tokens, {self.cached_tokens:,} cached, {self.uncached_tokens:,} uncached"
 
     def plus(self, completion: Completion | None) -> Usage:
         """These totals with one more call: its completion, or None for a failed call."""
@@ -152,12 +163,40 @@ class RoutedModel:
         """Forward to the model for `purpose`."""
         return self.route(purpose).complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
 
+    def scope_cache(self, name: str) -> None:
+        """Name the session for every distinct model that keys its prompt cache (`OpenAIChatModel.scope_cache`)."""
+        scope_cache(*self._by_purpose.values(), self._default, name=name)
+
     def close(self) -> None:
         """Close every distinct model that can be closed."""
         for model in {id(m): m for m in (*self._by_purpose.values(), self._default)}.values():
             close = getattr(model, "close", None)
             if callable(close):
                 close()
+
+
+def scope_cache(*models: ChatModel, name: str) -> None:
+    """Tell each distinct model that keys its prompt cache which session its calls belong to; others are left alone."""
+    for model in {id(m): m for m in models}.values():
+        scope = getattr(model, "scope_cache", None)
+        if callable(scope):
+            scope(name)
+
+
+def usage_by_purpose(by_model: Mapping[tuple[str, str], Usage]) -> dict[str, Usage]:
+    """`MeteredModel.usage_by_model` summed over models: one figure per role and per role's folds."""
+    summed: dict[str, Usage] = {}
+    for (purpose, _), part in by_model.items():
+        before = summed.get(purpose, Usage())
+        summed[purpose] = Usage(
+            calls=before.calls + part.calls,
+            failed_calls=before.failed_calls + part.failed_calls,
+            prompt_tokens=before.prompt_tokens + part.prompt_tokens,
+            completion_tokens=before.completion_tokens + part.completion_tokens,
+            calls_without_usage=before.calls_without_usage + part.calls_without_usage,
+            cached_tokens=before.cached_tokens + part.cached_tokens,
+        )
+    return summed
 
 
 def model_name(model: ChatModel, purpose: str) -> str:
@@ -205,6 +244,7 @@ class MeteredModel:
             reply=completion.text,
             usage_reported=completion.usage_reported,
             model=completion.model or model_name(self.inner, purpose),
+            cached_tokens=completion.cached_tokens,
         )
         self._count(completion, record)
         return completion
@@ -256,6 +296,9 @@ class OpenAIChatModel:
         )
         # Cleared for good (this client's life: the session) when the endpoint refuses response_format.
         self._json_mode = config.json_mode
+        self.prompt_cache = PromptCache(
+            mode=config.prompt_cache, kind=config.server_kind, api_base=base_url, props=lambda api_base: read_props(api_base, api_key=key)
+        )
         self._client = openai.OpenAI(
             api_key=key,
             base_url=base_url,
@@ -276,6 +319,8 @@ class OpenAIChatModel:
         if self._config.stream:
             request["stream"] = True
             request["stream_options"] = {"include_usage": True}  # else streamed replies carry no token counts
+        hints = self.prompt_cache.hints(purpose)
+        request.update(hints)
         started = time.perf_counter()
         made = 0
         while True:
@@ -285,6 +330,11 @@ class OpenAIChatModel:
             try:
                 fields = self._request(request, on_delta)
             except _Failure as failure:
+                refused = next((name for name in hints if name in request and _refuses(failure.cause, name)), None)
+                if refused is not None:
+                    self.prompt_cache.refuse(refused)  # a cache hint is worth nothing to a server that refuses it
+                    del request[refused]
+                    continue
                 if "stream_options" in request and _refuses(failure.cause, "stream_options"):
                     del request["stream_options"]  # older servers stream but know no options: no usage, then
                     continue
@@ -296,6 +346,7 @@ class OpenAIChatModel:
                     continue
                 self._pause_or_raise(failure, made)
                 continue
+            self.prompt_cache.learn(llama_timings=fields.llama_timings)
             return Completion(
                 model=self._config.model,
                 text=fields.text,
@@ -311,6 +362,10 @@ class OpenAIChatModel:
         """The model every call asks for (`llm.model`)."""
         return self._config.model
 
+    def scope_cache(self, name: str) -> None:
+        """Name the session whose calls follow: the prompt cache keys are per session and purpose."""
+        self.prompt_cache.scope(name)
+
     def close(self) -> None:
         """Release the HTTP connections."""
         self._client.close()
@@ -318,18 +373,19 @@ class OpenAIChatModel:
     def _request(self, request: dict[str, Any], on_delta: DeltaSink | None) -> ReplyFields:
         """One HTTP request, its body read within llm.timeout in all; `_Failure` says whether to retry."""
         import openai
-        from openai.types.chat import ChatCompletion
+        from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
         deadline = time.monotonic() + self._config.timeout
         try:
             # `post` rather than `chat.completions.create`: the same request and errors, without the SDK
-            # re-walking every message as a TypedDict (milliseconds per call on long prompts). The header
-            # is how the SDK's own `with_streaming_response` leaves the body unread, for us to read.
-            response = self._client.post(
+            # re-walking every message as a TypedDict (milliseconds per call on long prompts). `stream=True`
+            # with a stream class is the SDK's public way to hand back the body unread (JSON or SSE): we read it.
+            stream = self._client.post(
                 "/chat/completions",
                 body=request,
-                cast_to=openai.APIResponse[ChatCompletion],
-                options={"headers": {_RAW_RESPONSE_HEADER: "stream"}},
+                cast_to=ChatCompletion,
+                stream=True,
+                stream_cls=openai.Stream[ChatCompletionChunk],
             )
         except openai.APIStatusError as exc:
             raise _Failure(exc, retryable=_worth_retrying(exc), wait=retry_after(exc.response.headers)) from exc
@@ -337,6 +393,7 @@ class OpenAIChatModel:
             raise _Failure(exc, retryable=True) from exc
         except openai.OpenAIError as exc:
             raise _Failure(exc, retryable=False) from exc
+        response = stream.response
         try:
             if "text/event-stream" in response.headers.get("content-type", ""):
                 return read_stream(response.iter_bytes(), deadline=deadline, on_piece=_piece_sink(on_delta))
@@ -510,7 +567,6 @@ def url_secrets(url: str) -> tuple[str, ...]:
 _OPENAI_BASE_URL = "https://api.openai.com/v1"
 _LOCAL_SERVER_KEY = "not-needed"
 _MIN_SCRUBBED_KEY = 6  # shorter secrets cannot be masked without garbling ordinary words
-_RAW_RESPONSE_HEADER = "X-Stainless-Raw-Response"  # openai's switch for an unread (streamed) body
 _FIRST_BACKOFF = 0.5
 _LONGEST_BACKOFF = 8.0
 _CONTEXT_WORDS = (

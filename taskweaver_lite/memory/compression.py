@@ -2,47 +2,109 @@
 
 A `RoleContext` per role decides what of the conversation goes into that role's prompt. Finished
 rounds fold into the role's summary by model calls in a worker thread (summary.py); `build` never
-waits for a fold and uses the newest summary that is ready, with the rounds not yet folded
-verbatim. The CodeGenerator's prompt also carries the kernel's variables, once, within their share
-of the budget (variables.py). Whatever the strategy, the budget guard (budget.py) keeps every
-prompt within `llm.context_window - llm.reply_reserve - llm.margin`, and fold calls keep prompt +
-max_tokens within `llm.context_window`.
+waits for a fold. Whatever the strategy, the budget guard (budget.py) keeps every prompt within
+`llm.context_window - llm.reply_reserve - llm.margin`, and fold calls keep prompt + max_tokens
+within `llm.context_window`.
 
-Strategies (`<role>.strategy`):
-- round_compression: fold everything older than the latest `rounds_to_retain` rounds once
-  `rounds_to_compress + rounds_to_retain` rounds are unfolded (TaskWeaver's rule), or earlier when
-  the unfolded rounds pass `fold_token_trigger` tokens (at most half the budget, so the retained
-  rounds always leave room for the current one).
+Prompt order, by volatility. A model server (llama.cpp's slots, vLLM's and SGLang's prefix caches,
+OpenAI's prompt caching) skips the prefix a prompt shares with one it has seen, so every part sits
+after everything that changes less often than it does:
+
+1. the system instructions (with the plugin descriptions), then the examples: fixed;
+2. the memory (one user message): the summary under a fixed heading (no round numbers, counts or
+   times) and the variables list, a snapshot; both change only when a fold lands, and a fold that
+   appends notes leaves the summary's earlier bytes as they were;
+3. the retained rounds, each rendered once (roles/role.py): a round shown as current is byte for
+   byte the retained round of every later prompt, until it folds;
+4. the current round, the only part that changes every call.
+
+A fold lands at a round boundary: the state a round's first request used serves every call of
+that round, so within a round each call extends the one before it byte for byte; a fold that
+finishes mid-round is picked up by the next round's first request. The variables list is rendered
+then too, and again only when it would leave a live variable unnamed (one created since shows in
+its round's "Variables created" line while that round is retained).
+
+Strategies (`<role>.strategy`), with `<role>.fold_schedule` (schedule.py) saying when rounds leave:
+- round_compression: fold everything older than the latest `rounds_to_retain` rounds into the
+  summary (schedule `rounds`: as `rounds_to_compress + rounds_to_retain` gather, TaskWeaver's
+  rule; `pressure`: only when the unfolded rounds pass `fold_token_trigger`).
 - summary_buffer: the last `summary_buffer_rounds` rounds verbatim, everything older in one
   narrative summary.
+- observation_masking: old rounds keep their code, outcome line and variables; what their code
+  printed becomes a one-line placeholder naming the full output's file. No model call.
 - sliding_window: the newest rounds that fit, no model call.
 - none: every round; only the budget guard shortens it.
 `<role>.prompt_compression: false` turns the summarising strategies into sliding_window.
+
+A context knows its role only through `ContextSettings`: the role's key (config section, store and
+call-purpose name), its label on screen, its fold prompt and its own config section, with the
+round compressor's settings that section overrides (`<role>.rounds_to_compress`...).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from taskweaver_lite.config import Config, ModelUser, RoleConfig, Strategy
+from taskweaver_lite.config import Config, LLMConfig, RoleConfig, RoundCompressorConfig, Strategy, merged_llm
 from taskweaver_lite.events import Folded
 from taskweaver_lite.llm.client import ChatModel, Message
 from taskweaver_lite.llm.tokens import Tokenizer
 from taskweaver_lite.memory.budget import PromptCost, PromptParts, ShrinkOrder, fit_prompt
-from taskweaver_lite.memory.conversation import RoleName, RoundMessages
+from taskweaver_lite.memory.conversation import RoundMessages
+from taskweaver_lite.memory.schedule import Schedule
 from taskweaver_lite.memory.summary import VARIABLES_SHARE, CompressionState, FoldLimits, FoldResult, FoldStyle, fold_rounds, render_summary
-from taskweaver_lite.memory.variables import LiveVariables, mentioned_names, render_variables
+from taskweaver_lite.memory.variables import LiveVariables, VariablesList, mentioned_names, render_variables
+
+SUMMARISING: tuple[Strategy, ...] = ("round_compression", "summary_buffer")
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    """What a `RoleContext` needs to know of its role: names, fold prompt, its own section and models."""
+
+    role: str  # the role's key: its config section, stored summary and call purpose ("planner", "code_generator", "echo")
+    label: str  # its name on screen
+    section: RoleConfig  # the role's own config section (strategy, prompt_compression, examples, llm, fold overrides)
+    compressor: RoundCompressorConfig  # round_compressor, with the keys the role's section overrides
+    llm: LLMConfig  # the role's model: its prompts fit this window
+    folder: LLMConfig  # the round compressor's model: folds fit this window
+    llm_key: str  # where the role's window is set, for messages: "llm" or "planner.llm"
+    fold_prompt: str  # prompts/<fold_prompt>.yaml
+
+    @classmethod
+    def of(cls, config: Config, role: str, *, section: RoleConfig | None = None, label: str | None = None, fold_prompt: str | None = None) -> ContextSettings:
+        """The settings of `role` in `config`; `section` replaces `config.<role>` (a project role's merged settings)."""
+        own = section if section is not None else config.role_section(role)
+        llm = merged_llm(config.llm, own.llm)
+        overrides = {key: value for key in ("rounds_to_compress", "rounds_to_retain") if (value := getattr(own, key)) is not None}
+        return cls(
+            role=role,
+            label=label or role,
+            section=own,
+            compressor=config.round_compressor.model_copy(update=overrides),
+            llm=llm,
+            folder=config.llm_for("round_compressor"),
+            llm_key="llm" if llm == config.llm else f"{role}.llm",
+            fold_prompt=fold_prompt or f"compression_{role}",
+        )
+
+    @property
+    def budget(self) -> int:
+        """Tokens the role's prompts may use: its model's window minus reply reserve and margin."""
+        return self.llm.context_window - self.llm.reply_reserve - self.llm.margin
 
 
 @dataclass(frozen=True)
 class ContextReport:
     """Where a role's last prompt spent its tokens, against the budget (for /context)."""
 
-    role: RoleName
+    role: str
+    label: str
     strategy: Strategy
     budget: int
     folded_through: int
@@ -51,7 +113,7 @@ class ContextReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape: the fields by name, the cost's fields inline."""
-        head = {"role": self.role.value, "strategy": self.strategy, "budget": self.budget}
+        head = {"role": self.role, "label": self.label, "strategy": self.strategy, "budget": self.budget}
         return {**head, "folded_through": self.folded_through, "fold_running": self.fold_running, **asdict(self.cost)}
 
     def parts(self) -> dict[str, int]:
@@ -80,33 +142,36 @@ class RoleContext:
 
     def __init__(
         self,
-        role: RoleName,
+        settings: ContextSettings,
         *,
-        config: Config,
         model: ChatModel,
         tokenizer: Tokenizer,
         live_variables: Callable[[], LiveVariables] | None = None,
         on_fold: Callable[[Folded], None] | None = None,
     ) -> None:
         """`live_variables` gives the kernel's truth; with it the prompt lists the variables (the CodeGenerator's)."""
-        role_config: RoleConfig = getattr(config, role.value)
-        self.role = role
+        role_config = settings.section
+        self.role = settings.role
+        self.label = settings.label
+        self._fold_prompt = settings.fold_prompt
         self.strategy: Strategy = role_config.strategy
         self._examples_always = role_config.examples == "always"
         if not role_config.prompt_compression and self.strategy in ("round_compression", "summary_buffer"):
             self.strategy = "sliding_window"
-        self._settings = config.round_compressor
+        self._settings = settings.compressor
         # Each role's prompts fit its own model's window; folds fit the round compressor's.
-        user: ModelUser = "planner" if role == RoleName.PLANNER else "code_generator"
-        llm, folder = config.llm_for(user), config.llm_for("round_compressor")
-        self._budget = config.role_budget(user)
+        llm, folder = settings.llm, settings.folder
+        self._budget = settings.budget
+        buffer = self.strategy == "summary_buffer"
+        keep = self._settings.summary_buffer_rounds if buffer else self._settings.rounds_to_retain
+        self._schedule = Schedule.for_role(role_config.fold_schedule, settings=self._settings, budget=self._budget, keep=keep, buffer=buffer)
         self._limits = FoldLimits.for_budget(
             self._budget,
-            max_summary_tokens=config.round_compressor.max_summary_tokens,
+            max_summary_tokens=settings.compressor.max_summary_tokens,
             window=folder.context_window,
             margin=folder.margin,
         )
-        prefix = "llm" if llm == config.llm else f"{role.value}.llm"
+        prefix = settings.llm_key
         self._budget_source = (
             f"{prefix}.context_window {llm.context_window:,} - {prefix}.reply_reserve {llm.reply_reserve:,} "
             f"- {prefix}.margin {llm.margin:,}"
@@ -126,6 +191,11 @@ class RoleContext:
         self._retry_at = 0.0
         self._closed = False
         self._report: ContextReport | None = None
+        # What the prompts of the round in progress show: the state as of its first request, and the
+        # variables list rendered then (refreshed only when it would leave a live name unnamed).
+        self._shown_round: int | None = None
+        self._shown = self._state
+        self._variables: VariablesList | None = None
 
     @property
     def state(self) -> CompressionState:
@@ -137,6 +207,7 @@ class RoleContext:
         """Continue from a saved state (a resumed session); a fold still running is discarded."""
         with self._lock:
             self._state = state
+            self._shown_round = None
             self._generation += 1
             self._failures = 0
             self._retry_at = 0.0
@@ -152,6 +223,11 @@ class RoleContext:
         return self._budget
 
     @property
+    def lists_variables(self) -> bool:
+        """Whether this role's prompt lists the kernel's variables (the code-running role's)."""
+        return self._live_variables is not None
+
+    @property
     def tokenizer(self) -> Tokenizer:
         """The tokenizer every count of this role's prompts is made with."""
         return self._tokenizer
@@ -160,44 +236,109 @@ class RoleContext:
         self, *, system: str, examples: Sequence[Message], history: Sequence[RoundMessages], current: RoundMessages, reserve: int = 0
     ) -> BuiltPrompt:
         """The prompt for this role now, within the budget less `reserve` (room for a repair turn); never waits for a fold."""
-        with self._lock:
-            state, running = self._state, self._worker is not None
-        summarising = self.strategy in ("round_compression", "summary_buffer")
-        retained = tuple(r for r in history if r.index > state.folded_through) if summarising else tuple(history)
+        state, running, landed = self._adopt(current.index)
+        summarising = self.strategy in SUMMARISING
+        if summarising:
+            retained = tuple(r for r in history if r.index > state.folded_through)
+        elif self.strategy == "observation_masking":
+            # Masked rounds keep their messages' roles and order: only what the code printed is shorter.
+            retained = tuple(RoundMessages(r.index, r.masked_messages) if r.index <= state.folded_through else r for r in history)
+        else:
+            retained = tuple(history)
+        # Once the prompt shows a round of the role's own, its replies show the format as well as
+        # the examples did: leaving them out saves their tokens in every later call.
+        shown_examples = tuple(examples) if self._examples_always or not any(r.messages for r in retained) else ()
+        order: ShrinkOrder = "window" if self.strategy == "sliding_window" else "standard"
+        fit = functools.partial(
+            fit_prompt, tokenizer=self._tokenizer, budget=self._budget - reserve, order=order, budget_source=self._budget_source, who=self.label
+        )
         parts = PromptParts(
             system=system,
             summary=render_summary(state) if summarising else "",
             placement=self._settings.summary_placement,
-            # Once the prompt shows a round of the role's own, its replies show the format as well as
-            # the examples did: leaving them out saves their tokens in every later call.
-            examples=tuple(examples) if self._examples_always or not any(r.messages for r in retained) else (),
+            examples=shown_examples,
             rounds=retained,
             current=current,
-            variables=self._variables_block(state, (*retained, current)),
+            variables=self._variables_block(state, retained, current, refresh=landed),
             variables_cap=int(self._budget * VARIABLES_SHARE),
         )
-        order: ShrinkOrder = "window" if self.strategy == "sliding_window" else "standard"
-        budget = self._budget - reserve
-        fitted = fit_prompt(parts, tokenizer=self._tokenizer, budget=budget, order=order, budget_source=self._budget_source, who=self.role.label)
+        fitted = fit(parts)
+        if fitted.cost.rounds_dropped and self._unnamed(retained, fitted.cost.rounds_kept, current):
+            # The guard dropped rounds whose variables the list leaves unnamed: name them now.
+            fitted = fit(replace(parts, variables=self._variables_block(state, retained, current, refresh=True)))
         report = ContextReport(
-            role=self.role, strategy=self.strategy, budget=self._budget, folded_through=state.folded_through, fold_running=running, cost=fitted.cost
+            role=self.role,
+            label=self.label,
+            strategy=self.strategy,
+            budget=self._budget,
+            folded_through=state.folded_through,
+            fold_running=running,
+            cost=fitted.cost,
         )
         with self._lock:
             self._report = report
         return BuiltPrompt(messages=fitted.messages, report=report)
 
-    def _variables_block(self, state: CompressionState, shown: Sequence[RoundMessages]) -> Callable[[int], str] | None:
-        """How to render the variables list at a token cap, or None for a role without one."""
+    def _adopt(self, round_index: int) -> tuple[CompressionState, bool, bool]:
+        """The state this round's prompts show, whether a fold runs, and whether a new state landed just now."""
+        with self._lock:
+            landed = False
+            if round_index != self._shown_round:
+                landed = self._shown_round is None or self._state is not self._shown
+                self._shown_round, self._shown = round_index, self._state
+            return self._shown, self._worker is not None, landed
+
+    def _variables_block(
+        self, state: CompressionState, retained: Sequence[RoundMessages], current: RoundMessages, *, refresh: bool
+    ) -> Callable[[int], str] | None:
+        """How to render the variables list at a token cap, or None for a role without one.
+
+        The snapshot stays as it is while every live name is in it or in a retained round's own
+        lines; otherwise (and when a fold lands) it is rendered again, most relevant first.
+        """
         live = self._live()
         if live is None:
             return None
-        mentioned = mentioned_names([m["content"] for r in shown for m in r.messages])
-        tokenizer = self._tokenizer
-        return lambda cap: render_variables(live, described=state.variables, mentioned=mentioned, max_tokens=cap, tokenizer=tokenizer)
+        cap = int(self._budget * VARIABLES_SHARE)
+        snapshot = self._variables
+        stale = snapshot is None or refresh or self._unnamed(retained, tuple(r.index for r in retained), current, live=live)
+        if stale:
+            texts = [m["content"] for r in (current, *reversed(retained)) for m in r.messages]
+            relevant = mentioned_names(texts)
+            snapshot = render_variables(live, described=state.variables, relevant=relevant, max_tokens=cap, tokenizer=self._tokenizer)
+            with self._lock:
+                self._variables = snapshot
+        assert snapshot is not None
+        fixed, tokenizer = snapshot, self._tokenizer
+
+        def render(limit: int) -> str:
+            if tokenizer.count(fixed.text) <= limit:
+                return fixed.text
+            return render_variables(live, described=state.variables, max_tokens=limit, tokenizer=tokenizer).text
+
+        return render
+
+    def _unnamed(
+        self, retained: Sequence[RoundMessages], kept: Sequence[int], current: RoundMessages, *, live: LiveVariables | None = None
+    ) -> bool:
+        """Whether the snapshot misleads: a live variable it did not cover and no kept round names, or one it lists that is gone."""
+        live = live if live is not None else self._live()
+        snapshot = self._variables
+        if live is None or snapshot is None:
+            return live is not None
+        names = {v.name for v in live.variables}
+        if names and not snapshot.covered:
+            return True  # a list made while the kernel was empty says nothing worth keeping
+        shown = set(kept)
+        in_rounds = {name for r in retained if r.index in shown for name in r.variables} | set(current.variables)
+        return bool(names - snapshot.covered - in_rounds) or bool(snapshot.covered - names)
 
     def round_finished(self, history: Sequence[RoundMessages]) -> None:
         """Note the finished rounds; start a background fold if one is due. Returns at once."""
-        if self.strategy not in ("round_compression", "summary_buffer"):
+        if self.strategy == "observation_masking":
+            self._mask(history)
+            return
+        if self.strategy not in SUMMARISING:
             return
         live = self._live()
         with self._lock:
@@ -223,25 +364,14 @@ class RoleContext:
         # Rounds this role took no part in (a chat-only round for the CodeGenerator) cost nothing to
         # keep, so they neither count towards a fold nor go into one; a fold past them covers them.
         unfolded = [r for r in history if r.index > state.folded_through and r.messages]
-        settings = self._settings
-        keep = settings.summary_buffer_rounds if self.strategy == "summary_buffer" else settings.rounds_to_retain
-        if self.strategy == "summary_buffer":
-            count_due = len(unfolded) > keep
-        else:
-            count_due = len(unfolded) >= settings.rounds_to_compress + keep
-        fold_upto = max(len(unfolded) - keep, 0)
-        trigger = min(settings.fold_token_trigger, self._budget // 2)
-        if trigger:
-            sizes = [self._tokenizer.count_messages(r.messages) for r in unfolded]
-            kept_tokens = sum(sizes[fold_upto:])
-            # Large rounds fold early: move the oldest kept rounds into the fold until the rest is
-            # under the trigger, but keep the newest round verbatim.
-            while kept_tokens > trigger and fold_upto < len(unfolded) - 1:
-                kept_tokens -= sizes[fold_upto]
-                fold_upto += 1
-            if sum(sizes) > trigger and fold_upto > 0:
-                count_due = True
-        return tuple(unfolded[:fold_upto]) if count_due else ()
+        return self._schedule.due(unfolded, self._tokenizer)
+
+    def _mask(self, history: Sequence[RoundMessages]) -> None:
+        """Observation masking: the rounds the schedule lets go are shown masked from the next round on."""
+        with self._lock:
+            due = self._due(self._state, history)
+            if due:
+                self._state = replace(self._state, folded_through=due[-1].index)
 
     def _start_due_fold(self) -> None:
         """Start a worker for the fold due now, if any and none is running; the lock must be held."""
@@ -291,6 +421,8 @@ class RoleContext:
                 previous,
                 rounds=due,
                 role=self.role,
+                label=self.label,
+                prompt=self._fold_prompt,
                 style=style,
                 model=self._model,
                 tokenizer=self._tokenizer,
@@ -300,4 +432,4 @@ class RoleContext:
         except Exception as exc:  # noqa: BLE001 - fold_rounds turns expected failures into events; this is a bug, and a worker must survive it
             error = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
             # Token counts are unknown: the attempt broke before it could report them.
-            return FoldResult(state=None, events=(Folded(self.role, due[0].index, due[-1].index, 0, 0, ok=False, error=error),))
+            return FoldResult(state=None, events=(Folded(self.role, due[0].index, due[-1].index, 0, 0, ok=False, error=error, label=self.label),))

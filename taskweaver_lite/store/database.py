@@ -30,7 +30,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +39,9 @@ from typing import Any, Literal
 from taskweaver_lite.errors import StoreError, UnknownSessionError
 from taskweaver_lite.events import CellPrinted, Event, FileLoaded, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import Variable
+from taskweaver_lite.knowledge.tips import Tip, TipKind
 from taskweaver_lite.llm.client import Usage
-from taskweaver_lite.memory.conversation import Post, RoleName, Round
+from taskweaver_lite.memory.conversation import Post, Round
 from taskweaver_lite.store.lock import SessionLock
 from taskweaver_lite.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate, read_version
 
@@ -75,7 +76,7 @@ class StoredSession:
     started: float
     last_active: float
     rounds: list[Round]
-    compression: dict[str, dict[str, Any]]  # role ("planner", "code_generator") -> CompressionState.to_dict()
+    compression: dict[str, dict[str, Any]]  # role key ("planner", "code_generator", a project role's) -> CompressionState.to_dict()
     usage: Usage  # failed calls counted, with no tokens
     interrupted: tuple[int, ...]  # indexes of rounds still 'running': cut off by a crash
     last_variables: tuple[Variable, ...]  # the kernel's variables after the last cell that ran
@@ -190,14 +191,14 @@ class SessionStore:
                 _write_event(db, session_id, event, now, known_rounds=self._known_rounds, made=made)
         self._known_rounds |= made  # only once committed: a rolled-back round row is made again next time
 
-    def save_compression(self, session_id: str, role: RoleName, state: dict[str, Any]) -> None:
+    def save_compression(self, session_id: str, role: str, state: dict[str, Any]) -> None:
         """Keep `role`'s CompressionState.to_dict(), replacing the one saved before."""
         now = time.time()
         with self._transaction() as db:
             db.execute(
                 "INSERT INTO compression (session_id, role, state, saved_at) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (session_id, role) DO UPDATE SET state = excluded.state, saved_at = excluded.saved_at",
-                (session_id, role.value, json.dumps(state, ensure_ascii=False), now),
+                (session_id, role, json.dumps(state, ensure_ascii=False), now),
             )
             db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
 
@@ -214,6 +215,30 @@ class SessionStore:
         if row is None:
             raise UnknownSessionError(session_id, store=str(self.path))
         return [str(item) for item in json.loads(row[0])]
+
+    def save_tips(self, session_id: str, tips: Sequence[tuple[TipKind, str]]) -> list[Tip]:
+        """Store tips (kind, text) distilled from `session_id`, in one transaction; returns them with their ids."""
+        now = time.time()
+        with self._transaction() as db:
+            ids = [db.execute("INSERT INTO tips (kind, text, session_id, created_at) VALUES (?, ?, ?, ?)", (k, t, session_id, now)).lastrowid for k, t in tips]
+        return [Tip(id=str(n), kind=k, text=t, source=session_id, created_at=now) for n, (k, t) in zip(ids, tips, strict=True)]
+
+    def stored_tips(self) -> list[Tip]:
+        """Every stored tip, oldest first."""
+        with self._read() as db:
+            rows = db.execute("SELECT id, kind, text, session_id, created_at FROM tips ORDER BY id").fetchall()
+        return [Tip(id=str(r[0]), kind=r[1], text=r[2], source=r[3], created_at=r[4]) for r in rows]
+
+    def tips_version(self) -> tuple[int, int]:
+        """(count, newest id) of the stored tips: changes with every save and delete (ids are never reused)."""
+        with self._read() as db:
+            count, newest = db.execute("SELECT COUNT(*), COALESCE(MAX(id), 0) FROM tips").fetchone()
+        return int(count), int(newest)
+
+    def delete_tip(self, tip_id: int) -> bool:
+        """Delete one stored tip; False when there is none with that id."""
+        with self._transaction() as db:
+            return db.execute("DELETE FROM tips WHERE id = ?", (tip_id,)).rowcount > 0
 
     def list_sessions(self) -> list[SessionEntry]:
         """Every stored session with at least one round, most recently active first."""
@@ -259,8 +284,8 @@ class SessionStore:
             states = db.execute("SELECT role, state FROM compression WHERE session_id = ?", (session_id,)).fetchall()
             loads = db.execute("SELECT name, source, after_round, at FROM files WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
             usage = db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0)"
-                " FROM model_calls WHERE session_id = ?",
+                "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0),"
+                " COALESCE(SUM(cached_tokens), 0) FROM model_calls WHERE session_id = ?",
                 (session_id,),
             ).fetchone()
         rounds = {
@@ -276,7 +301,7 @@ class SessionStore:
             last_active=head[2],
             rounds=ordered,
             compression={role: json.loads(state) for role, state in states},
-            usage=Usage(calls=usage[0], failed_calls=usage[1], prompt_tokens=usage[2], completion_tokens=usage[3]),
+            usage=Usage(calls=usage[0], failed_calls=usage[1], prompt_tokens=usage[2], completion_tokens=usage[3], cached_tokens=usage[4]),
             interrupted=tuple(r.index for r in ordered if r.state == "running"),
             last_variables=tuple(Variable.from_dict(v) for v in json.loads(head[3])),
             loads=tuple(FileLoaded(name=r[0], source=r[1], after_round=r[2], at=r[3]) for r in loads),
@@ -372,7 +397,7 @@ class StoreRecorder:
     """
 
     def __init__(
-        self, store: SessionStore, session_id: str, *, compression_state: Callable[[RoleName], dict[str, Any] | None] | None = None
+        self, store: SessionStore, session_id: str, *, compression_state: Callable[[str], dict[str, Any] | None] | None = None
     ) -> None:
         self.store = store
         self.session_id = session_id
@@ -473,13 +498,14 @@ def _write_event(
         _end_round(db, session_id, event.round.id, state=event.round.state, error=event.round.error, at=now)
     elif isinstance(event, ModelCalled):
         db.execute(
-            "INSERT INTO model_calls (session_id, purpose, prompt_tokens, completion_tokens, latency, ok, error, prompt, reply, at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO model_calls (session_id, purpose, prompt_tokens, completion_tokens, cached_tokens, latency, ok, error, prompt, reply, at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 session_id,
                 event.purpose,
                 event.prompt_tokens,
                 event.completion_tokens,
+                event.cached_tokens,
                 event.latency,
                 event.ok,
                 event.error,
@@ -492,7 +518,7 @@ def _write_event(
         db.execute(
             "INSERT INTO folds (session_id, role, first_round, last_round, tokens_before, tokens_after, ok, error, at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (session_id, event.role.value, event.first_round, event.last_round, event.tokens_before, event.tokens_after, event.ok, event.error, now),
+            (session_id, event.role, event.first_round, event.last_round, event.tokens_before, event.tokens_after, event.ok, event.error, now),
         )
     elif isinstance(event, FileLoaded):
         db.execute(

@@ -20,8 +20,8 @@ from taskweaver_lite.config import Config
 from taskweaver_lite.errors import SessionBusyError, TaskWeaverError
 from taskweaver_lite.events import Event, PostAdded, ReplyStreamed
 from taskweaver_lite.kernel.executor import close_thread_loop
+from taskweaver_lite.knowledge.tips import Tip
 from taskweaver_lite.llm.streaming import SHOWN_FIELDS, PartialReply
-from taskweaver_lite.memory.conversation import RoleName
 from taskweaver_lite.session import Session
 from taskweaver_lite.web.events import event_json
 
@@ -96,7 +96,8 @@ class LiveSession:
         self._turns: dict[int, Turn] = {}  # a request's thread -> its turn: its events go there, not to a newer one
         self._worker: threading.Thread | None = None
         self._guard = threading.Lock()
-        self._partial: dict[RoleName, PartialReply] = {}
+        self._partial: dict[str, PartialReply] = {}
+        self._saving = False  # /save's distillation is running: no request starts meanwhile
         session.add_listener(self._on_event, first=True)  # to the page at once, as to the terminal
 
     @property
@@ -107,7 +108,21 @@ class LiveSession:
     def busy(self) -> bool:
         """A request is being answered (once its answer or error is out, the thread's last steps do not count)."""
         turn = self._turn
-        return self._worker is not None and self._worker.is_alive() and not (turn is not None and turn.done)
+        answering = self._worker is not None and self._worker.is_alive() and not (turn is not None and turn.done)
+        return answering or self._saving
+
+    def save_experience(self) -> list[Tip]:
+        """Distil the session into stored tips (a model call; run it off the loop); Busy while a request runs."""
+        with self._guard:
+            if self.busy:
+                raise Busy("This session is answering a request: save its experience when it is done.")
+            self._saving = True
+        try:
+            if self._worker is not None:
+                self._worker.join()  # an answered request finishing its bookkeeping
+            return self.session.save_experience()
+        finally:
+            self._saving = False
 
     def ask(self, text: str) -> Turn:
         """Start answering `text` on a worker thread; its events arrive on the returned turn (call from the server's loop)."""
@@ -179,12 +194,12 @@ class LiveSession:
         """A streaming reply as the fields read from it so far (the message, the code), never its raw JSON."""
         role, delta = event.role, event.delta
         if delta.kind == "start" or role not in self._partial:
-            self._partial[role] = PartialReply(SHOWN_FIELDS.get(role, ()))
+            self._partial[role] = PartialReply(SHOWN_FIELDS)
         if delta.kind != "content":
             return None
         partial = self._partial[role]
         partial.feed(delta.text)
-        return {"type": "delta", "role": role.value, "fields": dict(partial.values)} if partial.values else None
+        return {"type": "delta", "role": role, "fields": dict(partial.values)} if partial.values else None
 
     def close(self) -> None:
         self.stop()

@@ -1,4 +1,4 @@
-// The page: sessions, the chat with streamed replies, steps with code and outputs, uploads, context, export.
+// The page: sessions, the chat with streamed replies, steps with code and outputs, uploads, context, export, saving experience.
 // Text from the model and the kernel is always inserted as text (textContent), never as markup; a
 // cell's HTML table goes into a sandboxed frame that may not run scripts.
 "use strict";
@@ -77,6 +77,7 @@ async function openSession(id, resume) {
       $(link).classList.remove("disabled");
     }
     $("show-context").disabled = false;
+    $("save-experience").disabled = false;
     const chat = $("chat");
     chat.replaceChildren();
     for (const round of state.rounds) showRound(round);
@@ -322,9 +323,23 @@ async function showContext() {
   }
 }
 
+async function saveExperience() {
+  if (!current) return;
+  notice("Distilling this session into tips for later sessions…");
+  try {
+    const { saved } = await postJSON(`/api/sessions/${encodeURIComponent(current)}/experience`);
+    notice("");
+    const lines = saved.map((tip) => `#${tip.id} ${tip.kind.replace("_", " ")}: ${tip.text}`);
+    say("system", "", saved.length ? `Saved ${saved.length} tip${saved.length === 1 ? "" : "s"} for later sessions:\n${lines.join("\n")}` : "Nothing in this session was worth keeping as a tip.");
+  } catch (error) {
+    notice(`Could not save the experience: ${error.message}`);
+  }
+}
+
 window.addEventListener("DOMContentLoaded", () => {
   $("new-session").onclick = newSession;
   $("show-context").onclick = showContext;
+  $("save-experience").onclick = saveExperience;
   $("stop").onclick = () => current && postJSON(`/api/sessions/${encodeURIComponent(current)}/stop`).catch((e) => notice(e.message));
   $("composer").onsubmit = (event) => {
     event.preventDefault();
