@@ -33,6 +33,7 @@ from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.identity import in_range
 from taskweaver_lite.kernel.output import CellOutput
 from taskweaver_lite.kernel.sandbox import bwrap_path
+from taskweaver_lite.plugins.catalog import discover
 from taskweaver_lite.session import Session
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.store.export import write_export
@@ -463,6 +464,14 @@ def test_pathological_yaml_gets_one_line_naming_the_file(tmp_path: Path, text: s
         load_config(tmp_path)
     message = str(caught.value)
     assert message.startswith(str(tmp_path / "taskweaver_config.yaml")) and said in message and "\n" not in message
+
+
+def test_a_pathological_plugin_file_is_left_out_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "deep.yaml").write_text("name: deep\ndescription: " + "[" * 10_000 + "]" * 10_000 + "\n")
+    (tmp_path / "plugins" / "deep.py").write_text("x = 1\n")
+    entries = discover(tmp_path).entries
+    assert [entry.state for entry in entries] == ["broken"] and "nested more than" in entries[0].error, entries
 
 
 def test_an_ordinary_config_with_an_alias_still_loads(tmp_path: Path) -> None:
