@@ -8,7 +8,6 @@ Errors name the file, the key and what was expected, on one line.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -580,23 +579,25 @@ def load_yaml(text: str, *, source: Path | str, max_chars: int = YAML_MAX_CHARS)
     bomb is small on disk but explodes once the values are walked: the events are counted first,
     without recursion, and only a file within the bounds is loaded.
     """
-    if len(text) > max_chars:
-        raise ConfigError(f"{source}: {len(text):,} characters, more than the {max_chars:,} a taskweaver-lite YAML file may have; nothing was loaded")
-    _check_expansion(yaml.parse(text, Loader=yaml.SafeLoader), source=source)
+    problem = yaml_bounds_problem(text, max_chars=max_chars)
+    if problem is not None:
+        raise ConfigError(f"{source}: {problem}; nothing was loaded")
     return yaml.safe_load(text)
 
 
-def _check_expansion(events: Iterable[yaml.Event], *, source: Path | str) -> None:
-    """ConfigError if the document nests deeper than YAML_MAX_DEPTH or expands (aliases followed) past YAML_MAX_NODES values."""
+def yaml_bounds_problem(text: str, *, max_chars: int = YAML_MAX_CHARS) -> str | None:
+    """What makes `text` too big, too deep or too alias-heavy to load (None: within the bounds), read without recursion."""
+    if len(text) > max_chars:
+        return f"{len(text):,} characters, more than the {max_chars:,} a taskweaver-lite YAML file may have"
     sizes: dict[str, int] = {}  # an anchor's value, in values once expanded
     open_counts = [0]  # values in each collection being read, outermost first
     anchors: list[str | None] = [None]
-    for event in events:
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, yaml.CollectionStartEvent):
             open_counts.append(0)
             anchors.append(event.anchor)
             if len(open_counts) > YAML_MAX_DEPTH + 1:
-                raise ConfigError(f"{source}: nested more than {YAML_MAX_DEPTH} levels deep; nothing was loaded: flatten it")
+                return f"nested more than {YAML_MAX_DEPTH} levels deep: flatten it"
             continue
         if isinstance(event, yaml.CollectionEndEvent):
             added, anchor = open_counts.pop() + 1, anchors.pop()
@@ -610,7 +611,8 @@ def _check_expansion(events: Iterable[yaml.Event], *, source: Path | str) -> Non
             sizes[anchor] = added
         open_counts[-1] += added
         if open_counts[-1] > YAML_MAX_NODES:
-            raise ConfigError(f"{source}: its aliases (*name) expand to more than {YAML_MAX_NODES:,} values; nothing was loaded: write the values out")
+            return f"its aliases (*name) expand to more than {YAML_MAX_NODES:,} values: write the values out"
+    return None
 
 
 def _read_text(path: Path) -> str:
