@@ -103,6 +103,7 @@ def test_a_role_needing_vision_without_a_vision_model_is_off_with_the_reason(tmp
     assert "ImageReader" in planner_calls(server)[-1][0]["content"]
 
 
+@pytest.mark.cli
 def test_the_chat_reports_an_off_role_on_stderr_and_goes_on(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url, session={"roles": ["planner", "code_interpreter", "image_reader"]})
     folder = project / "roles" / "image_reader"

@@ -129,6 +129,7 @@ def test_save_before_any_request_says_there_is_nothing_to_learn_from(tmp_path: P
     assert not [r for r in server.requests if r.role == "other"], "no model call for an empty session"
 
 
+@pytest.mark.cli
 def test_the_chat_saves_lists_and_deletes_tips(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url)
     server.enqueue("planner", planner_reply("Hello!", send_to="User"))
