@@ -11,7 +11,7 @@ from taskweaver_lite.config import LLMConfig
 from taskweaver_lite.errors import ExperienceError
 from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.knowledge.distil import distil
-from taskweaver_lite.llm.client import OpenAIChatModel
+from taskweaver_lite.llm.client import Message, OpenAIChatModel
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.conversation import Post, Round
 from taskweaver_lite.testing.scripted_server import ScriptedServer
@@ -44,7 +44,7 @@ def test_the_record_of_a_long_session_fits_an_8k_window_keeping_the_newest_reque
     tips = distil([long_round(n) for n in range(1, 21)], model=OpenAIChatModel(llm), tokenizer=get_tokenizer(), llm=llm)
     assert tips == [("preference", "The user wants summaries.")], "kinds are read in any letter case, text with its spaces tidied"
     request = server.requests[-1]
-    sent = get_tokenizer().count_messages(request.messages)
+    sent = get_tokenizer().count_messages([Message(role=m["role"], content=m["content"]) for m in request.messages])
     assert sent + request.body["max_tokens"] <= 8000, f"prompt {sent} + reply {request.body['max_tokens']} passes the window"
     record = request.messages[-1]["content"]
     assert "request number 20" in record and "request number 1:" not in record
