@@ -32,7 +32,8 @@ OUTPUT_SHARE = 8
 MIN_OUTPUT_TOKENS = 256
 MAX_OUTPUT_TOKENS = 2_000
 
-Strategy = Literal["round_compression", "sliding_window", "summary_buffer", "none"]
+Strategy = Literal["round_compression", "sliding_window", "summary_buffer", "observation_masking", "none"]
+FoldSchedule = Literal["rounds", "pressure"]
 
 
 # No model accepts more than this; a bigger number is a typo (1e20) that would reach the wire as max_tokens.
@@ -59,6 +60,12 @@ class LLMConfig(_Section):
     tokenizer: Literal["o200k_base", "cl100k_base"] = "o200k_base"
     stream: bool = Field(True, description="stream replies (stream=true); false for endpoints that cannot")
     show_reasoning: bool = Field(True, description="show a model's reasoning (<think>, reasoning_content) dimmed while it streams")
+    prompt_cache: Literal["auto", "off"] = Field(
+        "auto", description="cache hints: prompt_cache_key, or llama.cpp's cache_prompt and id_slot; never a field the server refuses"
+    )
+    server_kind: Literal["auto", "openai", "llama.cpp", "other"] = Field(
+        "auto", description="which cache hints the server takes (auto: from the address, local discovery, or its replies)"
+    )
     vision: bool = Field(False, description="the model reads images: roles that require vision are off without it")
 
     @field_validator("api_base")
@@ -95,6 +102,8 @@ class LLMOverrides(_Section):
     max_retries: int | None = None
     tokenizer: Literal["o200k_base", "cl100k_base"] | None = None
     stream: bool | None = None
+    prompt_cache: Literal["auto", "off"] | None = None
+    server_kind: Literal["auto", "openai", "llama.cpp", "other"] | None = None
     vision: bool | None = None
 
 
@@ -120,6 +129,11 @@ class RoleConfig(_Section):
 
     prompt_compression: bool = True
     strategy: Strategy = "round_compression"
+    fold_schedule: FoldSchedule = Field(
+        "rounds",
+        description="rounds: fold as rounds_to_compress + rounds_to_retain rounds gather (TaskWeaver's rule); "
+        "pressure: fold all but the latest rounds_to_retain at once, only when the unfolded rounds pass fold_token_trigger",
+    )
     examples: Literal["until_history", "always"] = Field(
         "until_history",
         description="few-shot examples in every prompt, or only until the prompt shows a round of the role's own (which shows the reply format as well)",
@@ -148,10 +162,17 @@ class RoundCompressorConfig(_Section):
 
     rounds_to_compress: int = Field(2, ge=1)
     rounds_to_retain: int = Field(3, ge=0)
-    fold_token_trigger: int = Field(
-        24_000, ge=0, description="fold early when unfolded rounds exceed this many tokens (0: off)"
+    fold_token_trigger: float = Field(
+        0.5,
+        ge=0,
+        description="a share of the role's prompt budget (0-1; above 1: tokens): unfolded rounds past it fold early "
+        "(rounds schedule) or fold at all (pressure schedule); 0: off",
     )
-    summary_placement: Literal["system", "first_user"] = "system"
+    summary_placement: Literal["system", "first_user"] = Field(
+        "first_user",
+        description="first_user: the summary and the variables in a user message after the examples, so a fold leaves "
+        "the instructions cached; system: inside the system message",
+    )
     retry_backoff: float = Field(30.0, ge=0, description="seconds before a failed fold is retried")
     summary_buffer_rounds: int = Field(10, ge=1, description="rounds kept verbatim by summary_buffer")
     max_summary_tokens: int = Field(1_500, ge=64)

@@ -34,7 +34,7 @@ from taskweaver_lite.execution import Executor, ExecutorFactory, Variable
 from taskweaver_lite.knowledge.distil import distil
 from taskweaver_lite.knowledge.experience import Experience
 from taskweaver_lite.knowledge.tips import Tip
-from taskweaver_lite.llm.client import CallRecord, ChatModel, MeteredModel, Usage
+from taskweaver_lite.llm.client import CallRecord, ChatModel, MeteredModel, Usage, scope_cache
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import ContextSettings, RoleContext
 from taskweaver_lite.memory.conversation import USER, Conversation, Post, Round
@@ -122,6 +122,7 @@ class Session:
         self._lock = options.lock
         self._listeners = list(listeners)
         self._model = MeteredModel(model, on_call=self._on_call, usage=options.usage_before)
+        scope_cache(model, name=session_id)  # prompt cache keys per session and role
         self._owns_model = options.owns_model
         self._notes: list[str] = []
         self.reset_report: CopyReport | None = None  # set on the session `reset` made: what it copied over
@@ -505,7 +506,7 @@ class Session:
         self._emit(
             ModelCalled(
                 record.purpose, record.prompt_tokens, record.completion_tokens, record.latency,
-                ok=record.ok, error=record.error, prompt=prompt, reply=reply,
+                ok=record.ok, error=record.error, prompt=prompt, reply=reply, cached_tokens=record.cached_tokens,
             )
         )
 

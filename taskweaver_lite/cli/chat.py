@@ -23,6 +23,7 @@ from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.llm.client import usage_by_purpose
 from taskweaver_lite.llm.discovery import discover, needs_discovery, use_local_server
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.conversation import Round
@@ -136,11 +137,21 @@ def _model_lines(config: Config, roles: Sequence[str]) -> list[str]:
 
 
 def resume_hint(session: Session, project: Path | None) -> str:
-    """The line printed on the way out: the session id and the command that continues it."""
+    """The lines printed on the way out: prompt tokens per role (cached and not), the session id and the command that continues it."""
     if not session.conversation.rounds:
         return f"Session {session.id} had no requests; nothing was kept to resume."
     option = f" -p {project}" if project is not None else ""
-    return f"Session {session.id} is saved. Continue it with: taskweaver-lite chat{option} --resume {session.id}"
+    by_purpose = usage_by_purpose(session.usage_by_model())
+    by_role = "; ".join(f"{purpose} {part.prompt_tokens:,} ({part.cached_tokens:,} cached)" for purpose, part in by_purpose.items())
+    tokens = f"Prompt tokens by role: {by_role}.\n" if by_role else ""
+    return f"{tokens}Session {session.id} is saved. Continue it with: taskweaver-lite chat{option} --resume {session.id}"
+
+
+def cache_lines(session: Session, role: str) -> list[str]:
+    """/context's lines on what the servers cached of a role's prompts and of its folds', this process's calls."""
+    by_purpose = usage_by_purpose(session.usage_by_model())
+    named = ((f"{role}'s calls", by_purpose.get(role)), ("its folds", by_purpose.get(f"compression_{role}")))
+    return [f"{who}: {part.cache_line()}" for who, part in named if part is not None and part.calls]
 
 
 def _resume(
@@ -369,10 +380,11 @@ class SlashCommands:
                     f"Session:  {s.id}",
                     *_model_lines(s.config, list(s.contexts())),
                     f"Rounds:   {len(rounds)} ({failed} failed)",
-                    f"Tokens:   {usage.prompt_tokens:,} in, {usage.completion_tokens:,} out over {usage.calls} model calls",
+                    f"Tokens:   {usage.prompt_tokens:,} in ({usage.cached_tokens:,} cached, {usage.uncached_tokens:,} uncached), "
+                    f"{usage.completion_tokens:,} out over {usage.calls} model calls",
                     *(
-                        f"  {purpose} on {model or 'the given model'}: {part.prompt_tokens:,} in, {part.completion_tokens:,} out "
-                        f"over {part.calls} call{'' if part.calls == 1 else 's'}"
+                        f"  {purpose} on {model or 'the given model'}: {part.prompt_tokens:,} in ({part.cached_tokens:,} cached), "
+                        f"{part.completion_tokens:,} out over {part.calls} call{'' if part.calls == 1 else 's'}"
                         for (purpose, model), part in s.usage_by_model().items()
                     ),
                     f"Folder:   {s.working_dir}",
@@ -464,6 +476,7 @@ class SlashCommands:
             if report.fold_running:
                 notes.append("a fold is running in the background")
             lines += [f"  ({'; '.join(notes)})"] if notes else []
+            lines += [f"  {line}" for line in cache_lines(self.session, context.role)]
             self.say("\n".join(lines))
         return True
 
@@ -481,7 +494,7 @@ class SlashCommands:
                 continue
             text = render_summary(state)
             if context.lists_variables:
-                text += "\n\n" + render_variables(live, described=state.variables, max_tokens=SUMMARY_VARIABLES_TOKENS, tokenizer=tokenizer)
+                text += "\n\n" + render_variables(live, described=state.variables, max_tokens=SUMMARY_VARIABLES_TOKENS, tokenizer=tokenizer).text
             self.say(f"{context.label}:\n{text}")
         return True
 

@@ -284,8 +284,8 @@ class SessionStore:
             states = db.execute("SELECT role, state FROM compression WHERE session_id = ?", (session_id,)).fetchall()
             loads = db.execute("SELECT name, source, after_round, at FROM files WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
             usage = db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0)"
-                " FROM model_calls WHERE session_id = ?",
+                "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0),"
+                " COALESCE(SUM(cached_tokens), 0) FROM model_calls WHERE session_id = ?",
                 (session_id,),
             ).fetchone()
         rounds = {
@@ -301,7 +301,7 @@ class SessionStore:
             last_active=head[2],
             rounds=ordered,
             compression={role: json.loads(state) for role, state in states},
-            usage=Usage(calls=usage[0], failed_calls=usage[1], prompt_tokens=usage[2], completion_tokens=usage[3]),
+            usage=Usage(calls=usage[0], failed_calls=usage[1], prompt_tokens=usage[2], completion_tokens=usage[3], cached_tokens=usage[4]),
             interrupted=tuple(r.index for r in ordered if r.state == "running"),
             last_variables=tuple(Variable.from_dict(v) for v in json.loads(head[3])),
             loads=tuple(FileLoaded(name=r[0], source=r[1], after_round=r[2], at=r[3]) for r in loads),
@@ -498,13 +498,14 @@ def _write_event(
         _end_round(db, session_id, event.round.id, state=event.round.state, error=event.round.error, at=now)
     elif isinstance(event, ModelCalled):
         db.execute(
-            "INSERT INTO model_calls (session_id, purpose, prompt_tokens, completion_tokens, latency, ok, error, prompt, reply, at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO model_calls (session_id, purpose, prompt_tokens, completion_tokens, cached_tokens, latency, ok, error, prompt, reply, at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 session_id,
                 event.purpose,
                 event.prompt_tokens,
                 event.completion_tokens,
+                event.cached_tokens,
                 event.latency,
                 event.ok,
                 event.error,

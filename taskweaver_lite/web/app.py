@@ -9,7 +9,7 @@
     POST /api/sessions/{id}/stop                cancel the running request, like Ctrl-C
     POST /api/sessions/{id}/files               multipart `file` -> like /load
     GET  /api/sessions/{id}/artifacts/{name}    a file the session produced (only from its folders)
-    GET  /api/sessions/{id}/context             each role's last prompt, in tokens by part, against its budget
+    GET  /api/sessions/{id}/context             each role's last prompt, in tokens by part, against its budget; prompt tokens cached and not
     GET  /api/sessions/{id}/export?format=ipynb|md
     POST /api/sessions/{id}/experience          distil the session into tips (like /save) -> {"saved": [...]}
     GET  /api/sessions/{id}/experience          every tip, and the handcrafted files that could not be read
@@ -40,6 +40,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from taskweaver_lite.config import Config
 from taskweaver_lite.errors import TaskWeaverError, UnknownSessionError
+from taskweaver_lite.llm.client import Usage, usage_by_purpose
 from taskweaver_lite.store.database import stored_sessions
 from taskweaver_lite.store.export import write_export
 from taskweaver_lite.web.auth import COOKIE, Access
@@ -257,13 +258,25 @@ async def _chunks(fd: int, size: int) -> AsyncIterator[bytes]:
 
 async def _context(_: Request, live: LiveSession) -> Response:
     roles = []
+    by_purpose = usage_by_purpose(live.session.usage_by_model())
     for context in live.session.contexts().values():
+        # Prompt tokens of this process's calls, with what the servers took from their prefix caches.
+        calls, folds = by_purpose.get(context.role, Usage()), by_purpose.get(f"compression_{context.role}", Usage())
+        tokens = {
+            "prompt_tokens": calls.prompt_tokens,
+            "cached_tokens": calls.cached_tokens,
+            "uncached_tokens": calls.uncached_tokens,
+            "fold_prompt_tokens": folds.prompt_tokens,
+            "fold_cached_tokens": folds.cached_tokens,
+        }
         report = context.report()
         if report is None:
-            roles.append({"role": context.label, "budget": context.budget, "total": 0, "parts": {}})
+            roles.append({"role": context.label, "budget": context.budget, "total": 0, "parts": {}, **tokens})
             continue
         parts = dict(report.parts())
-        roles.append({"role": context.label, "budget": report.budget, "total": report.cost.total, "parts": parts, "folded_through": report.folded_through})
+        roles.append(
+            {"role": context.label, "budget": report.budget, "total": report.cost.total, "parts": parts, "folded_through": report.folded_through, **tokens}
+        )
     return JSONResponse({"roles": roles})
 
 
