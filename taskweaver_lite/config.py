@@ -309,6 +309,20 @@ class ExperienceConfig(_Section):
     max_tokens: int = Field(400, ge=32, description="tokens the tips may take in a prompt (also at most an eighth of the role's budget)")
 
 
+class EvalModelConfig(_Section):
+    """A model `taskweaver-lite eval` calls besides the agent's: its `llm` keys replace the project's."""
+
+    llm: LLMOverrides = Field(default_factory=LLMOverrides, description="keys that replace llm's (default: the project's model)")
+
+
+class EvalConfig(_Section):
+    """`taskweaver-lite eval`: the examiner that plays the user, the judge that marks scoring points."""
+
+    examiner: EvalModelConfig = Field(default_factory=EvalModelConfig)
+    judge: EvalModelConfig = Field(default_factory=EvalModelConfig)
+    max_rounds: int = Field(60, ge=1, description="user requests per case at most, unless the case sets max_rounds")
+
+
 class Config(_Section):
     """Everything a session needs, validated."""
 
@@ -322,6 +336,7 @@ class Config(_Section):
     store: StoreConfig = Field(default_factory=StoreConfig)
     experience: ExperienceConfig = Field(default_factory=ExperienceConfig)
     document_retriever: DocumentRetrieverConfig = Field(default_factory=DocumentRetrieverConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     # The sections of roles that have no field here (`echo:`, a project role's), written at the top
     # level like `planner:`; load_config moves them here. Not a YAML key of its own.
     role_sections: dict[str, RoleConfig] = Field(default_factory=dict, exclude=True)
@@ -561,6 +576,17 @@ def _read_text(path: Path) -> str:
         raise ConfigError(
             f"{path}: line {line} is not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}, perhaps Latin-1); save the file as UTF-8"
         ) from None
+
+
+def is_config_key(key: str) -> bool:
+    """Whether the dotted `key` names a config setting (`planner.prompt_compression`...)."""
+    node: Any = Config
+    for part in key.split("."):
+        fields = getattr(node, "model_fields", None)
+        if fields is None or part not in fields or part == "project_dir":
+            return False
+        node = fields[part].annotation
+    return True
 
 
 def _apply_override(data: dict[str, Any], item: str, *, roles: set[str]) -> str | None:

@@ -16,7 +16,7 @@ from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.workfiles import owner_only_file, owner_only_folder
 
 # What a session writes into its project; a user's own project keeps it out of version control.
-GITIGNORE = "# written by taskweaver-lite sessions\nsessions/\nsessions.db*\ndocs_index.db*\n.chat_history\n"
+GITIGNORE = "# written by taskweaver-lite sessions\nsessions/\nsessions.db*\ndocs_index.db*\n.chat_history\n# taskweaver-lite eval reports\neval/\n"
 # Never copied: another checkout's sessions, and the packaging files of the installed copy.
 _NOT_COPIED = ("sessions", "*.db*", ".chat_history", "__init__.py", "__pycache__")
 
@@ -48,6 +48,7 @@ def run_init(directory: str) -> int:
         "  plugins/                 your plugins (TaskWeaver's format)\n"
         "  roles/reviewer/          an example role, off until listed in session.roles (`taskweaver-lite roles`)\n"
         "  sample_data/sales.csv    data to try it on\n"
+        "  eval_cases/              evaluation cases for `taskweaver-lite eval` (offline with --scripted)\n"
         f"Next: set llm.model (and OPENAI_API_KEY, or llm.api_base for a local model), then\n"
         f"  taskweaver-lite chat{option}\n"
         f"and type: /load {target / 'sample_data' / 'sales.csv'}"
