@@ -136,10 +136,15 @@ class DocumentIndex:
 
     def _update(self, db: sqlite3.Connection, name: str, path: Path, known: tuple[int, int, str, str] | None, *, reader: str) -> str:
         """Index one file if it is new or changed; returns 'added', 'changed' or 'same'."""
-        stat = os.stat(path)
-        if known is not None and known[0] == stat.st_mtime_ns and known[1] == stat.st_size and known[3] == reader:
-            return "same"
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        try:
+            stat = os.stat(path)
+            if known is not None and known[0] == stat.st_mtime_ns and known[1] == stat.st_size and known[3] == reader:
+                return "same"
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        except FileNotFoundError:
+            return "same"  # deleted since the folder was listed: the next refresh forgets it
+        except OSError as exc:  # unreadable (permissions): listed as skipped, with the reason
+            return self._store(db, name, [], skipped=f"cannot be read ({exc.strerror or exc})", fingerprint=(0, 0, ""), reader=reader, known=known)
         if known is not None and known[2] == digest and known[3] == reader:
             db.execute("UPDATE files SET mtime_ns = ?, size = ? WHERE path = ?", (stat.st_mtime_ns, stat.st_size, name))
             return "same"  # touched, not changed
@@ -149,6 +154,20 @@ class DocumentIndex:
             passages, skipped = [], str(exc)
         except OSError as exc:
             passages, skipped = [], f"cannot be read ({exc.strerror or exc})"
+        return self._store(db, name, passages, skipped=skipped, fingerprint=(stat.st_mtime_ns, stat.st_size, digest), reader=reader, known=known)
+
+    def _store(
+        self,
+        db: sqlite3.Connection,
+        name: str,
+        passages: list[Passage],
+        *,
+        skipped: str | None,
+        fingerprint: tuple[int, int, str],
+        reader: str,
+        known: object,
+    ) -> str:
+        """Replace one file's passages and its row; 'added' or 'changed'."""
         db.execute("DELETE FROM passages WHERE path = ?", (name,))
         db.executemany(
             "INSERT INTO passages (heading, text, path, part, first_line, last_line) VALUES (?, ?, ?, ?, ?, ?)",
@@ -157,7 +176,7 @@ class DocumentIndex:
         db.execute(
             "INSERT INTO files (path, mtime_ns, size, sha256, reader, skipped) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (path) DO UPDATE SET"
             " mtime_ns = excluded.mtime_ns, size = excluded.size, sha256 = excluded.sha256, reader = excluded.reader, skipped = excluded.skipped",
-            (name, stat.st_mtime_ns, stat.st_size, digest, reader, skipped),
+            (name, *fingerprint, reader, skipped),
         )
         return "added" if known is None else "changed"
 
