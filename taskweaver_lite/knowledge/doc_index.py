@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 INDEX_VERSION = 1
 BUSY_TIMEOUT_SECONDS = 30.0
-HEADING_WEIGHT = 2.0  # a word in a section title says more about the passage than one in its text
+HEADING_WEIGHT = 2.0
+QUOTED_CHARS = 120  # a word in a section title says more about the passage than one in its text
 
 _SCHEMA = (
     "CREATE TABLE files (path TEXT PRIMARY KEY, mtime_ns INTEGER NOT NULL, size INTEGER NOT NULL,"
@@ -263,8 +264,8 @@ def answer(index: DocumentIndex, query: str, *, top_k: int, max_tokens: int, tok
     hits = index.search(query, limit=top_k)
     scope = f"{report.files} file{'s' if report.files != 1 else ''}"
     if not hits:
-        return f'No passage in {shown_as}/ ({scope}) matches "{query}". Try other words.{skipped}'
-    head = f'Passages from {shown_as}/ ({scope}) for "{query}", best first; cite them by file:line:'
+        return f'No passage in {shown_as}/ ({scope}) matches "{_quoted(query)}". Try other words.{skipped}'
+    head = f'Passages from {shown_as}/ ({scope}) for "{_quoted(query)}", best first; cite them by file:line:'
     parts = [head]
     room = max_tokens - tokenizer.count(head) - tokenizer.count(skipped)
     for number, hit in enumerate(hits, 1):
@@ -278,6 +279,12 @@ def answer(index: DocumentIndex, query: str, *, top_k: int, max_tokens: int, tok
         parts.append(block)
         room -= cost
     return "\n\n".join(parts) + skipped
+
+
+def _quoted(query: str, limit: int = QUOTED_CHARS) -> str:
+    """The query on one line, cut when long: the reply repeats it only to say what was searched."""
+    line = " ".join(query.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _skipped_line(report: IndexReport, shown_as: str) -> str:
