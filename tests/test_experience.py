@@ -145,12 +145,16 @@ def test_the_chat_saves_lists_and_deletes_tips(tmp_path: Path, server: ScriptedS
     project = make_project(tmp_path, server.url)
     server.enqueue("planner", planner_reply("Hello!", send_to="User"))
     server.enqueue("other", tips_reply(("preference", EURO_TIP), ("error_resolution", DATES_TIP)))
-    result = run_cli("chat", "-p", str(project), stdin="hello\n/save\n/experience\n/experience delete 1\n/experience delete 1\n/experience\n")
+    server.enqueue("other", tips_reply(("preference", EURO_TIP)), tips_reply())
+    commands = "/save\n/experience\n/experience delete 3\n/experience delete 3\n/experience\n/save\n"
+    result = run_cli("chat", "-p", str(project), stdin=f"hello\n/save\n{commands}")
     assert result.returncode == 0, result.stderr
     err = result.stderr
-    assert "Saved 2 tips" in err and "#1  preference" in err and "#2  error resolution" in err
-    assert f"Deleted tip 1: {EURO_TIP}" in err and "there is no tip 1" in err
-    assert err.count("Experience: 2 tips;") == 1 and err.count("Experience: 1 tip;") == 1, "the last list shows the one tip left"
+    assert "Saved 2 tips (shown" in err and "#1  preference" in err and "#2  error resolution" in err
+    assert "Saved 1 tip, in place of the 2 saved from this session before" in err and "#3  preference" in err, "a second /save replaces the first's tips"
+    assert f"Deleted tip 3: {EURO_TIP}" in err and "there is no tip 3" in err
+    assert "no tips were saved." in err
+    assert err.count("Experience: 1 tip;") == 1 and err.count("Experience: 0 tips;") == 1, "the list after the delete shows none left"
 
 
 def test_the_serve_endpoint_saves_lists_and_deletes_tips(tmp_path: Path, server: ScriptedServer) -> None:

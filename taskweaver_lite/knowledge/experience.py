@@ -56,7 +56,7 @@ class Experience:
         return [*stored, *self._read_files().tips]
 
     def save(self, session_id: str, tips: Sequence[tuple[TipKind, str]]) -> list[Tip]:
-        """Store tips distilled from `session_id`; ExperienceError when the session has no store."""
+        """Store tips distilled from `session_id` in place of its earlier ones (none given: those stay); ExperienceError without a store."""
         if self._store is None:
             raise ExperienceError("this session has no store, so tips cannot be kept")
         return self._store.save_tips(session_id, tips) if tips else []
