@@ -45,7 +45,7 @@ def experience_command(session: Session, argument: str, say: Callable[[str], Non
     lines = [f"Experience: {len(tips)} tip{'s' if len(tips) != 1 else ''}; {state}."]
     empty = f"None yet: /save distils this session into tips; handcrafted ones go in {session.config.experience_dir}/*.yaml."
     lines += [tip_lines(tips) if tips else empty]
-    lines += [f"Not read: {problem}" for problem in session.experience.problems()]
+    lines += session.experience.problems()
     say("\n".join(lines))
 
 
