@@ -26,6 +26,7 @@ from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.llm.client import usage_by_purpose
 from taskweaver_lite.llm.discovery import discover, needs_discovery, use_local_server
 from taskweaver_lite.llm.tokens import get_tokenizer
+from taskweaver_lite.memory.compression import RoleContext
 from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.memory.summary import render_summary
 from taskweaver_lite.memory.variables import render_variables
@@ -128,9 +129,9 @@ def run_chat(args: argparse.Namespace) -> int:
 MIN_DISPLAY_WIDTH = 40
 
 
-def _model_lines(config: Config, roles: Sequence[str]) -> list[str]:
-    """/info's model lines: one when every part uses `llm`, else one per role (by key) and the folder, with its window."""
-    models = {user: config.llm_for(user) for user in (*roles, FOLDER)}
+def _model_lines(config: Config, contexts: Sequence[RoleContext]) -> list[str]:
+    """/info's model lines: one when every part uses `llm`, else one per role and the folder, with its window."""
+    models = {**{context.role: context.llm for context in contexts}, FOLDER: config.llm_for(FOLDER)}
     if all(llm == config.llm for llm in models.values()):
         return [f"Model:    {config.llm.model} (context window {config.llm.context_window:,} tokens)"]
     return ["Models:"] + [f"  {user}: {llm.model} (context window {llm.context_window:,} tokens)" for user, llm in models.items()]
@@ -378,7 +379,7 @@ class SlashCommands:
             "\n".join(
                 [
                     f"Session:  {s.id}",
-                    *_model_lines(s.config, list(s.contexts())),
+                    *_model_lines(s.config, list(s.contexts().values())),
                     f"Rounds:   {len(rounds)} ({failed} failed)",
                     f"Tokens:   {usage.prompt_tokens:,} in ({usage.cached_tokens:,} cached, {usage.uncached_tokens:,} uncached), "
                     f"{usage.completion_tokens:,} out over {usage.calls} model calls",

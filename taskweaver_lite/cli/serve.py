@@ -7,6 +7,8 @@ import sys
 
 from taskweaver_lite.cli.chat import project_dir
 from taskweaver_lite.config import load_config
+from taskweaver_lite.roles.registry import discover_roles
+from taskweaver_lite.terminal import strip_controls
 from taskweaver_lite.web.app import build_app
 from taskweaver_lite.web.auth import Access
 
@@ -20,5 +22,7 @@ def run_serve(args: argparse.Namespace) -> int:
     app = build_app(config, access)
     where = f"http://{'[' + args.host + ']' if ':' in args.host else args.host}:{args.port}/"
     print(f"taskweaver-lite serving {config.project_dir} at {where}" + (" (token required)" if access.token else ""), file=sys.stderr, flush=True)
+    for line in discover_roles(config.project_dir, enabled=config.session.roles).problems:
+        print(strip_controls(line), file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     return 0
