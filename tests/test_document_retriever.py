@@ -117,3 +117,21 @@ def test_the_chat_reports_an_off_role_on_stderr_and_goes_on(tmp_path: Path, serv
     lines = {line.split()[0]: line for line in listed.stdout.splitlines() if line.strip()}
     assert " off " in lines["image_reader"] and "needs a model that reads images" in lines["image_reader"]
     assert " disabled " in lines["document_retriever"], "the retriever ships, off until session.roles lists it"
+
+
+def test_a_resumed_session_asks_the_retriever_again_and_sees_edited_documents(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url, session=ROLES)
+    (project / "docs").mkdir()
+    (project / "docs" / "finance.md").write_text(FINANCE, encoding="utf-8")
+    server.enqueue("planner", planner_reply("fiscal year start", send_to="DocumentRetriever"), planner_reply("1 April.", send_to="User"))
+    with Session.open(load_config(project)) as session:
+        session.ask("When does the fiscal year start?")
+    (project / "docs" / "finance.md").write_text(FINANCE.replace("1 April", "1 July"), encoding="utf-8")
+    server.enqueue("planner", planner_reply("fiscal year start", send_to="DocumentRetriever"), planner_reply("1 July now.", send_to="User"))
+    resumed, report = Session.resume(load_config(project), "last")
+    with resumed:
+        rnd = resumed.ask("And now?")
+    assert report.rounds == 1 and rnd.answer == "1 July now."
+    latest = last_user(planner_calls(server)[-1])
+    assert "starts on 1 July" in latest and "1 April" not in latest, "the index follows the edit"
+    assert [p.send_from for p in resumed.conversation.rounds[0].posts] == ["User", "Planner", "DocumentRetriever", "Planner"], "the first round is back"
