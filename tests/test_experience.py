@@ -74,7 +74,7 @@ def test_tips_saved_in_one_session_are_shown_to_the_next_sessions_roles_just_bef
         messages = prompt_of(server, role, since=before)
         assert DATES_TIP not in messages[0]["content"], f"the {role}'s instructions stay the same whatever the request (cached)"
         tips, asked = messages[-2]["content"], messages[-1]["content"]
-        assert tips.startswith("## Experience from earlier sessions") and DATES_TIP in tips, f"the {role}'s tips sit just before the request"
+        assert tips.startswith("## Experience from earlier sessions") and DATES_TIP in tips, f"the {role}'s tips open the current round"
         assert request in asked, f"the {role}'s request stays the last message"
 
 

@@ -5,7 +5,7 @@
 
 Each request is matched against every tip by FTS5's BM25 in an in-memory index, rebuilt only when
 the stored tips or the handcrafted files change. At most `experience.top_k` tips are shown, within
-a token cap, in a message just before the request (roles/role.py `with_tips`): after the static
+a token cap, in a message that opens the current round (roles/role.py `with_tips`): after the static
 instructions, so those stay cached. TaskWeaver instead puts every tip above a cosine-similarity
 threshold into the system prompt, with no cap, and needs an embedding model for it.
 """
