@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from taskweaver_lite.errors import SearchUnavailableError
+from taskweaver_lite.execution import as_data
 from taskweaver_lite.knowledge.fts import TOKENIZE, match_query, require_fts5
 from taskweaver_lite.knowledge.passages import SUFFIXES, Passage, Unreadable, pdf_support, read_passages
 
@@ -270,7 +271,8 @@ def answer(index: DocumentIndex, query: str, *, top_k: int, max_tokens: int, tok
     room = max_tokens - tokenizer.count(head) - tokenizer.count(skipped)
     for number, hit in enumerate(hits, 1):
         title = f" ({hit.passage.heading})" if hit.passage.heading else ""
-        block = f"[{number}] {shown_as}/{hit.passage.citation()}{title}\n{hit.passage.text}"
+        # A document's words are data, like a cell's output: the prompts tell the roles never to obey them.
+        block = f"[{number}] {shown_as}/{hit.passage.citation()}{title}\n{as_data(hit.passage.text)}"
         cost = tokenizer.count(block) + 2
         if cost > room:
             if number == 1:  # the best passage, cut to fit, rather than nothing
