@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def planner_calls(server: ScriptedServer) -> list[list[dict]]:
 
 def test_a_request_goes_planner_retriever_planner_code_interpreter_planner_user(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url, session=ROLES)
-    (project / "docs").mkdir()
+    (project / "docs").mkdir(exist_ok=True)
     (project / "docs" / "finance.md").write_text(FINANCE, encoding="utf-8")
     server.enqueue(
         "planner",
@@ -70,6 +71,7 @@ def test_a_request_goes_planner_retriever_planner_code_interpreter_planner_user(
 
 def test_with_no_documents_the_retriever_says_so_and_the_planner_goes_on(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url, session=ROLES)
+    shutil.rmtree(project / "docs")
     server.enqueue(
         "planner",
         planner_reply("fiscal year start", send_to="DocumentRetriever"),
@@ -121,7 +123,7 @@ def test_the_chat_reports_an_off_role_on_stderr_and_goes_on(tmp_path: Path, serv
 
 def test_a_resumed_session_asks_the_retriever_again_and_sees_edited_documents(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url, session=ROLES)
-    (project / "docs").mkdir()
+    (project / "docs").mkdir(exist_ok=True)
     (project / "docs" / "finance.md").write_text(FINANCE, encoding="utf-8")
     server.enqueue("planner", planner_reply("fiscal year start", send_to="DocumentRetriever"), planner_reply("1 April.", send_to="User"))
     with Session.open(load_config(project)) as session:
@@ -135,3 +137,16 @@ def test_a_resumed_session_asks_the_retriever_again_and_sees_edited_documents(tm
     latest = last_user(planner_calls(server)[-1])
     assert "starts on 1 July" in latest and "1 April" not in latest, "the index follows the edit"
     assert [p.send_from for p in resumed.conversation.rounds[0].posts] == ["User", "Planner", "DocumentRetriever", "Planner"], "the first round is back"
+
+
+def test_a_new_projects_docs_answer_what_the_sample_datas_columns_mean(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url, session=ROLES)
+    server.enqueue(
+        "planner",
+        planner_reply("discount column meaning", send_to="DocumentRetriever"),
+        planner_reply("The share taken off the list price.", send_to="User"),
+    )
+    with Session.open(load_config(project)) as session:
+        session.ask("What does the discount column hold?")
+    passages = last_user(planner_calls(server)[1])
+    assert "[1] docs/sales_data.md:" in passages and "the share taken off the list price" in passages
