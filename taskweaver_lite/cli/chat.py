@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from taskweaver_lite.cli.confirm import terminal_confirm
@@ -21,7 +21,7 @@ from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
-from taskweaver_lite.llm.discovery import discover, needs_discovery, use_local_server
+from taskweaver_lite.llm.discovery import discover, needs_discovery, no_model_found, use_local_server
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.conversation import RoleName, Round
 from taskweaver_lite.memory.summary import render_summary
@@ -74,17 +74,34 @@ def run_chat(args: argparse.Namespace) -> int:
     config = load_config(project, overrides)
     if not (project / CONFIG_FILE_NAME).exists():
         _to_stderr(f"{project / CONFIG_FILE_NAME} not found: using the defaults (`taskweaver-lite init` writes a commented one).")
-    if needs_discovery(config):
-        found = use_local_server(config, discover())
-        if found is not None:
-            _to_stderr(found)
-    interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
     if any(item.split("=", 1)[0].strip() == "llm.api_key" for item in overrides):
         _to_stderr(
             "Warning: a key given with --set llm.api_key is visible to every program on this machine (ps, "
             "/proc/<pid>/cmdline) and in your shell history: set OPENAI_API_KEY in the environment instead."
         )
-    confirm_mode = args.confirm or config.execution.confirm
+    if needs_discovery(config):
+        servers = discover()
+        found = use_local_server(config, servers)
+        if found is None:
+            raise ConfigError(no_model_found(config, servers))
+        _to_stderr(found)
+    shown = project if args.project is not None else None
+    return chat_with(config, project=shown, resume=args.resume, replay=not args.no_replay, confirm=args.confirm, overrides=overrides)
+
+
+def chat_with(
+    config: Config,
+    *,
+    project: Path | None,
+    resume: str | None = None,
+    replay: bool = True,
+    confirm: bool = False,
+    overrides: Sequence[str] = (),
+    preload: Sequence[Path] = (),
+) -> int:
+    """The chat on `config` (a new session, or `resume` one); `preload` files are loaded first; `project` is named in the resume hint."""
+    interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
+    confirm_mode = confirm or config.execution.confirm
     if confirm_mode and not interactive:
         raise ConfigError(
             "Confirm mode (--confirm or execution.confirm: true) asks before each cell runs, so it needs a terminal; "
@@ -92,31 +109,47 @@ def run_chat(args: argparse.Namespace) -> int:
         )
     renderer: RichConsole | PlainConsole = RichConsole(show_reasoning=config.llm.show_reasoning) if interactive else PlainConsole()
     say: Callable[[str], None] = renderer.say
-    confirm = terminal_confirm(renderer) if confirm_mode and isinstance(renderer, RichConsole) else None
-    if isinstance(renderer, RichConsole) and config.execution.display_width is None and renderer.console.width >= MIN_DISPLAY_WIDTH:
-        config.execution.display_width = renderer.console.width  # DataFrames as wide as this terminal
-    if args.resume:
-        session, overrides = _resume(config, args, overrides=overrides, renderer=renderer, say=say, confirm=confirm)
+    asks = terminal_confirm(renderer) if confirm_mode and isinstance(renderer, RichConsole) else None
+    if resume:
+        session, config, kept = _resume(config, resume, replay=replay, overrides=list(overrides), renderer=renderer, say=say, confirm=asks)
     else:
-        session = Session.open(config, listeners=[renderer], confirm=confirm)
+        _fit_display(config, renderer)
+        session, kept = Session.open(config, listeners=[renderer], confirm=asks), list(overrides)
     if session.store is not None:
-        session.store.save_overrides(session.id, overrides)
+        session.store.save_overrides(session.id, kept)
     for entry in session.plugins.broken:
         _to_stderr(strip_controls(entry.line()))
     report_kernel_failures(session, renderer, to_stderr=_to_stderr)
+    for path in preload:
+        loaded = session.load_file(path)
+        say(f"Loaded {loaded.name} into the working folder.")
     commands = SlashCommands(session, say=say)
     try:
         if isinstance(renderer, RichConsole):
-            code = _interactive(renderer, commands, config)
+            code = _interactive(renderer, commands)
         else:
             code = _piped(commands)
     finally:
         commands.session.close()
-    say(resume_hint(commands.session, project if args.project is not None else None))
+    say(resume_hint(commands.session, project))
     return code
 
 
+def _fit_display(config: Config, renderer: RichConsole | PlainConsole) -> None:
+    """The kernel's DataFrames as wide as this terminal, unless execution.display_width fixes a width."""
+    if isinstance(renderer, RichConsole) and config.execution.display_width is None and renderer.console.width >= MIN_DISPLAY_WIDTH:
+        config.execution.display_width = renderer.console.width
+
+
 MIN_DISPLAY_WIDTH = 40
+
+
+def model_names(config: Config) -> str:
+    """The banner's model: one name, or each role's when they differ."""
+    models = {user: config.llm_for(user).model for user in MODEL_USERS}
+    if len(set(models.values())) == 1:
+        return f"model {config.llm.model}"
+    return "models " + ", ".join(f"{user} {model}" for user, model in models.items())
 
 
 def _model_lines(config: Config) -> list[str]:
@@ -137,26 +170,28 @@ def resume_hint(session: Session, project: Path | None) -> str:
 
 def _resume(
     config: Config,
-    args: argparse.Namespace,
+    ref: str,
     *,
+    replay: bool,
     overrides: list[str],
     renderer: RichConsole | PlainConsole,
     say: Callable[[str], None],
     confirm: ConfirmCell | None,
-) -> tuple[Session, list[str]]:
-    """Resume with the --set values the session was started with (new ones win); returns it and those values."""
-    project = project_dir(args)
+) -> tuple[Session, Config, list[str]]:
+    """Resume with the --set values the session was started with (new ones win); returns it, its config and those values."""
+    project = config.project_dir
     try:
-        remembered = _remembered_overrides(config, args.resume)
+        remembered = _remembered_overrides(config, ref)
         if remembered:
             overrides = merge_overrides(remembered, overrides)
             config = load_config(project, overrides)
-        session = _resume_session(config, args.resume, replay=not args.no_replay, renderer=renderer, say=say, confirm=confirm)
+        _fit_display(config, renderer)  # after the reload: the stored settings must not undo the terminal's width
+        session = _resume_session(config, ref, replay=replay, renderer=renderer, say=say, confirm=confirm)
     except UnknownSessionError as exc:
         raise exc.listed_with(_sessions_command(project)) from None
     if remembered:
         say("Re-applied the settings this session was started with: " + " ".join(f"--set {item}" for item in remembered))
-    return session, overrides
+    return session, config, overrides
 
 
 def merge_overrides(earlier: list[str], later: list[str]) -> list[str]:
@@ -210,7 +245,7 @@ def _resume_session(
     return session
 
 
-def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config) -> int:
+def _interactive(renderer: RichConsole, commands: SlashCommands) -> int:
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import FileHistory
     from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
@@ -225,9 +260,10 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
         else:
             event.app.exit(exception=EOFError())
 
+    config = commands.session.config  # the session's own: after a resume, with the --set values it was started with
     config.project_dir.mkdir(parents=True, exist_ok=True)
     prompt: PromptSession[str] = PromptSession(history=FileHistory(str(config.project_dir / ".chat_history")), key_bindings=bindings)
-    renderer.say(f"taskweaver-lite session {commands.session.id} — model {config.llm.model}. Type /help for commands.", style="bold")
+    renderer.say(f"taskweaver-lite session {commands.session.id} — {model_names(config)}. Type /help for commands.", style="bold")
     while True:
         renderer.flush_notices()  # a quiet moment: between the last output and the next input
         try:
