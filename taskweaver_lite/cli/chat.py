@@ -29,6 +29,7 @@ from taskweaver_lite.memory.variables import render_variables
 from taskweaver_lite.session import Session
 from taskweaver_lite.store.database import SessionStore, stored_sessions
 from taskweaver_lite.store.export import write_export
+from taskweaver_lite.taskweaver_json import JSON_FILE_NAME
 from taskweaver_lite.terminal import strip_controls
 
 # /summary shows the variables list more fully than a prompt can afford to.
@@ -72,8 +73,10 @@ def run_chat(args: argparse.Namespace) -> int:
     project = project_dir(args)
     overrides: list[str] = list(args.overrides)
     config = load_config(project, overrides)
-    if not (project / CONFIG_FILE_NAME).exists():
+    if not (project / CONFIG_FILE_NAME).exists() and not (project / JSON_FILE_NAME).exists():
         _to_stderr(f"{project / CONFIG_FILE_NAME} not found: using the defaults (`taskweaver-lite init` writes a commented one).")
+    for notice in config.notices:
+        _to_stderr(notice)
     if any(item.split("=", 1)[0].strip() == "llm.api_key" for item in overrides):
         _to_stderr(
             "Warning: a key given with --set llm.api_key is visible to every program on this machine (ps, "

@@ -33,7 +33,10 @@ def run_serve(args: argparse.Namespace) -> int:
         with demo_config(args.project, overrides=list(args.overrides)) as config:
             print(f"Demo project: {config.project_dir}. The scripted model answers these requests:\n{known_requests()}", file=sys.stderr)
             return _serve(config, args, preload=[sample_data(config)])
-    return _serve(load_config(project_dir(args), list(args.overrides)), args)
+    config = load_config(project_dir(args), list(args.overrides))
+    for notice in config.notices:
+        print(notice, file=sys.stderr)
+    return _serve(config, args)
 
 
 def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] = ()) -> int:
