@@ -330,6 +330,7 @@ class KernelExecutor:
         changes = self._namespace.take(namespace.snapshot_rows(expressions))
         notices = base.notices + namespace.moved_notice(namespace.moved_from(expressions), str(self.cwd))
         logs, saved = namespace.plugin_reports(expressions)
+        self.plugin_failures += namespace.plugins_broken(expressions)  # /plugins shows them from now on
         failures = self._first_notices + tuple(f"A plugin could not be loaded and is not available: {line}" for line in self._unreported_failures)
         self._unreported_failures = self._first_notices = ()
         return dataclasses.replace(

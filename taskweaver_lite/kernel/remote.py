@@ -330,6 +330,7 @@ class GatewayExecutor:
         changes = self._namespace.take(namespace.snapshot_rows(expressions))
         notices = base.notices + namespace.moved_notice(namespace.moved_from(expressions), self.home)
         logs, saved = namespace.plugin_reports(expressions)
+        self.plugin_failures += namespace.plugins_broken(expressions)  # /plugins shows them from now on
         failures = tuple(f"A plugin could not be loaded and is not available: {line}" for line in self._unreported_failures)
         self._unreported_failures = ()
         # A plugin's artifacts stay on the gateway's machine, in the kernel's folder there.
