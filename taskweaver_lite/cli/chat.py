@@ -16,6 +16,7 @@ from pathlib import Path
 from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
+from taskweaver_lite.cli.turns import TurnCommands
 from taskweaver_lite.config import CONFIG_FILE_NAME, MODEL_USERS, Config, load_config
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
@@ -46,6 +47,12 @@ HELP = """Commands:
   /last            the last cell that ran, with its whole output and traceback
   /plugins         the plugins: enabled, disabled, or why they are not loaded
   /export [ipynb|md] [file] [--force]   write this session as a notebook or Markdown
+  /undo            drop the last request (from the prompts and the store); the kernel is rebuilt
+                   by re-running the earlier cells
+  /retry           ask the last request again, in place of its first answer
+  /model [ROLE] NAME   switch the model from the next request on (ROLE: planner, code_generator,
+                   round_compressor); kept when the session is resumed
+  /open [N]        list the plots and files the cells produced; open number N in the system viewer
   /reset           start over: new session, fresh kernel, working files copied
   /exit            leave (Ctrl-D or Ctrl-C at an empty prompt too)
 Ctrl-C while a request runs cancels it and keeps the session."""
@@ -126,7 +133,7 @@ def chat_with(
     for path in preload:
         loaded = session.load_file(path)
         say(f"Loaded {loaded.name} into the working folder.")
-    commands = SlashCommands(session, say=say)
+    commands = SlashCommands(session, say=say, remember=lambda item: _remember(commands.session, item))
     try:
         if isinstance(renderer, RichConsole):
             code = _interactive(renderer, commands)
@@ -136,6 +143,12 @@ def chat_with(
         commands.session.close()
     say(resume_hint(commands.session, project))
     return code
+
+
+def _remember(session: Session, item: str) -> None:
+    """Store a `KEY=VALUE` with the session's --set values, so that a resume applies it."""
+    if session.store is not None:
+        session.store.save_overrides(session.id, merge_overrides(session.store.overrides(session.id), [item]))
 
 
 def _fit_display(config: Config, renderer: RichConsole | PlainConsole) -> None:
@@ -278,19 +291,26 @@ def _interactive(renderer: RichConsole, commands: SlashCommands) -> int:
         if text.startswith("/"):
             if not commands.run(text):
                 return 0
-            continue
-        try:
-            rnd = commands.session.ask(text)
-        except KeyboardInterrupt:
-            renderer.stop_status()
-            renderer.say("Cancelled. The session and its variables are kept.", style="yellow")
-        except TaskWeaverError as exc:
-            renderer.stop_status()
-            renderer.say(f"{exc}", style="bold red")
-            renderer.say("The session is kept; try again, or check the settings.")
-        else:
-            if rnd.state == "failed":
-                renderer.say(f"This request failed: {rnd.error}", style="bold red")
+            text = commands.take_request() or ""
+            if not text:
+                continue
+        _ask_on_terminal(renderer, commands, text)
+
+
+def _ask_on_terminal(renderer: RichConsole, commands: SlashCommands, text: str) -> None:
+    """One request on a terminal: Ctrl-C cancels it, a failure is said, the session goes on."""
+    try:
+        rnd = commands.session.ask(text)
+    except KeyboardInterrupt:
+        renderer.stop_status()
+        renderer.say("Cancelled. The session and its variables are kept; what the cell printed is kept too (/last).", style="yellow")
+    except TaskWeaverError as exc:
+        renderer.stop_status()
+        renderer.say(f"{exc}", style="bold red")
+        renderer.say("The session is kept; try again, or check the settings.")
+    else:
+        if rnd.state == "failed":
+            renderer.say(f"This request failed: {rnd.error}", style="bold red")
 
 
 def _to_stderr(text: str) -> None:
@@ -306,7 +326,9 @@ def _piped(commands: SlashCommands) -> int:
         if text.startswith("/") and commands.known(text):
             if not commands.run(text.strip()):
                 return 0
-            continue
+            text = commands.take_request() or ""
+            if not text:
+                continue
         try:
             rnd = commands.session.ask(text)
         except KeyboardInterrupt:
@@ -322,13 +344,18 @@ def _piped(commands: SlashCommands) -> int:
     return 0
 
 
-class SlashCommands:
+class SlashCommands(TurnCommands):
     """The `/...` commands of a chat; each prints through `say`."""
 
-    def __init__(self, session: Session, *, say: Callable[[str], None]) -> None:
+    def __init__(self, session: Session, *, say: Callable[[str], None], remember: Callable[[str], None] | None = None) -> None:
         self.session = session
         self.say = say
+        self._remember = remember
         self._table: dict[str, Callable[[str], bool]] = {
+            "/undo": self._undo,
+            "/retry": self._retry,
+            "/model": self._model,
+            "/open": self._open,
             "/help": self._help,
             "/exit": lambda _: False,
             "/quit": lambda _: False,
