@@ -38,8 +38,8 @@ from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.execution import FoldPiece, Variable
 from taskweaver_lite.llm.client import Message, OpenAIChatModel
 from taskweaver_lite.llm.tokens import get_tokenizer
-from taskweaver_lite.memory.compression import RoleContext
-from taskweaver_lite.memory.conversation import RoleName, RoundMessages
+from taskweaver_lite.memory.compression import ContextSettings, RoleContext
+from taskweaver_lite.memory.conversation import RoundMessages
 from taskweaver_lite.memory.summary import render_summary
 from taskweaver_lite.memory.variables import LiveVariables
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer
@@ -179,8 +179,8 @@ def bench_prompt_sizes(server: ScriptedServer, session: list[dict[str, RoundMess
     for role in ("planner", "code_generator"):
         kernel = Kernel(random.Random(3))
         live = kernel.live if role == "code_generator" else None
-        ours = RoleContext(RoleName(role), config=cfg, model=model, tokenizer=TOKENIZER, live_variables=live)
-        taskweaver = RoleContext(RoleName(role), config=taskweaver_cfg, model=model, tokenizer=TOKENIZER, live_variables=live)
+        ours = RoleContext(ContextSettings.of(cfg, role), model=model, tokenizer=TOKENIZER, live_variables=live)
+        taskweaver = RoleContext(ContextSettings.of(taskweaver_cfg, role), model=model, tokenizer=TOKENIZER, live_variables=live)
         fixed = TOKENIZER.count_messages([Message(role="system", content=SYSTEM[role]), *EXAMPLES])
         history: list[RoundMessages] = []
         all_tokens = 0
@@ -234,7 +234,7 @@ def bench_latency(server: ScriptedServer, session: list[dict[str, RoundMessages]
     for mode in ("synchronous (TaskWeaver)", "background (ours)"):
         cfg = config(server)
         model = OpenAIChatModel(cfg.llm)
-        contexts = {role: RoleContext(RoleName(role), config=cfg, model=model, tokenizer=TOKENIZER) for role in ("planner", "code_generator")}
+        contexts = {role: RoleContext(ContextSettings.of(cfg, role), model=model, tokenizer=TOKENIZER) for role in ("planner", "code_generator")}
         added: list[float] = []
         history: dict[str, list[RoundMessages]] = {"planner": [], "code_generator": []}
         for rounds in session[:LATENCY_ROUNDS]:
@@ -266,7 +266,7 @@ def bench_variables(server: ScriptedServer, session: list[dict[str, RoundMessage
     responder = SummaryResponder(kernel=kernel)
     server.set_default("compression", responder)
     cfg = config(server)
-    context = RoleContext(RoleName.CODE_GENERATOR, config=cfg, model=OpenAIChatModel(cfg.llm), tokenizer=TOKENIZER, live_variables=kernel.live)
+    context = RoleContext(ContextSettings.of(cfg, "code_generator"), model=OpenAIChatModel(cfg.llm), tokenizer=TOKENIZER, live_variables=kernel.live)
     history: list[RoundMessages] = []
     for rounds in session[:VARIABLE_ROUNDS]:
         history.append(rounds["code_generator"])

@@ -92,9 +92,9 @@ class LLMOverrides(_Section):
     stream: bool | None = None
 
 
-# The parts of a session that call a model, each with its own `llm` overrides.
-ModelUser = Literal["planner", "code_generator", "round_compressor"]
-MODEL_USERS: tuple[ModelUser, ...] = ("planner", "code_generator", "round_compressor")
+# The part of a session that folds rounds; every role's section (`planner`, `code_generator`, a
+# project role's) has its own `llm` overrides too.
+FOLDER = "round_compressor"
 
 
 def merged_llm(base: LLMConfig, overrides: LLMOverrides) -> LLMConfig:
@@ -106,9 +106,11 @@ def merged_llm(base: LLMConfig, overrides: LLMOverrides) -> LLMConfig:
 
 
 class RoleConfig(_Section):
-    """Per-role prompt history settings."""
+    """One role's section: its model and its prompt history (strategy, compression, fold cadence)."""
 
     llm: LLMOverrides = Field(default_factory=LLMOverrides, description="this role's model: keys that replace llm's")
+    rounds_to_compress: int | None = Field(None, ge=1, description="this role's round_compressor.rounds_to_compress (null: round_compressor's)")
+    rounds_to_retain: int | None = Field(None, ge=0, description="this role's round_compressor.rounds_to_retain (null: round_compressor's)")
 
     prompt_compression: bool = True
     strategy: Strategy = "round_compression"
@@ -143,8 +145,12 @@ class RoundCompressorConfig(_Section):
 
 
 class SessionConfig(_Section):
-    """One user turn."""
+    """One user turn, and the roles that take part in it."""
 
+    roles: list[str] = Field(
+        default_factory=lambda: ["planner", "code_interpreter"],
+        description="the enabled roles by name: built-in ones, PROJECT_DIR/roles/<name>/, installed packages' (taskweaver-lite roles lists them)",
+    )
     max_internal_hops: int = Field(10, ge=1)
     max_repair_attempts: int = Field(3, ge=0, description="repair turns per round for bad replies")
     max_upload_bytes: int = Field(
@@ -271,6 +277,9 @@ class Config(_Section):
     code_interpreter: CodeInterpreterConfig = Field(default_factory=CodeInterpreterConfig)
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    # The sections of roles that have no field here (`echo:`, a project role's), written at the top
+    # level like `planner:`; load_config moves them here. Not a YAML key of its own.
+    role_sections: dict[str, RoleConfig] = Field(default_factory=dict, exclude=True)
     # Not a YAML key: where the project lives, filled in by load_config.
     project_dir: Path = Field(default=Path("project"), exclude=True)
     _notices: list[str] = PrivateAttr(default_factory=list)
@@ -283,7 +292,8 @@ class Config(_Section):
     @model_validator(mode="after")
     def _role_models_are_whole(self) -> Config:
         # Checked here, so a bad merge is reported against its section, not at the first call.
-        for user in MODEL_USERS:
+        sections = [name for name, info in type(self).model_fields.items() if _has_llm(info.annotation)]
+        for user in (*sections, *self.role_sections):
             try:
                 self.llm_for(user)
             except ValidationError as exc:
@@ -293,12 +303,27 @@ class Config(_Section):
                 raise ValueError(f"{user}.llm (over llm): {problems}") from None
         return self
 
-    def llm_for(self, user: ModelUser) -> LLMConfig:
-        """The model settings `user` calls with: its `llm` overrides over the top-level `llm`."""
-        section: RoleConfig | RoundCompressorConfig = getattr(self, user)
-        return merged_llm(self.llm, section.llm)
+    def role_section(self, key: str) -> RoleConfig:
+        """The section of the role whose config key is `key` (`planner`, `code_generator`, `echo`); empty if not written."""
+        section = getattr(self, key, None) if key in type(self).model_fields else None
+        if isinstance(section, RoleConfig):
+            return section
+        return self.role_sections.get(key) or RoleConfig()
 
-    def role_budget(self, user: ModelUser) -> int:
+    @model_validator(mode="after")
+    def _no_conflicting_settings(self) -> Config:
+        # Two settings that cannot both hold are refused, rather than one of them silently ignored.
+        conflict = next(iter(settings_conflicts(self)), None)
+        if conflict is not None:
+            raise ValueError(conflict)
+        return self
+
+    def llm_for(self, user: str) -> LLMConfig:
+        """The model settings `user` (a role's config key, or round_compressor) calls with: its `llm` overrides over `llm`."""
+        overrides = self.round_compressor.llm if user == FOLDER else self.role_section(user).llm
+        return merged_llm(self.llm, overrides)
+
+    def role_budget(self, user: str) -> int:
         """Tokens `user`'s prompts may use: its model's window minus its reply reserve and margin."""
         llm = self.llm_for(user)
         return llm.context_window - llm.reply_reserve - llm.margin
@@ -306,12 +331,15 @@ class Config(_Section):
     @model_validator(mode="after")
     def _parts_fit_the_prompt(self) -> Config:
         # (the summary's cap needs no check: its share of the budget is bounded where prompts are built)
-        budget, value, key = self.prompt_budget, self.execution.output_tokens, "execution.output_tokens"
+        # Whole cell outputs go into the CodeGenerator's prompts: its model's window is the one to fit.
+        value, key = self.execution.output_tokens, "execution.output_tokens"
+        llm, budget = self.llm_for("code_generator"), self.role_budget("code_generator")
+        section = "code_generator.llm" if self.code_generator.llm.context_window is not None else "llm"
         if value is not None and value > budget // 2:
             raise ValueError(
-                f"{key} is {value} tokens, more than half of the prompt budget ({budget} = llm.context_window "
-                f"{self.llm.context_window} - reply_reserve {self.llm.reply_reserve} - margin {self.llm.margin}); "
-                f"lower {key} or raise llm.context_window"
+                f"{key} is {value} tokens, more than half of the CodeGenerator's prompt budget ({budget} = {section}.context_window "
+                f"{llm.context_window} - reply_reserve {llm.reply_reserve} - margin {llm.margin}); "
+                f"lower {key} or raise {section}.context_window"
             )
         return self
 
@@ -322,10 +350,13 @@ class Config(_Section):
 
     @property
     def cell_output_tokens(self) -> int:
-        """Tokens one cell's output may take in a prompt: execution.output_tokens, or scaled to the budget."""
+        """Tokens one cell's output may take in a prompt: execution.output_tokens, or scaled to the CodeGenerator's budget.
+
+        The CodeGenerator's model (`code_generator.llm` over `llm`) is the one that reads whole cell outputs.
+        """
         if self.execution.output_tokens is not None:
             return self.execution.output_tokens
-        return min(max(self.prompt_budget // OUTPUT_SHARE, MIN_OUTPUT_TOKENS), MAX_OUTPUT_TOKENS)
+        return min(max(self.role_budget("code_generator") // OUTPUT_SHARE, MIN_OUTPUT_TOKENS), MAX_OUTPUT_TOKENS)
 
     @property
     def sessions_dir(self) -> Path:
@@ -337,6 +368,61 @@ class Config(_Section):
         """The SQLite file, relative paths taken from the project folder."""
         path = Path(self.store.path).expanduser()
         return path if path.is_absolute() else self.project_dir / path
+
+
+def _has_llm(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, (RoleConfig, RoundCompressorConfig))
+
+
+ROLES_FOLDER = "roles"
+_ROLE_SECTIONS = "role_sections"
+
+
+def role_names(project: Path, data: dict[str, Any]) -> set[str]:
+    """Names whose top-level section is a role's: the project's role folders and the roles `session.roles` lists."""
+    folder = project / ROLES_FOLDER
+    names = {p.name for p in folder.iterdir() if p.is_dir()} if folder.is_dir() else set()
+    listed = data.get("session", {}).get("roles") if isinstance(data.get("session"), dict) else None
+    if isinstance(listed, list):
+        names.update(str(name) for name in listed)
+    return names - set(Config.model_fields)
+
+
+# Settings that shape the local kernel; a kernel on a gateway runs on the gateway's machine, under its rules.
+_LOCAL_ONLY = {
+    "sandbox": "the sandbox wraps a kernel started on this machine",
+    "network": "it opens the local sandbox's network",
+    "memory_limit": "limits are set on a kernel started on this machine",
+    "max_processes": "limits are set on a kernel started on this machine",
+}
+
+
+def settings_conflicts(config: Config) -> list[str]:
+    """One line per pair of settings given together that cannot both hold, naming both and the fix."""
+    execution = config.execution
+    given = execution.model_fields_set
+    found = []
+    if execution.kernel_gateway is not None:
+        for key, why in _LOCAL_ONLY.items():
+            if key in given and not (key == "sandbox" and execution.sandbox != "bubblewrap"):
+                value = json_text(getattr(execution, key))
+                found.append(
+                    f"execution.{key}: {value} and execution.kernel_gateway conflict ({why}, and with a gateway the "
+                    f"kernel runs on the gateway's machine); remove one of them"
+                )
+    for user in ("planner", "code_generator"):
+        role: RoleConfig = getattr(config, user)
+        if not role.prompt_compression and "strategy" in role.model_fields_set and role.strategy in ("round_compression", "summary_buffer"):
+            found.append(
+                f"{user}.prompt_compression: false and {user}.strategy: {role.strategy} conflict (without compression "
+                f"the history is a sliding window); remove one of them"
+            )
+    return found
+
+
+def json_text(value: Any) -> str:
+    """A setting's value as it is written in YAML (true, null, 50%)."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
 def load_config(project_dir: str | Path = "project", overrides: list[str] | None = None) -> Config:
@@ -358,9 +444,15 @@ def load_config(project_dir: str | Path = "project", overrides: list[str] | None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of sections (llm:, planner:, ...) at the top")
         data = loaded or {}
-    unknown = [problem for item in overrides or [] if (problem := _apply_override(data, item))]
+    data.pop(_ROLE_SECTIONS, None)  # not a key of the file: role sections are written at the top level
+    for item in overrides or []:  # `--set session.roles=[...]` first: it decides which sections are roles'
+        if item.partition("=")[0].strip() == "session.roles":
+            _apply_override(data, item, roles=set())
+    roles = role_names(project, data)
+    unknown = [problem for item in overrides or [] if (problem := _apply_override(data, item, roles=roles))]
     if unknown:
         raise ConfigError("; ".join(unknown))
+    data[_ROLE_SECTIONS] = {name: data.pop(name) for name in sorted(roles) if name in data}
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
@@ -382,7 +474,7 @@ def is_config_key(dotted: str) -> bool:
     node: Any = Config
     for part in dotted.split("."):
         fields = getattr(node, "model_fields", None)
-        if fields is None or part not in fields or part == "project_dir":
+        if fields is None or part not in fields or part in _NOT_KEYS:
             return False
         node = section_type(fields[part].annotation)
     return True
@@ -408,8 +500,11 @@ def _read_text(path: Path) -> str:
         ) from None
 
 
-def _apply_override(data: dict[str, Any], item: str) -> str | None:
-    """Put one `KEY=VALUE` into `data`; returns the problem when the key is unknown (all are reported together)."""
+def _apply_override(data: dict[str, Any], item: str, *, roles: set[str]) -> str | None:
+    """Put one `KEY=VALUE` into `data`; returns the problem when the key is unknown (all are reported together).
+
+    A first part naming a role in `roles` is that role's section (`--set echo.llm.model=...`).
+    """
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key:
@@ -421,9 +516,12 @@ def _apply_override(data: dict[str, Any], item: str) -> str | None:
         raise ConfigError(f"--set {_masked(item)}: the value is not valid YAML ({_yaml_problem(exc)}); quote it: --set '{key}=\"...\"'") from None
     parts = key.split(".")
     node: Any = Config
-    for part in parts:
+    for number, part in enumerate(parts):
         fields = getattr(node, "model_fields", None)
-        if fields is None or part not in fields or part == "project_dir":
+        if number == 0 and part in roles:
+            node = RoleConfig
+            continue
+        if fields is None or part not in fields or part in _NOT_KEYS:
             return f"--set {key}: unknown config key '{part}'; known here: {_known(node)}"
         node = section_type(fields[part].annotation)
     target = data
@@ -445,9 +543,12 @@ def section_type(annotation: Any) -> Any:
     return sections[0] if len(sections) == 1 else annotation
 
 
+_NOT_KEYS = ("project_dir", _ROLE_SECTIONS)
+
+
 def _known(node: Any) -> str:
     fields = getattr(node, "model_fields", {})
-    return ", ".join(name for name in fields if name != "project_dir") or "(none: this is a value)"
+    return ", ".join(name for name in fields if name not in _NOT_KEYS) or "(none: this is a value)"
 
 
 def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
@@ -455,6 +556,8 @@ def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
     unknown: dict[tuple[str, str], list[tuple[str, ...]]] = {}  # (source, section) -> where the unknown keys are
     problems: list[str] = []
     for err in exc.errors():
+        if err["loc"][:1] == (_ROLE_SECTIONS,):  # a role's section is written at the top level: name it so
+            err["loc"] = err["loc"][1:]
         key = ".".join(str(p) for p in err["loc"])
         if not key:  # a check across keys of a section: its message names them
             touched = [o for o in overrides if o.split("=", 1)[0].strip() in err["msg"]]
@@ -509,6 +612,9 @@ def _with_lines(source: str, locs: list[tuple[str, ...]], path: Path) -> str:
 def _section(dotted: str) -> type[BaseModel]:
     parent: type[BaseModel] = Config
     for part in filter(None, dotted.split(".")):
+        if part not in parent.model_fields:  # a role's section (`echo`), written at the top level
+            parent = RoleConfig
+            continue
         section = section_type(parent.model_fields[part].annotation)
         if not (isinstance(section, type) and issubclass(section, BaseModel)):
             break

@@ -17,7 +17,7 @@ class ConfigError(TaskWeaverError):
 
 
 class LLMError(TaskWeaverError):
-    """A model call failed after the SDK's retries."""
+    """A model call failed, after the client's own retries (llm.max_retries; the SDK's are off)."""
 
 
 class LLMAuthError(LLMError):

@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from taskweaver_lite.llm.client import Delta
-from taskweaver_lite.memory.conversation import Post, RoleName, Round
+from taskweaver_lite.memory.conversation import Post, Round
 
-Activity = Literal["planner_thinking", "code_writing", "code_running", "repairing"]
+Activity = Literal["planner_thinking", "code_writing", "code_running", "repairing", "role_working"]
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,9 @@ class Working:
 class ReplyStreamed:
     """A piece of a role's reply arrived while it streams (for live display only: not recorded, not parsed)."""
 
-    role: RoleName
+    role: str  # the role's key (registry.RoleSpec.key)
     delta: Delta
+    alias: str = ""  # the role's alias, for the screen
 
 
 @dataclass(frozen=True)
@@ -79,36 +80,38 @@ class ModelCalled:
 class Folded:
     """A role's old rounds were folded into its summary in the background, or the fold failed."""
 
-    role: RoleName
+    role: str  # the role's key (registry.RoleSpec.key)
     first_round: int
     last_round: int
     tokens_before: int
     tokens_after: int
     ok: bool
     error: str | None = None
+    label: str = ""  # the role's name on screen (the key when not given)
 
     def describe(self) -> str:
         """One line for the user: 'Planner: folded rounds 1-4, 5,210 -> 380 tokens'."""
         rounds = span(self.first_round, self.last_round)
         if self.ok:
-            return f"{self.role.label}: folded {rounds}, {self.tokens_before:,} -> {self.tokens_after:,} tokens"
-        return f"{self.role.label}: could not fold {rounds} ({self.error}); they stay verbatim and the fold is retried later"
+            return f"{self.label or self.role}: folded {rounds}, {self.tokens_before:,} -> {self.tokens_after:,} tokens"
+        return f"{self.label or self.role}: could not fold {rounds} ({self.error}); they stay verbatim and the fold is retried later"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape: the fields by name."""
-        return {**asdict(self), "role": self.role.value}
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Folded:
         """Inverse of `to_dict`."""
         return cls(
-            role=RoleName(data["role"]),
+            role=str(data["role"]),
             first_round=int(data["first_round"]),
             last_round=int(data["last_round"]),
             tokens_before=int(data["tokens_before"]),
             tokens_after=int(data["tokens_after"]),
             ok=bool(data["ok"]),
             error=data.get("error"),
+            label=str(data.get("label") or ""),
         )
 
 

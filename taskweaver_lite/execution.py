@@ -54,8 +54,8 @@ class VariableChanges:
 
 
 @dataclass(frozen=True)
-class ExecutionError:
-    """The exception a cell raised, traceback without ANSI colour codes."""
+class CellError:
+    """What a cell raised (a record, not an exception): name, message, traceback without ANSI colour codes."""
 
     name: str
     value: str
@@ -101,7 +101,7 @@ class ExecutionResult:
     stderr: str = ""
     result: str | None = None
     result_html: str | None = None
-    error: ExecutionError | None = None
+    error: CellError | None = None
     displays: tuple[str, ...] = ()
     artifacts: tuple[str, ...] = ()
     elapsed: float = 0.0
@@ -128,7 +128,7 @@ class ExecutionResult:
         """Inverse of `to_dict`."""
         values = dict(data)
         err = values.get("error")
-        values["error"] = ExecutionError(**err) if err else None
+        values["error"] = CellError(**err) if err else None
         values["variables"] = tuple(Variable.from_dict(v) for v in values.get("variables", ()))
         values["changes"] = VariableChanges.from_dict(values.get("changes") or {})
         values["refused"] = str(values.get("refused") or "")
@@ -222,7 +222,7 @@ class Executor(Protocol):
         ...
 
     def artifact(self, name: str) -> Path:
-        """The local file of an artifact a cell produced; ExecutionError-free: KeyError if there is none."""
+        """The local file of an artifact a cell produced; KeyError if there is none."""
         ...
 
     def run(self, code: str, *, timeout: float | None = None, on_output: OutputSink | None = None) -> ExecutionResult:

@@ -4,14 +4,19 @@
     with Session.open(config) as session:
         print(session.ask("load sales.csv; which region grew fastest?").answer)
 
-A turn runs hop by hop: the Planner answers the user or delegates a step; the CodeInterpreter
-writes and runs code for it; its report goes back to the Planner. Listeners (the CLI, the store)
-observe every event; they never drive the turn.
+A turn runs hop by hop: the role the user talks to (the Planner) answers the user or delegates a
+step to an enabled role by its alias; that role's reply goes back to it. Which roles take part is
+the role registry's (`session.roles`, roles/registry.py); the session names none of them. Each role
+sees only the posts it sent or received and keeps its own prompt history and compression. A
+broken project role is left out with one line (`role_problems`); a project role that fails on a
+request (its model unreachable, its class raising) answers with the reason and the turn goes on.
+Listeners (the CLI, the store) observe every event; they never drive the turn.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import shutil
@@ -22,27 +27,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.config import Config, LLMConfig, ModelUser
+from taskweaver_lite.config import FOLDER, Config, LLMConfig, LLMOverrides, RoleConfig, merged_llm
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import Executor, ExecutorFactory, Variable
 from taskweaver_lite.llm.client import CallRecord, ChatModel, MeteredModel, Usage
 from taskweaver_lite.llm.tokens import get_tokenizer
-from taskweaver_lite.memory.compression import RoleContext
-from taskweaver_lite.memory.conversation import Conversation, Post, RoleName, Round
+from taskweaver_lite.memory.compression import ContextSettings, RoleContext
+from taskweaver_lite.memory.conversation import USER, Conversation, Post, Round
 from taskweaver_lite.memory.summary import CompressionState
 from taskweaver_lite.memory.variables import LiveVariables
 from taskweaver_lite.plugins.catalog import PluginCatalog, PluginSpec, discover
-from taskweaver_lite.plugins.prompt import planner_line
-from taskweaver_lite.roles.code_generator import CodeGenerator
-from taskweaver_lite.roles.examples import load_examples
-from taskweaver_lite.roles.planner import Planner, list_working_files
+from taskweaver_lite.roles.builtin import BuiltRole, PlannerRole, SessionParts, build_role
+from taskweaver_lite.roles.planner import list_working_files
+from taskweaver_lite.roles.registry import RoleCatalog, RoleSpec, discover_roles
 from taskweaver_lite.roles.role import RepairTurns
+from taskweaver_lite.roles.worker import RoleRequest, RoleTools, Turn
 from taskweaver_lite.store.database import SessionStore, StoreRecorder
 from taskweaver_lite.store.lock import SessionLock
 from taskweaver_lite.uploads import check_upload
-from taskweaver_lite.verification import verifier_from
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,34 @@ class ResumeReport:
 UNDO_FOLD_WAIT = 30.0  # seconds /undo waits for a running fold (it may be folding the request being undone)
 
 
+@dataclass(frozen=True)
+class SessionOptions:
+    """What a session may be given besides its config, model and executor (Session.open and resume fill it in)."""
+
+    store: SessionStore | None = None
+    lock: SessionLock | None = None
+    usage_before: Usage = Usage()
+    executor_factory: ExecutorFactory | None = None  # how /reset builds the next session's executor
+    plugins: PluginCatalog | None = None
+    roles: RoleCatalog | None = None  # default: discovered from the project and session.roles
+    owns_model: bool = False  # built by us (not passed in): we close its HTTP connections
+    confirm: ConfirmCell | None = None  # confirm mode: a person runs, edits or skips each cell
+
+
+@dataclass(frozen=True)
+class ActiveRole:
+    """An enabled role in this session: its declaration, its tools (model, context, folders) and its behaviour."""
+
+    spec: RoleSpec
+    tools: RoleTools
+    role: BuiltRole
+
+    @property
+    def context(self) -> RoleContext:
+        """The role's prompt history and compression."""
+        return self.tools.context
+
+
 class Session:
     """One conversation with its kernel: ask, load files, reset, and inspect the context."""
 
@@ -71,77 +103,82 @@ class Session:
         executor: Executor,
         session_id: str,
         listeners: Iterable[Listener] = (),
-        store: SessionStore | None = None,
-        lock: SessionLock | None = None,
-        usage_before: Usage = Usage(),
-        executor_factory: ExecutorFactory | None = None,
-        plugins: PluginCatalog | None = None,
-        owns_model: bool = False,
-        confirm: ConfirmCell | None = None,
+        options: SessionOptions = SessionOptions(),
     ) -> None:
         self.config = config
-        self._confirm = confirm  # confirm mode: a person runs, edits or skips each cell
-        self.plugins = plugins or PluginCatalog()  # every plugin found, broken ones with their errors; the enabled ones are shown
+        self.options = options
+        self.plugins = options.plugins or PluginCatalog()  # every plugin found, broken ones with their errors; the enabled ones are shown
+        self.roles = options.roles or discover_roles(config.project_dir, enabled=config.session.roles)
         self.id = session_id
         self.executor = executor
-        self._executor_factory = executor_factory  # how /reset builds the next session's executor
-        self.store = store
+        self.store = options.store
         self.conversation = Conversation()
-        self._lock = lock
+        self._lock = options.lock
         self._listeners = list(listeners)
-        self._model = MeteredModel(model, on_call=self._on_call, usage=usage_before)
-        self._owns_model = owns_model  # built by us (not passed in): we close its HTTP connections
+        self._model = MeteredModel(model, on_call=self._on_call, usage=options.usage_before)
+        self._owns_model = options.owns_model
         self._notes: list[str] = []
         self.loads: list[FileLoaded] = []  # every /load, for /history and the exports
         self._lost: list[str] = []
         self._recency: dict[str, int] = {}  # variable name -> the last cell that created or changed it
         self._cells = 0
-        self.planner, self.code_generator = self._build_roles()
-        if store is not None:
-            self._listeners.append(StoreRecorder(store, session_id, compression_state=self._compression_state))
+        self.active = self._build_roles()
+        entry = next((active for active in self.active.values() if isinstance(active.role, PlannerRole)), None)
+        if entry is None or not isinstance(entry.role, PlannerRole):
+            raise ConfigError("session.roles must include planner: it is the role the user talks to")
+        self._entry, self._planner = entry, entry.role
+        if self.store is not None:
+            self._listeners.append(StoreRecorder(self.store, session_id, compression_state=self._compression_state))
 
     @property
     def working_dir(self) -> Path:
         """The folder the session's code reads and writes files in."""
         return self.executor.working_dir
 
-    def _build_roles(self) -> tuple[Planner, CodeGenerator]:
-        config = self.config
-        checks = config.code_interpreter
-        # Each role counts with its own model's tokenizer (planner.llm.tokenizer...).
-        planner_context = RoleContext(
-            RoleName.PLANNER, config=config, model=self._model, tokenizer=get_tokenizer(config.llm_for("planner").tokenizer), on_fold=self._emit
-        )
-        coder_context = RoleContext(
-            RoleName.CODE_GENERATOR,
-            config=config,
-            model=self._model,
-            tokenizer=get_tokenizer(config.llm_for("code_generator").tokenizer),
-            live_variables=self.live_variables,
-            on_fold=self._emit,
-        )
-        planner = Planner(
-            self._model,
-            context=planner_context,
-            examples=load_examples(config.project_dir, RoleName.PLANNER),
-            max_hops=config.session.max_internal_hops,
-            working_files=lambda: list_working_files(self.working_dir),
-            on_delta=lambda delta: self._emit(ReplyStreamed(RoleName.PLANNER, delta)),
-            plugin_lines=[planner_line(spec) for spec in self.plugins.enabled],
-        )
-        code_generator = CodeGenerator(
-            self._model,
+    @property
+    def role_problems(self) -> list[str]:
+        """One line per role left out (a broken role file, a class that failed to import, a name that is no role)."""
+        return [entry.line() for entry in self.roles.broken if entry.name in self.config.session.roles or entry.where == "session.roles"]
+
+    def _build_roles(self) -> dict[str, ActiveRole]:
+        """The enabled roles by alias, each with its own context (its own section, model and tokenizer)."""
+        team = self.roles.enabled
+        parts = SessionParts(
             executor=self.executor,
-            context=coder_context,
-            examples=load_examples(config.project_dir, RoleName.CODE_GENERATOR),
-            max_retry_count=config.code_interpreter.max_retry_count,
-            on_delta=lambda delta: self._emit(ReplyStreamed(RoleName.CODE_GENERATOR, delta)),
             plugins=self.plugins.enabled,
-            plugin_top_k=config.code_generator.auto_plugin_selection_topk if config.code_generator.auto_plugin_selection else None,
-            verifier=verifier_from(checks.allowed_modules, checks.blocked_functions) if checks.code_verification_on else None,
-            confirm=self._confirm,
+            team=team,
+            checks=self.config.code_interpreter,
+            max_hops=self.config.session.max_internal_hops,
+            working_files=lambda: list_working_files(self.working_dir),
+            confirm=self.options.confirm,
         )
-        return planner, code_generator
+        active: dict[str, ActiveRole] = {}
+        for spec in team:
+            tools = self._tools(spec)
+            active[spec.alias] = ActiveRole(spec, tools, build_role(spec, tools, parts))
+        return active
+
+    def _tools(self, spec: RoleSpec) -> RoleTools:
+        section = spec.section(self.config.role_section(spec.key))
+        settings = ContextSettings.of(self.config, spec.key, section=section, label=spec.label, fold_prompt=spec.fold_prompt)
+        # Only the code-running role's prompt lists the kernel's variables (and its folds describe them).
+        live = self.live_variables if spec.builtin == "code_interpreter" else None
+        context = RoleContext(settings, model=self._model, tokenizer=get_tokenizer(settings.llm.tokenizer), live_variables=live, on_fold=self._emit)
+        # Only the JSON roles stream to the screen: their fields are read as they arrive.
+        stream = (lambda delta: self._emit(ReplyStreamed(spec.key, delta, spec.alias))) if spec.builtin else None
+        return RoleTools(
+            key=spec.key,
+            alias=spec.alias,
+            config=section,
+            options=spec.options,
+            model=self._model,
+            context=context,
+            project_dir=self.config.project_dir,
+            working_dir=self.working_dir,
+            prompt=spec.prompt,
+            intro=spec.intro,
+            on_delta=stream,
+        )
 
     @classmethod
     def open(
@@ -202,7 +239,7 @@ class Session:
         session.conversation.rounds = list(stored.rounds)
         session.loads = list(stored.loads)
         for context in session.contexts().values():
-            saved = stored.compression.get(context.role.value)
+            saved = stored.compression.get(context.role)
             if saved:
                 context.restore(CompressionState.from_dict(saved))
         failed_cells = 0
@@ -236,24 +273,22 @@ class Session:
         usage_before: Usage = Usage(),
         confirm: ConfirmCell | None = None,
     ) -> Session:
-        chat_model = model or role_models(config)
+        roles = discover_roles(config.project_dir, enabled=config.session.roles)
+        chat_model = model or role_models(config, roles=roles.enabled)
         plugins = discover(config.project_dir)
         running = (executor or default_executor(config, plugins=plugins.enabled))(config.sessions_dir / session_id)
+        options = SessionOptions(
+            store=store,
+            lock=lock,
+            usage_before=usage_before,
+            executor_factory=executor,
+            plugins=plugins,
+            roles=roles,
+            owns_model=model is None,
+            confirm=confirm,
+        )
         try:
-            return cls(
-                config,
-                model=chat_model,
-                executor=running,
-                session_id=session_id,
-                listeners=listeners,
-                store=store,
-                lock=lock,
-                usage_before=usage_before,
-                executor_factory=executor,
-                plugins=plugins,
-                owns_model=model is None,
-                confirm=confirm,
-            )
+            return cls(config, model=chat_model, executor=running, session_id=session_id, listeners=listeners, options=options)
         except BaseException:  # bad examples or prompts: the kernel already booting must not linger
             running.shutdown()
             raise
@@ -278,13 +313,13 @@ class Session:
         (unreachable, refused) fails the round and is raised. Ctrl-C (KeyboardInterrupt) cancels
         the step, fails the round, and is raised after the kernel has stopped.
         """
-        planner_view, coder_view = self.conversation.view("Planner"), self.conversation.view("CodeInterpreter")
+        views = {alias: self.conversation.view(alias) for alias in self.active}  # finished rounds, each role's posts
         rnd = self.conversation.start_round(text)
         message = "\n\n".join([*self._notes, text])
         try:
             self._emit(RoundStarted(rnd))
-            self._add(rnd, Post(send_from="User", send_to="Planner", message=message))
-            self._run_hops(rnd, planner_view, coder_view)
+            self._add(rnd, Post(send_from=USER, send_to=self._entry.spec.alias, message=message))
+            self._run_hops(rnd, views)
             rnd.state = "finished"
             self._notes.clear()  # only now: a failed round's notes go out again with the next request
         except RoundFailedError as exc:
@@ -300,29 +335,40 @@ class Session:
         self._after_round()
         return rnd
 
-    def _run_hops(self, rnd: Round, planner_view: Sequence[Round], coder_view: Sequence[Round]) -> None:
-        repairs = RepairTurns(self.config.session.max_repair_attempts)
+    def _run_hops(self, rnd: Round, views: dict[str, list[Round]]) -> None:
+        """The entry role answers or delegates; each delegated role's reply goes back to it, up to max_internal_hops."""
+        turn = Turn(RepairTurns(self.config.session.max_repair_attempts), add_post=lambda p: self._add(rnd, p), notify=self._emit)
         max_hops = self.config.session.max_internal_hops
+        entry = self._entry
         hops = 0
         while True:
             self._emit(Working("planner_thinking"))
-            post = self.planner.reply(planner_view, rnd.visible_to("Planner"), repairs=repairs, on_repair=self._on_repair)
-            if post.send_to == "CodeInterpreter" and hops >= max_hops:
-                self._add(rnd, self.planner.hop_limit_post(hops=hops, last=_last_report(rnd), plan=post.plan))
+            post = entry.role.reply(RoleRequest(rnd.posts[-1], views[entry.spec.alias], rnd, turn), entry.tools)
+            if post.send_to != USER and hops >= max_hops:
+                self._add(rnd, self._planner.hop_limit_post(hops=hops, last=_last_report(rnd, to=entry.spec.alias), plan=post.plan))
                 return
             self._add(rnd, post)
-            if post.send_to == "User":
+            if post.send_to == USER:
                 return
             hops += 1
-            report = self.code_generator.handle(
-                post,
-                history=coder_view,
-                current=rnd,
-                add_post=lambda p: self._add(rnd, p),
-                repairs=repairs,
-                notify=self._emit,
-            )
-            self._add(rnd, report)
+            self._add(rnd, self._consult(self.active[post.send_to], post, rnd, views, turn))
+
+    def _consult(self, active: ActiveRole, post: Post, rnd: Round, views: dict[str, list[Round]], turn: Turn) -> Post:
+        """A delegated role's reply to `post`; a project role that fails answers with the reason instead."""
+        spec = active.spec
+        request = RoleRequest(post, views[spec.alias], rnd, turn)
+        if spec.builtin:
+            return active.role.reply(request, active.tools)
+        self._emit(Working("role_working", spec.label))
+        try:
+            reply = active.role.reply(request, active.tools)
+        except (TaskWeaverError, Exception) as exc:  # noqa: BLE001 - a project role's failure must not end the request: the Planner hears why
+            return request.answer(role_failure(spec, exc))
+        if not isinstance(reply, Post):
+            why = f"answered with {type(reply).__name__}, not a post; its class ({spec.where}) must return request.answer(...)"
+            return request.answer(f"The {spec.alias} role {why}.")
+        # A role answers the one who asked, whatever its post says.
+        return dataclasses.replace(reply, send_from=spec.alias, send_to=post.send_from)
 
     def load_file(self, source: str | Path) -> Path:
         """Copy a data file into the working folder and tell the Planner with the next request.
@@ -332,7 +378,7 @@ class Session:
         path = Path(source).expanduser()
         check_upload(path, max_bytes=self.config.session.max_upload_bytes)
         name = self.executor.upload(path)
-        self._notes.append(self.planner.file_note(name))
+        self._notes.append(self._planner.file_note(name))
         loaded = FileLoaded(name=name, source=str(path.resolve()), after_round=len(self.conversation.rounds), at=time.time())
         self.loads.append(loaded)
         self._emit(loaded)
@@ -344,7 +390,7 @@ class Session:
         This session is closed (and stays stored, resumable); use the returned one from now on.
         """
         listeners = [listener for listener in self._listeners if not isinstance(listener, StoreRecorder)]
-        fresh = Session.open(self.config, model=self._model.inner, executor=self._executor_factory, listeners=listeners, confirm=self._confirm)
+        fresh = Session.open(self.config, model=self._model.inner, executor=self.options.executor_factory, listeners=listeners, confirm=self.options.confirm)
         shutil.copytree(self.working_dir, fresh.working_dir, dirs_exist_ok=True)
         fresh._owns_model, self._owns_model = self._owns_model, False  # the model client lives on in the new session
         self.close()
@@ -362,13 +408,13 @@ class Session:
         for role, context in self.contexts().items():
             context.wait_idle(timeout=UNDO_FOLD_WAIT)
             if context.state.folded_through >= last.index:
-                raise TaskWeaverError(f"Request {last.index} is already folded into the {role.label}'s summary and cannot be undone; /reset starts over.")
+                raise TaskWeaverError(f"Request {last.index} is already folded into the {role} role's summary and cannot be undone; /reset starts over.")
         self._flush_store()
         if self.store is not None:
             self.store.drop_round(self.id, last.id)
         self.conversation.rounds.pop()
         # Files loaded just before it were announced in its message: the next request says so again.
-        self._notes = [self.planner.file_note(load.name) for load in self.loads if load.after_round == last.index - 1] + self._notes
+        self._notes = [self._planner.file_note(load.name) for load in self.loads if load.after_round == last.index - 1] + self._notes
         self._rebuild_kernel(on_replay)
         return last
 
@@ -388,13 +434,24 @@ class Session:
             if isinstance(listener, StoreRecorder):
                 listener.flush()
 
-    def use_model(self, name: str, *, user: ModelUser | None = None) -> None:
-        """Call model `name` from the next request on: for every part, or for one (`planner`, `code_generator`, `round_compressor`)."""
+    def model_users(self) -> list[str]:
+        """What `use_model` accepts as `user`: the enabled roles' config keys, and round_compressor (the folds)."""
+        return [*self.contexts(), FOLDER]
+
+    def use_model(self, name: str, *, user: str | None = None) -> None:
+        """Call model `name` from the next request on: for every part, or for one (a role's key, or round_compressor)."""
         if not self._owns_model:
             raise TaskWeaverError("This session's model was handed to it by the program that opened it; only that program can change it.")
-        section = self.config.llm if user is None else getattr(self.config, user).llm
-        section.model = name  # a part with its own `llm.model` keeps it (with its own address and key)
-        previous, self._model.inner = self._model.inner, role_models(self.config)
+        config = self.config
+        if user is None:
+            config.llm.model = name  # a part with its own `llm.model` keeps it (with its own address and key)
+        else:
+            section = config.round_compressor if user == FOLDER else config.role_section(user) if user in type(config).model_fields else None
+            if section is None:  # a project role: its section may not be written yet
+                section = config.role_sections.setdefault(user, RoleConfig())
+            # Assigned whole, so the section counts as set where a role's file settings are merged under it.
+            section.llm = LLMOverrides.model_validate({**section.llm.model_dump(exclude_unset=True), "model": name})
+        previous, self._model.inner = self._model.inner, role_models(config, roles=[active.spec for active in self.active.values()])
         close = getattr(previous, "close", None)
         if callable(close):
             close()
@@ -406,9 +463,9 @@ class Session:
         lost = tuple(dict.fromkeys(n for n in self._lost if n not in alive))
         return LiveVariables(variables=_newest_first(variables, self._recency), lost=lost)
 
-    def contexts(self) -> dict[RoleName, RoleContext]:
-        """Each role's prompt history manager."""
-        return {RoleName.PLANNER: self.planner.context, RoleName.CODE_GENERATOR: self.code_generator.context}
+    def contexts(self) -> dict[str, RoleContext]:
+        """Each enabled role's prompt history manager, by the role's key (its config section)."""
+        return {active.spec.key: active.context for active in self.active.values()}
 
     def usage(self) -> Usage:
         """Model calls and tokens used so far (failed calls counted, with no tokens)."""
@@ -447,13 +504,13 @@ class Session:
             self._owns_model = False
             close()
 
-    def _compression_state(self, role: RoleName) -> dict[str, Any] | None:
+    def _compression_state(self, role: str) -> dict[str, Any] | None:
         context = self.contexts().get(role)
         return context.state.to_dict() if context is not None else None
 
     def _after_round(self) -> None:
-        for role in (self.planner, self.code_generator):
-            role.context.round_finished([role.rendered(r) for r in self.conversation.view(role.name.party)])
+        for alias, active in self.active.items():
+            active.context.round_finished([active.role.render(r) for r in self.conversation.view(alias)])
 
     def _add(self, rnd: Round, post: Post) -> None:
         rnd.posts.append(post)
@@ -492,8 +549,8 @@ class Session:
             listener(event)
 
 
-def role_models(config: Config) -> ChatModel:
-    """The openai-SDK clients a session calls: one per distinct role model (`planner.llm`...), shared when equal."""
+def role_models(config: Config, *, roles: Sequence[RoleSpec]) -> ChatModel:
+    """The openai-SDK clients a session calls: one per distinct role model (`<role>.llm`), shared when equal."""
     from taskweaver_lite.llm.client import OpenAIChatModel, RoutedModel
 
     clients: dict[str, OpenAIChatModel] = {}
@@ -505,13 +562,11 @@ def role_models(config: Config) -> ChatModel:
             clients[key] = OpenAIChatModel(llm)
         return clients[key]
 
-    folder = client(config.llm_for("round_compressor"))
-    by_purpose: dict[str, ChatModel] = {
-        "planner": client(config.llm_for("planner")),
-        "code_generator": client(config.llm_for("code_generator")),
-        "compression_planner": folder,
-        "compression_code_generator": folder,
-    }
+    folder = client(config.llm_for(FOLDER))
+    by_purpose: dict[str, ChatModel] = {}
+    for spec in roles:
+        by_purpose[spec.key] = client(merged_llm(config.llm, spec.section(config.role_section(spec.key)).llm))
+        by_purpose[f"compression_{spec.key}"] = folder
     return RoutedModel(by_purpose, default=client(config.llm))
 
 
@@ -548,11 +603,19 @@ def new_session_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
-def _last_report(rnd: Round) -> str:
+def _last_report(rnd: Round, *, to: str) -> str:
     for post in reversed(rnd.posts):
-        if post.send_from == "CodeInterpreter":
+        if post.send_to == to and post.send_from != USER:
             return post.execution.prompt_text() if post.execution else post.message
     return "(no results yet)"
+
+
+def role_failure(spec: RoleSpec, exc: BaseException) -> str:
+    """What the Planner (and the user, on screen) hear when a project role could not answer: the reason and the setting."""
+    why = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, TaskWeaverError):
+        return f"The {spec.alias} role could not answer: {why} (its model is set by {spec.key}.llm over llm). Go on without it."
+    return f"The {spec.alias} role failed ({type(exc).__name__}: {why}) in its class from {spec.where}. Go on without it."
 
 
 class _closing_on_error:

@@ -1,13 +1,88 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the test tiers: every test is `unit`, `kernel`, `cli` or `soak`.
+
+A file's tier is its `pytestmark = pytest.mark.<tier>` line, or, for the files older than the tiers,
+its entry in FILE_TIERS below; a test's own tier marker wins over its file's (a quick check in a
+kernel file). A test with no tier fails, saying where to put one.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
+
+TIERS = ("unit", "kernel", "cli", "soak")
+# unit: no kernel, no program started, nothing off this machine (a scripted model server on 127.0.0.1 in
+# a thread is fine); kernel: a real ipykernel (local, sandboxed or on a gateway) or a browser; cli: the
+# program run as a command; soak: long sessions and endurance.
+FILE_TIERS = {
+    "test_cell_output.py": "kernel",
+    "test_cli.py": "cli",
+    "test_compression.py": "unit",
+    "test_confirm.py": "cli",
+    "test_console.py": "unit",
+    "test_discovery.py": "cli",
+    "test_export.py": "kernel",
+    "test_gateway.py": "kernel",
+    "test_hostile_input.py": "cli",
+    "test_hostile_servers.py": "kernel",
+    "test_init.py": "cli",
+    "test_kernel.py": "kernel",
+    "test_layout.py": "unit",
+    "test_live_cell_output.py": "kernel",
+    "test_llm.py": "unit",
+    "test_partial_reply.py": "unit",
+    "test_plugins.py": "kernel",
+    "test_readme.py": "cli",
+    "test_replies.py": "unit",
+    "test_resume.py": "cli",
+    "test_role_models.py": "kernel",
+    "test_sandbox.py": "kernel",
+    "test_scripted_model.py": "unit",
+    "test_serve.py": "kernel",
+    "test_session.py": "kernel",
+    "test_session_records.py": "cli",
+    "test_soak.py": "soak",
+    "test_store.py": "unit",
+    "test_streaming.py": "unit",
+    "test_streaming_pty.py": "cli",
+    "test_streaming_screen.py": "kernel",
+    "test_tokens.py": "unit",
+    "test_verification.py": "kernel",
+    "test_web_page.py": "kernel",
+}
+
+
+_UNTIERED = pytest.StashKey[bool]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test gets its file's tier unless it has its own; a test with none is made to fail."""
+    for item in items:
+        if tier_of(item) is not None:
+            continue
+        tier = FILE_TIERS.get(Path(str(item.fspath)).name)
+        # One with none is marked unit, so the quick tier (run most often) is where it shows up first.
+        item.add_marker(getattr(pytest.mark, tier or "unit"))
+        item.stash[_UNTIERED] = tier is None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test with no tier fails before it runs, saying where to put one."""
+    if item.stash.get(_UNTIERED, False):
+        pytest.fail(
+            f"{item.nodeid} has no test tier: put `pytestmark = pytest.mark.unit` (or kernel, cli, soak) "
+            "at the top of its file (tests/conftest.py says what each tier means)"
+        )
+
+
+def tier_of(item: pytest.Item) -> str | None:
+    """The tier a test is marked with, by itself or its module's `pytestmark` (None: not marked)."""
+    return next((marker.name for marker in item.iter_markers() if marker.name in TIERS), None)
 
 
 @pytest.fixture(scope="module")

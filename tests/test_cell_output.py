@@ -32,6 +32,7 @@ def output(tmp_path: Path, max_tokens: int) -> CellOutput:
     return CellOutput(max_tokens=max_tokens, transcript_path=tmp_path / "cell.txt", artifacts_dir=tmp_path, stem="cell-0001")
 
 
+@pytest.mark.unit
 def test_repeated_warning_lines_collapse_into_one_with_a_count_and_data_rows_stay() -> None:
     text = "\n".join(
         [*(f"x.py:{n}: UserWarning: column {n % 2} is constant" for n in range(40)), "row 1  3.5", "row 2  3.5", "done", "done", "done"]
@@ -42,6 +43,7 @@ def test_repeated_warning_lines_collapse_into_one_with_a_count_and_data_rows_sta
     assert collapsed.endswith("done  [repeated 3 times]")
 
 
+@pytest.mark.unit
 def test_all_fields_of_a_cell_share_one_token_limit_and_the_error_comes_first(tmp_path: Path) -> None:
     cell = output(tmp_path, max_tokens=400)
     cell.add("stream", {"name": "stdout", "text": "progress line\n" * 0 + "".join(f"step {n} of 5000\n" for n in range(5000))})
@@ -59,6 +61,7 @@ def test_all_fields_of_a_cell_share_one_token_limit_and_the_error_comes_first(tm
     assert result.full_output_path is not None and "step 4999 of 5000" in Path(result.full_output_path).read_text()
 
 
+@pytest.mark.unit
 def test_a_small_output_is_untouched(tmp_path: Path) -> None:
     cell = output(tmp_path, max_tokens=400)
     cell.add("stream", {"name": "stdout", "text": "total: 42\n"})
@@ -66,10 +69,20 @@ def test_a_small_output_is_untouched(tmp_path: Path) -> None:
     assert result.stdout == "total: 42\n" and result.full_output_path is None
 
 
+@pytest.mark.unit
 def test_the_cell_limit_scales_with_the_window() -> None:
     assert Config.model_validate({"llm": {"context_window": 8_000}}).cell_output_tokens == 456
     assert Config.model_validate({"llm": {"context_window": 32_000}}).cell_output_tokens == 2_000
     assert Config.model_validate({"execution": {"output_tokens": 700}}).cell_output_tokens == 700
+
+
+@pytest.mark.unit
+def test_the_cell_limit_follows_the_code_generators_own_window() -> None:
+    # The CodeGenerator reads whole cell outputs: a small code model must not get a big model's share.
+    config = Config.model_validate({"llm": {"context_window": 128_000}, "code_generator": {"llm": {"context_window": 8_000}}})
+    assert config.cell_output_tokens == 456
+    with pytest.raises(ValueError, match=r"code_generator\.llm\.context_window"):
+        Config.model_validate({"code_generator": {"llm": {"context_window": 8_000}}, "execution": {"output_tokens": 3_000}})
 
 
 def test_a_noisy_failing_grid_search_in_a_real_kernel_fits_an_8k_windows_share(tmp_path: Path) -> None:
@@ -84,6 +97,7 @@ def test_a_noisy_failing_grid_search_in_a_real_kernel_fits_an_8k_windows_share(t
     assert TOKENIZER.count(text) <= config.cell_output_tokens + 120  # outcome, labels and the variables line on top
 
 
+@pytest.mark.unit
 def test_a_cell_that_prints_without_end_leaves_an_output_file_of_bounded_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A print loop writes gigabytes before its timeout: the file keeps the first part and says how much more there was.
     monkeypatch.setattr(output_module, "TRANSCRIPT_MAX_CHARS", 10_000)

@@ -15,8 +15,8 @@ from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.execution import FoldPiece, Variable
 from taskweaver_lite.llm.client import Completion, DeltaSink, Message, OpenAIChatModel
 from taskweaver_lite.llm.tokens import get_tokenizer
-from taskweaver_lite.memory.compression import RoleContext
-from taskweaver_lite.memory.conversation import RoleName, RoundMessages
+from taskweaver_lite.memory.compression import ContextSettings, RoleContext
+from taskweaver_lite.memory.conversation import RoundMessages
 from taskweaver_lite.memory.summary import CompressionState
 from taskweaver_lite.memory.variables import LiveVariables, merge_variables
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, detect_role
@@ -79,8 +79,11 @@ def config(**sections: dict[str, Any]) -> Config:
     return Config.model_validate(data)
 
 
+LABELS = {"planner": "Planner", "code_generator": "CodeGenerator"}
+
+
 def context(cfg: Config, model: SummaryModel, role: str = "planner", **kwargs: Any) -> RoleContext:
-    return RoleContext(RoleName(role), config=cfg, model=model, tokenizer=TOKENIZER, **kwargs)
+    return RoleContext(ContextSettings.of(cfg, role, label=LABELS[role]), model=model, tokenizer=TOKENIZER, **kwargs)
 
 
 def play(ctx: RoleContext, rounds: int, *, sizes: dict[int, int] | None = None) -> list[RoundMessages]:
@@ -543,8 +546,8 @@ def test_folds_go_over_http_to_an_openai_compatible_server_for_both_roles_at_onc
         server.set_default("compression", answer_when_both_asked)
         cfg = config(llm={"api_base": server.url, "api_key": "test"}, round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1})
         model = OpenAIChatModel(cfg.llm)
-        planner = RoleContext(RoleName.PLANNER, config=cfg, model=model, tokenizer=TOKENIZER)
-        coder = RoleContext(RoleName.CODE_GENERATOR, config=cfg, model=model, tokenizer=TOKENIZER, live_variables=lambda: LiveVariables((DF,)))
+        planner = RoleContext(ContextSettings.of(cfg, "planner"), model=model, tokenizer=TOKENIZER)
+        coder = RoleContext(ContextSettings.of(cfg, "code_generator"), model=model, tokenizer=TOKENIZER, live_variables=lambda: LiveVariables((DF,)))
         history = [make_round(1), make_round(2)]
         planner.round_finished(history)
         coder.round_finished(history)
@@ -559,7 +562,7 @@ def test_a_fold_that_meets_a_server_error_keeps_the_rounds_verbatim_and_says_why
         server.set_default("compression", Reply(status=500, error_message="the summariser is down"))
         cfg = config(llm={"api_base": server.url, "api_key": "test", "max_retries": 0}, round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1})
         events: list[Any] = []
-        ctx = RoleContext(RoleName.PLANNER, config=cfg, model=OpenAIChatModel(cfg.llm), tokenizer=TOKENIZER, on_fold=events.append)
+        ctx = RoleContext(ContextSettings.of(cfg, "planner"), model=OpenAIChatModel(cfg.llm), tokenizer=TOKENIZER, on_fold=events.append)
         history = play(ctx, 2)
     assert ctx.state.folded_through == 0 and not events[0].ok
     assert "summariser is down" in (events[0].error or "")

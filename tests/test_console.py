@@ -10,8 +10,8 @@ from taskweaver_lite.cli.chat import EXPORT_USAGE, HELP
 from taskweaver_lite.cli.console import PlainConsole, RichConsole
 from taskweaver_lite.cli.tracebacks import screen_text, shorten_traceback
 from taskweaver_lite.events import Folded, PostAdded
-from taskweaver_lite.execution import ExecutionError, ExecutionResult
-from taskweaver_lite.memory.conversation import Post, RoleName, Round
+from taskweaver_lite.execution import CellError, ExecutionResult
+from taskweaver_lite.memory.conversation import Post, Round
 
 # An IPython traceback as the kernel reports it (colours stripped): a KeyError raised inside pandas
 # from a function the user defined, chained from pandas' own KeyError.
@@ -49,7 +49,7 @@ File /venv/lib/python3.11/site-packages/pandas/core/indexes/base.py:3823, in Ind
 KeyError: 'Revenue'
 """
 FAILED = ExecutionResult(
-    code="f(df)", success=False, stdout="hi\n", error=ExecutionError(name="KeyError", value="'Revenue'", traceback=PANDAS_TRACEBACK)
+    code="f(df)", success=False, stdout="hi\n", error=CellError(name="KeyError", value="'Revenue'", traceback=PANDAS_TRACEBACK)
 )
 
 
@@ -85,7 +85,7 @@ def test_the_rich_and_the_plain_screen_both_show_the_short_traceback() -> None:
 def test_fold_notices_wait_for_a_quiet_moment_instead_of_landing_under_the_answer() -> None:
     renderer = RichConsole(recording_console())
     rnd = Round(index=3, user_query="q")
-    renderer(Folded(RoleName.PLANNER, 1, 2, 5_000, 300, ok=True))
+    renderer(Folded("planner", 1, 2, 5_000, 300, ok=True, label="Planner"))
     renderer(PostAdded(rnd, Post("Planner", "User", "The answer.")))
     shown = renderer.console.export_text(clear=True)
     assert "The answer." in shown and "folded" not in shown

@@ -56,6 +56,7 @@ def _hostile_turn(server: ScriptedServer) -> None:
     server.enqueue("code_generator", code_reply(f"# listing {HOSTILE}\n{HOSTILE_PRINT}"))
 
 
+@pytest.mark.unit
 def test_strip_controls_removes_every_kind_of_control_sequence() -> None:
 
     cleaned = strip_controls(f"a{HOSTILE}\tb\r\nc\rd\x08\x00\ud800")

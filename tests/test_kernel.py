@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import _thread
+import contextlib
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Literal
 
 import psutil
 import pytest
@@ -19,6 +21,7 @@ from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
 from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.kernel.executor import KernelExecutor
+from taskweaver_lite.kernel.sandbox import bwrap_path
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -214,15 +217,52 @@ def test_restart_returns_the_names_of_lost_variables(kernel_executor: KernelExec
     assert kernel_executor.run("'lost_on_restart' in globals()").result == "False"
 
 
-def test_no_kernel_or_kernel_child_outlives_shutdown(tmp_path: Path) -> None:
-    executor = KernelExecutor(tmp_path, config=ExecutionConfig())
+def host_process(pid_inside: int, *, among: list[psutil.Process]) -> psutil.Process:
+    """The process of `among` that the kernel's PID namespace (the sandbox's, or the host's) calls `pid_inside`.
+
+    /proc/<pid>/status lists a process's id in each namespace it is in, the innermost last (NSpid).
+    """
+    for process in among:
+        with contextlib.suppress(psutil.NoSuchProcess, FileNotFoundError):
+            status = Path(f"/proc/{process.pid}/status").read_text(encoding="utf-8")
+            ids = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
+            if int(ids[-1]) == pid_inside:
+                return process
+    raise AssertionError(f"no process of the kernel is {pid_inside} in its namespace: {among}")
+
+
+def gone(process: psutil.Process, *, within: float = 5.0) -> bool:
+    """True once `process` has exited; a process object knows its start time, so a reused PID is not mistaken for it."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            if not process.is_running() or (process.status() == psutil.STATUS_ZOMBIE and process.num_threads() <= 1):
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    "sandbox",
+    ["none", pytest.param("bubblewrap", marks=pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed"))],
+)
+def test_no_kernel_or_kernel_child_outlives_shutdown(tmp_path: Path, sandbox: Literal["none", "bubblewrap"]) -> None:
+    executor = KernelExecutor(tmp_path, config=ExecutionConfig(sandbox=sandbox))
+    # The PID the kernel sees is in its own namespace when it is sandboxed: the host's list is searched by it.
     child = executor.run("import subprocess\nchild = subprocess.Popen(['sleep', '60'])\nchild.pid").result
-    pid = executor.pid
-    assert pid is not None and child is not None
+    assert executor.pid is not None and child is not None
+    kernel = psutil.Process(executor.pid)
+    descendants = kernel.children(recursive=True)
+    sleeper = host_process(int(child), among=descendants)
+    assert sleeper.cmdline() == ["sleep", "60"]
     executor.shutdown()
     executor.shutdown()  # idempotent
     assert executor.pid is None
-    assert process_gone(pid) and process_gone(int(child))
+    assert gone(kernel) and gone(sleeper)
+    assert [p for p in descendants if not gone(p, within=0)] == [], "nothing the kernel started is left"
     with pytest.raises(KernelError):
         executor.run("1")
 

@@ -13,7 +13,7 @@ from helpers import REPO, make_project, run_cli
 
 from taskweaver_lite.config import ExecutionConfig, load_config
 from taskweaver_lite.errors import ContextOverflowError
-from taskweaver_lite.execution import ExecutionError
+from taskweaver_lite.execution import CellError
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.plugins.catalog import ENTRY_POINT_GROUP, Parameter, PluginSpec, discover, read_entry
 from taskweaver_lite.plugins.prompt import planner_line, render_block, render_stub, select, used_plugins
@@ -126,6 +126,7 @@ def test_a_broken_yaml_and_a_failing_import_leave_the_session_running_without_th
     assert "needs_lib.py" in notice and "ModuleNotFoundError" in notice and "(line 1)" in notice
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("yaml_text", "problem"),
     [
@@ -144,6 +145,7 @@ def test_validation_names_the_field_that_is_wrong(tmp_path: Path, yaml_text: str
     assert entry.state == "broken" and problem in entry.error and str(tmp_path / "p.yaml") in entry.line()
 
 
+@pytest.mark.unit
 def test_the_stub_shows_required_optional_and_defaulted_parameters_exactly() -> None:
     spec = PluginSpec(
         name="detect",
@@ -182,6 +184,7 @@ def test_the_stub_shows_required_optional_and_defaulted_parameters_exactly() -> 
     assert planner_line(spec) == "detect: Find outliers in a column."
 
 
+@pytest.mark.unit
 def test_a_required_parameter_after_an_optional_one_makes_the_rest_keyword_only() -> None:
     spec = PluginSpec("f", "f", "Do it.", Path("f.yaml"), Path("f.py"), parameters=(Parameter("a", "int"), Parameter("b", "str", required=True)))
     assert render_stub(spec).splitlines()[0] == "def f(*, a: int | None = None, b: str) -> None:"
@@ -212,6 +215,7 @@ def many_plugins(count: int) -> list[PluginSpec]:
     ]
 
 
+@pytest.mark.unit
 def test_selection_ranks_lexically_and_keeps_plugins_used_before() -> None:
     specs = [*many_plugins(30), PluginSpec("anomaly_detection", "a", "Find anomalies in a column.", Path("y"), Path("p"))]
     chosen = select(specs, "Find the anomalies in the revenue column", top_k=3)
@@ -222,6 +226,7 @@ def test_selection_ranks_lexically_and_keeps_plugins_used_before() -> None:
     assert len(render_block(chosen)) < len(render_block(specs)) / 5
 
 
+@pytest.mark.unit
 def test_plugins_of_installed_packages_come_through_the_entry_point_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     package = tmp_path / "site" / "team_plugins"
     write_plugin(package / "plugins", "team_tool", "name: team_tool\ndescription: Our warehouse pull.\n", "x = 1\n")
@@ -321,7 +326,7 @@ def test_a_plugin_class_without_call_is_reported_when_it_loads(tmp_path: Path) -
     with KernelExecutor(tmp_path / "s", config=ExecutionConfig(timeout=30), plugins=discover(project).enabled) as executor:
         executor.wait_ready()
         assert any("mute.py" in line and "defines no __call__" in line for line in executor.plugin_failures), executor.plugin_failures
-        assert "NameError" in (executor.run("mute").error or ExecutionError("", "", "")).name
+        assert "NameError" in (executor.run("mute").error or CellError("", "", "")).name
 
 
 def test_in_a_small_window_the_plugin_block_shows_typed_signatures_within_its_share(tmp_path: Path) -> None:

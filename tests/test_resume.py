@@ -156,8 +156,8 @@ def test_a_history_command_shows_folded_rounds_in_full(tmp_path: Path, server: S
     with Session.open(config) as session:
         for n in range(3):
             session.ask(f"Message {n}")
-            assert session.planner.context.wait_idle(timeout=10)
-        assert session.planner.context.state.folded_through >= 1, "round 1 was folded out of the prompts"
+            assert session.contexts()["planner"].wait_idle(timeout=10)
+        assert session.contexts()["planner"].state.folded_through >= 1, "round 1 was folded out of the prompts"
         session.ask("Message 3")
         from taskweaver_lite.cli.chat import round_transcript
 

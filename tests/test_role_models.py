@@ -11,7 +11,6 @@ from helpers import make_project, run_cli
 
 from taskweaver_lite.config import load_config
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.memory.conversation import RoleName
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
@@ -46,8 +45,8 @@ def test_each_role_calls_its_own_endpoint_with_its_own_model_and_budget(tmp_path
     assert [r.role for r in coding.requests] == ["code_generator"]
     assert {r.body["model"] for r in planning.requests} == {"strong-planner"}
     assert coding.requests[0].body["model"] == "small-coder"
-    assert contexts[RoleName.PLANNER].budget == 16_000 - 4_096 - 256
-    assert contexts[RoleName.CODE_GENERATOR].budget == 8_000 - 4_096 - 256
+    assert contexts["planner"].budget == 16_000 - 4_096 - 256
+    assert contexts["code_generator"].budget == 8_000 - 4_096 - 256
     assert set(by_model) == {("planner", "strong-planner"), ("code_generator", "small-coder")}
     assert by_model["planner", "strong-planner"].calls == 2
 

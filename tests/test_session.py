@@ -193,7 +193,7 @@ def test_old_rounds_fold_in_the_background_and_the_summary_replaces_them(tmp_pat
         session.add_listener(folds.append)
         session.ask("Hello, first request.")
         session.ask("Hello, second request.")
-        assert session.planner.context.wait_idle(timeout=10)
+        assert session.contexts()["planner"].wait_idle(timeout=10)
         session.ask("Third request.")
     compression = [r for r in server.requests if r.role == "compression"]
     assert "Hello, first request." in compression[0].messages[-1]["content"]

@@ -19,7 +19,7 @@ from recorded_session import PLOT_CODE, WRITE_CODE, RecordedSession, record_sess
 from taskweaver_lite.errors import SessionBusyError, StoreError
 from taskweaver_lite.events import Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import ExecutionResult, Variable
-from taskweaver_lite.memory.conversation import Conversation, Post, RoleName, Round, RoundState
+from taskweaver_lite.memory.conversation import Conversation, Post, Round, RoundState
 from taskweaver_lite.store.database import SessionStore, StoreRecorder
 from taskweaver_lite.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
 
@@ -267,7 +267,7 @@ def test_a_model_calls_record_is_written_with_the_post_its_reply_became(store: S
 
 def test_a_store_failure_in_a_fold_thread_reaches_the_session_thread(store: SessionStore) -> None:
     recorder = StoreRecorder(store, "later")
-    fold = Folded(RoleName.PLANNER, 1, 2, 100, 10, ok=True)
+    fold = Folded("planner", 1, 2, 100, 10, ok=True)
     thread = threading.Thread(target=recorder, args=(fold,))
     thread.start()
     thread.join()  # the background thread is not the place to raise: the session would never hear of it
@@ -281,10 +281,10 @@ def test_a_store_failure_in_a_fold_thread_reaches_the_session_thread(store: Sess
 def test_a_fold_saves_the_roles_new_compression_state(store: SessionStore) -> None:
     store.create_session("s", started=time.time())
     state = {"summary": "they loaded data", "variables": [], "lost": [], "folded_through": 2, "log": []}
-    recorder = StoreRecorder(store, "s", compression_state=lambda role: state if role is RoleName.PLANNER else None)
-    recorder(Folded(RoleName.PLANNER, 1, 2, 900, 80, ok=True))
-    store.save_compression("s", RoleName.CODE_GENERATOR, {**state, "folded_through": 1})
-    store.save_compression("s", RoleName.CODE_GENERATOR, {**state, "folded_through": 2})  # replaces, not appends
+    recorder = StoreRecorder(store, "s", compression_state=lambda role: state if role == "planner" else None)
+    recorder(Folded("planner", 1, 2, 900, 80, ok=True))
+    store.save_compression("s", "code_generator", {**state, "folded_through": 1})
+    store.save_compression("s", "code_generator", {**state, "folded_through": 2})  # replaces, not appends
     assert store.load("s").compression == {"planner": state, "code_generator": state}
 
 

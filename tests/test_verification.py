@@ -86,31 +86,37 @@ ORDINARY_CELLS: Mapping[str, str] = {
 }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(BYPASSES))
 def test_each_bypass_attempt_is_refused(name: str) -> None:
     assert CodeVerifier().check(BYPASSES[name]), f"the bypass {name!r} passed verification"
 
 
+@pytest.mark.unit
 def test_the_corpus_is_large_enough() -> None:
     assert len(BYPASSES) >= 25
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(OUT_OF_REACH))
 def test_what_is_out_of_reach_is_documented_and_really_passes(name: str) -> None:
     # Listed here so the README's list stays honest: if the check learns to catch one, move it up.
     assert not CodeVerifier().check(OUT_OF_REACH[name]), f"{name!r} is now refused: move it to BYPASSES"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", sorted(ORDINARY_CELLS))
 def test_ordinary_analysis_passes(name: str) -> None:
     assert CodeVerifier().check(ORDINARY_CELLS[name]) == [], f"an ordinary cell ({name}) was refused"
 
 
+@pytest.mark.unit
 def test_a_refusal_names_the_rule_and_the_line() -> None:
     found = CodeVerifier().check("import pandas as pd\nx = 1\nimport socket")
     assert [v.line for v in found] == [3] and "socket" in found[0].rule and "allowed modules: pandas" in found[0].rule
 
 
+@pytest.mark.unit
 def test_an_empty_allowed_list_means_no_imports_and_none_means_any() -> None:
     assert CodeVerifier(allowed_modules=()).check("import math")
     assert CodeVerifier(allowed_modules=None).check("import os") == []

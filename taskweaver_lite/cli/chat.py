@@ -16,15 +16,16 @@ from pathlib import Path
 from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
+from taskweaver_lite.cli.roles import role_table
 from taskweaver_lite.cli.turns import TurnCommands
-from taskweaver_lite.config import CONFIG_FILE_NAME, MODEL_USERS, Config, load_config
+from taskweaver_lite.config import CONFIG_FILE_NAME, FOLDER, Config, load_config
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.llm.discovery import discover, needs_discovery, no_model_found, use_local_server
 from taskweaver_lite.llm.tokens import get_tokenizer
-from taskweaver_lite.memory.conversation import RoleName, Round
+from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.memory.summary import render_summary
 from taskweaver_lite.memory.variables import render_variables
 from taskweaver_lite.session import Session
@@ -46,6 +47,7 @@ HELP = """Commands:
   /history         every earlier request in full, also those folded out of the prompts
   /last            the last cell that ran, with its whole output and traceback
   /plugins         the plugins: enabled, disabled, or why they are not loaded
+  /roles           the roles: enabled, disabled, or why they are off
   /export [ipynb|md] [file] [--force]   write this session as a notebook or Markdown
   /undo            drop the last request (from the prompts and the store); the kernel is rebuilt
                    by re-running the earlier cells
@@ -129,6 +131,8 @@ def chat_with(
         session.store.save_overrides(session.id, kept)
     for entry in session.plugins.broken:
         _to_stderr(strip_controls(entry.line()))
+    for line in session.role_problems:
+        _to_stderr(strip_controls(line))
     report_kernel_failures(session, renderer, to_stderr=_to_stderr)
     for path in preload:
         loaded = session.load_file(path)
@@ -160,17 +164,17 @@ def _fit_display(config: Config, renderer: RichConsole | PlainConsole) -> None:
 MIN_DISPLAY_WIDTH = 40
 
 
-def model_names(config: Config) -> str:
-    """The banner's model: one name, or each role's when they differ."""
-    models = {user: config.llm_for(user).model for user in MODEL_USERS}
+def model_names(session: Session) -> str:
+    """The banner's model: one name, or each part's when they differ."""
+    models = {user: session.config.llm_for(user).model for user in session.model_users()}
     if len(set(models.values())) == 1:
-        return f"model {config.llm.model}"
+        return f"model {session.config.llm.model}"
     return "models " + ", ".join(f"{user} {model}" for user, model in models.items())
 
 
-def _model_lines(config: Config) -> list[str]:
-    """/info's model lines: one when every part uses `llm`, else one per role with its window."""
-    models = {user: config.llm_for(user) for user in MODEL_USERS}
+def _model_lines(config: Config, roles: Sequence[str]) -> list[str]:
+    """/info's model lines: one when every part uses `llm`, else one per role (by key) and the folder, with its window."""
+    models = {user: config.llm_for(user) for user in (*roles, FOLDER)}
     if all(llm == config.llm for llm in models.values()):
         return [f"Model:    {config.llm.model} (context window {config.llm.context_window:,} tokens)"]
     return ["Models:"] + [f"  {user}: {llm.model} (context window {llm.context_window:,} tokens)" for user, llm in models.items()]
@@ -279,7 +283,7 @@ def _interactive(renderer: RichConsole, commands: SlashCommands) -> int:
     config = commands.session.config  # the session's own: after a resume, with the --set values it was started with
     config.project_dir.mkdir(parents=True, exist_ok=True)
     prompt: PromptSession[str] = PromptSession(history=FileHistory(str(config.project_dir / ".chat_history")), key_bindings=bindings)
-    renderer.say(f"taskweaver-lite session {commands.session.id} — {model_names(config)}. Type /help for commands.", style="bold")
+    renderer.say(f"taskweaver-lite session {commands.session.id} — {model_names(commands.session)}. Type /help for commands.", style="bold")
     while True:
         renderer.flush_notices()  # a quiet moment: between the last output and the next input
         try:
@@ -368,6 +372,7 @@ class SlashCommands(TurnCommands):
             "/last": self._last,
             "/export": self._export,
             "/plugins": self._plugins,
+            "/roles": self._roles,
         }
 
     def known(self, line: str) -> bool:
@@ -408,7 +413,7 @@ class SlashCommands(TurnCommands):
             "\n".join(
                 [
                     f"Session:  {s.id}",
-                    *_model_lines(s.config),
+                    *_model_lines(s.config, list(s.contexts())),
                     f"Rounds:   {len(rounds)} ({failed} failed)",
                     f"Tokens:   {usage.prompt_tokens:,} in, {usage.completion_tokens:,} out over {usage.calls} model calls",
                     *(
@@ -431,6 +436,10 @@ class SlashCommands(TurnCommands):
     def _plugins(self, _: str) -> bool:
         failures = getattr(self.session.executor, "plugin_failures", ())
         self.say(plugin_table(self.session.plugins.entries, failures))
+        return True
+
+    def _roles(self, _: str) -> bool:
+        self.say(role_table(self.session.roles.entries))
         return True
 
     def _history(self, _: str) -> bool:
@@ -467,13 +476,13 @@ class SlashCommands(TurnCommands):
 
     def _context(self, _: str) -> bool:
         self.say("The last prompt sent to each role, in tokens by part, against the role's budget:")
-        for role, context in self.session.contexts().items():
+        for context in self.session.contexts().values():
             report = context.report()
             if report is None:
-                self.say(f"{role.label} ({context.strategy}): no prompt built yet")
+                self.say(f"{context.label} ({context.strategy}): no prompt built yet")
                 continue
             cost = report.cost
-            lines = [f"{role.label} ({report.strategy}): {cost.total:,} of {report.budget:,} tokens ({cost.total / report.budget:.0%})"]
+            lines = [f"{context.label} ({report.strategy}): {cost.total:,} of {report.budget:,} tokens ({cost.total / report.budget:.0%})"]
             lines += [f"  {part:<16}{tokens:>9,}" for part, tokens in report.parts().items()]
             notes = []
             if report.folded_through:
@@ -501,15 +510,15 @@ class SlashCommands(TurnCommands):
         )
         live = self.session.live_variables()
         tokenizer = get_tokenizer(self.session.config.llm.tokenizer)
-        for role, context in self.session.contexts().items():
+        for context in self.session.contexts().values():
             state = context.state
             if not state.folded_through:
-                self.say(f"{role.label}: nothing folded yet")
+                self.say(f"{context.label}: nothing folded yet")
                 continue
             text = render_summary(state)
-            if role is RoleName.CODE_GENERATOR:
+            if context.lists_variables:
                 text += "\n\n" + render_variables(live, described=state.variables, max_tokens=SUMMARY_VARIABLES_TOKENS, tokenizer=tokenizer)
-            self.say(f"{role.label}:\n{text}")
+            self.say(f"{context.label}:\n{text}")
         return True
 
 

@@ -29,7 +29,7 @@ from taskweaver_lite.cli.live import CellView, StreamView
 from taskweaver_lite.cli.tracebacks import screen_text
 from taskweaver_lite.events import CellPrinted, Event, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, Working
 from taskweaver_lite.execution import ExecutionResult
-from taskweaver_lite.memory.conversation import Post
+from taskweaver_lite.memory.conversation import USER, Post
 from taskweaver_lite.terminal import strip_controls
 
 _ACTIVITY = {
@@ -37,6 +37,7 @@ _ACTIVITY = {
     "code_writing": "CodeGenerator is writing code",
     "code_running": "Running code",
     "repairing": "Asking the model to fix a malformed reply",
+    "role_working": "Waiting for",
 }
 
 
@@ -160,17 +161,19 @@ class RichConsole:
 
     def _post(self, post: Post) -> None:
         message = strip_controls(post.message)
-        if post.send_from == "Planner" and post.send_to == "CodeInterpreter":
-            step = f" [{strip_controls(post.plan.current_plan_step)}]" if post.plan and post.plan.current_plan_step else ""
-            self._print(Text(f"Planner → CodeInterpreter{step}: {message}", style="cyan"))
-        elif post.send_from == "CodeInterpreter" and post.execution is not None:
-            self.stop_status()
-            self._execution(post.execution, retrying=post.send_to == "CodeInterpreter")
-        elif post.send_from == "CodeInterpreter":
-            self._print(Text(f"CodeInterpreter: {message}", style="cyan"))
-        elif post.send_to == "User":
+        if post.send_from == USER:
+            return
+        if post.send_to == USER:
             self.stop_status()
             self._print(Panel(Markdown(message), title="Answer", border_style="green"))
+        elif post.execution is not None:
+            self.stop_status()
+            self._execution(post.execution, retrying=post.send_to == post.send_from)
+        elif post.plan is not None:  # a step delegated to a role
+            step = f" [{strip_controls(post.plan.current_plan_step)}]" if post.plan.current_plan_step else ""
+            self._print(Text(f"{post.send_from} → {post.send_to}{step}: {message}", style="cyan"))
+        else:
+            self._print(Text(f"{post.send_from}: {message}", style="cyan"))
 
     def _execution(self, result: ExecutionResult, *, retrying: bool) -> None:
         style = "green" if result.success else "red"
@@ -219,7 +222,7 @@ class RichConsole:
             # Shown only once it has been streaming a moment: a reply that arrives all at once
             # (a fast model, a short answer) goes straight to its post, without a live display
             # that would cost more to draw and clear than the reply took.
-            self._pending = StreamView(event.role, self._label, show_reasoning=self.show_reasoning)
+            self._pending = StreamView(event.role, self._label, alias=event.alias, show_reasoning=self.show_reasoning)
         return self._pending
 
     def _printed(self, event: CellPrinted) -> None:
@@ -294,12 +297,12 @@ class PlainConsole:
             self._progress(event.describe())
         elif isinstance(event, PostAdded):
             post = event.post
-            if post.send_to == "User":
+            if post.send_to == USER and post.send_from != USER:
                 print(strip_controls(post.message), file=self.out, flush=True)
-            elif post.send_from == "CodeInterpreter" and post.execution is not None:
+            elif post.execution is not None:
                 self._progress(indent(screen_text(post.execution)))
-            elif post.send_from == "Planner":
-                self._progress(f"Planner -> CodeInterpreter: {post.message}")
+            elif post.plan is not None or (post.send_from != USER and post.code is None):
+                self._progress(f"{post.send_from} -> {post.send_to}: {post.message}")
 
     def say(self, text: str) -> None:
         """Print a message of ours that may quote outside text (errors, /history) to stderr."""

@@ -41,6 +41,7 @@ def run_init(directory: str) -> int:
         f"  {CONFIG_FILE_NAME}   model, endpoint and limits, with comments\n"
         "  examples/                few-shot examples for the Planner and the CodeGenerator\n"
         "  plugins/                 your plugins (TaskWeaver's format)\n"
+        "  roles/reviewer/          an example role, off until listed in session.roles (`taskweaver-lite roles`)\n"
         "  sample_data/sales.csv    data to try it on\n"
         f"Next: set llm.model (and OPENAI_API_KEY, or llm.api_base for a local model), then\n"
         f"  taskweaver-lite chat{option}\n"

@@ -19,7 +19,6 @@ from rich.syntax import Syntax
 from rich.text import Text
 
 from taskweaver_lite.llm.streaming import SHOWN_FIELDS, PartialReply
-from taskweaver_lite.memory.conversation import RoleName
 from taskweaver_lite.terminal import strip_controls
 
 REASONING_LINES = 3
@@ -32,10 +31,11 @@ CELL_CHARS = 8_000
 class StreamView:
     """One streaming reply as the terminal shows it (rendered by rich on every refresh)."""
 
-    def __init__(self, role: RoleName, label: str, *, show_reasoning: bool) -> None:
+    def __init__(self, role: str, label: str, *, alias: str = "", show_reasoning: bool) -> None:
         self.role = role
         self.label = label
-        self.partial = PartialReply(SHOWN_FIELDS.get(role, ()))
+        self.alias = alias
+        self.partial = PartialReply(SHOWN_FIELDS)
         self.reasoning = ""  # reasoning_content pieces (a <think> block is in `partial.reasoning`)
         self.restarts = 0
         self._show_reasoning = show_reasoning
@@ -65,13 +65,13 @@ class StreamView:
         if self._show_reasoning and thought.strip():
             parts.append(Text(tail(strip_controls(thought), REASONING_LINES), style="dim italic"))
         values = self.partial.values
-        if self.role == RoleName.PLANNER and ("message" in values or "current_plan_step" in values):
-            step = strip_controls(values.get("current_plan_step", "")).strip()
-            head = f"Planner [{step}]: " if step else "Planner: "
-            parts.append(Text(head + tail(strip_controls(values.get("message", "")), MESSAGE_LINES), style="cyan"))
-        elif self.role == RoleName.CODE_GENERATOR and values.get("reply_content"):
+        if values.get("reply_content"):
             code = tail(strip_controls(values["reply_content"]), CODE_LINES)
             parts.append(Syntax(code, "python", theme="monokai", word_wrap=True))
+        elif "message" in values or "current_plan_step" in values:
+            step = strip_controls(values.get("current_plan_step", "")).strip()
+            head = f"{self.alias} [{step}]: " if step else f"{self.alias}: "
+            parts.append(Text(head + tail(strip_controls(values.get("message", "")), MESSAGE_LINES), style="cyan"))
         again = " (the reply broke off; asked again)" if self.restarts else ""
         parts.append(Text(f"{self.label}… {time.monotonic() - self._started:.1f} s{again}", style="dim"))
         return parts

@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = commands.add_parser("plugins", help="list the project's plugins (and installed ones) with their state or error")
     _project_option(plugins)
     plugins.add_argument("--json", action="store_true", help="one JSON array on stdout")
+    roles = commands.add_parser("roles", help="list the roles (built in, the project's, installed ones) with their state or error")
+    _project_option(roles)
+    roles.add_argument("--json", action="store_true", help="one JSON array on stdout")
 
     serve = commands.add_parser("serve", help="a local web page and HTTP API: many sessions, plots and tables in the browser")
     _project_option(serve)
@@ -131,6 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from taskweaver_lite.cli.plugins import run_plugins
 
             return run_plugins(project_dir(args), as_json=args.json)
+        if args.command == "roles":
+            from taskweaver_lite.cli.chat import project_dir
+            from taskweaver_lite.cli.roles import run_roles
+
+            return run_roles(project_dir(args), as_json=args.json)
         from taskweaver_lite.cli.chat import export_session
 
         return export_session(args)

@@ -13,14 +13,10 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
 
-from taskweaver_lite.config import MODEL_USERS, ModelUser
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.session import Session
-
-MODEL_USAGE = f"Usage: /model NAME, or /model ROLE NAME with ROLE one of {', '.join(MODEL_USERS)}"
 
 
 def session_artifacts(rounds: list[Round]) -> list[Path]:
@@ -72,20 +68,24 @@ class TurnCommands:
             self.say(f"Re-ran {total} cell{'' if total == 1 else 's'}.")
 
     def _model(self, argument: str) -> bool:
-        parts = argument.split()
-        if not parts or len(parts) > 2 or (len(parts) == 2 and parts[0] not in MODEL_USERS):
-            self.say(MODEL_USAGE)
+        parts, users = argument.split(), self.session.model_users()
+        if not parts or len(parts) > 2 or (len(parts) == 2 and parts[0] not in users):
+            self.say(f"Usage: /model NAME, or /model ROLE NAME with ROLE one of {', '.join(users)}")
             return True
-        user = cast(ModelUser, parts[0]) if len(parts) == 2 else None
+        user = parts[0] if len(parts) == 2 else None
         name = parts[-1]
         self.session.use_model(name, user=user)
         key = f"{user}.llm.model" if user else "llm.model"
         if self._remember is not None:
             self._remember(f"{key}={name}")
-        own = [part for part in MODEL_USERS if user is None and getattr(self.session.config, part).llm.model]
+        own = [part for part in users if user is None and self._own_model(part)]
         kept = f" ({', '.join(own)} keep{'s' if len(own) == 1 else ''} {'its' if len(own) == 1 else 'their'} own model: /model ROLE NAME)" if own else ""
         self.say(f"The {user or 'session'}'s model is now {name} from the next request on{kept}.")
         return True
+
+    def _own_model(self, user: str) -> bool:
+        config = self.session.config
+        return config.llm_for(user).model != config.llm.model
 
     def _open(self, argument: str) -> bool:
         files = session_artifacts(self.session.conversation.rounds)

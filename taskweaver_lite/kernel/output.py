@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import IO, Any
 
-from taskweaver_lite.execution import ExecutionError, ExecutionResult
+from taskweaver_lite.execution import CellError, ExecutionResult
 from taskweaver_lite.llm.tokens import Tokenizer, get_tokenizer
 from taskweaver_lite.terminal import strip_controls
 
@@ -226,7 +226,7 @@ class CellOutput:
             notices=tuple(self._problems) + ((self._transcript.problem,) if self._transcript.problem else ()),
         )
 
-    def _bounded_error(self, *, share: float) -> tuple[ExecutionError, bool]:
+    def _bounded_error(self, *, share: float) -> tuple[CellError, bool]:
         """The error within its share (name and message first, cut only if huge; then the traceback's
         last frames), and whether anything was left out."""
         assert self._error is not None
@@ -237,7 +237,7 @@ class CellOutput:
         value = self._tokenizer.truncate_middle(full_value, limit // 2)
         left = limit - self._tokenizer.count(f"{name}: {value}")
         traceback = self._tokenizer.keep_tail(collapse_repeats(full_traceback), max(left, 0))
-        return ExecutionError(name=name, value=value, traceback=traceback), (value, traceback) != (full_value, full_traceback)
+        return CellError(name=name, value=value, traceback=traceback), (value, traceback) != (full_value, full_traceback)
 
     def close(self) -> None:
         """Release the transcript file when the cell is abandoned (Ctrl-C)."""

@@ -318,18 +318,19 @@ class OpenAIChatModel:
     def _request(self, request: dict[str, Any], on_delta: DeltaSink | None) -> ReplyFields:
         """One HTTP request, its body read within llm.timeout in all; `_Failure` says whether to retry."""
         import openai
-        from openai.types.chat import ChatCompletion
+        from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
         deadline = time.monotonic() + self._config.timeout
         try:
             # `post` rather than `chat.completions.create`: the same request and errors, without the SDK
-            # re-walking every message as a TypedDict (milliseconds per call on long prompts). The header
-            # is how the SDK's own `with_streaming_response` leaves the body unread, for us to read.
-            response = self._client.post(
+            # re-walking every message as a TypedDict (milliseconds per call on long prompts). `stream=True`
+            # with a stream class is the SDK's public way to hand back the body unread (JSON or SSE): we read it.
+            stream = self._client.post(
                 "/chat/completions",
                 body=request,
-                cast_to=openai.APIResponse[ChatCompletion],
-                options={"headers": {_RAW_RESPONSE_HEADER: "stream"}},
+                cast_to=ChatCompletion,
+                stream=True,
+                stream_cls=openai.Stream[ChatCompletionChunk],
             )
         except openai.APIStatusError as exc:
             raise _Failure(exc, retryable=_worth_retrying(exc), wait=retry_after(exc.response.headers)) from exc
@@ -337,6 +338,7 @@ class OpenAIChatModel:
             raise _Failure(exc, retryable=True) from exc
         except openai.OpenAIError as exc:
             raise _Failure(exc, retryable=False) from exc
+        response = stream.response
         try:
             if "text/event-stream" in response.headers.get("content-type", ""):
                 return read_stream(response.iter_bytes(), deadline=deadline, on_piece=_piece_sink(on_delta))
@@ -510,7 +512,6 @@ def url_secrets(url: str) -> tuple[str, ...]:
 _OPENAI_BASE_URL = "https://api.openai.com/v1"
 _LOCAL_SERVER_KEY = "not-needed"
 _MIN_SCRUBBED_KEY = 6  # shorter secrets cannot be masked without garbling ordinary words
-_RAW_RESPONSE_HEADER = "X-Stainless-Raw-Response"  # openai's switch for an unread (streamed) body
 _FIRST_BACKOFF = 0.5
 _LONGEST_BACKOFF = 8.0
 _CONTEXT_WORDS = (

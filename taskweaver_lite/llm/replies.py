@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from taskweaver_lite.errors import ReplyFormatError
@@ -67,6 +67,13 @@ PLANNER_SCHEMA = ReplySchema(
         "message": FieldSpec(),
     },
 )
+
+
+
+def planner_schema(recipients: tuple[str, ...]) -> ReplySchema:
+    """The Planner's schema with `send_to` taking the enabled roles' aliases and "User" (a repair turn names them)."""
+    return replace(PLANNER_SCHEMA, fields={**PLANNER_SCHEMA.fields, "send_to": FieldSpec(choices=recipients)})
+
 
 CODE_GENERATOR_SCHEMA = ReplySchema(
     name="CodeGenerator",

@@ -13,13 +13,12 @@ from __future__ import annotations
 import re
 from collections.abc import Collection
 
-from taskweaver_lite.memory.conversation import RoleName
-
 _OPEN_TAGS = ("<think>", "<thinking>")
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "/": "/", "\\": "\\", '"': '"'}
 
-# The fields of each role's reply meant for the user while it streams (the terminal's and the page's live views).
-SHOWN_FIELDS = {RoleName.PLANNER: ("current_plan_step", "message"), RoleName.CODE_GENERATOR: ("reply_content",)}
+# The fields of the JSON roles' replies meant for the user while they stream (the terminal's and the
+# page's live views): a plan step and a message, or code. A reply holds the ones its schema has.
+SHOWN_FIELDS = ("current_plan_step", "message", "reply_content")
 
 
 class PartialReply:

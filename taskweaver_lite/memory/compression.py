@@ -18,6 +18,10 @@ Strategies (`<role>.strategy`):
 - sliding_window: the newest rounds that fit, no model call.
 - none: every round; only the budget guard shortens it.
 `<role>.prompt_compression: false` turns the summarising strategies into sliding_window.
+
+A context knows its role only through `ContextSettings`: the role's key (config section, store and
+call-purpose name), its label on screen, its fold prompt and its own config section, with the
+round compressor's settings that section overrides (`<role>.rounds_to_compress`...).
 """
 
 from __future__ import annotations
@@ -28,21 +32,58 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from taskweaver_lite.config import Config, ModelUser, RoleConfig, Strategy
+from taskweaver_lite.config import Config, LLMConfig, RoleConfig, RoundCompressorConfig, Strategy, merged_llm
 from taskweaver_lite.events import Folded
 from taskweaver_lite.llm.client import ChatModel, Message
 from taskweaver_lite.llm.tokens import Tokenizer
 from taskweaver_lite.memory.budget import PromptCost, PromptParts, ShrinkOrder, fit_prompt
-from taskweaver_lite.memory.conversation import RoleName, RoundMessages
+from taskweaver_lite.memory.conversation import RoundMessages
 from taskweaver_lite.memory.summary import VARIABLES_SHARE, CompressionState, FoldLimits, FoldResult, FoldStyle, fold_rounds, render_summary
 from taskweaver_lite.memory.variables import LiveVariables, mentioned_names, render_variables
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    """What a `RoleContext` needs to know of its role: names, fold prompt, its own section and models."""
+
+    role: str  # the role's key: its config section, stored summary and call purpose ("planner", "code_generator", "echo")
+    label: str  # its name on screen
+    section: RoleConfig  # the role's own config section (strategy, prompt_compression, examples, llm, fold overrides)
+    compressor: RoundCompressorConfig  # round_compressor, with the keys the role's section overrides
+    llm: LLMConfig  # the role's model: its prompts fit this window
+    folder: LLMConfig  # the round compressor's model: folds fit this window
+    llm_key: str  # where the role's window is set, for messages: "llm" or "planner.llm"
+    fold_prompt: str  # prompts/<fold_prompt>.yaml
+
+    @classmethod
+    def of(cls, config: Config, role: str, *, section: RoleConfig | None = None, label: str | None = None, fold_prompt: str | None = None) -> ContextSettings:
+        """The settings of `role` in `config`; `section` replaces `config.<role>` (a project role's merged settings)."""
+        own = section if section is not None else config.role_section(role)
+        llm = merged_llm(config.llm, own.llm)
+        overrides = {key: value for key in ("rounds_to_compress", "rounds_to_retain") if (value := getattr(own, key)) is not None}
+        return cls(
+            role=role,
+            label=label or role,
+            section=own,
+            compressor=config.round_compressor.model_copy(update=overrides),
+            llm=llm,
+            folder=config.llm_for("round_compressor"),
+            llm_key="llm" if llm == config.llm else f"{role}.llm",
+            fold_prompt=fold_prompt or f"compression_{role}",
+        )
+
+    @property
+    def budget(self) -> int:
+        """Tokens the role's prompts may use: its model's window minus reply reserve and margin."""
+        return self.llm.context_window - self.llm.reply_reserve - self.llm.margin
 
 
 @dataclass(frozen=True)
 class ContextReport:
     """Where a role's last prompt spent its tokens, against the budget (for /context)."""
 
-    role: RoleName
+    role: str
+    label: str
     strategy: Strategy
     budget: int
     folded_through: int
@@ -51,7 +92,7 @@ class ContextReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape: the fields by name, the cost's fields inline."""
-        head = {"role": self.role.value, "strategy": self.strategy, "budget": self.budget}
+        head = {"role": self.role, "label": self.label, "strategy": self.strategy, "budget": self.budget}
         return {**head, "folded_through": self.folded_through, "fold_running": self.fold_running, **asdict(self.cost)}
 
     def parts(self) -> dict[str, int]:
@@ -80,33 +121,33 @@ class RoleContext:
 
     def __init__(
         self,
-        role: RoleName,
+        settings: ContextSettings,
         *,
-        config: Config,
         model: ChatModel,
         tokenizer: Tokenizer,
         live_variables: Callable[[], LiveVariables] | None = None,
         on_fold: Callable[[Folded], None] | None = None,
     ) -> None:
         """`live_variables` gives the kernel's truth; with it the prompt lists the variables (the CodeGenerator's)."""
-        role_config: RoleConfig = getattr(config, role.value)
-        self.role = role
+        role_config = settings.section
+        self.role = settings.role
+        self.label = settings.label
+        self._fold_prompt = settings.fold_prompt
         self.strategy: Strategy = role_config.strategy
         self._examples_always = role_config.examples == "always"
         if not role_config.prompt_compression and self.strategy in ("round_compression", "summary_buffer"):
             self.strategy = "sliding_window"
-        self._settings = config.round_compressor
+        self._settings = settings.compressor
         # Each role's prompts fit its own model's window; folds fit the round compressor's.
-        user: ModelUser = "planner" if role == RoleName.PLANNER else "code_generator"
-        llm, folder = config.llm_for(user), config.llm_for("round_compressor")
-        self._budget = config.role_budget(user)
+        llm, folder = settings.llm, settings.folder
+        self._budget = settings.budget
         self._limits = FoldLimits.for_budget(
             self._budget,
-            max_summary_tokens=config.round_compressor.max_summary_tokens,
+            max_summary_tokens=settings.compressor.max_summary_tokens,
             window=folder.context_window,
             margin=folder.margin,
         )
-        prefix = "llm" if llm == config.llm else f"{role.value}.llm"
+        prefix = settings.llm_key
         self._budget_source = (
             f"{prefix}.context_window {llm.context_window:,} - {prefix}.reply_reserve {llm.reply_reserve:,} "
             f"- {prefix}.margin {llm.margin:,}"
@@ -152,6 +193,11 @@ class RoleContext:
         return self._budget
 
     @property
+    def lists_variables(self) -> bool:
+        """Whether this role's prompt lists the kernel's variables (the code-running role's)."""
+        return self._live_variables is not None
+
+    @property
     def tokenizer(self) -> Tokenizer:
         """The tokenizer every count of this role's prompts is made with."""
         return self._tokenizer
@@ -178,9 +224,15 @@ class RoleContext:
         )
         order: ShrinkOrder = "window" if self.strategy == "sliding_window" else "standard"
         budget = self._budget - reserve
-        fitted = fit_prompt(parts, tokenizer=self._tokenizer, budget=budget, order=order, budget_source=self._budget_source, who=self.role.label)
+        fitted = fit_prompt(parts, tokenizer=self._tokenizer, budget=budget, order=order, budget_source=self._budget_source, who=self.label)
         report = ContextReport(
-            role=self.role, strategy=self.strategy, budget=self._budget, folded_through=state.folded_through, fold_running=running, cost=fitted.cost
+            role=self.role,
+            label=self.label,
+            strategy=self.strategy,
+            budget=self._budget,
+            folded_through=state.folded_through,
+            fold_running=running,
+            cost=fitted.cost,
         )
         with self._lock:
             self._report = report
@@ -291,6 +343,8 @@ class RoleContext:
                 previous,
                 rounds=due,
                 role=self.role,
+                label=self.label,
+                prompt=self._fold_prompt,
                 style=style,
                 model=self._model,
                 tokenizer=self._tokenizer,
@@ -300,4 +354,4 @@ class RoleContext:
         except Exception as exc:  # noqa: BLE001 - fold_rounds turns expected failures into events; this is a bug, and a worker must survive it
             error = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
             # Token counts are unknown: the attempt broke before it could report them.
-            return FoldResult(state=None, events=(Folded(self.role, due[0].index, due[-1].index, 0, 0, ok=False, error=error),))
+            return FoldResult(state=None, events=(Folded(self.role, due[0].index, due[-1].index, 0, 0, ok=False, error=error, label=self.label),))

@@ -1,15 +1,13 @@
 """The conversation as values: `Post`, `Round`, `Conversation` and per-role views.
 
-A post is one message between two parties (User, Planner, CodeInterpreter) with its
-attachments: the Planner's plan, the CodeGenerator's thought and code, the execution result and
-its artifacts. A round is one user request and every post it caused. A role sees only the posts
-it sent or received, and never the posts of failed rounds (except the round still running).
-
-The two model roles have one name each (`RoleName`): `planner` and `code_generator` in config,
-prompts, the store and model-call purposes; "Planner" and "CodeGenerator" on screen. In the
-conversation the code-writing role is the party "CodeInterpreter" (TaskWeaver's name, and the
-wire's: CONTRACT §4), because that party also runs the code. `RoundMessages` is one round as one
-role's chat messages, the unit that prompts, folds and the budget guard work in.
+A post is one message between two parties (the User, or a role by its alias: "Planner",
+"CodeInterpreter", a project role's alias) with its attachments: the Planner's plan, the
+CodeGenerator's thought and code, the execution result and its artifacts, and any typed
+attachments a role adds. A round is one user request and every post it caused. A role sees only
+the posts it sent or received, and never the posts of failed rounds (except the round still
+running). Which roles exist is the role registry's business (roles/registry.py): nothing here
+names one. `RoundMessages` is one round as one role's chat messages, the unit that prompts, folds
+and the budget guard work in.
 """
 
 from __future__ import annotations
@@ -17,37 +15,27 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from typing import Any, Literal
 
 from taskweaver_lite.execution import ExecutionResult, FoldPiece
 from taskweaver_lite.llm.client import Message
 
-Party = Literal["User", "Planner", "CodeInterpreter"]
+# A party is "User" or an enabled role's alias (what the Planner's `send_to` names).
+Party = str
+USER: Party = "User"
 RoundState = Literal["running", "finished", "failed"]
 
 
-class RoleName(str, Enum):
-    """A model role: its value names its config section, prompt files and call purpose."""
+@dataclass(frozen=True)
+class Attachment:
+    """A typed piece a role adds to its post (a passage, a source, a file): shown to the receiving role after the message."""
 
-    PLANNER = "planner"
-    CODE_GENERATOR = "code_generator"
+    kind: str
+    content: str
 
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def label(self) -> str:
-        """The role's name on screen: "Planner" or "CodeGenerator"."""
-        return _LABELS[self]
-
-    @property
-    def party(self) -> Party:
-        """The role's party in the conversation: "Planner" or "CodeInterpreter"."""
-        return "Planner" if self is RoleName.PLANNER else "CodeInterpreter"
-
-
-_LABELS = {RoleName.PLANNER: "Planner", RoleName.CODE_GENERATOR: "CodeGenerator"}
+    def to_dict(self) -> dict[str, str]:
+        """JSON shape: {kind, content}."""
+        return {"kind": self.kind, "content": self.content}
 
 
 @dataclass(frozen=True)
@@ -75,13 +63,14 @@ class Post:
     code: str | None = None
     execution: ExecutionResult | None = None
     reply_json: str | None = None  # the model's reply as it should be replayed to that model
+    attachments: tuple[Attachment, ...] = ()
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     created_at: float = field(default_factory=time.time)
 
     @property
     def is_answer(self) -> bool:
-        """The Planner's reply to the user: the round ends with it."""
-        return self.send_from == "Planner" and self.send_to == "User"
+        """A reply to the user: the round ends with it."""
+        return self.send_to == USER and self.send_from != USER
 
     @property
     def artifacts(self) -> tuple[str, ...]:
@@ -101,6 +90,7 @@ class Post:
             "code": self.code,
             "execution": self.execution.to_dict() if self.execution else None,
             "reply_json": self.reply_json,
+            "attachments": [a.to_dict() for a in self.attachments],
         }
 
     @classmethod
@@ -117,6 +107,7 @@ class Post:
             code=data.get("code"),
             execution=ExecutionResult.from_dict(data["execution"]) if data.get("execution") else None,
             reply_json=data.get("reply_json"),
+            attachments=tuple(Attachment(kind=str(a["kind"]), content=str(a["content"])) for a in data.get("attachments") or ()),
         )
 
 

@@ -28,7 +28,7 @@ from taskweaver_lite.execution import Variable
 from taskweaver_lite.llm.client import ChatModel, Message
 from taskweaver_lite.llm.replies import SUMMARY_SCHEMA, parse_reply, repair_message
 from taskweaver_lite.llm.tokens import Tokenizer
-from taskweaver_lite.memory.conversation import RoleName, RoundMessages
+from taskweaver_lite.memory.conversation import RoundMessages
 from taskweaver_lite.memory.variables import LiveVariables
 from taskweaver_lite.roles.templates import load_prompt
 
@@ -46,10 +46,10 @@ MERGE_SHARE = 0.60
 # Variable descriptions a CodeGenerator fold may return, and what they may cost.
 MAX_DESCRIBED = 15
 DESCRIPTION_TOKENS = 24
-REPLY_OVERHEAD = 32
+REPLY_OVERHEAD = 32  # JSON keys, quotes and brackets around the summary
 # One round's text in a fold is cut to a sixth of the role's budget (608 tokens at 8k), keeping its
 # essential pieces: a summary keeps a few lines of a round, not its whole output.
-ROUND_SHARE = 6  # JSON keys, quotes and brackets around the summary
+ROUND_SHARE = 6
 MIN_ROUND_TOKENS = 64
 
 
@@ -140,7 +140,9 @@ class FoldResult:
 class _Fold:
     """Who folds, how, with what."""
 
-    role: RoleName
+    role: str  # the role's key: the fold call's purpose is compression_<role>
+    label: str
+    prompt: str  # the fold prompt's file name under prompts/
     style: FoldStyle
     model: ChatModel
     tokenizer: Tokenizer
@@ -149,14 +151,17 @@ class _Fold:
 
     @property
     def describes_variables(self) -> bool:
-        return self.role is RoleName.CODE_GENERATOR
+        # Only a role whose prompt lists the kernel's variables is folded with their descriptions.
+        return self.live is not None
 
 
 def fold_rounds(
     previous: CompressionState,
     *,
     rounds: Sequence[RoundMessages],
-    role: RoleName,
+    role: str,
+    label: str,
+    prompt: str,
     style: FoldStyle,
     model: ChatModel,
     tokenizer: Tokenizer,
@@ -164,7 +169,7 @@ def fold_rounds(
     live: LiveVariables | None,
 ) -> FoldResult:
     """Fold `rounds` into the summary, in as many calls as it takes; stops at the first failed call."""
-    fold = _Fold(role, style, model, tokenizer, limits, live)
+    fold = _Fold(role, label, prompt, style, model, tokenizer, limits, live)
     state: CompressionState | None = None
     events: list[Folded] = []
     pending = list(rounds)
@@ -216,7 +221,7 @@ def _fold_batch(state: CompressionState, batch: Sequence[RoundMessages], fold: _
     messages = fold_prompt(state, rounds=batch, fold=fold, mode=mode)
     max_tokens = fold.limits.reply_tokens(mode, describes_variables=fold.describes_variables)
     cap = fold.limits.text_tokens(mode)
-    purpose = f"compression_{fold.role.value}"
+    purpose = f"compression_{fold.role}"
     try:
         completion = fold.model.complete(messages, purpose=purpose, max_tokens=max_tokens)
         try:
@@ -230,12 +235,12 @@ def _fold_batch(state: CompressionState, batch: Sequence[RoundMessages], fold: _
             # The repaired reply only has to be valid; text still too long is cut rather than lost.
             fields = _read_summary(completion.text, tokenizer=tokenizer, cap=None)
     except TaskWeaverError as exc:  # unreachable model, unusable reply: keep the rounds, retry later
-        return None, Folded(fold.role, first, last, tokens_before, tokens_before, ok=False, error=_one_line(exc))
+        return None, Folded(fold.role, first, last, tokens_before, tokens_before, ok=False, error=_one_line(exc), label=fold.label)
     text = tokenizer.truncate_middle(fields["ConversationSummary"].strip(), cap)
     summary = text if mode == "merge" else f"{state.summary.rstrip()}\n{text}".strip()
     described = tuple(Variable(name=v["name"], type=v["type"], description=v.get("description", "")) for v in fields.get("Variables", ()))
     new = replace(state, summary=summary, variables=_described(state.variables, described, fold.live), lost=_lost(state, fold.live), folded_through=last)
-    return new, Folded(fold.role, first, last, tokens_before, tokenizer.count(render_summary(new)), ok=True)
+    return new, Folded(fold.role, first, last, tokens_before, tokenizer.count(render_summary(new)), ok=True, label=fold.label)
 
 
 def _described(before: Sequence[Variable], told: Sequence[Variable], live: LiveVariables | None) -> tuple[Variable, ...]:
@@ -257,7 +262,7 @@ def _lost(state: CompressionState, live: LiveVariables | None) -> tuple[str, ...
 
 def fold_prompt(state: CompressionState, *, rounds: Sequence[RoundMessages], fold: _Fold, mode: FoldMode) -> list[Message]:
     """The fold call's messages: the previous summary only when merging, each round cut to its limit."""
-    template = load_prompt(f"compression_{fold.role.value}")
+    template = load_prompt(fold.prompt)
     cap = fold.limits.text_tokens(mode)
     system = template.render("system", style=fold.style, mode=mode, max_summary_tokens=cap, max_described=MAX_DESCRIBED)
     shown = [{"index": r.index, "text": round_text(r, limit=fold.limits.round_tokens, tokenizer=fold.tokenizer)} for r in rounds]

@@ -1,10 +1,12 @@
 """The CodeGenerator: write code for a step, run it, fix it, report to the Planner.
 
-In the conversation this role is the party "CodeInterpreter" (it writes and runs code). Its prompt
+In the conversation this role is the party its alias names ("CodeInterpreter": it writes and runs
+code; the registry calls it `code_interpreter`, its config section `code_generator`). Its prompt
 carries the kernel's live variables (from the executor's snapshot, never from the model's memory),
 its examples, and its earlier code with results. The code runs in the session's executor; on an
 error the traceback goes back for a revision, up to `code_interpreter.max_retry_count` times, and
-the outcome goes to the Planner as one post.
+the outcome goes to the Planner as one post: the outcome in its message, the code in its `code`
+field, the result in its `execution` (fields the Planner reads, never text it parses back).
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from collections.abc import Callable, Sequence
 from taskweaver_lite.confirm import DECLINED, EDITED_NOTICE, ConfirmCell
 from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.events import CellPrinted, Working
-from taskweaver_lite.execution import ExecutionError, ExecutionResult, Executor, FoldPiece, as_data
+from taskweaver_lite.execution import CellError, ExecutionResult, Executor, FoldPiece, as_data
 from taskweaver_lite.llm.client import ChatModel, DeltaSink, Message
 from taskweaver_lite.llm.replies import CODE_GENERATOR_SCHEMA
 from taskweaver_lite.memory.compression import RoleContext
-from taskweaver_lite.memory.conversation import Post, RoleName, Round, RoundMessages
+from taskweaver_lite.memory.conversation import Post, Round, RoundMessages
 from taskweaver_lite.plugins.catalog import PluginSpec
 from taskweaver_lite.plugins.prompt import PLUGINS_SHARE, render_block, select, used_plugins
 from taskweaver_lite.roles.role import RepairTurns, Role, as_reply_json
@@ -33,6 +35,8 @@ class CodeGenerator(Role):
         self,
         model: ChatModel,
         *,
+        key: str,
+        party: str,
         executor: Executor,
         context: RoleContext,
         examples: Sequence[Message],
@@ -48,7 +52,7 @@ class CodeGenerator(Role):
         `verifier` (verification on) refuses cells that break its rules; `confirm` (confirm mode)
         lets a person run, edit or skip each cell that passed. Neither: every cell runs.
         """
-        super().__init__(RoleName.CODE_GENERATOR, model, context=context, examples=examples, on_delta=on_delta)
+        super().__init__(key, model, party=party, context=context, examples=examples, on_delta=on_delta)
         self._executor = executor
         self._max_retry = max_retry_count
         self._plugins = tuple(plugins)
@@ -61,20 +65,20 @@ class CodeGenerator(Role):
         request: Post,
         *,
         history: Sequence[Round],
-        current: Round,
+        current: Callable[[], Round],
         add_post: Callable[[Post], None],
         repairs: RepairTurns,
         notify: Callable[[Working | CellPrinted], None],
     ) -> Post:
-        """Work on the Planner's `request` (already in `current`) and return the report to the Planner."""
+        """Work on `request` (already the last post of `current()`, this role's live view of the round) and return the report."""
         attempts = self._max_retry + 1
         fixed: list[str] = []  # the errors of attempts that were revised, for the Planner's report
         for attempt in range(1, attempts + 1):
             notify(Working("code_writing", f"attempt {attempt}" if attempt > 1 else ""))
-            fields = self._generate(history, current, repairs, notify)
+            fields = self._generate(history, current(), repairs, notify)
             reply_json = as_reply_json(fields)
             if fields["reply_type"] == "text":
-                return Post(send_from="CodeInterpreter", send_to="Planner", message=fields["reply_content"], thought=fields["thought"], reply_json=reply_json)
+                return Post(send_from=self.party, send_to=request.send_from, message=fields["reply_content"], thought=fields["thought"], reply_json=reply_json)
             code, result = self._review(fields["reply_content"])
             if code != fields["reply_content"]:  # a person's edit: later prompts show what ran
                 reply_json = as_reply_json({**fields, "reply_content": code})
@@ -86,9 +90,9 @@ class CodeGenerator(Role):
             final = result.success or result.timed_out or result.kernel_died or attempt == attempts
             if final:
                 return Post(
-                    send_from="CodeInterpreter",
-                    send_to="Planner",
-                    message=_report(code, result, fixed),
+                    send_from=self.party,
+                    send_to=request.send_from,
+                    message=_outcome(result, fixed),
                     thought=fields["thought"],
                     code=code,
                     execution=result,
@@ -98,8 +102,8 @@ class CodeGenerator(Role):
                 fixed.append(f"{result.error.name}: {as_data(result.error.value, block=False)}")
             add_post(
                 Post(
-                    send_from="CodeInterpreter",
-                    send_to="CodeInterpreter",
+                    send_from=self.party,
+                    send_to=self.party,
                     message=self._prompt.render("revise", attempt=attempt + 1, max_attempts=attempts, message=request.message, refused=result.refused),
                     thought=fields["thought"],
                     code=code,
@@ -114,7 +118,7 @@ class CodeGenerator(Role):
         if self._verifier is not None:
             violations = self._verifier.check(code)
             if violations:
-                error = ExecutionError(name="CodeVerificationError", value=refusal_text(violations), traceback="")
+                error = CellError(name="CodeVerificationError", value=refusal_text(violations), traceback="")
                 return code, self._not_run(code, "it breaks the verification rules", error=error)
         if self._confirm is None:
             return code, None
@@ -123,7 +127,7 @@ class CodeGenerator(Role):
             return code, self._not_run(code, DECLINED)
         return choice.code, None
 
-    def _not_run(self, code: str, why: str, *, error: ExecutionError | None = None) -> ExecutionResult:
+    def _not_run(self, code: str, why: str, *, error: CellError | None = None) -> ExecutionResult:
         return ExecutionResult(code=code, success=False, error=error, refused=why, variables=self._executor.variables())
 
     def _generate(self, history: Sequence[Round], current: Round, repairs: RepairTurns, notify: Callable[[Working | CellPrinted], None]) -> dict[str, str]:
@@ -134,7 +138,7 @@ class CodeGenerator(Role):
             return self.ask(
                 system=system,
                 history=history,
-                current=current.visible_to("CodeInterpreter"),
+                current=current,
                 schema=CODE_GENERATOR_SCHEMA,
                 repairs=repairs,
                 on_repair=lambda problem: notify(Working("repairing", problem)),
@@ -152,7 +156,7 @@ class CodeGenerator(Role):
         if self._plugin_top_k is None or len(self._plugins) <= self._plugin_top_k:
             return self._plugins
         code = [post.code for rnd in (*history, current) for post in rnd.posts if post.code]
-        step = next((p.message for p in reversed(current.posts) if p.send_to == "CodeInterpreter" and p.send_from == "Planner"), "")
+        step = next((p.message for p in reversed(current.posts) if p.send_to == self.party and p.send_from != self.party), "")
         return select(self._plugins, step, top_k=self._plugin_top_k, keep=used_plugins(self._plugins, code))
 
     def render_round(self, rnd: Round) -> RoundMessages:
@@ -161,17 +165,17 @@ class CodeGenerator(Role):
         pieces: list[FoldPiece] = []
         requests: list[int] = []
         for post in rnd.posts:
-            if post.send_from == "Planner" and post.send_to == "CodeInterpreter":
+            if post.send_to == self.party and post.send_from != self.party:
                 requests.append(len(messages))
                 messages.append(Message(role="user", content=self._prompt.render("request", message=post.message)))
-                pieces.append(FoldPiece(f"Planner asked: {post.message}", essential=True))
-            elif post.send_from == "CodeInterpreter":
+                pieces.append(FoldPiece(f"{post.send_from} asked: {post.message}", essential=True))
+            elif post.send_from == self.party:
                 messages.append(Message(role="assistant", content=post.reply_json or post.message))
                 if post.execution is None:
                     pieces.append(FoldPiece(f"CodeGenerator answered: {post.message}", essential=True))
                     continue
                 feedback = self._prompt.render("execution", result=post.execution.prompt_text())
-                if post.send_to == "CodeInterpreter":
+                if post.send_to == self.party:
                     feedback += "\n\n" + post.message
                 messages.append(Message(role="user", content=feedback))
                 pieces.append(FoldPiece(f"Code:\n{post.code}"))
@@ -179,7 +183,8 @@ class CodeGenerator(Role):
         return RoundMessages(index=rnd.index, messages=tuple(messages), fold_pieces=tuple(pieces), requests=tuple(requests))
 
 
-def _report(code: str, result: ExecutionResult, fixed: list[str]) -> str:
+def _outcome(result: ExecutionResult, fixed: list[str]) -> str:
+    """The report's message: how the code ended and the errors fixed on the way (the code is the post's own field)."""
     attempts = len(fixed) + 1
     if result.kernel_died:
         outcome = "The kernel died while running the code; it was restarted."
@@ -191,12 +196,4 @@ def _report(code: str, result: ExecutionResult, fixed: list[str]) -> str:
         outcome = f"The code still failed after {attempts} attempts."
     if fixed and (result.success or result.timed_out or result.kernel_died):
         outcome += "\nErrors fixed on the way: " + "; ".join(fixed)
-    return f"{outcome}{_CODE_OPENS}{code.strip()}\n```"
-
-
-_CODE_OPENS = "\n```python\n"
-
-
-def report_outcome(report: str) -> str:
-    """A CodeInterpreter report without its code: the outcome line and any errors fixed on the way."""
-    return report.partition(_CODE_OPENS)[0]
+    return outcome

@@ -13,12 +13,11 @@ import yaml
 
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.llm.client import Message
-from taskweaver_lite.memory.conversation import RoleName
 
 
-def load_examples(project_dir: Path, role: RoleName) -> list[Message]:
-    """All example messages for `role`, from `examples/<role>/*.yaml` in name order."""
-    folder = project_dir / "examples" / role.value
+def load_examples(project_dir: Path, role: str) -> list[Message]:
+    """All example messages for the role whose key is `role`, from `examples/<role>/*.yaml` in name order."""
+    folder = project_dir / "examples" / role
     messages: list[Message] = []
     for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else ():
         try:

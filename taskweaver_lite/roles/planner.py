@@ -1,21 +1,32 @@
 """The Planner: reads the user's request and the results so far, then answers or delegates a step.
 
-Its prompt is `prompts/planner.yaml` with the project's examples and its own view of the
-conversation: the user's messages, its own replies, and the CodeInterpreter's reports.
+Its prompt is `prompts/planner.yaml` with the project's examples, the intro of each enabled role
+it may delegate to (`Teammate`), and its own view of the conversation: the user's messages, its own
+replies, and the reports of the roles it delegated to. `send_to` accepts those roles' aliases and
+"User"; any other recipient gets a repair turn naming them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from taskweaver_lite.execution import FoldPiece
 from taskweaver_lite.llm.client import ChatModel, DeltaSink, Message
-from taskweaver_lite.llm.replies import PLANNER_SCHEMA
+from taskweaver_lite.llm.replies import planner_schema
 from taskweaver_lite.memory.compression import RoleContext
-from taskweaver_lite.memory.conversation import Plan, Post, RoleName, Round, RoundMessages
-from taskweaver_lite.roles.code_generator import report_outcome
+from taskweaver_lite.memory.conversation import USER, Plan, Post, Round, RoundMessages
 from taskweaver_lite.roles.role import RepairTurns, Role, as_reply_json
+
+
+@dataclass(frozen=True)
+class Teammate:
+    """A role the Planner may delegate to, as its prompt shows it."""
+
+    alias: str
+    intro: str
+    plugins: tuple[str, ...] = ()  # one line per plugin loaded in its kernel (the code-running role's)
 
 
 class Planner(Role):
@@ -25,24 +36,28 @@ class Planner(Role):
         self,
         model: ChatModel,
         *,
+        key: str,
+        party: str,
         context: RoleContext,
         examples: Sequence[Message],
         on_delta: DeltaSink | None = None,
         max_hops: int,
         working_files: Callable[[], list[str]],
-        plugin_lines: Sequence[str] = (),
+        team: Sequence[Teammate] = (),
     ) -> None:
-        super().__init__(RoleName.PLANNER, model, context=context, examples=examples, on_delta=on_delta)
+        """`team`: the enabled roles it may delegate to, in the order its prompt lists them."""
+        super().__init__(key, model, party=party, context=context, examples=examples, on_delta=on_delta)
         self._max_hops = max_hops
         self._working_files = working_files
-        self._plugin_lines = tuple(plugin_lines)
+        self._team = tuple(team)
+        self._schema = planner_schema((USER, *(member.alias for member in self._team)))
 
     def reply(self, history: Sequence[Round], current: Round, *, repairs: RepairTurns, on_repair: Callable[[str], None] | None = None) -> Post:
-        """The Planner's next post in `current`: to the CodeInterpreter or to the User."""
-        system = self._prompt.render("system", max_hops=self._max_hops, files=self._working_files(), plugins=self._plugin_lines)
-        fields = self.ask(system=system, history=history, current=current, schema=PLANNER_SCHEMA, repairs=repairs, on_repair=on_repair)
+        """The Planner's next post in `current`: to a teammate or to the User."""
+        system = self._prompt.render("system", max_hops=self._max_hops, files=self._working_files(), team=self._team)
+        fields = self.ask(system=system, history=history, current=current, schema=self._schema, repairs=repairs, on_repair=on_repair)
         return Post(
-            send_from="Planner",
+            send_from=self.party,
             send_to=fields["send_to"],
             message=fields["message"],
             plan=Plan(init_plan=fields["init_plan"], plan=fields["plan"], current_plan_step=fields["current_plan_step"]),
@@ -53,8 +68,8 @@ class Planner(Role):
         """The message the user gets when a request used up its hops (JSON-shaped, like any Planner reply)."""
         message = self._prompt.render("hop_limit", hops=hops, last=last)
         plan = plan or Plan(init_plan="", plan="", current_plan_step="")
-        fields = {**plan.to_dict(), "send_to": "User", "message": message}
-        return Post(send_from="Planner", send_to="User", message=message, plan=plan, reply_json=as_reply_json(fields))
+        fields = {**plan.to_dict(), "send_to": USER, "message": message}
+        return Post(send_from=self.party, send_to=USER, message=message, plan=plan, reply_json=as_reply_json(fields))
 
     def file_note(self, name: str) -> str:
         """The note that tells the Planner a file was loaded into the working folder."""
@@ -65,7 +80,7 @@ class Planner(Role):
         return self._render(rnd, with_code=True)
 
     def render_earlier_round(self, rnd: Round) -> RoundMessages:
-        """An earlier round without the code in the CodeInterpreter's reports: what it did and printed stays.
+        """An earlier round without the code in the teammates' reports: what it did and printed stays.
 
         The Planner judges the current request's steps by their code; for earlier requests the
         outcome, output and variables are what it plans with (the CodeGenerator keeps the code).
@@ -77,20 +92,23 @@ class Planner(Role):
         pieces: list[FoldPiece] = []
         requests: list[int] = []
         for post in rnd.posts:
-            if post.send_to == "Planner" and post.send_from == "User":
+            if post.send_to == self.party and post.send_from == USER:
                 requests.append(len(messages))
                 messages.append(Message(role="user", content=self._prompt.render("user", text=post.message)))
                 pieces.append(FoldPiece(f"User: {post.message}", essential=True))
-            elif post.send_to == "Planner" and post.send_from == "CodeInterpreter":
+            elif post.send_to == self.party:
                 result = post.execution.prompt_text(outcome_told=True) if post.execution else ""
-                message = post.message if with_code or not post.code else report_outcome(post.message)
-                messages.append(Message(role="user", content=self._prompt.render("code_interpreter", message=message, result=result)))
-                # The Planner's summary keeps results, not code: the report's first line and what it printed.
+                # The report's outcome is its message; the code is its own field, shown for the current request only.
+                code = post.code.strip() if with_code and post.code else ""
+                attachments = [a.to_dict() for a in post.attachments]
+                content = self._prompt.render("report", sender=post.send_from, message=post.message, code=code, result=result, attachments=attachments)
+                messages.append(Message(role="user", content=content))
+                # The Planner's summary keeps results, not code: the outcome's first line and what it printed.
                 outcome = post.message.partition("\n")[0]
-                pieces.append(FoldPiece(f"CodeInterpreter: {outcome}", essential=True))
+                pieces.append(FoldPiece(f"{post.send_from}: {outcome}", essential=True))
                 if post.execution is not None:
                     pieces += post.execution.fold_pieces(outcome_told=True)
-            elif post.send_from == "Planner":
+            elif post.send_from == self.party:
                 messages.append(Message(role="assistant", content=post.reply_json or post.message))
                 pieces.append(FoldPiece(f"Planner to {post.send_to}: {post.message}", essential=True))
         return RoundMessages(index=rnd.index, messages=tuple(messages), fold_pieces=tuple(pieces), requests=tuple(requests))

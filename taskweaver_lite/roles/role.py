@@ -19,7 +19,7 @@ from taskweaver_lite.errors import ReplyFormatError, RoundFailedError
 from taskweaver_lite.llm.client import ChatModel, Completion, DeltaSink, Message
 from taskweaver_lite.llm.replies import ReplySchema, parse_reply, repair_message
 from taskweaver_lite.memory.compression import RoleContext
-from taskweaver_lite.memory.conversation import RoleName, Round, RoundMessages
+from taskweaver_lite.memory.conversation import Round, RoundMessages
 from taskweaver_lite.roles.templates import PromptTemplate, load_prompt
 
 # A bad reply echoed in a repair turn takes at most this fraction of the prompt budget.
@@ -37,14 +37,23 @@ class Role(ABC):
     """One model role: its template, examples, prompt history and round rendering; `ask` makes its call."""
 
     def __init__(
-        self, name: RoleName, model: ChatModel, *, context: RoleContext, examples: Sequence[Message], on_delta: DeltaSink | None = None
+        self,
+        key: str,
+        model: ChatModel,
+        *,
+        party: str,
+        context: RoleContext,
+        examples: Sequence[Message],
+        on_delta: DeltaSink | None = None,
     ) -> None:
-        self.name = name
+        """`key` names the prompt file and the call purpose; `party` is the role's alias in the conversation."""
+        self.key = key
+        self.party = party
         self.context = context
         self._model = model
         self._on_delta = on_delta  # the reply's pieces as they stream, for the screen; never read back
         self._examples = tuple(examples)
-        self._prompt: PromptTemplate = load_prompt(name.value)
+        self._prompt: PromptTemplate = load_prompt(key)
         self.rendered = RoundRenderCache(self.render_round)
         self.rendered_earlier = RoundRenderCache(self.render_earlier_round)
 
@@ -81,7 +90,7 @@ class Role(ABC):
         while True:
             reserve = tokenizer.count_messages(repair) if repair else 0
             built = self.context.build(system=system, examples=self._examples, history=rendered_history, current=now, reserve=reserve)
-            completion = self._model.complete([*built.messages, *repair], purpose=self.name.value, on_delta=self._on_delta)
+            completion = self._model.complete([*built.messages, *repair], purpose=self.key, on_delta=self._on_delta)
             try:
                 return _read(completion, schema)
             except ReplyFormatError as problem:

@@ -36,6 +36,14 @@ class PromptTemplate:
         return template.render(**values)
 
 
+def render_text(text: str, /, **values: Any) -> str:
+    """Render a template given as text (a role file's `prompt`); a missing value is an error."""
+    try:
+        return _ENV.from_string(text).render(**values)
+    except jinja2.TemplateError as exc:
+        raise ConfigError(f"prompt template: {exc}") from None
+
+
 @functools.cache
 def load_prompt(name: str) -> PromptTemplate:
     """Load and parse `prompts/<name>.yaml` (once per process)."""

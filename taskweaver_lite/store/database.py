@@ -38,7 +38,7 @@ from taskweaver_lite.errors import StoreError, UnknownSessionError
 from taskweaver_lite.events import CellPrinted, Event, FileLoaded, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import Variable
 from taskweaver_lite.llm.client import Usage
-from taskweaver_lite.memory.conversation import Post, RoleName, Round
+from taskweaver_lite.memory.conversation import Post, Round
 from taskweaver_lite.store.lock import SessionLock
 from taskweaver_lite.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate, read_version
 
@@ -73,7 +73,7 @@ class StoredSession:
     started: float
     last_active: float
     rounds: list[Round]
-    compression: dict[str, dict[str, Any]]  # role ("planner", "code_generator") -> CompressionState.to_dict()
+    compression: dict[str, dict[str, Any]]  # role key ("planner", "code_generator", a project role's) -> CompressionState.to_dict()
     usage: Usage  # failed calls counted, with no tokens
     interrupted: tuple[int, ...]  # indexes of rounds still 'running': cut off by a crash
     last_variables: tuple[Variable, ...]  # the kernel's variables after the last cell that ran
@@ -187,14 +187,14 @@ class SessionStore:
                 _write_event(db, session_id, event, now, known_rounds=self._known_rounds, made=made)
         self._known_rounds |= made  # only once committed: a rolled-back round row is made again next time
 
-    def save_compression(self, session_id: str, role: RoleName, state: dict[str, Any]) -> None:
+    def save_compression(self, session_id: str, role: str, state: dict[str, Any]) -> None:
         """Keep `role`'s CompressionState.to_dict(), replacing the one saved before."""
         now = time.time()
         with self._transaction() as db:
             db.execute(
                 "INSERT INTO compression (session_id, role, state, saved_at) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (session_id, role) DO UPDATE SET state = excluded.state, saved_at = excluded.saved_at",
-                (session_id, role.value, json.dumps(state, ensure_ascii=False), now),
+                (session_id, role, json.dumps(state, ensure_ascii=False), now),
             )
             db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
 
@@ -375,7 +375,7 @@ class StoreRecorder:
     """
 
     def __init__(
-        self, store: SessionStore, session_id: str, *, compression_state: Callable[[RoleName], dict[str, Any] | None] | None = None
+        self, store: SessionStore, session_id: str, *, compression_state: Callable[[str], dict[str, Any] | None] | None = None
     ) -> None:
         self.store = store
         self.session_id = session_id
@@ -483,7 +483,7 @@ def _write_event(
         db.execute(
             "INSERT INTO folds (session_id, role, first_round, last_round, tokens_before, tokens_after, ok, error, at)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (session_id, event.role.value, event.first_round, event.last_round, event.tokens_before, event.tokens_after, event.ok, event.error, now),
+            (session_id, event.role, event.first_round, event.last_round, event.tokens_before, event.tokens_after, event.ok, event.error, now),
         )
     elif isinstance(event, FileLoaded):
         db.execute(

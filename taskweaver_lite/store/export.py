@@ -23,7 +23,7 @@ from taskweaver_lite.config import Config
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
-from taskweaver_lite.memory.conversation import Post, Round
+from taskweaver_lite.memory.conversation import USER, Post, Round
 from taskweaver_lite.store.database import SessionStore, StoredSession
 
 if TYPE_CHECKING:
@@ -147,10 +147,10 @@ def _round_cells(rnd: Round, counter: _Counter) -> list[NotebookNode]:
     request = f"## Request {rnd.index}\n\n{_quoted(rnd.user_query)}" + (f"\n\n{status}" if status else "")
     cells = [nbformat.v4.new_markdown_cell(request)]
     for post in rnd.posts:
-        if post.send_from == "Planner" and post.send_to == "CodeInterpreter":
-            cells.append(nbformat.v4.new_markdown_cell(f"**Planner → CodeInterpreter:** {post.message}"))
-        elif post.execution is not None:
+        if post.execution is not None:
             cells.extend(_execution_cells(post, post.execution, counter))
+        elif _between_roles(post):
+            cells.append(nbformat.v4.new_markdown_cell(_post_line(post)))
     if rnd.answer is not None:
         cells.append(nbformat.v4.new_markdown_cell(f"**Answer:** {rnd.answer}"))
     return cells
@@ -166,7 +166,7 @@ def _execution_cells(post: Post, result: ExecutionResult, counter: _Counter) -> 
         return [nbformat.v4.new_markdown_cell(f"{note}\n\n{_fenced(result.code, 'python')}")]
     cells: list[NotebookNode] = []
     if not result.success:
-        revised = post.send_to == "CodeInterpreter"  # a retry inside the round follows
+        revised = post.send_to == post.send_from  # a retry inside the round follows
         note = "This attempt failed and was revised below." if revised else "This code failed."
         cells.append(nbformat.v4.new_markdown_cell(f"*{note} The cell is tagged `{RAISES_TAG}` so a re-run carries on.*"))
     count = counter.next()
@@ -216,15 +216,13 @@ def _round_markdown(rnd: Round) -> list[str]:
         lines += [f"> {status}", ""]
     shown_plan: str | None = None
     for post in rnd.posts:
-        if post.send_from == "Planner" and post.plan is not None and post.plan.plan and post.plan.plan != shown_plan:
+        if post.plan is not None and post.plan.plan and post.plan.plan != shown_plan:
             shown_plan = post.plan.plan
             lines += ["**Plan**", "", shown_plan.strip(), ""]
-        if post.send_from == "Planner" and post.send_to == "CodeInterpreter":
-            lines += [f"**Planner → CodeInterpreter:** {post.message}", ""]
-        elif post.send_from == "CodeInterpreter" and post.execution is not None:
+        if post.execution is not None:
             lines += _execution_markdown(post, post.execution)
-        elif post.send_from == "CodeInterpreter" and post.send_to == "Planner":
-            lines += [f"**CodeInterpreter:** {post.message}", ""]
+        elif _between_roles(post):
+            lines += [_post_line(post), ""]
     if rnd.answer is not None:
         lines += [f"**Answer:** {rnd.answer}", ""]
     return lines
@@ -252,9 +250,21 @@ def _execution_markdown(post: Post, result: ExecutionResult) -> list[str]:
     elif result.timed_out:
         lines += ["*This code ran too long and was stopped.*", ""]
     elif not result.success:
-        revised = post.send_to == "CodeInterpreter"
+        revised = post.send_to == post.send_from
         lines += ["*This attempt failed and was revised.*" if revised else "*This code failed.*", ""]
     return lines
+
+
+def _between_roles(post: Post) -> bool:
+    """A post from one role to another (a delegated step, a role's answer): not the user's request or answer."""
+    return USER not in (post.send_from, post.send_to) and post.send_from != post.send_to
+
+
+def _post_line(post: Post) -> str:
+    """A delegated step as '**Planner → Echo:** ...', a role's answer as '**Echo:** ...', with its attachments."""
+    head = f"**{post.send_from} → {post.send_to}:**" if post.plan is not None else f"**{post.send_from}:**"
+    attachments = "".join(f"\n\n*{a.kind}:*\n\n{_fenced(a.content, 'text')}" for a in post.attachments)
+    return f"{head} {post.message}{attachments}"
 
 
 def _quoted(text: str) -> str:

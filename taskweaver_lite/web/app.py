@@ -245,13 +245,13 @@ async def _artifact(request: Request, live: LiveSession) -> Response:
 
 async def _context(_: Request, live: LiveSession) -> Response:
     roles = []
-    for role, context in live.session.contexts().items():
+    for context in live.session.contexts().values():
         report = context.report()
         if report is None:
-            roles.append({"role": role.label, "budget": context.budget, "total": 0, "parts": {}})
+            roles.append({"role": context.label, "budget": context.budget, "total": 0, "parts": {}})
             continue
         parts = dict(report.parts())
-        roles.append({"role": role.label, "budget": report.budget, "total": report.cost.total, "parts": parts, "folded_through": report.folded_through})
+        roles.append({"role": context.label, "budget": report.budget, "total": report.cost.total, "parts": parts, "folded_through": report.folded_through})
     return JSONResponse({"roles": roles})
 
 

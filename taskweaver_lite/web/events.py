@@ -32,7 +32,7 @@ def event_json(event: Event, *, session_id: str) -> dict[str, Any] | None:
     if isinstance(event, RoundEnded):
         return {"type": "round_ended", "round": event.round.index, "state": event.round.state, "error": event.round.error}
     if isinstance(event, Folded):
-        return {"type": "folded", "role": event.role.value, "ok": event.ok, "text": event.describe()}
+        return {"type": "folded", "role": event.role, "ok": event.ok, "text": event.describe()}
     if isinstance(event, FileLoaded):
         return {"type": "file_loaded", "name": event.name, "text": event.describe()}
     return None

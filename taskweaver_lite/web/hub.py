@@ -21,7 +21,6 @@ from taskweaver_lite.errors import SessionBusyError, TaskWeaverError
 from taskweaver_lite.events import Event, PostAdded, ReplyStreamed
 from taskweaver_lite.kernel.executor import close_thread_loop
 from taskweaver_lite.llm.streaming import SHOWN_FIELDS, PartialReply
-from taskweaver_lite.memory.conversation import RoleName
 from taskweaver_lite.session import Session
 from taskweaver_lite.web.events import event_json
 
@@ -96,7 +95,7 @@ class LiveSession:
         self._turns: dict[int, Turn] = {}  # a request's thread -> its turn: its events go there, not to a newer one
         self._worker: threading.Thread | None = None
         self._guard = threading.Lock()
-        self._partial: dict[RoleName, PartialReply] = {}
+        self._partial: dict[str, PartialReply] = {}
         session.add_listener(self._on_event, first=True)  # to the page at once, as to the terminal
 
     @property
@@ -179,12 +178,12 @@ class LiveSession:
         """A streaming reply as the fields read from it so far (the message, the code), never its raw JSON."""
         role, delta = event.role, event.delta
         if delta.kind == "start" or role not in self._partial:
-            self._partial[role] = PartialReply(SHOWN_FIELDS.get(role, ()))
+            self._partial[role] = PartialReply(SHOWN_FIELDS)
         if delta.kind != "content":
             return None
         partial = self._partial[role]
         partial.feed(delta.text)
-        return {"type": "delta", "role": role.value, "fields": dict(partial.values)} if partial.values else None
+        return {"type": "delta", "role": role, "fields": dict(partial.values)} if partial.values else None
 
     def close(self) -> None:
         self.stop()

@@ -1,0 +1,46 @@
+"""The typed configuration: settings that cannot hold together are refused, each pair in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from taskweaver_lite.config import load_config
+from taskweaver_lite.errors import ConfigError
+
+pytestmark = pytest.mark.unit
+
+GATEWAY = "execution:\n  kernel_gateway: {url: 'http://bigbox:8888'}\n"
+
+
+def project_with(tmp_path: Path, text: str) -> Path:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "taskweaver_config.yaml").write_text(text)
+    return project
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "named"),
+    [
+        (GATEWAY, ["execution.sandbox=bubblewrap"], ["--set execution.sandbox=bubblewrap", "execution.sandbox: bubblewrap and execution.kernel_gateway"]),
+        (GATEWAY + "  network: true\n", [], ["taskweaver_config.yaml", "execution.network: true and execution.kernel_gateway"]),
+        (GATEWAY + "  memory_limit: 4GB\n", [], ["execution.memory_limit: 4GB and execution.kernel_gateway"]),
+        (GATEWAY + "  max_processes: 64\n", [], ["execution.max_processes: 64 and execution.kernel_gateway"]),
+        ("planner:\n  prompt_compression: false\n  strategy: summary_buffer\n", [], ["planner.prompt_compression: false and planner.strategy: summary_buffer"]),
+    ],
+)
+def test_conflicting_settings_are_refused_in_one_line_naming_both(tmp_path: Path, text: str, overrides: list[str], named: list[str]) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(project_with(tmp_path, text), overrides)
+    message = str(caught.value)
+    assert "\n" not in message and "conflict" in message and "remove one of them" in message
+    for fragment in named:
+        assert fragment in message, message
+
+
+def test_settings_that_agree_with_a_gateway_are_accepted(tmp_path: Path) -> None:
+    # `auto` (the default, written out) and a planner that keeps its default strategy are not conflicts.
+    config = load_config(project_with(tmp_path, GATEWAY + "  sandbox: auto\nplanner: {prompt_compression: false}\n"))
+    assert config.execution.kernel_gateway is not None and not config.planner.prompt_compression

@@ -1,0 +1,46 @@
+"""The package's declaration: every folder that ships files is a declared package, so an install is quiet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs tomllib (Python 3.11)")
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parent.parent
+SETUPTOOLS = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+# Made by running things in a checkout, never shipped.
+SCRATCH = {"__pycache__", "sessions"}
+
+
+def folder_of(package: str) -> Path:
+    """Where a dotted package lives in the checkout, through pyproject's package-dir mapping."""
+    mapped = max((name for name in SETUPTOOLS["package-dir"] if package == name or package.startswith(name + ".")), key=len)
+    return REPO / SETUPTOOLS["package-dir"][mapped] / Path(*package[len(mapped) :].split(".")[1:])
+
+
+def folders_with_files() -> dict[str, Path]:
+    """Every folder under a mapped package that holds files (Python could import each), by dotted name."""
+    found = {}
+    for package in SETUPTOOLS["package-dir"]:
+        root = folder_of(package)
+        for path in [root, *root.rglob("*")]:
+            parts = path.relative_to(root).parts
+            if path.is_dir() and not SCRATCH & set(parts) and any(p.is_file() for p in path.iterdir()):
+                found[".".join([package, *parts])] = path
+    return found
+
+
+def test_every_folder_with_files_is_a_declared_package() -> None:
+    # setuptools prints a page of warnings for each importable folder missing from `packages` (~215 lines for seven).
+    assert sorted(set(folders_with_files()) - set(SETUPTOOLS["packages"])) == []
+
+
+def test_every_folder_with_data_files_ships_them() -> None:
+    for package, folder in folders_with_files().items():
+        data = [p for p in folder.iterdir() if p.is_file() and p.suffix != ".py"]
+        if data:
+            assert package in SETUPTOOLS["package-data"], f"{folder} holds {data[0].name}, but package-data lists nothing for {package}"

@@ -1,0 +1,37 @@
+"""The test tiers: every test file has one, and a test without a tier fails saying where to put it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import FILE_TIERS, TIERS
+
+pytestmark = pytest.mark.unit
+
+TESTS = Path(__file__).resolve().parent
+
+
+def test_every_test_file_has_a_tier() -> None:
+    untiered = [
+        path.name
+        for path in sorted(TESTS.glob("test_*.py"))
+        if path.name not in FILE_TIERS and not any(f"pytestmark = pytest.mark.{tier}" in path.read_text(encoding="utf-8") for tier in TIERS)
+    ]
+    assert untiered == [], "put `pytestmark = pytest.mark.unit` (or kernel, cli, soak) at the top of these files"
+    assert set(FILE_TIERS.values()) <= set(TIERS)
+
+
+def test_a_test_without_a_tier_fails_and_says_where_to_put_one(tmp_path: Path) -> None:
+    shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_new.py").write_text("def test_something():\n    assert True\n", encoding="utf-8")
+    (tmp_path / "test_marked.py").write_text("import pytest\n\npytestmark = pytest.mark.kernel\n\ndef test_other():\n    assert True\n", encoding="utf-8")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(TESTS.parent / "pyproject.toml"), "--rootdir", str(tmp_path)]
+    done = subprocess.run([*command, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1 and "1 passed, 1 error" in done.stdout, done.stdout
+    assert "test_new.py::test_something has no test tier: put `pytestmark = pytest.mark.unit`" in done.stdout
+    quick = subprocess.run([*command, "-m", "unit", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert "1 deselected, 1 error" in quick.stdout, "the quick tier is where a missing tier shows first"
