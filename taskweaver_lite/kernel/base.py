@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
-from taskweaver_lite.execution import CellError, ExecutionResult, OutputSink, Variable, VariableChanges
+from taskweaver_lite.execution import CellCancelled, CellError, ExecutionResult, OutputSink, Variable, VariableChanges
 from taskweaver_lite.kernel import namespace
 from taskweaver_lite.kernel.output import CellOutput, artifact_file
 from taskweaver_lite.kernel.process import end_at_exit, forget
@@ -194,8 +194,11 @@ class SessionKernel(ABC):
         try:
             end = self._follow(msg_id, output, deadline=started + timeout, on_output=on_output)
         except KeyboardInterrupt:
-            self._stop_after_ctrl_c(msg_id, output)
-            raise
+            partial = self._stop_after_ctrl_c(msg_id, output, code=code)
+            if partial is None:
+                raise
+            kept = dataclasses.replace(partial, success=False, cancelled=True, interrupted=True, elapsed=time.monotonic() - started)
+            raise CellCancelled(kept) from None
         finally:
             self._running = False
         interrupted = self._interrupt_requested and not end.timed_out
@@ -247,18 +250,24 @@ class SessionKernel(ABC):
             self._interrupt_kernel()
         return False
 
-    def _stop_after_ctrl_c(self, msg_id: str, output: CellOutput) -> None:
-        """Ctrl-C reached us mid-cell: stop the cell, wait for the kernel to settle, keep the snapshot current."""
+    def _stop_after_ctrl_c(self, msg_id: str, output: CellOutput, *, code: str) -> ExecutionResult | None:
+        """Ctrl-C reached us mid-cell: stop the cell, wait for the kernel to settle, keep the snapshot current.
+
+        Returns what the cell printed until it stopped (None when a second Ctrl-C cut the wait short).
+        """
         self._interrupt_requested = True
         self._interrupt_kernel()
         try:
             end = self._follow(msg_id, output, deadline=math.inf)
-        finally:
+        except BaseException:
             output.close()
+            raise
+        partial = output.finish(code)
         if end.ending == "idle":
             self._namespace.take(namespace.snapshot_rows(self._request_expressions()))
         elif end.ending != "lost":
             self._recover("stuck")
+        return partial
 
     def _plugin_artifacts(self, saved: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Notices and artifacts for what plugins saved during a cell: locally they are the session's artifacts."""
