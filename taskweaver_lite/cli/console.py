@@ -136,6 +136,8 @@ class RichConsole:
                 self._print(Text(f"The model's reply was malformed ({strip_controls(event.detail)}); asking it to fix it.", style="yellow"))
             if event.activity == "code_running":
                 code = strip_controls(event.detail).strip()
+                # The spinner goes first: printed over its line, the code would leave it on screen ("⠋ … 0.1 sprint(1)").
+                self.stop_status()
                 self._print(Syntax(code, "python", theme="monokai", line_numbers=False, word_wrap=True))
                 if self.console.is_terminal:  # the cell's output shows as it is printed, under the code
                     self._label = _ACTIVITY["code_running"]
