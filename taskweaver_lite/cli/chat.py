@@ -15,9 +15,10 @@ from pathlib import Path
 
 from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
+from taskweaver_lite.cli.images import TerminalImages
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
 from taskweaver_lite.cli.roles import role_table
-from taskweaver_lite.cli.turns import TurnCommands
+from taskweaver_lite.cli.turns import TurnCommands, session_artifacts
 from taskweaver_lite.config import CONFIG_FILE_NAME, FOLDER, Config, load_config
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
@@ -138,6 +139,9 @@ def chat_with(
         loaded = session.load_file(path)
         say(f"Loaded {loaded.name} into the working folder.")
     commands = SlashCommands(session, say=say, remember=lambda item: _remember(commands.session, item))
+    if isinstance(renderer, RichConsole):
+        renderer.images = TerminalImages.detect()  # asks the terminal: before the prompt reads stdin
+        renderer.artifact_total = lambda: len(session_artifacts(commands.session.conversation.rounds))
     try:
         if isinstance(renderer, RichConsole):
             code = _interactive(renderer, commands)
