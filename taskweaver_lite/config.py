@@ -8,6 +8,7 @@ Errors name the file, the key and what was expected, on one line.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -20,6 +21,10 @@ from taskweaver_lite.taskweaver_json import JSON_FILE_NAME, read_taskweaver_json
 from taskweaver_lite.verification import DEFAULT_ALLOWED_MODULES, DEFAULT_BLOCKED_FUNCTIONS
 
 CONFIG_FILE_NAME = "taskweaver_config.yaml"
+# Bounds on any YAML file of a project (config, examples, plugin specs): far above real ones.
+YAML_MAX_CHARS = 1_000_000
+YAML_MAX_DEPTH = 64
+YAML_MAX_NODES = 200_000  # values once every alias is expanded
 
 MIN_PROMPT_TOKENS = 256  # below this not even a short system prompt and one request fit
 # One cell's output gets an eighth of a role's prompt budget: at an 8k window (3,648-token budget)
@@ -28,7 +33,8 @@ OUTPUT_SHARE = 8
 MIN_OUTPUT_TOKENS = 256
 MAX_OUTPUT_TOKENS = 2_000
 
-Strategy = Literal["round_compression", "sliding_window", "summary_buffer", "none"]
+Strategy = Literal["round_compression", "sliding_window", "summary_buffer", "observation_masking", "none"]
+FoldSchedule = Literal["rounds", "pressure"]
 
 
 # No model accepts more than this; a bigger number is a typo (1e20) that would reach the wire as max_tokens.
@@ -55,6 +61,13 @@ class LLMConfig(_Section):
     tokenizer: Literal["o200k_base", "cl100k_base"] = "o200k_base"
     stream: bool = Field(True, description="stream replies (stream=true); false for endpoints that cannot")
     show_reasoning: bool = Field(True, description="show a model's reasoning (<think>, reasoning_content) dimmed while it streams")
+    prompt_cache: Literal["auto", "off"] = Field(
+        "auto", description="cache hints: prompt_cache_key, or llama.cpp's cache_prompt and id_slot; never a field the server refuses"
+    )
+    server_kind: Literal["auto", "openai", "llama.cpp", "other"] = Field(
+        "auto", description="which cache hints the server takes (auto: from the address, local discovery, or its replies)"
+    )
+    vision: bool = Field(False, description="the model reads images: roles that require vision are off without it")
 
     @field_validator("api_base")
     @classmethod
@@ -90,6 +103,9 @@ class LLMOverrides(_Section):
     max_retries: int | None = None
     tokenizer: Literal["o200k_base", "cl100k_base"] | None = None
     stream: bool | None = None
+    prompt_cache: Literal["auto", "off"] | None = None
+    server_kind: Literal["auto", "openai", "llama.cpp", "other"] | None = None
+    vision: bool | None = None
 
 
 # The part of a session that folds rounds; every role's section (`planner`, `code_generator`, a
@@ -114,6 +130,11 @@ class RoleConfig(_Section):
 
     prompt_compression: bool = True
     strategy: Strategy = "round_compression"
+    fold_schedule: FoldSchedule = Field(
+        "rounds",
+        description="rounds: fold as rounds_to_compress + rounds_to_retain rounds gather (TaskWeaver's rule); "
+        "pressure: fold all but the latest rounds_to_retain at once, only when the unfolded rounds pass fold_token_trigger",
+    )
     examples: Literal["until_history", "always"] = Field(
         "until_history",
         description="few-shot examples in every prompt, or only until the prompt shows a round of the role's own (which shows the reply format as well)",
@@ -129,15 +150,30 @@ class CodeGeneratorConfig(RoleConfig):
     auto_plugin_selection_topk: int = Field(3, ge=1, description="how many plugins auto_plugin_selection shows")
 
 
+class DocumentRetrieverConfig(RoleConfig):
+    """The document_retriever role: which folder it searches and how much of it a reply quotes."""
+
+    folder: str = Field("docs", description="the documents folder, relative to the project (or absolute)")
+    top_k: int = Field(4, ge=1, le=50, description="the most passages a reply quotes")
+    max_tokens: int = Field(700, ge=64, description="tokens a reply may take (also at most a sixth of the Planner's budget)")
+
+
 class RoundCompressorConfig(_Section):
     """When and how old rounds fold into a summary."""
 
     rounds_to_compress: int = Field(2, ge=1)
     rounds_to_retain: int = Field(3, ge=0)
-    fold_token_trigger: int = Field(
-        24_000, ge=0, description="fold early when unfolded rounds exceed this many tokens (0: off)"
+    fold_token_trigger: float = Field(
+        0.5,
+        ge=0,
+        description="a share of the role's prompt budget (0-1; above 1: tokens): unfolded rounds past it fold early "
+        "(rounds schedule) or fold at all (pressure schedule); 0: off",
     )
-    summary_placement: Literal["system", "first_user"] = "system"
+    summary_placement: Literal["system", "first_user"] = Field(
+        "first_user",
+        description="first_user: the summary and the variables in a user message after the examples, so a fold leaves "
+        "the instructions cached; system: inside the system message",
+    )
     retry_backoff: float = Field(30.0, ge=0, description="seconds before a failed fold is retried")
     summary_buffer_rounds: int = Field(10, ge=1, description="rounds kept verbatim by summary_buffer")
     max_summary_tokens: int = Field(1_500, ge=64)
@@ -266,6 +302,28 @@ class StoreConfig(_Section):
     record_prompts: bool = False
 
 
+class ExperienceConfig(_Section):
+    """Tips from earlier sessions (`/save`) and handcrafted ones (`PROJECT_DIR/experience/*.yaml`), shown to the Planner and the CodeGenerator."""
+
+    enabled: bool = Field(True, description="show the tips that fit each request (false: none are retrieved; /save and /experience still work)")
+    top_k: int = Field(3, ge=1, le=20, description="the most tips a prompt shows")
+    max_tokens: int = Field(400, ge=32, description="tokens the tips may take in a prompt (also at most an eighth of the role's budget)")
+
+
+class EvalModelConfig(_Section):
+    """A model `taskweaver-lite eval` calls besides the agent's: its `llm` keys replace the project's."""
+
+    llm: LLMOverrides = Field(default_factory=LLMOverrides, description="keys that replace llm's (default: the project's model)")
+
+
+class EvalConfig(_Section):
+    """`taskweaver-lite eval`: the examiner that plays the user, the judge that marks scoring points."""
+
+    examiner: EvalModelConfig = Field(default_factory=EvalModelConfig)
+    judge: EvalModelConfig = Field(default_factory=EvalModelConfig)
+    max_rounds: int = Field(60, ge=1, description="user requests per case at most, unless the case sets max_rounds")
+
+
 class Config(_Section):
     """Everything a session needs, validated."""
 
@@ -277,6 +335,9 @@ class Config(_Section):
     code_interpreter: CodeInterpreterConfig = Field(default_factory=CodeInterpreterConfig)
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    experience: ExperienceConfig = Field(default_factory=ExperienceConfig)
+    document_retriever: DocumentRetrieverConfig = Field(default_factory=DocumentRetrieverConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     # The sections of roles that have no field here (`echo:`, a project role's), written at the top
     # level like `planner:`; load_config moves them here. Not a YAML key of its own.
     role_sections: dict[str, RoleConfig] = Field(default_factory=dict, exclude=True)
@@ -364,6 +425,11 @@ class Config(_Section):
         return self.project_dir / "sessions"
 
     @property
+    def experience_dir(self) -> Path:
+        """Folder of handcrafted tips (TaskWeaver's `experience/`)."""
+        return self.project_dir / "experience"
+
+    @property
     def store_path(self) -> Path:
         """The SQLite file, relative paths taken from the project folder."""
         path = Path(self.store.path).expanduser()
@@ -438,7 +504,7 @@ def load_config(project_dir: str | Path = "project", overrides: list[str] | None
     elif path.exists():
         text = _read_text(path)
         try:
-            loaded = yaml.safe_load(text)
+            loaded = load_yaml(text, source=path)
         except yaml.YAMLError as exc:
             raise ConfigError(missing_colon(path, text, exc) or f"{path}: not valid YAML: {_yaml_problem(exc)}; fix the syntax") from None
         if loaded is not None and not isinstance(loaded, dict):
@@ -486,8 +552,50 @@ def _merge_problem(err: ErrorDetails) -> str:
     return f"key '{key}': {message.lower()}" if key else message
 
 
+def load_yaml(text: str, *, source: Path | str, max_chars: int = YAML_MAX_CHARS) -> Any:
+    """`yaml.safe_load` of a project's file within bounds: ConfigError naming `source` if it is too big, too deep or alias-heavy.
+
+    PyYAML builds nested values recursively (10,000 levels end in a RecursionError) and an alias
+    bomb is small on disk but explodes once the values are walked: the events are counted first,
+    without recursion, and only a file within the bounds is loaded.
+    """
+    if len(text) > max_chars:
+        raise ConfigError(f"{source}: {len(text):,} characters, more than the {max_chars:,} a taskweaver-lite YAML file may have; nothing was loaded")
+    _check_expansion(yaml.parse(text, Loader=yaml.SafeLoader), source=source)
+    return yaml.safe_load(text)
+
+
+def _check_expansion(events: Iterable[yaml.Event], *, source: Path | str) -> None:
+    """ConfigError if the document nests deeper than YAML_MAX_DEPTH or expands (aliases followed) past YAML_MAX_NODES values."""
+    sizes: dict[str, int] = {}  # an anchor's value, in values once expanded
+    open_counts = [0]  # values in each collection being read, outermost first
+    anchors: list[str | None] = [None]
+    for event in events:
+        if isinstance(event, yaml.CollectionStartEvent):
+            open_counts.append(0)
+            anchors.append(event.anchor)
+            if len(open_counts) > YAML_MAX_DEPTH + 1:
+                raise ConfigError(f"{source}: nested more than {YAML_MAX_DEPTH} levels deep; nothing was loaded: flatten it")
+            continue
+        if isinstance(event, yaml.CollectionEndEvent):
+            added, anchor = open_counts.pop() + 1, anchors.pop()
+        elif isinstance(event, yaml.ScalarEvent):
+            added, anchor = 1, event.anchor
+        elif isinstance(event, yaml.AliasEvent):
+            added, anchor = sizes.get(event.anchor or "", 1), None
+        else:
+            continue
+        if anchor is not None:
+            sizes[anchor] = added
+        open_counts[-1] += added
+        if open_counts[-1] > YAML_MAX_NODES:
+            raise ConfigError(f"{source}: its aliases (*name) expand to more than {YAML_MAX_NODES:,} values; nothing was loaded: write the values out")
+
+
 def _read_text(path: Path) -> str:
     """The config file's text; ConfigError naming the encoding problem if it is not UTF-8."""
+    if path.stat().st_size > YAML_MAX_CHARS * 4:  # never read a huge file whole
+        raise ConfigError(f"{path}: {path.stat().st_size:,} bytes, more than a taskweaver-lite YAML file may have; nothing was loaded")
     raw = path.read_bytes()
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise ConfigError(f"{path}: the file is UTF-16 encoded; save it as UTF-8")

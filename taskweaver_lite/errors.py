@@ -91,3 +91,11 @@ class UnknownSessionError(StoreError):
     def listed_with(self, listing: str) -> UnknownSessionError:
         """The same error, pointing at the listing command that finds this store."""
         return UnknownSessionError(self.ref, store=self.store, listing=listing)
+
+
+class SearchUnavailableError(TaskWeaverError):
+    """A search (the documents, the experience tips) cannot run here; the message says why."""
+
+
+class ExperienceError(TaskWeaverError):
+    """A handcrafted tip file is broken, or a session could not be distilled into tips; nothing stored was lost."""

@@ -74,6 +74,7 @@ class ModelCalled:
     error: str | None = None
     prompt: tuple[dict[str, str], ...] | None = None
     reply: str | None = None
+    cached_tokens: int = 0  # of prompt_tokens, those the server said it took from its prefix cache
 
 
 @dataclass(frozen=True)

@@ -178,6 +178,17 @@ class ExecutionResult:
         """
         return "\n".join(piece.text for piece in self.fold_pieces(marked=marked, outcome_told=outcome_told))
 
+    def masked_prompt_text(self, *, outcome_told: bool = False) -> str:
+        """`prompt_text` with what the cell printed as one placeholder line (observation masking): outcome, error line, variables stay."""
+        lines = sum(len(text.splitlines()) for text in (self.stdout, self.stderr, self.result or "", *self.displays))
+        if self.error is not None and self.error.traceback.strip():
+            lines += len(self.error.traceback.splitlines())
+        kept = [p.text for p in self.fold_pieces(outcome_told=outcome_told) if p.essential]
+        if lines:
+            where = f"; full output in {self.full_output_path}" if self.full_output_path else ""
+            kept.insert(len(kept) - bool(self.changes), f"(Output omitted: {lines} lines{where})")
+        return "\n".join(kept)
+
     def fold_pieces(self, *, marked: bool = True, outcome_told: bool = False) -> tuple[FoldPiece, ...]:
         """`prompt_text` in pieces; the outcome and the error line are what a fold must keep."""
         block = as_data if marked else _unmarked

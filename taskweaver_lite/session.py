@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -32,21 +31,31 @@ from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import Executor, ExecutorFactory, Variable
-from taskweaver_lite.llm.client import CallRecord, ChatModel, MeteredModel, Usage
+from taskweaver_lite.knowledge.distil import distil
+from taskweaver_lite.knowledge.experience import Experience
+from taskweaver_lite.knowledge.tips import Tip
+from taskweaver_lite.llm.client import CallRecord, ChatModel, MeteredModel, Usage, scope_cache
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import ContextSettings, RoleContext
 from taskweaver_lite.memory.conversation import USER, Conversation, Post, Round
 from taskweaver_lite.memory.summary import CompressionState
 from taskweaver_lite.memory.variables import LiveVariables
 from taskweaver_lite.plugins.catalog import PluginCatalog, PluginSpec, discover
-from taskweaver_lite.roles.builtin import BuiltRole, PlannerRole, SessionParts, build_role
+from taskweaver_lite.roles.builtin import BuiltRole, CodeInterpreterRole, PlannerRole, SessionParts, build_role
 from taskweaver_lite.roles.planner import list_working_files
 from taskweaver_lite.roles.registry import RoleCatalog, RoleSpec, discover_roles
-from taskweaver_lite.roles.role import RepairTurns
+from taskweaver_lite.roles.role import RepairTurns, Role
 from taskweaver_lite.roles.worker import RoleRequest, RoleTools, Turn
 from taskweaver_lite.store.database import SessionStore, StoreRecorder
 from taskweaver_lite.store.lock import SessionLock
 from taskweaver_lite.uploads import check_upload
+from taskweaver_lite.workfiles import CopyReport, copy_folder, owner_only_folder
+
+# `/reset` copies at most this many times session.max_upload_bytes of working files.
+RESET_COPY_UPLOADS = 4
+
+# Experience tips take at most this fraction of a role's prompt budget (and experience.max_tokens).
+EXPERIENCE_SHARE = 8
 
 
 @dataclass(frozen=True)
@@ -108,7 +117,7 @@ class Session:
         self.config = config
         self.options = options
         self.plugins = options.plugins or PluginCatalog()  # every plugin found, broken ones with their errors; the enabled ones are shown
-        self.roles = options.roles or discover_roles(config.project_dir, enabled=config.session.roles)
+        self.roles = options.roles or discover_roles(config.project_dir, enabled=config.session.roles, config=config)
         self.id = session_id
         self.executor = executor
         self.store = options.store
@@ -116,13 +125,17 @@ class Session:
         self._lock = options.lock
         self._listeners = list(listeners)
         self._model = MeteredModel(model, on_call=self._on_call, usage=options.usage_before)
+        scope_cache(model, name=session_id)  # prompt cache keys per session and role
         self._owns_model = options.owns_model
         self._notes: list[str] = []
+        self.reset_report: CopyReport | None = None  # set on the session `reset` made: what it copied over
         self.loads: list[FileLoaded] = []  # every /load, for /history and the exports
         self._lost: list[str] = []
         self._recency: dict[str, int] = {}  # variable name -> the last cell that created or changed it
         self._cells = 0
+        self.experience = Experience(store=self.store, folder=config.experience_dir, settings=config.experience)
         self.active = self._build_roles()
+        self._hook_experience()
         entry = next((active for active in self.active.values() if isinstance(active.role, PlannerRole)), None)
         if entry is None or not isinstance(entry.role, PlannerRole):
             raise ConfigError("session.roles must include planner: it is the role the user talks to")
@@ -273,9 +286,11 @@ class Session:
         usage_before: Usage = Usage(),
         confirm: ConfirmCell | None = None,
     ) -> Session:
-        roles = discover_roles(config.project_dir, enabled=config.session.roles)
+        roles = discover_roles(config.project_dir, enabled=config.session.roles, config=config)
         chat_model = model or role_models(config, roles=roles.enabled)
         plugins = discover(config.project_dir)
+        for folder in (config.sessions_dir, config.sessions_dir / session_id):
+            owner_only_folder(folder)  # conversations, outputs and sockets: no other user (or kernel) may look in
         running = (executor or default_executor(config, plugins=plugins.enabled))(config.sessions_dir / session_id)
         options = SessionOptions(
             store=store,
@@ -300,7 +315,10 @@ class Session:
         self.close()
 
     def add_listener(self, listener: Listener, *, first: bool = False) -> None:
-        """Observe every event from now on (the CLI renderer, the store); `first`: before the store records it."""
+        """Observe every event from now on (the CLI renderer, the page); `first`: before the other listeners.
+
+        Whatever the order, the store records each event before any listener sees it (`_emit`).
+        """
         if first:
             self._listeners.insert(0, listener)
         else:
@@ -387,11 +405,14 @@ class Session:
     def reset(self) -> Session:
         """Start over: a new session with a fresh kernel and a copy of this one's working files.
 
-        This session is closed (and stays stored, resumable); use the returned one from now on.
+        This session is closed (and stays stored, resumable); use the returned one from now on. Its
+        `reset_report` says what was copied and what was not (links, odd files, past the bounds).
         """
         listeners = [listener for listener in self._listeners if not isinstance(listener, StoreRecorder)]
         fresh = Session.open(self.config, model=self._model.inner, executor=self.options.executor_factory, listeners=listeners, confirm=self.options.confirm)
-        shutil.copytree(self.working_dir, fresh.working_dir, dirs_exist_ok=True)
+        # The old kernel wrote this folder: no link is followed, and the copy is bounded (count, bytes).
+        limit = RESET_COPY_UPLOADS * self.config.session.max_upload_bytes
+        fresh.reset_report = copy_folder(self.working_dir, fresh.working_dir, max_bytes=limit)
         fresh._owns_model, self._owns_model = self._owns_model, False  # the model client lives on in the new session
         self.close()
         return fresh
@@ -463,6 +484,24 @@ class Session:
         lost = tuple(dict.fromkeys(n for n in self._lost if n not in alive))
         return LiveVariables(variables=_newest_first(variables, self._recency), lost=lost)
 
+    def save_experience(self) -> list[Tip]:
+        """Distil this session into tips with the model and store them; ExperienceError (nothing stored) when that fails."""
+        tips = distil(self.conversation.rounds, model=self._model, tokenizer=get_tokenizer(self.config.llm.tokenizer), llm=self.config.llm)
+        return self.experience.save(self.id, tips)
+
+    def _tips_for(self, role: Role, request: str) -> str:
+        """The experience tips that fit `request`, as `role`'s prompt shows them (at most an eighth of its budget)."""
+        context = role.context
+        return self.experience.block(request, tokenizer=context.tokenizer, max_tokens=context.budget // EXPERIENCE_SHARE)
+
+    def _hook_experience(self) -> None:
+        """The Planner's and the CodeGenerator's prompts show the tips that fit their request."""
+        for active in self.active.values():
+            built = active.role
+            role = built.planner if isinstance(built, PlannerRole) else built.code_generator if isinstance(built, CodeInterpreterRole) else None
+            if role is not None:
+                role.experience = functools.partial(self._tips_for, role)
+
     def contexts(self) -> dict[str, RoleContext]:
         """Each enabled role's prompt history manager, by the role's key (its config section)."""
         return {active.spec.key: active.context for active in self.active.values()}
@@ -530,7 +569,7 @@ class Session:
         self._emit(
             ModelCalled(
                 record.purpose, record.prompt_tokens, record.completion_tokens, record.latency,
-                ok=record.ok, error=record.error, prompt=prompt, reply=reply,
+                ok=record.ok, error=record.error, prompt=prompt, reply=reply, cached_tokens=record.cached_tokens,
             )
         )
 
@@ -545,8 +584,20 @@ class Session:
         self._emit(Working("repairing", problem))
 
     def _emit(self, event: Event) -> None:
-        for listener in list(self._listeners):
-            listener(event)
+        """The store records `event` first, then the listeners show it: what was shown is durable.
+
+        Should the store fail, the event is still shown (nothing the user saw is hidden) and the
+        failure is raised after, so the round says its record is incomplete.
+        """
+        listeners = list(self._listeners)
+        recorders = [listener for listener in listeners if isinstance(listener, StoreRecorder)]
+        try:
+            for recorder in recorders:
+                recorder(event)
+        finally:
+            for listener in listeners:
+                if not isinstance(listener, StoreRecorder):
+                    listener(event)
 
 
 def role_models(config: Config, *, roles: Sequence[RoleSpec]) -> ChatModel:

@@ -3,21 +3,22 @@
 Only regular data files are copied: a folder, a device, a pipe, or a file of the kernel's view of
 the system (`/proc/self/environ` holds our environment, API key included) is refused with the
 reason. Files above `session.max_upload_bytes` are refused too, naming the setting; a sparse file
-is copied sparse, so a mostly empty 1 GiB file never turns into 1 GiB on disk.
+is copied sparse, so a mostly empty 1 GiB file never turns into 1 GiB on disk. The copy lands in a
+folder the kernel writes, so it goes in link-safe (`workfiles.write_from`): a link the kernel
+planted under the same name is replaced, never written through.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 from pathlib import Path
 
 from taskweaver_lite.errors import TaskWeaverError
+from taskweaver_lite.workfiles import write_from
 
 # Pseudo file systems: their "files" are views of processes and devices, never user data.
 SYSTEM_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))
-_CHUNK = 1 << 20
 
 
 class UploadError(TaskWeaverError):
@@ -45,35 +46,30 @@ def check_upload(source: Path, *, max_bytes: int) -> Path:
     return resolved
 
 
-def copy_file(source: Path, target: Path) -> None:
-    """Copy `source` to `target` with its metadata; a sparse file stays sparse (its holes are not written)."""
-    info = source.stat()
-    if info.st_blocks * 512 >= info.st_size or not hasattr(os, "SEEK_DATA"):
-        shutil.copy2(source, target)
-        return
-    with source.open("rb") as src, target.open("wb") as dst:
-        for start, end in _data_extents(src.fileno(), info.st_size):
-            src.seek(start)
-            dst.seek(start)
-            while start < end and (chunk := src.read(min(_CHUNK, end - start))):
-                dst.write(chunk)
-                start += len(chunk)
-        dst.truncate(info.st_size)  # a hole at the end still counts towards the size
-    shutil.copystat(source, target)
+def copy_file(source: Path, folder: Path, name: str) -> None:
+    """Copy `source` into `folder` as `name`, link-safe: a link or file already there is replaced, never written through.
+
+    The source is opened once and checked through that descriptor (a regular file still); a
+    sparse file stays sparse. Copying a file onto itself does nothing.
+    """
+    fd = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UploadError(f"{source} is not a regular data file; /load only copies regular files")
+        if _same_file(info, folder, name):
+            return
+        write_from(fd, folder, name, sparse_size=info.st_size if info.st_blocks * 512 < info.st_size else None)
+    finally:
+        os.close(fd)
 
 
-def _data_extents(fd: int, size: int) -> list[tuple[int, int]]:
-    """The (start, end) ranges of a file that hold data, as the file system reports them."""
-    extents: list[tuple[int, int]] = []
-    offset = 0
-    while offset < size:
-        try:
-            start = os.lseek(fd, offset, os.SEEK_DATA)
-        except OSError:  # ENXIO: only a hole is left
-            break
-        offset = os.lseek(fd, start, os.SEEK_HOLE)
-        extents.append((start, offset))
-    return extents
+def _same_file(info: os.stat_result, folder: Path, name: str) -> bool:
+    try:
+        there = (folder / name).lstat()
+    except OSError:
+        return False
+    return stat.S_ISREG(there.st_mode) and (there.st_dev, there.st_ino) == (info.st_dev, info.st_ino)
 
 
 def _size(n: int) -> str:

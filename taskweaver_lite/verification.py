@@ -1,14 +1,21 @@
 """Code verification: a static check of a cell's syntax tree before it runs (`code_interpreter.code_verification_on`).
 
-The check refuses imports outside `allowed_modules`, every use of a name in `blocked_functions`
-(called, aliased or reached as an attribute), shell and magic lines, and the attribute paths that
-escape to the interpreter's internals (`().__class__.__subclasses__()`, frames, globals). A refused
-cell does not run: the CodeGenerator gets each rule broken, with its line, and revises.
+The check refuses by what code can reach, not by how it is spelled: imports outside
+`allowed_modules`; a risky module (files, processes, network, code) reached any other way, as an
+attribute of an allowed module (`pd.io.common.os`), a private alias (`random._os`) or imported out
+of any package (`from matplotlib import subprocess`); every use of a name in `blocked_functions`
+(called, aliased or reached as an attribute); functions that import or look up a name they are
+given (`import_optional_dependency`, `getattr`) unless called directly with the name written out;
+strings run as code (`eval`, `exec`, `compile`, `DataFrame.query`) unless written out; shell and
+magic lines; and the attribute paths that escape to the interpreter's internals (`__subclasses__`,
+frames, globals). A refused cell does not run: the CodeGenerator gets each rule broken, with its
+line, and revises.
 
-It is a filter against a model's mistakes and clumsy attacks, not a sandbox: names computed at run
-time (`getattr(x, "sys" + "tem")`), file paths given to allowed libraries (`pd.read_csv("/etc/shadow")`)
-and unsafe deserialisers of allowed libraries (`pd.read_pickle`) are out of its reach. The sandbox
-(`execution.sandbox`) is what holds against those; README "Safety" says which layer stops what.
+It is a guard against a model's mistakes and clumsy attacks, not the boundary: file paths given to
+allowed libraries (`pd.read_csv("/etc/shadow")`), unsafe deserialisers of allowed libraries
+(`pd.read_pickle`) and objects that lead elsewhere without a risky name on the way are out of its
+reach. The sandbox (`execution.sandbox`) is what holds against those; SECURITY.md says which layer
+stops what.
 """
 
 from __future__ import annotations
@@ -33,14 +40,26 @@ ESCAPE_ATTRIBUTES = frozenset(
 )  # fmt: skip
 # Names that are the interpreter's internals themselves.
 ESCAPE_NAMES = frozenset({"__builtins__", "__loader__", "__spec__", "get_ipython"})
-# Modules reachable as an attribute of an allowed one (`pd.io.common.os`): refused like an import of them.
+# Modules that reach files, processes, the network or code, wherever they are found: an attribute of
+# an allowed module (`pd.io.common.os`), under a private alias (`random._os`, `collections._sys`), or
+# imported out of any package (`from matplotlib import subprocess`). Refused unless allowed by name.
 RISKY_MODULES = frozenset(
-    {"os", "sys", "subprocess", "shutil", "ctypes", "builtins", "importlib", "socket", "pty", "posix", "signal", "multiprocessing", "pickle", "marshal"}
+    {
+        "os", "sys", "subprocess", "shutil", "ctypes", "builtins", "importlib", "socket", "pty", "posix", "nt", "signal",
+        "multiprocessing", "pickle", "marshal", "tarfile", "zipfile", "tempfile", "pathlib", "glob", "fcntl", "mmap", "runpy",
+        "codeop", "inspect", "gc", "asyncio", "http", "urllib", "ftplib", "smtplib", "webbrowser", "sqlite3", "shelve", "dbm",
+        "posixpath", "ntpath", "genericpath", "resource", "sysconfig", "site", "zipimport", "pkgutil", "linecache",
+        "_posixsubprocess", "_thread", "threading", "faulthandler", "pwd", "grp", "termios", "copyreg", "selectors", "ssl",
+    }
+)  # fmt: skip
+# Calls that import the module named by their first argument; any other use of them (renamed, passed) is refused.
+IMPORT_CALLS = frozenset(
+    {"__import__", "import_module", "load_module", "load_source", "run_module", "run_path", "spec_from_file_location", "import_optional_dependency"}
 )
-# Calls that import the module named by their first argument.
-IMPORT_CALLS = frozenset({"__import__", "import_module", "load_module", "load_source", "run_module", "run_path", "spec_from_file_location"})
-# Calls whose second argument names an attribute.
+# Calls whose second argument names an attribute: the name must be written out, never computed.
 ATTRIBUTE_CALLS = frozenset({"getattr", "setattr", "delattr", "hasattr", "attrgetter", "methodcaller"})
+# Calls that run a string as code: its text must be written out (and is then checked as code), never built.
+EVALUATING_CALLS = frozenset({"eval", "exec", "compile", "execfile", "query", "run_cell", "run_line_magic", "run_cell_magic"})
 
 DEFAULT_ALLOWED_MODULES = (
     "pandas", "numpy", "matplotlib", "scipy", "sklearn", "seaborn", "statsmodels", "math", "statistics", "datetime",
@@ -52,6 +71,7 @@ DEFAULT_BLOCKED_FUNCTIONS = (
     "system", "popen", "Popen", "fork", "setsid",
 )  # fmt: skip
 
+_ALWAYS_WATCHED = ESCAPE_ATTRIBUTES | ESCAPE_NAMES | RISKY_MODULES | IMPORT_CALLS | ATTRIBUTE_CALLS | EVALUATING_CALLS
 MAX_REPORTED = 8
 # Strings up to this long that look like code (a call or an attribute) are checked as code, nested this deep.
 MAX_CODE_STRING = 2_000
@@ -106,15 +126,18 @@ class CodeVerifier:
         watched = self._watched()
         if names & watched or any(text in watched or "__" in text for text in strings):
             return True
+        if any(name.startswith("_") and name.lstrip("_") in RISKY_MODULES for name in names):
+            return True  # a private alias of a risky module (`random._os`)
         if any(_CODE_LIKE.search(text) and watched.intersection(_WORD.findall(text)) for text in strings if len(text) <= MAX_CODE_STRING):
             return True  # a string that reads as code naming something watched
         return self.allowed_modules is not None and not all(self._allowed(module) for module in imports)
 
     def _watched(self) -> frozenset[str]:
-        return frozenset(self.blocked_functions) | ESCAPE_ATTRIBUTES | ESCAPE_NAMES | RISKY_MODULES | IMPORT_CALLS | ATTRIBUTE_CALLS
+        return frozenset(self.blocked_functions) | _ALWAYS_WATCHED
 
     def _walk(self, tree: ast.AST, *, at: int | None = None, depth: int = 0) -> Iterator[Violation]:
         blocked = set(self.blocked_functions)
+        called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
         for node in ast.walk(tree):
             line = at if at is not None else getattr(node, "lineno", 0)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and depth < MAX_STRING_DEPTH:
@@ -133,13 +156,22 @@ class CodeVerifier:
                 for alias in node.names:
                     if alias.name in blocked:
                         yield Violation(line, f"`{alias.name}` is a blocked function")
+                    elif self._risky(alias.name):
+                        module = alias.name.lstrip("_")
+                        yield Violation(line, f"`from {node.module or '.'} import {alias.name}` imports the module `{module}`, which may not be imported")
+                    elif alias.name in IMPORT_CALLS and self.allowed_modules is not None:
+                        yield Violation(line, f"`{alias.name}` imports modules by name; import them directly")
             elif isinstance(node, ast.Name):
                 if node.id in blocked:
                     yield Violation(line, f"`{node.id}` is a blocked function (called, passed or renamed alike)")
                 elif node.id in ESCAPE_NAMES:
                     yield Violation(line, f"`{node.id}` reaches the interpreter's internals")
+                elif id(node) not in called:
+                    yield from self._passed(node.id, line)
             elif isinstance(node, ast.Attribute):
                 yield from self._attribute(node.attr, line, blocked)
+                if id(node) not in called:
+                    yield from self._passed(node.attr, line)
             elif isinstance(node, ast.Call):
                 yield from self._call(node, line, blocked)
             elif isinstance(node, ast.Subscript):
@@ -161,8 +193,20 @@ class CodeVerifier:
             yield Violation(line, f"`.{name}` is a blocked function")
         elif name in ESCAPE_ATTRIBUTES:
             yield Violation(line, f"`.{name}` reaches the interpreter's internals")
-        elif name in RISKY_MODULES and not self._allowed(name):
-            yield Violation(line, f"`.{name}` reaches the module `{name}`, which may not be imported")
+        elif self._risky(name):
+            yield Violation(line, f"`.{name}` reaches the module `{name.lstrip('_')}`, which may not be imported")
+
+    def _risky(self, name: str) -> bool:
+        """Whether `name` (or the module it is a private alias of: `_os`) is a risky module not allowed by name."""
+        module = name.lstrip("_") if name.startswith("_") else name
+        return module in RISKY_MODULES and not self._allowed(module)
+
+    def _passed(self, name: str, line: int) -> Iterator[Violation]:
+        """A function whose effect depends on a name it is given, used other than by a direct call (renamed, passed)."""
+        if name in ATTRIBUTE_CALLS and name != "hasattr":
+            yield Violation(line, f"`{name}` used other than in a direct call: what it looks up cannot be checked")
+        elif name in IMPORT_CALLS and self.allowed_modules is not None:
+            yield Violation(line, f"`{name}` used other than in a direct call: what it imports cannot be checked")
 
     def _call(self, node: ast.Call, line: int, blocked: set[str]) -> Iterator[Violation]:
         called = _called_name(node.func)
@@ -175,8 +219,12 @@ class CodeVerifier:
         elif called in ATTRIBUTE_CALLS:
             for arg in node.args[1:2] if called in ("getattr", "setattr", "delattr", "hasattr") else node.args[:1]:
                 text = _constant_text(arg)
-                if text is not None and (text in blocked or text in ESCAPE_ATTRIBUTES):
+                if text is not None and (text in blocked or text in ESCAPE_ATTRIBUTES or self._risky(text)):
                     yield Violation(line, f"`{called}(..., {text!r})` reaches what the rules refuse")
+                elif text is None and called != "hasattr":
+                    yield Violation(line, f"`{called}` with an attribute name computed at run time cannot be checked; write the attribute out")
+        elif called in EVALUATING_CALLS and node.args and _constant_text(node.args[0]) is None:
+            yield Violation(line, f"`{called}(...)` runs a string built at run time, which cannot be checked; write the expression out")
         elif called in ("format", "format_map") and isinstance(node.func, ast.Attribute):
             template = _constant_text(node.func.value)
             if template is not None and any(f".{attr}" in template for attr in ESCAPE_ATTRIBUTES):

@@ -39,7 +39,7 @@ from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedRequest, ScriptedServer, code_reply, planner_reply
 
 SUMMARY_HEADING = "## Summary of earlier rounds"
-VARIABLES_HEADING = "Variables in the kernel now"
+VARIABLES_HEADING = "Variables in the kernel"
 ROLES = ("planner", "code_generator")
 FAIL_EVERY = 7
 LONG_OUTPUT_EVERY = 5

@@ -105,6 +105,21 @@ def text_of(messages: Sequence[Message]) -> str:
     return "\n".join(m["content"] for m in messages)
 
 
+def is_memory(message: Message) -> bool:
+    """The user message that carries the summary and the variables list, after the examples."""
+    return message["role"] == "user" and message["content"].startswith(("## Summary of earlier rounds", "## Variables in the kernel"))
+
+
+def memory(messages: Sequence[Message]) -> str:
+    """The memory message's text ('' when the prompt has none)."""
+    return next((m["content"] for m in messages if is_memory(m)), "")
+
+
+def verbatim(messages: Sequence[Message]) -> str:
+    """Everything after the system message but the memory: examples, retained rounds, the current round."""
+    return text_of([m for m in messages[1:] if not is_memory(m)])
+
+
 # --- when rounds fold -------------------------------------------------------------------------
 
 
@@ -124,8 +139,8 @@ def test_rounds_fold_once_compress_plus_retain_are_unfolded_keeping_the_latest_r
     assert folded_after == expected
     assert len(model.calls) == 3
     prompt = build(ctx, history).messages
-    assert marks(prompt[0]["content"]) == list(range(1, 3 * compress + 1))  # the summary in the system message
-    assert marks(text_of(prompt[1:])) == list(range(3 * compress + 1, len(history) + 2))  # verbatim, plus current
+    assert marks(memory(prompt)) == list(range(1, 3 * compress + 1))  # the summary, after the examples
+    assert marks(verbatim(prompt)) == list(range(3 * compress + 1, len(history) + 2))  # verbatim, plus current
 
 
 def test_folds_append_notes_while_the_summary_has_room_then_merge_it_with_the_new_rounds() -> None:
@@ -141,7 +156,7 @@ def test_folds_append_notes_while_the_summary_has_room_then_merge_it_with_the_ne
     play(small, 6)
     merges = [messages for _, messages in small._model.calls if "Previous summary" in messages[-1]["content"]]  # type: ignore[attr-defined]
     assert merges, "no fold ever merged the summary"
-    assert "Write one summary that merges" in merges[0][0]["content"]
+    assert "Write one summary that merges" in merges[0][-1]["content"]
     assert marks(small.state.summary) == [1, 2, 3, 4, 5], "a merge lost a round"
 
 
@@ -179,7 +194,8 @@ def test_a_fold_never_blocks_building_the_next_prompt() -> None:
     assert marks(text_of(built.messages)) == [1, 2, 3]  # not folded yet: everything verbatim
     gate.set()
     assert ctx.wait_idle(10)
-    assert marks(build(ctx, history).messages[0]["content"]) == [1]
+    assert marks(memory(build(ctx, history).messages)) == [], "a fold that finished mid-round shows from the next round on"
+    assert marks(memory(build(ctx, [*history, make_round(3)]).messages)) == [1]
 
 
 def test_a_fold_finishing_in_the_middle_of_a_build_never_corrupts_the_prompt() -> None:
@@ -205,13 +221,13 @@ def test_a_fold_finishing_in_the_middle_of_a_build_never_corrupts_the_prompt() -
     ctx.round_finished(history)
     armed.set()
     during = build(ctx, history)
-    after = build(ctx, history)
+    after = build(ctx, [*history, make_round(4)], 5)
     # Each round appears exactly once: in the summary or verbatim, never both and never neither.
-    for prompt, summarised in ((during, []), (after, [1, 2])):
-        assert marks(prompt.messages[0]["content"]) == summarised
-        verbatim = text_of(prompt.messages[1:])
-        assert marks(verbatim) == [n for n in (1, 2, 3, 4) if n not in summarised]
-        assert all(verbatim.count(f"Please do step ROUND-{n}.") == 1 for n in marks(verbatim))
+    for prompt, summarised, shown in ((during, [], (1, 2, 3, 4)), (after, [1, 2], (1, 2, 3, 4, 5))):
+        assert marks(memory(prompt.messages)) == summarised
+        rest = verbatim(prompt.messages)
+        assert marks(rest) == [n for n in shown if n not in summarised]
+        assert all(rest.count(f"Please do step ROUND-{n}.") == 1 for n in marks(rest))
     assert during.report.folded_through == 0 and after.report.folded_through == 2
 
 
@@ -251,8 +267,8 @@ def test_empty_rounds_never_trigger_a_fold_and_are_covered_by_the_next_one() -> 
     assert marks(model.calls[0][1][-1]["content"]) == [2]
     assert ctx.state.folded_through == 2
     prompt = build(ctx, history).messages
-    assert marks(prompt[0]["content"]) == [2] and "(rounds 1-2)" in prompt[0]["content"]
-    assert marks(text_of(prompt[1:])) == [5, 8]  # round 5 verbatim, then the current round
+    assert marks(memory(prompt)) == [2]
+    assert marks(verbatim(prompt)) == [5, 8]  # round 5 verbatim, then the current round
 
 
 # --- valid or nothing ---------------------------------------------------------------------------
@@ -380,7 +396,7 @@ def test_the_code_generator_summary_carries_the_merged_variables_and_the_lost_st
     history = play(ctx, 2)
     assert ctx.state.variables == (Variable("df", "pandas.DataFrame", "monthly sales by region"),)
     assert ctx.state.lost == ("model",)
-    system = build(ctx, history).messages[0]["content"]
+    system = memory(build(ctx, history).messages)
     assert "- df (pandas.DataFrame): DataFrame 100 rows x 3 columns (region, month, sales) [monthly sales by region]" in system
     assert "- total (float): 1234.5" in system
     assert "imaginary" not in system
@@ -479,7 +495,7 @@ def test_summary_buffer_keeps_the_last_n_rounds_verbatim_and_one_narrative_of_th
     assert ctx.state.folded_through == 3
     assert "third person" in model.calls[0][1][0]["content"]
     built = build(ctx, history)
-    assert marks(built.messages[0]["content"]) == [1, 2, 3]
+    assert marks(memory(built.messages)) == [1, 2, 3]
     assert built.report.cost.rounds_kept == (4, 5, 6)
 
 
@@ -503,13 +519,23 @@ def test_compression_off_for_one_role_leaves_the_other_folding() -> None:
     assert {purpose for purpose, _ in model.calls} == {"compression_code_generator"}
 
 
-def test_summary_placement_first_user_puts_it_in_its_own_first_user_message() -> None:
-    ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1, "summary_placement": "first_user"}), SummaryModel())
+def test_the_summary_sits_in_its_own_user_message_after_the_examples_and_before_the_rounds() -> None:
+    ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}), SummaryModel())
     history = play(ctx, 2)
     messages = build(ctx, history).messages
     assert messages[0]["content"] == SYSTEM
-    assert messages[1]["role"] == "user" and messages[1]["content"].startswith("## Summary of earlier rounds")
-    assert "Use only what the current request needs" in messages[1]["content"]
+    assert [m["content"] for m in messages[1:3]] == [m["content"] for m in EXAMPLES]
+    assert messages[3]["role"] == "user" and messages[3]["content"].startswith("## Summary of earlier rounds (use only what the current request needs)\n")
+    assert "use only what the current request needs" in messages[3]["content"]
+    assert messages[4]["content"] == "Please do step ROUND-2.", "the retained round follows the summary"
+
+
+def test_summary_placement_system_keeps_the_summary_inside_the_system_message() -> None:
+    ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1, "summary_placement": "system"}), SummaryModel())
+    history = play(ctx, 2)
+    messages = build(ctx, history).messages
+    assert messages[0]["content"].startswith(SYSTEM + "\n\n## Summary of earlier rounds (")
+    assert not memory(messages)
 
 
 def test_the_state_round_trips_through_json_and_restores_the_prompt() -> None:
@@ -588,8 +614,8 @@ def test_at_8k_a_huge_traceback_in_the_current_round_is_cut_and_the_summary_stay
     assert ctx.state.folded_through == 2
     current = make_round(4, output_tokens=20_000)  # a grid search's warnings and traceback, say
     built = ctx.build(system=SYSTEM, examples=EXAMPLES, history=history, current=current)
-    system = built.messages[0]["content"]
-    assert "## Summary of earlier rounds (rounds 1-2)" in system and marks(system) == [1, 2], "the summary was dropped for the traceback"
+    system = memory(built.messages)
+    assert "## Summary of earlier rounds" in system and marks(system) == [1, 2], "the summary was dropped for the traceback"
     assert built.report.cost.total <= built.report.budget == 3_648
     assert built.messages[-3]["content"] == "Please do step ROUND-4.", "the request must stay verbatim"
     assert "tokens left out here" in built.messages[-1]["content"]
@@ -602,14 +628,17 @@ def test_at_8k_with_500_variables_each_is_listed_at_most_once_within_its_share()
     history = play(ctx, 3)
     current = RoundMessages(4, (Message(role="user", content="Plot v499 against v3."),), requests=(0,))
     built = ctx.build(system=SYSTEM, examples=EXAMPLES, history=history, current=current)
-    system = built.messages[0]["content"]
+    system = memory(built.messages)
     lines = [line for line in system.splitlines() if line.startswith("- v")]
-    names = [line.split(" ")[1] for line in lines]
-    assert len(names) == len(set(names)), "a variable is listed twice"
-    assert system.count("## Variables in the kernel now") == 1
-    assert names[:2] == ["v3", "v499"] or set(names[:2]) == {"v3", "v499"}, "variables named in the request come first"
-    assert "- v7 (dict): value number 7 of the analysis [the seventh value]" in system or "v7" not in names
-    assert "more not listed here" in system and "list them with code" in system
+    names = [line.split(" ")[1].rstrip(":") for line in lines]
+    also = next(line for line in system.splitlines() if line.startswith("Also: ")).removeprefix("Also: ").split(", ")
+    assert len(names + also) == len(set(names + also)), "a variable is listed twice"
+    assert system.count("## Variables in the kernel") == 1
+    assert set(names[:2]) == {"v3", "v499"}, "variables named in the request come first"
+    detailed = [line.split(" ")[1] for line in lines if " (" in line]
+    assert "- v7 (dict): value number 7 of the analysis [the seventh value]" in system or "v7" not in detailed
+    assert len(names) + len(also) >= 60, "past the detailed few, variables take one line or just their name"
+    assert "more not named here" in system and "list them with code" in system
     assert built.report.cost.variables <= int(3_648 * 0.15) + 8
     assert "## Summary of earlier rounds" in system
 
@@ -633,7 +662,7 @@ def test_at_8k_every_fold_request_fits_the_window_and_no_round_goes_unseen() -> 
         assert TOKENIZER.count_messages(messages) + max_tokens <= 8_000 - 256, "a fold request is over the window"
         seen |= {n for n in marks(messages[-1]["content"]) if f"Asked ROUND-{n}" in messages[-1]["content"]}
     assert seen == set(range(1, 8)), "a folded round never reached a fold's input"
-    assert "(rounds 1-7)" in build(ctx, history).messages[0]["content"]
+    assert marks(memory(build(ctx, history).messages)) == list(range(1, 8))
 
 
 def test_a_round_too_big_for_a_fold_keeps_its_request_instruction_and_outcome() -> None:

@@ -114,7 +114,7 @@ def test_resume_without_replay_tells_the_model_which_variables_are_gone(tmp_path
     done = run_cli("chat", "-p", str(project), "--resume", "last", "--no-replay", stdin="print total\n")
     assert done.returncode == 0, done.stderr
     assert "gone until recomputed: total" in done.stderr
-    coder_system = [r.messages for r in server.requests if r.role == "code_generator"][-1][0]["content"]
+    coder_system = "\n".join(m["content"] for m in [r.messages for r in server.requests if r.role == "code_generator"][-1])
     assert "Lost in a kernel restart (recompute before use): total" in coder_system
 
 

@@ -140,8 +140,8 @@ def test_the_code_generator_sees_the_kernels_live_variables(tmp_path: Path, serv
     with open_session(tmp_path, server) as session:
         session.ask("Make a small table.")
         session.ask("Show it.")
-    system = calls(server, "code_generator")[1][0]["content"]
-    assert "- df (pandas.DataFrame): shape (3, 2); columns: a int64, b float64" in system, system
+    prompt = "\n".join(m["content"] for m in calls(server, "code_generator")[1])
+    assert "- df (pandas.DataFrame): shape (3, 2); columns: a int64, b float64" in prompt, prompt
 
 
 def test_a_loaded_file_is_copied_and_announced_to_the_planner(tmp_path: Path, server: ScriptedServer) -> None:
@@ -200,7 +200,7 @@ def test_old_rounds_fold_in_the_background_and_the_summary_replaces_them(tmp_pat
     assert "Hello, second request." not in compression[0].messages[-1]["content"], "the retained round is not folded"
     third = calls(server, "planner")[-1]
     text = "\n".join(m["content"] for m in third)
-    assert "The user greeted us twice." in third[0]["content"], "the summary goes into the system message"
+    assert "The user greeted us twice." in third[1]["content"], "the summary goes into the memory message after the instructions"
     assert "Hello, first request." not in text and "Hello, second request." in text
     assert any(isinstance(e, Folded) and "Planner: folded round" in e.describe() for e in folds)
 
@@ -222,7 +222,7 @@ def test_a_dead_kernel_is_reported_and_the_code_generator_is_told_what_was_lost(
         session.ask("Print a again.")
     crash_report = last_user(calls(server, "planner")[3])
     assert "kernel died" in crash_report and "a, b" in crash_report
-    system = calls(server, "code_generator")[2][0]["content"]
+    system = "\n".join(m["content"] for m in calls(server, "code_generator")[2])
     assert "Lost in a kernel restart (recompute before use): a, b" in system
 
 

@@ -63,11 +63,35 @@ BYPASSES: Mapping[str, str] = {
     "pickle": "import pickle\npickle.loads(b'')",
     "a string annotation typing evaluates": "import typing\ndef f(x: \"__import__('os').system('id')\"):\n    pass\ntyping.get_type_hints(f)",
     "an expression pandas evaluates": "import pandas as pd\ndf = pd.DataFrame({'a': [1]})\ndf.query(\"@pd.io.common.os.system('id') == 0\", engine='python')",
+    # Issue 24: these ran with verification on; each is refused by what it reaches, not how it is spelled.
+    "issue 24: from-import of os out of a package": "from pandas.io.common import os\nos.listdir('/')",
+    "issue 24: from-import of subprocess out of matplotlib": "from matplotlib import subprocess\nsubprocess.run(['id'])",
+    "issue 24: a private alias of os": "import random\nrandom._os.mkdir('/tmp/x')",
+    "issue 24: a private alias of sys": "import collections\ncollections._sys.modules['os'].listdir('/')",
+    "issue 24: import_optional_dependency": "import pandas as pd\npd.compat._optional.import_optional_dependency('subprocess').run(['id'])",
+    "issue 24: computed getattr on builtins": "from numpy.core.numeric import builtins\ngetattr(builtins, 'ex' + 'ec')('x = 1')",
+    "issue 24: computed getattr on a module": "import numpy as np\ngetattr(np, 'o' + 's')",
+    "issue 24: a bytes-decoded name into exec": "from numpy.core.numeric import builtins as b\ngetattr(b, bytes([101, 120, 101, 99]).decode())('x = 1')",
+    # More of the same kinds.
+    "getattr with a computed name": "getattr(pd.io.common, 'o' + 's')",
+    "getattr passed to reduce": "import functools\nfunctools.reduce(getattr, ['io', 'common', 'os'], pd)",
+    "getattr renamed": "g = getattr\ng(pd, 'io')",
+    "methodcaller with a computed name": "import operator\noperator.methodcaller('sys' + 'tem', 'id')(pd.io.common.os)",
+    "import_optional_dependency renamed": "from pandas.compat._optional import import_optional_dependency as load\nload('os')",
+    "import_optional_dependency passed": "import pandas as pd\nf = pd.compat._optional.import_optional_dependency\nf('os')",
+    "tarfile through pandas": "import pandas as pd\npd.io.common.tarfile.open('x.tar', 'w')",
+    "a private alias of subprocess": "import pandas as pd\npd.io.common._subprocess.run(['id'])",
+    "from-import of a private alias": "from random import _os\n_os.system('id')",
+    "getattr with a constant risky module": "import numpy as np\ngetattr(np.lib.npyio, 'pickle').loads(b'')",
+    "a query string built at run time": "import pandas as pd\ndf = pd.DataFrame()\nq = '@pd.io.' + 'common.os.getcwd()'\ndf.query(q, engine='python')",
+    "exec reached with a computed string": "import pandas as pd\npd.io.common.__builtins__['exec'](bytes([120, 61, 49]).decode())",
+    "gc reaches every object": "import pandas as pd\npd.core.common.gc.get_objects()",
+    "__getattr__ of a module": "import pandas as pd\npd.io.common.__getattribute__('os')",
 }
 
 # Out of reach of a static check, on purpose; what stops each instead.
 OUT_OF_REACH: Mapping[str, str] = {
-    "getattr with a computed name": "getattr(pd.io.common, 'o' + 's')",  # names built at run time: the sandbox
+    "an object leading elsewhere with no risky name on the way": "import pandas as pd\npd.io.common.get_handle('/etc/shadow', 'r')",  # paths: the sandbox
     "an allowed library reading any path": "import pandas as pd\npd.read_csv('/etc/shadow')",  # paths: the sandbox
     "an allowed library's unsafe loader": "import pandas as pd\npd.read_pickle('payload.pkl')",  # code in data: the sandbox
 }
@@ -83,6 +107,10 @@ ORDINARY_CELLS: Mapping[str, str] = {
     "a syntax error is the kernel's to report": "print('unclosed'",
     "strings that mention rules": "note = 'do not eval or exec here; !rm is shell'\nprint(note)",
     "a query on columns": "import pandas as pd\ndf = pd.DataFrame({'units': [1, 5]})\nprint(df.query('units > 3 and units < 9'))",
+    "attributes named like harmless modules": "import pandas as pd\ns = pd.Series([1])\nprint(s.copy().array, pd.api.types.is_numeric_dtype(s))",
+    "getattr and hasattr with written-out names": "import pandas as pd\nprint(getattr(pd, 'DataFrame'), hasattr(pd, 'Series'))",
+    "hasattr with a computed name": "import pandas as pd\ncol = 'a'\nprint(hasattr(pd.DataFrame({'a': [1]}), col))",
+    "time and datetime modules": "import time, datetime\nprint(time.time(), datetime.datetime.now().date())",
 }
 
 
@@ -94,7 +122,7 @@ def test_each_bypass_attempt_is_refused(name: str) -> None:
 
 @pytest.mark.unit
 def test_the_corpus_is_large_enough() -> None:
-    assert len(BYPASSES) >= 25
+    assert len(BYPASSES) >= 55
 
 
 @pytest.mark.unit

@@ -80,6 +80,29 @@ def test_ask_in_the_page_and_see_the_answer_and_the_plot(tmp_path: Path, browser
             wait.until(lambda d: "South grew fastest" in d.find_element(By.ID, "chat").text)
 
 
+def test_save_experience_in_the_page_shows_the_tips_saved(tmp_path: Path, browser: object) -> None:
+    import json
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    assert isinstance(browser, WebDriver)
+    with ScriptedServer() as scripted:
+        scripted.enqueue("planner", planner_reply("Totals are in euros.", send_to="User"))
+        scripted.enqueue("other", json.dumps({"tips": [{"kind": "preference", "text": "The user wants totals in euros."}]}))
+        with WebServer(load_config(make_project(tmp_path, scripted.url))) as web:
+            browser.get(web.url + "/")
+            wait = WebDriverWait(browser, 60)
+            browser.find_element(By.ID, "new-session").click()
+            wait.until(lambda d: d.find_element(By.ID, "text").is_enabled())
+            browser.find_element(By.ID, "text").send_keys("Totals in euros, please.\n")
+            wait.until(lambda d: "Totals are in euros." in d.find_element(By.ID, "chat").text)
+            browser.find_element(By.ID, "save-experience").click()
+            wait.until(lambda d: "Saved 1 tip for later sessions" in d.find_element(By.ID, "chat").text)
+            assert "#1 preference: The user wants totals in euros." in browser.find_element(By.ID, "chat").text
+
+
 MARKDOWN_ANSWER = (
     "**South** grew fastest.\n\n"
     "| region | growth |\n|---|---|\n| south | 0.31 |\n| north | 0.12 |\n\n"
@@ -113,7 +136,7 @@ def test_the_planners_markdown_is_rendered_and_its_raw_html_never_becomes_markup
     with ScriptedServer() as scripted:
         scripted.enqueue("planner", planner_reply(MARKDOWN_ANSWER, send_to="User"))
         with WebServer(load_config(make_project(tmp_path, scripted.url))) as web:
-            _ask(browser, web, "Which region grew fastest?", "grew fastest")
+            _ask(browser, web, "Which region grew fastest?", "South grew fastest")
             answer = browser.execute_script("const m = [...document.querySelectorAll('.msg.planner .md')]; return m[m.length - 1];")
             assert browser.execute_script("return arguments[0].querySelector('strong').textContent", answer) == "South", "bold is bold"
             assert browser.execute_script("return arguments[0].querySelectorAll('table tr').length", answer) == 3, "a Markdown table is a table"

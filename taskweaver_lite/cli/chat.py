@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
+from taskweaver_lite.cli.experience import experience_command, save_tips
 from taskweaver_lite.cli.images import TerminalImages
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
 from taskweaver_lite.cli.roles import role_table
@@ -24,6 +25,7 @@ from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.llm.client import usage_by_purpose
 from taskweaver_lite.llm.discovery import discover, needs_discovery, no_model_found, use_local_server
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.conversation import Round
@@ -34,6 +36,7 @@ from taskweaver_lite.store.database import SessionStore, stored_sessions
 from taskweaver_lite.store.export import write_export
 from taskweaver_lite.taskweaver_json import JSON_FILE_NAME
 from taskweaver_lite.terminal import strip_controls
+from taskweaver_lite.workfiles import owner_only_file
 
 # /summary shows the variables list more fully than a prompt can afford to.
 SUMMARY_VARIABLES_TOKENS = 4_000
@@ -48,6 +51,8 @@ HELP = """Commands:
   /history         every earlier request in full, also those folded out of the prompts
   /last            the last cell that ran, with its whole output and traceback
   /plugins         the plugins: enabled, disabled, or why they are not loaded
+  /save            distil this session into experience tips for later sessions (a model call)
+  /experience [delete ID]   list the experience tips, or delete a stored one
   /roles           the roles: enabled, disabled, or why they are off
   /export [ipynb|md] [file] [--force]   write this session as a notebook or Markdown
   /undo            drop the last request (from the prompts and the store); the kernel is rebuilt
@@ -132,7 +137,7 @@ def chat_with(
         session.store.save_overrides(session.id, kept)
     for entry in session.plugins.broken:
         _to_stderr(strip_controls(entry.line()))
-    for line in session.role_problems:
+    for line in [*session.role_problems, *session.experience.problems()]:
         _to_stderr(strip_controls(line))
     report_kernel_failures(session, renderer, to_stderr=_to_stderr)
     for path in preload:
@@ -185,11 +190,21 @@ def _model_lines(config: Config, roles: Sequence[str]) -> list[str]:
 
 
 def resume_hint(session: Session, project: Path | None) -> str:
-    """The line printed on the way out: the session id and the command that continues it."""
+    """The lines printed on the way out: prompt tokens per role (cached and not), the session id and the command that continues it."""
     if not session.conversation.rounds:
         return f"Session {session.id} had no requests; nothing was kept to resume."
     option = f" -p {project}" if project is not None else ""
-    return f"Session {session.id} is saved. Continue it with: taskweaver-lite chat{option} --resume {session.id}"
+    by_purpose = usage_by_purpose(session.usage_by_model())
+    by_role = "; ".join(f"{purpose} {part.prompt_tokens:,} ({part.cached_tokens:,} cached)" for purpose, part in by_purpose.items())
+    tokens = f"Prompt tokens by role: {by_role}.\n" if by_role else ""
+    return f"{tokens}Session {session.id} is saved. Continue it with: taskweaver-lite chat{option} --resume {session.id}"
+
+
+def cache_lines(session: Session, role: str) -> list[str]:
+    """/context's lines on what the servers cached of a role's prompts and of its folds', this process's calls."""
+    by_purpose = usage_by_purpose(session.usage_by_model())
+    named = ((f"{role}'s calls", by_purpose.get(role)), ("its folds", by_purpose.get(f"compression_{role}")))
+    return [f"{who}: {part.cache_line()}" for who, part in named if part is not None and part.calls]
 
 
 def _resume(
@@ -285,7 +300,8 @@ def _interactive(renderer: RichConsole, commands: SlashCommands) -> int:
             event.app.exit(exception=EOFError())
 
     config = commands.session.config  # the session's own: after a resume, with the --set values it was started with
-    config.project_dir.mkdir(parents=True, exist_ok=True)
+    config.project_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    owner_only_file(config.project_dir / ".chat_history", create=True)  # every request typed: the owner's only
     prompt: PromptSession[str] = PromptSession(history=FileHistory(str(config.project_dir / ".chat_history")), key_bindings=bindings)
     renderer.say(f"taskweaver-lite session {commands.session.id} — {model_names(commands.session)}. Type /help for commands.", style="bold")
     while True:
@@ -327,8 +343,7 @@ def _to_stderr(text: str) -> None:
 
 def _piped(commands: SlashCommands) -> int:
     say = _to_stderr
-    for line in sys.stdin:
-        text = line.rstrip("\r\n")
+    for text in _stdin_lines(say):
         if not text.strip():
             continue
         if text.startswith("/") and commands.known(text):
@@ -350,6 +365,20 @@ def _piped(commands: SlashCommands) -> int:
             if rnd.state == "failed":
                 say(f"This request failed: {rnd.error}")
     return 0
+
+
+def _stdin_lines(say: Callable[[str], None]) -> Iterator[str]:
+    """Piped stdin's lines as text; a line that does not decode is named in one line and skipped, the rest go on."""
+    encoding = getattr(sys.stdin, "encoding", None) or "utf-8"
+    binary = getattr(sys.stdin, "buffer", None)
+    if binary is None:  # a text stream put in place of stdin (embedding): nothing to decode
+        yield from (line.rstrip("\r\n") for line in sys.stdin)
+        return
+    for number, raw in enumerate(binary, 1):
+        try:
+            yield raw.decode(encoding).rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            say(f"stdin: line {number} is not {encoding} text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); skipped it: pipe {encoding} text")
 
 
 class SlashCommands(TurnCommands):
@@ -376,6 +405,8 @@ class SlashCommands(TurnCommands):
             "/last": self._last,
             "/export": self._export,
             "/plugins": self._plugins,
+            "/save": self._save,
+            "/experience": self._experience,
             "/roles": self._roles,
         }
 
@@ -419,10 +450,11 @@ class SlashCommands(TurnCommands):
                     f"Session:  {s.id}",
                     *_model_lines(s.config, list(s.contexts())),
                     f"Rounds:   {len(rounds)} ({failed} failed)",
-                    f"Tokens:   {usage.prompt_tokens:,} in, {usage.completion_tokens:,} out over {usage.calls} model calls",
+                    f"Tokens:   {usage.prompt_tokens:,} in ({usage.cached_tokens:,} cached, {usage.uncached_tokens:,} uncached), "
+                    f"{usage.completion_tokens:,} out over {usage.calls} model calls",
                     *(
-                        f"  {purpose} on {model or 'the given model'}: {part.prompt_tokens:,} in, {part.completion_tokens:,} out "
-                        f"over {part.calls} call{'' if part.calls == 1 else 's'}"
+                        f"  {purpose} on {model or 'the given model'}: {part.prompt_tokens:,} in ({part.cached_tokens:,} cached), "
+                        f"{part.completion_tokens:,} out over {part.calls} call{'' if part.calls == 1 else 's'}"
                         for (purpose, model), part in s.usage_by_model().items()
                     ),
                     f"Folder:   {s.working_dir}",
@@ -435,6 +467,8 @@ class SlashCommands(TurnCommands):
         old = self.session.id
         self.session = self.session.reset()
         self.say(f"Started over as session {self.session.id} with a fresh kernel and a copy of the working files ({old} stays stored).")
+        for line in self.session.reset_report.notices() if self.session.reset_report is not None else ():
+            self.say(line)
         return True
 
     def _plugins(self, _: str) -> bool:
@@ -444,6 +478,14 @@ class SlashCommands(TurnCommands):
 
     def _roles(self, _: str) -> bool:
         self.say(role_table(self.session.roles.entries))
+        return True
+
+    def _save(self, _: str) -> bool:
+        save_tips(self.session, self.say)
+        return True
+
+    def _experience(self, argument: str) -> bool:
+        experience_command(self.session, argument, self.say)
         return True
 
     def _history(self, _: str) -> bool:
@@ -504,6 +546,7 @@ class SlashCommands(TurnCommands):
             if report.fold_running:
                 notes.append("a fold is running in the background")
             lines += [f"  ({'; '.join(notes)})"] if notes else []
+            lines += [f"  {line}" for line in cache_lines(self.session, context.role)]
             self.say("\n".join(lines))
         return True
 
@@ -521,7 +564,7 @@ class SlashCommands(TurnCommands):
                 continue
             text = render_summary(state)
             if context.lists_variables:
-                text += "\n\n" + render_variables(live, described=state.variables, max_tokens=SUMMARY_VARIABLES_TOKENS, tokenizer=tokenizer)
+                text += "\n\n" + render_variables(live, described=state.variables, max_tokens=SUMMARY_VARIABLES_TOKENS, tokenizer=tokenizer).text
             self.say(f"{context.label}:\n{text}")
         return True
 

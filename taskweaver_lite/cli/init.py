@@ -2,7 +2,7 @@
 
 A project is what `chat -p PROJECT_DIR` reads: `taskweaver_config.yaml` (commented), the few-shot
 `examples/` that show the models the reply format, `plugins/`, and `sample_data/` to try it on.
-An existing project is never overwritten.
+An existing project is never overwritten. The folder is its owner's only (0700, the config 0600).
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from pathlib import Path
 from taskweaver_lite.cli.demo import bundled_project
 from taskweaver_lite.config import CONFIG_FILE_NAME
 from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.workfiles import owner_only_file, owner_only_folder
 
 # What a session writes into its project; a user's own project keeps it out of version control.
-GITIGNORE = "# written by taskweaver-lite sessions\nsessions/\nsessions.db*\n.chat_history\n"
+GITIGNORE = "# written by taskweaver-lite sessions\nsessions/\nsessions.db*\ndocs_index.db*\n.chat_history\n# taskweaver-lite eval reports\neval/\n"
 # Never copied: another checkout's sessions, and the packaging files of the installed copy.
 _NOT_COPIED = ("sessions", "*.db*", ".chat_history", "__init__.py", "__pycache__")
 
@@ -29,6 +30,10 @@ def init_project(target: Path) -> Path:
     shutil.copytree(bundled_project(), target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*_NOT_COPIED))
     (target / "plugins").mkdir(exist_ok=True)
     (target / ".gitignore").write_text(GITIGNORE, encoding="utf-8")
+    # The config may hold an API key and the project will hold every conversation: owner-only, so
+    # no other user, nor a kernel running as another user (SECURITY.md), can read or enter it.
+    owner_only_file(target / CONFIG_FILE_NAME)
+    owner_only_folder(target)
     return target
 
 
@@ -43,6 +48,7 @@ def run_init(directory: str) -> int:
         "  plugins/                 your plugins (TaskWeaver's format)\n"
         "  roles/reviewer/          an example role, off until listed in session.roles (`taskweaver-lite roles`)\n"
         "  sample_data/sales.csv    data to try it on\n"
+        "  eval_cases/              evaluation cases for `taskweaver-lite eval` (offline with --scripted)\n"
         f"Next: set llm.model (and OPENAI_API_KEY, or llm.api_base for a local model), then\n"
         f"  taskweaver-lite chat{option}\n"
         f"and type: /load {target / 'sample_data' / 'sales.csv'}"

@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--demo", action="store_true", help="serve a demo project on the scripted model: no network, no key")
     _overrides_option(serve)
 
+    from taskweaver_lite.cli.eval import add_eval_parser
+
+    add_eval_parser(commands)
+
     export = commands.add_parser("export", help="write a stored session as a notebook or Markdown")
     export.add_argument("session_id", metavar="ID", help="session id ('last' for the newest)")
     _project_option(export)
@@ -129,6 +133,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from taskweaver_lite.cli.serve import run_serve
 
             return run_serve(args)
+        if args.command == "eval":
+            from taskweaver_lite.cli.eval import run_eval_command
+
+            return run_eval_command(args)
         if args.command == "plugins":
             from taskweaver_lite.cli.chat import project_dir
             from taskweaver_lite.cli.plugins import run_plugins

@@ -18,7 +18,7 @@ from taskweaver_lite.terminal import strip_controls
 def run_roles(project: Path, *, as_json: bool) -> int:
     """`taskweaver-lite roles`: list the roles with their state (enabled, disabled, or the error)."""
     config = load_config(project)
-    catalog = discover_roles(config.project_dir, enabled=config.session.roles)
+    catalog = discover_roles(config.project_dir, enabled=config.session.roles, config=config)
     print(json.dumps([entry.to_dict() for entry in catalog.entries], indent=2) if as_json else role_table(catalog.entries))
     return 0
 
@@ -30,7 +30,7 @@ def role_table(entries: Sequence[RoleEntry]) -> str:
     lines = []
     for entry in entries:
         alias = entry.spec.alias if entry.spec else "-"
-        detail = f"{entry.where}: {entry.error}" if entry.state == "broken" else _first_line(entry.spec.intro if entry.spec else "")
+        detail = f"{entry.where}: {entry.error}" if entry.state in ("broken", "off") else _first_line(entry.spec.intro if entry.spec else "")
         lines.append(f"{entry.name:<{name_width}}  {alias:<{alias_width}}  {entry.state:<8}  {strip_controls(detail)}")
     lines.append("Enable a role by listing its name in session.roles; write one in PROJECT_DIR/roles/<name>/<name>.role.yaml.")
     return "\n".join(lines)

@@ -28,6 +28,7 @@ from taskweaver_lite.kernel import namespace
 from taskweaver_lite.kernel.output import CellOutput, artifact_file
 from taskweaver_lite.kernel.process import end_at_exit, forget
 from taskweaver_lite.plugins.catalog import PluginSpec
+from taskweaver_lite.workfiles import owner_only_folder
 
 # Seconds between checks of the clock and of the kernel while a cell runs: the bound on how late a
 # timeout fires and how long a dead kernel goes unnoticed.
@@ -73,8 +74,8 @@ class SessionKernel(ABC):
         self.cwd = self.session_dir / "cwd"
         self.artifacts_dir = self.session_dir / "artifacts"
         self.outputs_dir = self.session_dir / "outputs"
-        for folder in (self.cwd, self.artifacts_dir, self.outputs_dir):
-            folder.mkdir(parents=True, exist_ok=True)
+        for folder in (self.session_dir, self.cwd, self.artifacts_dir, self.outputs_dir):
+            owner_only_folder(folder)  # the conversation's files: no other user (or another session's kernel) may look in
         self.config = config
         self.output_tokens = output_tokens
         self.plugins = plugins

@@ -29,6 +29,7 @@ from taskweaver_lite.errors import KernelError
 from taskweaver_lite.execution import OutputSink
 from taskweaver_lite.kernel import namespace
 from taskweaver_lite.kernel.base import DEFAULT_OUTPUT_TOKENS, POLL_INTERVAL, REPLY_WAIT, CellEnd, CellWatch, Ending, SessionKernel, show
+from taskweaver_lite.kernel.identity import hand_over, kernel_uid
 from taskweaver_lite.kernel.output import CellOutput
 from taskweaver_lite.kernel.process import (
     InterpreterKernelManager,
@@ -71,7 +72,7 @@ class KernelExecutor(SessionKernel):
         self._mark = uuid.uuid4().hex
         self._log_path = self.session_dir / "kernel.log"
         # The kernel's own stderr (warnings, a segfault's last words) goes here, not over our terminal.
-        self._log = self._log_path.open("ab")
+        self._log = os.fdopen(os.open(self._log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
         # IPC sockets: local only, no ports; in the session folder unless its path is too long for
         # a socket name (then a short private folder in /tmp), always removed at the end.
         self._socket_dir = socket_dir(self.session_dir)
@@ -79,14 +80,17 @@ class KernelExecutor(SessionKernel):
         self._manager.connection_file = str(self._socket_dir / "connection.json")
         self.sandbox = None
         if use_sandbox:
-            self.sandbox = plan_for(cwd=self.cwd, socket_dir=self._socket_dir, hidden=hidden, network=config.network, tmp_bytes=config.memory_limit_bytes())
+            run_as = kernel_uid(self.session_dir, cwd=self.cwd)
+            self.sandbox = plan_for(
+                cwd=self.cwd, socket_dir=self._socket_dir, hidden=hidden, network=config.network, tmp_bytes=config.memory_limit_bytes(), run_as=run_as
+            )
         self._manager.wrap = functools.partial(kernel_command, config=config, plan=self.sandbox)
         if self.sandbox is not None:
             self._manager.interrupt_mode = "message"
         if self.sandbox is not None and self.sandbox.run_as is not None:
-            # Root's sandboxed kernel runs as nobody: it must write its sockets and the working folder.
+            # Root's sandboxed kernel runs as a user of its own (identity.py): its sockets and working folder are that user's.
             for folder in (self._socket_dir, self.cwd):
-                os.chown(folder, self.sandbox.run_as, self.sandbox.run_as)
+                hand_over(folder, self.sandbox.run_as)
             self._manager.kernel_uid = self.sandbox.run_as
         self._manager.shutdown_wait_time = SHUTDOWN_GRACE
         self._client: BlockingKernelClient | None = None
@@ -110,9 +114,7 @@ class KernelExecutor(SessionKernel):
     def upload(self, source: Path, *, name: str | None = None) -> str:
         """Copy a local file into the working folder; returns its name there."""
         target_name = Path(name or source.name).name  # a bare name: never outside the folder
-        target = self.cwd / target_name
-        if source.resolve() != target.resolve():
-            copy_file(source, target)
+        copy_file(source, self.cwd, target_name)  # link-safe: a link planted under that name is replaced
         return target_name
 
     def interrupt(self) -> None:

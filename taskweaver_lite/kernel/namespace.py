@@ -75,21 +75,28 @@ class VariableTracker:
 
 
 def snapshot_rows(reply: dict[str, Any]) -> list[list[str]] | None:
-    """The snapshot's rows in an execute reply, None if it is missing or unreadable."""
-    value = (reply.get("user_expressions") or {}).get(SNAPSHOT) or {}
-    if value.get("status") != "ok":
+    """The snapshot's rows in an execute reply, None if it is missing or unreadable.
+
+    Code in the kernel can replace the snapshot function: only rows of four strings are kept.
+    """
+    expressions = reply.get("user_expressions")
+    value = expressions.get(SNAPSHOT) if isinstance(expressions, dict) else None
+    if not isinstance(value, dict) or value.get("status") != "ok":
         return None
     try:
         rows = json.loads(value["data"]["text/plain"])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, RecursionError):
         return None
-    return rows if isinstance(rows, list) else None
+    if not isinstance(rows, list):
+        return None
+    return [row for row in rows if isinstance(row, list) and len(row) == 4 and all(isinstance(item, str) for item in row)]
 
 
 def moved_from(reply: dict[str, Any]) -> str:
     """The folder a cell left the kernel in, if it was not the working folder ('' otherwise)."""
-    value = (reply.get("user_expressions") or {}).get(CWD) or {}
-    if value.get("status") != "ok":
+    expressions = reply.get("user_expressions")
+    value = expressions.get(CWD) if isinstance(expressions, dict) else None
+    if not isinstance(value, dict) or value.get("status") != "ok":
         return ""
     try:
         moved = ast.literal_eval(value["data"]["text/plain"])
@@ -122,12 +129,13 @@ def plugin_install_code(plugins: tuple[PluginSpec, ...], *, session_id: str, cwd
 
 def expression_json(reply: dict[str, Any], name: str) -> Any:
     """A user expression whose text is JSON (a repr of a JSON string), decoded; None if it failed."""
-    value = (reply.get("user_expressions") or {}).get(name) or {}
-    if value.get("status") != "ok":
+    expressions = reply.get("user_expressions")
+    value = expressions.get(name) if isinstance(expressions, dict) else None
+    if not isinstance(value, dict) or value.get("status") != "ok":
         return None
     try:
         return json.loads(ast.literal_eval(value["data"]["text/plain"]))
-    except (KeyError, TypeError, ValueError, SyntaxError):
+    except (KeyError, TypeError, ValueError, SyntaxError, RecursionError, MemoryError):
         return None
 
 

@@ -12,6 +12,7 @@ printing in a loop until its timeout cannot fill our memory.
 from __future__ import annotations
 
 import base64
+import binascii
 import contextlib
 import re
 from pathlib import Path
@@ -22,6 +23,7 @@ from taskweaver_lite.llm.tokens import Tokenizer, get_tokenizer
 from taskweaver_lite.terminal import strip_controls
 
 IMAGE_SUFFIXES = {"image/png": ".png", "image/jpeg": ".jpg", "image/svg+xml": ".svg"}
+IMAGE_MAGIC = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8"}
 # Text kept in memory before the transcript moves to disk.
 SPILL_CHARS = 1_000_000
 # The most a cell's transcript file holds: a print loop writes gigabytes before its timeout; past
@@ -163,13 +165,23 @@ class CellOutput:
         self._problems: list[str] = []  # files that could not be written, for the result's notices
 
     def add(self, msg_type: str, content: dict[str, Any]) -> None:
-        """Take one iopub message that belongs to this cell."""
+        """Take one iopub message that belongs to this cell; one the kernel garbled becomes a notice, never an exception.
+
+        Code in the kernel decides what its messages hold (a `_repr_png_` returning text, a number
+        where text belongs): whatever comes, the cell's other output and the session go on.
+        """
+        try:
+            self._add(msg_type, content if isinstance(content, dict) else {})
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            self._problems.append(f"the kernel sent a {msg_type} message that could not be read ({type(exc).__name__}: {exc}); it was skipped")
+
+    def _add(self, msg_type: str, content: dict[str, Any]) -> None:
         if msg_type == "stream":
             text = strip_controls(str(content.get("text", "")))
             (self._stderr if content.get("name") == "stderr" else self._stdout).add(text)
             self._transcript.add(text)
         elif msg_type in ("display_data", "update_display_data"):
-            data = content.get("data") or {}
+            data = _mime_bundle(content)
             # A figure's text/plain is just "<Figure size 640x480 ...>": the saved file says more.
             if not self._save_images(data):
                 text = _plain_text(data)
@@ -177,15 +189,17 @@ class CellOutput:
                     self._displays.append(_clipped(text, self._budget))
                     self._transcript.add(text + "\n")
         elif msg_type == "execute_result":
-            data = content.get("data") or {}
+            data = _mime_bundle(content)
             self._save_images(data)
             text = _plain_text(data)
             self._result = _clipped(text, self._budget)
             self._transcript.add(text + "\n")
             if "text/html" in data:
-                self._result_html = _clipped(str(data["text/html"]), self._budget)
+                html = data["text/html"]
+                self._result_html = _clipped("".join(map(str, html)) if isinstance(html, list) else str(html), self._budget)
         elif msg_type == "error":
-            traceback = strip_controls("\n".join(content.get("traceback") or []))
+            lines = content.get("traceback") or []
+            traceback = strip_controls("\n".join(map(str, lines)) if isinstance(lines, list) else str(lines))
             value = strip_controls(str(content.get("evalue", "")))
             self._error = (strip_controls(str(content.get("ename", "Error"))), _clipped(value, self._budget), _clipped(traceback, self._budget))
             self._transcript.add(traceback + "\n")
@@ -249,25 +263,51 @@ class CellOutput:
             if mime not in data:
                 continue
             path = self._artifacts_dir / f"{self._stem}-{len(self._artifacts) + 1}{suffix}"
-            payload = data[mime]
             try:
-                if mime == "image/svg+xml":
-                    path.write_text(payload if isinstance(payload, str) else "".join(payload), encoding="utf-8")
-                else:
-                    path.write_bytes(base64.b64decode(payload))
+                content = _image_content(mime, data[mime])
+            except ValueError as exc:  # the kernel's data, not an image: said in one line, the rest of the cell goes on
+                self._problems.append(f"a displayed {mime} was not saved: {exc}")
+                return True  # its text/plain ("<Figure ...>") says nothing more
+            try:
+                path.write_bytes(content)
             except OSError as exc:  # a full disk: say so, and the cell's other output still counts
                 self._problems.append(f"an image the cell displayed could not be saved to {path} ({exc.strerror or exc})")
-                return True  # its text/plain ("<Figure ...>") says nothing more
+                return True
             self._artifacts.append(str(path))
             saved = True
         return saved
+
+
+def _mime_bundle(content: dict[str, Any]) -> dict[str, Any]:
+    data = content.get("data") or {}
+    if not isinstance(data, dict):
+        raise TypeError(f"its data is a {type(data).__name__}, not a mapping of MIME types")
+    return data
+
+
+def _image_content(mime: str, payload: Any) -> bytes:
+    """The bytes of an image the kernel displayed; ValueError saying what is wrong with it."""
+    if isinstance(payload, list) and all(isinstance(part, str) for part in payload):
+        payload = "".join(payload)
+    if not isinstance(payload, str):
+        kind = "base64 text" if mime != "image/svg+xml" else "text"
+        raise ValueError(f"it is a {type(payload).__name__} where {kind} belongs")
+    if mime == "image/svg+xml":
+        return payload.encode("utf-8")
+    try:
+        content = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("it is not valid base64 (a _repr_png_ returning text?)") from None
+    if not content.startswith(IMAGE_MAGIC[mime]):
+        raise ValueError(f"its bytes are not a {mime.split('/')[1].upper()} image")
+    return content
 
 
 def _plain_text(data: dict[str, Any]) -> str:
     for mime in ("text/plain", "text/markdown", "text/html"):
         value = data.get(mime)
         if value:
-            return strip_controls(value if isinstance(value, str) else "".join(value))
+            return strip_controls(value if isinstance(value, str) else "".join(map(str, value)) if isinstance(value, list) else str(value))
     return ""
 
 

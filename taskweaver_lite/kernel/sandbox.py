@@ -101,9 +101,15 @@ def fallback_notice() -> str | None:
     )
 
 
-def plan_for(*, cwd: Path, socket_dir: Path, hidden: Iterable[Path], network: bool, tmp_bytes: int | None = None) -> SandboxPlan:
-    """The sandbox of one session's kernel: `hidden` (the project folder, the store's) and the user's home out of sight."""
-    run_as = NOBODY if os.geteuid() == 0 else None
+def plan_for(
+    *, cwd: Path, socket_dir: Path, hidden: Iterable[Path], network: bool, tmp_bytes: int | None = None, run_as: int | None = None
+) -> SandboxPlan:
+    """The sandbox of one session's kernel: `hidden` (the project folder, the store's) and the user's home out of sight.
+
+    `run_as`: the kernel's own uid when we are root (identity.py); root's kernels never run as root.
+    """
+    if run_as is None and os.geteuid() == 0:
+        run_as = NOBODY
     candidates = [Path.home(), *hidden]
     if run_as is not None:
         # Private folders on the way to the writable ones (pytest's, a 0700 home): nobody could not

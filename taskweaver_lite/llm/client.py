@@ -33,6 +33,7 @@ from taskweaver_lite.errors import (
     TaskWeaverError,
 )
 from taskweaver_lite.llm.completions import BrokenReply, OddReply, Piece, PieceSink, ReplyFields, read_body, read_completion, read_stream, retry_after
+from taskweaver_lite.llm.prompt_cache import PromptCache, read_props
 
 if TYPE_CHECKING:
     from taskweaver_lite.config import LLMConfig
@@ -99,6 +100,7 @@ class CallRecord:
     # False when the endpoint sent no usage numbers, so the token counts above are 0, not measured.
     usage_reported: bool = True
     model: str = ""  # the model asked for, when the client knows it
+    cached_tokens: int = 0  # of prompt_tokens, those the server took from its prefix cache
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,15 @@ class Usage:
     def total_tokens(self) -> int:
         """Prompt and completion tokens together."""
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def uncached_tokens(self) -> int:
+        """Prompt tokens the servers computed anew: what a prefix cache did not save."""
+        return self.prompt_tokens - self.cached_tokens
+
+    def cache_line(self) -> str:
+        """'12,345 prompt tokens, 9,000 cached, 3,345 uncached': the prompt side with what servers cached."""
+        return f"{self.prompt_tokens:,} prompt tokens, {self.cached_tokens:,} cached, {self.uncached_tokens:,} uncached"
 
     def plus(self, completion: Completion | None) -> Usage:
         """These totals with one more call: its completion, or None for a failed call."""
@@ -152,12 +163,40 @@ class RoutedModel:
         """Forward to the model for `purpose`."""
         return self.route(purpose).complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
 
+    def scope_cache(self, name: str) -> None:
+        """Name the session for every distinct model that keys its prompt cache (`OpenAIChatModel.scope_cache`)."""
+        scope_cache(*self._by_purpose.values(), self._default, name=name)
+
     def close(self) -> None:
         """Close every distinct model that can be closed."""
         for model in {id(m): m for m in (*self._by_purpose.values(), self._default)}.values():
             close = getattr(model, "close", None)
             if callable(close):
                 close()
+
+
+def scope_cache(*models: ChatModel, name: str) -> None:
+    """Tell each distinct model that keys its prompt cache which session its calls belong to; others are left alone."""
+    for model in {id(m): m for m in models}.values():
+        scope = getattr(model, "scope_cache", None)
+        if callable(scope):
+            scope(name)
+
+
+def usage_by_purpose(by_model: Mapping[tuple[str, str], Usage]) -> dict[str, Usage]:
+    """`MeteredModel.usage_by_model` summed over models: one figure per role and per role's folds."""
+    summed: dict[str, Usage] = {}
+    for (purpose, _), part in by_model.items():
+        before = summed.get(purpose, Usage())
+        summed[purpose] = Usage(
+            calls=before.calls + part.calls,
+            failed_calls=before.failed_calls + part.failed_calls,
+            prompt_tokens=before.prompt_tokens + part.prompt_tokens,
+            completion_tokens=before.completion_tokens + part.completion_tokens,
+            calls_without_usage=before.calls_without_usage + part.calls_without_usage,
+            cached_tokens=before.cached_tokens + part.cached_tokens,
+        )
+    return summed
 
 
 def model_name(model: ChatModel, purpose: str) -> str:
@@ -205,6 +244,7 @@ class MeteredModel:
             reply=completion.text,
             usage_reported=completion.usage_reported,
             model=completion.model or model_name(self.inner, purpose),
+            cached_tokens=completion.cached_tokens,
         )
         self._count(completion, record)
         return completion
@@ -256,6 +296,9 @@ class OpenAIChatModel:
         )
         # Cleared for good (this client's life: the session) when the endpoint refuses response_format.
         self._json_mode = config.json_mode
+        self.prompt_cache = PromptCache(
+            mode=config.prompt_cache, kind=config.server_kind, api_base=base_url, props=lambda api_base: read_props(api_base, api_key=key)
+        )
         self._client = openai.OpenAI(
             api_key=key,
             base_url=base_url,
@@ -276,6 +319,8 @@ class OpenAIChatModel:
         if self._config.stream:
             request["stream"] = True
             request["stream_options"] = {"include_usage": True}  # else streamed replies carry no token counts
+        hints = self.prompt_cache.hints(purpose)
+        request.update(hints)
         started = time.perf_counter()
         made = 0
         while True:
@@ -285,6 +330,11 @@ class OpenAIChatModel:
             try:
                 fields = self._request(request, on_delta)
             except _Failure as failure:
+                refused = next((name for name in hints if name in request and _refuses(failure.cause, name)), None)
+                if refused is not None:
+                    self.prompt_cache.refuse(refused)  # a cache hint is worth nothing to a server that refuses it
+                    del request[refused]
+                    continue
                 if "stream_options" in request and _refuses(failure.cause, "stream_options"):
                     del request["stream_options"]  # older servers stream but know no options: no usage, then
                     continue
@@ -296,6 +346,7 @@ class OpenAIChatModel:
                     continue
                 self._pause_or_raise(failure, made)
                 continue
+            self.prompt_cache.learn(llama_timings=fields.llama_timings)
             return Completion(
                 model=self._config.model,
                 text=fields.text,
@@ -310,6 +361,10 @@ class OpenAIChatModel:
     def model_name(self, purpose: str) -> str:
         """The model every call asks for (`llm.model`)."""
         return self._config.model
+
+    def scope_cache(self, name: str) -> None:
+        """Name the session whose calls follow: the prompt cache keys are per session and purpose."""
+        self.prompt_cache.scope(name)
 
     def close(self) -> None:
         """Release the HTTP connections."""

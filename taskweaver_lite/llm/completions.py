@@ -54,6 +54,7 @@ class ReplyFields:
     completion_tokens: int | None
     finish_reason: str | None
     cached_tokens: int = 0  # prompt tokens the server reused from its cache (0 when it does not say)
+    llama_timings: bool = False  # the reply carried llama.cpp's `timings`: the server is llama.cpp's
 
 
 def read_body(chunks: Iterable[bytes], *, deadline: float, limit: int = MAX_BODY_BYTES) -> bytes:
@@ -95,6 +96,7 @@ def read_completion(body: bytes) -> ReplyFields:
         completion_tokens=_token_count(usage.get("completion_tokens")),
         finish_reason=finish_reason if isinstance(finish_reason, str) else None,
         cached_tokens=cached_tokens(usage, data.get("timings")),
+        llama_timings=isinstance(data.get("timings"), dict),
     )
 
 
@@ -198,6 +200,7 @@ class _StreamState:
             completion_tokens=_token_count(self._usage.get("completion_tokens")),
             finish_reason=self._finish,
             cached_tokens=cached_tokens(self._usage, self._timings),
+            llama_timings=self._timings is not None,
         )
 
 

@@ -1,5 +1,10 @@
 """The budget guard: a prompt's parts fitted into the prompt's token budget, shrunk in a documented order.
 
+The parts go out in order of volatility (memory/compression.py explains the order): the system
+instructions, the examples, the memory (the summary and the variables list, one user message;
+inside the system message with `round_compressor.summary_placement: system`), the retained
+rounds, the current round.
+
 Every strategy ends here, so no prompt is ever sent over the budget. What a prompt keeps longest,
 in order (the first is never cut):
 
@@ -100,21 +105,23 @@ class _Draft:
 
     def system_message(self) -> Message:
         blocks = [self.parts.system]
-        if self.summary and self.parts.placement == "system":
-            blocks.append(self.summary)
-        if self.variables:
-            blocks.append(self.variables)
+        if self.parts.placement == "system":
+            blocks += [block for block in (self.summary, self.variables) if block]
         return Message(role="system", content=SEPARATOR.join(blocks))
 
-    def summary_messages(self) -> list[Message]:
-        if self.summary and self.parts.placement == "first_user":
-            return [Message(role="user", content=self.summary)]
+    def memory_messages(self) -> list[Message]:
+        """The summary and the variables list in one user message after the examples (placement first_user)."""
+        blocks = [block for block in (self.summary, self.variables) if block]
+        if blocks and self.parts.placement == "first_user":
+            return [Message(role="user", content=SEPARATOR.join(blocks))]
         return []
 
     def messages(self) -> list[Message]:
+        # By volatility: instructions and examples never change, the memory changes at a fold,
+        # retained rounds only leave, the current round grows (memory/compression.py says why).
         examples = list(self.parts.examples) if self.with_examples else []
         history = [m for _, messages in self.rounds for m in messages]
-        return [self.system_message(), *self.summary_messages(), *examples, *history, *self.current]
+        return [self.system_message(), *examples, *self.memory_messages(), *history, *self.current]
 
     def total(self) -> int:
         return self.tokenizer.count_messages(self.messages())
@@ -240,10 +247,15 @@ def _cut_summary(draft: _Draft, *, budget: int, long_limit: int) -> int:
 def _cost(draft: _Draft, total: int, *, variables_cut: bool) -> PromptCost:
     tokenizer = draft.tokenizer
     plain_system = tokenizer.count_message(Message(role="system", content=draft.parts.system))
-    with_summary = tokenizer.count_message(Message(role="system", content=SEPARATOR.join([draft.parts.system, draft.summary])))
-    in_system = with_summary - plain_system if draft.summary and draft.parts.placement == "system" else 0
-    summary = in_system + draft.cost(draft.summary_messages())
-    variables = tokenizer.count_message(draft.system_message()) - plain_system - in_system
+    if draft.parts.placement == "system":
+        with_summary = tokenizer.count_message(Message(role="system", content=SEPARATOR.join([draft.parts.system, draft.summary])))
+        summary = with_summary - plain_system if draft.summary else 0
+        variables = tokenizer.count_message(draft.system_message()) - plain_system - summary
+    else:
+        memory = draft.cost(draft.memory_messages())
+        alone = draft.cost([Message(role="user", content=draft.summary)]) if draft.summary else 0
+        summary = alone if draft.variables else memory
+        variables = memory - summary
     return PromptCost(
         system=plain_system + REPLY_PRIMING_TOKENS,
         examples=draft.cost(draft.parts.examples) if draft.with_examples else 0,

@@ -2,19 +2,36 @@
 
 A `RoleContext` per role decides what of the conversation goes into that role's prompt. Finished
 rounds fold into the role's summary by model calls in a worker thread (summary.py); `build` never
-waits for a fold and uses the newest summary that is ready, with the rounds not yet folded
-verbatim. The CodeGenerator's prompt also carries the kernel's variables, once, within their share
-of the budget (variables.py). Whatever the strategy, the budget guard (budget.py) keeps every
-prompt within `llm.context_window - llm.reply_reserve - llm.margin`, and fold calls keep prompt +
-max_tokens within `llm.context_window`.
+waits for a fold. Whatever the strategy, the budget guard (budget.py) keeps every prompt within
+`llm.context_window - llm.reply_reserve - llm.margin`, and fold calls keep prompt + max_tokens
+within `llm.context_window`.
 
-Strategies (`<role>.strategy`):
-- round_compression: fold everything older than the latest `rounds_to_retain` rounds once
-  `rounds_to_compress + rounds_to_retain` rounds are unfolded (TaskWeaver's rule), or earlier when
-  the unfolded rounds pass `fold_token_trigger` tokens (at most half the budget, so the retained
-  rounds always leave room for the current one).
+Prompt order, by volatility. A model server (llama.cpp's slots, vLLM's and SGLang's prefix caches,
+OpenAI's prompt caching) skips the prefix a prompt shares with one it has seen, so every part sits
+after everything that changes less often than it does:
+
+1. the system instructions (with the plugin descriptions), then the examples: fixed;
+2. the memory (one user message): the summary under a fixed heading (no round numbers, counts or
+   times) and the variables list, a snapshot; both change only when a fold lands, and a fold that
+   appends notes leaves the summary's earlier bytes as they were;
+3. the retained rounds, each rendered once (roles/role.py): a round shown as current is byte for
+   byte the retained round of every later prompt, until it folds;
+4. the current round, the only part that changes every call.
+
+A fold lands at a round boundary: the state a round's first request used serves every call of
+that round, so within a round each call extends the one before it byte for byte; a fold that
+finishes mid-round is picked up by the next round's first request. The variables list is rendered
+then too, and again only when it would leave a live variable unnamed (one created since shows in
+its round's "Variables created" line while that round is retained).
+
+Strategies (`<role>.strategy`), with `<role>.fold_schedule` (schedule.py) saying when rounds leave:
+- round_compression: fold everything older than the latest `rounds_to_retain` rounds into the
+  summary (schedule `rounds`: as `rounds_to_compress + rounds_to_retain` gather, TaskWeaver's
+  rule; `pressure`: only when the unfolded rounds pass `fold_token_trigger`).
 - summary_buffer: the last `summary_buffer_rounds` rounds verbatim, everything older in one
   narrative summary.
+- observation_masking: old rounds keep their code, outcome line and variables; what their code
+  printed becomes a one-line placeholder naming the full output's file. No model call.
 - sliding_window: the newest rounds that fit, no model call.
 - none: every round; only the budget guard shortens it.
 `<role>.prompt_compression: false` turns the summarising strategies into sliding_window.
@@ -26,10 +43,11 @@ round compressor's settings that section overrides (`<role>.rounds_to_compress`.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from taskweaver_lite.config import Config, LLMConfig, RoleConfig, RoundCompressorConfig, Strategy, merged_llm
@@ -38,8 +56,11 @@ from taskweaver_lite.llm.client import ChatModel, Message
 from taskweaver_lite.llm.tokens import Tokenizer
 from taskweaver_lite.memory.budget import PromptCost, PromptParts, ShrinkOrder, fit_prompt
 from taskweaver_lite.memory.conversation import RoundMessages
+from taskweaver_lite.memory.schedule import Schedule
 from taskweaver_lite.memory.summary import VARIABLES_SHARE, CompressionState, FoldLimits, FoldResult, FoldStyle, fold_rounds, render_summary
-from taskweaver_lite.memory.variables import LiveVariables, mentioned_names, render_variables
+from taskweaver_lite.memory.variables import LiveVariables, VariablesList, mentioned_names, render_variables
+
+SUMMARISING: tuple[Strategy, ...] = ("round_compression", "summary_buffer")
 
 
 @dataclass(frozen=True)
@@ -141,6 +162,9 @@ class RoleContext:
         # Each role's prompts fit its own model's window; folds fit the round compressor's.
         llm, folder = settings.llm, settings.folder
         self._budget = settings.budget
+        buffer = self.strategy == "summary_buffer"
+        keep = self._settings.summary_buffer_rounds if buffer else self._settings.rounds_to_retain
+        self._schedule = Schedule.for_role(role_config.fold_schedule, settings=self._settings, budget=self._budget, keep=keep, buffer=buffer)
         self._limits = FoldLimits.for_budget(
             self._budget,
             max_summary_tokens=settings.compressor.max_summary_tokens,
@@ -167,6 +191,11 @@ class RoleContext:
         self._retry_at = 0.0
         self._closed = False
         self._report: ContextReport | None = None
+        # What the prompts of the round in progress show: the state as of its first request, and the
+        # variables list rendered then (refreshed only when it would leave a live name unnamed).
+        self._shown_round: int | None = None
+        self._shown = self._state
+        self._variables: VariablesList | None = None
 
     @property
     def state(self) -> CompressionState:
@@ -178,6 +207,7 @@ class RoleContext:
         """Continue from a saved state (a resumed session); a fold still running is discarded."""
         with self._lock:
             self._state = state
+            self._shown_round = None
             self._generation += 1
             self._failures = 0
             self._retry_at = 0.0
@@ -206,25 +236,36 @@ class RoleContext:
         self, *, system: str, examples: Sequence[Message], history: Sequence[RoundMessages], current: RoundMessages, reserve: int = 0
     ) -> BuiltPrompt:
         """The prompt for this role now, within the budget less `reserve` (room for a repair turn); never waits for a fold."""
-        with self._lock:
-            state, running = self._state, self._worker is not None
-        summarising = self.strategy in ("round_compression", "summary_buffer")
-        retained = tuple(r for r in history if r.index > state.folded_through) if summarising else tuple(history)
+        state, running, landed = self._adopt(current.index)
+        summarising = self.strategy in SUMMARISING
+        if summarising:
+            retained = tuple(r for r in history if r.index > state.folded_through)
+        elif self.strategy == "observation_masking":
+            # Masked rounds keep their messages' roles and order: only what the code printed is shorter.
+            retained = tuple(RoundMessages(r.index, r.masked_messages) if r.index <= state.folded_through else r for r in history)
+        else:
+            retained = tuple(history)
+        # Once the prompt shows a round of the role's own, its replies show the format as well as
+        # the examples did: leaving them out saves their tokens in every later call.
+        shown_examples = tuple(examples) if self._examples_always or not any(r.messages for r in retained) else ()
+        order: ShrinkOrder = "window" if self.strategy == "sliding_window" else "standard"
+        fit = functools.partial(
+            fit_prompt, tokenizer=self._tokenizer, budget=self._budget - reserve, order=order, budget_source=self._budget_source, who=self.label
+        )
         parts = PromptParts(
             system=system,
             summary=render_summary(state) if summarising else "",
             placement=self._settings.summary_placement,
-            # Once the prompt shows a round of the role's own, its replies show the format as well as
-            # the examples did: leaving them out saves their tokens in every later call.
-            examples=tuple(examples) if self._examples_always or not any(r.messages for r in retained) else (),
+            examples=shown_examples,
             rounds=retained,
             current=current,
-            variables=self._variables_block(state, (*retained, current)),
+            variables=self._variables_block(state, retained, current, refresh=landed),
             variables_cap=int(self._budget * VARIABLES_SHARE),
         )
-        order: ShrinkOrder = "window" if self.strategy == "sliding_window" else "standard"
-        budget = self._budget - reserve
-        fitted = fit_prompt(parts, tokenizer=self._tokenizer, budget=budget, order=order, budget_source=self._budget_source, who=self.label)
+        fitted = fit(parts)
+        if fitted.cost.rounds_dropped and self._unnamed(retained, fitted.cost.rounds_kept, current):
+            # The guard dropped rounds whose variables the list leaves unnamed: name them now.
+            fitted = fit(replace(parts, variables=self._variables_block(state, retained, current, refresh=True)))
         report = ContextReport(
             role=self.role,
             label=self.label,
@@ -238,18 +279,66 @@ class RoleContext:
             self._report = report
         return BuiltPrompt(messages=fitted.messages, report=report)
 
-    def _variables_block(self, state: CompressionState, shown: Sequence[RoundMessages]) -> Callable[[int], str] | None:
-        """How to render the variables list at a token cap, or None for a role without one."""
+    def _adopt(self, round_index: int) -> tuple[CompressionState, bool, bool]:
+        """The state this round's prompts show, whether a fold runs, and whether a new state landed just now."""
+        with self._lock:
+            landed = False
+            if round_index != self._shown_round:
+                landed = self._shown_round is None or self._state is not self._shown
+                self._shown_round, self._shown = round_index, self._state
+            return self._shown, self._worker is not None, landed
+
+    def _variables_block(
+        self, state: CompressionState, retained: Sequence[RoundMessages], current: RoundMessages, *, refresh: bool
+    ) -> Callable[[int], str] | None:
+        """How to render the variables list at a token cap, or None for a role without one.
+
+        The snapshot stays as it is while every live name is in it or in a retained round's own
+        lines; otherwise (and when a fold lands) it is rendered again, most relevant first.
+        """
         live = self._live()
         if live is None:
             return None
-        mentioned = mentioned_names([m["content"] for r in shown for m in r.messages])
-        tokenizer = self._tokenizer
-        return lambda cap: render_variables(live, described=state.variables, mentioned=mentioned, max_tokens=cap, tokenizer=tokenizer)
+        cap = int(self._budget * VARIABLES_SHARE)
+        snapshot = self._variables
+        stale = snapshot is None or refresh or self._unnamed(retained, tuple(r.index for r in retained), current, live=live)
+        if stale:
+            texts = [m["content"] for r in (current, *reversed(retained)) for m in r.messages]
+            relevant = mentioned_names(texts)
+            snapshot = render_variables(live, described=state.variables, relevant=relevant, max_tokens=cap, tokenizer=self._tokenizer)
+            with self._lock:
+                self._variables = snapshot
+        assert snapshot is not None
+        fixed, tokenizer = snapshot, self._tokenizer
+
+        def render(limit: int) -> str:
+            if tokenizer.count(fixed.text) <= limit:
+                return fixed.text
+            return render_variables(live, described=state.variables, max_tokens=limit, tokenizer=tokenizer).text
+
+        return render
+
+    def _unnamed(
+        self, retained: Sequence[RoundMessages], kept: Sequence[int], current: RoundMessages, *, live: LiveVariables | None = None
+    ) -> bool:
+        """Whether the snapshot misleads: a live variable it did not cover and no kept round names, or one it lists that is gone."""
+        live = live if live is not None else self._live()
+        snapshot = self._variables
+        if live is None or snapshot is None:
+            return live is not None
+        names = {v.name for v in live.variables}
+        if names and not snapshot.covered:
+            return True  # a list made while the kernel was empty says nothing worth keeping
+        shown = set(kept)
+        in_rounds = {name for r in retained if r.index in shown for name in r.variables} | set(current.variables)
+        return bool(names - snapshot.covered - in_rounds) or bool(snapshot.covered - names)
 
     def round_finished(self, history: Sequence[RoundMessages]) -> None:
         """Note the finished rounds; start a background fold if one is due. Returns at once."""
-        if self.strategy not in ("round_compression", "summary_buffer"):
+        if self.strategy == "observation_masking":
+            self._mask(history)
+            return
+        if self.strategy not in SUMMARISING:
             return
         live = self._live()
         with self._lock:
@@ -275,25 +364,14 @@ class RoleContext:
         # Rounds this role took no part in (a chat-only round for the CodeGenerator) cost nothing to
         # keep, so they neither count towards a fold nor go into one; a fold past them covers them.
         unfolded = [r for r in history if r.index > state.folded_through and r.messages]
-        settings = self._settings
-        keep = settings.summary_buffer_rounds if self.strategy == "summary_buffer" else settings.rounds_to_retain
-        if self.strategy == "summary_buffer":
-            count_due = len(unfolded) > keep
-        else:
-            count_due = len(unfolded) >= settings.rounds_to_compress + keep
-        fold_upto = max(len(unfolded) - keep, 0)
-        trigger = min(settings.fold_token_trigger, self._budget // 2)
-        if trigger:
-            sizes = [self._tokenizer.count_messages(r.messages) for r in unfolded]
-            kept_tokens = sum(sizes[fold_upto:])
-            # Large rounds fold early: move the oldest kept rounds into the fold until the rest is
-            # under the trigger, but keep the newest round verbatim.
-            while kept_tokens > trigger and fold_upto < len(unfolded) - 1:
-                kept_tokens -= sizes[fold_upto]
-                fold_upto += 1
-            if sum(sizes) > trigger and fold_upto > 0:
-                count_due = True
-        return tuple(unfolded[:fold_upto]) if count_due else ()
+        return self._schedule.due(unfolded, self._tokenizer)
+
+    def _mask(self, history: Sequence[RoundMessages]) -> None:
+        """Observation masking: the rounds the schedule lets go are shown masked from the next round on."""
+        with self._lock:
+            due = self._due(self._state, history)
+            if due:
+                self._state = replace(self._state, folded_through=due[-1].index)
 
     def _start_due_fold(self) -> None:
         """Start a worker for the fold due now, if any and none is running; the lock must be held."""

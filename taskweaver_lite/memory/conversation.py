@@ -186,6 +186,15 @@ class RoundMessages:
     messages: tuple[Message, ...]
     fold_pieces: tuple[FoldPiece, ...] = ()
     requests: tuple[int, ...] = ()  # positions of the messages that ask (the user's request, a Planner step)
+    # The same messages with each execution's output as a one-line placeholder (observation masking);
+    # () when the round has no output to mask.
+    masked: tuple[Message, ...] = ()
+    variables: tuple[str, ...] = ()  # names the round's code created or changed, as its messages say
+
+    @property
+    def masked_messages(self) -> tuple[Message, ...]:
+        """The round as observation masking shows it once it is old."""
+        return self.masked or self.messages
 
     @property
     def fold_text(self) -> str:

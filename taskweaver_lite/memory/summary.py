@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from taskweaver_lite.errors import ReplyFormatError, TaskWeaverError
-from taskweaver_lite.events import Folded, span
+from taskweaver_lite.events import Folded
 from taskweaver_lite.execution import Variable
 from taskweaver_lite.llm.client import ChatModel, Message
 from taskweaver_lite.llm.replies import SUMMARY_SCHEMA, parse_reply, repair_message
@@ -90,15 +90,14 @@ class CompressionState:
 
 
 def render_summary(state: CompressionState) -> str:
-    """The summary as prompt text under a heading naming the rounds it covers; '' before any fold."""
+    """The summary as prompt text under a fixed heading; '' before any fold.
+
+    No round numbers, counts or times: the text changes only when the summary does, and a fold
+    that appends notes leaves every byte before them as the server cached it.
+    """
     if not state.summary and not state.folded_through:
         return ""
-    lines = [
-        f"{HEADING} ({span(1, state.folded_through)})",
-        "Earlier rounds, folded. Use only what the current request needs.",
-        "",
-        state.summary.strip() or "(nothing of note)",
-    ]
+    lines = [f"{HEADING} (use only what the current request needs)", state.summary.strip() or "(nothing of note)"]
     # Lost variables are the variables list's to show (variables.py): it knows what was recreated since.
     return "\n".join(lines)
 
@@ -264,11 +263,15 @@ def fold_prompt(state: CompressionState, *, rounds: Sequence[RoundMessages], fol
     """The fold call's messages: the previous summary only when merging, each round cut to its limit."""
     template = load_prompt(fold.prompt)
     cap = fold.limits.text_tokens(mode)
-    system = template.render("system", style=fold.style, mode=mode, max_summary_tokens=cap, max_described=MAX_DESCRIBED)
+    # The system message is the same for every fold of this role and style (the mode and the cap
+    # are told last), so a server's prefix cache serves it from one fold to the next.
+    system = template.render("system", style=fold.style, max_described=MAX_DESCRIBED)
     shown = [{"index": r.index, "text": round_text(r, limit=fold.limits.round_tokens, tokenizer=fold.tokenizer)} for r in rounds]
     user = template.render(
         "user",
         mode=mode,
+        style=fold.style,
+        max_summary_tokens=cap,
         previous_summary=state.summary if mode == "merge" else "",
         folded_through=state.folded_through,
         first_round=rounds[0].index if rounds else state.folded_through + 1,

@@ -1,10 +1,17 @@
-"""The kernel's variables as a prompt shows them: one list, most relevant first, within a token cap.
+"""The kernel's variables as a prompt shows them: every name, in tiers of detail, within a token cap.
 
 The list is the kernel's truth (`LiveVariables`, from the executor's snapshot), never the model's
 memory; a summary only adds its descriptions (`merge_variables`). A wide kernel (hundreds of
-variables) must not crowd out the conversation, so `render_variables` shows as many lines as fit
-its share of the prompt: variables named in the rounds on show first, then the most recently
-created or changed, and the rest as counts by type with a note that code can list them.
+variables) must not crowd out the conversation, yet a model cannot use a DataFrame it does not
+know exists. So `render_variables` ranks the variables (names in the current request and
+instruction first, then names in the retained rounds, then the most recently created or changed)
+and shows them in tiers: full detail (type, shape, columns) for the first few, one line
+(`name: type shape`) for the next, the names alone for the rest, and counts by type only for
+what still does not fit (past a few hundred names at the usual shares).
+
+The list is a snapshot (`VariablesList`): the role's context renders it when a fold lands and
+keeps it byte for byte until the next one, so it never moves the prompt's prefix between folds.
+Variables created since are named by the retained rounds themselves ("Variables created: ...").
 """
 
 from __future__ import annotations
@@ -12,12 +19,18 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from taskweaver_lite.execution import Variable
 from taskweaver_lite.llm.tokens import Tokenizer
 
-HEADING = "## Variables in the kernel now"
+HEADING = "## Variables in the kernel"
+# A snapshot is kept until the next fold: the steps since name what they made or changed.
+SNAPSHOT_NOTE = "(as of the last summary; the results of later steps name the variables they made or changed)"
+DETAIL_LINES = 5  # the most relevant variables, with type, shape and columns
+BRIEF_LINES = 12  # the next, one line each: `name: type shape`
+BRIEF_FACT_CHARS = 16  # a one-line entry keeps a value no longer than this (a number, a short string)
+NAMED_AT_MOST = 300  # names alone for up to this many more; past them, counts by type
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -56,44 +69,83 @@ def merge_variables(described: Sequence[Variable], *, live: LiveVariables, previ
     return MergedVariables(variables=tuple(merged), added=tuple(added), dropped=dropped, lost=lost)
 
 
-def mentioned_names(texts: Sequence[str]) -> set[str]:
-    """Every identifier in `texts`: the candidates for 'named in the rounds on show'."""
-    return {name for text in texts for name in _IDENTIFIER.findall(text)}
+def mentioned_names(texts: Sequence[str]) -> list[str]:
+    """Every identifier in `texts`, in order of first mention: the candidates for 'relevant'."""
+    return list(dict.fromkeys(name for text in texts for name in _IDENTIFIER.findall(text)))
+
+
+@dataclass(frozen=True)
+class VariablesList:
+    """A rendered variables list and the names it names (in any tier)."""
+
+    text: str
+    named: frozenset[str] = field(default_factory=frozenset)  # named in a line of any tier
+    covered: frozenset[str] = field(default_factory=frozenset)  # every live name when rendered (named or counted)
+
+
+def ranked(variables: Sequence[Variable], relevant: Sequence[str]) -> list[Variable]:
+    """`variables` most relevant first: in the order of `relevant`, then the rest in their own (recency) order."""
+    rank = {name: position for position, name in enumerate(dict.fromkeys(relevant))}
+    return sorted(variables, key=lambda v: rank.get(v.name, len(rank)))  # stable: recency within the rest
 
 
 def render_variables(
     live: LiveVariables,
     *,
     described: Sequence[Variable] = (),
-    mentioned: set[str] | frozenset[str] = frozenset(),
+    relevant: Sequence[str] = (),
     max_tokens: int,
     tokenizer: Tokenizer,
-) -> str:
-    """The variables block within `max_tokens`: named ones first, then newest, the rest counted by type."""
+) -> VariablesList:
+    """The variables list within `max_tokens`: detail, one line, names alone, then counts by type; most relevant first."""
     notes = {v.name: v.description.strip() for v in described if v.description.strip()}
-    ordered = sorted(live.variables, key=lambda v: v.name not in mentioned)  # stable: recency order within each group
-    lost = [name for name in live.lost if name not in {v.name for v in live.variables}]
+    ordered = ranked(live.variables, relevant)
+    alive = {v.name for v in live.variables}
+    lost = [name for name in live.lost if name not in alive]
     lost_line = f"Lost in a kernel restart (recompute before use): {', '.join(lost)}" if lost else ""
-    heading = f"{HEADING} ({len(ordered)})" if ordered else HEADING
+    heading = f"{HEADING} ({len(ordered)})\n{SNAPSHOT_NOTE}" if ordered else HEADING
     if not ordered:
-        return "\n".join(line for line in (heading, "(none yet)", lost_line) if line)
-    fixed = tokenizer.count(heading) + tokenizer.count(lost_line) + 2
-    lines: list[str] = []
-    used = fixed + tokenizer.count(_rest_line(ordered)) + 1
-    for variable in ordered:
-        line = _line(variable, notes.get(variable.name, ""))
-        cost = tokenizer.count(line) + 1
-        if used + cost > max_tokens:
-            break
-        lines.append(line)
-        used += cost
-    rest = ordered[len(lines) :]
-    text = "\n".join([heading, *lines, *([_rest_line(rest)] if rest else []), *([lost_line] if lost_line else [])])
+        return VariablesList("\n".join(line for line in (heading, "(none yet)", lost_line) if line))
+    room = max_tokens - tokenizer.count(heading) - tokenizer.count(lost_line) - 2 - tokenizer.count(_rest_line(ordered)) - 1
+    lines, shown = _lines(ordered, notes, room=room, tokenizer=tokenizer)
+    text = _join(heading, lines, ordered[shown:], lost_line)
     while lines and tokenizer.count(text) > max_tokens:  # joins can count a little differently from the sum
         lines.pop()
-        rest = ordered[len(lines) :]
-        text = "\n".join([heading, *lines, _rest_line(rest), *([lost_line] if lost_line else [])])
-    return text
+        shown = min(shown, len(lines))
+        text = _join(heading, lines, ordered[shown:], lost_line)
+    return VariablesList(text, frozenset(v.name for v in ordered[:shown]), frozenset(alive))
+
+
+_NAMES = "Also: "
+
+
+def _lines(ordered: Sequence[Variable], notes: dict[str, str], *, room: int, tokenizer: Tokenizer) -> tuple[list[str], int]:
+    """The tiers' lines within `room` tokens, and how many variables they name (a prefix of `ordered`)."""
+    lines: list[str] = []
+    used = shown = 0
+    for variable in ordered[: DETAIL_LINES + BRIEF_LINES]:
+        line = _line(variable, notes.get(variable.name, "")) if shown < DETAIL_LINES else _brief(variable)
+        cost = tokenizer.count(line) + 1
+        if used + cost > room:
+            return lines, shown
+        lines.append(line)
+        used, shown = used + cost, shown + 1
+    names: list[str] = []
+    used += tokenizer.count(_NAMES) + 1
+    for variable in ordered[shown : shown + NAMED_AT_MOST]:
+        cost = tokenizer.count(variable.name) + 1
+        if used + cost > room:
+            break
+        names.append(variable.name)
+        used += cost
+    if names:
+        # Names alone in name order: easy to scan for the one a step needs.
+        lines.append(_NAMES + ", ".join(sorted(names)))
+    return lines, shown + len(names)
+
+
+def _join(heading: str, lines: Sequence[str], rest: Sequence[Variable], lost_line: str) -> str:
+    return "\n".join([heading, *lines, *([_rest_line(rest)] if rest else []), *([lost_line] if lost_line else [])])
 
 
 def _line(variable: Variable, note: str) -> str:
@@ -101,10 +153,18 @@ def _line(variable: Variable, note: str) -> str:
     return f"{line} [{note}]" if note and note != variable.description else line
 
 
+def _brief(variable: Variable) -> str:
+    """`name: type shape`: a frame's or array's shape, a collection's length, a short value; nothing longer."""
+    fact = variable.description.partition(";")[0].partition(", dtype")[0].partition(": ")[0].strip()
+    if not fact.startswith(("shape", "length")) and len(fact) > BRIEF_FACT_CHARS:
+        fact = ""
+    return f"- {variable.name}: {variable.type} {fact}".rstrip()
+
+
 def _rest_line(rest: Sequence[Variable]) -> str:
     counts = Counter(v.type for v in rest)
     by_type = ", ".join(f"{count} {kind}" for kind, count in counts.most_common())
     return (
-        f"... and {len(rest)} more not listed here ({by_type}). They exist in the kernel: list them with code "
+        f"... and {len(rest)} more not named here ({by_type}). They exist in the kernel: list them with code "
         "when a step needs them (for example `[n for n in dir() if not n.startswith('_')]`)."
     )

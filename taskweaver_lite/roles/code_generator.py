@@ -166,8 +166,10 @@ class CodeGenerator(Role):
     def render_round(self, rnd: Round) -> RoundMessages:
         """One round as the CodeGenerator's chat messages: steps, its code, and what the code did."""
         messages: list[Message] = []
+        masked: list[Message] = []
         pieces: list[FoldPiece] = []
         requests: list[int] = []
+        names: list[str] = []
         for post in rnd.posts:
             if post.send_to == self.party and post.send_from != self.party:
                 requests.append(len(messages))
@@ -178,13 +180,22 @@ class CodeGenerator(Role):
                 if post.execution is None:
                     pieces.append(FoldPiece(f"CodeGenerator answered: {post.message}", essential=True))
                     continue
-                feedback = self._prompt.render("execution", result=post.execution.prompt_text())
-                if post.send_to == self.party:
-                    feedback += "\n\n" + post.message
-                messages.append(Message(role="user", content=feedback))
+                masked += messages[len(masked) :]
+                retry = "\n\n" + post.message if post.send_to == self.party else ""
+                messages.append(Message(role="user", content=self._prompt.render("execution", result=post.execution.prompt_text()) + retry))
+                masked.append(Message(role="user", content=self._prompt.render("execution", result=post.execution.masked_prompt_text()) + retry))
                 pieces.append(FoldPiece(f"Code:\n{post.code}"))
                 pieces += post.execution.fold_pieces()
-        return RoundMessages(index=rnd.index, messages=tuple(messages), fold_pieces=tuple(pieces), requests=tuple(requests))
+                names += [*post.execution.changes.created, *post.execution.changes.changed]
+        masked += messages[len(masked) :]
+        return RoundMessages(
+            index=rnd.index,
+            messages=tuple(messages),
+            fold_pieces=tuple(pieces),
+            requests=tuple(requests),
+            masked=tuple(masked) if masked != messages else (),
+            variables=tuple(dict.fromkeys(names)),
+        )
 
 
 def _outcome(result: ExecutionResult, fixed: list[str]) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 
+from taskweaver_lite.config import load_yaml
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.llm.client import Message
 
@@ -21,7 +22,7 @@ def load_examples(project_dir: Path, role: str) -> list[Message]:
     messages: list[Message] = []
     for path in sorted(folder.glob("*.yaml")) if folder.is_dir() else ():
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            data = load_yaml(path.read_text(encoding="utf-8"), source=path) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
         items = data.get("messages") if isinstance(data, dict) else None

@@ -8,6 +8,7 @@ replies, and the reports of the roles it delegated to. `send_to` accepts those r
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,33 +77,40 @@ class Planner(Role):
         return self._prompt.render("file_loaded", name=name)
 
     def render_round(self, rnd: Round) -> RoundMessages:
-        """One round as the Planner's chat messages (only posts the Planner sent or received)."""
+        """The current round as the Planner's chat messages: each report ends with the code it ran."""
         return self._render(rnd, with_code=True)
 
     def render_earlier_round(self, rnd: Round) -> RoundMessages:
-        """An earlier round without the code in the teammates' reports: what it did and printed stays.
+        """An earlier round: the reports without their code; what the code did and printed stays.
 
         The Planner judges the current request's steps by their code; for earlier requests the
         outcome, output and variables are what it plans with (the CodeGenerator keeps the code).
+        The code closes each report of the current round, so leaving it out here changes no byte
+        before it: the prompt a server cached for the round's last call is still the prefix.
         """
         return self._render(rnd, with_code=False)
 
     def _render(self, rnd: Round, *, with_code: bool) -> RoundMessages:
         messages: list[Message] = []
+        masked: list[Message] = []
         pieces: list[FoldPiece] = []
         requests: list[int] = []
         for post in rnd.posts:
             if post.send_to == self.party and post.send_from == USER:
                 requests.append(len(messages))
                 messages.append(Message(role="user", content=self._prompt.render("user", text=post.message)))
+                masked.append(messages[-1])
                 pieces.append(FoldPiece(f"User: {post.message}", essential=True))
             elif post.send_to == self.party:
                 result = post.execution.prompt_text(outcome_told=True) if post.execution else ""
-                # The report's outcome is its message; the code is its own field, shown for the current request only.
+                # The report's outcome is its message; the code is its own field, shown for the current
+                # request only, at the report's end: leaving it out later changes no byte before it.
                 code = post.code.strip() if with_code and post.code else ""
                 attachments = [a.to_dict() for a in post.attachments]
-                content = self._prompt.render("report", sender=post.send_from, message=post.message, code=code, result=result, attachments=attachments)
-                messages.append(Message(role="user", content=content))
+                render = functools.partial(self._prompt.render, "report", sender=post.send_from, message=post.message, code=code, attachments=attachments)
+                messages.append(Message(role="user", content=render(result=result)))
+                short = post.execution.masked_prompt_text(outcome_told=True) if post.execution else ""
+                masked.append(Message(role="user", content=render(result=short)))
                 # The Planner's summary keeps results, not code: the outcome's first line and what it printed.
                 outcome = post.message.partition("\n")[0]
                 pieces.append(FoldPiece(f"{post.send_from}: {outcome}", essential=True))
@@ -110,8 +118,10 @@ class Planner(Role):
                     pieces += post.execution.fold_pieces(outcome_told=True)
             elif post.send_from == self.party:
                 messages.append(Message(role="assistant", content=post.reply_json or post.message))
+                masked.append(messages[-1])
                 pieces.append(FoldPiece(f"Planner to {post.send_to}: {post.message}", essential=True))
-        return RoundMessages(index=rnd.index, messages=tuple(messages), fold_pieces=tuple(pieces), requests=tuple(requests))
+        shortened = tuple(masked) if masked != messages else ()
+        return RoundMessages(index=rnd.index, messages=tuple(messages), fold_pieces=tuple(pieces), requests=tuple(requests), masked=shortened)
 
 
 def list_working_files(folder: Path, *, limit: int = 30) -> list[str]:

@@ -8,7 +8,8 @@ its `label` on screen, its own settings (`llm`, `strategy`, `prompt_compression`
 `rounds_to_compress`, `rounds_to_retain`, `examples`) and how to build it.
 
 Roles come from three places, in this order (a later role with a taken name is broken):
-- built in: `planner` (the role the user talks to), `code_interpreter`, and `echo` (off by default);
+- built in: `planner` (the role the user talks to), `code_interpreter`, and, off by default, `echo` and
+  `document_retriever` (answers from `PROJECT_DIR/docs/`);
 - the project: `PROJECT_DIR/roles/<name>/<name>.role.yaml`, TaskWeaver's layout and keys (`alias`,
   `module`, `intro`), plus ours (`prompt` for a model-only role, the settings above; any other key
   is handed to the role as `tools.options`). `module: pkg.mod.ClassName` names the class; it is
@@ -38,8 +39,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from taskweaver_lite.config import ROLES_FOLDER, RoleConfig
+from taskweaver_lite.config import ROLES_FOLDER, Config, RoleConfig
 from taskweaver_lite.memory.conversation import USER
+from taskweaver_lite.roles.capabilities import KNOWN, unmet
 from taskweaver_lite.roles.worker import ModelOnlyRole, RoleHandler
 
 ENTRY_POINT_GROUP = "taskweaver_lite.roles"
@@ -50,7 +52,7 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _TASKWEAVER_KEYS = ("alias", "module", "intro")
 _SETTINGS_KEYS = tuple(name for name in RoleConfig.model_fields)
 
-State = Literal["enabled", "disabled", "broken"]
+State = Literal["enabled", "disabled", "broken", "off"]  # off: enabled, but it needs what this setup lacks
 
 
 class RoleProblem(ValueError):
@@ -74,6 +76,7 @@ class RoleSpec:
     handler: Callable[[], RoleHandler] | None = None  # builds the role's behaviour (None: built by the session, see `builtin`)
     builtin: str = ""  # a role the session builds from its own parts: "planner" or "code_interpreter"
     fold_prompt: str = "compression_worker"
+    requires: tuple[str, ...] = ()  # capabilities it cannot work without (roles/capabilities.py): "vision", "fts5"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", self.key or self.name)
@@ -90,7 +93,7 @@ class RoleSpec:
         merged = {**self.settings, **given}
         if isinstance(self.settings.get("llm"), dict) and "llm" in given:
             merged["llm"] = {**self.settings["llm"], **given["llm"]}
-        return type(project_section).model_validate(merged)  # CodeGeneratorConfig keeps its own keys
+        return type(project_section).model_validate(merged)  # a role's own section type keeps its own keys
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,8 @@ class RoleEntry:
 
     def line(self) -> str:
         """One line for people: a broken role names its file and the problem."""
+        if self.state == "off":
+            return f"role {self.name} is off: {self.error}"
         if self.state == "broken":
             return f"role {self.name} ({self.where}): {self.error}; the session starts without it"
         return f"{self.name}: {self.state}"
@@ -133,7 +138,7 @@ class RoleCatalog:
     @property
     def broken(self) -> tuple[RoleEntry, ...]:
         """The roles left out, each with its reason (including names in session.roles that name no role)."""
-        return tuple(e for e in self.entries if e.state == "broken")
+        return tuple(e for e in self.entries if e.state in ("broken", "off"))
 
     @property
     def entry(self) -> RoleSpec | None:
@@ -155,7 +160,8 @@ class RoleCatalog:
 
 
 def builtin_roles() -> tuple[RoleSpec, ...]:
-    """The roles that ship with the package: the Planner, the CodeInterpreter, and the echo example."""
+    """The roles that ship with the package: the Planner, the CodeInterpreter, the echo example and the document retriever."""
+    from taskweaver_lite.roles.document_retriever import DOCUMENT_RETRIEVER_INTRO, DocumentRetriever
     from taskweaver_lite.roles.echo import ECHO_INTRO, Echo
 
     return (
@@ -176,6 +182,7 @@ def builtin_roles() -> tuple[RoleSpec, ...]:
             fold_prompt="compression_code_generator",
         ),
         RoleSpec(name="echo", alias="Echo", intro=ECHO_INTRO, handler=Echo),
+        RoleSpec(name="document_retriever", alias="DocumentRetriever", intro=DOCUMENT_RETRIEVER_INTRO, handler=DocumentRetriever, requires=("fts5",)),
     )
 
 
@@ -189,7 +196,7 @@ _CODE_INTERPRETER_INTRO = """\
 - Send one clear, self-contained step at a time, naming the data, columns and variables to use."""
 
 
-def discover_roles(project_dir: Path, *, enabled: Sequence[str]) -> RoleCatalog:
+def discover_roles(project_dir: Path, *, enabled: Sequence[str], config: Config | None = None) -> RoleCatalog:
     """Every role for this project (built in, the project's, installed packages'), `enabled` picking the active ones."""
     entries: list[RoleEntry] = [RoleEntry(spec.name, spec.origin, "disabled", spec=spec) for spec in builtin_roles()]
     folders, broken = _folders(project_dir)
@@ -197,7 +204,7 @@ def discover_roles(project_dir: Path, *, enabled: Sequence[str]) -> RoleCatalog:
         for role_dir in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
             entries.append(read_entry(role_dir, origin=origin))
     entries = _unique(entries + broken)
-    return _enable(entries, enabled)
+    return _enable(entries, enabled, config=config)
 
 
 def _folders(project_dir: Path) -> tuple[list[tuple[Path, str]], list[RoleEntry]]:
@@ -239,20 +246,24 @@ def _unique(entries: Iterable[RoleEntry]) -> list[RoleEntry]:
     return kept
 
 
-def _enable(entries: list[RoleEntry], enabled: Sequence[str]) -> RoleCatalog:
+def _enable(entries: list[RoleEntry], enabled: Sequence[str], *, config: Config | None) -> RoleCatalog:
     """Mark the roles `session.roles` lists as enabled, in its order; a name that is no usable role is reported."""
     by_name = {e.name: e for e in entries if e.spec is not None}
     active: list[RoleSpec] = []
     problems: list[RoleEntry] = []
     for name in dict.fromkeys(enabled):
         entry = by_name.get(name)
-        if entry is not None and entry.spec is not None:
+        off = unmet(entry.spec.requires, config=config, key=entry.spec.key) if entry is not None and entry.spec and config else None
+        if entry is not None and off is not None:
+            problems.append(RoleEntry(entry.name, entry.where, "off", off, spec=entry.spec))
+        elif entry is not None and entry.spec is not None:
             active.append(entry.spec)
         elif not any(e.name == name for e in entries):
             known = ", ".join(sorted(by_name)) or "none"
             problems.append(RoleEntry(name, "session.roles", "broken", f"no role is called {name!r}; known roles: {known}"))
     on = {spec.name for spec in active}
-    marked = [RoleEntry(e.name, e.where, "enabled", spec=e.spec) if e.name in on and e.spec is not None else e for e in entries]
+    unavailable = {e.name for e in problems}
+    marked = [RoleEntry(e.name, e.where, "enabled", spec=e.spec) if e.name in on and e.spec is not None else e for e in entries if e.name not in unavailable]
     return RoleCatalog(entries=tuple(marked + problems), enabled=tuple(active))
 
 
@@ -293,7 +304,8 @@ def read_spec(path: Path, *, origin: str = "project") -> RoleSpec:
         path=path,
         prompt=prompt,
         settings=settings,
-        options={k: v for k, v in data.items() if k not in (*_TASKWEAVER_KEYS, "prompt", *_SETTINGS_KEYS)},
+        options={k: v for k, v in data.items() if k not in (*_TASKWEAVER_KEYS, "prompt", "requires", *_SETTINGS_KEYS)},
+        requires=_requires(data),
         handler=load_class(module, folder=path.parent, name=name) if module else ModelOnlyRole,
     )
 
@@ -348,6 +360,15 @@ def _load_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise RoleProblem("must be a YAML mapping with at least 'alias', 'intro' and 'module' (or 'prompt')")
     return data
+
+
+def _requires(data: dict[str, Any]) -> tuple[str, ...]:
+    """The role file's `requires`: a capability or a list of them (roles/capabilities.py knows which)."""
+    value = data.get("requires") or []
+    needs = [value] if isinstance(value, str) else value
+    if not isinstance(needs, list) or not all(isinstance(n, str) for n in needs):
+        raise RoleProblem(f"key 'requires' must be a list of capabilities such as [vision]; known: {', '.join(KNOWN)}")
+    return tuple(needs)
 
 
 def _text(data: dict[str, Any], key: str, *, required: bool = False) -> str:

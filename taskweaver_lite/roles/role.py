@@ -56,6 +56,9 @@ class Role(ABC):
         self._prompt: PromptTemplate = load_prompt(key)
         self.rendered = RoundRenderCache(self.render_round)
         self.rendered_earlier = RoundRenderCache(self.render_earlier_round)
+        # The experience tips that fit a request (text in, prompt text out), set by the session; shown
+        # after the static instructions, so what changes per request stays behind what does not.
+        self.experience: Callable[[str], str] | None = None
 
     @abstractmethod
     def render_round(self, rnd: Round) -> RoundMessages:
@@ -85,6 +88,8 @@ class Role(ABC):
         rendered_history = [self.rendered_earlier(r) for r in history]
         now = self.rendered(current)
         request = now.messages[now.requests[-1]]["content"] if now.requests else ""
+        tips = self.experience(request) if self.experience is not None and request else ""
+        system = f"{system}\n\n{tips}" if tips else system
         tokenizer = self.context.tokenizer
         repair: list[Message] = []
         while True:

@@ -23,12 +23,14 @@ instead of failing. A session open in one process is guarded by an `flock` on a 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,7 @@ from typing import Any, Literal
 from taskweaver_lite.errors import StoreError, UnknownSessionError
 from taskweaver_lite.events import CellPrinted, Event, FileLoaded, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import Variable
+from taskweaver_lite.knowledge.tips import Tip, TipKind
 from taskweaver_lite.llm.client import Usage
 from taskweaver_lite.memory.conversation import Post, Round
 from taskweaver_lite.store.lock import SessionLock
@@ -130,6 +133,7 @@ class SessionStore:
         options: dict[str, Any] = {"timeout": BUSY_TIMEOUT_SECONDS, "isolation_level": None, "check_same_thread": False}
         if not read_only:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            _owner_only(self.path)
             connection: sqlite3.Connection = sqlite3.connect(self.path, **options)
             return connection
         if not self.path.is_file():
@@ -212,6 +216,30 @@ class SessionStore:
             raise UnknownSessionError(session_id, store=str(self.path))
         return [str(item) for item in json.loads(row[0])]
 
+    def save_tips(self, session_id: str, tips: Sequence[tuple[TipKind, str]]) -> list[Tip]:
+        """Store tips (kind, text) distilled from `session_id`, in one transaction; returns them with their ids."""
+        now = time.time()
+        with self._transaction() as db:
+            ids = [db.execute("INSERT INTO tips (kind, text, session_id, created_at) VALUES (?, ?, ?, ?)", (k, t, session_id, now)).lastrowid for k, t in tips]
+        return [Tip(id=str(n), kind=k, text=t, source=session_id, created_at=now) for n, (k, t) in zip(ids, tips, strict=True)]
+
+    def stored_tips(self) -> list[Tip]:
+        """Every stored tip, oldest first."""
+        with self._read() as db:
+            rows = db.execute("SELECT id, kind, text, session_id, created_at FROM tips ORDER BY id").fetchall()
+        return [Tip(id=str(r[0]), kind=r[1], text=r[2], source=r[3], created_at=r[4]) for r in rows]
+
+    def tips_version(self) -> tuple[int, int]:
+        """(count, newest id) of the stored tips: changes with every save and delete (ids are never reused)."""
+        with self._read() as db:
+            count, newest = db.execute("SELECT COUNT(*), COALESCE(MAX(id), 0) FROM tips").fetchone()
+        return int(count), int(newest)
+
+    def delete_tip(self, tip_id: int) -> bool:
+        """Delete one stored tip; False when there is none with that id."""
+        with self._transaction() as db:
+            return db.execute("DELETE FROM tips WHERE id = ?", (tip_id,)).rowcount > 0
+
     def list_sessions(self) -> list[SessionEntry]:
         """Every stored session with at least one round, most recently active first."""
         # The inner join drops sessions without rounds: chats left, or failed, before their first request.
@@ -256,8 +284,8 @@ class SessionStore:
             states = db.execute("SELECT role, state FROM compression WHERE session_id = ?", (session_id,)).fetchall()
             loads = db.execute("SELECT name, source, after_round, at FROM files WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
             usage = db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0)"
-                " FROM model_calls WHERE session_id = ?",
+                "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0),"
+                " COALESCE(SUM(cached_tokens), 0) FROM model_calls WHERE session_id = ?",
                 (session_id,),
             ).fetchone()
         rounds = {
@@ -273,7 +301,7 @@ class SessionStore:
             last_active=head[2],
             rounds=ordered,
             compression={role: json.loads(state) for role, state in states},
-            usage=Usage(calls=usage[0], failed_calls=usage[1], prompt_tokens=usage[2], completion_tokens=usage[3]),
+            usage=Usage(calls=usage[0], failed_calls=usage[1], prompt_tokens=usage[2], completion_tokens=usage[3], cached_tokens=usage[4]),
             interrupted=tuple(r.index for r in ordered if r.state == "running"),
             last_variables=tuple(Variable.from_dict(v) for v in json.loads(head[3])),
             loads=tuple(FileLoaded(name=r[0], source=r[1], after_round=r[2], at=r[3]) for r in loads),
@@ -416,6 +444,18 @@ class StoreRecorder:
         self.store.record(self.session_id, *held)
 
 
+def _owner_only(path: Path) -> None:
+    """The store and its -wal and -shm readable by their owner only (SQLite gives the latter two the store's mode).
+
+    It holds every conversation: no other user, and no kernel running as another user, may read it.
+    """
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        with contextlib.suppress(FileNotFoundError, PermissionError):  # PermissionError: another user's store, refused later by SQLite
+            if name.stat().st_mode & 0o077:
+                os.chmod(name, 0o600)
+
+
 def stored_sessions(path: Path) -> list[SessionEntry]:
     """The sessions stored at `path`, most recently active first (none when there is no store yet); read-only."""
     if not path.exists():
@@ -464,13 +504,14 @@ def _write_event(
         _end_round(db, session_id, event.round.id, state=event.round.state, error=event.round.error, at=now)
     elif isinstance(event, ModelCalled):
         db.execute(
-            "INSERT INTO model_calls (session_id, purpose, prompt_tokens, completion_tokens, latency, ok, error, prompt, reply, at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO model_calls (session_id, purpose, prompt_tokens, completion_tokens, cached_tokens, latency, ok, error, prompt, reply, at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 session_id,
                 event.purpose,
                 event.prompt_tokens,
                 event.completion_tokens,
+                event.cached_tokens,
                 event.latency,
                 event.ok,
                 event.error,

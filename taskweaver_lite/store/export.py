@@ -27,12 +27,14 @@ from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.memory.conversation import USER, Post, Round
 from taskweaver_lite.store.database import SessionStore, StoredSession
+from taskweaver_lite.workfiles import read_below, read_path
 
 if TYPE_CHECKING:
     from nbformat.notebooknode import NotebookNode
 
 IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".svg": "image/svg+xml"}
 RAISES_TAG = "raises-exception"
+MAX_EMBEDDED_BYTES = 50 * 1024 * 1024  # an image larger than this is named, not embedded
 
 
 def write_export(config: Config, ref: str, *, fmt: str, target: Path | None, force: bool = False) -> Path:
@@ -61,11 +63,12 @@ def export_notebook(stored: StoredSession, path: Path, *, working_dir: Path | No
     import nbformat  # its JSON-schema validator takes ~1 s to import: only when a notebook is written
     cells: list[NotebookNode] = [nbformat.v4.new_markdown_cell(_heading(stored))]
     counter = _Counter()
+    session_dir = Path(working_dir).parent if working_dir is not None else None  # artifacts are read no deeper than it, link-safe
     if working_dir is not None:
         cells.append(nbformat.v4.new_markdown_cell("The session's working folder, where its cells read and write files:"))
         cells.append(nbformat.v4.new_code_cell(_chdir_source(working_dir), execution_count=counter.next()))
     for entry in timeline(stored.rounds, stored.loads):
-        cells.extend(_round_cells(entry, counter) if isinstance(entry, Round) else [nbformat.v4.new_markdown_cell(f"*{_load_note(entry)}*")])
+        cells.extend(_round_cells(entry, counter, session_dir) if isinstance(entry, Round) else [nbformat.v4.new_markdown_cell(f"*{_load_note(entry)}*")])
     notebook = nbformat.v4.new_notebook(
         cells=cells,
         metadata={
@@ -144,14 +147,14 @@ def _round_status(rnd: Round) -> str:
     return ""
 
 
-def _round_cells(rnd: Round, counter: _Counter) -> list[NotebookNode]:
+def _round_cells(rnd: Round, counter: _Counter, session_dir: Path | None) -> list[NotebookNode]:
     import nbformat
     status = _round_status(rnd)
     request = f"## Request {rnd.index}\n\n{_quoted(rnd.user_query)}" + (f"\n\n{status}" if status else "")
     cells = [nbformat.v4.new_markdown_cell(request)]
     for post in rnd.posts:
         if post.execution is not None:
-            cells.extend(_execution_cells(post, post.execution, counter))
+            cells.extend(_execution_cells(post, post.execution, counter, session_dir))
         elif _between_roles(post):
             cells.append(nbformat.v4.new_markdown_cell(_post_line(post)))
     if rnd.answer is not None:
@@ -159,7 +162,7 @@ def _round_cells(rnd: Round, counter: _Counter) -> list[NotebookNode]:
     return cells
 
 
-def _execution_cells(post: Post, result: ExecutionResult, counter: _Counter) -> list[NotebookNode]:
+def _execution_cells(post: Post, result: ExecutionResult, counter: _Counter, session_dir: Path | None) -> list[NotebookNode]:
     import nbformat
     if result.refused:
         return [nbformat.v4.new_markdown_cell(f"{_not_run_note(result)}\n\n{_fenced(result.code, 'python')}")]
@@ -173,14 +176,14 @@ def _execution_cells(post: Post, result: ExecutionResult, counter: _Counter) -> 
         note = "This attempt failed and was revised below." if revised else "This code failed."
         cells.append(nbformat.v4.new_markdown_cell(f"*{note} The cell is tagged `{RAISES_TAG}` so a re-run carries on.*"))
     count = counter.next()
-    cell = nbformat.v4.new_code_cell(result.code, execution_count=count, outputs=_outputs(result, count))
+    cell = nbformat.v4.new_code_cell(result.code, execution_count=count, outputs=_outputs(result, count, session_dir))
     if result.error is not None:
         cell.metadata["tags"] = [RAISES_TAG]
     cells.append(cell)
     return cells
 
 
-def _outputs(result: ExecutionResult, count: int) -> list[NotebookNode]:
+def _outputs(result: ExecutionResult, count: int, session_dir: Path | None) -> list[NotebookNode]:
     import nbformat
     outputs: list[NotebookNode] = []
     for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
@@ -189,7 +192,7 @@ def _outputs(result: ExecutionResult, count: int) -> list[NotebookNode]:
     for shown in result.displays:
         outputs.append(nbformat.v4.new_output("display_data", data={"text/plain": shown}))
     for artifact in result.artifacts:
-        outputs.append(nbformat.v4.new_output("display_data", data=_image_data(Path(artifact))))
+        outputs.append(nbformat.v4.new_output("display_data", data=_image_data(Path(artifact), session_dir)))
     if result.result is not None:
         data = {"text/plain": result.result}
         if result.result_html:
@@ -201,15 +204,23 @@ def _outputs(result: ExecutionResult, count: int) -> list[NotebookNode]:
     return outputs
 
 
-def _image_data(path: Path) -> dict[str, Any]:
+def _image_data(path: Path, session_dir: Path | None) -> dict[str, Any]:
+    """An artifact as notebook display data: the image embedded, read link-safe (a kernel may have swapped it for a link)."""
     mime = IMAGE_TYPES.get(path.suffix.lower())
-    if not path.is_file():
-        return {"text/plain": f"[{path.name}: no longer on disk at {path}]"}
     if mime is None:
         return {"text/plain": f"[saved file: {path}]"}
+    try:
+        if session_dir is not None:  # a path outside the session's folder (a plugin's report) is refused by read_path
+            data = read_path(path, below=session_dir, max_bytes=MAX_EMBEDDED_BYTES)
+        else:
+            data = read_below(path.parent, path.name, max_bytes=MAX_EMBEDDED_BYTES)
+    except FileNotFoundError:
+        return {"text/plain": f"[{path.name}: no longer on disk at {path}]"}
+    except OSError as exc:  # a link, a folder, too big: named, never followed
+        return {"text/plain": f"[{path.name}: not embedded ({exc.strerror or exc})]"}
     if mime == "image/svg+xml":
-        return {mime: path.read_text(encoding="utf-8"), "text/plain": f"[image: {path}]"}
-    return {mime: base64.b64encode(path.read_bytes()).decode("ascii"), "text/plain": f"[image: {path}]"}
+        return {mime: data.decode("utf-8", "replace"), "text/plain": f"[image: {path}]"}
+    return {mime: base64.b64encode(data).decode("ascii"), "text/plain": f"[image: {path}]"}
 
 
 class ImageCopies:

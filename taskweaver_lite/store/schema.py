@@ -51,6 +51,17 @@ MIGRATIONS: list[Migration] = [
             source TEXT NOT NULL, after_round INTEGER NOT NULL, at REAL NOT NULL)""",
         "ALTER TABLE sessions ADD COLUMN overrides TEXT NOT NULL DEFAULT '[]'",
     ),
+    (
+        # Version 3: the prompt tokens each call's server took from its prefix cache.
+        "ALTER TABLE model_calls ADD COLUMN cached_tokens INTEGER NOT NULL DEFAULT 0",
+    ),
+    (
+        # Version 4: experience tips distilled from sessions (/save); searched in memory with FTS5, so a
+        # store opened by an SQLite without FTS5 still works (only the search is off).
+        """CREATE TABLE tips (
+            id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, text TEXT NOT NULL,
+            session_id TEXT NOT NULL, created_at REAL NOT NULL)""",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 
 ROLES = ("planner", "code_generator", "compression", "other")
 _HOST = "127.0.0.1"
@@ -111,10 +111,25 @@ def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
 class ScriptedServer:
     """An OpenAI-compatible chat server in a daemon thread, answering from per-role scripts."""
 
-    def __init__(self, *, model: str | None = None, api_key: str | None = None, port: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        port: int = 0,
+        server_kind: Literal["openai", "llama.cpp"] = "openai",
+        refuses: Sequence[str] = (),
+        slots: int = 4,
+    ) -> None:
+        """`server_kind`: how cached tokens are reported (OpenAI's usage details, or llama.cpp's `timings` and
+        `GET /props`); `refuses`: request fields answered with HTTP 400 naming them, as a strict server does."""
         self.model = model
         self.api_key = api_key
         self.port = port  # 0: any free port; a fixed one plays a local server on its default port
+        self.server_kind = server_kind
+        self.refuses = tuple(refuses)
+        self.slots = slots
+        self._last_prompt: dict[str, str] = {}  # per prompt_cache_key or id_slot: the prompt its cache holds
         self._lock = threading.Lock()
         self._queues: dict[str, deque[Scripted]] = {role: deque() for role in ROLES}
         self._defaults: dict[str, Scripted] = {}
@@ -205,6 +220,14 @@ class ScriptedServer:
     def _wait(self, seconds: float) -> None:
         self._stopping.wait(seconds)
 
+    def _cached_tokens(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> int:
+        """A prefix cache like a server's: the rough tokens this prompt shares with the last one of its key (or slot)."""
+        text = "".join(f"<{m.get('role')}>{_text_of(m.get('content'))}" for m in messages)
+        key = str(body.get("prompt_cache_key") or body.get("id_slot") or "")
+        with self._lock:
+            earlier, self._last_prompt[key] = self._last_prompt.get(key, ""), text
+        return _common_prefix(text, earlier) // 4
+
 
 def planner_reply(
     message: str,
@@ -289,6 +312,9 @@ class _Handler(BaseHTTPRequestHandler):
             name = scripted.model or "scripted-model"
             self._send_json(200, {"object": "list", "data": [_model_entry(name)]})
             return
+        if self.path.rstrip("/") == "/props" and scripted.server_kind == "llama.cpp":
+            self._send_json(200, {"total_slots": scripted.slots, "default_generation_settings": {}})
+            return
         self._send_error(404, f"no route GET {self.path}", code="not_found")
 
     def do_POST(self) -> None:
@@ -310,6 +336,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.path.rstrip("/") != "/v1/chat/completions":
             self._send_error(404, f"no route POST {self.path}", code="not_found")
+            return
+        refused = next((name for name in scripted.refuses if name in body), None)
+        if refused is not None:
+            self._send_error(400, f"Unrecognized request argument supplied: {refused}")
             return
         if scripted.model is not None and body.get("model") != scripted.model:
             model = body.get("model")
@@ -348,6 +378,8 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             number = len(scripted.requests)
             completion = _completion(reply, messages, model=body.get("model") or scripted.model, number=number)
+            if "usage" in completion:
+                _report_cache(completion, scripted._cached_tokens(body, messages), kind=scripted.server_kind)
             if body.get("stream"):
                 options = body.get("stream_options")
                 usage = isinstance(options, dict) and bool(options.get("include_usage"))
@@ -511,8 +543,31 @@ def _stream_events(
             sent += len(piece)
     yield chunk({}, reply.finish_reason)
     if usage and "usage" in completion:
-        yield json.dumps({**base, "choices": [], "usage": completion["usage"]})
+        timings = {"timings": completion["timings"]} if "timings" in completion else {}  # llama.cpp's last chunk
+        yield json.dumps({**base, "choices": [], "usage": completion["usage"], **timings})
     yield "[DONE]"
+
+
+def _report_cache(completion: dict[str, Any], cached: int, *, kind: str) -> None:
+    """Say how many prompt tokens came from the cache, as OpenAI (usage details) or llama.cpp (`timings`) does."""
+    prompt = completion["usage"]["prompt_tokens"]
+    cached = min(cached, prompt)
+    if kind == "llama.cpp":
+        completion["timings"] = {"cache_n": cached, "prompt_n": prompt - cached}
+    else:
+        completion["usage"]["prompt_tokens_details"] = {"cached_tokens": cached}
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Characters `a` and `b` share from their start (a binary search on slices: C speed on long prompts)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _model_entry(name: str) -> dict[str, Any]:

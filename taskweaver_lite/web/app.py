@@ -9,8 +9,11 @@
     POST /api/sessions/{id}/stop                cancel the running request, like Ctrl-C
     POST /api/sessions/{id}/files               multipart `file` -> like /load
     GET  /api/sessions/{id}/artifacts/{name}    a file the session produced (only from its folders)
-    GET  /api/sessions/{id}/context             each role's last prompt, in tokens by part, against its budget
+    GET  /api/sessions/{id}/context             each role's last prompt, in tokens by part, against its budget; prompt tokens cached and not
     GET  /api/sessions/{id}/export?format=ipynb|md
+    POST /api/sessions/{id}/experience          distil the session into tips (like /save) -> {"saved": [...]}
+    GET  /api/sessions/{id}/experience          every tip, and the handcrafted files that could not be read
+    DELETE /api/sessions/{id}/experience/{tip}  delete a stored tip (like /experience delete)
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import mimetypes
+import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -30,22 +34,24 @@ from starlette.applications import Starlette
 from starlette.datastructures import UploadFile
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from taskweaver_lite.config import Config
 from taskweaver_lite.errors import TaskWeaverError, UnknownSessionError
-from taskweaver_lite.kernel.output import file_inside
+from taskweaver_lite.llm.client import Usage, usage_by_purpose
 from taskweaver_lite.store.database import stored_sessions
 from taskweaver_lite.store.export import write_export
 from taskweaver_lite.web.access_log import AccessLog, AccessLogMiddleware
 from taskweaver_lite.web.auth import COOKIE, Access
 from taskweaver_lite.web.events import round_json
 from taskweaver_lite.web.hub import Busy, Hub, LiveSession
+from taskweaver_lite.workfiles import open_below
 
 STATIC = files("taskweaver_lite.web") / "static"
 Handler = Callable[[Request], Awaitable[Response]]
+ARTIFACT_CHUNK = 1 << 20
 
 
 def build_app(config: Config, access: Access, *, log: AccessLog | None = None, preload: Sequence[Path] = ()) -> Starlette:
@@ -69,6 +75,8 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
         Route("/api/sessions/{id}/artifacts/{name}", _with(hub, _artifact)),
         Route("/api/sessions/{id}/context", _with(hub, _context)),
         Route("/api/sessions/{id}/export", _export(config)),
+        Route("/api/sessions/{id}/experience", _with(hub, _experience), methods=["GET", "POST"]),
+        Route("/api/sessions/{id}/experience/{tip}", _with(hub, _delete_tip), methods=["DELETE"]),
     ]
     logging = [Middleware(AccessLogMiddleware, log=log)] if log is not None else []  # outermost: refusals are logged too
     app = Starlette(routes=routes, middleware=[*logging, Middleware(_Guard, access=access)], lifespan=lifespan)
@@ -236,23 +244,64 @@ async def _artifact(request: Request, live: LiveSession) -> Response:
     try:
         path = live.session.executor.artifact(name)
     except KeyError:
-        try:  # a file a cell wrote into the working folder; a link out of it is not followed
-            path = file_inside(live.session.working_dir, name)
-        except KeyError:
-            return _error(404, f"No artifact {name!r} in this session.")
-    return FileResponse(path, headers={"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox"})
+        path = live.session.working_dir / name  # a file a cell wrote into the working folder
+    try:
+        # Opened once, no link followed, checked and served from that descriptor: a kernel swapping
+        # the file for a link between a check and an open by name gets nothing out of it.
+        fd, info = await asyncio.to_thread(open_below, path.parent, path.name)
+    except OSError:
+        return _error(404, f"No artifact {name!r} in this session.")
+    kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    headers = {"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox", "Content-Length": str(info.st_size)}
+    return StreamingResponse(_chunks(fd, info.st_size), media_type=kind, headers=headers)
+
+
+async def _chunks(fd: int, size: int) -> AsyncIterator[bytes]:
+    """The `size` bytes of the open file `fd`, in pieces; the descriptor is closed at the end (or on a dropped client)."""
+    try:
+        while size > 0 and (chunk := await asyncio.to_thread(os.read, fd, min(ARTIFACT_CHUNK, size))):
+            size -= len(chunk)
+            yield chunk
+    finally:
+        os.close(fd)
 
 
 async def _context(_: Request, live: LiveSession) -> Response:
     roles = []
+    by_purpose = usage_by_purpose(live.session.usage_by_model())
     for context in live.session.contexts().values():
+        # Prompt tokens of this process's calls, with what the servers took from their prefix caches.
+        calls, folds = by_purpose.get(context.role, Usage()), by_purpose.get(f"compression_{context.role}", Usage())
+        tokens = {
+            "prompt_tokens": calls.prompt_tokens,
+            "cached_tokens": calls.cached_tokens,
+            "uncached_tokens": calls.uncached_tokens,
+            "fold_prompt_tokens": folds.prompt_tokens,
+            "fold_cached_tokens": folds.cached_tokens,
+        }
         report = context.report()
         if report is None:
-            roles.append({"role": context.label, "budget": context.budget, "total": 0, "parts": {}})
+            roles.append({"role": context.label, "budget": context.budget, "total": 0, "parts": {}, **tokens})
             continue
         parts = dict(report.parts())
-        roles.append({"role": context.label, "budget": report.budget, "total": report.cost.total, "parts": parts, "folded_through": report.folded_through})
+        roles.append(
+            {"role": context.label, "budget": report.budget, "total": report.cost.total, "parts": parts, "folded_through": report.folded_through, **tokens}
+        )
     return JSONResponse({"roles": roles})
+
+
+async def _experience(request: Request, live: LiveSession) -> Response:
+    if request.method == "POST":
+        saved = await asyncio.to_thread(live.save_experience)
+        return JSONResponse({"saved": [tip.to_dict() for tip in saved]})
+    experience = live.session.experience
+    tips, problems = await asyncio.to_thread(lambda: (experience.all(), experience.problems()))
+    return JSONResponse({"tips": [tip.to_dict() for tip in tips], "problems": problems, "enabled": live.session.config.experience.enabled})
+
+
+async def _delete_tip(request: Request, live: LiveSession) -> Response:
+    tip = await asyncio.to_thread(live.session.experience.delete, request.path_params["tip"])
+    return JSONResponse({"deleted": tip.to_dict()})
 
 
 def _export(config: Config) -> Handler:

@@ -20,6 +20,7 @@ from taskweaver_lite.config import Config
 from taskweaver_lite.errors import SessionBusyError, TaskWeaverError
 from taskweaver_lite.events import Event, PostAdded, ReplyStreamed
 from taskweaver_lite.kernel.executor import close_thread_loop
+from taskweaver_lite.knowledge.tips import Tip
 from taskweaver_lite.llm.streaming import SHOWN_FIELDS, PartialReply
 from taskweaver_lite.session import Session
 from taskweaver_lite.web.events import event_json
@@ -44,7 +45,7 @@ class Turn:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.finished = False  # the final event is on its way
-        self.answered = False  # the answer is on its way (its round is being stored; the bookkeeping follows)
+        self.answered = False  # the answer is stored and on its way (the round's bookkeeping follows)
         self._pending: list[dict[str, Any] | None] = []
         self._lock = threading.Lock()
         self._ready = asyncio.Event()
@@ -96,6 +97,7 @@ class LiveSession:
         self._worker: threading.Thread | None = None
         self._guard = threading.Lock()
         self._partial: dict[str, PartialReply] = {}
+        self._saving = False  # /save's distillation is running: no request starts meanwhile
         session.add_listener(self._on_event, first=True)  # to the page at once, as to the terminal
 
     @property
@@ -106,7 +108,21 @@ class LiveSession:
     def busy(self) -> bool:
         """A request is being answered (once its answer or error is out, the thread's last steps do not count)."""
         turn = self._turn
-        return self._worker is not None and self._worker.is_alive() and not (turn is not None and turn.done)
+        answering = self._worker is not None and self._worker.is_alive() and not (turn is not None and turn.done)
+        return answering or self._saving
+
+    def save_experience(self) -> list[Tip]:
+        """Distil the session into stored tips (a model call; run it off the loop); Busy while a request runs."""
+        with self._guard:
+            if self.busy:
+                raise Busy("This session is answering a request: save its experience when it is done.")
+            self._saving = True
+        try:
+            if self._worker is not None:
+                self._worker.join()  # an answered request finishing its bookkeeping
+            return self.session.save_experience()
+        finally:
+            self._saving = False
 
     def ask(self, text: str) -> Turn:
         """Start answering `text` on a worker thread; its events arrive on the returned turn (call from the server's loop)."""
@@ -163,11 +179,11 @@ class LiveSession:
             self._answered(turn, event)
 
     def _answered(self, turn: Turn, event: PostAdded) -> None:
-        """The answer goes to the page when the terminal would print it; the round is stored after it.
+        """The answer goes to the page when the terminal would print it: once the store holds it (Session._emit).
 
         Its thread then waits for the loop to write it, rather than take the interpreter from the
-        loop for the store and the round's bookkeeping; a client that stopped reading costs at most
-        that wait. Should storing the round fail, an error follows the answer, last.
+        loop for the round's bookkeeping; a client that stopped reading costs at most that wait.
+        Should storing the round's end fail, an error follows the answer, last.
         """
         turn.answered = True
         turn.put({"type": "round_ended", "round": event.round.index, "state": "finished", "error": None})

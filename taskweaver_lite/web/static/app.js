@@ -1,4 +1,4 @@
-// The page: sessions, the chat with streamed replies, steps with code and outputs, uploads, context, export.
+// The page: sessions, the chat with streamed replies, steps with code and outputs, uploads, context, export, saving experience.
 // The Planner's messages are Markdown: rendered by marked, any raw HTML in them escaped (shown as
 // text), and the result sanitized by DOMPurify before it enters the page. Everything else from the
 // model and the kernel is inserted as text (textContent); a cell's HTML table goes into a sandboxed
@@ -96,6 +96,7 @@ async function openSession(id, resume) {
       $(link).classList.remove("disabled");
     }
     $("show-context").disabled = false;
+    $("save-experience").disabled = false;
     const chat = $("chat");
     chat.replaceChildren();
     for (const round of state.rounds) showRound(round);
@@ -356,9 +357,23 @@ async function showContext() {
   }
 }
 
+async function saveExperience() {
+  if (!current) return;
+  notice("Distilling this session into tips for later sessions…");
+  try {
+    const { saved } = await postJSON(`/api/sessions/${encodeURIComponent(current)}/experience`);
+    notice("");
+    const lines = saved.map((tip) => `#${tip.id} ${tip.kind.replace("_", " ")}: ${tip.text}`);
+    say("system", "", saved.length ? `Saved ${saved.length} tip${saved.length === 1 ? "" : "s"} for later sessions:\n${lines.join("\n")}` : "Nothing in this session was worth keeping as a tip.");
+  } catch (error) {
+    notice(`Could not save the experience: ${error.message}`);
+  }
+}
+
 window.addEventListener("DOMContentLoaded", () => {
   $("new-session").onclick = newSession;
   $("show-context").onclick = showContext;
+  $("save-experience").onclick = saveExperience;
   $("stop").onclick = () => current && postJSON(`/api/sessions/${encodeURIComponent(current)}/stop`).catch((e) => notice(e.message));
   $("composer").onsubmit = (event) => {
     event.preventDefault();

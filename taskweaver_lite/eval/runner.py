@@ -1,0 +1,343 @@
+"""Running cases under settings: each run a fresh session of the project, up to `jobs` at a time.
+
+A run's config is the project's file, then the case's `config_var` (TaskWeaver's key names
+translated where ours differ; keys with no counterpart are noted, not applied), then `--set`, then
+the setting's keys, so a matrix row always wins. Sessions are stored in the report folder's own
+database, not the project's. Whatever goes wrong in one run (a case that cannot be read, data that
+is missing, a model that fails mid-run, a judge reply that is no verdict) is that run's outcome,
+with the reason; the other runs go on.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import json
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from taskweaver_lite.config import Config, LLMConfig, is_config_key, load_config, merged_llm
+from taskweaver_lite.errors import ConfigError, TaskWeaverError
+from taskweaver_lite.eval import probe
+from taskweaver_lite.eval.cases import BadCase, Case, ProblemSet, TaskCase
+from taskweaver_lite.eval.dseval import SetupFailed, run_problem_set
+from taskweaver_lite.eval.examiner import RoundFailed, Transcript, examine
+from taskweaver_lite.eval.matrix import Setting
+from taskweaver_lite.eval.outcome import RESULTS_FILE, Outcome, PointResult, ResultsFile, scored_keys
+from taskweaver_lite.eval.scoring import NotAVerdict, mark, score
+from taskweaver_lite.events import Event, Listener, RoundEnded
+from taskweaver_lite.llm.client import ChatModel, MeteredModel, OpenAIChatModel
+from taskweaver_lite.memory.conversation import Round
+from taskweaver_lite.session import Session
+
+Progress = Callable[[str], None]
+
+# TaskWeaver's config_var keys whose setting here has another name.
+TASKWEAVER_KEYS = {
+    "code_verification.code_verification_on": "code_interpreter.code_verification_on",
+    "code_generator.enable_auto_plugin_selection": "code_generator.auto_plugin_selection",
+}
+PRE_COMMAND_TIMEOUT = 600.0
+TRANSCRIPTS = "transcripts"  # in the report folder: each TaskWeaver run's conversation, as the examiner saw it
+PROGRESS_EVERY = 10  # rounds between progress lines of a long case
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """What to run: the project, `--set` overrides, the settings, where the report goes, how many at once."""
+
+    project: Path
+    report_dir: Path
+    settings: tuple[Setting, ...]
+    overrides: tuple[str, ...] = ()
+    jobs: int = 1
+    resume: bool = False
+
+
+def run_eval(cases: Sequence[Case], plan: EvalPlan, *, progress: Progress = lambda line: None) -> list[Outcome]:
+    """Run every case under every setting (skipping those already scored when resuming); the outcomes, latest per run."""
+    check_settings(plan)
+    plan.report_dir.mkdir(parents=True, exist_ok=True)
+    results = ResultsFile(plan.report_dir / RESULTS_FILE)
+    earlier = results.read() if plan.resume else []
+    done = scored_keys(earlier)
+    runs = [(case, setting) for setting in plan.settings for case in cases]
+    todo = [(case, setting) for case, setting in runs if (case.name, setting.name) not in done]
+    progress(f"eval: {len(cases)} case(s) x {len(plan.settings)} setting(s) = {len(runs)} run(s), {plan.jobs} at a time; report in {plan.report_dir}")
+    if len(todo) < len(runs):
+        progress(f"resume: {len(runs) - len(todo)} run(s) already scored, {len(todo)} to go")
+    finished: dict[tuple[str, str], Outcome] = {o.key: o for o in earlier}
+    with ThreadPoolExecutor(max_workers=max(1, plan.jobs), thread_name_prefix="eval") as pool:
+        futures = [pool.submit(_in_worker, case, setting, plan, progress) for case, setting in todo]
+        for count, future in enumerate(as_completed(futures), 1):
+            outcome = future.result()
+            results.append(outcome)
+            finished[outcome.key] = outcome
+            progress(f"[{count}/{len(todo)}] {describe(outcome)}")
+    order = {(case.name, setting.name): n for n, (case, setting) in enumerate(runs)}
+    return sorted((o for o in finished.values() if o.key in order), key=lambda o: order[o.key])
+
+
+def _in_worker(case: Case, setting: Setting, plan: EvalPlan, progress: Progress) -> Outcome:
+    """`run_one` in a pool thread, which then closes the event loop the kernel client opened in it."""
+    from taskweaver_lite.kernel.executor import close_thread_loop
+
+    try:
+        return run_one(case, setting, plan, progress=progress)
+    except Exception as exc:  # noqa: BLE001 - one run's unexpected failure must not end the others; its reason is kept
+        kind = "dseval" if isinstance(case, ProblemSet) else "taskweaver"
+        return Outcome(case=case.name, setting=setting.name, kind=kind, status="failed", reason=f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}")
+    finally:
+        close_thread_loop()
+
+
+def check_settings(plan: EvalPlan) -> None:
+    """Every setting must make a valid config before anything runs: a typo fails the command, naming the setting."""
+    for setting in plan.settings:
+        try:
+            config = load_config(plan.project, [*plan.overrides, *setting.overrides])
+            for part in ("examiner", "judge"):
+                _llm(config, part)
+        except ConfigError as exc:
+            raise ConfigError(f"setting {setting.name!r}: {exc}") from None
+
+
+def describe(outcome: Outcome) -> str:
+    """One progress line for a finished run."""
+    where = f"{outcome.case} @ {outcome.setting}"
+    if outcome.status == "skipped":
+        return f"{where}: skipped: {outcome.reason}"
+    tokens = f"{outcome.prompt_tokens:,} prompt tokens ({outcome.cached_tokens:,} cached)"
+    cost = f"{outcome.rounds} round(s), {tokens}, {outcome.fold_calls} fold(s), {outcome.seconds:.1f} s"
+    if outcome.status == "failed":
+        return f"{where}: failed: {outcome.reason} ({cost})"
+    return f"{where}: score {outcome.score:.2f} ({outcome.points:g}/{outcome.max_points:g}), {cost}"
+
+
+def run_one(case: Case, setting: Setting, plan: EvalPlan, *, progress: Progress = lambda line: None) -> Outcome:
+    """One case under one setting, in a session of its own; never raises for the case's own problems.
+
+    `progress` hears when it starts and every `PROGRESS_EVERY` rounds.
+    """
+    started = time.perf_counter()
+    kind = "dseval" if isinstance(case, ProblemSet) else "taskweaver"
+    blank = Outcome(case=case.name, setting=setting.name, kind=kind, status="skipped")
+    if isinstance(case, BadCase):
+        return replace(blank, reason=case.reason)
+    problem = _unmet(case)
+    if problem:
+        return replace(blank, reason=problem)
+    overrides, notes = case_overrides(case)
+    store = f"store.path={json.dumps(str((plan.report_dir / 'sessions.db').resolve()))}"
+    try:
+        config = load_config(plan.project, [*overrides, *plan.overrides, *setting.overrides, store])
+    except ConfigError as exc:
+        return replace(blank, reason=f"{case.name}: config_var: {exc}")
+    if isinstance(case, TaskCase):
+        notes += _pre_commands(case)
+    progress(f"  {case.name} @ {setting.name}: started")
+    where = f"{case.name} @ {setting.name}"
+    transcript = plan.report_dir / TRANSCRIPTS / f"{_file_name(case.name)}@{_file_name(setting.name)}.json"
+    outcome = _in_session(case, config, blank=replace(blank, notes=tuple(notes)), on_event=_round_counter(where, progress), transcript=transcript)
+    return replace(outcome, seconds=round(time.perf_counter() - started, 3))
+
+
+def case_overrides(case: Case) -> tuple[list[str], list[str]]:
+    """A TaskWeaver case's `config_var` as overrides, and a note for each key with no setting here."""
+    if not isinstance(case, TaskCase):
+        return ([], [])
+    overrides, notes = [], []
+    for key, value in case.config_var.items():
+        ours = TASKWEAVER_KEYS.get(str(key), str(key))
+        if is_config_key(ours):
+            overrides.append(f"{ours}={json.dumps(value)}")
+        else:
+            notes.append(f"config_var {key} not applied: no such setting here")
+    return (overrides, notes)
+
+
+def _unmet(case: Case) -> str:
+    """Why a case cannot run here (a dependency missing, a data file not there), or ''."""
+    if not isinstance(case, TaskCase):
+        return ""
+    for requirement in case.dependencies:
+        problem = dependency_problem(requirement)
+        if problem:
+            return problem
+    missing = [name for name in case.data_files if not (case.folder / name).exists()]
+    if missing:
+        return f"data file {', '.join(missing)} not found in {case.folder}"
+    return ""
+
+
+def dependency_problem(requirement: str) -> str:
+    """Why `requirement` (TaskWeaver's form: name, name>=1.2, name>1.2) is not met, or ''."""
+    from packaging.version import InvalidVersion, Version
+
+    match = re.fullmatch(r"\s*([A-Za-z0-9_.\-]+)\s*(?:(>=|>|==)\s*([\w.]+))?\s*", requirement)
+    if match is None:
+        return f"dependency {requirement!r} is not of the form name, name>=version or name>version"
+    name, operator, wanted = match.groups()
+    try:
+        installed = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return f"dependency {name} is not installed (pip install {name})"
+    if operator is None:
+        return ""
+    try:
+        have, need = Version(installed), Version(wanted)
+    except InvalidVersion:
+        return f"dependency {requirement!r}: cannot compare versions ({installed} installed)"
+    met = {">=": have >= need, ">": have > need, "==": have == need}[operator]
+    return "" if met else f"dependency {requirement} not met: {name} {installed} is installed"
+
+
+def _pre_commands(case: TaskCase) -> list[str]:
+    """Run the case's pre_command lines in its folder, as TaskWeaver does; a note for each that fails (the case still runs)."""
+    notes = []
+    for command in case.pre_command:
+        try:
+            done = subprocess.run(command, shell=True, cwd=case.folder, capture_output=True, text=True, timeout=PRE_COMMAND_TIMEOUT, check=False)
+        except subprocess.TimeoutExpired:
+            notes.append(f"pre_command {command!r} did not finish in {PRE_COMMAND_TIMEOUT:g} s")
+            continue
+        if done.returncode != 0:
+            tail = " ".join((done.stderr or done.stdout).split())[-200:]
+            notes.append(f"pre_command {command!r} failed (exit {done.returncode}): {tail}")
+    return notes
+
+
+def _round_counter(where: str, progress: Progress) -> Listener:
+    """A session listener that reports every `PROGRESS_EVERY`th round as it ends."""
+
+    def heard(event: Event) -> None:
+        if isinstance(event, RoundEnded) and event.round.index % PROGRESS_EVERY == 0:
+            progress(f"  {where}: round {event.round.index}")
+
+    return heard
+
+
+def _file_name(name: str) -> str:
+    """`name` as a safe file name part."""
+    return re.sub(r"[^\w.,()+-]+", "_", name).strip("_") or "_"
+
+
+def _in_session(case: TaskCase | ProblemSet, config: Config, *, blank: Outcome, on_event: Listener, transcript: Path) -> Outcome:
+    """Open the session, score the case in it, and count what it cost."""
+    try:
+        examiner, judge = MeteredModel(_client(config, "examiner")), MeteredModel(_client(config, "judge"))
+    except TaskWeaverError as exc:
+        return replace(blank, status="failed", reason=f"the examiner's or the judge's model: {exc}")
+    try:
+        try:
+            session = Session.open(config, listeners=[on_event])
+        except TaskWeaverError as exc:
+            return replace(blank, status="failed", reason=f"the session could not start: {exc}")
+        with session:
+            outcome = _scored(case, session, config, examiner=examiner, judge=judge, blank=blank, transcript=transcript)
+            return _with_costs(outcome, session)
+    finally:
+        for model in (examiner, judge):
+            _close(model.inner)
+
+
+def _scored(
+    case: TaskCase | ProblemSet, session: Session, config: Config, *, examiner: MeteredModel, judge: MeteredModel, blank: Outcome, transcript: Path
+) -> Outcome:
+    """The case's score, or the reason it has none (the run's costs are added by the caller)."""
+    try:
+        session.executor.run(probe.install_cell(inspect.getsource(probe)))
+        if isinstance(case, ProblemSet):
+            details = run_problem_set(case, session=session)
+        else:
+            details = _task_case(case, session, config, examiner=examiner, judge=judge, transcript=transcript)
+    except (NotAVerdict, SetupFailed) as exc:
+        return replace(blank, status="failed", reason=str(exc), **_side_costs(examiner, judge))
+    except TaskWeaverError as exc:
+        rounds = len(session.conversation.rounds)
+        return replace(blank, status="failed", reason=f"a model or the kernel failed at request {rounds}: {exc}", **_side_costs(examiner, judge))
+    except Exception as exc:  # noqa: BLE001 - one run's unexpected failure must not end the others; its reason is kept
+        return replace(blank, status="failed", reason=f"{type(exc).__name__}: {exc}", **_side_costs(examiner, judge))
+    points, most = score(details)
+    return replace(
+        blank, status="scored", score=round(points / most, 4) if most else 0.0, points=points, max_points=most, details=details, **_side_costs(examiner, judge)
+    )
+
+
+def _task_case(
+    case: TaskCase, session: Session, config: Config, *, examiner: ChatModel, judge: ChatModel, transcript: Path
+) -> tuple[PointResult, ...]:
+    """A TaskWeaver case: data files in, the examiner's conversation (saved to `transcript`), then the marking."""
+    for name in case.data_files:
+        source = case.folder / name
+        if source.is_dir():
+            shutil.copytree(source, session.working_dir / source.name, dirs_exist_ok=True)
+        else:
+            session.executor.upload(source)
+
+    def ask(request: str) -> str:
+        rnd = session.ask(request)
+        if rnd.state == "failed":
+            raise RoundFailed(rnd.error or "the round failed")
+        return verbose_reply(rnd) if case.verbose else (rnd.answer or rnd.posts[-1].message)
+
+    talk: Transcript = examine(case.task_description, model=examiner, ask=ask, max_rounds=case.max_rounds or config.eval.max_rounds)
+    transcript.parent.mkdir(parents=True, exist_ok=True)
+    saved = {"case": case.name, "rounds": talk.rounds, "chat_history": [list(record) for record in talk.records]}
+    transcript.write_text(json.dumps(saved, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return mark(case.scoring_points, task_description=case.task_description, transcript=talk, judge=judge, executor=session.executor)
+
+
+def verbose_reply(rnd: Round) -> str:
+    """The agent's reply with every post of the round, as TaskWeaver's `verbose: true` shows the examiner."""
+    lines = [f"{post.send_from} -> {post.send_to}: {post.message}" for post in rnd.posts]
+    return "\n Below are conversation details inside the Agent: \n" + "\n".join(lines) + "\n"
+
+
+def _with_costs(outcome: Outcome, session: Session) -> Outcome:
+    """The agent's tokens (roles and folds), its fold calls and its rounds."""
+    usage = session.usage()
+    folds = sum(u.calls for (purpose, _), u in session.usage_by_model().items() if purpose.startswith("compression"))
+    return replace(
+        outcome,
+        rounds=len(session.conversation.rounds),
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cached_tokens=usage.cached_tokens,
+        fold_calls=folds,
+        session_id=session.id,
+    )
+
+
+def _side_costs(examiner: MeteredModel, judge: MeteredModel) -> dict[str, Any]:
+    return {"examiner_tokens": examiner.usage().total_tokens, "judge_tokens": judge.usage().total_tokens}
+
+
+def _client(config: Config, part: str) -> ChatModel:
+    """The examiner's or the judge's model: `eval.<part>.llm` over the project's `llm`; the examiner writes prose, not JSON."""
+    return OpenAIChatModel(_llm(config, part))
+
+
+def _llm(config: Config, part: str) -> LLMConfig:
+    """`eval.<part>.llm` merged over `llm`; ConfigError naming the key when the result is not a valid model setting."""
+    section = getattr(config.eval, part)
+    try:
+        llm = merged_llm(config.llm, section.llm)
+    except ValueError as exc:
+        raise ConfigError(f"eval.{part}.llm (over llm): {' '.join(str(exc).split())[:300]}") from None
+    if part == "examiner" and section.llm.json_mode is None:
+        llm = llm.model_copy(update={"json_mode": False})
+    return llm
+
+
+def _close(model: ChatModel) -> None:
+    close = getattr(model, "close", None)
+    if callable(close):
+        close()

@@ -1,0 +1,128 @@
+"""A project's experience: tips stored by `/save` and handcrafted ones, and the few that fit a request.
+
+    experience = Experience(store=store, folder=project / "experience", settings=config.experience)
+    experience.block("plot monthly sales", tokenizer=tokenizer, max_tokens=400)   # '' when none fits
+
+Each request is matched against every tip by FTS5's BM25 in an in-memory index, rebuilt only when
+the stored tips or the handcrafted files change. At most `experience.top_k` tips are shown, within
+a token cap, after the static part of a role's instructions. TaskWeaver instead shows every tip
+above a cosine-similarity threshold, with no cap, and needs an embedding model for it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from taskweaver_lite.errors import ExperienceError
+from taskweaver_lite.knowledge.fts import TOKENIZE, fts5_problem, match_query
+from taskweaver_lite.knowledge.tips import KIND_LABELS, HandcraftedTips, Tip, TipKind, read_handcrafted
+from taskweaver_lite.roles.templates import load_prompt
+
+if TYPE_CHECKING:
+    from taskweaver_lite.config import ExperienceConfig
+    from taskweaver_lite.llm.tokens import Tokenizer
+    from taskweaver_lite.store.database import SessionStore
+
+
+class Experience:
+    """The tips of one project: listing, saving, deleting, and picking the ones that fit a request."""
+
+    def __init__(self, *, store: SessionStore | None, folder: Path, settings: ExperienceConfig) -> None:
+        self._store = store
+        self.folder = folder
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._key: object = None
+        self._index: _TipIndex | None = None
+        self._handcrafted = HandcraftedTips()
+        self._handcrafted_key: object = None
+
+    def problems(self) -> list[str]:
+        """One line per thing that keeps tips out: a broken handcrafted file, an SQLite without FTS5."""
+        lines = list(self._read_files().problems)
+        missing = fts5_problem()
+        if missing is not None and self.settings.enabled:
+            lines.append(f"experience retrieval is off: {missing}")
+        return lines
+
+    def all(self) -> list[Tip]:
+        """Every tip: the stored ones, oldest first, then the handcrafted ones."""
+        stored = self._store.stored_tips() if self._store is not None else []
+        return [*stored, *self._read_files().tips]
+
+    def save(self, session_id: str, tips: Sequence[tuple[TipKind, str]]) -> list[Tip]:
+        """Store tips distilled from `session_id`; ExperienceError when the session has no store."""
+        if self._store is None:
+            raise ExperienceError("this session has no store, so tips cannot be kept")
+        return self._store.save_tips(session_id, tips) if tips else []
+
+    def delete(self, tip_id: str) -> Tip:
+        """Delete a stored tip by its number; a handcrafted one is named with the file to edit instead."""
+        tips = {tip.id: tip for tip in self.all()}
+        tip = tips.get(tip_id.lstrip("#"))
+        if tip is None:
+            raise ExperienceError(f"there is no tip {tip_id}; /experience lists them with their ids")
+        if tip.handcrafted:
+            raise ExperienceError(f"tip {tip.id} is handcrafted: delete or edit {self.folder / tip.source} to remove it")
+        assert self._store is not None  # a stored tip came from the store
+        self._store.delete_tip(int(tip.id))
+        return tip
+
+    def relevant(self, text: str) -> list[Tip]:
+        """The top `experience.top_k` tips for `text`, best first (none when experience is off or nothing matches)."""
+        if not self.settings.enabled or fts5_problem() is not None:
+            return []
+        query = match_query(text)
+        if query is None:
+            return []
+        with self._lock:
+            key = (self._store.tips_version() if self._store is not None else None, self._files_key())
+            if self._index is None or key != self._key:
+                self._index, self._key = _TipIndex(self.all()), key
+            return self._index.search(query, limit=self.settings.top_k)
+
+    def block(self, text: str, *, tokenizer: Tokenizer, max_tokens: int) -> str:
+        """The tips for `text` as prompt text within `max_tokens` (and `experience.max_tokens`); '' when none."""
+        cap = min(max_tokens, self.settings.max_tokens)
+        template = load_prompt("experience")
+        lines: list[str] = []
+        for tip in self.relevant(text):
+            line = f"[{KIND_LABELS[tip.kind]}] {' '.join(tip.text.split())}"
+            if tokenizer.count(template.render("tips", tips=[*lines, line])) > cap:
+                if not lines:  # the best tip, cut to fit, rather than none
+                    room = cap - tokenizer.count(template.render("tips", tips=[""]))
+                    if room >= 16:
+                        lines.append(tokenizer.truncate_middle(line, room))
+                break
+            lines.append(line)
+        return template.render("tips", tips=lines) if lines else ""
+
+    def _read_files(self) -> HandcraftedTips:
+        key = self._files_key()
+        if key != self._handcrafted_key:
+            self._handcrafted, self._handcrafted_key = read_handcrafted(self.folder), key
+        return self._handcrafted
+
+    def _files_key(self) -> object:
+        """What the handcrafted files are now: names, sizes, modification times."""
+        if not self.folder.is_dir():
+            return ()
+        return tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(self.folder.iterdir()) if p.suffix in (".yaml", ".yml"))
+
+
+class _TipIndex:
+    """An in-memory FTS5 table of tips (a few hundred at most): built in milliseconds, searched by BM25."""
+
+    def __init__(self, tips: Sequence[Tip]) -> None:
+        self._tips = list(tips)
+        self._db = sqlite3.connect(":memory:", check_same_thread=False)
+        self._db.execute(f"CREATE VIRTUAL TABLE tips USING fts5(text, tokenize='{TOKENIZE}')")
+        self._db.executemany("INSERT INTO tips (rowid, text) VALUES (?, ?)", [(n, tip.text) for n, tip in enumerate(self._tips)])
+
+    def search(self, query: str, *, limit: int) -> list[Tip]:
+        rows = self._db.execute("SELECT rowid FROM tips WHERE tips MATCH ? ORDER BY bm25(tips) LIMIT ?", (query, limit)).fetchall()
+        return [self._tips[int(r[0])] for r in rows]

@@ -1,0 +1,88 @@
+"""Experience tips: what a session taught (an error and its fix, a preference of the user), and handcrafted ones from YAML.
+
+Handcrafted tips are TaskWeaver's handcrafted experience files, read unchanged: each
+`PROJECT_DIR/experience/*.yaml` holds `exp_id` and `experience_text` (TaskWeaver's own extra keys,
+`raw_experience_path`, `embedding_model` and `embedding`, are ignored; its `exp_<id>.yaml` copy of a
+`handcrafted_exp_<id>.yaml` is the same tip once). Its `raw_exp_*.yaml` files are whole
+conversations, not tips: they are reported as not read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+TipKind = Literal["error_resolution", "preference", "handcrafted"]
+DISTILLED_KINDS: tuple[TipKind, ...] = ("error_resolution", "preference")
+KIND_LABELS: dict[str, str] = {"error_resolution": "error resolution", "preference": "preference", "handcrafted": "handcrafted"}
+
+
+@dataclass(frozen=True)
+class Tip:
+    """One tip: a stored one's id is its number, a handcrafted one's its `exp_id`."""
+
+    id: str
+    kind: TipKind
+    text: str
+    source: str  # the session it was distilled from, or the handcrafted file's name
+    created_at: float = 0.0
+
+    @property
+    def handcrafted(self) -> bool:
+        """Whether it comes from a YAML file in `experience/` (edited there, not in the store)."""
+        return self.kind == "handcrafted"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON shape: {id, kind, text, source, created_at}."""
+        return {"id": self.id, "kind": self.kind, "text": self.text, "source": self.source, "created_at": self.created_at}
+
+
+@dataclass(frozen=True)
+class HandcraftedTips:
+    """The tips read from the experience folder, and one line per file that could not be used."""
+
+    tips: tuple[Tip, ...] = ()
+    problems: tuple[str, ...] = ()
+
+
+def read_handcrafted(folder: Path) -> HandcraftedTips:
+    """Every `*.yaml` in `folder` as a tip (TaskWeaver's `exp_id` + `experience_text`); broken files named, never fatal."""
+    if not folder.is_dir():
+        return HandcraftedTips()
+    tips: dict[str, Tip] = {}
+    problems: list[str] = []
+    files = sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")], key=lambda p: (not p.name.startswith("handcrafted_exp_"), p.name))
+    for path in files:
+        if path.name.startswith("raw_exp_"):
+            problems.append(f"{path}: a TaskWeaver conversation record (raw_exp_*), not a tip: not read; write its lessons as a handcrafted tip")
+            continue
+        try:
+            tip = _read_tip(path)
+        except ValueError as exc:
+            problems.append(f"{path}: {exc}; a handcrafted tip is `exp_id: ...` and `experience_text: ...` (TaskWeaver's format)")
+            continue
+        tips.setdefault(tip.id, tip)  # exp_<id>.yaml repeats handcrafted_exp_<id>.yaml
+    return HandcraftedTips(tips=tuple(tips.values()), problems=tuple(problems))
+
+
+def _read_tip(path: Path) -> Tip:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot be read ({exc})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"not valid YAML{where} ({getattr(exc, 'problem', None) or exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError("expected a mapping")
+    missing = [key for key in ("exp_id", "experience_text") if data.get(key) in (None, "")]
+    if missing:
+        raise ValueError(f"no {' or '.join(missing)}")
+    text = data["experience_text"]
+    if not isinstance(text, str):
+        raise ValueError("experience_text must be text")
+    return Tip(id=str(data["exp_id"]), kind="handcrafted", text=text.strip(), source=path.name, created_at=path.stat().st_mtime)

@@ -1,0 +1,181 @@
+"""`taskweaver-lite eval` end to end: real sessions, real kernels, the openai SDK over HTTP to the scripted model.
+
+The scripted model (`testing/eval_script.py`) plays agent, examiner and judge; tests bend it to
+fail where a real model would. The CLI test kills a real `eval` process mid-run and resumes it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import REPO, cli_env, make_project
+
+from taskweaver_lite.eval.cases import load_cases
+from taskweaver_lite.eval.matrix import Setting
+from taskweaver_lite.eval.outcome import Outcome
+from taskweaver_lite.eval.report import REPORT_JSON, REPORT_MD, REPORT_PLOT, write_report
+from taskweaver_lite.eval.runner import EvalPlan, run_eval
+from taskweaver_lite.testing import eval_script
+from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, last_user_text
+
+pytestmark = pytest.mark.kernel
+
+TASKWEAVER_CASES = REPO / "tests" / "data" / "taskweaver_cases"
+SHIPPED = REPO / "project" / "eval_cases"
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with eval_script.scripted_eval_server() as scripted:
+        yield scripted
+
+
+def plan(tmp_path: Path, server: ScriptedServer, *settings: Setting, jobs: int = 1) -> EvalPlan:
+    project = make_project(tmp_path, server.url, llm={"max_retries": 0})
+    return EvalPlan(project, tmp_path / "report", settings or (Setting("project"),), jobs=jobs)
+
+
+def short_running_sum(folder: Path, rounds: int = 12) -> Path:
+    """The shipped running_sum case cut to `rounds` requests (the shipped one's 50 take too long for CI twice over)."""
+    case = folder / "running_sum"
+    case.mkdir(parents=True)
+    total = rounds * (rounds + 1) // 2
+    text = (SHIPPED / "running_sum" / "running_sum.yaml").read_text(encoding="utf-8")
+    text = text.replace("round 50", f"round {rounds}").replace("max_rounds: 50", f"max_rounds: {rounds}").replace("1275", str(total))
+    (case / "running_sum.yaml").write_text(text, encoding="utf-8")
+    return case
+
+
+def by_case(outcomes: list[Outcome]) -> dict[str, Outcome]:
+    return {o.case: o for o in outcomes}
+
+
+def test_taskweavers_own_cases_are_examined_judged_and_their_eval_code_runs_in_the_kernel(tmp_path: Path, server: ScriptedServer) -> None:
+    outcomes = by_case(run_eval(load_cases([TASKWEAVER_CASES]), plan(tmp_path, server)))
+    calc, echo = outcomes["calc_mean"], outcomes["echo"]
+    assert calc.status == "scored" and calc.score == 1.0 and calc.rounds == 1
+    assert calc.details[0].by == "judge" and calc.notes == ("config_var execution_service.kernel_mode not applied: no such setting here",)
+    # echo's first point asserts on chat_history[-1] being the agent's HumanMessage saying exactly "Hello World".
+    assert [(d.by, d.hit) for d in echo.details] == [("eval_code", True), ("judge", True)]
+    assert calc.prompt_tokens > 0 and calc.examiner_tokens > 0 and calc.judge_tokens > 0
+    saved = json.loads((tmp_path / "report" / "transcripts" / "echo@project.json").read_text(encoding="utf-8"))
+    assert saved["chat_history"][-1] == ["ai", "TASK_FINISHED"] and saved["chat_history"][-2] == ["human", "Hello World"]
+    examiner_requests = [r for r in server.requests if r.role == "other" and "You are testing" in r.messages[0]["content"]]
+    assert "Let's start" not in examiner_requests[0].messages[1]["content"]  # our kick-off, our words
+    assert examiner_requests[0].body.get("response_format") is None  # the examiner writes prose, not JSON
+
+
+def test_eval_code_that_fails_marks_its_point_missed_with_the_assertion(tmp_path: Path, server: ScriptedServer) -> None:
+    case = tmp_path / "cases" / "echo_wrong"
+    case.mkdir(parents=True)
+    (case / "echo_wrong.yaml").write_text(
+        'task_description: The task is to echo the word "Hello World"\n'
+        "scoring_points:\n  - score_point: the agent says goodbye\n    weight: 2\n"
+        "    eval_code: |-\n      assert chat_history[-1].content == 'Goodbye', f'said {chat_history[-1].content!r}'\n",
+        encoding="utf-8",
+    )
+    [outcome] = run_eval(load_cases([case]), plan(tmp_path, server))
+    assert outcome.status == "scored" and outcome.score == 0.0
+    assert outcome.details[0].reason == "AssertionError: said 'Hello World'"
+
+
+def test_a_dseval_set_is_scored_by_its_validators_without_a_judge(tmp_path: Path, server: ScriptedServer) -> None:
+    def wrong_per_region(messages: list[dict[str, Any]]) -> str:
+        if "per region" in last_user_text(messages):
+            return code_reply("sales.groupby('region')['revenue'].mean()")
+        return eval_script.code_generator(messages)
+
+    server.set_default("code_generator", wrong_per_region)
+    [outcome] = run_eval(load_cases([SHIPPED / "dseval"]), plan(tmp_path, server))
+    assert outcome.kind == "dseval" and outcome.status == "scored" and outcome.rounds == 3
+    assert [d.hit for d in outcome.details] == [True, True, False] and outcome.score == pytest.approx(2 / 3, abs=1e-3)
+    assert outcome.details[2].reason.startswith("Series are different") or "values are different" in outcome.details[2].reason
+    assert not any(r.role == "other" for r in server.requests)  # no examiner, no judge
+
+
+def test_bad_input_marks_its_case_with_the_reason_and_the_others_go_on(tmp_path: Path, server: ScriptedServer) -> None:
+    cases = tmp_path / "cases"
+    for name, text in {
+        "no_task": "scoring_points: [{score_point: s, weight: 1}]\n",
+        "no_data": "task_description: The task is to echo the word \"Hello World\"\ndata_files: [gone.csv]\nscoring_points: [{score_point: s, weight: 1}]\n",
+        "unjudged": 'task_description: The task is to echo the word "Hello World"\nscoring_points: [{score_point: says hello, weight: 1}]\n',
+        "model_fails": "task_description: The task is to explode the model.\nscoring_points: [{score_point: s, weight: 1}]\n",
+    }.items():
+        (cases / name).mkdir(parents=True)
+        (cases / name / f"{name}.yaml").write_text(text, encoding="utf-8")
+
+    def judge_waffles(messages: list[dict[str, Any]]) -> str:
+        if "says hello" in last_user_text(messages):
+            return "Well, the agent was friendly enough."
+        return eval_script.examiner_or_judge(messages)
+
+    def planner_breaks(messages: list[dict[str, Any]]) -> str | Reply:
+        if "explode" in last_user_text(messages):
+            return Reply(status=500, error_message="the model crashed")
+        return eval_script.planner(messages)
+
+    server.set_default("other", judge_waffles)
+    server.set_default("planner", planner_breaks)
+    outcomes = run_eval(load_cases([cases, TASKWEAVER_CASES / "echo"]), plan(tmp_path, server, jobs=2))
+    result = by_case(outcomes)
+    assert result["no_task"].status == "skipped" and "missing task_description" in result["no_task"].reason
+    assert result["no_data"].status == "skipped" and "data file gone.csv not found" in result["no_data"].reason
+    assert result["unjudged"].status == "failed" and "the judge's reply on scoring point 1 is not a verdict" in result["unjudged"].reason
+    assert result["model_fails"].status == "failed" and "failed at request 1" in result["model_fails"].reason
+    assert "HTTP 500" in result["model_fails"].reason
+    assert result["echo"].status == "scored" and result["echo"].score == 1.0
+    text = write_report(tmp_path / "report", outcomes, [Setting("project")], plot=False)[0].read_text(encoding="utf-8")
+    assert "## Skipped or failed" in text and "- no_data @ project: **skipped**: data file gone.csv not found" in text
+
+
+def test_a_matrix_runs_every_case_under_every_setting_in_parallel_and_reports_their_costs(tmp_path: Path, server: ScriptedServer) -> None:
+    off = Setting("off", ("planner.prompt_compression=false", "code_generator.prompt_compression=false"))
+    tight = Setting("(1,1)", ("round_compressor.rounds_to_compress=1", "round_compressor.rounds_to_retain=1"))
+    the_plan = plan(tmp_path, server, off, tight, jobs=2)
+    outcomes = run_eval(load_cases([short_running_sum(tmp_path / "cases")]), the_plan)
+    result = {o.setting: o for o in outcomes}
+    assert [o.setting for o in outcomes] == ["off", "(1,1)"]
+    # 12 rounds: the points at sums 55 (round 10) and 78 (the last reply, eval_code) hit; those of rounds 20-40 cannot.
+    assert all(o.status == "scored" and o.points == 6 and o.max_points == 15 and o.rounds == 12 for o in outcomes)
+    assert result["off"].fold_calls == 0 and result["(1,1)"].fold_calls > 0
+    assert result["(1,1)"].prompt_tokens < result["off"].prompt_tokens
+    # The scripted server reports a prefix cache: a round's prompt begins as the last one did.
+    assert all(0 < o.cached_tokens < o.prompt_tokens for o in outcomes)
+    written = write_report(the_plan.report_dir, outcomes, [off, tight])
+    assert [p.name for p in written] == [REPORT_MD, REPORT_JSON, REPORT_PLOT]
+    assert (the_plan.report_dir / REPORT_PLOT).read_bytes().startswith(b"\x89PNG")
+    data = json.loads((the_plan.report_dir / REPORT_JSON).read_text(encoding="utf-8"))
+    assert [s["setting"] for s in data["summary"]] == ["off", "(1,1)"]
+    assert data["runs"][0]["uncached_tokens"] == data["runs"][0]["prompt_tokens"] - data["runs"][0]["cached_tokens"]
+
+
+@pytest.mark.cli
+def test_eval_killed_mid_run_resumes_without_redoing_the_scored_runs(tmp_path: Path) -> None:
+    project = make_project(tmp_path, "http://127.0.0.1:9/v1")
+    report = tmp_path / "report"
+    cases = [str(SHIPPED / "mean_units"), str(short_running_sum(tmp_path / "cases", rounds=20))]
+    command = [sys.executable, "-m", "taskweaver_lite", "eval", *cases, "-p", str(project), "--scripted", "-o", str(report)]
+    results = report / "results.jsonl"
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=cli_env()) as proc:
+        deadline = time.monotonic() + 60
+        while not (results.exists() and results.read_text(encoding="utf-8").count("\n") >= 1) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    assert [json.loads(line)["case"] for line in results.read_text(encoding="utf-8").splitlines()] == ["mean_units"]
+    again = subprocess.run([*command, "--resume"], capture_output=True, text=True, env=cli_env(), timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert "resume: 1 run(s) already scored, 1 to go" in again.stderr
+    assert "running_sum @ project: started" in again.stderr and "running_sum @ project: round 20" in again.stderr
+    assert "mean_units @ project: started" not in again.stderr
+    assert [json.loads(line)["case"] for line in results.read_text(encoding="utf-8").splitlines()] == ["mean_units", "running_sum"]
+    assert "| mean_units | project | 1.00 (1/1) |" in again.stdout and "| running_sum | project | 0.53 (8/15) | 20 |" in again.stdout

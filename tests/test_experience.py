@@ -1,0 +1,164 @@
+"""Experience: a session distilled into tips (/save, the serve endpoint), retrieved by the next session's roles, handcrafted tips, /experience."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import make_project, run_cli
+
+from taskweaver_lite.config import load_config
+from taskweaver_lite.errors import ExperienceError
+from taskweaver_lite.session import Session
+from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
+from taskweaver_lite.testing.web_server import WebServer
+
+pytestmark = pytest.mark.kernel
+
+DATES_TIP = "When sales.csv is read, parse the date column with parse_dates=['date'] or resampling by month fails with a TypeError."
+EURO_TIP = "The user wants money shown in euros with two decimals."
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    with ScriptedServer() as srv:
+        yield srv
+
+
+def tips_reply(*tips: tuple[str, str]) -> str:
+    return json.dumps({"tips": [{"kind": kind, "text": text} for kind, text in tips]})
+
+
+def system_of(server: ScriptedServer, role: str) -> str:
+    return next(r.messages[0]["content"] for r in reversed(server.requests) if r.role == role)
+
+
+def first_session(project: Path, server: ScriptedServer) -> Session:
+    """A session whose code failed once (no parse_dates) and was fixed; still open."""
+    server.enqueue("planner", planner_reply("Compute the monthly total of [1, 2]."), planner_reply("The total is 3.", send_to="User"))
+    server.enqueue("code_generator", code_reply("print(totl)"), code_reply("print(sum([1, 2]))"))
+    session = Session.open(load_config(project))
+    session.ask("Monthly sales totals, in euros please.")
+    return session
+
+
+def ask_monthly(project: Path, server: ScriptedServer, **overrides: object) -> None:
+    server.enqueue("planner", planner_reply("Resample sales by month."), planner_reply("Done.", send_to="User"))
+    server.enqueue("code_generator", code_reply("print('resampled')"))
+    config = load_config(project, [f"{key}={value}" for key, value in overrides.items()])
+    with Session.open(config) as session:
+        session.ask("Show the monthly sales from sales.csv")
+
+
+def test_tips_saved_in_one_session_are_shown_to_the_next_sessions_roles_after_their_instructions(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    server.enqueue("other", tips_reply(("error_resolution", DATES_TIP), ("preference", EURO_TIP)))
+    with first_session(project, server) as session:
+        saved = session.save_experience()
+    assert [(t.kind, t.text) for t in saved] == [("error_resolution", DATES_TIP), ("preference", EURO_TIP)]
+    distil_prompt = "\n".join(m["content"] for m in server.requests[-1].messages)
+    assert "print(totl)" in distil_prompt and "NameError" in distil_prompt, "the distillation sees the failed code and its error"
+    ask_monthly(project, server)
+    planner, coder = system_of(server, "planner"), system_of(server, "code_generator")
+    assert DATES_TIP in planner and DATES_TIP in coder
+    assert planner.index("## Experience from earlier sessions") > planner.index("You may hand steps"), "tips come after the static instructions"
+
+
+def test_with_experience_disabled_no_tip_is_retrieved(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    server.enqueue("other", tips_reply(("error_resolution", DATES_TIP)))
+    with first_session(project, server) as session:
+        session.save_experience()
+    ask_monthly(project, server, **{"experience.enabled": "false"})
+    assert DATES_TIP not in system_of(server, "planner") and "Experience from" not in system_of(server, "code_generator")
+
+
+def test_only_the_top_k_tips_that_match_the_request_are_shown_within_the_token_cap(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url, experience={"top_k": 1, "max_tokens": 80})
+    unrelated = ("preference", "The user likes seaborn violin plots for distributions.")
+    server.enqueue("other", tips_reply(unrelated, ("error_resolution", DATES_TIP), ("preference", EURO_TIP)))
+    with first_session(project, server) as session:
+        session.save_experience()
+        tokenizer = session.contexts()["planner"].tokenizer
+        block = session.experience.block("monthly sales from sales.csv", tokenizer=tokenizer, max_tokens=1000)
+    assert DATES_TIP in block and EURO_TIP not in block and "violin" not in block
+    assert tokenizer.count(block) <= 80
+
+
+def test_handcrafted_taskweaver_files_are_read_unchanged_and_a_broken_one_is_named(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    folder = project / "experience"
+    folder.mkdir()
+    tip = "- Say \"world\" if you hear \"hello\".\n- Always resample sales monthly with parse_dates."
+    (folder / "handcrafted_exp_1.yaml").write_text(f"exp_id: 1\nexperience_text: |-\n{_indent(tip)}\n", encoding="utf-8")
+    # TaskWeaver's embedded copy of the same tip, as its refresh writes it: the same tip once.
+    (folder / "exp_1.yaml").write_text(f"exp_id: 1\nexperience_text: |-\n{_indent(tip)}\nembedding_model: all-mpnet-base-v2\nembedding: [0.1, 0.2]\n")
+    (folder / "broken.yaml").write_text("exp_id: 2\nexperience_text: [unclosed\n", encoding="utf-8")
+    (folder / "raw_exp_3.yaml").write_text("rounds: []\n", encoding="utf-8")
+    server.enqueue("planner", planner_reply("Resample."), planner_reply("Done.", send_to="User"))
+    server.enqueue("code_generator", code_reply("print(1)"))
+    with Session.open(load_config(project)) as session:
+        tips = session.experience.all()
+        problems = session.experience.problems()
+        session.ask("resample the sales monthly")
+    assert [(t.id, t.kind, t.source) for t in tips] == [("1", "handcrafted", "handcrafted_exp_1.yaml")]
+    assert any(str(folder / "broken.yaml") in p and "not valid YAML" in p for p in problems)
+    assert any("raw_exp_3.yaml" in p and "not read" in p for p in problems)
+    assert 'Say "world"' in system_of(server, "planner")
+
+
+def test_a_distillation_that_is_not_json_is_reported_and_nothing_is_lost(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    server.enqueue("other", tips_reply(("preference", EURO_TIP)), "Sure! Here are some thoughts, no JSON today.")
+    with first_session(project, server) as session:
+        session.save_experience()
+        with pytest.raises(ExperienceError, match=r"could not be read.*nothing was saved"):
+            session.save_experience()
+        assert [t.text for t in session.experience.all()] == [EURO_TIP], "the tips stored before are intact"
+        assert [r.state for r in session.conversation.rounds] == ["finished"]
+        server.enqueue("planner", planner_reply("Say hi.", send_to="User"))
+        assert session.ask("hi").state == "finished", "the session goes on"
+
+
+def test_save_before_any_request_says_there_is_nothing_to_learn_from(tmp_path: Path, server: ScriptedServer) -> None:
+    with Session.open(load_config(make_project(tmp_path, server.url))) as session, pytest.raises(ExperienceError, match="no requests yet"):
+        session.save_experience()
+    assert not [r for r in server.requests if r.role == "other"], "no model call for an empty session"
+
+
+def test_the_chat_saves_lists_and_deletes_tips(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    server.enqueue("planner", planner_reply("Hello!", send_to="User"))
+    server.enqueue("other", tips_reply(("preference", EURO_TIP), ("error_resolution", DATES_TIP)))
+    result = run_cli("chat", "-p", str(project), stdin="hello\n/save\n/experience\n/experience delete 1\n/experience delete 1\n/experience\n")
+    assert result.returncode == 0, result.stderr
+    err = result.stderr
+    assert "Saved 2 tips" in err and "#1  preference" in err and "#2  error resolution" in err
+    assert f"Deleted tip 1: {EURO_TIP}" in err and "there is no tip 1" in err
+    assert err.count("Experience: 2 tips;") == 1 and err.count("Experience: 1 tip;") == 1, "the last list shows the one tip left"
+
+
+def test_the_serve_endpoint_saves_lists_and_deletes_tips(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    server.enqueue("planner", planner_reply("Hello!", send_to="User"))
+    server.enqueue("other", tips_reply(("preference", EURO_TIP)), "not json")
+    with WebServer(load_config(project)) as web, httpx.Client(base_url=web.url, timeout=60) as client:
+        session_id = client.post("/api/sessions", json={}).json()["id"]
+        with client.stream("POST", f"/api/sessions/{session_id}/messages", json={"text": "hello"}) as response:
+            response.read()
+        saved = client.post(f"/api/sessions/{session_id}/experience")
+        assert saved.status_code == 200 and [t["text"] for t in saved.json()["saved"]] == [EURO_TIP]
+        broken = client.post(f"/api/sessions/{session_id}/experience")
+        assert broken.status_code == 400 and "nothing was saved" in broken.json()["error"]
+        listed = client.get(f"/api/sessions/{session_id}/experience").json()
+        assert [t["kind"] for t in listed["tips"]] == ["preference"] and listed["enabled"] is True
+        tip_id = listed["tips"][0]["id"]
+        assert client.delete(f"/api/sessions/{session_id}/experience/{tip_id}").json()["deleted"]["text"] == EURO_TIP
+        assert client.get(f"/api/sessions/{session_id}/experience").json()["tips"] == []
+
+
+def _indent(text: str, prefix: str = "  ") -> str:
+    return "\n".join(prefix + line for line in text.splitlines())
