@@ -23,8 +23,8 @@ def test_demo_chat_answers_the_scripted_requests_by_words_or_number_and_lists_th
     asked = "which region grew its revenue fastest from 2023 to 2024\n4\nwhat is the weather\n"
     done = run_cli("demo", "--chat", "-p", str(tmp_path / "demo"), stdin=asked, timeout=180)
     assert done.returncode == 0, done.stderr
-    assert "is the fastest-growing region (revenue 2024 vs 2023)" in done.stdout, "real code ran on the loaded sales.csv"
-    assert "has the best profit margin" in done.stdout
+    assert "**South +18.9%** is the fastest-growing region" in done.stdout, "real code ran on the loaded sales.csv, asked in any order"
+    assert "**Software 52.0%** has the best profit margin" in done.stdout
     assert "I can answer these requests" in done.stdout and "3. Plot monthly revenue by region and save the chart." in done.stdout
     assert "<data>" not in done.stdout, "the prompt's data markers stay out of the answers"
 

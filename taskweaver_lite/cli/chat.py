@@ -116,8 +116,12 @@ def chat_with(
     confirm: bool = False,
     overrides: Sequence[str] = (),
     preload: Sequence[Path] = (),
+    farewell: str | None = None,
 ) -> int:
-    """The chat on `config` (a new session, or `resume` one); `preload` files are loaded first; `project` is named in the resume hint."""
+    """The chat on `config` (a new session, or `resume` one); `preload` files are loaded first; `project` is named in the resume hint.
+
+    `farewell` replaces that hint (the demo's sessions cannot be resumed: their model is gone with it).
+    """
     interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
     confirm_mode = confirm or config.execution.confirm
     if confirm_mode and not interactive:
@@ -154,7 +158,7 @@ def chat_with(
             code = _piped(commands)
     finally:
         commands.session.close()
-    say(resume_hint(commands.session, project))
+    say(farewell or resume_hint(commands.session, project))
     return code
 
 

@@ -101,8 +101,17 @@ class DemoModel:
         for step in STEPS:
             for wanted, attempts in step.hops:
                 if wanted in instruction:
-                    return code_reply(attempts[-1], thought="Use the sales DataFrame from the kernel.")
+                    return code_reply(_with_sales(attempts[-1]), thought="Use the sales DataFrame from the kernel.")
         return text_reply("The demo's scripted model has no code for this instruction.")
+
+
+# The requests can be asked in any order: code that uses `sales` loads it first if no earlier request did.
+LOAD_SALES = 'import pandas as pd\nif "sales" not in globals():\n    sales = pd.read_csv("sales.csv", parse_dates=["date"])\n'
+
+
+def _with_sales(code: str) -> str:
+    uses = re.search(r"\bsales\b", code) is not None and not code.lstrip().startswith("import pandas as pd\nsales =")
+    return LOAD_SALES + code if uses else code
 
 
 @contextlib.contextmanager
@@ -130,4 +139,5 @@ def run_demo_chat(args: argparse.Namespace) -> int:
 
     with demo_config(args.project) as config:
         print(f"Demo project: {config.project_dir}. The scripted model answers these requests:\n{known_requests()}\n", flush=True)
-        return chat_with(config, project=None, resume=None, preload=[sample_data(config)])
+        farewell = f"The demo's sessions and files stay in {config.project_dir}; `taskweaver-lite demo --chat -p DIR` starts another there."
+        return chat_with(config, project=None, resume=None, preload=[sample_data(config)], farewell=farewell)
