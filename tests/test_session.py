@@ -11,7 +11,7 @@ from helpers import make_project
 from taskweaver_lite.config import ExecutionConfig, load_config
 from taskweaver_lite.errors import LLMUnreachableError
 from taskweaver_lite.events import Event, Folded, PostAdded
-from taskweaver_lite.execution import ExecutionResult, OutputSink, Variable
+from taskweaver_lite.execution import ExecutionResult, KernelEnvironment, OutputSink, Variable
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply, text_reply
 
@@ -300,6 +300,9 @@ class CountingExecutor:
 
     def variables(self) -> tuple[Variable, ...]:
         return self.inner.variables()
+
+    def environment(self) -> KernelEnvironment:
+        return self.inner.environment()
 
     def restart(self) -> tuple[str, ...]:
         return self.inner.restart()

@@ -156,6 +156,7 @@ class RoleContext:
         role_config = settings.section
         self.role = settings.role
         self.label = settings.label
+        self.llm = settings.llm  # the model this role's prompts are sent to (its window sizes the budget)
         self._fold_prompt = settings.fold_prompt
         self.strategy: Strategy = role_config.strategy
         self._examples_always = role_config.examples == "always"

@@ -143,8 +143,11 @@ def list_working_files(folder: Path, *, limit: int = 30) -> list[str]:
     """Data files in the kernel's working folder, with sizes, for the Planner's prompt."""
     if not folder.is_dir():
         return []
-    found = sorted(p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
-    shown = [f"{p.relative_to(folder)} ({_size(p.stat().st_size)})" for p in found[:limit]]
+    # A link the kernel made is named as one, never followed (not even for its size).
+    found = sorted(
+        p for p in folder.rglob("*") if (p.is_symlink() or p.is_file()) and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
+    shown = [f"{p.relative_to(folder)} ({'a link, not followed' if p.is_symlink() else _size(p.lstat().st_size)})" for p in found[:limit]]
     if len(found) > limit:
         shown.append(f"... and {len(found) - limit} more files")
     return shown
