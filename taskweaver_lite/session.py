@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.config import FOLDER, Config, LLMConfig, merged_llm
+from taskweaver_lite.config import DISTILLER, FOLDER, Config, LLMConfig, merged_llm
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
@@ -428,7 +428,8 @@ class Session:
 
     def save_experience(self) -> list[Tip]:
         """Distil this session into tips with the model and store them; ExperienceError (nothing stored) when that fails."""
-        tips = distil(self.conversation.rounds, model=self._model, tokenizer=get_tokenizer(self.config.llm.tokenizer), llm=self.config.llm)
+        llm = self.config.llm_for(DISTILLER)  # experience.llm over llm
+        tips = distil(self.conversation.rounds, model=self._model, tokenizer=get_tokenizer(llm.tokenizer), llm=llm)
         return self.experience.save(self.id, tips)
 
     def _tips_for(self, role: Role, request: str) -> str:
@@ -572,6 +573,7 @@ def role_models(config: Config, *, roles: Sequence[RoleSpec]) -> ChatModel:
     for spec in roles:
         by_purpose[spec.key] = client(merged_llm(config.llm, spec.section(config.role_section(spec.key)).llm))
         by_purpose[f"compression_{spec.key}"] = folder
+    by_purpose[DISTILLER] = client(config.llm_for(DISTILLER))
     return RoutedModel(by_purpose, default=client(config.llm))
 
 

@@ -11,7 +11,7 @@ import pytest
 from helpers import make_project, run_cli
 
 from taskweaver_lite.config import load_config
-from taskweaver_lite.errors import ExperienceError
+from taskweaver_lite.errors import ConfigError, ExperienceError
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 from taskweaver_lite.testing.web_server import WebServer
@@ -178,3 +178,15 @@ def test_the_serve_endpoint_saves_lists_and_deletes_tips(tmp_path: Path, server:
 
 def _indent(text: str, prefix: str = "  ") -> str:
     return "\n".join(prefix + line for line in text.splitlines())
+
+
+def test_experience_llm_picks_the_model_that_distils_and_a_bad_one_is_named_at_load(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url, experience={"llm": {"model": "big-distiller"}})
+    server.enqueue("other", tips_reply(("preference", EURO_TIP)))
+    with first_session(project, server) as session:
+        session.save_experience()
+    distil_call = server.requests[-1]
+    assert distil_call.role == "other" and distil_call.body["model"] == "big-distiller"
+    assert {r.body["model"] for r in server.requests if r.role == "planner"} == {"scripted"}, "the roles keep llm.model"
+    with pytest.raises(ConfigError, match=r"experience\.llm"):
+        load_config(project, ["experience.llm.context_window=300"])

@@ -18,7 +18,7 @@ from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.experience import experience_command, save_tips
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
 from taskweaver_lite.cli.roles import role_table
-from taskweaver_lite.config import CONFIG_FILE_NAME, FOLDER, Config, load_config
+from taskweaver_lite.config import CONFIG_FILE_NAME, DISTILLER, FOLDER, Config, load_config
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, timeline
@@ -130,8 +130,8 @@ MIN_DISPLAY_WIDTH = 40
 
 
 def _model_lines(config: Config, contexts: Sequence[RoleContext]) -> list[str]:
-    """/info's model lines: one when every part uses `llm`, else one per role and the folder, with its window."""
-    models = {**{context.role: context.llm for context in contexts}, FOLDER: config.llm_for(FOLDER)}
+    """/info's model lines: one when every part uses `llm`, else one per role, the folder and the distiller, with its window."""
+    models = {**{context.role: context.llm for context in contexts}, FOLDER: config.llm_for(FOLDER), DISTILLER: config.llm_for(DISTILLER)}
     if all(llm == config.llm for llm in models.values()):
         return [f"Model:    {config.llm.model} (context window {config.llm.context_window:,} tokens)"]
     return ["Models:"] + [f"  {user}: {llm.model} (context window {llm.context_window:,} tokens)" for user, llm in models.items()]
