@@ -22,7 +22,7 @@ def run_serve(args: argparse.Namespace) -> int:
     app = build_app(config, access)
     where = f"http://{'[' + args.host + ']' if ':' in args.host else args.host}:{args.port}/"
     print(f"taskweaver-lite serving {config.project_dir} at {where}" + (" (token required)" if access.token else ""), file=sys.stderr, flush=True)
-    for line in discover_roles(config.project_dir, enabled=config.session.roles).problems:
+    for line in discover_roles(config.project_dir, enabled=config.session.roles, config=config).problems:
         print(strip_controls(line), file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
     return 0
