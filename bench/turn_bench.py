@@ -33,7 +33,7 @@ from openai.types.chat import ChatCompletionSystemMessageParam
 
 from taskweaver_lite.cli.demo import bundled_project
 from taskweaver_lite.config import load_config
-from taskweaver_lite.execution import ExecutionResult, Executor, OutputSink, Variable
+from taskweaver_lite.execution import ExecutionResult, Executor, KernelEnvironment, OutputSink, Variable
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.llm.client import Completion, DeltaSink, Message, OpenAIChatModel
 from taskweaver_lite.session import Session
@@ -71,6 +71,9 @@ class TimedExecutor:
 
     def variables(self) -> tuple[Variable, ...]:
         return self.inner.variables()
+
+    def environment(self) -> KernelEnvironment:
+        return self.inner.environment()
 
     def restart(self) -> tuple[str, ...]:
         return self.inner.restart()

@@ -22,7 +22,7 @@ from taskweaver_lite.config import CONFIG_FILE_NAME, DISTILLER, FOLDER, Config, 
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, timeline
-from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.execution import ExecutionResult, KernelEnvironment
 from taskweaver_lite.llm.client import usage_by_purpose
 from taskweaver_lite.llm.discovery import discover, needs_discovery, use_local_server
 from taskweaver_lite.llm.tokens import get_tokenizer
@@ -127,6 +127,14 @@ def run_chat(args: argparse.Namespace) -> int:
 
 
 MIN_DISPLAY_WIDTH = 40
+
+
+def _kernel_lines(kernel: KernelEnvironment) -> list[str]:
+    """/info's kernel lines: its Python, the libraries it can import, the user's folders it sees (execution.mounts)."""
+    lines = [f"Kernel:   {kernel.python}"] if kernel.python else []
+    lines.append(f"Libraries: {', '.join(kernel.libraries) or 'not known yet'}")
+    lines += [f"Mount:    {mount}" for mount in kernel.mounts]
+    return lines
 
 
 def _model_lines(config: Config, contexts: Sequence[RoleContext]) -> list[str]:
@@ -389,6 +397,7 @@ class SlashCommands:
                         for (purpose, model), part in s.usage_by_model().items()
                     ),
                     f"Folder:   {s.working_dir}",
+                    *_kernel_lines(s.executor.environment()),
                 ]
             )
         )
