@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.config import DISTILLER, FOLDER, Config, LLMConfig, merged_llm
+from taskweaver_lite.config import DISTILLER, FOLDER, Config, LLMConfig, LLMOverrides, RoleConfig, merged_llm
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
@@ -68,6 +68,9 @@ class ResumeReport:
     replayed: int  # cells re-run to rebuild the kernel's variables
     replay_failures: int
     lost: tuple[str, ...]  # variables not rebuilt (replay skipped)
+
+
+UNDO_FOLD_WAIT = 30.0  # seconds /undo waits for a running fold (it may be folding the request being undone)
 
 
 @dataclass(frozen=True)
@@ -419,6 +422,66 @@ class Session:
         self.close()
         return fresh
 
+    def undo(self, *, on_replay: Callable[[int, int], None] | None = None) -> Round:
+        """Drop the last request with everything it caused (from the store too) and rebuild the kernel by replay; returns it.
+
+        Files its cells wrote stay in the working folder. A request already folded into a role's
+        summary cannot be taken back (TaskWeaverError says so).
+        """
+        if not self.conversation.rounds:
+            raise TaskWeaverError("Nothing to undo: this session has no requests yet.")
+        last = self.conversation.rounds[-1]
+        for role, context in self.contexts().items():
+            context.wait_idle(timeout=UNDO_FOLD_WAIT)
+            if context.state.folded_through >= last.index:
+                raise TaskWeaverError(f"Request {last.index} is already folded into the {role} role's summary and cannot be undone; /reset starts over.")
+        self._flush_store()
+        if self.store is not None:
+            self.store.drop_round(self.id, last.id)
+        self.conversation.rounds.pop()
+        # Files loaded just before it were announced in its message: the next request says so again.
+        self._notes = [self._planner.file_note(load.name) for load in self.loads if load.after_round == last.index - 1] + self._notes
+        self._rebuild_kernel(on_replay)
+        return last
+
+    def _rebuild_kernel(self, on_replay: Callable[[int, int], None] | None) -> None:
+        """A fresh kernel, then every cell that ran without error re-run in order (what resume does)."""
+        cells = self.store.successful_cells(self.id) if self.store is not None else _good_cells(self.conversation.rounds)
+        self.executor.restart()
+        self._recency.clear()
+        self._cells, self._lost = 0, []
+        for number, code in enumerate(cells, 1):
+            self.executor.run(code)
+            if on_replay is not None:
+                on_replay(number, len(cells))
+
+    def _flush_store(self) -> None:
+        for listener in self._listeners:
+            if isinstance(listener, StoreRecorder):
+                listener.flush()
+
+    def model_users(self) -> list[str]:
+        """What `use_model` accepts as `user`: the enabled roles' config keys, and round_compressor (the folds)."""
+        return [*self.contexts(), FOLDER]
+
+    def use_model(self, name: str, *, user: str | None = None) -> None:
+        """Call model `name` from the next request on: for every part, or for one (a role's key, or round_compressor)."""
+        if not self._owns_model:
+            raise TaskWeaverError("This session's model was handed to it by the program that opened it; only that program can change it.")
+        config = self.config
+        if user is None:
+            config.llm.model = name  # a part with its own `llm.model` keeps it (with its own address and key)
+        else:
+            section = config.round_compressor if user == FOLDER else config.role_section(user) if user in type(config).model_fields else None
+            if section is None:  # a project role: its section may not be written yet
+                section = config.role_sections.setdefault(user, RoleConfig())
+            # Assigned whole, so the section counts as set where a role's file settings are merged under it.
+            section.llm = LLMOverrides.model_validate({**section.llm.model_dump(exclude_unset=True), "model": name})
+        previous, self._model.inner = self._model.inner, role_models(config, roles=[active.spec for active in self.active.values()])
+        close = getattr(previous, "close", None)
+        if callable(close):
+            close()
+
     def live_variables(self) -> LiveVariables:
         """The kernel's variables now, most recently created or changed first, and names lost to restarts."""
         variables = self.executor.variables()
@@ -593,6 +656,11 @@ def default_executor(config: Config, *, plugins: Sequence[PluginSpec] = ()) -> E
     # A sandboxed kernel sees neither the project folder nor the store (wherever store.path puts it).
     hidden = (config.project_dir, config.store_path.parent)
     return functools.partial(KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens, plugins=tuple(plugins), hidden=hidden)
+
+
+def _good_cells(rounds: Sequence[Round]) -> list[str]:
+    """The code of every cell that ran without error, in order (the store's `successful_cells` for a session without one)."""
+    return [post.execution.code for rnd in rounds for post in rnd.posts if post.execution is not None and post.execution.success]
 
 
 def _newest_first(variables: Sequence[Variable], recency: dict[str, int]) -> tuple[Variable, ...]:

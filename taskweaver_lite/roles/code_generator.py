@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from taskweaver_lite.confirm import DECLINED, EDITED_NOTICE, ConfirmCell
 from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.events import CellPrinted, Working
-from taskweaver_lite.execution import CellError, ExecutionResult, Executor, FoldPiece, as_data
+from taskweaver_lite.execution import CellCancelled, CellError, ExecutionResult, Executor, FoldPiece, as_data
 from taskweaver_lite.llm.client import ChatModel, DeltaSink, Message
 from taskweaver_lite.llm.replies import CODE_GENERATOR_SCHEMA
 from taskweaver_lite.memory.compression import RoleContext
@@ -84,7 +84,11 @@ class CodeGenerator(Role):
                 reply_json = as_reply_json({**fields, "reply_content": code})
             if result is None:
                 notify(Working("code_running", code))
-                result = self._executor.run(code, on_output=lambda stream, text: notify(CellPrinted(stream, text)))
+                try:
+                    result = self._executor.run(code, on_output=lambda stream, text: notify(CellPrinted(stream, text)))
+                except CellCancelled as cancelled:  # kept: /last, /history and the exports show what it printed
+                    add_post(Post(send_from=self.party, send_to=request.send_from, message=cancelled.result.outcome(), code=code, execution=cancelled.result))
+                    raise
                 if code != fields["reply_content"]:
                     result = dataclasses.replace(result, notices=(*result.notices, EDITED_NOTICE))
             final = result.success or result.timed_out or result.kernel_died or attempt == attempts

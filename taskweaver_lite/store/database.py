@@ -322,6 +322,12 @@ class SessionStore:
             )
         return tuple(idx for _, idx in rows)
 
+    def drop_round(self, session_id: str, round_id: str) -> None:
+        """Forget one request and its posts (/undo); the model calls it made stay counted."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM posts WHERE session_id = ? AND round_id = ?", (session_id, round_id))
+            db.execute("DELETE FROM rounds WHERE session_id = ? AND round_id = ?", (session_id, round_id))
+
     def successful_cells(self, session_id: str) -> list[str]:
         """The code of every cell that ran without error, in the order it ran (for the kernel replay)."""
         # Rounds of every state count: the kernel ran a failed round's good cells all the same.
