@@ -434,6 +434,8 @@ class Session:
         if self.store is not None:
             self.store.drop_round(self.id, last.id)
         self.conversation.rounds.pop()
+        for context in self.contexts().values():  # the next prompt is built afresh: no variables list kept from the undone request
+            context.restore(context.state)
         # Files loaded just before it were announced in its message: the next request says so again.
         self._notes = [self._planner.file_note(load.name) for load in self.loads if load.after_round == last.index - 1] + self._notes
         self._rebuild_kernel(on_replay)
