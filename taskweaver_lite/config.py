@@ -8,7 +8,6 @@ Errors name the file, the key and what was expected, on one line.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -228,6 +227,23 @@ class KernelGatewayConfig(_Section):
         return value.rstrip("/")
 
 
+class MountConfig(_Section):
+    """A folder of this machine that the local kernel sees at its own path."""
+
+    path: str = Field(description="an absolute path (~ is expanded) of a folder or file that exists")
+    mode: Literal["ro", "rw"] = Field("ro", description="ro: the kernel reads it; rw: it may write there too")
+
+    @field_validator("path")
+    @classmethod
+    def _an_existing_absolute_path(cls, value: str) -> str:
+        path = os.path.expanduser(value)
+        if not os.path.isabs(path):
+            raise ValueError(f"{value!r} is not an absolute path: write it from the root, such as /data/sales or ~/Downloads")
+        if not os.path.exists(path):
+            raise ValueError(f"{path} does not exist on this machine")
+        return os.path.normpath(path)
+
+
 class ExecutionConfig(_Section):
     """The Jupyter kernel that runs generated code."""
 
@@ -248,6 +264,20 @@ class ExecutionConfig(_Section):
     )
     max_processes: int = Field(256, ge=8, description="processes and threads the sandboxed kernel may run at once")
     confirm: bool = Field(False, description="show each cell and wait for run / edit / skip (interactive chat only)")
+    kernel: str | None = Field(
+        None,
+        description="the Python the local kernel runs on: null (this program's), an installed Jupyter kernelspec's name, "
+        "or a Python interpreter's path (a conda env's or venv's bin/python with ipykernel)",
+    )
+    mounts: list[MountConfig] = Field(
+        default_factory=list, description="folders the sandboxed kernel sees at their own path: paths (read-only), or {path, mode: ro|rw}"
+    )
+
+    @field_validator("mounts", mode="before")
+    @classmethod
+    def _paths_or_mappings(cls, value: Any) -> Any:
+        # A bare path is the common case: read-only.
+        return [{"path": item} if isinstance(item, str) else item for item in value] if isinstance(value, list) else value
 
     @field_validator("memory_limit")
     @classmethod
@@ -465,19 +495,15 @@ _LOCAL_ONLY = {
 
 def settings_conflicts(config: Config) -> list[str]:
     """One line per pair of settings given together that cannot both hold, naming both and the fix."""
-    execution = config.execution
-    given = execution.model_fields_set
-    found = []
-    if execution.kernel_gateway is not None:
-        for key, why in _LOCAL_ONLY.items():
-            if key in given and not (key == "sandbox" and execution.sandbox != "bubblewrap"):
-                value = json_text(getattr(execution, key))
-                found.append(
-                    f"execution.{key}: {value} and execution.kernel_gateway conflict ({why}, and with a gateway the "
-                    f"kernel runs on the gateway's machine); remove one of them"
-                )
+    found = _gateway_conflicts(config.execution)
+    if config.execution.mounts and config.execution.sandbox == "none":
+        found.append(
+            "execution.mounts and execution.sandbox: none conflict (without the sandbox the kernel sees every folder and "
+            "read-only cannot be kept); remove the mounts, or set execution.sandbox: auto"
+        )
     for user in ("planner", "code_generator"):
         role: RoleConfig = getattr(config, user)
+        # The summarising strategies (compression.py turns them into sliding_window without compression).
         if not role.prompt_compression and "strategy" in role.model_fields_set and role.strategy in ("round_compression", "summary_buffer"):
             found.append(
                 f"{user}.prompt_compression: false and {user}.strategy: {role.strategy} conflict (without compression "
@@ -486,7 +512,31 @@ def settings_conflicts(config: Config) -> list[str]:
     return found
 
 
-def json_text(value: Any) -> str:
+def _gateway_conflicts(execution: ExecutionConfig) -> list[str]:
+    """Settings of a kernel on this machine given together with a gateway, whose kernel runs on its own machine."""
+    if execution.kernel_gateway is None:
+        return []
+    # `sandbox: auto` (the default, written out) means "where possible": no conflict.
+    given = [key for key in _LOCAL_ONLY if key in execution.model_fields_set and not (key == "sandbox" and execution.sandbox != "bubblewrap")]
+    found = [
+        f"execution.{key}: {yaml_text(getattr(execution, key))} and execution.kernel_gateway conflict ({_LOCAL_ONLY[key]}, and with a "
+        f"gateway the kernel runs on the gateway's machine); remove one of them"
+        for key in given
+    ]
+    if execution.kernel:
+        found.append(
+            "execution.kernel and execution.kernel_gateway conflict (it picks the Python of a kernel on this machine; a gateway's "
+            "kernel is its kernel_gateway.kernel_name); remove one of them"
+        )
+    if execution.mounts:
+        found.append(
+            "execution.mounts and execution.kernel_gateway conflict (they are folders of this machine, and with a gateway the "
+            "kernel runs on the gateway's machine); remove one of them"
+        )
+    return found
+
+
+def yaml_text(value: Any) -> str:
     """A setting's value as it is written in YAML (true, null, 50%)."""
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
@@ -559,23 +609,25 @@ def load_yaml(text: str, *, source: Path | str, max_chars: int = YAML_MAX_CHARS)
     bomb is small on disk but explodes once the values are walked: the events are counted first,
     without recursion, and only a file within the bounds is loaded.
     """
-    if len(text) > max_chars:
-        raise ConfigError(f"{source}: {len(text):,} characters, more than the {max_chars:,} a taskweaver-lite YAML file may have; nothing was loaded")
-    _check_expansion(yaml.parse(text, Loader=yaml.SafeLoader), source=source)
+    problem = yaml_bounds_problem(text, max_chars=max_chars)
+    if problem is not None:
+        raise ConfigError(f"{source}: {problem}; nothing was loaded")
     return yaml.safe_load(text)
 
 
-def _check_expansion(events: Iterable[yaml.Event], *, source: Path | str) -> None:
-    """ConfigError if the document nests deeper than YAML_MAX_DEPTH or expands (aliases followed) past YAML_MAX_NODES values."""
+def yaml_bounds_problem(text: str, *, max_chars: int = YAML_MAX_CHARS) -> str | None:
+    """What makes `text` too big, too deep or too alias-heavy to load (None: within the bounds), read without recursion."""
+    if len(text) > max_chars:
+        return f"{len(text):,} characters, more than the {max_chars:,} a taskweaver-lite YAML file may have"
     sizes: dict[str, int] = {}  # an anchor's value, in values once expanded
     open_counts = [0]  # values in each collection being read, outermost first
     anchors: list[str | None] = [None]
-    for event in events:
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, yaml.CollectionStartEvent):
             open_counts.append(0)
             anchors.append(event.anchor)
             if len(open_counts) > YAML_MAX_DEPTH + 1:
-                raise ConfigError(f"{source}: nested more than {YAML_MAX_DEPTH} levels deep; nothing was loaded: flatten it")
+                return f"nested more than {YAML_MAX_DEPTH} levels deep: flatten it"
             continue
         if isinstance(event, yaml.CollectionEndEvent):
             added, anchor = open_counts.pop() + 1, anchors.pop()
@@ -589,7 +641,8 @@ def _check_expansion(events: Iterable[yaml.Event], *, source: Path | str) -> Non
             sizes[anchor] = added
         open_counts[-1] += added
         if open_counts[-1] > YAML_MAX_NODES:
-            raise ConfigError(f"{source}: its aliases (*name) expand to more than {YAML_MAX_NODES:,} values; nothing was loaded: write the values out")
+            return f"its aliases (*name) expand to more than {YAML_MAX_NODES:,} values: write the values out"
+    return None
 
 
 def _read_text(path: Path) -> str:

@@ -225,6 +225,15 @@ def _unmarked(text: str, *, block: bool = True) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class KernelEnvironment:
+    """What the kernel offers code: the analysis libraries it can import, the user's folders it sees, its Python."""
+
+    libraries: tuple[str, ...] = ()  # import names, as probed in the kernel at its start (() if unknown)
+    mounts: tuple[str, ...] = ()  # "/data (read-only)", one per execution.mounts entry
+    python: str = ""  # the interpreter, for /info
+
+
 # What a running cell prints, as it prints it: (stream name "stdout" or "stderr", text).
 OutputSink = Callable[[str, str], None]
 
@@ -258,6 +267,10 @@ class Executor(Protocol):
 
     def variables(self) -> tuple[Variable, ...]:
         """The latest snapshot of user variables (from the last cell; no kernel round trip)."""
+        ...
+
+    def environment(self) -> KernelEnvironment:
+        """The libraries the kernel can import and the folders it sees (waits for a kernel still starting)."""
         ...
 
     def restart(self) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ import functools
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,6 +136,9 @@ class Session:
         self.experience = Experience(store=self.store, folder=config.experience_dir, settings=config.experience)
         self.active = self._build_roles()
         self._hook_experience()
+        # Each role's view of the finished rounds, extended as rounds finish (a view costs a copy of every round).
+        self._views: dict[str, list[Round]] = {alias: [] for alias in self.active}
+        self._viewed = 0
         entry = next((active for active in self.active.values() if isinstance(active.role, PlannerRole)), None)
         if entry is None or not isinstance(entry.role, PlannerRole):
             raise ConfigError("session.roles must include planner: it is the role the user talks to")
@@ -151,7 +154,7 @@ class Session:
     @property
     def role_problems(self) -> list[str]:
         """One line per role left out (a broken role file, a class that failed to import, a name that is no role)."""
-        return [entry.line() for entry in self.roles.broken if entry.name in self.config.session.roles or entry.where == "session.roles"]
+        return self.roles.problems
 
     def _build_roles(self) -> dict[str, ActiveRole]:
         """The enabled roles by alias, each with its own context (its own section, model and tokenizer)."""
@@ -174,11 +177,9 @@ class Session:
     def _tools(self, spec: RoleSpec) -> RoleTools:
         section = spec.section(self.config.role_section(spec.key))
         settings = ContextSettings.of(self.config, spec.key, section=section, label=spec.label, fold_prompt=spec.fold_prompt)
-        # Only the code-running role's prompt lists the kernel's variables (and its folds describe them).
-        live = self.live_variables if spec.builtin == "code_interpreter" else None
+        live = self.live_variables if spec.kernel_variables else None
         context = RoleContext(settings, model=self._model, tokenizer=get_tokenizer(settings.llm.tokenizer), live_variables=live, on_fold=self._emit)
-        # Only the JSON roles stream to the screen: their fields are read as they arrive.
-        stream = (lambda delta: self._emit(ReplyStreamed(spec.key, delta, spec.alias))) if spec.builtin else None
+        stream = (lambda delta: self._emit(ReplyStreamed(spec.key, delta, spec.alias))) if spec.streams else None
         return RoleTools(
             key=spec.key,
             alias=spec.alias,
@@ -249,12 +250,7 @@ class Session:
                 usage_before=stored.usage,
                 confirm=confirm,
             )
-        session.conversation.rounds = list(stored.rounds)
-        session.loads = list(stored.loads)
-        for context in session.contexts().values():
-            saved = stored.compression.get(context.role)
-            if saved:
-                context.restore(CompressionState.from_dict(saved))
+        session._restore(stored.rounds, loads=stored.loads, compression=stored.compression)
         failed_cells = 0
         for number, code in enumerate(cells, 1):
             failed_cells += not session.executor.run(code).success
@@ -271,6 +267,15 @@ class Session:
             lost=tuple(session._lost),
         )
         return session, report
+
+    def _restore(self, rounds: Sequence[Round], *, loads: Sequence[FileLoaded], compression: Mapping[str, dict[str, Any]]) -> None:
+        """Take back a stored session's record: its rounds, its loads, and each role's summary (by the role's key)."""
+        self.conversation.rounds = list(rounds)
+        self.loads = list(loads)
+        for context in self.contexts().values():
+            saved = compression.get(context.role)
+            if saved:
+                context.restore(CompressionState.from_dict(saved))
 
     @classmethod
     def _assemble(
@@ -331,7 +336,7 @@ class Session:
         (unreachable, refused) fails the round and is raised. Ctrl-C (KeyboardInterrupt) cancels
         the step, fails the round, and is raised after the kernel has stopped.
         """
-        views = {alias: self.conversation.view(alias) for alias in self.active}  # finished rounds, each role's posts
+        views = self._role_views()
         rnd = self.conversation.start_round(text)
         message = "\n\n".join([*self._notes, text])
         try:
@@ -380,7 +385,7 @@ class Session:
         self._emit(Working("role_working", spec.label))
         try:
             reply = active.role.reply(request, active.tools)
-        except (TaskWeaverError, Exception) as exc:  # noqa: BLE001 - a project role's failure must not end the request: the Planner hears why
+        except Exception as exc:  # noqa: BLE001 - a project role's failure (its model, its code) must not end the request: the Planner hears why
             return request.answer(role_failure(spec, exc))
         if not isinstance(reply, Post):
             why = f"answered with {type(reply).__name__}, not a post; its class ({spec.where}) must return request.answer(...)"
@@ -434,6 +439,9 @@ class Session:
         if self.store is not None:
             self.store.drop_round(self.id, last.id)
         self.conversation.rounds.pop()
+        self._viewed = min(self._viewed, len(self.conversation.rounds))
+        for alias, view in self._views.items():
+            self._views[alias] = [rnd for rnd in view if rnd.id != last.id]
         for context in self.contexts().values():  # the next prompt is built afresh: no variables list kept from the undone request
             context.restore(context.state)
         # Files loaded just before it were announced in its message: the next request says so again.
@@ -474,6 +482,8 @@ class Session:
                 section = config.role_sections.setdefault(user, RoleConfig())
             # Assigned whole, so the section counts as set where a role's file settings are merged under it.
             section.llm = LLMOverrides.model_validate({**section.llm.model_dump(exclude_unset=True), "model": name})
+        for active in self.active.values():  # what /info names (each role's window, and so its budget, stays)
+            active.context.llm = merged_llm(config.llm, active.spec.section(config.role_section(active.spec.key)).llm)
         previous, self._model.inner = self._model.inner, role_models(config, roles=[active.spec for active in self.active.values()])
         close = getattr(previous, "close", None)
         if callable(close):
@@ -549,9 +559,21 @@ class Session:
         context = self.contexts().get(role)
         return context.state.to_dict() if context is not None else None
 
+    def _role_views(self) -> dict[str, list[Round]]:
+        """Each role's view of the finished rounds: only the posts it sent or received (copies: a turn may not change them)."""
+        rounds = self.conversation.rounds
+        for rnd in rounds[self._viewed :]:
+            if rnd.state == "finished":
+                for alias, view in self._views.items():
+                    view.append(rnd.visible_to(alias))
+        self._viewed = len(rounds)
+        return {alias: list(view) for alias, view in self._views.items()}
+
     def _after_round(self) -> None:
-        for alias, active in self.active.items():
-            active.context.round_finished([active.role.render(r) for r in self.conversation.view(alias)])
+        for alias, view in self._role_views().items():
+            active = self.active[alias]
+            # A round the role took no part in renders to nothing and never folds: it is not rendered at all.
+            active.context.round_finished([active.role.render(r) for r in view if r.posts])
 
     def _add(self, rnd: Round, post: Post) -> None:
         rnd.posts.append(post)

@@ -29,13 +29,20 @@ def project_with(tmp_path: Path, text: str) -> Path:
         (GATEWAY + "  memory_limit: 4GB\n", [], ["execution.memory_limit: 4GB and execution.kernel_gateway"]),
         (GATEWAY + "  max_processes: 64\n", [], ["execution.max_processes: 64 and execution.kernel_gateway"]),
         ("planner:\n  prompt_compression: false\n  strategy: summary_buffer\n", [], ["planner.prompt_compression: false and planner.strategy: summary_buffer"]),
+        (GATEWAY + "  kernel: python3\n", [], ["execution.kernel and execution.kernel_gateway", "kernel_gateway.kernel_name"]),
+        (GATEWAY + "  mounts: [/usr/share]\n", [], ["execution.mounts and execution.kernel_gateway"]),
+        (
+            "execution: {sandbox: none}\n",
+            ["execution.mounts=[/usr/share]"],
+            ["--set execution.mounts=[/usr/share]", "execution.mounts and execution.sandbox: none"],
+        ),
     ],
 )
 def test_conflicting_settings_are_refused_in_one_line_naming_both(tmp_path: Path, text: str, overrides: list[str], named: list[str]) -> None:
     with pytest.raises(ConfigError) as caught:
         load_config(project_with(tmp_path, text), overrides)
     message = str(caught.value)
-    assert "\n" not in message and "conflict" in message and "remove one of them" in message
+    assert "\n" not in message and "conflict" in message and "remove " in message
     for fragment in named:
         assert fragment in message, message
 
@@ -44,3 +51,24 @@ def test_settings_that_agree_with_a_gateway_are_accepted(tmp_path: Path) -> None
     # `auto` (the default, written out) and a planner that keeps its default strategy are not conflicts.
     config = load_config(project_with(tmp_path, GATEWAY + "  sandbox: auto\nplanner: {prompt_compression: false}\n"))
     assert config.execution.kernel_gateway is not None and not config.planner.prompt_compression
+
+
+def test_mounts_are_paths_or_path_and_mode_and_read_only_by_default(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    text = f"execution:\n  mounts: [{tmp_path / 'data'}, {{path: '~', mode: rw}}]\n"
+    mounts = load_config(project_with(tmp_path, text)).execution.mounts
+    assert [(m.path, m.mode) for m in mounts] == [(str(tmp_path / "data"), "ro"), (str(Path.home()), "rw")]
+
+
+@pytest.mark.parametrize(
+    ("mount", "problem"),
+    [
+        ("data", "'data' is not an absolute path"),
+        ("/no/such/folder", "/no/such/folder does not exist on this machine"),
+        ("{path: /usr, mode: write}", "'ro' or 'rw'"),
+    ],
+)
+def test_a_bad_mount_is_one_line_naming_the_key(tmp_path: Path, mount: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(project_with(tmp_path, f"execution:\n  mounts: [{mount}]\n"))
+    assert "\n" not in str(caught.value) and "execution.mounts.0" in str(caught.value) and problem in str(caught.value), caught.value

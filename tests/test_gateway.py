@@ -68,6 +68,11 @@ def test_cells_keep_variables_in_the_sessions_folder_on_the_gateway(executor: Ga
     assert executor.run("os.getcwd()").result == repr(str(home))
 
 
+def test_the_gateway_kernels_libraries_are_asked_at_its_start(executor: GatewayExecutor) -> None:
+    environment = executor.environment()
+    assert environment.libraries[:3] == ("pandas", "numpy", "matplotlib") and environment.mounts == ()
+
+
 def test_an_error_comes_back_with_its_traceback_and_the_snapshot_stays_current(executor: GatewayExecutor) -> None:
     result = executor.run("made_before_error = 5\n1 / 0")
     assert not result.success and result.error is not None and result.error.name == "ZeroDivisionError"

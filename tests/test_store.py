@@ -117,6 +117,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> RecordedSession:
     return record_session(tmp_path_factory.mktemp("recorded"))
 
 
+@pytest.mark.kernel  # the recorded session ran in a real kernel
 def test_a_recorded_session_loads_back_round_for_round_with_summaries_and_usage(recorded: RecordedSession) -> None:
     store = SessionStore(recorded.store_path)
     stored = store.load(store.resolve("last"))
@@ -134,12 +135,14 @@ def test_a_recorded_session_loads_back_round_for_round_with_summaries_and_usage(
     store.close()
 
 
+@pytest.mark.kernel  # the recorded session ran in a real kernel
 def test_the_replay_gets_the_successful_cells_in_the_order_they_ran(recorded: RecordedSession) -> None:
     store = SessionStore(recorded.store_path)
     assert store.successful_cells(recorded.session_id) == [WRITE_CODE, PLOT_CODE]  # the NameError attempt is left out
     store.close()
 
 
+@pytest.mark.kernel  # the recorded session ran in a real kernel
 def test_sessions_list_newest_first_with_title_rounds_and_times(recorded: RecordedSession) -> None:
     store = SessionStore(recorded.store_path)
     store.create_session("older", started=1_000.0)

@@ -24,10 +24,11 @@ from taskweaver_lite.config import CONFIG_FILE_NAME, FOLDER, Config, load_config
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, timeline
-from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.execution import ExecutionResult, KernelEnvironment
 from taskweaver_lite.llm.client import usage_by_purpose
 from taskweaver_lite.llm.discovery import discover, needs_discovery, no_model_found, use_local_server
 from taskweaver_lite.llm.tokens import get_tokenizer
+from taskweaver_lite.memory.compression import RoleContext
 from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.memory.summary import render_summary
 from taskweaver_lite.memory.variables import render_variables
@@ -190,9 +191,17 @@ def model_names(session: Session) -> str:
     return "models " + ", ".join(f"{user} {model}" for user, model in models.items())
 
 
-def _model_lines(config: Config, roles: Sequence[str]) -> list[str]:
-    """/info's model lines: one when every part uses `llm`, else one per role (by key) and the folder, with its window."""
-    models = {user: config.llm_for(user) for user in (*roles, FOLDER)}
+def _kernel_lines(kernel: KernelEnvironment) -> list[str]:
+    """/info's kernel lines: its Python, the libraries it can import, the user's folders it sees (execution.mounts)."""
+    lines = [f"Kernel:   {kernel.python}"] if kernel.python else []
+    lines.append(f"Libraries: {', '.join(kernel.libraries) or 'not known yet'}")
+    lines += [f"Mount:    {mount}" for mount in kernel.mounts]
+    return lines
+
+
+def _model_lines(config: Config, contexts: Sequence[RoleContext]) -> list[str]:
+    """/info's model lines: one when every part uses `llm`, else one per role and the folder, with its window."""
+    models = {**{context.role: context.llm for context in contexts}, FOLDER: config.llm_for(FOLDER)}
     if all(llm == config.llm for llm in models.values()):
         return [f"Model:    {config.llm.model} (context window {config.llm.context_window:,} tokens)"]
     return ["Models:"] + [f"  {user}: {llm.model} (context window {llm.context_window:,} tokens)" for user, llm in models.items()]
@@ -459,7 +468,7 @@ class SlashCommands(TurnCommands):
             "\n".join(
                 [
                     f"Session:  {s.id}",
-                    *_model_lines(s.config, list(s.contexts())),
+                    *_model_lines(s.config, list(s.contexts().values())),
                     f"Rounds:   {len(rounds)} ({failed} failed)",
                     f"Tokens:   {usage.prompt_tokens:,} in ({usage.cached_tokens:,} cached, {usage.uncached_tokens:,} uncached), "
                     f"{usage.completion_tokens:,} out over {usage.calls} model calls",
@@ -469,6 +478,7 @@ class SlashCommands(TurnCommands):
                         for (purpose, model), part in s.usage_by_model().items()
                     ),
                     f"Folder:   {s.working_dir}",
+                    *_kernel_lines(s.executor.environment()),
                 ]
             )
         )

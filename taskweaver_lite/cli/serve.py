@@ -18,6 +18,8 @@ from urllib.parse import quote
 from taskweaver_lite.cli.chat import project_dir
 from taskweaver_lite.config import Config, load_config
 from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.roles.registry import discover_roles
+from taskweaver_lite.terminal import strip_controls
 from taskweaver_lite.web.access_log import AccessLog
 from taskweaver_lite.web.app import build_app
 from taskweaver_lite.web.auth import Access
@@ -48,6 +50,8 @@ def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] 
         app = build_app(config, access, log=log, preload=preload)
         with listening(args.host, args.port) as sock:
             print(start_line(config.project_dir, host=args.host, port=args.port, token=access.token), file=sys.stderr, flush=True)
+            for line in discover_roles(config.project_dir, enabled=config.session.roles, config=config).problems:
+                print(strip_controls(line), file=sys.stderr, flush=True)
             server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
             server.run(sockets=[sock])
     finally:

@@ -11,6 +11,7 @@ into its working folder (`executor.py` locally, `remote.py` on a Jupyter gateway
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import threading
@@ -23,7 +24,7 @@ from typing import Any, Literal, TypeVar
 
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
-from taskweaver_lite.execution import CellCancelled, CellError, ExecutionResult, OutputSink, Variable, VariableChanges
+from taskweaver_lite.execution import CellCancelled, CellError, ExecutionResult, KernelEnvironment, OutputSink, Variable, VariableChanges
 from taskweaver_lite.kernel import namespace
 from taskweaver_lite.kernel.output import CellOutput, artifact_file
 from taskweaver_lite.kernel.process import end_at_exit, forget
@@ -82,6 +83,7 @@ class SessionKernel(ABC):
         self.plugin_failures: tuple[str, ...] = ()  # plugins that failed to load in the current kernel, one line each
         self._unreported_failures: tuple[str, ...] = ()
         self._first_notices: tuple[str, ...] = ()  # said with the next cell's result, once
+        self.libraries: tuple[str, ...] = ()  # the analysis libraries the current kernel can import (asked at its start)
         self._namespace = namespace.VariableTracker()
         self._cell = namespace.last_cell_number(self.outputs_dir, self.artifacts_dir)
         self._expressions: dict[str, str] = {}
@@ -138,6 +140,20 @@ class SessionKernel(ABC):
     def variables(self) -> tuple[Variable, ...]:
         """The latest snapshot of user variables (from the last cell; no kernel round trip)."""
         return self._namespace.variables
+
+    def environment(self) -> KernelEnvironment:
+        """The libraries the kernel can import and the folders it sees; waits for a kernel still starting."""
+        with contextlib.suppress(KernelError):  # the next cell says what went wrong; the prompt is built without the list
+            self.wait_ready()
+        return KernelEnvironment(libraries=self.libraries, mounts=self._mounts(), python=self._python())
+
+    def _mounts(self) -> tuple[str, ...]:
+        """The user's folders the kernel sees, described for prompts and /info."""
+        return ()
+
+    def _python(self) -> str:
+        """The kernel's interpreter, described for /info ('' when another machine's)."""
+        return ""
 
     def restart(self) -> tuple[str, ...]:
         """Replace the kernel with a fresh one; returns the names of the variables that were lost."""
@@ -224,6 +240,7 @@ class SessionKernel(ABC):
         failures = self._first_notices + tuple(f"A plugin could not be loaded and is not available: {line}" for line in self._unreported_failures)
         self._unreported_failures = self._first_notices = ()
         plugin_notices, artifacts = self._plugin_artifacts(saved)
+        notices += self._explain(base.error)
         return dataclasses.replace(
             base,
             success=base.success and ok,
@@ -269,6 +286,10 @@ class SessionKernel(ABC):
         elif end.ending != "lost":
             self._recover("stuck")
         return partial
+
+    def _explain(self, error: CellError | None) -> tuple[str, ...]:
+        """Notes on a cell's error that only the transport can give (a path the sandbox hides)."""
+        return ()
 
     def _plugin_artifacts(self, saved: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Notices and artifacts for what plugins saved during a cell: locally they are the session's artifacts."""

@@ -26,10 +26,12 @@ from jupyter_core.utils import ensure_event_loop
 
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
-from taskweaver_lite.execution import OutputSink
+from taskweaver_lite.execution import CellError, OutputSink
 from taskweaver_lite.kernel import namespace
 from taskweaver_lite.kernel.base import DEFAULT_OUTPUT_TOKENS, POLL_INTERVAL, REPLY_WAIT, CellEnd, CellWatch, Ending, SessionKernel, show
+from taskweaver_lite.kernel.hidden_paths import hidden_path_notes
 from taskweaver_lite.kernel.identity import hand_over, kernel_uid
+from taskweaver_lite.kernel.interpreter import kernel_python
 from taskweaver_lite.kernel.output import CellOutput
 from taskweaver_lite.kernel.process import (
     InterpreterKernelManager,
@@ -40,7 +42,7 @@ from taskweaver_lite.kernel.process import (
     on_launcher_thread,
     socket_dir,
 )
-from taskweaver_lite.kernel.sandbox import fallback_notice, kernel_command, plan_for, uses_sandbox
+from taskweaver_lite.kernel.sandbox import Mount, fallback_notice, kernel_command, plan_for, uses_sandbox
 from taskweaver_lite.plugins.catalog import PluginSpec
 from taskweaver_lite.uploads import copy_file
 
@@ -64,9 +66,11 @@ class KernelExecutor(SessionKernel):
         `output_tokens` bounds what one cell's output may take in a prompt (Config.cell_output_tokens).
         `plugins` are loaded into every kernel this executor starts (first, restarted) before its first cell.
         `hidden`: folders a sandboxed kernel must not see besides the user's home (the project's).
-        A missing `bwrap` with `execution.sandbox: bubblewrap` raises ConfigError here, before anything starts.
+        A missing `bwrap` with `execution.sandbox: bubblewrap`, or an `execution.kernel` that cannot run
+        ipykernel, raises ConfigError here, before anything starts.
         """
         use_sandbox = uses_sandbox(config)
+        self.python = kernel_python(config.kernel)
         make_undumpable()
         super().__init__(session_dir, config=config, output_tokens=output_tokens, plugins=plugins)
         self._mark = uuid.uuid4().hex
@@ -78,19 +82,26 @@ class KernelExecutor(SessionKernel):
         self._socket_dir = socket_dir(self.session_dir)
         self._manager = InterpreterKernelManager(transport="ipc", ip=str(self._socket_dir / "kernel"))
         self._manager.connection_file = str(self._socket_dir / "connection.json")
+        self._manager.python = self.python.executable
         self.sandbox = None
         if use_sandbox:
-            run_as = kernel_uid(self.session_dir, cwd=self.cwd)
             self.sandbox = plan_for(
-                cwd=self.cwd, socket_dir=self._socket_dir, hidden=hidden, network=config.network, tmp_bytes=config.memory_limit_bytes(), run_as=run_as
+                cwd=self.cwd,
+                socket_dir=self._socket_dir,
+                hidden=hidden,
+                network=config.network,
+                tmp_bytes=config.memory_limit_bytes(),
+                run_as=kernel_uid(self.session_dir, cwd=self.cwd),
+                readable=self.python.folders,
+                mounts=[Mount(Path(m.path), writable=m.mode == "rw") for m in config.mounts],
             )
         self._manager.wrap = functools.partial(kernel_command, config=config, plan=self.sandbox)
         if self.sandbox is not None:
             self._manager.interrupt_mode = "message"
         if self.sandbox is not None and self.sandbox.run_as is not None:
             # Root's sandboxed kernel runs as a user of its own (identity.py): its sockets and working folder are that user's.
-            for folder in (self._socket_dir, self.cwd):
-                hand_over(folder, self.sandbox.run_as)
+            hand_over(self.cwd, self.sandbox.run_as)  # on resume, files an earlier kernel of this session wrote
+            hand_over(self._socket_dir, self.sandbox.run_as, recursive=False)  # its owner file stays ours
             self._manager.kernel_uid = self.sandbox.run_as
         self._manager.shutdown_wait_time = SHUTDOWN_GRACE
         self._client: BlockingKernelClient | None = None
@@ -137,6 +148,15 @@ class KernelExecutor(SessionKernel):
     def _kernel_folder(self) -> str:
         return str(self.cwd)
 
+    def _mounts(self) -> tuple[str, ...]:
+        return tuple(mount.describe() for mount in self.sandbox.mounts) if self.sandbox is not None else ()
+
+    def _python(self) -> str:
+        return self.python.describe()
+
+    def _explain(self, error: CellError | None) -> tuple[str, ...]:
+        return hidden_path_notes(error, self.sandbox)
+
     def _end(self) -> None:
         if self._client is not None:
             self._client.stop_channels()
@@ -174,8 +194,10 @@ class KernelExecutor(SessionKernel):
         client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
         try:
             client.wait_for_ready(timeout=self.config.kernel_start_timeout)
-            # IPython took the streams' guard off when its start-up code ended: put it back before the first cell.
-            _reply(client, client.execute("", silent=True, store_history=False, user_expressions={namespace.CWD: self._expressions[namespace.CWD]}))
+            # IPython took the streams' guard off when its start-up code ended: put it back before the first cell;
+            # the same request asks which analysis libraries this kernel can import.
+            first = {namespace.CWD: self._expressions[namespace.CWD], **namespace.LIBRARIES_EXPRESSION}
+            self.libraries = namespace.importable_libraries(_reply(client, client.execute("", silent=True, store_history=False, user_expressions=first)))
             if self._plugin_install:
                 self._install_plugins(client)
         except BaseException:

@@ -30,6 +30,18 @@ PLUGIN_FAILURES = "plugin_failures"
 PLUGIN_REPORT_EXPRESSION = {PLUGINS: f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].drain()"}
 PLUGIN_FAILURES_EXPRESSION = {PLUGIN_FAILURES: f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].failures()"}
 _CELL_FILE = re.compile(r"cell-(\d+)")
+LIBRARIES = "libraries"
+# Import names of the libraries analysis code reaches for. Which of them a kernel can import is asked
+# once per kernel start, in its first request: the path finder looks them up without importing any
+# (and without the import hooks on sys.meta_path, such as display.py's, which wait for the real import).
+ANALYSIS_LIBRARIES = (
+    "pandas", "numpy", "matplotlib", "scipy", "seaborn", "sklearn", "statsmodels", "openpyxl", "xlrd", "pyarrow",
+    "polars", "duckdb", "plotly", "sqlalchemy", "networkx", "sympy", "PIL", "requests", "bs4", "nltk", "xgboost",
+    "lightgbm", "torch", "tabulate",
+)  # fmt: skip
+LIBRARIES_EXPRESSION = {
+    LIBRARIES: f"__import__('json').dumps([n for n in {ANALYSIS_LIBRARIES!r} if __import__('importlib.machinery', fromlist=['_']).PathFinder.find_spec(n)])"
+}
 
 
 def cell_expressions(home: str) -> dict[str, str]:
@@ -162,3 +174,9 @@ def plugin_failures(reply: dict[str, Any] | None) -> tuple[str, ...]:
     if isinstance(value, list):
         return tuple(str(line) for line in value)
     return ("the plugins could not be loaded (no answer from the kernel)",)
+
+
+def importable_libraries(reply: dict[str, Any] | None) -> tuple[str, ...]:
+    """The analysis libraries a kernel said it can import, from the reply that asked (() if it did not answer)."""
+    value = expression_json(reply or {}, LIBRARIES)
+    return tuple(str(name) for name in value) if isinstance(value, list) else ()

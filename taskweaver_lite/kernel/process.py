@@ -1,6 +1,7 @@
 """The kernel process: how it is launched, what environment it gets, and how it is sure to end.
 
-Launching: ipykernel on this very interpreter (never whatever a `python3` kernelspec points to),
+Launching: ipykernel on this very interpreter, or the one `execution.kernel` names (never whatever a
+`python3` kernelspec points to unless named),
 with the in-kernel helpers (snapshot, guard, plugin runtime) loaded at start. Environment: ours minus secrets. Ending: every
 live executor is shut down at interpreter exit and on SIGTERM; ipykernel's parent poller ends a
 kernel whose parent vanished without either (SIGKILL); and the kernel's whole process group is
@@ -95,12 +96,14 @@ def _looks_secret(name: str) -> bool:
 
 
 class InterpreterKernelManager(KernelManager):
-    """A KernelManager that always runs ipykernel on this interpreter, whatever kernelspecs exist.
+    """A KernelManager that runs ipykernel on the interpreter it is given, whatever kernelspecs say.
 
+    `python` is this program's interpreter unless `execution.kernel` names another (interpreter.py);
     `wrap` puts the command behind the limits launcher and the sandbox (sandbox.py); `kernel_uid`
     is the user a sandboxed kernel runs as, who must be able to read the connection file.
     """
 
+    python: str = sys.executable
     wrap: Callable[[list[str]], list[str]] | None = None
     kernel_uid: int | None = None
     interrupt_mode = "signal"
@@ -122,7 +125,7 @@ class InterpreterKernelManager(KernelManager):
 
     def _build_spec(self) -> KernelSpec:
         argv = [
-            sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+            self.python, "-m", "ipykernel_launcher", "-f", "{connection_file}",
             # Sessions keep their own record; IPython's shared SQLite history only adds lock contention.
             "--HistoryManager.hist_file=:memory:",
             # `ls -la` would run the shell through automagic, and it parses as Python (`ls - la`).

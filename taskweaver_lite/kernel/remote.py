@@ -131,11 +131,13 @@ class GatewayExecutor(SessionKernel):
         deadline = time.monotonic() + self.config.kernel_start_timeout
         self._await_iopub(deadline)
         start_up = remote_code.start_up(self.home, self.config.display_width, plugins=bool(self.plugins))
-        msg_id = self.kernel.execute(start_up, user_expressions={_HOME: remote_code.HOME_EXPRESSION}, silent=True)
+        # The same request asks which analysis libraries the gateway's kernel can import.
+        msg_id = self.kernel.execute(start_up, user_expressions={_HOME: remote_code.HOME_EXPRESSION, **namespace.LIBRARIES_EXPRESSION}, silent=True)
         reply = self._reply(msg_id, deadline)
         if reply is None or reply.get("status") != "ok":
             problem = (reply or {}).get("evalue") or "no answer"
             raise GatewayError(f"The kernel on the gateway {self.kernel.url} did not take our start-up code ({problem}).")
+        self.libraries = namespace.importable_libraries(reply)
         home = _text_value(reply, _HOME)
         if home:
             self.home = home

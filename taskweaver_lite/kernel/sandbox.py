@@ -7,12 +7,18 @@ empty folders, with only the Python installation put back (read-only) where it l
 It runs in its own PID namespace (the program's `/proc` entries are out of sight), with no network
 unless `execution.network`, and it ends with the program (`--die-with-parent`; the namespace's
 init takes every process in it along, `setsid` or not). When the program runs as root the kernel
-runs as `nobody`, so that the process cap (`RLIMIT_NPROC`, which never applies to root) holds.
+runs as a uid of its own (identity.py), so that the process cap (`RLIMIT_NPROC`, which never
+applies to root, and counts per uid) holds per session.
 
 Limits apply with or without the sandbox: `execution.memory_limit` as the address-space limit of
 every process of the kernel (a cell that passes it gets a MemoryError, or the kernel dies and is
 restarted, and the model is told), `execution.max_processes` inside the sandbox. They are set by
 `limits.py`, which runs first and then becomes the kernel (exec), so no shell is involved.
+
+The user's `execution.mounts` are bound at their own path, read-only unless `rw`, after the hidden
+folders are emptied (a hidden folder inside a mount is emptied again); the folders of another
+interpreter (`execution.kernel`) are put back read-only like this program's. `sees` tells whether
+a path is visible inside, in the same order.
 """
 
 from __future__ import annotations
@@ -28,11 +34,23 @@ from pathlib import Path
 
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.kernel import limits
+from taskweaver_lite.kernel import identity, limits
 
 NOBODY = 65534
 PACKAGE = "bubblewrap"
 PRIVATE_TMP = Path("/tmp")
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A folder (or file) of this machine the kernel sees at its own path (`execution.mounts`)."""
+
+    path: Path
+    writable: bool = False
+
+    def describe(self) -> str:
+        """`/data (read-only)`: how prompts and /info list it."""
+        return f"{self.path} ({'read-write' if self.writable else 'read-only'})"
 
 
 @dataclass(frozen=True)
@@ -43,8 +61,10 @@ class SandboxPlan:
     socket_dir: Path  # the kernel's IPC sockets and connection file: read-write
     hidden: tuple[Path, ...]  # replaced by empty folders: the user's home, the project folder
     network: bool = False
-    run_as: int | None = None  # a uid to become inside (root's kernels run as nobody)
+    run_as: int | None = None  # a uid to become inside (root's kernels: their own, identity.py)
     tmp_bytes: int | None = None  # the private /tmp's and /dev/shm's size (the memory limit)
+    readable: tuple[Path, ...] = ()  # put back read-only where hidden: the kernel's own interpreter (execution.kernel)
+    mounts: tuple[Mount, ...] = ()  # the user's folders, at their own path (execution.mounts)
 
 
 def bwrap_path() -> str | None:
@@ -102,29 +122,45 @@ def fallback_notice() -> str | None:
 
 
 def plan_for(
-    *, cwd: Path, socket_dir: Path, hidden: Iterable[Path], network: bool, tmp_bytes: int | None = None, run_as: int | None = None
+    *,
+    cwd: Path,
+    socket_dir: Path,
+    hidden: Iterable[Path],
+    network: bool,
+    tmp_bytes: int | None = None,
+    run_as: int | None = None,
+    readable: Iterable[Path] = (),
+    mounts: Iterable[Mount] = (),
 ) -> SandboxPlan:
     """The sandbox of one session's kernel: `hidden` (the project folder, the store's) and the user's home out of sight.
 
     `run_as`: the kernel's own uid when we are root (identity.py); root's kernels never run as root.
+    `readable`: folders the kernel's interpreter reads (put back where hidden); `mounts`: the user's folders it sees.
     """
+    readable = tuple(p.resolve() for p in readable)
+    mounts = tuple(Mount(m.path.resolve(), m.writable) for m in mounts)
     if run_as is None and os.geteuid() == 0:
         run_as = NOBODY
     candidates = [Path.home(), *hidden]
     if run_as is not None:
         # Private folders on the way to the writable ones (pytest's, a 0700 home): nobody could not
         # pass them, so they are replaced by passable empty ones like the hidden folders.
-        reached = (cwd.resolve(), socket_dir.resolve(), *_needed())
+        reached = (cwd.resolve(), socket_dir.resolve(), *_needed(), *readable, *(m.path for m in mounts))
         candidates += [folder for path in reached for folder in path.parents if not folder.stat().st_mode & 0o001]
     resolved = tuple(dict.fromkeys(p.resolve() for p in candidates if p.exists() and p.resolve() != Path("/")))
-    return SandboxPlan(cwd=cwd.resolve(), socket_dir=socket_dir.resolve(), hidden=resolved, network=network, run_as=run_as, tmp_bytes=tmp_bytes)
+    return SandboxPlan(
+        cwd=cwd.resolve(), socket_dir=socket_dir.resolve(), hidden=resolved, network=network, run_as=run_as, tmp_bytes=tmp_bytes,
+        readable=readable, mounts=mounts,
+    )  # fmt: skip
 
 
 def kernel_command(argv: Sequence[str], *, config: ExecutionConfig, plan: SandboxPlan | None) -> list[str]:
     """`argv` (ipykernel) behind the limits launcher and, with a plan, inside bwrap."""
     uid = plan.run_as if plan is not None else None
-    # RLIMIT_NPROC counts every process of the user: the cap comes on top of what the user runs now.
-    processes = limits.user_tasks(os.getuid() if uid is None else uid) + config.max_processes if plan is not None else None
+    # RLIMIT_NPROC counts every process of the user: the cap comes on top of what the user runs now
+    # (nothing, for a kernel's own uid: it was picked for having no process).
+    running = 0 if uid is not None and identity.in_range(uid) else limits.user_tasks(os.getuid() if uid is None else uid)
+    processes = running + config.max_processes if plan is not None else None
     launcher = [sys.executable, "-I", "-S", limits.__file__, *limits.arguments(memory=config.memory_limit_bytes(), processes=processes, uid=uid), "--"]
     if plan is None:
         return [*launcher, *argv]
@@ -148,8 +184,9 @@ def bwrap_arguments(plan: SandboxPlan) -> list[str]:
     covered = (PRIVATE_TMP, Path("/run"), *plan.hidden)
     for folder in sorted(plan.hidden, key=lambda p: len(p.parts)):  # outer ones first: inner ones land on them
         args += [*_open_way(folder, covered), "--perms", "0755", "--tmpfs", str(folder)]
-    for keep in _put_back(covered):
+    for keep in _put_back(covered, extra=plan.readable):
         args += [*_open_way(keep, covered), "--ro-bind", str(keep), str(keep)]
+    args += _mount_arguments(plan, covered)
     for writable in (plan.cwd, plan.socket_dir):
         args += [*_open_way(writable, covered), "--bind", str(writable), str(writable)]
     args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent"]
@@ -177,14 +214,50 @@ def _open_way(path: Path, hidden: Sequence[Path]) -> list[str]:
     return args
 
 
-def _put_back(hidden: Iterable[Path]) -> list[Path]:
-    """What the kernel needs from inside the hidden folders: Python, its packages, our in-kernel modules."""
+def _put_back(hidden: Iterable[Path], *, extra: Iterable[Path] = ()) -> list[Path]:
+    """What the kernel needs from inside the hidden folders: Python, its packages (`extra`: another interpreter's), our in-kernel modules."""
     hidden = list(hidden)
-    inside = {p for p in _needed() if any(_inside(p, h) for h in hidden)}
+    inside = {p for p in _needed() | set(extra) if any(_inside(p, h) for h in hidden)}
     # Never put back a folder that holds a hidden one whole (the project inside a source checkout on sys.path):
     # its Python files are what is needed, so such an entry is skipped and the package folder is kept instead.
     kept = sorted(p for p in inside if not any(_inside(h, p) for h in hidden))
     return [p for p in kept if not any(p != q and _inside(p, q) for q in kept)]
+
+
+def _mount_arguments(plan: SandboxPlan, covered: Sequence[Path]) -> list[str]:
+    """The user's mounts at their own path, read-only unless writable; a hidden folder inside one stays hidden.
+
+    Mounting the home folder must not show the project in it (its config holds the API key).
+    """
+    args: list[str] = []
+    for mount in plan.mounts:
+        args += [*_open_way(mount.path, covered), "--bind" if mount.writable else "--ro-bind", str(mount.path), str(mount.path)]
+    inside = _rehidden(plan)
+    for folder in sorted(inside, key=lambda p: len(p.parts)):
+        args += ["--perms", "0755", "--tmpfs", str(folder)]
+    for keep in _put_back(inside, extra=plan.readable):
+        args += [*_open_way(keep, inside), "--ro-bind", str(keep), str(keep)]
+    return args
+
+
+def sees(path: Path, plan: SandboxPlan) -> bool:
+    """Whether a kernel in `plan` sees `path` (absolute, as this machine names it), following the order of bwrap's mounts."""
+    if _inside(path, plan.cwd) or _inside(path, plan.socket_dir):
+        return True
+    rehidden = _rehidden(plan)
+    if any(_inside(path, h) for h in rehidden):
+        return any(_inside(path, keep) for keep in _put_back(rehidden, extra=plan.readable))
+    if any(_inside(path, m.path) for m in plan.mounts):
+        return True
+    covered = (PRIVATE_TMP, Path("/run"), *plan.hidden)
+    if not any(_inside(path, h) for h in covered):
+        return True
+    return any(_inside(path, keep) for keep in _put_back(covered, extra=plan.readable))
+
+
+def _rehidden(plan: SandboxPlan) -> list[Path]:
+    """Hidden folders inside a mount (the project inside a mounted home): hidden again over the mount."""
+    return [h for h in plan.hidden if any(_inside(h, m.path) and h != m.path for m in plan.mounts)]
 
 
 def _needed() -> set[Path]:

@@ -38,10 +38,13 @@ def distil(rounds: Sequence[Round], *, model: ChatModel, tokenizer: Tokenizer, l
         raise ExperienceError("this session has no requests yet, so there is nothing to learn from")
     template = load_prompt("experience")
     system = template.render("distil")
-    room = llm.context_window - REPLY_TOKENS - llm.margin - tokenizer.count(system) - 64
+    reply_tokens = min(REPLY_TOKENS, llm.reply_reserve)
+    room = llm.context_window - reply_tokens - llm.margin - tokenizer.count(system) - MIN_PIECE_TOKENS
+    if room < MIN_PIECE_TOKENS * 4:
+        raise ExperienceError(f"llm.context_window {llm.context_window} leaves no room to show the model the session; raise it to distil tips")
     record, shown = session_record(done, tokenizer=tokenizer, max_tokens=room)
     messages = [Message(role="system", content=system), Message(role="user", content=template.render("transcript", shown=shown, record=record))]
-    completion = model.complete(messages, purpose=PURPOSE, max_tokens=REPLY_TOKENS)
+    completion = model.complete(messages, purpose=PURPOSE, max_tokens=reply_tokens)
     try:
         if completion.finish_reason == "length":
             raise ReplyFormatError("the reply was cut off at its length limit")

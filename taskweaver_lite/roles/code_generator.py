@@ -141,7 +141,13 @@ class CodeGenerator(Role):
     def _generate(self, history: Sequence[Round], current: Round, repairs: RepairTurns, notify: Callable[[Working | CellPrinted], None]) -> dict[str, str]:
         shown = self.shown_plugins(history, current)
         share = int(self.context.budget * PLUGINS_SHARE)
-        system = self._prompt.render("system", plugins=render_block(shown, max_tokens=share, tokenizer=self.context.tokenizer))
+        kernel = self._executor.environment()
+        system = self._prompt.render(
+            "system",
+            plugins=render_block(shown, max_tokens=share, tokenizer=self.context.tokenizer),
+            libraries=", ".join(kernel.libraries),
+            mounts=", ".join(kernel.mounts),
+        )
         try:
             return self.ask(
                 system=system,

@@ -217,9 +217,13 @@ class SessionStore:
         return [str(item) for item in json.loads(row[0])]
 
     def save_tips(self, session_id: str, tips: Sequence[tuple[TipKind, str]]) -> list[Tip]:
-        """Store tips (kind, text) distilled from `session_id`, in one transaction; returns them with their ids."""
+        """Store tips (kind, text) distilled from `session_id` in place of those saved from it before; returns them with their ids.
+
+        A later /save reads the whole session again, so its tips supersede the earlier ones (one transaction).
+        """
         now = time.time()
         with self._transaction() as db:
+            db.execute("DELETE FROM tips WHERE session_id = ?", (session_id,))
             ids = [db.execute("INSERT INTO tips (kind, text, session_id, created_at) VALUES (?, ?, ?, ?)", (k, t, session_id, now)).lastrowid for k, t in tips]
         return [Tip(id=str(n), kind=k, text=t, source=session_id, created_at=now) for n, (k, t) in zip(ids, tips, strict=True)]
 

@@ -130,16 +130,17 @@ function say(kind, who, text) {
 }
 
 function showPost(post) {
-  if (post.from === "Planner" && post.to === "CodeInterpreter") {
+  if (post.from === "User" || post.to === "User") return;  // the request and the answer have their own bubbles
+  if (post.step) {  // a step the Planner delegates to a role
     step = el("details", "step");
     step.open = true;
-    step.append(el("summary", "", "Step"));
+    step.append(el("summary", "", `Step → ${post.to}`));
     step.append(instruction(post.message));
     $("chat").append(step);
-  } else if (post.from === "CodeInterpreter" && post.execution) {
+  } else if (post.execution) {
     showExecution(post.code || "", post.execution);
-  } else if (post.from === "CodeInterpreter" && post.to === "Planner") {
-    (step || $("chat")).append(instruction(post.message));
+  } else if (post.from !== post.to) {  // a role's answer in text
+    (step || $("chat")).append(instruction(`${post.from}: ${post.message}`));
   }
 }
 
@@ -288,7 +289,7 @@ function handle(event) {
       break;
     }
     case "post":
-      if (event.from === "Planner") {
+      if (event.step || event.to === "User") {  // the streamed bubble was the Planner's reply: the post replaces it
         streaming?.remove();
         streaming = null;
         if (event.to === "User") break;  // the answer event shows it
