@@ -183,20 +183,20 @@ def _fit_display(config: Config, renderer: RichConsole | PlainConsole) -> None:
 MIN_DISPLAY_WIDTH = 40
 
 
-def model_names(session: Session) -> str:
-    """The banner's model: one name, or each part's when they differ."""
-    models = {user: session.config.llm_for(user).model for user in session.model_users()}
-    if len(set(models.values())) == 1:
-        return f"model {session.config.llm.model}"
-    return "models " + ", ".join(f"{user} {model}" for user, model in models.items())
-
-
 def _kernel_lines(kernel: KernelEnvironment) -> list[str]:
     """/info's kernel lines: its Python, the libraries it can import, the user's folders it sees (execution.mounts)."""
     lines = [f"Kernel:   {kernel.python}"] if kernel.python else []
     lines.append(f"Libraries: {', '.join(kernel.libraries) or 'not known yet'}")
     lines += [f"Mount:    {mount}" for mount in kernel.mounts]
     return lines
+
+
+def model_names(session: Session) -> str:
+    """The banner's model: one name, or each part's when they differ."""
+    models = {user: session.config.llm_for(user).model for user in session.model_users()}
+    if len(set(models.values())) == 1:
+        return f"model {session.config.llm.model}"
+    return "models " + ", ".join(f"{user} {model}" for user, model in models.items())
 
 
 def _model_lines(config: Config, contexts: Sequence[RoleContext]) -> list[str]:
