@@ -439,6 +439,11 @@ class Session:
         if self.store is not None:
             self.store.drop_round(self.id, last.id)
         self.conversation.rounds.pop()
+        self._viewed = min(self._viewed, len(self.conversation.rounds))
+        for alias, view in self._views.items():
+            self._views[alias] = [rnd for rnd in view if rnd.id != last.id]
+        for context in self.contexts().values():  # the next prompt is built afresh: no variables list kept from the undone request
+            context.restore(context.state)
         # Files loaded just before it were announced in its message: the next request says so again.
         self._notes = [self._planner.file_note(load.name) for load in self.loads if load.after_round == last.index - 1] + self._notes
         self._rebuild_kernel(on_replay)
@@ -477,6 +482,8 @@ class Session:
                 section = config.role_sections.setdefault(user, RoleConfig())
             # Assigned whole, so the section counts as set where a role's file settings are merged under it.
             section.llm = LLMOverrides.model_validate({**section.llm.model_dump(exclude_unset=True), "model": name})
+        for active in self.active.values():  # what /info names (each role's window, and so its budget, stays)
+            active.context.llm = merged_llm(config.llm, active.spec.section(config.role_section(active.spec.key)).llm)
         previous, self._model.inner = self._model.inner, role_models(config, roles=[active.spec for active in self.active.values()])
         close = getattr(previous, "close", None)
         if callable(close):

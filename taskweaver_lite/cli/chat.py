@@ -140,11 +140,7 @@ def chat_with(
         session, kept = Session.open(config, listeners=[renderer], confirm=asks), list(overrides)
     if session.store is not None:
         session.store.save_overrides(session.id, kept)
-    for entry in session.plugins.broken:
-        _to_stderr(strip_controls(entry.line()))
-    for line in [*session.role_problems, *session.experience.problems()]:
-        _to_stderr(strip_controls(line))
-    report_kernel_failures(session, renderer, to_stderr=_to_stderr)
+    _report_problems(session, renderer)
     for path in preload:
         loaded = session.load_file(path)
         say(f"Loaded {loaded.name} into the working folder.")
@@ -161,6 +157,15 @@ def chat_with(
         commands.session.close()
     say(farewell or resume_hint(commands.session, project))
     return code
+
+
+def _report_problems(session: Session, renderer: RichConsole | PlainConsole) -> None:
+    """Broken plugins and roles, unreadable experience files, and (once it has started) the kernel's plugin imports: a line each on stderr."""
+    for entry in session.plugins.broken:
+        _to_stderr(strip_controls(entry.line()))
+    for line in [*session.role_problems, *session.experience.problems()]:
+        _to_stderr(strip_controls(line))
+    report_kernel_failures(session, renderer, to_stderr=_to_stderr)
 
 
 def _remember(session: Session, item: str) -> None:
@@ -340,7 +345,9 @@ def _ask_on_terminal(renderer: RichConsole, commands: SlashCommands, text: str) 
         rnd = commands.session.ask(text)
     except KeyboardInterrupt:
         renderer.stop_status()
-        renderer.say("Cancelled. The session and its variables are kept; what the cell printed is kept too (/last).", style="yellow")
+        cut = last_execution(commands.session.conversation.rounds[-1:])
+        kept = " /last shows what the cell printed before it stopped." if cut is not None and cut[1].cancelled else ""
+        renderer.say(f"Cancelled. The session and its variables are kept.{kept}", style="yellow")
     except TaskWeaverError as exc:
         renderer.stop_status()
         renderer.say(f"{exc}", style="bold red")
