@@ -369,11 +369,12 @@ def reuse_runs(full: bool) -> list[tuple[str, dict[str, dict[str, Any]]]]:
     return runs
 
 
-def bench_reuse(*, full: bool, rounds: int, only: str = "") -> None:
+def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "") -> None:
     import soak_session as soak  # from tests/, put on sys.path above
-    from prefix_ledger import PrefixLedger, as_messages
+    from prefix_ledger import PrefixLedger, Tally, as_messages
 
     windows = SOAK_WINDOWS if full else SOAK_WINDOWS[:1]
+    earlier = _reuse_before(before, rounds=rounds, windows=windows) if before else {}
     print(f"\n6. Prefix reuse (issue 23): {rounds} scripted requests through the real Session, per strategy and fold schedule")
     print("   reuse: the share of a role's prompt tokens its previous request began with (one cache slot per role) /")
     print("   any earlier request began with (a prefix cache over everything sent); uncached = prompt - shared with any.")
@@ -383,6 +384,16 @@ def bench_reuse(*, full: bool, rounds: int, only: str = "") -> None:
             f"{'uncached':>11}{'total':>11}{'fold calls':>11}{'over':>6}{'lost':>6}{'summary':>9}{'live named':>11}{'needed':>9}"
         )
         print("\n" + header)
+        if window in earlier:
+            found = earlier[window]
+            t0 = {role: Tally(**tally) for role, tally in found["tallies"].items()}
+            folds0 = [t0[k] for k in ("compression_planner", "compression_code_generator") if k in t0]
+            share = f"{sum(f.shared_previous for f in folds0) / max(sum(f.prompt for f in folds0), 1):.0%}"
+            share += f" / {sum(f.shared_any for f in folds0) / max(sum(f.prompt for f in folds0), 1):.0%}"
+            cells0 = [_pair(t0["planner"]), _pair(t0["code_generator"]), share, _pair(t0["all requests"])]
+            cells0 += [f"{t0['all requests'].uncached:,}", f"{t0['all requests'].prompt:,}", f"{found['fold_calls']:,}", f"{found['over']}"]
+            label0 = f"before ({before[:7]}), (1,1) rounds"
+            print(f"   {label0:<37}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells0, (14, 14, 14, 14, 11, 11, 11, 6), strict=True)))
         for label, sections in (run for run in reuse_runs(full) if only in run[0]):
             started = time.perf_counter()
             with tempfile.TemporaryDirectory() as root:
@@ -413,7 +424,27 @@ def bench_reuse(*, full: bool, rounds: int, only: str = "") -> None:
                 needed,
             ]
             widths = (14, 14, 14, 14, 11, 11, 11, 6, 6, 9, 11, 9)
-            print(f"   {label:<37}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells, widths, strict=True)) + f"   ({time.perf_counter() - started:.0f} s)")
+            versus = ""
+            if window in earlier:  # uncached tokens against the earlier commit's, the baseline of this run
+                then = Tally(**earlier[window]["tallies"]["all requests"])
+                versus = f", uncached {t['all requests'].uncached / max(then.uncached, 1):.2f}x before"
+            row = "".join(f"{cell:>{w}}" for cell, w in zip(cells, widths, strict=True))
+            print(f"   {label:<37}{row}   ({time.perf_counter() - started:.0f} s{versus})")
+
+
+def _reuse_before(commit: str, *, rounds: int, windows: tuple[int, ...]) -> dict[int, dict[str, Any]]:
+    """The soak at (1, 1) on `commit`'s code (`bench/reuse_before.py` in a child process), per window."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tree:
+        archive = subprocess.run(["git", "-C", str(repo), "archive", commit], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+        (Path(tree) / "taskweaver_lite" / "prompts").symlink_to(Path(tree) / "prompts")  # the data package, as an install maps it
+        script = Path(__file__).resolve().parent / "reuse_before.py"
+        done = subprocess.run([sys.executable, str(script), tree, str(rounds), *map(str, windows)], capture_output=True, text=True, check=True)
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return {int(row["window"]): row for row in rows}
 
 
 def _pair(tally: Any) -> str:
@@ -474,6 +505,7 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="reuse: every strategy and schedule at 8k and 32k (default: round_compression (1,1) at 8k)")
     parser.add_argument("--rounds", type=int, default=SOAK_ROUNDS, help=f"reuse: requests per session (default {SOAK_ROUNDS})")
     parser.add_argument("--only", default="", help="reuse: only the rows whose label contains this text")
+    parser.add_argument("--before", default="", metavar="COMMIT", help="reuse: also the soak at (1,1) on COMMIT's code (e.g. 6840302, before issue 23)")
     args = parser.parse_args()
     chosen = set(args.sections or SECTIONS)
     if chosen - set(SECTIONS):
@@ -493,7 +525,7 @@ def main() -> None:
     if "soak" in chosen:
         bench_soak()
     if "reuse" in chosen:
-        bench_reuse(full=args.full, rounds=args.rounds, only=args.only)
+        bench_reuse(full=args.full, rounds=args.rounds, only=args.only, before=args.before)
     print(f"\n(bench ran in {time.perf_counter() - started:.0f} s)")
 
 

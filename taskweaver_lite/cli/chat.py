@@ -25,7 +25,7 @@ from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult, KernelEnvironment
-from taskweaver_lite.llm.client import usage_by_purpose
+from taskweaver_lite.llm.client import Usage, usage_by_purpose
 from taskweaver_lite.llm.discovery import discover, needs_discovery, no_model_found, use_local_server
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import RoleContext
@@ -213,9 +213,14 @@ def resume_hint(session: Session, project: Path | None) -> str:
         return f"Session {session.id} had no requests; nothing was kept to resume."
     option = f" -p {project}" if project is not None else ""
     by_purpose = usage_by_purpose(session.usage_by_model())
-    by_role = "; ".join(f"{purpose} {part.prompt_tokens:,} ({part.cached_tokens:,} cached)" for purpose, part in by_purpose.items())
+    by_role = "; ".join(f"{purpose} {_cached_and_not(part)}" for purpose, part in by_purpose.items())
     tokens = f"Prompt tokens by role: {by_role}.\n" if by_role else ""
     return f"{tokens}Session {session.id} is saved. Continue it with: taskweaver-lite chat{option} --resume {session.id}"
+
+
+def _cached_and_not(usage: Usage) -> str:
+    """'12,345 (9,000 cached, 3,345 uncached)': prompt tokens and what the servers cached of them."""
+    return f"{usage.prompt_tokens:,} ({usage.cached_tokens:,} cached, {usage.uncached_tokens:,} uncached)"
 
 
 def cache_lines(session: Session, role: str) -> list[str]:
@@ -473,7 +478,7 @@ class SlashCommands(TurnCommands):
                     f"Tokens:   {usage.prompt_tokens:,} in ({usage.cached_tokens:,} cached, {usage.uncached_tokens:,} uncached), "
                     f"{usage.completion_tokens:,} out over {usage.calls} model calls",
                     *(
-                        f"  {purpose} on {model or 'the given model'}: {part.prompt_tokens:,} in ({part.cached_tokens:,} cached), "
+                        f"  {purpose} on {model or 'the given model'}: {_cached_and_not(part).replace(' (', ' in (', 1)}, "
                         f"{part.completion_tokens:,} out over {part.calls} call{'' if part.calls == 1 else 's'}"
                         for (purpose, model), part in s.usage_by_model().items()
                     ),
