@@ -110,6 +110,8 @@ class LLMOverrides(_Section):
 # The part of a session that folds rounds; every role's section (`planner`, `code_generator`, a
 # project role's) has its own `llm` overrides too.
 FOLDER = "round_compressor"
+# The part that distils a session into experience tips (/save), with its own `llm` overrides too.
+DISTILLER = "experience"
 
 
 def merged_llm(base: LLMConfig, overrides: LLMOverrides) -> LLMConfig:
@@ -338,6 +340,7 @@ class ExperienceConfig(_Section):
     enabled: bool = Field(True, description="show the tips that fit each request (false: none are retrieved; /save and /experience still work)")
     top_k: int = Field(3, ge=1, le=20, description="the most tips a prompt shows")
     max_tokens: int = Field(400, ge=32, description="tokens the tips may take in a prompt (also at most an eighth of the role's budget)")
+    llm: LLMOverrides = Field(default_factory=LLMOverrides, description="the model that distils a session into tips (/save): keys that replace llm's")
 
 
 class EvalModelConfig(_Section):
@@ -410,8 +413,11 @@ class Config(_Section):
         return self
 
     def llm_for(self, user: str) -> LLMConfig:
-        """The model settings `user` (a role's config key, or round_compressor) calls with: its `llm` overrides over `llm`."""
-        overrides = self.round_compressor.llm if user == FOLDER else self.role_section(user).llm
+        """The model settings `user` (a role's config key, round_compressor or experience) calls with: its `llm` overrides over `llm`."""
+        if user in (FOLDER, DISTILLER):
+            overrides = self.round_compressor.llm if user == FOLDER else self.experience.llm
+        else:
+            overrides = self.role_section(user).llm
         return merged_llm(self.llm, overrides)
 
     def role_budget(self, user: str) -> int:
@@ -467,7 +473,7 @@ class Config(_Section):
 
 
 def _has_llm(annotation: Any) -> bool:
-    return isinstance(annotation, type) and issubclass(annotation, (RoleConfig, RoundCompressorConfig))
+    return isinstance(annotation, type) and issubclass(annotation, (RoleConfig, RoundCompressorConfig, ExperienceConfig))
 
 
 ROLES_FOLDER = "roles"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.config import FOLDER, Config, LLMConfig, LLMOverrides, RoleConfig, merged_llm
+from taskweaver_lite.config import DISTILLER, FOLDER, Config, LLMConfig, LLMOverrides, RoleConfig, merged_llm
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
@@ -439,6 +439,11 @@ class Session:
         if self.store is not None:
             self.store.drop_round(self.id, last.id)
         self.conversation.rounds.pop()
+        self._viewed = min(self._viewed, len(self.conversation.rounds))
+        for alias, view in self._views.items():
+            self._views[alias] = [rnd for rnd in view if rnd.id != last.id]
+        for context in self.contexts().values():  # the next prompt is built afresh: no variables list kept from the undone request
+            context.restore(context.state)
         # Files loaded just before it were announced in its message: the next request says so again.
         self._notes = [self._planner.file_note(load.name) for load in self.loads if load.after_round == last.index - 1] + self._notes
         self._rebuild_kernel(on_replay)
@@ -477,6 +482,8 @@ class Session:
                 section = config.role_sections.setdefault(user, RoleConfig())
             # Assigned whole, so the section counts as set where a role's file settings are merged under it.
             section.llm = LLMOverrides.model_validate({**section.llm.model_dump(exclude_unset=True), "model": name})
+        for active in self.active.values():  # what /info names (each role's window, and so its budget, stays)
+            active.context.llm = merged_llm(config.llm, active.spec.section(config.role_section(active.spec.key)).llm)
         previous, self._model.inner = self._model.inner, role_models(config, roles=[active.spec for active in self.active.values()])
         close = getattr(previous, "close", None)
         if callable(close):
@@ -491,7 +498,8 @@ class Session:
 
     def save_experience(self) -> list[Tip]:
         """Distil this session into tips with the model and store them; ExperienceError (nothing stored) when that fails."""
-        tips = distil(self.conversation.rounds, model=self._model, tokenizer=get_tokenizer(self.config.llm.tokenizer), llm=self.config.llm)
+        llm = self.config.llm_for(DISTILLER)  # experience.llm over llm
+        tips = distil(self.conversation.rounds, model=self._model, tokenizer=get_tokenizer(llm.tokenizer), llm=llm)
         return self.experience.save(self.id, tips)
 
     def _tips_for(self, role: Role, request: str) -> str:
@@ -635,6 +643,7 @@ def role_models(config: Config, *, roles: Sequence[RoleSpec]) -> ChatModel:
     for spec in roles:
         by_purpose[spec.key] = client(merged_llm(config.llm, spec.section(config.role_section(spec.key)).llm))
         by_purpose[f"compression_{spec.key}"] = folder
+    by_purpose[DISTILLER] = client(config.llm_for(DISTILLER))
     return RoutedModel(by_purpose, default=client(config.llm))
 
 

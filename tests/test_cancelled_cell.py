@@ -52,3 +52,29 @@ def test_ctrl_c_keeps_the_cells_output_marked_cancelled_in_last_history_the_stor
         store.close()
     cells = [post.execution for post in stored.rounds[0].posts if post.execution is not None]
     assert len(cells) == 1 and cells[0].cancelled and "finished step 0" in cells[0].stdout
+
+
+@pytest.mark.kernel
+def test_stop_in_the_page_keeps_the_cells_output_in_the_stream_and_on_reload(tmp_path: Path) -> None:
+    import json
+    import threading
+
+    import httpx
+
+    from taskweaver_lite.testing.web_server import WebServer
+
+    with ScriptedServer() as server:
+        project = make_project(tmp_path, server.url)
+        server.enqueue("planner", planner_reply("Run the three steps."))
+        server.enqueue("code_generator", code_reply(SLOW))
+        with WebServer(load_config(project)) as web, httpx.Client(base_url=web.url, timeout=60) as client:
+            session_id = client.post("/api/sessions", json={}).json()["id"]
+            threading.Timer(4.0, lambda: httpx.post(f"{web.url}/api/sessions/{session_id}/stop", json={})).start()
+            with client.stream("POST", f"/api/sessions/{session_id}/messages", json={"text": "run the steps"}) as stream:
+                received = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: ")]
+            reloaded = client.get(f"/api/sessions/{session_id}").json()
+    cells = [event["execution"] for event in received if event["type"] == "post" and event.get("execution")]
+    assert received[-1]["type"] == "error" and len(cells) == 1
+    assert cells[0]["cancelled"] and "finished step 2" in cells[0]["stdout"], "the page gets what the cell printed before Stop"
+    stored = [post["execution"] for post in reloaded["rounds"][0]["posts"] if post.get("execution")]
+    assert stored and stored[0]["cancelled"], "and a reloaded page shows it too"

@@ -150,3 +150,16 @@ def test_a_new_projects_docs_answer_what_the_sample_datas_columns_mean(tmp_path:
         session.ask("What does the discount column hold?")
     passages = last_user(planner_calls(server)[1])
     assert "[1] docs/sales_data.md:" in passages and "the share taken off the list price" in passages
+
+
+@pytest.mark.cli
+def test_the_docs_command_lists_each_document_and_why_one_is_skipped(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    (project / "docs" / "broken.ipynb").write_text("{not json", encoding="utf-8")
+    (project / "docs" / "chart.png").write_bytes(b"\x89PNG")
+    listed = run_cli("docs", "-p", str(project))
+    assert listed.returncode == 0, listed.stderr
+    lines = {line.split()[0]: line for line in listed.stdout.splitlines() if line.strip()}
+    assert "skipped: not a readable notebook" in lines["broken.ipynb"]
+    assert lines["sales_data.md"].split()[1:] == ["3", "passages"]
+    assert "1 document, 3 passages in" in listed.stdout and "1 other file (not documents)" in listed.stdout

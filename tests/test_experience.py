@@ -11,7 +11,7 @@ import pytest
 from helpers import make_project, run_cli
 
 from taskweaver_lite.config import load_config
-from taskweaver_lite.errors import ExperienceError
+from taskweaver_lite.errors import ConfigError, ExperienceError
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 from taskweaver_lite.testing.web_server import WebServer
@@ -60,7 +60,7 @@ def ask_monthly(project: Path, server: ScriptedServer, **overrides: object) -> N
         session.ask("Show the monthly sales from sales.csv")
 
 
-def test_tips_saved_in_one_session_are_shown_to_the_next_sessions_roles_just_before_the_request(tmp_path: Path, server: ScriptedServer) -> None:
+def test_tips_saved_in_one_session_open_the_current_round_of_the_next_sessions_roles(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url)
     server.enqueue("other", tips_reply(("error_resolution", DATES_TIP), ("preference", EURO_TIP)))
     with first_session(project, server) as session:
@@ -76,6 +76,8 @@ def test_tips_saved_in_one_session_are_shown_to_the_next_sessions_roles_just_bef
         tips, asked = messages[-2]["content"], messages[-1]["content"]
         assert tips.startswith("## Experience from earlier sessions") and DATES_TIP in tips, f"the {role}'s tips open the current round"
         assert request in asked, f"the {role}'s request stays the last message"
+    first, second = [r.messages for r in server.requests[before:] if r.role == "planner"][:2]
+    assert second[: len(first)] == first, "within a round each Planner call extends the one before it, tips included (a cached prefix)"
 
 
 def test_with_experience_disabled_no_tip_is_retrieved(tmp_path: Path, server: ScriptedServer) -> None:
@@ -178,3 +180,15 @@ def test_the_serve_endpoint_saves_lists_and_deletes_tips(tmp_path: Path, server:
 
 def _indent(text: str, prefix: str = "  ") -> str:
     return "\n".join(prefix + line for line in text.splitlines())
+
+
+def test_experience_llm_picks_the_model_that_distils_and_a_bad_one_is_named_at_load(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url, experience={"llm": {"model": "big-distiller"}})
+    server.enqueue("other", tips_reply(("preference", EURO_TIP)))
+    with first_session(project, server) as session:
+        session.save_experience()
+    distil_call = server.requests[-1]
+    assert distil_call.role == "other" and distil_call.body["model"] == "big-distiller"
+    assert {r.body["model"] for r in server.requests if r.role == "planner"} == {"scripted"}, "the roles keep llm.model"
+    with pytest.raises(ConfigError, match=r"experience\.llm"):
+        load_config(project, ["experience.llm.context_window=300"])

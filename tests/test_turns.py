@@ -34,15 +34,17 @@ def stored(project: Path) -> list[dict[str, object]]:
 def test_undo_drops_the_last_request_everywhere_and_rebuilds_the_kernel_without_it(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url)
     server.enqueue("planner", planner_reply("Set x to 1."), planner_reply("x is 1.", send_to="User"))
-    server.enqueue("planner", planner_reply("Set x to 100 and y to 2."), planner_reply("x is 100.", send_to="User"))
+    server.enqueue("planner", planner_reply("Set x to 100 and yvar to 2."), planner_reply("x is 100.", send_to="User"))
     server.enqueue("planner", planner_reply("Print x and whether y exists."), planner_reply("Printed.", send_to="User"))
-    server.enqueue("code_generator", code_reply("x = 1"), code_reply("x = 100\ny = 2"), code_reply("print('x =', x, 'y' in dir())"))
+    server.enqueue("code_generator", code_reply("x = 1"), code_reply("x = 100\nyvar = 2"), code_reply("print('x =', x, 'yvar' in dir())"))
     done = run_cli("chat", "-p", str(project), stdin="set x to 1\nmake x a hundred\n/undo\nshow x\n")
     assert done.returncode == 0, done.stderr
     assert "Undid request 2 ('make x a hundred')" in done.stderr
     assert "x = 1 False" in done.stderr, "the kernel holds what request 1 made, nothing of request 2"
     last_planner = [r for r in server.requests if r.role == "planner"][-1]
     assert "make x a hundred" not in json.dumps(last_planner.messages), "the undone request is gone from the prompt"
+    last_coder = json.dumps([r for r in server.requests if r.role == "code_generator"][-1].messages)
+    assert "yvar" not in last_coder and "- x (int): 1" in last_coder, "the CodeGenerator's variables are the rebuilt kernel's"
     assert [row["rounds"] for row in stored(project)] == [2]
     store = SessionStore(load_config(project).store_path)
     try:

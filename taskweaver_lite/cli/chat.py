@@ -20,7 +20,7 @@ from taskweaver_lite.cli.images import TerminalImages
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
 from taskweaver_lite.cli.roles import role_table
 from taskweaver_lite.cli.turns import TurnCommands, session_artifacts
-from taskweaver_lite.config import CONFIG_FILE_NAME, FOLDER, Config, load_config
+from taskweaver_lite.config import CONFIG_FILE_NAME, DISTILLER, FOLDER, Config, load_config
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, timeline
@@ -140,11 +140,7 @@ def chat_with(
         session, kept = Session.open(config, listeners=[renderer], confirm=asks), list(overrides)
     if session.store is not None:
         session.store.save_overrides(session.id, kept)
-    for entry in session.plugins.broken:
-        _to_stderr(strip_controls(entry.line()))
-    for line in [*session.role_problems, *session.experience.problems()]:
-        _to_stderr(strip_controls(line))
-    report_kernel_failures(session, renderer, to_stderr=_to_stderr)
+    _report_problems(session, renderer)
     for path in preload:
         loaded = session.load_file(path)
         say(f"Loaded {loaded.name} into the working folder.")
@@ -161,6 +157,15 @@ def chat_with(
         commands.session.close()
     say(farewell or resume_hint(commands.session, project))
     return code
+
+
+def _report_problems(session: Session, renderer: RichConsole | PlainConsole) -> None:
+    """Broken plugins and roles, unreadable experience files, and (once it has started) the kernel's plugin imports: a line each on stderr."""
+    for entry in session.plugins.broken:
+        _to_stderr(strip_controls(entry.line()))
+    for line in [*session.role_problems, *session.experience.problems()]:
+        _to_stderr(strip_controls(line))
+    report_kernel_failures(session, renderer, to_stderr=_to_stderr)
 
 
 def _remember(session: Session, item: str) -> None:
@@ -195,8 +200,8 @@ def model_names(session: Session) -> str:
 
 
 def _model_lines(config: Config, contexts: Sequence[RoleContext]) -> list[str]:
-    """/info's model lines: one when every part uses `llm`, else one per role and the folder, with its window."""
-    models = {**{context.role: context.llm for context in contexts}, FOLDER: config.llm_for(FOLDER)}
+    """/info's model lines: one when every part uses `llm`, else one per role, the folder and the distiller, with its window."""
+    models = {**{context.role: context.llm for context in contexts}, FOLDER: config.llm_for(FOLDER), DISTILLER: config.llm_for(DISTILLER)}
     if all(llm == config.llm for llm in models.values()):
         return [f"Model:    {config.llm.model} (context window {config.llm.context_window:,} tokens)"]
     return ["Models:"] + [f"  {user}: {llm.model} (context window {llm.context_window:,} tokens)" for user, llm in models.items()]
@@ -345,7 +350,9 @@ def _ask_on_terminal(renderer: RichConsole, commands: SlashCommands, text: str) 
         rnd = commands.session.ask(text)
     except KeyboardInterrupt:
         renderer.stop_status()
-        renderer.say("Cancelled. The session and its variables are kept; what the cell printed is kept too (/last).", style="yellow")
+        cut = last_execution(commands.session.conversation.rounds[-1:])
+        kept = " /last shows what the cell printed before it stopped." if cut is not None and cut[1].cancelled else ""
+        renderer.say(f"Cancelled. The session and its variables are kept.{kept}", style="yellow")
     except TaskWeaverError as exc:
         renderer.stop_status()
         renderer.say(f"{exc}", style="bold red")

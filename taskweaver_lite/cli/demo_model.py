@@ -43,12 +43,14 @@ def _words(text: str) -> str:
 
 def match_step(text: str) -> Step | None:
     """The scripted request `text` asks for (its number, or words close to it), or None."""
-    asked = text.strip().split("\n\n")[-1].strip()  # notes about loaded files come first
-    if asked.isdigit() and 1 <= int(asked) <= len(STEPS):
-        return STEPS[int(asked) - 1]
-    scores = [(difflib.SequenceMatcher(None, _words(asked), _words(step.request)).ratio(), step) for step in STEPS]
-    best, step = max(scores, key=lambda pair: pair[0])
-    return step if best >= MATCH_RATIO else None
+    for asked in (part.strip() for part in text.split("\n\n")):  # notes about files come before or after the request
+        if asked.isdigit() and 1 <= int(asked) <= len(STEPS):
+            return STEPS[int(asked) - 1]
+        scores = [(difflib.SequenceMatcher(None, _words(asked), _words(step.request)).ratio(), step) for step in STEPS]
+        best, step = max(scores, key=lambda pair: pair[0])
+        if best >= MATCH_RATIO:
+            return step
+    return None
 
 
 def known_requests() -> str:

@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = commands.add_parser("plugins", help="list the project's plugins (and installed ones) with their state or error")
     _project_option(plugins)
     plugins.add_argument("--json", action="store_true", help="one JSON array on stdout")
+    docs = commands.add_parser("docs", help="list the documents the document_retriever searches (PROJECT_DIR/docs/), and why any is skipped")
+    _project_option(docs)
+    docs.add_argument("--json", action="store_true", help="one JSON object on stdout")
     roles = commands.add_parser("roles", help="list the roles (built in, the project's, installed ones) with their state or error")
     _project_option(roles)
     roles.add_argument("--json", action="store_true", help="one JSON array on stdout")
@@ -142,6 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from taskweaver_lite.cli.plugins import run_plugins
 
             return run_plugins(project_dir(args), as_json=args.json)
+        if args.command == "docs":
+            from taskweaver_lite.cli.chat import project_dir
+            from taskweaver_lite.cli.docs import run_docs
+
+            return run_docs(project_dir(args), as_json=args.json)
         if args.command == "roles":
             from taskweaver_lite.cli.chat import project_dir
             from taskweaver_lite.cli.roles import run_roles

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from taskweaver_lite.config import LLMConfig
+from taskweaver_lite.config import DISTILLER, LLMConfig
 from taskweaver_lite.errors import ExperienceError, ReplyFormatError
 from taskweaver_lite.knowledge.tips import DISTILLED_KINDS, TipKind
 from taskweaver_lite.llm.client import ChatModel, Message
@@ -19,7 +19,7 @@ from taskweaver_lite.llm.tokens import Tokenizer
 from taskweaver_lite.memory.conversation import Post, Round
 from taskweaver_lite.roles.templates import load_prompt
 
-PURPOSE = "experience"
+PURPOSE = DISTILLER  # the model call's purpose: routed to experience.llm
 REPLY_TOKENS = 800  # a handful of one- or two-sentence tips
 PIECE_SHARE = 12  # one message, code or output in the record: at most this fraction of the room
 MIN_PIECE_TOKENS = 48

@@ -182,6 +182,13 @@ class DocumentIndex:
         )
         return "added" if known is None else "changed"
 
+    def documents(self) -> list[tuple[str, int, str | None]]:
+        """Every document the index knows, as (file, passages, the reason it was skipped or None), by name."""
+        with self._errors():
+            counts = dict(self._db.execute("SELECT path, COUNT(*) FROM passages GROUP BY path").fetchall())
+            rows = self._db.execute("SELECT path, skipped FROM files ORDER BY path").fetchall()
+        return [(str(path), int(counts.get(path, 0)), skipped) for path, skipped in rows]
+
     def search(self, text: str, *, limit: int) -> list[Hit]:
         """The passages that best match `text`, best first (BM25, a title's words counting double)."""
         query = match_query(text)

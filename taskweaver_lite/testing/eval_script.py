@@ -44,7 +44,9 @@ def planner(messages: list[dict[str, Any]]) -> str:
         answers = [line.removeprefix("answer:").strip() for line in output.splitlines() if line.startswith("answer:")]
         message = "\n".join(answers) or (output.strip() or "The code ran, and printed nothing.")
         return planner_reply(message, send_to="User", plan="1. Report the result")
-    request = text.strip().splitlines()[-1] if text.strip() else ""
+    # The Planner's request message may carry a bracketed note on the working folder's files after the user's words.
+    lines = [line for line in text.strip().splitlines() if line.strip() and not line.startswith("[")]
+    request = lines[-1] if lines else ""
     return planner_reply(f"Write and run code for this request: {request}", plan="1. Run code for the request\n2. Report the result")
 
 

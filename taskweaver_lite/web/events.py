@@ -54,6 +54,7 @@ def execution_json(result: ExecutionResult, *, session_id: str) -> dict[str, Any
     return {
         "outcome": result.outcome(),
         "success": result.success,
+        "cancelled": result.cancelled,  # stopped by the user: the output is what it printed until then
         "stdout": result.stdout,
         "stderr": result.stderr,
         "result": result.result,

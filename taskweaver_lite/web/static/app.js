@@ -165,7 +165,7 @@ function showExecution(code, run) {
   box.querySelector(".live")?.remove();
   const cell = el("details", "cell");
   cell.open = true;
-  cell.append(el("summary", "", run.success ? "Code" : "Code (failed)"));
+  cell.append(el("summary", "", run.cancelled ? "Code (cancelled: its output until then)" : run.success ? "Code" : "Code (failed)"));
   cell.append(highlight(code));
   if (run.stdout) cell.append(el("pre", "out", run.stdout));
   if (run.stderr) cell.append(el("pre", "out err", run.stderr));
