@@ -21,7 +21,8 @@ summary responder stands in for the model. Each claim is printed beside a baseli
    its prompt tokens that its previous request (one cache slot per role) or any earlier request (a
    prefix cache) began with, uncached and total prompt tokens, fold calls, requests over the window,
    rounds lost, the summary's presence, live names named while the kernel holds at most 200, and the
-   earlier variables each round's code reads named in its first CodeGenerator prompt.
+   earlier variables each round's code reads named in its first CodeGenerator prompt. "P/C +reply": the
+   Planner's / CodeGenerator's reuse for a slot that also keeps the reply it generated (llama.cpp's).
 
 Run: .venv/bin/python bench/compression_bench.py [sizes latency variables tokenizer soak reuse]   (a few minutes)
      reuse --full: every strategy and schedule at 8k and 32k (about 20 minutes); the default is round_compression (1,1) at 8k
@@ -381,7 +382,7 @@ def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "") ->
     for window in windows:
         header = (
             f"   {'at ' + str(window // 1000) + 'k':<37}{'Planner':>14}{'CodeGen':>14}{'folds':>14}{'all':>14}"
-            f"{'uncached':>11}{'total':>11}{'fold calls':>11}{'over':>6}{'lost':>6}{'summary':>9}{'live named':>11}{'needed':>9}"
+            f"{'P/C +reply':>12}{'uncached':>11}{'total':>11}{'fold calls':>11}{'over':>6}{'lost':>6}{'summary':>9}{'live named':>11}{'needed':>9}"
         )
         print("\n" + header)
         if window in earlier:
@@ -390,10 +391,10 @@ def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "") ->
             folds0 = [t0[k] for k in ("compression_planner", "compression_code_generator") if k in t0]
             share = f"{sum(f.shared_previous for f in folds0) / max(sum(f.prompt for f in folds0), 1):.0%}"
             share += f" / {sum(f.shared_any for f in folds0) / max(sum(f.prompt for f in folds0), 1):.0%}"
-            cells0 = [_pair(t0["planner"]), _pair(t0["code_generator"]), share, _pair(t0["all requests"])]
+            cells0 = [_pair(t0["planner"]), _pair(t0["code_generator"]), share, _pair(t0["all requests"]), _slots(t0)]
             cells0 += [f"{t0['all requests'].uncached:,}", f"{t0['all requests'].prompt:,}", f"{found['fold_calls']:,}", f"{found['over']}"]
             label0 = f"before ({before[:7]}), (1,1) rounds"
-            print(f"   {label0:<37}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells0, (14, 14, 14, 14, 11, 11, 11, 6), strict=True)))
+            print(f"   {label0:<37}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells0, (14, 14, 14, 14, 12, 11, 11, 11, 6), strict=True)))
         for label, sections in (run for run in reuse_runs(full) if only in run[0]):
             started = time.perf_counter()
             with tempfile.TemporaryDirectory() as root:
@@ -414,6 +415,7 @@ def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "") ->
                 _pair(t["code_generator"]),
                 f"{fold_prev:.0%} / {fold_any:.0%}" if folds else "-",
                 _pair(t["all requests"]),
+                _slots(t),
                 f"{t['all requests'].uncached:,}",
                 f"{t['all requests'].prompt:,}",
                 f"{soak.fold_calls(run):,}",
@@ -423,7 +425,7 @@ def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "") ->
                 live,
                 needed,
             ]
-            widths = (14, 14, 14, 14, 11, 11, 11, 6, 6, 9, 11, 9)
+            widths = (14, 14, 14, 14, 12, 11, 11, 11, 6, 6, 9, 11, 9)
             versus = ""
             if window in earlier:  # uncached tokens against the earlier commit's, the baseline of this run
                 then = Tally(**earlier[window]["tallies"]["all requests"])
@@ -449,6 +451,11 @@ def _reuse_before(commit: str, *, rounds: int, windows: tuple[int, ...]) -> dict
 
 def _pair(tally: Any) -> str:
     return f"{tally.share(tally.shared_previous):.0%} / {tally.share(tally.shared_any):.0%}"
+
+
+def _slots(tallies: dict[str, Any]) -> str:
+    """Planner / CodeGenerator reuse for a slot that keeps the reply it generated (llama.cpp's)."""
+    return " / ".join(f"{t.share(t.shared_slot):.0%}" for t in (tallies["planner"], tallies["code_generator"]))
 
 
 def _purpose(request: Any) -> str:

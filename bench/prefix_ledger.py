@@ -4,7 +4,10 @@ A server keeps the prompts it has seen and recomputes only what follows the long
 prompt shares with one of them. Two figures per request, in tokens:
 
 - vs the same role's previous request: one cache slot per role (llama.cpp's `id_slot`);
-- vs any earlier request: a prefix tree over everything sent (vLLM's and SGLang's prefix caches).
+- vs any earlier request: a prefix tree over everything sent (vLLM's and SGLang's prefix caches);
+- vs the role's previous request and the reply generated for it: a slot that keeps what it
+  generated (llama.cpp's), counted when a prompt goes on from the whole previous request with an
+  assistant message (that reply, as the role replays it).
 
 Messages count as the package counts them (`Tokenizer.count_message`); a message shared in part
 counts its framing and the tokens of the shared start of its text.
@@ -31,6 +34,7 @@ class Tally:
     prompt: int = 0
     shared_previous: int = 0  # with the same role's previous request
     shared_any: int = 0  # with any earlier request
+    shared_slot: int = 0  # with the role's previous request and the reply it generated
 
     @property
     def uncached(self) -> int:
@@ -57,6 +61,7 @@ class PrefixLedger:
         previous = self._previous.get(role)
         shared_previous = self._shared(messages, previous) if previous is not None else 0
         shared_any = max(self._shared_any(messages), shared_previous)
+        shared_slot = shared_previous + self._reply_kept(messages, previous)
         self._remember(messages)
         self._previous[role] = list(messages)
         for tally in (self.tallies[role], self.tallies["all requests"]):
@@ -64,6 +69,7 @@ class PrefixLedger:
             tally.prompt += prompt
             tally.shared_previous += shared_previous
             tally.shared_any += shared_any
+            tally.shared_slot += shared_slot
         return prompt, shared_previous, shared_any
 
     def _shared(self, messages: Sequence[Message], earlier: Sequence[Message]) -> int:
@@ -74,6 +80,13 @@ class PrefixLedger:
                 continue
             return tokens + self._partial(mine, theirs)
         return tokens
+
+    def _reply_kept(self, messages: Sequence[Message], previous: Sequence[Message] | None) -> int:
+        """Tokens of the previous request's reply a slot still holds: the assistant message right after all of it."""
+        if previous is None or len(messages) <= len(previous) or list(messages[: len(previous)]) != list(previous):
+            return 0
+        reply = messages[len(previous)]
+        return self.tokenizer.count_message(reply) if reply["role"] == "assistant" else 0
 
     def _partial(self, mine: Message, theirs: Message) -> int:
         """Tokens of a message shared in part: its framing (same role) and its text's common start."""

@@ -13,7 +13,7 @@ from taskweaver_lite.errors import LLMUnreachableError
 from taskweaver_lite.events import Event, Folded, PostAdded
 from taskweaver_lite.execution import ExecutionResult, KernelEnvironment, OutputSink, Variable
 from taskweaver_lite.session import Session
-from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply, text_reply
+from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply, summary_reply, text_reply
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_planner_delegates_code_runs_and_the_result_reaches_the_planner_and_user
     assert "value: 42" in report and "43" in report, "the Planner must see the printed output and the result value"
 
 
-def test_the_planner_sees_code_for_the_current_request_and_only_results_for_earlier_ones(tmp_path: Path, server: ScriptedServer) -> None:
+def test_the_planner_keeps_an_earlier_requests_code_until_a_fold_lands(tmp_path: Path, server: ScriptedServer) -> None:
     first_code, second_code = "first_total = sum(range(10))\nprint('first:', first_total)", "second_total = 2 ** 10\nprint('second:', second_total)"
     server.enqueue("planner", planner_reply("Sum 0..9."), planner_reply("It is 45.", send_to="User"))
     server.enqueue("planner", planner_reply("Compute 2 ** 10."), planner_reply("It is 1024.", send_to="User"))
@@ -58,11 +58,30 @@ def test_the_planner_sees_code_for_the_current_request_and_only_results_for_earl
     with open_session(tmp_path, server, round_compressor={"rounds_to_compress": 2, "rounds_to_retain": 3}) as session:
         session.ask("Add up 0 to 9.")
         session.ask("What is 2 to the 10th?")
-    prompt = "\n".join(m["content"] for m in calls(server, "planner")[-1])
+    planner_calls = calls(server, "planner")
+    prompt = "\n".join(m["content"] for m in planner_calls[-1])
     assert "first: 45" in prompt and "first_total" in prompt, "an earlier request's output and variables must stay in the Planner's view"
-    assert first_code not in prompt, "an earlier request's code should be left out of the Planner's prompt (the CodeGenerator keeps it)"
+    assert first_code in prompt, "with no fold since, an earlier request's code stays, so the prompt extends the one before it"
+    assert planner_calls[1][-1] in planner_calls[2], "the first request's report must reach the next request's prompt byte for byte"
     assert second_code in prompt and "second: 1024" in prompt, "the current request's code and output must be in the Planner's prompt"
     assert "The execution succeeded." not in prompt, "the report already says the code ran; the plain outcome line is not repeated"
+
+
+def test_an_earlier_requests_code_leaves_the_planners_prompt_when_a_fold_lands(tmp_path: Path, server: ScriptedServer) -> None:
+    codes = [f"total_{n} = {n} * 10\nprint('total {n}:', total_{n})" for n in range(3)]
+    for n in range(3):
+        server.enqueue("planner", planner_reply(f"Compute {n} * 10."), planner_reply(f"It is {n * 10}.", send_to="User"))
+    server.enqueue("code_generator", *(code_reply(code) for code in codes))
+    server.set_default("compression", summary_reply("The user asked for products of ten.", []))
+    sections = {"round_compressor": {"rounds_to_compress": 1, "rounds_to_retain": 1}}
+    with open_session(tmp_path, server, **sections) as session:
+        for n in range(3):
+            session.ask(f"What is {n} times ten?")
+            assert session.contexts()["planner"].wait_idle(timeout=10)
+    prompt = "\n".join(m["content"] for m in calls(server, "planner")[-1])
+    assert "total 1: 10" in prompt, "the retained round's output stays"
+    assert codes[1] not in prompt, "a fold rewrote the prompt from the memory on, so the retained round goes without its code"
+    assert codes[2] in prompt, "the current request's code stays"
 
 
 def test_code_that_fails_is_revised_with_its_traceback(tmp_path: Path, server: ScriptedServer) -> None:

@@ -15,7 +15,9 @@ after everything that changes less often than it does:
    times) and the variables list, a snapshot; both change only when a fold lands, and a fold that
    appends notes leaves the summary's earlier bytes as they were;
 3. the retained rounds, each rendered once (roles/role.py): a round shown as current is byte for
-   byte the retained round of every later prompt, until it folds;
+   byte the retained round of every later prompt until a fold lands; a role's leaner view of
+   earlier rounds (the Planner's, without code) takes over only then, when the memory before it
+   changed anyway (`detailed_from`);
 4. the current round, the only part that changes every call.
 
 A fold lands at a round boundary: the state a round's first request used serves every call of
@@ -194,10 +196,12 @@ class RoleContext:
         self._report: ContextReport | None = None
         self._shown_round: int | None = None
         self._shown, self._variables, self._window_start = self._state, None, 0
+        self._landed_at = 0  # the round whose first request showed `_shown` first
 
     # What the prompts of the round in progress show: the state as of its first request (`_shown`), the
     # variables list rendered then (`_variables`, refreshed only when it would leave a live name unnamed),
-    # and, for rounds kept whole under the pressure schedule, the first round still shown (`_window_start`).
+    # and, for rounds kept whole under the pressure schedule, the first round still shown (`_window_start`);
+    # `_landed_at`: the round whose first request showed `_shown` first (its memory broke the prefix).
     _shown: CompressionState
     _variables: VariablesList | None
     _window_start: int
@@ -316,7 +320,23 @@ class RoleContext:
             if round_index != self._shown_round:
                 landed = self._shown_round is None or self._state is not self._shown
                 self._shown_round, self._shown = round_index, self._state
+                self._landed_at = round_index if landed else self._landed_at
             return self._shown, self._worker is not None, landed
+
+    def detailed_from(self, round_index: int) -> int:
+        """The oldest earlier round that round `round_index`'s prompts show in full detail (a role's `render_round`).
+
+        A fold that lands rewrites the prompt from the memory on, so the rounds shown then may drop their
+        detail (the Planner's code) at no cost to the cache; rounds that finish after it keep theirs
+        until the next fold lands, so that between folds each prompt extends the one before it byte
+        for byte. Strategies without a summary show earlier rounds without detail, as always.
+        """
+        with self._lock:
+            if self.strategy not in SUMMARISING:
+                return round_index
+            if round_index != self._shown_round and (self._shown_round is None or self._state is not self._shown):
+                return round_index  # a new state lands at this round's first request
+            return self._landed_at
 
     def _variables_block(
         self, state: CompressionState, retained: Sequence[RoundMessages], current: RoundMessages, *, refresh: bool

@@ -90,8 +90,9 @@ class Planner(Role):
 
         The Planner judges the current request's steps by their code; for earlier requests the
         outcome, output and variables are what it plans with (the CodeGenerator keeps the code).
-        The code closes each report of the current round, so leaving it out here changes no byte
-        before it: the prompt a server cached for the round's last call is still the prefix.
+        A round is shown this way only from the first prompt after a fold lands (the memory before
+        it changed, so the server recomputes it anyway); until then it keeps its code and every
+        prompt extends the one before it, the reply a server generated included.
         """
         return self._render(rnd, with_code=False)
 

@@ -84,7 +84,9 @@ class Role(ABC):
         a Planner step stays verbatim in the last user message of every call that handles it. Each
         repair turn fits the budget like any prompt; only the latest bad reply is shown.
         """
-        rendered_history = [self.rendered_earlier(r) for r in history]
+        # Rounds that finished since the shown memory landed keep their detail until the next fold (compression.py).
+        detailed = self.context.detailed_from(current.index)
+        rendered_history = [self.rendered(r) if r.index >= detailed else self.rendered_earlier(r) for r in history]
         now = self.rendered(current)
         request = now.messages[now.requests[-1]]["content"] if now.requests else ""
         now = with_tips(now, self.experience(request) if self.experience is not None and request else "")
