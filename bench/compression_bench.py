@@ -25,7 +25,7 @@ summary responder stands in for the model. Each claim is printed beside a baseli
    Planner's / CodeGenerator's reuse for a slot that also keeps the reply it generated (llama.cpp's).
 
 Run: .venv/bin/python bench/compression_bench.py [sizes latency variables tokenizer soak reuse]   (a few minutes)
-     reuse --full: every strategy and schedule at 8k and 32k (about 20 minutes); the default is round_compression (1,1) at 8k
+     reuse --full: every strategy and schedule at 8k and 32k (about 5 minutes); the default is round_compression (1,1) at 8k
 """
 
 from __future__ import annotations
