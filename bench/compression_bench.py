@@ -17,7 +17,14 @@ summary responder stands in for the model. Each claim is printed beside a baseli
    against the same session with compression off: requests over the window, rounds lost, the share
    of prompts carrying the summary, total prompt tokens (roles and folds together), fold calls.
 
-Run: .venv/bin/python bench/compression_bench.py [sizes latency variables tokenizer soak]   (a few minutes)
+6. Prefix reuse (issue 23): the same soak per strategy and fold schedule; for each role, the share of
+   its prompt tokens that its previous request (one cache slot per role) or any earlier request (a
+   prefix cache) began with, uncached and total prompt tokens, fold calls, requests over the window,
+   rounds lost, the summary's presence, live names named while the kernel holds at most 200, and the
+   earlier variables each round's code reads named in its first CodeGenerator prompt.
+
+Run: .venv/bin/python bench/compression_bench.py [sizes latency variables tokenizer soak reuse]   (a few minutes)
+     reuse --full: every strategy and schedule at 8k and 32k (about 20 minutes); the default is round_compression (1,1) at 8k
 """
 
 from __future__ import annotations
@@ -335,6 +342,150 @@ def soak_figures(soak: Any, on: Any, off: Any) -> dict[str, str]:
     }
 
 
+def reuse_runs(full: bool) -> list[tuple[str, dict[str, dict[str, Any]]]]:
+    """The strategies and schedules of the prefix-reuse table: (label, config sections).
+
+    Under `pressure`, rounds kept whole (sliding_window, none, masking) leave in steps too. The small
+    run (the default) is the issue's targets: round_compression at (1, 1).
+    """
+    plans = [
+        ("round_compression (1,1)", "round_compression", 1, 1, ("rounds", "pressure")),
+        ("round_compression (2,3)", "round_compression", 2, 3, ("rounds", "pressure")),
+        ("summary_buffer", "summary_buffer", 1, 1, ("rounds", "pressure")),
+        ("observation_masking", "observation_masking", 1, 1, ("rounds", "pressure")),
+        ("sliding_window", "sliding_window", 1, 1, ("rounds", "pressure")),
+        ("none", "none", 1, 1, ("rounds", "pressure")),
+    ]
+    runs = []
+    for label, strategy, compress, retain, schedules in plans if full else plans[:1]:
+        for schedule in schedules:
+            role: dict[str, Any] = {"strategy": strategy, "fold_schedule": schedule}
+            sections: dict[str, dict[str, Any]] = {
+                "planner": role,
+                "code_generator": role,
+                "round_compressor": {"rounds_to_compress": compress, "rounds_to_retain": retain, "summary_buffer_rounds": retain},
+            }
+            runs.append((f"{label}, {schedule}" if len(schedules) > 1 else label, sections))
+    return runs
+
+
+def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "") -> None:
+    import soak_session as soak  # from tests/, put on sys.path above
+    from prefix_ledger import PrefixLedger, Tally, as_messages
+
+    windows = SOAK_WINDOWS if full else SOAK_WINDOWS[:1]
+    earlier = _reuse_before(before, rounds=rounds, windows=windows) if before else {}
+    print(f"\n6. Prefix reuse (issue 23): {rounds} scripted requests through the real Session, per strategy and fold schedule")
+    print("   reuse: the share of a role's prompt tokens its previous request began with (one cache slot per role) /")
+    print("   any earlier request began with (a prefix cache over everything sent); uncached = prompt - shared with any.")
+    for window in windows:
+        header = (
+            f"   {'at ' + str(window // 1000) + 'k':<37}{'Planner':>14}{'CodeGen':>14}{'folds':>14}{'all':>14}"
+            f"{'uncached':>11}{'total':>11}{'fold calls':>11}{'over':>6}{'lost':>6}{'summary':>9}{'live named':>11}{'needed':>9}"
+        )
+        print("\n" + header)
+        if window in earlier:
+            found = earlier[window]
+            t0 = {role: Tally(**tally) for role, tally in found["tallies"].items()}
+            folds0 = [t0[k] for k in ("compression_planner", "compression_code_generator") if k in t0]
+            share = f"{sum(f.shared_previous for f in folds0) / max(sum(f.prompt for f in folds0), 1):.0%}"
+            share += f" / {sum(f.shared_any for f in folds0) / max(sum(f.prompt for f in folds0), 1):.0%}"
+            cells0 = [_pair(t0["planner"]), _pair(t0["code_generator"]), share, _pair(t0["all requests"])]
+            cells0 += [f"{t0['all requests'].uncached:,}", f"{t0['all requests'].prompt:,}", f"{found['fold_calls']:,}", f"{found['over']}"]
+            label0 = f"before ({before[:7]}), (1,1) rounds"
+            print(f"   {label0:<37}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells0, (14, 14, 14, 14, 11, 11, 11, 6), strict=True)))
+        for label, sections in (run for run in reuse_runs(full) if only in run[0]):
+            started = time.perf_counter()
+            with tempfile.TemporaryDirectory() as root:
+                run = soak.run_soak(Path(root), rounds=rounds, window=window, settings=sections)
+            ledger = PrefixLedger(TOKENIZER)
+            for request in run.requests:
+                ledger.add(_purpose(request), as_messages(request.messages))
+            t = ledger.tallies
+            folds = [t[k] for k in ("compression_planner", "compression_code_generator") if k in t]
+            fold_prev = sum(f.shared_previous for f in folds) / max(sum(f.prompt for f in folds), 1)
+            fold_any = sum(f.shared_any for f in folds) / max(sum(f.prompt for f in folds), 1)
+            summarising = sections["planner"]["strategy"] in ("round_compression", "summary_buffer")
+            live, needed = _names_listed(soak, run)
+            # Rounds no fold saw and the last prompt does not hold: forgotten (a window's dropped rounds too).
+            lost = {n for missing in soak.unreachable_rounds(run).values() for n in missing}
+            cells = [
+                _pair(t["planner"]),
+                _pair(t["code_generator"]),
+                f"{fold_prev:.0%} / {fold_any:.0%}" if folds else "-",
+                _pair(t["all requests"]),
+                f"{t['all requests'].uncached:,}",
+                f"{t['all requests'].prompt:,}",
+                f"{soak.fold_calls(run):,}",
+                f"{len(soak.overflows(run.requests, window=run.window)):,}",
+                f"{len(lost)}",
+                f"{soak.summary_fraction(run):.0%}" if summarising else "-",
+                live,
+                needed,
+            ]
+            widths = (14, 14, 14, 14, 11, 11, 11, 6, 6, 9, 11, 9)
+            versus = ""
+            if window in earlier:  # uncached tokens against the earlier commit's, the baseline of this run
+                then = Tally(**earlier[window]["tallies"]["all requests"])
+                versus = f", uncached {t['all requests'].uncached / max(then.uncached, 1):.2f}x before"
+            row = "".join(f"{cell:>{w}}" for cell, w in zip(cells, widths, strict=True))
+            print(f"   {label:<37}{row}   ({time.perf_counter() - started:.0f} s{versus})")
+
+
+def _reuse_before(commit: str, *, rounds: int, windows: tuple[int, ...]) -> dict[int, dict[str, Any]]:
+    """The soak at (1, 1) on `commit`'s code (`bench/reuse_before.py` in a child process), per window."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tree:
+        archive = subprocess.run(["git", "-C", str(repo), "archive", commit], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+        (Path(tree) / "taskweaver_lite" / "prompts").symlink_to(Path(tree) / "prompts")  # the data package, as an install maps it
+        script = Path(__file__).resolve().parent / "reuse_before.py"
+        done = subprocess.run([sys.executable, str(script), tree, str(rounds), *map(str, windows)], capture_output=True, text=True, check=True)
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return {int(row["window"]): row for row in rows}
+
+
+def _pair(tally: Any) -> str:
+    return f"{tally.share(tally.shared_previous):.0%} / {tally.share(tally.shared_any):.0%}"
+
+
+def _purpose(request: Any) -> str:
+    """A recorded request's purpose: the last part of its prompt_cache_key (planner, compression_planner...)."""
+    key = request.body.get("prompt_cache_key")
+    return str(key).rsplit("/", 1)[-1] if key else str(request.role)
+
+
+def _names_listed(soak: Any, run: Any) -> tuple[str, str]:
+    """(live names named while the kernel holds at most 200, needed names named) in each round's first CodeGenerator prompt."""
+    from taskweaver_lite.memory.variables import expand_names
+
+    seen: set[int] = set()
+    live_named = live_total = needed_named = needed_total = 0
+    for request in run.requests:
+        if request.role != "code_generator":
+            continue
+        text = "\n".join(str(m.get("content") or "") for m in request.messages)
+        n = max(soak.markers_in(text))
+        if n in seen:
+            continue
+        seen.add(n)
+        named = set(re.findall(r"[A-Za-z_]\w*", text))
+        for line in text.splitlines():
+            if line.startswith("Also"):
+                named.update(expand_names(line))
+        live = {f"r{m:04d}_{s}" for m in range(1, n) for s in ("count", "items", "frame", "meta")}
+        if len(live) <= 200:
+            live_named += len(live & named)
+            live_total += len(live)
+        wanted = soak.needed_name(n)
+        if wanted is not None:
+            needed_total += 1
+            needed_named += wanted in named
+    return f"{live_named / max(live_total, 1):.1%}", f"{needed_named}/{needed_total}"
+
+
 def config(server: ScriptedServer, **compressor: Any) -> Config:
     return Config.model_validate(
         {
@@ -344,14 +495,19 @@ def config(server: ScriptedServer, **compressor: Any) -> Config:
     )
 
 
-SECTIONS = ("sizes", "latency", "variables", "tokenizer", "soak")
+SECTIONS = ("sizes", "latency", "variables", "tokenizer", "soak", "reuse")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     # No `choices=`: argparse checks an empty `nargs="*"` list against them and refuses it.
     parser.add_argument("sections", nargs="*", metavar="SECTION", help=f"the sections to run: {', '.join(SECTIONS)} (default: all)")
-    chosen = set(parser.parse_args().sections or SECTIONS)
+    parser.add_argument("--full", action="store_true", help="reuse: every strategy and schedule at 8k and 32k (default: round_compression (1,1) at 8k)")
+    parser.add_argument("--rounds", type=int, default=SOAK_ROUNDS, help=f"reuse: requests per session (default {SOAK_ROUNDS})")
+    parser.add_argument("--only", default="", help="reuse: only the rows whose label contains this text")
+    parser.add_argument("--before", default="", metavar="COMMIT", help="reuse: also the soak at (1,1) on COMMIT's code (e.g. 6840302, before issue 23)")
+    args = parser.parse_args()
+    chosen = set(args.sections or SECTIONS)
     if chosen - set(SECTIONS):
         parser.error(f"unknown section {', '.join(sorted(chosen - set(SECTIONS)))}; choose from {', '.join(SECTIONS)}")
     started = time.perf_counter()
@@ -368,6 +524,8 @@ def main() -> None:
         bench_tokenizer()
     if "soak" in chosen:
         bench_soak()
+    if "reuse" in chosen:
+        bench_reuse(full=args.full, rounds=args.rounds, only=args.only, before=args.before)
     print(f"\n(bench ran in {time.perf_counter() - started:.0f} s)")
 
 

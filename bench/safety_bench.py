@@ -7,17 +7,23 @@
    blank lines, one operation a line). Target: < 2 ms per cell. Also shown: 200 dense lines, and
    Python's own compile of them, the floor of any check that parses the cell.
 
+4. Isolation (issue 24), as root only: each sandboxed kernel under a uid of its own (its folders
+   handed to it) against today's shared `nobody`, alternated in one run. Targets: kernel ready
+   <= 1.1x, `x = 1` <= 1.05x.
+
     python bench/safety_bench.py [--starts 6] [--cells 200]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
@@ -46,6 +52,48 @@ def kernel_figures(root: Path, *, starts: int, cells: int) -> dict[str, tuple[fl
             finally:
                 executor.shutdown()
     return {mode: (statistics.median(ready[mode]), statistics.median(trips[mode])) for mode in MODES}
+
+
+IDENTITIES = ("shared nobody", "own uid")
+
+
+def isolation_figures(root: Path, *, starts: int, cells: int) -> dict[str, tuple[float, float]]:
+    """Median seconds to ready and per `x = 1` of sandboxed kernels as `nobody` (before issue 24) and under their own uid.
+
+    Each round starts one kernel of each (in alternating order), then alternates their `x = 1`
+    round trips one by one, so the machine's noise falls on both alike.
+    """
+    ready: dict[str, list[float]] = {name: [] for name in IDENTITIES}
+    trips: dict[str, list[float]] = {name: [] for name in IDENTITIES}
+    for n in range(starts):
+        running: dict[str, KernelExecutor] = {}
+        try:
+            for name in IDENTITIES if n % 2 == 0 else IDENTITIES[::-1]:
+                running[name] = _started(root / f"iso-{n}-{name.split()[0]}", own_uid=name == "own uid", ready=ready[name])
+            for _ in range(cells // starts):
+                for name, executor in running.items():
+                    began = time.perf_counter()
+                    executor.run("x = 1")
+                    trips[name].append(time.perf_counter() - began)
+        finally:
+            for executor in running.values():
+                executor.shutdown()
+    return {name: (statistics.median(ready[name]), statistics.median(trips[name])) for name in IDENTITIES}
+
+
+def _started(folder: Path, *, own_uid: bool, ready: list[float]) -> KernelExecutor:
+    """A sandboxed kernel, ready and warmed up; its time to ready appended to `ready`."""
+    config = ExecutionConfig(sandbox="bubblewrap")
+    began = time.perf_counter()
+    if own_uid:
+        executor = KernelExecutor(folder / "sessions" / "s", config=config, hidden=(folder,))
+    else:  # no uid of its own: the sandbox falls back to nobody, the identity every kernel had before
+        with mock.patch("taskweaver_lite.kernel.executor.kernel_uid", return_value=None):
+            executor = KernelExecutor(folder / "sessions" / "s", config=config, hidden=(folder,))
+    executor.wait_ready()
+    ready.append(time.perf_counter() - began)
+    executor.run("x = 0")
+    return executor
 
 
 def analysis_cell(lines: int, *, dense: bool = False) -> str:
@@ -112,6 +160,14 @@ def main() -> int:
     (ready_none, trip_none), (ready_box, trip_box) = figures["none"], figures["bubblewrap"]
     print(f"1. Kernel ready: none {ready_none:.3f} s, bubblewrap {ready_box:.3f} s: ratio {ready_box / ready_none:.2f} (target <= 1.1)")
     print(f"2. x = 1 round trip: none {trip_none * 1000:.2f} ms, bubblewrap {trip_box * 1000:.2f} ms: ratio {trip_box / trip_none:.2f} (target <= 1.1)")
+    if os.geteuid() != 0:
+        print("4. Isolation: not root, so kernels keep your uid (in a user namespace): nothing to compare")
+        return 0
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as root:
+        iso = isolation_figures(Path(root), starts=args.starts, cells=args.cells)
+    (ready_old, trip_old), (ready_new, trip_new) = iso["shared nobody"], iso["own uid"]
+    print(f"4. Isolation, kernel ready: shared nobody {ready_old:.3f} s, own uid {ready_new:.3f} s: ratio {ready_new / ready_old:.2f} (target <= 1.1)")
+    print(f"   Isolation, x = 1: shared nobody {trip_old * 1000:.2f} ms, own uid {trip_new * 1000:.2f} ms: ratio {trip_new / trip_old:.2f} (target <= 1.05)")
     return 0
 
 

@@ -5,6 +5,13 @@ scripted model answers at once. Overhead = turn wall time minus the time spent i
 executor. Baseline, measured in the same run: the same three chat calls made with the bare openai
 SDK against the same server, plus one `execute` of `x = 1` through bare jupyter-client.
 
+A third role: the framework's own cost per turn, as CPU time of the turn's thread (so that other
+programs on a shared machine do not blur it) minus the CPU time spent inside the model client and
+the executor, with a model-only project role enabled beside the Planner and the CodeInterpreter,
+against the two roles alone. The three setups run in the same process, their turns in rotation:
+the third role idle (the same turn), and the third role consulted in every turn (then per post: a
+turn has two posts more).
+
     python bench/turn_bench.py [--turns 40]
 """
 
@@ -15,7 +22,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import openai
@@ -26,7 +35,7 @@ from taskweaver_lite.cli.demo import bundled_project
 from taskweaver_lite.config import load_config
 from taskweaver_lite.execution import ExecutionResult, Executor, KernelEnvironment, OutputSink, Variable
 from taskweaver_lite.kernel.executor import KernelExecutor
-from taskweaver_lite.llm.client import OpenAIChatModel
+from taskweaver_lite.llm.client import Completion, DeltaSink, Message, OpenAIChatModel
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 
@@ -37,6 +46,7 @@ class TimedExecutor:
     def __init__(self, inner: Executor) -> None:
         self.inner = inner
         self.seconds = 0.0
+        self.cpu = 0.0  # CPU time of the calling thread inside run()
 
     @property
     def working_dir(self) -> Path:
@@ -49,11 +59,12 @@ class TimedExecutor:
         return self.inner.artifact(name)
 
     def run(self, code: str, *, timeout: float | None = None, on_output: OutputSink | None = None) -> ExecutionResult:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         try:
             return self.inner.run(code, timeout=timeout)
         finally:
             self.seconds += time.perf_counter() - started
+            self.cpu += time.thread_time() - cpu
 
     def interrupt(self) -> None:
         self.inner.interrupt()
@@ -131,6 +142,76 @@ def our_turns(server: ScriptedServer, turns: int) -> tuple[list[float], list[flo
     return overheads, walls
 
 
+class TimedModel:
+    """Counts the CPU time of the model calls made on the turn's own thread (background folds are not on its path)."""
+
+    def __init__(self, inner: OpenAIChatModel) -> None:
+        self.inner = inner
+        self.seconds = 0.0
+
+    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
+        started = time.thread_time()
+        try:
+            return self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                self.seconds += time.thread_time() - started
+
+
+ANALYST_ROLE = "alias: Analyst\nintro: |-\n  - Analyst explains what a result means.\nprompt: You are the {{ alias }}. Explain briefly.\n"
+
+
+class RoleSetup:
+    """One session with `roles` enabled; `consult`: the Planner asks the Analyst first in every turn."""
+
+    def __init__(self, server: ScriptedServer, *, roles: list[str], consult: bool) -> None:
+        project = Path(tempfile.mkdtemp(prefix="role-bench-"))
+        (project / "roles" / "analyst").mkdir(parents=True)
+        (project / "roles" / "analyst" / "analyst.role.yaml").write_text(ANALYST_ROLE, encoding="utf-8")
+        overrides = [f"llm.api_base={server.url}", "llm.api_key=bench", "execution.timeout=30", f"session.roles=[{', '.join(roles)}]"]
+        config = load_config(project, overrides)
+        self.server, self.consult = server, consult
+        self.executor = TimedExecutor(KernelExecutor(project / "sessions" / "bench", config=config.execution))
+        self.model = TimedModel(OpenAIChatModel(config.llm))
+        self.session = Session(config, model=self.model, executor=self.executor, session_id="bench")
+        self.costs: list[float] = []
+
+    def turn(self, *, keep: bool) -> None:
+        """One turn; its framework cost is kept unless it is a warm-up turn."""
+        if self.consult:
+            self.server.enqueue("planner", planner_reply("Is setting x to 1 safe?", send_to="Analyst"))
+        enqueue_turn(self.server)
+        self.executor.seconds = self.executor.cpu = self.model.seconds = 0.0
+        started = time.thread_time()
+        self.session.ask("Set x to 1, please.")
+        cost = time.thread_time() - started - self.executor.cpu - self.model.seconds
+        for context in self.session.contexts().values():
+            context.wait_idle(timeout=30)  # a fold of this setup must not run into the next setup's turn
+        if keep:
+            self.costs.append(cost)
+
+
+def role_turns(server: ScriptedServer, turns: int) -> tuple[float, float, float]:
+    """Median framework cost per turn: two roles, a third idle, a third in every turn; turns taken in rotation so load hits all alike."""
+    server.set_default("compression", summary_reply("The user set x to 1 several times.", [{"name": "x", "type": "int", "description": "1"}]))
+    server.set_default("other", "Setting x to 1 is harmless.")
+    two_and_three = ["planner", "code_interpreter"], ["planner", "code_interpreter", "analyst"]
+    setups = [
+        RoleSetup(server, roles=two_and_three[0], consult=False),
+        RoleSetup(server, roles=two_and_three[1], consult=False),
+        RoleSetup(server, roles=two_and_three[1], consult=True),
+    ]
+    try:
+        for number in range(turns + 3):
+            for setup in setups[number % 3 :] + setups[: number % 3]:
+                setup.turn(keep=number >= 3)  # warm-up: kernel start, first imports
+    finally:
+        for setup in setups:
+            setup.session.close()
+    two, idle, busy = (statistics.median(setup.costs) for setup in setups)
+    return two, idle, busy
+
+
 def help_time(runs: int = 21) -> tuple[float, float]:
     def timed(args: list[str]) -> float:
         samples = []
@@ -150,6 +231,7 @@ def main() -> None:
     with ScriptedServer() as server:
         sdk = statistics.median(bare_sdk_calls(server, args.turns))
         overheads, walls = our_turns(server, args.turns)
+        two, idle, busy = role_turns(server, args.turns)
     kernel = statistics.median(bare_kernel_execute(args.turns))
     overhead = statistics.median(overheads)
     wall = statistics.median(walls)
@@ -158,6 +240,9 @@ def main() -> None:
     print(f"{'turn wall time (3 model calls + x = 1)':<52}{wall * 1e3:>10.1f}ms{(sdk + kernel) * 1e3:>10.1f}ms{wall / (sdk + kernel):>8.2f}")
     print(f"{'framework overhead = turn - kernel (target < 15 ms)':<52}{overhead * 1e3:>10.1f}ms{sdk * 1e3:>10.1f}ms{overhead / sdk:>8.2f}")
     print(f"{'  of which not the 3 HTTP calls (overhead - bare SDK)':<52}{(overhead - sdk) * 1e3:>10.1f}ms{'':>12}{'':>8}")
+    # Posts per turn: user, step, report, answer (4); with the Analyst consulted, two more.
+    print(f"{'framework CPU/turn, 3rd role idle vs 2 roles':<52}{idle * 1e3:>10.2f}ms{two * 1e3:>10.2f}ms{idle / two:>8.2f}")
+    print(f"{'framework CPU/post, 3rd role in every turn vs 2':<52}{busy / 6 * 1e3:>10.2f}ms{two / 4 * 1e3:>10.2f}ms{busy / 6 / (two / 4):>8.2f}")
     print(f"{'taskweaver-lite --help vs python -c pass':<52}{help_s * 1e3:>10.1f}ms{python_s * 1e3:>10.1f}ms{help_s / python_s:>8.2f}")
 
 

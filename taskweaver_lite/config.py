@@ -8,15 +8,15 @@ Errors name the file, the key and what was expected, on one line.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
 from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.taskweaver_json import JSON_FILE_NAME, read_taskweaver_json
 from taskweaver_lite.verification import DEFAULT_ALLOWED_MODULES, DEFAULT_BLOCKED_FUNCTIONS
 
 CONFIG_FILE_NAME = "taskweaver_config.yaml"
@@ -110,6 +110,8 @@ class LLMOverrides(_Section):
 # The part of a session that folds rounds; every role's section (`planner`, `code_generator`, a
 # project role's) has its own `llm` overrides too.
 FOLDER = "round_compressor"
+# The part that distils a session into experience tips (/save), with its own `llm` overrides too.
+DISTILLER = "experience"
 
 
 def merged_llm(base: LLMConfig, overrides: LLMOverrides) -> LLMConfig:
@@ -338,6 +340,7 @@ class ExperienceConfig(_Section):
     enabled: bool = Field(True, description="show the tips that fit each request (false: none are retrieved; /save and /experience still work)")
     top_k: int = Field(3, ge=1, le=20, description="the most tips a prompt shows")
     max_tokens: int = Field(400, ge=32, description="tokens the tips may take in a prompt (also at most an eighth of the role's budget)")
+    llm: LLMOverrides = Field(default_factory=LLMOverrides, description="the model that distils a session into tips (/save): keys that replace llm's")
 
 
 class EvalModelConfig(_Section):
@@ -373,6 +376,12 @@ class Config(_Section):
     role_sections: dict[str, RoleConfig] = Field(default_factory=dict, exclude=True)
     # Not a YAML key: where the project lives, filled in by load_config.
     project_dir: Path = Field(default=Path("project"), exclude=True)
+    _notices: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def notices(self) -> list[str]:
+        """What loading said besides errors (TaskWeaver keys that have no effect here), for the user once."""
+        return self._notices
 
     @model_validator(mode="after")
     def _role_models_are_whole(self) -> Config:
@@ -404,8 +413,11 @@ class Config(_Section):
         return self
 
     def llm_for(self, user: str) -> LLMConfig:
-        """The model settings `user` (a role's config key, or round_compressor) calls with: its `llm` overrides over `llm`."""
-        overrides = self.round_compressor.llm if user == FOLDER else self.role_section(user).llm
+        """The model settings `user` (a role's config key, round_compressor or experience) calls with: its `llm` overrides over `llm`."""
+        if user in (FOLDER, DISTILLER):
+            overrides = self.round_compressor.llm if user == FOLDER else self.experience.llm
+        else:
+            overrides = self.role_section(user).llm
         return merged_llm(self.llm, overrides)
 
     def role_budget(self, user: str) -> int:
@@ -461,7 +473,7 @@ class Config(_Section):
 
 
 def _has_llm(annotation: Any) -> bool:
-    return isinstance(annotation, type) and issubclass(annotation, (RoleConfig, RoundCompressorConfig))
+    return isinstance(annotation, type) and issubclass(annotation, (RoleConfig, RoundCompressorConfig, ExperienceConfig))
 
 
 ROLES_FOLDER = "roles"
@@ -542,11 +554,15 @@ def load_config(project_dir: str | Path = "project", overrides: list[str] | None
     if not project.is_dir():
         raise ConfigError(f"{project}: project folder not found; create one with `taskweaver-lite init {project}`")
     data: dict[str, Any] = {}
-    if path.exists():
+    notices: list[str] = []
+    if not path.exists() and (project / JSON_FILE_NAME).exists():
+        path, data, notices = _taskweaver_json(project / JSON_FILE_NAME)
+    elif path.exists():
+        text = _read_text(path)
         try:
-            loaded = load_yaml(_read_text(path), source=path)
+            loaded = load_yaml(text, source=path)
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {_yaml_problem(exc)}; fix the syntax") from None
+            raise ConfigError(missing_colon(path, text, exc) or f"{path}: not valid YAML: {_yaml_problem(exc)}; fix the syntax") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a mapping of sections (llm:, planner:, ...) at the top")
         data = loaded or {}
@@ -564,7 +580,26 @@ def load_config(project_dir: str | Path = "project", overrides: list[str] | None
     except ValidationError as exc:
         raise ConfigError(_describe(exc, path, overrides or [])) from None
     config.project_dir = project
+    config.notices.extend(notices)
     return config
+
+
+def _taskweaver_json(path: Path) -> tuple[Path, dict[str, Any], list[str]]:
+    """TaskWeaver's JSON config, mapped to our keys; errors from here on name that file."""
+    settings = read_taskweaver_json(path, known=is_config_key)
+    notice = settings.notice(path)
+    return path, settings.data, [notice] if notice else []
+
+
+def is_config_key(dotted: str) -> bool:
+    """Whether `dotted` (`llm.model`, `execution.kernel_gateway.url`) names one of our settings."""
+    node: Any = Config
+    for part in dotted.split("."):
+        fields = getattr(node, "model_fields", None)
+        if fields is None or part not in fields or part in _NOT_KEYS:
+            return False
+        node = section_type(fields[part].annotation)
+    return True
 
 
 def _merge_problem(err: ErrorDetails) -> str:
@@ -580,23 +615,25 @@ def load_yaml(text: str, *, source: Path | str, max_chars: int = YAML_MAX_CHARS)
     bomb is small on disk but explodes once the values are walked: the events are counted first,
     without recursion, and only a file within the bounds is loaded.
     """
-    if len(text) > max_chars:
-        raise ConfigError(f"{source}: {len(text):,} characters, more than the {max_chars:,} a taskweaver-lite YAML file may have; nothing was loaded")
-    _check_expansion(yaml.parse(text, Loader=yaml.SafeLoader), source=source)
+    problem = yaml_bounds_problem(text, max_chars=max_chars)
+    if problem is not None:
+        raise ConfigError(f"{source}: {problem}; nothing was loaded")
     return yaml.safe_load(text)
 
 
-def _check_expansion(events: Iterable[yaml.Event], *, source: Path | str) -> None:
-    """ConfigError if the document nests deeper than YAML_MAX_DEPTH or expands (aliases followed) past YAML_MAX_NODES values."""
+def yaml_bounds_problem(text: str, *, max_chars: int = YAML_MAX_CHARS) -> str | None:
+    """What makes `text` too big, too deep or too alias-heavy to load (None: within the bounds), read without recursion."""
+    if len(text) > max_chars:
+        return f"{len(text):,} characters, more than the {max_chars:,} a taskweaver-lite YAML file may have"
     sizes: dict[str, int] = {}  # an anchor's value, in values once expanded
     open_counts = [0]  # values in each collection being read, outermost first
     anchors: list[str | None] = [None]
-    for event in events:
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
         if isinstance(event, yaml.CollectionStartEvent):
             open_counts.append(0)
             anchors.append(event.anchor)
             if len(open_counts) > YAML_MAX_DEPTH + 1:
-                raise ConfigError(f"{source}: nested more than {YAML_MAX_DEPTH} levels deep; nothing was loaded: flatten it")
+                return f"nested more than {YAML_MAX_DEPTH} levels deep: flatten it"
             continue
         if isinstance(event, yaml.CollectionEndEvent):
             added, anchor = open_counts.pop() + 1, anchors.pop()
@@ -610,7 +647,8 @@ def _check_expansion(events: Iterable[yaml.Event], *, source: Path | str) -> Non
             sizes[anchor] = added
         open_counts[-1] += added
         if open_counts[-1] > YAML_MAX_NODES:
-            raise ConfigError(f"{source}: its aliases (*name) expand to more than {YAML_MAX_NODES:,} values; nothing was loaded: write the values out")
+            return f"its aliases (*name) expand to more than {YAML_MAX_NODES:,} values: write the values out"
+    return None
 
 
 def _read_text(path: Path) -> str:
@@ -627,17 +665,6 @@ def _read_text(path: Path) -> str:
         raise ConfigError(
             f"{path}: line {line} is not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}, perhaps Latin-1); save the file as UTF-8"
         ) from None
-
-
-def is_config_key(key: str) -> bool:
-    """Whether the dotted `key` names a config setting (`planner.prompt_compression`...)."""
-    node: Any = Config
-    for part in key.split("."):
-        fields = getattr(node, "model_fields", None)
-        if fields is None or part not in fields or part == "project_dir":
-            return False
-        node = fields[part].annotation
-    return True
 
 
 def _apply_override(data: dict[str, Any], item: str, *, roles: set[str]) -> str | None:
@@ -663,7 +690,7 @@ def _apply_override(data: dict[str, Any], item: str, *, roles: set[str]) -> str 
             continue
         if fields is None or part not in fields or part in _NOT_KEYS:
             return f"--set {key}: unknown config key '{part}'; known here: {_known(node)}"
-        node = fields[part].annotation
+        node = section_type(fields[part].annotation)
     target = data
     for part in parts[:-1]:
         child = target.get(part)
@@ -673,6 +700,14 @@ def _apply_override(data: dict[str, Any], item: str, *, roles: set[str]) -> str 
         target = child
     target[parts[-1]] = value
     return None
+
+
+def section_type(annotation: Any) -> Any:
+    """The settings class inside an optional section's type (`KernelGatewayConfig | None`), else the type itself."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    sections = [arg for arg in get_args(annotation) if isinstance(arg, type) and issubclass(arg, BaseModel)]
+    return sections[0] if len(sections) == 1 else annotation
 
 
 _NOT_KEYS = ("project_dir", _ROLE_SECTIONS)
@@ -685,7 +720,7 @@ def _known(node: Any) -> str:
 
 def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
     """Every problem pydantic found on one line: unknown keys grouped by section, then wrong values."""
-    unknown: dict[tuple[str, str], list[str]] = {}  # (source, section) -> unknown keys there
+    unknown: dict[tuple[str, str], list[tuple[str, ...]]] = {}  # (source, section) -> where the unknown keys are
     problems: list[str] = []
     for err in exc.errors():
         if err["loc"][:1] == (_ROLE_SECTIONS,):  # a role's section is written at the top level: name it so
@@ -696,22 +731,49 @@ def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
             source = ", ".join(f"--set {_masked(o)}" for o in touched) if touched else str(path)
             problems.append(f"{source}: {err['msg'].removeprefix('Value error, ')}")
             continue
-        source = _source(key, path, overrides)
+        loc = tuple(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
-            unknown.setdefault((source, ".".join(str(p) for p in err["loc"][:-1])), []).append(key)
+            unknown.setdefault((_setters(loc, overrides) or str(path), ".".join(loc[:-1])), []).append(loc)
         else:
-            problems.append(f"{source}: {_wrong_value(err, key)}")
+            problems.append(f"{_source(loc, path, overrides, missing=err['type'] == 'missing')}: {_wrong_value(err, key)}")
     named = [
-        f"{source}: unknown key {' and '.join(repr(k) for k in keys)}; known keys {f'in {section}' if len(unknown) > 1 else 'here'}: "
-        + _known(_section(section))
-        for (source, section), keys in unknown.items()
+        f"{_with_lines(source, locs, path)}: unknown key {' and '.join(repr('.'.join(loc)) for loc in locs)}; "
+        f"known keys {f'in {section}' if len(unknown) > 1 else 'here'}: " + _known(_section(section))
+        for (source, section), locs in unknown.items()
     ]
+    if any("." in str(err["loc"][-1]) for err in exc.errors() if err["type"] == "extra_forbidden" and err["loc"]):
+        named.append("in the file keys nest, one per line (`llm:` then `  model: gpt-4o` below it); dotted keys are for --set")
     return "; ".join(dict.fromkeys(named + problems))
 
 
-def _source(key: str, path: Path, overrides: list[str]) -> str:
-    touched = [o for o in overrides if (k := o.split("=", 1)[0].strip()) == key or k.startswith(key + ".")]
-    return ", ".join(f"--set {_masked(o)}" for o in touched) if touched else str(path)
+def _source(loc: tuple[str, ...], path: Path, overrides: list[str], *, missing: bool = False) -> str:
+    """Who set the key at `loc`: the --set values that wrote it (or, for a missing key, its section), else the file with the key's line.
+
+    Keys are compared part by part: a dotted key written in the file (`llm.model:`) is one
+    part, so it is the file's, not that of a valid `--set llm.model=...`.
+    """
+    scope = loc[:-1] if missing else loc
+    setters = _setters(scope, overrides)
+    if setters:
+        return setters
+    line = key_line(path, scope)
+    return f"{path}, line {line}" if line is not None else str(path)
+
+
+def _setters(scope: tuple[str, ...], overrides: list[str]) -> str | None:
+    """The --set values that wrote the key at `scope` or inside it, compared part by part."""
+    touched = [o for o in overrides if tuple(o.split("=", 1)[0].strip().split("."))[: len(scope)] == scope]
+    return ", ".join(f"--set {_masked(o)}" for o in touched) or None
+
+
+def _with_lines(source: str, locs: list[tuple[str, ...]], path: Path) -> str:
+    """The file named with the lines of the keys at `locs`; --set sources as they are."""
+    if source != str(path):
+        return source
+    lines = sorted({n for loc in locs if (n := key_line(path, loc)) is not None})
+    if not lines:
+        return source
+    return f"{source}, line{'s' if len(lines) > 1 else ''} {' and '.join(map(str, lines))}"
 
 
 def _section(dotted: str) -> type[BaseModel]:
@@ -720,7 +782,7 @@ def _section(dotted: str) -> type[BaseModel]:
         if part not in parent.model_fields:  # a role's section (`echo`), written at the top level
             parent = RoleConfig
             continue
-        section = parent.model_fields[part].annotation
+        section = section_type(parent.model_fields[part].annotation)
         if not (isinstance(section, type) and issubclass(section, BaseModel)):
             break
         parent = section
@@ -736,7 +798,45 @@ def _wrong_value(err: ErrorDetails, key: str) -> str:
 
 def _masked(override: str) -> str:
     key, sep, value = override.partition("=")
-    return f"{key}{sep}***" if "api_key" in key and value else override
+    return f"{key}{sep}***" if ("api_key" in key or key.strip().endswith("token")) and value else override
+
+
+COLON_PROBLEMS = ("mapping values are not allowed here", "could not find expected ':'")
+
+
+def missing_colon(path: Path, text: str, exc: yaml.YAMLError) -> str | None:
+    """The line whose key lacks its colon, said plainly, when that is what PyYAML tripped on (it names a later line)."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None or exc.problem not in COLON_PROBLEMS:
+        return None
+    lines = text.splitlines()
+    last = exc.context_mark.line if exc.context_mark is not None else exc.problem_mark.line - 1
+    for number in range(min(last, len(lines) - 1), -1, -1):
+        line = lines[number].strip()
+        if not line or line.startswith(("#", "-")):
+            continue
+        if ":" in line.split(" #")[0]:
+            return None  # the nearest key has its colon: some other slip, PyYAML's words say it better
+        key, _, rest = line.partition(" ")
+        fixed = f"{key}: {rest.strip()}" if rest.strip() else f"{key}:"
+        return f"{path}, line {number + 1}: `{line}` has no colon after its key; write `{fixed}`"
+    return None
+
+
+def key_line(path: Path, loc: tuple[str, ...]) -> int | None:
+    """The line of the file where the key at `loc` is written (1-based), if the file has it."""
+    try:
+        node = yaml.compose(path.read_text(encoding="utf-8-sig"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    line = None
+    for part in loc:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        match = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == part), None)
+        if match is None:
+            break
+        line, node = match[0].start_mark.line + 1, match[1]
+    return line
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -85,6 +85,14 @@ class FoldPiece:
     essential: bool = False  # the user's request, the Planner's instruction, an execution's outcome
 
 
+class CellCancelled(KeyboardInterrupt):
+    """Ctrl-C (or Stop) while a cell ran: still a KeyboardInterrupt, carrying what the cell printed until then."""
+
+    def __init__(self, result: ExecutionResult) -> None:
+        super().__init__()
+        self.result = result
+
+
 @dataclass(frozen=True)
 class ExecutionResult:
     """Everything one cell did, with text already bounded for prompts.
@@ -115,6 +123,7 @@ class ExecutionResult:
     execution_count: int | None = None
     notices: tuple[str, ...] = ()  # what the executor put right after the cell (a working folder restored)
     refused: str = ""  # why the code was not run at all (a verification rule, the user declined); "" when it ran
+    cancelled: bool = False  # stopped by the user (Ctrl-C, the page's Stop): the output is what it printed until then
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape used by the store and by export."""
@@ -132,6 +141,7 @@ class ExecutionResult:
         values["variables"] = tuple(Variable.from_dict(v) for v in values.get("variables", ()))
         values["changes"] = VariableChanges.from_dict(values.get("changes") or {})
         values["refused"] = str(values.get("refused") or "")
+        values["cancelled"] = bool(values.get("cancelled", False))  # stored before cancelled cells were kept
         for name in ("displays", "artifacts", "lost_variables", "notices"):
             values[name] = tuple(values.get(name) or ())
         return cls(**values)
@@ -153,6 +163,8 @@ class ExecutionResult:
             return f"The kernel died while running this cell and was restarted. Variables lost: {lost}."
         if self.timed_out:
             return f"The cell timed out after {self.elapsed:.0f} s and was interrupted; earlier variables are kept."
+        if self.cancelled:
+            return "The user cancelled the cell while it ran (Ctrl-C); below is what it printed until then; earlier variables are kept."
         if self.interrupted:
             return "The cell was interrupted; earlier variables are kept."
         return "The execution succeeded." if self.success else "The execution failed."
@@ -181,7 +193,7 @@ class ExecutionResult:
         """`prompt_text` in pieces; the outcome and the error line are what a fold must keep."""
         block = as_data if marked else _unmarked
         outcome = self.outcome()
-        plain = not (self.kernel_died or self.timed_out or self.interrupted or self.refused)
+        plain = not (self.kernel_died or self.timed_out or self.interrupted or self.refused or self.cancelled)
         pieces = [] if outcome_told and plain else [FoldPiece(outcome, essential=True)]
         if self.error is not None:
             pieces.append(FoldPiece(f"Error: {self.error.name}: {block(self.error.value, block=False)}", essential=True))

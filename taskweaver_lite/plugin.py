@@ -6,6 +6,6 @@ Inside the kernel this name (and TaskWeaver's `taskweaver.plugin`) resolves to t
 
 from __future__ import annotations
 
-from taskweaver_lite.kernel.plugin_runtime import Plugin, PluginContext, register_plugin
+from taskweaver_lite.kernel.plugin_runtime import Plugin, PluginContext, register_plugin, test_plugin
 
-__all__ = ["Plugin", "PluginContext", "register_plugin"]
+__all__ = ["Plugin", "PluginContext", "register_plugin", "test_plugin"]

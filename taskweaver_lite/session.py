@@ -21,12 +21,12 @@ import functools
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.config import FOLDER, Config, LLMConfig, merged_llm
+from taskweaver_lite.config import DISTILLER, FOLDER, Config, LLMConfig, LLMOverrides, RoleConfig, merged_llm
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
@@ -68,6 +68,9 @@ class ResumeReport:
     replayed: int  # cells re-run to rebuild the kernel's variables
     replay_failures: int
     lost: tuple[str, ...]  # variables not rebuilt (replay skipped)
+
+
+UNDO_FOLD_WAIT = 30.0  # seconds /undo waits for a running fold (it may be folding the request being undone)
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,9 @@ class Session:
         self.experience = Experience(store=self.store, folder=config.experience_dir, settings=config.experience)
         self.active = self._build_roles()
         self._hook_experience()
+        # Each role's view of the finished rounds, extended as rounds finish (a view costs a copy of every round).
+        self._views: dict[str, list[Round]] = {alias: [] for alias in self.active}
+        self._viewed = 0
         entry = next((active for active in self.active.values() if isinstance(active.role, PlannerRole)), None)
         if entry is None or not isinstance(entry.role, PlannerRole):
             raise ConfigError("session.roles must include planner: it is the role the user talks to")
@@ -148,7 +154,7 @@ class Session:
     @property
     def role_problems(self) -> list[str]:
         """One line per role left out (a broken role file, a class that failed to import, a name that is no role)."""
-        return [entry.line() for entry in self.roles.broken if entry.name in self.config.session.roles or entry.where == "session.roles"]
+        return self.roles.problems
 
     def _build_roles(self) -> dict[str, ActiveRole]:
         """The enabled roles by alias, each with its own context (its own section, model and tokenizer)."""
@@ -171,11 +177,9 @@ class Session:
     def _tools(self, spec: RoleSpec) -> RoleTools:
         section = spec.section(self.config.role_section(spec.key))
         settings = ContextSettings.of(self.config, spec.key, section=section, label=spec.label, fold_prompt=spec.fold_prompt)
-        # Only the code-running role's prompt lists the kernel's variables (and its folds describe them).
-        live = self.live_variables if spec.builtin == "code_interpreter" else None
+        live = self.live_variables if spec.kernel_variables else None
         context = RoleContext(settings, model=self._model, tokenizer=get_tokenizer(settings.llm.tokenizer), live_variables=live, on_fold=self._emit)
-        # Only the JSON roles stream to the screen: their fields are read as they arrive.
-        stream = (lambda delta: self._emit(ReplyStreamed(spec.key, delta, spec.alias))) if spec.builtin else None
+        stream = (lambda delta: self._emit(ReplyStreamed(spec.key, delta, spec.alias))) if spec.streams else None
         return RoleTools(
             key=spec.key,
             alias=spec.alias,
@@ -246,12 +250,7 @@ class Session:
                 usage_before=stored.usage,
                 confirm=confirm,
             )
-        session.conversation.rounds = list(stored.rounds)
-        session.loads = list(stored.loads)
-        for context in session.contexts().values():
-            saved = stored.compression.get(context.role)
-            if saved:
-                context.restore(CompressionState.from_dict(saved))
+        session._restore(stored.rounds, loads=stored.loads, compression=stored.compression)
         failed_cells = 0
         for number, code in enumerate(cells, 1):
             failed_cells += not session.executor.run(code).success
@@ -268,6 +267,15 @@ class Session:
             lost=tuple(session._lost),
         )
         return session, report
+
+    def _restore(self, rounds: Sequence[Round], *, loads: Sequence[FileLoaded], compression: Mapping[str, dict[str, Any]]) -> None:
+        """Take back a stored session's record: its rounds, its loads, and each role's summary (by the role's key)."""
+        self.conversation.rounds = list(rounds)
+        self.loads = list(loads)
+        for context in self.contexts().values():
+            saved = compression.get(context.role)
+            if saved:
+                context.restore(CompressionState.from_dict(saved))
 
     @classmethod
     def _assemble(
@@ -328,7 +336,7 @@ class Session:
         (unreachable, refused) fails the round and is raised. Ctrl-C (KeyboardInterrupt) cancels
         the step, fails the round, and is raised after the kernel has stopped.
         """
-        views = {alias: self.conversation.view(alias) for alias in self.active}  # finished rounds, each role's posts
+        views = self._role_views()
         rnd = self.conversation.start_round(text)
         message = "\n\n".join([*self._notes, text])
         try:
@@ -377,7 +385,7 @@ class Session:
         self._emit(Working("role_working", spec.label))
         try:
             reply = active.role.reply(request, active.tools)
-        except (TaskWeaverError, Exception) as exc:  # noqa: BLE001 - a project role's failure must not end the request: the Planner hears why
+        except Exception as exc:  # noqa: BLE001 - a project role's failure (its model, its code) must not end the request: the Planner hears why
             return request.answer(role_failure(spec, exc))
         if not isinstance(reply, Post):
             why = f"answered with {type(reply).__name__}, not a post; its class ({spec.where}) must return request.answer(...)"
@@ -414,6 +422,73 @@ class Session:
         self.close()
         return fresh
 
+    def undo(self, *, on_replay: Callable[[int, int], None] | None = None) -> Round:
+        """Drop the last request with everything it caused (from the store too) and rebuild the kernel by replay; returns it.
+
+        Files its cells wrote stay in the working folder. A request already folded into a role's
+        summary cannot be taken back (TaskWeaverError says so).
+        """
+        if not self.conversation.rounds:
+            raise TaskWeaverError("Nothing to undo: this session has no requests yet.")
+        last = self.conversation.rounds[-1]
+        for role, context in self.contexts().items():
+            context.wait_idle(timeout=UNDO_FOLD_WAIT)
+            if context.state.folded_through >= last.index:
+                raise TaskWeaverError(f"Request {last.index} is already folded into the {role} role's summary and cannot be undone; /reset starts over.")
+        self._flush_store()
+        if self.store is not None:
+            self.store.drop_round(self.id, last.id)
+        self.conversation.rounds.pop()
+        self._viewed = min(self._viewed, len(self.conversation.rounds))
+        for alias, view in self._views.items():
+            self._views[alias] = [rnd for rnd in view if rnd.id != last.id]
+        for context in self.contexts().values():  # the next prompt is built afresh: no variables list kept from the undone request
+            context.restore(context.state)
+        # Files loaded just before it were announced in its message: the next request says so again.
+        self._notes = [self._planner.file_note(load.name) for load in self.loads if load.after_round == last.index - 1] + self._notes
+        self._rebuild_kernel(on_replay)
+        return last
+
+    def _rebuild_kernel(self, on_replay: Callable[[int, int], None] | None) -> None:
+        """A fresh kernel, then every cell that ran without error re-run in order (what resume does)."""
+        cells = self.store.successful_cells(self.id) if self.store is not None else _good_cells(self.conversation.rounds)
+        self.executor.restart()
+        self._recency.clear()
+        self._cells, self._lost = 0, []
+        for number, code in enumerate(cells, 1):
+            self.executor.run(code)
+            if on_replay is not None:
+                on_replay(number, len(cells))
+
+    def _flush_store(self) -> None:
+        for listener in self._listeners:
+            if isinstance(listener, StoreRecorder):
+                listener.flush()
+
+    def model_users(self) -> list[str]:
+        """What `use_model` accepts as `user`: the enabled roles' config keys, and round_compressor (the folds)."""
+        return [*self.contexts(), FOLDER]
+
+    def use_model(self, name: str, *, user: str | None = None) -> None:
+        """Call model `name` from the next request on: for every part, or for one (a role's key, or round_compressor)."""
+        if not self._owns_model:
+            raise TaskWeaverError("This session's model was handed to it by the program that opened it; only that program can change it.")
+        config = self.config
+        if user is None:
+            config.llm.model = name  # a part with its own `llm.model` keeps it (with its own address and key)
+        else:
+            section = config.round_compressor if user == FOLDER else config.role_section(user) if user in type(config).model_fields else None
+            if section is None:  # a project role: its section may not be written yet
+                section = config.role_sections.setdefault(user, RoleConfig())
+            # Assigned whole, so the section counts as set where a role's file settings are merged under it.
+            section.llm = LLMOverrides.model_validate({**section.llm.model_dump(exclude_unset=True), "model": name})
+        for active in self.active.values():  # what /info names (each role's window, and so its budget, stays)
+            active.context.llm = merged_llm(config.llm, active.spec.section(config.role_section(active.spec.key)).llm)
+        previous, self._model.inner = self._model.inner, role_models(config, roles=[active.spec for active in self.active.values()])
+        close = getattr(previous, "close", None)
+        if callable(close):
+            close()
+
     def live_variables(self) -> LiveVariables:
         """The kernel's variables now, most recently created or changed first, and names lost to restarts."""
         variables = self.executor.variables()
@@ -423,7 +498,8 @@ class Session:
 
     def save_experience(self) -> list[Tip]:
         """Distil this session into tips with the model and store them; ExperienceError (nothing stored) when that fails."""
-        tips = distil(self.conversation.rounds, model=self._model, tokenizer=get_tokenizer(self.config.llm.tokenizer), llm=self.config.llm)
+        llm = self.config.llm_for(DISTILLER)  # experience.llm over llm
+        tips = distil(self.conversation.rounds, model=self._model, tokenizer=get_tokenizer(llm.tokenizer), llm=llm)
         return self.experience.save(self.id, tips)
 
     def _tips_for(self, role: Role, request: str) -> str:
@@ -484,9 +560,21 @@ class Session:
         context = self.contexts().get(role)
         return context.state.to_dict() if context is not None else None
 
+    def _role_views(self) -> dict[str, list[Round]]:
+        """Each role's view of the finished rounds: only the posts it sent or received (copies: a turn may not change them)."""
+        rounds = self.conversation.rounds
+        for rnd in rounds[self._viewed :]:
+            if rnd.state == "finished":
+                for alias, view in self._views.items():
+                    view.append(rnd.visible_to(alias))
+        self._viewed = len(rounds)
+        return {alias: list(view) for alias, view in self._views.items()}
+
     def _after_round(self) -> None:
-        for alias, active in self.active.items():
-            active.context.round_finished([active.role.render(r) for r in self.conversation.view(alias)])
+        for alias, view in self._role_views().items():
+            active = self.active[alias]
+            # A round the role took no part in renders to nothing and never folds: it is not rendered at all.
+            active.context.round_finished([active.role.render(r) for r in view if r.posts])
 
     def _add(self, rnd: Round, post: Post) -> None:
         rnd.posts.append(post)
@@ -555,6 +643,7 @@ def role_models(config: Config, *, roles: Sequence[RoleSpec]) -> ChatModel:
     for spec in roles:
         by_purpose[spec.key] = client(merged_llm(config.llm, spec.section(config.role_section(spec.key)).llm))
         by_purpose[f"compression_{spec.key}"] = folder
+    by_purpose[DISTILLER] = client(config.llm_for(DISTILLER))
     return RoutedModel(by_purpose, default=client(config.llm))
 
 
@@ -574,6 +663,11 @@ def default_executor(config: Config, *, plugins: Sequence[PluginSpec] = ()) -> E
     # A sandboxed kernel sees neither the project folder nor the store (wherever store.path puts it).
     hidden = (config.project_dir, config.store_path.parent)
     return functools.partial(KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens, plugins=tuple(plugins), hidden=hidden)
+
+
+def _good_cells(rounds: Sequence[Round]) -> list[str]:
+    """The code of every cell that ran without error, in order (the store's `successful_cells` for a session without one)."""
+    return [post.execution.code for rnd in rounds for post in rnd.posts if post.execution is not None and post.execution.success]
 
 
 def _newest_first(variables: Sequence[Variable], recency: dict[str, int]) -> tuple[Variable, ...]:

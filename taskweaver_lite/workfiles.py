@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -120,12 +121,13 @@ def write_from(source_fd: int, folder: Path, name: str, *, sparse_size: int | No
         raise UnsafeFileError(f"{name!r} is not a bare file name")
     dir_fd = open_folder(folder)
     try:
-        owner = os.fstat(dir_fd)
-        temporary = f".{name}.{os.getpid()}.partial"
+        owner, source = os.fstat(dir_fd), os.fstat(source_fd)
+        temporary = f".{name}.{secrets.token_hex(6)}.partial"  # unguessable: the kernel cannot take the name first
         out = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600, dir_fd=dir_fd)
         try:
             _copy_data(source_fd, out, sparse_size)
             _give_to(out, owner)
+            os.utime(out, ns=(source.st_atime_ns, source.st_mtime_ns))
         except BaseException:
             os.close(out)
             with contextlib.suppress(OSError):

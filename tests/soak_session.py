@@ -22,7 +22,7 @@ import json
 import re
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -88,14 +88,23 @@ def planner_answer(n: int) -> str:
     return f"Request {marker(n)} is done: its count, items, frame and meta are in the kernel, and the report above shows their totals."
 
 
+def needed_name(n: int) -> str | None:
+    """The earlier variable round `n`'s code reads (a count from a round well back), or None in the first rounds."""
+    if n <= 3:
+        return None
+    back = 2 + (n * 7) % min(n - 2, 60)  # from 2 to 61 rounds back, spread over the session
+    return f"r{n - back:04d}_count"
+
+
 def cell_code(n: int, *, failing: bool = False) -> str:
-    """Real Python for round `n`: four new variables, sometimes a long printout; or a noisy failure."""
+    """Real Python for round `n`: four new variables (one from an earlier round's), sometimes a long printout; or a noisy failure."""
     if failing:
         return _noisy_failure(n)
     p = f"r{n:04d}"
+    earlier = needed_name(n)
     lines = [
         "import pandas as pd",
-        f"{p}_count = {n} * 3",
+        f"{p}_count = {n} * 3" + (f" + 0 * {earlier}" if earlier else ""),
         f"{p}_items = [i * {n} for i in range(12)]",
         f"{p}_frame = pd.DataFrame({{'a': range(4), 'b': [x * {n} / 2 for x in range(4)]}})",
         f"{p}_meta = {{'request': '{marker(n)}', 'rows': len({p}_frame), 'total': sum({p}_items)}}",
@@ -217,13 +226,25 @@ class FoldRecorder:
             self.prompts[role].append(_all_text(event.prompt))
 
 
-def open_soak_session(root: Path, server: ScriptedServer, *, window: int = 8000, compression: bool = True, listeners: Sequence[Listener] = ()) -> Session:
-    """A Session on a fresh project at `window` tokens, folding every round but the latest (1, 1), folds retried at once."""
+def open_soak_session(
+    root: Path,
+    server: ScriptedServer,
+    *,
+    window: int = 8000,
+    compression: bool = True,
+    listeners: Sequence[Listener] = (),
+    settings: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Session:
+    """A Session on a fresh project at `window` tokens, folding every round but the latest (1, 1), folds retried at once.
+
+    `settings` adds to the config sections (the bench's strategies and schedules: planner.strategy...)."""
     sections: dict[str, dict[str, Any]] = {
         "llm": {"context_window": window, "reply_reserve": 4096, "margin": 256},
         "round_compressor": {"rounds_to_compress": 1, "rounds_to_retain": 1, "retry_backoff": 0},
         "store": {"record_prompts": True},  # fold prompts reach the listeners only when prompts are recorded
     }
+    for name, values in (settings or {}).items():
+        sections.setdefault(name, {}).update(values)
     overrides = [] if compression else ["planner.prompt_compression=false", "code_generator.prompt_compression=false"]
     return Session.open(load_config(make_project(root, server.url, **sections), overrides), listeners=listeners)
 
@@ -240,7 +261,9 @@ def folded_through(session: Session) -> dict[str, int]:
     return {str(context.role): context.state.folded_through for context in session.contexts().values()}
 
 
-def run_soak(root: Path, *, rounds: int, window: int = 8000, compression: bool = True) -> SoakRun:
+def run_soak(
+    root: Path, *, rounds: int, window: int = 8000, compression: bool = True, settings: Mapping[str, Mapping[str, Any]] | None = None
+) -> SoakRun:
     """Drive `rounds` requests through a real Session at `window` tokens and return what was sent."""
     folds = FoldRecorder()
     failed: list[tuple[int, str]] = []
@@ -248,7 +271,7 @@ def run_soak(root: Path, *, rounds: int, window: int = 8000, compression: bool =
     started = time.perf_counter()
     with ScriptedServer() as server:
         SoakModel().install(server)
-        with open_soak_session(root, server, window=window, compression=compression, listeners=[folds]) as session:
+        with open_soak_session(root, server, window=window, compression=compression, listeners=[folds], settings=settings) as session:
             for n in range(1, rounds + 1):
                 try:
                     rnd = session.ask(user_request(n))

@@ -11,6 +11,7 @@ import base64
 import json
 import os
 import shutil
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -32,10 +33,11 @@ from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.identity import in_range
 from taskweaver_lite.kernel.output import CellOutput
 from taskweaver_lite.kernel.sandbox import bwrap_path
+from taskweaver_lite.plugins.catalog import discover
 from taskweaver_lite.session import Session
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.store.export import write_export
-from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
+from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 from taskweaver_lite.testing.web_server import WebServer
 from taskweaver_lite.workfiles import copy_folder, read_below
 
@@ -311,25 +313,76 @@ def test_an_answer_is_in_the_store_before_any_listener_sees_it(tmp_path: Path, s
     assert stored_when_shown == [True], "the answer was shown before it was stored"
 
 
-def test_killing_the_chat_the_moment_an_answer_is_printed_loses_no_shown_answer(tmp_path: Path, scripted: ScriptedServer) -> None:
+def test_while_another_writer_holds_the_store_the_page_gets_no_answer_it_has_not_stored(tmp_path: Path, scripted: ScriptedServer) -> None:
     project = make_project(tmp_path, scripted.url)
-    for n in range(3):
-        scripted.enqueue("planner", planner_reply(f"Answer number {n}.", send_to="User"))
-    lines = "".join(f"question {n}\n" for n in range(3))
+    config = load_config(project)
+    gate = threading.Event()
+    scripted.enqueue("planner", Reply(content=planner_reply("Stored first.", send_to="User"), gate=gate))
+    arrived: list[str] = []
+    answered = threading.Event()
+
+    def read(client: httpx.Client, session_id: str) -> None:
+        with client.stream("POST", f"/api/sessions/{session_id}/messages", json={"text": "go"}) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    arrived.append(json.loads(line[6:])["type"])
+                    if arrived[-1] == "answer":
+                        answered.set()
+
+    with WebServer(config) as web, httpx.Client(base_url=web.url, timeout=60) as client:
+        session_id = client.post("/api/sessions", json={}).json()["id"]
+        reader = threading.Thread(target=read, args=(client, session_id), daemon=True)
+        reader.start()
+        while not scripted.requests:  # the request's first events are stored; the model's reply waits at the gate
+            answered.wait(0.05)
+        blocker = sqlite3.connect(config.store_path, timeout=30)
+        blocker.execute("BEGIN IMMEDIATE")  # another writer holds the store's lock
+        gate.set()
+        shown_while_locked = answered.wait(3)
+        blocker.rollback()
+        blocker.close()
+        reader.join(60)
+    assert not shown_while_locked, "the page got an answer the store could not hold yet"
+    assert "answer" in arrived, f"the answer must come once the store is free: {arrived}"
+    stored = SessionStore(config.store_path, read_only=True)
+    try:
+        assert [r.answer for r in stored.load(session_id).rounds] == ["Stored first."]
+    finally:
+        stored.close()
+
+
+def test_killing_the_chat_while_the_store_is_locked_loses_no_shown_answer(tmp_path: Path, scripted: ScriptedServer) -> None:
+    project = make_project(tmp_path, scripted.url)
+    store_path = load_config(project).store_path
+    gate = threading.Event()
+    scripted.enqueue("planner", Reply(content=planner_reply("Answer number 0.", send_to="User"), gate=gate))
+    shown: list[str] = []
     command = [sys.executable, "-m", "taskweaver_lite", "chat", "-p", str(project)]
     with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=cli_env()) as proc:
         assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(lines.encode())
+        out = proc.stdout
+        proc.stdin.write(b"question 0\n")
         proc.stdin.flush()
-        shown = proc.stdout.readline().decode()
-        proc.kill()  # SIGKILL the moment the first answer is on the screen
-    assert shown.startswith("Answer number 0"), shown
-    reader = SessionStore(load_config(project).store_path, read_only=True)
+        reader = threading.Thread(target=lambda: shown.append(out.readline().decode()), daemon=True)
+        reader.start()
+        while not scripted.requests:  # the request is stored; the model's reply waits at the gate
+            reader.join(0.05)
+        blocker = sqlite3.connect(store_path, timeout=30)
+        blocker.execute("BEGIN IMMEDIATE")  # another writer holds the store's lock
+        gate.set()
+        reader.join(3)
+        proc.kill()  # SIGKILL, with whatever is on the screen by now
+        proc.wait()
+        blocker.rollback()
+        blocker.close()
+    reader.join(10)
+    printed = "".join(shown).strip()
+    stored = SessionStore(store_path, read_only=True)
     try:
-        answers = [r.answer for entry in reader.list_sessions() for r in reader.load(entry.id).rounds]
+        answers = [r.answer for entry in stored.list_sessions() for r in stored.load(entry.id).rounds]
     finally:
-        reader.close()
-    assert "Answer number 0." in answers, "an answer shown on the screen was not in the store"
+        stored.close()
+    assert not printed or printed in answers, f"the chat printed {printed!r}, which the store never got"
 
 
 # 8. Odd display data -----------------------------------------------------------------------------
@@ -411,6 +464,14 @@ def test_pathological_yaml_gets_one_line_naming_the_file(tmp_path: Path, text: s
         load_config(tmp_path)
     message = str(caught.value)
     assert message.startswith(str(tmp_path / "taskweaver_config.yaml")) and said in message and "\n" not in message
+
+
+def test_a_pathological_plugin_file_is_left_out_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "deep.yaml").write_text("name: deep\ndescription: " + "[" * 10_000 + "]" * 10_000 + "\n")
+    (tmp_path / "plugins" / "deep.py").write_text("x = 1\n")
+    entries = discover(tmp_path).entries
+    assert [entry.state for entry in entries] == ["broken"] and "nested more than" in entries[0].error, entries
 
 
 def test_an_ordinary_config_with_an_alias_still_loads(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from taskweaver_lite.execution import DATA_CLOSE, DATA_OPEN
 from taskweaver_lite.knowledge.doc_index import DocumentIndex, answer
 from taskweaver_lite.knowledge.fts import match_query
 from taskweaver_lite.knowledge.passages import read_passages
@@ -186,6 +187,7 @@ def test_the_answer_cites_file_and_lines_within_the_token_cap(docs: Path) -> Non
         reply = answer(index, "sandbox kernel", top_k=6, max_tokens=300, tokenizer=tokenizer)
     assert tokenizer.count(reply) <= 300
     assert "[1] docs/" in reply and ".md:" in reply and "[6]" not in reply
+    assert reply.count(DATA_OPEN) == reply.count(DATA_CLOSE) >= 1, "passages are marked as data, never instructions"
 
 
 def test_the_answer_says_plainly_when_there_are_no_documents_or_no_match(tmp_path: Path, docs: Path) -> None:

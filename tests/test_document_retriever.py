@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def planner_calls(server: ScriptedServer) -> list[list[dict]]:
 
 def test_a_request_goes_planner_retriever_planner_code_interpreter_planner_user(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url, session=ROLES)
-    (project / "docs").mkdir()
+    (project / "docs").mkdir(exist_ok=True)
     (project / "docs" / "finance.md").write_text(FINANCE, encoding="utf-8")
     server.enqueue(
         "planner",
@@ -70,6 +71,7 @@ def test_a_request_goes_planner_retriever_planner_code_interpreter_planner_user(
 
 def test_with_no_documents_the_retriever_says_so_and_the_planner_goes_on(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url, session=ROLES)
+    shutil.rmtree(project / "docs")
     server.enqueue(
         "planner",
         planner_reply("fiscal year start", send_to="DocumentRetriever"),
@@ -103,6 +105,7 @@ def test_a_role_needing_vision_without_a_vision_model_is_off_with_the_reason(tmp
     assert "ImageReader" in planner_calls(server)[-1][0]["content"]
 
 
+@pytest.mark.cli
 def test_the_chat_reports_an_off_role_on_stderr_and_goes_on(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url, session={"roles": ["planner", "code_interpreter", "image_reader"]})
     folder = project / "roles" / "image_reader"
@@ -116,3 +119,47 @@ def test_the_chat_reports_an_off_role_on_stderr_and_goes_on(tmp_path: Path, serv
     lines = {line.split()[0]: line for line in listed.stdout.splitlines() if line.strip()}
     assert " off " in lines["image_reader"] and "needs a model that reads images" in lines["image_reader"]
     assert " disabled " in lines["document_retriever"], "the retriever ships, off until session.roles lists it"
+
+
+def test_a_resumed_session_asks_the_retriever_again_and_sees_edited_documents(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url, session=ROLES)
+    (project / "docs").mkdir(exist_ok=True)
+    (project / "docs" / "finance.md").write_text(FINANCE, encoding="utf-8")
+    server.enqueue("planner", planner_reply("fiscal year start", send_to="DocumentRetriever"), planner_reply("1 April.", send_to="User"))
+    with Session.open(load_config(project)) as session:
+        session.ask("When does the fiscal year start?")
+    (project / "docs" / "finance.md").write_text(FINANCE.replace("1 April", "1 July"), encoding="utf-8")
+    server.enqueue("planner", planner_reply("fiscal year start", send_to="DocumentRetriever"), planner_reply("1 July now.", send_to="User"))
+    resumed, report = Session.resume(load_config(project), "last")
+    with resumed:
+        rnd = resumed.ask("And now?")
+    assert report.rounds == 1 and rnd.answer == "1 July now."
+    latest = last_user(planner_calls(server)[-1])
+    assert "starts on 1 July" in latest and "1 April" not in latest, "the index follows the edit"
+    assert [p.send_from for p in resumed.conversation.rounds[0].posts] == ["User", "Planner", "DocumentRetriever", "Planner"], "the first round is back"
+
+
+def test_a_new_projects_docs_answer_what_the_sample_datas_columns_mean(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url, session=ROLES)
+    server.enqueue(
+        "planner",
+        planner_reply("discount column meaning", send_to="DocumentRetriever"),
+        planner_reply("The share taken off the list price.", send_to="User"),
+    )
+    with Session.open(load_config(project)) as session:
+        session.ask("What does the discount column hold?")
+    passages = last_user(planner_calls(server)[1])
+    assert "[1] docs/sales_data.md:" in passages and "the share taken off the list price" in passages
+
+
+@pytest.mark.cli
+def test_the_docs_command_lists_each_document_and_why_one_is_skipped(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    (project / "docs" / "broken.ipynb").write_text("{not json", encoding="utf-8")
+    (project / "docs" / "chart.png").write_bytes(b"\x89PNG")
+    listed = run_cli("docs", "-p", str(project))
+    assert listed.returncode == 0, listed.stderr
+    lines = {line.split()[0]: line for line in listed.stdout.splitlines() if line.strip()}
+    assert "skipped: not a readable notebook" in lines["broken.ipynb"]
+    assert lines["sales_data.md"].split()[1:] == ["3", "passages"]
+    assert "1 document, 3 passages in" in listed.stdout and "1 other file (not documents)" in listed.stdout

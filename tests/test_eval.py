@@ -7,6 +7,7 @@ fail where a real model would. The CLI test kills a real `eval` process mid-run 
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, cli_env, make_project
+from helpers import REPO, cli_env, make_project, watch_stderr
 
 from taskweaver_lite.eval.cases import load_cases
 from taskweaver_lite.eval.matrix import Setting
@@ -62,7 +63,7 @@ def test_taskweavers_own_cases_are_examined_judged_and_their_eval_code_runs_in_t
     outcomes = by_case(run_eval(load_cases([TASKWEAVER_CASES]), plan(tmp_path, server)))
     calc, echo = outcomes["calc_mean"], outcomes["echo"]
     assert calc.status == "scored" and calc.score == 1.0 and calc.rounds == 1
-    assert calc.details[0].by == "judge" and calc.notes == ("config_var execution_service.kernel_mode not applied: no such setting here",)
+    assert calc.details[0].by == "judge" and calc.notes == ("config_var execution_service.kernel_mode: local keeps the project's execution.sandbox",)
     # echo's first point asserts on chat_history[-1] being the agent's HumanMessage saying exactly "Hello World".
     assert [(d.by, d.hit) for d in echo.details] == [("eval_code", True), ("judge", True)]
     assert calc.prompt_tokens > 0 and calc.examiner_tokens > 0 and calc.judge_tokens > 0
@@ -71,6 +72,13 @@ def test_taskweavers_own_cases_are_examined_judged_and_their_eval_code_runs_in_t
     examiner_requests = [r for r in server.requests if r.role == "other" and "You are testing" in r.messages[0]["content"]]
     assert "Let's start" not in examiner_requests[0].messages[1]["content"]  # our kick-off, our words
     assert examiner_requests[0].body.get("response_format") is None  # the examiner writes prose, not JSON
+
+
+def test_the_shipped_project_as_configured_runs_a_shipped_case(tmp_path: Path, server: ScriptedServer) -> None:
+    project = Path(shutil.copytree(REPO / "project", tmp_path / "project", ignore=shutil.ignore_patterns("sessions", "eval", "*.db*")))
+    wired = (f"llm.api_base={server.url}", "llm.api_key=test-key", "llm.model=scripted")
+    [outcome] = run_eval(load_cases([project / "eval_cases" / "mean_units"]), EvalPlan(project, tmp_path / "report", (Setting("project"),), overrides=wired))
+    assert outcome.status == "scored" and outcome.score == 1.0, outcome.reason
 
 
 def test_eval_code_that_fails_marks_its_point_missed_with_the_assertion(tmp_path: Path, server: ScriptedServer) -> None:
@@ -87,17 +95,46 @@ def test_eval_code_that_fails_marks_its_point_missed_with_the_assertion(tmp_path
     assert outcome.details[0].reason == "AssertionError: said 'Hello World'"
 
 
+def test_verbose_shows_the_examiner_every_post_and_pre_commands_run_in_the_case_folder(tmp_path: Path, server: ScriptedServer) -> None:
+    case = tmp_path / "cases" / "verbose_echo"
+    case.mkdir(parents=True)
+    (case / "verbose_echo.yaml").write_text(
+        'task_description: The task is to echo the word "Hello World"\nverbose: true\n'
+        'pre_command: ["touch made_by_pre_command.txt", "exit 3"]\n'
+        'scoring_points: [{score_point: the agent says "Hello World", weight: 1}]\n',
+        encoding="utf-8",
+    )
+    [outcome] = run_eval(load_cases([case]), plan(tmp_path, server))
+    assert (case / "made_by_pre_command.txt").exists()
+    assert outcome.notes == ("pre_command 'exit 3' failed (exit 3)",)
+    saved = json.loads((tmp_path / "report" / "transcripts" / "verbose_echo@project.json").read_text(encoding="utf-8"))
+    agent_said = saved["chat_history"][3][1]
+    assert "Below are conversation details inside the Agent" in agent_said and "Planner -> User: Hello World" in agent_said
+    assert outcome.status == "scored" and outcome.score == 1.0
+
+
 def test_a_dseval_set_is_scored_by_its_validators_without_a_judge(tmp_path: Path, server: ScriptedServer) -> None:
-    def wrong_per_region(messages: list[dict[str, Any]]) -> str:
-        if "per region" in last_user_text(messages):
+    def careless(messages: list[dict[str, Any]]) -> str:
+        asked = last_user_text(messages)
+        if "How many rows" in asked:  # the right count, but it trims the user's DataFrame on the way
+            return code_reply("sales.drop(sales.index[-1], inplace=True)\nlen(sales) + 1")
+        if "per region" in asked:
             return code_reply("sales.groupby('region')['revenue'].mean()")
+        if "largest revenue" in asked:
+            return code_reply("sales['revnue'].max()")
         return eval_script.code_generator(messages)
 
-    server.set_default("code_generator", wrong_per_region)
-    [outcome] = run_eval(load_cases([SHIPPED / "dseval"]), plan(tmp_path, server))
-    assert outcome.kind == "dseval" and outcome.status == "scored" and outcome.rounds == 3
-    assert [d.hit for d in outcome.details] == [True, True, False] and outcome.score == pytest.approx(2 / 3, abs=1e-3)
-    assert outcome.details[2].reason.startswith("Series are different") or "values are different" in outcome.details[2].reason
+    server.set_default("code_generator", careless)
+    problems = tmp_path / "dseval" / "sales_basics.py"
+    shutil.copytree(SHIPPED / "dseval", problems.parent)
+    extra = '\n\n# %%\n"""\nquestion: What is the largest revenue?\n"""\n\nsales["revenue"].max()\n'
+    problems.write_text(problems.read_text(encoding="utf-8") + extra, encoding="utf-8")
+    [outcome] = run_eval(load_cases([problems]), plan(tmp_path, server))
+    assert outcome.kind == "dseval" and outcome.status == "scored" and outcome.rounds == 4
+    assert [d.hit for d in outcome.details] == [True, False, False, False] and outcome.score == 0.25
+    assert outcome.details[1].reason == "unexpected variable updated: sales"  # the side effect, though the count was right
+    assert "different" in outcome.details[2].reason  # the result compared with the reference's
+    assert outcome.details[3].reason.startswith("the code crashed: KeyError")
     assert not any(r.role == "other" for r in server.requests)  # no examiner, no judge
 
 
@@ -108,6 +145,7 @@ def test_bad_input_marks_its_case_with_the_reason_and_the_others_go_on(tmp_path:
         "no_data": "task_description: The task is to echo the word \"Hello World\"\ndata_files: [gone.csv]\nscoring_points: [{score_point: s, weight: 1}]\n",
         "unjudged": 'task_description: The task is to echo the word "Hello World"\nscoring_points: [{score_point: says hello, weight: 1}]\n',
         "model_fails": "task_description: The task is to explode the model.\nscoring_points: [{score_point: s, weight: 1}]\n",
+        "web_search": "config_var: {session.roles: [planner, web_search]}\ntask_description: t\nscoring_points: [{score_point: s, weight: 1}]\n",
     }.items():
         (cases / name).mkdir(parents=True)
         (cases / name / f"{name}.yaml").write_text(text, encoding="utf-8")
@@ -131,6 +169,7 @@ def test_bad_input_marks_its_case_with_the_reason_and_the_others_go_on(tmp_path:
     assert result["unjudged"].status == "failed" and "the judge's reply on scoring point 1 is not a verdict" in result["unjudged"].reason
     assert result["model_fails"].status == "failed" and "failed at request 1" in result["model_fails"].reason
     assert "HTTP 500" in result["model_fails"].reason
+    assert result["web_search"].status == "skipped" and "session.roles: no role is called 'web_search'" in result["web_search"].reason
     assert result["echo"].status == "scored" and result["echo"].score == 1.0
     text = write_report(tmp_path / "report", outcomes, [Setting("project")], plot=False)[0].read_text(encoding="utf-8")
     assert "## Skipped or failed" in text and "- no_data @ project: **skipped**: data file gone.csv not found" in text
@@ -146,6 +185,9 @@ def test_a_matrix_runs_every_case_under_every_setting_in_parallel_and_reports_th
     # 12 rounds: the points at sums 55 (round 10) and 78 (the last reply, eval_code) hit; those of rounds 20-40 cannot.
     assert all(o.status == "scored" and o.points == 6 and o.max_points == 15 and o.rounds == 12 for o in outcomes)
     assert result["off"].fold_calls == 0 and result["(1,1)"].fold_calls > 0
+    folds = {p: c for p, c in result["(1,1)"].by_purpose.items() if p.startswith("compression")}
+    assert sum(c["calls"] for c in folds.values()) == result["(1,1)"].fold_calls and "planner" in result["(1,1)"].by_purpose
+    assert sum(c["prompt_tokens"] for c in result["(1,1)"].by_purpose.values()) == result["(1,1)"].prompt_tokens
     assert result["(1,1)"].prompt_tokens < result["off"].prompt_tokens
     # The scripted server reports a prefix cache: a round's prompt begins as the last one did.
     assert all(0 < o.cached_tokens < o.prompt_tokens for o in outcomes)
@@ -179,3 +221,19 @@ def test_eval_killed_mid_run_resumes_without_redoing_the_scored_runs(tmp_path: P
     assert "mean_units @ project: started" not in again.stderr
     assert [json.loads(line)["case"] for line in results.read_text(encoding="utf-8").splitlines()] == ["mean_units", "running_sum"]
     assert "| mean_units | project | 1.00 (1/1) |" in again.stdout and "| running_sum | project | 0.53 (8/15) | 20 |" in again.stdout
+
+
+@pytest.mark.cli
+def test_eval_stopped_by_sigterm_ends_its_runs_after_their_current_request(tmp_path: Path) -> None:
+    project = make_project(tmp_path, "http://127.0.0.1:9/v1")
+    report = tmp_path / "report"
+    command = [sys.executable, "-m", "taskweaver_lite", "eval", str(SHIPPED / "running_sum"), "-p", str(project), "--scripted", "-o", str(report)]
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=cli_env()) as proc:
+        lines, seen, reader = watch_stderr(proc, "running_sum @ project: round 10")
+        assert seen.wait(60), "".join(lines)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) != 0
+        reader.join(5)
+    said = "".join(lines)
+    assert "eval: interrupted; the runs recorded so far are in results.jsonl" in said and "round 50" not in said
+    assert not (report / "results.jsonl").exists() or not (report / "results.jsonl").read_text(encoding="utf-8").strip()

@@ -7,13 +7,15 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
+from taskweaver_lite.cli.eval import report_folder
+from taskweaver_lite.config import load_config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.eval.cases import BadCase, ProblemSet, TaskCase, load_cases
 from taskweaver_lite.eval.examiner import Transcript
 from taskweaver_lite.eval.matrix import Setting, load_matrix
 from taskweaver_lite.eval.outcome import Outcome, PointResult, ResultsFile, scored_keys
 from taskweaver_lite.eval.report import render_markdown, summarize
-from taskweaver_lite.eval.runner import case_overrides, dependency_problem
+from taskweaver_lite.eval.runner import EvalPlan, case_overrides, dependency_problem, eval_llm, run_eval
 from taskweaver_lite.eval.scoring import NotAVerdict, read_verdict
 from taskweaver_lite.testing.eval_script import judge
 
@@ -100,11 +102,18 @@ def test_a_path_that_is_not_there_is_a_bad_case(tmp_path: Path) -> None:
 def test_taskweaver_config_var_keys_are_translated_and_those_with_no_setting_are_noted() -> None:
     case = TaskCase(
         "c", Path("c.yaml"), "t", (),
-        config_var={"planner.prompt_compression": True, "code_verification.code_verification_on": False, "execution_service.kernel_mode": "local"},
+        config_var={"planner.prompt_compression": True, "code_verification.code_verification_on": False, "web_search.chunk_size": 2000},
     )
     overrides, notes = case_overrides(case)
     assert overrides == ["planner.prompt_compression=true", "code_interpreter.code_verification_on=false"]
-    assert notes == ["config_var execution_service.kernel_mode not applied: no such setting here"]
+    assert notes == ["config_var web_search.chunk_size not applied: no such setting here"]
+
+
+def test_taskweavers_container_mode_means_the_sandbox_and_its_local_mode_keeps_the_projects() -> None:
+    container = TaskCase("c", Path("c.yaml"), "t", (), config_var={"execution_service.kernel_mode": "container"})
+    local = TaskCase("l", Path("l.yaml"), "t", (), config_var={"execution_service.kernel_mode": "local"})
+    assert case_overrides(container) == (['execution.sandbox="bubblewrap"'], [])
+    assert case_overrides(local) == ([], ["config_var execution_service.kernel_mode: local keeps the project's execution.sandbox"])
 
 
 def test_dependencies_are_checked_as_taskweaver_writes_them() -> None:
@@ -136,7 +145,7 @@ def test_the_scripted_judge_takes_the_claimed_number_not_the_round_count() -> No
 
 def test_a_matrix_file_names_its_settings_and_a_bad_one_names_the_fix(tmp_path: Path) -> None:
     settings = load_matrix(SHIPPED / "matrix.yaml")
-    assert [s.name for s in settings] == ["off", "(1,1)", "(2,3)", "sliding window"]
+    assert [s.name for s in settings] == ["off", "(1,1)", "(2,3)", "observation masking"]
     assert settings[0].overrides == ("planner.prompt_compression=false", "code_generator.prompt_compression=false")
     (tmp_path / "m.yaml").write_text("- off\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="expected a mapping of setting names"):
@@ -169,3 +178,54 @@ def test_the_report_lists_every_run_and_says_what_was_skipped_and_why() -> None:
     assert "| a | off | 0.50 (1/2) | 3 | 1,000 | 0 | 400 | 600 | 0 | 0.0 |" in text
     assert "- b @ off: **skipped**: data file x.csv not found in /cases/b" in text
     assert "| off | 0.50 | 1/2 |" in text
+
+
+def test_the_examiner_and_the_judge_default_to_the_projects_model_and_take_partial_llm_mappings(tmp_path: Path) -> None:
+    (tmp_path / "taskweaver_config.yaml").write_text("llm: {model: agent-model, context_window: 32000}\n", encoding="utf-8")
+    plain = load_config(tmp_path)
+    assert eval_llm(plain, "judge").model == eval_llm(plain, "examiner").model == "agent-model"
+    assert eval_llm(plain, "judge").json_mode and not eval_llm(plain, "examiner").json_mode  # the examiner writes prose
+    config = load_config(tmp_path, ["eval.judge.llm.model=judge-model", "eval.examiner.llm.json_mode=true"])
+    assert eval_llm(config, "judge").model == "judge-model" and eval_llm(config, "judge").context_window == 32000
+    assert eval_llm(config, "examiner").json_mode
+    broken = load_config(tmp_path, ["eval.examiner.llm.context_window=300"])
+    with pytest.raises(ConfigError, match=r"eval\.examiner\.llm \(over llm\).*context_window"):
+        eval_llm(broken, "examiner")
+
+
+def test_a_setting_with_an_unknown_key_stops_the_command_before_any_run_naming_the_setting(tmp_path: Path) -> None:
+    (tmp_path / "taskweaver_config.yaml").write_text("llm: {model: m}\n", encoding="utf-8")
+    plan = EvalPlan(tmp_path, tmp_path / "report", (Setting("ok"), Setting("typo", ("round_compressor.rounds_to_retian=1",))))
+    with pytest.raises(ConfigError, match=r"setting 'typo': --set round_compressor.rounds_to_retian: unknown config key 'rounds_to_retian'"):
+        run_eval(load_cases([SHIPPED / "mean_units"]), plan)
+    assert not (tmp_path / "report" / "results.jsonl").exists()
+
+
+def test_report_folder_defaults_to_a_timestamp_and_resume_finds_the_newest(tmp_path: Path) -> None:
+    fresh = report_folder(tmp_path, output=None, resume=False)
+    assert fresh.parent == tmp_path / "eval" and fresh.name[:8].isdigit()
+    with pytest.raises(ConfigError, match="--resume: no earlier report"):
+        report_folder(tmp_path, output=None, resume=True)
+    for name in ("20260101-000000", "20260102-000000"):
+        (tmp_path / "eval" / name).mkdir(parents=True)
+        (tmp_path / "eval" / name / "results.jsonl").write_text("", encoding="utf-8")
+    assert report_folder(tmp_path, output=None, resume=True).name == "20260102-000000"
+
+
+def test_the_scripted_judge_says_no_to_what_it_cannot_check_by_text() -> None:
+    conversation = 'Conversation:\n[{"speaker": "agent", "text": "Hello World from Microsoft"}]\n\nStatement:\n'
+    assert '"yes"' in judge(conversation + "The affiliation list should include Microsoft")
+    assert '"no"' in judge(conversation + "The author list should include at least Bo Qiao")
+    assert "checks numbers, quoted phrases and names only" in judge(conversation + "The code should not be executed.")
+    assert '"yes"' in judge(conversation + '\\"Hello World\\" should appear in the last agent response')
+
+
+def test_a_folder_is_searched_for_cases_at_any_depth_and_its_scripts_and_data_are_not_cases(tmp_path: Path) -> None:
+    case = tmp_path / "auto_eval" / "cases" / "echo"
+    case.mkdir(parents=True)
+    (case / "echo.yaml").write_text("task_description: t\nscoring_points: [{score_point: s, weight: 1}]\n", encoding="utf-8")
+    (case / "docs").mkdir()  # a case's own data folder
+    (tmp_path / "auto_eval" / "evaluator.py").write_text("import yaml\n", encoding="utf-8")
+    (tmp_path / "auto_eval" / "data").mkdir()
+    (tmp_path / "auto_eval" / "data" / "x.csv").write_text("a\n1\n", encoding="utf-8")
+    assert [(type(c).__name__, c.name) for c in load_cases([tmp_path / "auto_eval"])] == [("TaskCase", "echo")]

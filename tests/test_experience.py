@@ -11,7 +11,7 @@ import pytest
 from helpers import make_project, run_cli
 
 from taskweaver_lite.config import load_config
-from taskweaver_lite.errors import ExperienceError
+from taskweaver_lite.errors import ConfigError, ExperienceError
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 from taskweaver_lite.testing.web_server import WebServer
@@ -32,8 +32,15 @@ def tips_reply(*tips: tuple[str, str]) -> str:
     return json.dumps({"tips": [{"kind": kind, "text": text} for kind, text in tips]})
 
 
-def system_of(server: ScriptedServer, role: str) -> str:
-    return next(r.messages[0]["content"] for r in reversed(server.requests) if r.role == role)
+def prompt_of(server: ScriptedServer, role: str, *, since: int = -1) -> list[dict]:
+    """The messages of the role's last call, or of its first call among the requests from number `since` on."""
+    if since >= 0:
+        return next(r.messages for r in server.requests[since:] if r.role == role)
+    return next(r.messages for r in reversed(server.requests) if r.role == role)
+
+
+def text_of(server: ScriptedServer, role: str) -> str:
+    return "\n".join(m["content"] for m in prompt_of(server, role))
 
 
 def first_session(project: Path, server: ScriptedServer) -> Session:
@@ -53,7 +60,7 @@ def ask_monthly(project: Path, server: ScriptedServer, **overrides: object) -> N
         session.ask("Show the monthly sales from sales.csv")
 
 
-def test_tips_saved_in_one_session_are_shown_to_the_next_sessions_roles_after_their_instructions(tmp_path: Path, server: ScriptedServer) -> None:
+def test_tips_saved_in_one_session_open_the_current_round_of_the_next_sessions_roles(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url)
     server.enqueue("other", tips_reply(("error_resolution", DATES_TIP), ("preference", EURO_TIP)))
     with first_session(project, server) as session:
@@ -61,10 +68,16 @@ def test_tips_saved_in_one_session_are_shown_to_the_next_sessions_roles_after_th
     assert [(t.kind, t.text) for t in saved] == [("error_resolution", DATES_TIP), ("preference", EURO_TIP)]
     distil_prompt = "\n".join(m["content"] for m in server.requests[-1].messages)
     assert "print(totl)" in distil_prompt and "NameError" in distil_prompt, "the distillation sees the failed code and its error"
+    before = len(server.requests)
     ask_monthly(project, server)
-    planner, coder = system_of(server, "planner"), system_of(server, "code_generator")
-    assert DATES_TIP in planner and DATES_TIP in coder
-    assert planner.index("## Experience from earlier sessions") > planner.index("You may hand steps"), "tips come after the static instructions"
+    for role, request in (("planner", "Show the monthly sales from sales.csv"), ("code_generator", "Resample sales by month.")):
+        messages = prompt_of(server, role, since=before)
+        assert DATES_TIP not in messages[0]["content"], f"the {role}'s instructions stay the same whatever the request (cached)"
+        tips, asked = messages[-2]["content"], messages[-1]["content"]
+        assert tips.startswith("## Experience from earlier sessions") and DATES_TIP in tips, f"the {role}'s tips open the current round"
+        assert request in asked, f"the {role}'s request stays the last message"
+    first, second = [r.messages for r in server.requests[before:] if r.role == "planner"][:2]
+    assert second[: len(first)] == first, "within a round each Planner call extends the one before it, tips included (a cached prefix)"
 
 
 def test_with_experience_disabled_no_tip_is_retrieved(tmp_path: Path, server: ScriptedServer) -> None:
@@ -73,7 +86,7 @@ def test_with_experience_disabled_no_tip_is_retrieved(tmp_path: Path, server: Sc
     with first_session(project, server) as session:
         session.save_experience()
     ask_monthly(project, server, **{"experience.enabled": "false"})
-    assert DATES_TIP not in system_of(server, "planner") and "Experience from" not in system_of(server, "code_generator")
+    assert DATES_TIP not in text_of(server, "planner") and "Experience from" not in text_of(server, "code_generator")
 
 
 def test_only_the_top_k_tips_that_match_the_request_are_shown_within_the_token_cap(tmp_path: Path, server: ScriptedServer) -> None:
@@ -107,7 +120,7 @@ def test_handcrafted_taskweaver_files_are_read_unchanged_and_a_broken_one_is_nam
     assert [(t.id, t.kind, t.source) for t in tips] == [("1", "handcrafted", "handcrafted_exp_1.yaml")]
     assert any(str(folder / "broken.yaml") in p and "not valid YAML" in p for p in problems)
     assert any("raw_exp_3.yaml" in p and "not read" in p for p in problems)
-    assert 'Say "world"' in system_of(server, "planner")
+    assert 'Say "world"' in text_of(server, "planner")
 
 
 def test_a_distillation_that_is_not_json_is_reported_and_nothing_is_lost(tmp_path: Path, server: ScriptedServer) -> None:
@@ -129,16 +142,21 @@ def test_save_before_any_request_says_there_is_nothing_to_learn_from(tmp_path: P
     assert not [r for r in server.requests if r.role == "other"], "no model call for an empty session"
 
 
+@pytest.mark.cli
 def test_the_chat_saves_lists_and_deletes_tips(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url)
     server.enqueue("planner", planner_reply("Hello!", send_to="User"))
     server.enqueue("other", tips_reply(("preference", EURO_TIP), ("error_resolution", DATES_TIP)))
-    result = run_cli("chat", "-p", str(project), stdin="hello\n/save\n/experience\n/experience delete 1\n/experience delete 1\n/experience\n")
+    server.enqueue("other", tips_reply(("preference", EURO_TIP)), tips_reply())
+    commands = "/save\n/experience\n/experience delete 3\n/experience delete 3\n/experience\n/save\n"
+    result = run_cli("chat", "-p", str(project), stdin=f"hello\n/save\n{commands}")
     assert result.returncode == 0, result.stderr
     err = result.stderr
-    assert "Saved 2 tips" in err and "#1  preference" in err and "#2  error resolution" in err
-    assert f"Deleted tip 1: {EURO_TIP}" in err and "there is no tip 1" in err
-    assert err.count("Experience: 2 tips;") == 1 and err.count("Experience: 1 tip;") == 1, "the last list shows the one tip left"
+    assert "Saved 2 tips (shown" in err and "#1  preference" in err and "#2  error resolution" in err
+    assert "Saved 1 tip, in place of the 2 saved from this session before" in err and "#3  preference" in err, "a second /save replaces the first's tips"
+    assert f"Deleted tip 3: {EURO_TIP}" in err and "there is no tip 3" in err
+    assert "no tips were saved." in err
+    assert err.count("Experience: 1 tip;") == 1 and err.count("Experience: 0 tips;") == 1, "the list after the delete shows none left"
 
 
 def test_the_serve_endpoint_saves_lists_and_deletes_tips(tmp_path: Path, server: ScriptedServer) -> None:
@@ -162,3 +180,15 @@ def test_the_serve_endpoint_saves_lists_and_deletes_tips(tmp_path: Path, server:
 
 def _indent(text: str, prefix: str = "  ") -> str:
     return "\n".join(prefix + line for line in text.splitlines())
+
+
+def test_experience_llm_picks_the_model_that_distils_and_a_bad_one_is_named_at_load(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url, experience={"llm": {"model": "big-distiller"}})
+    server.enqueue("other", tips_reply(("preference", EURO_TIP)))
+    with first_session(project, server) as session:
+        session.save_experience()
+    distil_call = server.requests[-1]
+    assert distil_call.role == "other" and distil_call.body["model"] == "big-distiller"
+    assert {r.body["model"] for r in server.requests if r.role == "planner"} == {"scripted"}, "the roles keep llm.model"
+    with pytest.raises(ConfigError, match=r"experience\.llm"):
+        load_config(project, ["experience.llm.context_window=300"])

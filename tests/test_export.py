@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -164,3 +165,15 @@ def test_loaded_files_appear_where_they_were_loaded_in_both_exports(tmp_path: Pa
     notebook = nbformat.read(str(export_notebook(stored, tmp_path / "s.ipynb")), as_version=4)
     markdown = [c.source for c in notebook.cells if c.cell_type == "markdown"]
     assert f"*{first}*" in markdown and markdown.index(f"*{first}*") < next(i for i, m in enumerate(markdown) if m.startswith("## Request 1"))
+
+
+def test_the_markdown_export_copies_its_images_beside_it_and_links_them_relatively_so_it_moves(recorded: RecordedSession, tmp_path: Path) -> None:
+    written = export_markdown(load(recorded), tmp_path / "out" / "report.md")
+    text = written.read_text(encoding="utf-8")
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert links and all(link.startswith("report_files/") for link in links), links
+    moved = tmp_path / "elsewhere"
+    shutil.move(str(written.parent), moved)
+    for link in links:
+        image = moved / link
+        assert image.is_file() and image.read_bytes().startswith(b"\x89PNG"), f"{link} resolves next to the moved file"

@@ -143,3 +143,13 @@ def test_the_api_address_alone_marks_openai_and_the_cache_line_reads_plainly() -
     finally:
         client.close()
     assert Usage(prompt_tokens=1200, cached_tokens=1000).cache_line() == "1,200 prompt tokens, 1,000 cached, 200 uncached"
+
+
+def test_local_discovery_tells_the_client_which_hints_the_server_takes() -> None:
+    from taskweaver_lite.config import Config
+    from taskweaver_lite.llm.discovery import LocalServer, use_local_server
+
+    for name, kind in (("llama.cpp server", "llama.cpp"), ("Ollama", "other")):
+        config = Config()
+        use_local_server(config, [LocalServer(name=name, api_base="http://127.0.0.1:8080/v1", models=("qwen",))])
+        assert config.llm.server_kind == kind

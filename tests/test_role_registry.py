@@ -123,6 +123,13 @@ def test_a_project_role_cannot_take_a_built_in_alias(tmp_path: Path) -> None:
     assert spec is not None and spec.name == "code_interpreter"
 
 
+def test_a_project_role_cannot_take_the_name_of_a_config_section(tmp_path: Path) -> None:
+    write_role(tmp_path, "code_generator", "alias: Coder\nintro: a\nprompt: p\n")
+    found = catalog(tmp_path, "planner", "code_interpreter", "code_generator")
+    role_state, error = state(found, "code_generator")
+    assert role_state == "broken" and "already a section of taskweaver_config.yaml" in error
+
+
 def test_a_name_in_session_roles_that_is_no_role_is_reported_with_the_known_names(tmp_path: Path) -> None:
     found = catalog(tmp_path, "planner", "code_interpreter", "retreiver")
     role_state, error = state(found, "retreiver")

@@ -7,12 +7,13 @@ of the schema words, so the scripted server files them under "other"; its folds 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import make_project, run_cli
+from helpers import REPO, make_project, run_cli
 
 from taskweaver_lite.config import load_config
 from taskweaver_lite.llm.client import Message
@@ -221,6 +222,7 @@ def test_a_request_that_bounces_between_roles_stops_at_the_hop_cap_with_a_clear_
     assert [p.send_from for p in rnd.posts].count("Echo") == 2 and "Say it again." in rnd.answer
 
 
+@pytest.mark.cli
 def test_roles_command_lists_state_and_the_chat_names_a_broken_enabled_role_in_one_line(tmp_path: Path, server: ScriptedServer) -> None:
     project = project_with_analyst(tmp_path, server, role_file="alias: Analyst\nintro: x\nmodule: analyst.Analyst\n")
     (project / "roles" / "analyst" / "analyst.py").write_text("raise RuntimeError('broken on purpose')\n", encoding="utf-8")
@@ -233,3 +235,71 @@ def test_roles_command_lists_state_and_the_chat_names_a_broken_enabled_role_in_o
     assert chat.returncode == 0 and chat.stdout.strip() == "Hi there."
     lines = [line for line in chat.stderr.splitlines() if "analyst" in line]
     assert len(lines) == 1 and "analyst.py" in lines[0] and "broken on purpose" in lines[0]
+
+
+def readme_role_files() -> dict[str, str]:
+    """The README's "Write a role" example: each block after a `<!-- role example: PATH -->` marker."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    found = dict(re.findall(r"<!-- role example: (\S+) -->\n```\w+\n(.*?)```", readme, re.S))
+    assert set(found) == {"roles/glossary/glossary.role.yaml", "roles/glossary/glossary.py"}, "the README lost its role example"
+    return found
+
+
+def test_the_readme_role_example_answers_from_its_terms_and_asks_its_model_about_others(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url, session={"roles": ["planner", "code_interpreter", "glossary"]})
+    for path, text in readme_role_files().items():
+        (project / path).parent.mkdir(parents=True, exist_ok=True)
+        (project / path).write_text(text, encoding="utf-8")
+    server.enqueue(
+        "planner",
+        planner_reply("What is net_sales?", send_to="Glossary"),
+        planner_reply("What is churn?", send_to="Glossary"),
+        planner_reply("Both explained.", send_to="User"),
+    )
+    server.enqueue("other", "Churn is the share of customers who leave.")
+    with Session.open(load_config(project)) as session:
+        assert not session.role_problems
+        rnd = session.ask("Explain net_sales and churn")
+    assert rnd.answer == "Both explained."
+    glossary_posts = [p for p in rnd.posts if p.send_from == "Glossary"]
+    assert glossary_posts[0].message == "net_sales: sales after returns and discounts, in euros"
+    assert [a.kind for a in glossary_posts[0].attachments] == ["source"]
+    assert glossary_posts[1].message == "Churn is the share of customers who leave."
+    model_call = calls(server, "other")[0]
+    assert model_call[0]["content"] == "You are the Glossary of a data team. Say in one sentence what the term means to an analyst."
+    assert "[source]\nthe team glossary" in last_user(calls(server, "planner")[1])
+
+
+@pytest.mark.cli
+def test_context_and_summary_show_each_enabled_role_by_its_name(tmp_path: Path, server: ScriptedServer) -> None:
+    project = project_with_analyst(tmp_path, server)
+    server.enqueue("planner", planner_reply("Explain 12%.", send_to="Analyst"), planner_reply("Fine.", send_to="User"))
+    server.enqueue("other", "It is a healthy rise.")
+    chat = run_cli("chat", "-p", str(project), stdin="Is 12% good?\n/context\n/summary\n/info\n")
+    assert chat.returncode == 0, chat.stderr
+    assert "Analyst (round_compression): " in chat.stderr and "CodeGenerator (round_compression): " in chat.stderr
+    assert "Analyst: nothing folded yet" in chat.stderr
+    assert "Analyst -> Planner: It is a healthy rise." in chat.stderr
+    assert "analyst on " in chat.stderr, "/info counts the role's model calls under its own name"
+
+
+def test_a_role_class_that_raises_or_returns_no_post_answers_with_what_went_wrong(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url, session={"roles": ["planner", "faulty", "silent"]})
+    for name, body in (("faulty", "raise ValueError('no data for ' + request.message)"), ("silent", "return 'not a post'")):
+        folder = project / "roles" / name
+        folder.mkdir(parents=True)
+        (folder / f"{name}.role.yaml").write_text(f"alias: {name.title()}\nintro: x\nmodule: {name}.Role\n", encoding="utf-8")
+        (folder / f"{name}.py").write_text(f"class Role:\n    def reply(self, request, tools):\n        {body}\n", encoding="utf-8")
+    server.enqueue(
+        "planner",
+        planner_reply("Q1", send_to="Faulty"),
+        planner_reply("Q2", send_to="Silent"),
+        planner_reply("Neither helped.", send_to="User"),
+    )
+    with Session.open(load_config(project)) as session:
+        rnd = session.ask("Try both")
+    assert rnd.answer == "Neither helped."
+    faulty, silent = rnd.posts[2], rnd.posts[4]
+    assert (faulty.send_from, faulty.send_to) == ("Faulty", "Planner") and "ValueError: no data for Q1" in faulty.message
+    assert str(project / "roles" / "faulty" / "faulty.role.yaml") in faulty.message
+    assert (silent.send_from, silent.send_to) == ("Silent", "Planner") and "not a post" in silent.message

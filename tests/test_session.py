@@ -153,7 +153,9 @@ def test_a_loaded_file_is_copied_and_announced_to_the_planner(tmp_path: Path, se
         session.ask("I loaded some numbers.")
     assert target.read_text() == "n\n1\n2\n" and target.parent == session.working_dir
     prompt = calls(server, "planner")[0]
-    assert "numbers.csv" in last_user(prompt) and "numbers.csv" in prompt[0]["content"]
+    assert "numbers.csv" in last_user(prompt)
+    assert last_user(prompt).endswith("[Files in the working folder now: numbers.csv (6 B)]"), "the files are listed with the request"
+    assert "numbers.csv" not in prompt[0]["content"], "a file saved must not change the system message (the cached prefix)"
 
 
 def test_a_model_that_cannot_be_reached_fails_the_round_and_keeps_the_history(tmp_path: Path, server: ScriptedServer) -> None:

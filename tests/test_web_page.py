@@ -101,3 +101,91 @@ def test_save_experience_in_the_page_shows_the_tips_saved(tmp_path: Path, browse
             browser.find_element(By.ID, "save-experience").click()
             wait.until(lambda d: "Saved 1 tip for later sessions" in d.find_element(By.ID, "chat").text)
             assert "#1 preference: The user wants totals in euros." in browser.find_element(By.ID, "chat").text
+
+
+MARKDOWN_ANSWER = (
+    "**South** grew fastest.\n\n"
+    "| region | growth |\n|---|---|\n| south | 0.31 |\n| north | 0.12 |\n\n"
+    "```\nregion  growth\nsouth     0.31\n```\n\n"
+    "<data>\nraw output\n</data>\n\n"
+    '<img src="x" onerror="window.pwned = 1"> <script>window.pwned = 2</script> '
+    "[click](javascript:window.pwned=3) <b onclick=\"window.pwned=4\">bold tag</b>"
+)
+TALL = "import pandas as pd\npd.DataFrame({'n': range(60), 'square': [i * i for i in range(60)]})"
+SHORT = "import pandas as pd\npd.DataFrame({'n': range(8)}).describe()"
+
+
+def _ask(browser: object, web: WebServer, text: str, until: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    assert isinstance(browser, WebDriver)
+    browser.get(web.url + "/")
+    wait = WebDriverWait(browser, 60)
+    browser.find_element(By.ID, "new-session").click()
+    wait.until(lambda d: d.find_element(By.ID, "text").is_enabled())
+    browser.find_element(By.ID, "text").send_keys(text + "\n")
+    wait.until(lambda d: until in d.find_element(By.ID, "chat").text)
+
+
+def test_the_planners_markdown_is_rendered_and_its_raw_html_never_becomes_markup(tmp_path: Path, browser: object) -> None:
+    from selenium.webdriver.remote.webdriver import WebDriver
+
+    assert isinstance(browser, WebDriver)
+    with ScriptedServer() as scripted:
+        scripted.enqueue("planner", planner_reply(MARKDOWN_ANSWER, send_to="User"))
+        with WebServer(load_config(make_project(tmp_path, scripted.url))) as web:
+            _ask(browser, web, "Which region grew fastest?", "South grew fastest")
+            answer = browser.execute_script("const m = [...document.querySelectorAll('.msg.planner .md')]; return m[m.length - 1];")
+            assert browser.execute_script("return arguments[0].querySelector('strong').textContent", answer) == "South", "bold is bold"
+            assert browser.execute_script("return arguments[0].querySelectorAll('table tr').length", answer) == 3, "a Markdown table is a table"
+            font = browser.execute_script("return getComputedStyle(arguments[0].querySelector('table')).fontFamily", answer)
+            assert "monospace" in font, f"tables are set in a monospace face, not {font}"
+            fence = browser.execute_script("return arguments[0].querySelector('pre code').textContent", answer)
+            assert "south     0.31" in fence, "a code fence keeps its layout"
+            text = browser.execute_script("return arguments[0].textContent", answer)
+            assert "<data>" not in text and "raw output" in text, "the prompt's data markers are not shown"
+            assert '<img src="x"' in text and "<script>" in text, "raw HTML from the model is shown as the text it is"
+            assert browser.execute_script("return arguments[0].querySelector('img, script, b[onclick], [onerror]')", answer) is None
+            assert browser.execute_script("return [...arguments[0].querySelectorAll('a')].every(a => !a.href.startsWith('javascript'))", answer)
+            assert browser.execute_script("return window.pwned") is None, "nothing the model wrote ran"
+            _screenshot(browser, "markdown")
+
+
+def test_a_dataframe_is_as_tall_as_its_rows_up_to_a_limit_and_scrolls_past_it(tmp_path: Path, browser: object) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    assert isinstance(browser, WebDriver)
+    with ScriptedServer() as scripted:
+        scripted.enqueue("planner", planner_reply("Describe n."), planner_reply("Described.", send_to="User"))
+        scripted.enqueue("planner", planner_reply("Show the squares."), planner_reply("Here are the squares.", send_to="User"))
+        scripted.enqueue("code_generator", code_reply(SHORT), code_reply(TALL))
+        with WebServer(load_config(make_project(tmp_path, scripted.url))) as web:
+            _ask(browser, web, "Describe n", "Described.")
+            wait = WebDriverWait(browser, 60)
+            browser.find_element(By.ID, "text").send_keys("Show the squares\n")
+            wait.until(lambda d: "Here are the squares." in d.find_element(By.ID, "chat").text)
+            frames = browser.find_elements(By.CSS_SELECTOR, "#chat iframe.table")
+            assert len(frames) == 2
+            wait.until(lambda d: all(d.execute_script("return arguments[0].style.height", f) for f in frames))
+            short, tall = (browser.execute_script("return arguments[0].getBoundingClientRect().height", f) for f in frames)
+            inner = browser.execute_script("return arguments[0].contentDocument.documentElement.scrollHeight", frames[0])
+            assert short >= inner, f"describe() is shown whole ({short} px for {inner} px of table: its max row is not cut)"
+            assert "max" in browser.execute_script("return arguments[0].contentDocument.body.textContent", frames[0])
+            assert short != 160 and short < 480, "the frame takes the table's height, not a fixed one"
+            assert tall == 480, f"sixty rows stop at the limit ({tall} px)"
+            assert browser.execute_script("const d = arguments[0].contentDocument.documentElement; return d.scrollHeight > d.clientHeight", frames[1])
+            _screenshot(browser, "tables")
+
+
+def _screenshot(browser: object, name: str) -> None:
+    """With TWL_SCREENSHOT=path.png, save what the browser shows beside it, named for the test."""
+    from selenium.webdriver.remote.webdriver import WebDriver
+
+    assert isinstance(browser, WebDriver)
+    if os.environ.get("TWL_SCREENSHOT"):
+        shot = Path(os.environ["TWL_SCREENSHOT"])
+        browser.save_screenshot(str(shot.with_stem(f"{shot.stem}-{name}")))

@@ -16,22 +16,26 @@ from pathlib import Path
 from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.experience import experience_command, save_tips
+from taskweaver_lite.cli.images import TerminalImages
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
 from taskweaver_lite.cli.roles import role_table
-from taskweaver_lite.config import CONFIG_FILE_NAME, FOLDER, Config, load_config
+from taskweaver_lite.cli.turns import TurnCommands, session_artifacts
+from taskweaver_lite.config import CONFIG_FILE_NAME, DISTILLER, FOLDER, Config, load_config
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult, KernelEnvironment
-from taskweaver_lite.llm.client import usage_by_purpose
-from taskweaver_lite.llm.discovery import discover, needs_discovery, use_local_server
+from taskweaver_lite.llm.client import Usage, usage_by_purpose
+from taskweaver_lite.llm.discovery import discover, needs_discovery, no_model_found, use_local_server
 from taskweaver_lite.llm.tokens import get_tokenizer
+from taskweaver_lite.memory.compression import RoleContext
 from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.memory.summary import render_summary
 from taskweaver_lite.memory.variables import render_variables
 from taskweaver_lite.session import Session
 from taskweaver_lite.store.database import SessionStore, stored_sessions
 from taskweaver_lite.store.export import write_export
+from taskweaver_lite.taskweaver_json import JSON_FILE_NAME
 from taskweaver_lite.terminal import strip_controls
 from taskweaver_lite.workfiles import owner_only_file
 
@@ -52,6 +56,12 @@ HELP = """Commands:
   /experience [delete ID]   list the experience tips, or delete a stored one
   /roles           the roles: enabled, disabled, or why they are off
   /export [ipynb|md] [file] [--force]   write this session as a notebook or Markdown
+  /undo            drop the last request (from the prompts and the store); the kernel is rebuilt
+                   by re-running the earlier cells
+  /retry           ask the last request again, in place of its first answer
+  /model [ROLE] NAME   switch the model from the next request on (ROLE: planner, code_generator,
+                   round_compressor); kept when the session is resumed
+  /open [N]        list the plots and files the cells produced; open number N in the system viewer
   /reset           start over: new session, fresh kernel, working files copied
   /exit            leave (Ctrl-D or Ctrl-C at an empty prompt too)
 Ctrl-C while a request runs cancels it and keeps the session."""
@@ -79,19 +89,42 @@ def run_chat(args: argparse.Namespace) -> int:
     project = project_dir(args)
     overrides: list[str] = list(args.overrides)
     config = load_config(project, overrides)
-    if not (project / CONFIG_FILE_NAME).exists():
+    if not (project / CONFIG_FILE_NAME).exists() and not (project / JSON_FILE_NAME).exists():
         _to_stderr(f"{project / CONFIG_FILE_NAME} not found: using the defaults (`taskweaver-lite init` writes a commented one).")
-    if needs_discovery(config):
-        found = use_local_server(config, discover())
-        if found is not None:
-            _to_stderr(found)
-    interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
+    for notice in config.notices:
+        _to_stderr(notice)
     if any(item.split("=", 1)[0].strip() == "llm.api_key" for item in overrides):
         _to_stderr(
             "Warning: a key given with --set llm.api_key is visible to every program on this machine (ps, "
             "/proc/<pid>/cmdline) and in your shell history: set OPENAI_API_KEY in the environment instead."
         )
-    confirm_mode = args.confirm or config.execution.confirm
+    if needs_discovery(config):
+        servers = discover()
+        found = use_local_server(config, servers)
+        if found is None:
+            raise ConfigError(no_model_found(config, servers))
+        _to_stderr(found)
+    shown = project if args.project is not None else None
+    return chat_with(config, project=shown, resume=args.resume, replay=not args.no_replay, confirm=args.confirm, overrides=overrides)
+
+
+def chat_with(
+    config: Config,
+    *,
+    project: Path | None,
+    resume: str | None = None,
+    replay: bool = True,
+    confirm: bool = False,
+    overrides: Sequence[str] = (),
+    preload: Sequence[Path] = (),
+    farewell: str | None = None,
+) -> int:
+    """The chat on `config` (a new session, or `resume` one); `preload` files are loaded first; `project` is named in the resume hint.
+
+    `farewell` replaces that hint (the demo's sessions cannot be resumed: their model is gone with it).
+    """
+    interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
+    confirm_mode = confirm or config.execution.confirm
     if confirm_mode and not interactive:
         raise ConfigError(
             "Confirm mode (--confirm or execution.confirm: true) asks before each cell runs, so it needs a terminal; "
@@ -99,30 +132,52 @@ def run_chat(args: argparse.Namespace) -> int:
         )
     renderer: RichConsole | PlainConsole = RichConsole(show_reasoning=config.llm.show_reasoning) if interactive else PlainConsole()
     say: Callable[[str], None] = renderer.say
-    confirm = terminal_confirm(renderer) if confirm_mode and isinstance(renderer, RichConsole) else None
-    if isinstance(renderer, RichConsole) and config.execution.display_width is None and renderer.console.width >= MIN_DISPLAY_WIDTH:
-        config.execution.display_width = renderer.console.width  # DataFrames as wide as this terminal
-    if args.resume:
-        session, overrides = _resume(config, args, overrides=overrides, renderer=renderer, say=say, confirm=confirm)
+    asks = terminal_confirm(renderer) if confirm_mode and isinstance(renderer, RichConsole) else None
+    if resume:
+        session, config, kept = _resume(config, resume, replay=replay, overrides=list(overrides), renderer=renderer, say=say, confirm=asks)
     else:
-        session = Session.open(config, listeners=[renderer], confirm=confirm)
+        _fit_display(config, renderer)
+        session, kept = Session.open(config, listeners=[renderer], confirm=asks), list(overrides)
     if session.store is not None:
-        session.store.save_overrides(session.id, overrides)
+        session.store.save_overrides(session.id, kept)
+    _report_problems(session, renderer)
+    for path in preload:
+        loaded = session.load_file(path)
+        say(f"Loaded {loaded.name} into the working folder.")
+    commands = SlashCommands(session, say=say, remember=lambda item: _remember(commands.session, item))
+    if isinstance(renderer, RichConsole):
+        renderer.images = TerminalImages.detect()  # asks the terminal: before the prompt reads stdin
+        renderer.artifact_total = lambda: len(session_artifacts(commands.session.conversation.rounds))
+    try:
+        if isinstance(renderer, RichConsole):
+            code = _interactive(renderer, commands)
+        else:
+            code = _piped(commands)
+    finally:
+        commands.session.close()
+    say(farewell or resume_hint(commands.session, project))
+    return code
+
+
+def _report_problems(session: Session, renderer: RichConsole | PlainConsole) -> None:
+    """Broken plugins and roles, unreadable experience files, and (once it has started) the kernel's plugin imports: a line each on stderr."""
     for entry in session.plugins.broken:
         _to_stderr(strip_controls(entry.line()))
     for line in [*session.role_problems, *session.experience.problems()]:
         _to_stderr(strip_controls(line))
     report_kernel_failures(session, renderer, to_stderr=_to_stderr)
-    commands = SlashCommands(session, say=say)
-    try:
-        if isinstance(renderer, RichConsole):
-            code = _interactive(renderer, commands, config)
-        else:
-            code = _piped(commands)
-    finally:
-        commands.session.close()
-    say(resume_hint(commands.session, project if args.project is not None else None))
-    return code
+
+
+def _remember(session: Session, item: str) -> None:
+    """Store a `KEY=VALUE` with the session's --set values, so that a resume applies it."""
+    if session.store is not None:
+        session.store.save_overrides(session.id, merge_overrides(session.store.overrides(session.id), [item]))
+
+
+def _fit_display(config: Config, renderer: RichConsole | PlainConsole) -> None:
+    """The kernel's DataFrames as wide as this terminal, unless execution.display_width fixes a width."""
+    if isinstance(renderer, RichConsole) and config.execution.display_width is None and renderer.console.width >= MIN_DISPLAY_WIDTH:
+        config.execution.display_width = renderer.console.width
 
 
 MIN_DISPLAY_WIDTH = 40
@@ -136,9 +191,17 @@ def _kernel_lines(kernel: KernelEnvironment) -> list[str]:
     return lines
 
 
-def _model_lines(config: Config, roles: Sequence[str]) -> list[str]:
-    """/info's model lines: one when every part uses `llm`, else one per role (by key) and the folder, with its window."""
-    models = {user: config.llm_for(user) for user in (*roles, FOLDER)}
+def model_names(session: Session) -> str:
+    """The banner's model: one name, or each part's when they differ."""
+    models = {user: session.config.llm_for(user).model for user in session.model_users()}
+    if len(set(models.values())) == 1:
+        return f"model {session.config.llm.model}"
+    return "models " + ", ".join(f"{user} {model}" for user, model in models.items())
+
+
+def _model_lines(config: Config, contexts: Sequence[RoleContext]) -> list[str]:
+    """/info's model lines: one when every part uses `llm`, else one per role, the folder and the distiller, with its window."""
+    models = {**{context.role: context.llm for context in contexts}, FOLDER: config.llm_for(FOLDER), DISTILLER: config.llm_for(DISTILLER)}
     if all(llm == config.llm for llm in models.values()):
         return [f"Model:    {config.llm.model} (context window {config.llm.context_window:,} tokens)"]
     return ["Models:"] + [f"  {user}: {llm.model} (context window {llm.context_window:,} tokens)" for user, llm in models.items()]
@@ -150,9 +213,14 @@ def resume_hint(session: Session, project: Path | None) -> str:
         return f"Session {session.id} had no requests; nothing was kept to resume."
     option = f" -p {project}" if project is not None else ""
     by_purpose = usage_by_purpose(session.usage_by_model())
-    by_role = "; ".join(f"{purpose} {part.prompt_tokens:,} ({part.cached_tokens:,} cached)" for purpose, part in by_purpose.items())
+    by_role = "; ".join(f"{purpose} {_cached_and_not(part)}" for purpose, part in by_purpose.items())
     tokens = f"Prompt tokens by role: {by_role}.\n" if by_role else ""
     return f"{tokens}Session {session.id} is saved. Continue it with: taskweaver-lite chat{option} --resume {session.id}"
+
+
+def _cached_and_not(usage: Usage) -> str:
+    """'12,345 (9,000 cached, 3,345 uncached)': prompt tokens and what the servers cached of them."""
+    return f"{usage.prompt_tokens:,} ({usage.cached_tokens:,} cached, {usage.uncached_tokens:,} uncached)"
 
 
 def cache_lines(session: Session, role: str) -> list[str]:
@@ -164,26 +232,28 @@ def cache_lines(session: Session, role: str) -> list[str]:
 
 def _resume(
     config: Config,
-    args: argparse.Namespace,
+    ref: str,
     *,
+    replay: bool,
     overrides: list[str],
     renderer: RichConsole | PlainConsole,
     say: Callable[[str], None],
     confirm: ConfirmCell | None,
-) -> tuple[Session, list[str]]:
-    """Resume with the --set values the session was started with (new ones win); returns it and those values."""
-    project = project_dir(args)
+) -> tuple[Session, Config, list[str]]:
+    """Resume with the --set values the session was started with (new ones win); returns it, its config and those values."""
+    project = config.project_dir
     try:
-        remembered = _remembered_overrides(config, args.resume)
+        remembered = _remembered_overrides(config, ref)
         if remembered:
             overrides = merge_overrides(remembered, overrides)
             config = load_config(project, overrides)
-        session = _resume_session(config, args.resume, replay=not args.no_replay, renderer=renderer, say=say, confirm=confirm)
+        _fit_display(config, renderer)  # after the reload: the stored settings must not undo the terminal's width
+        session = _resume_session(config, ref, replay=replay, renderer=renderer, say=say, confirm=confirm)
     except UnknownSessionError as exc:
         raise exc.listed_with(_sessions_command(project)) from None
     if remembered:
         say("Re-applied the settings this session was started with: " + " ".join(f"--set {item}" for item in remembered))
-    return session, overrides
+    return session, config, overrides
 
 
 def merge_overrides(earlier: list[str], later: list[str]) -> list[str]:
@@ -237,7 +307,7 @@ def _resume_session(
     return session
 
 
-def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config) -> int:
+def _interactive(renderer: RichConsole, commands: SlashCommands) -> int:
     from prompt_toolkit import PromptSession
     from prompt_toolkit.history import FileHistory
     from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
@@ -252,10 +322,11 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
         else:
             event.app.exit(exception=EOFError())
 
+    config = commands.session.config  # the session's own: after a resume, with the --set values it was started with
     config.project_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     owner_only_file(config.project_dir / ".chat_history", create=True)  # every request typed: the owner's only
     prompt: PromptSession[str] = PromptSession(history=FileHistory(str(config.project_dir / ".chat_history")), key_bindings=bindings)
-    renderer.say(f"taskweaver-lite session {commands.session.id} — model {config.llm.model}. Type /help for commands.", style="bold")
+    renderer.say(f"taskweaver-lite session {commands.session.id} — {model_names(commands.session)}. Type /help for commands.", style="bold")
     while True:
         renderer.flush_notices()  # a quiet moment: between the last output and the next input
         try:
@@ -267,19 +338,28 @@ def _interactive(renderer: RichConsole, commands: SlashCommands, config: Config)
         if text.startswith("/"):
             if not commands.run(text):
                 return 0
-            continue
-        try:
-            rnd = commands.session.ask(text)
-        except KeyboardInterrupt:
-            renderer.stop_status()
-            renderer.say("Cancelled. The session and its variables are kept.", style="yellow")
-        except TaskWeaverError as exc:
-            renderer.stop_status()
-            renderer.say(f"{exc}", style="bold red")
-            renderer.say("The session is kept; try again, or check the settings.")
-        else:
-            if rnd.state == "failed":
-                renderer.say(f"This request failed: {rnd.error}", style="bold red")
+            text = commands.take_request() or ""
+            if not text:
+                continue
+        _ask_on_terminal(renderer, commands, text)
+
+
+def _ask_on_terminal(renderer: RichConsole, commands: SlashCommands, text: str) -> None:
+    """One request on a terminal: Ctrl-C cancels it, a failure is said, the session goes on."""
+    try:
+        rnd = commands.session.ask(text)
+    except KeyboardInterrupt:
+        renderer.stop_status()
+        cut = last_execution(commands.session.conversation.rounds[-1:])
+        kept = " /last shows what the cell printed before it stopped." if cut is not None and cut[1].cancelled else ""
+        renderer.say(f"Cancelled. The session and its variables are kept.{kept}", style="yellow")
+    except TaskWeaverError as exc:
+        renderer.stop_status()
+        renderer.say(f"{exc}", style="bold red")
+        renderer.say("The session is kept; try again, or check the settings.")
+    else:
+        if rnd.state == "failed":
+            renderer.say(f"This request failed: {rnd.error}", style="bold red")
 
 
 def _to_stderr(text: str) -> None:
@@ -294,7 +374,9 @@ def _piped(commands: SlashCommands) -> int:
         if text.startswith("/") and commands.known(text):
             if not commands.run(text.strip()):
                 return 0
-            continue
+            text = commands.take_request() or ""
+            if not text:
+                continue
         try:
             rnd = commands.session.ask(text)
         except KeyboardInterrupt:
@@ -324,13 +406,18 @@ def _stdin_lines(say: Callable[[str], None]) -> Iterator[str]:
             say(f"stdin: line {number} is not {encoding} text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); skipped it: pipe {encoding} text")
 
 
-class SlashCommands:
+class SlashCommands(TurnCommands):
     """The `/...` commands of a chat; each prints through `say`."""
 
-    def __init__(self, session: Session, *, say: Callable[[str], None]) -> None:
+    def __init__(self, session: Session, *, say: Callable[[str], None], remember: Callable[[str], None] | None = None) -> None:
         self.session = session
         self.say = say
+        self._remember = remember
         self._table: dict[str, Callable[[str], bool]] = {
+            "/undo": self._undo,
+            "/retry": self._retry,
+            "/model": self._model,
+            "/open": self._open,
             "/help": self._help,
             "/exit": lambda _: False,
             "/quit": lambda _: False,
@@ -386,12 +473,12 @@ class SlashCommands:
             "\n".join(
                 [
                     f"Session:  {s.id}",
-                    *_model_lines(s.config, list(s.contexts())),
+                    *_model_lines(s.config, list(s.contexts().values())),
                     f"Rounds:   {len(rounds)} ({failed} failed)",
                     f"Tokens:   {usage.prompt_tokens:,} in ({usage.cached_tokens:,} cached, {usage.uncached_tokens:,} uncached), "
                     f"{usage.completion_tokens:,} out over {usage.calls} model calls",
                     *(
-                        f"  {purpose} on {model or 'the given model'}: {part.prompt_tokens:,} in ({part.cached_tokens:,} cached), "
+                        f"  {purpose} on {model or 'the given model'}: {_cached_and_not(part).replace(' (', ' in (', 1)}, "
                         f"{part.completion_tokens:,} out over {part.calls} call{'' if part.calls == 1 else 's'}"
                         for (purpose, model), part in s.usage_by_model().items()
                     ),

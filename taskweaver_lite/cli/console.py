@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO
 
 from rich.console import Console
@@ -25,6 +26,7 @@ from rich.status import Status
 from rich.syntax import Syntax
 from rich.text import Text
 
+from taskweaver_lite.cli.images import TerminalImages
 from taskweaver_lite.cli.live import CellView, StreamView
 from taskweaver_lite.cli.tracebacks import screen_text
 from taskweaver_lite.events import CellPrinted, Event, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, Working
@@ -110,6 +112,8 @@ class RichConsole:
         # Background notices (folds) arrive at any moment, from another thread: printed at once they
         # would land inside a command's output or under the answer. They wait for a quiet moment.
         self._notices: list[Text] = []
+        self.images: TerminalImages | None = None  # plots drawn inline where the terminal can (the chat sets it)
+        self.artifact_total: Callable[[], int] | None = None  # the session's files so far: /open's numbers
 
     def flush_notices(self) -> None:
         """Print the background notices that arrived since the last call (the chat calls it before each prompt)."""
@@ -136,6 +140,8 @@ class RichConsole:
                 self._print(Text(f"The model's reply was malformed ({strip_controls(event.detail)}); asking it to fix it.", style="yellow"))
             if event.activity == "code_running":
                 code = strip_controls(event.detail).strip()
+                # The spinner goes first: printed over its line, the code would leave it on screen ("⠋ … 0.1 sprint(1)").
+                self.stop_status()
                 self._print(Syntax(code, "python", theme="monokai", line_numbers=False, word_wrap=True))
                 if self.console.is_terminal:  # the cell's output shows as it is printed, under the code
                     self._label = _ACTIVITY["code_running"]
@@ -180,6 +186,21 @@ class RichConsole:
         body = strip_controls(screen_text(result))
         title = f"Result ({result.elapsed:.2f} s)" + (" — revising the code" if retrying else "")
         self._print(Panel(Text(body), title=title, border_style=style))
+        self._show_files(result.artifacts)
+
+    def _show_files(self, artifacts: tuple[str, ...]) -> None:
+        """Each plot inline where the terminal draws images, else its /open number (the numbers count the session's files)."""
+        if self.artifact_total is None:
+            return
+        first = self.artifact_total() - len(artifacts) + 1
+        for number, artifact in enumerate(artifacts, first):
+            drawn = self.images.renderable(Path(artifact), width=self.console.width) if self.images is not None else None
+            if drawn is not None:
+                try:
+                    self._print(drawn)
+                except Exception:  # noqa: BLE001 - a terminal that misreports its size (0 columns) must not end the chat
+                    self.images = None
+            self._print(Text(f"[{number}] {strip_controls(Path(artifact).name)}: /open {number} shows it in your viewer", style="dim"))
 
     def _streamed(self, event: ReplyStreamed) -> None:
         """Show a piece of a streaming reply; a `start` opens the live view or voids what it showed."""

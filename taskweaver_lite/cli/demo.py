@@ -19,6 +19,7 @@ from typing import Any
 from taskweaver_lite.cli.console import PlainConsole, RichConsole
 from taskweaver_lite.config import load_config
 from taskweaver_lite.errors import TaskWeaverError
+from taskweaver_lite.execution import DATA_CLOSE, DATA_OPEN
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, last_user_text, planner_reply, summary_reply
 
@@ -38,7 +39,9 @@ class Step:
 def _output(report: str) -> str:
     """The 'Output:' section of a CodeInterpreter report."""
     match = re.search(r"Output:\n(.*?)(?:\n(?:Result value:|Artifacts saved:|Variables |Error:|Stderr:|\(Full output)|\Z)", report, re.S)
-    return match.group(1).strip() if match else report.strip()
+    text = match.group(1).strip() if match else report.strip()
+    # The report fences what code printed as data for the model; the user's answer shows it bare.
+    return text.removeprefix(DATA_OPEN).removesuffix(DATA_CLOSE).strip()
 
 
 def _line(report: str, label: str) -> str:

@@ -15,11 +15,14 @@ PREVIEW_CHARS = 160
 def save_tips(session: Session, say: Callable[[str], None]) -> None:
     """`/save`: the model distils the session into tips, which are stored and listed."""
     say("Distilling this session into tips for later sessions...")
+    earlier = [tip for tip in session.experience.all() if tip.source == session.id and not tip.handcrafted]
     saved = session.save_experience()
     if not saved:
-        say("The model found nothing worth keeping in this session: no tips were saved.")
+        kept = f"; the {len(earlier)} saved from it before stay" if earlier else ""
+        say(f"The model found nothing worth keeping in this session: no tips were saved{kept}.")
         return
-    say(f"Saved {len(saved)} tip{'s' if len(saved) != 1 else ''} (shown to later requests they fit; /experience lists them):\n{tip_lines(saved)}")
+    replaced = f", in place of the {len(earlier)} saved from this session before" if earlier else ""
+    say(f"Saved {len(saved)} tip{'s' if len(saved) != 1 else ''}{replaced} (shown to later requests they fit; /experience lists them):\n{tip_lines(saved)}")
 
 
 def experience_command(session: Session, argument: str, say: Callable[[str], None]) -> None:
@@ -42,7 +45,7 @@ def experience_command(session: Session, argument: str, say: Callable[[str], Non
     lines = [f"Experience: {len(tips)} tip{'s' if len(tips) != 1 else ''}; {state}."]
     empty = f"None yet: /save distils this session into tips; handcrafted ones go in {session.config.experience_dir}/*.yaml."
     lines += [tip_lines(tips) if tips else empty]
-    lines += [f"Not read: {problem}" for problem in session.experience.problems()]
+    lines += session.experience.problems()
     say("\n".join(lines))
 
 

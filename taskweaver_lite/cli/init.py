@@ -1,7 +1,8 @@
 """`taskweaver-lite init [PROJECT_DIR]`: a new project folder, copied from the bundled one.
 
 A project is what `chat -p PROJECT_DIR` reads: `taskweaver_config.yaml` (commented), the few-shot
-`examples/` that show the models the reply format, `plugins/`, and `sample_data/` to try it on.
+`examples/` that show the models the reply format, `plugins/`, `sample_data/` to try it on, and
+`docs/` (what the sample data's columns mean) for the document_retriever role.
 An existing project is never overwritten. The folder is its owner's only (0700, the config 0600).
 """
 
@@ -48,6 +49,7 @@ def run_init(directory: str) -> int:
         "  plugins/                 your plugins (TaskWeaver's format)\n"
         "  roles/reviewer/          an example role, off until listed in session.roles (`taskweaver-lite roles`)\n"
         "  sample_data/sales.csv    data to try it on\n"
+        "  docs/sales_data.md       what its columns mean: the document_retriever role answers from docs/\n"
         "  eval_cases/              evaluation cases for `taskweaver-lite eval` (offline with --scripted)\n"
         f"Next: set llm.model (and OPENAI_API_KEY, or llm.api_base for a local model), then\n"
         f"  taskweaver-lite chat{option}\n"

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 from taskweaver_lite import __version__
 
+DEFAULT_PORT = 8765  # not 8000: vLLM's default, where a local model may already listen
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every sub-command."""
@@ -37,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="a complete analysis of bundled data with a scripted model (no network, no key)")
     demo.add_argument("-p", "--project", dest="project", default=None, help="where to write the demo project (default: a new temporary folder)")
     demo.add_argument("--plain", action="store_true", help="plain text output, as when piped")
+    demo.add_argument("--chat", action="store_true", help="the real chat on the demo's scripted model: type the demo's requests yourself")
 
     sessions = commands.add_parser("sessions", help="list stored sessions, newest first")
     _project_option(sessions)
@@ -47,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = commands.add_parser("plugins", help="list the project's plugins (and installed ones) with their state or error")
     _project_option(plugins)
     plugins.add_argument("--json", action="store_true", help="one JSON array on stdout")
+    docs = commands.add_parser("docs", help="list the documents the document_retriever searches (PROJECT_DIR/docs/), and why any is skipped")
+    _project_option(docs)
+    docs.add_argument("--json", action="store_true", help="one JSON object on stdout")
     roles = commands.add_parser("roles", help="list the roles (built in, the project's, installed ones) with their state or error")
     _project_option(roles)
     roles.add_argument("--json", action="store_true", help="one JSON array on stdout")
@@ -54,8 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="a local web page and HTTP API: many sessions, plots and tables in the browser")
     _project_option(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other needs a token)")
-    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; vLLM takes 8000)")
     serve.add_argument("--token", default=None, help="the token every request must carry (default: env TASKWEAVER_LITE_TOKEN)")
+    serve.add_argument("--log", nargs="?", const="-", default=None, metavar="FILE", help="an access log, one line per request (to FILE, or stderr)")
+    serve.add_argument("--demo", action="store_true", help="serve a demo project on the scripted model: no network, no key")
     _overrides_option(serve)
 
     from taskweaver_lite.cli.eval import add_eval_parser
@@ -104,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from taskweaver_lite.cli.chat import run_chat
 
             return run_chat(args)
+        if args.command == "demo" and args.chat:
+            from taskweaver_lite.cli.demo_model import run_demo_chat
+
+            return run_demo_chat(args)
         if args.command == "demo":
             from taskweaver_lite.cli.demo import run_demo
 
@@ -133,6 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from taskweaver_lite.cli.plugins import run_plugins
 
             return run_plugins(project_dir(args), as_json=args.json)
+        if args.command == "docs":
+            from taskweaver_lite.cli.chat import project_dir
+            from taskweaver_lite.cli.docs import run_docs
+
+            return run_docs(project_dir(args), as_json=args.json)
         if args.command == "roles":
             from taskweaver_lite.cli.chat import project_dir
             from taskweaver_lite.cli.roles import run_roles

@@ -32,7 +32,7 @@ _CHECK = (
     "import importlib.util as u, json, sys\n"
     "p = u.spec_from_file_location({module!r}, {path!r}); m = u.module_from_spec(p); sys.modules[p.name] = m\n"
     "p.loader.exec_module(m); m.register_shims()\n"
-    "print(json.dumps(m.install(sys.stdin.read(), 'check', '.')))\n"
+    "print(json.dumps(m.check(sys.stdin.read())))\n"
 )
 
 
@@ -53,10 +53,15 @@ def plugin_table(entries: Sequence[PluginEntry], failures: Sequence[str] = ()) -
         return "No plugins. Put <name>.yaml and <name>.py in PROJECT_DIR/plugins/ (see its README.md)."
     width = max(len(e.name) for e in entries)
     lines = []
+    failed_calls = {line.partition(": ")[0]: line.partition(": ")[2] for line in failures}
     for entry in entries:
-        detail = f"{entry.path}: {entry.error}" if entry.state == "broken" else entry.spec.description.partition("\n")[0] if entry.spec else ""
-        lines.append(f"{entry.name:<{width}}  {entry.state:<8}  {strip_controls(detail)}")
-    lines += [f"not loaded in the kernel: {strip_controls(line)}" for line in failures]
+        state, detail = entry.state, entry.spec.description.partition("\n")[0] if entry.spec else ""
+        if entry.state == "broken":
+            detail = f"{entry.path}: {entry.error}"
+        elif entry.name in failed_calls:  # its first call failed on an import in this kernel
+            state, detail = "broken", f"{entry.path}: {failed_calls.pop(entry.name)}"
+        lines.append(f"{entry.name:<{width}}  {state:<8}  {strip_controls(detail)}")
+    lines += [f"not loaded in the kernel: {strip_controls(name + ': ' + line)}" for name, line in failed_calls.items()]
     return "\n".join(lines)
 
 

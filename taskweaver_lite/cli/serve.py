@@ -1,24 +1,94 @@
-"""`taskweaver-lite serve`: the web page and HTTP API (web/app.py) on uvicorn."""
+"""`taskweaver-lite serve`: the web page and HTTP API (web/app.py) on uvicorn.
+
+The port is bound here before uvicorn starts, so a busy one is one line naming `--port` (and
+"serving at" is printed only once the address is really ours).
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import socket
 import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from urllib.parse import quote
 
 from taskweaver_lite.cli.chat import project_dir
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config import Config, load_config
+from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.roles.registry import discover_roles
+from taskweaver_lite.terminal import strip_controls
+from taskweaver_lite.web.access_log import AccessLog
 from taskweaver_lite.web.app import build_app
 from taskweaver_lite.web.auth import Access
+
+WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 
 
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until Ctrl-C; every session open in the server is closed (and stays stored) on the way out."""
+    if args.demo:
+        from taskweaver_lite.cli.demo_model import demo_config, known_requests, sample_data
+
+        with demo_config(args.project, overrides=list(args.overrides)) as config:
+            print(f"Demo project: {config.project_dir}. The scripted model answers these requests:\n{known_requests()}", file=sys.stderr)
+            return _serve(config, args, preload=[sample_data(config)])
+    config = load_config(project_dir(args), list(args.overrides))
+    for notice in config.notices:
+        print(notice, file=sys.stderr)
+    return _serve(config, args)
+
+
+def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] = ()) -> int:
     import uvicorn
 
-    config = load_config(project_dir(args), list(args.overrides))
     access = Access.for_address(args.host, args.token)
-    app = build_app(config, access)
-    where = f"http://{'[' + args.host + ']' if ':' in args.host else args.host}:{args.port}/"
-    print(f"taskweaver-lite serving {config.project_dir} at {where}" + (" (token required)" if access.token else ""), file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+    log = AccessLog(args.log) if args.log else None
+    try:
+        app = build_app(config, access, log=log, preload=preload)
+        with listening(args.host, args.port) as sock:
+            print(start_line(config.project_dir, host=args.host, port=args.port, token=access.token), file=sys.stderr, flush=True)
+            for line in discover_roles(config.project_dir, enabled=config.session.roles, config=config).problems:
+                print(strip_controls(line), file=sys.stderr, flush=True)
+            server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+            server.run(sockets=[sock])
+    finally:
+        if log is not None:
+            log.close()
     return 0
+
+
+@contextlib.contextmanager
+def listening(host: str, port: int) -> Iterator[socket.socket]:
+    """A socket bound to host:port and listening; a busy or forbidden port is a ConfigError naming --port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port left in TIME_WAIT by our last run is free
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(_bind_problem(exc, host=host, port=port)) from None
+        sock.listen(128)
+        yield sock
+    finally:
+        sock.close()
+
+
+def _bind_problem(exc: OSError, *, host: str, port: int) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return f"port {port} on {host} is already in use (another server?): choose another with --port, e.g. --port {port + 1}"
+    if exc.errno == errno.EACCES:
+        return f"port {port} on {host} needs privileges: choose one above 1023 with --port"
+    return f"cannot listen on {host}:{port} ({exc.strerror}): choose another --host or --port"
+
+
+def start_line(project: Path, *, host: str, port: int, token: str | None) -> str:
+    """What `serve` prints once listening: the project and a link that opens the page (with the token when one is needed)."""
+    shown = "127.0.0.1" if host in WILDCARDS else host
+    where = f"http://{'[' + shown + ']' if ':' in shown else shown}:{port}/"
+    if token is None:
+        return f"taskweaver-lite serving {project} at {where}"
+    return f"taskweaver-lite serving {project} at {where} (token required); open {where}?token={quote(token, safe='')}"

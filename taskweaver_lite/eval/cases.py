@@ -115,8 +115,8 @@ def _cases_at(path: Path) -> Iterable[Case]:
         yield load_problem_set(path) if path.suffix == ".py" else load_task_case(path)
     elif path.is_dir():
         yamls = sorted(p for p in path.glob("*.yaml") if not p.name.startswith("_"))
-        sets = sorted(p for p in path.glob("*.py") if not p.name.startswith("_"))
-        folders = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")) and (any(p.glob("*.yaml")) or any(p.glob("*.py"))))
+        sets = sorted(p for p in path.glob("*.py") if not p.name.startswith("_") and _is_problem_set(p))
+        folders = sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")) and _holds_cases(p))
         if len(yamls) == 1 and not sets and not folders:
             yield load_task_case(yamls[0])  # TaskWeaver's case folder: one YAML and its data
             return
@@ -127,6 +127,19 @@ def _cases_at(path: Path) -> Iterable[Case]:
             yield from _cases_at(folder)
     else:
         yield BadCase(path.name, path, f"{path}: no such case file or folder")
+
+
+def _holds_cases(folder: Path) -> bool:
+    """Whether a case YAML or a problem set is somewhere under `folder` (a data folder has neither)."""
+    return any(folder.rglob("*.yaml")) or any(_is_problem_set(p) for p in folder.rglob("*.py"))
+
+
+def _is_problem_set(path: Path) -> bool:
+    """A `.py` file in a searched folder counts when it has DSEval's `# %%` sections (a folder's scripts do not)."""
+    try:
+        return _SECTION.search(path.read_text(encoding="utf-8", errors="replace")) is not None
+    except OSError:
+        return False
 
 
 def load_task_case(path: Path) -> Case:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.eval.cases import SUPPORTED_VALIDATORS, Problem, ProblemSet
@@ -26,8 +27,8 @@ class SetupFailed(TaskWeaverError):
     """The problem set's own code failed (a context section, a reference solution): the set is at fault, not the agent."""
 
 
-def run_problem_set(problems: ProblemSet, *, session: Session) -> tuple[PointResult, ...]:
-    """Ask every question of the set in `session` and check each answer."""
+def run_problem_set(problems: ProblemSet, *, session: Session, before_question: Callable[[], None] = lambda: None) -> tuple[PointResult, ...]:
+    """Ask every question of the set in `session` and check each answer (`before_question` may raise to stop)."""
     if problems.data_dir is not None:
         shutil.copytree(problems.data_dir, session.working_dir / "inputs", dirs_exist_ok=True)
     results = []
@@ -35,6 +36,7 @@ def run_problem_set(problems: ProblemSet, *, session: Session) -> tuple[PointRes
         if problem.question is None:
             _run(session, f"_twl_eval.problems.context({problem.reference_code!r})", what="a context section")
         else:
+            before_question()
             results.append(_answer(problem, problem.question, session=session))
     return tuple(results)
 

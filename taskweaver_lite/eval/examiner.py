@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.llm.client import ChatModel, Message
 from taskweaver_lite.roles.templates import load_prompt
 
@@ -20,6 +21,10 @@ STOP_WORD = "TASK_FINISHED"
 Kind = Literal["system", "human", "ai"]
 Record = tuple[Kind, str]
 _ROLES: dict[Kind, Literal["system", "user", "assistant"]] = {"system": "system", "human": "user", "ai": "assistant"}
+
+
+class ExaminerFailed(TaskWeaverError):
+    """The examiner's own model failed: the run has no score, and it is not the agent's fault."""
 
 
 class RoundFailed(Exception):
@@ -70,6 +75,9 @@ def _reply(model: ChatModel, records: list[Record], said: str) -> str:
     """The examiner's answer to `said` (the kick-off or the agent's reply), both kept in the records."""
     records.append(("human", said))
     messages: list[Message] = [{"role": _ROLES[kind], "content": text} for kind, text in records]
-    text = model.complete(messages, purpose="examiner").text.strip()
+    try:
+        text = model.complete(messages, purpose="examiner").text.strip()
+    except TaskWeaverError as exc:
+        raise ExaminerFailed(f"the examiner's model failed: {exc}") from exc
     records.append(("ai", text))
     return text

@@ -53,6 +53,8 @@ class Outcome:
     notes: tuple[str, ...] = ()  # what was read but not applied, commands that failed...
     details: tuple[PointResult, ...] = ()
     session_id: str | None = None
+    # The agent's calls per purpose (planner, code_generator, compression_planner...): calls, prompt, completion and cached tokens.
+    by_purpose: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -69,6 +71,7 @@ class Outcome:
         data = asdict(self)
         data["notes"] = list(self.notes)
         data["details"] = [asdict(d) for d in self.details]
+        data["by_purpose"] = {purpose: dict(counts) for purpose, counts in self.by_purpose.items()}
         data["uncached_tokens"] = self.uncached_tokens
         return data
 

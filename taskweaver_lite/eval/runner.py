@@ -16,6 +16,7 @@ import json
 import re
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -28,11 +29,11 @@ from taskweaver_lite.errors import ConfigError, TaskWeaverError
 from taskweaver_lite.eval import probe
 from taskweaver_lite.eval.cases import BadCase, Case, ProblemSet, TaskCase
 from taskweaver_lite.eval.dseval import SetupFailed, run_problem_set
-from taskweaver_lite.eval.examiner import RoundFailed, Transcript, examine
+from taskweaver_lite.eval.examiner import ExaminerFailed, RoundFailed, Transcript, examine
 from taskweaver_lite.eval.matrix import Setting
 from taskweaver_lite.eval.outcome import RESULTS_FILE, Outcome, PointResult, ResultsFile, scored_keys
-from taskweaver_lite.eval.scoring import NotAVerdict, mark, score
-from taskweaver_lite.events import Event, Listener, RoundEnded
+from taskweaver_lite.eval.scoring import JudgeFailed, NotAVerdict, mark, score
+from taskweaver_lite.events import Event, RoundEnded
 from taskweaver_lite.llm.client import ChatModel, MeteredModel, OpenAIChatModel
 from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.session import Session
@@ -47,6 +48,7 @@ TASKWEAVER_KEYS = {
 PRE_COMMAND_TIMEOUT = 600.0
 TRANSCRIPTS = "transcripts"  # in the report folder: each TaskWeaver run's conversation, as the examiner saw it
 PROGRESS_EVERY = 10  # rounds between progress lines of a long case
+_USAGE_FIELDS = ("calls", "prompt_tokens", "completion_tokens", "cached_tokens")  # of Usage, per purpose in report.json
 
 
 @dataclass(frozen=True)
@@ -74,23 +76,58 @@ def run_eval(cases: Sequence[Case], plan: EvalPlan, *, progress: Progress = lamb
     if len(todo) < len(runs):
         progress(f"resume: {len(runs) - len(todo)} run(s) already scored, {len(todo)} to go")
     finished: dict[tuple[str, str], Outcome] = {o.key: o for o in earlier}
-    with ThreadPoolExecutor(max_workers=max(1, plan.jobs), thread_name_prefix="eval") as pool:
-        futures = [pool.submit(_in_worker, case, setting, plan, progress) for case, setting in todo]
+    pool = ThreadPoolExecutor(max_workers=max(1, plan.jobs), thread_name_prefix="eval")
+    stop = threading.Event()
+    try:
+        futures = [pool.submit(_in_worker, case, setting, plan, RunWatch(f"{case.name} @ {setting.name}", progress, stop)) for case, setting in todo]
         for count, future in enumerate(as_completed(futures), 1):
             outcome = future.result()
             results.append(outcome)
             finished[outcome.key] = outcome
             progress(f"[{count}/{len(todo)}] {describe(outcome)}")
+    except BaseException:
+        # Ctrl-C, SIGTERM: no new run starts, those under way stop after their current request; what
+        # was recorded stays in results.jsonl for --resume.
+        stop.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        progress("eval: interrupted; the runs recorded so far are in results.jsonl: --resume goes on from there")
+        raise
+    pool.shutdown()
     order = {(case.name, setting.name): n for n, (case, setting) in enumerate(runs)}
     return sorted((o for o in finished.values() if o.key in order), key=lambda o: order[o.key])
 
 
-def _in_worker(case: Case, setting: Setting, plan: EvalPlan, progress: Progress) -> Outcome:
+class Interrupted(Exception):
+    """The evaluation was interrupted: this run stops before its next request (and is not recorded)."""
+
+
+@dataclass(frozen=True)
+class RunWatch:
+    """What a run reports to and listens for: progress lines, and the evaluation's stop signal."""
+
+    where: str  # "case @ setting"
+    progress: Progress
+    stop: threading.Event
+
+    def __call__(self, event: Event) -> None:
+        """A session listener: a progress line every `PROGRESS_EVERY`th round."""
+        if isinstance(event, RoundEnded) and event.round.index % PROGRESS_EVERY == 0:
+            self.progress(f"  {self.where}: round {event.round.index}")
+
+    def check(self) -> None:
+        """Raise Interrupted once the evaluation is stopping."""
+        if self.stop.is_set():
+            raise Interrupted(f"{self.where}: interrupted")
+
+
+def _in_worker(case: Case, setting: Setting, plan: EvalPlan, watch: RunWatch) -> Outcome:
     """`run_one` in a pool thread, which then closes the event loop the kernel client opened in it."""
     from taskweaver_lite.kernel.executor import close_thread_loop
 
     try:
-        return run_one(case, setting, plan, progress=progress)
+        return run_one(case, setting, plan, watch=watch)
+    except Interrupted:
+        raise
     except Exception as exc:  # noqa: BLE001 - one run's unexpected failure must not end the others; its reason is kept
         kind = "dseval" if isinstance(case, ProblemSet) else "taskweaver"
         return Outcome(case=case.name, setting=setting.name, kind=kind, status="failed", reason=f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}")
@@ -104,7 +141,7 @@ def check_settings(plan: EvalPlan) -> None:
         try:
             config = load_config(plan.project, [*plan.overrides, *setting.overrides])
             for part in ("examiner", "judge"):
-                _llm(config, part)
+                eval_llm(config, part)
         except ConfigError as exc:
             raise ConfigError(f"setting {setting.name!r}: {exc}") from None
 
@@ -121,11 +158,12 @@ def describe(outcome: Outcome) -> str:
     return f"{where}: score {outcome.score:.2f} ({outcome.points:g}/{outcome.max_points:g}), {cost}"
 
 
-def run_one(case: Case, setting: Setting, plan: EvalPlan, *, progress: Progress = lambda line: None) -> Outcome:
+def run_one(case: Case, setting: Setting, plan: EvalPlan, *, watch: RunWatch | None = None) -> Outcome:
     """One case under one setting, in a session of its own; never raises for the case's own problems.
 
-    `progress` hears when it starts and every `PROGRESS_EVERY` rounds.
+    `watch` hears when it starts and every `PROGRESS_EVERY` rounds, and can stop it between requests.
     """
+    watch = watch or RunWatch(f"{case.name} @ {setting.name}", lambda line: None, threading.Event())
     started = time.perf_counter()
     kind = "dseval" if isinstance(case, ProblemSet) else "taskweaver"
     blank = Outcome(case=case.name, setting=setting.name, kind=kind, status="skipped")
@@ -142,10 +180,9 @@ def run_one(case: Case, setting: Setting, plan: EvalPlan, *, progress: Progress 
         return replace(blank, reason=f"{case.name}: config_var: {exc}")
     if isinstance(case, TaskCase):
         notes += _pre_commands(case)
-    progress(f"  {case.name} @ {setting.name}: started")
-    where = f"{case.name} @ {setting.name}"
+    watch.progress(f"  {watch.where}: started")
     transcript = plan.report_dir / TRANSCRIPTS / f"{_file_name(case.name)}@{_file_name(setting.name)}.json"
-    outcome = _in_session(case, config, blank=replace(blank, notes=tuple(notes)), on_event=_round_counter(where, progress), transcript=transcript)
+    outcome = _in_session(case, config, blank=replace(blank, notes=tuple(notes)), watch=watch, transcript=transcript)
     return replace(outcome, seconds=round(time.perf_counter() - started, 3))
 
 
@@ -155,6 +192,14 @@ def case_overrides(case: Case) -> tuple[list[str], list[str]]:
         return ([], [])
     overrides, notes = [], []
     for key, value in case.config_var.items():
+        if key == "execution_service.kernel_mode":
+            # TaskWeaver's container mode isolates the kernel: here that is the sandbox. Its local mode is
+            # not taken to mean "no sandbox": the project's execution.sandbox stays.
+            if value == "container":
+                overrides.append('execution.sandbox="bubblewrap"')
+            else:
+                notes.append(f"config_var {key}: {value} keeps the project's execution.sandbox")
+            continue
         ours = TASKWEAVER_KEYS.get(str(key), str(key))
         if is_config_key(ours):
             overrides.append(f"{ours}={json.dumps(value)}")
@@ -210,18 +255,8 @@ def _pre_commands(case: TaskCase) -> list[str]:
             continue
         if done.returncode != 0:
             tail = " ".join((done.stderr or done.stdout).split())[-200:]
-            notes.append(f"pre_command {command!r} failed (exit {done.returncode}): {tail}")
+            notes.append(f"pre_command {command!r} failed (exit {done.returncode})" + (f": {tail}" if tail else ""))
     return notes
-
-
-def _round_counter(where: str, progress: Progress) -> Listener:
-    """A session listener that reports every `PROGRESS_EVERY`th round as it ends."""
-
-    def heard(event: Event) -> None:
-        if isinstance(event, RoundEnded) and event.round.index % PROGRESS_EVERY == 0:
-            progress(f"  {where}: round {event.round.index}")
-
-    return heard
 
 
 def _file_name(name: str) -> str:
@@ -229,7 +264,7 @@ def _file_name(name: str) -> str:
     return re.sub(r"[^\w.,()+-]+", "_", name).strip("_") or "_"
 
 
-def _in_session(case: TaskCase | ProblemSet, config: Config, *, blank: Outcome, on_event: Listener, transcript: Path) -> Outcome:
+def _in_session(case: TaskCase | ProblemSet, config: Config, *, blank: Outcome, watch: RunWatch, transcript: Path) -> Outcome:
     """Open the session, score the case in it, and count what it cost."""
     try:
         examiner, judge = MeteredModel(_client(config, "examiner")), MeteredModel(_client(config, "judge"))
@@ -237,11 +272,17 @@ def _in_session(case: TaskCase | ProblemSet, config: Config, *, blank: Outcome, 
         return replace(blank, status="failed", reason=f"the examiner's or the judge's model: {exc}")
     try:
         try:
-            session = Session.open(config, listeners=[on_event])
+            session = Session.open(config, listeners=[watch])
+        except ConfigError as exc:  # the case's config_var asks for what this project cannot be (no planner...)
+            return replace(blank, reason=f"the case's config: {exc}")
         except TaskWeaverError as exc:
             return replace(blank, status="failed", reason=f"the session could not start: {exc}")
         with session:
-            outcome = _scored(case, session, config, examiner=examiner, judge=judge, blank=blank, transcript=transcript)
+            # A role the case names that this project does not have (TaskWeaver's web_search): the case cannot run as written.
+            absent = [entry.error for entry in session.roles.broken if entry.name in config.session.roles]
+            if absent:
+                return replace(blank, reason=f"session.roles: {'; '.join(str(e) for e in absent)}")
+            outcome = _scored(case, session, config, examiner=examiner, judge=judge, blank=blank, watch=watch, transcript=transcript)
             return _with_costs(outcome, session)
     finally:
         for model in (examiner, judge):
@@ -249,20 +290,30 @@ def _in_session(case: TaskCase | ProblemSet, config: Config, *, blank: Outcome, 
 
 
 def _scored(
-    case: TaskCase | ProblemSet, session: Session, config: Config, *, examiner: MeteredModel, judge: MeteredModel, blank: Outcome, transcript: Path
+    case: TaskCase | ProblemSet,
+    session: Session,
+    config: Config,
+    *,
+    examiner: MeteredModel,
+    judge: MeteredModel,
+    blank: Outcome,
+    watch: RunWatch,
+    transcript: Path,
 ) -> Outcome:
     """The case's score, or the reason it has none (the run's costs are added by the caller)."""
     try:
         session.executor.run(probe.install_cell(inspect.getsource(probe)))
         if isinstance(case, ProblemSet):
-            details = run_problem_set(case, session=session)
+            details = run_problem_set(case, session=session, before_question=watch.check)
         else:
-            details = _task_case(case, session, config, examiner=examiner, judge=judge, transcript=transcript)
-    except (NotAVerdict, SetupFailed) as exc:
+            details = _task_case(case, session, config, examiner=examiner, judge=judge, watch=watch, transcript=transcript)
+    except (NotAVerdict, SetupFailed, ExaminerFailed, JudgeFailed) as exc:
         return replace(blank, status="failed", reason=str(exc), **_side_costs(examiner, judge))
+    except Interrupted:
+        raise
     except TaskWeaverError as exc:
         rounds = len(session.conversation.rounds)
-        return replace(blank, status="failed", reason=f"a model or the kernel failed at request {rounds}: {exc}", **_side_costs(examiner, judge))
+        return replace(blank, status="failed", reason=f"the agent's model or kernel failed at request {rounds}: {exc}", **_side_costs(examiner, judge))
     except Exception as exc:  # noqa: BLE001 - one run's unexpected failure must not end the others; its reason is kept
         return replace(blank, status="failed", reason=f"{type(exc).__name__}: {exc}", **_side_costs(examiner, judge))
     points, most = score(details)
@@ -272,7 +323,7 @@ def _scored(
 
 
 def _task_case(
-    case: TaskCase, session: Session, config: Config, *, examiner: ChatModel, judge: ChatModel, transcript: Path
+    case: TaskCase, session: Session, config: Config, *, examiner: ChatModel, judge: ChatModel, watch: RunWatch, transcript: Path
 ) -> tuple[PointResult, ...]:
     """A TaskWeaver case: data files in, the examiner's conversation (saved to `transcript`), then the marking."""
     for name in case.data_files:
@@ -283,6 +334,7 @@ def _task_case(
             session.executor.upload(source)
 
     def ask(request: str) -> str:
+        watch.check()
         rnd = session.ask(request)
         if rnd.state == "failed":
             raise RoundFailed(rnd.error or "the round failed")
@@ -304,7 +356,13 @@ def verbose_reply(rnd: Round) -> str:
 def _with_costs(outcome: Outcome, session: Session) -> Outcome:
     """The agent's tokens (roles and folds), its fold calls and its rounds."""
     usage = session.usage()
-    folds = sum(u.calls for (purpose, _), u in session.usage_by_model().items() if purpose.startswith("compression"))
+    by_model = session.usage_by_model()
+    folds = sum(u.calls for (purpose, _), u in by_model.items() if purpose.startswith("compression"))
+    by_purpose: dict[str, dict[str, int]] = {}
+    for (purpose, _), u in by_model.items():  # a purpose may have called more than one model
+        counts = by_purpose.setdefault(purpose, dict.fromkeys(_USAGE_FIELDS, 0))
+        for name in _USAGE_FIELDS:
+            counts[name] += getattr(u, name)
     return replace(
         outcome,
         rounds=len(session.conversation.rounds),
@@ -313,6 +371,7 @@ def _with_costs(outcome: Outcome, session: Session) -> Outcome:
         cached_tokens=usage.cached_tokens,
         fold_calls=folds,
         session_id=session.id,
+        by_purpose=by_purpose,
     )
 
 
@@ -322,10 +381,10 @@ def _side_costs(examiner: MeteredModel, judge: MeteredModel) -> dict[str, Any]:
 
 def _client(config: Config, part: str) -> ChatModel:
     """The examiner's or the judge's model: `eval.<part>.llm` over the project's `llm`; the examiner writes prose, not JSON."""
-    return OpenAIChatModel(_llm(config, part))
+    return OpenAIChatModel(eval_llm(config, part))
 
 
-def _llm(config: Config, part: str) -> LLMConfig:
+def eval_llm(config: Config, part: str) -> LLMConfig:
     """`eval.<part>.llm` merged over `llm`; ConfigError naming the key when the result is not a valid model setting."""
     section = getattr(config.eval, part)
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from taskweaver_lite.errors import ReplyFormatError
+from taskweaver_lite.errors import ReplyFormatError, TaskWeaverError
 from taskweaver_lite.eval.cases import ScoringPoint
 from taskweaver_lite.eval.examiner import Transcript
 from taskweaver_lite.eval.outcome import PointResult
@@ -22,6 +22,10 @@ from taskweaver_lite.roles.templates import load_prompt
 
 class NotAVerdict(Exception):
     """The judge's reply says neither yes nor no."""
+
+
+class JudgeFailed(TaskWeaverError):
+    """The judge's model failed (unreachable, the conversation too long for it): the run has no score."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,10 @@ def ask_judge(judge: ChatModel, *, task_description: str, transcript: Transcript
     """One statement put to the judge model."""
     prompt = load_prompt("eval_judge")
     user = prompt.render("user", task_description=task_description, conversation=transcript.conversation_json(), statement=statement)
-    reply = judge.complete([{"role": "system", "content": prompt.render("system")}, {"role": "user", "content": user}], purpose="judge").text
+    try:
+        reply = judge.complete([{"role": "system", "content": prompt.render("system")}, {"role": "user", "content": user}], purpose="judge").text
+    except TaskWeaverError as exc:
+        raise JudgeFailed(f"the judge's model failed: {exc}") from exc
     return read_verdict(reply)
 
 

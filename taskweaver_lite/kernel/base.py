@@ -24,7 +24,7 @@ from typing import Any, Literal, TypeVar
 
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
-from taskweaver_lite.execution import CellError, ExecutionResult, KernelEnvironment, OutputSink, Variable, VariableChanges
+from taskweaver_lite.execution import CellCancelled, CellError, ExecutionResult, KernelEnvironment, OutputSink, Variable, VariableChanges
 from taskweaver_lite.kernel import namespace
 from taskweaver_lite.kernel.output import CellOutput, artifact_file
 from taskweaver_lite.kernel.process import end_at_exit, forget
@@ -211,8 +211,11 @@ class SessionKernel(ABC):
         try:
             end = self._follow(msg_id, output, deadline=started + timeout, on_output=on_output)
         except KeyboardInterrupt:
-            self._stop_after_ctrl_c(msg_id, output)
-            raise
+            partial = self._stop_after_ctrl_c(msg_id, output, code=code)
+            if partial is None:
+                raise
+            kept = dataclasses.replace(partial, success=False, cancelled=True, interrupted=True, elapsed=time.monotonic() - started)
+            raise CellCancelled(kept) from None
         finally:
             self._running = False
         interrupted = self._interrupt_requested and not end.timed_out
@@ -233,6 +236,7 @@ class SessionKernel(ABC):
         changes = self._namespace.take(namespace.snapshot_rows(expressions))
         notices = base.notices + namespace.moved_notice(namespace.moved_from(expressions), self._kernel_folder())
         logs, saved = namespace.plugin_reports(expressions)
+        self.plugin_failures += namespace.plugins_broken(expressions)  # /plugins shows them from now on
         failures = self._first_notices + tuple(f"A plugin could not be loaded and is not available: {line}" for line in self._unreported_failures)
         self._unreported_failures = self._first_notices = ()
         plugin_notices, artifacts = self._plugin_artifacts(saved)
@@ -264,18 +268,24 @@ class SessionKernel(ABC):
             self._interrupt_kernel()
         return False
 
-    def _stop_after_ctrl_c(self, msg_id: str, output: CellOutput) -> None:
-        """Ctrl-C reached us mid-cell: stop the cell, wait for the kernel to settle, keep the snapshot current."""
+    def _stop_after_ctrl_c(self, msg_id: str, output: CellOutput, *, code: str) -> ExecutionResult | None:
+        """Ctrl-C reached us mid-cell: stop the cell, wait for the kernel to settle, keep the snapshot current.
+
+        Returns what the cell printed until it stopped (None when a second Ctrl-C cut the wait short).
+        """
         self._interrupt_requested = True
         self._interrupt_kernel()
         try:
             end = self._follow(msg_id, output, deadline=math.inf)
-        finally:
+        except BaseException:
             output.close()
+            raise
+        partial = output.finish(code)
         if end.ending == "idle":
             self._namespace.take(namespace.snapshot_rows(self._request_expressions()))
         elif end.ending != "lost":
             self._recover("stuck")
+        return partial
 
     def _explain(self, error: CellError | None) -> tuple[str, ...]:
         """Notes on a cell's error that only the transport can give (a path the sandbox hides)."""

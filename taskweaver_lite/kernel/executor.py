@@ -100,8 +100,8 @@ class KernelExecutor(SessionKernel):
             self._manager.interrupt_mode = "message"
         if self.sandbox is not None and self.sandbox.run_as is not None:
             # Root's sandboxed kernel runs as a user of its own (identity.py): its sockets and working folder are that user's.
-            for folder in (self._socket_dir, self.cwd):
-                hand_over(folder, self.sandbox.run_as)
+            hand_over(self.cwd, self.sandbox.run_as)  # on resume, files an earlier kernel of this session wrote
+            hand_over(self._socket_dir, self.sandbox.run_as, recursive=False)  # its owner file stays ours
             self._manager.kernel_uid = self.sandbox.run_as
         self._manager.shutdown_wait_time = SHUTDOWN_GRACE
         self._client: BlockingKernelClient | None = None

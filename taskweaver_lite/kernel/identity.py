@@ -56,15 +56,17 @@ def kernel_uid(session_dir: Path, *, cwd: Path) -> int | None:
     raise OSError(f"no free kernel uid found after {_PROBES} tries from {UID_BASE + start}")
 
 
-def hand_over(folder: Path, uid: int) -> None:
-    """Give `folder` and everything in it to `uid`, owner-only at the top; links are changed themselves, never followed.
+def hand_over(folder: Path, uid: int, *, recursive: bool = True) -> None:
+    """Give `folder` (and with `recursive` everything in it) to `uid`, owner-only at the top; links are changed themselves, never followed.
 
-    Only what is not the user's already is touched, so a resumed session's folder costs one stat.
+    Only a folder that is not the user's already is walked, so a resumed session's costs one stat.
     """
     info = os.stat(folder, follow_symlinks=False)
     if stat.S_ISLNK(info.st_mode):
         raise OSError(f"{folder} is a link; a kernel's folder must be a real folder")
-    if info.st_uid != uid:
+    if not recursive:
+        os.chown(folder, uid, uid, follow_symlinks=False)
+    elif info.st_uid != uid:
         for _root, dirs, files, root_fd in os.fwalk(folder, follow_symlinks=False):
             os.chown(root_fd, uid, uid)
             for name in (*dirs, *files):

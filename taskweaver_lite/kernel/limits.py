@@ -2,7 +2,7 @@
 
 Sets the address-space limit (bytes) and the process limit (`RLIMIT_NPROC`, counted per user:
 the caller passes what this user runs already plus the cap), becomes `--uid` if given (root's
-sandboxed kernels run as nobody), then replaces itself with the command. Run by path, on the
+sandboxed kernels run as a uid of their own), then replaces itself with the command. Run by path, on the
 kernel's interpreter, so it imports nothing of ours.
 """
 

@@ -161,6 +161,13 @@ def plugin_reports(reply: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, .
     return logs, saved
 
 
+def plugins_broken(reply: dict[str, Any]) -> tuple[str, ...]:
+    """Plugins whose call failed on an import during the cell (a dependency imported inside `__call__`), one line each."""
+    value = expression_json(reply, PLUGINS)
+    broken = value.get("broken", ()) if isinstance(value, dict) else ()
+    return tuple(line for line in broken if isinstance(line, str))
+
+
 def plugin_failures(reply: dict[str, Any] | None) -> tuple[str, ...]:
     """The plugins that failed to load, one line each, from the install request's reply."""
     value = expression_json(reply or {}, PLUGIN_FAILURES)

@@ -26,8 +26,9 @@ MAX_LOG_CHARS = 300
 _TEXT_TYPES = {"txt", "svg", "html", "file", "chart"}
 
 # What plugins reported during the current cell; the executor drains it with `drain()` after each cell.
-_reported: dict[str, list[str]] = {"logs": [], "artifacts": []}
-_state: dict[str, Any] = {"session_id": "", "working_dir": "", "classes": {}, "failures": [], "cell": 0}
+# "broken": plugins whose call failed on an import (a dependency imported inside `__call__`).
+_reported: dict[str, list[str]] = {"logs": [], "artifacts": [], "broken": []}
+_state: dict[str, Any] = {"session_id": "", "working_dir": "", "classes": {}, "failures": [], "cell": 0, "tests": {}, "broken": set()}
 
 
 class PluginContext:
@@ -87,6 +88,11 @@ class Plugin:
         """What the plugin does; every registered subclass overrides it (`register_plugin` checks)."""
         raise TypeError(f"the plugin {self.name} defines no __call__")
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__call__" in cls.__dict__:
+            cls.__call__ = _reporting_import_errors(cls.__dict__["__call__"])  # type: ignore[method-assign]
+
     def log(self, level: str, message: str) -> None:
         """Record a message; it reaches the result of the cell the model reads."""
         if len(_reported["logs"]) < MAX_LOG_LINES:
@@ -100,8 +106,38 @@ class Plugin:
         return os.environ[key]
 
 
-def register_plugin(cls: type) -> type:
-    """Class decorator marking the plugin class of the file being loaded."""
+def _reporting_import_errors(call: Any) -> Any:
+    """`call` that, when it fails on an import, reports its plugin broken once (the error still reaches the cell)."""
+
+    def guarded(self: Plugin, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return call(self, *args, **kwargs)
+        except ImportError as exc:
+            if self.name not in _state["broken"]:
+                _state["broken"].add(self.name)
+                _reported["broken"].append(f"{self.name}: its call failed on an import: {type(exc).__name__}: {exc}")
+            raise
+
+    guarded.__name__, guarded.__doc__, guarded.__wrapped__ = call.__name__, call.__doc__, call  # type: ignore[attr-defined]
+    return guarded
+
+
+def test_plugin(name: str | None = None, description: str | None = None) -> Any:
+    """TaskWeaver's decorator for a plugin's self-test: the test is kept (by name) and the function returned unchanged."""
+
+    def keep(func: Any) -> Any:
+        if callable(func):
+            title = name or func.__name__
+            _state["tests"][title] = (description if description is not None else func.__doc__ or "", func)
+        return func
+
+    return keep
+
+
+def register_plugin(cls: Any) -> Any:
+    """Decorator marking the plugin of the file being loaded: a Plugin subclass, or (as TaskWeaver allows) a plain function."""
+    if callable(cls) and not isinstance(cls, type):
+        return _function_plugin(cls)
     if not (isinstance(cls, type) and issubclass(cls, Plugin)):
         raise TypeError(f"@register_plugin is for subclasses of Plugin, not {cls!r}")
     if cls.__call__ is Plugin.__call__:
@@ -109,6 +145,17 @@ def register_plugin(cls: type) -> type:
         raise TypeError(f"{cls.__name__} defines no __call__: a plugin is called like a function")
     _state["classes"][cls.__module__] = cls
     return cls
+
+
+def _function_plugin(func: Any) -> Any:
+    """A function registered as a plugin: a Plugin class whose call is the function's; the function is returned as it is."""
+
+    def call(self: Plugin, *args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    cls = type(f"FunctionPlugin_{func.__name__}", (Plugin,), {"__call__": call, "__module__": func.__module__})
+    _state["classes"][cls.__module__] = cls
+    return func
 
 
 def register_shims() -> None:
@@ -121,6 +168,34 @@ def register_shims() -> None:
     sys.modules["taskweaver"].plugin = me  # type: ignore[attr-defined]
     for name in SHIM_NAMES:
         sys.modules[name] = me
+
+
+def missing_call_imports(spec: dict[str, Any]) -> list[str]:
+    """Modules the plugin's `__call__` imports (outside a try) that cannot be found here: its first call would fail."""
+    import ast
+    import importlib.util
+
+    missing = []
+    for node in ast.walk(ast.parse(spec["source"])):
+        if isinstance(node, ast.FunctionDef) and node.name == "__call__":
+            guarded = {id(n) for t in ast.walk(node) if isinstance(t, ast.Try) for n in ast.walk(t)}
+            for found in ast.walk(node):
+                names = [a.name for a in found.names] if isinstance(found, ast.Import) else [found.module or ""] if isinstance(found, ast.ImportFrom) else []
+                for name in names:
+                    top = name.split(".")[0]
+                    if top and id(found) not in guarded and importlib.util.find_spec(top) is None and top not in missing:
+                        missing.append(top)
+    return missing
+
+
+def check(specs_json: str) -> list[str]:
+    """`install`'s failures plus, for the plugins that load, the imports inside `__call__` that would fail (the `plugins` command)."""
+    failures = install(specs_json, "check", ".")
+    for spec in json.loads(specs_json):
+        absent = missing_call_imports(spec) if not any(line.startswith(f"{spec['source_file']}: ") for line in failures) else []
+        if absent:
+            failures.append(f"{spec['source_file']}: its __call__ imports {', '.join(absent)}, not installed where the kernel runs")
+    return failures
 
 
 def install(specs_json: str, session_id: str, working_dir: str, cells_before: int = 0) -> list[str]:
@@ -151,7 +226,7 @@ def failures() -> str:
 def drain() -> str:
     """What plugins logged and saved since the last call, as JSON; emptied for the next cell."""
     out = json.dumps(_reported)
-    _reported["logs"], _reported["artifacts"] = [], []
+    _reported["logs"], _reported["artifacts"], _reported["broken"] = [], [], []
     _state["cell"] += 1
     return out
 

@@ -7,7 +7,8 @@ empty folders, with only the Python installation put back (read-only) where it l
 It runs in its own PID namespace (the program's `/proc` entries are out of sight), with no network
 unless `execution.network`, and it ends with the program (`--die-with-parent`; the namespace's
 init takes every process in it along, `setsid` or not). When the program runs as root the kernel
-runs as `nobody`, so that the process cap (`RLIMIT_NPROC`, which never applies to root) holds.
+runs as a uid of its own (identity.py), so that the process cap (`RLIMIT_NPROC`, which never
+applies to root, and counts per uid) holds per session.
 
 Limits apply with or without the sandbox: `execution.memory_limit` as the address-space limit of
 every process of the kernel (a cell that passes it gets a MemoryError, or the kernel dies and is
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.kernel import limits
+from taskweaver_lite.kernel import identity, limits
 
 NOBODY = 65534
 PACKAGE = "bubblewrap"
@@ -60,7 +61,7 @@ class SandboxPlan:
     socket_dir: Path  # the kernel's IPC sockets and connection file: read-write
     hidden: tuple[Path, ...]  # replaced by empty folders: the user's home, the project folder
     network: bool = False
-    run_as: int | None = None  # a uid to become inside (root's kernels run as nobody)
+    run_as: int | None = None  # a uid to become inside (root's kernels: their own, identity.py)
     tmp_bytes: int | None = None  # the private /tmp's and /dev/shm's size (the memory limit)
     readable: tuple[Path, ...] = ()  # put back read-only where hidden: the kernel's own interpreter (execution.kernel)
     mounts: tuple[Mount, ...] = ()  # the user's folders, at their own path (execution.mounts)
@@ -156,8 +157,10 @@ def plan_for(
 def kernel_command(argv: Sequence[str], *, config: ExecutionConfig, plan: SandboxPlan | None) -> list[str]:
     """`argv` (ipykernel) behind the limits launcher and, with a plan, inside bwrap."""
     uid = plan.run_as if plan is not None else None
-    # RLIMIT_NPROC counts every process of the user: the cap comes on top of what the user runs now.
-    processes = limits.user_tasks(os.getuid() if uid is None else uid) + config.max_processes if plan is not None else None
+    # RLIMIT_NPROC counts every process of the user: the cap comes on top of what the user runs now
+    # (nothing, for a kernel's own uid: it was picked for having no process).
+    running = 0 if uid is not None and identity.in_range(uid) else limits.user_tasks(os.getuid() if uid is None else uid)
+    processes = running + config.max_processes if plan is not None else None
     launcher = [sys.executable, "-I", "-S", limits.__file__, *limits.arguments(memory=config.memory_limit_bytes(), processes=processes, uid=uid), "--"]
     if plan is None:
         return [*launcher, *argv]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from taskweaver_lite.config import LLMConfig
+from taskweaver_lite.config import DISTILLER, LLMConfig
 from taskweaver_lite.errors import ExperienceError, ReplyFormatError
 from taskweaver_lite.knowledge.tips import DISTILLED_KINDS, TipKind
 from taskweaver_lite.llm.client import ChatModel, Message
@@ -19,7 +19,7 @@ from taskweaver_lite.llm.tokens import Tokenizer
 from taskweaver_lite.memory.conversation import Post, Round
 from taskweaver_lite.roles.templates import load_prompt
 
-PURPOSE = "experience"
+PURPOSE = DISTILLER  # the model call's purpose: routed to experience.llm
 REPLY_TOKENS = 800  # a handful of one- or two-sentence tips
 PIECE_SHARE = 12  # one message, code or output in the record: at most this fraction of the room
 MIN_PIECE_TOKENS = 48
@@ -38,10 +38,13 @@ def distil(rounds: Sequence[Round], *, model: ChatModel, tokenizer: Tokenizer, l
         raise ExperienceError("this session has no requests yet, so there is nothing to learn from")
     template = load_prompt("experience")
     system = template.render("distil")
-    room = llm.context_window - REPLY_TOKENS - llm.margin - tokenizer.count(system) - 64
+    reply_tokens = min(REPLY_TOKENS, llm.reply_reserve)
+    room = llm.context_window - reply_tokens - llm.margin - tokenizer.count(system) - MIN_PIECE_TOKENS
+    if room < MIN_PIECE_TOKENS * 4:
+        raise ExperienceError(f"llm.context_window {llm.context_window} leaves no room to show the model the session; raise it to distil tips")
     record, shown = session_record(done, tokenizer=tokenizer, max_tokens=room)
     messages = [Message(role="system", content=system), Message(role="user", content=template.render("transcript", shown=shown, record=record))]
-    completion = model.complete(messages, purpose=PURPOSE, max_tokens=REPLY_TOKENS)
+    completion = model.complete(messages, purpose=PURPOSE, max_tokens=reply_tokens)
     try:
         if completion.finish_reason == "length":
             raise ReplyFormatError("the reply was cut off at its length limit")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from taskweaver_lite.errors import SearchUnavailableError
+from taskweaver_lite.execution import as_data
 from taskweaver_lite.knowledge.fts import TOKENIZE, match_query, require_fts5
 from taskweaver_lite.knowledge.passages import SUFFIXES, Passage, Unreadable, pdf_support, read_passages
 
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 
 INDEX_VERSION = 1
 BUSY_TIMEOUT_SECONDS = 30.0
-HEADING_WEIGHT = 2.0  # a word in a section title says more about the passage than one in its text
+HEADING_WEIGHT = 2.0
+QUOTED_CHARS = 120  # a word in a section title says more about the passage than one in its text
 
 _SCHEMA = (
     "CREATE TABLE files (path TEXT PRIMARY KEY, mtime_ns INTEGER NOT NULL, size INTEGER NOT NULL,"
@@ -136,10 +138,15 @@ class DocumentIndex:
 
     def _update(self, db: sqlite3.Connection, name: str, path: Path, known: tuple[int, int, str, str] | None, *, reader: str) -> str:
         """Index one file if it is new or changed; returns 'added', 'changed' or 'same'."""
-        stat = os.stat(path)
-        if known is not None and known[0] == stat.st_mtime_ns and known[1] == stat.st_size and known[3] == reader:
-            return "same"
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        try:
+            stat = os.stat(path)
+            if known is not None and known[0] == stat.st_mtime_ns and known[1] == stat.st_size and known[3] == reader:
+                return "same"
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        except FileNotFoundError:
+            return "same"  # deleted since the folder was listed: the next refresh forgets it
+        except OSError as exc:  # unreadable (permissions): listed as skipped, with the reason
+            return self._store(db, name, [], skipped=f"cannot be read ({exc.strerror or exc})", fingerprint=(0, 0, ""), reader=reader, known=known)
         if known is not None and known[2] == digest and known[3] == reader:
             db.execute("UPDATE files SET mtime_ns = ?, size = ? WHERE path = ?", (stat.st_mtime_ns, stat.st_size, name))
             return "same"  # touched, not changed
@@ -149,6 +156,20 @@ class DocumentIndex:
             passages, skipped = [], str(exc)
         except OSError as exc:
             passages, skipped = [], f"cannot be read ({exc.strerror or exc})"
+        return self._store(db, name, passages, skipped=skipped, fingerprint=(stat.st_mtime_ns, stat.st_size, digest), reader=reader, known=known)
+
+    def _store(
+        self,
+        db: sqlite3.Connection,
+        name: str,
+        passages: list[Passage],
+        *,
+        skipped: str | None,
+        fingerprint: tuple[int, int, str],
+        reader: str,
+        known: object,
+    ) -> str:
+        """Replace one file's passages and its row; 'added' or 'changed'."""
         db.execute("DELETE FROM passages WHERE path = ?", (name,))
         db.executemany(
             "INSERT INTO passages (heading, text, path, part, first_line, last_line) VALUES (?, ?, ?, ?, ?, ?)",
@@ -157,9 +178,16 @@ class DocumentIndex:
         db.execute(
             "INSERT INTO files (path, mtime_ns, size, sha256, reader, skipped) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (path) DO UPDATE SET"
             " mtime_ns = excluded.mtime_ns, size = excluded.size, sha256 = excluded.sha256, reader = excluded.reader, skipped = excluded.skipped",
-            (name, stat.st_mtime_ns, stat.st_size, digest, reader, skipped),
+            (name, *fingerprint, reader, skipped),
         )
         return "added" if known is None else "changed"
+
+    def documents(self) -> list[tuple[str, int, str | None]]:
+        """Every document the index knows, as (file, passages, the reason it was skipped or None), by name."""
+        with self._errors():
+            counts = dict(self._db.execute("SELECT path, COUNT(*) FROM passages GROUP BY path").fetchall())
+            rows = self._db.execute("SELECT path, skipped FROM files ORDER BY path").fetchall()
+        return [(str(path), int(counts.get(path, 0)), skipped) for path, skipped in rows]
 
     def search(self, text: str, *, limit: int) -> list[Hit]:
         """The passages that best match `text`, best first (BM25, a title's words counting double)."""
@@ -244,13 +272,14 @@ def answer(index: DocumentIndex, query: str, *, top_k: int, max_tokens: int, tok
     hits = index.search(query, limit=top_k)
     scope = f"{report.files} file{'s' if report.files != 1 else ''}"
     if not hits:
-        return f'No passage in {shown_as}/ ({scope}) matches "{query}". Try other words.{skipped}'
-    head = f'Passages from {shown_as}/ ({scope}) for "{query}", best first; cite them by file:line:'
+        return f'No passage in {shown_as}/ ({scope}) matches "{_quoted(query)}". Try other words.{skipped}'
+    head = f'Passages from {shown_as}/ ({scope}) for "{_quoted(query)}", best first; cite them by file:line:'
     parts = [head]
     room = max_tokens - tokenizer.count(head) - tokenizer.count(skipped)
     for number, hit in enumerate(hits, 1):
         title = f" ({hit.passage.heading})" if hit.passage.heading else ""
-        block = f"[{number}] {shown_as}/{hit.passage.citation()}{title}\n{hit.passage.text}"
+        # A document's words are data, like a cell's output: the prompts tell the roles never to obey them.
+        block = f"[{number}] {shown_as}/{hit.passage.citation()}{title}\n{as_data(hit.passage.text)}"
         cost = tokenizer.count(block) + 2
         if cost > room:
             if number == 1:  # the best passage, cut to fit, rather than nothing
@@ -259,6 +288,12 @@ def answer(index: DocumentIndex, query: str, *, top_k: int, max_tokens: int, tok
         parts.append(block)
         room -= cost
     return "\n\n".join(parts) + skipped
+
+
+def _quoted(query: str, limit: int = QUOTED_CHARS) -> str:
+    """The query on one line, cut when long: the reply repeats it only to say what was searched."""
+    line = " ".join(query.split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _skipped_line(report: IndexReport, shown_as: str) -> str:

@@ -5,8 +5,9 @@
 
 Each request is matched against every tip by FTS5's BM25 in an in-memory index, rebuilt only when
 the stored tips or the handcrafted files change. At most `experience.top_k` tips are shown, within
-a token cap, after the static part of a role's instructions. TaskWeaver instead shows every tip
-above a cosine-similarity threshold, with no cap, and needs an embedding model for it.
+a token cap, in a message that opens the current round (roles/role.py `with_tips`): after the static
+instructions, so those stay cached. TaskWeaver instead puts every tip above a cosine-similarity
+threshold into the system prompt, with no cap, and needs an embedding model for it.
 """
 
 from __future__ import annotations
@@ -55,22 +56,22 @@ class Experience:
         return [*stored, *self._read_files().tips]
 
     def save(self, session_id: str, tips: Sequence[tuple[TipKind, str]]) -> list[Tip]:
-        """Store tips distilled from `session_id`; ExperienceError when the session has no store."""
+        """Store tips distilled from `session_id` in place of its earlier ones (none given: those stay); ExperienceError without a store."""
         if self._store is None:
             raise ExperienceError("this session has no store, so tips cannot be kept")
         return self._store.save_tips(session_id, tips) if tips else []
 
     def delete(self, tip_id: str) -> Tip:
-        """Delete a stored tip by its number; a handcrafted one is named with the file to edit instead."""
-        tips = {tip.id: tip for tip in self.all()}
-        tip = tips.get(tip_id.lstrip("#"))
-        if tip is None:
-            raise ExperienceError(f"there is no tip {tip_id}; /experience lists them with their ids")
-        if tip.handcrafted:
-            raise ExperienceError(f"tip {tip.id} is handcrafted: delete or edit {self.folder / tip.source} to remove it")
-        assert self._store is not None  # a stored tip came from the store
-        self._store.delete_tip(int(tip.id))
-        return tip
+        """Delete a stored tip by its number (`7` or `#7`); for a handcrafted one, ExperienceError names the file to edit."""
+        number = tip_id.removeprefix("#")
+        stored = {tip.id: tip for tip in (self._store.stored_tips() if self._store is not None else [])}
+        if number in stored and self._store is not None:
+            self._store.delete_tip(int(number))
+            return stored[number]
+        handcrafted = next((tip for tip in self._read_files().tips if tip.id in (tip_id, number)), None)
+        if handcrafted is not None:
+            raise ExperienceError(f"tip {handcrafted.id} is handcrafted: delete or edit {self.folder / handcrafted.source} to remove it")
+        raise ExperienceError(f"there is no tip {tip_id}; /experience lists them with their ids")
 
     def relevant(self, text: str) -> list[Tip]:
         """The top `experience.top_k` tips for `text`, best first (none when experience is off or nothing matches)."""

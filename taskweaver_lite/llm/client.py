@@ -330,10 +330,7 @@ class OpenAIChatModel:
             try:
                 fields = self._request(request, on_delta)
             except _Failure as failure:
-                refused = next((name for name in hints if name in request and _refuses(failure.cause, name)), None)
-                if refused is not None:
-                    self.prompt_cache.refuse(refused)  # a cache hint is worth nothing to a server that refuses it
-                    del request[refused]
+                if self._drop_refused_hint(failure, request, hints):
                     continue
                 if "stream_options" in request and _refuses(failure.cause, "stream_options"):
                     del request["stream_options"]  # older servers stream but know no options: no usage, then
@@ -357,6 +354,15 @@ class OpenAIChatModel:
                 usage_reported=fields.prompt_tokens is not None and fields.completion_tokens is not None,
                 cached_tokens=min(fields.cached_tokens, fields.prompt_tokens or 0),
             )
+
+    def _drop_refused_hint(self, failure: _Failure, request: dict[str, Any], hints: Mapping[str, Any]) -> bool:
+        """A cache hint is worth nothing to a server that refuses it: leave it out of this request and the rest."""
+        refused = next((name for name in hints if name in request and _refuses(failure.cause, name)), None)
+        if refused is None:
+            return False
+        self.prompt_cache.refuse(refused)
+        del request[refused]
+        return True
 
     def model_name(self, purpose: str) -> str:
         """The model every call asks for (`llm.model`)."""

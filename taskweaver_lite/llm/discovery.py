@@ -88,3 +88,18 @@ def use_local_server(config: Config, servers: Sequence[LocalServer]) -> str | No
             "Set llm.context_window to the model's context size so prompts fit."
         )
     return None
+
+
+def no_model_found(config: Config, servers: Sequence[LocalServer], *, tried: Sequence[tuple[str, int]] = KNOWN_SERVERS) -> str:
+    """The error when nothing says where the model is and no local server fits: what was tried, and the ways on."""
+    ports = ", ".join(f"{name} :{port}" for name, port in tried)
+    if servers:
+        served = "; ".join(f"{s.name} at {s.api_base} serves {', '.join(s.models) or 'no model'}" for s in servers)
+        found = f"the local servers found do not serve llm.model {config.llm.model!r} ({served})"
+    else:
+        found = f"no local model server answered on 127.0.0.1 (tried {ports})"
+    return (
+        f"No model to talk to: no API key (llm.api_key, OPENAI_API_KEY), no address (llm.api_base, OPENAI_BASE_URL), and {found}. "
+        "Set one of those (e.g. --set llm.api_base=http://localhost:11434/v1 --set llm.model=NAME), start a local server "
+        "(`taskweaver-lite models` lists the reachable ones), or try it without a model: `taskweaver-lite demo --chat`."
+    )

@@ -34,7 +34,10 @@ Strategies (`<role>.strategy`), with `<role>.fold_schedule` (schedule.py) saying
   printed becomes a one-line placeholder naming the full output's file. No model call.
 - sliding_window: the newest rounds that fit, no model call.
 - none: every round; only the budget guard shortens it.
-`<role>.prompt_compression: false` turns the summarising strategies into sliding_window.
+`<role>.prompt_compression: false` turns the summarising strategies into sliding_window. Where rounds
+are kept whole (sliding_window, none, observation_masking), `fold_schedule: pressure` makes them
+leave in steps too: when the guard must drop rounds, the oldest go until those left take half of
+what fitted, and the prompt's start then stays put for several rounds instead of moving each call.
 
 A context knows its role only through `ContextSettings`: the role's key (config section, store and
 call-purpose name), its label on screen, its fold prompt and its own config section, with the
@@ -153,6 +156,7 @@ class RoleContext:
         role_config = settings.section
         self.role = settings.role
         self.label = settings.label
+        self.llm = settings.llm  # the model this role's prompts are sent to (its window sizes the budget)
         self._fold_prompt = settings.fold_prompt
         self.strategy: Strategy = role_config.strategy
         self._examples_always = role_config.examples == "always"
@@ -171,11 +175,8 @@ class RoleContext:
             window=folder.context_window,
             margin=folder.margin,
         )
-        prefix = settings.llm_key
-        self._budget_source = (
-            f"{prefix}.context_window {llm.context_window:,} - {prefix}.reply_reserve {llm.reply_reserve:,} "
-            f"- {prefix}.margin {llm.margin:,}"
-        )
+        key = settings.llm_key
+        self._budget_source = f"{key}.context_window {llm.context_window:,} - {key}.reply_reserve {llm.reply_reserve:,} - {key}.margin {llm.margin:,}"
         self._model = model
         self._tokenizer = tokenizer
         self._live_variables = live_variables
@@ -191,11 +192,15 @@ class RoleContext:
         self._retry_at = 0.0
         self._closed = False
         self._report: ContextReport | None = None
-        # What the prompts of the round in progress show: the state as of its first request, and the
-        # variables list rendered then (refreshed only when it would leave a live name unnamed).
         self._shown_round: int | None = None
-        self._shown = self._state
-        self._variables: VariablesList | None = None
+        self._shown, self._variables, self._window_start = self._state, None, 0
+
+    # What the prompts of the round in progress show: the state as of its first request (`_shown`), the
+    # variables list rendered then (`_variables`, refreshed only when it would leave a live name unnamed),
+    # and, for rounds kept whole under the pressure schedule, the first round still shown (`_window_start`).
+    _shown: CompressionState
+    _variables: VariablesList | None
+    _window_start: int
 
     @property
     def state(self) -> CompressionState:
@@ -238,17 +243,10 @@ class RoleContext:
         """The prompt for this role now, within the budget less `reserve` (room for a repair turn); never waits for a fold."""
         state, running, landed = self._adopt(current.index)
         summarising = self.strategy in SUMMARISING
-        if summarising:
-            retained = tuple(r for r in history if r.index > state.folded_through)
-        elif self.strategy == "observation_masking":
-            # Masked rounds keep their messages' roles and order: only what the code printed is shorter.
-            retained = tuple(RoundMessages(r.index, r.masked_messages) if r.index <= state.folded_through else r for r in history)
-        else:
-            retained = tuple(history)
-        # Once the prompt shows a round of the role's own, its replies show the format as well as
-        # the examples did: leaving them out saves their tokens in every later call.
-        shown_examples = tuple(examples) if self._examples_always or not any(r.messages for r in retained) else ()
-        order: ShrinkOrder = "window" if self.strategy == "sliding_window" else "standard"
+        retained = self._retained(state, history)
+        # Under pressure, rounds kept whole leave in steps (`_drop_in_one_step`), never cut message by message.
+        stepped = not summarising and self._schedule.kind == "pressure"
+        order: ShrinkOrder = "window" if self.strategy == "sliding_window" or stepped else "standard"
         fit = functools.partial(
             fit_prompt, tokenizer=self._tokenizer, budget=self._budget - reserve, order=order, budget_source=self._budget_source, who=self.label
         )
@@ -256,15 +254,20 @@ class RoleContext:
             system=system,
             summary=render_summary(state) if summarising else "",
             placement=self._settings.summary_placement,
-            examples=shown_examples,
+            examples=self._examples_for(examples, retained),
             rounds=retained,
             current=current,
             variables=self._variables_block(state, retained, current, refresh=landed),
             variables_cap=int(self._budget * VARIABLES_SHARE),
         )
         fitted = fit(parts)
-        if fitted.cost.rounds_dropped and self._unnamed(retained, fitted.cost.rounds_kept, current):
-            # The guard dropped rounds whose variables the list leaves unnamed: name them now.
+        dropped = bool(fitted.cost.rounds_dropped)
+        if dropped and stepped:
+            retained = self._drop_in_one_step(retained, fitted.cost.rounds_kept)
+            parts = replace(parts, rounds=retained, examples=self._examples_for(examples, retained))
+            fitted = fit(parts)
+        if dropped and self._unnamed(retained, fitted.cost.rounds_kept, current):
+            # Rounds left the prompt whose variables the list leaves unnamed: name them now.
             fitted = fit(replace(parts, variables=self._variables_block(state, retained, current, refresh=True)))
         report = ContextReport(
             role=self.role,
@@ -278,6 +281,33 @@ class RoleContext:
         with self._lock:
             self._report = report
         return BuiltPrompt(messages=fitted.messages, report=report)
+
+    def _retained(self, state: CompressionState, history: Sequence[RoundMessages]) -> tuple[RoundMessages, ...]:
+        """The earlier rounds this round's prompts show: unfolded ones, masked ones masked, none before the window's start."""
+        if self.strategy in SUMMARISING:
+            return tuple(r for r in history if r.index > state.folded_through)
+        shown = (r for r in history if r.index >= self._window_start)
+        if self.strategy == "observation_masking":
+            # Masked rounds keep their messages' roles and order: only what the code printed is shorter.
+            return tuple(RoundMessages(r.index, r.masked_messages, variables=r.variables) if r.index <= state.folded_through else r for r in shown)
+        return tuple(shown)
+
+    def _examples_for(self, examples: Sequence[Message], retained: Sequence[RoundMessages]) -> tuple[Message, ...]:
+        # Once the prompt shows a round of the role's own, its replies show the format as well as
+        # the examples did: leaving them out saves their tokens in every later call.
+        return tuple(examples) if self._examples_always or not any(r.messages for r in retained) else ()
+
+    def _drop_in_one_step(self, retained: Sequence[RoundMessages], kept: Sequence[int]) -> tuple[RoundMessages, ...]:
+        """Pressure schedule, rounds kept whole (no summary): the guard had to drop rounds; drop until those
+        left take half of what fitted, so the prompt's start stays put for several rounds, not one."""
+        fitted = [r for r in retained if r.index in set(kept)]
+        sizes = [self._tokenizer.count_messages(r.messages) for r in fitted]
+        room, start = sum(sizes) // 2, 0
+        while start < len(fitted) - 1 and sum(sizes[start:]) > room:
+            start += 1
+        with self._lock:
+            self._window_start = fitted[start].index if fitted else self._window_start
+        return tuple(fitted[start:])
 
     def _adopt(self, round_index: int) -> tuple[CompressionState, bool, bool]:
         """The state this round's prompts show, whether a fold runs, and whether a new state landed just now."""

@@ -7,8 +7,9 @@ before it. How often that happens is the schedule's choice:
   `rounds_to_compress + rounds_to_retain` are unfolded, keeping the latest `rounds_to_retain`;
   unfolded rounds past the fold trigger fold early. At (1, 1) the summary changes every round.
 - pressure: append rounds untouched until the unfolded rounds pass the fold trigger, then fold
-  all but the latest `rounds_to_retain` in one step. Between folds every prompt extends the one
-  before it, so a local server or a cached API recomputes only the new round.
+  all but the latest `rounds_to_retain` in one step (and the oldest of those too while they take
+  over half the trigger, so the next fold is several rounds away). Between folds every prompt
+  extends the one before it, so a local server or a cached API recomputes only the new round.
 
 The trigger (`round_compressor.fold_token_trigger`) is a share of the role's prompt budget (0-1;
 a number above 1 is read as tokens, the old form). The same schedule decides which rounds
@@ -51,8 +52,16 @@ class Schedule:
         """The rounds to fold now, oldest first; empty when no fold is due. `unfolded`: rounds with messages."""
         sizes = [tokenizer.count_messages(r.messages) for r in unfolded] if self.trigger else []
         if self.kind == "pressure":
-            over = self.trigger and sum(sizes) > self.trigger
-            return tuple(unfolded[: max(len(unfolded) - self.keep, 0)]) if over else ()
+            if not self.trigger or sum(sizes) <= self.trigger:
+                return ()
+            fold_upto = max(len(unfolded) - self.keep, 0)
+            kept_tokens = sum(sizes[fold_upto:])
+            # Retained rounds over half the trigger would bring the next fold at once: fold the oldest of
+            # them too (never the newest), so that several rounds pass before the prompt changes again.
+            while kept_tokens > self.trigger // 2 and fold_upto < len(unfolded) - 1:
+                kept_tokens -= sizes[fold_upto]
+                fold_upto += 1
+            return tuple(unfolded[:fold_upto])
         count_due = len(unfolded) >= self.compress + self.keep
         fold_upto = max(len(unfolded) - self.keep, 0)
         if self.trigger:

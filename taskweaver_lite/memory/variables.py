@@ -29,6 +29,7 @@ HEADING = "## Variables in the kernel"
 SNAPSHOT_NOTE = "(as of the last summary; the results of later steps name the variables they made or changed)"
 DETAIL_LINES = 5  # the most relevant variables, with type, shape and columns
 BRIEF_LINES = 12  # the next, one line each: `name: type shape`
+DETAIL_CHARS = 240  # a detailed line's description at most (a wide frame's columns are cut, not the other names)
 BRIEF_FACT_CHARS = 16  # a one-line entry keeps a value no longer than this (a number, a short string)
 NAMED_AT_MOST = 300  # names alone for up to this many more; past them, counts by type
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -106,8 +107,10 @@ def render_variables(
     heading = f"{HEADING} ({len(ordered)})\n{SNAPSHOT_NOTE}" if ordered else HEADING
     if not ordered:
         return VariablesList("\n".join(line for line in (heading, "(none yet)", lost_line) if line))
-    room = max_tokens - tokenizer.count(heading) - tokenizer.count(lost_line) - 2 - tokenizer.count(_rest_line(ordered)) - 1
+    room = max_tokens - tokenizer.count(heading) - tokenizer.count(lost_line) - 2
     lines, shown = _lines(ordered, notes, room=room, tokenizer=tokenizer)
+    if shown < len(ordered):  # some are only counted: make room for the line that counts them
+        lines, shown = _lines(ordered, notes, room=room - tokenizer.count(_rest_line(ordered)) - 1, tokenizer=tokenizer)
     text = _join(heading, lines, ordered[shown:], lost_line)
     while lines and tokenizer.count(text) > max_tokens:  # joins can count a little differently from the sum
         lines.pop()
@@ -116,32 +119,82 @@ def render_variables(
     return VariablesList(text, frozenset(v.name for v in ordered[:shown]), frozenset(alive))
 
 
-_NAMES = "Also: "
-
-
 def _lines(ordered: Sequence[Variable], notes: dict[str, str], *, room: int, tokenizer: Tokenizer) -> tuple[list[str], int]:
-    """The tiers' lines within `room` tokens, and how many variables they name (a prefix of `ordered`)."""
+    """The tiers' lines within `room` tokens, and how many variables they name (a prefix of `ordered`).
+
+    Names come first: as many as fit are named (numbered runs share an entry). Then, most relevant
+    first, a variable moves up to a line of its own (full detail for the first few, `name: type
+    shape` for the next) while the whole still fits, so no wide DataFrame takes the others' room.
+    """
+    candidates = [v.name for v in ordered[:NAMED_AT_MOST]]
+    low, high = 0, len(candidates)
+    while low < high:  # the most names whose line fits: a binary search, the line is counted whole
+        middle = (low + high + 1) // 2
+        if tokenizer.count(names_line(candidates[:middle])) + 1 <= room:
+            low = middle
+        else:
+            high = middle - 1
     lines: list[str] = []
-    used = shown = 0
-    for variable in ordered[: DETAIL_LINES + BRIEF_LINES]:
-        line = _line(variable, notes.get(variable.name, "")) if shown < DETAIL_LINES else _brief(variable)
+    used = 0
+    for variable in ordered[: min(low, DETAIL_LINES + BRIEF_LINES)]:
+        line = _line(variable, notes.get(variable.name, "")) if len(lines) < DETAIL_LINES else _brief(variable)
+        rest = candidates[len(lines) + 1 : low]
         cost = tokenizer.count(line) + 1
-        if used + cost > room:
-            return lines, shown
-        lines.append(line)
-        used, shown = used + cost, shown + 1
-    names: list[str] = []
-    used += tokenizer.count(_NAMES) + 1
-    for variable in ordered[shown : shown + NAMED_AT_MOST]:
-        cost = tokenizer.count(variable.name) + 1
-        if used + cost > room:
+        if used + cost + (tokenizer.count(names_line(rest)) + 1 if rest else 0) > room:
             break
-        names.append(variable.name)
+        lines.append(line)
         used += cost
-    if names:
-        # Names alone in name order: easy to scan for the one a step needs.
-        lines.append(_NAMES + ", ".join(sorted(names)))
-    return lines, shown + len(names)
+    rest = candidates[len(lines) : low]
+    return [*lines, *([names_line(rest)] if rest else [])], low
+
+
+_NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")
+_RUN = 3  # numbered names from this many in a row on share one entry
+
+
+def names_line(names: Sequence[str]) -> str:
+    """'Also: a, b, df{1-4}, r{0001-0003}_meta': names in name order, runs of numbered names (same width) as one entry."""
+    groups: dict[tuple[str, int, str], list[int]] = {}
+    entries: list[str] = []
+    for name in names:
+        match = _NUMBERED.match(name)
+        if match:
+            groups.setdefault((match[1], len(match[2]), match[3]), []).append(int(match[2]))
+        else:
+            entries.append(name)
+    for (prefix, width, suffix), numbers in groups.items():
+        for first, last in _runs(sorted(numbers)):
+            if last - first + 1 >= _RUN:
+                entries.append(f"{prefix}{{{first:0{width}d}-{last:0{width}d}}}{suffix}")
+            else:
+                entries += [f"{prefix}{n:0{width}d}{suffix}" for n in range(first, last + 1) if f"{prefix}{n:0{width}d}{suffix}" in names]
+    legend = " (x{1-3} stands for x1, x2, x3)" if any("{" in entry for entry in entries) else ""
+    return f"Also{legend}: " + ", ".join(sorted(entries))
+
+
+def expand_names(line: str) -> list[str]:
+    """The names a `names_line` names (its runs spelled out): for checks that every name is there."""
+    body = line.partition(": ")[2]
+    found: list[str] = []
+    for entry in body.split(", "):
+        run = re.fullmatch(r"(.*?)\{(\d+)-(\d+)\}(.*)", entry)
+        if run is None:
+            found.append(entry)
+            continue
+        width = len(run[2])
+        found += [f"{run[1]}{n:0{width}d}{run[4]}" for n in range(int(run[2]), int(run[3]) + 1)]
+    return found
+
+
+def _runs(numbers: Sequence[int]) -> list[tuple[int, int]]:
+    """Consecutive numbers as (first, last) pairs."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        elif not runs or n != runs[-1][1]:
+            runs.append([n, n])
+    return [(a, b) for a, b in runs]
 
 
 def _join(heading: str, lines: Sequence[str], rest: Sequence[Variable], lost_line: str) -> str:
@@ -149,7 +202,8 @@ def _join(heading: str, lines: Sequence[str], rest: Sequence[Variable], lost_lin
 
 
 def _line(variable: Variable, note: str) -> str:
-    line = f"- {variable.name} ({variable.type}): {variable.description}"
+    described = variable.description if len(variable.description) <= DETAIL_CHARS else variable.description[: DETAIL_CHARS - 3] + "..."
+    line = f"- {variable.name} ({variable.type}): {described}"
     return f"{line} [{note}]" if note and note != variable.description else line
 
 

@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 import yaml
 
+from taskweaver_lite.config import yaml_bounds_problem
+
 ENTRY_POINT_GROUP = "taskweaver_lite.plugins"
 PLUGIN_FOLDER = "plugins"
 _NAME = re.compile(r"^[A-Za-z0-9_]+$")
@@ -205,7 +207,11 @@ def read_spec(path: Path, *, origin: str = "project") -> PluginSpec:
 
 def _load_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        problem = yaml_bounds_problem(text)  # too big, too deep, an alias bomb: said before PyYAML builds it
+        if problem is not None:
+            raise PluginProblem(f"is {problem}" if problem[0].isdigit() else f"is not loaded: {problem}")
+        data = yaml.safe_load(text)
     except OSError as exc:
         raise PluginProblem(f"cannot be read ({exc.strerror or exc})") from None
     except UnicodeDecodeError:

@@ -8,6 +8,7 @@ a loaded file and the answer a request gets when it runs out of hops.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,16 +40,16 @@ class SessionParts:
     confirm: ConfirmCell | None = None
 
 
-class BuiltRole:
+class BuiltRole(ABC):
     """A role as the session runs it: its behaviour, and how it renders a round of its view."""
 
+    @abstractmethod
     def reply(self, request: RoleRequest, tools: RoleTools) -> Post:
         """Answer `request`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def render(self, rnd: Round) -> RoundMessages:
         """One round of the role's view as its chat messages (for its folds)."""
-        raise NotImplementedError
 
 
 class PlannerRole(BuiltRole):

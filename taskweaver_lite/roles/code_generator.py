@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from taskweaver_lite.confirm import DECLINED, EDITED_NOTICE, ConfirmCell
 from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.events import CellPrinted, Working
-from taskweaver_lite.execution import CellError, ExecutionResult, Executor, FoldPiece, as_data
+from taskweaver_lite.execution import CellCancelled, CellError, ExecutionResult, Executor, FoldPiece, as_data
 from taskweaver_lite.llm.client import ChatModel, DeltaSink, Message
 from taskweaver_lite.llm.replies import CODE_GENERATOR_SCHEMA
 from taskweaver_lite.memory.compression import RoleContext
@@ -84,7 +84,7 @@ class CodeGenerator(Role):
                 reply_json = as_reply_json({**fields, "reply_content": code})
             if result is None:
                 notify(Working("code_running", code))
-                result = self._executor.run(code, on_output=lambda stream, text: notify(CellPrinted(stream, text)))
+                result = self._run(code, request=request, add_post=add_post, notify=notify)
                 if code != fields["reply_content"]:
                     result = dataclasses.replace(result, notices=(*result.notices, EDITED_NOTICE))
             final = result.success or result.timed_out or result.kernel_died or attempt == attempts
@@ -112,6 +112,14 @@ class CodeGenerator(Role):
                 )
             )
         raise AssertionError("unreachable: the last attempt always returns")
+
+    def _run(self, code: str, *, request: Post, add_post: Callable[[Post], None], notify: Callable[[Working | CellPrinted], None]) -> ExecutionResult:
+        """Run `code`; cut short by Ctrl-C, the cell is still posted with what it printed (/last, /history, exports), then Ctrl-C goes on."""
+        try:
+            return self._executor.run(code, on_output=lambda stream, text: notify(CellPrinted(stream, text)))
+        except CellCancelled as cancelled:
+            add_post(Post(send_from=self.party, send_to=request.send_from, message=cancelled.result.outcome(), code=code, execution=cancelled.result))
+            raise
 
     def _review(self, code: str) -> tuple[str, ExecutionResult | None]:
         """The code to run and, when it must not run, the result that says why (verification, then the person)."""

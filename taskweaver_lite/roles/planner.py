@@ -50,12 +50,17 @@ class Planner(Role):
         super().__init__(key, model, party=party, context=context, examples=examples, on_delta=on_delta)
         self._max_hops = max_hops
         self._working_files = working_files
+        # The working folder's files, as the request of each round showed them (None: unchanged since the
+        # last listing). Listed with the request, not in the system message: a plot saved must not move
+        # the prompt's prefix, and a round's request reads the same for as long as the round is shown.
+        self._listings: dict[str, tuple[str, ...] | None] = {}
+        self._last_listing: tuple[str, ...] | None = None
         self._team = tuple(team)
         self._schema = planner_schema((USER, *(member.alias for member in self._team)))
 
     def reply(self, history: Sequence[Round], current: Round, *, repairs: RepairTurns, on_repair: Callable[[str], None] | None = None) -> Post:
         """The Planner's next post in `current`: to a teammate or to the User."""
-        system = self._prompt.render("system", max_hops=self._max_hops, files=self._working_files(), team=self._team)
+        system = self._prompt.render("system", max_hops=self._max_hops, team=self._team)
         fields = self.ask(system=system, history=history, current=current, schema=self._schema, repairs=repairs, on_repair=on_repair)
         return Post(
             send_from=self.party,
@@ -98,7 +103,7 @@ class Planner(Role):
         for post in rnd.posts:
             if post.send_to == self.party and post.send_from == USER:
                 requests.append(len(messages))
-                messages.append(Message(role="user", content=self._prompt.render("user", text=post.message)))
+                messages.append(Message(role="user", content=self._prompt.render("user", text=post.message) + self._files_note(rnd)))
                 masked.append(messages[-1])
                 pieces.append(FoldPiece(f"User: {post.message}", essential=True))
             elif post.send_to == self.party:
@@ -124,12 +129,25 @@ class Planner(Role):
         return RoundMessages(index=rnd.index, messages=tuple(messages), fold_pieces=tuple(pieces), requests=tuple(requests), masked=shortened)
 
 
+    def _files_note(self, rnd: Round) -> str:
+        """The files line a round's request carries: taken once per round, shown when the files changed."""
+        if rnd.id not in self._listings:
+            files = tuple(self._working_files())
+            self._listings[rnd.id] = files if files != self._last_listing else None
+            self._last_listing = files
+        listing = self._listings[rnd.id]
+        return "" if listing is None else "\n\n" + self._prompt.render("files", files=listing)
+
+
 def list_working_files(folder: Path, *, limit: int = 30) -> list[str]:
     """Data files in the kernel's working folder, with sizes, for the Planner's prompt."""
     if not folder.is_dir():
         return []
-    found = sorted(p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
-    shown = [f"{p.relative_to(folder)} ({_size(p.stat().st_size)})" for p in found[:limit]]
+    # A link the kernel made is named as one, never followed (not even for its size).
+    found = sorted(
+        p for p in folder.rglob("*") if (p.is_symlink() or p.is_file()) and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
+    shown = [f"{p.relative_to(folder)} ({'a link, not followed' if p.is_symlink() else _size(p.lstat().st_size)})" for p in found[:limit]]
     if len(found) > limit:
         shown.append(f"... and {len(found) - limit} more files")
     return shown

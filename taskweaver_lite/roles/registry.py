@@ -76,11 +76,17 @@ class RoleSpec:
     handler: Callable[[], RoleHandler] | None = None  # builds the role's behaviour (None: built by the session, see `builtin`)
     builtin: str = ""  # a role the session builds from its own parts: "planner" or "code_interpreter"
     fold_prompt: str = "compression_worker"
+    kernel_variables: bool = False  # its prompt lists the kernel's variables, and its folds describe them
     requires: tuple[str, ...] = ()  # capabilities it cannot work without (roles/capabilities.py): "vision", "fts5"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", self.key or self.name)
         object.__setattr__(self, "label", self.label or self.alias)
+
+    @property
+    def streams(self) -> bool:
+        """Whether its replies stream to the screen field by field (the JSON roles the session builds)."""
+        return bool(self.builtin)
 
     @property
     def where(self) -> str:
@@ -89,6 +95,8 @@ class RoleSpec:
 
     def section(self, project_section: RoleConfig) -> RoleConfig:
         """The role's settings: its file's keys, with those the project config sets over them."""
+        if not self.settings:  # nothing in a role file (a built-in role): the section as it is, its own type kept
+            return project_section
         given = project_section.model_dump(exclude_unset=True, exclude_none=True)
         merged = {**self.settings, **given}
         if isinstance(self.settings.get("llm"), dict) and "llm" in given:
@@ -134,11 +142,17 @@ class RoleCatalog:
 
     entries: tuple[RoleEntry, ...] = ()
     enabled: tuple[RoleSpec, ...] = ()
+    requested: tuple[str, ...] = ()  # session.roles as written
 
     @property
     def broken(self) -> tuple[RoleEntry, ...]:
         """The roles left out, each with its reason (including names in session.roles that name no role)."""
         return tuple(e for e in self.entries if e.state in ("broken", "off"))
+
+    @property
+    def problems(self) -> list[str]:
+        """One line per role session.roles asks for that is left out: its file (or session.roles) and why."""
+        return [entry.line() for entry in self.broken if entry.name in self.requested]
 
     @property
     def entry(self) -> RoleSpec | None:
@@ -180,6 +194,7 @@ def builtin_roles() -> tuple[RoleSpec, ...]:
             intro=_CODE_INTERPRETER_INTRO,
             builtin="code_interpreter",
             fold_prompt="compression_code_generator",
+            kernel_variables=True,
         ),
         RoleSpec(name="echo", alias="Echo", intro=ECHO_INTRO, handler=Echo),
         RoleSpec(name="document_retriever", alias="DocumentRetriever", intro=DOCUMENT_RETRIEVER_INTRO, handler=DocumentRetriever, requires=("fts5",)),
@@ -264,7 +279,7 @@ def _enable(entries: list[RoleEntry], enabled: Sequence[str], *, config: Config 
     on = {spec.name for spec in active}
     unavailable = {e.name for e in problems}
     marked = [RoleEntry(e.name, e.where, "enabled", spec=e.spec) if e.name in on and e.spec is not None else e for e in entries if e.name not in unavailable]
-    return RoleCatalog(entries=tuple(marked + problems), enabled=tuple(active))
+    return RoleCatalog(entries=tuple(marked + problems), enabled=tuple(active), requested=tuple(enabled))
 
 
 def read_entry(role_dir: Path, *, origin: str = "project") -> RoleEntry:
@@ -282,6 +297,8 @@ def read_spec(path: Path, *, origin: str = "project") -> RoleSpec:
     name = path.name.removesuffix(ROLE_FILE_SUFFIX)
     if not _NAME.match(name):
         raise RoleProblem(f"the folder name {name!r} may only hold lower-case letters, digits and _ (it is the role's name)")
+    if name in Config.model_fields:  # its section would be that one's (`llm:`, `code_generator:`...)
+        raise RoleProblem(f"the name {name!r} is already a section of taskweaver_config.yaml; rename the folder and its files")
     data = _load_yaml(path)
     alias = _text(data, "alias", required=True)
     if not _ALIAS.match(alias) or alias == USER:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from taskweaver_lite.errors import ReplyFormatError, RoundFailedError
@@ -56,8 +56,7 @@ class Role(ABC):
         self._prompt: PromptTemplate = load_prompt(key)
         self.rendered = RoundRenderCache(self.render_round)
         self.rendered_earlier = RoundRenderCache(self.render_earlier_round)
-        # The experience tips that fit a request (text in, prompt text out), set by the session; shown
-        # after the static instructions, so what changes per request stays behind what does not.
+        # The experience tips that fit a request (its text in, prompt text out), set by the session.
         self.experience: Callable[[str], str] | None = None
 
     @abstractmethod
@@ -88,8 +87,7 @@ class Role(ABC):
         rendered_history = [self.rendered_earlier(r) for r in history]
         now = self.rendered(current)
         request = now.messages[now.requests[-1]]["content"] if now.requests else ""
-        tips = self.experience(request) if self.experience is not None and request else ""
-        system = f"{system}\n\n{tips}" if tips else system
+        now = with_tips(now, self.experience(request) if self.experience is not None and request else "")
         tokenizer = self.context.tokenizer
         repair: list[Message] = []
         while True:
@@ -113,6 +111,18 @@ class Role(ABC):
                     Message(role="assistant", content=echo),
                     Message(role="user", content=f"{text}\n\nThe message you are answering:\n{request}" if request else text),
                 ]
+
+
+def with_tips(now: RoundMessages, tips: str) -> RoundMessages:
+    """The current round with the experience tips in a message of their own before it ('' for none).
+
+    After the static instructions, the memory and the retained rounds, as the prompt order by
+    volatility wants (memory/compression.py): tips change with the request, so they sit with it,
+    and a round shown with tips is retained without them.
+    """
+    if not tips:
+        return now
+    return replace(now, messages=(Message(role="user", content=tips), *now.messages), requests=tuple(i + 1 for i in now.requests))
 
 
 def _read(completion: Completion, schema: ReplySchema) -> dict[str, Any]:

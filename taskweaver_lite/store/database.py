@@ -217,9 +217,13 @@ class SessionStore:
         return [str(item) for item in json.loads(row[0])]
 
     def save_tips(self, session_id: str, tips: Sequence[tuple[TipKind, str]]) -> list[Tip]:
-        """Store tips (kind, text) distilled from `session_id`, in one transaction; returns them with their ids."""
+        """Store tips (kind, text) distilled from `session_id` in place of those saved from it before; returns them with their ids.
+
+        A later /save reads the whole session again, so its tips supersede the earlier ones (one transaction).
+        """
         now = time.time()
         with self._transaction() as db:
+            db.execute("DELETE FROM tips WHERE session_id = ?", (session_id,))
             ids = [db.execute("INSERT INTO tips (kind, text, session_id, created_at) VALUES (?, ?, ?, ?)", (k, t, session_id, now)).lastrowid for k, t in tips]
         return [Tip(id=str(n), kind=k, text=t, source=session_id, created_at=now) for n, (k, t) in zip(ids, tips, strict=True)]
 
@@ -317,6 +321,12 @@ class SessionStore:
                 [(INTERRUPTED_ERROR, time.time(), seq) for seq, _ in rows],
             )
         return tuple(idx for _, idx in rows)
+
+    def drop_round(self, session_id: str, round_id: str) -> None:
+        """Forget one request and its posts (/undo); the model calls it made stay counted."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM posts WHERE session_id = ? AND round_id = ?", (session_id, round_id))
+            db.execute("DELETE FROM rounds WHERE session_id = ? AND round_id = ?", (session_id, round_id))
 
     def successful_cells(self, session_id: str) -> list[str]:
         """The code of every cell that ran without error, in the order it ran (for the kernel replay)."""

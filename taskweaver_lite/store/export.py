@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import base64
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from taskweaver_lite.config import Config
 from taskweaver_lite.errors import TaskWeaverError
@@ -84,10 +86,11 @@ def export_notebook(stored: StoredSession, path: Path, *, working_dir: Path | No
 
 def export_markdown(stored: StoredSession, path: Path) -> Path:
     """Write the session as a readable Markdown transcript: requests, plans, code, outputs, answers."""
+    path = Path(path)
+    images = ImageCopies(path)
     lines = [f"# {stored.title or stored.id}", "", _about(stored), ""]
     for entry in timeline(stored.rounds, stored.loads):
-        lines.extend(_round_markdown(entry) if isinstance(entry, Round) else [f"*{_load_note(entry)}*", ""])
-    path = Path(path)
+        lines.extend(_round_markdown(entry, images) if isinstance(entry, Round) else [f"*{_load_note(entry)}*", ""])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
     return path
@@ -220,7 +223,32 @@ def _image_data(path: Path, session_dir: Path | None) -> dict[str, Any]:
     return {mime: base64.b64encode(data).decode("ascii"), "text/plain": f"[image: {path}]"}
 
 
-def _round_markdown(rnd: Round) -> list[str]:
+class ImageCopies:
+    """The Markdown export's images, copied into `<name>_files/` beside it and linked relatively: the pair moves as one."""
+
+    def __init__(self, document: Path) -> None:
+        self.folder = document.parent / f"{document.stem}_files"
+        self._copied: dict[str, str] = {}  # artifact path -> its link
+
+    def link(self, artifact: str) -> str | None:
+        """The relative link to `artifact`'s copy (made on first use); None when the file is gone."""
+        if artifact in self._copied:
+            return self._copied[artifact]
+        source = Path(artifact)
+        if not source.is_file():
+            return None
+        self.folder.mkdir(parents=True, exist_ok=True)
+        name, number = source.name, 1
+        taken = set(self._copied.values())
+        while f"{self.folder.name}/{quote(name)}" in taken:
+            number += 1
+            name = f"{source.stem}-{number}{source.suffix}"
+        shutil.copyfile(source, self.folder / name)
+        self._copied[artifact] = f"{self.folder.name}/{quote(name)}"
+        return self._copied[artifact]
+
+
+def _round_markdown(rnd: Round, images: ImageCopies) -> list[str]:
     lines = [f"## {rnd.index}. {_first_line(rnd.user_query)}", "", _quoted(rnd.user_query), ""]
     status = _round_status(rnd)
     if status:
@@ -231,7 +259,7 @@ def _round_markdown(rnd: Round) -> list[str]:
             shown_plan = post.plan.plan
             lines += ["**Plan**", "", shown_plan.strip(), ""]
         if post.execution is not None:
-            lines += _execution_markdown(post, post.execution)
+            lines += _execution_markdown(post, post.execution, images)
         elif _between_roles(post):
             lines += [_post_line(post), ""]
     if rnd.answer is not None:
@@ -244,7 +272,7 @@ def _not_run_note(result: ExecutionResult) -> str:
     return f"*This code was not run: {result.refused}.*{why}"
 
 
-def _execution_markdown(post: Post, result: ExecutionResult) -> list[str]:
+def _execution_markdown(post: Post, result: ExecutionResult, images: ImageCopies) -> list[str]:
     if result.refused:
         return [_not_run_note(result), "", _fenced(result.code, "python"), ""]
     lines = [_fenced(result.code, "python"), ""]
@@ -254,9 +282,11 @@ def _execution_markdown(post: Post, result: ExecutionResult) -> list[str]:
     if result.error is not None:
         lines += [f"Error: `{result.error.name}: {_first_line(result.error.value)}`", "", _fenced(result.error.traceback.rstrip(), "text"), ""]
     for artifact in result.artifacts:
-        is_image = Path(artifact).suffix.lower() in IMAGE_TYPES
-        lines += [f"![{Path(artifact).name}]({artifact})" if is_image else f"Saved: `{artifact}`", ""]
-    if result.kernel_died:
+        link = images.link(artifact) if Path(artifact).suffix.lower() in IMAGE_TYPES else None
+        lines += [f"![{Path(artifact).name}]({link})" if link else f"Saved: `{artifact}`", ""]
+    if result.cancelled:
+        lines += ["*The user cancelled this code while it ran (Ctrl-C); above is what it printed until then.*", ""]
+    elif result.kernel_died:
         lines += ["*The kernel died while running this code and was restarted.*", ""]
     elif result.timed_out:
         lines += ["*This code ran too long and was stopped.*", ""]

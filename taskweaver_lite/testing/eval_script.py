@@ -4,8 +4,9 @@
 these responders. They read what they are sent, as the demo's script does: the Planner delegates
 each request to code and answers from what the code printed; the CodeGenerator writes code for the
 instructions the shipped cases lead to; the examiner plays a case's brief (a running sum over N
-rounds, or one request and the column it is asked for); the judge checks that the numbers, or the
-quoted words, of a statement appear in what the agent said. The scores are therefore earned by
+rounds, or one request and the column it is asked for); the judge checks that the numbers (else the
+quoted words, else the names) of a statement appear in what the agent said, and says no to anything
+it cannot check that way. The scores are therefore earned by
 code that really ran; what changes between settings is what the prompts cost (the scripted server
 reports cached prompt tokens as a server's prefix cache would).
 """
@@ -43,7 +44,9 @@ def planner(messages: list[dict[str, Any]]) -> str:
         answers = [line.removeprefix("answer:").strip() for line in output.splitlines() if line.startswith("answer:")]
         message = "\n".join(answers) or (output.strip() or "The code ran, and printed nothing.")
         return planner_reply(message, send_to="User", plan="1. Report the result")
-    request = text.strip().splitlines()[-1] if text.strip() else ""
+    # The Planner's request message may carry a bracketed note on the working folder's files after the user's words.
+    lines = [line for line in text.strip().splitlines() if line.strip() and not line.startswith("[")]
+    request = lines[-1] if lines else ""
     return planner_reply(f"Write and run code for this request: {request}", plan="1. Run code for the request\n2. Report the result")
 
 
@@ -111,8 +114,11 @@ def examiner(brief: str, messages: Sequence[Mapping[str, Any]]) -> str:
 
 
 def judge(prompt: str) -> str:
-    """Yes when every number (or else every quoted phrase) of the statement appears in the agent's messages."""
-    statement = prompt.rpartition("Statement:")[2]
+    """Yes when the statement's numbers (else its quoted phrases, else its names) all appear in the agent's messages.
+
+    A statement with none of these cannot be checked by text alone: the answer is no, saying so.
+    """
+    statement = prompt.rpartition("Statement:")[2].strip()
     conversation = _between(prompt, "Conversation:", "Statement:")
     try:
         said = " ".join(m["text"] for m in json.loads(conversation) if m.get("speaker") == "agent")
@@ -120,9 +126,13 @@ def judge(prompt: str) -> str:
         said = conversation
     # "after 20 rounds ... the sum 210": the rounds say when, the other numbers are the claim.
     numbers = re.findall(r"\d[\d,]*(?:\.\d+)?(?!\s*rounds?\b)(?![\d,]|\.\d)", statement)
-    wanted = numbers or re.findall(r'"([^"]+)"', statement)
+    names = [w for w in re.findall(r"(?<!^)(?<![.!?]\s)\b[A-Z][\w.-]+", statement) if w not in ("Agent", "The", "A", "I")]
+    quoted = [phrase.strip("\\ ") for phrase in re.findall(r'"([^"]+)"', statement)]  # TaskWeaver's YAML keeps \" as is
+    wanted = numbers or quoted or names
+    if not wanted:
+        return json.dumps({"reason": "the scripted judge checks numbers, quoted phrases and names only; this statement has none", "is_hit": "no"})
     plain = said.replace(",", "")
-    missing = [w for w in wanted if not re.search(rf"(?<![\d.]){re.escape(w.replace(',', ''))}(?![\d])", plain)]
+    missing = [w for w in wanted if not re.search(rf"(?<![\d.\w]){re.escape(w.replace(',', ''))}(?![\d\w])", plain)]
     if missing:
         return json.dumps({"reason": f"the agent never said {', '.join(missing)}", "is_hit": "no"})
     return json.dumps({"reason": "the agent said it", "is_hit": "yes"})

@@ -25,7 +25,7 @@ import mimetypes
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from taskweaver_lite.errors import TaskWeaverError, UnknownSessionError
 from taskweaver_lite.llm.client import Usage, usage_by_purpose
 from taskweaver_lite.store.database import stored_sessions
 from taskweaver_lite.store.export import write_export
+from taskweaver_lite.web.access_log import AccessLog, AccessLogMiddleware
 from taskweaver_lite.web.auth import COOKIE, Access
 from taskweaver_lite.web.events import round_json
 from taskweaver_lite.web.hub import Busy, Hub, LiveSession
@@ -53,9 +54,9 @@ Handler = Callable[[Request], Awaitable[Response]]
 ARTIFACT_CHUNK = 1 << 20
 
 
-def build_app(config: Config, access: Access) -> Starlette:
-    """The server's application; its sessions close when it shuts down."""
-    hub = Hub(config)
+def build_app(config: Config, access: Access, *, log: AccessLog | None = None, preload: Sequence[Path] = ()) -> Starlette:
+    """The server's application; its sessions close when it shuts down; `log` gets a line per request; `preload` goes into each new session."""
+    hub = Hub(config, preload=preload)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -77,7 +78,8 @@ def build_app(config: Config, access: Access) -> Starlette:
         Route("/api/sessions/{id}/experience", _with(hub, _experience), methods=["GET", "POST"]),
         Route("/api/sessions/{id}/experience/{tip}", _with(hub, _delete_tip), methods=["DELETE"]),
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(_Guard, access=access)], lifespan=lifespan)
+    logging = [Middleware(AccessLogMiddleware, log=log)] if log is not None else []  # outermost: refusals are logged too
+    app = Starlette(routes=routes, middleware=[*logging, Middleware(_Guard, access=access)], lifespan=lifespan)
     app.state.hub = hub
     return app
 
@@ -97,7 +99,10 @@ class _Guard:
             opening = request.url.path == "/" and self._access.token is not None and offered == self._access.token
             refused = None if opening else self._access.problem(request)
             if refused is not None:
-                await _error(*refused)(scope, receive, send)
+                # A person opening the page without the token is told how to sign in, not sent JSON.
+                signing_in = refused[0] == 401 and request.url.path == "/" and request.method == "GET"
+                answer = _sign_in_page() if signing_in else _error(*refused)
+                await answer(scope, receive, send)
                 return
         await self._app(scope, receive, send)
 
@@ -112,6 +117,11 @@ def _page(access: Access) -> Handler:
         return Response((STATIC / "index.html").read_text(encoding="utf-8"), media_type="text/html", headers=_PAGE_HEADERS)
 
     return page
+
+
+def _sign_in_page() -> Response:
+    text = (STATIC / "signin.html").read_text(encoding="utf-8")
+    return Response(text, status_code=401, media_type="text/html", headers=_PAGE_HEADERS)
 
 
 # The page loads nothing from elsewhere; a cell's HTML is shown in a sandboxed frame without scripts.

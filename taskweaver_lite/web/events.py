@@ -40,7 +40,8 @@ def event_json(event: Event, *, session_id: str) -> dict[str, Any] | None:
 
 def post_json(post: Post, *, session_id: str) -> dict[str, Any]:
     """A post: who to whom, the message, and its code and execution when it ran some."""
-    shown: dict[str, Any] = {"from": post.send_from, "to": post.send_to, "message": post.message}
+    # `step`: a delegated step (a post with the Planner's plan), shown as the head of what follows.
+    shown: dict[str, Any] = {"from": post.send_from, "to": post.send_to, "message": post.message, "step": post.plan is not None}
     if post.code is not None:
         shown["code"] = post.code
     if post.execution is not None:
@@ -53,6 +54,7 @@ def execution_json(result: ExecutionResult, *, session_id: str) -> dict[str, Any
     return {
         "outcome": result.outcome(),
         "success": result.success,
+        "cancelled": result.cancelled,  # stopped by the user: the output is what it printed until then
         "stdout": result.stdout,
         "stderr": result.stderr,
         "result": result.result,

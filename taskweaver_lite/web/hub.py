@@ -12,7 +12,7 @@ import asyncio
 import ctypes
 import gc
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -211,14 +211,18 @@ class LiveSession:
 class Hub:
     """Every session open in this server, by id."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, preload: Sequence[Path] = ()) -> None:
         self.config = config
+        self._preload = tuple(preload)  # files loaded into every new session (`serve --demo`: the sample data)
         self._open: dict[str, LiveSession] = {}
         self._lock = threading.Lock()
 
     def new(self) -> LiveSession:
         """A new stored session (its kernel starts in the background)."""
-        live = LiveSession(Session.open(self.config))
+        session = Session.open(self.config)
+        for path in self._preload:
+            session.load_file(path)
+        live = LiveSession(session)
         _settle()
         with self._lock:
             self._open[live.id] = live

@@ -1,6 +1,8 @@
 // The page: sessions, the chat with streamed replies, steps with code and outputs, uploads, context, export, saving experience.
-// Text from the model and the kernel is always inserted as text (textContent), never as markup; a
-// cell's HTML table goes into a sandboxed frame that may not run scripts.
+// The Planner's messages are Markdown: rendered by marked, any raw HTML in them escaped (shown as
+// text), and the result sanitized by DOMPurify before it enters the page. Everything else from the
+// model and the kernel is inserted as text (textContent); a cell's HTML table goes into a sandboxed
+// frame that may not run scripts, as tall as the table up to a limit, scrolling past it.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -14,6 +16,23 @@ function el(tag, cls, text) {
   if (cls) node.className = cls;
   if (text !== undefined && text !== null) node.textContent = text;
   return node;
+}
+
+const TABLE_MAX_HEIGHT = 480;  // px: a taller DataFrame scrolls inside its frame
+const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+const escapeHTML = (text) => text.replace(/[&<>"']/g, (c) => ESCAPES[c]);
+// Raw HTML in the model's Markdown is shown as the text it is, never as markup.
+marked.use({ gfm: true, breaks: true, renderer: { html: ({ text }) => escapeHTML(text) } });
+const PURIFY = { USE_PROFILES: { html: true }, FORBID_TAGS: ["style", "form", "input", "button", "textarea", "select"], FORBID_ATTR: ["style"] };
+
+// The prompt's markers around what code printed (<data>...</data>) are for the model, not the reader.
+const unmark = (text) => text.replace(/^[ \t]*<\/?data>[ \t]*\n?/gm, "").replace(/<\/?data>/g, "");
+
+function markdown(text) {
+  const box = el("div", "md");
+  box.innerHTML = DOMPurify.sanitize(marked.parse(unmark(text || ""), { async: false }), PURIFY);
+  for (const link of box.querySelectorAll("a[href]")) link.rel = "noopener noreferrer";
+  return box;
 }
 
 function notice(text) {
@@ -104,24 +123,31 @@ function showRound(round) {
 function say(kind, who, text) {
   const bubble = el("div", `msg ${kind}`);
   if (who) bubble.append(el("span", "who", who));
-  bubble.append(document.createTextNode(text));
+  bubble.append(kind === "planner" ? markdown(text) : document.createTextNode(text));
   $("chat").append(bubble);
   bubble.scrollIntoView({ block: "end" });
   return bubble;
 }
 
 function showPost(post) {
-  if (post.from === "Planner" && post.to === "CodeInterpreter") {
+  if (post.from === "User" || post.to === "User") return;  // the request and the answer have their own bubbles
+  if (post.step) {  // a step the Planner delegates to a role
     step = el("details", "step");
     step.open = true;
-    step.append(el("summary", "", "Step"));
-    step.append(el("div", "instruction", post.message));
+    step.append(el("summary", "", `Step → ${post.to}`));
+    step.append(instruction(post.message));
     $("chat").append(step);
-  } else if (post.from === "CodeInterpreter" && post.execution) {
+  } else if (post.execution) {
     showExecution(post.code || "", post.execution);
-  } else if (post.from === "CodeInterpreter" && post.to === "Planner") {
-    (step || $("chat")).append(el("div", "instruction", post.message));
+  } else if (post.from !== post.to) {  // a role's answer in text
+    (step || $("chat")).append(instruction(`${post.from}: ${post.message}`));
   }
+}
+
+function instruction(text) {
+  const box = markdown(text);
+  box.classList.add("instruction");
+  return box;
 }
 
 function currentStep() {
@@ -139,15 +165,12 @@ function showExecution(code, run) {
   box.querySelector(".live")?.remove();
   const cell = el("details", "cell");
   cell.open = true;
-  cell.append(el("summary", "", run.success ? "Code" : "Code (failed)"));
+  cell.append(el("summary", "", run.cancelled ? "Code (cancelled: its output until then)" : run.success ? "Code" : "Code (failed)"));
   cell.append(highlight(code));
   if (run.stdout) cell.append(el("pre", "out", run.stdout));
   if (run.stderr) cell.append(el("pre", "out err", run.stderr));
   if (run.html) {
-    const frame = el("iframe", "table");
-    frame.setAttribute("sandbox", "");
-    frame.srcdoc = `<style>body{font:12px system-ui;margin:4px}table{border-collapse:collapse}td,th{border:1px solid #ddd;padding:2px 6px}</style>${run.html}`;
-    cell.append(frame);
+    cell.append(tableFrame(run.html));
   } else if (run.result) {
     cell.append(el("pre", "out", run.result));
   }
@@ -167,6 +190,18 @@ function showExecution(code, run) {
   cell.append(el("div", "outcome", run.outcome));
   box.append(cell);
   box.scrollIntoView({ block: "end" });
+}
+
+function tableFrame(html) {
+  // No scripts run in the frame (no allow-scripts); same-origin only so the page can read its height.
+  const frame = el("iframe", "table");
+  frame.setAttribute("sandbox", "allow-same-origin");
+  frame.srcdoc = `<style>body{font:12px/1.4 ui-monospace,monospace;margin:4px}table{border-collapse:collapse}td,th{border:1px solid #ddd;padding:2px 6px;text-align:right;white-space:nowrap}</style>${html}`;
+  frame.onload = () => {
+    const height = frame.contentDocument?.documentElement.scrollHeight || 160;
+    frame.style.height = `${Math.min(height + 2, TABLE_MAX_HEIGHT)}px`;
+  };
+  return frame;
 }
 
 const KEYWORDS = new Set("False None True and as assert async await break class continue def del elif else except finally for from global if import in is lambda nonlocal not or pass raise return try while with yield".split(" "));
@@ -240,7 +275,7 @@ function handle(event) {
     case "delta":
       if (event.role === "planner" && event.fields.message) {
         streaming = streaming || say("planner", "Planner", "");
-        streaming.lastChild.textContent = event.fields.message;
+        streaming.lastChild.replaceWith(markdown(event.fields.message));
       }
       break;
     case "status":
@@ -254,7 +289,7 @@ function handle(event) {
       break;
     }
     case "post":
-      if (event.from === "Planner") {
+      if (event.step || event.to === "User") {  // the streamed bubble was the Planner's reply: the post replaces it
         streaming?.remove();
         streaming = null;
         if (event.to === "User") break;  // the answer event shows it

@@ -1,0 +1,119 @@
+"""Prefix reuse, counted as a model server's cache would: how much of each prompt an earlier prompt began with.
+
+A server keeps the prompts it has seen and recomputes only what follows the longest prefix a new
+prompt shares with one of them. Two figures per request, in tokens:
+
+- vs the same role's previous request: one cache slot per role (llama.cpp's `id_slot`);
+- vs any earlier request: a prefix tree over everything sent (vLLM's and SGLang's prefix caches).
+
+Messages count as the package counts them (`Tokenizer.count_message`); a message shared in part
+counts its framing and the tokens of the shared start of its text.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from taskweaver_lite.llm.client import Message
+from taskweaver_lite.llm.tokens import Tokenizer
+
+CANDIDATES = 40  # earlier messages compared where prompts part (the newest): enough for the cache's best
+
+
+@dataclass
+class Tally:
+    """Sums over a set of requests."""
+
+    requests: int = 0
+    prompt: int = 0
+    shared_previous: int = 0  # with the same role's previous request
+    shared_any: int = 0  # with any earlier request
+
+    @property
+    def uncached(self) -> int:
+        """Tokens a prefix cache over every earlier request would still compute."""
+        return self.prompt - self.shared_any
+
+    def share(self, part: int) -> float:
+        return part / self.prompt if self.prompt else 0.0
+
+
+@dataclass
+class PrefixLedger:
+    """Every request's prefix reuse, by role (a request's role: its purpose, a role or a role's folds)."""
+
+    tokenizer: Tokenizer
+    tallies: dict[str, Tally] = field(default_factory=lambda: defaultdict(Tally))
+    _previous: dict[str, list[Message]] = field(default_factory=dict)
+    # hash of a prompt's first k messages -> the (k+1)-th messages earlier prompts went on with
+    _next: dict[int, list[Message]] = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, role: str, messages: Sequence[Message]) -> tuple[int, int, int]:
+        """Count one request; returns (prompt tokens, shared with the role's previous, shared with any earlier)."""
+        prompt = self.tokenizer.count_messages(messages)
+        previous = self._previous.get(role)
+        shared_previous = self._shared(messages, previous) if previous is not None else 0
+        shared_any = max(self._shared_any(messages), shared_previous)
+        self._remember(messages)
+        self._previous[role] = list(messages)
+        for tally in (self.tallies[role], self.tallies["all requests"]):
+            tally.requests += 1
+            tally.prompt += prompt
+            tally.shared_previous += shared_previous
+            tally.shared_any += shared_any
+        return prompt, shared_previous, shared_any
+
+    def _shared(self, messages: Sequence[Message], earlier: Sequence[Message]) -> int:
+        tokens = 0
+        for mine, theirs in zip(messages, earlier, strict=False):
+            if mine == theirs:
+                tokens += self.tokenizer.count_message(mine)
+                continue
+            return tokens + self._partial(mine, theirs)
+        return tokens
+
+    def _partial(self, mine: Message, theirs: Message) -> int:
+        """Tokens of a message shared in part: its framing (same role) and its text's common start."""
+        if mine["role"] != theirs["role"]:
+            return 0
+        framing = self.tokenizer.count_message(Message(role=mine["role"], content=""))
+        return framing + self.tokenizer.count(_common_start(mine["content"], theirs["content"]))
+
+    def _shared_any(self, messages: Sequence[Message]) -> int:
+        tokens, key = 0, 0
+        for message in messages:
+            candidates = self._next.get(key, [])
+            if message in candidates:
+                tokens += self.tokenizer.count_message(message)
+                key = hash((key, message["role"], message["content"]))
+                continue
+            return tokens + max((self._partial(message, other) for other in candidates[-CANDIDATES:]), default=0)
+        return tokens
+
+    def _remember(self, messages: Sequence[Message]) -> None:
+        key = 0
+        for message in messages:
+            following = self._next[key]
+            if message not in following:
+                following.append(message)
+            key = hash((key, message["role"], message["content"]))
+
+
+def _common_start(a: str, b: str) -> str:
+    """The longest common start of `a` and `b` (a binary search on slices)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return a[:low]
+
+
+def as_messages(raw: Sequence[dict[str, Any]]) -> list[Message]:
+    """A recorded request's messages (the JSON a server received) as `Message`s."""
+    return [Message(role=m["role"], content=str(m.get("content") or "")) for m in raw]

@@ -1,0 +1,145 @@
+"""The demo's scripted model behind the real chat and page: `demo --chat` and `serve --demo`.
+
+`DemoModel` answers whatever is asked, offline: a request that matches one of the demo's requests
+(`demo.STEPS`, by its words or its number) gets that request's steps and code, run in the real
+kernel, and an answer built from what the code printed; anything else gets the list of requests
+it knows. It reads where the turn stands from the messages it is sent, so it needs no queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from taskweaver_lite.cli.demo import STEPS, Step, _summarize, bundled_project
+from taskweaver_lite.config import Config, load_config
+from taskweaver_lite.errors import TaskWeaverError
+from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, text_reply
+
+MATCH_RATIO = 0.6  # how close a request must read to a scripted one (difflib's ratio over lowercased words)
+REPORT = "CodeInterpreter:"
+EXECUTION = "Execution result"
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    return content if isinstance(content, str) else ""
+
+
+def _users(messages: Sequence[dict[str, Any]]) -> list[str]:
+    return [_text(m) for m in messages if m.get("role") == "user"]
+
+
+def _words(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def match_step(text: str) -> Step | None:
+    """The scripted request `text` asks for (its number, or words close to it), or None."""
+    for asked in (part.strip() for part in text.split("\n\n")):  # notes about files come before or after the request
+        if asked.isdigit() and 1 <= int(asked) <= len(STEPS):
+            return STEPS[int(asked) - 1]
+        scores = [(difflib.SequenceMatcher(None, _words(asked), _words(step.request)).ratio(), step) for step in STEPS]
+        best, step = max(scores, key=lambda pair: pair[0])
+        if best >= MATCH_RATIO:
+            return step
+    return None
+
+
+def known_requests() -> str:
+    """The numbered list of requests the demo model can answer."""
+    return "\n".join(f"{number}. {step.request}" for number, step in enumerate(STEPS, 1))
+
+
+class DemoModel:
+    """Answers the Planner and the CodeGenerator from the demo's script, whatever the user asks."""
+
+    def __init__(self) -> None:
+        self.findings: list[str] = []
+
+    def install(self, server: ScriptedServer) -> None:
+        """Answer every role on `server` from now on."""
+        server.set_default("planner", self.planner)
+        server.set_default("code_generator", self.code_generator)
+        server.set_default("compression", _summarize)
+
+    def planner(self, messages: list[dict[str, Any]]) -> str:
+        """The Planner's next reply: the step's next instruction, or its answer."""
+        users = _users(messages)
+        asks = [i for i, text in enumerate(users) if not text.startswith(REPORT)]
+        request = users[asks[-1]] if asks else ""
+        reports = users[asks[-1] + 1 :] if asks else []
+        step = match_step(request)
+        if step is None:
+            return planner_reply(
+                f"I am the demo's scripted model: I can answer these requests (type one, or its number):\n\n{known_requests()}",
+                send_to="User",
+            )
+        if len(reports) < len(step.hops):
+            instruction = step.hops[len(reports)][0]
+            return planner_reply(instruction, plan=step.plan, current_plan_step=step.plan.splitlines()[0])
+        return planner_reply(self._answer(step, reports), send_to="User", plan=step.plan, current_plan_step=step.plan.splitlines()[-1])
+
+    def _answer(self, step: Step, reports: list[str]) -> str:
+        if not step.hops:
+            return "\n".join(f"- {finding}" for finding in self.findings[-3:]) or "- No findings yet: ask one of the other requests first."
+        text = step.answer("\n".join(reports))
+        self.findings.append(text.split("\n")[0])
+        return text
+
+    def code_generator(self, messages: list[dict[str, Any]]) -> str:
+        """The code for the Planner's instruction (the script's working version of it)."""
+        users = _users(messages)
+        if users and users[-1].startswith(EXECUTION):
+            return text_reply("The demo's scripted model has no other code for this step.")
+        instruction = users[-1] if users else ""
+        for step in STEPS:
+            for wanted, attempts in step.hops:
+                if wanted in instruction:
+                    return code_reply(_with_sales(attempts[-1]), thought="Use the sales DataFrame from the kernel.")
+        return text_reply("The demo's scripted model has no code for this instruction.")
+
+
+# The requests can be asked in any order: code that uses `sales` loads it first if no earlier request did.
+LOAD_SALES = 'import pandas as pd\nif "sales" not in globals():\n    sales = pd.read_csv("sales.csv", parse_dates=["date"])\n'
+
+
+def _with_sales(code: str) -> str:
+    uses = re.search(r"\bsales\b", code) is not None and not code.lstrip().startswith("import pandas as pd\nsales =")
+    return LOAD_SALES + code if uses else code
+
+
+@contextlib.contextmanager
+def demo_config(project: str | None, *, overrides: Sequence[str] = ()) -> Iterator[Config]:
+    """A demo project (a new temporary folder, or `project`) whose model is `DemoModel` on a scripted server."""
+    target = Path(project) if project else Path(tempfile.mkdtemp(prefix="taskweaver-demo-"))
+    if project and target.exists() and any(target.iterdir()) and not (target / "taskweaver_config.yaml").is_file():
+        raise TaskWeaverError(f"{target} holds files but no project; name a new or empty folder, or a project made by `demo` or `init`")
+    if not (target / "taskweaver_config.yaml").is_file():
+        shutil.copytree(bundled_project(), target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("sessions", "*.db*", ".chat_history"))
+    with ScriptedServer(model="scripted-demo") as server:
+        DemoModel().install(server)
+        settings = [f"llm.api_base={server.url}", "llm.api_key=demo-key", "llm.model=scripted-demo", *overrides]
+        yield load_config(target, settings)
+
+
+def sample_data(config: Config) -> Path:
+    """The demo's data file, loaded into each new session."""
+    return config.project_dir / "sample_data" / "sales.csv"
+
+
+def run_demo_chat(args: argparse.Namespace) -> int:
+    """`demo --chat`: the real chat on the demo's scripted model, with sales.csv loaded."""
+    from taskweaver_lite.cli.chat import chat_with
+
+    with demo_config(args.project) as config:
+        print(f"Demo project: {config.project_dir}. The scripted model answers these requests:\n{known_requests()}\n", flush=True)
+        farewell = f"The demo's sessions and files stay in {config.project_dir}; `taskweaver-lite demo --chat -p DIR` starts another there."
+        return chat_with(config, project=None, resume=None, preload=[sample_data(config)], farewell=farewell)

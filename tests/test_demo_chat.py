@@ -1,0 +1,73 @@
+"""Trying it without a model: `demo --chat`, `serve --demo`, and the error that points at them."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from helpers import run_cli
+from test_serve_start import serving
+
+from taskweaver_lite.cli.demo_model import DemoModel, match_step
+from taskweaver_lite.config import Config
+from taskweaver_lite.llm.discovery import KNOWN_SERVERS, LocalServer, discover, no_model_found
+
+pytestmark = pytest.mark.cli
+
+
+def test_demo_chat_answers_the_scripted_requests_by_words_or_number_and_lists_them_otherwise(tmp_path: Path) -> None:
+    asked = "which region grew its revenue fastest from 2023 to 2024\n4\nwhat is the weather\n"
+    done = run_cli("demo", "--chat", "-p", str(tmp_path / "demo"), stdin=asked, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "**South +18.9%** is the fastest-growing region" in done.stdout, "real code ran on the loaded sales.csv, asked in any order"
+    assert "**Software 52.0%** has the best profit margin" in done.stdout
+    assert "I can answer these requests" in done.stdout and "3. Plot monthly revenue by region and save the chart." in done.stdout
+    assert "<data>" not in done.stdout, "the prompt's data markers stay out of the answers"
+
+
+def test_serve_demo_answers_on_the_page_api_with_the_sample_data_loaded(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with serving("--demo", "-p", str(tmp_path / "demo"), "--port", str(port)) as (_, line):
+        assert "serving" in line, line
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+            session = client.post("/api/sessions").json()["id"]
+            with client.stream("POST", f"/api/sessions/{session}/messages", json={"text": "1"}) as stream:
+                events = [json.loads(row[6:]) for row in stream.iter_lines() if row.startswith("data: ")]
+    answer = events[-1]
+    assert answer["type"] == "answer", events[-3:]
+    assert "holds 288 rows" in answer["text"]
+
+
+def test_the_demo_model_matches_close_wordings_and_numbers_only() -> None:
+    assert match_step("Do discounts drive more units sold") is not None
+    assert match_step("note about a file\n\n7") is match_step("Were there unusual months for any region?")
+    assert match_step("tell me a joke") is None
+    reply = json.loads(DemoModel().planner([{"role": "user", "content": "tell me a joke"}]))["response"]
+    assert reply["send_to"] == "User" and "1. Load sales.csv" in reply["message"]
+
+
+def test_the_no_model_error_says_what_discovery_tried_and_names_demo_models_and_the_settings() -> None:
+    text = no_model_found(Config(), [])
+    for name, port in KNOWN_SERVERS:
+        assert f"{name} :{port}" in text
+    for part in ("llm.api_key", "OPENAI_API_KEY", "llm.api_base", "OPENAI_BASE_URL", "taskweaver-lite models", "taskweaver-lite demo --chat"):
+        assert part in text
+    other = no_model_found(Config.model_validate({"llm": {"model": "mistral"}}), [LocalServer("Ollama", "http://127.0.0.1:11434/v1", ("llama3.2",))])
+    assert "do not serve llm.model 'mistral'" in other and "Ollama at http://127.0.0.1:11434/v1 serves llama3.2" in other
+
+
+def test_chat_with_no_model_anywhere_stops_with_that_line(tmp_path: Path) -> None:
+    if discover():
+        pytest.skip("a local model server answers here")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "taskweaver_config.yaml").write_text(yaml.safe_dump({"execution": {"timeout": 30}}), encoding="utf-8")
+    done = run_cli("chat", "-p", str(project), stdin="hi\n")
+    assert done.returncode == 1
+    assert "No model to talk to" in done.stderr and "demo --chat" in done.stderr and "tried Ollama :11434" in done.stderr
