@@ -61,14 +61,33 @@ _UNTIERED = pytest.StashKey[bool]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test gets its file's tier unless it has its own; a test with none is made to fail."""
-    for item in items:
-        if tier_of(item) is not None:
-            continue
-        tier = FILE_TIERS.get(Path(str(item.fspath)).name)
+    """Each test gets exactly one tier: its own marker, else its file's (`pytestmark` or FILE_TIERS); one with none fails.
+
+    The file's marker is moved from the module onto each test, so that `-m unit` does not also pick a
+    test of a unit file that is marked cli itself.
+    """
+    tiers = {item: own_tier(item) or inherited_tier(item) or FILE_TIERS.get(Path(str(item.fspath)).name) for item in items}
+    for node in {parent for item in items for parent in item.listchain()[:-1]}:
+        node.own_markers[:] = [marker for marker in node.own_markers if marker.name not in TIERS]
+    for item, tier in tiers.items():
+        item.own_markers[:] = [marker for marker in item.own_markers if marker.name not in TIERS]
         # One with none is marked unit, so the quick tier (run most often) is where it shows up first.
         item.add_marker(getattr(pytest.mark, tier or "unit"))
         item.stash[_UNTIERED] = tier is None
+
+
+def own_tier(item: pytest.Item) -> str | None:
+    """The tier a test is marked with itself (None: not marked)."""
+    return next((marker.name for marker in item.own_markers if marker.name in TIERS), None)
+
+
+def inherited_tier(item: pytest.Item) -> str | None:
+    """The tier of the nearest enclosing class or module that has one (`pytestmark`)."""
+    for node in reversed(item.listchain()[:-1]):
+        found = next((marker.name for marker in node.own_markers if marker.name in TIERS), None)
+        if found is not None:
+            return found
+    return None
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -78,11 +97,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             f"{item.nodeid} has no test tier: put `pytestmark = pytest.mark.unit` (or kernel, cli, soak) "
             "at the top of its file (tests/conftest.py says what each tier means)"
         )
-
-
-def tier_of(item: pytest.Item) -> str | None:
-    """The tier a test is marked with, by itself or its module's `pytestmark` (None: not marked)."""
-    return next((marker.name for marker in item.iter_markers() if marker.name in TIERS), None)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from taskweaver_lite import extensions
 from taskweaver_lite.config import load_config
 from taskweaver_lite.errors import ConfigError, ReplyFormatError
 from taskweaver_lite.llm.replies import parse_reply, planner_schema
@@ -147,7 +148,7 @@ def test_installed_packages_add_role_folders_through_the_entry_point_group(tmp_p
         EntryPoint("team", "team_roles_for_test:FOLDER", registry.ENTRY_POINT_GROUP),
         EntryPoint("gone", "no_such_module_for_roles:FOLDER", registry.ENTRY_POINT_GROUP),
     ]
-    monkeypatch.setattr(registry, "entry_points", lambda group: points if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(extensions, "entry_points", lambda group: points if group == registry.ENTRY_POINT_GROUP else [])
     found = catalog(tmp_path / "project", "planner", "notes")
     spec = found.by_alias("Notes")
     assert spec is not None and spec.origin == "entry point team"

@@ -14,13 +14,13 @@ import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 from taskweaver_lite.config import yaml_bounds_problem
+from taskweaver_lite.extensions import extension_folders
 
 ENTRY_POINT_GROUP = "taskweaver_lite.plugins"
 PLUGIN_FOLDER = "plugins"
@@ -148,24 +148,8 @@ def discover(project_dir: Path) -> PluginCatalog:
 
 def _folders(project_dir: Path) -> tuple[list[tuple[Path, str]], list[PluginEntry]]:
     """Plugin folders, project first; entry points that fail to give one become broken entries."""
-    folders: list[tuple[Path, str]] = []
-    broken: list[PluginEntry] = []
-    local = project_dir / PLUGIN_FOLDER
-    if local.is_dir():
-        folders.append((local, "project"))
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        where = Path(f"entry point {point.name} = {point.value}")
-        try:
-            target = point.load()
-            folder = Path(target() if callable(target) else target)
-        except Exception as exc:  # noqa: BLE001 - a broken third-party package must not stop the session
-            broken.append(PluginEntry(point.name, where, "broken", f"could not be loaded ({type(exc).__name__}: {exc})"))
-            continue
-        if folder.is_dir():
-            folders.append((folder, f"entry point {point.name}"))
-        else:
-            broken.append(PluginEntry(point.name, where, "broken", f"names {folder}, which is not a folder"))
-    return folders, broken
+    folders, broken = extension_folders(project_dir / PLUGIN_FOLDER, group=ENTRY_POINT_GROUP)
+    return folders, [PluginEntry(b.name, Path(b.where), "broken", b.problem) for b in broken]
 
 
 def read_entry(path: Path, *, origin: str = "project") -> PluginEntry:

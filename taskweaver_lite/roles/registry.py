@@ -32,7 +32,6 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,6 +39,7 @@ import yaml
 from pydantic import ValidationError
 
 from taskweaver_lite.config import ROLES_FOLDER, Config, RoleConfig
+from taskweaver_lite.extensions import extension_folders
 from taskweaver_lite.memory.conversation import USER
 from taskweaver_lite.roles.capabilities import KNOWN, unmet
 from taskweaver_lite.roles.worker import ModelOnlyRole, RoleHandler
@@ -224,24 +224,8 @@ def discover_roles(project_dir: Path, *, enabled: Sequence[str], config: Config 
 
 def _folders(project_dir: Path) -> tuple[list[tuple[Path, str]], list[RoleEntry]]:
     """Role folders, project first; entry points that fail to give one become broken entries."""
-    folders: list[tuple[Path, str]] = []
-    broken: list[RoleEntry] = []
-    local = project_dir / ROLES_FOLDER
-    if local.is_dir():
-        folders.append((local, "project"))
-    for point in entry_points(group=ENTRY_POINT_GROUP):
-        where = f"entry point {point.name} = {point.value}"
-        try:
-            target = point.load()
-            folder = Path(target() if callable(target) else target)
-        except Exception as exc:  # noqa: BLE001 - a broken third-party package must not stop the session
-            broken.append(RoleEntry(point.name, where, "broken", f"could not be loaded ({type(exc).__name__}: {exc})"))
-            continue
-        if folder.is_dir():
-            folders.append((folder, f"entry point {point.name}"))
-        else:
-            broken.append(RoleEntry(point.name, where, "broken", f"names {folder}, which is not a folder"))
-    return folders, broken
+    folders, broken = extension_folders(project_dir / ROLES_FOLDER, group=ENTRY_POINT_GROUP)
+    return folders, [RoleEntry(b.name, b.where, "broken", b.problem) for b in broken]
 
 
 def _unique(entries: Iterable[RoleEntry]) -> list[RoleEntry]:
