@@ -54,6 +54,29 @@ def test_a_fold_finishing_between_two_calls_of_a_round_does_not_change_the_first
     assert marks(memory(following)) == [1], "the next round's first request shows the fold"
 
 
+def test_earlier_rounds_keep_their_detail_until_a_fold_lands_at_a_rounds_first_request() -> None:
+    gate = threading.Event()
+    ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}), SummaryModel(gate=gate))
+    history = [make_round(1), make_round(2)]
+    ctx.build(system=SYSTEM, examples=EXAMPLES, history=[], current=history[0])
+    assert ctx.detailed_from(2) == 1, "no fold since round 1: round 2's prompts show round 1 in full"
+    ctx.build(system=SYSTEM, examples=EXAMPLES, history=history[:1], current=history[1])
+    ctx.round_finished(history)  # the fold of round 1 starts and hangs
+    ctx.build(system=SYSTEM, examples=EXAMPLES, history=history, current=make_round(3))
+    gate.set()
+    assert ctx.wait_idle(10) and ctx.state.folded_through == 1, "precondition: the fold finished mid-round"
+    assert ctx.detailed_from(3) == 1, "a fold that lands mid-round changes nothing before the next round"
+    assert ctx.detailed_from(4) == 4, "the next round's first request shows the fold: the rounds before it lose their detail then"
+    history.append(make_round(3))
+    ctx.build(system=SYSTEM, examples=EXAMPLES, history=history, current=make_round(4))
+    assert ctx.detailed_from(4) == 4 and ctx.detailed_from(5) == 4, "rounds from the one the fold landed in keep their detail"
+
+
+def test_without_a_summary_earlier_rounds_never_keep_their_detail() -> None:
+    ctx = context(config(planner={"strategy": "sliding_window"}), SummaryModel())
+    assert ctx.detailed_from(3) == 3
+
+
 def test_the_prompt_goes_system_examples_memory_retained_rounds_current_and_the_summary_has_no_round_numbers() -> None:
     ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}), SummaryModel(), "code_generator", live_variables=LiveVariables)
     history = play(ctx, 3)
