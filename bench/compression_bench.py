@@ -26,6 +26,7 @@ summary responder stands in for the model. Each claim is printed beside a baseli
 
 Run: .venv/bin/python bench/compression_bench.py [sizes latency variables tokenizer soak reuse]   (a few minutes)
      reuse --full: every strategy and schedule at 8k and 32k (about 5 minutes); the default is round_compression (1,1) at 8k
+     reuse --breaks: under each row, the uncached tokens by where each request first parts from its role's previous one
 """
 
 from __future__ import annotations
@@ -370,9 +371,9 @@ def reuse_runs(full: bool) -> list[tuple[str, dict[str, dict[str, Any]]]]:
     return runs
 
 
-def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "") -> None:
+def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "", breaks: bool = False) -> None:
     import soak_session as soak  # from tests/, put on sys.path above
-    from prefix_ledger import PrefixLedger, Tally, as_messages
+    from prefix_ledger import PrefixLedger, Tally, as_messages, first_break
 
     windows = SOAK_WINDOWS if full else SOAK_WINDOWS[:1]
     earlier = _reuse_before(before, rounds=rounds, windows=windows) if before else {}
@@ -400,8 +401,14 @@ def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "") ->
             with tempfile.TemporaryDirectory() as root:
                 run = soak.run_soak(Path(root), rounds=rounds, window=window, settings=sections)
             ledger = PrefixLedger(TOKENIZER)
+            causes: dict[tuple[str, str], list[int]] = {}
+            previous: dict[str, list[Message]] = {}
             for request in run.requests:
-                ledger.add(_purpose(request), as_messages(request.messages))
+                purpose, messages = _purpose(request), as_messages(request.messages)
+                prompt, _, shared_any = ledger.add(purpose, messages)
+                cause = causes.setdefault((purpose, first_break(messages, previous.get(purpose))), [0, 0])
+                cause[0], cause[1] = cause[0] + 1, cause[1] + prompt - shared_any
+                previous[purpose] = messages
             t = ledger.tallies
             folds = [t[k] for k in ("compression_planner", "compression_code_generator") if k in t]
             fold_prev = sum(f.shared_previous for f in folds) / max(sum(f.prompt for f in folds), 1)
@@ -432,6 +439,14 @@ def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "") ->
                 versus = f", uncached {t['all requests'].uncached / max(then.uncached, 1):.2f}x before"
             row = "".join(f"{cell:>{w}}" for cell, w in zip(cells, widths, strict=True))
             print(f"   {label:<37}{row}   ({time.perf_counter() - started:.0f} s{versus})")
+            if breaks:
+                _print_breaks(causes)
+
+
+def _print_breaks(causes: dict[tuple[str, str], list[int]]) -> None:
+    """Uncached tokens by where each request first parts from its role's previous request, largest first."""
+    for (purpose, cause), (count, uncached) in sorted(causes.items(), key=lambda item: -item[1][1])[:8]:
+        print(f"      {uncached:>9,} uncached in {count:>4} {purpose} requests: {cause}")
 
 
 def _reuse_before(commit: str, *, rounds: int, windows: tuple[int, ...]) -> dict[int, dict[str, Any]]:
@@ -512,6 +527,7 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="reuse: every strategy and schedule at 8k and 32k (default: round_compression (1,1) at 8k)")
     parser.add_argument("--rounds", type=int, default=SOAK_ROUNDS, help=f"reuse: requests per session (default {SOAK_ROUNDS})")
     parser.add_argument("--only", default="", help="reuse: only the rows whose label contains this text")
+    parser.add_argument("--breaks", action="store_true", help="reuse: under each row, uncached tokens by where requests part from their role's previous one")
     parser.add_argument("--before", default="", metavar="COMMIT", help="reuse: also the soak at (1,1) on COMMIT's code (e.g. 6840302, before issue 23)")
     args = parser.parse_args()
     chosen = set(args.sections or SECTIONS)
@@ -532,7 +548,7 @@ def main() -> None:
     if "soak" in chosen:
         bench_soak()
     if "reuse" in chosen:
-        bench_reuse(full=args.full, rounds=args.rounds, only=args.only, before=args.before)
+        bench_reuse(full=args.full, rounds=args.rounds, only=args.only, before=args.before, breaks=args.breaks)
     print(f"\n(bench ran in {time.perf_counter() - started:.0f} s)")
 
 

@@ -115,6 +115,33 @@ class PrefixLedger:
             key = hash((key, message["role"], message["content"]))
 
 
+def first_break(messages: Sequence[Message], previous: Sequence[Message] | None) -> str:
+    """Where a prompt parts from its role's previous one, as a cause: which part of the prompt changed first.
+
+    "extends" (the previous prompt is its start: only new text is computed), "first", or the part
+    that differs first: the system message, a memory section (by its heading), an earlier round's
+    message (by its role), or the prompt ending where the previous one went on.
+    """
+    if previous is None:
+        return "first"
+    same = 0
+    while same < min(len(messages), len(previous)) and messages[same] == previous[same]:
+        same += 1
+    if same == len(previous):
+        return "extends"
+    if same == len(messages):
+        return "shorter"
+    mine, theirs = messages[same], previous[same]
+    if mine["role"] == "system":
+        return "system message"
+    heading = next((line for line in theirs["content"].splitlines() if line.startswith("## ")), "")
+    if theirs["content"].startswith("## ") and heading:
+        start = _common_start(mine["content"], theirs["content"])
+        sections = [line for line in start.splitlines() if line.startswith("## ")]
+        return f"memory: {(sections[-1] if sections else heading)[3:].split('(')[0].strip()}"
+    return f"message {same} ({theirs['role']})"
+
+
 def _common_start(a: str, b: str) -> str:
     """The longest common start of `a` and `b` (a binary search on slices)."""
     low, high = 0, min(len(a), len(b))
