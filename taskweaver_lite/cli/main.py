@@ -7,10 +7,12 @@ them, so `taskweaver-lite --help` answers at once.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from taskweaver_lite import __version__
 
@@ -90,6 +92,54 @@ def _project_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-p", "--project", dest="project", default=None, metavar="PROJECT_DIR", help="project folder (default: ./project)")
 
 
+# A command and the function (module, name) that runs it with the parsed arguments, imported only
+# when that command is chosen: `--help` must not wait for the chat's or the server's dependencies.
+_RUNNERS = {
+    "chat": ("taskweaver_lite.cli.chat", "run_chat"),
+    "sessions": ("taskweaver_lite.cli.chat", "list_sessions"),
+    "serve": ("taskweaver_lite.cli.serve", "run_serve"),
+    "eval": ("taskweaver_lite.cli.eval", "run_eval_command"),
+    "export": ("taskweaver_lite.cli.chat", "export_session"),
+}
+# Listings of a project's parts: each function takes the project folder and `--json`.
+_LISTINGS = {
+    "plugins": ("taskweaver_lite.cli.plugins", "run_plugins"),
+    "docs": ("taskweaver_lite.cli.docs", "run_docs"),
+    "roles": ("taskweaver_lite.cli.roles", "run_roles"),
+}
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Run the chosen command; its module is imported here."""
+    if args.command == "demo" and args.chat:
+        from taskweaver_lite.cli.demo_model import run_demo_chat
+
+        return run_demo_chat(args)
+    if args.command == "demo":
+        from taskweaver_lite.cli.demo import run_demo
+
+        return run_demo(project=args.project, plain=args.plain or not sys.stdout.isatty())
+    if args.command == "init":
+        from taskweaver_lite.cli.init import run_init
+
+        return run_init(args.directory)
+    if args.command == "models":
+        from taskweaver_lite.cli.models import list_models
+
+        return list_models(as_json=args.json)
+    if args.command in _LISTINGS:
+        from taskweaver_lite.cli.chat import project_dir
+
+        listing: Callable[..., int] = _function(*_LISTINGS[args.command])
+        return listing(project_dir(args), as_json=args.json)
+    runner: Callable[[argparse.Namespace], int] = _function(*_RUNNERS[args.command])
+    return runner(args)
+
+
+def _function(module: str, name: str) -> Any:
+    return getattr(importlib.import_module(module), name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     parser = build_parser()
@@ -108,56 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from taskweaver_lite.terminal import strip_controls
 
     try:
-        if args.command == "chat":
-            from taskweaver_lite.cli.chat import run_chat
-
-            return run_chat(args)
-        if args.command == "demo" and args.chat:
-            from taskweaver_lite.cli.demo_model import run_demo_chat
-
-            return run_demo_chat(args)
-        if args.command == "demo":
-            from taskweaver_lite.cli.demo import run_demo
-
-            return run_demo(project=args.project, plain=args.plain or not sys.stdout.isatty())
-        if args.command == "init":
-            from taskweaver_lite.cli.init import run_init
-
-            return run_init(args.directory)
-        if args.command == "models":
-            from taskweaver_lite.cli.models import list_models
-
-            return list_models(as_json=args.json)
-        if args.command == "sessions":
-            from taskweaver_lite.cli.chat import list_sessions
-
-            return list_sessions(args)
-        if args.command == "serve":
-            from taskweaver_lite.cli.serve import run_serve
-
-            return run_serve(args)
-        if args.command == "eval":
-            from taskweaver_lite.cli.eval import run_eval_command
-
-            return run_eval_command(args)
-        if args.command == "plugins":
-            from taskweaver_lite.cli.chat import project_dir
-            from taskweaver_lite.cli.plugins import run_plugins
-
-            return run_plugins(project_dir(args), as_json=args.json)
-        if args.command == "docs":
-            from taskweaver_lite.cli.chat import project_dir
-            from taskweaver_lite.cli.docs import run_docs
-
-            return run_docs(project_dir(args), as_json=args.json)
-        if args.command == "roles":
-            from taskweaver_lite.cli.chat import project_dir
-            from taskweaver_lite.cli.roles import run_roles
-
-            return run_roles(project_dir(args), as_json=args.json)
-        from taskweaver_lite.cli.chat import export_session
-
-        return export_session(args)
+        return _dispatch(args)
     except TaskWeaverError as exc:
         print(f"taskweaver-lite: {strip_controls(str(exc))}", file=sys.stderr)
         return 1
