@@ -26,8 +26,13 @@ YAML_MAX_DEPTH = 64
 YAML_MAX_NODES = 200_000  # values once every alias is expanded
 
 MIN_PROMPT_TOKENS = 256  # below this not even a short system prompt and one request fit
-# One cell's output gets an eighth of a role's prompt budget: at an 8k window (3,648-token budget)
-# 456 tokens, enough for an error, its last frames and the output's head and tail.
+# The reply reserve unless set: a quarter of the window, at most 4,096 (a plan or a cell's code) and
+# at least 256. A fixed 4,096 gave an 8k model's replies half its window and made a 4k window unusable.
+REPLY_RESERVE_SHARE = 4
+MAX_DEFAULT_REPLY_RESERVE = 4_096
+MIN_DEFAULT_REPLY_RESERVE = 256
+# One cell's output gets an eighth of a role's prompt budget: at an 8k window (5,744-token budget)
+# 718 tokens, enough for an error, its last frames and the output's head and tail.
 OUTPUT_SHARE = 8
 MIN_OUTPUT_TOKENS = 256
 MAX_OUTPUT_TOKENS = 2_000
@@ -52,7 +57,12 @@ class LLMConfig(_Section):
     api_key: SecretStr | None = None
     model: str = "gpt-4o-mini"
     context_window: int = Field(128_000, gt=256, le=MAX_CONTEXT_WINDOW)
-    reply_reserve: int = Field(4_096, ge=16, lt=MAX_CONTEXT_WINDOW, description="tokens kept free for the model's reply (sent as max_tokens)")
+    reply_reserve: int = Field(
+        MAX_DEFAULT_REPLY_RESERVE,
+        ge=16,
+        lt=MAX_CONTEXT_WINDOW,
+        description="tokens kept free for the model's reply (sent as max_tokens); unset: a quarter of context_window, at most 4,096",
+    )
     margin: int = Field(256, ge=0, lt=MAX_CONTEXT_WINDOW, description="tokens kept free for counting differences")
     json_mode: bool = Field(True, description="send response_format=json_object")
     timeout: float = Field(120.0, gt=0)
@@ -67,6 +77,16 @@ class LLMConfig(_Section):
         "auto", description="which cache hints the server takes (auto: from the address, local discovery, or its replies)"
     )
     vision: bool = Field(False, description="the model reads images: roles that require vision are off without it")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reserve_follows_the_window(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("reply_reserve") is None:
+            window = data.get("context_window", 128_000)
+            if isinstance(window, int) and not isinstance(window, bool):
+                return {**data, "reply_reserve": default_reply_reserve(window)}
+            return {key: value for key, value in data.items() if key != "reply_reserve"}  # a bad window: its own error
+        return data
 
     @field_validator("api_base")
     @classmethod
@@ -114,12 +134,23 @@ FOLDER = "round_compressor"
 DISTILLER = "experience"
 
 
+def default_reply_reserve(context_window: int) -> int:
+    """`llm.reply_reserve` when the config does not set it: a quarter of the window, within 256-4,096."""
+    return max(MIN_DEFAULT_REPLY_RESERVE, min(MAX_DEFAULT_REPLY_RESERVE, context_window // REPLY_RESERVE_SHARE))
+
+
 def merged_llm(base: LLMConfig, overrides: LLMOverrides) -> LLMConfig:
-    """`base` with the keys `overrides` sets (checked as a whole, like the top-level `llm`)."""
+    """`base` with the keys `overrides` sets (checked as a whole, like the top-level `llm`).
+
+    A role that sets its own context_window but no reply_reserve gets its window's default reserve
+    when the top-level one was the default too."""
     given = overrides.model_dump(exclude_unset=True, exclude_none=True)
     if not given:
         return base
-    return LLMConfig.model_validate({**base.model_dump(), **given})
+    data = base.model_dump()
+    if "reply_reserve" not in given and base.reply_reserve == default_reply_reserve(base.context_window):
+        del data["reply_reserve"]
+    return LLMConfig.model_validate({**data, **given})
 
 
 class RoleConfig(_Section):

@@ -71,7 +71,7 @@ def test_a_small_output_is_untouched(tmp_path: Path) -> None:
 
 @pytest.mark.unit
 def test_the_cell_limit_scales_with_the_window() -> None:
-    assert Config.model_validate({"llm": {"context_window": 8_000}}).cell_output_tokens == 456
+    assert Config.model_validate({"llm": {"context_window": 8_000}}).cell_output_tokens == 718  # an eighth of 8,000 - 2,000 - 256
     assert Config.model_validate({"llm": {"context_window": 32_000}}).cell_output_tokens == 2_000
     assert Config.model_validate({"execution": {"output_tokens": 700}}).cell_output_tokens == 700
 
@@ -80,7 +80,7 @@ def test_the_cell_limit_scales_with_the_window() -> None:
 def test_the_cell_limit_follows_the_code_generators_own_window() -> None:
     # The CodeGenerator reads whole cell outputs: a small code model must not get a big model's share.
     config = Config.model_validate({"llm": {"context_window": 128_000}, "code_generator": {"llm": {"context_window": 8_000}}})
-    assert config.cell_output_tokens == 456
+    assert config.cell_output_tokens == 718  # an eighth of its budget, 8,000 - 2,000 (its default reserve) - 256
     with pytest.raises(ValueError, match=r"code_generator\.llm\.context_window"):
         Config.model_validate({"code_generator": {"llm": {"context_window": 8_000}}, "execution": {"output_tokens": 3_000}})
 

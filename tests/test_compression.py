@@ -599,8 +599,8 @@ def test_a_fold_that_meets_a_server_error_keeps_the_rounds_verbatim_and_says_why
 
 
 def window_8k(**compressor: Any) -> Config:
-    """llm.context_window 8000: a 3,648-token prompt budget after the 4,096 reply reserve and 256 margin."""
-    return config(llm={"context_window": 8_000}, round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1, **compressor})
+    """llm.context_window 8000 with a 4,096 reply reserve (set: the default is 2,000) and 256 margin: a 3,648-token budget."""
+    return config(llm={"context_window": 8_000, "reply_reserve": 4_096}, round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1, **compressor})
 
 
 def many_variables(count: int) -> LiveVariables:

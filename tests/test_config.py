@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config import Config, load_config
 from taskweaver_lite.errors import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -72,3 +73,18 @@ def test_a_bad_mount_is_one_line_naming_the_key(tmp_path: Path, mount: str, prob
     with pytest.raises(ConfigError) as caught:
         load_config(project_with(tmp_path, f"execution:\n  mounts: [{mount}]\n"))
     assert "\n" not in str(caught.value) and "execution.mounts.0" in str(caught.value) and problem in str(caught.value), caught.value
+
+
+def test_the_reply_reserve_unless_set_is_a_quarter_of_the_window_at_most_4096() -> None:
+    def reserve(llm: dict[str, Any], **roles: dict[str, Any]) -> int:
+        return Config.model_validate({"llm": llm, **roles}).llm.reply_reserve
+
+    assert reserve({"context_window": 128_000}) == 4_096
+    assert reserve({"context_window": 8_000}) == 2_000, "an 8k model's replies took half its window"
+    assert reserve({"context_window": 4_096}) == 1_024, "a 4k window failed to load with a fixed 4,096 reserve"
+    assert reserve({"context_window": 8_000, "reply_reserve": 3_000}) == 3_000, "a reserve that is set wins"
+    assert reserve({"context_window": 8_000, "reply_reserve": None}) == 2_000
+    config = Config.model_validate({"llm": {"context_window": 128_000}, "planner": {"llm": {"context_window": 8_000}}})
+    assert config.llm_for("planner").reply_reserve == 2_000, "a role's own window gets its own default reserve"
+    config = Config.model_validate({"llm": {"context_window": 128_000, "reply_reserve": 1_000}, "planner": {"llm": {"context_window": 8_000}}})
+    assert config.llm_for("planner").reply_reserve == 1_000, "a reserve set at the top level holds for every role"

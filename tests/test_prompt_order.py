@@ -85,10 +85,10 @@ def test_the_prompt_goes_system_examples_memory_retained_rounds_current_and_the_
     contents = [m["content"] for m in messages]
     assert len(contents) == len(kinds)
     assert contents[0] == SYSTEM and contents[1:3] == [m["content"] for m in EXAMPLES]
-    assert contents[3].startswith("## Summary of earlier rounds (use only what the current request needs)\n")
-    assert "## Variables in the kernel" in contents[3]
+    assert contents[3].startswith("## Variables in the kernel"), "the list first: at most folds only the summary after it grows"
+    assert "\n## Summary of earlier rounds (use only what the current request needs)\n" in contents[3]
     assert contents[4] == "Please do step ROUND-3." and contents[-3] == "Please do step ROUND-4."
-    heading = contents[3].splitlines()[0]
+    heading = next(line for line in contents[3].splitlines() if line.startswith("## Summary"))
     assert not any(ch.isdigit() for ch in heading), f"a heading with numbers moves the prefix at every fold: {heading!r}"
 
 
@@ -269,6 +269,42 @@ def test_the_variables_list_stays_byte_identical_between_folds_and_names_new_var
     assert ctx.state.folded_through == 0, "precondition: no fold under pressure"
     assert len(set(lists)) == 1, "no fold, no new list: the variables made since are named by their rounds"
     assert json.dumps(lists[0]).count("new") == 0
+
+
+def test_append_folds_keep_the_variables_list_and_their_notes_name_the_folded_rounds_variables_until_a_merge() -> None:
+    live = {"now": soak_like(8)}
+    notes = itertools.count(1)
+
+    def answer(messages: Sequence[Message]) -> str:  # notes long enough that the summary merges within a few folds
+        return json.dumps({"ConversationSummary": f"Note {next(notes)}: " + "findings " * 60, "Variables": []})
+
+    cfg = config(llm={"context_window": 8000, "reply_reserve": 4096}, round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1})
+    ctx = context(cfg, SummaryModel(answer), "code_generator", live_variables=lambda: live["now"])
+    history: list[RoundMessages] = []
+    seen: list[tuple[str, str, tuple[str, ...]]] = []  # (the list, the summary, the live names) at each round's first request
+    for index in range(1, 12):
+        step = RoundMessages(index, (Message(role="user", content=f"step {index}"),), requests=(0,))
+        text = memory(ctx.build(system=SYSTEM, examples=EXAMPLES, history=history, current=step).messages)
+        listed, _, summary = text.partition("\n\n## Summary of earlier rounds")
+        seen.append((listed, summary, tuple(v.name for v in live["now"].variables)))
+        live["now"] = LiveVariables((Variable(f"new{index}", "int", "1"), *live["now"].variables))
+        said = Message(role="user", content=f"Variables created: new{index}")
+        history.append(RoundMessages(index, (*step.messages, said), requests=(0,), variables=(f"new{index}",)))
+        ctx.round_finished(history)
+        assert ctx.wait_idle(10)
+    appended = [i for i in range(1, len(seen)) if seen[i - 1][1] and seen[i][1].startswith(seen[i - 1][1])]
+    merged = [i for i in range(1, len(seen)) if seen[i - 1][1] and not seen[i][1].startswith(seen[i - 1][1])]
+    assert len(appended) >= 3 and merged, f"precondition: append folds and a merge happened (appended {appended}, merged {merged})"
+    for i in appended:
+        assert seen[i][0] == seen[i - 1][0], f"an append fold (round {i + 1}) re-rendered the variables list before the summary"
+        folded = f"new{i - 1}"
+        assert f"{folded} (int)" in seen[i][1], f"the notes of round {i + 1}'s summary do not name {folded}, made by the folded round"
+    for i in merged:
+        assert seen[i][0] != seen[i - 1][0], "a merge rewrote the summary, so the list before it is rendered again"
+        assert f"- new{i - 1}" in seen[i][0] or f"new{i - 1}" in seen[i][0], "the list rendered at a merge names what the notes named"
+    for listed, summary, names in seen:
+        missing = [name for name in names if name not in listed and name not in summary and not name.startswith("new")]
+        assert not missing, f"live variables named nowhere in the memory: {missing}"
 
 
 @pytest.mark.parametrize("strategy", ["sliding_window", "none", "observation_masking"])

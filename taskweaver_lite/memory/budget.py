@@ -1,7 +1,7 @@
 """The budget guard: a prompt's parts fitted into the prompt's token budget, shrunk in a documented order.
 
 The parts go out in order of volatility (memory/compression.py explains the order): the system
-instructions, the examples, the memory (the summary and the variables list, one user message;
+instructions, the examples, the memory (the variables list and the summary, one user message;
 inside the system message with `round_compressor.summary_placement: system`), the retained
 rounds, the current round.
 
@@ -106,12 +106,14 @@ class _Draft:
     def system_message(self) -> Message:
         blocks = [self.parts.system]
         if self.parts.placement == "system":
-            blocks += [block for block in (self.summary, self.variables) if block]
+            blocks += [block for block in (self.variables, self.summary) if block]
         return Message(role="system", content=SEPARATOR.join(blocks))
 
     def memory_messages(self) -> list[Message]:
-        """The summary and the variables list in one user message after the examples (placement first_user)."""
-        blocks = [block for block in (self.summary, self.variables) if block]
+        """The variables list and the summary in one user message after the examples (placement first_user).
+
+        The list comes first: appended notes change the summary at most folds, the list only at a merge."""
+        blocks = [block for block in (self.variables, self.summary) if block]
         if blocks and self.parts.placement == "first_user":
             return [Message(role="user", content=SEPARATOR.join(blocks))]
         return []

@@ -11,9 +11,10 @@ OpenAI's prompt caching) skips the prefix a prompt shares with one it has seen, 
 after everything that changes less often than it does:
 
 1. the system instructions (with the plugin descriptions), then the examples: fixed;
-2. the memory (one user message): the summary under a fixed heading (no round numbers, counts or
-   times) and the variables list, a snapshot; both change only when a fold lands, and a fold that
-   appends notes leaves the summary's earlier bytes as they were;
+2. the memory (one user message): the variables list, a snapshot, then the summary under a fixed
+   heading (no round numbers, counts or times). A fold that appends notes leaves every earlier
+   byte as it was, the list included: the notes name the variables their rounds made. Only a
+   merge (the summary rewritten) or a list that would mislead renders the list again;
 3. the retained rounds, each rendered once (roles/role.py): a round shown as current is byte for
    byte the retained round of every later prompt until a fold lands; a role's leaner view of
    earlier rounds (the Planner's, without code) takes over only then, when the memory before it
@@ -23,8 +24,9 @@ after everything that changes less often than it does:
 A fold lands at a round boundary: the state a round's first request used serves every call of
 that round, so within a round each call extends the one before it byte for byte; a fold that
 finishes mid-round is picked up by the next round's first request. The variables list is rendered
-then too, and again only when it would leave a live variable unnamed (one created since shows in
-its round's "Variables created" line while that round is retained).
+again then only when the summary was merged, or when it would leave a live variable unnamed or
+name one the kernel no longer holds (one created since shows in its round's "Variables created"
+line while that round is retained, and in the summary's notes once folded).
 
 Strategies (`<role>.strategy`), with `<role>.fold_schedule` (schedule.py) saying when rounds leave:
 - round_compression: fold everything older than the latest `rounds_to_retain` rounds into the
@@ -196,6 +198,7 @@ class RoleContext:
         self._report: ContextReport | None = None
         self._shown_round: int | None = None
         self._shown, self._variables, self._window_start = self._state, None, 0
+        self._variables_under = ""  # the summary the variables snapshot was rendered with
         self._landed_at = 0  # the round whose first request showed `_shown` first
 
     # What the prompts of the round in progress show: the state as of its first request (`_shown`), the
@@ -270,7 +273,7 @@ class RoleContext:
             retained = self._drop_in_one_step(retained, fitted.cost.rounds_kept)
             parts = replace(parts, rounds=retained, examples=self._examples_for(examples, retained))
             fitted = fit(parts)
-        if dropped and self._unnamed(retained, fitted.cost.rounds_kept, current):
+        if dropped and self._unnamed(retained, fitted.cost.rounds_kept, current, named=state.named):
             # Rounds left the prompt whose variables the list leaves unnamed: name them now.
             fitted = fit(replace(parts, variables=self._variables_block(state, retained, current, refresh=True)))
         report = ContextReport(
@@ -343,21 +346,23 @@ class RoleContext:
     ) -> Callable[[int], str] | None:
         """How to render the variables list at a token cap, or None for a role without one.
 
-        The snapshot stays as it is while every live name is in it or in a retained round's own
-        lines; otherwise (and when a fold lands) it is rendered again, most relevant first.
+        The snapshot stays as it is while every live name is in it, in a retained round's own lines
+        or in the summary's notes, and while the summary only grew after it (`refresh`: a fold
+        landed); otherwise it is rendered again, most relevant first.
         """
         live = self._live()
         if live is None:
             return None
         cap = int(self._budget * VARIABLES_SHARE)
         snapshot = self._variables
-        stale = snapshot is None or refresh or self._unnamed(retained, tuple(r.index for r in retained), current, live=live)
+        merged = refresh and not state.summary.startswith(self._variables_under)
+        stale = snapshot is None or merged or self._unnamed(retained, tuple(r.index for r in retained), current, named=state.named, live=live)
         if stale:
             texts = [m["content"] for r in (current, *reversed(retained)) for m in r.messages]
             relevant = mentioned_names(texts)
             snapshot = render_variables(live, described=state.variables, relevant=relevant, max_tokens=cap, tokenizer=self._tokenizer)
             with self._lock:
-                self._variables = snapshot
+                self._variables, self._variables_under = snapshot, state.summary
         assert snapshot is not None
         fixed, tokenizer = snapshot, self._tokenizer
 
@@ -369,9 +374,16 @@ class RoleContext:
         return render
 
     def _unnamed(
-        self, retained: Sequence[RoundMessages], kept: Sequence[int], current: RoundMessages, *, live: LiveVariables | None = None
+        self,
+        retained: Sequence[RoundMessages],
+        kept: Sequence[int],
+        current: RoundMessages,
+        *,
+        named: Sequence[str] = (),
+        live: LiveVariables | None = None,
     ) -> bool:
-        """Whether the snapshot misleads: a live variable it did not cover and no kept round names, or one it lists that is gone."""
+        """Whether the snapshot misleads: a live variable it did not cover and neither a kept round nor
+        the summary's notes (`named`) name, or one it lists that is gone."""
         live = live if live is not None else self._live()
         snapshot = self._variables
         if live is None or snapshot is None:
@@ -380,7 +392,7 @@ class RoleContext:
         if names and not snapshot.covered:
             return True  # a list made while the kernel was empty says nothing worth keeping
         shown = set(kept)
-        in_rounds = {name for r in retained if r.index in shown for name in r.variables} | set(current.variables)
+        in_rounds = {name for r in retained if r.index in shown for name in r.variables} | set(current.variables) | set(named)
         return bool(names - snapshot.covered - in_rounds) or bool(snapshot.covered - names)
 
     def round_finished(self, history: Sequence[RoundMessages]) -> None:

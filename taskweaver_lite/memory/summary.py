@@ -13,7 +13,10 @@ Folds are incremental to keep them cheap: while the summary has room, a fold sen
 rounds and appends notes on them ("append"); when the notes would pass the summary cap, it sends
 the previous summary with the new rounds and asks for one shorter summary ("merge"). The
 summary's Variables are only descriptions: the list a prompt shows always comes from the kernel
-(`variables.py`).
+(`variables.py`). For a role that sees the variables, appended notes end with a line naming the
+variables the folded rounds made or changed that the kernel still holds (their types from the
+kernel), so the variables list rendered before them stays valid, and byte for byte cached, until
+the next merge.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from taskweaver_lite.llm.client import ChatModel, Message
 from taskweaver_lite.llm.replies import SUMMARY_SCHEMA, parse_reply, repair_message
 from taskweaver_lite.llm.tokens import Tokenizer
 from taskweaver_lite.memory.conversation import RoundMessages
-from taskweaver_lite.memory.variables import LiveVariables
+from taskweaver_lite.memory.variables import LiveVariables, names_line
 from taskweaver_lite.roles.templates import load_prompt
 
 FoldStyle = Literal["rounds", "narrative"]
@@ -47,10 +50,13 @@ MERGE_SHARE = 0.60
 MAX_DESCRIBED = 15
 DESCRIPTION_TOKENS = 24
 REPLY_OVERHEAD = 32  # JSON keys, quotes and brackets around the summary
-# One round's text in a fold is cut to a sixth of the role's budget (608 tokens at 8k), keeping its
-# essential pieces: a summary keeps a few lines of a round, not its whole output.
-ROUND_SHARE = 6
+# One round's text in a fold is cut to a sixth of the role's budget (364 tokens at 8k), keeping its
+# essential pieces: a summary keeps a few lines of a round, not its whole output, and every token
+# of a fold's input is computed afresh (a fold cannot share the role's cached prompt, CONTRACT §4).
+ROUND_SHARE = 10
 MIN_ROUND_TOKENS = 64
+# An appended note names this many of its rounds' variables with their types; the rest by name.
+NOTED_WITH_TYPE = 12
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class CompressionState:
     lost: tuple[str, ...] = ()
     folded_through: int = 0  # index of the last round in the summary; 0 = nothing folded yet
     log: tuple[Folded, ...] = ()
+    named: tuple[str, ...] = ()  # variables named by the notes appended since the summary was last merged
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape: {summary, variables, lost, folded_through, log}."""
@@ -71,6 +78,7 @@ class CompressionState:
             "lost": list(self.lost),
             "folded_through": self.folded_through,
             "log": [e.to_dict() for e in self.log],
+            "named": list(self.named),
         }
 
     @classmethod
@@ -82,6 +90,7 @@ class CompressionState:
             lost=tuple(data.get("lost", ())),
             folded_through=int(data.get("folded_through", 0)),
             log=tuple(Folded.from_dict(e) for e in data.get("log", ())),
+            named=tuple(data.get("named", ())),
         )
 
     def logged(self, event: Folded) -> CompressionState:
@@ -236,10 +245,37 @@ def _fold_batch(state: CompressionState, batch: Sequence[RoundMessages], fold: _
     except TaskWeaverError as exc:  # unreachable model, unusable reply: keep the rounds, retry later
         return None, Folded(fold.role, first, last, tokens_before, tokens_before, ok=False, error=_one_line(exc), label=fold.label)
     text = tokenizer.truncate_middle(fields["ConversationSummary"].strip(), cap)
-    summary = text if mode == "merge" else f"{state.summary.rstrip()}\n{text}".strip()
+    named: tuple[str, ...] = ()
+    if mode == "merge":
+        summary = text
+    else:
+        line, named = _variables_note(batch, fold.live)
+        summary = "\n".join(part for part in (state.summary.rstrip(), text, line) if part).strip()
+        named = tuple(dict.fromkeys((*state.named, *named)))
     described = tuple(Variable(name=v["name"], type=v["type"], description=v.get("description", "")) for v in fields.get("Variables", ()))
-    new = replace(state, summary=summary, variables=_described(state.variables, described, fold.live), lost=_lost(state, fold.live), folded_through=last)
+    new = replace(
+        state,
+        summary=summary,
+        variables=_described(state.variables, described, fold.live),
+        lost=_lost(state, fold.live),
+        folded_through=last,
+        named=named,
+    )
     return new, Folded(fold.role, first, last, tokens_before, tokenizer.count(render_summary(new)), ok=True, label=fold.label)
+
+
+def _variables_note(batch: Sequence[RoundMessages], live: LiveVariables | None) -> tuple[str, tuple[str, ...]]:
+    """The line appended notes end with: the batch's variables the kernel still holds, and their names."""
+    if live is None:
+        return "", ()
+    alive = {v.name: v for v in live.variables}
+    names = tuple(dict.fromkeys(name for r in batch for name in r.variables if name in alive))
+    if not names:
+        return "", ()
+    line = "Variables these rounds made or changed: " + ", ".join(f"{name} ({alive[name].type})" for name in names[:NOTED_WITH_TYPE])
+    if len(names) > NOTED_WITH_TYPE:  # a loop that made hundreds: their names, numbered runs as one entry
+        line += "; and " + names_line(names[NOTED_WITH_TYPE:]).partition(": ")[2]
+    return line, names
 
 
 def _described(before: Sequence[Variable], told: Sequence[Variable], live: LiveVariables | None) -> tuple[Variable, ...]:

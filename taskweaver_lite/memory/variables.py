@@ -9,9 +9,10 @@ and shows them in tiers: full detail (type, shape, columns) for the first few, o
 (`name: type shape`) for the next, the names alone for the rest, and counts by type only for
 what still does not fit (past a few hundred names at the usual shares).
 
-The list is a snapshot (`VariablesList`): the role's context renders it when a fold lands and
-keeps it byte for byte until the next one, so it never moves the prompt's prefix between folds.
-Variables created since are named by the retained rounds themselves ("Variables created: ...").
+The list is a snapshot (`VariablesList`): the role's context keeps it byte for byte until the
+summary is merged or the list would mislead, so it does not move the prompt's prefix at each fold.
+Variables created since are named by the retained rounds themselves ("Variables created: ...") and,
+once folded, by the summary's notes.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from taskweaver_lite.execution import Variable
 from taskweaver_lite.llm.tokens import Tokenizer
 
 HEADING = "## Variables in the kernel"
-# A snapshot is kept until the next fold: the steps since name what they made or changed.
-SNAPSHOT_NOTE = "(as of the last summary; the results of later steps name the variables they made or changed)"
+# A snapshot is kept until the summary is merged: the notes and steps since name what they made or changed.
+SNAPSHOT_NOTE = "(listed earlier; the summary's notes and the results of later steps name the variables made or changed since)"
 DETAIL_LINES = 5  # the most relevant variables, with type, shape and columns
 BRIEF_LINES = 12  # the next, one line each: `name: type shape`
 DETAIL_CHARS = 240  # a detailed line's description at most (a wide frame's columns are cut, not the other names)
