@@ -27,6 +27,7 @@ summary responder stands in for the model. Each claim is printed beside a baseli
 Run: .venv/bin/python bench/compression_bench.py [sizes latency variables tokenizer soak reuse]   (a few minutes)
      reuse --full: every strategy and schedule at 8k and 32k (about 5 minutes); the default is round_compression (1,1) at 8k
      reuse --breaks: under each row, the uncached tokens by where each request first parts from its role's previous one
+     reuse --reserve 4096: the sessions with the reply reserve the soak test uses (the default is a quarter of the window)
 """
 
 from __future__ import annotations
@@ -344,11 +345,12 @@ def soak_figures(soak: Any, on: Any, off: Any) -> dict[str, str]:
     }
 
 
-def reuse_runs(full: bool) -> list[tuple[str, dict[str, dict[str, Any]]]]:
+def reuse_runs(full: bool, *, reserve: int | None = None) -> list[tuple[str, dict[str, dict[str, Any]]]]:
     """The strategies and schedules of the prefix-reuse table: (label, config sections).
 
     Under `pressure`, rounds kept whole (sliding_window, none, masking) leave in steps too. The small
-    run (the default) is the issue's targets: round_compression at (1, 1).
+    run (the default) is the issue's targets: round_compression at (1, 1). `reserve`: llm.reply_reserve
+    (None: the config's default, a quarter of the window; the soak test itself sets 4,096).
     """
     plans = [
         ("round_compression (1,1)", "round_compression", 1, 1, ("rounds", "pressure")),
@@ -363,6 +365,7 @@ def reuse_runs(full: bool) -> list[tuple[str, dict[str, dict[str, Any]]]]:
         for schedule in schedules:
             role: dict[str, Any] = {"strategy": strategy, "fold_schedule": schedule}
             sections: dict[str, dict[str, Any]] = {
+                "llm": {"reply_reserve": reserve},
                 "planner": role,
                 "code_generator": role,
                 "round_compressor": {"rounds_to_compress": compress, "rounds_to_retain": retain, "summary_buffer_rounds": retain},
@@ -371,7 +374,7 @@ def reuse_runs(full: bool) -> list[tuple[str, dict[str, dict[str, Any]]]]:
     return runs
 
 
-def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "", breaks: bool = False) -> None:
+def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "", breaks: bool = False, reserve: int | None = None) -> None:
     import soak_session as soak  # from tests/, put on sys.path above
     from prefix_ledger import PrefixLedger, Tally, as_messages, first_break
 
@@ -380,6 +383,7 @@ def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "", br
     print(f"\n6. Prefix reuse (issue 23): {rounds} scripted requests through the real Session, per strategy and fold schedule")
     print("   reuse: the share of a role's prompt tokens its previous request began with (one cache slot per role) /")
     print("   any earlier request began with (a prefix cache over everything sent); uncached = prompt - shared with any.")
+    print(f"   llm.reply_reserve: {reserve if reserve is not None else 'the default (a quarter of the window, at most 4,096)'}; margin 256.")
     for window in windows:
         header = (
             f"   {'at ' + str(window // 1000) + 'k':<37}{'Planner':>14}{'CodeGen':>14}{'folds':>14}{'all':>14}"
@@ -396,7 +400,7 @@ def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "", br
             cells0 += [f"{t0['all requests'].uncached:,}", f"{t0['all requests'].prompt:,}", f"{found['fold_calls']:,}", f"{found['over']}"]
             label0 = f"before ({before[:7]}), (1,1) rounds"
             print(f"   {label0:<37}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells0, (14, 14, 14, 14, 12, 11, 11, 11, 6), strict=True)))
-        for label, sections in (run for run in reuse_runs(full) if only in run[0]):
+        for label, sections in (run for run in reuse_runs(full, reserve=reserve) if only in run[0]):
             started = time.perf_counter()
             with tempfile.TemporaryDirectory() as root:
                 run = soak.run_soak(Path(root), rounds=rounds, window=window, settings=sections)
@@ -494,9 +498,8 @@ def _names_listed(soak: Any, run: Any) -> tuple[str, str]:
             continue
         seen.add(n)
         named = set(re.findall(r"[A-Za-z_]\w*", text))
-        for line in text.splitlines():
-            if line.startswith("Also"):
-                named.update(expand_names(line))
+        for run in re.finditer(r"[A-Za-z_]\w*\{\d+-\d+\}\w*", text):  # numbered runs (r{0001-0040}_frame), wherever they are
+            named.update(expand_names(f": {run[0]}"))
         live = {f"r{m:04d}_{s}" for m in range(1, n) for s in ("count", "items", "frame", "meta")}
         if len(live) <= 200:
             live_named += len(live & named)
@@ -529,6 +532,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="reuse: only the rows whose label contains this text")
     parser.add_argument("--breaks", action="store_true", help="reuse: under each row, uncached tokens by where requests part from their role's previous one")
     parser.add_argument("--before", default="", metavar="COMMIT", help="reuse: also the soak at (1,1) on COMMIT's code (e.g. 6840302, before issue 23)")
+    parser.add_argument("--reserve", type=int, default=None, help="reuse: llm.reply_reserve (default: the config's, a quarter of the window; the soak test's 4096)")
     args = parser.parse_args()
     chosen = set(args.sections or SECTIONS)
     if chosen - set(SECTIONS):
@@ -548,7 +552,7 @@ def main() -> None:
     if "soak" in chosen:
         bench_soak()
     if "reuse" in chosen:
-        bench_reuse(full=args.full, rounds=args.rounds, only=args.only, before=args.before, breaks=args.breaks)
+        bench_reuse(full=args.full, rounds=args.rounds, only=args.only, before=args.before, breaks=args.breaks, reserve=args.reserve)
     print(f"\n(bench ran in {time.perf_counter() - started:.0f} s)")
 
 

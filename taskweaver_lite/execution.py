@@ -178,6 +178,11 @@ class ExecutionResult:
         """
         return "\n".join(piece.text for piece in self.fold_pieces(marked=marked, outcome_told=outcome_told))
 
+    def shortened_prompt_text(self, cut: Callable[[str], str], *, outcome_told: bool = False) -> str:
+        """`prompt_text` for an earlier round: the outcome, error line and variables whole, what the cell
+        printed and its traceback passed through `cut` (head and tail kept; the full output's file named)."""
+        return "\n".join(p.text if p.essential else cut(p.text) for p in self.fold_pieces(outcome_told=outcome_told))
+
     def masked_prompt_text(self, *, outcome_told: bool = False) -> str:
         """`prompt_text` with what the cell printed as one placeholder line (observation masking): outcome, error line, variables stay."""
         lines = sum(len(text.splitlines()) for text in (self.stdout, self.stderr, self.result or "", *self.displays))

@@ -84,3 +84,23 @@ def test_cached_tokens_are_stored_per_call_and_shown_per_role(tmp_path: Path) ->
     assert "planner's calls:" in context and " cached, " in context and " uncached" in context, context
     assert re.search(r"planner on \S+: [\d,]+ in \([\d,]+ cached, [\d,]+ uncached\)", context), "/info shows them per role and model"
     assert re.match(r"Prompt tokens by role: planner [\d,]+ \([\d,]+ cached, [\d,]+ uncached\)", closing), closing
+
+
+def test_once_a_fold_lands_earlier_rounds_show_what_their_code_printed_cut_head_and_tail(tmp_path: Path) -> None:
+    run = run_soak(tmp_path, rounds=7)  # round 5 prints 300 lines (soak_session.LONG_OUTPUT_EVERY), about 9,000 characters
+    assert not run.failed_rounds, run.failed_rounds
+
+    def report(request: ScriptedRequest) -> str:
+        """The message with round 5's output (not the code that printed it)."""
+        return next((str(m["content"]) for m in request.messages if m["role"] == "user" and "report for REQ-0005" in str(m["content"])), "")
+
+    for name in ("planner", "code_generator"):
+        requests = [r for _, r in run.prompts(name)]
+        earlier = [report(r) for r in requests if max(markers_in(last_user_text(r.messages))) == 6]
+        assert earlier and earlier[0], f"precondition: the {name}'s round 6 prompt shows round 5 (a fold landed at its first request)"
+        lean = earlier[0]
+        assert len(lean) < 1_500, f"the {name}'s view of an earlier round keeps {len(lean):,} characters of its output after a fold landed"
+        assert "row 299" in lean and "left out here" in lean, f"the {name}'s earlier view keeps the output's head and tail, with a marker"
+        assert "Full output saved to" in lean, f"the {name}'s earlier view names the file with the whole output"
+    planner = [report(r) for _, r in run.prompts("planner") if max(markers_in(last_user_text(r.messages))) == 5]
+    assert len(max(planner, key=len)) > 1_500, "while round 5 is current the Planner reads its output within the cell's share, not cut further"

@@ -55,8 +55,10 @@ REPLY_OVERHEAD = 32  # JSON keys, quotes and brackets around the summary
 # of a fold's input is computed afresh (a fold cannot share the role's cached prompt, CONTRACT §4).
 ROUND_SHARE = 10
 MIN_ROUND_TOKENS = 64
-# An appended note names this many of its rounds' variables with their types; the rest by name.
+# An appended note names this many of its rounds' variables with their types, this many more by
+# name, and numbered runs as one entry past that.
 NOTED_WITH_TYPE = 12
+NOTED_BY_NAME = 60
 
 
 @dataclass(frozen=True)
@@ -273,8 +275,11 @@ def _variables_note(batch: Sequence[RoundMessages], live: LiveVariables | None) 
     if not names:
         return "", ()
     line = "Variables these rounds made or changed: " + ", ".join(f"{name} ({alive[name].type})" for name in names[:NOTED_WITH_TYPE])
-    if len(names) > NOTED_WITH_TYPE:  # a loop that made hundreds: their names, numbered runs as one entry
-        line += "; and " + names_line(names[NOTED_WITH_TYPE:]).partition(": ")[2]
+    rest = names[NOTED_WITH_TYPE:]
+    if len(rest) > NOTED_BY_NAME:  # a loop that made hundreds: numbered runs as one entry each
+        line += "; and" + names_line(rest).removeprefix("Also")
+    elif rest:
+        line += "; and " + ", ".join(rest)
     return line, names
 
 

@@ -175,6 +175,16 @@ class CodeGenerator(Role):
 
     def render_round(self, rnd: Round) -> RoundMessages:
         """One round as the CodeGenerator's chat messages: steps, its code, and what the code did."""
+        return self._render(rnd, whole=True)
+
+    def render_earlier_round(self, rnd: Round) -> RoundMessages:
+        """An earlier round: steps and code whole, what the code printed and raised cut head and tail.
+
+        Shown this way only from the first prompt after a fold lands, when the server recomputes
+        it anyway (compression.py); the code and the error lines are what later code builds on."""
+        return self._render(rnd, whole=False)
+
+    def _render(self, rnd: Round, *, whole: bool) -> RoundMessages:
         messages: list[Message] = []
         masked: list[Message] = []
         pieces: list[FoldPiece] = []
@@ -192,7 +202,8 @@ class CodeGenerator(Role):
                     continue
                 masked += messages[len(masked) :]
                 retry = "\n\n" + post.message if post.send_to == self.party else ""
-                messages.append(Message(role="user", content=self._prompt.render("execution", result=post.execution.prompt_text()) + retry))
+                result = post.execution.prompt_text() if whole else post.execution.shortened_prompt_text(self.cut_earlier_output)
+                messages.append(Message(role="user", content=self._prompt.render("execution", result=result) + retry))
                 masked.append(Message(role="user", content=self._prompt.render("execution", result=post.execution.masked_prompt_text()) + retry))
                 pieces.append(FoldPiece(f"Code:\n{post.code}"))
                 pieces += post.execution.fold_pieces()

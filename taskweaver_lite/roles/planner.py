@@ -86,13 +86,14 @@ class Planner(Role):
         return self._render(rnd, with_code=True)
 
     def render_earlier_round(self, rnd: Round) -> RoundMessages:
-        """An earlier round: the reports without their code; what the code did and printed stays.
+        """An earlier round: the reports without their code, and what the code printed cut head and tail.
 
-        The Planner judges the current request's steps by their code; for earlier requests the
-        outcome, output and variables are what it plans with (the CodeGenerator keeps the code).
-        A round is shown this way only from the first prompt after a fold lands (the memory before
-        it changed, so the server recomputes it anyway); until then it keeps its code and every
-        prompt extends the one before it, the reply a server generated included.
+        The Planner judges the current request's steps by their code and whole output; for earlier
+        requests the outcome, the output's gist and the variables are what it plans with (the
+        CodeGenerator keeps the code, the output's file keeps the rest). A round is shown this way
+        only from the first prompt after a fold lands (the memory before it changed, so the server
+        recomputes it anyway); until then it is shown whole and every prompt extends the one before
+        it, the reply a server generated included.
         """
         return self._render(rnd, with_code=False)
 
@@ -108,7 +109,11 @@ class Planner(Role):
                 masked.append(messages[-1])
                 pieces.append(FoldPiece(f"User: {post.message}", essential=True))
             elif post.send_to == self.party:
-                result = post.execution.prompt_text(outcome_told=True) if post.execution else ""
+                result = ""
+                if post.execution is not None and with_code:
+                    result = post.execution.prompt_text(outcome_told=True)
+                elif post.execution is not None:
+                    result = post.execution.shortened_prompt_text(self.cut_earlier_output, outcome_told=True)
                 # The report's outcome is its message; the code is its own field, shown for the current
                 # request only, at the report's end: leaving it out later changes no byte before it.
                 code = post.code.strip() if with_code and post.code else ""

@@ -26,6 +26,12 @@ from taskweaver_lite.roles.templates import PromptTemplate, load_prompt
 ECHO_SHARE = 4
 
 
+# An earlier round's outputs in a role's leaner view: a thirty-second of the budget each (179 tokens
+# at an 8k window, 3,800 at 128k), never under this many tokens.
+EARLIER_OUTPUT_SHARE = 32
+MIN_EARLIER_OUTPUT_TOKENS = 64
+
+
 @dataclass
 class RepairTurns:
     """Repair turns left in the current round."""
@@ -66,6 +72,12 @@ class Role(ABC):
     def render_earlier_round(self, rnd: Round) -> RoundMessages:
         """A retained earlier round as this role's prompt shows it: by default as `render_round` does."""
         return self.render_round(rnd)
+
+    def cut_earlier_output(self, text: str) -> str:
+        """What an earlier round's cell printed, as a role's leaner view of it shows it: head and tail,
+        within a share of the budget. The role saw it whole when it was current; the full output's
+        file is named beside it."""
+        return self.context.tokenizer.truncate_middle(text, max(MIN_EARLIER_OUTPUT_TOKENS, self.context.budget // EARLIER_OUTPUT_SHARE))
 
     def ask(
         self,
