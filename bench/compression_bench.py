@@ -386,7 +386,7 @@ def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "", br
     print(f"   llm.reply_reserve: {reserve if reserve is not None else 'the default (a quarter of the window, at most 4,096)'}; margin 256.")
     for window in windows:
         header = (
-            f"   {'at ' + str(window // 1000) + 'k':<37}{'Planner':>14}{'CodeGen':>14}{'folds':>14}{'all':>14}"
+            f"   {'at ' + str(window // 1000) + 'k':<37}{'Planner':>16}{'CodeGen':>16}{'folds':>14}{'all':>16}"
             f"{'P/C +reply':>12}{'uncached':>11}{'total':>11}{'fold calls':>11}{'over':>6}{'lost':>6}{'summary':>9}{'live named':>11}{'needed':>9}"
         )
         print("\n" + header)
@@ -399,7 +399,7 @@ def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "", br
             cells0 = [_pair(t0["planner"]), _pair(t0["code_generator"]), share, _pair(t0["all requests"]), _slots(t0)]
             cells0 += [f"{t0['all requests'].uncached:,}", f"{t0['all requests'].prompt:,}", f"{found['fold_calls']:,}", f"{found['over']}"]
             label0 = f"before ({before[:7]}), (1,1) rounds"
-            print(f"   {label0:<37}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells0, (14, 14, 14, 14, 12, 11, 11, 11, 6), strict=True)))
+            print(f"   {label0:<37}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells0, (16, 16, 14, 16, 12, 11, 11, 11, 6), strict=True)))
         for label, sections in (run for run in reuse_runs(full, reserve=reserve) if only in run[0]):
             started = time.perf_counter()
             with tempfile.TemporaryDirectory() as root:
@@ -436,7 +436,7 @@ def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "", br
                 live,
                 needed,
             ]
-            widths = (14, 14, 14, 14, 12, 11, 11, 11, 6, 6, 9, 11, 9)
+            widths = (16, 16, 14, 16, 12, 11, 11, 11, 6, 6, 9, 11, 9)
             versus = ""
             if window in earlier:  # uncached tokens against the earlier commit's, the baseline of this run
                 then = Tally(**earlier[window]["tallies"]["all requests"])
@@ -469,7 +469,7 @@ def _reuse_before(commit: str, *, rounds: int, windows: tuple[int, ...]) -> dict
 
 
 def _pair(tally: Any) -> str:
-    return f"{tally.share(tally.shared_previous):.0%} / {tally.share(tally.shared_any):.0%}"
+    return f"{tally.share(tally.shared_previous):.1%} / {tally.share(tally.shared_any):.1%}"
 
 
 def _slots(tallies: dict[str, Any]) -> str:
@@ -532,7 +532,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="reuse: only the rows whose label contains this text")
     parser.add_argument("--breaks", action="store_true", help="reuse: under each row, uncached tokens by where requests part from their role's previous one")
     parser.add_argument("--before", default="", metavar="COMMIT", help="reuse: also the soak at (1,1) on COMMIT's code (e.g. 6840302, before issue 23)")
-    parser.add_argument("--reserve", type=int, default=None, help="reuse: llm.reply_reserve (default: the config's, a quarter of the window; the soak test's 4096)")
+    parser.add_argument("--reserve", type=int, default=None, help="reuse: llm.reply_reserve (default: the config default; the soak test uses 4096)")
     args = parser.parse_args()
     chosen = set(args.sections or SECTIONS)
     if chosen - set(SECTIONS):

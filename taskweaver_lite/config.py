@@ -196,10 +196,10 @@ class RoundCompressorConfig(_Section):
     rounds_to_compress: int = Field(2, ge=1)
     rounds_to_retain: int = Field(3, ge=0)
     fold_token_trigger: float = Field(
-        0.5,
+        0.6,
         ge=0,
         description="a share of the role's prompt budget (0-1; above 1: tokens): unfolded rounds past it fold early "
-        "(rounds schedule) or fold at all (pressure schedule); 0: off",
+        "(rounds schedule, which uses at most 0.5) or fold at all (pressure schedule); 0: off",
     )
     summary_placement: Literal["system", "first_user"] = Field(
         "first_user",

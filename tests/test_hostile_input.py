@@ -185,7 +185,7 @@ def test_load_of_a_folder_in_a_chat_says_it_is_a_folder(tmp_path: Path, server: 
         ("llm:\n  model: gpt-4o\n".encode("utf-16"), ["taskweaver_config.yaml", "UTF-16", "save it as UTF-8"]),
         (b"llm:\n  reply_reserve: 1e20\n", ["taskweaver_config.yaml", "llm.reply_reserve"]),
         (b"llm:\n  reply_reserve: 1.0e+20\n  context_window: 1.0e+21\n", ["taskweaver_config.yaml", "llm.context_window"]),
-        (b"llm:\n  context_window: 8000\nexecution:\n  output_tokens: 3000\n", ["execution.output_tokens is 3000 tokens", "prompt budget (3648"]),
+        (b"llm:\n  context_window: 8000\nexecution:\n  output_tokens: 3000\n", ["execution.output_tokens is 3000 tokens", "prompt budget (5744"]),
         (b"llm:\n  timeout: .inf\n", ["llm.timeout", "finite"]),
     ],
 )

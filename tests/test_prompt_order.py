@@ -328,3 +328,28 @@ def test_under_pressure_rounds_kept_whole_leave_the_window_in_steps_not_one_per_
     stepped, sliding = kept_prefixes("pressure"), kept_prefixes("rounds")
     assert stepped >= 12, f"under pressure most prompts start with the one before ({stepped} of 19)"
     assert stepped > sliding, f"the rounds schedule drops a round at every call once the window is full ({sliding} of 19)"
+
+
+@pytest.mark.parametrize("strategy", ["sliding_window", "none", "round_compression"])
+def test_when_the_guard_drops_rounds_the_list_names_the_variables_they_named(strategy: str) -> None:
+    live = {"now": LiveVariables()}
+    # round_compression keeping 20 rounds: the guard, not a fold, makes room.
+    compressor = {"fold_token_trigger": 0, "rounds_to_compress": 20, "rounds_to_retain": 20}
+    cfg = config(llm={"context_window": 8000}, code_generator={"strategy": strategy, "examples": "until_history"}, round_compressor=compressor)
+    ctx = context(cfg, SummaryModel(), "code_generator", live_variables=lambda: live["now"])
+    history: list[RoundMessages] = []
+    dropped = False
+    for index in range(1, 16):
+        made = (f"made{index}_a", f"made{index}_b")
+        step = RoundMessages(index, (Message(role="user", content=f"step {index} " + "words " * 600),), requests=(0,))
+        built = ctx.build(system=SYSTEM, examples=EXAMPLES, history=history, current=step)
+        dropped = dropped or bool(built.report.cost.rounds_dropped)
+        text = "\n".join(m["content"] for m in built.messages)
+        unnamed = [v.name for v in live["now"].variables if v.name not in text]
+        assert not unnamed, f"round {index}: rounds left the prompt and the variables they made are named nowhere: {unnamed[:4]}"
+        live["now"] = LiveVariables((*(Variable(name, "int", "1") for name in made), *live["now"].variables))
+        said = Message(role="user", content="Variables created: " + ", ".join(made))
+        history.append(RoundMessages(index, (*step.messages, said), requests=(0,), variables=made))
+        ctx.round_finished(history)
+        assert ctx.wait_idle(10)
+    assert dropped, "precondition: the guard dropped rounds"

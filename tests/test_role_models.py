@@ -45,8 +45,8 @@ def test_each_role_calls_its_own_endpoint_with_its_own_model_and_budget(tmp_path
     assert [r.role for r in coding.requests] == ["code_generator"]
     assert {r.body["model"] for r in planning.requests} == {"strong-planner"}
     assert coding.requests[0].body["model"] == "small-coder"
-    assert contexts["planner"].budget == 16_000 - 4_096 - 256
-    assert contexts["code_generator"].budget == 8_000 - 4_096 - 256
+    assert contexts["planner"].budget == 16_000 - 4_000 - 256, "each role's budget: its window less its own default reserve (a quarter)"
+    assert contexts["code_generator"].budget == 8_000 - 2_000 - 256
     assert set(by_model) == {("planner", "strong-planner"), ("code_generator", "small-coder")}
     assert by_model["planner", "strong-planner"].calls == 2
 
@@ -66,8 +66,8 @@ def test_info_shows_each_roles_model_and_the_tokens_per_role_and_model(tmp_path:
 
 
 def test_a_role_window_too_small_is_a_config_error_naming_the_role(tmp_path: Path) -> None:
-    project = make_project(tmp_path, "http://127.0.0.1:9/v1", planner={"llm": {"context_window": 1_000}})
-    with pytest.raises(ConfigError, match=r"planner\.llm \(over llm\): context_window 1000 leaves .* raise planner\.llm\.context_window"):
+    project = make_project(tmp_path, "http://127.0.0.1:9/v1", planner={"llm": {"context_window": 600}})
+    with pytest.raises(ConfigError, match=r"planner\.llm \(over llm\): context_window 600 leaves .* raise planner\.llm\.context_window"):
         load_config(project)
 
 

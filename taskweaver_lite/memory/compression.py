@@ -202,7 +202,7 @@ class RoleContext:
         self._landed_at = 0  # the round whose first request showed `_shown` first
 
     # What the prompts of the round in progress show: the state as of its first request (`_shown`), the
-    # variables list rendered then (`_variables`, refreshed only when it would leave a live name unnamed),
+    # variables list rendered then (`_variables`, rendered again at a merge or when it would mislead),
     # and, for rounds kept whole under the pressure schedule, the first round still shown (`_window_start`);
     # `_landed_at`: the round whose first request showed `_shown` first (its memory broke the prefix).
     _shown: CompressionState
@@ -264,7 +264,7 @@ class RoleContext:
             examples=self._examples_for(examples, retained),
             rounds=retained,
             current=current,
-            variables=self._variables_block(state, retained, current, refresh=landed),
+            variables=self._variables_block(state, retained, current, landed=landed),
             variables_cap=int(self._budget * VARIABLES_SHARE),
         )
         fitted = fit(parts)
@@ -275,7 +275,7 @@ class RoleContext:
             fitted = fit(parts)
         if dropped and self._unnamed(retained, fitted.cost.rounds_kept, current, named=state.named):
             # Rounds left the prompt whose variables the list leaves unnamed: name them now.
-            fitted = fit(replace(parts, variables=self._variables_block(state, retained, current, refresh=True)))
+            fitted = fit(replace(parts, variables=self._variables_block(state, retained, current, landed=landed, force=True)))
         report = ContextReport(
             role=self.role,
             label=self.label,
@@ -342,12 +342,12 @@ class RoleContext:
             return self._landed_at
 
     def _variables_block(
-        self, state: CompressionState, retained: Sequence[RoundMessages], current: RoundMessages, *, refresh: bool
+        self, state: CompressionState, retained: Sequence[RoundMessages], current: RoundMessages, *, landed: bool, force: bool = False
     ) -> Callable[[int], str] | None:
         """How to render the variables list at a token cap, or None for a role without one.
 
         The snapshot stays as it is while every live name is in it, in a retained round's own lines
-        or in the summary's notes, and while the summary only grew after it (`refresh`: a fold
+        or in the summary's notes, and while the summary only grew after it (`landed`: a fold
         landed); otherwise it is rendered again, most relevant first.
         """
         live = self._live()
@@ -355,8 +355,8 @@ class RoleContext:
             return None
         cap = int(self._budget * VARIABLES_SHARE)
         snapshot = self._variables
-        merged = refresh and not state.summary.startswith(self._variables_under)
-        stale = snapshot is None or merged or self._unnamed(retained, tuple(r.index for r in retained), current, named=state.named, live=live)
+        merged = landed and not state.summary.startswith(self._variables_under)
+        stale = snapshot is None or force or merged or self._unnamed(retained, tuple(r.index for r in retained), current, named=state.named, live=live)
         if stale:
             texts = [m["content"] for r in (current, *reversed(retained)) for m in r.messages]
             relevant = mentioned_names(texts)
