@@ -51,7 +51,7 @@ from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import ContextSettings, RoleContext
 from taskweaver_lite.memory.conversation import RoundMessages
 from taskweaver_lite.memory.summary import render_summary
-from taskweaver_lite.memory.variables import LiveVariables
+from taskweaver_lite.memory.variables import LiveVariables, expand_names
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer
 
 # The soak's session driver lives with the tests that assert on it: one implementation for both.
@@ -284,13 +284,21 @@ def bench_variables(server: ScriptedServer, session: list[dict[str, RoundMessage
         context.round_finished(history)
         context.wait_idle(30)
     nxt = last_call(session[VARIABLE_ROUNDS]["code_generator"], "code_generator")
-    system = context.build(system=SYSTEM["code_generator"], examples=EXAMPLES, history=history, current=nxt).messages[0]["content"]
+    built = context.build(system=SYSTEM["code_generator"], examples=EXAMPLES, history=history, current=nxt).messages
+    text = "\n".join(m["content"] for m in built)  # the list sits with the summary (summary_placement), wherever that is
     truth = {(v.name, v.type) for v in kernel.live().variables}
-    shown = set(re.findall(r"^- (\S+) \(([^)]*)\):", system, flags=re.MULTILINE))
+    # Every tier: "- name (type): detail", "- name: type shape", and names alone ("Also: ...", no type).
+    shown = set(re.findall(r"^- (\S+) \(([^)]*)\):", text, flags=re.MULTILINE))
+    shown |= {(name, kind) for name, kind in re.findall(r"^- (\S+): (\S+)", text, flags=re.MULTILINE)}
+    named = {n for n, _ in shown} | {n for line in text.splitlines() if line.startswith("Also") for n in expand_names(line)}
     told = {(v["name"], v["type"]) for v in responder.last_variables}
     invented = len({n for n, _ in told} - {n for n, _ in truth})
+    typed = {n for n, _ in shown}
     print(f"   live variables: {len(truth)}; lost in the restart at round 30 and not recomputed: {len(kernel.live().lost)}")
-    print(f"   merged with the kernel (ours): {len(truth & shown) / len(truth):6.1%} right, {len(shown - truth)} wrong or invented entries")
+    print(
+        f"   merged with the kernel (ours): {len({n for n, _ in truth} & named) / len(truth):6.1%} named, "
+        f"{len(truth & shown) / max(len(typed), 1):6.1%} of those shown with a type right, {len(shown - truth)} wrong or invented entries"
+    )
     print(f"   the model's own Variables    : {len(truth & told) / len(truth):6.1%} right, {invented} invented names")
 
 
@@ -485,8 +493,6 @@ def _purpose(request: Any) -> str:
 
 def _names_listed(soak: Any, run: Any) -> tuple[str, str]:
     """(live names named while the kernel holds at most 200, needed names named) in each round's first CodeGenerator prompt."""
-    from taskweaver_lite.memory.variables import expand_names
-
     seen: set[int] = set()
     live_named = live_total = needed_named = needed_total = 0
     for request in run.requests:
