@@ -19,6 +19,16 @@ from taskweaver_lite import __version__
 DEFAULT_PORT = 8765  # not 8000: vLLM's default, where a local model may already listen
 
 
+# The commands that list something: (name, help, takes --project, what --json prints).
+LISTINGS = (
+    ("sessions", "list stored sessions, newest first", True, "array"),
+    ("models", "the local model servers reachable (Ollama, LM Studio, llama.cpp, vLLM) and their models", False, "array"),
+    ("plugins", "list the project's plugins (and installed ones) with their state or error", True, "array"),
+    ("docs", "list the documents the document_retriever searches (PROJECT_DIR/docs/), and why any is skipped", True, "object"),
+    ("roles", "list the roles (built in, the project's, installed ones) with their state or error", True, "array"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every sub-command."""
     parser = argparse.ArgumentParser(
@@ -43,30 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--plain", action="store_true", help="plain text output, as when piped")
     demo.add_argument("--chat", action="store_true", help="the real chat on the demo's scripted model: type the demo's requests yourself")
 
-    sessions = commands.add_parser("sessions", help="list stored sessions, newest first")
-    _project_option(sessions)
-    sessions.add_argument("--json", action="store_true", help="one JSON array on stdout")
+    for name, about, in_project, shape in LISTINGS:
+        listing = commands.add_parser(name, help=about)
+        if in_project:
+            _project_option(listing)
+        listing.add_argument("--json", action="store_true", help=f"one JSON {shape} on stdout")
 
-    models = commands.add_parser("models", help="the local model servers reachable (Ollama, LM Studio, llama.cpp, vLLM) and their models")
-    models.add_argument("--json", action="store_true", help="one JSON array on stdout")
-    plugins = commands.add_parser("plugins", help="list the project's plugins (and installed ones) with their state or error")
-    _project_option(plugins)
-    plugins.add_argument("--json", action="store_true", help="one JSON array on stdout")
-    docs = commands.add_parser("docs", help="list the documents the document_retriever searches (PROJECT_DIR/docs/), and why any is skipped")
-    _project_option(docs)
-    docs.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    roles = commands.add_parser("roles", help="list the roles (built in, the project's, installed ones) with their state or error")
-    _project_option(roles)
-    roles.add_argument("--json", action="store_true", help="one JSON array on stdout")
-
-    serve = commands.add_parser("serve", help="a local web page and HTTP API: many sessions, plots and tables in the browser")
-    _project_option(serve)
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other needs a token)")
-    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; vLLM takes 8000)")
-    serve.add_argument("--token", default=None, help="the token every request must carry (default: env TASKWEAVER_LITE_TOKEN)")
-    serve.add_argument("--log", nargs="?", const="-", default=None, metavar="FILE", help="an access log, one line per request (to FILE, or stderr)")
-    serve.add_argument("--demo", action="store_true", help="serve a demo project on the scripted model: no network, no key")
-    _overrides_option(serve)
+    _add_serve_parser(commands)
 
     from taskweaver_lite.cli.eval import add_eval_parser
 
@@ -79,6 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", metavar="FILE", help="output file (default: <ID>.<format> in the current folder)")
     export.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
     return parser
+
+
+def _add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The `serve` command and its options."""
+    serve = commands.add_parser("serve", help="a local web page and HTTP API: many sessions, plots and tables in the browser")
+    _project_option(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other needs a token)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to listen on (default {DEFAULT_PORT}; vLLM takes 8000)")
+    serve.add_argument("--token", default=None, help="the token every request must carry (default: env TASKWEAVER_LITE_TOKEN)")
+    serve.add_argument("--log", nargs="?", const="-", default=None, metavar="FILE", help="an access log, one line per request (to FILE, or stderr)")
+    serve.add_argument("--demo", action="store_true", help="serve a demo project on the scripted model: no network, no key")
+    _overrides_option(serve)
 
 
 def _overrides_option(parser: argparse.ArgumentParser) -> None:

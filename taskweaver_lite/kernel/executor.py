@@ -42,7 +42,7 @@ from taskweaver_lite.kernel.process import (
     on_launcher_thread,
     socket_dir,
 )
-from taskweaver_lite.kernel.sandbox import Mount, fallback_notice, kernel_command, plan_for, uses_sandbox
+from taskweaver_lite.kernel.sandbox import Mount, SandboxPlan, fallback_notice, kernel_command, plan_for, uses_sandbox
 from taskweaver_lite.plugins.catalog import PluginSpec
 from taskweaver_lite.uploads import copy_file
 
@@ -80,30 +80,8 @@ class KernelExecutor(SessionKernel):
         # IPC sockets: local only, no ports; in the session folder unless its path is too long for
         # a socket name (then a short private folder in /tmp), always removed at the end.
         self._socket_dir = socket_dir(self.session_dir)
-        self._manager = InterpreterKernelManager(transport="ipc", ip=str(self._socket_dir / "kernel"))
-        self._manager.connection_file = str(self._socket_dir / "connection.json")
-        self._manager.python = self.python.executable
-        self.sandbox = None
-        if use_sandbox:
-            self.sandbox = plan_for(
-                cwd=self.cwd,
-                socket_dir=self._socket_dir,
-                hidden=hidden,
-                network=config.network,
-                tmp_bytes=config.memory_limit_bytes(),
-                run_as=kernel_uid(self.session_dir, cwd=self.cwd),
-                readable=self.python.folders,
-                mounts=[Mount(Path(m.path), writable=m.mode == "rw") for m in config.mounts],
-            )
-        self._manager.wrap = functools.partial(kernel_command, config=config, plan=self.sandbox)
-        if self.sandbox is not None:
-            self._manager.interrupt_mode = "message"
-        if self.sandbox is not None and self.sandbox.run_as is not None:
-            # Root's sandboxed kernel runs as a user of its own (identity.py): its sockets and working folder are that user's.
-            hand_over(self.cwd, self.sandbox.run_as)  # on resume, files an earlier kernel of this session wrote
-            hand_over(self._socket_dir, self.sandbox.run_as, recursive=False)  # its owner file stays ours
-            self._manager.kernel_uid = self.sandbox.run_as
-        self._manager.shutdown_wait_time = SHUTDOWN_GRACE
+        self.sandbox = self._sandbox_plan(config, hidden=hidden) if use_sandbox else None
+        self._manager = self._kernel_manager(config)
         self._client: BlockingKernelClient | None = None
         # The plugins' source text travels in the request, so a kernel that cannot see our files loads them too.
         self._plugin_install = namespace.plugin_install_code(plugins, session_id=self.session_dir.name, cwd=self.cwd) if plugins else ""
@@ -113,6 +91,35 @@ class KernelExecutor(SessionKernel):
         # Asked for with every cell, in the same request: the variables, and the working folder put back.
         self._expressions = self._cell_expressions(str(self.cwd))
         self._begin("kernel-start")
+
+    def _sandbox_plan(self, config: ExecutionConfig, *, hidden: tuple[Path, ...]) -> SandboxPlan:
+        """What the kernel's bubblewrap sandbox lets it see and do."""
+        return plan_for(
+            cwd=self.cwd,
+            socket_dir=self._socket_dir,
+            hidden=hidden,
+            network=config.network,
+            tmp_bytes=config.memory_limit_bytes(),
+            run_as=kernel_uid(self.session_dir, cwd=self.cwd),
+            readable=self.python.folders,
+            mounts=[Mount(Path(m.path), writable=m.mode == "rw") for m in config.mounts],
+        )
+
+    def _kernel_manager(self, config: ExecutionConfig) -> InterpreterKernelManager:
+        """The jupyter-client manager that starts this executor's kernels: local sockets, our python, the sandbox's wrap."""
+        manager = InterpreterKernelManager(transport="ipc", ip=str(self._socket_dir / "kernel"))
+        manager.connection_file = str(self._socket_dir / "connection.json")
+        manager.python = self.python.executable
+        manager.wrap = functools.partial(kernel_command, config=config, plan=self.sandbox)
+        if self.sandbox is not None:
+            manager.interrupt_mode = "message"
+        if self.sandbox is not None and self.sandbox.run_as is not None:
+            # Root's sandboxed kernel runs as a user of its own (identity.py): its sockets and working folder are that user's.
+            hand_over(self.cwd, self.sandbox.run_as)  # on resume, files an earlier kernel of this session wrote
+            hand_over(self._socket_dir, self.sandbox.run_as, recursive=False)  # its owner file stays ours
+            manager.kernel_uid = self.sandbox.run_as
+        manager.shutdown_wait_time = SHUTDOWN_GRACE
+        return manager
 
     @property
     def pid(self) -> int | None:

@@ -105,6 +105,30 @@ class ContextSettings:
         """Tokens the role's prompts may use: its model's window minus reply reserve and margin."""
         return self.llm.context_window - self.llm.reply_reserve - self.llm.margin
 
+    @property
+    def budget_source(self) -> str:
+        """How the budget is made, naming the settings: for messages about a prompt too big."""
+        key, llm = self.llm_key, self.llm
+        return f"{key}.context_window {llm.context_window:,} - {key}.reply_reserve {llm.reply_reserve:,} - {key}.margin {llm.margin:,}"
+
+    @property
+    def strategy(self) -> Strategy:
+        """The role's strategy; a summarising one with `prompt_compression: false` is a sliding window."""
+        chosen = self.section.strategy
+        return "sliding_window" if not self.section.prompt_compression and chosen in SUMMARISING else chosen
+
+    def schedule(self) -> Schedule:
+        """When this role's rounds fold (or leave, for strategies that keep rounds whole)."""
+        buffer = self.strategy == "summary_buffer"
+        keep = self.compressor.summary_buffer_rounds if buffer else self.compressor.rounds_to_retain
+        return Schedule.for_role(self.section.fold_schedule, settings=self.compressor, budget=self.budget, keep=keep, buffer=buffer)
+
+    def fold_limits(self) -> FoldLimits:
+        """The sizes of this role's fold calls: its prompts fit its own model's window, folds the round compressor's."""
+        return FoldLimits.for_budget(
+            self.budget, max_summary_tokens=self.compressor.max_summary_tokens, window=self.folder.context_window, margin=self.folder.margin
+        )
+
 
 @dataclass(frozen=True)
 class ContextReport:
@@ -157,30 +181,17 @@ class RoleContext:
         on_fold: Callable[[Folded], None] | None = None,
     ) -> None:
         """`live_variables` gives the kernel's truth; with it the prompt lists the variables (the CodeGenerator's)."""
-        role_config = settings.section
         self.role = settings.role
         self.label = settings.label
         self.llm = settings.llm  # the model this role's prompts are sent to (its window sizes the budget)
+        self.strategy: Strategy = settings.strategy
         self._fold_prompt = settings.fold_prompt
-        self.strategy: Strategy = role_config.strategy
-        self._examples_always = role_config.examples == "always"
-        if not role_config.prompt_compression and self.strategy in ("round_compression", "summary_buffer"):
-            self.strategy = "sliding_window"
+        self._examples_always = settings.section.examples == "always"
         self._settings = settings.compressor
-        # Each role's prompts fit its own model's window; folds fit the round compressor's.
-        llm, folder = settings.llm, settings.folder
         self._budget = settings.budget
-        buffer = self.strategy == "summary_buffer"
-        keep = self._settings.summary_buffer_rounds if buffer else self._settings.rounds_to_retain
-        self._schedule = Schedule.for_role(role_config.fold_schedule, settings=self._settings, budget=self._budget, keep=keep, buffer=buffer)
-        self._limits = FoldLimits.for_budget(
-            self._budget,
-            max_summary_tokens=settings.compressor.max_summary_tokens,
-            window=folder.context_window,
-            margin=folder.margin,
-        )
-        key = settings.llm_key
-        self._budget_source = f"{key}.context_window {llm.context_window:,} - {key}.reply_reserve {llm.reply_reserve:,} - {key}.margin {llm.margin:,}"
+        self._budget_source = settings.budget_source
+        self._schedule = settings.schedule()
+        self._limits = settings.fold_limits()
         self._model = model
         self._tokenizer = tokenizer
         self._live_variables = live_variables

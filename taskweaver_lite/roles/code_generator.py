@@ -79,14 +79,9 @@ class CodeGenerator(Role):
             reply_json = as_reply_json(fields)
             if fields["reply_type"] == "text":
                 return Post(send_from=self.party, send_to=request.send_from, message=fields["reply_content"], thought=fields["thought"], reply_json=reply_json)
-            code, result = self._review(fields["reply_content"])
+            code, result = self._reviewed_run(fields["reply_content"], request=request, add_post=add_post, notify=notify)
             if code != fields["reply_content"]:  # a person's edit: later prompts show what ran
                 reply_json = as_reply_json({**fields, "reply_content": code})
-            if result is None:
-                notify(Working("code_running", code))
-                result = self._run(code, request=request, add_post=add_post, notify=notify)
-                if code != fields["reply_content"]:
-                    result = dataclasses.replace(result, notices=(*result.notices, EDITED_NOTICE))
             final = result.success or result.timed_out or result.kernel_died or attempt == attempts
             if final:
                 return Post(
@@ -112,6 +107,18 @@ class CodeGenerator(Role):
                 )
             )
         raise AssertionError("unreachable: the last attempt always returns")
+
+    def _reviewed_run(
+        self, proposed: str, *, request: Post, add_post: Callable[[Post], None], notify: Callable[[Working | CellPrinted], None]
+    ) -> tuple[str, ExecutionResult]:
+        """The code as reviewed (a person may edit or refuse it) and what running it did."""
+        code, result = self._review(proposed)
+        if result is None:
+            notify(Working("code_running", code))
+            result = self._run(code, request=request, add_post=add_post, notify=notify)
+            if code != proposed:
+                result = dataclasses.replace(result, notices=(*result.notices, EDITED_NOTICE))
+        return code, result
 
     def _run(self, code: str, *, request: Post, add_post: Callable[[Post], None], notify: Callable[[Working | CellPrinted], None]) -> ExecutionResult:
         """Run `code`; cut short by Ctrl-C, the cell is still posted with what it printed (/last, /history, exports), then Ctrl-C goes on."""
