@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from taskweaver_lite.cli.demo import bundled_project
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.eval.examiner import examine
 from taskweaver_lite.llm.client import MeteredModel, OpenAIChatModel
 from taskweaver_lite.session import Session

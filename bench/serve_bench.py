@@ -36,7 +36,7 @@ import psutil
 import yaml
 
 from taskweaver_lite.cli.demo import bundled_project
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.events import Event, PostAdded
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply

@@ -32,7 +32,7 @@ from jupyter_client.manager import KernelManager
 from openai.types.chat import ChatCompletionSystemMessageParam
 
 from taskweaver_lite.cli.demo import bundled_project
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.execution import ExecutionResult, Executor, KernelEnvironment, OutputSink, Variable
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.llm.client import Completion, DeltaSink, Message, OpenAIChatModel

@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 __all__ = ["Session", "__version__", "load_config"]
 
 if TYPE_CHECKING:
-    from taskweaver_lite.config import load_config
+    from taskweaver_lite.config_file import load_config
     from taskweaver_lite.session import Session
 
 
@@ -24,7 +24,7 @@ def __getattr__(name: str) -> Any:
 
         return Session
     if name == "load_config":
-        from taskweaver_lite.config import load_config
+        from taskweaver_lite.config_file import load_config
 
         return load_config
     raise AttributeError(f"module 'taskweaver_lite' has no attribute {name!r}")

@@ -12,7 +12,7 @@ from typing import Any
 
 from helpers import make_project
 
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.llm.client import Usage
 from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.session import Session

@@ -29,7 +29,7 @@ from typing import Any, cast
 
 from helpers import make_project
 
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.events import Event, Listener, ModelCalled
 from taskweaver_lite.llm.client import Message

@@ -26,7 +26,8 @@ import yaml
 from helpers import cli_env, make_project
 
 from taskweaver_lite.cli.init import init_project
-from taskweaver_lite.config import ExecutionConfig, load_config
+from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.events import Event, PostAdded
 from taskweaver_lite.kernel.executor import KernelExecutor

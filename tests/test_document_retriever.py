@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import make_project, run_cli
 
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 

@@ -8,7 +8,7 @@ import pytest
 from helpers import REPO
 
 from taskweaver_lite.cli.eval import report_folder
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.eval.cases import BadCase, ProblemSet, TaskCase, load_cases
 from taskweaver_lite.eval.examiner import Transcript

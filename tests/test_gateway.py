@@ -17,7 +17,8 @@ import pytest
 import requests
 from helpers import REPO, make_project
 
-from taskweaver_lite.config import ExecutionConfig, KernelGatewayConfig, load_config
+from taskweaver_lite.config import ExecutionConfig, KernelGatewayConfig
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError, GatewayAuthError, GatewayUnreachableError
 from taskweaver_lite.kernel import remote
 from taskweaver_lite.kernel.executor import KernelExecutor

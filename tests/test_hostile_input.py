@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 from helpers import cli_env, make_project, run_cli, running_cli
 
-from taskweaver_lite.config import ExecutionConfig, load_config
+from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.process import OWNER_FILE
 from taskweaver_lite.session import Session

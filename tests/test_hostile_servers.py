@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import make_project, run_cli
 
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import LLMError
 from taskweaver_lite.llm.client import Message
 from taskweaver_lite.llm.tokens import get_tokenizer

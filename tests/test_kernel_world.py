@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from helpers import make_project, run_cli
 
-from taskweaver_lite.config import ExecutionConfig, load_config
+from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.interpreter import kernel_python

@@ -15,7 +15,7 @@ from helpers import make_project
 from rich.console import Console
 
 from taskweaver_lite.cli.console import RichConsole
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO, make_project, run_cli
 
-from taskweaver_lite.config import ExecutionConfig, load_config
+from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.execution import CellError
 from taskweaver_lite.kernel.executor import KernelExecutor

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from taskweaver_lite import extensions
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError, ReplyFormatError
 from taskweaver_lite.llm.replies import parse_reply, planner_schema
 from taskweaver_lite.roles import registry

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from helpers import REPO, make_project, run_cli
 
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.llm.client import Message
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.conversation import Post

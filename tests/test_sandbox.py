@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from helpers import make_project
 
-from taskweaver_lite.config import ExecutionConfig, load_config
+from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.sandbox import bwrap_path, uses_sandbox

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from helpers import make_project
 
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from helpers import make_project
 
-from taskweaver_lite.config import ExecutionConfig, load_config
+from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import LLMUnreachableError
 from taskweaver_lite.events import Event, Folded, PostAdded
 from taskweaver_lite.execution import ExecutionResult, KernelEnvironment, OutputSink, Variable

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import cli_env, make_project, run_cli
 
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 

@@ -20,7 +20,8 @@ from taskweaver_lite.cli.images import TerminalImages
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
 from taskweaver_lite.cli.roles import role_table
 from taskweaver_lite.cli.turns import TurnCommands, session_artifacts
-from taskweaver_lite.config import CONFIG_FILE_NAME, DISTILLER, FOLDER, Config, load_config
+from taskweaver_lite.config import DISTILLER, FOLDER, Config
+from taskweaver_lite.config_file import CONFIG_FILE_NAME, load_config
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, timeline

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from taskweaver_lite.cli.console import PlainConsole, RichConsole
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.execution import DATA_CLOSE, DATA_OPEN
 from taskweaver_lite.session import Session

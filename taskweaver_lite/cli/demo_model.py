@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from taskweaver_lite.cli.demo import STEPS, Step, _summarize, bundled_project
-from taskweaver_lite.config import Config, load_config
+from taskweaver_lite.config import Config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, text_reply
 

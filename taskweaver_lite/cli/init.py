@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from taskweaver_lite.cli.demo import bundled_project
-from taskweaver_lite.config import CONFIG_FILE_NAME
+from taskweaver_lite.config_file import CONFIG_FILE_NAME
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.workfiles import owner_only_file, owner_only_folder
 

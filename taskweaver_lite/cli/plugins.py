@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from taskweaver_lite.cli.console import PlainConsole, RichConsole
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.kernel import plugin_runtime
 from taskweaver_lite.plugins.catalog import PluginEntry, discover, entries_as_json

@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.roles.registry import RoleEntry, discover_roles
 from taskweaver_lite.terminal import strip_controls
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 from taskweaver_lite.cli.chat import project_dir
-from taskweaver_lite.config import Config, load_config
+from taskweaver_lite.config import Config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.roles.registry import discover_roles
 from taskweaver_lite.terminal import strip_controls

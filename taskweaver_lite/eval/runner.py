@@ -24,7 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.config import Config, LLMConfig, is_config_key, load_config, merged_llm
+from taskweaver_lite.config import Config, LLMConfig, merged_llm
+from taskweaver_lite.config_file import is_config_key, load_config
 from taskweaver_lite.errors import ConfigError, TaskWeaverError
 from taskweaver_lite.eval import probe
 from taskweaver_lite.eval.cases import BadCase, Case, ProblemSet, TaskCase

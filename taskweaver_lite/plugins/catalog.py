@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
-from taskweaver_lite.config import yaml_bounds_problem
+from taskweaver_lite.config_file import yaml_bounds_problem
 from taskweaver_lite.extensions import extension_folders
 
 ENTRY_POINT_GROUP = "taskweaver_lite.plugins"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from taskweaver_lite.config import load_yaml
+from taskweaver_lite.config_file import load_yaml
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.llm.client import Message
 

@@ -38,7 +38,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from taskweaver_lite.config import ROLES_FOLDER, Config, RoleConfig
+from taskweaver_lite.config import Config, RoleConfig
+from taskweaver_lite.config_file import ROLES_FOLDER
 from taskweaver_lite.extensions import extension_folders
 from taskweaver_lite.memory.conversation import USER
 from taskweaver_lite.roles.capabilities import KNOWN, unmet

@@ -1,0 +1,336 @@
+"""The project's config file: `PROJECT_DIR/taskweaver_config.yaml` (or TaskWeaver's JSON) read into one `Config`.
+
+YAML is read within bounds (size, depth, aliases). `--set a.b=value` overrides are parsed as YAML and
+applied before validation, so they are checked exactly like the file. Errors name the file, the
+key, its line and what was expected, on one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, get_args
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from taskweaver_lite.config import Config, RoleConfig
+from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.taskweaver_json import JSON_FILE_NAME, read_taskweaver_json
+
+CONFIG_FILE_NAME = "taskweaver_config.yaml"
+YAML_MAX_CHARS = 1_000_000
+YAML_MAX_DEPTH = 64
+YAML_MAX_NODES = 200_000  # values once every alias is expanded
+
+
+ROLES_FOLDER = "roles"
+_ROLE_SECTIONS = "role_sections"
+
+
+def role_names(project: Path, data: dict[str, Any]) -> set[str]:
+    """Names whose top-level section is a role's: the project's role folders and the roles `session.roles` lists."""
+    folder = project / ROLES_FOLDER
+    names = {p.name for p in folder.iterdir() if p.is_dir()} if folder.is_dir() else set()
+    listed = data.get("session", {}).get("roles") if isinstance(data.get("session"), dict) else None
+    if isinstance(listed, list):
+        names.update(str(name) for name in listed)
+    return names - set(Config.model_fields)
+
+
+
+def load_config(project_dir: str | Path = "project", overrides: list[str] | None = None) -> Config:
+    """Read the project's YAML, apply `KEY=VALUE` overrides, and validate once."""
+    project = Path(project_dir)
+    path = project / CONFIG_FILE_NAME
+    if not project.is_dir():
+        raise ConfigError(f"{project}: project folder not found; create one with `taskweaver-lite init {project}`")
+    data: dict[str, Any] = {}
+    notices: list[str] = []
+    if not path.exists() and (project / JSON_FILE_NAME).exists():
+        path, data, notices = _taskweaver_json(project / JSON_FILE_NAME)
+    elif path.exists():
+        text = _read_text(path)
+        try:
+            loaded = load_yaml(text, source=path)
+        except yaml.YAMLError as exc:
+            raise ConfigError(missing_colon(path, text, exc) or f"{path}: not valid YAML: {_yaml_problem(exc)}; fix the syntax") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections (llm:, planner:, ...) at the top")
+        data = loaded or {}
+    data.pop(_ROLE_SECTIONS, None)  # not a key of the file: role sections are written at the top level
+    for item in overrides or []:  # `--set session.roles=[...]` first: it decides which sections are roles'
+        if item.partition("=")[0].strip() == "session.roles":
+            _apply_override(data, item, roles=set())
+    roles = role_names(project, data)
+    unknown = [problem for item in overrides or [] if (problem := _apply_override(data, item, roles=roles))]
+    if unknown:
+        raise ConfigError("; ".join(unknown))
+    data[_ROLE_SECTIONS] = {name: data.pop(name) for name in sorted(roles) if name in data}
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path, overrides or [])) from None
+    config.project_dir = project
+    config.notices.extend(notices)
+    return config
+
+
+def _taskweaver_json(path: Path) -> tuple[Path, dict[str, Any], list[str]]:
+    """TaskWeaver's JSON config, mapped to our keys; errors from here on name that file."""
+    settings = read_taskweaver_json(path, known=is_config_key)
+    notice = settings.notice(path)
+    return path, settings.data, [notice] if notice else []
+
+
+def is_config_key(dotted: str) -> bool:
+    """Whether `dotted` (`llm.model`, `execution.kernel_gateway.url`) names one of our settings."""
+    node: Any = Config
+    for part in dotted.split("."):
+        fields = getattr(node, "model_fields", None)
+        if fields is None or part not in fields or part in _NOT_KEYS:
+            return False
+        node = section_type(fields[part].annotation)
+    return True
+
+
+def load_yaml(text: str, *, source: Path | str, max_chars: int = YAML_MAX_CHARS) -> Any:
+    """`yaml.safe_load` of a project's file within bounds: ConfigError naming `source` if it is too big, too deep or alias-heavy.
+
+    PyYAML builds nested values recursively (10,000 levels end in a RecursionError) and an alias
+    bomb is small on disk but explodes once the values are walked: the events are counted first,
+    without recursion, and only a file within the bounds is loaded.
+    """
+    problem = yaml_bounds_problem(text, max_chars=max_chars)
+    if problem is not None:
+        raise ConfigError(f"{source}: {problem}; nothing was loaded")
+    return yaml.safe_load(text)
+
+
+def yaml_bounds_problem(text: str, *, max_chars: int = YAML_MAX_CHARS) -> str | None:
+    """What makes `text` too big, too deep or too alias-heavy to load (None: within the bounds), read without recursion."""
+    if len(text) > max_chars:
+        return f"{len(text):,} characters, more than the {max_chars:,} a taskweaver-lite YAML file may have"
+    sizes: dict[str, int] = {}  # an anchor's value, in values once expanded
+    open_counts = [0]  # values in each collection being read, outermost first
+    anchors: list[str | None] = [None]
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            open_counts.append(0)
+            anchors.append(event.anchor)
+            if len(open_counts) > YAML_MAX_DEPTH + 1:
+                return f"nested more than {YAML_MAX_DEPTH} levels deep: flatten it"
+            continue
+        if isinstance(event, yaml.CollectionEndEvent):
+            added, anchor = open_counts.pop() + 1, anchors.pop()
+        elif isinstance(event, yaml.ScalarEvent):
+            added, anchor = 1, event.anchor
+        elif isinstance(event, yaml.AliasEvent):
+            added, anchor = sizes.get(event.anchor or "", 1), None
+        else:
+            continue
+        if anchor is not None:
+            sizes[anchor] = added
+        open_counts[-1] += added
+        if open_counts[-1] > YAML_MAX_NODES:
+            return f"its aliases (*name) expand to more than {YAML_MAX_NODES:,} values: write the values out"
+    return None
+
+
+def _read_text(path: Path) -> str:
+    """The config file's text; ConfigError naming the encoding problem if it is not UTF-8."""
+    if path.stat().st_size > YAML_MAX_CHARS * 4:  # never read a huge file whole
+        raise ConfigError(f"{path}: {path.stat().st_size:,} bytes, more than a taskweaver-lite YAML file may have; nothing was loaded")
+    raw = path.read_bytes()
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ConfigError(f"{path}: the file is UTF-16 encoded; save it as UTF-8")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            f"{path}: line {line} is not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}, perhaps Latin-1); save the file as UTF-8"
+        ) from None
+
+
+def _apply_override(data: dict[str, Any], item: str, *, roles: set[str]) -> str | None:
+    """Put one `KEY=VALUE` into `data`; returns the problem when the key is unknown (all are reported together).
+
+    A first part naming a role in `roles` is that role's section (`--set echo.llm.model=...`).
+    """
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {item}: expected KEY=VALUE, for example --set llm.model=gpt-4o")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        # Taking the raw text instead would pass `[x` on as an address and fail later as a network error.
+        raise ConfigError(f"--set {_masked(item)}: the value is not valid YAML ({_yaml_problem(exc)}); quote it: --set '{key}=\"...\"'") from None
+    parts = key.split(".")
+    node: Any = Config
+    for number, part in enumerate(parts):
+        fields = getattr(node, "model_fields", None)
+        if number == 0 and part in roles:
+            node = RoleConfig
+            continue
+        if fields is None or part not in fields or part in _NOT_KEYS:
+            return f"--set {key}: unknown config key '{part}'; known here: {_known(node)}"
+        node = section_type(fields[part].annotation)
+    target = data
+    for part in parts[:-1]:
+        child = target.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            target[part] = child
+        target = child
+    target[parts[-1]] = value
+    return None
+
+
+def section_type(annotation: Any) -> Any:
+    """The settings class inside an optional section's type (`KernelGatewayConfig | None`), else the type itself."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    sections = [arg for arg in get_args(annotation) if isinstance(arg, type) and issubclass(arg, BaseModel)]
+    return sections[0] if len(sections) == 1 else annotation
+
+
+_NOT_KEYS = ("project_dir", _ROLE_SECTIONS)
+
+
+def _known(node: Any) -> str:
+    fields = getattr(node, "model_fields", {})
+    return ", ".join(name for name in fields if name not in _NOT_KEYS) or "(none: this is a value)"
+
+
+def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
+    """Every problem pydantic found on one line: unknown keys grouped by section, then wrong values."""
+    unknown: dict[tuple[str, str], list[tuple[str, ...]]] = {}  # (source, section) -> where the unknown keys are
+    problems: list[str] = []
+    for err in exc.errors():
+        if err["loc"][:1] == (_ROLE_SECTIONS,):  # a role's section is written at the top level: name it so
+            err["loc"] = err["loc"][1:]
+        key = ".".join(str(p) for p in err["loc"])
+        if not key:  # a check across keys of a section: its message names them
+            touched = [o for o in overrides if o.split("=", 1)[0].strip() in err["msg"]]
+            source = ", ".join(f"--set {_masked(o)}" for o in touched) if touched else str(path)
+            problems.append(f"{source}: {err['msg'].removeprefix('Value error, ')}")
+            continue
+        loc = tuple(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            unknown.setdefault((_setters(loc, overrides) or str(path), ".".join(loc[:-1])), []).append(loc)
+        else:
+            problems.append(f"{_source(loc, path, overrides, missing=err['type'] == 'missing')}: {_wrong_value(err, key)}")
+    named = [
+        f"{_with_lines(source, locs, path)}: unknown key {' and '.join(repr('.'.join(loc)) for loc in locs)}; "
+        f"known keys {f'in {section}' if len(unknown) > 1 else 'here'}: " + _known(_section(section))
+        for (source, section), locs in unknown.items()
+    ]
+    if any("." in str(err["loc"][-1]) for err in exc.errors() if err["type"] == "extra_forbidden" and err["loc"]):
+        named.append("in the file keys nest, one per line (`llm:` then `  model: gpt-4o` below it); dotted keys are for --set")
+    return "; ".join(dict.fromkeys(named + problems))
+
+
+def _source(loc: tuple[str, ...], path: Path, overrides: list[str], *, missing: bool = False) -> str:
+    """Who set the key at `loc`: the --set values that wrote it (or, for a missing key, its section), else the file with the key's line.
+
+    Keys are compared part by part: a dotted key written in the file (`llm.model:`) is one
+    part, so it is the file's, not that of a valid `--set llm.model=...`.
+    """
+    scope = loc[:-1] if missing else loc
+    setters = _setters(scope, overrides)
+    if setters:
+        return setters
+    line = key_line(path, scope)
+    return f"{path}, line {line}" if line is not None else str(path)
+
+
+def _setters(scope: tuple[str, ...], overrides: list[str]) -> str | None:
+    """The --set values that wrote the key at `scope` or inside it, compared part by part."""
+    touched = [o for o in overrides if tuple(o.split("=", 1)[0].strip().split("."))[: len(scope)] == scope]
+    return ", ".join(f"--set {_masked(o)}" for o in touched) or None
+
+
+def _with_lines(source: str, locs: list[tuple[str, ...]], path: Path) -> str:
+    """The file named with the lines of the keys at `locs`; --set sources as they are."""
+    if source != str(path):
+        return source
+    lines = sorted({n for loc in locs if (n := key_line(path, loc)) is not None})
+    if not lines:
+        return source
+    return f"{source}, line{'s' if len(lines) > 1 else ''} {' and '.join(map(str, lines))}"
+
+
+def _section(dotted: str) -> type[BaseModel]:
+    parent: type[BaseModel] = Config
+    for part in filter(None, dotted.split(".")):
+        if part not in parent.model_fields:  # a role's section (`echo`), written at the top level
+            parent = RoleConfig
+            continue
+        section = section_type(parent.model_fields[part].annotation)
+        if not (isinstance(section, type) and issubclass(section, BaseModel)):
+            break
+        parent = section
+    return parent
+
+
+def _wrong_value(err: ErrorDetails, key: str) -> str:
+    got = err.get("input")
+    # Only scalars are echoed: a whole section could hold the API key.
+    shown = "" if "api_key" in key or isinstance(got, (dict, list)) else f", got {got!r}"
+    return f"key '{key}': {err['msg'].lower()}{shown}"
+
+
+def _masked(override: str) -> str:
+    key, sep, value = override.partition("=")
+    return f"{key}{sep}***" if ("api_key" in key or key.strip().endswith("token")) and value else override
+
+
+COLON_PROBLEMS = ("mapping values are not allowed here", "could not find expected ':'")
+
+
+def missing_colon(path: Path, text: str, exc: yaml.YAMLError) -> str | None:
+    """The line whose key lacks its colon, said plainly, when that is what PyYAML tripped on (it names a later line)."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None or exc.problem not in COLON_PROBLEMS:
+        return None
+    lines = text.splitlines()
+    last = exc.context_mark.line if exc.context_mark is not None else exc.problem_mark.line - 1
+    for number in range(min(last, len(lines) - 1), -1, -1):
+        line = lines[number].strip()
+        if not line or line.startswith(("#", "-")):
+            continue
+        if ":" in line.split(" #")[0]:
+            return None  # the nearest key has its colon: some other slip, PyYAML's words say it better
+        key, _, rest = line.partition(" ")
+        fixed = f"{key}: {rest.strip()}" if rest.strip() else f"{key}:"
+        return f"{path}, line {number + 1}: `{line}` has no colon after its key; write `{fixed}`"
+    return None
+
+
+def key_line(path: Path, loc: tuple[str, ...]) -> int | None:
+    """The line of the file where the key at `loc` is written (1-based), if the file has it."""
+    try:
+        node = yaml.compose(path.read_text(encoding="utf-8-sig"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    line = None
+    for part in loc:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        match = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == part), None)
+        if match is None:
+            break
+        line, node = match[0].start_mark.line + 1, match[1]
+    return line
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's own explanation with the line it points at, and where the enclosing construct began."""
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    mark = exc.problem_mark
+    text = f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem}"
+    if exc.context and exc.context_mark is not None:
+        text += f" ({exc.context} on line {exc.context_mark.line + 1})"
+    return text
