@@ -76,7 +76,7 @@ class LLMConfig(_Section):
     @classmethod
     def _reserve_follows_the_window(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("reply_reserve") is None:
-            window = data.get("context_window", 128_000)
+            window = data.get("context_window", cls.model_fields["context_window"].default)
             if isinstance(window, int) and not isinstance(window, bool):
                 return {**data, "reply_reserve": default_reply_reserve(window)}
             return {key: value for key, value in data.items() if key != "reply_reserve"}  # a bad window: its own error

@@ -50,7 +50,7 @@ MERGE_SHARE = 0.60
 MAX_DESCRIBED = 15
 DESCRIPTION_TOKENS = 24
 REPLY_OVERHEAD = 32  # JSON keys, quotes and brackets around the summary
-# One round's text in a fold is cut to a sixth of the role's budget (364 tokens at 8k), keeping its
+# One round's text in a fold is cut to a tenth of the role's budget (574 tokens at 8k), keeping its
 # essential pieces: a summary keeps a few lines of a round, not its whole output, and every token
 # of a fold's input is computed afresh (a fold cannot share the role's cached prompt, CONTRACT §4).
 ROUND_SHARE = 10
@@ -73,7 +73,7 @@ class CompressionState:
     named: tuple[str, ...] = ()  # variables named by the notes appended since the summary was last merged
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON shape: {summary, variables, lost, folded_through, log}."""
+        """JSON shape: {summary, variables, lost, folded_through, log, named}."""
         return {
             "summary": self.summary,
             "variables": [v.to_dict() for v in self.variables],

@@ -18,7 +18,7 @@ from typing import Any
 from taskweaver_lite.errors import ReplyFormatError, RoundFailedError
 from taskweaver_lite.llm.client import ChatModel, Completion, DeltaSink, Message
 from taskweaver_lite.llm.replies import ReplySchema, parse_reply, repair_message
-from taskweaver_lite.memory.compression import RoleContext
+from taskweaver_lite.memory.compression import SUMMARISING, RoleContext
 from taskweaver_lite.memory.conversation import Round, RoundMessages
 from taskweaver_lite.roles.templates import PromptTemplate, load_prompt
 
@@ -76,7 +76,10 @@ class Role(ABC):
     def cut_earlier_output(self, text: str) -> str:
         """What an earlier round's cell printed, as a role's leaner view of it shows it: head and tail,
         within a share of the budget. The role saw it whole when it was current; the full output's
-        file is named beside it."""
+        file is named beside it. Strategies without a summary (`none`, the windows, masking) show
+        the rounds they keep as they were."""
+        if self.context.strategy not in SUMMARISING:
+            return text
         return self.context.tokenizer.truncate_middle(text, max(MIN_EARLIER_OUTPUT_TOKENS, self.context.budget // EARLIER_OUTPUT_SHARE))
 
     def ask(
