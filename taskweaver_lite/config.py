@@ -167,6 +167,16 @@ class RoleConfig(_Section):
     )
 
 
+class RoleSectionConfig(RoleConfig):
+    """The section of a role with no field of its own here (`echo:`, a project role's): ours keys, and the role's own.
+
+    A key that is not one of ours is the role's own setting (TaskWeaver's `echo.decorator`): kept,
+    and handed to the role with its file's options (`tools.options`, a TaskWeaver role's config).
+    """
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
+
+
 class CodeGeneratorConfig(RoleConfig):
     """The CodeGenerator's settings: its prompt history, and which plugins its prompt shows."""
 
@@ -398,7 +408,7 @@ class Config(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     # The sections of roles that have no field here (`echo:`, a project role's), written at the top
     # level like `planner:`; load_config moves them here. Not a YAML key of its own.
-    role_sections: dict[str, RoleConfig] = Field(default_factory=dict, exclude=True)
+    role_sections: dict[str, RoleSectionConfig] = Field(default_factory=dict, exclude=True)
     # Not a YAML key: where the project lives, filled in by load_config.
     project_dir: Path = Field(default=Path("project"), exclude=True)
     _notices: list[str] = PrivateAttr(default_factory=list)
@@ -427,7 +437,7 @@ class Config(_Section):
         section = getattr(self, key, None) if key in type(self).model_fields else None
         if isinstance(section, RoleConfig):
             return section
-        return self.role_sections.get(key) or RoleConfig()
+        return self.role_sections.get(key) or RoleSectionConfig()
 
     @model_validator(mode="after")
     def _no_conflicting_settings(self) -> Config:
