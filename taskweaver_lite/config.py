@@ -154,8 +154,12 @@ class RoleConfig(_Section):
     rounds_to_compress: int | None = Field(None, ge=1, description="this role's round_compressor.rounds_to_compress (null: round_compressor's)")
     rounds_to_retain: int | None = Field(None, ge=0, description="this role's round_compressor.rounds_to_retain (null: round_compressor's)")
 
-    prompt_compression: bool = True
-    strategy: Strategy = "round_compression"
+    prompt_compression: bool = Field(True, description="fold this role's older rounds by its strategy (false: its whole history, within its budget)")
+    strategy: Strategy = Field(
+        "round_compression",
+        description="round_compression: older rounds folded into a summary; sliding_window: the latest rounds only; "
+        "summary_buffer: a summary plus summary_buffer_rounds rounds; observation_masking: older rounds' outputs cut; none: every round",
+    )
     fold_schedule: FoldSchedule = Field(
         "rounds",
         description="rounds: fold as rounds_to_compress + rounds_to_retain rounds gather (TaskWeaver's rule); "
@@ -197,8 +201,8 @@ class DocumentRetrieverConfig(RoleConfig):
 class RoundCompressorConfig(_Section):
     """When and how old rounds fold into a summary."""
 
-    rounds_to_compress: int = Field(2, ge=1)
-    rounds_to_retain: int = Field(3, ge=0)
+    rounds_to_compress: int = Field(2, ge=1, description="rounds folded into the summary at once")
+    rounds_to_retain: int = Field(3, ge=0, description="the latest rounds kept as they were")
     fold_token_trigger: float = Field(
         0.6,
         ge=0,

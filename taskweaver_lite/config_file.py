@@ -93,6 +93,19 @@ def is_config_key(dotted: str) -> bool:
     return True
 
 
+def key_description(dotted: str) -> str:
+    """What the setting `dotted` means, from its field's description in the typed config ('' when it has none)."""
+    node: Any = Config
+    description = ""
+    for part in dotted.split("."):
+        fields = getattr(node, "model_fields", None)
+        if fields is None or part not in fields:
+            return ""
+        description = fields[part].description or ""
+        node = section_type(fields[part].annotation)
+    return description
+
+
 def load_yaml(text: str, *, source: Path | str, max_chars: int = YAML_MAX_CHARS) -> Any:
     """`yaml.safe_load` of a project's file within bounds: ConfigError naming `source` if it is too big, too deep or alias-heavy.
 
