@@ -19,6 +19,7 @@ from helpers import REPO, make_project, run_cli
 
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.events import Event, Working
 from taskweaver_lite.roles.registry import RoleCatalog, discover_roles
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, planner_reply
@@ -184,9 +185,11 @@ def test_a_role_written_as_taskweavers_docs_show_calls_its_own_model_and_attache
     add_role(project, "summarizer", SUMMARIZER_PY, SUMMARIZER_YAML)
     server.enqueue("planner", planner_reply("Summarize: the sales rose in May and fell in June.", send_to="Summarizer"), planner_reply("Done.", send_to="User"))
     server.enqueue("other", "Ventes en hausse puis en baisse.")
-    with Session.open(load_config(project)) as session:
+    seen: list[Event] = []
+    with Session.open(load_config(project), listeners=[seen.append]) as session:
         assert session.role_problems == []
         rnd = session.ask("Summarize the sales note.")
+    assert Working("role_working", "Summarizer (summarizing)") in seen, "update_status shows as the role's progress line"
     reply = rnd.posts[2]
     assert (reply.send_from, reply.message) == ("Summarizer", "Ventes en hausse puis en baisse.")
     assert [(a.kind, a.content) for a in reply.attachments] == [("text", "1 round(s) seen")]

@@ -327,9 +327,9 @@ class PostEventProxy:
 class SessionEventEmitter:
     """The session's events as a role sees them: the running round, and post proxies for its replies."""
 
-    def __init__(self, on_status: Callable[[str], None] = lambda status: None) -> None:
+    def __init__(self) -> None:
         self.current_round_id: str | None = None
-        self._on_status = on_status
+        self.on_status: Callable[[str], None] = lambda status: None  # the session's progress line, set per request
 
     def start_round(self, round_id: str) -> None:
         """The round a reply belongs to (the session sets it before each request)."""
@@ -347,11 +347,11 @@ class SessionEventEmitter:
 
     def status(self, status: str) -> None:
         """Pass a role's status line on to the session's progress display."""
-        self._on_status(status)
+        self.on_status(status)
 
     def emit_error(self, msg: str) -> None:
         """An error the role reports: shown as its status."""
-        self._on_status(msg)
+        self.on_status(msg)
 
     @contextmanager
     def handle_events_ctx(self, handler: Any = None) -> Iterator[None]:

@@ -19,6 +19,7 @@ import sys
 import types
 from typing import Any
 
+from taskweaver_lite.events import Working
 from taskweaver_lite.memory.conversation import Post as OurPost
 from taskweaver_lite.roles import taskweaver_api as api
 from taskweaver_lite.roles import taskweaver_memory as memory
@@ -113,6 +114,8 @@ class TaskWeaverRole:
     def reply(self, request: RoleRequest, tools: RoleTools) -> OurPost:
         """The TaskWeaver role's reply to the request, as our post."""
         role = self.role = self.role or self._build(tools)
+        alias = self.entry.alias
+        self.emitter.on_status = lambda status: request.turn.notify(Working("role_working", f"{alias} ({status})"))
         self.emitter.start_round(request.live.id)
         seen = memory.memory_for(tools.working_dir.name, request.history, request.current)
         try:
