@@ -250,3 +250,15 @@ def test_chat_with_a_typo_in_session_roles_exits_with_one_line(tmp_path: Path, s
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "did you mean 'code_interpreter'?" in lines[0], done.stderr
     assert server.requests == []
+
+
+def test_the_ported_echo_of_the_docs_answers_as_taskweavers_does(tmp_path: Path, server: ScriptedServer) -> None:
+    page = (REPO / "docs" / "taskweaver-roles.md").read_text(encoding="utf-8")
+    ported = page.split("## Porting to reply()", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    project = make_project(tmp_path, server.url, session={"roles": ["planner", "echo"]}, echo={"decorator": "**"})
+    add_role(project, "echo", ported, (ECHO / "echo.role.yaml").read_text(encoding="utf-8"))
+    server.enqueue("planner", planner_reply("hello there", send_to="Echo"), planner_reply("Echo said it.", send_to="User"))
+    with Session.open(load_config(project)) as session:
+        assert session.role_problems == []
+        rnd = session.ask("Have Echo say hello there.")
+    assert (rnd.posts[2].send_from, rnd.posts[2].message) == ("Echo", "**hello there**")
