@@ -1,6 +1,6 @@
 """A TaskWeaver role class running as one of ours: its module names provided, its object built by `injector`, its reply adapted.
 
-`provide_modules()` registers `roles/taskweaver_api.py` and `roles/taskweaver_memory.py` under the
+`provide_modules()` registers `roles/taskweaver_api.py`, `taskweaver_session.py` and `taskweaver_memory.py` under the
 names TaskWeaver's role files import (`taskweaver.role`, `taskweaver.memory`,
 `taskweaver.module.event_emitter`, `taskweaver.logging`, `taskweaver.module.tracing`,
 `taskweaver.llm`...), as the kernel's plugin runtime registers `taskweaver.plugin`. A role file is
@@ -23,6 +23,7 @@ from taskweaver_lite.events import Working
 from taskweaver_lite.memory.conversation import Post as OurPost
 from taskweaver_lite.roles import taskweaver_api as api
 from taskweaver_lite.roles import taskweaver_memory as memory
+from taskweaver_lite.roles import taskweaver_session as lent
 from taskweaver_lite.roles.worker import RoleRequest, RoleTools
 
 INSTALL_HINT = "pip install 'taskweaver-lite[taskweaver]'"
@@ -64,7 +65,7 @@ def provide_modules() -> None:
             setattr(module, _SHIM, True)
             sys.modules[name] = module
         for attribute in names:
-            setattr(module, attribute, getattr(memory, attribute, None) or getattr(api, attribute))
+            setattr(module, attribute, next(getattr(m, attribute) for m in (memory, lent, api) if hasattr(m, attribute)))
         parent, _, child = name.rpartition(".")
         if parent:
             setattr(sys.modules[parent], child, module)
@@ -77,7 +78,7 @@ def import_problem(exc: ImportError) -> str | None:
         return f"TaskWeaver's roles are built by the package injector, which is not installed: {INSTALL_HINT}"
     if name.startswith("taskweaver.") or (name == "taskweaver" and "cannot import name" in str(exc)):
         what = f"{name}.{_missing_name(exc)}" if "cannot import name" in str(exc) else name
-        return str(api.NotProvided(what))
+        return str(lent.NotProvided(what))
     if isinstance(exc, ModuleNotFoundError) and name:
         return f"it needs the package {name.split('.')[0]}, which is not installed here"
     return None
@@ -109,7 +110,7 @@ class TaskWeaverRole:
         self.cls = cls
         self.entry = api.RoleEntry(name=name, alias=alias, module=cls, intro=intro)
         self.role: api.Role | None = None
-        self.emitter = api.SessionEventEmitter()
+        self.emitter = lent.SessionEventEmitter()
 
     def reply(self, request: RoleRequest, tools: RoleTools) -> OurPost:
         """The TaskWeaver role's reply to the request, as our post."""
@@ -140,15 +141,15 @@ class TaskWeaverRole:
 
         values = {f"{self.entry.name}.{key}": value for key, value in tools.options.items()}
         source = api.AppConfigSource(values, app_base_path=tools.project_dir)
-        metadata = api.SessionMetadata(session_id=tools.working_dir.name, workspace=str(tools.working_dir), execution_cwd=str(tools.working_dir))
+        metadata = lent.SessionMetadata(session_id=tools.working_dir.name, workspace=str(tools.working_dir), execution_cwd=str(tools.working_dir))
         bound: dict[type, Any] = {
             api.AppConfigSource: source,
-            api.TelemetryLogger: api.TelemetryLogger(self.entry.name),
-            api.Tracing: api.Tracing(),
-            api.SessionEventEmitter: self.emitter,
+            lent.TelemetryLogger: lent.TelemetryLogger(self.entry.name),
+            lent.Tracing: lent.Tracing(),
+            lent.SessionEventEmitter: self.emitter,
             api.RoleEntry: self.entry,
-            api.LLMApi: api.LLMApi(lambda messages, max_tokens: tools.complete(messages, max_tokens=max_tokens)),
-            api.SessionMetadata: metadata,
+            lent.LLMApi: lent.LLMApi(lambda messages, max_tokens: tools.complete(messages, max_tokens=max_tokens)),
+            lent.SessionMetadata: metadata,
         }
 
         def configure(binder: injector.Binder) -> None:
@@ -159,9 +160,9 @@ class TaskWeaverRole:
         return built
 
 
-def _not_provided(exc: AttributeError) -> api.NotProvided | None:
+def _not_provided(exc: AttributeError) -> lent.NotProvided | None:
     """An attribute a role asked of a provided object that TaskWeaver has and we do not: the porting line (None: another error)."""
     owner = getattr(exc, "obj", None)
-    if owner is not None and type(owner).__module__ in (api.__name__, memory.__name__):
-        return api.NotProvided(f"{type(owner).__name__}.{exc.name}")
+    if owner is not None and type(owner).__module__ in (api.__name__, lent.__name__, memory.__name__):
+        return lent.NotProvided(f"{type(owner).__name__}.{exc.name}")
     return None
