@@ -262,3 +262,21 @@ def test_the_ported_echo_of_the_docs_answers_as_taskweavers_does(tmp_path: Path,
         assert session.role_problems == []
         rnd = session.ask("Have Echo say hello there.")
     assert (rnd.posts[2].send_from, rnd.posts[2].message) == ("Echo", "**hello there**")
+
+
+def test_a_role_class_with_no_constructor_or_config_class_of_its_own_is_built_with_the_base_ones(tmp_path: Path, server: ScriptedServer) -> None:
+    plain = (
+        "from taskweaver.memory import Memory, Post\nfrom taskweaver.role import Role\n\n\n"
+        "class Plain(Role):\n"
+        "    def reply(self, memory: Memory, **kwargs) -> Post:\n"
+        "        last = memory.get_role_rounds(self.alias)[-1].post_list[-1]\n"
+        "        proxy = self.event_emitter.create_post_proxy(self.alias)\n"
+        "        proxy.update_message(f'{self.name}/{self.alias}: {last.message}')\n"
+        "        return proxy.end()\n"
+    )
+    project = make_project(tmp_path, server.url, session={"roles": ["planner", "plain"]})
+    add_role(project, "plain", plain, "alias: Plain\nmodule: plain.Plain\nintro: plain\n")
+    server.enqueue("planner", planner_reply("hi", send_to="Plain"), planner_reply("ok", send_to="User"))
+    with Session.open(load_config(project)) as session:
+        rnd = session.ask("Ask Plain.")
+    assert (rnd.posts[2].send_from, rnd.posts[2].message) == ("Plain", "plain/Plain: hi")

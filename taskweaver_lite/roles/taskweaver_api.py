@@ -196,7 +196,8 @@ class Role:
         self.tracing = tracing
         self.event_emitter = event_emitter
         self.role_entry = role_entry
-        self.name = config.name
+        # A role with no config class of its own gets the base one, named after no file: it takes its folder's name.
+        self.name = config.name or (role_entry.name if role_entry else "")
         if role_entry is not None and self.name != role_entry.name:
             raise ValueError(f"the role's config is named {self.name!r} (after its file) but its folder is {role_entry.name!r}: name them alike")
         self.alias = role_entry.alias if role_entry else ""
