@@ -154,8 +154,12 @@ class RoleConfig(_Section):
     rounds_to_compress: int | None = Field(None, ge=1, description="this role's round_compressor.rounds_to_compress (null: round_compressor's)")
     rounds_to_retain: int | None = Field(None, ge=0, description="this role's round_compressor.rounds_to_retain (null: round_compressor's)")
 
-    prompt_compression: bool = True
-    strategy: Strategy = "round_compression"
+    prompt_compression: bool = Field(True, description="fold this role's older rounds by its strategy (false: its whole history, within its budget)")
+    strategy: Strategy = Field(
+        "round_compression",
+        description="round_compression: older rounds folded into a summary; sliding_window: the latest rounds only; "
+        "summary_buffer: a summary plus summary_buffer_rounds rounds; observation_masking: older rounds' outputs cut; none: every round",
+    )
     fold_schedule: FoldSchedule = Field(
         "rounds",
         description="rounds: fold as rounds_to_compress + rounds_to_retain rounds gather (TaskWeaver's rule); "
@@ -165,6 +169,16 @@ class RoleConfig(_Section):
         "until_history",
         description="few-shot examples in every prompt, or only until the prompt shows a round of the role's own (which shows the reply format as well)",
     )
+
+
+class RoleSectionConfig(RoleConfig):
+    """The section of a role with no field of its own here (`echo:`, a project role's): ours keys, and the role's own.
+
+    A key that is not one of ours is the role's own setting (TaskWeaver's `echo.decorator`): kept,
+    and handed to the role with its file's options (`tools.options`, a TaskWeaver role's config).
+    """
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
 
 
 class CodeGeneratorConfig(RoleConfig):
@@ -187,8 +201,8 @@ class DocumentRetrieverConfig(RoleConfig):
 class RoundCompressorConfig(_Section):
     """When and how old rounds fold into a summary."""
 
-    rounds_to_compress: int = Field(2, ge=1)
-    rounds_to_retain: int = Field(3, ge=0)
+    rounds_to_compress: int = Field(2, ge=1, description="rounds folded into the summary at once")
+    rounds_to_retain: int = Field(3, ge=0, description="the latest rounds kept as they were")
     fold_token_trigger: float = Field(
         0.6,
         ge=0,
@@ -398,7 +412,7 @@ class Config(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     # The sections of roles that have no field here (`echo:`, a project role's), written at the top
     # level like `planner:`; load_config moves them here. Not a YAML key of its own.
-    role_sections: dict[str, RoleConfig] = Field(default_factory=dict, exclude=True)
+    role_sections: dict[str, RoleSectionConfig] = Field(default_factory=dict, exclude=True)
     # Not a YAML key: where the project lives, filled in by load_config.
     project_dir: Path = Field(default=Path("project"), exclude=True)
     _notices: list[str] = PrivateAttr(default_factory=list)
@@ -427,7 +441,7 @@ class Config(_Section):
         section = getattr(self, key, None) if key in type(self).model_fields else None
         if isinstance(section, RoleConfig):
             return section
-        return self.role_sections.get(key) or RoleConfig()
+        return self.role_sections.get(key) or RoleSectionConfig()
 
     @model_validator(mode="after")
     def _no_conflicting_settings(self) -> Config:

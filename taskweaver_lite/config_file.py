@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from taskweaver_lite.config import Config, RoleConfig
+from taskweaver_lite.config import Config, RoleSectionConfig
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.taskweaver_json import JSON_FILE_NAME, read_taskweaver_json
 
@@ -78,9 +78,8 @@ def load_config(project_dir: str | Path = "project", overrides: list[str] | None
 
 def _taskweaver_json(path: Path) -> tuple[Path, dict[str, Any], list[str]]:
     """TaskWeaver's JSON config, mapped to our keys; errors from here on name that file."""
-    settings = read_taskweaver_json(path, known=is_config_key)
-    notice = settings.notice(path)
-    return path, settings.data, [notice] if notice else []
+    settings = read_taskweaver_json(path, known=is_config_key, role_folders=role_names(path.parent, {}))
+    return path, settings.data, settings.notices(path)
 
 
 def is_config_key(dotted: str) -> bool:
@@ -92,6 +91,19 @@ def is_config_key(dotted: str) -> bool:
             return False
         node = section_type(fields[part].annotation)
     return True
+
+
+def key_description(dotted: str) -> str:
+    """What the setting `dotted` means, from its field's description in the typed config ('' when it has none)."""
+    node: Any = Config
+    description = ""
+    for part in dotted.split("."):
+        fields = getattr(node, "model_fields", None)
+        if fields is None or part not in fields:
+            return ""
+        description = fields[part].description or ""
+        node = section_type(fields[part].annotation)
+    return description
 
 
 def load_yaml(text: str, *, source: Path | str, max_chars: int = YAML_MAX_CHARS) -> Any:
@@ -172,8 +184,10 @@ def _apply_override(data: dict[str, Any], item: str, *, roles: set[str]) -> str 
     for number, part in enumerate(parts):
         fields = getattr(node, "model_fields", None)
         if number == 0 and part in roles:
-            node = RoleConfig
+            node = RoleSectionConfig
             continue
+        if node is RoleSectionConfig and fields is not None and part not in fields:  # a role's own key (`echo.decorator`): the role reads it
+            break
         if fields is None or part not in fields or part in _NOT_KEYS:
             return f"--set {key}: unknown config key '{part}'; known here: {_known(node)}"
         node = section_type(fields[part].annotation)
@@ -266,7 +280,7 @@ def _section(dotted: str) -> type[BaseModel]:
     parent: type[BaseModel] = Config
     for part in filter(None, dotted.split(".")):
         if part not in parent.model_fields:  # a role's section (`echo`), written at the top level
-            parent = RoleConfig
+            parent = RoleSectionConfig
             continue
         section = section_type(parent.model_fields[part].annotation)
         if not (isinstance(section, type) and issubclass(section, BaseModel)):

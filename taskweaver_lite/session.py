@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.config import DISTILLER, FOLDER, Config, LLMConfig, LLMOverrides, RoleConfig, merged_llm
+from taskweaver_lite.config import DISTILLER, FOLDER, Config, LLMConfig, LLMOverrides, RoleSectionConfig, merged_llm
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
@@ -118,6 +118,7 @@ class Session:
         self.options = options
         self.plugins = options.plugins or PluginCatalog()  # every plugin found, broken ones with their errors; the enabled ones are shown
         self.roles = options.roles or discover_roles(config.project_dir, enabled=config.session.roles, config=config)
+        self.roles.check_names()
         self.id = session_id
         self.executor = executor
         self.store = options.store
@@ -184,7 +185,7 @@ class Session:
             key=spec.key,
             alias=spec.alias,
             config=section,
-            options=spec.options,
+            options={**spec.options, **(section.model_extra or {})},  # the role's own keys: its file's, the project config's over them
             model=self._model,
             context=context,
             project_dir=self.config.project_dir,
@@ -292,6 +293,7 @@ class Session:
         confirm: ConfirmCell | None = None,
     ) -> Session:
         roles = discover_roles(config.project_dir, enabled=config.session.roles, config=config)
+        roles.check_names()  # a typo in session.roles stops here, before the kernel starts or a model is called
         chat_model = model or role_models(config, roles=roles.enabled)
         plugins = discover(config.project_dir)
         for folder in (config.sessions_dir, config.sessions_dir / session_id):
@@ -479,7 +481,7 @@ class Session:
         else:
             section = config.round_compressor if user == FOLDER else config.role_section(user) if user in type(config).model_fields else None
             if section is None:  # a project role: its section may not be written yet
-                section = config.role_sections.setdefault(user, RoleConfig())
+                section = config.role_sections.setdefault(user, RoleSectionConfig())
             # Assigned whole, so the section counts as set where a role's file settings are merged under it.
             section.llm = LLMOverrides.model_validate({**section.llm.model_dump(exclude_unset=True), "model": name})
         for active in self.active.values():  # what /info names (each role's window, and so its budget, stays)

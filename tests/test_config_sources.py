@@ -96,8 +96,41 @@ def test_taskweavers_json_config_is_read_with_its_keys_mapped_and_the_rest_liste
     assert config.code_generator.auto_plugin_selection and config.round_compressor.rounds_to_retain == 1
     assert config.session.max_internal_hops == 6 and config.execution.sandbox == "bubblewrap"
     assert config.code_interpreter.code_verification_on and config.code_interpreter.allowed_modules == ["pandas"]
-    ignored = "TaskWeaver settings with no effect here, ignored: logging.log_file, planner.use_experience"
-    assert config.notices == [f"{project / 'taskweaver_config.json'}: {ignored}"]
+    path = project / "taskweaver_config.json"
+    assert config.experience.enabled is True
+    assert config.notices == [
+        f"{path}: planner.use_experience: true read as experience.enabled: true "
+        "(here one switch shows tips to the Planner and the CodeGenerator; it is on by default)",
+        f"{path}: TaskWeaver settings with no effect here, ignored: logging.log_file",
+    ]
+
+
+def test_taskweavers_use_experience_off_turns_experience_off_here_and_says_it_is_on_by_default(tmp_path: Path) -> None:
+    settings = {"planner.use_experience": False, "code_generator.use_experience": False}
+    config = load_config(project_with(tmp_path, json.dumps(settings), name="taskweaver_config.json"))
+    assert config.experience.enabled is False
+    assert len(config.notices) == 1 and "it is on by default" in config.notices[0] and "no effect" not in config.notices[0]
+
+
+def test_environment_placeholders_in_taskweavers_json_are_expanded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TWL_TEST_KEY", "sk-from-env")
+    monkeypatch.setenv("TWL_TEST_HOST", "gpu-box")
+    settings = {"llm.api_key": "${TWL_TEST_KEY}", "llm.api_base": "http://${TWL_TEST_HOST}:8000/v1", "store.path": "${AppBaseDir}/s.db"}
+    project = project_with(tmp_path, json.dumps(settings), name="taskweaver_config.json")
+    config = load_config(project)
+    assert config.llm.api_key is not None and config.llm.api_key.get_secret_value() == "sk-from-env"
+    assert config.llm.api_base == "http://gpu-box:8000/v1"
+    assert config.store.path == f"{project}/s.db"
+
+
+def test_an_unset_placeholder_names_the_file_the_key_and_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TWL_TEST_UNSET", raising=False)
+    project = project_with(tmp_path, json.dumps({"llm.api_key": "${TWL_TEST_UNSET}"}), name="taskweaver_config.json")
+    said = problem(project)
+    assert said == (
+        f"{project / 'taskweaver_config.json'}: key 'llm.api_key' uses ${{TWL_TEST_UNSET}}, but the environment variable "
+        "TWL_TEST_UNSET is not set; set it, or write the value in the file"
+    )
 
 
 def test_the_yaml_wins_over_the_json_and_a_bad_json_value_names_the_json(tmp_path: Path) -> None:

@@ -172,7 +172,7 @@ def test_bad_input_marks_its_case_with_the_reason_and_the_others_go_on(tmp_path:
     assert result["web_search"].status == "skipped" and "session.roles: no role is called 'web_search'" in result["web_search"].reason
     assert result["echo"].status == "scored" and result["echo"].score == 1.0
     text = write_report(tmp_path / "report", outcomes, [Setting("project")], plot=False)[0].read_text(encoding="utf-8")
-    assert "## Skipped or failed" in text and "- no_data @ project: **skipped**: data file gone.csv not found" in text
+    assert "## Not scored" in text and "- no_data @ project: **skipped**: data file gone.csv not found" in text
 
 
 def test_a_matrix_runs_every_case_under_every_setting_in_parallel_and_reports_their_costs(tmp_path: Path, server: ScriptedServer) -> None:
@@ -237,3 +237,33 @@ def test_eval_stopped_by_sigterm_ends_its_runs_after_their_current_request(tmp_p
     said = "".join(lines)
     assert "eval: interrupted; the runs recorded so far are in results.jsonl" in said and "round 50" not in said
     assert not (report / "results.jsonl").exists() or not (report / "results.jsonl").read_text(encoding="utf-8").strip()
+
+
+def test_a_broken_role_is_left_out_with_a_note_and_the_cases_that_never_ask_it_are_scored(tmp_path: Path, server: ScriptedServer) -> None:
+    the_plan = plan(tmp_path, server)
+    folder = the_plan.project / "roles" / "critic"
+    folder.mkdir(parents=True)
+    (folder / "critic.role.yaml").write_text("alias: Critic\nmodule: critic.Critic\nintro: criticises\n", encoding="utf-8")
+    (folder / "critic.py").write_text("import not_installed_anywhere_xyz\n", encoding="utf-8")
+    (the_plan.project / "taskweaver_config.yaml").write_text(
+        (the_plan.project / "taskweaver_config.yaml").read_text(encoding="utf-8") + "session:\n  roles: [planner, code_interpreter, critic]\n", encoding="utf-8"
+    )
+    [outcome] = run_eval(load_cases([TASKWEAVER_CASES / "calc_mean"]), the_plan)
+    assert outcome.status == "scored" and outcome.score == 1.0, outcome.reason
+    [note] = [n for n in outcome.notes if "critic" in n]
+    assert "it needs the package not_installed_anywhere_xyz, which is not installed here" in note and note.endswith("(the case ran without it)")
+
+
+def test_a_case_the_scripted_model_cannot_play_is_not_played_rather_than_scored_zero(tmp_path: Path, server: ScriptedServer) -> None:
+    case = tmp_path / "cases" / "median"
+    case.mkdir(parents=True)
+    (case / "median.yaml").write_text(
+        "task_description: The task is to fit an ARIMA model to the sales and report its AIC.\n"
+        "scoring_points: [{score_point: The agent reports an AIC of 412.5, weight: 1}]\n",
+        encoding="utf-8",
+    )
+    [outcome] = run_eval(load_cases([case]), plan(tmp_path, server))
+    assert outcome.status == "not played" and outcome.score is None, outcome
+    assert outcome.reason.startswith("the model could not play this case: it could not answer request(s) 1; run it with real models")
+    summary = write_report(tmp_path / "report", [outcome], [Setting("project")], plot=False)[0].read_text(encoding="utf-8")
+    assert "| median | project | not played |" in summary and "| project | - | 0/1 |" in summary

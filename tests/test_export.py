@@ -177,3 +177,27 @@ def test_the_markdown_export_copies_its_images_beside_it_and_links_them_relative
     for link in links:
         image = moved / link
         assert image.is_file() and image.read_bytes().startswith(b"\x89PNG"), f"{link} resolves next to the moved file"
+
+
+@pytest.mark.cli
+def test_an_exported_demo_session_runs_top_to_bottom_in_a_fresh_folder_with_its_plugin_and_data(tmp_path: Path) -> None:
+    from helpers import run_cli
+
+    project = tmp_path / "demo"
+    done = run_cli("demo", "-p", str(project), "--plain", timeout=240)
+    assert done.returncode == 0, done.stderr
+    notebook_path = tmp_path / "analysis.ipynb"
+    exported = run_cli("export", "last", "-p", str(project), "-o", str(notebook_path))
+    assert exported.returncode == 0, exported.stderr
+    notebook = nbformat.read(str(notebook_path), as_version=4)
+    assert any("anomaly_detection(" in c.source for c in code_cells(notebook)), "the demo calls its plugin"
+    # Another machine: the session's folder is not there, only the notebook in a fresh folder.
+    shutil.rmtree(project)
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    nbclient.NotebookClient(notebook, timeout=120, resources={"metadata": {"path": str(fresh)}}).execute()  # raises on an untagged error
+    errors = [o for c in code_cells(notebook) if "raises-exception" not in c.metadata.get("tags", []) for o in c.outputs if o.output_type == "error"]
+    assert errors == []
+    plugin_call = next(c for c in code_cells(notebook) if "anomaly_detection(" in c.source and "_twl_runtime" not in c.source)
+    assert not any(o.output_type == "error" for o in plugin_call.outputs)
+    assert (fresh / "sales.csv").is_file(), "the loaded data file was carried in the notebook"

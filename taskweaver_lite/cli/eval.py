@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from taskweaver_lite.errors import ConfigError
+
+if TYPE_CHECKING:
+    from taskweaver_lite.eval.report import ReportAbout
+    from taskweaver_lite.eval.runner import EvalPlan
 
 
 def add_eval_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,13 +53,31 @@ def run_eval_command(args: argparse.Namespace) -> int:
     settings = load_matrix(Path(args.matrix)) if args.matrix else (Setting(DEFAULT_SETTING),)
     report_dir = report_folder(project, output=args.output, resume=args.resume)
     cases = load_cases(args.cases)
+    started = time.time()
     with _models(args.scripted) as overrides:
         plan = EvalPlan(project, report_dir, settings, overrides=(*overrides, *args.overrides), jobs=args.jobs, resume=args.resume)
+        about = report_about(plan, started=started, scripted=args.scripted)
         outcomes = run_eval(cases, plan, progress=lambda line: print(line, file=sys.stderr, flush=True))
-    written = write_report(report_dir, outcomes, settings)
+    written = write_report(report_dir, outcomes, settings, about=about)
     print((report_dir / REPORT_MD).read_text(encoding="utf-8"), end="")
     print(f"eval: report written: {', '.join(str(p) for p in written)}", file=sys.stderr)
     return 0 if all(o.status == "scored" for o in outcomes) else 1
+
+
+def report_about(plan: EvalPlan, *, started: float, scripted: bool) -> ReportAbout:
+    """What the report says it was made from: the command as typed, the project, and the agent's, examiner's and judge's models."""
+    from taskweaver_lite.config_file import load_config
+    from taskweaver_lite.eval.report import ReportAbout
+    from taskweaver_lite.eval.runner import eval_llm
+
+    config = load_config(plan.project, list(plan.overrides))
+    if scripted:
+        models = dict.fromkeys(("agent", "examiner", "judge"), "the scripted model (taskweaver_lite/testing/eval_script.py)")
+    else:
+        parts = {"agent": config.llm, "examiner": eval_llm(config, "examiner"), "judge": eval_llm(config, "judge")}
+        models = {part: f"`{llm.model}` at {llm.api_base or 'the OpenAI API'}" for part, llm in parts.items()}
+    command = shlex.join(["taskweaver-lite", *sys.argv[1:]])
+    return ReportAbout(started=started, command=command, project=plan.project.resolve(), models=models, scripted=scripted)
 
 
 def report_folder(project: Path, *, output: str | None, resume: bool) -> Path:

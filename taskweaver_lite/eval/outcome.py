@@ -15,8 +15,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-Status = Literal["scored", "failed", "skipped"]
+# not played: the run went through, but the model could not play part of it (the scripted model met a
+# request or a statement outside its script); a score would say nothing about the setting, so there is none.
+Status = Literal["scored", "failed", "skipped", "not played"]
 RESULTS_FILE = "results.jsonl"
+# What a model says when it cannot play a request or judge a statement (the scripted model does): the run is "not played".
+CANNOT_PLAY = "The scripted model cannot play this"
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ class Outcome:
     seconds: float = 0.0
     examiner_tokens: int = 0  # the examiner's and the judge's calls, apart from the agent's
     judge_tokens: int = 0
-    reason: str = ""  # why it was skipped or failed
+    reason: str = ""  # why it was skipped, failed or not played
     notes: tuple[str, ...] = ()  # what was read but not applied, commands that failed...
     details: tuple[PointResult, ...] = ()
     session_id: str | None = None

@@ -5,7 +5,9 @@ translated where ours differ; keys with no counterpart are noted, not applied), 
 the setting's keys, so a matrix row always wins. Sessions are stored in the report folder's own
 database, not the project's. Whatever goes wrong in one run (a case that cannot be read, data that
 is missing, a model that fails mid-run, a judge reply that is no verdict) is that run's outcome,
-with the reason; the other runs go on.
+with the reason; the other runs go on. A role the case enables that is broken is left out with a
+note, as the chat does, and the case runs; a run the model could not play (`CANNOT_PLAY` in the
+conversation or a verdict) is "not played", not a score.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from taskweaver_lite.eval.cases import BadCase, Case, ProblemSet, TaskCase
 from taskweaver_lite.eval.dseval import SetupFailed, run_problem_set
 from taskweaver_lite.eval.examiner import ExaminerFailed, RoundFailed, Transcript, examine
 from taskweaver_lite.eval.matrix import Setting
-from taskweaver_lite.eval.outcome import RESULTS_FILE, Outcome, PointResult, ResultsFile, scored_keys
+from taskweaver_lite.eval.outcome import CANNOT_PLAY, RESULTS_FILE, Outcome, PointResult, ResultsFile, scored_keys
 from taskweaver_lite.eval.scoring import JudgeFailed, NotAVerdict, mark, score
 from taskweaver_lite.events import Event, RoundEnded
 from taskweaver_lite.llm.client import ChatModel, MeteredModel, OpenAIChatModel
@@ -152,6 +154,8 @@ def describe(outcome: Outcome) -> str:
     where = f"{outcome.case} @ {outcome.setting}"
     if outcome.status == "skipped":
         return f"{where}: skipped: {outcome.reason}"
+    if outcome.status == "not played":
+        return f"{where}: not played: {outcome.reason}"
     tokens = f"{outcome.prompt_tokens:,} prompt tokens ({outcome.cached_tokens:,} cached)"
     cost = f"{outcome.rounds} round(s), {tokens}, {outcome.fold_calls} fold(s), {outcome.seconds:.1f} s"
     if outcome.status == "failed":
@@ -279,10 +283,10 @@ def _in_session(case: TaskCase | ProblemSet, config: Config, *, blank: Outcome, 
         except TaskWeaverError as exc:
             return replace(blank, status="failed", reason=f"the session could not start: {exc}")
         with session:
-            # A role the case names that this project does not have (TaskWeaver's web_search): the case cannot run as written.
-            absent = [entry.error for entry in session.roles.broken if entry.name in config.session.roles]
-            if absent:
-                return replace(blank, reason=f"session.roles: {'; '.join(str(e) for e in absent)}")
+            # A role the case enables that is broken is left out, as the chat leaves it out; the case runs without it.
+            # (A name that is no role at all, like TaskWeaver's web_search here, stopped Session.open: skipped above.)
+            left_out = tuple(f"{line} (the case ran without it)" for line in session.role_problems)
+            blank = replace(blank, notes=blank.notes + left_out)
             outcome = _scored(case, session, config, examiner=examiner, judge=judge, blank=blank, watch=watch, transcript=transcript)
             return _with_costs(outcome, session)
     finally:
@@ -317,10 +321,24 @@ def _scored(
         return replace(blank, status="failed", reason=f"the agent's model or kernel failed at request {rounds}: {exc}", **_side_costs(examiner, judge))
     except Exception as exc:  # noqa: BLE001 - one run's unexpected failure must not end the others; its reason is kept
         return replace(blank, status="failed", reason=f"{type(exc).__name__}: {exc}", **_side_costs(examiner, judge))
+    unplayed = not_played(session.conversation.rounds, details)
+    if unplayed:
+        return replace(blank, status="not played", reason=unplayed, details=details, **_side_costs(examiner, judge))
     points, most = score(details)
     return replace(
         blank, status="scored", score=round(points / most, 4) if most else 0.0, points=points, max_points=most, details=details, **_side_costs(examiner, judge)
     )
+
+
+def not_played(rounds: Sequence[Round], details: Sequence[PointResult]) -> str:
+    """Why the model could not play the run (it said `CANNOT_PLAY` in a post or a verdict), or ''."""
+    unanswered = [rnd.index for rnd in rounds if any(CANNOT_PLAY in post.message for post in rnd.posts)]
+    verdicts = [f"scoring point {number}" for number, d in enumerate(details, 1) if CANNOT_PLAY in d.reason]
+    if not unanswered and not verdicts:
+        return ""
+    parts = [f"it could not answer request(s) {', '.join(map(str, unanswered))}"] if unanswered else []
+    parts += [f"it could not judge {', '.join(verdicts)}"] if verdicts else []
+    return f"the model could not play this case: {'; '.join(parts)}; run it with real models (llm, eval.examiner.llm, eval.judge.llm) for a score"
 
 
 def _task_case(

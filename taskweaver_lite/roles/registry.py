@@ -7,14 +7,17 @@ stored summary and model-call purpose; the name, except the CodeInterpreter's `c
 its `label` on screen, its own settings (`llm`, `strategy`, `prompt_compression`,
 `rounds_to_compress`, `rounds_to_retain`, `examples`) and how to build it.
 
-Roles come from three places, in this order (a later role with a taken name is broken):
+Roles come from three places, in this order (a later role with a taken name is broken, except
+that a project's or package's role named like a built-in example, `echo` or `document_retriever`,
+takes that one's place: a TaskWeaver project's own `echo` is listed once):
 - built in: `planner` (the role the user talks to), `code_interpreter`, and, off by default, `echo` and
   `document_retriever` (answers from `PROJECT_DIR/docs/`);
 - the project: `PROJECT_DIR/roles/<name>/<name>.role.yaml`, TaskWeaver's layout and keys (`alias`,
   `module`, `intro`), plus ours (`prompt` for a model-only role, the settings above; any other key
   is handed to the role as `tools.options`). `module: pkg.mod.ClassName` names the class; it is
   loaded from `<name>.py` beside the YAML when that file exists (TaskWeaver's module paths work
-  unchanged), else imported. Without `module`, `prompt` makes a model-only role (`ModelOnlyRole`);
+  unchanged), else imported. A TaskWeaver role class (`from taskweaver.role import Role`) runs
+  unchanged through `roles/taskweaver_role.py`. Without `module`, `prompt` makes a model-only role (`ModelOnlyRole`);
 - installed packages: the entry-point group `taskweaver_lite.roles`, each point a folder (or a
   function returning one) laid out like the project's `roles/`.
 
@@ -26,6 +29,8 @@ session starts with the others and says why, in one line naming the file.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import importlib
 import importlib.util
 import re
@@ -40,9 +45,11 @@ from pydantic import ValidationError
 
 from taskweaver_lite.config import Config, RoleConfig
 from taskweaver_lite.config_file import ROLES_FOLDER
+from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.extensions import extension_folders
 from taskweaver_lite.memory.conversation import USER
 from taskweaver_lite.roles.capabilities import KNOWN, unmet
+from taskweaver_lite.roles.taskweaver_role import TaskWeaverRole, import_problem, injector_problem, is_taskweaver_role, provide_modules
 from taskweaver_lite.roles.worker import ModelOnlyRole, RoleHandler
 
 ENTRY_POINT_GROUP = "taskweaver_lite.roles"
@@ -173,6 +180,19 @@ class RoleCatalog:
         """The entry with this name."""
         return next((e for e in self.entries if e.name == name), None)
 
+    def check_names(self) -> None:
+        """ConfigError when `session.roles` names a role that exists nowhere (a typo): one line with the closest name.
+
+        A role that exists but is broken only warns (the session goes on without it); a name that is
+        no role at all would run a session missing what was meant, so it stops here, before any call.
+        """
+        known = sorted({e.name for e in self.entries if e.where != "session.roles"})
+        for entry in self.entries:
+            if entry.where == "session.roles" and entry.state == "broken":
+                close = difflib.get_close_matches(entry.name, known, n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ConfigError(f"session.roles: no role is called {entry.name!r}; {hint}known roles: {', '.join(known)} (taskweaver-lite roles lists them)")
+
 
 def builtin_roles() -> tuple[RoleSpec, ...]:
     """The roles that ship with the package: the Planner, the CodeInterpreter, the echo example and the document retriever."""
@@ -214,12 +234,15 @@ _CODE_INTERPRETER_INTRO = """\
 
 def discover_roles(project_dir: Path, *, enabled: Sequence[str], config: Config | None = None) -> RoleCatalog:
     """Every role for this project (built in, the project's, installed packages'), `enabled` picking the active ones."""
-    entries: list[RoleEntry] = [RoleEntry(spec.name, spec.origin, "disabled", spec=spec) for spec in builtin_roles()]
+    found: list[RoleEntry] = []
     folders, broken = _folders(project_dir)
     for folder, origin in folders:
         for role_dir in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
-            entries.append(read_entry(role_dir, origin=origin))
-    entries = _unique(entries + broken)
+            found.append(read_entry(role_dir, origin=origin))
+    # A project's own `echo` (TaskWeaver's, brought over) takes the place of the built-in example of that name: listed once.
+    replaced = {entry.name for entry in found}
+    builtin = [RoleEntry(spec.name, spec.origin, "disabled", spec=spec) for spec in builtin_roles() if spec.builtin or spec.name not in replaced]
+    entries = _unique(builtin + found + broken)
     return _enable(entries, enabled, config=config)
 
 
@@ -308,24 +331,35 @@ def read_spec(path: Path, *, origin: str = "project") -> RoleSpec:
         settings=settings,
         options={k: v for k, v in data.items() if k not in (*_TASKWEAVER_KEYS, "prompt", "requires", *_SETTINGS_KEYS)},
         requires=_requires(data),
-        handler=load_class(module, folder=path.parent, name=name) if module else ModelOnlyRole,
+        handler=load_class(module, folder=path.parent, name=name, alias=alias, intro=intro) if module else ModelOnlyRole,
     )
 
 
-def load_class(module: str, *, folder: Path, name: str) -> Callable[[], RoleHandler]:
-    """The class `module` names (`pkg.mod.ClassName`): from `<name>.py` in `folder` when there, else imported."""
+def load_class(module: str, *, folder: Path, name: str, alias: str = "", intro: str = "") -> Callable[[], RoleHandler]:
+    """The class `module` names (`pkg.mod.ClassName`): from `<name>.py` in `folder` when there, else imported.
+
+    A TaskWeaver role class (a subclass of `taskweaver.role.Role`) is run by `TaskWeaverRole`.
+    """
     path, _, class_name = module.rpartition(".")
     if not path or not class_name:
         raise RoleProblem(f"key 'module': {module!r} must name a class as module.ClassName (e.g. {name}.{name.title().replace('_', '')})")
     source = folder / f"{name}.py"
+    provide_modules()  # TaskWeaver's role files import taskweaver.role, taskweaver.memory...: they resolve to ours
     try:
         loaded = _load_file(source, name) if source.is_file() else importlib.import_module(path)
     except Exception as exc:  # noqa: BLE001 - whatever a role's module raises on import, the session starts without it
         where = source if source.is_file() else path
-        raise RoleProblem(f"the class could not be imported from {where} ({type(exc).__name__}: {exc})") from None
+        problem = import_problem(exc) if isinstance(exc, ImportError) else None
+        why = problem or f"{type(exc).__name__}: {exc}"
+        raise RoleProblem(f"the class could not be imported from {where} ({why})") from None
     cls = getattr(loaded, class_name, None)
     if not isinstance(cls, type):
         raise RoleProblem(f"key 'module': {loaded.__name__} has no class {class_name!r}")
+    if is_taskweaver_role(cls):
+        problem = injector_problem()
+        if problem:
+            raise RoleProblem(problem)
+        return functools.partial(TaskWeaverRole, cls, name=name, alias=alias, intro=intro)
     if not callable(getattr(cls, "reply", None)):
         raise RoleProblem(f"class {class_name} has no method reply(self, request, tools) -> Post")
     handler: Callable[[], RoleHandler] = cls

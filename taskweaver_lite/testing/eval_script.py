@@ -8,7 +8,9 @@ rounds, or one request and the column it is asked for); the judge checks that th
 quoted words, else the names) of a statement appear in what the agent said, and says no to anything
 it cannot check that way. The scores are therefore earned by
 code that really ran; what changes between settings is what the prompts cost (the scripted server
-reports cached prompt tokens as a server's prefix cache would).
+reports cached prompt tokens as a server's prefix cache would). What it cannot play (a request
+outside its script, a statement it cannot check) it says with `CANNOT_PLAY`, and the run is
+reported as not played rather than scored.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from taskweaver_lite.eval.outcome import CANNOT_PLAY
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, last_user_text, planner_reply, summary_reply, text_reply
 
 STOP_WORD = "TASK_FINISHED"
@@ -57,7 +60,7 @@ def code_generator(messages: list[dict[str, Any]]) -> str:
         match = re.search(pattern, instruction, re.I)
         if match:
             return code_reply(build(match))
-    return text_reply("This request is outside what the scripted model knows.")
+    return text_reply(f"{CANNOT_PLAY}: the request is outside what the scripted model knows.")
 
 
 _CODE: list[tuple[str, Any]] = [
@@ -130,7 +133,8 @@ def judge(prompt: str) -> str:
     quoted = [phrase.strip("\\ ") for phrase in re.findall(r'"([^"]+)"', statement)]  # TaskWeaver's YAML keeps \" as is
     wanted = numbers or quoted or names
     if not wanted:
-        return json.dumps({"reason": "the scripted judge checks numbers, quoted phrases and names only; this statement has none", "is_hit": "no"})
+        reason = f"{CANNOT_PLAY}: the scripted judge checks numbers, quoted phrases and names only; this statement has none"
+        return json.dumps({"reason": reason, "is_hit": "no"})
     plain = said.replace(",", "")
     missing = [w for w in wanted if not re.search(rf"(?<![\d.\w]){re.escape(w.replace(',', ''))}(?![\d\w])", plain)]
     if missing:
