@@ -9,7 +9,19 @@ import threading
 from collections.abc import Iterator, Sequence
 
 import pytest
-from test_compression import EXAMPLES, SYSTEM, SummaryModel, build, config, context, make_round, marks, memory, play
+from test_compression import (  # stop_scripted_servers: the fixture that stops the servers SummaryModel starts
+    EXAMPLES,
+    SYSTEM,
+    SummaryModel,
+    build,
+    config,
+    context,
+    make_round,
+    marks,
+    memory,
+    play,
+    stop_scripted_servers,  # noqa: F401
+)
 
 from taskweaver_lite.execution import CellError, ExecutionResult, Variable, VariableChanges
 from taskweaver_lite.llm.client import Message
