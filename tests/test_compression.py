@@ -44,18 +44,22 @@ def covering_summary(messages: Sequence[Message]) -> str:
     return json.dumps({"ConversationSummary": f"Covers {covered}.", "Variables": []})
 
 
-class SummaryModel(OpenAIChatModel):
-    """The real openai client, over HTTP to a scripted server that answers fold calls from a function of the prompt.
+class SummaryModel:
+    """A fold model over the wire: the real openai client (`client`) talking HTTP to a scripted server
+    whose compression replies come from a function of the prompt.
 
-    What a test checks about the calls it reads from the wire: the server's recorded requests (the
-    messages, `max_tokens`, and the purpose in the `prompt_cache_key`). `gate` holds each answer until
-    set (a slow summariser); `entered` is set once a call has arrived. The server stops after the test.
+    What a test checks about the calls it reads from the wire: the requests the server received
+    since this model was made (their messages, `max_tokens`, and the purpose in the
+    `prompt_cache_key`). `gate` holds each answer until set (a slow summariser); `entered` is set once
+    a call has arrived. Servers and clients are reused across tests (a client costs ~50 ms of CPU to
+    make, its TLS set-up); each model gets a pair no other model of its test uses.
     """
 
     def __init__(self, answer: Callable[[Sequence[Message]], str] = covering_summary, *, gate: threading.Event | None = None) -> None:
         self.entered = threading.Event()
-        self.server = ScriptedServer().start()
-        _STARTED.append(self)
+        self.server, self.client = _WIRES.pop() if _WIRES else _wire()
+        _IN_USE.append((self.server, self.client))
+        self._first = len(self.server.requests)
 
         def respond(messages: list[dict[str, Any]]) -> str:
             self.entered.set()
@@ -64,30 +68,47 @@ class SummaryModel(OpenAIChatModel):
             return answer(messages)  # type: ignore[arg-type]
 
         self.server.set_default("compression", respond)
-        super().__init__(Config.model_validate({"llm": {"api_base": self.server.url, "api_key": "test"}}).llm)
+
+    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
+        """The real client's call (for code that takes the model itself; `context` hands the client to RoleContext)."""
+        return self.client.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
 
     @property
     def calls(self) -> list[tuple[str, list[Message]]]:
-        """Each request that reached the server: its purpose (from the cache key) and its messages."""
-        return [(purpose_sent(r.body), r.messages) for r in self.server.requests]  # type: ignore[misc]
+        """Each request that reached the server from this model: its purpose (from the cache key) and its messages."""
+        return [(purpose_sent(r.body), r.messages) for r in self.server.requests[self._first :]]  # type: ignore[misc]
 
     @property
     def max_tokens(self) -> list[int | None]:
         """The `max_tokens` each request carried on the wire."""
-        return [r.body.get("max_tokens") for r in self.server.requests]
+        return [r.body.get("max_tokens") for r in self.server.requests[self._first :]]
 
 
-_STARTED: list[SummaryModel] = []
+def _wire() -> tuple[ScriptedServer, OpenAIChatModel]:
+    server = ScriptedServer().start()
+    return server, OpenAIChatModel(Config.model_validate({"llm": {"api_base": server.url, "api_key": "test"}}).llm)
+
+
+_WIRES: list[tuple[ScriptedServer, OpenAIChatModel]] = []  # idle, for the next tests
+_IN_USE: list[tuple[ScriptedServer, OpenAIChatModel]] = []
 
 
 @pytest.fixture(autouse=True)
-def stop_scripted_servers() -> Iterator[None]:
-    """Close the test's models and stop their servers (the files that import SummaryModel import this too)."""
+def return_wires() -> Iterator[None]:
+    """Give the test's wires back once it ends, and stop them all after the module's last test (importers import this too)."""
     yield
-    while _STARTED:
-        model = _STARTED.pop()
-        model.close()
-        model.server.stop()
+    _WIRES.extend(_IN_USE)
+    _IN_USE.clear()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def close_wires() -> Iterator[None]:
+    """Close every client and stop every server the module's tests used."""
+    yield
+    while _WIRES:
+        server, client = _WIRES.pop()
+        client.close()
+        server.stop()
 
 
 def purpose_sent(body: dict[str, Any]) -> str:
@@ -118,7 +139,8 @@ LABELS = {"planner": "Planner", "code_generator": "CodeGenerator"}
 
 
 def context(cfg: Config, model: SummaryModel, role: str = "planner", **kwargs: Any) -> RoleContext:
-    return RoleContext(ContextSettings.of(cfg, role, label=LABELS[role]), model=model, tokenizer=TOKENIZER, **kwargs)
+    """The role's context as a session makes it, its folds going through the real client to `model`'s server."""
+    return RoleContext(ContextSettings.of(cfg, role, label=LABELS[role]), model=model.client, tokenizer=TOKENIZER, **kwargs)
 
 
 def play(ctx: RoleContext, rounds: int, *, sizes: dict[int, int] | None = None) -> list[RoundMessages]:
@@ -187,9 +209,10 @@ def test_folds_append_notes_while_the_summary_has_room_then_merge_it_with_the_ne
     assert first_summary not in second_prompt and "Rounds 1-2 are summarised already" in second_prompt
     assert ctx.state.summary == "Covers ROUND-1 ROUND-2.\nCovers ROUND-3 ROUND-4."
     # With a summary cap too small for more notes, the next fold merges: previous summary + new rounds.
-    small = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1, "max_summary_tokens": 64}), SummaryModel())
+    small_model = SummaryModel()
+    small = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1, "max_summary_tokens": 64}), small_model)
     play(small, 6)
-    merges = [messages for _, messages in small._model.calls if "Previous summary" in messages[-1]["content"]]  # type: ignore[attr-defined]
+    merges = [messages for _, messages in small_model.calls if "Previous summary" in messages[-1]["content"]]
     assert merges, "no fold ever merged the summary"
     assert "Write one summary that merges" in merges[0][-1]["content"]
     assert marks(small.state.summary) == [1, 2, 3, 4, 5], "a merge lost a round"
