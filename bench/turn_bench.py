@@ -239,15 +239,15 @@ def main() -> None:
     overhead = statistics.median(overheads)
     wall = statistics.median(walls)
     help_s, python_s = help_time()
-    print(f"{'measure':<52}{'ours':>12}{'baseline':>12}{'ratio':>8}")
-    print(f"{'turn wall time (3 model calls + x = 1)':<52}{wall * 1e3:>10.1f}ms{(sdk + kernel) * 1e3:>10.1f}ms{wall / (sdk + kernel):>8.2f}")
-    print(f"{'framework overhead = turn - kernel (target < 15 ms)':<52}{overhead * 1e3:>10.1f}ms{sdk * 1e3:>10.1f}ms{overhead / sdk:>8.2f}")
-    print(f"{'  of which not the 3 HTTP calls (overhead - bare SDK)':<52}{(overhead - sdk) * 1e3:>10.1f}ms{'':>12}{'':>8}")
-    print(f"{'framework CPU/turn, 3rd role idle vs 2 roles':<52}{idle * 1e3:>10.2f}ms{two * 1e3:>10.2f}ms{idle / two:>8.2f}")
+    print(f"{'measure':<62}{'ours':>12}{'baseline':>12}{'ratio':>8}")
+    print(f"{'turn wall time (3 model calls + x = 1)':<62}{wall * 1e3:>10.1f}ms{(sdk + kernel) * 1e3:>10.1f}ms{wall / (sdk + kernel):>8.2f}")
+    print(f"{'framework overhead = turn - kernel (target < 15 ms)':<62}{overhead * 1e3:>10.1f}ms{sdk * 1e3:>10.1f}ms{overhead / sdk:>8.2f}")
+    print(f"{'  of which not the 3 HTTP calls (overhead - bare SDK)':<62}{(overhead - sdk) * 1e3:>10.1f}ms{'':>12}{'':>8}")
+    print(f"{'framework CPU/turn, 3rd role idle vs 2 roles':<62}{idle * 1e3:>10.2f}ms{two * 1e3:>10.2f}ms{idle / two:>8.2f}")
     # Per post: each turn's cost over the posts its round holds (counted, not assumed).
-    per_post = f"framework CPU/post ({busy_posts:g} vs {two_posts:g} posts), 3rd role in every turn vs 2"
-    print(f"{per_post:<52}{busy / busy_posts * 1e3:>10.2f}ms{two / two_posts * 1e3:>10.2f}ms{busy / busy_posts / (two / two_posts):>8.2f}")
-    print(f"{'taskweaver-lite --help vs python -c pass':<52}{help_s * 1e3:>10.1f}ms{python_s * 1e3:>10.1f}ms{help_s / python_s:>8.2f}")
+    per_post = f"framework CPU/post, 3rd role in every turn vs 2 ({busy_posts:g} vs {two_posts:g} posts)"
+    print(f"{per_post:<62}{busy / busy_posts * 1e3:>10.2f}ms{two / two_posts * 1e3:>10.2f}ms{busy / busy_posts / (two / two_posts):>8.2f}")
+    print(f"{'taskweaver-lite --help vs python -c pass':<62}{help_s * 1e3:>10.1f}ms{python_s * 1e3:>10.1f}ms{help_s / python_s:>8.2f}")
 
 
 if __name__ == "__main__":
