@@ -8,7 +8,8 @@
    Python's own compile of them, the floor of any check that parses the cell.
 
 4. Isolation (issue 24), as root only: each sandboxed kernel under a uid of its own (its folders
-   handed to it) against today's shared `nobody`, alternated in one run. Targets: kernel ready
+   handed to it) against a shared `nobody`, alternated in one run. The `nobody` side is this code with
+   `kernel_uid` patched to None (its fallback), not the earlier commit run; the output says so. Targets: kernel ready
    <= 1.1x, `x = 1` <= 1.05x.
 
     python bench/safety_bench.py [--starts 6] [--cells 200]
@@ -166,6 +167,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir="/var/tmp") as root:
         iso = isolation_figures(Path(root), starts=args.starts, cells=args.cells)
     (ready_old, trip_old), (ready_new, trip_new) = iso["shared nobody"], iso["own uid"]
+    print("4. 'shared nobody' is today's code with kernel_uid patched to return None (the sandbox's fallback to nobody),")
+    print("   standing in for the code before per-kernel uids: not a run of the earlier commit.")
     print(f"4. Isolation, kernel ready: shared nobody {ready_old:.3f} s, own uid {ready_new:.3f} s: ratio {ready_new / ready_old:.2f} (target <= 1.1)")
     print(f"   Isolation, x = 1: shared nobody {trip_old * 1000:.2f} ms, own uid {trip_new * 1000:.2f} ms: ratio {trip_new / trip_old:.2f} (target <= 1.05)")
     return 0

@@ -7,9 +7,10 @@ reaching the client; and, as the page sees it, from the moment that reply's text
 to the first `delta` event carrying it. Baseline, same run: the same requests through `Session.ask`
 in this process (no HTTP), from the reply sent whole to the session telling its listeners the
 answer (when the terminal prints it).
-Memory: the server's resident size after the ten sessions minus before, per session (kernels are
-their own processes and are not counted). Each session answers one untimed request before the timed
-ones, so the ten kernels have started: their start-up is not what is measured.
+Memory: the server's resident size once the ten sessions have each answered a request, minus its
+size once the first had answered alone, per session (kernels are their own processes and are not
+counted); and its growth per session over the timed requests. Each session answers one untimed
+request before the timed ones, so the ten kernels have started: their start-up is not what is measured.
 
     python bench/serve_bench.py [--sessions 10] [--requests 5]
 """
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +79,16 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def through_serve(project: Path, model: Model, *, sessions: int, requests: int) -> tuple[list[float], list[float], list[float], int, float]:
-    """Latencies (s) reply -> answer event and reply -> its text on the page, answers received, server memory per session (MiB)."""
+@dataclass(frozen=True)
+class Memory:
+    """The server's resident size per session (MiB; kernels are their own processes, not counted)."""
+
+    per_session: float  # each session opened and answered once, against the first doing so alone
+    growth: float  # per session, over the timed requests
+
+
+def through_serve(project: Path, model: Model, *, sessions: int, requests: int) -> tuple[list[float], list[float], list[float], int, Memory]:
+    """Latencies (s) reply -> answer event and reply -> its text on the page, answers received, server memory."""
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "taskweaver_lite", "serve", "-p", str(project), "--port", str(port)],
@@ -95,23 +105,30 @@ def through_serve(project: Path, model: Model, *, sessions: int, requests: int) 
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        # The first session loads what every session uses (pandas, the tokenizer...): memory per session is counted after it.
+        # The first session, once it has answered, has loaded what every session uses (pandas, the
+        # tokenizer, a kernel's client...): memory per session is counted from there, each session
+        # measured once it too has answered a request.
+        rss = psutil.Process(server.pid).memory_info
         with httpx.Client(base_url=url, timeout=60) as http:
             opened = [http.post("/api/sessions", json={}).json()["id"]]
-            warm = psutil.Process(server.pid).memory_info().rss
-            opened += [http.post("/api/sessions", json={}).json()["id"] for _ in range(sessions - 1)]
-            after = psutil.Process(server.pid).memory_info().rss
         # The clients run in a process of their own: in this one the scripted model's threads would
         # hold the GIL while an answer waits to be read. perf_counter is the system's monotonic clock.
         with multiprocessing.get_context("spawn").Pool(1) as pool:
             # One untimed request per session first: its kernel has started and its first cell ran.
             # Ten kernels starting at once (~0.5 s of CPU each) is another load than ten sessions answering.
-            pool.apply(run_clients, (url, opened, 1, "warm-"))
+            pool.apply(run_clients, (url, opened, 1, "warm-first-"))
+            warm = rss().rss
+            with httpx.Client(base_url=url, timeout=60) as http:
+                opened += [http.post("/api/sessions", json={}).json()["id"] for _ in range(sessions - 1)]
+            pool.apply(run_clients, (url, opened[1:], 1, "warm-"))
+            answered_once = rss().rss
             arrivals, shown = pool.apply(run_clients, (url, opened, requests))
+            answered_all = rss().rss
+        memory = Memory((answered_once - warm) / max(sessions - 1, 1) / 2**20, (answered_all - answered_once) / sessions / 2**20)
         latencies = [arrived - model.sent[marker] for marker, arrived in arrivals.items()]
         streamed = [arrived - model.shown[marker] for marker, arrived in shown.items()]
         from_text = [arrived - model.shown[marker] for marker, arrived in arrivals.items()]
-        return latencies, streamed, from_text, len(arrivals), (after - warm) / max(sessions - 1, 1) / 2**20
+        return latencies, streamed, from_text, len(arrivals), memory
     finally:
         server.terminate()
         server.wait(30)
@@ -199,7 +216,10 @@ def main() -> int:
         f"the reply's text leaving the model -> answer event (counting the reply's last bytes too): "
         f"p95 {p95(from_text) * 1000:.1f} ms, median {statistics.median(from_text) * 1000:.1f} ms"
     )
-    print(f"server memory per session, kernels excluded: {per_session:.1f} MiB")
+    print(
+        f"server memory per session, kernels excluded, each once it has answered a request: {per_session.per_session:.1f} MiB; "
+        f"and per session over its {args.requests} timed requests: {per_session.growth:+.1f} MiB"
+    )
     return 0 if answered == total else 1
 
 

@@ -1,11 +1,16 @@
-"""Round compression: when rounds fold, what the summary holds, and that no prompt ever overflows."""
+"""Round compression: when rounds fold, what the summary holds, and that no prompt ever overflows.
+
+Folds go through the real openai client over HTTP to the scripted server (`SummaryModel`); what a
+test checks about a fold call (its messages, its `max_tokens`, its purpose) is read from the requests
+the server received. One in-process stand-in stays, `BrokenOnce`, where the case cannot cross the wire.
+"""
 
 from __future__ import annotations
 
 import json
 import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -40,24 +45,75 @@ def covering_summary(messages: Sequence[Message]) -> str:
 
 
 class SummaryModel:
-    """A ChatModel that answers fold calls from a function of the prompt, and records every call."""
+    """A fold model over the wire: the real openai client (`client`) talking HTTP to a scripted server
+    whose compression replies come from a function of the prompt.
+
+    What a test checks about the calls it reads from the wire: the requests the server received
+    since this model was made (their messages, `max_tokens`, and the purpose in the
+    `prompt_cache_key`). `gate` holds each answer until set (a slow summariser); `entered` is set once
+    a call has arrived. Servers and clients are reused across tests (a client costs ~50 ms of CPU to
+    make, its TLS set-up); each model gets a pair no other model of its test uses.
+    """
 
     def __init__(self, answer: Callable[[Sequence[Message]], str] = covering_summary, *, gate: threading.Event | None = None) -> None:
-        self.answer = answer
-        self.gate = gate
-        self.calls: list[tuple[str, list[Message]]] = []
-        self.max_tokens: list[int | None] = []
-        self.entered = threading.Event()  # set once a call has arrived
+        self.entered = threading.Event()
+        self.server, self.client = _WIRES.pop() if _WIRES else _wire()
+        _IN_USE.append((self.server, self.client))
+        self._first = len(self.server.requests)
 
-    def complete(
-        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
-    ) -> Completion:
-        self.calls.append((purpose, list(messages)))
-        self.max_tokens.append(max_tokens)
-        self.entered.set()
-        if self.gate is not None:
-            self.gate.wait(10)
-        return Completion(text=self.answer(messages), prompt_tokens=0, completion_tokens=0, latency=0.0)
+        def respond(messages: list[dict[str, Any]]) -> str:
+            self.entered.set()
+            if gate is not None:
+                gate.wait(10)
+            return answer(messages)  # type: ignore[arg-type]
+
+        self.server.set_default("compression", respond)
+
+    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
+        """The real client's call (for code that takes the model itself; `context` hands the client to RoleContext)."""
+        return self.client.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+
+    @property
+    def calls(self) -> list[tuple[str, list[Message]]]:
+        """Each request that reached the server from this model: its purpose (from the cache key) and its messages."""
+        return [(purpose_sent(r.body), r.messages) for r in self.server.requests[self._first :]]  # type: ignore[misc]
+
+    @property
+    def max_tokens(self) -> list[int | None]:
+        """The `max_tokens` each request carried on the wire."""
+        return [r.body.get("max_tokens") for r in self.server.requests[self._first :]]
+
+
+def _wire() -> tuple[ScriptedServer, OpenAIChatModel]:
+    server = ScriptedServer().start()
+    return server, OpenAIChatModel(Config.model_validate({"llm": {"api_base": server.url, "api_key": "test"}}).llm)
+
+
+_WIRES: list[tuple[ScriptedServer, OpenAIChatModel]] = []  # idle, for the next tests
+_IN_USE: list[tuple[ScriptedServer, OpenAIChatModel]] = []
+
+
+@pytest.fixture(autouse=True)
+def return_wires() -> Iterator[None]:
+    """Give the test's wires back once it ends, and stop them all after the module's last test (importers import this too)."""
+    yield
+    _WIRES.extend(_IN_USE)
+    _IN_USE.clear()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def close_wires() -> Iterator[None]:
+    """Close every client and stop every server the module's tests used."""
+    yield
+    while _WIRES:
+        server, client = _WIRES.pop()
+        client.close()
+        server.stop()
+
+
+def purpose_sent(body: dict[str, Any]) -> str:
+    """The purpose a request was sent for, read from its `prompt_cache_key` (taskweaver-lite/<session>/<purpose>)."""
+    return str(body.get("prompt_cache_key", "")).rpartition("/")[2]
 
 
 def make_round(index: int, *, output_tokens: int = 0) -> RoundMessages:
@@ -83,7 +139,8 @@ LABELS = {"planner": "Planner", "code_generator": "CodeGenerator"}
 
 
 def context(cfg: Config, model: SummaryModel, role: str = "planner", **kwargs: Any) -> RoleContext:
-    return RoleContext(ContextSettings.of(cfg, role, label=LABELS[role]), model=model, tokenizer=TOKENIZER, **kwargs)
+    """The role's context as a session makes it, its folds going through the real client to `model`'s server."""
+    return RoleContext(ContextSettings.of(cfg, role, label=LABELS[role]), model=model.client, tokenizer=TOKENIZER, **kwargs)
 
 
 def play(ctx: RoleContext, rounds: int, *, sizes: dict[int, int] | None = None) -> list[RoundMessages]:
@@ -152,9 +209,10 @@ def test_folds_append_notes_while_the_summary_has_room_then_merge_it_with_the_ne
     assert first_summary not in second_prompt and "Rounds 1-2 are summarised already" in second_prompt
     assert ctx.state.summary == "Covers ROUND-1 ROUND-2.\nCovers ROUND-3 ROUND-4."
     # With a summary cap too small for more notes, the next fold merges: previous summary + new rounds.
-    small = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1, "max_summary_tokens": 64}), SummaryModel())
+    small_model = SummaryModel()
+    small = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1, "max_summary_tokens": 64}), small_model)
     play(small, 6)
-    merges = [messages for _, messages in small._model.calls if "Previous summary" in messages[-1]["content"]]  # type: ignore[attr-defined]
+    merges = [messages for _, messages in small_model.calls if "Previous summary" in messages[-1]["content"]]
     assert merges, "no fold ever merged the summary"
     assert "Write one summary that merges" in merges[0][-1]["content"]
     assert marks(small.state.summary) == [1, 2, 3, 4, 5], "a merge lost a round"
@@ -302,26 +360,39 @@ def test_a_failed_fold_is_retried_after_the_backoff_and_then_succeeds() -> None:
     assert [e.ok for e in ctx.state.log] == [False, True]
 
 
+class BrokenOnce:
+    """A model that raises a plain bug once, then answers through `inner`.
+
+    An in-process stand-in on purpose: the behaviour under test is an exception that is not an
+    `LLMError` (a bug in our code on the call path); over HTTP the client would turn any server
+    failure into an `LLMError` and retry it, so the wire cannot produce this case.
+    """
+
+    def __init__(self, inner: SummaryModel) -> None:
+        self.inner = inner
+        self.raised = False
+
+    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
+        if not self.raised:
+            self.raised = True
+            raise RuntimeError("summariser bug\nsecond line")
+        return self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+
+
 def test_an_unexpected_error_in_a_fold_is_a_failed_fold_not_a_thread_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     uncaught: list[Any] = []
     monkeypatch.setattr(threading, "excepthook", uncaught.append)
-    calls = iter(range(100))
-
-    def broken_once(messages: Sequence[Message]) -> str:
-        if next(calls) == 0:
-            raise RuntimeError("summariser bug\nsecond line")
-        return covering_summary(messages)
-
-    model = SummaryModel(broken_once)
+    model = SummaryModel()
     events: list[Any] = []
-    ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}), model, on_fold=events.append)
+    cfg = config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1})
+    ctx = RoleContext(ContextSettings.of(cfg, "planner", label="Planner"), model=BrokenOnce(model), tokenizer=TOKENIZER, on_fold=events.append)
     play(ctx, 3)
     assert uncaught == []
     assert [e.ok for e in events] == [False, True]
     assert events[0].error == "RuntimeError: summariser bug second line"
     assert "could not fold round 1 (RuntimeError: summariser bug second line)" in events[0].describe()
     # Not retried in a loop: the next round's fold (after the backoff) is the only other call.
-    assert len(model.calls) == 2
+    assert len(model.calls) == 1
     assert ctx.state.folded_through == 2 and [e.ok for e in ctx.state.log] == [False, True]
 
 
@@ -622,7 +693,8 @@ def test_at_8k_a_huge_traceback_in_the_current_round_is_cut_and_the_summary_stay
 
 
 def test_at_8k_with_500_variables_each_is_listed_at_most_once_within_its_share() -> None:
-    describe = json.dumps({"ConversationSummary": "Built many values.", "Variables": [{"name": "v7", "type": "int", "description": "the seventh value"}]})
+    # The summary describes v3 with a stale type: the kernel's (dict) must win in the detailed line.
+    describe = json.dumps({"ConversationSummary": "Built many values.", "Variables": [{"name": "v3", "type": "int", "description": "the third value"}]})
     live = many_variables(500)
     ctx = context(window_8k(), SummaryModel(lambda m: describe), "code_generator", live_variables=lambda: live)
     history = play(ctx, 3)
@@ -636,7 +708,8 @@ def test_at_8k_with_500_variables_each_is_listed_at_most_once_within_its_share()
     assert system.count("## Variables in the kernel") == 1
     assert set(names[:2]) == {"v3", "v499"}, "variables named in the request come first"
     detailed = [line.split(" ")[1] for line in lines if " (" in line]
-    assert "- v7 (dict): value number 7 of the analysis [the seventh value]" in system or "v7" not in detailed
+    assert "v3" in detailed, "precondition: a variable named in the request is listed in detail"
+    assert "- v3 (dict): value number 3 of the analysis [the third value]" in system, "the kernel's type and value, the summary's words"
     assert len(names) + len(also) >= 60, "past the detailed few, variables take one line or just their name"
     assert len(names + also) >= 300, "numbered names share entries: a few hundred are named within the share"
     assert "200 more not named here" in system and "list them with code" in system, "past a few hundred, counts by type"
@@ -658,7 +731,7 @@ def test_at_8k_every_fold_request_fits_the_window_and_no_round_goes_unseen() -> 
     assert ctx.wait_idle(20)
     assert ctx.state.folded_through == 7
     seen: set[int] = set()
-    for (_, messages), max_tokens in zip(model.calls, model.max_tokens, strict=True):
+    for (_, messages), max_tokens in zip(model.calls, model.max_tokens, strict=True):  # as received by the server
         assert max_tokens is not None and max_tokens < 4_096, "a fold's max_tokens is sized to the summary, not the reply reserve"
         assert TOKENIZER.count_messages(messages) + max_tokens <= 8_000 - 256, "a fold request is over the window"
         seen |= {n for n in marks(messages[-1]["content"]) if f"Asked ROUND-{n}" in messages[-1]["content"]}

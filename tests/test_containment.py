@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -334,8 +335,7 @@ def test_while_another_writer_holds_the_store_the_page_gets_no_answer_it_has_not
         session_id = client.post("/api/sessions", json={}).json()["id"]
         reader = threading.Thread(target=read, args=(client, session_id), daemon=True)
         reader.start()
-        while not scripted.requests:  # the request's first events are stored; the model's reply waits at the gate
-            answered.wait(0.05)
+        wait_for_request(scripted)  # the request's first events are stored; the model's reply waits at the gate
         blocker = sqlite3.connect(config.store_path, timeout=30)
         blocker.execute("BEGIN IMMEDIATE")  # another writer holds the store's lock
         gate.set()
@@ -352,7 +352,15 @@ def test_while_another_writer_holds_the_store_the_page_gets_no_answer_it_has_not
         stored.close()
 
 
-def test_killing_the_chat_while_the_store_is_locked_loses_no_shown_answer(tmp_path: Path, scripted: ScriptedServer) -> None:
+def wait_for_request(scripted: ScriptedServer, *, within: float = 30.0) -> None:
+    """Wait until the model server has received a request; fail, saying so, after `within` seconds."""
+    deadline = time.monotonic() + within
+    while not scripted.requests:
+        assert time.monotonic() < deadline, f"no request reached the model within {within:.0f} s: the turn never started"
+        time.sleep(0.05)
+
+
+def test_the_chat_shows_an_answer_only_once_stored_so_a_kill_loses_no_shown_answer(tmp_path: Path, scripted: ScriptedServer) -> None:
     project = make_project(tmp_path, scripted.url)
     store_path = load_config(project).store_path
     gate = threading.Event()
@@ -366,24 +374,26 @@ def test_killing_the_chat_while_the_store_is_locked_loses_no_shown_answer(tmp_pa
         proc.stdin.flush()
         reader = threading.Thread(target=lambda: shown.append(out.readline().decode()), daemon=True)
         reader.start()
-        while not scripted.requests:  # the request is stored; the model's reply waits at the gate
-            reader.join(0.05)
+        wait_for_request(scripted)  # the request is stored; the model's reply waits at the gate
         blocker = sqlite3.connect(store_path, timeout=30)
         blocker.execute("BEGIN IMMEDIATE")  # another writer holds the store's lock
         gate.set()
         reader.join(3)
+        shown_while_locked = "".join(shown)
+        blocker.rollback()  # the store is free: the answer may be stored, then shown
+        blocker.close()
+        reader.join(30)
         proc.kill()  # SIGKILL, with whatever is on the screen by now
         proc.wait()
-        blocker.rollback()
-        blocker.close()
-    reader.join(10)
     printed = "".join(shown).strip()
+    assert not shown_while_locked, f"the chat printed {shown_while_locked!r} while the store could not hold it"
+    assert printed == "Answer number 0.", f"the answer was not printed within 30 s of the store being free: {printed!r}"
     stored = SessionStore(store_path, read_only=True)
     try:
         answers = [r.answer for entry in stored.list_sessions() for r in stored.load(entry.id).rounds]
     finally:
         stored.close()
-    assert not printed or printed in answers, f"the chat printed {printed!r}, which the store never got"
+    assert printed in answers, f"the chat printed {printed!r}, which the store never got"
 
 
 # 8. Odd display data -----------------------------------------------------------------------------

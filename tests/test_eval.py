@@ -6,11 +6,13 @@ fail where a real model would. The CLI test kills a real `eval` process mid-run 
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,8 +41,8 @@ def server() -> Iterator[ScriptedServer]:
         yield scripted
 
 
-def plan(tmp_path: Path, server: ScriptedServer, *settings: Setting, jobs: int = 1) -> EvalPlan:
-    project = make_project(tmp_path, server.url, llm={"max_retries": 0})
+def plan(tmp_path: Path, server: ScriptedServer, *settings: Setting, jobs: int = 1, timeout: float | None = None) -> EvalPlan:
+    project = make_project(tmp_path, server.url, llm={"max_retries": 0, **({"timeout": timeout} if timeout else {})})
     return EvalPlan(project, tmp_path / "report", settings or (Setting("project"),), jobs=jobs)
 
 
@@ -178,8 +180,18 @@ def test_bad_input_marks_its_case_with_the_reason_and_the_others_go_on(tmp_path:
 def test_a_matrix_runs_every_case_under_every_setting_in_parallel_and_reports_their_costs(tmp_path: Path, server: ScriptedServer) -> None:
     off = Setting("off", ("planner.prompt_compression=false", "code_generator.prompt_compression=false"))
     tight = Setting("(1,1)", ("round_compressor.rounds_to_compress=1", "round_compressor.rounds_to_retain=1"))
-    the_plan = plan(tmp_path, server, off, tight, jobs=2)
+    the_plan = plan(tmp_path, server, off, tight, jobs=2, timeout=60)  # longer than the barrier's wait
+    both_started = threading.Barrier(2, timeout=30)
+    first_calls = itertools.count()
+
+    def planner_once_both_runs_asked(messages: list[dict[str, Any]]) -> str | Reply:
+        if next(first_calls) < 2:
+            both_started.wait()  # breaks (a 500 fails the run) if the second run waits for the first to end
+        return eval_script.planner(messages)
+
+    server.set_default("planner", planner_once_both_runs_asked)
     outcomes = run_eval(load_cases([short_running_sum(tmp_path / "cases")]), the_plan)
+    assert not both_started.broken, "the two runs did not ask the model at the same time: they ran one after the other"
     result = {o.setting: o for o in outcomes}
     assert [o.setting for o in outcomes] == ["off", "(1,1)"]
     # 12 rounds: the points at sums 55 (round 10) and 78 (the last reply, eval_code) hit; those of rounds 20-40 cannot.

@@ -69,9 +69,12 @@ def test_cells_keep_variables_in_the_sessions_folder_on_the_gateway(executor: Ga
     assert executor.run("os.getcwd()").result == repr(str(home))
 
 
-def test_the_gateway_kernels_libraries_are_asked_at_its_start(executor: GatewayExecutor) -> None:
-    environment = executor.environment()
-    assert environment.libraries[:3] == ("pandas", "numpy", "matplotlib") and environment.mounts == ()
+def test_the_gateway_kernels_libraries_are_asked_at_its_start(gateway: Gateway, tmp_path: Path) -> None:
+    with connect(gateway, tmp_path / "fresh") as fresh:
+        fresh.wait_ready()  # started, and nothing asked of it since
+        assert fresh.libraries[:3] == ("pandas", "numpy", "matplotlib"), "the kernel's libraries were not asked when it started"
+        environment = fresh.environment()
+    assert environment.libraries == fresh.libraries and environment.mounts == ()
 
 
 def test_an_error_comes_back_with_its_traceback_and_the_snapshot_stays_current(executor: GatewayExecutor) -> None:

@@ -9,7 +9,20 @@ import threading
 from collections.abc import Iterator, Sequence
 
 import pytest
-from test_compression import EXAMPLES, SYSTEM, SummaryModel, build, config, context, make_round, marks, memory, play
+from test_compression import (  # the fixtures that lend and stop the servers SummaryModel uses
+    EXAMPLES,
+    SYSTEM,
+    SummaryModel,
+    build,
+    close_wires,  # noqa: F401
+    config,
+    context,
+    make_round,
+    marks,
+    memory,
+    play,
+    return_wires,  # noqa: F401
+)
 
 from taskweaver_lite.execution import CellError, ExecutionResult, Variable, VariableChanges
 from taskweaver_lite.llm.client import Message
@@ -120,9 +133,10 @@ def test_the_pressure_schedule_appends_rounds_until_the_trigger_then_folds_all_b
     # Rounds of ~2,000 tokens: seven unfolded pass 12,364; then all but the latest two fold in one step.
     assert folded == [0, 0, 0, 0, 0, 0, 5, 5]
     assert len(model.calls) == 1, "one fold for five rounds (they fit one call)"
-    rounds_schedule = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 2, "fold_token_trigger": 0.1}), SummaryModel())
+    rounds_model = SummaryModel()
+    rounds_schedule = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 2, "fold_token_trigger": 0.1}), rounds_model)
     play(rounds_schedule, 8, sizes=dict.fromkeys(range(1, 9), 2_000))
-    assert len(rounds_schedule._model.calls) == 6, "the rounds schedule folds every round"  # type: ignore[attr-defined]
+    assert len(rounds_model.calls) == 6, "the rounds schedule folds every round"
 
 
 def test_under_pressure_retained_rounds_over_half_the_trigger_fold_too_so_the_next_fold_is_rounds_away() -> None:

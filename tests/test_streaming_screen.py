@@ -4,6 +4,7 @@ complete, reasoning dimmed or hidden, never the raw JSON; a cut stream leaves th
 from __future__ import annotations
 
 import io
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,9 +26,19 @@ def server() -> Iterator[ScriptedServer]:
         yield running
 
 
-def terminal() -> tuple[Console, io.StringIO]:
+def terminal(*, styled: bool = False) -> tuple[Console, io.StringIO]:
+    """A 100-column terminal written to a string; `styled`: with the escape codes of colours and dim text."""
     screen = io.StringIO()
-    return Console(file=screen, force_terminal=True, width=100, highlight=False, color_system=None), screen
+    return Console(file=screen, force_terminal=True, width=100, highlight=False, color_system="standard" if styled else None), screen
+
+
+def styles_of(screen: str, text: str) -> set[str]:
+    """The SGR codes (1 bold, 2 dim, 3 italic...) in force where `text` is written on `screen`."""
+    found: set[str] = set()
+    for match in re.finditer(r"\x1b\[([0-9;]*)m([^\x1b]*)", screen):
+        if text in match[2]:
+            found |= set(match[1].split(";"))
+    return found
 
 
 def wait_for(check: Callable[[], bool], seconds: float = 10) -> bool:
@@ -102,13 +113,15 @@ def test_reasoning_is_shown_dimmed_or_hidden_and_never_taken_for_the_reply(tmp_p
     reply = planner_reply("Plain answer.", send_to="User")
     thinking = "<think>Should I say {\"message\": \"wrong\"}? No.</think>"
     server.enqueue("planner", Reply(content=thinking + reply, reasoning="weighing options", gate=gate, gate_after=len(thinking) + 10))
-    console, screen = terminal()
+    console, screen = terminal(styled=True)
     with open_session(tmp_path, server, RichConsole(console, show_reasoning=shown)) as session:
         watcher = Watcher(screen, gate, "weighing options" if shown else "Planner is thinking")
         rnd = session.ask("hi")
     assert watcher.seen is not None, screen.getvalue()
     time.sleep(0.01)
     assert ("weighing options" in screen.getvalue()) is shown
+    if shown:
+        assert "2" in styles_of(screen.getvalue(), "weighing options"), "the reasoning is not dimmed (no SGR 2 where it is written)"
     assert ("Should I say" in screen.getvalue()) is shown
     assert rnd.posts[-1].message == "Plain answer."
 
