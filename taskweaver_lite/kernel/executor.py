@@ -27,7 +27,7 @@ from jupyter_core.utils import ensure_event_loop
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
 from taskweaver_lite.execution import CellError, OutputSink
-from taskweaver_lite.kernel import namespace
+from taskweaver_lite.kernel import namespace, syscall_filter
 from taskweaver_lite.kernel.base import DEFAULT_OUTPUT_TOKENS, POLL_INTERVAL, REPLY_WAIT, CellEnd, CellWatch, Ending, SessionKernel, show
 from taskweaver_lite.kernel.hidden_paths import hidden_path_notes
 from taskweaver_lite.kernel.identity import hand_over, kernel_uid
@@ -80,6 +80,8 @@ class KernelExecutor(SessionKernel):
         # IPC sockets: local only, no ports; in the session folder unless its path is too long for
         # a socket name (then a short private folder in /tmp), always removed at the end.
         self._socket_dir = socket_dir(self.session_dir)
+        # The syscall filter's file: one per executor, read again by bubblewrap at every (re)start.
+        self._seccomp_fd = syscall_filter.filter_file() if use_sandbox and config.syscall_filter == "default" else None
         self.sandbox = self._sandbox_plan(config, hidden=hidden) if use_sandbox else None
         self._manager = self._kernel_manager(config)
         self._client: BlockingKernelClient | None = None
@@ -87,7 +89,8 @@ class KernelExecutor(SessionKernel):
         self._plugin_install = namespace.plugin_install_code(plugins, session_id=self.session_dir.name, cwd=self.cwd) if plugins else ""
         # Said with the first cell: `auto` found bubblewrap but could not build a sandbox with it here.
         fallback = fallback_notice() if config.sandbox == "auto" and not use_sandbox else None
-        self._first_notices = (fallback,) if fallback else ()
+        filter_off = syscall_filter.lost_without() if use_sandbox and config.syscall_filter == "off" else None
+        self._first_notices = tuple(notice for notice in (fallback, filter_off) if notice)
         # Asked for with every cell, in the same request: the variables, and the working folder put back.
         self._expressions = self._cell_expressions(str(self.cwd))
         self._begin("kernel-start")
@@ -103,6 +106,7 @@ class KernelExecutor(SessionKernel):
             run_as=kernel_uid(self.session_dir, cwd=self.cwd),
             readable=self.python.folders,
             mounts=[Mount(Path(m.path), writable=m.mode == "rw") for m in config.mounts],
+            seccomp_fd=self._seccomp_fd,
         )
 
     def _kernel_manager(self, config: ExecutionConfig) -> InterpreterKernelManager:
@@ -113,6 +117,7 @@ class KernelExecutor(SessionKernel):
         manager.wrap = functools.partial(kernel_command, config=config, plan=self.sandbox)
         if self.sandbox is not None:
             manager.interrupt_mode = "message"
+            manager.seccomp_fd = self.sandbox.seccomp_fd
         if self.sandbox is not None and self.sandbox.run_as is not None:
             # Root's sandboxed kernel runs as a user of its own (identity.py): its sockets and working folder are that user's.
             hand_over(self.cwd, self.sandbox.run_as)  # on resume, files an earlier kernel of this session wrote
@@ -177,6 +182,9 @@ class KernelExecutor(SessionKernel):
             kill_marked(self._mark)  # and what left the group (setsid) but still carries the kernel's mark
             self._log.close()
             shutil.rmtree(self._socket_dir, ignore_errors=True)
+            if self._seccomp_fd is not None:
+                os.close(self._seccomp_fd)
+                self._seccomp_fd = None
 
     def _launch(self) -> None:
         try:
@@ -308,5 +316,3 @@ def _reply(client: BlockingKernelClient, msg_id: str) -> dict[str, Any] | None:
             content: dict[str, Any] = msg["content"]
             return content
     return None
-
-
