@@ -10,6 +10,8 @@ watches the process for death. How the kernel process is launched and made sure 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import functools
 import os
 import queue
@@ -26,9 +28,10 @@ from jupyter_core.utils import ensure_event_loop
 
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
-from taskweaver_lite.execution import CellError, OutputSink
+from taskweaver_lite.execution import CellError, ExecutionResult, OutputSink
 from taskweaver_lite.kernel import namespace, syscall_filter
 from taskweaver_lite.kernel.base import DEFAULT_OUTPUT_TOKENS, POLL_INTERVAL, REPLY_WAIT, CellEnd, CellWatch, Ending, SessionKernel, show
+from taskweaver_lite.kernel.disk_limit import DiskWatch, Reached, disk_limit_notes, end_children, kernel_process
 from taskweaver_lite.kernel.hidden_paths import hidden_path_notes
 from taskweaver_lite.kernel.identity import hand_over, kernel_uid
 from taskweaver_lite.kernel.interpreter import kernel_python
@@ -91,6 +94,11 @@ class KernelExecutor(SessionKernel):
         fallback = fallback_notice() if config.sandbox == "auto" and not use_sandbox else None
         filter_off = syscall_filter.lost_without() if use_sandbox and config.syscall_filter == "off" else None
         self._first_notices = tuple(notice for notice in (fallback, filter_off) if notice)
+        # execution.disk_limit: the working folder, the socket folder and the kernel's log, in total.
+        limit = config.disk_limit_bytes()
+        paths = (self.cwd, self._socket_dir, self._log_path)
+        self._disk = DiskWatch(paths, limit=limit, on_reached=self._disk_reached) if limit is not None else None
+        self._kernel_pids: dict[int, int] = {}  # launched process -> the kernel's own (past bubblewrap's)
         # Asked for with every cell, in the same request: the variables, and the working folder put back.
         self._expressions = self._cell_expressions(str(self.cwd))
         self._begin("kernel-start")
@@ -167,7 +175,45 @@ class KernelExecutor(SessionKernel):
         return self.python.describe()
 
     def _explain(self, error: CellError | None) -> tuple[str, ...]:
-        return hidden_path_notes(error, self.sandbox)
+        return hidden_path_notes(error, self.sandbox) + disk_limit_notes(error, self.config.disk_limit_bytes())
+
+    def disk_use(self) -> tuple[int | None, int] | None:
+        """What the kernel keeps on disk now and `execution.disk_limit` (None: no limit; size None: unmeasurable)."""
+        if self._disk is None:
+            return None
+        now = self._disk.measure()
+        return (now.size if isinstance(now, Reached) else now), self._disk.limit
+
+    def _cell_limits(self) -> contextlib.AbstractContextManager[object]:
+        return self._disk.cell() if self._disk is not None else contextlib.nullcontext()
+
+    def _limits_checked(self, result: ExecutionResult) -> ExecutionResult:
+        reached = self._disk.reached_in_cell() if self._disk is not None else None
+        if reached is None:
+            return result
+        message = reached.message(stopped=result.interrupted or result.kernel_died)
+        if result.kernel_died:  # its own outcome comes first; the reason is said beside it
+            return dataclasses.replace(result, success=False, notices=(*result.notices, message))
+        return dataclasses.replace(result, success=False, limit_reached=message)
+
+    def _disk_reached(self, reached: Reached) -> None:
+        """Past the disk limit (on the watcher's thread): end what the kernel started, stop the running cell."""
+        kernel = self._kernel_process()
+        if kernel is not None:
+            end_children(kernel)
+        self.interrupt()
+
+    def _kernel_process(self) -> int | None:
+        """The kernel's own process id as this program sees it (inside bubblewrap it is two processes down)."""
+        launched = self.pid
+        if launched is None:
+            return None
+        if launched not in self._kernel_pids:
+            found = kernel_process(launched)
+            if found is None:
+                return None
+            self._kernel_pids = {launched: found}
+        return self._kernel_pids[launched]
 
     def _end(self) -> None:
         if self._client is not None:
@@ -180,6 +226,8 @@ class KernelExecutor(SessionKernel):
         finally:
             kill_process_group(group)  # whatever the user's code spawned in the kernel's process group
             kill_marked(self._mark)  # and what left the group (setsid) but still carries the kernel's mark
+            if self._disk is not None:
+                self._disk.close()
             self._log.close()
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             if self._seccomp_fd is not None:
