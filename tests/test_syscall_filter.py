@@ -51,7 +51,7 @@ x86_64 = pytest.mark.skipif(platform.machine() != "x86_64", reason="the probes u
 
 
 def _config(**execution: object) -> ExecutionConfig:
-    return ExecutionConfig(sandbox="bubblewrap", max_processes=64, memory_limit="2GB", timeout=180, **execution)  # type: ignore[arg-type]
+    return ExecutionConfig(sandbox="bubblewrap", max_processes=64, memory_limit="2GB", timeout=180, **execution)
 
 
 @pytest.fixture(scope="module")
