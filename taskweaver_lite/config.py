@@ -540,6 +540,7 @@ _LOCAL_ONLY = {
     "network": "it opens the local sandbox's network",
     "memory_limit": "limits are set on a kernel started on this machine",
     "max_processes": "limits are set on a kernel started on this machine",
+    "disk_limit": "the limit is kept on a kernel started on this machine; a gateway's disk is the gateway's to limit",
 }
 
 

@@ -241,6 +241,7 @@ class KernelEnvironment:
     libraries: tuple[str, ...] = ()  # import names, as probed in the kernel at its start (() if unknown)
     mounts: tuple[str, ...] = ()  # "/data (read-only)", one per execution.mounts entry
     python: str = ""  # the interpreter, for /info
+    safety: tuple[tuple[str, str], ...] = ()  # (layer, state) for /info: the sandbox, the syscall filter, the disk limit
 
 
 # What a running cell prints, as it prints it: (stream name "stdout" or "stderr", text).

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from helpers import make_project
 
+from taskweaver_lite.cli.chat import _kernel_lines
+from taskweaver_lite.cli.init import init_project
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.kernel.disk_limit import MAX_DEPTH, Unmeasurable, used
@@ -97,6 +99,25 @@ def test_the_code_generator_is_told_and_the_session_goes_on(tmp_path: Path) -> N
     assert first.state == "finished" and second.state == "finished"
     revision = [r.messages for r in server.requests if r.role == "code_generator"][1][-1]["content"]
     assert "execution.disk_limit" in revision and "The cell was stopped" in revision
+
+
+def test_info_shows_the_use_against_the_limit_and_what_the_filter_refuses(limited: KernelExecutor) -> None:
+    assert limited.run("open('one.bin', 'wb').write(b'x' * (3 * 1024 * 1024))").success
+    lines = _kernel_lines(limited.environment())
+    disk = next(line for line in lines if line.startswith("Disk:"))
+    assert disk.startswith("Disk:     3.0 MB of 100.0 MB kept (execution.disk_limit)"), disk
+    if limited.sandbox is not None:
+        assert any(line.startswith("Syscalls: filtered: refuses new namespaces") for line in lines), lines
+    else:
+        assert any(line.startswith("Sandbox:  none") for line in lines), lines
+
+
+@pytest.mark.unit
+def test_init_writes_a_commented_disk_limit_the_config_reads(tmp_path: Path) -> None:
+    project = init_project(tmp_path / "new")
+    line = next(line for line in (project / "taskweaver_config.yaml").read_text().splitlines() if "disk_limit:" in line)
+    assert line.split("#", 1)[0].split() == ["disk_limit:", "2GB"] and "/load" in line.split("#", 1)[1]
+    assert load_config(project).execution.disk_limit_bytes() == 2 * 1024 * MB
 
 
 @pytest.mark.unit

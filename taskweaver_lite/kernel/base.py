@@ -147,7 +147,11 @@ class SessionKernel(ABC):
         """The libraries the kernel can import and the folders it sees; waits for a kernel still starting."""
         with contextlib.suppress(KernelError):  # the next cell says what went wrong; the prompt is built without the list
             self.wait_ready()
-        return KernelEnvironment(libraries=self.libraries, mounts=self._mounts(), python=self._python())
+        return KernelEnvironment(libraries=self.libraries, mounts=self._mounts(), python=self._python(), safety=self._safety())
+
+    def _safety(self) -> tuple[tuple[str, str], ...]:
+        """The containment layers and their state, for /info (a gateway's kernel: the gateway's own)."""
+        return ()
 
     def _mounts(self) -> tuple[str, ...]:
         """The user's folders the kernel sees, described for prompts and /info."""

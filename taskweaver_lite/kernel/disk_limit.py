@@ -22,7 +22,9 @@ help (no quota, no loop-mounted filesystem; a size-capped tmpfs would not keep t
   permissions were given back) counts as past the limit: hiding files must not be a way around it.
 
 Kernels on a Jupyter gateway write on the gateway's machine: the limit cannot be kept from here,
-and the gateway's own quotas apply (/info says so).
+so the config refuses `disk_limit` beside `kernel_gateway` (as it does the other limits). Without
+the sandbox (`execution.sandbox: none`) the limit holds for the working folder the same way, but
+the kernel can write wherever this program's user can: there it guards against mistakes only.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from taskweaver_lite.errors import KernelError
 from taskweaver_lite.execution import CellError, ExecutionResult, OutputSink
 from taskweaver_lite.kernel import namespace, syscall_filter
 from taskweaver_lite.kernel.base import DEFAULT_OUTPUT_TOKENS, POLL_INTERVAL, REPLY_WAIT, CellEnd, CellWatch, Ending, SessionKernel, show
-from taskweaver_lite.kernel.disk_limit import DiskWatch, Reached, disk_limit_notes, end_children, kernel_process
+from taskweaver_lite.kernel.disk_limit import DiskWatch, Reached, disk_limit_notes, end_children, human, kernel_process
 from taskweaver_lite.kernel.hidden_paths import hidden_path_notes
 from taskweaver_lite.kernel.identity import hand_over, kernel_uid
 from taskweaver_lite.kernel.interpreter import kernel_python
@@ -176,6 +176,23 @@ class KernelExecutor(SessionKernel):
 
     def _explain(self, error: CellError | None) -> tuple[str, ...]:
         return hidden_path_notes(error, self.sandbox) + disk_limit_notes(error, self.config.disk_limit_bytes())
+
+    def _safety(self) -> tuple[tuple[str, str], ...]:
+        if self.sandbox is None:
+            layers = [("Sandbox", "none: the kernel runs as this program's user, unfiltered (execution.sandbox)")]
+        elif self.sandbox.seccomp_fd is None:
+            layers = [("Sandbox", "bubblewrap"), ("Syscalls", "not filtered (execution.syscall_filter: off)")]
+        else:
+            userns = "; --disable-userns" if self.sandbox.disable_userns else ""
+            layers = [("Sandbox", "bubblewrap"), ("Syscalls", f"filtered: {syscall_filter.summary()}{userns} (execution.syscall_filter)")]
+        use = self.disk_use()
+        if use is None:
+            layers.append(("Disk", "no limit (execution.disk_limit)"))
+        else:
+            size, limit = use
+            shown = human(size) if size is not None else "unknown (cannot be measured)"
+            layers.append(("Disk", f"{shown} of {human(limit)} kept (execution.disk_limit)"))
+        return tuple(layers)
 
     def disk_use(self) -> tuple[int | None, int] | None:
         """What the kernel keeps on disk now and `execution.disk_limit` (None: no limit; size None: unmeasurable)."""

@@ -72,7 +72,7 @@ class Refusal:
 # Refused whatever their arguments. The argument-dependent ones (namespace flags, personality,
 # ioctl) are added by `_argument_rules` and listed in `REFUSED` for the reader.
 _PLAIN = (
-    Refusal("namespaces", ("setns",)),
+    Refusal("joining namespaces", ("setns",)),
     Refusal(
         "mounts",
         ("mount", "umount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr"),
@@ -104,7 +104,8 @@ REFUSED = (_NEW_NAMESPACES, *_PLAIN, _OTHER_ARGUMENTS, _OTHER_ARCHITECTURES)
 
 def summary() -> str:
     """One line naming what the filter refuses (for /info)."""
-    return "refuses " + ", ".join(refusal.what for refusal in REFUSED if refusal.what != "by argument") + ", personality changes"
+    named = [r.what for r in REFUSED if r.what not in ("by argument", "other administration", "obsolete calls", "32-bit entry points")]
+    return "refuses " + ", ".join(named) + ", personality changes, terminal injection, administration calls (acct, syslog, iopl...); 32-bit calls get ENOSYS"
 
 
 def lost_without() -> str:
