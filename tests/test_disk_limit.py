@@ -8,6 +8,7 @@ session goes on; the CodeGenerator reads why. How the folder is measured is chec
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,6 +85,24 @@ def test_a_child_process_writing_past_the_limit_is_ended(tmp_path: Path) -> None
         count = len(list(executor.working_dir.glob("w-*")))
         assert executor.run("x = 1").success
         assert len(list(executor.working_dir.glob("w-*"))) == count, "the writer went on after the cell"
+
+
+def test_a_kernel_thread_writing_between_cells_ends_the_kernel_and_the_next_cell_says_why(tmp_path: Path) -> None:
+    config = ExecutionConfig(sandbox="none", disk_limit="20MB", timeout=60)
+    with KernelExecutor(tmp_path / "sessions" / "s", config=config) as executor:
+        code = (
+            "import threading, time\n"
+            "def _fill():\n    for i in range(10_000):\n        open(f'bg-{i}', 'wb').write(b'x' * 1024 * 1024); time.sleep(0.02)\n"
+            "threading.Thread(target=_fill, daemon=True).start()\n"
+            "kept = 1"
+        )
+        assert executor.run(code).success
+        time.sleep(6)  # the watcher looks every second between cells
+        count = len(list(executor.working_dir.glob("bg-*")))
+        after = executor.run("print('fresh')")
+        assert after.kernel_died and after.lost_variables == ("kept",) and after.stdout.strip() == "fresh"
+        assert any(notice.startswith("Between cells the kernel kept writing") for notice in after.notices), after.notices
+        assert count < 200 and len(list(executor.working_dir.glob("bg-*"))) == count, "the kernel's thread went on writing"
 
 
 def test_the_code_generator_is_told_and_the_session_goes_on(tmp_path: Path) -> None:

@@ -17,7 +17,9 @@ help (no quota, no loop-mounted filesystem; a size-capped tmpfs would not keep t
   between cells. Many small files pass any per-file cap: the watcher sees their total. Past
   the limit it ends the kernel's child processes (a `dd`, a pool's workers: often the writers)
   and interrupts the running cell; the cell's result says the limit was reached, at what size,
-  and which setting raises it, and the session goes on;
+  and which setting raises it, and the session goes on. Between cells, a total still growing
+  after the children were ended is the kernel's own doing (a thread): the kernel is ended, and
+  the next cell runs on a fresh one and says why;
 - a folder the walk cannot measure (nested deeper than `MAX_DEPTH`, unreadable after its owner's
   permissions were given back) counts as past the limit: hiding files must not be a way around it.
 
@@ -147,14 +149,13 @@ class Reached:
     limit: int
     why: str = ""
 
-    def message(self, *, stopped: bool) -> str:
-        """What the cell's result says: the setting, the size reached, how to go on."""
+    def message(self, what: str) -> str:
+        """What the result says after `what` happened ("The cell was stopped"): the size reached, the setting, how to go on."""
         size = human(self.size) if self.size is not None else f"an unknown size ({self.why})"
         if self.size is not None and size == human(self.limit):  # 100.0 MB past 100.0 MB: say the bytes
             size = f"{self.size:,} bytes"
-        how = "The cell was stopped" if stopped else "The cell ended"
         return (
-            f"{how} with the working folder at {size}, past execution.disk_limit ({human(self.limit)}): "
+            f"{what} with the working folder at {size}, past execution.disk_limit ({human(self.limit)}): "
             "delete files there (del, os.remove) before writing more, or raise execution.disk_limit"
         )
 
@@ -162,13 +163,14 @@ class Reached:
 class DiskWatch:
     """Watches one kernel's folders against the limit on a thread of its own while the kernel lives.
 
-    `on_reached` is called (on the watcher's thread) once each time the total passes what is
-    allowed: the limit, or, when a cell began past it already (the one before was stopped a little
-    over), the size it began at, so a cell that only deletes is never stopped. `cell()` marks a
-    running cell: measured often, and told what it reached.
+    `on_reached(reached, in_cell)` is called (on the watcher's thread) once each time the total
+    passes what is allowed: the limit, or, when a cell began past it already (the one before was
+    stopped a little over), the size it began at, so a cell that only deletes is never stopped;
+    between cells, again each time it grows further. `cell()` marks a running cell: measured
+    often, and told what it reached.
     """
 
-    def __init__(self, paths: tuple[Path, ...], *, limit: int, on_reached: Callable[[Reached], None]) -> None:
+    def __init__(self, paths: tuple[Path, ...], *, limit: int, on_reached: Callable[[Reached, bool], None]) -> None:
         """Start watching `paths` (the working folder first)."""
         self.paths = paths
         self.limit = limit
@@ -235,12 +237,17 @@ class DiskWatch:
             began = time.monotonic()
             reached = self._past(self.measure())
             spent = time.monotonic() - began
+            in_cell = self._in_cell
             if reached is not None and not told:
-                if self._in_cell:
+                if in_cell:
                     self._reached = reached
-                self._on_reached(reached)
+                self._on_reached(reached, in_cell)
             told = reached is not None  # said once per passing: again only after going back under, or in a new cell
-            if self._wake.wait(max(FAST if self._in_cell else SLOW, spent * _SLOWDOWN)):
+            grown = reached.size if reached is not None and not in_cell else None
+            between = grown is not None
+            if grown is not None:
+                self._allowed, told = grown, False  # between cells: told again, soon, if it grows further
+            if self._wake.wait(max(FAST if self._in_cell or between else SLOW, spent * _SLOWDOWN)):
                 self._wake.clear()
                 told = False
 

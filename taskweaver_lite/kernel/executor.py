@@ -16,6 +16,7 @@ import functools
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -99,6 +100,7 @@ class KernelExecutor(SessionKernel):
         paths = (self.cwd, self._socket_dir, self._log_path)
         self._disk = DiskWatch(paths, limit=limit, on_reached=self._disk_reached) if limit is not None else None
         self._kernel_pids: dict[int, int] = {}  # launched process -> the kernel's own (past bubblewrap's)
+        self._strikes = 0  # times the folders grew past the limit between cells since the last cell
         # Asked for with every cell, in the same request: the variables, and the working folder put back.
         self._expressions = self._cell_expressions(str(self.cwd))
         self._begin("kernel-start")
@@ -208,17 +210,33 @@ class KernelExecutor(SessionKernel):
         reached = self._disk.reached_in_cell() if self._disk is not None else None
         if reached is None:
             return result
-        message = reached.message(stopped=result.interrupted or result.kernel_died)
+        message = reached.message("The cell was stopped" if result.interrupted or result.kernel_died else "The cell ended")
         if result.kernel_died:  # its own outcome comes first; the reason is said beside it
             return dataclasses.replace(result, success=False, notices=(*result.notices, message))
         return dataclasses.replace(result, success=False, limit_reached=message)
 
-    def _disk_reached(self, reached: Reached) -> None:
-        """Past the disk limit (on the watcher's thread): end what the kernel started, stop the running cell."""
+    def _disk_reached(self, reached: Reached, in_cell: bool) -> None:
+        """Past the disk limit (on the watcher's thread): end what the kernel started, stop the running cell.
+
+        Between cells: the first time its child processes are ended; if the total still grows, the
+        kernel itself is writing (a thread), and it is ended: the next cell restarts it and says why.
+        """
         kernel = self._kernel_process()
-        if kernel is not None:
+        if in_cell:
+            self._strikes = 0
+            if kernel is not None:
+                end_children(kernel)
+            self.interrupt()
+            return
+        self._strikes += 1
+        if kernel is None:
+            return
+        if self._strikes == 1:
             end_children(kernel)
-        self.interrupt()
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(kernel, signal.SIGKILL)
+        self._first_notices += (reached.message("Between cells the kernel kept writing, so it was ended,"),)
 
     def _kernel_process(self) -> int | None:
         """The kernel's own process id as this program sees it (inside bubblewrap it is two processes down)."""
