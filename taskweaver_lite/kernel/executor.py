@@ -207,6 +207,7 @@ class KernelExecutor(SessionKernel):
         return self._disk.cell() if self._disk is not None else contextlib.nullcontext()
 
     def _limits_checked(self, result: ExecutionResult) -> ExecutionResult:
+        self._strikes = 0  # what happens between cells from here on is judged afresh
         reached = self._disk.reached_in_cell() if self._disk is not None else None
         if reached is None:
             return result
@@ -223,7 +224,6 @@ class KernelExecutor(SessionKernel):
         """
         kernel = self._kernel_process()
         if in_cell:
-            self._strikes = 0
             if kernel is not None:
                 end_children(kernel)
             self.interrupt()
