@@ -118,7 +118,7 @@ def filter_figures(root: Path, *, starts: int, cells: int) -> dict[str, tuple[fl
         running: dict[str, KernelExecutor] = {}
         try:
             for mode in FILTERS if n % 2 == 0 else FILTERS[::-1]:
-                config = ExecutionConfig(sandbox="bubblewrap", syscall_filter=mode)  # type: ignore[arg-type]
+                config = ExecutionConfig(sandbox="bubblewrap", syscall_filter=mode)
                 began = time.perf_counter()
                 running[mode] = KernelExecutor(root / f"filter-{n}-{mode}" / "sessions" / "s", config=config, hidden=(root,))
                 running[mode].wait_ready()

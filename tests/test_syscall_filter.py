@@ -212,3 +212,10 @@ def test_bubblewrap_gets_the_filter_last_and_disable_userns_only_with_it(tmp_pat
     assert "--disable-userns" in args and args[args.index("--disable-userns") - 1] == "--unshare-user"
     off = bwrap_arguments(SandboxPlan(cwd=tmp_path, socket_dir=tmp_path, hidden=()))
     assert "--seccomp" not in off and "--disable-userns" not in off
+
+
+@pytest.mark.unit
+def test_security_md_lists_every_call_the_filter_refuses() -> None:
+    text = (Path(__file__).parent.parent / "SECURITY.md").read_text(encoding="utf-8")
+    calls = [call for refusal in syscall_filter.REFUSED for call in refusal.calls if " " not in call]
+    assert calls and [call for call in calls if f"`{call}`" not in text] == []

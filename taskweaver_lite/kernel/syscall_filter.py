@@ -38,6 +38,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from taskweaver_lite.errors import ConfigError
+
 if TYPE_CHECKING:
     import pyseccomp
 
@@ -120,7 +122,13 @@ def lost_without() -> str:
 @functools.cache
 def compiled() -> bytes:
     """The filter as a BPF program (the bytes bubblewrap reads), compiled once per program by libseccomp."""
-    import pyseccomp  # loads libseccomp.so.2: only where the sandbox is used (Linux)
+    try:
+        import pyseccomp  # loads libseccomp.so.2: only where the sandbox is used (Linux)
+    except (ImportError, RuntimeError, OSError) as exc:
+        raise ConfigError(
+            f"The sandbox's syscall filter needs libseccomp and pyseccomp ({exc}): install libseccomp2 (Debian/Ubuntu: "
+            "sudo apt-get install libseccomp2) and reinstall taskweaver-lite, or set execution.syscall_filter: off."
+        ) from exc
 
     rules = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     # Calls from another architecture than this one (i386's int 0x80, x32) fail as if absent.
