@@ -75,6 +75,9 @@ class KernelExecutor(SessionKernel):
         """
         use_sandbox = uses_sandbox(config)
         self.python = kernel_python(config.kernel)
+        # The syscall filter's file: one per executor, read again by bubblewrap at every (re)start
+        # (made first: without libseccomp this is a ConfigError, before any folder is made).
+        self._seccomp_fd = syscall_filter.filter_file() if use_sandbox and config.syscall_filter == "default" else None
         make_undumpable()
         super().__init__(session_dir, config=config, output_tokens=output_tokens, plugins=plugins)
         self._mark = uuid.uuid4().hex
@@ -84,8 +87,6 @@ class KernelExecutor(SessionKernel):
         # IPC sockets: local only, no ports; in the session folder unless its path is too long for
         # a socket name (then a short private folder in /tmp), always removed at the end.
         self._socket_dir = socket_dir(self.session_dir)
-        # The syscall filter's file: one per executor, read again by bubblewrap at every (re)start.
-        self._seccomp_fd = syscall_filter.filter_file() if use_sandbox and config.syscall_filter == "default" else None
         self.sandbox = self._sandbox_plan(config, hidden=hidden) if use_sandbox else None
         self._manager = self._kernel_manager(config)
         self._client: BlockingKernelClient | None = None
