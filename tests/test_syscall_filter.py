@@ -146,6 +146,7 @@ def test_scikit_learn_pools_threads_subprocess_and_plots_still_run_under_the_fil
 @needs_bwrap
 def test_interrupts_and_restarts_under_the_filter(tmp_path: Path) -> None:
     with KernelExecutor(tmp_path / "sessions" / "s", config=_config(), hidden=(tmp_path,)) as executor:
+        executor.wait_ready()
         threading.Timer(2.0, executor.interrupt).start()
         assert executor.run("import time\ntime.sleep(60)").interrupted
         assert executor.run("y = 1").success
