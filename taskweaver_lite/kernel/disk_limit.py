@@ -199,16 +199,15 @@ class DiskWatch:
             return now
         return None
 
-    def _settle(self) -> None:
-        """Measure at a cell's edge: what is allowed from here on (the limit, or more if already past it)."""
-        now = self.measure()
+    def _settle(self, now: Reached | int) -> None:
+        """At a cell's edge, from what the folders take `now`: what is allowed from here on (the limit, or more if already past it)."""
         self._allowed = max(self.limit, now.size or self.limit) if isinstance(now, Reached) else self.limit
 
     @contextlib.contextmanager
     def cell(self) -> Iterator[None]:
         """While the body runs a cell: measured every few hundredths of a second."""
         self._reached = None
-        self._settle()
+        self._settle(self.measure())
         self._in_cell = True
         self._wake.set()
         try:
@@ -218,9 +217,9 @@ class DiskWatch:
 
     def reached_in_cell(self) -> Reached | None:
         """What the last cell reached: seen by the watcher while it ran, or measured now that it ended."""
-        now = self._past(self.measure())
-        seen = self._reached
-        self._settle()
+        measured = self.measure()
+        now, seen = self._past(measured), self._reached
+        self._settle(measured)
         if seen is not None and now is not None and seen.size is not None and now.size is not None:
             return now if now.size > seen.size else seen  # what it came to once the cell stopped
         return seen or now
@@ -247,9 +246,11 @@ class DiskWatch:
             between = grown is not None
             if grown is not None:
                 self._allowed, told = grown, False  # between cells: told again, soon, if it grows further
-            if self._wake.wait(max(FAST if self._in_cell or between else SLOW, spent * _SLOWDOWN)):
+            pause = max(FAST if self._in_cell or between else SLOW, spent * _SLOWDOWN)
+            while self._wake.wait(pause) and not self._stop.is_set():
+                # A cell began: `cell()` has just measured, so the next look is one short pause away.
                 self._wake.clear()
-                told = False
+                told, pause = False, max(FAST, spent * _SLOWDOWN)
 
 
 def children(pid: int) -> list[int]:
