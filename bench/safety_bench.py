@@ -12,6 +12,12 @@
    `kernel_uid` patched to None (its fallback), not the earlier commit run; the output says so. Targets: kernel ready
    <= 1.1x, `x = 1` <= 1.05x.
 
+5. Syscall filter (issue 34): sandboxed kernels with `execution.syscall_filter: default` against
+   `off`, started and run alternately in one run. Targets: kernel ready <= 1.05x, `x = 1` <= 1.05x.
+6. Disk limit (issue 34): `x = 1` with `execution.disk_limit` against without (the watcher's
+   measure at each cell's edges and its thread), alternated; and one measure of a working folder
+   of 40 files and of 10,000 files, the watcher's cost per look.
+
     python bench/safety_bench.py [--starts 6] [--cells 200]
 """
 
@@ -27,6 +33,7 @@ from pathlib import Path
 from unittest import mock
 
 from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.kernel.disk_limit import used
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.sandbox import bwrap_path
 from taskweaver_lite.verification import CodeVerifier
@@ -97,6 +104,91 @@ def _started(folder: Path, *, own_uid: bool, ready: list[float]) -> KernelExecut
     return executor
 
 
+FILTERS = ("off", "default")
+
+
+def filter_figures(root: Path, *, starts: int, cells: int) -> dict[str, tuple[float, float]]:
+    """Median seconds to ready and per `x = 1` of sandboxed kernels without and with the syscall filter.
+
+    Each round starts one kernel of each (in alternating order), then alternates their round trips
+    one by one, so the machine's noise falls on both alike.
+    """
+    ready: dict[str, list[float]] = {mode: [] for mode in FILTERS}
+    trips: dict[str, list[float]] = {mode: [] for mode in FILTERS}
+    for n in range(starts):
+        running: dict[str, KernelExecutor] = {}
+        try:
+            for mode in FILTERS if n % 2 == 0 else FILTERS[::-1]:
+                config = ExecutionConfig(sandbox="bubblewrap", syscall_filter=mode)
+                began = time.perf_counter()
+                running[mode] = KernelExecutor(root / f"filter-{n}-{mode}" / "sessions" / "s", config=config, hidden=(root,))
+                running[mode].wait_ready()
+                ready[mode].append(time.perf_counter() - began)
+                running[mode].run("x = 0")
+            _alternate(running, trips, cells // starts)
+        finally:
+            for executor in running.values():
+                executor.shutdown()
+    return {mode: (statistics.median(ready[mode]), statistics.median(trips[mode])) for mode in FILTERS}
+
+
+def _alternate(running: dict[str, KernelExecutor], trips: dict[str, list[float]], cells: int) -> None:
+    """`x = 1` on each running kernel in turn, `cells` times, the seconds of each appended to `trips`."""
+    for _ in range(cells):
+        for name, executor in running.items():
+            began = time.perf_counter()
+            executor.run("x = 1")
+            trips[name].append(time.perf_counter() - began)
+
+
+LIMITS = ("no limit", "disk_limit")
+
+
+def disk_limit_figures(root: Path, *, cells: int) -> dict[str, float]:
+    """Median seconds per `x = 1` on a kernel without and with `execution.disk_limit`, alternated, 40 files in each folder."""
+    trips: dict[str, list[float]] = {name: [] for name in LIMITS}
+    running: dict[str, KernelExecutor] = {}
+    try:
+        for name in LIMITS:
+            config = ExecutionConfig(sandbox="none", disk_limit="2GB" if name == "disk_limit" else None)
+            running[name] = KernelExecutor(root / f"disk-{name.replace(' ', '-')}" / "sessions" / "s", config=config)
+            running[name].run("for i in range(40):\n    open(f'file-{i}.csv', 'w').write('a,b\\n' * 1000)")
+        _alternate(running, trips, cells)
+    finally:
+        for executor in running.values():
+            executor.shutdown()
+    return {name: statistics.median(trips[name]) for name in LIMITS}
+
+
+def measure_ms(root: Path, files: int, repeats: int = 20) -> float:
+    """Median milliseconds one measure of a folder of `files` small files (in 10 subfolders) takes."""
+    folder = root / f"measure-{files}"
+    for i in range(files):
+        sub = folder / f"d{i % 10}"
+        sub.mkdir(parents=True, exist_ok=True)
+        (sub / f"{i}.txt").write_text("x" * 100)
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        used((folder,))
+        times.append(time.perf_counter() - began)
+    return statistics.median(times) * 1000
+
+
+def print_containment(starts: int, cells: int) -> None:
+    """5 and 6: the syscall filter's and the disk limit's costs."""
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as root:
+        figures = filter_figures(Path(root), starts=starts, cells=cells)
+        limits = disk_limit_figures(Path(root), cells=cells)
+        small, large = measure_ms(Path(root), 40), measure_ms(Path(root), 10_000)
+    (ready_off, trip_off), (ready_on, trip_on) = figures["off"], figures["default"]
+    print(f"5. Syscall filter, kernel ready: off {ready_off:.3f} s, default {ready_on:.3f} s: ratio {ready_on / ready_off:.2f} (target <= 1.05)")
+    print(f"   Syscall filter, x = 1: off {trip_off * 1000:.2f} ms, default {trip_on * 1000:.2f} ms: ratio {trip_on / trip_off:.2f} (target <= 1.05)")
+    base, kept = limits["no limit"], limits["disk_limit"]
+    print(f"6. Disk limit, x = 1: none {base * 1000:.2f} ms, 2GB {kept * 1000:.2f} ms: +{(kept - base) * 1000:.2f} ms per cell, ratio {kept / base:.2f}")
+    print(f"   One measure of the working folder: 40 files {small:.3f} ms, 10,000 files {large:.1f} ms (looked at every 20 ms in a cell)")
+
+
 def analysis_cell(lines: int, *, dense: bool = False) -> str:
     """An analysis cell of `lines` lines as a model writes one: comments, blank lines, group-bys, prints, a plot.
 
@@ -161,6 +253,7 @@ def main() -> int:
     (ready_none, trip_none), (ready_box, trip_box) = figures["none"], figures["bubblewrap"]
     print(f"1. Kernel ready: none {ready_none:.3f} s, bubblewrap {ready_box:.3f} s: ratio {ready_box / ready_none:.2f} (target <= 1.1)")
     print(f"2. x = 1 round trip: none {trip_none * 1000:.2f} ms, bubblewrap {trip_box * 1000:.2f} ms: ratio {trip_box / trip_none:.2f} (target <= 1.1)")
+    print_containment(args.starts, args.cells)
     if os.geteuid() != 0:
         print("4. Isolation: not root, so kernels keep your uid (in a user namespace): nothing to compare")
         return 0

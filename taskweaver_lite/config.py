@@ -313,6 +313,12 @@ class ExecutionConfig(_Section):
     mounts: list[MountConfig] = Field(
         default_factory=list, description="folders the sandboxed kernel sees at their own path: paths (read-only), or {path, mode: ro|rw}"
     )
+    syscall_filter: Literal["default", "off"] = Field(
+        "default", description="the sandboxed kernel's seccomp filter (default: refuse namespaces, mounts, keyrings, bpf...; off: none)"
+    )
+    disk_limit: int | str | None = Field(
+        None, description="what a session's cells may keep in its working folder in total: bytes, '100MB', '2GB'; null: no limit"
+    )
 
     @field_validator("mounts", mode="before")
     @classmethod
@@ -330,6 +336,17 @@ class ExecutionConfig(_Section):
     def memory_limit_bytes(self) -> int | None:
         """`memory_limit` in bytes (None: no limit)."""
         return None if self.memory_limit is None else size_in_bytes(self.memory_limit)
+
+    @field_validator("disk_limit")
+    @classmethod
+    def _a_disk_size(cls, value: int | str | None) -> int | str | None:
+        if value is not None:
+            disk_bytes(value)  # raises ValueError with the accepted forms
+        return value
+
+    def disk_limit_bytes(self) -> int | None:
+        """`disk_limit` in bytes (None: no limit)."""
+        return None if self.disk_limit is None else disk_bytes(self.disk_limit)
 
     @model_validator(mode="before")
     @classmethod
@@ -356,14 +373,30 @@ def size_in_bytes(value: int | str) -> int:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         size = int(total * share / 100)
     else:
-        number = text.rstrip("KMGTB ").strip()
-        unit = text[len(number) :].strip()
-        if unit not in _UNITS or not number.replace(".", "", 1).isdigit():
-            raise ValueError("expected a size such as 4GB, 512MB, a number of bytes, or a share such as 50%")
-        size = int(float(number) * _UNITS[unit])
+        size = _bytes(text, expected="a size such as 4GB, 512MB, a number of bytes, or a share such as 50%")
     if size < MIN_MEMORY_LIMIT:
         raise ValueError("at least 256MB: below that the kernel cannot start (null for no limit)")
     return size
+
+
+MIN_DISK_LIMIT = 1024**2  # below a megabyte not even a plot fits
+
+
+def disk_bytes(value: int | str) -> int:
+    """Bytes from 104857600, '100MB' or '2GB' (a disk has no share of memory); ValueError otherwise."""
+    size = _bytes(str(value).strip().upper(), expected="a size such as 100MB, 2GB or a number of bytes")
+    if size < MIN_DISK_LIMIT:
+        raise ValueError("at least 1MB (null for no limit)")
+    return size
+
+
+def _bytes(text: str, *, expected: str) -> int:
+    """`text` (upper case) as bytes: a number with an optional unit (KB, MB, GB, TB: powers of 1024)."""
+    number = text.rstrip("KMGTB ").strip()
+    unit = text[len(number) :].strip()
+    if unit not in _UNITS or not number.replace(".", "", 1).isdigit():
+        raise ValueError(f"expected {expected}")
+    return int(float(number) * _UNITS[unit])
 
 
 class StoreConfig(_Section):
@@ -521,6 +554,7 @@ _LOCAL_ONLY = {
     "network": "it opens the local sandbox's network",
     "memory_limit": "limits are set on a kernel started on this machine",
     "max_processes": "limits are set on a kernel started on this machine",
+    "disk_limit": "the limit is kept on a kernel started on this machine; a gateway's disk is the gateway's to limit",
 }
 
 

@@ -124,6 +124,7 @@ class ExecutionResult:
     notices: tuple[str, ...] = ()  # what the executor put right after the cell (a working folder restored)
     refused: str = ""  # why the code was not run at all (a verification rule, the user declined); "" when it ran
     cancelled: bool = False  # stopped by the user (Ctrl-C, the page's Stop): the output is what it printed until then
+    limit_reached: str = ""  # a limit the cell passed (execution.disk_limit): what happened and how to go on; "" when none
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape used by the store and by export."""
@@ -142,6 +143,7 @@ class ExecutionResult:
         values["changes"] = VariableChanges.from_dict(values.get("changes") or {})
         values["refused"] = str(values.get("refused") or "")
         values["cancelled"] = bool(values.get("cancelled", False))  # stored before cancelled cells were kept
+        values["limit_reached"] = str(values.get("limit_reached") or "")  # stored before the disk limit
         for name in ("displays", "artifacts", "lost_variables", "notices"):
             values[name] = tuple(values.get(name) or ())
         return cls(**values)
@@ -161,6 +163,8 @@ class ExecutionResult:
             return f"The kernel died before this cell and was restarted; the cell ran on the fresh kernel. Variables lost: {lost}."
         if self.kernel_died:
             return f"The kernel died while running this cell and was restarted. Variables lost: {lost}."
+        if self.limit_reached:
+            return f"{self.limit_reached}. Earlier variables are kept."
         if self.timed_out:
             return f"The cell timed out after {self.elapsed:.0f} s and was interrupted; earlier variables are kept."
         if self.cancelled:
@@ -198,7 +202,7 @@ class ExecutionResult:
         """`prompt_text` in pieces; the outcome and the error line are what a fold must keep."""
         block = as_data if marked else _unmarked
         outcome = self.outcome()
-        plain = not (self.kernel_died or self.timed_out or self.interrupted or self.refused or self.cancelled)
+        plain = not (self.kernel_died or self.timed_out or self.interrupted or self.refused or self.cancelled or self.limit_reached)
         pieces = [] if outcome_told and plain else [FoldPiece(outcome, essential=True)]
         if self.error is not None:
             pieces.append(FoldPiece(f"Error: {self.error.name}: {block(self.error.value, block=False)}", essential=True))
@@ -237,6 +241,7 @@ class KernelEnvironment:
     libraries: tuple[str, ...] = ()  # import names, as probed in the kernel at its start (() if unknown)
     mounts: tuple[str, ...] = ()  # "/data (read-only)", one per execution.mounts entry
     python: str = ""  # the interpreter, for /info
+    safety: tuple[tuple[str, str], ...] = ()  # (layer, state) for /info: the sandbox, the syscall filter, the disk limit
 
 
 # What a running cell prints, as it prints it: (stream name "stdout" or "stderr", text).

@@ -30,6 +30,7 @@ def project_with(tmp_path: Path, text: str) -> Path:
         (GATEWAY + "  network: true\n", [], ["taskweaver_config.yaml", "execution.network: true and execution.kernel_gateway"]),
         (GATEWAY + "  memory_limit: 4GB\n", [], ["execution.memory_limit: 4GB and execution.kernel_gateway"]),
         (GATEWAY + "  max_processes: 64\n", [], ["execution.max_processes: 64 and execution.kernel_gateway"]),
+        (GATEWAY + "  disk_limit: 2GB\n", [], ["execution.disk_limit: 2GB and execution.kernel_gateway"]),
         ("planner:\n  prompt_compression: false\n  strategy: summary_buffer\n", [], ["planner.prompt_compression: false and planner.strategy: summary_buffer"]),
         (GATEWAY + "  kernel: python3\n", [], ["execution.kernel and execution.kernel_gateway", "kernel_gateway.kernel_name"]),
         (GATEWAY + "  mounts: [/usr/share]\n", [], ["execution.mounts and execution.kernel_gateway"]),

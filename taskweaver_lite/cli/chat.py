@@ -185,10 +185,11 @@ MIN_DISPLAY_WIDTH = 40
 
 
 def _kernel_lines(kernel: KernelEnvironment) -> list[str]:
-    """/info's kernel lines: its Python, the libraries it can import, the user's folders it sees (execution.mounts)."""
+    """/info's kernel lines: its Python, the libraries it can import, the user's folders it sees, its sandbox, filter and disk use."""
     lines = [f"Kernel:   {kernel.python}"] if kernel.python else []
     lines.append(f"Libraries: {', '.join(kernel.libraries) or 'not known yet'}")
     lines += [f"Mount:    {mount}" for mount in kernel.mounts]
+    lines += [f"{layer + ':':<9} {state}" for layer, state in kernel.safety]
     return lines
 
 

@@ -125,7 +125,9 @@ class SessionKernel(ABC):
         with self._run_lock:
             self._check_open()
             lost = self._lost_since_last_cell()
-            result = self._run_cell(code, self.config.timeout if timeout is None else timeout, on_output)
+            with self._cell_limits():
+                result = self._run_cell(code, self.config.timeout if timeout is None else timeout, on_output)
+            result = self._limits_checked(result)
             if lost:
                 result = dataclasses.replace(result, kernel_died=True, lost_variables=lost)
             return result
@@ -145,7 +147,11 @@ class SessionKernel(ABC):
         """The libraries the kernel can import and the folders it sees; waits for a kernel still starting."""
         with contextlib.suppress(KernelError):  # the next cell says what went wrong; the prompt is built without the list
             self.wait_ready()
-        return KernelEnvironment(libraries=self.libraries, mounts=self._mounts(), python=self._python())
+        return KernelEnvironment(libraries=self.libraries, mounts=self._mounts(), python=self._python(), safety=self._safety())
+
+    def _safety(self) -> tuple[tuple[str, str], ...]:
+        """The containment layers and their state, for /info (a gateway's kernel: the gateway's own)."""
+        return ()
 
     def _mounts(self) -> tuple[str, ...]:
         """The user's folders the kernel sees, described for prompts and /info."""
@@ -290,6 +296,14 @@ class SessionKernel(ABC):
     def _explain(self, error: CellError | None) -> tuple[str, ...]:
         """Notes on a cell's error that only the transport can give (a path the sandbox hides)."""
         return ()
+
+    def _cell_limits(self) -> contextlib.AbstractContextManager[object]:
+        """What is kept while a cell runs besides its timeout (the local kernel's disk limit); nothing here."""
+        return contextlib.nullcontext()
+
+    def _limits_checked(self, result: ExecutionResult) -> ExecutionResult:
+        """The cell's result with what `_cell_limits` found (a limit reached); unchanged here."""
+        return result
 
     def _plugin_artifacts(self, saved: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """Notices and artifacts for what plugins saved during a cell: locally they are the session's artifacts."""

@@ -10,10 +10,13 @@ watches the process for death. How the kernel process is launched and made sure 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import functools
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -26,9 +29,10 @@ from jupyter_core.utils import ensure_event_loop
 
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
-from taskweaver_lite.execution import CellError, OutputSink
-from taskweaver_lite.kernel import namespace
+from taskweaver_lite.execution import CellError, ExecutionResult, OutputSink
+from taskweaver_lite.kernel import namespace, syscall_filter
 from taskweaver_lite.kernel.base import DEFAULT_OUTPUT_TOKENS, POLL_INTERVAL, REPLY_WAIT, CellEnd, CellWatch, Ending, SessionKernel, show
+from taskweaver_lite.kernel.disk_limit import DiskWatch, Reached, disk_limit_notes, end_children, human, kernel_process
 from taskweaver_lite.kernel.hidden_paths import hidden_path_notes
 from taskweaver_lite.kernel.identity import hand_over, kernel_uid
 from taskweaver_lite.kernel.interpreter import kernel_python
@@ -71,6 +75,9 @@ class KernelExecutor(SessionKernel):
         """
         use_sandbox = uses_sandbox(config)
         self.python = kernel_python(config.kernel)
+        # The syscall filter's file: one per executor, read again by bubblewrap at every (re)start
+        # (made first: without libseccomp this is a ConfigError, before any folder is made).
+        self._seccomp_fd = syscall_filter.filter_file() if use_sandbox and config.syscall_filter == "default" else None
         make_undumpable()
         super().__init__(session_dir, config=config, output_tokens=output_tokens, plugins=plugins)
         self._mark = uuid.uuid4().hex
@@ -87,7 +94,14 @@ class KernelExecutor(SessionKernel):
         self._plugin_install = namespace.plugin_install_code(plugins, session_id=self.session_dir.name, cwd=self.cwd) if plugins else ""
         # Said with the first cell: `auto` found bubblewrap but could not build a sandbox with it here.
         fallback = fallback_notice() if config.sandbox == "auto" and not use_sandbox else None
-        self._first_notices = (fallback,) if fallback else ()
+        filter_off = syscall_filter.lost_without() if use_sandbox and config.syscall_filter == "off" else None
+        self._first_notices = tuple(notice for notice in (fallback, filter_off) if notice)
+        # execution.disk_limit: the working folder, the socket folder and the kernel's log, in total.
+        limit = config.disk_limit_bytes()
+        paths = (self.cwd, self._socket_dir, self._log_path)
+        self._disk = DiskWatch(paths, limit=limit, on_reached=self._disk_reached) if limit is not None else None
+        self._kernel_pids: dict[int, int] = {}  # launched process -> the kernel's own (past bubblewrap's)
+        self._strikes = 0  # times the folders grew past the limit between cells since the last cell
         # Asked for with every cell, in the same request: the variables, and the working folder put back.
         self._expressions = self._cell_expressions(str(self.cwd))
         self._begin("kernel-start")
@@ -103,6 +117,7 @@ class KernelExecutor(SessionKernel):
             run_as=kernel_uid(self.session_dir, cwd=self.cwd),
             readable=self.python.folders,
             mounts=[Mount(Path(m.path), writable=m.mode == "rw") for m in config.mounts],
+            seccomp_fd=self._seccomp_fd,
         )
 
     def _kernel_manager(self, config: ExecutionConfig) -> InterpreterKernelManager:
@@ -113,6 +128,7 @@ class KernelExecutor(SessionKernel):
         manager.wrap = functools.partial(kernel_command, config=config, plan=self.sandbox)
         if self.sandbox is not None:
             manager.interrupt_mode = "message"
+            manager.seccomp_fd = self.sandbox.seccomp_fd
         if self.sandbox is not None and self.sandbox.run_as is not None:
             # Root's sandboxed kernel runs as a user of its own (identity.py): its sockets and working folder are that user's.
             hand_over(self.cwd, self.sandbox.run_as)  # on resume, files an earlier kernel of this session wrote
@@ -162,7 +178,78 @@ class KernelExecutor(SessionKernel):
         return self.python.describe()
 
     def _explain(self, error: CellError | None) -> tuple[str, ...]:
-        return hidden_path_notes(error, self.sandbox)
+        return hidden_path_notes(error, self.sandbox) + disk_limit_notes(error, self.config.disk_limit_bytes())
+
+    def _safety(self) -> tuple[tuple[str, str], ...]:
+        if self.sandbox is None:
+            layers = [("Sandbox", "none: the kernel runs as this program's user, unfiltered (execution.sandbox)")]
+        elif self.sandbox.seccomp_fd is None:
+            layers = [("Sandbox", "bubblewrap"), ("Syscalls", "not filtered (execution.syscall_filter: off)")]
+        else:
+            userns = "; --disable-userns" if self.sandbox.disable_userns else ""
+            layers = [("Sandbox", "bubblewrap"), ("Syscalls", f"filtered: {syscall_filter.summary()}{userns} (execution.syscall_filter)")]
+        use = self.disk_use()
+        if use is None:
+            layers.append(("Disk", "no limit (execution.disk_limit)"))
+        else:
+            size, limit = use
+            shown = human(size) if size is not None else "unknown (cannot be measured)"
+            layers.append(("Disk", f"{shown} of {human(limit)} kept (execution.disk_limit)"))
+        return tuple(layers)
+
+    def disk_use(self) -> tuple[int | None, int] | None:
+        """What the kernel keeps on disk now and `execution.disk_limit` (None: no limit; size None: unmeasurable)."""
+        if self._disk is None:
+            return None
+        now = self._disk.measure()
+        return (now.size if isinstance(now, Reached) else now), self._disk.limit
+
+    def _cell_limits(self) -> contextlib.AbstractContextManager[object]:
+        return self._disk.cell() if self._disk is not None else contextlib.nullcontext()
+
+    def _limits_checked(self, result: ExecutionResult) -> ExecutionResult:
+        self._strikes = 0  # what happens between cells from here on is judged afresh
+        reached = self._disk.reached_in_cell() if self._disk is not None else None
+        if reached is None:
+            return result
+        message = reached.message("The cell was stopped" if result.interrupted or result.kernel_died else "The cell ended")
+        if result.kernel_died:  # its own outcome comes first; the reason is said beside it
+            return dataclasses.replace(result, success=False, notices=(*result.notices, message))
+        return dataclasses.replace(result, success=False, limit_reached=message)
+
+    def _disk_reached(self, reached: Reached, in_cell: bool) -> None:
+        """Past the disk limit (on the watcher's thread): end what the kernel started, stop the running cell.
+
+        Between cells: the first time its child processes are ended; if the total still grows, the
+        kernel itself is writing (a thread), and it is ended: the next cell restarts it and says why.
+        """
+        kernel = self._kernel_process()
+        if in_cell:
+            if kernel is not None:
+                end_children(kernel)
+            self.interrupt()
+            return
+        self._strikes += 1
+        if kernel is None:
+            return
+        if self._strikes == 1:
+            end_children(kernel)
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(kernel, signal.SIGKILL)
+        self._first_notices += (reached.message("Between cells the kernel kept writing, so it was ended,"),)
+
+    def _kernel_process(self) -> int | None:
+        """The kernel's own process id as this program sees it (inside bubblewrap it is two processes down)."""
+        launched = self.pid
+        if launched is None:
+            return None
+        if launched not in self._kernel_pids:
+            found = kernel_process(launched)
+            if found is None:
+                return None
+            self._kernel_pids = {launched: found}
+        return self._kernel_pids[launched]
 
     def _end(self) -> None:
         if self._client is not None:
@@ -175,8 +262,13 @@ class KernelExecutor(SessionKernel):
         finally:
             kill_process_group(group)  # whatever the user's code spawned in the kernel's process group
             kill_marked(self._mark)  # and what left the group (setsid) but still carries the kernel's mark
+            if self._disk is not None:
+                self._disk.close()
             self._log.close()
             shutil.rmtree(self._socket_dir, ignore_errors=True)
+            if self._seccomp_fd is not None:
+                os.close(self._seccomp_fd)
+                self._seccomp_fd = None
 
     def _launch(self) -> None:
         try:
@@ -308,5 +400,3 @@ def _reply(client: BlockingKernelClient, msg_id: str) -> dict[str, Any] | None:
             content: dict[str, Any] = msg["content"]
             return content
     return None
-
-

@@ -1,6 +1,8 @@
-"""Run a command under the kernel's limits: `python limits.py [--memory B] [--processes N] [--uid U] -- command...`.
+"""Run a command under the kernel's limits: `python limits.py [--memory B] [--processes N] [--file-size B] [--uid U] -- command...`.
 
-Sets the address-space limit (bytes) and the process limit (`RLIMIT_NPROC`, counted per user:
+Sets the address-space limit (bytes), the largest file any process may write (`RLIMIT_FSIZE`,
+the disk limit: the program lowers the soft limit to the room left before each cell) and the
+process limit (`RLIMIT_NPROC`, counted per user:
 the caller passes what this user runs already plus the cap), becomes `--uid` if given (root's
 sandboxed kernels run as a uid of their own), then replaces itself with the command. Run by path, on the
 kernel's interpreter, so it imports nothing of ours.
@@ -14,10 +16,10 @@ import sys
 from collections.abc import Sequence
 
 
-def arguments(*, memory: int | None, processes: int | None, uid: int | None) -> list[str]:
+def arguments(*, memory: int | None, processes: int | None, uid: int | None, file_size: int | None = None) -> list[str]:
     """This launcher's options for the given limits (None: no limit, same user)."""
     args: list[str] = []
-    for flag, value in (("--memory", memory), ("--processes", processes), ("--uid", uid)):
+    for flag, value in (("--memory", memory), ("--processes", processes), ("--file-size", file_size), ("--uid", uid)):
         if value is not None:
             args += [flag, str(value)]
     return args
@@ -46,6 +48,8 @@ def main(argv: Sequence[str]) -> None:
     values = dict(zip(options[::2], (int(v) for v in options[1::2]), strict=True))
     if "--memory" in values:
         resource.setrlimit(resource.RLIMIT_AS, (values["--memory"], values["--memory"]))
+    if "--file-size" in values:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (values["--file-size"], values["--file-size"]))
     if "--uid" in values:
         os.setgroups([])
         os.setgid(values["--uid"])

@@ -30,7 +30,7 @@ from jupyter_client.manager import KernelManager
 
 from taskweaver_lite.kernel import display as kernel_display
 from taskweaver_lite.kernel import guard as kernel_guard
-from taskweaver_lite.kernel import plugin_runtime
+from taskweaver_lite.kernel import plugin_runtime, syscall_filter
 from taskweaver_lite.kernel import snapshot as kernel_snapshot
 
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
@@ -40,7 +40,6 @@ SOCKET_PREFIX = "twl-kernel-"
 SOCKET_FOLDER = "kernel"
 # Unix socket paths are capped at 107 bytes on Linux and 103 on macOS; keep clear of both.
 SOCKET_PATH_LIMIT = 100
-
 
 
 def _load_by_path(name: str, path: str) -> str:
@@ -107,6 +106,13 @@ class InterpreterKernelManager(KernelManager):
     wrap: Callable[[list[str]], list[str]] | None = None
     kernel_uid: int | None = None
     interrupt_mode = "signal"
+    seccomp_fd: int | None = None  # the syscall filter's file, named on bwrap's command line (`--seccomp FD`)
+
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
+        # Every start and restart: the filter's file kept open in the child and read from its start.
+        if self.seccomp_fd is not None:
+            kw["pass_fds"] = (syscall_filter.rewound(self.seccomp_fd),)
+        await super()._async_launch_kernel(kernel_cmd, **kw)
 
     def write_connection_file(self, **kwargs: Any) -> None:
         super().write_connection_file(**kwargs)

@@ -10,10 +10,16 @@ init takes every process in it along, `setsid` or not). When the program runs as
 runs as a uid of its own (identity.py), so that the process cap (`RLIMIT_NPROC`, which never
 applies to root, and counts per uid) holds per session.
 
+Inside, a syscall filter (`syscall_filter.py`, `execution.syscall_filter`) refuses new namespaces,
+mounts, the keyring, `bpf` and the rest of what container runtimes refuse; as an ordinary user
+bubblewrap's `--disable-userns` also keeps the sandbox's user namespace from making another.
+
 Limits apply with or without the sandbox: `execution.memory_limit` as the address-space limit of
 every process of the kernel (a cell that passes it gets a MemoryError, or the kernel dies and is
-restarted, and the model is told), `execution.max_processes` inside the sandbox. They are set by
-`limits.py`, which runs first and then becomes the kernel (exec), so no shell is involved.
+restarted, and the model is told), `execution.max_processes` inside the sandbox, and
+`execution.disk_limit` as the largest file any of them may write (`disk_limit.py` keeps the
+total). They are set by `limits.py`, which runs first and then becomes the kernel (exec), so no
+shell is involved.
 
 The user's `execution.mounts` are bound at their own path, read-only unless `rw`, after the hidden
 folders are emptied (a hidden folder inside a mount is emptied again); the folders of another
@@ -65,6 +71,8 @@ class SandboxPlan:
     tmp_bytes: int | None = None  # the private /tmp's and /dev/shm's size (the memory limit)
     readable: tuple[Path, ...] = ()  # put back read-only where hidden: the kernel's own interpreter (execution.kernel)
     mounts: tuple[Mount, ...] = ()  # the user's folders, at their own path (execution.mounts)
+    seccomp_fd: int | None = None  # a file holding the syscall filter (syscall_filter.py); None: execution.syscall_filter off
+    disable_userns: bool = False  # bubblewrap's --disable-userns: as an ordinary user, no user namespace inside the sandbox's
 
 
 def bwrap_path() -> str | None:
@@ -90,6 +98,18 @@ def uses_sandbox(config: ExecutionConfig) -> bool:
             f"(Debian/Ubuntu: sudo apt-get install {PACKAGE}), or set execution.sandbox: auto or none."
         )
     return False
+
+
+@functools.cache
+def can_disable_userns(path: str) -> bool:
+    """Whether the `bwrap` at `path` takes `--disable-userns` here (bubblewrap 0.8 and later, not setuid, not as root)."""
+    if os.geteuid() == 0:
+        return False  # root's kernels have no user namespace of bubblewrap's; the syscall filter refuses new ones
+    trial = [path, "--ro-bind", "/", "/", "--unshare-user", "--disable-userns", "true"]
+    try:
+        return subprocess.run(trial, capture_output=True, timeout=10, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 @functools.cache
@@ -131,11 +151,13 @@ def plan_for(
     run_as: int | None = None,
     readable: Iterable[Path] = (),
     mounts: Iterable[Mount] = (),
+    seccomp_fd: int | None = None,
 ) -> SandboxPlan:
     """The sandbox of one session's kernel: `hidden` (the project folder, the store's) and the user's home out of sight.
 
     `run_as`: the kernel's own uid when we are root (identity.py); root's kernels never run as root.
     `readable`: folders the kernel's interpreter reads (put back where hidden); `mounts`: the user's folders it sees.
+    `seccomp_fd`: the syscall filter's file (None: `execution.syscall_filter: off`, and no `--disable-userns` either).
     """
     readable = tuple(p.resolve() for p in readable)
     mounts = tuple(Mount(m.path.resolve(), m.writable) for m in mounts)
@@ -148,9 +170,11 @@ def plan_for(
         reached = (cwd.resolve(), socket_dir.resolve(), *_needed(), *readable, *(m.path for m in mounts))
         candidates += [folder for path in reached for folder in path.parents if not folder.stat().st_mode & 0o001]
     resolved = tuple(dict.fromkeys(p.resolve() for p in candidates if p.exists() and p.resolve() != Path("/")))
+    bwrap = bwrap_path()
+    disable_userns = seccomp_fd is not None and bwrap is not None and can_disable_userns(bwrap)
     return SandboxPlan(
         cwd=cwd.resolve(), socket_dir=socket_dir.resolve(), hidden=resolved, network=network, run_as=run_as, tmp_bytes=tmp_bytes,
-        readable=readable, mounts=mounts,
+        readable=readable, mounts=mounts, seccomp_fd=seccomp_fd, disable_userns=disable_userns,
     )  # fmt: skip
 
 
@@ -161,7 +185,8 @@ def kernel_command(argv: Sequence[str], *, config: ExecutionConfig, plan: Sandbo
     # (nothing, for a kernel's own uid: it was picked for having no process).
     running = 0 if uid is not None and identity.in_range(uid) else limits.user_tasks(os.getuid() if uid is None else uid)
     processes = running + config.max_processes if plan is not None else None
-    launcher = [sys.executable, "-I", "-S", limits.__file__, *limits.arguments(memory=config.memory_limit_bytes(), processes=processes, uid=uid), "--"]
+    caps = limits.arguments(memory=config.memory_limit_bytes(), processes=processes, uid=uid, file_size=config.disk_limit_bytes())
+    launcher = [sys.executable, "-I", "-S", limits.__file__, *caps, "--"]
     if plan is None:
         return [*launcher, *argv]
     bwrap = bwrap_path()
@@ -192,6 +217,10 @@ def bwrap_arguments(plan: SandboxPlan) -> list[str]:
     args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent"]
     if not plan.network:
         args.append("--unshare-net")
+    if plan.disable_userns:  # an ordinary user's sandbox is a user namespace already: none may be made inside it
+        args += ["--unshare-user", "--disable-userns"]
+    if plan.seccomp_fd is not None:  # loaded last, right before the kernel starts: nothing inside runs without it
+        args += ["--seccomp", str(plan.seccomp_fd)]
     args += ["--setenv", "HOME", "/tmp", "--setenv", "MPLCONFIGDIR", "/tmp/matplotlib", "--chdir", str(plan.cwd)]
     # The kernel's parent inside is the namespace's init (pid 1): ipykernel would take that for its
     # parent having died. `--die-with-parent` ends the sandbox with the program instead.

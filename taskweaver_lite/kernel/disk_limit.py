@@ -1,0 +1,298 @@
+"""The disk limit (`execution.disk_limit`): what a session's kernel may keep on disk, in total.
+
+What counts: everything in the session's working folder (files you `/load` too), the kernel's
+socket folder (the only other place on disk a sandboxed kernel can write) and its log (its stderr),
+each file at the larger of its length and the space it takes (a sparse file counts at its length),
+every folder at its own size, a file with several links once.
+
+How it holds, as root and as an ordinary user, with or without the sandbox, and without root's
+help (no quota, no loop-mounted filesystem; a size-capped tmpfs would not keep the files):
+
+- `RLIMIT_FSIZE`: no file any process of the kernel writes may grow past the limit (set at
+  start by `limits.py`, so one huge write stops there with "File too large"). Lowering it to the
+  room left before each cell would need CAP_SYS_RESOURCE over the kernel's process (root in a
+  container often lacks it) or a request to the kernel per cell: the watcher does that work;
+- a watcher measures the folders while the kernel lives, every few hundredths of a second
+  while a cell runs (the walk's own time times twenty, when it is slower) and every second
+  between cells. Many small files pass any per-file cap: the watcher sees their total. Past
+  the limit it ends the kernel's child processes (a `dd`, a pool's workers: often the writers)
+  and interrupts the running cell; the cell's result says the limit was reached, at what size,
+  and which setting raises it, and the session goes on. Between cells, a total still growing
+  after the children were ended is the kernel's own doing (a thread): the kernel is ended, and
+  the next cell runs on a fresh one and says why;
+- a folder the walk cannot measure (nested deeper than `MAX_DEPTH`, unreadable after its owner's
+  permissions were given back) counts as past the limit: hiding files must not be a way around it.
+
+Kernels on a Jupyter gateway write on the gateway's machine: the limit cannot be kept from here,
+so the config refuses `disk_limit` beside `kernel_gateway` (as it does the other limits). Without
+the sandbox (`execution.sandbox: none`) the limit holds for the working folder the same way, but
+the kernel can write wherever this program's user can: there it guards against mistakes only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from taskweaver_lite.execution import CellError
+
+MAX_DEPTH = 128
+FAST, SLOW = 0.02, 1.0  # seconds between measures while a cell runs, and between cells
+_SLOWDOWN = 20  # the watcher spends at most a twentieth of its time walking
+
+
+class Unmeasurable(Exception):
+    """A folder whose size cannot be known: it counts as past the limit."""
+
+
+def human(size: int) -> str:
+    """`104857600` as `100.0 MB` (powers of 1024, as the setting reads them)."""
+    value = float(size)
+    for unit in ("B", "KB", "MB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GB"
+
+
+def used(paths: tuple[Path, ...]) -> int:
+    """What `paths` (folders or files) take on disk, as the limit counts it; Unmeasurable if a folder cannot be read."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for path in paths:
+        try:
+            info = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        total += _size(info, seen)
+        folder = _open_folder(str(path), None) if stat.S_ISDIR(info.st_mode) else None
+        if folder is not None:
+            total += _folder(folder, seen, depth=1)
+    return total
+
+
+def _size(info: os.stat_result, seen: set[tuple[int, int]]) -> int:
+    if info.st_nlink > 1 and not stat.S_ISDIR(info.st_mode):
+        if (info.st_dev, info.st_ino) in seen:
+            return 0
+        seen.add((info.st_dev, info.st_ino))
+    allocated = info.st_blocks * 512
+    return max(info.st_size, allocated) if stat.S_ISREG(info.st_mode) else allocated
+
+
+def _folder(fd: int, seen: set[tuple[int, int]], *, depth: int) -> int:
+    """The size of what is in the folder open at `fd` (closed here), walked by descriptor: no link is followed, no path grows too long."""
+    if depth > MAX_DEPTH:
+        os.close(fd)
+        raise Unmeasurable(f"folders are nested more than {MAX_DEPTH} deep")
+    total = 0
+    try:
+        with os.scandir(fd) as entries:
+            children = []
+            for entry in entries:
+                with contextlib.suppress(FileNotFoundError):  # removed while we walk
+                    info = entry.stat(follow_symlinks=False)
+                    total += _size(info, seen)
+                    if stat.S_ISDIR(info.st_mode):
+                        children.append(entry.name)
+        for name in children:
+            child = _open_folder(name, fd)
+            if child is not None:
+                total += _folder(child, seen, depth=depth + 1)
+    finally:
+        os.close(fd)
+    return total
+
+
+def _open_folder(name: str, parent: int | None) -> int | None:
+    """The folder `name` in `parent`, opened (None: gone, or swapped for a link or a file meanwhile).
+
+    Its owner's permissions are given back if a cell took them away: the session's own folder.
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    try:
+        return os.open(name, flags, dir_fd=parent)
+    except PermissionError:
+        pass
+    except OSError as exc:
+        _unless_gone(exc)
+        return None
+    try:
+        mode = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
+        os.chmod(name, stat.S_IMODE(mode) | stat.S_IRWXU, dir_fd=parent)
+        return os.open(name, flags, dir_fd=parent)
+    except OSError as exc:
+        _unless_gone(exc)
+        return None
+
+
+def _unless_gone(error: OSError) -> None:
+    """Unmeasurable, unless the folder vanished or was swapped for a link or a file while we walked."""
+    if error.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+        return
+    raise Unmeasurable(f"a folder cannot be read ({os.strerror(error.errno or errno.EIO)})") from error
+
+
+@dataclass(frozen=True)
+class Reached:
+    """The limit was passed: at what size (None: the folders could not be measured, `why` says how)."""
+
+    size: int | None
+    limit: int
+    why: str = ""
+
+    def message(self, what: str) -> str:
+        """What the result says after `what` happened ("The cell was stopped"): the size reached, the setting, how to go on."""
+        size = human(self.size) if self.size is not None else f"an unknown size ({self.why})"
+        if self.size is not None and size == human(self.limit):  # 100.0 MB past 100.0 MB: say the bytes
+            size = f"{self.size:,} bytes"
+        return (
+            f"{what} with the working folder at {size}, past execution.disk_limit ({human(self.limit)}): "
+            "delete files there (del, os.remove) before writing more, or raise execution.disk_limit"
+        )
+
+
+class DiskWatch:
+    """Watches one kernel's folders against the limit on a thread of its own while the kernel lives.
+
+    `on_reached(reached, in_cell)` is called (on the watcher's thread) once each time the total
+    passes what is allowed: the limit, or, when a cell began past it already (the one before was
+    stopped a little over), the size it began at, so a cell that only deletes is never stopped;
+    between cells, again each time it grows further. `cell()` marks a running cell: measured
+    often, and told what it reached.
+    """
+
+    def __init__(self, paths: tuple[Path, ...], *, limit: int, on_reached: Callable[[Reached, bool], None]) -> None:
+        """Start watching `paths` (the working folder first)."""
+        self.paths = paths
+        self.limit = limit
+        self._on_reached = on_reached
+        self._in_cell = False
+        self._reached: Reached | None = None
+        self._allowed = limit
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="disk-limit", daemon=True)
+        self._thread.start()
+
+    def measure(self) -> Reached | int:
+        """What the folders take now, or what was reached if past the limit."""
+        try:
+            size = used(self.paths)
+        except Unmeasurable as exc:
+            return Reached(None, self.limit, str(exc))
+        except OSError as exc:  # too many open files, an I/O error: what cannot be measured cannot be let pass
+            return Reached(None, self.limit, f"the folders could not be walked ({exc.strerror or exc})")
+        return Reached(size, self.limit) if size > self.limit else size
+
+    def _past(self, now: Reached | int) -> Reached | None:
+        """`now` if it is past what is allowed at this moment."""
+        if isinstance(now, Reached) and (now.size is None or now.size > self._allowed):
+            return now
+        return None
+
+    def _settle(self, now: Reached | int) -> None:
+        """At a cell's edge, from what the folders take `now`: what is allowed from here on (the limit, or more if already past it)."""
+        self._allowed = max(self.limit, now.size or self.limit) if isinstance(now, Reached) else self.limit
+
+    @contextlib.contextmanager
+    def cell(self) -> Iterator[None]:
+        """While the body runs a cell: measured every few hundredths of a second."""
+        self._reached = None
+        self._settle(self.measure())
+        self._in_cell = True
+        self._wake.set()
+        try:
+            yield
+        finally:
+            self._in_cell = False
+
+    def reached_in_cell(self) -> Reached | None:
+        """What the last cell reached: seen by the watcher while it ran, or measured now that it ended."""
+        measured = self.measure()
+        now, seen = self._past(measured), self._reached
+        self._settle(measured)
+        if seen is not None and now is not None and seen.size is not None and now.size is not None:
+            return now if now.size > seen.size else seen  # what it came to once the cell stopped
+        return seen or now
+
+    def close(self) -> None:
+        """Stop watching."""
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=5)
+
+    def _watch(self) -> None:
+        told = False
+        while not self._stop.is_set():
+            began = time.monotonic()
+            reached = self._past(self.measure())
+            spent = time.monotonic() - began
+            in_cell = self._in_cell
+            if reached is not None and not told:
+                if in_cell:
+                    self._reached = reached
+                self._on_reached(reached, in_cell)
+            told = reached is not None  # said once per passing: again only after going back under, or in a new cell
+            grown = reached.size if reached is not None and not in_cell else None
+            between = grown is not None
+            if grown is not None:
+                self._allowed, told = grown, False  # between cells: told again, soon, if it grows further
+            pause = max(FAST if self._in_cell or between else SLOW, spent * _SLOWDOWN)
+            while self._wake.wait(pause) and not self._stop.is_set():
+                # A cell began: `cell()` has just measured, so the next look is one short pause away.
+                self._wake.clear()
+                told, pause = False, max(FAST, spent * _SLOWDOWN)
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (Linux's /proc), [] if it is gone."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as listing:
+            return [int(child) for child in listing.read().split()]
+    except OSError:
+        return []
+
+
+def kernel_process(launched: int) -> int | None:
+    """The kernel's own process among what was launched as `launched`: past bubblewrap's processes, if any."""
+    queue = [launched]
+    while queue:
+        pid = queue.pop(0)
+        try:
+            with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as comm:
+                name = comm.read().strip()
+        except OSError:
+            continue
+        if name != "bwrap":
+            return pid
+        queue += children(pid)
+    return None
+
+
+def end_children(kernel: int) -> int:
+    """SIGKILL every process below the kernel (not the kernel): what may be writing for it. How many there were."""
+    ended = 0
+    queue = children(kernel)
+    while queue:
+        pid = queue.pop()
+        queue += children(pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            ended += 1
+    return ended
+
+
+def disk_limit_notes(error: CellError | None, limit: int | None) -> tuple[str, ...]:
+    """A note for a cell that failed with "File too large": no file may grow past the disk limit."""
+    if limit is None or error is None or "File too large" not in error.value + error.traceback:
+        return ()
+    return (f"No file the kernel writes (in /tmp too) may grow past execution.disk_limit ({human(limit)}): raise it for larger files.",)

@@ -1,0 +1,170 @@
+"""`execution.disk_limit`: what a session's cells keep in its working folder, in total.
+
+Real kernels, with and without the sandbox: a cell writing many files past the limit is stopped
+near it with an error naming the setting and the size, the kernel keeps its variables and the
+session goes on; the CodeGenerator reads why. How the folder is measured is checked on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import make_project
+
+from taskweaver_lite.cli.chat import _kernel_lines
+from taskweaver_lite.cli.init import init_project
+from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.config_file import load_config
+from taskweaver_lite.kernel.disk_limit import MAX_DEPTH, Unmeasurable, used
+from taskweaver_lite.kernel.executor import KernelExecutor
+from taskweaver_lite.kernel.sandbox import bwrap_path
+from taskweaver_lite.session import Session
+from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
+
+pytestmark = pytest.mark.kernel
+
+MB = 1024 * 1024
+FORTY_FILES = "block = b'x' * (10 * 1024 * 1024)\nfor i in range(40):\n    with open(f'part-{i}.bin', 'wb') as f:\n        f.write(block)"
+SANDBOXES = ["none", pytest.param("bubblewrap", marks=pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed"))]
+
+
+@pytest.fixture(params=SANDBOXES)
+def limited(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KernelExecutor]:
+    config = ExecutionConfig(sandbox=request.param, disk_limit="100MB", memory_limit="2GB", timeout=120)
+    with KernelExecutor(tmp_path / "sessions" / "s", config=config, hidden=(tmp_path,)) as executor:
+        executor.wait_ready()
+        yield executor
+
+
+def test_forty_files_of_ten_megabytes_stop_near_a_hundred_and_the_kernel_goes_on(limited: KernelExecutor) -> None:
+    assert limited.run("kept = 'before'").success
+    result = limited.run(FORTY_FILES)
+    assert not result.success
+    assert "execution.disk_limit (100.0 MB)" in result.limit_reached and "MB" in result.limit_reached.split("at ", 1)[1]
+    assert result.outcome().startswith("The cell was stopped with the working folder at ")
+    written = sorted(limited.working_dir.glob("part-*.bin"))
+    assert 10 <= len(written) < 20, f"{len(written)} files of 10 MB were written under a 100 MB limit"
+    use = limited.disk_use()
+    assert use is not None and use[0] is not None and use[0] < 200 * MB
+    after = limited.run("print(kept)")
+    assert after.success and after.stdout.strip() == "before"
+
+
+def test_many_small_files_count_as_much_as_one_large_one(tmp_path: Path) -> None:
+    config = ExecutionConfig(sandbox="none", disk_limit="4MB", timeout=120)
+    with KernelExecutor(tmp_path / "sessions" / "s", config=config) as executor:
+        result = executor.run("import os\nos.mkdir('many')\nfor i in range(20000):\n    open(f'many/{i}.txt', 'w').write('x' * 600)")
+        assert not result.success and "execution.disk_limit (4.0 MB)" in result.limit_reached
+        assert len(os.listdir(executor.working_dir / "many")) < 20000
+
+
+def test_a_cell_that_begins_past_the_limit_may_delete_and_only_writing_more_stops_it(tmp_path: Path) -> None:
+    config = ExecutionConfig(sandbox="none", disk_limit="2MB", timeout=60)
+    with KernelExecutor(tmp_path / "sessions" / "s", config=config) as executor:
+        (executor.working_dir / "big.bin").write_bytes(b"x" * 3 * MB)  # loaded by the user: past the limit
+        cleaning = executor.run("import os, time\ntime.sleep(0.3)\nos.remove('big.bin')\nopen('small.txt', 'w').write('ok')")
+        assert cleaning.success and not cleaning.limit_reached
+        growing = executor.run("open('again.bin', 'wb').write(b'y' * (3 * 1024 * 1024))")
+        assert not growing.success
+        # Stopped by the watcher, or by the cap on every file (RLIMIT_FSIZE) if that came first: either way the setting is named.
+        assert "execution.disk_limit" in growing.limit_reached or any("execution.disk_limit" in notice for notice in growing.notices)
+        assert (executor.working_dir / "again.bin").stat().st_size <= 2 * MB
+
+
+def test_a_child_process_writing_past_the_limit_is_ended(tmp_path: Path) -> None:
+    config = ExecutionConfig(sandbox="none", disk_limit="20MB", timeout=120)
+    with KernelExecutor(tmp_path / "sessions" / "s", config=config) as executor:
+        code = "import subprocess\nsubprocess.run(['sh', '-c', 'i=0; while true; do i=$((i+1)); head -c 1048576 /dev/zero > w-$i; done'])"
+        result = executor.run(code)
+        assert not result.success and "execution.disk_limit" in result.limit_reached
+        assert result.elapsed < 60
+        count = len(list(executor.working_dir.glob("w-*")))
+        assert executor.run("x = 1").success
+        assert len(list(executor.working_dir.glob("w-*"))) == count, "the writer went on after the cell"
+
+
+def test_a_kernel_thread_writing_between_cells_ends_the_kernel_and_the_next_cell_says_why(tmp_path: Path) -> None:
+    config = ExecutionConfig(sandbox="none", disk_limit="20MB", timeout=60)
+    with KernelExecutor(tmp_path / "sessions" / "s", config=config) as executor:
+        code = (
+            "import threading, time\n"
+            "def _fill():\n    for i in range(10_000):\n        open(f'bg-{i}', 'wb').write(b'x' * 1024 * 1024); time.sleep(0.02)\n"
+            "threading.Thread(target=_fill, daemon=True).start()\n"
+            "kept = 1"
+        )
+        assert executor.run(code).success
+        time.sleep(6)  # the watcher looks every second between cells
+        count = len(list(executor.working_dir.glob("bg-*")))
+        after = executor.run("print('fresh')")
+        assert after.kernel_died and after.lost_variables == ("kept",) and after.stdout.strip() == "fresh"
+        assert any(notice.startswith("Between cells the kernel kept writing") for notice in after.notices), after.notices
+        assert count < 200 and len(list(executor.working_dir.glob("bg-*"))) == count, "the kernel's thread went on writing"
+
+
+def test_the_code_generator_is_told_and_the_session_goes_on(tmp_path: Path) -> None:
+    with ScriptedServer() as server:
+        folder = make_project(tmp_path / "p", server.url, execution={"sandbox": "none", "disk_limit": "100MB"})
+        server.enqueue("planner", planner_reply("Write the files."), planner_reply("The disk limit stopped it.", send_to="User"))
+        server.enqueue("code_generator", *[code_reply(FORTY_FILES) for _ in range(4)])
+        server.enqueue("planner", planner_reply("Compute 6 * 7."), planner_reply("42.", send_to="User"))
+        server.enqueue("code_generator", code_reply("print(6 * 7)"))
+        with Session.open(load_config(folder)) as session:
+            first = session.ask("Write forty files of ten megabytes.")
+            second = session.ask("What is six times seven?")
+    assert first.state == "finished" and second.state == "finished"
+    revision = [r.messages for r in server.requests if r.role == "code_generator"][1][-1]["content"]
+    assert "execution.disk_limit" in revision and "The cell was stopped" in revision
+
+
+def test_info_shows_the_use_against_the_limit_and_what_the_filter_refuses(limited: KernelExecutor) -> None:
+    assert limited.run("open('one.bin', 'wb').write(b'x' * (3 * 1024 * 1024))").success
+    lines = _kernel_lines(limited.environment())
+    disk = next(line for line in lines if line.startswith("Disk:"))
+    assert disk.startswith("Disk:     3.0 MB of 100.0 MB kept (execution.disk_limit)"), disk
+    if limited.sandbox is not None:
+        assert any(line.startswith("Syscalls: filtered: refuses new namespaces") for line in lines), lines
+    else:
+        assert any(line.startswith("Sandbox:  none") for line in lines), lines
+
+
+@pytest.mark.unit
+def test_init_writes_a_commented_disk_limit_the_config_reads(tmp_path: Path) -> None:
+    project = init_project(tmp_path / "new")
+    line = next(line for line in (project / "taskweaver_config.yaml").read_text().splitlines() if "disk_limit:" in line)
+    assert line.split("#", 1)[0].split() == ["disk_limit:", "2GB"] and "/load" in line.split("#", 1)[1]
+    assert load_config(project).execution.disk_limit_bytes() == 2 * 1024 * MB
+
+
+@pytest.mark.unit
+def test_the_measure_counts_links_once_sparse_files_at_their_length_and_folders(tmp_path: Path) -> None:
+    (tmp_path / "a.bin").write_bytes(b"x" * 100_000)
+    os.link(tmp_path / "a.bin", tmp_path / "b.bin")
+    with open(tmp_path / "sparse.bin", "wb") as sparse:
+        sparse.truncate(50 * MB)
+    (tmp_path / "link").symlink_to("/usr")  # a link is not followed
+    total = used((tmp_path,))
+    assert 50 * MB + 100_000 <= total < 50 * MB + 200_000
+
+
+@pytest.mark.unit
+def test_a_folder_made_unreadable_is_opened_again_and_one_nested_too_deep_is_past_the_limit(tmp_path: Path) -> None:
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "data.bin").write_bytes(b"x" * 300_000)
+    hidden.chmod(0)
+    assert used((tmp_path,)) >= 300_000
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    fd = os.open(deep, os.O_RDONLY)
+    for _ in range(MAX_DEPTH + 2):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+    with pytest.raises(Unmeasurable, match="nested"):
+        used((tmp_path,))
