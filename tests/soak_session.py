@@ -175,8 +175,9 @@ class SoakModel:
         lines = [f"Requests {_ranges(seen)}: each built its r<n>_count, _items, _frame and _meta and reported totals."] if seen else []
         lines += [f"{marker(n)}: done; every {FAIL_EVERY}th request's grid search failed once and was fixed." for n in newest]
         reply: dict[str, Any] = {"ConversationSummary": "\n".join(lines) or "Nothing of note yet."}
-        system = next((str(m.get("content")) for m in messages if m.get("role") == "system"), "")
-        if "Variables" in system:  # the CodeGenerator's fold asks for descriptions; the Planner's does not
+        # The message that asks for the summary: the system message, or the last one of a fold that opens with its role's prompt.
+        asks = next((str(m.get("content")) for m in (messages[-1], messages[0]) if "ConversationSummary" in str(m.get("content"))), "")
+        if "Variables" in asks:  # the CodeGenerator's fold asks for descriptions; the Planner's does not
             names = list(dict.fromkeys(_OWN_NAME.findall(text)))[-MAX_DESCRIBED:]
             reply["Variables"] = [{"name": v, "type": _TYPES[v.split("_", 1)[1]], "description": f"made for {marker(int(v[1:5]))}"} for v in names]
         return json.dumps(reply)

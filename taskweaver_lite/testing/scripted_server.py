@@ -89,7 +89,10 @@ class ScriptedRequest:
 
 
 def detect_role(messages: Sequence[Mapping[str, Any]]) -> str:
-    """Which role a chat request is for, read from its system message's schema words."""
+    """Which role a chat request is for, read from its system message's schema words; a fold that opens
+    with its role's own prompt asks for the summary in its last message."""
+    if messages and "ConversationSummary" in _text_of(messages[-1].get("content")):
+        return "compression"
     system = "\n".join(_text_of(m.get("content")) for m in messages if m.get("role") == "system")
     if "init_plan" in system:
         return "planner"
