@@ -177,7 +177,8 @@ def test_every_request_and_fold_of_a_session_fits_the_window_at_8k(tmp_path: Pat
     assert not run.failed_rounds, run.failed_rounds
     folds = [r for r in run.requests if r.role == "compression"]
     schema_words = ("init_plan", "reply_content")  # the role's own system message names its schema
-    in_role_prompt = [r for r in folds if "ConversationSummary" in str(r.messages[-1]["content"]) and any(w in str(r.messages[0]["content"]) for w in schema_words)]
+    asks_last = [r for r in folds if "ConversationSummary" in str(r.messages[-1]["content"])]
+    in_role_prompt = [r for r in asks_last if any(word in str(r.messages[0]["content"]) for word in schema_words)]
     assert folds and len(in_role_prompt) == len(folds), f"{len(folds) - len(in_role_prompt)} of {len(folds)} folds went to the separate prompt"
     over = overflows(run.requests, window=8000)  # prompt as received + max_tokens as sent, per request on the wire
     assert not over, "\n".join(over[:5])
