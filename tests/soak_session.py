@@ -168,8 +168,12 @@ class SoakModel:
         return code_reply(f"# {marker(n)}\n" + cell_code(n, failing=failing))
 
     def compression(self, messages: list[dict[str, Any]]) -> str:
-        """A short valid summary naming every REQ marker of its input, and up to MAX_DESCRIBED variables."""
-        text = _all_text(messages)
+        """A short valid summary naming every REQ marker of its input, and up to MAX_DESCRIBED variables.
+
+        Notes to append cover the rounds to fold, as asked: not the summary a fold that opens with its
+        role's prompt shows above them (a fold of its own is sent no summary when it appends)."""
+        appending = "appended" in str(messages[-1].get("content"))
+        text = _all_text([m for m in messages if not (appending and SUMMARY_HEADING in str(m.get("content")))])
         seen = sorted(markers_in(text))
         newest = seen[-3:]
         lines = [f"Requests {_ranges(seen)}: each built its r<n>_count, _items, _frame and _meta and reported totals."] if seen else []
