@@ -125,11 +125,13 @@ class SummaryResponder:
         self.last_variables: list[dict[str, str]] = []
 
     def __call__(self, messages: list[dict[str, Any]]) -> Reply:
-        request = messages[1]["content"]
+        # The rounds a fold sends: its own user message, or (a fold that opens with its role's prompt) all after the system message.
+        request = "\n".join(str(m["content"]) for m in messages[1:])
         covered = sorted({int(n) for n in re.findall(r"ROUND-(\d+)\b", request)})
         lines = [f"Round {n}: looked at {words(self.rng, 6)}." for n in covered[-60:]]
         data: dict[str, Any] = {"ConversationSummary": "\n".join(lines)}
-        if "Variables:" in messages[0]["content"] and self.kernel is not None:
+        asks = messages[-1]["content"] if "ConversationSummary" in messages[-1]["content"] else messages[0]["content"]
+        if "Variables:" in asks and self.kernel is not None:
             previous = {v["name"]: v for v in self.last_variables}
             told = []
             for variable in self.kernel.live().variables:
