@@ -7,23 +7,16 @@ it, later cells may rely on what it did before raising), is marked in a note, an
 the kernel is shown as text, not as a cell, so a re-run neither hangs nor crashes. Files loaded
 with `/load` are noted where they were loaded.
 
-The notebook carries what its cells need beyond the libraries, so it runs top to bottom anywhere:
-its first cell changes to the session's working folder by its absolute path when that folder is
-on the machine (else it stays in the notebook's folder); the files loaded with `/load` (up to
-`MAX_CARRIED_BYTES` together) are embedded and written where they are missing; and the plugins the
-code calls are defined by a cell that loads the kernel's plugin runtime (`kernel/plugin_runtime.py`,
-standalone) and each plugin's source, as the session's kernel loaded them.
+The notebook's first cell changes to the session's working folder by its absolute path, so the
+notebook runs wherever it is saved on this machine, as long as the project folder stays put.
 """
 
 from __future__ import annotations
 
 import base64
-import inspect
-import json
 import re
 import shutil
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -32,7 +25,6 @@ from taskweaver_lite.config import Config
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
-from taskweaver_lite.kernel import plugin_runtime
 from taskweaver_lite.memory.conversation import USER, Post, Round
 from taskweaver_lite.store.database import SessionStore, StoredSession
 from taskweaver_lite.workfiles import read_below, read_path
@@ -40,12 +32,9 @@ from taskweaver_lite.workfiles import read_below, read_path
 if TYPE_CHECKING:
     from nbformat.notebooknode import NotebookNode
 
-    from taskweaver_lite.plugins.catalog import PluginSpec
-
 IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".svg": "image/svg+xml"}
 RAISES_TAG = "raises-exception"
 MAX_EMBEDDED_BYTES = 50 * 1024 * 1024  # an image larger than this is named, not embedded
-MAX_CARRIED_BYTES = 20 * 1024 * 1024  # loaded files embedded in a notebook, together; past it they are named
 
 
 def write_export(config: Config, ref: str, *, fmt: str, target: Path | None, force: bool = False) -> Path:
@@ -65,21 +54,19 @@ def write_export(config: Config, ref: str, *, fmt: str, target: Path | None, for
     if path.exists() and not force:
         raise TaskWeaverError(f"{path} exists and was left as it is; choose another file name, or add --force to overwrite it")
     if fmt == "ipynb":
-        from taskweaver_lite.plugins.catalog import discover
-
-        return export_notebook(stored, path, working_dir=config.sessions_dir / session_id / "cwd", plugins=discover(config.project_dir).enabled)
+        return export_notebook(stored, path, working_dir=config.sessions_dir / session_id / "cwd")
     return export_markdown(stored, path)
 
 
-def export_notebook(stored: StoredSession, path: Path, *, working_dir: Path | None = None, plugins: Sequence[PluginSpec] = ()) -> Path:
-    """Write the session as an .ipynb (nbformat v4, validated); `working_dir` adds the set-up cells, `plugins` those the code calls."""
+def export_notebook(stored: StoredSession, path: Path, *, working_dir: Path | None = None) -> Path:
+    """Write the session as an .ipynb (nbformat v4, validated); `working_dir` adds a first cell that cds there."""
     import nbformat  # its JSON-schema validator takes ~1 s to import: only when a notebook is written
     cells: list[NotebookNode] = [nbformat.v4.new_markdown_cell(_heading(stored))]
     counter = _Counter()
     session_dir = Path(working_dir).parent if working_dir is not None else None  # artifacts are read no deeper than it, link-safe
     if working_dir is not None:
-        cells += _setup_cells(stored, Path(working_dir), counter)
-    cells += _plugin_cells(stored, plugins, counter)
+        cells.append(nbformat.v4.new_markdown_cell("The session's working folder, where its cells read and write files:"))
+        cells.append(nbformat.v4.new_code_cell(_chdir_source(working_dir), execution_count=counter.next()))
     for entry in timeline(stored.rounds, stored.loads):
         cells.extend(_round_cells(entry, counter, session_dir) if isinstance(entry, Round) else [nbformat.v4.new_markdown_cell(f"*{_load_note(entry)}*")])
     notebook = nbformat.v4.new_notebook(
@@ -114,86 +101,10 @@ def _chdir_source(working_dir: Path) -> str:
     folder = str(Path(working_dir).resolve())
     return (
         f"import os\nfolder = {folder!r}\n"
-        "if os.path.isdir(folder):\n"
-        "    os.chdir(folder)\n"
-        "else:\n"
-        "    print(f'The session folder {folder} is not on this machine: the cells read and write files in {os.getcwd()}.')"
+        "if not os.path.isdir(folder):\n"
+        "    raise FileNotFoundError(f'The session folder {folder} is gone; the cells below read and write files there.')\n"
+        "os.chdir(folder)"
     )
-
-
-def _setup_cells(stored: StoredSession, working_dir: Path, counter: _Counter) -> list[NotebookNode]:
-    """The cell that moves to the session's folder, and the one that writes the loaded files where they are missing."""
-    import nbformat
-
-    cells = [
-        nbformat.v4.new_markdown_cell("The session's working folder, where its cells read and write files (this folder, if that one is not here):"),
-        nbformat.v4.new_code_cell(_chdir_source(working_dir), execution_count=counter.next()),
-    ]
-    carried, left = _carried_files(stored, working_dir)
-    if carried:
-        note = "The files loaded into the session, carried in the notebook and written here when missing"
-        note += f"; too big to carry, copy them here yourself: {', '.join(f'`{n}`' for n in left)}." if left else "."
-        source = (
-            f"import base64\n_twl_files = {json.dumps(carried, indent=0)}\n"
-            "for _twl_name, _twl_data in _twl_files.items():\n"
-            "    if not os.path.exists(_twl_name):\n"
-            "        with open(_twl_name, 'wb') as _twl_file:\n"
-            "            _twl_file.write(base64.b64decode(_twl_data))\n"
-            "del _twl_files, _twl_name, _twl_data"
-        )
-        cells += [nbformat.v4.new_markdown_cell(note), nbformat.v4.new_code_cell(source, execution_count=counter.next())]
-    elif left:
-        cells.append(nbformat.v4.new_markdown_cell(f"Files the session loaded, too big to carry here: {', '.join(f'`{n}`' for n in left)}."))
-    return cells
-
-
-def _carried_files(stored: StoredSession, working_dir: Path) -> tuple[dict[str, str], list[str]]:
-    """The loaded files still in the working folder, base64 (within MAX_CARRIED_BYTES together); the names left out."""
-    carried: dict[str, str] = {}
-    left: list[str] = []
-    total = 0
-    for name in dict.fromkeys(load.name for load in stored.loads):
-        try:
-            data = read_below(working_dir, name, max_bytes=MAX_CARRIED_BYTES - total)
-        except OSError:  # gone, a link, or past the bound: named, never followed
-            left.append(name)
-            continue
-        total += len(data)
-        carried[name] = base64.b64encode(data).decode("ascii")
-    return carried, left
-
-
-def _plugin_cells(stored: StoredSession, plugins: Sequence[PluginSpec], counter: _Counter) -> list[NotebookNode]:
-    """The cell defining the plugins the session's code calls: the kernel's plugin runtime, then each plugin as it loaded."""
-    import nbformat
-
-    code = "\n".join(post.execution.code for rnd in stored.rounds for post in rnd.posts if post.execution is not None)
-    used = [spec for spec in plugins if re.search(rf"\b{re.escape(spec.name)}\s*\(", code)]
-    if not used:
-        return []
-    specs = json.dumps([{**spec.kernel_spec(), "source_file": spec.source_path.name} for spec in used])
-    runtime = inspect.getsource(plugin_runtime)
-    name = plugin_runtime.MODULE_NAME
-    source = (
-        "import os, sys, types\n"
-        f"_twl_runtime = sys.modules[{name!r}] = types.ModuleType({name!r})\n"
-        f"exec(compile({_literal(runtime)}, 'plugin_runtime.py', 'exec'), _twl_runtime.__dict__)\n"
-        "_twl_runtime.register_shims()\n"
-        f"_twl_failed = _twl_runtime.install({specs!r}, {stored.id!r}, os.getcwd())\n"
-        "if _twl_failed:\n"
-        "    print('Plugins that did not load:', *_twl_failed, sep='\\n  ')\n"
-        "del _twl_runtime, _twl_failed"
-    )
-    names = ", ".join(f"`{spec.name}`" for spec in used)
-    note = f"The plugins the code calls ({names}), defined as the session's kernel defined them:"
-    return [nbformat.v4.new_markdown_cell(note), nbformat.v4.new_code_cell(source, execution_count=counter.next())]
-
-
-def _literal(text: str) -> str:
-    """`text` as a Python literal a reader can read: a raw triple-quoted string when that is exact, else repr."""
-    if "'''" in text or text.endswith("\\") or "\r" in text:
-        return repr(text)
-    return f"r'''{text}'''"
 
 
 def _load_note(load: FileLoaded) -> str:
