@@ -3,7 +3,8 @@
 # on PyPI (it vendors llama.cpp), and prints the binary's path. The `llama` test tier runs it.
 #
 # Idempotent: a built binary at the cache path is printed and nothing else is done. CPU only, the
-# server target alone, two jobs under nice (about 13 minutes from scratch on two shared cores).
+# server target alone, two jobs under nice (58 minutes from scratch on two cores shared with other builds
+# and tests, load about 10; an idle machine takes less).
 # Beside the binary it keeps ggml-vocab-gpt-2.gguf from the same tree, the vocabulary the tests give
 # the tiny random-weight model they write. Nothing is fetched but the sdist; no weights.
 set -euo pipefail

@@ -50,7 +50,7 @@ def built() -> tuple[Path, Path]:
     """The server binary and the vocabulary file, or a skip saying how to build them."""
     binary, vocab = CACHE / "llama-server", CACHE / "ggml-vocab-gpt-2.gguf"
     if not (binary.is_file() and os.access(binary, os.X_OK) and vocab.is_file()):
-        pytest.skip(f"llama-server is not built at {binary}: run .ci/llama-server.sh (about 15 minutes, once)")
+        pytest.skip(f"llama-server is not built at {binary}: run .ci/llama-server.sh (it builds once, CPU only, and caches it)")
     return binary, vocab
 
 
