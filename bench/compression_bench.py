@@ -27,7 +27,9 @@ summary responder stands in for the model. Each claim is printed beside a baseli
    Planner's / CodeGenerator's reuse for a slot that also keeps the reply it generated (llama.cpp's).
 
 Run: .venv/bin/python bench/compression_bench.py [sizes latency variables tokenizer soak reuse]   (a few minutes)
-     reuse --full: every strategy and schedule at 8k and 32k (about 5 minutes); the default is round_compression (1,1) at 8k
+     reuse: round_compression (1,1), both schedules and both fold prompts, at 8k and 32k (about 5 minutes)
+     reuse --full: every strategy and schedule as well (about 10 minutes)
+     reuse --before 70a6a8a: also the same soaks on that commit's code, and each row's uncached tokens against it
      reuse --breaks: under each row, the uncached tokens by where each request first parts from its role's previous one
      reuse --reserve 4096: the sessions with the reply reserve the soak test uses (the default is a quarter of the window)
 """
@@ -124,11 +126,13 @@ class SummaryResponder:
         self.last_variables: list[dict[str, str]] = []
 
     def __call__(self, messages: list[dict[str, Any]]) -> Reply:
-        request = messages[1]["content"]
+        # The rounds a fold sends: its own user message, or (a fold that opens with its role's prompt) all after the system message.
+        request = "\n".join(str(m["content"]) for m in messages[1:])
         covered = sorted({int(n) for n in re.findall(r"ROUND-(\d+)\b", request)})
         lines = [f"Round {n}: looked at {words(self.rng, 6)}." for n in covered[-60:]]
         data: dict[str, Any] = {"ConversationSummary": "\n".join(lines)}
-        if "Variables:" in messages[0]["content"] and self.kernel is not None:
+        asks = messages[-1]["content"] if "ConversationSummary" in messages[-1]["content"] else messages[0]["content"]
+        if "Variables:" in asks and self.kernel is not None:
             previous = {v["name"]: v for v in self.last_variables}
             told = []
             for variable in self.kernel.live().variables:
@@ -376,105 +380,131 @@ def soak_figures(soak: Any, on: Any, off: Any) -> dict[str, str]:
 
 
 def reuse_runs(full: bool, *, reserve: int | None = None) -> list[tuple[str, dict[str, dict[str, Any]]]]:
-    """The strategies and schedules of the prefix-reuse table: (label, config sections).
+    """The strategies, schedules and fold prompts of the prefix-reuse table: (label, config sections).
 
     Under `pressure`, rounds kept whole (sliding_window, none, masking) leave in steps too. The small
-    run (the default) is the issue's targets: round_compression at (1, 1). `reserve`: llm.reply_reserve
-    (None: the config's default, a quarter of the window; the soak test itself sets 4,096).
+    run (the default) is the issue's targets: round_compression at (1, 1) under both schedules, its
+    folds opening with the role's prompt (`fold_prompt: role`) or in a prompt of their own
+    (`separate`). `reserve`: llm.reply_reserve (None: the config's default, a quarter of the window;
+    the soak test itself sets 4,096).
     """
+    both = ("role", "separate")
     plans = [
-        ("round_compression (1,1)", "round_compression", 1, 1, ("rounds", "pressure")),
-        ("round_compression (2,3)", "round_compression", 2, 3, ("rounds", "pressure")),
-        ("summary_buffer", "summary_buffer", 1, 1, ("rounds", "pressure")),
-        ("observation_masking", "observation_masking", 1, 1, ("rounds", "pressure")),
-        ("sliding_window", "sliding_window", 1, 1, ("rounds", "pressure")),
-        ("none", "none", 1, 1, ("rounds", "pressure")),
+        ("round_compression (1,1)", "round_compression", 1, 1, both),
+        ("round_compression (2,3)", "round_compression", 2, 3, both),
+        ("summary_buffer", "summary_buffer", 1, 1, ("role",)),
+        ("observation_masking", "observation_masking", 1, 1, ("role",)),
+        ("sliding_window", "sliding_window", 1, 1, ("role",)),
+        ("none", "none", 1, 1, ("role",)),
     ]
     runs = []
-    for label, strategy, compress, retain, schedules in plans if full else plans[:1]:
-        for schedule in schedules:
-            role: dict[str, Any] = {"strategy": strategy, "fold_schedule": schedule}
-            sections: dict[str, dict[str, Any]] = {
-                "llm": {"reply_reserve": reserve},
-                "planner": role,
-                "code_generator": role,
-                "round_compressor": {"rounds_to_compress": compress, "rounds_to_retain": retain, "summary_buffer_rounds": retain},
-            }
-            runs.append((f"{label}, {schedule}" if len(schedules) > 1 else label, sections))
+    for label, strategy, compress, retain, prompts in plans if full else plans[:1]:
+        for schedule in ("rounds", "pressure"):
+            for fold_prompt in prompts:
+                role: dict[str, Any] = {"strategy": strategy, "fold_schedule": schedule, "fold_prompt": fold_prompt}
+                sections: dict[str, dict[str, Any]] = {
+                    "llm": {"reply_reserve": reserve},
+                    "planner": role,
+                    "code_generator": role,
+                    "round_compressor": {"rounds_to_compress": compress, "rounds_to_retain": retain, "summary_buffer_rounds": retain},
+                }
+                folds = f", folds {fold_prompt}" if len(prompts) > 1 else ""
+                runs.append((f"{label}, {schedule}{folds}", sections))
     return runs
 
 
-def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "", breaks: bool = False, reserve: int | None = None) -> None:
-    import soak_session as soak  # from tests/, put on sys.path above
-    from prefix_ledger import PrefixLedger, Tally, as_messages, first_break
+REUSE_WIDTHS = (16, 16, 14, 16, 12, 11, 11, 11, 6, 6, 9, 11, 9)
 
-    windows = SOAK_WINDOWS if full else SOAK_WINDOWS[:1]
-    earlier = _reuse_before(before, rounds=rounds, windows=windows) if before else {}
-    print(f"\n6. Prefix reuse (issue 23): {rounds} scripted requests through the real Session, per strategy and fold schedule")
-    print("   reuse: the share of a role's prompt tokens its previous request began with (one cache slot per role) /")
-    print("   any earlier request began with (a prefix cache over everything sent); uncached = prompt - shared with any.")
+
+def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "", breaks: bool = False, reserve: int | None = None) -> None:
+    windows = SOAK_WINDOWS
+    earlier = _reuse_before(before, rounds=rounds, windows=windows, reserve=reserve) if before else {}
+    print(f"\n6. Prefix reuse (issues 23, 32): {rounds} scripted requests through the real Session, per strategy, fold schedule and fold prompt")
+    print("   reuse: the share of a role's prompt tokens its previous request began with (one cache slot per role; a fold that")
+    print("   opens with its role's prompt is compared with that role's previous request, its slot) / any earlier request began")
+    print("   with (a prefix cache over everything sent); uncached = prompt - shared with any: what such a cache recomputes.")
     print(f"   llm.reply_reserve: {reserve if reserve is not None else 'the default (a quarter of the window, at most 4,096)'}; margin 256.")
     for window in windows:
         header = (
-            f"   {'at ' + str(window // 1000) + 'k':<37}{'Planner':>16}{'CodeGen':>16}{'folds':>14}{'all':>16}"
+            f"   {'at ' + str(window // 1000) + 'k':<44}{'Planner':>16}{'CodeGen':>16}{'folds':>14}{'all':>16}"
             f"{'P/C +reply':>12}{'uncached':>11}{'total':>11}{'fold calls':>11}{'over':>6}{'lost':>6}{'summary':>9}{'live named':>11}{'needed':>9}"
         )
         print("\n" + header)
-        if window in earlier:
-            found = earlier[window]
-            t0 = {role: Tally(**tally) for role, tally in found["tallies"].items()}
-            folds0 = [t0[k] for k in ("compression_planner", "compression_code_generator") if k in t0]
-            share = f"{sum(f.shared_previous for f in folds0) / max(sum(f.prompt for f in folds0), 1):.0%}"
-            share += f" / {sum(f.shared_any for f in folds0) / max(sum(f.prompt for f in folds0), 1):.0%}"
-            cells0 = [_pair(t0["planner"]), _pair(t0["code_generator"]), share, _pair(t0["all requests"]), _slots(t0)]
-            cells0 += [f"{t0['all requests'].uncached:,}", f"{t0['all requests'].prompt:,}", f"{found['fold_calls']:,}", f"{found['over']}"]
-            label0 = f"before ({before[:7]}), (1,1) rounds"
-            print(f"   {label0:<37}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells0, (16, 16, 14, 16, 12, 11, 11, 11, 6), strict=True)))
+        for (schedule, at), found in earlier.items():
+            if at == window:
+                _print_before_row(f"before ({before[:7]}), (1,1) {schedule}", found)
         for label, sections in (run for run in reuse_runs(full, reserve=reserve) if only in run[0]):
-            started = time.perf_counter()
-            with tempfile.TemporaryDirectory() as root:
-                run = soak.run_soak(Path(root), rounds=rounds, window=window, settings=sections)
-            ledger = PrefixLedger(TOKENIZER)
-            causes: dict[tuple[str, str], list[int]] = {}
-            previous: dict[str, list[Message]] = {}
-            for request in run.requests:
-                purpose, messages = _purpose(request), as_messages(request.messages)
-                prompt, _, shared_any = ledger.add(purpose, messages)
-                cause = causes.setdefault((purpose, first_break(messages, previous.get(purpose))), [0, 0])
-                cause[0], cause[1] = cause[0] + 1, cause[1] + prompt - shared_any
-                previous[purpose] = messages
-            t = ledger.tallies
-            folds = [t[k] for k in ("compression_planner", "compression_code_generator") if k in t]
-            fold_prev = sum(f.shared_previous for f in folds) / max(sum(f.prompt for f in folds), 1)
-            fold_any = sum(f.shared_any for f in folds) / max(sum(f.prompt for f in folds), 1)
-            summarising = sections["planner"]["strategy"] in ("round_compression", "summary_buffer")
-            live, needed = _names_listed(soak, run)
-            # Rounds no fold saw and the last prompt does not hold: forgotten (a window's dropped rounds too).
-            lost = {n for missing in soak.unreachable_rounds(run).values() for n in missing}
-            cells = [
-                _pair(t["planner"]),
-                _pair(t["code_generator"]),
-                f"{fold_prev:.0%} / {fold_any:.0%}" if folds else "-",
-                _pair(t["all requests"]),
-                _slots(t),
-                f"{t['all requests'].uncached:,}",
-                f"{t['all requests'].prompt:,}",
-                f"{soak.fold_calls(run):,}",
-                f"{len(soak.overflows(run.requests, window=run.window)):,}",
-                f"{len(lost)}",
-                f"{soak.summary_fraction(run):.0%}" if summarising else "-",
-                live,
-                needed,
-            ]
-            widths = (16, 16, 14, 16, 12, 11, 11, 11, 6, 6, 9, 11, 9)
-            versus = ""
-            if window in earlier:  # uncached tokens against the earlier commit's, the baseline of this run
-                then = Tally(**earlier[window]["tallies"]["all requests"])
-                versus = f", uncached {t['all requests'].uncached / max(then.uncached, 1):.2f}x before"
-            row = "".join(f"{cell:>{w}}" for cell, w in zip(cells, widths, strict=True))
-            print(f"   {label:<37}{row}   ({time.perf_counter() - started:.0f} s{versus})")
-            if breaks:
-                _print_breaks(causes)
+            before_row = earlier.get((sections["planner"]["fold_schedule"], window)) if sections["round_compressor"]["rounds_to_retain"] == 1 else None
+            _reuse_row(label, sections, rounds=rounds, window=window, before=before_row, breaks=breaks)
+
+
+def _print_before_row(label: str, found: dict[str, Any]) -> None:
+    """The earlier commit's figures for one schedule and window (no lost/summary/names columns: its run is not kept)."""
+    from prefix_ledger import Tally
+
+    t0 = {role: Tally(**tally) for role, tally in found["tallies"].items()}
+    folds0 = [t0[k] for k in ("compression_planner", "compression_code_generator") if k in t0]
+    cells0 = [_pair(t0["planner"]), _pair(t0["code_generator"]), _fold_share(folds0), _pair(t0["all requests"]), _slots(t0)]
+    cells0 += [f"{t0['all requests'].uncached:,}", f"{t0['all requests'].prompt:,}", f"{found['fold_calls']:,}", f"{found['over']}"]
+    print(f"   {label:<44}" + "".join(f"{cell:>{w}}" for cell, w in zip(cells0, REUSE_WIDTHS, strict=False)))
+
+
+def _reuse_row(label: str, sections: dict[str, dict[str, Any]], *, rounds: int, window: int, before: dict[str, Any] | None, breaks: bool) -> None:
+    """One soak, counted; printed as a row, a row for its fold calls, and the causes of what is recomputed (`breaks`)."""
+    import soak_session as soak  # from tests/, put on sys.path above
+    from prefix_ledger import PrefixLedger, Tally, as_messages, first_break
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as root:
+        run = soak.run_soak(Path(root), rounds=rounds, window=window, settings=sections)
+    ledger = PrefixLedger(TOKENIZER)
+    causes: dict[tuple[str, str], list[int]] = {}
+    previous: dict[str, list[Message]] = {}
+    for request in run.requests:
+        purpose, slot, messages = _purpose(request), _slot(request), as_messages(request.messages)
+        prompt, _, shared_any = ledger.add(purpose, messages, slot=slot)
+        cause = causes.setdefault((purpose, first_break(messages, previous.get(slot))), [0, 0])
+        cause[0], cause[1] = cause[0] + 1, cause[1] + prompt - shared_any
+        if slot == purpose:
+            previous[purpose] = messages
+    t = ledger.tallies
+    folds = [t[k] for k in ("compression_planner", "compression_code_generator") if k in t]
+    summarising = sections["planner"]["strategy"] in ("round_compression", "summary_buffer")
+    live, needed = _names_listed(soak, run)
+    # Rounds no fold saw and the last prompt does not hold: forgotten (a window's dropped rounds too).
+    lost = {n for missing in soak.unreachable_rounds(run).values() for n in missing}
+    cells = [
+        _pair(t["planner"]),
+        _pair(t["code_generator"]),
+        _fold_share(folds) if folds else "-",
+        _pair(t["all requests"]),
+        _slots(t),
+        f"{t['all requests'].uncached:,}",
+        f"{t['all requests'].prompt:,}",
+        f"{soak.fold_calls(run):,}",
+        f"{len(soak.overflows(run.requests, window=run.window)):,}",
+        f"{len(lost)}",
+        f"{soak.summary_fraction(run):.0%}" if summarising else "-",
+        live,
+        needed,
+    ]
+    versus = ""
+    if before is not None:  # recomputed tokens against the earlier commit's, the baseline of this run
+        then = Tally(**before["tallies"]["all requests"])
+        versus = f", uncached {t['all requests'].uncached / max(then.uncached, 1):.2f}x before"
+    row = "".join(f"{cell:>{w}}" for cell, w in zip(cells, REUSE_WIDTHS, strict=True))
+    print(f"   {label:<44}{row}   ({time.perf_counter() - started:.0f} s{versus})")
+    if folds:
+        prompt, uncached = sum(f.prompt for f in folds), sum(f.uncached for f in folds)
+        share = uncached / max(t["all requests"].uncached, 1)
+        print(f"   {'  its fold calls':<44}{'':>32}{_fold_share(folds):>14}{'':>28}{uncached:>11,}{prompt:>11,}   ({share:.0%} of the run's uncached)")
+    if breaks:
+        _print_breaks(causes)
+
+
+def _fold_share(folds: list[Any]) -> str:
+    prompt = max(sum(f.prompt for f in folds), 1)
+    return f"{sum(f.shared_previous for f in folds) / prompt:.0%} / {sum(f.shared_any for f in folds) / prompt:.0%}"
 
 
 def _print_breaks(causes: dict[tuple[str, str], list[int]]) -> None:
@@ -483,8 +513,8 @@ def _print_breaks(causes: dict[tuple[str, str], list[int]]) -> None:
         print(f"      {uncached:>9,} uncached in {count:>4} {purpose} requests: {cause}")
 
 
-def _reuse_before(commit: str, *, rounds: int, windows: tuple[int, ...]) -> dict[int, dict[str, Any]]:
-    """The soak at (1, 1) on `commit`'s code (`bench/reuse_before.py` in a child process), per window."""
+def _reuse_before(commit: str, *, rounds: int, windows: tuple[int, ...], reserve: int | None) -> dict[tuple[str, int], dict[str, Any]]:
+    """The soak at (1, 1) on `commit`'s code (`bench/reuse_before.py` in a child process), per schedule and window."""
     import subprocess
 
     repo = Path(__file__).resolve().parent.parent
@@ -493,9 +523,10 @@ def _reuse_before(commit: str, *, rounds: int, windows: tuple[int, ...]) -> dict
         subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
         (Path(tree) / "taskweaver_lite" / "prompts").symlink_to(Path(tree) / "prompts")  # the data package, as an install maps it
         script = Path(__file__).resolve().parent / "reuse_before.py"
-        done = subprocess.run([sys.executable, str(script), tree, str(rounds), *map(str, windows)], capture_output=True, text=True, check=True)
+        arguments = [tree, str(rounds), str(reserve) if reserve is not None else "default", "rounds,pressure", *map(str, windows)]
+        done = subprocess.run([sys.executable, str(script), *arguments], capture_output=True, text=True, check=True)
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    return {int(row["window"]): row for row in rows}
+    return {(str(row["schedule"]), int(row["window"])): row for row in rows}
 
 
 def _pair(tally: Any) -> str:
@@ -508,7 +539,14 @@ def _slots(tallies: dict[str, Any]) -> str:
 
 
 def _purpose(request: Any) -> str:
-    """A recorded request's purpose: the last part of its prompt_cache_key (planner, compression_planner...)."""
+    """A recorded request's purpose (planner, compression_planner...): a fold's is compression_ and its role,
+    whether it has a key of its own or shares its role's (the last part of its prompt_cache_key)."""
+    key = _slot(request)
+    return f"compression_{key.removeprefix('compression_')}" if request.role == "compression" else key
+
+
+def _slot(request: Any) -> str:
+    """The cache slot a recorded request went to: the last part of its prompt_cache_key."""
     key = request.body.get("prompt_cache_key")
     return str(key).rsplit("/", 1)[-1] if key else str(request.role)
 
@@ -558,11 +596,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     # No `choices=`: argparse checks an empty `nargs="*"` list against them and refuses it.
     parser.add_argument("sections", nargs="*", metavar="SECTION", help=f"the sections to run: {', '.join(SECTIONS)} (default: all)")
-    parser.add_argument("--full", action="store_true", help="reuse: every strategy and schedule at 8k and 32k (default: round_compression (1,1) at 8k)")
+    parser.add_argument("--full", action="store_true", help="reuse: every strategy and schedule (default: round_compression (1,1))")
     parser.add_argument("--rounds", type=int, default=SOAK_ROUNDS, help=f"reuse: requests per session (default {SOAK_ROUNDS})")
     parser.add_argument("--only", default="", help="reuse: only the rows whose label contains this text")
     parser.add_argument("--breaks", action="store_true", help="reuse: under each row, uncached tokens by where requests part from their role's previous one")
-    parser.add_argument("--before", default="", metavar="COMMIT", help="reuse: also the soak at (1,1) on COMMIT's code (e.g. 6840302, before issue 23)")
+    parser.add_argument("--before", default="", metavar="COMMIT", help="reuse: also the soak at (1,1) on COMMIT's code per schedule (e.g. 70a6a8a)")
     parser.add_argument("--reserve", type=int, default=None, help="reuse: llm.reply_reserve (default: the config default; the soak test uses 4096)")
     args = parser.parse_args()
     chosen = set(args.sections or SECTIONS)

@@ -3,7 +3,8 @@
 A server keeps the prompts it has seen and recomputes only what follows the longest prefix a new
 prompt shares with one of them. Two figures per request, in tokens:
 
-- vs the same role's previous request: one cache slot per role (llama.cpp's `id_slot`);
+- vs the same role's previous request: one cache slot per role (llama.cpp's `id_slot`); a fold
+  that opens with its role's prompt is compared with that role's previous request (its slot);
 - vs any earlier request: a prefix tree over everything sent (vLLM's and SGLang's prefix caches);
 - vs the role's previous request and the reply generated for it: a slot that keeps what it
   generated (llama.cpp's), counted when a prompt goes on from the whole previous request with an
@@ -55,10 +56,13 @@ class PrefixLedger:
     # hash of a prompt's first k messages -> the (k+1)-th messages earlier prompts went on with
     _next: dict[int, list[Message]] = field(default_factory=lambda: defaultdict(list))
 
-    def add(self, role: str, messages: Sequence[Message]) -> tuple[int, int, int]:
-        """Count one request; returns (prompt tokens, shared with the role's previous, shared with any earlier)."""
+    def add(self, role: str, messages: Sequence[Message], *, slot: str | None = None) -> tuple[int, int, int]:
+        """Count one request; returns (prompt tokens, shared with the previous request of its slot, shared with any earlier).
+
+        `slot`: the role whose previous request this one is compared with (a fold that opens with its
+        role's prompt goes to the role's slot); by default its own. The role's previous stays the role's."""
         prompt = self.tokenizer.count_messages(messages)
-        previous = self._previous.get(role)
+        previous = self._previous.get(slot or role)
         shared_previous = self._shared(messages, previous) if previous is not None else 0
         shared_any = max(self._shared_any(messages), shared_previous)
         shared_slot = shared_previous + self._reply_kept(messages, previous)

@@ -33,6 +33,7 @@ MAX_OUTPUT_TOKENS = 2_000
 
 Strategy = Literal["round_compression", "sliding_window", "summary_buffer", "observation_masking", "none"]
 FoldSchedule = Literal["rounds", "pressure"]
+FoldPrompt = Literal["role", "separate"]
 
 
 # No model accepts more than this; a bigger number is a typo (1e20) that would reach the wire as max_tokens.
@@ -164,6 +165,12 @@ class RoleConfig(_Section):
         "rounds",
         description="rounds: fold as rounds_to_compress + rounds_to_retain rounds gather (TaskWeaver's rule); "
         "pressure: fold all but the latest rounds_to_retain at once, only when the unfolded rounds pass fold_token_trigger",
+    )
+    fold_prompt: FoldPrompt = Field(
+        "role",
+        description="role: a fold call is the role's own prompt as last sent, cut after the rounds it folds, with the "
+        "summary asked for in its last message (a server's prefix cache serves the rest); separate: a prompt of its own "
+        "(compression_<role>.yaml), for a model that summarises better so; folds on another model than the role's are separate",
     )
     examples: Literal["until_history", "always"] = Field(
         "until_history",

@@ -177,7 +177,7 @@ class Session:
 
     def _tools(self, spec: RoleSpec) -> RoleTools:
         section = spec.section(self.config.role_section(spec.key))
-        settings = ContextSettings.of(self.config, spec.key, section=section, label=spec.label, fold_prompt=spec.fold_prompt)
+        settings = ContextSettings.of(self.config, spec.key, section=section, label=spec.label, fold_template=spec.fold_prompt)
         live = self.live_variables if spec.kernel_variables else None
         context = RoleContext(settings, model=self._model, tokenizer=get_tokenizer(settings.llm.tokenizer), live_variables=live, on_fold=self._emit)
         stream = (lambda delta: self._emit(ReplyStreamed(spec.key, delta, spec.alias))) if spec.streams else None

@@ -1,4 +1,4 @@
-"""Shared pytest fixtures, and the test tiers: every test is `unit`, `kernel`, `cli` or `soak`.
+"""Shared pytest fixtures, and the test tiers: every test is `unit`, `kernel`, `cli`, `soak` or `llama`.
 
 A file's tier is its `pytestmark = pytest.mark.<tier>` line, or, for the files older than the tiers,
 its entry in FILE_TIERS below; a test's own tier marker wins over its file's (a quick check in a
@@ -15,10 +15,11 @@ import pytest
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
 
-TIERS = ("unit", "kernel", "cli", "soak")
+TIERS = ("unit", "kernel", "cli", "soak", "llama")
 # unit: no kernel, no program started, nothing off this machine (a scripted model server on 127.0.0.1 in
 # a thread is fine); kernel: a real ipykernel (local, sandboxed or on a gateway) or a browser; cli: the
-# program run as a command; soak: long sessions and endurance.
+# program run as a command; soak: long sessions and endurance; llama: llama.cpp's own server, built once
+# by .ci/llama-server.sh (the tests skip without it).
 FILE_TIERS = {
     "test_cell_output.py": "kernel",
     "test_cli.py": "cli",

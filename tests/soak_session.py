@@ -168,15 +168,20 @@ class SoakModel:
         return code_reply(f"# {marker(n)}\n" + cell_code(n, failing=failing))
 
     def compression(self, messages: list[dict[str, Any]]) -> str:
-        """A short valid summary naming every REQ marker of its input, and up to MAX_DESCRIBED variables."""
-        text = _all_text(messages)
+        """A short valid summary naming every REQ marker of its input, and up to MAX_DESCRIBED variables.
+
+        Notes to append cover the rounds to fold, as asked: not the summary a fold that opens with its
+        role's prompt shows above them (a fold of its own is sent no summary when it appends)."""
+        appending = "appended" in str(messages[-1].get("content"))
+        text = _all_text([m for m in messages if not (appending and SUMMARY_HEADING in str(m.get("content")))])
         seen = sorted(markers_in(text))
         newest = seen[-3:]
         lines = [f"Requests {_ranges(seen)}: each built its r<n>_count, _items, _frame and _meta and reported totals."] if seen else []
         lines += [f"{marker(n)}: done; every {FAIL_EVERY}th request's grid search failed once and was fixed." for n in newest]
         reply: dict[str, Any] = {"ConversationSummary": "\n".join(lines) or "Nothing of note yet."}
-        system = next((str(m.get("content")) for m in messages if m.get("role") == "system"), "")
-        if "Variables" in system:  # the CodeGenerator's fold asks for descriptions; the Planner's does not
+        # The message that asks for the summary: the system message, or the last one of a fold that opens with its role's prompt.
+        asks = next((str(m.get("content")) for m in (messages[-1], messages[0]) if "ConversationSummary" in str(m.get("content"))), "")
+        if "Variables" in asks:  # the CodeGenerator's fold asks for descriptions; the Planner's does not
             names = list(dict.fromkeys(_OWN_NAME.findall(text)))[-MAX_DESCRIBED:]
             reply["Variables"] = [{"name": v, "type": _TYPES[v.split("_", 1)[1]], "description": f"made for {marker(int(v[1:5]))}"} for v in names]
         return json.dumps(reply)

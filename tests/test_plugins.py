@@ -293,7 +293,10 @@ def test_auto_selection_shows_the_plugins_for_the_step_and_keeps_those_used_befo
     with Session.open(load_config(project)) as session:
         session.ask("anomalies?")
         session.ask("rows?")
-    first, second = (r.messages[0]["content"] for r in server.requests if r.role == "code_generator")
+    calls = [r.messages for r in server.requests if r.role == "code_generator"]
+    # The step's plugins are in a message just before the step; the instructions stay as they were.
+    first, second = ([str(m["content"]) for m in messages if str(m["content"]).startswith("## Plugins for this step")][-1] for messages in calls)
+    assert calls[0][0] == calls[1][0] and "def anomaly_detection(" not in str(calls[0][0]), "the system message changed with the step"
     assert "def anomaly_detection(" in first and "def sql_pull(" not in first and "def greeter(" not in first
     assert "def sql_pull(" in second and "def greeter(" in second, "the step's plugin, and the one called before"
     assert "def anomaly_detection(" not in second

@@ -218,8 +218,9 @@ def test_old_rounds_fold_in_the_background_and_the_summary_replaces_them(tmp_pat
         assert session.contexts()["planner"].wait_idle(timeout=10)
         session.ask("Third request.")
     compression = [r for r in server.requests if r.role == "compression"]
-    assert "Hello, first request." in compression[0].messages[-1]["content"]
-    assert "Hello, second request." not in compression[0].messages[-1]["content"], "the retained round is not folded"
+    folded = "\n".join(m["content"] for m in compression[0].messages)  # the Planner's prompt up to the folded round, then the ask
+    assert "Hello, first request." in folded
+    assert "Hello, second request." not in folded, "the retained round is not folded"
     third = calls(server, "planner")[-1]
     text = "\n".join(m["content"] for m in third)
     assert "The user greeted us twice." in third[1]["content"], "the summary goes into the memory message after the instructions"

@@ -215,7 +215,8 @@ def resume_hint(session: Session, project: Path | None) -> str:
         return f"Session {session.id} had no requests; nothing was kept to resume."
     option = f" -p {project}" if project is not None else ""
     by_purpose = usage_by_purpose(session.usage_by_model())
-    by_role = "; ".join(f"{purpose} {_cached_and_not(part)}" for purpose, part in by_purpose.items())
+    # A purpose whose calls all failed (an unreachable server on the first request) sent no tokens worth a line.
+    by_role = "; ".join(f"{purpose} {_cached_and_not(part)}" for purpose, part in by_purpose.items() if part.prompt_tokens)
     tokens = f"Prompt tokens by role: {by_role}.\n" if by_role else ""
     return f"{tokens}Session {session.id} is saved. Continue it with: taskweaver-lite chat{option} --resume {session.id}"
 

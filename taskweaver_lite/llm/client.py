@@ -167,6 +167,10 @@ class RoutedModel:
         """Name the session for every distinct model that keys its prompt cache (`OpenAIChatModel.scope_cache`)."""
         scope_cache(*self._by_purpose.values(), self._default, name=name)
 
+    def share_cache(self, purpose: str, owner: str) -> None:
+        """Send `purpose`'s calls to `owner`'s cache key or slot, in every distinct model (`OpenAIChatModel.share_cache`)."""
+        share_cache(*self._by_purpose.values(), self._default, purpose=purpose, owner=owner)
+
     def close(self) -> None:
         """Close every distinct model that can be closed."""
         for model in {id(m): m for m in (*self._by_purpose.values(), self._default)}.values():
@@ -181,6 +185,15 @@ def scope_cache(*models: ChatModel, name: str) -> None:
         scope = getattr(model, "scope_cache", None)
         if callable(scope):
             scope(name)
+
+
+def share_cache(*models: ChatModel, purpose: str, owner: str) -> None:
+    """Tell each distinct model that keys its prompt cache to send `purpose`'s calls to `owner`'s key or slot
+    (a fold that opens with its role's prompt); models that key nothing, or wrap one, pass it on or ignore it."""
+    for model in {id(m): m for m in models}.values():
+        share = getattr(model, "share_cache", None)
+        if callable(share):
+            share(purpose, owner)
 
 
 def usage_by_purpose(by_model: Mapping[tuple[str, str], Usage]) -> dict[str, Usage]:
@@ -248,6 +261,10 @@ class MeteredModel:
         )
         self._count(completion, record)
         return completion
+
+    def share_cache(self, purpose: str, owner: str) -> None:
+        """Pass on to the inner model (`share_cache`)."""
+        share_cache(self.inner, purpose=purpose, owner=owner)
 
     def usage(self) -> Usage:
         """Totals so far."""
@@ -371,6 +388,10 @@ class OpenAIChatModel:
     def scope_cache(self, name: str) -> None:
         """Name the session whose calls follow: the prompt cache keys are per session and purpose."""
         self.prompt_cache.scope(name)
+
+    def share_cache(self, purpose: str, owner: str) -> None:
+        """`purpose`'s calls go to `owner`'s cache key or slot (a fold that opens with its role's prompt)."""
+        self.prompt_cache.share(purpose, owner)
 
     def close(self) -> None:
         """Release the HTTP connections."""

@@ -5,10 +5,13 @@ Some can be told where to look (`llm.prompt_cache: auto`, the default; `off` sen
 
 - OpenAI's API (and the servers that copy it) takes `prompt_cache_key`: requests with the same key
   go to the same cache. The key names the session and the call's purpose (a role, or a role's
-  folds), so each role's prompts meet their own earlier prompts.
+  folds), so each role's prompts meet their own earlier prompts. A role's folds that open with the
+  role's own prompt (`<role>.fold_prompt: role`) share the role's key (`share`).
 - llama.cpp's server keeps one prompt per slot: `cache_prompt: true` asks it to reuse it, and
   `id_slot` gives each purpose its own slot once the server has said it has enough of them
   (`GET /props`, `total_slots`); an `id_slot` the server does not have would wait forever there.
+  A purpose shared with a role takes the role's slot: the slot holds the role's prompt, the start
+  of the fold's.
 
 The server's kind comes from `llm.server_kind` (local discovery fills it in), from the address
 (api.openai.com), or from a reply that carries llama.cpp's `timings`. A field a server refuses
@@ -60,6 +63,7 @@ class PromptCache:
         self._refused: set[str] = set()
         self._slots: int | None = None  # llama.cpp's slot count, once asked
         self._slot_of: dict[str, int] = {}
+        self._owner: dict[str, str] = {}  # purpose -> the purpose whose key and slot it uses
 
     @property
     def kind(self) -> ServerKind:
@@ -79,6 +83,7 @@ class PromptCache:
         if self.kind == "llama.cpp" and self._slots is None:
             self._ask_slots()  # once, outside the lock: the other threads' hints need not wait for it
         with self._lock:
+            purpose = self._owner.get(purpose, purpose)
             fields: dict[str, Any] = {}
             if self._kind == "llama.cpp":
                 fields["cache_prompt"] = True
@@ -88,6 +93,11 @@ class PromptCache:
             else:
                 fields["prompt_cache_key"] = f"taskweaver-lite/{self._scope}/{purpose}"
             return {name: value for name, value in fields.items() if name not in self._refused}
+
+    def share(self, purpose: str, owner: str) -> None:
+        """Send `purpose`'s requests with `owner`'s key and slot (a fold whose prompt opens with its role's)."""
+        with self._lock:
+            self._owner[purpose] = owner
 
     def refuse(self, field: str) -> None:
         """The server answered 400 naming `field`: never send it again."""

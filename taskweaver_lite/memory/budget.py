@@ -83,10 +83,11 @@ class PromptCost:
 
 @dataclass(frozen=True)
 class FittedPrompt:
-    """The messages to send and what they cost."""
+    """The messages to send, what they cost, and where each earlier round ends among them."""
 
     messages: tuple[Message, ...]
     cost: PromptCost
+    round_ends: tuple[tuple[int, int], ...] = ()  # (round index, messages up to and including it), kept rounds with messages
 
 
 @dataclass
@@ -127,6 +128,16 @@ class _Draft:
 
     def total(self) -> int:
         return self.tokenizer.count_messages(self.messages())
+
+    def round_ends(self) -> tuple[tuple[int, int], ...]:
+        """Per kept earlier round with messages, how many of `messages()` come up to and including it."""
+        end = len(self.messages()) - len(self.current) - sum(len(messages) for _, messages in self.rounds)
+        ends = []
+        for index, messages in self.rounds:
+            end += len(messages)
+            if messages:
+                ends.append((index, end))
+        return tuple(ends)
 
     def cost(self, messages: Sequence[Message]) -> int:
         return sum(self.tokenizer.count_message(m) for m in messages)
@@ -175,7 +186,8 @@ def fit_prompt(parts: PromptParts, *, tokenizer: Tokenizer, budget: int, order: 
             f"is {budget:,} tokens ({budget_source}). Raise llm.context_window if the model allows more, or make "
             f"the request shorter."
         )
-    return FittedPrompt(messages=tuple(draft.messages()), cost=_cost(draft, total, variables_cut=draft.variables != variables))
+    cost = _cost(draft, total, variables_cut=draft.variables != variables)
+    return FittedPrompt(messages=tuple(draft.messages()), cost=cost, round_ends=draft.round_ends())
 
 
 def _cut_rounds(draft: _Draft, *, budget: int, long_limit: int) -> int:

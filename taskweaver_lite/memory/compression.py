@@ -59,12 +59,21 @@ from typing import Any
 
 from taskweaver_lite.config import Config, LLMConfig, RoleConfig, RoundCompressorConfig, Strategy, merged_llm
 from taskweaver_lite.events import Folded
-from taskweaver_lite.llm.client import ChatModel, Message
+from taskweaver_lite.llm.client import ChatModel, Message, share_cache
 from taskweaver_lite.llm.tokens import Tokenizer
 from taskweaver_lite.memory.budget import PromptCost, PromptParts, ShrinkOrder, fit_prompt
 from taskweaver_lite.memory.conversation import RoundMessages
 from taskweaver_lite.memory.schedule import Schedule
-from taskweaver_lite.memory.summary import VARIABLES_SHARE, CompressionState, FoldLimits, FoldResult, FoldStyle, fold_rounds, render_summary
+from taskweaver_lite.memory.summary import (
+    VARIABLES_SHARE,
+    CompressionState,
+    FoldLimits,
+    FoldResult,
+    FoldStyle,
+    RolePrefix,
+    fold_rounds,
+    render_summary,
+)
 from taskweaver_lite.memory.variables import LiveVariables, VariablesList, mentioned_names, render_variables
 
 SUMMARISING: tuple[Strategy, ...] = ("round_compression", "summary_buffer")
@@ -72,7 +81,7 @@ SUMMARISING: tuple[Strategy, ...] = ("round_compression", "summary_buffer")
 
 @dataclass(frozen=True)
 class ContextSettings:
-    """What a `RoleContext` needs to know of its role: names, fold prompt, its own section and models."""
+    """What a `RoleContext` needs to know of its role: names, fold template, its own section and models."""
 
     role: str  # the role's key: its config section, stored summary and call purpose ("planner", "code_generator", "echo")
     label: str  # its name on screen
@@ -81,10 +90,12 @@ class ContextSettings:
     llm: LLMConfig  # the role's model: its prompts fit this window
     folder: LLMConfig  # the round compressor's model: folds fit this window
     llm_key: str  # where the role's window is set, for messages: "llm" or "planner.llm"
-    fold_prompt: str  # prompts/<fold_prompt>.yaml
+    fold_template: str  # prompts/<fold_template>.yaml
 
     @classmethod
-    def of(cls, config: Config, role: str, *, section: RoleConfig | None = None, label: str | None = None, fold_prompt: str | None = None) -> ContextSettings:
+    def of(
+        cls, config: Config, role: str, *, section: RoleConfig | None = None, label: str | None = None, fold_template: str | None = None
+    ) -> ContextSettings:
         """The settings of `role` in `config`; `section` replaces `config.<role>` (a project role's merged settings)."""
         own = section if section is not None else config.role_section(role)
         llm = merged_llm(config.llm, own.llm)
@@ -97,7 +108,7 @@ class ContextSettings:
             llm=llm,
             folder=config.llm_for("round_compressor"),
             llm_key="llm" if llm == config.llm else f"{role}.llm",
-            fold_prompt=fold_prompt or f"compression_{role}",
+            fold_template=fold_template or f"compression_{role}",
         )
 
     @property
@@ -122,6 +133,13 @@ class ContextSettings:
         buffer = self.strategy == "summary_buffer"
         keep = self.compressor.summary_buffer_rounds if buffer else self.compressor.rounds_to_retain
         return Schedule.for_role(self.section.fold_schedule, settings=self.compressor, budget=self.budget, keep=keep, buffer=buffer)
+
+    @property
+    def folds_share_prompt(self) -> bool:
+        """Whether folds open with the role's own prompt (`fold_prompt: role`): only where the round
+        compressor's model is the role's, since another server or model holds nothing of it."""
+        same = (self.folder.api_base, self.folder.model) == (self.llm.api_base, self.llm.model)
+        return self.section.fold_prompt == "role" and same
 
     def fold_limits(self) -> FoldLimits:
         """The sizes of this role's fold calls: its prompts fit its own model's window, folds the round compressor's."""
@@ -161,6 +179,15 @@ class ContextReport:
 
 
 @dataclass(frozen=True)
+class _Sent:
+    """A role's prompt as last built: its messages, where each kept earlier round ends, the state it showed."""
+
+    messages: tuple[Message, ...]
+    round_ends: dict[int, int]
+    shown: CompressionState
+
+
+@dataclass(frozen=True)
 class BuiltPrompt:
     """The messages to send and what they cost."""
 
@@ -185,7 +212,8 @@ class RoleContext:
         self.label = settings.label
         self.llm = settings.llm  # the model this role's prompts are sent to (its window sizes the budget)
         self.strategy: Strategy = settings.strategy
-        self._fold_prompt = settings.fold_prompt
+        self._fold_template = settings.fold_template
+        self._share_prompt = settings.folds_share_prompt
         self._examples_always = settings.section.examples == "always"
         self._settings = settings.compressor
         self._budget = settings.budget
@@ -196,6 +224,8 @@ class RoleContext:
         self._tokenizer = tokenizer
         self._live_variables = live_variables
         self._on_fold = on_fold
+        if self._share_prompt:  # a fold that opens with the role's prompt meets it in the role's cache key or slot
+            share_cache(model, purpose=f"compression_{self.role}", owner=self.role)
         # Guards everything below; `_state` is immutable, so a reader takes it once and is consistent.
         self._lock = threading.Condition()
         self._state = CompressionState()
@@ -207,6 +237,7 @@ class RoleContext:
         self._retry_at = 0.0
         self._closed = False
         self._report: ContextReport | None = None
+        self._sent: _Sent | None = None  # the prompt last built, the start of the next fold under fold_prompt: role
         self._shown_round: int | None = None
         self._shown, self._variables, self._window_start = self._state, None, 0
         self._variables_under = ""  # the summary the variables snapshot was rendered with
@@ -231,6 +262,7 @@ class RoleContext:
         with self._lock:
             self._state = state
             self._shown_round = None
+            self._sent = None
             self._generation += 1
             self._failures = 0
             self._retry_at = 0.0
@@ -298,6 +330,7 @@ class RoleContext:
         )
         with self._lock:
             self._report = report
+            self._sent = _Sent(fitted.messages, dict(fitted.round_ends), state)
         return BuiltPrompt(messages=fitted.messages, report=report)
 
     def _retained(self, state: CompressionState, history: Sequence[RoundMessages]) -> tuple[RoundMessages, ...]:
@@ -453,14 +486,33 @@ class RoleContext:
         due = self._due(self._state, self._pending)
         if due:
             # The state `due` was chosen from, and the kernel's truth as of the newest finished round.
-            job = {"due": due, "generation": self._generation, "live": self._pending_live}
+            job = {"due": due, "generation": self._generation, "live": self._pending_live, "prefix": self._role_prefix(due)}
             self._worker = threading.Thread(target=self._fold, args=(self._state,), kwargs=job, name=f"fold-{self.role}", daemon=True)
             self._worker.start()
 
-    def _fold(self, previous: CompressionState, *, due: tuple[RoundMessages, ...], generation: int, live: LiveVariables | None) -> None:
+    def _role_prefix(self, due: Sequence[RoundMessages]) -> RolePrefix | None:
+        """The role's last prompt cut after the last of `due`, or None for the separate fold prompt: under
+        `fold_prompt: separate`, before any prompt was built, or when a round of `due` is not among the
+        earlier rounds that prompt showed (the guard dropped it, or it was the round in progress)."""
+        sent = self._sent
+        if not self._share_prompt or sent is None or any(r.index not in sent.round_ends for r in due):
+            return None
+        # Rounds that prompt showed before the first folded one: summarised since its memory was shown.
+        skipped = sum(1 for index in sent.round_ends if index < due[0].index)
+        return RolePrefix(messages=sent.messages[: sent.round_ends[due[-1].index]], skipped=skipped, summary_shown=sent.shown.summary)
+
+    def _fold(
+        self,
+        previous: CompressionState,
+        *,
+        due: tuple[RoundMessages, ...],
+        generation: int,
+        live: LiveVariables | None,
+        prefix: RolePrefix | None,
+    ) -> None:
         """Fold `due` in this worker thread, then start the next fold if rounds finished meanwhile."""
         try:
-            result = self._attempt(previous, due=due, live=live)
+            result = self._attempt(previous, due=due, live=live, prefix=prefix)
             failed = next((e for e in result.events if not e.ok), None)
             with self._lock:
                 if generation != self._generation:
@@ -486,7 +538,7 @@ class RoleContext:
                     self._start_due_fold()
                 self._lock.notify_all()
 
-    def _attempt(self, previous: CompressionState, *, due: tuple[RoundMessages, ...], live: LiveVariables | None) -> FoldResult:
+    def _attempt(self, previous: CompressionState, *, due: tuple[RoundMessages, ...], live: LiveVariables | None, prefix: RolePrefix | None) -> FoldResult:
         """One fold call; any failure, even a bug, becomes a failed event instead of killing the worker."""
         style: FoldStyle = "narrative" if self.strategy == "summary_buffer" else "rounds"
         try:
@@ -495,12 +547,13 @@ class RoleContext:
                 rounds=due,
                 role=self.role,
                 label=self.label,
-                prompt=self._fold_prompt,
+                prompt=self._fold_template,
                 style=style,
                 model=self._model,
                 tokenizer=self._tokenizer,
                 limits=self._limits,
                 live=live,
+                prefix=prefix,
             )
         except Exception as exc:  # noqa: BLE001 - fold_rounds turns expected failures into events; this is a bug, and a worker must survive it
             error = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]

@@ -9,6 +9,13 @@ tokens, oldest first); a round too big for a call on its own is cut head and tai
 essential pieces (the user's request, the Planner's instruction, each execution's outcome). A
 summary's label names exactly the rounds it saw.
 
+Where a fold's input comes from (`<role>.fold_prompt`): by default (`role`) a fold call is the
+role's own prompt as the role last sent it (system message, examples, memory, rounds, in those
+bytes), cut after the last round it folds, with the request for the `ConversationSummary` as its
+last message; it goes to the role's cache key or slot, so a server that holds the role's prompt
+computes only that request and the reply. `separate` sends the fold prompt of its own instead
+(`prompts/compression_<role>.yaml`'s system and user parts), each round cut to size.
+
 Folds are incremental to keep them cheap: while the summary has room, a fold sends only the new
 rounds and appends notes on them ("append"); when the notes would pass the summary cap, it sends
 the previous summary with the new rounds and asks for one shorter summary ("merge"). The
@@ -50,9 +57,9 @@ MERGE_SHARE = 0.60
 MAX_DESCRIBED = 15
 DESCRIPTION_TOKENS = 24
 REPLY_OVERHEAD = 32  # JSON keys, quotes and brackets around the summary
-# One round's text in a fold is cut to a tenth of the role's budget (574 tokens at 8k), keeping its
-# essential pieces: a summary keeps a few lines of a round, not its whole output, and every token
-# of a fold's input is computed afresh (a fold cannot share the role's cached prompt, CONTRACT §4).
+# One round's text in a separate fold prompt is cut to a tenth of the role's budget (574 tokens at
+# 8k), keeping its essential pieces: a summary keeps a few lines of a round, not its whole output,
+# and every token of such a fold's input is computed afresh (it shares nothing with the role's prompt).
 ROUND_SHARE = 10
 MIN_ROUND_TOKENS = 64
 # An appended note names this many of its rounds' variables with their types, this many more by
@@ -139,6 +146,16 @@ class FoldLimits:
 
 
 @dataclass(frozen=True)
+class RolePrefix:
+    """The start of a fold call under `<role>.fold_prompt: role`: the role's own prompt as it last sent it,
+    cut after the last round the fold takes (system message, examples, memory, rounds; none it keeps)."""
+
+    messages: tuple[Message, ...]
+    skipped: int  # rounds in it, after the memory, that an earlier fold summarised since that memory was shown
+    summary_shown: str  # the summary its memory shows
+
+
+@dataclass(frozen=True)
 class FoldResult:
     """What a fold produced: the newest state (None if no batch succeeded) and an event per batch tried."""
 
@@ -177,9 +194,22 @@ def fold_rounds(
     tokenizer: Tokenizer,
     limits: FoldLimits,
     live: LiveVariables | None,
+    prefix: RolePrefix | None = None,
 ) -> FoldResult:
-    """Fold `rounds` into the summary, in as many calls as it takes; stops at the first failed call."""
+    """Fold `rounds` into the summary, in as many calls as it takes; stops at the first failed call.
+
+    With `prefix` (the role's own prompt up to the last of `rounds`) one call asks for the summary
+    after it, so a server's prefix cache serves everything but the request. When that call would
+    not fit the window with its reply (a reply reserve smaller than the fold's reply), the rounds
+    go to the separate fold prompt instead, which cuts them to size and batches them.
+    """
     fold = _Fold(role, label, prompt, style, model, tokenizer, limits, live)
+    if prefix is not None:
+        mode = _mode(previous, fold)
+        messages = role_fold_prompt(previous, rounds=rounds, fold=fold, mode=mode, prefix=prefix)
+        if tokenizer.count_messages(messages) + limits.reply_tokens(mode, describes_variables=fold.describes_variables) <= limits.window - limits.margin:
+            result, event = _fold_batch(previous, rounds, fold, mode, messages)
+            return FoldResult(state=result.logged(event) if result is not None else None, events=(event,))
     state: CompressionState | None = None
     events: list[Folded] = []
     pending = list(rounds)
@@ -187,7 +217,7 @@ def fold_rounds(
         current = state or previous
         mode = _mode(current, fold)
         batch = _batch(current, pending, fold, mode)
-        result, event = _fold_batch(current, batch, fold, mode)
+        result, event = _fold_batch(current, batch, fold, mode, fold_prompt(current, rounds=batch, fold=fold, mode=mode))
         events.append(event)
         if result is None:
             break
@@ -224,11 +254,13 @@ def _batch(state: CompressionState, pending: Sequence[RoundMessages], fold: _Fol
     return batch
 
 
-def _fold_batch(state: CompressionState, batch: Sequence[RoundMessages], fold: _Fold, mode: FoldMode) -> tuple[CompressionState | None, Folded]:
+def _fold_batch(
+    state: CompressionState, batch: Sequence[RoundMessages], fold: _Fold, mode: FoldMode, messages: list[Message]
+) -> tuple[CompressionState | None, Folded]:
+    """One fold call of `messages` on `batch`: the new state, or None and a failed event."""
     tokenizer = fold.tokenizer
     first, last = batch[0].index, batch[-1].index
     tokens_before = sum(tokenizer.count_messages(r.messages) for r in batch)
-    messages = fold_prompt(state, rounds=batch, fold=fold, mode=mode)
     max_tokens = fold.limits.reply_tokens(mode, describes_variables=fold.describes_variables)
     cap = fold.limits.text_tokens(mode)
     purpose = f"compression_{fold.role}"
@@ -321,6 +353,26 @@ def fold_prompt(state: CompressionState, *, rounds: Sequence[RoundMessages], fol
         rounds=shown,
     )
     return [Message(role="system", content=system), Message(role="user", content=user)]
+
+
+def role_fold_prompt(state: CompressionState, *, rounds: Sequence[RoundMessages], fold: _Fold, mode: FoldMode, prefix: RolePrefix) -> list[Message]:
+    """The fold call that opens with the role's own prompt (`prefix`) and asks for the summary in its last message.
+
+    The previous summary is repeated only when the memory in `prefix` shows an older one (a fold
+    landed after that prompt was sent); otherwise the instruction points at the one shown.
+    """
+    instruction = load_prompt(fold.prompt).render(
+        "instruction",
+        mode=mode,
+        style=fold.style,
+        max_summary_tokens=fold.limits.text_tokens(mode),
+        max_described=MAX_DESCRIBED,
+        count=len(rounds),
+        skipped=prefix.skipped,
+        previous_summary=state.summary if mode == "merge" and state.summary != prefix.summary_shown else "",
+        lost=list(_lost(state, fold.live)),
+    )
+    return [*prefix.messages, Message(role="user", content=instruction)]
 
 
 def round_text(rnd: RoundMessages, *, limit: int, tokenizer: Tokenizer) -> str:

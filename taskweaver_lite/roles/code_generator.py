@@ -3,7 +3,9 @@
 In the conversation this role is the party its alias names ("CodeInterpreter": it writes and runs
 code; the registry calls it `code_interpreter`, its config section `code_generator`). Its prompt
 carries the kernel's live variables (from the executor's snapshot, never from the model's memory),
-its examples, and its earlier code with results. The code runs in the session's executor; on an
+its examples, and its earlier code with results. With `auto_plugin_selection` the plugins that fit
+a step are described in a message just before the step, never in the system message, so the
+instructions stay the same from one step to the next (a server's prefix cache keeps them). The code runs in the session's executor; on an
 error the traceback goes back for a revision, up to `code_interpreter.max_retry_count` times, and
 the outcome goes to the Planner as one post: the outcome in its message, the code in its `code`
 field, the result in its `execution` (fields the Planner reads, never text it parses back).
@@ -59,6 +61,7 @@ class CodeGenerator(Role):
         self._plugin_top_k = plugin_top_k
         self._verifier = verifier
         self._confirm = confirm
+        self._step_plugins: dict[str, str] = {}  # a step's post id -> the plugin block shown before it (auto_plugin_selection)
 
     def handle(
         self,
@@ -147,11 +150,17 @@ class CodeGenerator(Role):
 
     def _generate(self, history: Sequence[Round], current: Round, repairs: RepairTurns, notify: Callable[[Working | CellPrinted], None]) -> dict[str, str]:
         shown = self.shown_plugins(history, current)
-        share = int(self.context.budget * PLUGINS_SHARE)
+        block = render_block(shown, max_tokens=int(self.context.budget * PLUGINS_SHARE), tokenizer=self.context.tokenizer)
+        per_step = self._selects_plugins
+        step = self._step(current)
+        if per_step and step is not None and block:
+            # Chosen once per step (its retries show the same), before the round is first rendered.
+            self._step_plugins.setdefault(step.id, block)
         kernel = self._executor.environment()
         system = self._prompt.render(
             "system",
-            plugins=render_block(shown, max_tokens=share, tokenizer=self.context.tokenizer),
+            plugins="" if per_step else block,
+            plugins_with_steps=per_step,
             libraries=", ".join(kernel.libraries),
             mounts=", ".join(kernel.mounts),
         )
@@ -172,13 +181,22 @@ class CodeGenerator(Role):
                 "code_generator.auto_plugin_selection: true to show only those that fit the step."
             ) from exc
 
+    @property
+    def _selects_plugins(self) -> bool:
+        """Whether each step shows only the plugins that fit it (auto_plugin_selection, with more plugins than its top-k)."""
+        return self._plugin_top_k is not None and len(self._plugins) > self._plugin_top_k
+
+    def _step(self, current: Round) -> Post | None:
+        """The step this role is working on: the latest post sent to it by another party."""
+        return next((p for p in reversed(current.posts) if p.send_to == self.party and p.send_from != self.party), None)
+
     def shown_plugins(self, history: Sequence[Round], current: Round) -> tuple[PluginSpec, ...]:
         """The plugins this call's prompt shows: all, or the top-k for the step plus those used earlier."""
-        if self._plugin_top_k is None or len(self._plugins) <= self._plugin_top_k:
+        if self._plugin_top_k is None or not self._selects_plugins:
             return self._plugins
         code = [post.code for rnd in (*history, current) for post in rnd.posts if post.code]
-        step = next((p.message for p in reversed(current.posts) if p.send_to == self.party and p.send_from != self.party), "")
-        return select(self._plugins, step, top_k=self._plugin_top_k, keep=used_plugins(self._plugins, code))
+        step = self._step(current)
+        return select(self._plugins, step.message if step is not None else "", top_k=self._plugin_top_k, keep=used_plugins(self._plugins, code))
 
     def render_round(self, rnd: Round) -> RoundMessages:
         """One round as the CodeGenerator's chat messages: steps, its code, and what the code did."""
@@ -199,6 +217,9 @@ class CodeGenerator(Role):
         names: list[str] = []
         for post in rnd.posts:
             if post.send_to == self.party and post.send_from != self.party:
+                plugins = self._step_plugins.get(post.id, "") if whole else ""
+                if plugins:  # auto_plugin_selection: the step's plugins, just before it (kept with the round until a fold)
+                    messages.append(Message(role="user", content=self._prompt.render("step_plugins", plugins=plugins)))
                 requests.append(len(messages))
                 messages.append(Message(role="user", content=self._prompt.render("request", message=post.message)))
                 pieces.append(FoldPiece(f"{post.send_from} asked: {post.message}", essential=True))

@@ -89,7 +89,10 @@ class ScriptedRequest:
 
 
 def detect_role(messages: Sequence[Mapping[str, Any]]) -> str:
-    """Which role a chat request is for, read from its system message's schema words."""
+    """Which role a chat request is for, read from its system message's schema words; a fold that opens
+    with its role's own prompt asks for the summary in its last message."""
+    if messages and "ConversationSummary" in _text_of(messages[-1].get("content")):
+        return "compression"
     system = "\n".join(_text_of(m.get("content")) for m in messages if m.get("role") == "system")
     if "init_plan" in system:
         return "planner"
@@ -120,15 +123,19 @@ class ScriptedServer:
         server_kind: Literal["openai", "llama.cpp"] = "openai",
         refuses: Sequence[str] = (),
         slots: int = 4,
+        forward: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> None:
         """`server_kind`: how cached tokens are reported (OpenAI's usage details, or llama.cpp's `timings` and
-        `GET /props`); `refuses`: request fields answered with HTTP 400 naming them, as a strict server does."""
+        `GET /props`); `refuses`: request fields answered with HTTP 400 naming them, as a strict server does;
+        `forward`: a real server sent each request too, whose reply's `usage` (and `timings`) replace the
+        scripted reply's estimates (the scripted model still writes the text)."""
         self.model = model
         self.api_key = api_key
         self.port = port  # 0: any free port; a fixed one plays a local server on its default port
         self.server_kind = server_kind
         self.refuses = tuple(refuses)
         self.slots = slots
+        self.forward = forward
         self._last_prompt: dict[str, str] = {}  # per prompt_cache_key or id_slot: the prompt its cache holds
         self._lock = threading.Lock()
         self._queues: dict[str, deque[Scripted]] = {role: deque() for role in ROLES}
@@ -378,7 +385,9 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             number = len(scripted.requests)
             completion = _completion(reply, messages, model=body.get("model") or scripted.model, number=number)
-            if "usage" in completion:
+            if "usage" in completion and scripted.forward is not None:
+                completion.update(scripted.forward(body))  # what a real server said of the same prompt
+            elif "usage" in completion:
                 _report_cache(completion, scripted._cached_tokens(body, messages), kind=scripted.server_kind)
             if body.get("stream"):
                 options = body.get("stream_options")
