@@ -112,8 +112,14 @@ def close_wires() -> Iterator[None]:
 
 
 def purpose_sent(body: dict[str, Any]) -> str:
-    """The purpose a request was sent for, read from its `prompt_cache_key` (taskweaver-lite/<session>/<purpose>)."""
-    return str(body.get("prompt_cache_key", "")).rpartition("/")[2]
+    """The purpose a request was sent for: its `prompt_cache_key` (taskweaver-lite/<session>/<purpose>), and for a
+    fold sent under its role's own key (as folds are when they may open with the role's prompt), `compression_<role>`,
+    told by its first or last message asking for the summary, which no role's own call does."""
+    purpose = str(body.get("prompt_cache_key", "")).rpartition("/")[2]
+    ends = str(body["messages"][0].get("content") or "") + str(body["messages"][-1].get("content") or "")
+    if not purpose.startswith("compression_") and "ConversationSummary" in ends:
+        return f"compression_{purpose}"
+    return purpose
 
 
 def make_round(index: int, *, output_tokens: int = 0) -> RoundMessages:
@@ -218,10 +224,12 @@ def test_folds_append_notes_while_the_summary_has_room_then_merge_it_with_the_ne
     assert marks(small.state.summary) == [1, 2, 3, 4, 5], "a merge lost a round"
 
 
-def test_the_fold_call_speaks_the_summary_schema_and_nothing_else() -> None:
+def test_a_separate_fold_prompt_speaks_the_summary_schema_and_nothing_else() -> None:
+    # fold_prompt: separate (a fold opening with its role's prompt is tests/test_fold_prefix.py's).
     model = SummaryModel()
     for role in ("planner", "code_generator"):
-        ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}), model, role, live_variables=LiveVariables)
+        cfg = config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}, **{role: {"fold_prompt": "separate"}})
+        ctx = context(cfg, model, role, live_variables=LiveVariables)
         play(ctx, 2)
     for (purpose, messages), role in zip(model.calls, ("planner", "code_generator"), strict=True):
         assert purpose == f"compression_{role}"
