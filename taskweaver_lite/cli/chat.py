@@ -18,6 +18,7 @@ from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.experience import experience_command, save_tips
 from taskweaver_lite.cli.images import TerminalImages
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
+from taskweaver_lite.cli.prompt_line import INTERRUPTED, PromptLine
 from taskweaver_lite.cli.roles import role_table
 from taskweaver_lite.cli.turns import TurnCommands, session_artifacts
 from taskweaver_lite.config import DISTILLER, FOLDER, Config
@@ -309,40 +310,37 @@ def _resume_session(
 
 
 def _interactive(renderer: RichConsole, commands: SlashCommands) -> int:
-    from prompt_toolkit import PromptSession
-    from prompt_toolkit.history import FileHistory
-    from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
-
-    bindings = KeyBindings()
-
-    @bindings.add("c-c")
-    def _(event: KeyPressEvent) -> None:
-        # Ctrl-C clears a half-typed line; at an empty prompt it leaves.
-        if event.current_buffer.text:
-            event.current_buffer.reset()
-        else:
-            event.app.exit(exception=EOFError())
-
     config = commands.session.config  # the session's own: after a resume, with the --set values it was started with
     config.project_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     owner_only_file(config.project_dir / ".chat_history", create=True)  # every request typed: the owner's only
-    prompt: PromptSession[str] = PromptSession(history=FileHistory(str(config.project_dir / ".chat_history")), key_bindings=bindings)
+    line = PromptLine(config.project_dir / ".chat_history")
     renderer.say(f"taskweaver-lite session {commands.session.id} — {model_names(commands.session)}. Type /help for commands.", style="bold")
     while True:
-        renderer.flush_notices()  # a quiet moment: between the last output and the next input
         try:
-            text = prompt.prompt("you> ").strip()
-        except (EOFError, KeyboardInterrupt):
-            return 0
-        if not text:
-            continue
-        if text.startswith("/"):
-            if not commands.run(text):
+            text = _next_request(renderer, commands, line)
+            if text is None:
                 return 0
-            text = commands.take_request() or ""
-            if not text:
-                continue
-        _ask_on_terminal(renderer, commands, text)
+            if text:
+                _ask_on_terminal(renderer, commands, text)
+                line.request_ended()
+        except KeyboardInterrupt:
+            # Ctrl-C outside the prompt and outside a request (a request just ended, a command ran): not a wish to leave.
+            renderer.stop_status()
+            renderer.say(INTERRUPTED, style="yellow")
+
+
+def _next_request(renderer: RichConsole, commands: SlashCommands, line: PromptLine) -> str | None:
+    """The next request typed at the prompt ('' when there is none to ask: a command ran, a line was refused); None to leave."""
+    renderer.flush_notices()  # a quiet moment: between the last output and the next input
+    text, notice = line.read("you> ")
+    if notice:
+        renderer.say(notice, style="yellow")
+        return ""
+    if text is None or not text.startswith("/"):
+        return text
+    if not commands.run(text):
+        return None
+    return commands.take_request() or ""
 
 
 def _ask_on_terminal(renderer: RichConsole, commands: SlashCommands, text: str) -> None:
