@@ -60,6 +60,7 @@ def test_retry_asks_the_last_request_again_in_place_of_its_answer(tmp_path: Path
     done = run_cli("chat", "-p", str(project), stdin="what is it?\n/retry\n")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "A poor answer.\nA better answer.\n"
+    assert "Retrying request 1 ('what is it?')" in done.stderr and "Undid" not in done.stderr, "it says it retries"
     asked = [r for r in server.requests if r.role == "planner"]
     assert "what is it?" in json.dumps(asked[1].messages[-1]) and "A poor answer" not in json.dumps(asked[1].messages)
     assert [row["rounds"] for row in stored(project)] == [1]
@@ -69,8 +70,10 @@ def test_model_switches_every_part_or_one_role_from_the_next_request_and_is_kept
     project = make_project(tmp_path, server.url)
     server.enqueue("planner", planner_reply("one", send_to="User"), planner_reply("Run it."), planner_reply("two", send_to="User"))
     server.enqueue("code_generator", code_reply("print(1)"))
-    done = run_cli("chat", "-p", str(project), stdin="first\n/model big-model\n/model planner planner-model\nsecond\n")
+    done = run_cli("chat", "-p", str(project), stdin="/model\nfirst\n/model big-model\n/model planner planner-model\nsecond\n/model\n")
     assert done.returncode == 0, done.stderr
+    assert "Models now: planner scripted, code_generator scripted, round_compressor scripted." in done.stderr, "a bare /model shows them"
+    assert "Models now: planner planner-model, code_generator big-model" in done.stderr
     models = [(r.role, r.body["model"]) for r in server.requests if r.role in ("planner", "code_generator")]
     assert models == [("planner", "scripted"), ("planner", "planner-model"), ("code_generator", "big-model"), ("planner", "planner-model")]
     assert "The planner's model is now planner-model from the next request on." in done.stderr

@@ -62,7 +62,7 @@ HELP = """Commands:
                    by re-running the earlier cells
   /retry           ask the last request again, in place of its first answer
   /model [ROLE] NAME   switch the model from the next request on (ROLE: planner, code_generator,
-                   round_compressor); kept when the session is resumed
+                   round_compressor); kept when the session is resumed; /model alone shows them
   /open [N]        list the plots and files the cells produced; open number N in the system viewer
   /reset           start over: new session, fresh kernel, working files copied
   /exit            leave (Ctrl-D or Ctrl-C at an empty prompt too)
@@ -75,6 +75,11 @@ def project_dir(args: argparse.Namespace) -> Path:
     """The project folder named by -p (or ./project); a missing one is an error that says how to make it."""
     given = args.project is not None
     project = Path(args.project if given else DEFAULT_PROJECT)
+    if project.is_file():
+        raise ConfigError(
+            f"{project} is a file, not a project folder: -p takes the folder that holds taskweaver_config.yaml "
+            "(`taskweaver-lite init` makes one). To analyse this file, /load it in the chat."
+        )
     if not project.is_dir():
         create = f"taskweaver-lite init {project}" if given else "taskweaver-lite init"
         other = "" if given else ", or pass -p PROJECT_DIR to use another folder"

@@ -58,9 +58,9 @@ class TurnCommands:
         if not rounds:
             self.say("Nothing to retry: this session has no requests yet.")
             return True
-        text = rounds[-1].user_query
-        self._undo("")
-        self._retry_text = text
+        dropped = self.session.undo(on_replay=self._replayed)
+        self.say(f"Retrying request {dropped.index} ({dropped.user_query!r}): its answer is dropped and the request is asked again.")
+        self._retry_text = dropped.user_query
         return True
 
     def _replayed(self, done: int, total: int) -> None:
@@ -69,7 +69,11 @@ class TurnCommands:
 
     def _model(self, argument: str) -> bool:
         parts, users = argument.split(), self.session.model_users()
-        if not parts or len(parts) > 2 or (len(parts) == 2 and parts[0] not in users):
+        if not parts:
+            models = ", ".join(f"{user} {self.session.config.llm_for(user).model}" for user in users)
+            self.say(f"Models now: {models}. Switch with /model NAME (every part) or /model ROLE NAME.")
+            return True
+        if len(parts) > 2 or (len(parts) == 2 and parts[0] not in users):
             self.say(f"Usage: /model NAME, or /model ROLE NAME with ROLE one of {', '.join(users)}")
             return True
         user = parts[0] if len(parts) == 2 else None
