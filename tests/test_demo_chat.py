@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
-from helpers import run_cli
+from helpers import cli_env, run_cli
 from test_serve_start import serving
 
 from taskweaver_lite.cli.demo_model import DemoModel, match_step
@@ -71,3 +73,18 @@ def test_chat_with_no_model_anywhere_stops_with_that_line(tmp_path: Path) -> Non
     done = run_cli("chat", "-p", str(project), stdin="hi\n")
     assert done.returncode == 1
     assert "No model to talk to" in done.stderr and "demo --chat" in done.stderr and "tried Ollama :11434" in done.stderr
+
+
+def test_a_serve_demo_that_fails_leaves_no_temporary_folder(tmp_path: Path) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "taskweaver_lite", "serve", "--demo", "--port", str(port)],
+            capture_output=True, text=True, timeout=120, env={**cli_env(), "TMPDIR": str(temp)},
+        )
+    assert done.returncode != 0 and "already in use" in done.stderr, done.stderr
+    assert not [path.name for path in temp.iterdir() if path.name.startswith("taskweaver-demo-")], "the demo's folder went with it"

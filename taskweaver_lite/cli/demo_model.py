@@ -120,15 +120,20 @@ def _with_sales(code: str) -> str:
 @contextlib.contextmanager
 def demo_config(project: str | None, *, overrides: Sequence[str] = ()) -> Iterator[Config]:
     """A demo project (a new temporary folder, or `project`) whose model is `DemoModel` on a scripted server."""
+    if project and Path(project).exists() and any(Path(project).iterdir()) and not (Path(project) / "taskweaver_config.yaml").is_file():
+        raise TaskWeaverError(f"{project} holds files but no project; name a new or empty folder, or a project made by `demo` or `init`")
     target = Path(project) if project else Path(tempfile.mkdtemp(prefix="taskweaver-demo-"))
-    if project and target.exists() and any(target.iterdir()) and not (target / "taskweaver_config.yaml").is_file():
-        raise TaskWeaverError(f"{target} holds files but no project; name a new or empty folder, or a project made by `demo` or `init`")
-    if not (target / "taskweaver_config.yaml").is_file():
-        shutil.copytree(bundled_project(), target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("sessions", "*.db*", ".chat_history"))
-    with ScriptedServer(model="scripted-demo") as server:
-        DemoModel().install(server)
-        settings = [f"llm.api_base={server.url}", "llm.api_key=demo-key", "llm.model=scripted-demo", *overrides]
-        yield load_config(target, settings)
+    try:
+        if not (target / "taskweaver_config.yaml").is_file():
+            shutil.copytree(bundled_project(), target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("sessions", "*.db*", ".chat_history"))
+        with ScriptedServer(model="scripted-demo") as server:
+            DemoModel().install(server)
+            settings = [f"llm.api_base={server.url}", "llm.api_key=demo-key", "llm.model=scripted-demo", *overrides]
+            yield load_config(target, settings)
+    except BaseException:
+        if not project:  # a folder we made for a demo that failed (a port in use, a bad --set): nothing in it is worth keeping
+            shutil.rmtree(target, ignore_errors=True)
+        raise
 
 
 def sample_data(config: Config) -> Path:
