@@ -73,6 +73,7 @@ def test_the_demo_runs_from_a_fresh_folder(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "Done: 8 requests" in done.stdout
     assert "The anomaly_detection plugin flagged" in done.stdout, "the demo calls a shipped plugin"
+    assert "Warning" not in done.stdout + done.stderr, "the demo's own code raises no warning"
 
 
 def bash_blocks(text: str, heading: str) -> list[str]:
