@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -88,3 +89,15 @@ def test_a_serve_demo_that_fails_leaves_no_temporary_folder(tmp_path: Path) -> N
         )
     assert done.returncode != 0 and "already in use" in done.stderr, done.stderr
     assert not [path.name for path in temp.iterdir() if path.name.startswith("taskweaver-demo-")], "the demo's folder went with it"
+
+
+def test_a_demo_chat_says_how_to_continue_it_and_continues(tmp_path: Path) -> None:
+    folder = tmp_path / "demo"
+    first = run_cli("demo", "--chat", "-p", str(folder), stdin="1\n", timeout=180)
+    assert first.returncode == 0, first.stderr
+    hint = re.search(r"Continue it with: taskweaver-lite demo --chat -p (\S+) --resume (\S+)", first.stderr)
+    assert hint is not None and hint.group(1) == str(folder), first.stderr[-600:]
+    again = run_cli("demo", "--chat", "-p", str(folder), "--resume", hint.group(2), stdin="2\n", timeout=180)
+    assert again.returncode == 0, again.stderr
+    assert "**South +18.9%** is the fastest-growing region" in again.stdout, "the resumed session goes on with the demo's model"
+    assert f"--resume {hint.group(2)}" in again.stderr

@@ -124,11 +124,11 @@ def chat_with(
     confirm: bool = False,
     overrides: Sequence[str] = (),
     preload: Sequence[Path] = (),
-    farewell: str | None = None,
+    command: str = "taskweaver-lite chat",
 ) -> int:
-    """The chat on `config` (a new session, or `resume` one); `preload` files are loaded first; `project` is named in the resume hint.
+    """The chat on `config` (a new session, or `resume` one); `preload` files are loaded into a new one first.
 
-    `farewell` replaces that hint (the demo's sessions cannot be resumed: their model is gone with it).
+    The closing hint says how to continue: `command`, with `-p project` when one is given.
     """
     interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
     confirm_mode = confirm or config.execution.confirm
@@ -148,7 +148,7 @@ def chat_with(
     if session.store is not None:
         session.store.save_overrides(session.id, kept)
     _report_problems(session, renderer)
-    for path in preload:
+    for path in preload if not resume else ():
         loaded = session.load_file(path)
         say(f"Loaded {loaded.name} into the working folder.")
     commands = SlashCommands(session, say=say, remember=lambda item: _remember(commands.session, item))
@@ -162,7 +162,7 @@ def chat_with(
             code = _piped(commands)
     finally:
         commands.session.close()
-    say(farewell or resume_hint(commands.session, project))
+    say(resume_hint(commands.session, project, command=command))
     return code
 
 
@@ -214,7 +214,7 @@ def _model_lines(config: Config, contexts: Sequence[RoleContext]) -> list[str]:
     return ["Models:"] + [f"  {user}: {llm.model} (context window {llm.context_window:,} tokens)" for user, llm in models.items()]
 
 
-def resume_hint(session: Session, project: Path | None) -> str:
+def resume_hint(session: Session, project: Path | None, *, command: str = "taskweaver-lite chat") -> str:
     """The lines printed on the way out: prompt tokens per role (cached and not), the session id and the command that continues it."""
     if not session.conversation.rounds:
         return f"Session {session.id} had no requests; nothing was kept to resume."
@@ -222,7 +222,7 @@ def resume_hint(session: Session, project: Path | None) -> str:
     by_purpose = usage_by_purpose(session.usage_by_model())
     by_role = "; ".join(f"{purpose} {_cached_and_not(part)}" for purpose, part in by_purpose.items())
     tokens = f"Prompt tokens by role: {by_role}.\n" if by_role else ""
-    return f"{tokens}Session {session.id} is saved. Continue it with: taskweaver-lite chat{option} --resume {session.id}"
+    return f"{tokens}Session {session.id} is saved. Continue it with: {command}{option} --resume {session.id}"
 
 
 def _cached_and_not(usage: Usage) -> str:

@@ -147,5 +147,5 @@ def run_demo_chat(args: argparse.Namespace) -> int:
 
     with demo_config(args.project) as config:
         print(f"Demo project: {config.project_dir}. The scripted model answers these requests:\n{known_requests()}\n", flush=True)
-        farewell = f"The demo's sessions and files stay in {config.project_dir}; `taskweaver-lite demo --chat -p DIR` starts another there."
-        return chat_with(config, project=None, resume=None, preload=[sample_data(config)], farewell=farewell)
+        # The scripted model starts again with each run, so a stored demo session goes on in a later one.
+        return chat_with(config, project=config.project_dir, resume=args.resume, preload=[sample_data(config)], command="taskweaver-lite demo --chat")
