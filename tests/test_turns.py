@@ -92,7 +92,7 @@ def test_open_lists_the_plots_and_hands_one_to_the_system_viewer(tmp_path: Path,
     opened = tmp_path / "opened.txt"
     (viewer / "xdg-open").write_text(f"#!/bin/sh\necho \"$1\" > {opened}\n", encoding="utf-8")
     (viewer / "xdg-open").chmod(0o755)
-    plot = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.savefig('trend.png')\nplt.show()"
+    plot = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.savefig('trend.png')\nplt.show()\nopen('totals.csv', 'w').write('a,1')"
     server.enqueue("planner", planner_reply("Plot it."), planner_reply("Plotted.", send_to="User"))
     server.enqueue("code_generator", code_reply(plot))
     env = {**cli_env(), "PATH": f"{viewer}{os.pathsep}{os.environ['PATH']}"}
@@ -102,6 +102,8 @@ def test_open_lists_the_plots_and_hands_one_to_the_system_viewer(tmp_path: Path,
     )
     assert done.returncode == 0, done.stderr
     assert "Files the cells produced (/open N shows one):\n  1. " in done.stderr
+    listed = done.stderr.split("Files the cells produced")[1].split("Usage")[0]
+    assert "trend.png" in listed and "totals.csv" in listed, "files the cells saved are listed, not only the captured plot"
     assert "Usage: /open N, N from 1 to" in done.stderr
     deadline = time.monotonic() + 10
     while not opened.exists() and time.monotonic() < deadline:
