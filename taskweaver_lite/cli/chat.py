@@ -1,7 +1,8 @@
 """The chat loop behind `taskweaver-lite chat`: the interactive prompt, piped input, slash commands.
 
 On a terminal: a prompt with history and multi-line paste; Ctrl-C during a step cancels the step,
-Ctrl-C or Ctrl-D at an empty prompt exits. With piped stdin: each non-empty line is one request,
+Ctrl-C or Ctrl-D at an empty prompt exits (not a Ctrl-C meant for a request that just ended; see
+prompt_line.py, which also bounds a line). With piped stdin: each non-empty line is one request,
 answers go to stdout and everything else to stderr.
 """
 
