@@ -101,3 +101,12 @@ def test_a_demo_chat_says_how_to_continue_it_and_continues(tmp_path: Path) -> No
     assert again.returncode == 0, again.stderr
     assert "**South +18.9%** is the fastest-growing region" in again.stdout, "the resumed session goes on with the demo's model"
     assert f"--resume {hint.group(2)}" in again.stderr
+
+
+def test_save_in_the_demo_chat_distils_tips_on_the_scripted_model(tmp_path: Path) -> None:
+    done = run_cli("demo", "--chat", "-p", str(tmp_path / "demo"), stdin="2\n/save\n/experience\n", timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "HTTP 500" not in done.stderr and "scripted server" not in done.stderr, done.stderr[-800:]
+    assert "Saved 1 tip" in done.stderr, done.stderr[-800:]
+    tips = done.stderr.split("Saved 1 tip")[1]
+    assert "Which region grew its revenue fastest" in tips, "the tip comes from what the session asked (by number)"

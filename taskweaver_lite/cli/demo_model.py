@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import json
 import re
 import shutil
 import tempfile
@@ -70,6 +71,21 @@ class DemoModel:
         server.set_default("planner", self.planner)
         server.set_default("code_generator", self.code_generator)
         server.set_default("compression", _summarize)
+        server.set_default("other", self.distiller)  # the demo enables no other model role: `/save` and the page's Save button
+
+    def distiller(self, messages: list[dict[str, Any]]) -> str:
+        """`/save`'s tips, read off the session's record: each error a revision got past, and what was asked."""
+        record = "\n".join(_users(messages))
+        errors = dict.fromkeys(re.findall(r"\b(\w+Error): ([^\n]{1,80})", record))
+        tips = [
+            {"kind": "error_resolution", "text": f"A cell failed with {name}: {value.strip()}; the revision that worked used the names the data really has."}
+            for name, value in errors
+        ]
+        said = re.findall(r"^User to \w+: (.*?)(?=^\w+ (?:to \w+:|ran:)|\Z)", record, re.S | re.M)  # the user's messages
+        asked = list(dict.fromkeys(step.request for step in map(match_step, said) if step is not None))
+        if asked:
+            tips.append({"kind": "preference", "text": f"The user analyses sales.csv (asked: {'; '.join(asked)}); answer with the key number in bold."})
+        return json.dumps({"tips": tips})
 
     def planner(self, messages: list[dict[str, Any]]) -> str:
         """The Planner's next reply: the step's next instruction, or its answer."""
