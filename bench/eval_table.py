@@ -1,11 +1,11 @@
-"""The README's evaluation table, regenerated from a run of the shipped cases rather than typed.
+"""The documentation's evaluation table (docs/eval.md), regenerated from a run of the shipped cases rather than typed.
 
 Runs `taskweaver-lite eval project/eval_cases --scripted --matrix project/eval_cases/matrix.yaml
 --jobs 2` on a copy of the project (or reads an earlier report folder with `--from`), then writes:
 
 - the run's two tables, rendered by the report's own code, between the `eval-table` marker
-  comments in README.md (nothing else in the file changes);
-- its `report.json` to docs/eval-report.json (the test that README and run agree reads it);
+  comments in docs/eval.md (nothing else in the file changes);
+- its `report.json` to docs/eval-report.json (the test that the page and the run agree reads it);
 - its plot to docs/eval-score-vs-tokens.png.
 
     python bench/eval_table.py [--from REPORT_DIR]
@@ -25,7 +25,7 @@ from taskweaver_lite.eval.outcome import Outcome
 from taskweaver_lite.eval.report import REPORT_JSON, REPORT_PLOT, SettingSummary, run_table, setting_table
 
 REPO = Path(__file__).resolve().parent.parent
-README = REPO / "README.md"
+PAGE = REPO / "docs" / "eval.md"
 SAVED_REPORT = REPO / "docs" / "eval-report.json"
 SAVED_PLOT = REPO / "docs" / "eval-score-vs-tokens.png"
 BEGIN, END = "<!-- eval-table:begin (bench/eval_table.py writes this table) -->", "<!-- eval-table:end -->"
@@ -44,7 +44,7 @@ def replaced(text: str, table: str) -> str:
     head, begin, rest = text.partition(BEGIN)
     _, end, tail = rest.partition(END)
     if not begin or not end:
-        raise ValueError(f"README.md has no {BEGIN} ... {END} block")
+        raise ValueError(f"docs/eval.md has no {BEGIN} ... {END} block")
     return f"{head}{BEGIN}\n{table}\n{END}{tail}"
 
 
@@ -63,12 +63,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         report_dir = Path(args.source) if args.source else run_eval(Path(folder))
         report = json.loads((report_dir / REPORT_JSON).read_text(encoding="utf-8"))
-        report["about"] = None  # the run's machine paths and time are not the README's
+        report["about"] = None  # the run's machine paths and time are not the page's
         SAVED_REPORT.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         shutil.copyfile(report_dir / REPORT_PLOT, SAVED_PLOT)
-    README.write_text(replaced(README.read_text(encoding="utf-8"), tables(report)), encoding="utf-8")
+    PAGE.write_text(replaced(PAGE.read_text(encoding="utf-8"), tables(report)), encoding="utf-8")
     print(tables(report))
-    print(f"written: {README.name} (between the eval-table markers), {SAVED_REPORT.relative_to(REPO)}, {SAVED_PLOT.relative_to(REPO)}")
+    print(f"written: docs/{PAGE.name} (between the eval-table markers), {SAVED_REPORT.relative_to(REPO)}, {SAVED_PLOT.relative_to(REPO)}")
 
 
 if __name__ == "__main__":

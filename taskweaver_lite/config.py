@@ -48,10 +48,10 @@ class _Section(BaseModel):
 class LLMConfig(_Section):
     """Where and how the chat model is called."""
 
-    api_base: str | None = None
-    api_key: SecretStr | None = None
-    model: str = "gpt-4o-mini"
-    context_window: int = Field(128_000, gt=256, le=MAX_CONTEXT_WINDOW)
+    api_base: str | None = Field(None, description="the OpenAI-compatible endpoint (null: OPENAI_BASE_URL, a local server on 127.0.0.1, or api.openai.com)")
+    api_key: SecretStr | None = Field(None, description="the key (null: OPENAI_API_KEY; a local endpoint needs none); never printed, logged or stored")
+    model: str = Field("gpt-4o-mini", description="the model name the endpoint serves")
+    context_window: int = Field(128_000, gt=256, le=MAX_CONTEXT_WINDOW, description="tokens the model really accepts: every prompt is budgeted against it")
     reply_reserve: int = Field(
         MAX_DEFAULT_REPLY_RESERVE,
         ge=16,
@@ -60,9 +60,9 @@ class LLMConfig(_Section):
     )
     margin: int = Field(256, ge=0, lt=MAX_CONTEXT_WINDOW, description="tokens kept free for counting differences")
     json_mode: bool = Field(True, description="send response_format=json_object")
-    timeout: float = Field(120.0, gt=0)
-    max_retries: int = Field(2, ge=0)
-    tokenizer: Literal["o200k_base", "cl100k_base"] = "o200k_base"
+    timeout: float = Field(120.0, gt=0, description="seconds a model call may take")
+    max_retries: int = Field(2, ge=0, description="retries of a call that failed on the way (connection, 429, 5xx, a cut-off stream)")
+    tokenizer: Literal["o200k_base", "cl100k_base"] = Field("o200k_base", description="the tokenizer prompts are counted with, offline")
     stream: bool = Field(True, description="stream replies (stream=true); false for endpoints that cannot")
     show_reasoning: bool = Field(True, description="show a model's reasoning (<think>, reasoning_content) dimmed while it streams")
     prompt_cache: Literal["auto", "off"] = Field(
@@ -223,7 +223,7 @@ class RoundCompressorConfig(_Section):
     )
     retry_backoff: float = Field(30.0, ge=0, description="seconds before a failed fold is retried")
     summary_buffer_rounds: int = Field(10, ge=1, description="rounds kept verbatim by summary_buffer")
-    max_summary_tokens: int = Field(1_500, ge=64)
+    max_summary_tokens: int = Field(1_500, ge=64, description="tokens a role's summary may take before a fold merges it into a shorter one")
     llm: LLMOverrides = Field(default_factory=LLMOverrides, description="the model that folds rounds: keys that replace llm's")
 
 
@@ -234,7 +234,7 @@ class SessionConfig(_Section):
         default_factory=lambda: ["planner", "code_interpreter"],
         description="the enabled roles by name: built-in ones, PROJECT_DIR/roles/<name>/, installed packages' (taskweaver-lite roles lists them)",
     )
-    max_internal_hops: int = Field(10, ge=1)
+    max_internal_hops: int = Field(10, ge=1, description="steps the Planner may delegate per request, to whichever role")
     max_repair_attempts: int = Field(3, ge=0, description="repair turns per round for bad replies")
     max_upload_bytes: int = Field(
         256 * 1024 * 1024, ge=1, description="largest file /load copies into the working folder; larger ones are refused"
@@ -244,7 +244,7 @@ class SessionConfig(_Section):
 class CodeInterpreterConfig(_Section):
     """Code writing, its retries, and the static check each cell passes before it runs (verification.py)."""
 
-    max_retry_count: int = Field(3, ge=0)
+    max_retry_count: int = Field(3, ge=0, description="times the CodeGenerator revises a cell that failed before the Planner is told")
     code_verification_on: bool = Field(False, description="check each cell's syntax tree before it runs; a cell that breaks a rule is not run")
     allowed_modules: list[str] | None = Field(
         default_factory=lambda: list(DEFAULT_ALLOWED_MODULES), description="modules code may import ([]: none; null: any)"
@@ -295,12 +295,12 @@ class MountConfig(_Section):
 class ExecutionConfig(_Section):
     """The Jupyter kernel that runs generated code."""
 
-    timeout: float = Field(120.0, gt=0)
+    timeout: float = Field(120.0, gt=0, description="seconds a cell may run before it is interrupted (the kernel and its variables stay)")
     output_tokens: int | None = Field(
         None, ge=64, description="tokens of one cell's output kept for prompts (null: an eighth of the prompt budget, 256-2000)"
     )
     allowed_env: list[str] = Field(default_factory=list, description="secret-looking env vars to pass")
-    kernel_start_timeout: float = Field(60.0, gt=0)
+    kernel_start_timeout: float = Field(60.0, gt=0, description="seconds the kernel may take to start and answer")
     display_width: int | None = Field(
         None, ge=40, description="characters per line for pandas in the kernel (null: the chat's terminal width, else pandas' 80)"
     )
@@ -409,8 +409,8 @@ def _bytes(text: str, *, expected: str) -> int:
 class StoreConfig(_Section):
     """Where sessions are kept."""
 
-    path: str = "sessions.db"
-    record_prompts: bool = False
+    path: str = Field("sessions.db", description="the SQLite store, relative to the project (or absolute)")
+    record_prompts: bool = Field(False, description="also store each model call's whole prompt and reply (large; for studying prompts)")
 
 
 class ExperienceConfig(_Section):

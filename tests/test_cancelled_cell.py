@@ -78,3 +78,29 @@ def test_stop_in_the_page_keeps_the_cells_output_in_the_stream_and_on_reload(tmp
     assert cells[0]["cancelled"] and "finished step 2" in cells[0]["stdout"], "the page gets what the cell printed before Stop"
     stored = [post["execution"] for post in reloaded["rounds"][0]["posts"] if post.get("execution")]
     assert stored and stored[0]["cancelled"], "and a reloaded page shows it too"
+
+
+@pytest.mark.kernel
+def test_ctrl_c_the_instant_a_cell_has_been_sent_still_stops_that_cell(tmp_path: Path) -> None:
+    """The race that lost Ctrl-C under load: the signal landing between sending the cell and following it."""
+    from taskweaver_lite.config import ExecutionConfig
+    from taskweaver_lite.execution import CellCancelled
+    from taskweaver_lite.kernel.executor import KernelExecutor
+
+    with KernelExecutor(tmp_path / "session", config=ExecutionConfig(timeout=60, sandbox="none")) as executor:
+        assert executor.run("x = 5").success
+        send = executor._execute
+
+        def send_then_ctrl_c(code: str) -> str:
+            msg_id = send(code)
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C right after the cell left, before anything follows it
+            return msg_id
+
+        executor._execute = send_then_ctrl_c  # type: ignore[method-assign]
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt) as pressed:
+            executor.run("import time\ntime.sleep(60)")
+        executor._execute = send  # type: ignore[method-assign]
+        assert isinstance(pressed.value, CellCancelled), "the cell was stopped, not left running with nobody following it"
+        assert executor.run("print(x)").stdout.strip() == "5", "the kernel is free again and kept its variables"
+        assert time.monotonic() - started < 30, "the sleeping cell was interrupted, not waited out"

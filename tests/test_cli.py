@@ -126,6 +126,14 @@ def test_a_missing_project_folder_is_named_with_the_init_command_that_makes_it(t
     assert "project: project folder not found; create one with `taskweaver-lite init`, or pass -p PROJECT_DIR" in default.stderr
 
 
+def test_a_data_file_given_as_the_project_is_named_as_a_file(tmp_path: Path) -> None:
+    data = tmp_path / "sales.csv"
+    data.write_text("a,b\n1,2\n", encoding="utf-8")
+    done = run_cli("chat", "-p", str(data), stdin="hello\n", timeout=30)
+    assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"{data} is a file, not a project folder" in done.stderr and "/load it" in done.stderr
+
+
 def test_no_replay_without_resume_is_an_error(tmp_path: Path) -> None:
     done = run_cli("chat", "--no-replay", stdin="hello\n", timeout=30, cwd=tmp_path)
     assert done.returncode == 2 and "--no-replay only applies to a resumed session" in done.stderr

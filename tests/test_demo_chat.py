@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
-from helpers import run_cli
+from helpers import cli_env, run_cli
 from test_serve_start import serving
 
 from taskweaver_lite.cli.demo_model import DemoModel, match_step
@@ -71,3 +74,39 @@ def test_chat_with_no_model_anywhere_stops_with_that_line(tmp_path: Path) -> Non
     done = run_cli("chat", "-p", str(project), stdin="hi\n")
     assert done.returncode == 1
     assert "No model to talk to" in done.stderr and "demo --chat" in done.stderr and "tried Ollama :11434" in done.stderr
+
+
+def test_a_serve_demo_that_fails_leaves_no_temporary_folder(tmp_path: Path) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "taskweaver_lite", "serve", "--demo", "--port", str(port)],
+            capture_output=True, text=True, timeout=120, env={**cli_env(), "TMPDIR": str(temp)},
+        )
+    assert done.returncode != 0 and "already in use" in done.stderr, done.stderr
+    assert not [path.name for path in temp.iterdir() if path.name.startswith("taskweaver-demo-")], "the demo's folder went with it"
+
+
+def test_a_demo_chat_says_how_to_continue_it_and_continues(tmp_path: Path) -> None:
+    folder = tmp_path / "demo"
+    first = run_cli("demo", "--chat", "-p", str(folder), stdin="1\n", timeout=180)
+    assert first.returncode == 0, first.stderr
+    hint = re.search(r"Continue it with: taskweaver-lite demo --chat -p (\S+) --resume (\S+)", first.stderr)
+    assert hint is not None and hint.group(1) == str(folder), first.stderr[-600:]
+    again = run_cli("demo", "--chat", "-p", str(folder), "--resume", hint.group(2), stdin="2\n", timeout=180)
+    assert again.returncode == 0, again.stderr
+    assert "**South +18.9%** is the fastest-growing region" in again.stdout, "the resumed session goes on with the demo's model"
+    assert f"--resume {hint.group(2)}" in again.stderr
+
+
+def test_save_in_the_demo_chat_distils_tips_on_the_scripted_model(tmp_path: Path) -> None:
+    done = run_cli("demo", "--chat", "-p", str(tmp_path / "demo"), stdin="2\n/save\n/experience\n", timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "HTTP 500" not in done.stderr and "scripted server" not in done.stderr, done.stderr[-800:]
+    assert "Saved 1 tip" in done.stderr, done.stderr[-800:]
+    tips = done.stderr.split("Saved 1 tip")[1]
+    assert "Which region grew its revenue fastest" in tips, "the tip comes from what the session asked (by number)"

@@ -238,10 +238,10 @@ def test_roles_command_lists_state_and_the_chat_names_a_broken_enabled_role_in_o
 
 
 def readme_role_files() -> dict[str, str]:
-    """The README's "Write a role" example: each block after a `<!-- role example: PATH -->` marker."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    found = dict(re.findall(r"<!-- role example: (\S+) -->\n```\w+\n(.*?)```", readme, re.S))
-    assert set(found) == {"roles/glossary/glossary.role.yaml", "roles/glossary/glossary.py"}, "the README lost its role example"
+    """The documentation's "Write a role" example (docs/roles.md): each block after a `<!-- role example: PATH -->` marker."""
+    page = (REPO / "docs" / "roles.md").read_text(encoding="utf-8")
+    found = dict(re.findall(r"<!-- role example: (\S+) -->\n```\w+\n(.*?)```", page, re.S))
+    assert set(found) == {"roles/glossary/glossary.role.yaml", "roles/glossary/glossary.py"}, "docs/roles.md lost its role example"
     return found
 
 

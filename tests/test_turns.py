@@ -60,6 +60,7 @@ def test_retry_asks_the_last_request_again_in_place_of_its_answer(tmp_path: Path
     done = run_cli("chat", "-p", str(project), stdin="what is it?\n/retry\n")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "A poor answer.\nA better answer.\n"
+    assert "Retrying request 1 ('what is it?')" in done.stderr and "Undid" not in done.stderr, "it says it retries"
     asked = [r for r in server.requests if r.role == "planner"]
     assert "what is it?" in json.dumps(asked[1].messages[-1]) and "A poor answer" not in json.dumps(asked[1].messages)
     assert [row["rounds"] for row in stored(project)] == [1]
@@ -69,8 +70,10 @@ def test_model_switches_every_part_or_one_role_from_the_next_request_and_is_kept
     project = make_project(tmp_path, server.url)
     server.enqueue("planner", planner_reply("one", send_to="User"), planner_reply("Run it."), planner_reply("two", send_to="User"))
     server.enqueue("code_generator", code_reply("print(1)"))
-    done = run_cli("chat", "-p", str(project), stdin="first\n/model big-model\n/model planner planner-model\nsecond\n")
+    done = run_cli("chat", "-p", str(project), stdin="/model\nfirst\n/model big-model\n/model planner planner-model\nsecond\n/model\n")
     assert done.returncode == 0, done.stderr
+    assert "Models now: planner scripted, code_generator scripted, round_compressor scripted." in done.stderr, "a bare /model shows them"
+    assert "Models now: planner planner-model, code_generator big-model" in done.stderr
     models = [(r.role, r.body["model"]) for r in server.requests if r.role in ("planner", "code_generator")]
     assert models == [("planner", "scripted"), ("planner", "planner-model"), ("code_generator", "big-model"), ("planner", "planner-model")]
     assert "The planner's model is now planner-model from the next request on." in done.stderr
@@ -89,7 +92,7 @@ def test_open_lists_the_plots_and_hands_one_to_the_system_viewer(tmp_path: Path,
     opened = tmp_path / "opened.txt"
     (viewer / "xdg-open").write_text(f"#!/bin/sh\necho \"$1\" > {opened}\n", encoding="utf-8")
     (viewer / "xdg-open").chmod(0o755)
-    plot = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.savefig('trend.png')\nplt.show()"
+    plot = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.savefig('trend.png')\nplt.show()\nopen('totals.csv', 'w').write('a,1')"
     server.enqueue("planner", planner_reply("Plot it."), planner_reply("Plotted.", send_to="User"))
     server.enqueue("code_generator", code_reply(plot))
     env = {**cli_env(), "PATH": f"{viewer}{os.pathsep}{os.environ['PATH']}"}
@@ -99,6 +102,8 @@ def test_open_lists_the_plots_and_hands_one_to_the_system_viewer(tmp_path: Path,
     )
     assert done.returncode == 0, done.stderr
     assert "Files the cells produced (/open N shows one):\n  1. " in done.stderr
+    listed = done.stderr.split("Files the cells produced")[1].split("Usage")[0]
+    assert "trend.png" in listed and "totals.csv" in listed, "files the cells saved are listed, not only the captured plot"
     assert "Usage: /open N, N from 1 to" in done.stderr
     deadline = time.monotonic() + 10
     while not opened.exists() and time.monotonic() < deadline:

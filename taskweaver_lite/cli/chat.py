@@ -1,7 +1,8 @@
 """The chat loop behind `taskweaver-lite chat`: the interactive prompt, piped input, slash commands.
 
 On a terminal: a prompt with history and multi-line paste; Ctrl-C during a step cancels the step,
-Ctrl-C or Ctrl-D at an empty prompt exits. With piped stdin: each non-empty line is one request,
+Ctrl-C or Ctrl-D at an empty prompt exits (not a Ctrl-C meant for a request that just ended; see
+prompt_line.py, which also bounds a line). With piped stdin: each non-empty line is one request,
 answers go to stdout and everything else to stderr.
 """
 
@@ -18,6 +19,7 @@ from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.experience import experience_command, save_tips
 from taskweaver_lite.cli.images import TerminalImages
 from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
+from taskweaver_lite.cli.prompt_line import INTERRUPTED, PromptLine
 from taskweaver_lite.cli.roles import role_table
 from taskweaver_lite.cli.turns import TurnCommands, session_artifacts
 from taskweaver_lite.config import DISTILLER, FOLDER, Config
@@ -61,7 +63,7 @@ HELP = """Commands:
                    by re-running the earlier cells
   /retry           ask the last request again, in place of its first answer
   /model [ROLE] NAME   switch the model from the next request on (ROLE: planner, code_generator,
-                   round_compressor); kept when the session is resumed
+                   round_compressor); kept when the session is resumed; /model alone shows them
   /open [N]        list the plots and files the cells produced; open number N in the system viewer
   /reset           start over: new session, fresh kernel, working files copied
   /exit            leave (Ctrl-D or Ctrl-C at an empty prompt too)
@@ -74,6 +76,11 @@ def project_dir(args: argparse.Namespace) -> Path:
     """The project folder named by -p (or ./project); a missing one is an error that says how to make it."""
     given = args.project is not None
     project = Path(args.project if given else DEFAULT_PROJECT)
+    if project.is_file():
+        raise ConfigError(
+            f"{project} is a file, not a project folder: -p takes the folder that holds taskweaver_config.yaml "
+            "(`taskweaver-lite init` makes one). To analyse this file, /load it in the chat."
+        )
     if not project.is_dir():
         create = f"taskweaver-lite init {project}" if given else "taskweaver-lite init"
         other = "" if given else ", or pass -p PROJECT_DIR to use another folder"
@@ -118,11 +125,11 @@ def chat_with(
     confirm: bool = False,
     overrides: Sequence[str] = (),
     preload: Sequence[Path] = (),
-    farewell: str | None = None,
+    command: str = "taskweaver-lite chat",
 ) -> int:
-    """The chat on `config` (a new session, or `resume` one); `preload` files are loaded first; `project` is named in the resume hint.
+    """The chat on `config` (a new session, or `resume` one); `preload` files are loaded into a new one first.
 
-    `farewell` replaces that hint (the demo's sessions cannot be resumed: their model is gone with it).
+    The closing hint says how to continue: `command`, with `-p project` when one is given.
     """
     interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
     confirm_mode = confirm or config.execution.confirm
@@ -142,7 +149,7 @@ def chat_with(
     if session.store is not None:
         session.store.save_overrides(session.id, kept)
     _report_problems(session, renderer)
-    for path in preload:
+    for path in preload if not resume else ():
         loaded = session.load_file(path)
         say(f"Loaded {loaded.name} into the working folder.")
     commands = SlashCommands(session, say=say, remember=lambda item: _remember(commands.session, item))
@@ -156,7 +163,7 @@ def chat_with(
             code = _piped(commands)
     finally:
         commands.session.close()
-    say(farewell or resume_hint(commands.session, project))
+    say(resume_hint(commands.session, project, command=command))
     return code
 
 
@@ -209,7 +216,7 @@ def _model_lines(config: Config, contexts: Sequence[RoleContext]) -> list[str]:
     return ["Models:"] + [f"  {user}: {llm.model} (context window {llm.context_window:,} tokens)" for user, llm in models.items()]
 
 
-def resume_hint(session: Session, project: Path | None) -> str:
+def resume_hint(session: Session, project: Path | None, *, command: str = "taskweaver-lite chat") -> str:
     """The lines printed on the way out: prompt tokens per role (cached and not), the session id and the command that continues it."""
     if not session.conversation.rounds:
         return f"Session {session.id} had no requests; nothing was kept to resume."
@@ -218,7 +225,7 @@ def resume_hint(session: Session, project: Path | None) -> str:
     # A purpose whose calls all failed (an unreachable server on the first request) sent no tokens worth a line.
     by_role = "; ".join(f"{purpose} {_cached_and_not(part)}" for purpose, part in by_purpose.items() if part.prompt_tokens)
     tokens = f"Prompt tokens by role: {by_role}.\n" if by_role else ""
-    return f"{tokens}Session {session.id} is saved. Continue it with: taskweaver-lite chat{option} --resume {session.id}"
+    return f"{tokens}Session {session.id} is saved. Continue it with: {command}{option} --resume {session.id}"
 
 
 def _cached_and_not(usage: Usage) -> str:
@@ -311,40 +318,37 @@ def _resume_session(
 
 
 def _interactive(renderer: RichConsole, commands: SlashCommands) -> int:
-    from prompt_toolkit import PromptSession
-    from prompt_toolkit.history import FileHistory
-    from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
-
-    bindings = KeyBindings()
-
-    @bindings.add("c-c")
-    def _(event: KeyPressEvent) -> None:
-        # Ctrl-C clears a half-typed line; at an empty prompt it leaves.
-        if event.current_buffer.text:
-            event.current_buffer.reset()
-        else:
-            event.app.exit(exception=EOFError())
-
     config = commands.session.config  # the session's own: after a resume, with the --set values it was started with
     config.project_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     owner_only_file(config.project_dir / ".chat_history", create=True)  # every request typed: the owner's only
-    prompt: PromptSession[str] = PromptSession(history=FileHistory(str(config.project_dir / ".chat_history")), key_bindings=bindings)
+    line = PromptLine(config.project_dir / ".chat_history")
     renderer.say(f"taskweaver-lite session {commands.session.id} — {model_names(commands.session)}. Type /help for commands.", style="bold")
     while True:
-        renderer.flush_notices()  # a quiet moment: between the last output and the next input
         try:
-            text = prompt.prompt("you> ").strip()
-        except (EOFError, KeyboardInterrupt):
-            return 0
-        if not text:
-            continue
-        if text.startswith("/"):
-            if not commands.run(text):
+            text = _next_request(renderer, commands, line)
+            if text is None:
                 return 0
-            text = commands.take_request() or ""
-            if not text:
-                continue
-        _ask_on_terminal(renderer, commands, text)
+            if text:
+                _ask_on_terminal(renderer, commands, text)
+                line.request_ended()
+        except KeyboardInterrupt:
+            # Ctrl-C outside the prompt and outside a request (a request just ended, a command ran): not a wish to leave.
+            renderer.stop_status()
+            renderer.say(INTERRUPTED, style="yellow")
+
+
+def _next_request(renderer: RichConsole, commands: SlashCommands, line: PromptLine) -> str | None:
+    """The next request typed at the prompt ('' when there is none to ask: a command ran, a line was refused); None to leave."""
+    renderer.flush_notices()  # a quiet moment: between the last output and the next input
+    text, notice = line.read("you> ")
+    if notice:
+        renderer.say(notice, style="yellow")
+        return ""
+    if text is None or not text.startswith("/"):
+        return text
+    if not commands.run(text):
+        return None
+    return commands.take_request() or ""
 
 
 def _ask_on_terminal(renderer: RichConsole, commands: SlashCommands, text: str) -> None:

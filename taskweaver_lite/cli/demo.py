@@ -172,7 +172,7 @@ STEPS: list[Step] = [
                 [
                     'region_months = sales.groupby(["region", "date"], as_index=False).revenue.sum()\n'
                     'unusual = anomaly_detection(region_months, "revenue", method="iqr")\n'
-                    'print("flagged:", len(unusual), "of", len(region_months))\nprint(unusual.head(5).round(1).to_string(index=False))'
+                    'print("flagged:", len(unusual), "of", len(region_months))\nprint(unusual.head(5).to_string(index=False, float_format="{:.1f}".format))'
                 ],
             )
         ],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import json
 import re
 import shutil
 import tempfile
@@ -70,6 +71,21 @@ class DemoModel:
         server.set_default("planner", self.planner)
         server.set_default("code_generator", self.code_generator)
         server.set_default("compression", _summarize)
+        server.set_default("other", self.distiller)  # the demo enables no other model role: `/save` and the page's Save button
+
+    def distiller(self, messages: list[dict[str, Any]]) -> str:
+        """`/save`'s tips, read off the session's record: each error a revision got past, and what was asked."""
+        record = "\n".join(_users(messages))
+        errors = dict.fromkeys(re.findall(r"\b(\w+Error): ([^\n]{1,80})", record))
+        tips = [
+            {"kind": "error_resolution", "text": f"A cell failed with {name}: {value.strip()}; the revision that worked used the names the data really has."}
+            for name, value in errors
+        ]
+        said = re.findall(r"^User to \w+: (.*?)(?=^\w+ (?:to \w+:|ran:)|\Z)", record, re.S | re.M)  # the user's messages
+        asked = list(dict.fromkeys(step.request for step in map(match_step, said) if step is not None))
+        if asked:
+            tips.append({"kind": "preference", "text": f"The user analyses sales.csv (asked: {'; '.join(asked)}); answer with the key number in bold."})
+        return json.dumps({"tips": tips})
 
     def planner(self, messages: list[dict[str, Any]]) -> str:
         """The Planner's next reply: the step's next instruction, or its answer."""
@@ -120,15 +136,20 @@ def _with_sales(code: str) -> str:
 @contextlib.contextmanager
 def demo_config(project: str | None, *, overrides: Sequence[str] = ()) -> Iterator[Config]:
     """A demo project (a new temporary folder, or `project`) whose model is `DemoModel` on a scripted server."""
+    if project and Path(project).exists() and any(Path(project).iterdir()) and not (Path(project) / "taskweaver_config.yaml").is_file():
+        raise TaskWeaverError(f"{project} holds files but no project; name a new or empty folder, or a project made by `demo` or `init`")
     target = Path(project) if project else Path(tempfile.mkdtemp(prefix="taskweaver-demo-"))
-    if project and target.exists() and any(target.iterdir()) and not (target / "taskweaver_config.yaml").is_file():
-        raise TaskWeaverError(f"{target} holds files but no project; name a new or empty folder, or a project made by `demo` or `init`")
-    if not (target / "taskweaver_config.yaml").is_file():
-        shutil.copytree(bundled_project(), target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("sessions", "*.db*", ".chat_history"))
-    with ScriptedServer(model="scripted-demo") as server:
-        DemoModel().install(server)
-        settings = [f"llm.api_base={server.url}", "llm.api_key=demo-key", "llm.model=scripted-demo", *overrides]
-        yield load_config(target, settings)
+    try:
+        if not (target / "taskweaver_config.yaml").is_file():
+            shutil.copytree(bundled_project(), target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("sessions", "*.db*", ".chat_history"))
+        with ScriptedServer(model="scripted-demo") as server:
+            DemoModel().install(server)
+            settings = [f"llm.api_base={server.url}", "llm.api_key=demo-key", "llm.model=scripted-demo", *overrides]
+            yield load_config(target, settings)
+    except BaseException:
+        if not project:  # a folder we made for a demo that failed (a port in use, a bad --set): nothing in it is worth keeping
+            shutil.rmtree(target, ignore_errors=True)
+        raise
 
 
 def sample_data(config: Config) -> Path:
@@ -142,5 +163,5 @@ def run_demo_chat(args: argparse.Namespace) -> int:
 
     with demo_config(args.project) as config:
         print(f"Demo project: {config.project_dir}. The scripted model answers these requests:\n{known_requests()}\n", flush=True)
-        farewell = f"The demo's sessions and files stay in {config.project_dir}; `taskweaver-lite demo --chat -p DIR` starts another there."
-        return chat_with(config, project=None, resume=None, preload=[sample_data(config)], farewell=farewell)
+        # The scripted model starts again with each run, so a stored demo session goes on in a later one.
+        return chat_with(config, project=config.project_dir, resume=args.resume, preload=[sample_data(config)], command="taskweaver-lite demo --chat")

@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("-p", "--project", dest="project", default=None, help="where to write the demo project (default: a new temporary folder)")
     demo.add_argument("--plain", action="store_true", help="plain text output, as when piped")
     demo.add_argument("--chat", action="store_true", help="the real chat on the demo's scripted model: type the demo's requests yourself")
+    demo.add_argument("--resume", metavar="ID", help="with --chat and -p: continue a stored demo session ('last' for the newest)")
 
     for name, about, in_project, shape in LISTINGS:
         listing = commands.add_parser(name, help=about)
@@ -152,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    if args.command == "demo" and args.resume and not (args.chat and args.project):
+        parser.error("--resume continues a demo chat stored in its folder: add --chat and -p DIR (the folder the demo named)")
     if args.command == "chat" and args.no_replay and not args.resume:
         parser.error("--no-replay only applies to a resumed session: add --resume ID (or --resume last)")
     # SIGTERM, and SIGHUP (the terminal closed), become SystemExit so that sessions save and kernels

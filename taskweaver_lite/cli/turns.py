@@ -24,6 +24,16 @@ def session_artifacts(rounds: list[Round]) -> list[Path]:
     return [Path(path) for rnd in rounds for post in rnd.posts if post.execution is not None for path in post.execution.artifacts]
 
 
+def saved_files(working_dir: Path, *, loaded: set[str], known: list[Path]) -> list[Path]:
+    """Files the cells wrote into the working folder (`plt.savefig`, `to_csv`), oldest first: not loaded by the user, not listed yet."""
+    try:
+        found = [path for path in working_dir.iterdir() if path.is_file() and not path.is_symlink() and not path.name.startswith(".")]
+    except OSError:  # a working folder on another machine (a gateway kernel) or gone
+        return []
+    names = {path.name for path in known}
+    return sorted((path for path in found if path.name not in loaded and path.name not in names), key=lambda path: path.stat().st_mtime)
+
+
 def viewer_command(path: Path) -> list[str] | None:
     """The system's command that opens `path` in its default viewer, or None where there is none."""
     if sys.platform == "darwin":
@@ -58,9 +68,9 @@ class TurnCommands:
         if not rounds:
             self.say("Nothing to retry: this session has no requests yet.")
             return True
-        text = rounds[-1].user_query
-        self._undo("")
-        self._retry_text = text
+        dropped = self.session.undo(on_replay=self._replayed)
+        self.say(f"Retrying request {dropped.index} ({dropped.user_query!r}): its answer is dropped and the request is asked again.")
+        self._retry_text = dropped.user_query
         return True
 
     def _replayed(self, done: int, total: int) -> None:
@@ -69,7 +79,11 @@ class TurnCommands:
 
     def _model(self, argument: str) -> bool:
         parts, users = argument.split(), self.session.model_users()
-        if not parts or len(parts) > 2 or (len(parts) == 2 and parts[0] not in users):
+        if not parts:
+            models = ", ".join(f"{user} {self.session.config.llm_for(user).model}" for user in users)
+            self.say(f"Models now: {models}. Switch with /model NAME (every part) or /model ROLE NAME.")
+            return True
+        if len(parts) > 2 or (len(parts) == 2 and parts[0] not in users):
             self.say(f"Usage: /model NAME, or /model ROLE NAME with ROLE one of {', '.join(users)}")
             return True
         user = parts[0] if len(parts) == 2 else None
@@ -88,7 +102,8 @@ class TurnCommands:
         return config.llm_for(user).model != config.llm.model
 
     def _open(self, argument: str) -> bool:
-        files = session_artifacts(self.session.conversation.rounds)
+        files = session_artifacts(self.session.conversation.rounds)  # numbered first, as the chat named them when they were shown
+        files += saved_files(self.session.working_dir, loaded={load.name for load in self.session.loads}, known=files)
         if not argument:
             listed = [f"  {number}. {path}" for number, path in enumerate(files, 1)]
             self.say("\n".join(["Files the cells produced (/open N shows one):", *listed]) if files else "No plots or files yet.")

@@ -14,9 +14,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import signal
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -212,11 +214,18 @@ class SessionKernel(ABC):
         output = CellOutput(max_tokens=self.output_tokens, transcript_path=self.outputs_dir / f"{stem}.txt", artifacts_dir=self.artifacts_dir, stem=stem)
         self._interrupt_requested = False
         started = time.monotonic()
-        msg_id = self._execute(code)
-        self._running = True
+        msg_id = ""
         try:
+            # A Ctrl-C while the cell is being sent waits until it is sent: raised in between, it left
+            # a cell running in the kernel that nobody followed or interrupted (it ran to its end).
+            with ctrl_c_deferred():
+                msg_id = self._execute(code)
+                self._running = True
             end = self._follow(msg_id, output, deadline=started + timeout, on_output=on_output)
         except KeyboardInterrupt:
+            if not msg_id:  # nothing was sent
+                output.close()
+                raise
             partial = self._stop_after_ctrl_c(msg_id, output, code=code)
             if partial is None:
                 raise
@@ -360,6 +369,26 @@ class SessionKernel(ABC):
     @abstractmethod
     def _end(self) -> None:
         """End the kernel and release the connection (shutdown's transport part)."""
+
+
+@contextlib.contextmanager
+def ctrl_c_deferred() -> Iterator[None]:
+    """Ctrl-C (SIGINT) inside the block is raised as KeyboardInterrupt when the block ends, not midway.
+
+    Only the main thread receives signals, and only a handler of Python's own default is replaced;
+    elsewhere the block runs as it is.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    pressed: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if pressed:
+        raise KeyboardInterrupt
 
 
 def show(msg: dict[str, Any], output: CellOutput, on_output: OutputSink | None) -> None:

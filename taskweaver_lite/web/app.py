@@ -54,6 +54,40 @@ Handler = Callable[[Request], Awaitable[Response]]
 ARTIFACT_CHUNK = 1 << 20
 
 
+# What each route answers: the docs site's HTTP API page is generated from the routes and these
+# lines (reference.py), and its build fails for a route that has none.
+ROUTES_ABOUT = {
+    ("GET", "/"): "the page (HTML); with `?token=...` it signs the browser in (an HttpOnly cookie) and drops the token from the address",
+    ("GET", "/static/{name}"): "the page's own scripts, styles and vendored libraries",
+    ("GET", "/api/sessions"): "the stored sessions, newest first, as `sessions --json`",
+    ("POST", "/api/sessions"): 'a new session (its kernel starts in the background): `{"id": ...}`',
+    ("GET", "/api/sessions/{id}"): "an open session's rounds, posts and loads (what the page shows on reload)",
+    ("POST", "/api/sessions/{id}/resume"): "re-opens a stored session here (its cells replayed); 409 with the reason when it is open elsewhere",
+    ("POST", "/api/sessions/{id}/messages"): (
+        '`{"text": ...}`, answered as `text/event-stream`: `round_started`, `status`, `delta` (the fields of a streaming reply read '
+        "so far), `output` (what a cell prints, as it prints), `post` (with `code` and `execution`: outcome, stdout, error, `html`, "
+        'artifact links), `folded`, `file_loaded`, `round_ended`; the last event is `{"type": "answer", "text": ...}` (sent when the '
+        "terminal would print it; pieces of a streamed reply that wait to be sent are merged into the latest) or "
+        '`{"type": "error", "message": ...}` (also after an answer, should storing its round fail)'
+    ),
+    ("POST", "/api/sessions/{id}/stop"): "cancels the running request like Ctrl-C (the cell is interrupted, the variables stay)",
+    ("POST", "/api/sessions/{id}/files"): (
+        "multipart, field `file`: like `/load`, into the working folder, at most `session.max_upload_bytes` (413 past it)"
+    ),
+    ("GET", "/api/sessions/{id}/artifacts/{name}"): (
+        "a file the session produced, by bare name, only from its artifacts and working folders, never through a link (plots as `image/png`)"
+    ),
+    ("GET", "/api/sessions/{id}/context"): "each role's last prompt by part against its budget, and its cached and uncached tokens (as `/context`)",
+    ("GET", "/api/sessions/{id}/export"): "`?format=ipynb` or `?format=md`: the session as a notebook or Markdown, as `export`",
+    ("GET", "/api/sessions/{id}/experience"): "every experience tip (stored and handcrafted) and the tip files that could not be read, as `/experience`",
+    ("POST", "/api/sessions/{id}/experience"): (
+        'like `/save`: the session distilled into tips, `{"saved": [tips]}`; 400 with the reason when the model\'s reply is unusable '
+        "(nothing is stored)"
+    ),
+    ("DELETE", "/api/sessions/{id}/experience/{tip}"): "deletes a stored tip, as `/experience delete ID`",
+}
+
+
 def build_app(config: Config, access: Access, *, log: AccessLog | None = None, preload: Sequence[Path] = ()) -> Starlette:
     """The server's application; its sessions close when it shuts down; `log` gets a line per request; `preload` goes into each new session."""
     hub = Hub(config, preload=preload)

@@ -1,0 +1,21 @@
+"""MkDocs hook: the reference pages generated from the code, and SECURITY.md as a page of the site."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mkdocs.structure.files import File, Files
+
+from taskweaver_lite.reference import pages
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def on_files(files: Files, config: Any) -> Files:
+    """Add the generated pages before the site is built (they are never written into docs/)."""
+    for path, text in pages().items():
+        files.append(File.generated(config, path, content=text))
+    # The security policy stays at the repository's top level, where people look for it.
+    files.append(File.generated(config, "security.md", content=(ROOT / "SECURITY.md").read_text(encoding="utf-8")))
+    return files
