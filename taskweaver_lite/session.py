@@ -22,7 +22,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +46,9 @@ from taskweaver_lite.roles.planner import list_working_files
 from taskweaver_lite.roles.registry import RoleCatalog, RoleSpec, discover_roles
 from taskweaver_lite.roles.role import RepairTurns, Role
 from taskweaver_lite.roles.worker import RoleRequest, RoleTools, Turn
-from taskweaver_lite.store.database import SessionStore, StoreRecorder
-from taskweaver_lite.store.lock import SessionLock
+from taskweaver_lite.store.database import StoreRecorder
+from taskweaver_lite.store.interface import SessionClaim, Store
+from taskweaver_lite.store.opening import open_store
 from taskweaver_lite.uploads import check_upload
 from taskweaver_lite.workfiles import CopyReport, copy_folder, owner_only_folder
 
@@ -77,8 +78,10 @@ UNDO_FOLD_WAIT = 30.0  # seconds /undo waits for a running fold (it may be foldi
 class SessionOptions:
     """What a session may be given besides its config, model and executor (Session.open and resume fill it in)."""
 
-    store: SessionStore | None = None
-    lock: SessionLock | None = None
+    store: Store | None = None
+    lock: SessionClaim | None = None
+    owner: str | None = None  # the user the session belongs to (None: no users)
+    owns_store: bool = True  # opened for this session (closed with it), not handed in by a server that shares it
     usage_before: Usage = Usage()
     executor_factory: ExecutorFactory | None = None  # how /reset builds the next session's executor
     plugins: PluginCatalog | None = None
@@ -121,6 +124,7 @@ class Session:
         self.id = session_id
         self.executor = executor
         self.store = options.store
+        self.owner = options.owner
         self.conversation = Conversation()
         self._lock = options.lock
         self._listeners = list(listeners)
@@ -133,7 +137,7 @@ class Session:
         self._lost: list[str] = []
         self._recency: dict[str, int] = {}  # variable name -> the last cell that created or changed it
         self._cells = 0
-        self.experience = Experience(store=self.store, folder=config.experience_dir, settings=config.experience)
+        self.experience = Experience(store=self.store, owner=options.owner, folder=config.experience_dir, settings=config.experience)
         self.active = self._build_roles()
         self._hook_experience()
         # Each role's view of the finished rounds, extended as rounds finish (a view costs a copy of every round).
@@ -204,19 +208,26 @@ class Session:
         listeners: Iterable[Listener] = (),
         session_id: str | None = None,
         confirm: ConfirmCell | None = None,
+        owner: str | None = None,
+        store: Store | None = None,
+        claim: bool = True,
     ) -> Session:
         """Start a stored session: its kernel boots in the background while the first request is typed.
 
         `model` defaults to the openai-SDK client for `config.llm`; `executor` builds the session's
         executor from its session folder (default: a local Jupyter kernel). `confirm` turns on
-        confirm mode: it is asked about each cell before the cell runs.
+        confirm mode: it is asked about each cell before the cell runs. `owner`: the user it belongs to.
+        `store`: a store the caller keeps open and closes (default: `config`'s, opened for this session);
+        `claim=False` takes no claim on the session for this process (replicas guard each request instead).
         """
         session_id = session_id or new_session_id()
-        store = SessionStore(config.store_path)
-        with _closing_on_error(store) as guard:
-            lock = guard.lock = store.lock(session_id)
-            store.create_session(session_id, started=time.time())
-            return cls._assemble(config, session_id, store=store, lock=lock, model=model, executor=executor, listeners=listeners, confirm=confirm)
+        owns_store = store is None
+        store = store or open_store(config)
+        with _closing_on_error(store, owned=owns_store) as guard:
+            lock = guard.lock = store.lock(session_id) if claim else None
+            store.create_session(session_id, started=time.time(), owner=owner)
+            parts = SessionOptions(store=store, lock=lock, owner=owner, owns_store=owns_store, confirm=confirm)
+            return cls._assemble(config, session_id, parts, model=model, executor=executor, listeners=listeners)
 
     @classmethod
     def resume(
@@ -230,26 +241,25 @@ class Session:
         listeners: Iterable[Listener] = (),
         on_replay: Callable[[int, int], None] | None = None,
         confirm: ConfirmCell | None = None,
+        owner: str | None = None,
+        store: Store | None = None,
+        claim: bool = True,
     ) -> tuple[Session, ResumeReport]:
-        """Continue a stored session ('last' or an id): conversation, summaries and, by replay, the kernel's variables."""
-        store = SessionStore(config.store_path)
-        with _closing_on_error(store) as guard:
-            session_id = store.resolve(ref)
-            lock = guard.lock = store.lock(session_id)
+        """Continue a stored session ('last' or an id): conversation, summaries and, by replay, the kernel's variables.
+
+        With `owner`, only that user's sessions are found (another's is unknown, as if absent); `store`
+        and `claim` as in `open`.
+        """
+        owns_store = store is None
+        store = store or open_store(config)
+        with _closing_on_error(store, owned=owns_store) as guard:
+            session_id = store.resolve(ref, owner=owner)
+            lock = guard.lock = store.lock(session_id) if claim else None
             cut_off = store.mark_interrupted(session_id)
             stored = store.load(session_id)
             cells = store.successful_cells(session_id) if replay else []
-            session = cls._assemble(
-                config,
-                session_id,
-                store=store,
-                lock=lock,
-                model=model,
-                executor=executor,
-                listeners=listeners,
-                usage_before=stored.usage,
-                confirm=confirm,
-            )
+            parts = SessionOptions(store=store, lock=lock, owner=stored.owner, owns_store=owns_store, usage_before=stored.usage, confirm=confirm)
+            session = cls._assemble(config, session_id, parts, model=model, executor=executor, listeners=listeners)
         session._restore(stored.rounds, loads=stored.loads, compression=stored.compression)
         failed_cells = 0
         for number, code in enumerate(cells, 1):
@@ -272,6 +282,8 @@ class Session:
         """Take back a stored session's record: its rounds, its loads, and each role's summary (by the role's key)."""
         self.conversation.rounds = list(rounds)
         self.loads = list(loads)
+        # Files loaded after the last request (perhaps by another server) are announced by the next one.
+        self._notes = [self._planner.file_note(load.name) for load in self.loads if load.after_round == len(self.conversation.rounds)]
         for context in self.contexts().values():
             saved = compression.get(context.role)
             if saved:
@@ -282,14 +294,11 @@ class Session:
         cls,
         config: Config,
         session_id: str,
+        parts: SessionOptions,
         *,
-        store: SessionStore,
-        lock: SessionLock,
         model: ChatModel | None,
         executor: ExecutorFactory | None,
         listeners: Iterable[Listener],
-        usage_before: Usage = Usage(),
-        confirm: ConfirmCell | None = None,
     ) -> Session:
         roles = discover_roles(config.project_dir, enabled=config.session.roles, config=config)
         chat_model = model or role_models(config, roles=roles.enabled)
@@ -297,16 +306,7 @@ class Session:
         for folder in (config.sessions_dir, config.sessions_dir / session_id):
             owner_only_folder(folder)  # conversations, outputs and sockets: no other user (or kernel) may look in
         running = (executor or default_executor(config, plugins=plugins.enabled))(config.sessions_dir / session_id)
-        options = SessionOptions(
-            store=store,
-            lock=lock,
-            usage_before=usage_before,
-            executor_factory=executor,
-            plugins=plugins,
-            roles=roles,
-            owns_model=model is None,
-            confirm=confirm,
-        )
+        options = replace(parts, executor_factory=executor, plugins=plugins, roles=roles, owns_model=model is None)
         try:
             return cls(config, model=chat_model, executor=running, session_id=session_id, listeners=listeners, options=options)
         except BaseException:  # bad examples or prompts: the kernel already booting must not linger
@@ -414,7 +414,18 @@ class Session:
         `reset_report` says what was copied and what was not (links, odd files, past the bounds).
         """
         listeners = [listener for listener in self._listeners if not isinstance(listener, StoreRecorder)]
-        fresh = Session.open(self.config, model=self._model.inner, executor=self.options.executor_factory, listeners=listeners, confirm=self.options.confirm)
+        options = self.options
+        shared = None if options.owns_store else self.store  # a server's store stays the server's
+        fresh = Session.open(
+            self.config,
+            model=self._model.inner,
+            executor=options.executor_factory,
+            listeners=listeners,
+            confirm=options.confirm,
+            owner=self.owner,
+            store=shared,
+            claim=self._lock is not None,
+        )
         # The old kernel wrote this folder: no link is followed, and the copy is bounded (count, bytes).
         limit = RESET_COPY_UPLOADS * self.config.session.max_upload_bytes
         fresh.reset_report = copy_folder(self.working_dir, fresh.working_dir, max_bytes=limit)
@@ -545,7 +556,7 @@ class Session:
             finally:
                 if self._lock is not None:
                     self._lock.release()
-                if store is not None:
+                if store is not None and self.options.owns_store:
                     store.close()
                 self._close_model()
 
@@ -698,9 +709,10 @@ def role_failure(spec: RoleSpec, exc: BaseException) -> str:
 class _closing_on_error:
     """Closes the store, and releases the session lock once taken, if opening a session fails."""
 
-    def __init__(self, store: SessionStore) -> None:
+    def __init__(self, store: Store, *, owned: bool) -> None:
         self.store = store
-        self.lock: SessionLock | None = None
+        self.owned = owned
+        self.lock: SessionClaim | None = None
 
     def __enter__(self) -> _closing_on_error:
         return self
@@ -709,4 +721,5 @@ class _closing_on_error:
         if kind is not None:
             if self.lock is not None:
                 self.lock.release()
-            self.store.close()
+            if self.owned:
+                self.store.close()

@@ -34,8 +34,8 @@ from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.memory.summary import render_summary
 from taskweaver_lite.memory.variables import render_variables
 from taskweaver_lite.session import Session
-from taskweaver_lite.store.database import SessionStore, stored_sessions
 from taskweaver_lite.store.export import write_export
+from taskweaver_lite.store.opening import has_store, open_store, store_place, stored_sessions
 from taskweaver_lite.taskweaver_json import JSON_FILE_NAME
 from taskweaver_lite.terminal import strip_controls
 from taskweaver_lite.workfiles import owner_only_file
@@ -266,9 +266,9 @@ def merge_overrides(earlier: list[str], later: list[str]) -> list[str]:
 
 
 def _remembered_overrides(config: Config, ref: str) -> list[str]:
-    if not config.store_path.exists():
+    if not has_store(config):
         return []
-    store = SessionStore(config.store_path)
+    store = open_store(config)
     try:
         return store.overrides(store.resolve(ref))
     finally:
@@ -630,12 +630,12 @@ def list_sessions(args: argparse.Namespace) -> int:
     import json
 
     config = load_config(project_dir(args))
-    rows = stored_sessions(config.store_path)
+    rows = stored_sessions(config)
     if args.json:
         print(json.dumps([row.to_dict() for row in rows]))
         return 0
     if not rows:
-        print(f"No stored sessions in {config.store_path}.")
+        print(f"No stored sessions in {store_place(config)}.")
         return 0
     print(f"{'ID':<24} {'STARTED':<17} {'LAST ACTIVE':<17} {'ROUNDS':>6}  TITLE")
     for row in rows:

@@ -26,7 +26,8 @@ from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.memory.conversation import USER, Post, Round
-from taskweaver_lite.store.database import SessionStore, StoredSession
+from taskweaver_lite.store.interface import StoredSession
+from taskweaver_lite.store.opening import has_store, open_store
 from taskweaver_lite.workfiles import read_below, read_path
 
 if TYPE_CHECKING:
@@ -37,16 +38,16 @@ RAISES_TAG = "raises-exception"
 MAX_EMBEDDED_BYTES = 50 * 1024 * 1024  # an image larger than this is named, not embedded
 
 
-def write_export(config: Config, ref: str, *, fmt: str, target: Path | None, force: bool = False) -> Path:
+def write_export(config: Config, ref: str, *, fmt: str, target: Path | None, force: bool = False, owner: str | None = None) -> Path:
     """Export a stored session (by id or 'last') as a notebook or Markdown; returns the file written.
 
-    An existing file is kept (TaskWeaverError) unless `force`.
+    An existing file is kept (TaskWeaverError) unless `force`. With `owner`, only that user's sessions are found.
     """
-    if not config.store_path.exists():
+    if not has_store(config):
         raise TaskWeaverError(f"{config.store_path}: no stored sessions in this project yet")
-    store = SessionStore(config.store_path, read_only=True)
+    store = open_store(config, read_only=True)
     try:
-        session_id = store.resolve(ref)
+        session_id = store.resolve(ref, owner=owner)
         stored = store.load(session_id)
     finally:
         store.close()
