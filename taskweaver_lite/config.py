@@ -404,6 +404,12 @@ class ServeConfig(_Section):
     )
     lease_wait: float = Field(30.0, ge=0, description="seconds a request waits for the previous one of its session to finish its bookkeeping (folds)")
     drain_timeout: float = Field(60.0, ge=0, description="on SIGTERM: seconds running requests get to finish before they are cut short")
+    trusted_user_header: str | None = Field(
+        None, description="a single sign-on proxy's header naming the user (X-Forwarded-User for oauth2-proxy); null: no header is believed"
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1", "::1"], description="the addresses trusted_user_header is believed from (the proxy's)"
+    )
 
 
 class Config(_Section):

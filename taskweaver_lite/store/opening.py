@@ -47,6 +47,17 @@ def has_store(config: Config) -> bool:
     return store_url(config) is not None or config.store_path.exists()
 
 
+def store_has_users(config: Config) -> bool:
+    """Whether `config`'s store has users (then a server needs no --token: each request names its user)."""
+    if not has_store(config):
+        return False
+    store = open_store(config)  # not read-only: an older store is upgraded here, as the server would
+    try:
+        return store.has_users()
+    finally:
+        store.close()
+
+
 def stored_sessions(config: Config, *, owner: str | None = None) -> list[SessionEntry]:
     """The stored sessions (of `owner` only, when given), most recently active first; none when there is no store yet."""
     if not has_store(config):
