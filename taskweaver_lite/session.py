@@ -46,9 +46,9 @@ from taskweaver_lite.roles.planner import list_working_files
 from taskweaver_lite.roles.registry import RoleCatalog, RoleSpec, discover_roles
 from taskweaver_lite.roles.role import RepairTurns, Role
 from taskweaver_lite.roles.worker import RoleRequest, RoleTools, Turn
-from taskweaver_lite.store.database import StoreRecorder
 from taskweaver_lite.store.interface import SessionClaim, Store
 from taskweaver_lite.store.opening import open_store
+from taskweaver_lite.store.recorder import StoreRecorder
 from taskweaver_lite.uploads import check_upload
 from taskweaver_lite.workfiles import CopyReport, copy_folder, owner_only_folder
 
@@ -148,7 +148,7 @@ class Session:
             raise ConfigError("session.roles must include planner: it is the role the user talks to")
         self._entry, self._planner = entry, entry.role
         if self.store is not None:
-            self._listeners.append(StoreRecorder(self.store, session_id, compression_state=self._compression_state))
+            self._listeners.append(StoreRecorder(self.store, session_id, compression_state=self._compression_state, working_dir=self.working_dir))
 
     @property
     def working_dir(self) -> Path:

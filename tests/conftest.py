@@ -14,13 +14,15 @@ import pytest
 
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
+from taskweaver_lite.store.postgres import close_pools
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster, binaries, running_cluster
 
-TIERS = ("unit", "kernel", "cli", "soak", "postgres")
+TIERS = ("unit", "kernel", "cli", "soak", "postgres", "team")
 # unit: no kernel, no program started, nothing off this machine (a scripted model server on 127.0.0.1 in
 # a thread is fine); kernel: a real ipykernel (local, sandboxed or on a gateway) or a browser; cli: the
 # program run as a command; soak: long sessions and endurance; postgres: a private PostgreSQL server started
-# for the test run (the store's tests on their second backend).
+# for the test run (the store's tests on their second backend); team: several `serve` processes on that
+# PostgreSQL server and a real kernel gateway (the replicas' flows, faults included).
 FILE_TIERS = {
     "test_cell_output.py": "kernel",
     "test_cli.py": "cli",
@@ -117,6 +119,7 @@ def postgres_cluster() -> Iterator[PostgresCluster]:
         pytest.skip("no PostgreSQL server here (apt-get install postgresql; .ci/run does)")
     with running_cluster() as cluster:
         yield cluster
+        close_pools()  # before the server stops: no pool left reconnecting to it
 
 
 @pytest.fixture

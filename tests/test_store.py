@@ -23,9 +23,10 @@ from taskweaver_lite.errors import SessionBusyError, StoreError
 from taskweaver_lite.events import Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import ExecutionResult, Variable
 from taskweaver_lite.memory.conversation import Conversation, Post, Round, RoundState
-from taskweaver_lite.store.database import SessionStore, StoreRecorder
+from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.store.interface import Store
 from taskweaver_lite.store.postgres import PostgresStore
+from taskweaver_lite.store.recorder import StoreRecorder
 from taskweaver_lite.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
 
 # Records rounds of three posts in a loop and prints how many events are committed after each one.

@@ -6,8 +6,11 @@ and a password that never shows in a message, a repr or a stored row.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,12 +19,15 @@ import psycopg
 import pytest
 
 from taskweaver_lite.errors import SessionBusyError, StoreError, StoreUnavailable, UnknownSessionError
-from taskweaver_lite.events import RoundStarted
-from taskweaver_lite.memory.conversation import Round
-from taskweaver_lite.store.database import SessionStore, StoreRecorder
+from taskweaver_lite.events import FileLoaded, PostAdded, RoundStarted
+from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.memory.conversation import Post, Round
+from taskweaver_lite.store.database import SessionStore
+from taskweaver_lite.store.export import export_notebook
 from taskweaver_lite.store.interface import Store
 from taskweaver_lite.store.postgres import PostgresStore
 from taskweaver_lite.store.postgres_schema import SCHEMA_VERSION
+from taskweaver_lite.store.recorder import StoreRecorder
 from taskweaver_lite.store.url import redact, redact_text
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster, free_port
 
@@ -220,3 +226,30 @@ def test_urls_and_driver_messages_lose_their_passwords() -> None:
     said = redact_text('connection to "postgresql://tw:hunter2@db/team" failed; password=hunter2 user=tw')
     assert "hunter2" not in said and re.search(r"tw:\*\*\*@db", said)
 
+
+
+@pytest.mark.postgres
+def test_a_postgresql_store_keeps_artifacts_and_uploads_so_any_server_exports_them(postgres_url: str, tmp_path: Path) -> None:
+    store = PostgresStore(postgres_url)
+    started(store, "s")
+    cwd = tmp_path / "s" / "cwd"
+    cwd.mkdir(parents=True)
+    png = b"\x89PNG\r\n\x1a\n" + b"plot" * 100
+    (cwd / "trend.png").write_bytes(png)
+    (cwd / "sales.csv").write_text("month,revenue\n", encoding="utf-8")
+    (cwd / "secret").write_text("not theirs", encoding="utf-8")
+    (cwd / "link.png").symlink_to(cwd / "secret")
+    recorder = StoreRecorder(store, "s", working_dir=cwd)
+    rnd = Round(index=1, user_query="plot")
+    result = ExecutionResult(code="plot()", success=True, artifacts=(str(cwd / "trend.png"), str(cwd / "link.png")))
+    post = Post("CodeInterpreter", "Planner", "plotted", code="plot()", execution=result)
+    rnd.posts.append(post)
+    recorder(PostAdded(rnd, post))
+    recorder(FileLoaded(name="sales.csv", source=str(tmp_path / "elsewhere.csv"), after_round=1, at=time.time()))
+    assert store.file("s", "artifact", "trend.png") == png and store.file("s", "upload", "sales.csv") == b"month,revenue\n"
+    assert store.file("s", "artifact", "link.png") is None, "a link a kernel left is never followed into the store"
+    shutil.rmtree(tmp_path / "s")  # another server: the session's folder is not on its disk
+    notebook = export_notebook(store.load("s"), tmp_path / "s.ipynb", kept=lambda name: store.file("s", "artifact", name))
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    shown = [output["data"] for cell in cells for output in cell.get("outputs", []) if "data" in output]
+    assert base64.b64decode(shown[0]["image/png"]) == png and "image/png" not in shown[1], "the link is named, not embedded"

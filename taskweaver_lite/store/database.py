@@ -27,20 +27,18 @@ import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 from taskweaver_lite.errors import StoreError
-from taskweaver_lite.event_json import event_json
-from taskweaver_lite.events import CellPrinted, Event, Folded, ModelCalled, ReplyStreamed, Working
-from taskweaver_lite.store.interface import INTERRUPTED_ERROR, SessionEntry, Store, StoredSession
+from taskweaver_lite.store.interface import INTERRUPTED_ERROR, SessionEntry, StoredSession
 from taskweaver_lite.store.lock import SessionLock
 from taskweaver_lite.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate, read_version
 from taskweaver_lite.store.sql import SESSION_ID, SqlStore, shorten
 
-__all__ = ["INTERRUPTED_ERROR", "SessionEntry", "SessionStore", "StoreRecorder", "StoredSession", "shorten", "stored_sessions"]
+__all__ = ["INTERRUPTED_ERROR", "SessionEntry", "SessionStore", "StoredSession", "shorten", "stored_sessions"]
 
 Synchronous = Literal["NORMAL", "FULL"]
 BUSY_TIMEOUT_SECONDS = 10.0
@@ -190,67 +188,6 @@ class SessionStore(SqlStore):
         except sqlite3.ProgrammingError as exc:  # used after close(), e.g. by a late background fold
             raise StoreError(f"{self.path}: the session store is closed ({exc})") from None
 
-
-
-class StoreRecorder:
-    """A session listener that records every event; safe to call from the session's and the fold threads.
-
-    A model call's record is written with the next event (the post its reply became, the repair,
-    the fold, the round's end): one transaction instead of two, and a kill -9 in between loses
-    only what `kill -9` during the call's own write would have. `flush` writes what is held.
-
-    `compression_state(role)` returns that role's CompressionState.to_dict(); with it, each fold also
-    saves the role's new state. A store failure in a background thread is raised again on the next
-    event from the thread that made the recorder, so the session learns its record is incomplete.
-    """
-
-    def __init__(
-        self, store: Store, session_id: str, *, compression_state: Callable[[str], dict[str, Any] | None] | None = None
-    ) -> None:
-        self.store = store
-        self.session_id = session_id
-        self._compression_state = compression_state
-        self._owner = threading.get_ident()
-        self._failure: StoreError | None = None
-        self._held: list[ModelCalled] = []
-        self._held_lock = threading.Lock()
-
-    def __call__(self, event: Event) -> None:
-        """Record `event` (the Listener signature)."""
-        with self._held_lock:
-            if isinstance(event, ModelCalled):
-                self._held.append(event)
-                held = None
-            else:
-                held, self._held = self._held, []
-        if held is not None:
-            try:
-                self.store.record(self.session_id, *held, event, shown=self._shown(event))
-                if isinstance(event, Folded) and self._compression_state is not None:
-                    state = self._compression_state(event.role)
-                    if state is not None:
-                        self.store.save_compression(self.session_id, event.role, state)
-            except StoreError as exc:
-                if threading.get_ident() != self._owner:
-                    self._failure = exc
-                    return
-                raise
-        if self._failure is not None and threading.get_ident() == self._owner:
-            failure, self._failure = self._failure, None
-            raise failure
-
-    def _shown(self, event: Event) -> list[dict[str, Any]]:
-        """The event-log entry of `event` (what the events route streams): recorded events the page shows, as it shows them."""
-        if isinstance(event, (Working, ReplyStreamed, CellPrinted)):
-            return []  # progress only: not recorded
-        shown = event_json(event, session_id=self.session_id)
-        return [shown] if shown is not None else []
-
-    def flush(self) -> None:
-        """Write the model-call records still held (the session is closing)."""
-        with self._held_lock:
-            held, self._held = self._held, []
-        self.store.record(self.session_id, *held)
 
 
 def _owner_only(path: Path) -> None:

@@ -64,10 +64,14 @@ def _pool(url: str, size: int) -> psycopg_pool.ConnectionPool[Any]:
 
 
 @atexit.register
-def _close_pools() -> None:
+def close_pools(url: str | None = None) -> None:
+    """Close the process's pool for `url` (every pool when None): at exit, or when a store could not be opened."""
     with _POOLS_GUARD:
-        pools = list(_POOLS.values())
-        _POOLS.clear()
+        if url is None:
+            pools = list(_POOLS.values())
+            _POOLS.clear()
+        else:
+            pools = [_POOLS.pop(url)] if url in _POOLS else []
     for pool in pools:
         pool.close(timeout=1.0)
 
@@ -106,8 +110,12 @@ class PostgresStore(SqlStore):
         self._url = url
         self.where = redact(url)
         self._pool = _pool(url, pool_size)
-        with self._errors(), self._pool.connection() as conn:
-            migrate(conn, MIGRATIONS, where=self.where)
+        try:
+            with self._errors(), self._pool.connection() as conn:
+                migrate(conn, MIGRATIONS, where=self.where)
+        except StoreError:
+            close_pools(url)  # no pool left retrying in the background for a store this process could not open
+            raise
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.where!r})"
