@@ -261,6 +261,8 @@ class Session:
             parts = SessionOptions(store=store, lock=lock, owner=stored.owner, owns_store=owns_store, usage_before=stored.usage, confirm=confirm)
             session = cls._assemble(config, session_id, parts, model=model, executor=executor, listeners=listeners)
         session._restore(stored.rounds, loads=stored.loads, compression=stored.compression)
+        if cells and _kept_variables(session.executor):
+            cells = []  # attached to the gateway kernel that outlived the server before: the variables are there
         failed_cells = 0
         for number, code in enumerate(cells, 1):
             failed_cells += not session.executor.run(code).success
@@ -674,6 +676,13 @@ def default_executor(config: Config, *, plugins: Sequence[PluginSpec] = ()) -> E
     # A sandboxed kernel sees neither the project folder nor the store (wherever store.path puts it).
     hidden = (config.project_dir, config.store_path.parent)
     return functools.partial(KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens, plugins=tuple(plugins), hidden=hidden)
+
+
+def _kept_variables(executor: Executor) -> bool:
+    """Whether the executor came with the session's variables: a kernel on a gateway attached by its stored id (waits for it)."""
+    from taskweaver_lite.kernel.remote import GatewayExecutor  # as in default_executor: only with the gateway extra
+
+    return isinstance(executor, GatewayExecutor) and executor.kept_variables()
 
 
 def _good_cells(rounds: Sequence[Round]) -> list[str]:
