@@ -211,6 +211,7 @@ class Session:
         owner: str | None = None,
         store: Store | None = None,
         claim: bool = True,
+        catalogs: tuple[RoleCatalog, PluginCatalog] | None = None,
     ) -> Session:
         """Start a stored session: its kernel boots in the background while the first request is typed.
 
@@ -219,6 +220,7 @@ class Session:
         confirm mode: it is asked about each cell before the cell runs. `owner`: the user it belongs to.
         `store`: a store the caller keeps open and closes (default: `config`'s, opened for this session);
         `claim=False` takes no claim on the session for this process (replicas guard each request instead).
+        `catalogs`: the project's roles and plugins as a `Workspace` found them (default: discovered now).
         """
         session_id = session_id or new_session_id()
         owns_store = store is None
@@ -226,7 +228,7 @@ class Session:
         with _closing_on_error(store, owned=owns_store) as guard:
             lock = guard.lock = store.lock(session_id) if claim else None
             store.create_session(session_id, started=time.time(), owner=owner)
-            parts = SessionOptions(store=store, lock=lock, owner=owner, owns_store=owns_store, confirm=confirm)
+            parts = SessionOptions(store=store, lock=lock, owner=owner, owns_store=owns_store, confirm=confirm, **_catalogs(catalogs))
             return cls._assemble(config, session_id, parts, model=model, executor=executor, listeners=listeners)
 
     @classmethod
@@ -244,11 +246,12 @@ class Session:
         owner: str | None = None,
         store: Store | None = None,
         claim: bool = True,
+        catalogs: tuple[RoleCatalog, PluginCatalog] | None = None,
     ) -> tuple[Session, ResumeReport]:
         """Continue a stored session ('last' or an id): conversation, summaries and, by replay, the kernel's variables.
 
-        With `owner`, only that user's sessions are found (another's is unknown, as if absent); `store`
-        and `claim` as in `open`.
+        With `owner`, only that user's sessions are found (another's is unknown, as if absent); `store`,
+        `claim` and `catalogs` as in `open`.
         """
         owns_store = store is None
         store = store or open_store(config)
@@ -258,7 +261,9 @@ class Session:
             cut_off = store.mark_interrupted(session_id)
             stored = store.load(session_id)
             cells = store.successful_cells(session_id) if replay else []
-            parts = SessionOptions(store=store, lock=lock, owner=stored.owner, owns_store=owns_store, usage_before=stored.usage, confirm=confirm)
+            parts = SessionOptions(
+                store=store, lock=lock, owner=stored.owner, owns_store=owns_store, usage_before=stored.usage, confirm=confirm, **_catalogs(catalogs)
+            )
             session = cls._assemble(config, session_id, parts, model=model, executor=executor, listeners=listeners)
         session._restore(stored.rounds, loads=stored.loads, compression=stored.compression)
         if cells and _kept_variables(session.executor):
@@ -302,9 +307,9 @@ class Session:
         executor: ExecutorFactory | None,
         listeners: Iterable[Listener],
     ) -> Session:
-        roles = discover_roles(config.project_dir, enabled=config.session.roles, config=config)
+        roles = parts.roles or discover_roles(config.project_dir, enabled=config.session.roles, config=config)
         chat_model = model or role_models(config, roles=roles.enabled)
-        plugins = discover(config.project_dir)
+        plugins = parts.plugins or discover(config.project_dir)
         for folder in (config.sessions_dir, config.sessions_dir / session_id):
             owner_only_folder(folder)  # conversations, outputs and sockets: no other user (or kernel) may look in
         running = (executor or default_executor(config, plugins=plugins.enabled))(config.sessions_dir / session_id)
@@ -683,6 +688,11 @@ def _kept_variables(executor: Executor) -> bool:
     from taskweaver_lite.kernel.remote import GatewayExecutor  # as in default_executor: only with the gateway extra
 
     return isinstance(executor, GatewayExecutor) and executor.kept_variables()
+
+
+def _catalogs(catalogs: tuple[RoleCatalog, PluginCatalog] | None) -> dict[str, Any]:
+    """SessionOptions' roles and plugins from a workspace's catalogs (none: the session discovers them)."""
+    return {} if catalogs is None else {"roles": catalogs[0], "plugins": catalogs[1]}
 
 
 def _good_cells(rounds: Sequence[Round]) -> list[str]:
