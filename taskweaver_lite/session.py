@@ -18,15 +18,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.config import DISTILLER, FOLDER, Config, LLMConfig, LLMOverrides, RoleConfig, merged_llm
+from taskweaver_lite.assembly import OpeningGuard, default_executor, kept_variables, new_session_id, role_models
+from taskweaver_lite.config import DISTILLER, FOLDER, Config, LLMOverrides, RoleConfig, merged_llm
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
@@ -40,7 +39,7 @@ from taskweaver_lite.memory.compression import ContextSettings, RoleContext
 from taskweaver_lite.memory.conversation import USER, Conversation, Post, Round
 from taskweaver_lite.memory.summary import CompressionState
 from taskweaver_lite.memory.variables import LiveVariables
-from taskweaver_lite.plugins.catalog import PluginCatalog, PluginSpec, discover
+from taskweaver_lite.plugins.catalog import PluginCatalog, discover
 from taskweaver_lite.roles.builtin import BuiltRole, CodeInterpreterRole, PlannerRole, SessionParts, build_role
 from taskweaver_lite.roles.planner import list_working_files
 from taskweaver_lite.roles.registry import RoleCatalog, RoleSpec, discover_roles
@@ -225,7 +224,7 @@ class Session:
         session_id = session_id or new_session_id()
         owns_store = store is None
         store = store or open_store(config)
-        with _closing_on_error(store, owned=owns_store) as guard:
+        with OpeningGuard(store, owned=owns_store) as guard:
             lock = guard.lock = store.lock(session_id) if claim else None
             store.create_session(session_id, started=time.time(), owner=owner)
             parts = SessionOptions(store=store, lock=lock, owner=owner, owns_store=owns_store, confirm=confirm, **_catalogs(catalogs))
@@ -255,7 +254,7 @@ class Session:
         """
         owns_store = store is None
         store = store or open_store(config)
-        with _closing_on_error(store, owned=owns_store) as guard:
+        with OpeningGuard(store, owned=owns_store) as guard:
             session_id = store.resolve(ref, owner=owner)
             lock = guard.lock = store.lock(session_id) if claim else None
             cut_off = store.mark_interrupted(session_id)
@@ -266,7 +265,7 @@ class Session:
             )
             session = cls._assemble(config, session_id, parts, model=model, executor=executor, listeners=listeners)
         session._restore(stored.rounds, loads=stored.loads, compression=stored.compression)
-        if cells and _kept_variables(session.executor):
+        if cells and kept_variables(session.executor):
             cells = []  # attached to the gateway kernel that outlived the server before: the variables are there
         failed_cells = 0
         for number, code in enumerate(cells, 1):
@@ -643,53 +642,6 @@ class Session:
                     listener(event)
 
 
-def role_models(config: Config, *, roles: Sequence[RoleSpec]) -> ChatModel:
-    """The openai-SDK clients a session calls: one per distinct role model (`<role>.llm`), shared when equal."""
-    from taskweaver_lite.llm.client import OpenAIChatModel, RoutedModel
-
-    clients: dict[str, OpenAIChatModel] = {}
-
-    def client(llm: LLMConfig) -> OpenAIChatModel:
-        secret = llm.api_key.get_secret_value() if llm.api_key is not None else None
-        key = json.dumps([llm.model_dump(mode="json", exclude={"api_key"}), secret], sort_keys=True)
-        if key not in clients:
-            clients[key] = OpenAIChatModel(llm)
-        return clients[key]
-
-    folder = client(config.llm_for(FOLDER))
-    by_purpose: dict[str, ChatModel] = {}
-    for spec in roles:
-        by_purpose[spec.key] = client(merged_llm(config.llm, spec.section(config.role_section(spec.key)).llm))
-        by_purpose[f"compression_{spec.key}"] = folder
-    by_purpose[DISTILLER] = client(config.llm_for(DISTILLER))
-    return RoutedModel(by_purpose, default=client(config.llm))
-
-
-def default_executor(config: Config, *, plugins: Sequence[PluginSpec] = ()) -> ExecutorFactory:
-    """A Jupyter kernel per session, started in the background, with `plugins` loaded in it: local, or on `execution.kernel_gateway`."""
-    from taskweaver_lite.kernel.executor import KernelExecutor
-
-    gateway = config.execution.kernel_gateway
-    if gateway is not None:
-        try:
-            from taskweaver_lite.kernel.remote import GatewayExecutor
-        except ImportError as exc:
-            raise ConfigError(
-                f"execution.kernel_gateway needs {exc.name}: pip install 'taskweaver-lite[gateway]'"
-            ) from exc
-        return functools.partial(GatewayExecutor, config=config.execution, gateway=gateway, output_tokens=config.cell_output_tokens, plugins=tuple(plugins))
-    # A sandboxed kernel sees neither the project folder nor the store (wherever store.path puts it).
-    hidden = (config.project_dir, config.store_path.parent)
-    return functools.partial(KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens, plugins=tuple(plugins), hidden=hidden)
-
-
-def _kept_variables(executor: Executor) -> bool:
-    """Whether the executor came with the session's variables: a kernel on a gateway attached by its stored id (waits for it)."""
-    from taskweaver_lite.kernel.remote import GatewayExecutor  # as in default_executor: only with the gateway extra
-
-    return isinstance(executor, GatewayExecutor) and executor.kept_variables()
-
-
 def _catalogs(catalogs: tuple[RoleCatalog, PluginCatalog] | None) -> dict[str, Any]:
     """SessionOptions' roles and plugins from a workspace's catalogs (none: the session discovers them)."""
     return {} if catalogs is None else {"roles": catalogs[0], "plugins": catalogs[1]}
@@ -705,11 +657,6 @@ def _newest_first(variables: Sequence[Variable], recency: dict[str, int]) -> tup
     return tuple(sorted(variables, key=lambda v: -recency.get(v.name, 0)))
 
 
-def new_session_id() -> str:
-    """A sortable, readable session id: date, time, and a short random suffix."""
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-
-
 def _last_report(rnd: Round, *, to: str) -> str:
     for post in reversed(rnd.posts):
         if post.send_to == to and post.send_from != USER:
@@ -723,22 +670,3 @@ def role_failure(spec: RoleSpec, exc: BaseException) -> str:
     if isinstance(exc, TaskWeaverError):
         return f"The {spec.alias} role could not answer: {why} (its model is set by {spec.key}.llm over llm). Go on without it."
     return f"The {spec.alias} role failed ({type(exc).__name__}: {why}) in its class from {spec.where}. Go on without it."
-
-
-class _closing_on_error:
-    """Closes the store, and releases the session lock once taken, if opening a session fails."""
-
-    def __init__(self, store: Store, *, owned: bool) -> None:
-        self.store = store
-        self.owned = owned
-        self.lock: SessionClaim | None = None
-
-    def __enter__(self) -> _closing_on_error:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
-        if kind is not None:
-            if self.lock is not None:
-                self.lock.release()
-            if self.owned:
-                self.store.close()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from taskweaver_lite.assembly import new_session_id
 from taskweaver_lite.config import Config
 from taskweaver_lite.errors import SessionBusyError, StoreError, TaskWeaverError
 from taskweaver_lite.event_json import event_json
@@ -27,7 +28,7 @@ from taskweaver_lite.events import CellPrinted, Event, ModelCalled, PostAdded, R
 from taskweaver_lite.kernel.executor import close_thread_loop
 from taskweaver_lite.knowledge.tips import Tip
 from taskweaver_lite.llm.streaming import SHOWN_FIELDS, PartialReply
-from taskweaver_lite.session import Session, new_session_id
+from taskweaver_lite.session import Session
 from taskweaver_lite.store.interface import Store
 from taskweaver_lite.web.fanout import Fanout
 from taskweaver_lite.web.leases import Hold, LeaseBusy, Leases
