@@ -253,3 +253,10 @@ def test_a_postgresql_store_keeps_artifacts_and_uploads_so_any_server_exports_th
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
     shown = [output["data"] for cell in cells for output in cell.get("outputs", []) if "data" in output]
     assert base64.b64decode(shown[0]["image/png"]) == png and "image/png" not in shown[1], "the link is named, not embedded"
+
+
+def test_a_sessions_remembered_settings_never_keep_an_api_key_or_the_stores_address(store: Store) -> None:
+    started(store, "s")
+    store.save_overrides("s", ["llm.model=gpt-4o", "llm.api_key=sk-hidden", "store.url=postgresql://tw:hunter2@db/team", "planner.llm.api_key=sk-2"])
+    assert store.overrides("s") == ["llm.model=gpt-4o"]
+    assert "hunter2" not in all_rows(store) and "sk-hidden" not in all_rows(store)

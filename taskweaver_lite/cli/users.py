@@ -35,15 +35,23 @@ def add_users_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     remove.add_argument("name", metavar="NAME")
     for action in (add, listing, remove):
         action.add_argument("-p", "--project", dest="project", default=None, metavar="PROJECT_DIR", help="project folder (default: ./project)")
+        action.add_argument(
+            "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key (e.g. store.url); repeatable"
+        )
 
 
 def run_users(args: argparse.Namespace) -> int:
     """Run `users add|list|remove`; the exit code."""
     from taskweaver_lite.cli.chat import project_dir  # the store's modules only once a users command runs (`--help` answers at once)
     from taskweaver_lite.config_file import load_config
-    from taskweaver_lite.store.opening import open_store, store_place
+    from taskweaver_lite.store.opening import has_store, open_store, store_place
 
-    config = load_config(project_dir(args))
+    config = load_config(project_dir(args), args.overrides)
+    if args.action != "add" and not has_store(config):  # nothing to list or remove: no store is made for it
+        if args.action == "list":
+            print("[]" if args.json else f"No users: there is no session store at {store_place(config)} yet.")
+            return 0
+        raise TaskWeaverError(f"there is no user '{args.name}': there is no session store at {store_place(config)} yet")
     store = open_store(config)
     try:
         if args.action == "add":

@@ -131,8 +131,8 @@ class SqlStore:
             db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
 
     def save_overrides(self, session_id: str, overrides: list[str]) -> None:
-        """Keep the `--set KEY=VALUE` items a session runs with, for its resume; api keys are never stored."""
-        kept = [item for item in overrides if "api_key" not in item.partition("=")[0]]
+        """Keep the `--set KEY=VALUE` items a session runs with, for its resume; api keys and the store's own address are never stored."""
+        kept = [item for item in overrides if not _secret_setting(item.partition("=")[0].strip())]
         with self._transaction() as db:
             db.execute("UPDATE sessions SET overrides = ? WHERE id = ?", (_json(kept), session_id))
 
@@ -413,6 +413,11 @@ class SqlStore:
         """Raise StoreError when the store cannot be reached."""
         with self._read() as db:
             db.execute("SELECT 1").fetchone()
+
+
+def _secret_setting(key: str) -> bool:
+    """A setting whose value may hold a secret: an api key, or the store's URL (its password; a resume is in that store anyway)."""
+    return "api_key" in key or key == "store.url"
 
 
 def _usage(sums: list[int]) -> Usage:
