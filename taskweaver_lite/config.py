@@ -404,6 +404,9 @@ class ServeConfig(_Section):
     )
     lease_wait: float = Field(30.0, ge=0, description="seconds a request waits for the previous one of its session to finish its bookkeeping (folds)")
     drain_timeout: float = Field(60.0, ge=0, description="on SIGTERM: seconds running requests get to finish before they are cut short")
+    hot_sessions: int = Field(
+        100, ge=1, description="sessions a replica keeps in memory between requests at most (the least recently used idle one goes first)"
+    )
     trusted_user_header: str | None = Field(
         None, description="a single sign-on proxy's header naming the user (X-Forwarded-User for oauth2-proxy); null: no header is believed"
     )

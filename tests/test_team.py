@@ -115,6 +115,14 @@ def test_a_session_moves_between_replicas_with_its_variables_and_stays_its_owner
         assert "taskweaver_prompt_tokens_total{cache=" in metrics and "taskweaver_lease_takeovers_total" in metrics
     log = (team.project / f"access-{team.replicas[1].port}.log").read_text()
     assert f"user=alice session={session_id}" in log and team.tokens["alice"] not in log and "password" not in log
+    # A removed user's token stops working (within the two seconds a server trusts what it checked).
+    done = subprocess.run([sys.executable, "-m", "taskweaver_lite", "users", "remove", "bob", "-p", str(team.project)], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    with team.client(0, "bob") as bob:
+        deadline = time.monotonic() + 10
+        while (status := bob.get("/api/sessions").status_code) != 401 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert status == 401
 
 
 def test_the_events_stream_on_another_replica_resumes_from_last_event_id(team: Team) -> None:
@@ -170,9 +178,10 @@ def test_a_replica_killed_in_a_cell_leaves_the_session_to_another_with_its_varia
     with team.client(0) as first, team.client(1) as second:
         session_id = first.post("/api/sessions", json={}).json()["id"]
         answer(first, session_id, "RUN<<kept = 7\nprint(kept)>>")
-        started = threading.Thread(target=_ask_until_cut, args=(first, session_id, "RUN<<import time\nlate = 8\ntime.sleep(60)>>"), daemon=True)
+        refused: list[int] = []
+        started = threading.Thread(target=_ask_until_cut, args=(first, session_id, "RUN<<import time\nlate = 8\ntime.sleep(60)>>", refused), daemon=True)
         started.start()
-        _wait_for_running_cell(second, session_id)
+        _wait_for_running_cell(second, session_id, refused)
         team.replicas[0].kill()
         killed = time.monotonic()
         while (status_and_events := ask(second, session_id, "RUN<<print(kept * 6, late)>>"))[0] == 409:
@@ -186,22 +195,23 @@ def test_a_replica_killed_in_a_cell_leaves_the_session_to_another_with_its_varia
     team.replace(0)
 
 
-def _ask_until_cut(client: httpx.Client, session_id: str, text: str) -> None:
-    """A request whose replica is killed under it: its stream breaks off."""
+def _ask_until_cut(client: httpx.Client, session_id: str, text: str, statuses: list[int]) -> None:
+    """A request whose replica is killed under it: its stream breaks off (a refusal is noted in `statuses`)."""
     with contextlib.suppress(httpx.TransportError):
-        ask(client, session_id, text)
+        statuses.append(ask(client, session_id, text)[0])
 
 
-def _wait_for_running_cell(client: httpx.Client, session_id: str) -> None:
-    """Until the store shows the request delegated its code (the cell is on its way to the kernel)."""
-    deadline = time.monotonic() + 30
+def _wait_for_running_cell(client: httpx.Client, session_id: str, refused: list[int] | None = None) -> None:
+    """Until the store shows the request delegated its code to the CodeInterpreter (the cell is then on its way to the kernel)."""
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
+        assert not refused, f"the request was answered {refused}"
         rounds = client.get(f"/api/sessions/{session_id}").json()["rounds"]
-        if rounds and rounds[-1]["state"] == "running" and rounds[-1]["posts"]:
-            time.sleep(1.0)  # the cell reaches the kernel
+        if rounds and rounds[-1]["state"] == "running" and len(rounds[-1]["posts"]) >= 2:
+            time.sleep(2.0)  # the CodeGenerator's reply, then the cell reaches the kernel
             return
         time.sleep(0.1)
-    raise AssertionError("the request never started")
+    raise AssertionError("the request never delegated its code")
 
 
 def test_while_the_store_restarts_requests_get_503_and_the_sessions_go_on_after(team: Team, postgres_cluster: PostgresCluster) -> None:

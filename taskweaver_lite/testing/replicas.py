@@ -51,16 +51,22 @@ def run_code_model(server: ScriptedServer, *, delay: float = 0.0) -> None:
 
 
 def write_team_project(
-    folder: Path, *, store_url: str, gateway: Gateway | None, model_url: str, lease_timeout: float = 15.0, extra: dict[str, Any] | None = None
+    folder: Path,
+    *,
+    store_url: str | None,
+    gateway: Gateway | None,
+    model_url: str,
+    lease_timeout: float = 15.0,
+    stream: bool = False,
+    single_replica: bool = False,
 ) -> Path:
-    """A project folder whose config puts sessions in `store_url`, kernels on `gateway`, and asks the model at `model_url`."""
+    """A project whose config keeps sessions in `store_url` (None: the SQLite file), kernels on `gateway` (None: local), the model at `model_url`."""
     folder.mkdir(parents=True, exist_ok=True)
     config: dict[str, Any] = {
-        "llm": {"api_base": model_url, "api_key": "test", "model": "scripted", "stream": False},
-        "store": {"url": store_url},
-        "serve": {"lease_timeout": lease_timeout, "lease_wait": 5, "drain_timeout": 20},
+        "llm": {"api_base": model_url, "api_key": "test", "model": "scripted", "stream": stream},
+        "store": {"url": store_url} if store_url is not None else {},
+        "serve": {"lease_timeout": lease_timeout, "lease_wait": 5, "drain_timeout": 20, "single_replica": single_replica},
         "execution": {"kernel_gateway": {"url": gateway.url, "token": gateway.token}} if gateway is not None else {},
-        **(extra or {}),
     }
     (folder / "taskweaver_config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     return folder

@@ -43,7 +43,8 @@ from taskweaver_lite.llm.client import Usage, usage_by_purpose
 from taskweaver_lite.store.export import write_export
 from taskweaver_lite.store.interface import StoredEvent
 from taskweaver_lite.web.fanout import POLL
-from taskweaver_lite.web.hub import Busy, Hub, LiveSession, NotOpen, Stopping
+from taskweaver_lite.web.hub import Hub, NotOpen, Stopping
+from taskweaver_lite.web.live import Busy, LiveSession
 from taskweaver_lite.workfiles import open_below
 
 Handler = Callable[[Request], Awaitable[Response]]
