@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from taskweaver_lite.events import Event, Folded, ModelCalled
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+try:  # pip install 'taskweaver-lite[team]'; without it the server runs and /metrics says what to install
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+except ImportError:  # pragma: no cover - the test environment has it
+    CollectorRegistry = None  # type: ignore[assignment,misc]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MISSING = "# /metrics needs prometheus_client: pip install 'taskweaver-lite[team]'\n"
 # Seconds: an answer is ~20 ms to a minute (a long cell); loading a session ~10 ms to seconds.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 FOLD_PREFIX = "compression_"
@@ -28,6 +34,10 @@ class Metrics:
     """The server's counters; `observe` is a session listener, `RequestMetrics` the middleware that times routes."""
 
     def __init__(self) -> None:
+        self.available = CollectorRegistry is not None
+        if not self.available:
+            self._count_nothing()
+            return
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("taskweaver_http_requests", "HTTP requests answered, by route, method and status", ["route", "method", "status"], registry=r)
@@ -50,6 +60,12 @@ class Metrics:
         )
         self.store_unavailable = Counter("taskweaver_store_unavailable", "Requests answered 503 because the store was unreachable", registry=r)
 
+    def _count_nothing(self) -> None:
+        """Without prometheus_client: every metric a no-op, so the server runs the same."""
+        for name in ("requests", "latency", "answers", "model_calls", "prompt_tokens", "completion_tokens", "folds", "open_sessions", "running",
+                     "lease_takeovers", "session_loads", "store_unavailable"):  # fmt: skip
+            setattr(self, name, _Nothing())
+
     def observe(self, event: Event) -> None:
         """A session listener: model calls, tokens and folds by role."""
         if isinstance(event, ModelCalled):
@@ -63,8 +79,26 @@ class Metrics:
             self.folds.labels(event.role, str(event.ok).lower()).inc()
 
     def render(self) -> bytes:
-        """The text exposition of every metric."""
+        """The text exposition of every metric (without prometheus_client: a comment saying what to install)."""
+        if not self.available:
+            return MISSING.encode()
         return bytes(generate_latest(self.registry))
+
+
+class _Nothing:
+    """A metric that counts nothing (prometheus_client is not installed)."""
+
+    def labels(self, *_: Any) -> _Nothing:
+        return self
+
+    def inc(self, *_: Any) -> None:
+        """Nothing."""
+
+    def observe(self, *_: Any) -> None:
+        """Nothing."""
+
+    def set(self, *_: Any) -> None:
+        """Nothing."""
 
 
 class RequestMetrics:

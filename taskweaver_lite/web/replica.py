@@ -26,7 +26,6 @@ from taskweaver_lite.config import Config
 from taskweaver_lite.errors import ConfigError, StoreError
 from taskweaver_lite.events import Listener
 from taskweaver_lite.execution import ExecutorFactory
-from taskweaver_lite.kernel.remote import GatewayExecutor, KernelHandover
 from taskweaver_lite.plugins.catalog import discover
 from taskweaver_lite.session import Session
 from taskweaver_lite.store.interface import Store
@@ -67,6 +66,8 @@ class Replica:
         gateway = self.config.execution.kernel_gateway
         if gateway is None:
             return None
+        from taskweaver_lite.kernel.remote import GatewayExecutor, KernelHandover  # the gateway extra, as in default_executor
+
         handover = KernelHandover(reuse=kernel_id, keep=True, on_start=functools.partial(self._kernel_started, session_id), cells_before=cells_before)
         plugins = tuple(discover(self.config.project_dir).enabled)
         return functools.partial(
