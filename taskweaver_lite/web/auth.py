@@ -59,11 +59,16 @@ class Users:
     _cached: tuple[float, dict[str, User]] = (0.0, {})
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def by_name(self) -> dict[str, User]:
-        """Every user by name (at most USERS_TTL_SECONDS old)."""
+    def known(self) -> dict[str, User] | None:
+        """The users as last read, while that is under USERS_TTL_SECONDS old; None when the store must be asked again."""
         with self._lock:
             at, users = self._cached
-        if time.monotonic() - at < USERS_TTL_SECONDS:
+        return users if time.monotonic() - at < USERS_TTL_SECONDS else None
+
+    def by_name(self) -> dict[str, User]:
+        """Every user by name (at most USERS_TTL_SECONDS old)."""
+        users = self.known()
+        if users is not None:
             return users
         users = {user.name: user for user in self.store.users()}
         with self._lock:
@@ -118,7 +123,7 @@ class Access:
 
     async def check(self, request: Request) -> Refusal | None:
         """Why `request` is refused (HTTP status, message); None when it may go on, its user (if any) in its scope."""
-        if self.users is not None:
+        if self.users is not None and self.users.known() != {}:  # users, or not known lately: the store is asked off the loop
             try:
                 found = await asyncio.to_thread(self._identify, request)
             except StoreError as exc:
