@@ -18,9 +18,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from taskweaver_lite.errors import SessionBusyError, StoreError, StoreUnavailable, UnknownSessionError
+from taskweaver_lite.config import ExperienceConfig
+from taskweaver_lite.errors import ExperienceError, SessionBusyError, StoreError, StoreUnavailable, UnknownSessionError
 from taskweaver_lite.events import FileLoaded, PostAdded, RoundStarted
 from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.knowledge.experience import Experience
 from taskweaver_lite.memory.conversation import Post, Round
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.store.export import export_notebook
@@ -260,3 +262,17 @@ def test_a_sessions_remembered_settings_never_keep_an_api_key_or_the_stores_addr
     store.save_overrides("s", ["llm.model=gpt-4o", "llm.api_key=sk-hidden", "store.url=postgresql://tw:hunter2@db/team", "planner.llm.api_key=sk-2"])
     assert store.overrides("s") == ["llm.model=gpt-4o"]
     assert "hunter2" not in all_rows(store) and "sk-hidden" not in all_rows(store)
+
+
+def test_a_user_deletes_their_own_tips_but_not_the_ones_everyone_shares(store: Store, tmp_path: Path) -> None:
+    started(store, "ana-1", owner="ana")
+    started(store, "solo-1")
+    [mine] = store.save_tips("ana-1", [("preference", "ana likes bar charts")])
+    [shared] = store.save_tips("solo-1", [("preference", "revenue is in euros")])
+    experience = Experience(store=store, folder=tmp_path / "none", settings=ExperienceConfig(), owner="ana")
+    assert {t.text for t in experience.all()} == {"ana likes bar charts", "revenue is in euros"}
+    with pytest.raises(ExperienceError, match="everyone's: an admin may delete it"):
+        experience.delete(shared.id)
+    assert experience.delete(mine.id).text == "ana likes bar charts"
+    admin = Experience(store=store, folder=tmp_path / "none", settings=ExperienceConfig())
+    assert admin.delete(shared.id).text == "revenue is in euros" and store.stored_tips() == []

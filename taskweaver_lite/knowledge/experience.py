@@ -79,7 +79,8 @@ class Experience:
         number = tip_id.removeprefix("#")
         stored = {tip.id: tip for tip in (self._store.stored_tips(owner=self.owner) if self._store is not None else [])}
         if number in stored and self._store is not None:
-            self._store.delete_tip(int(number), owner=self.owner)
+            if not self._store.delete_tip(int(number), owner=self.owner):
+                raise ExperienceError(f"tip {number} was saved before there were users and is everyone's: an admin may delete it")
             return stored[number]
         handcrafted = next((tip for tip in self._read_files().tips if tip.id in (tip_id, number)), None)
         if handcrafted is not None:
