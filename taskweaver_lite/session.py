@@ -58,6 +58,9 @@ RESET_COPY_UPLOADS = 4
 EXPERIENCE_SHARE = 8
 
 
+Catalogs = tuple[RoleCatalog, PluginCatalog]  # a project's roles and plugins, as a Workspace found them once
+
+
 @dataclass(frozen=True)
 class ResumeReport:
     """What a resume brought back, and what it could not."""
@@ -210,7 +213,7 @@ class Session:
         owner: str | None = None,
         store: Store | None = None,
         claim: bool = True,
-        catalogs: tuple[RoleCatalog, PluginCatalog] | None = None,
+        catalogs: Catalogs | None = None,
     ) -> Session:
         """Start a stored session: its kernel boots in the background while the first request is typed.
 
@@ -245,7 +248,7 @@ class Session:
         owner: str | None = None,
         store: Store | None = None,
         claim: bool = True,
-        catalogs: tuple[RoleCatalog, PluginCatalog] | None = None,
+        catalogs: Catalogs | None = None,
     ) -> tuple[Session, ResumeReport]:
         """Continue a stored session ('last' or an id): conversation, summaries and, by replay, the kernel's variables.
 
@@ -642,7 +645,7 @@ class Session:
                     listener(event)
 
 
-def _catalogs(catalogs: tuple[RoleCatalog, PluginCatalog] | None) -> dict[str, Any]:
+def _catalogs(catalogs: Catalogs | None) -> dict[str, Any]:
     """SessionOptions' roles and plugins from a workspace's catalogs (none: the session discovers them)."""
     return {} if catalogs is None else {"roles": catalogs[0], "plugins": catalogs[1]}
 

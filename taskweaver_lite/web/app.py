@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from taskweaver_lite.config import Config
 from taskweaver_lite.errors import StoreError
 from taskweaver_lite.store.interface import Store
-from taskweaver_lite.store.opening import open_store, store_url
+from taskweaver_lite.store.opening import store_url
 from taskweaver_lite.web.access_log import AccessLog, AccessLogMiddleware
 from taskweaver_lite.web.api import api_routes, error
 from taskweaver_lite.web.auth import COOKIE, Access, trusted_header
@@ -37,6 +37,7 @@ from taskweaver_lite.web.fanout import Fanout
 from taskweaver_lite.web.hub import Hub, ServerParts
 from taskweaver_lite.web.metrics import CONTENT_TYPE, Metrics, RequestMetrics
 from taskweaver_lite.web.replica import check_replica_setup, is_replica
+from taskweaver_lite.workspace import Workspace
 
 STATIC = files("taskweaver_lite.web") / "static"
 Handler = Callable[[Request], Awaitable[Response]]
@@ -50,7 +51,9 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
     ConfigError when a PostgreSQL store would get local kernels on a server that may have replicas.
     """
     check_replica_setup(config)
-    hub = Hub(config, ServerParts(store=open_store(config), metrics=Metrics(), fanout=Fanout()), preload=preload)
+    workspace = Workspace(config)  # the project opened once: its store, roles and plugins serve every session here
+    parts = ServerParts(store=workspace.store, metrics=Metrics(), fanout=Fanout(), catalogs=(workspace.roles, workspace.plugins))
+    hub = Hub(config, parts, preload=preload)
     access = access.with_users(hub.parts.store, trusted=trusted_header(config.serve))  # the store's users, once it has any
     url = store_url(config)
     if url is not None and is_replica(config):

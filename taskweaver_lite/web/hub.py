@@ -25,7 +25,7 @@ from taskweaver_lite.config import Config
 from taskweaver_lite.errors import SessionBusyError, StoreError
 from taskweaver_lite.events import CellPrinted, Event, ModelCalled, ReplyStreamed, Working
 from taskweaver_lite.kernel.executor import close_thread_loop
-from taskweaver_lite.session import Session
+from taskweaver_lite.session import Catalogs, Session
 from taskweaver_lite.store.interface import Store
 from taskweaver_lite.web.fanout import Fanout
 from taskweaver_lite.web.leases import Hold, LeaseBusy, Leases
@@ -53,6 +53,7 @@ class ServerParts:
     fanout: Fanout
     replica: Replica | None = None  # this server is one of several (a PostgreSQL store, kernels on a gateway)
     leases: Leases | None = None
+    catalogs: Catalogs | None = None  # the project's roles and plugins, found once (Workspace); None: each session finds them
 
 
 class Hub:
@@ -68,7 +69,7 @@ class Hub:
 
     def join_replicas(self, url: str) -> None:
         """Serve as one replica of several on the PostgreSQL store at `url`: leases on sessions, events and Stop heard from the others."""
-        replica = Replica(self.config, self.parts.store, metrics=self.parts.metrics)
+        replica = Replica(self.config, self.parts.store, metrics=self.parts.metrics, catalogs=self.parts.catalogs)
         leases = Leases(self.parts.store, seconds=self.config.serve.lease_timeout, wait=self.config.serve.lease_wait, on_lost=self.stop_here)
         self.parts = dataclasses.replace(self.parts, replica=replica, leases=leases)
         self.parts.fanout.listen(url, on_stop=self.stop_here)
@@ -88,7 +89,10 @@ class Hub:
         self._refuse_when_stopping()
         session_id = new_session_id()
         executor = self.replica.executor(session_id) if self.replica is not None else None
-        session = Session.open(self.config, session_id=session_id, executor=executor, owner=owner, store=self.parts.store, claim=self.replica is None)
+        parts = self.parts
+        session = Session.open(
+            self.config, session_id=session_id, executor=executor, owner=owner, store=parts.store, claim=self.replica is None, catalogs=parts.catalogs
+        )
         for path in self._preload:
             session.load_file(path)
         return self._keep(LiveSession(session))
@@ -102,7 +106,8 @@ class Hub:
             if session_id in self._open:
                 return session_id
         try:
-            session, _ = Session.resume(self.config, session_id, owner=owner, store=self.parts.store)  # the replay runs cells from this thread
+            # The replay runs cells from this thread.
+            session, _ = Session.resume(self.config, session_id, owner=owner, store=self.parts.store, catalogs=self.parts.catalogs)
         except SessionBusyError as exc:
             raise Busy(str(exc)) from None
         finally:
