@@ -276,3 +276,16 @@ def test_a_user_deletes_their_own_tips_but_not_the_ones_everyone_shares(store: S
     assert experience.delete(mine.id).text == "ana likes bar charts"
     admin = Experience(store=store, folder=tmp_path / "none", settings=ExperienceConfig())
     assert admin.delete(shared.id).text == "revenue is in euros" and store.stored_tips() == []
+
+
+@pytest.mark.postgres
+def test_a_role_without_create_rights_uses_a_store_an_administrator_migrated(postgres_cluster: PostgresCluster, postgres_url: str) -> None:
+    PostgresStore(postgres_url)  # migrated by the owner
+    database = postgres_url.rsplit("/", 1)[1]
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE app_{database} LOGIN PASSWORD 'app-pass'")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO app_{database}")
+    app_url = postgres_url.replace(f"twl:{postgres_cluster.password}@", f"app_{database}:app-pass@")
+    store = PostgresStore(app_url)
+    started(store, "s")
+    assert [e.id for e in store.list_sessions()] == ["s"]
