@@ -38,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from taskweaver_lite.testing.kernel_gateway import kernel_gateway
+from taskweaver_lite.testing.kernel_gateway import Gateway, kernel_gateway
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster, running_cluster
 from taskweaver_lite.testing.replicas import ServeProcess, write_team_project
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
@@ -109,10 +109,16 @@ def run_clients(urls: list[str], sessions: list[str], model: Model, *, requests:
                             response.read()
                             time.sleep(0.05)
                             continue
+                        last = ""
                         for line in response.iter_lines():
                             if line.startswith('data: {"type": "answer"'):
                                 arrivals[marker] = time.perf_counter()
+                            last = line or last
+                        if marker not in arrivals:
+                            print(f"session {n}, request {r}: HTTP {response.status_code}, no answer; the stream ended with {last[:300]!r}", file=sys.stderr)
                     break
+                else:
+                    print(f"session {n}, request {r}: refused (409) 100 times", file=sys.stderr)
 
     threads = [threading.Thread(target=client, args=(n, session_id)) for n, session_id in enumerate(sessions)]
     for thread in threads:
@@ -122,16 +128,27 @@ def run_clients(urls: list[str], sessions: list[str], model: Model, *, requests:
     return arrivals
 
 
-def measure_load(setups: dict[str, Callable[[], Any]], model: Model, *, sizes: list[int], requests: int) -> dict[tuple[str, int], tuple[float, float, int]]:
+def measure_load(
+    setups: dict[str, Callable[[], Any]], model: Model, *, sizes: list[int], requests: int, gateway: Gateway
+) -> dict[tuple[str, int], tuple[float, float, int]]:
     results: dict[tuple[str, int], tuple[float, float, int]] = {}
     for name, start in setups.items():
         for size in sizes:
             with start() as servers:
                 latencies, rate, answered = load([s.url for s in servers], model, sessions=size, requests=requests)
+            cull(gateway)  # replicas leave kernels on the gateway; a deployment's culling ends them, here at once
             results[(name, size)] = (p95(latencies), rate, answered)
             line = f"  {name:8} {size:3} sessions: p95 {p95(latencies) * 1000:7.1f} ms, {rate:6.1f} requests/s, {answered} answered"
             print(line, file=sys.stderr, flush=True)
     return results
+
+
+def cull(gateway: Gateway) -> None:
+    """End every kernel the gateway runs (what its idle culling does in a deployment)."""
+    headers = {"Authorization": f"token {gateway.token}"}
+    with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as http:
+        for kernel in http.get("/api/kernels").json():
+            http.delete(f"/api/kernels/{kernel['id']}")
 
 
 def kills(project: Path, *, count: int, lease: float) -> tuple[list[float], list[float], int, int, float]:
@@ -222,6 +239,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=5, help="timed requests per session")
     parser.add_argument("--kills", type=int, default=20, help="replicas killed mid-cell (0: none)")
     parser.add_argument("--lease", type=float, default=3.0, help="serve.lease_timeout for the kills")
+    parser.add_argument("--configs", default="sqlite,pg-local,pg-1,pg-2", help="which configurations to load, comma-separated")
     args = parser.parse_args()
     sizes = [int(size) for size in args.sessions.split(",")]
     model = Model()
@@ -234,7 +252,8 @@ def main() -> int:
         with kernel_gateway(root / "gateway") as gateway:
             setups = _setups(root, cluster, gateway_url=gateway, model_url=scripted.url, lease=args.lease)
             print("load (each line: one configuration, one size):", file=sys.stderr)
-            results = measure_load({name: start for name, (start, _) in setups.items()}, model, sizes=sizes, requests=args.requests)
+            chosen = {name: start for name, (start, _) in setups.items() if name in args.configs.split(",")}
+            results = measure_load(chosen, model, sizes=sizes, requests=args.requests, gateway=gateway)
             kill_numbers = kills(setups["pg-2"][1], count=args.kills, lease=args.lease) if args.kills else None
     report(results, sizes, kill_numbers, lease=args.lease)
     return 0
@@ -256,7 +275,7 @@ def _setups(root: Path, cluster: PostgresCluster, *, gateway_url: Any, model_url
 
 def report(results: dict[tuple[str, int], tuple[float, float, int]], sizes: list[int], kills: Any, *, lease: float) -> None:
     print("\nanswer p95 (model's reply sent -> answer event) and requests/s; ratios against one SQLite server at 10 sessions")
-    base_p95, base_rate, _ = results.get(("sqlite", 10), results[("sqlite", sizes[0])])
+    base_p95, base_rate, _ = results.get(("sqlite", 10)) or next(iter(results.values()))
     print(f"{'config':9} {'sessions':>8} {'p95 ms':>8} {'x base':>7} {'req/s':>7} {'x base':>7} {'answered':>8}")
     for (name, size), (latency, rate, answered) in results.items():
         print(f"{name:9} {size:8} {latency * 1000:8.1f} {latency / base_p95:7.2f} {rate:7.1f} {rate / base_rate:7.2f} {answered:8}")
