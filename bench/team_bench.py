@@ -249,7 +249,7 @@ def main() -> int:
         scripted.set_default("planner", model.planner)
         scripted.set_default("code_generator", code_generator)
         scripted.set_default("compression", '{"ConversationSummary": "x was set on request.", "Variables": []}')
-        with kernel_gateway(root / "gateway") as gateway:
+        with kernel_gateway(root / "gateway", options=["--JupyterWebsocketPersonality.list_kernels=True"]) as gateway:
             setups = _setups(root, cluster, gateway_url=gateway, model_url=scripted.url, lease=args.lease)
             print("load (each line: one configuration, one size):", file=sys.stderr)
             chosen = {name: start for name, (start, _) in setups.items() if name in args.configs.split(",")}
