@@ -97,3 +97,18 @@ def test_metrics_count_tokens_cached_and_not_by_role_and_folds() -> None:
     assert 'taskweaver_prompt_tokens_total{cache="uncached",role="planner"} 200.0' in text
     assert 'taskweaver_model_calls_total{ok="false",role="planner (fold)"} 1.0' in text
     assert 'taskweaver_folds_total{ok="true",role="planner"} 1.0' in text
+
+
+def test_renewing_a_request_that_just_ended_does_not_stop_the_next_one(store: SessionStore) -> None:
+    lost: list[str] = []
+    leases = Leases(store, seconds=5, wait=0, on_lost=lost.append)
+    try:
+        ended = leases.take("s1")
+        leases.release(ended)
+        running = leases.take("s1")
+        leases._renew(ended)  # the renewal thread copied the held leases just before the first request ended
+        assert lost == [] and leases.held() == [running]
+        leases._renew(running)
+        assert store.lease("s1") is not None and store.lease("s1").holder == running.holder  # type: ignore[union-attr]
+    finally:
+        leases.close()

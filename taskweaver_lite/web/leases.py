@@ -117,6 +117,9 @@ class Leases:
         if kept:
             return
         with self._lock:
-            self._held.pop(hold.session_id, None)
-        if self._on_lost is not None and not hold.session_id.endswith(ANSWERED):
+            # Released meanwhile (and perhaps taken again by the session's next request): not lost, and not ours to drop.
+            lost = self._held.get(hold.session_id) == hold
+            if lost:
+                del self._held[hold.session_id]
+        if lost and self._on_lost is not None and not hold.session_id.endswith(ANSWERED):
             self._on_lost(hold.session_id)
