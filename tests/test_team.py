@@ -96,8 +96,10 @@ def test_a_session_moves_between_replicas_with_its_variables_and_stays_its_owner
         assert "41" in answer(first, session_id, "RUN<<x = 41\nprint(x)>>")
         assert "42" in answer(second, session_id, "RUN<<print(x + 1)>>"), "the second replica must reach the same kernel"
         assert "43" in answer(first, session_id, "RUN<<print(x + 2)>>"), "and the first must see what the second stored"
+        pids = [answer(client, session_id, "RUN<<import os\nprint('pid', os.getpid())>>").rsplit("pid", 1)[1].split()[0] for client in (first, second)]
+        assert pids[0] == pids[1], "one kernel on the gateway, attached to by each replica in turn (not rebuilt by a replay)"
         history = second.get(f"/api/sessions/{session_id}").json()
-        assert [r["state"] for r in history["rounds"]] == ["finished"] * 3 and history["last_event"] > 0
+        assert [r["state"] for r in history["rounds"]] == ["finished"] * 5 and history["last_event"] > 0
         assert session_id in [row["id"] for row in second.get("/api/sessions").json()]
         # Another user: not there at all, on every route and in the list.
         assert session_id not in [row["id"] for row in bob.get("/api/sessions").json()]
