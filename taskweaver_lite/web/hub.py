@@ -192,7 +192,7 @@ class Hub:
         with self._lock:
             sessions, self._open = list(self._open.values()), {}
         for live in sessions:
-            live.close()
+            live.close(record=self.replica is None)  # a replica's copies may be older than the store
         self.parts.metrics.open_sessions.set(0)
         if self.parts.leases is not None:
             self.parts.leases.close()
@@ -270,7 +270,7 @@ class Hub:
             if self._open.get(live.id) is live:
                 del self._open[live.id]
             self.parts.metrics.open_sessions.set(len(self._open))
-        live.close()
+        live.close(record=False)
 
 
 def _waking(fanout: Fanout, session_id: str) -> Callable[[Event], None]:

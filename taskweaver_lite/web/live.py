@@ -218,8 +218,15 @@ class LiveSession:
         partial.feed(delta.text)
         return {"type": "delta", "role": role, "fields": dict(partial.values)} if partial.values else None
 
-    def close(self) -> None:
+    def close(self, *, record: bool = True) -> None:
+        """Stop what runs and close the session; `record=False` writes nothing more to the store.
+
+        A replica's copy may be older than the store (another replica went on with the session):
+        closing it must not write its summaries over newer ones. Each fold saved its own as it landed.
+        """
         self.stop()
         if self._worker is not None:
             self._worker.join(10)
+        if not record:
+            self.session.store = None
         self.session.close()
