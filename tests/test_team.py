@@ -115,6 +115,7 @@ def test_a_session_moves_between_replicas_with_its_variables_and_stays_its_owner
         metrics = second.get("/metrics").text
         assert 'taskweaver_http_requests_total{method="POST",route="/api/sessions/{id}/messages",status="200"}' in metrics
         assert "taskweaver_prompt_tokens_total{cache=" in metrics and "taskweaver_lease_takeovers_total" in metrics
+        assert "taskweaver_answer_seconds_count" in metrics and "taskweaver_answer_seconds_count 0.0" not in metrics
     log = (team.project / f"access-{team.replicas[1].port}.log").read_text()
     assert f"user=alice session={session_id}" in log and team.tokens["alice"] not in log and "password" not in log
     # A removed user's token stops working (within the two seconds a server trusts what it checked).

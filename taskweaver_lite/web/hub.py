@@ -122,23 +122,30 @@ class Hub:
     def ask(self, session_id: str, text: str, *, loop: asyncio.AbstractEventLoop) -> Turn:
         """Start answering `text` in the session, its events read on `loop` (a replica: call from a thread); Busy, NotOpen, Stopping."""
         self._refuse_when_stopping()
+        started = time.monotonic()
         leases = self.parts.leases
         if leases is None:
             live = self._open_here(session_id)
             since = self.parts.store.last_event_id(session_id)
-            turn = live.ask(text, loop=loop)
+            turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, None))
             turn.since = since
             return turn
         hold = self._take(leases, session_id)
         try:
             live = self._current(session_id)
             live.last_used = time.monotonic()
-            turn = live.ask(text, loop=loop, on_answer=functools.partial(leases.answered, hold), on_done=functools.partial(self._finish, live, hold))
+            turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, hold), on_done=functools.partial(self._finish, live, hold))
             turn.since = live.version
             return turn
         except BaseException:
             leases.release(hold)
             raise
+
+    def _answered(self, started: float, hold: Hold | None) -> None:
+        """A request's answer is stored and on its way: its time counted; on a replica, a contender may now wait for the lease."""
+        self.parts.metrics.answers.observe(time.monotonic() - started)
+        if hold is not None and self.parts.leases is not None:
+            self.parts.leases.answered(hold)
 
     @contextlib.contextmanager
     def using(self, session_id: str) -> Iterator[LiveSession]:
