@@ -230,9 +230,9 @@ def test_while_the_store_restarts_requests_get_503_and_the_sessions_go_on_after(
             assert health.status_code == 503 and health.json()["kernel_gateway"] == "ok" and health.json()["store"] != "ok"
         finally:
             postgres_cluster.start_again()
-        for replica in (first, second):  # each replica's pool and LISTEN connection come back by themselves
+        for client in (first, second):  # each replica's pool and LISTEN connection come back by themselves
             deadline = time.monotonic() + 30
-            while replica.get("/healthz").status_code != 200:
+            while client.get("/healthz").status_code != 200:
                 assert time.monotonic() < deadline, "the replicas must find the store again once it is back"
                 time.sleep(0.5)
         assert "5" in answer(second, session_id, "RUN<<print(before)>>")
