@@ -407,10 +407,21 @@ def _bytes(text: str, *, expected: str) -> int:
 
 
 class StoreConfig(_Section):
-    """Where sessions are kept."""
+    """Where sessions are kept: the project's SQLite file, or a PostgreSQL database for a team (`url`)."""
 
     path: str = Field("sessions.db", description="the SQLite store, relative to the project (or absolute)")
+    url: SecretStr | None = Field(
+        None, description="postgresql://USER:PASSWORD@HOST:PORT/DB keeps everything there, for several servers (null: the SQLite file at path)"
+    )
+    pool_size: int = Field(10, ge=1, le=200, description="connections each server keeps open to the PostgreSQL store at most")
     record_prompts: bool = Field(False, description="also store each model call's whole prompt and reply (large; for studying prompts)")
+
+    @field_validator("url")
+    @classmethod
+    def _a_postgresql_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not value.get_secret_value().startswith(("postgresql://", "postgres://")):
+            raise ValueError("expected a postgresql://USER:PASSWORD@HOST:PORT/DB address (or null for the project's SQLite file)")
+        return value
 
 
 class ExperienceConfig(_Section):
@@ -436,6 +447,28 @@ class EvalConfig(_Section):
     max_rounds: int = Field(60, ge=1, description="user requests per case at most, unless the case sets max_rounds")
 
 
+class ServeConfig(_Section):
+    """`taskweaver-lite serve` as one of several replicas on one PostgreSQL store (see docs/team.md)."""
+
+    single_replica: bool = Field(
+        False, description="true: this is the only serve on its PostgreSQL store, so its kernels may run on this machine (no execution.kernel_gateway)"
+    )
+    lease_timeout: float = Field(
+        15.0, ge=1, le=30, description="seconds a replica that stopped answering (killed, cut off) keeps its running sessions before another takes them"
+    )
+    lease_wait: float = Field(30.0, ge=0, description="seconds a request waits for the previous one of its session to finish its bookkeeping (folds)")
+    drain_timeout: float = Field(60.0, ge=0, description="on SIGTERM: seconds running requests get to finish before they are cut short")
+    hot_sessions: int = Field(
+        100, ge=1, description="sessions a replica keeps in memory between requests at most (the least recently used idle one goes first)"
+    )
+    trusted_user_header: str | None = Field(
+        None, description="a single sign-on proxy's header naming the user (X-Forwarded-User for oauth2-proxy); null: no header is believed"
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=lambda: ["127.0.0.1", "::1"], description="the addresses trusted_user_header is believed from (the proxy's)"
+    )
+
+
 class Config(_Section):
     """Everything a session needs, validated."""
 
@@ -450,6 +483,7 @@ class Config(_Section):
     experience: ExperienceConfig = Field(default_factory=ExperienceConfig)
     document_retriever: DocumentRetrieverConfig = Field(default_factory=DocumentRetrieverConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    serve: ServeConfig = Field(default_factory=ServeConfig)
     # The sections of roles that have no field here (`echo:`, a project role's), written at the top
     # level like `planner:`; load_config moves them here. Not a YAML key of its own.
     role_sections: dict[str, RoleSectionConfig] = Field(default_factory=dict, exclude=True)

@@ -16,6 +16,7 @@ from pydantic_core import ErrorDetails
 
 from taskweaver_lite.config import Config, RoleSectionConfig
 from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.store.url import redact
 from taskweaver_lite.taskweaver_json import JSON_FILE_NAME, read_taskweaver_json
 
 CONFIG_FILE_NAME = "taskweaver_config.yaml"
@@ -291,13 +292,15 @@ def _section(dotted: str) -> type[BaseModel]:
 
 def _wrong_value(err: ErrorDetails, key: str) -> str:
     got = err.get("input")
-    # Only scalars are echoed: a whole section could hold the API key.
-    shown = "" if "api_key" in key or isinstance(got, (dict, list)) else f", got {got!r}"
+    # Only scalars are echoed: a whole section could hold the API key; an address without its password.
+    shown = "" if "api_key" in key or isinstance(got, (dict, list)) else f", got {redact(got) if isinstance(got, str) else got!r}"
     return f"key '{key}': {err['msg'].lower()}{shown}"
 
 
 def _masked(override: str) -> str:
     key, sep, value = override.partition("=")
+    if key.strip().endswith("url") and value:
+        return f"{key}{sep}{redact(value)}"
     return f"{key}{sep}***" if ("api_key" in key or key.strip().endswith("token")) and value else override
 
 

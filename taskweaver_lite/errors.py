@@ -76,6 +76,10 @@ class StoreError(TaskWeaverError):
     """The session store is unreadable, locked, or from a newer version."""
 
 
+class StoreUnavailable(StoreError):
+    """The store cannot be reached now (PostgreSQL down or every connection busy); what it holds is kept (HTTP 503)."""
+
+
 class SessionBusyError(StoreError):
     """Another process has this session open."""
 

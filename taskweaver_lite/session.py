@@ -18,15 +18,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.config import DISTILLER, FOLDER, Config, LLMConfig, LLMOverrides, RoleSectionConfig, merged_llm
+from taskweaver_lite.assembly import OpeningGuard, default_executor, kept_variables, new_session_id, role_models
+from taskweaver_lite.config import DISTILLER, FOLDER, Config, LLMOverrides, RoleSectionConfig, merged_llm
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
@@ -40,14 +39,15 @@ from taskweaver_lite.memory.compression import ContextSettings, RoleContext
 from taskweaver_lite.memory.conversation import USER, Conversation, Post, Round
 from taskweaver_lite.memory.summary import CompressionState
 from taskweaver_lite.memory.variables import LiveVariables
-from taskweaver_lite.plugins.catalog import PluginCatalog, PluginSpec, discover
+from taskweaver_lite.plugins.catalog import PluginCatalog, discover
 from taskweaver_lite.roles.builtin import BuiltRole, CodeInterpreterRole, PlannerRole, SessionParts, build_role
 from taskweaver_lite.roles.planner import list_working_files
 from taskweaver_lite.roles.registry import RoleCatalog, RoleSpec, discover_roles
 from taskweaver_lite.roles.role import RepairTurns, Role
 from taskweaver_lite.roles.worker import RoleRequest, RoleTools, Turn
-from taskweaver_lite.store.database import SessionStore, StoreRecorder
-from taskweaver_lite.store.lock import SessionLock
+from taskweaver_lite.store.interface import SessionClaim, Store
+from taskweaver_lite.store.opening import open_store
+from taskweaver_lite.store.recorder import StoreRecorder
 from taskweaver_lite.uploads import check_upload
 from taskweaver_lite.workfiles import CopyReport, copy_folder, owner_only_folder
 
@@ -56,6 +56,9 @@ RESET_COPY_UPLOADS = 4
 
 # Experience tips take at most this fraction of a role's prompt budget (and experience.max_tokens).
 EXPERIENCE_SHARE = 8
+
+
+Catalogs = tuple[RoleCatalog, PluginCatalog]  # a project's roles and plugins, as a Workspace found them once
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,10 @@ UNDO_FOLD_WAIT = 30.0  # seconds /undo waits for a running fold (it may be foldi
 class SessionOptions:
     """What a session may be given besides its config, model and executor (Session.open and resume fill it in)."""
 
-    store: SessionStore | None = None
-    lock: SessionLock | None = None
+    store: Store | None = None
+    lock: SessionClaim | None = None
+    owner: str | None = None  # the user the session belongs to (None: no users)
+    owns_store: bool = True  # opened for this session (closed with it), not handed in by a server that shares it
     usage_before: Usage = Usage()
     executor_factory: ExecutorFactory | None = None  # how /reset builds the next session's executor
     plugins: PluginCatalog | None = None
@@ -122,6 +127,7 @@ class Session:
         self.id = session_id
         self.executor = executor
         self.store = options.store
+        self.owner = options.owner
         self.conversation = Conversation()
         self._lock = options.lock
         self._listeners = list(listeners)
@@ -134,7 +140,7 @@ class Session:
         self._lost: list[str] = []
         self._recency: dict[str, int] = {}  # variable name -> the last cell that created or changed it
         self._cells = 0
-        self.experience = Experience(store=self.store, folder=config.experience_dir, settings=config.experience)
+        self.experience = Experience(store=self.store, owner=options.owner, folder=config.experience_dir, settings=config.experience)
         self.active = self._build_roles()
         self._hook_experience()
         # Each role's view of the finished rounds, extended as rounds finish (a view costs a copy of every round).
@@ -145,7 +151,7 @@ class Session:
             raise ConfigError("session.roles must include planner: it is the role the user talks to")
         self._entry, self._planner = entry, entry.role
         if self.store is not None:
-            self._listeners.append(StoreRecorder(self.store, session_id, compression_state=self._compression_state))
+            self._listeners.append(StoreRecorder(self.store, session_id, compression_state=self._compression_state, working_dir=self.working_dir))
 
     @property
     def working_dir(self) -> Path:
@@ -205,19 +211,28 @@ class Session:
         listeners: Iterable[Listener] = (),
         session_id: str | None = None,
         confirm: ConfirmCell | None = None,
+        owner: str | None = None,
+        store: Store | None = None,
+        claim: bool = True,
+        catalogs: Catalogs | None = None,
     ) -> Session:
         """Start a stored session: its kernel boots in the background while the first request is typed.
 
         `model` defaults to the openai-SDK client for `config.llm`; `executor` builds the session's
         executor from its session folder (default: a local Jupyter kernel). `confirm` turns on
-        confirm mode: it is asked about each cell before the cell runs.
+        confirm mode: it is asked about each cell before the cell runs. `owner`: the user it belongs to.
+        `store`: a store the caller keeps open and closes (default: `config`'s, opened for this session);
+        `claim=False` takes no claim on the session for this process (replicas guard each request instead).
+        `catalogs`: the project's roles and plugins as a `Workspace` found them (default: discovered now).
         """
         session_id = session_id or new_session_id()
-        store = SessionStore(config.store_path)
-        with _closing_on_error(store) as guard:
-            lock = guard.lock = store.lock(session_id)
-            store.create_session(session_id, started=time.time())
-            return cls._assemble(config, session_id, store=store, lock=lock, model=model, executor=executor, listeners=listeners, confirm=confirm)
+        owns_store = store is None
+        store = store or open_store(config)
+        with OpeningGuard(store, owned=owns_store) as guard:
+            lock = guard.lock = store.lock(session_id) if claim else None
+            store.create_session(session_id, started=time.time(), owner=owner)
+            parts = SessionOptions(store=store, lock=lock, owner=owner, owns_store=owns_store, confirm=confirm, **_catalogs(catalogs))
+            return cls._assemble(config, session_id, parts, model=model, executor=executor, listeners=listeners)
 
     @classmethod
     def resume(
@@ -231,27 +246,31 @@ class Session:
         listeners: Iterable[Listener] = (),
         on_replay: Callable[[int, int], None] | None = None,
         confirm: ConfirmCell | None = None,
+        owner: str | None = None,
+        store: Store | None = None,
+        claim: bool = True,
+        catalogs: Catalogs | None = None,
     ) -> tuple[Session, ResumeReport]:
-        """Continue a stored session ('last' or an id): conversation, summaries and, by replay, the kernel's variables."""
-        store = SessionStore(config.store_path)
-        with _closing_on_error(store) as guard:
-            session_id = store.resolve(ref)
-            lock = guard.lock = store.lock(session_id)
+        """Continue a stored session ('last' or an id): conversation, summaries and, by replay, the kernel's variables.
+
+        With `owner`, only that user's sessions are found (another's is unknown, as if absent); `store`,
+        `claim` and `catalogs` as in `open`.
+        """
+        owns_store = store is None
+        store = store or open_store(config)
+        with OpeningGuard(store, owned=owns_store) as guard:
+            session_id = store.resolve(ref, owner=owner)
+            lock = guard.lock = store.lock(session_id) if claim else None
             cut_off = store.mark_interrupted(session_id)
             stored = store.load(session_id)
             cells = store.successful_cells(session_id) if replay else []
-            session = cls._assemble(
-                config,
-                session_id,
-                store=store,
-                lock=lock,
-                model=model,
-                executor=executor,
-                listeners=listeners,
-                usage_before=stored.usage,
-                confirm=confirm,
+            parts = SessionOptions(
+                store=store, lock=lock, owner=stored.owner, owns_store=owns_store, usage_before=stored.usage, confirm=confirm, **_catalogs(catalogs)
             )
+            session = cls._assemble(config, session_id, parts, model=model, executor=executor, listeners=listeners)
         session._restore(stored.rounds, loads=stored.loads, compression=stored.compression)
+        if cells and kept_variables(session.executor):
+            cells = []  # attached to the gateway kernel that outlived the server before: the variables are there
         failed_cells = 0
         for number, code in enumerate(cells, 1):
             failed_cells += not session.executor.run(code).success
@@ -273,6 +292,8 @@ class Session:
         """Take back a stored session's record: its rounds, its loads, and each role's summary (by the role's key)."""
         self.conversation.rounds = list(rounds)
         self.loads = list(loads)
+        # Files loaded after the last request (perhaps by another server) are announced by the next one.
+        self._notes = [self._planner.file_note(load.name) for load in self.loads if load.after_round == len(self.conversation.rounds)]
         for context in self.contexts().values():
             saved = compression.get(context.role)
             if saved:
@@ -283,32 +304,20 @@ class Session:
         cls,
         config: Config,
         session_id: str,
+        parts: SessionOptions,
         *,
-        store: SessionStore,
-        lock: SessionLock,
         model: ChatModel | None,
         executor: ExecutorFactory | None,
         listeners: Iterable[Listener],
-        usage_before: Usage = Usage(),
-        confirm: ConfirmCell | None = None,
     ) -> Session:
-        roles = discover_roles(config.project_dir, enabled=config.session.roles, config=config)
+        roles = parts.roles or discover_roles(config.project_dir, enabled=config.session.roles, config=config)
         roles.check_names()  # a typo in session.roles stops here, before the kernel starts or a model is called
         chat_model = model or role_models(config, roles=roles.enabled)
-        plugins = discover(config.project_dir)
+        plugins = parts.plugins or discover(config.project_dir)
         for folder in (config.sessions_dir, config.sessions_dir / session_id):
             owner_only_folder(folder)  # conversations, outputs and sockets: no other user (or kernel) may look in
         running = (executor or default_executor(config, plugins=plugins.enabled))(config.sessions_dir / session_id)
-        options = SessionOptions(
-            store=store,
-            lock=lock,
-            usage_before=usage_before,
-            executor_factory=executor,
-            plugins=plugins,
-            roles=roles,
-            owns_model=model is None,
-            confirm=confirm,
-        )
+        options = replace(parts, executor_factory=executor, plugins=plugins, roles=roles, owns_model=model is None)
         try:
             return cls(config, model=chat_model, executor=running, session_id=session_id, listeners=listeners, options=options)
         except BaseException:  # bad examples or prompts: the kernel already booting must not linger
@@ -416,7 +425,18 @@ class Session:
         `reset_report` says what was copied and what was not (links, odd files, past the bounds).
         """
         listeners = [listener for listener in self._listeners if not isinstance(listener, StoreRecorder)]
-        fresh = Session.open(self.config, model=self._model.inner, executor=self.options.executor_factory, listeners=listeners, confirm=self.options.confirm)
+        options = self.options
+        shared = None if options.owns_store else self.store  # a server's store stays the server's
+        fresh = Session.open(
+            self.config,
+            model=self._model.inner,
+            executor=options.executor_factory,
+            listeners=listeners,
+            confirm=options.confirm,
+            owner=self.owner,
+            store=shared,
+            claim=self._lock is not None,
+        )
         # The old kernel wrote this folder: no link is followed, and the copy is bounded (count, bytes).
         limit = RESET_COPY_UPLOADS * self.config.session.max_upload_bytes
         fresh.reset_report = copy_folder(self.working_dir, fresh.working_dir, max_bytes=limit)
@@ -547,7 +567,7 @@ class Session:
             finally:
                 if self._lock is not None:
                     self._lock.release()
-                if store is not None:
+                if store is not None and self.options.owns_store:
                     store.close()
                 self._close_model()
 
@@ -627,44 +647,9 @@ class Session:
                     listener(event)
 
 
-def role_models(config: Config, *, roles: Sequence[RoleSpec]) -> ChatModel:
-    """The openai-SDK clients a session calls: one per distinct role model (`<role>.llm`), shared when equal."""
-    from taskweaver_lite.llm.client import OpenAIChatModel, RoutedModel
-
-    clients: dict[str, OpenAIChatModel] = {}
-
-    def client(llm: LLMConfig) -> OpenAIChatModel:
-        secret = llm.api_key.get_secret_value() if llm.api_key is not None else None
-        key = json.dumps([llm.model_dump(mode="json", exclude={"api_key"}), secret], sort_keys=True)
-        if key not in clients:
-            clients[key] = OpenAIChatModel(llm)
-        return clients[key]
-
-    folder = client(config.llm_for(FOLDER))
-    by_purpose: dict[str, ChatModel] = {}
-    for spec in roles:
-        by_purpose[spec.key] = client(merged_llm(config.llm, spec.section(config.role_section(spec.key)).llm))
-        by_purpose[f"compression_{spec.key}"] = folder
-    by_purpose[DISTILLER] = client(config.llm_for(DISTILLER))
-    return RoutedModel(by_purpose, default=client(config.llm))
-
-
-def default_executor(config: Config, *, plugins: Sequence[PluginSpec] = ()) -> ExecutorFactory:
-    """A Jupyter kernel per session, started in the background, with `plugins` loaded in it: local, or on `execution.kernel_gateway`."""
-    from taskweaver_lite.kernel.executor import KernelExecutor
-
-    gateway = config.execution.kernel_gateway
-    if gateway is not None:
-        try:
-            from taskweaver_lite.kernel.remote import GatewayExecutor
-        except ImportError as exc:
-            raise ConfigError(
-                f"execution.kernel_gateway needs {exc.name}: pip install 'taskweaver-lite[gateway]'"
-            ) from exc
-        return functools.partial(GatewayExecutor, config=config.execution, gateway=gateway, output_tokens=config.cell_output_tokens, plugins=tuple(plugins))
-    # A sandboxed kernel sees neither the project folder nor the store (wherever store.path puts it).
-    hidden = (config.project_dir, config.store_path.parent)
-    return functools.partial(KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens, plugins=tuple(plugins), hidden=hidden)
+def _catalogs(catalogs: Catalogs | None) -> dict[str, Any]:
+    """SessionOptions' roles and plugins from a workspace's catalogs (none: the session discovers them)."""
+    return {} if catalogs is None else {"roles": catalogs[0], "plugins": catalogs[1]}
 
 
 def _good_cells(rounds: Sequence[Round]) -> list[str]:
@@ -675,11 +660,6 @@ def _good_cells(rounds: Sequence[Round]) -> list[str]:
 def _newest_first(variables: Sequence[Variable], recency: dict[str, int]) -> tuple[Variable, ...]:
     """Most recently created or changed first; the kernel's own order among equals."""
     return tuple(sorted(variables, key=lambda v: -recency.get(v.name, 0)))
-
-
-def new_session_id() -> str:
-    """A sortable, readable session id: date, time, and a short random suffix."""
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
 
 
 def _last_report(rnd: Round, *, to: str) -> str:
@@ -695,20 +675,3 @@ def role_failure(spec: RoleSpec, exc: BaseException) -> str:
     if isinstance(exc, TaskWeaverError):
         return f"The {spec.alias} role could not answer: {why} (its model is set by {spec.key}.llm over llm). Go on without it."
     return f"The {spec.alias} role failed ({type(exc).__name__}: {why}) in its class from {spec.where}. Go on without it."
-
-
-class _closing_on_error:
-    """Closes the store, and releases the session lock once taken, if opening a session fails."""
-
-    def __init__(self, store: SessionStore) -> None:
-        self.store = store
-        self.lock: SessionLock | None = None
-
-    def __enter__(self) -> _closing_on_error:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
-        if kind is not None:
-            if self.lock is not None:
-                self.lock.release()
-            self.store.close()

@@ -14,12 +14,16 @@ import pytest
 
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
+from taskweaver_lite.store.postgres import close_pools
+from taskweaver_lite.testing.postgres_cluster import PostgresCluster, binaries, running_cluster
 
-TIERS = ("unit", "kernel", "cli", "soak", "llama")
+TIERS = ("unit", "kernel", "cli", "soak", "llama", "postgres", "team")
 # unit: no kernel, no program started, nothing off this machine (a scripted model server on 127.0.0.1 in
 # a thread is fine); kernel: a real ipykernel (local, sandboxed or on a gateway) or a browser; cli: the
 # program run as a command; soak: long sessions and endurance; llama: llama.cpp's own server, built once
-# by .ci/llama-server.sh (the tests skip without it).
+# by .ci/llama-server.sh (the tests skip without it); postgres: a private PostgreSQL server started
+# for the test run (the store's tests on their second backend); team: several `serve` processes on that
+# PostgreSQL server and a real kernel gateway (the replicas' flows, faults included).
 FILE_TIERS = {
     "test_cell_output.py": "kernel",
     "test_cli.py": "cli",
@@ -107,3 +111,19 @@ def kernel_executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel
     with KernelExecutor(tmp_path_factory.mktemp("kernel-session"), config=config) as executor:
         executor.wait_ready()
         yield executor
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """One private PostgreSQL server for the whole run (Debian's binaries; skipped, saying why, without them)."""
+    if binaries() is None:
+        pytest.skip("no PostgreSQL server here (apt-get install postgresql; .ci/run does)")
+    with running_cluster() as cluster:
+        yield cluster
+        close_pools()  # before the server stops: no pool left reconnecting to it
+
+
+@pytest.fixture
+def postgres_url(postgres_cluster: PostgresCluster) -> str:
+    """A new, empty database on the run's PostgreSQL server: its URL, with the password."""
+    return postgres_cluster.new_database()

@@ -17,13 +17,14 @@ import pytest
 import requests
 from helpers import REPO, make_project
 
+from taskweaver_lite.assembly import default_executor
 from taskweaver_lite.config import ExecutionConfig, KernelGatewayConfig
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError, GatewayAuthError, GatewayUnreachableError
 from taskweaver_lite.kernel import remote
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.remote import GatewayExecutor
-from taskweaver_lite.session import Session, default_executor
+from taskweaver_lite.session import Session
 from taskweaver_lite.testing.kernel_gateway import Gateway, Relay, free_port, kernel_gateway
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 

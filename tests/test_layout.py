@@ -79,6 +79,23 @@ def test_the_package_has_no_import_cycle_counting_deferred_and_type_checking_imp
     assert cycle is None, "import cycle: " + " -> ".join(cycle or ())
 
 
+# What the memory and the knowledge build on: below them sit the model wire, the config, the values and the templates.
+ABOVE_MEMORY = ("roles", "session", "store", "web", "cli", "eval", "kernel", "plugins", "events", "event_json", "workspace")
+
+
+@pytest.mark.parametrize("package", ["memory", "knowledge"])
+def test_memory_and_knowledge_import_nothing_above_them(package: str) -> None:
+    graph = {name: set(imported_modules(name, path)) for name, path in MODULES.items()}
+    reached: set[str] = set()
+    todo = [name for name in MODULES if name.startswith(f"{PACKAGE}.{package}.")]
+    while todo:
+        for target in graph[todo.pop()] - reached:
+            reached.add(target)
+            todo.append(target)
+    above = sorted(name for name in reached if name.removeprefix(f"{PACKAGE}.").split(".")[0] in ABOVE_MEMORY)
+    assert above == [], f"{package}/ reaches modules above it: {above}"
+
+
 def test_the_cycle_finder_names_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None

@@ -22,7 +22,7 @@ from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 from taskweaver_lite.testing.web_server import WebServer
 from taskweaver_lite.web.auth import Access
-from taskweaver_lite.web.hub import END, Turn
+from taskweaver_lite.web.live import END, Turn
 
 PLOT = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.savefig('trend.png')\nplt.show()\nprint('plotted')"
 

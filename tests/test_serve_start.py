@@ -91,7 +91,7 @@ def test_the_start_line_is_a_link_that_signs_the_page_in_and_the_token_leaves_th
 def test_the_access_log_line_hides_the_token_and_keeps_the_rest() -> None:
     scope = {"client": ("127.0.0.1", 5), "method": "GET", "path": "/", "query_string": b"token=abc&x=1"}
     line = request_line(scope, status=303, seconds=0.012)
-    assert line.endswith("127.0.0.1 GET /?token=***&x=1 303 12ms")
+    assert line.endswith("127.0.0.1 GET /?token=***&x=1 303 12ms user=- session=-")
 
 
 def test_the_start_line_names_a_usable_address_for_a_wildcard_host() -> None:

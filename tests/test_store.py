@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -11,7 +12,9 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 from helpers import REPO
 from recorded_session import PLOT_CODE, WRITE_CODE, RecordedSession, record_session
@@ -20,7 +23,10 @@ from taskweaver_lite.errors import SessionBusyError, StoreError
 from taskweaver_lite.events import Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
 from taskweaver_lite.execution import ExecutionResult, Variable
 from taskweaver_lite.memory.conversation import Conversation, Post, Round, RoundState
-from taskweaver_lite.store.database import SessionStore, StoreRecorder
+from taskweaver_lite.store.database import SessionStore
+from taskweaver_lite.store.interface import Store
+from taskweaver_lite.store.postgres import PostgresStore
+from taskweaver_lite.store.recorder import StoreRecorder
 from taskweaver_lite.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
 
 # Records rounds of three posts in a loop and prints how many events are committed after each one.
@@ -84,11 +90,26 @@ def stored_events(path: Path, session_id: str) -> int:
     return int(rounds + posts + ended)
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[SessionStore]:
-    opened = SessionStore(tmp_path / "sessions.db")
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """The store on each backend: the SQLite file, and a fresh PostgreSQL database."""
+    opened: Store
+    if request.param == "sqlite":
+        opened = SessionStore(tmp_path / "sessions.db")
+    else:
+        opened = PostgresStore(request.getfixturevalue("postgres_url"))
     yield opened
     opened.close()
+
+
+def table_rows(store: Store, sql: str) -> list[tuple[Any, ...]]:
+    """Rows read straight from the store's database, past its interface (to see what it really keeps)."""
+    if isinstance(store, SessionStore):
+        with sqlite3.connect(store.path) as db:
+            return [tuple(row) for row in db.execute(sql).fetchall()]
+    assert isinstance(store, PostgresStore)
+    with psycopg.connect(store._url) as conn:
+        return [tuple(row) for row in conn.execute(sql).fetchall()]
 
 
 def code_post(code: str, *, success: bool = True, variables: tuple[str, ...] = ()) -> Post:
@@ -96,7 +117,7 @@ def code_post(code: str, *, success: bool = True, variables: tuple[str, ...] = (
     return Post("CodeInterpreter", "Planner", "ran it", code=code, execution=result)
 
 
-def record_round(store: SessionStore, session_id: str, index: int, query: str, posts: list[Post], *, state: RoundState | None = "finished") -> Round:
+def record_round(store: Store, session_id: str, index: int, query: str, posts: list[Post], *, state: RoundState | None = "finished") -> Round:
     rnd = Round(index=index, user_query=query)
     store.record(session_id, RoundStarted(rnd))
     for post in posts:
@@ -159,7 +180,7 @@ def test_sessions_list_newest_first_with_title_rounds_and_times(recorded: Record
 # --- sessions, rounds and events ------------------------------------------------------------------
 
 
-def test_ids_resolve_from_last_an_exact_id_or_a_unique_prefix(store: SessionStore) -> None:
+def test_ids_resolve_from_last_an_exact_id_or_a_unique_prefix(store: Store) -> None:
     for number, session_id in enumerate(["20250101-a", "20250102-b", "20250102-c"]):
         store.create_session(session_id, started=100.0 + number)
         record_round(store, session_id, 1, f"question {number}", [])
@@ -172,7 +193,7 @@ def test_ids_resolve_from_last_an_exact_id_or_a_unique_prefix(store: SessionStor
         store.resolve("nope")
 
 
-def test_sessions_without_a_round_are_not_listed_and_never_last(store: SessionStore) -> None:
+def test_sessions_without_a_round_are_not_listed_and_never_last(store: Store) -> None:
     store.create_session("real", started=100.0)
     record_round(store, "real", 1, "sum the sales", [code_post("total = 1")])
     store.create_session("left-at-once", started=time.time())  # newer and more recently active, but empty
@@ -184,16 +205,16 @@ def test_sessions_without_a_round_are_not_listed_and_never_last(store: SessionSt
     assert store.load("left-at-once").rounds == []
 
 
-def test_last_is_a_clear_error_when_no_session_has_a_round(store: SessionStore) -> None:
-    with pytest.raises(StoreError, match=r"there are no stored sessions in .*sessions\.db yet"):
+def test_last_is_a_clear_error_when_no_session_has_a_round(store: Store) -> None:
+    with pytest.raises(StoreError, match=rf"there are no stored sessions in {re.escape(store.where)} yet"):
         store.resolve("last")
     store.create_session("left-at-once", started=time.time())
     assert store.list_sessions() == []
-    with pytest.raises(StoreError, match=r"there are no stored sessions in .*sessions\.db yet"):
+    with pytest.raises(StoreError, match=rf"there are no stored sessions in {re.escape(store.where)} yet"):
         store.resolve("last")
 
 
-def test_a_round_left_running_by_a_crash_is_reported_then_marked_failed(store: SessionStore) -> None:
+def test_a_round_left_running_by_a_crash_is_reported_then_marked_failed(store: Store) -> None:
     store.create_session("s", started=time.time())
     record_round(store, "s", 1, "first", [code_post("a = 1", variables=("a",))])
     record_round(store, "s", 2, "second", [code_post("b = 2", variables=("a", "b"))], state=None)
@@ -206,32 +227,31 @@ def test_a_round_left_running_by_a_crash_is_reported_then_marked_failed(store: S
     assert store.successful_cells("s") == ["a = 1", "b = 2"]  # the kernel ran both, whatever became of round 2
 
 
-def test_cells_of_failed_rounds_replay_but_failed_cells_do_not(store: SessionStore) -> None:
+def test_cells_of_failed_rounds_replay_but_failed_cells_do_not(store: Store) -> None:
     store.create_session("s", started=time.time())
     record_round(store, "s", 1, "one", [code_post("a = 1"), code_post("oops", success=False)], state="failed")
     record_round(store, "s", 2, "two", [code_post("b = a + 1")])
     assert store.successful_cells("s") == ["a = 1", "b = a + 1"]
 
 
-def test_prompt_text_is_kept_only_when_the_call_carries_it(store: SessionStore) -> None:
+def test_prompt_text_is_kept_only_when_the_call_carries_it(store: Store) -> None:
     store.create_session("s", started=time.time())
     store.record("s", ModelCalled("planner", 10, 2, 0.5, ok=True))
     store.record("s", ModelCalled("planner", 12, 3, 0.5, ok=True, prompt=({"role": "user", "content": "hi"},), reply="{}"))
     store.record("s", ModelCalled("code_generator", 0, 0, 0.1, ok=False, error="unreachable"))
     store.record("s", Working("planner_thinking"))
-    with sqlite3.connect(store.path) as db:
-        rows = db.execute("SELECT prompt, reply, ok, error FROM model_calls ORDER BY seq").fetchall()
+    rows = table_rows(store, "SELECT prompt, reply, ok, error FROM model_calls ORDER BY seq")
     assert rows == [(None, None, 1, None), ('[{"role": "user", "content": "hi"}]', "{}", 1, None), (None, None, 0, "unreachable")]
     usage = store.load("s").usage
     assert (usage.calls, usage.failed_calls, usage.prompt_tokens, usage.completion_tokens) == (3, 1, 22, 5)
 
 
-def test_recording_into_an_unknown_session_is_a_clear_error(store: SessionStore) -> None:
-    with pytest.raises(StoreError, match=r"session ghost is not in .*sessions\.db"):
+def test_recording_into_an_unknown_session_is_a_clear_error(store: Store) -> None:
+    with pytest.raises(StoreError, match=rf"session ghost is not in {re.escape(store.where)}"):
         store.record("ghost", ModelCalled("planner", 1, 1, 0.1, ok=True))
 
 
-def test_the_recorder_takes_events_from_many_threads_at_once(store: SessionStore) -> None:
+def test_the_recorder_takes_events_from_many_threads_at_once(store: Store) -> None:
     store.create_session("s", started=time.time())
     recorder = StoreRecorder(store, "s")
 
@@ -250,7 +270,7 @@ def test_the_recorder_takes_events_from_many_threads_at_once(store: SessionStore
     assert (stored.usage.calls, stored.usage.prompt_tokens) == (300, 900) and len(stored.rounds[0].posts) == 20
 
 
-def test_a_model_calls_record_is_written_with_the_post_its_reply_became(store: SessionStore) -> None:
+def test_a_model_calls_record_is_written_with_the_post_its_reply_became(store: Store) -> None:
     store.create_session("s", started=time.time())
     recorder = StoreRecorder(store, "s")
     rnd = Conversation().start_round("hello")
@@ -268,7 +288,7 @@ def test_a_model_calls_record_is_written_with_the_post_its_reply_became(store: S
     assert store.load("s").usage.calls == 2
 
 
-def test_a_store_failure_in_a_fold_thread_reaches_the_session_thread(store: SessionStore) -> None:
+def test_a_store_failure_in_a_fold_thread_reaches_the_session_thread(store: Store) -> None:
     recorder = StoreRecorder(store, "later")
     fold = Folded("planner", 1, 2, 100, 10, ok=True)
     thread = threading.Thread(target=recorder, args=(fold,))
@@ -281,7 +301,7 @@ def test_a_store_failure_in_a_fold_thread_reaches_the_session_thread(store: Sess
     assert store.load("later").usage.calls == 1, "the event itself is still recorded"
 
 
-def test_a_fold_saves_the_roles_new_compression_state(store: SessionStore) -> None:
+def test_a_fold_saves_the_roles_new_compression_state(store: Store) -> None:
     store.create_session("s", started=time.time())
     state = {"summary": "they loaded data", "variables": [], "lost": [], "folded_through": 2, "log": []}
     recorder = StoreRecorder(store, "s", compression_state=lambda role: state if role == "planner" else None)

@@ -36,11 +36,12 @@ from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.memory.summary import render_summary
 from taskweaver_lite.memory.variables import render_variables
 from taskweaver_lite.session import Session
-from taskweaver_lite.store.database import SessionStore, stored_sessions
 from taskweaver_lite.store.export import write_export
+from taskweaver_lite.store.opening import store_place, stored_sessions
 from taskweaver_lite.taskweaver_json import JSON_FILE_NAME
 from taskweaver_lite.terminal import strip_controls
 from taskweaver_lite.workfiles import owner_only_file
+from taskweaver_lite.workspace import Workspace
 
 # /summary shows the variables list more fully than a prompt can afford to.
 SUMMARY_VARIABLES_TOKENS = 4_000
@@ -141,15 +142,27 @@ def chat_with(
     renderer: RichConsole | PlainConsole = RichConsole(show_reasoning=config.llm.show_reasoning) if interactive else PlainConsole()
     say: Callable[[str], None] = renderer.say
     asks = terminal_confirm(renderer) if confirm_mode and isinstance(renderer, RichConsole) else None
-    if resume:
-        session, config, kept = _resume(config, resume, replay=replay, overrides=list(overrides), renderer=renderer, say=say, confirm=asks)
-    else:
-        _fit_display(config, renderer)
-        session, kept = Session.open(config, listeners=[renderer], confirm=asks), list(overrides)
+    workspace = Workspace(config)  # the project opened once: its store and catalogs serve every session of this chat
+    try:
+        if resume:
+            session, workspace, kept = _resume(workspace, resume, replay=replay, overrides=list(overrides), renderer=renderer, say=say, confirm=asks)
+        else:
+            _fit_display(config, renderer)
+            session, kept = workspace.new_session(listeners=[renderer], confirm=asks), list(overrides)
+        return _converse(session, kept, renderer, preload=() if resume else preload, project=project, command=command)
+    finally:
+        workspace.close()
+
+
+def _converse(
+    session: Session, kept: list[str], renderer: RichConsole | PlainConsole, *, preload: Sequence[Path], project: Path | None, command: str
+) -> int:
+    """The chat itself, on an open session: its --set values kept, problems told, `preload` loaded, then the requests; `command` continues it."""
+    say = renderer.say
     if session.store is not None:
         session.store.save_overrides(session.id, kept)
     _report_problems(session, renderer)
-    for path in preload if not resume else ():
+    for path in preload:
         loaded = session.load_file(path)
         say(f"Loaded {loaded.name} into the working folder.")
     commands = SlashCommands(session, say=say, remember=lambda item: _remember(commands.session, item))
@@ -241,7 +254,7 @@ def cache_lines(session: Session, role: str) -> list[str]:
 
 
 def _resume(
-    config: Config,
+    workspace: Workspace,
     ref: str,
     *,
     replay: bool,
@@ -249,21 +262,21 @@ def _resume(
     renderer: RichConsole | PlainConsole,
     say: Callable[[str], None],
     confirm: ConfirmCell | None,
-) -> tuple[Session, Config, list[str]]:
-    """Resume with the --set values the session was started with (new ones win); returns it, its config and those values."""
-    project = config.project_dir
+) -> tuple[Session, Workspace, list[str]]:
+    """Resume with the --set values the session was started with (new ones win); returns it, its workspace and those values."""
+    project = workspace.config.project_dir
     try:
-        remembered = _remembered_overrides(config, ref)
+        remembered = workspace.remembered_overrides(ref)
         if remembered:
             overrides = merge_overrides(remembered, overrides)
-            config = load_config(project, overrides)
-        _fit_display(config, renderer)  # after the reload: the stored settings must not undo the terminal's width
-        session = _resume_session(config, ref, replay=replay, renderer=renderer, say=say, confirm=confirm)
+            workspace = workspace.reconfigured(load_config(project, overrides))
+        _fit_display(workspace.config, renderer)  # after the reload: the stored settings must not undo the terminal's width
+        session = _resume_session(workspace, ref, replay=replay, renderer=renderer, say=say, confirm=confirm)
     except UnknownSessionError as exc:
         raise exc.listed_with(_sessions_command(project)) from None
     if remembered:
         say("Re-applied the settings this session was started with: " + " ".join(f"--set {item}" for item in remembered))
-    return session, config, overrides
+    return session, workspace, overrides
 
 
 def merge_overrides(earlier: list[str], later: list[str]) -> list[str]:
@@ -274,26 +287,15 @@ def merge_overrides(earlier: list[str], later: list[str]) -> list[str]:
     return list(merged.values())
 
 
-def _remembered_overrides(config: Config, ref: str) -> list[str]:
-    if not config.store_path.exists():
-        return []
-    store = SessionStore(config.store_path)
-    try:
-        return store.overrides(store.resolve(ref))
-    finally:
-        store.close()
-
-
 def _resume_session(
-    config: Config, ref: str, *, replay: bool, renderer: RichConsole | PlainConsole, say: Callable[[str], None], confirm: ConfirmCell | None = None
+    workspace: Workspace, ref: str, *, replay: bool, renderer: RichConsole | PlainConsole, say: Callable[[str], None], confirm: ConfirmCell | None = None
 ) -> Session:
     if isinstance(renderer, RichConsole):
         from rich.progress import Progress
 
         with Progress(transient=True, console=renderer.console) as progress:
             task = progress.add_task("Re-running earlier cells", total=None)
-            session, report = Session.resume(
-                config,
+            session, report = workspace.resume_session(
                 ref,
                 replay=replay,
                 listeners=[renderer],
@@ -301,8 +303,8 @@ def _resume_session(
                 confirm=confirm,
             )
     else:
-        session, report = Session.resume(
-            config, ref, replay=replay, listeners=[renderer], on_replay=lambda done, total: say(f"Re-running earlier cells: {done}/{total}")
+        session, report = workspace.resume_session(
+            ref, replay=replay, listeners=[renderer], on_replay=lambda done, total: say(f"Re-running earlier cells: {done}/{total}")
         )
     lines = [f"Resumed session {report.session_id}: {report.rounds} earlier requests."]
     if report.cut_off:
@@ -636,12 +638,12 @@ def list_sessions(args: argparse.Namespace) -> int:
     import json
 
     config = load_config(project_dir(args))
-    rows = stored_sessions(config.store_path)
+    rows = stored_sessions(config)
     if args.json:
         print(json.dumps([row.to_dict() for row in rows]))
         return 0
     if not rows:
-        print(f"No stored sessions in {config.store_path}.")
+        print(f"No stored sessions in {store_place(config)}.")
         return 0
     print(f"{'ID':<24} {'STARTED':<17} {'LAST ACTIVE':<17} {'ROUNDS':>6}  TITLE")
     for row in rows:

@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_serve_parser(commands)
 
+    from taskweaver_lite.cli.users import add_users_parser
+
+    add_users_parser(commands)
+
     from taskweaver_lite.cli.eval import add_eval_parser
 
     add_eval_parser(commands)
@@ -106,6 +110,7 @@ _RUNNERS = {
     "serve": ("taskweaver_lite.cli.serve", "run_serve"),
     "eval": ("taskweaver_lite.cli.eval", "run_eval_command"),
     "export": ("taskweaver_lite.cli.chat", "export_session"),
+    "users": ("taskweaver_lite.cli.users", "run_users"),
 }
 # Listings of a project's parts: each function takes the project folder and `--json`.
 _LISTINGS = {

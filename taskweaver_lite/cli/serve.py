@@ -13,17 +13,22 @@ import socket
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from urllib.parse import quote
+
+import uvicorn
 
 from taskweaver_lite.cli.chat import project_dir
 from taskweaver_lite.config import Config
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.roles.registry import discover_roles
+from taskweaver_lite.store.opening import store_has_users
 from taskweaver_lite.terminal import strip_controls
 from taskweaver_lite.web.access_log import AccessLog
 from taskweaver_lite.web.app import build_app
 from taskweaver_lite.web.auth import Access
+from taskweaver_lite.web.hub import Hub
 
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 
@@ -43,9 +48,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] = ()) -> int:
-    import uvicorn
-
-    access = Access.for_address(args.host, args.token)
+    access = Access.for_address(args.host, args.token, store_has_users=store_has_users(config))
     log = AccessLog(args.log) if args.log else None
     try:
         app = build_app(config, access, log=log, preload=preload)
@@ -53,12 +56,30 @@ def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] 
             print(start_line(config.project_dir, host=args.host, port=args.port, token=access.token), file=sys.stderr, flush=True)
             for line in discover_roles(config.project_dir, enabled=config.session.roles, config=config).problems:
                 print(strip_controls(line), file=sys.stderr, flush=True)
-            server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+            server = _Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=round(config.serve.drain_timeout)), hub=app.state.hub)
             server.run(sockets=[sock])
     finally:
         if log is not None:
             log.close()
     return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, told of SIGTERM and Ctrl-C at once: the hub refuses new requests while the running ones finish.
+
+    uvicorn then stops listening, waits up to `serve.drain_timeout` for the running requests (a
+    replica's event streams end at once: their clients reconnect to another replica, missing
+    nothing), and the hub closes its sessions; on a replica their kernels stay on the gateway and
+    their leases are freed, so another replica takes their next request.
+    """
+
+    def __init__(self, config: uvicorn.Config, *, hub: Hub) -> None:
+        super().__init__(config)
+        self._hub = hub
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._hub.stop_taking()
+        super().handle_exit(sig, frame)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from typing import Literal
 
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.llm.client import ChatModel, Message
-from taskweaver_lite.roles.templates import load_prompt
+from taskweaver_lite.templates import load_prompt
 
 STOP_WORD = "TASK_FINISHED"
 Kind = Literal["system", "human", "ai"]

@@ -17,7 +17,7 @@ from taskweaver_lite.eval.outcome import PointResult
 from taskweaver_lite.execution import Executor
 from taskweaver_lite.llm.client import ChatModel
 from taskweaver_lite.llm.replies import extract_json
-from taskweaver_lite.roles.templates import load_prompt
+from taskweaver_lite.templates import load_prompt
 
 
 class NotAVerdict(Exception):

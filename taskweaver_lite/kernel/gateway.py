@@ -61,6 +61,14 @@ class GatewayKernel:
         self.kernel_id = str(model["id"])
         return self.kernel_id
 
+    def attach(self, kernel_id: str) -> bool:
+        """Take over a kernel the gateway already runs (started by another replica); False when it has no such kernel."""
+        self.kernel_id = kernel_id
+        if self.exists():
+            return True
+        self.kernel_id = None
+        return False
+
     def connect(self) -> None:
         """Open (or reopen) the WebSocket to the kernel's channels."""
         self.disconnect()
@@ -160,6 +168,12 @@ class GatewayKernel:
             return bool(self._http.get(self.url + self._path(), timeout=self.config.connect_timeout).status_code == 200)
         except requests.RequestException:
             return False
+
+    def release(self) -> None:
+        """Close our connections and leave the kernel running on the gateway (another replica attaches to it)."""
+        self.disconnect()
+        self.kernel_id = None
+        self._http.close()
 
     def shutdown(self) -> None:
         """End the kernel on the gateway and close every connection; safe to call more than once."""

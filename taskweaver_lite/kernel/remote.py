@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,16 @@ LIVENESS_CHECK = 2.0
 _HOME = "home"
 # Seconds to wait for a new kernel's output channel to answer before asking again.
 IOPUB_PROBE = 0.2
+
+
+@dataclass(frozen=True)
+class KernelHandover:
+    """How a session's kernel outlives one replica: the id of a kernel to attach to, whether to leave it running, who hears a new id."""
+
+    reuse: str | None = None  # a kernel the gateway already runs for this session (its id from the store)
+    keep: bool = False  # on shutdown only disconnect: another replica attaches to it next
+    on_start: Callable[[str], None] | None = None  # told the id of a kernel started here (to store it)
+    cells_before: int = 0  # cells the session ran elsewhere: numbering goes on after them (artifact names stay unique)
 
 
 @dataclass(kw_only=True)
@@ -87,13 +98,30 @@ class GatewayExecutor(SessionKernel):
         gateway: KernelGatewayConfig,
         output_tokens: int = DEFAULT_OUTPUT_TOKENS,
         plugins: tuple[PluginSpec, ...] = (),
+        kernel: KernelHandover = KernelHandover(),
     ) -> None:
-        """Prepare the local folders and start the remote kernel in the background; returns at once."""
+        """Prepare the local folders and start the remote kernel (or attach to `kernel.reuse`) in the background; returns at once."""
         super().__init__(session_dir, config=config, output_tokens=output_tokens, plugins=plugins)
         self.kernel = GatewayKernel(gateway)
+        self.handover = kernel
+        self._cell = max(self._cell, kernel.cells_before)
+        self.attached = False  # the kernel of `handover.reuse` was found with our helpers (and the session's variables) in it
         self.home = f"{REMOTE_SESSIONS}/{self.session_dir.name}"  # made absolute by the kernel at start
         self._expressions = self._cell_expressions(self.home)
         self._begin("gateway-kernel-start")
+
+    def kept_variables(self) -> bool:
+        """Whether the kernel came with the session's variables (attached to one that outlived its replica); waits for it."""
+        try:
+            self.wait_ready()
+        except KernelError:
+            return False
+        return self.attached
+
+    @property
+    def kernel_id(self) -> str | None:
+        """The gateway's id of the session's kernel (None before it started)."""
+        return self.kernel.kernel_id
 
     def upload(self, source: Path, *, name: str | None = None) -> str:
         """Stream a local file into the kernel's working folder in base64 chunks; returns its name there."""
@@ -119,12 +147,41 @@ class GatewayExecutor(SessionKernel):
         return self.home
 
     def _end(self) -> None:
-        self.kernel.shutdown()
+        if self.handover.keep:
+            self.kernel.release()  # the session goes on elsewhere: its kernel stays on the gateway
+        else:
+            self.kernel.shutdown()
 
     def _launch(self) -> None:
+        wanted = self.handover.reuse
+        if wanted is not None and self.kernel.attach(wanted):
+            self.kernel.connect()
+            self.attached = self._reattach()
+            if not self.attached:
+                self._initialize()  # the gateway restarted it since (our helpers and the variables are gone)
+            return
         self.kernel.start(env=dict(self.kernel.config.env))
+        if self.handover.on_start is not None and self.kernel.kernel_id is not None:
+            self.handover.on_start(self.kernel.kernel_id)
         self.kernel.connect()
         self._initialize()
+
+    def _reattach(self) -> bool:
+        """Read the working folder, the libraries and the variables of a kernel our helpers already run in; False if they do not."""
+        deadline = time.monotonic() + self.config.kernel_start_timeout
+        self._settle_orphan(deadline)
+        self._await_iopub(deadline)
+        asked = {_HOME: remote_code.HOME_EXPRESSION, **namespace.LIBRARIES_EXPRESSION, **namespace.cell_expressions(".")}
+        reply = self._reply(self.kernel.execute("", user_expressions={k: v for k, v in asked.items() if k != namespace.CWD}, silent=True), deadline)
+        rows = namespace.snapshot_rows(reply or {})
+        home = _text_value(reply or {}, _HOME)
+        if rows is None or not home:
+            return False
+        self.home = home
+        self._expressions = self._cell_expressions(home)
+        self.libraries = namespace.importable_libraries(reply)
+        self._namespace.take(rows)
+        return True
 
     def _initialize(self) -> None:
         """Load our helpers into a fresh kernel and move it into the session's folder there."""
@@ -146,6 +203,12 @@ class GatewayExecutor(SessionKernel):
             code = namespace.plugin_install_code(self.plugins, session_id=self.session_dir.name, cwd=Path(self.home)) + f"{self._cell})"
             installed = self._reply(self.kernel.execute(code, user_expressions=namespace.PLUGIN_FAILURES_EXPRESSION, silent=True), deadline)
             self.plugin_failures = self._unreported_failures = namespace.plugin_failures(installed)
+
+    def _settle_orphan(self, deadline: float) -> None:
+        """A cell whose replica died may still run in the kernel: interrupt it (its variables so far stay) and wait until idle."""
+        while self.kernel.state() == "busy" and time.monotonic() < deadline:
+            self.kernel.interrupt()
+            time.sleep(POLL_INTERVAL * 5)
 
     def _await_iopub(self, deadline: float) -> None:
         """Ask for kernel_info until its status messages come back: output flows again.

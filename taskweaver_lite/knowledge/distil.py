@@ -17,7 +17,7 @@ from taskweaver_lite.llm.client import ChatModel, Message
 from taskweaver_lite.llm.replies import FieldSpec, ReplySchema, parse_reply
 from taskweaver_lite.llm.tokens import Tokenizer
 from taskweaver_lite.memory.conversation import Post, Round
-from taskweaver_lite.roles.templates import load_prompt
+from taskweaver_lite.templates import load_prompt
 
 PURPOSE = DISTILLER  # the model call's purpose: routed to experience.llm
 REPLY_TOKENS = 800  # a handful of one- or two-sentence tips

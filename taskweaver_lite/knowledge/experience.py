@@ -4,7 +4,10 @@
     experience.block("plot monthly sales", tokenizer=tokenizer, max_tokens=400)   # '' when none fits
 
 Each request is matched against every tip by FTS5's BM25 in an in-memory index, rebuilt only when
-the stored tips or the handcrafted files change. At most `experience.top_k` tips are shown, within
+the stored tips or the handcrafted files change. A store that searches its own tips (PostgreSQL, by
+`tsvector`) ranks the stored ones itself; the handcrafted ones are still ranked in memory, and the
+two lists are interleaved, best first. With an `owner`, only the tips from that user's sessions (and
+from sessions made without users) are listed, found or deleted. At most `experience.top_k` tips are shown, within
 a token cap, in a message that opens the current round (roles/role.py `with_tips`): after the static
 instructions, so those stay cached. TaskWeaver instead puts every tip above a cosine-similarity
 threshold into the system prompt, with no cap, and needs an embedding model for it.
@@ -16,24 +19,34 @@ import sqlite3
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from taskweaver_lite.errors import ExperienceError
 from taskweaver_lite.knowledge.fts import TOKENIZE, fts5_problem, match_query
 from taskweaver_lite.knowledge.tips import KIND_LABELS, HandcraftedTips, Tip, TipKind, read_handcrafted
-from taskweaver_lite.roles.templates import load_prompt
+from taskweaver_lite.templates import load_prompt
 
 if TYPE_CHECKING:
     from taskweaver_lite.config import ExperienceConfig
     from taskweaver_lite.llm.tokens import Tokenizer
-    from taskweaver_lite.store.database import SessionStore
+
+
+class TipStore(Protocol):
+    """What experience needs of a session store (the store implements it; knowledge does not import the store)."""
+
+    def save_tips(self, session_id: str, tips: Sequence[tuple[TipKind, str]]) -> list[Tip]: ...
+    def stored_tips(self, *, owner: str | None = None) -> list[Tip]: ...
+    def tips_version(self) -> tuple[int, int]: ...
+    def delete_tip(self, tip_id: int, *, owner: str | None = None) -> bool: ...
+    def search_tips(self, text: str, *, owner: str | None = None, limit: int) -> list[Tip] | None: ...
 
 
 class Experience:
     """The tips of one project: listing, saving, deleting, and picking the ones that fit a request."""
 
-    def __init__(self, *, store: SessionStore | None, folder: Path, settings: ExperienceConfig) -> None:
+    def __init__(self, *, store: TipStore | None, folder: Path, settings: ExperienceConfig, owner: str | None = None) -> None:
         self._store = store
+        self.owner = owner
         self.folder = folder
         self.settings = settings
         self._lock = threading.Lock()
@@ -52,7 +65,7 @@ class Experience:
 
     def all(self) -> list[Tip]:
         """Every tip: the stored ones, oldest first, then the handcrafted ones."""
-        stored = self._store.stored_tips() if self._store is not None else []
+        stored = self._store.stored_tips(owner=self.owner) if self._store is not None else []
         return [*stored, *self._read_files().tips]
 
     def save(self, session_id: str, tips: Sequence[tuple[TipKind, str]]) -> list[Tip]:
@@ -64,9 +77,10 @@ class Experience:
     def delete(self, tip_id: str) -> Tip:
         """Delete a stored tip by its number (`7` or `#7`); for a handcrafted one, ExperienceError names the file to edit."""
         number = tip_id.removeprefix("#")
-        stored = {tip.id: tip for tip in (self._store.stored_tips() if self._store is not None else [])}
+        stored = {tip.id: tip for tip in (self._store.stored_tips(owner=self.owner) if self._store is not None else [])}
         if number in stored and self._store is not None:
-            self._store.delete_tip(int(number))
+            if not self._store.delete_tip(int(number), owner=self.owner):
+                raise ExperienceError(f"tip {number} was saved before there were users and is everyone's: an admin may delete it")
             return stored[number]
         handcrafted = next((tip for tip in self._read_files().tips if tip.id in (tip_id, number)), None)
         if handcrafted is not None:
@@ -80,11 +94,21 @@ class Experience:
         query = match_query(text)
         if query is None:
             return []
+        limit = self.settings.top_k
+        found = self._store.search_tips(text, owner=self.owner, limit=limit) if self._store is not None else None
         with self._lock:
-            key = (self._store.tips_version() if self._store is not None else None, self._files_key())
+            if found is not None:  # the store ranked its own tips: only the handcrafted ones are searched here
+                key: object = ("files", self._files_key())
+                tips = list(self._read_files().tips)
+            else:
+                key = (self._store.tips_version() if self._store is not None else None, self._files_key())
+                tips = self.all()
             if self._index is None or key != self._key:
-                self._index, self._key = _TipIndex(self.all()), key
-            return self._index.search(query, limit=self.settings.top_k)
+                self._index, self._key = _TipIndex(tips), key
+            here = self._index.search(query, limit=limit)
+        if found is None:
+            return here
+        return _interleaved(found, here)[:limit]
 
     def block(self, text: str, *, tokenizer: Tokenizer, max_tokens: int) -> str:
         """The tips for `text` as prompt text within `max_tokens` (and `experience.max_tokens`); '' when none."""
@@ -113,6 +137,14 @@ class Experience:
         if not self.folder.is_dir():
             return ()
         return tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(self.folder.iterdir()) if p.suffix in (".yaml", ".yml"))
+
+
+def _interleaved(first: Sequence[Tip], second: Sequence[Tip]) -> list[Tip]:
+    """The best of each list in turn: two rankings on different scales are merged by rank, not by score."""
+    merged: list[Tip] = []
+    for n in range(max(len(first), len(second))):
+        merged += [*first[n : n + 1], *second[n : n + 1]]
+    return merged
 
 
 class _TipIndex:

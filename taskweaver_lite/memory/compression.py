@@ -58,11 +58,11 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from taskweaver_lite.config import Config, LLMConfig, RoleConfig, RoundCompressorConfig, Strategy, merged_llm
-from taskweaver_lite.events import Folded
 from taskweaver_lite.llm.client import ChatModel, Message, share_cache
 from taskweaver_lite.llm.tokens import Tokenizer
 from taskweaver_lite.memory.budget import PromptCost, PromptParts, ShrinkOrder, fit_prompt
 from taskweaver_lite.memory.conversation import RoundMessages
+from taskweaver_lite.memory.folds import Folded
 from taskweaver_lite.memory.schedule import Schedule
 from taskweaver_lite.memory.summary import (
     VARIABLES_SHARE,

@@ -33,14 +33,14 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from taskweaver_lite.errors import ReplyFormatError, TaskWeaverError
-from taskweaver_lite.events import Folded
 from taskweaver_lite.execution import Variable
 from taskweaver_lite.llm.client import ChatModel, Message
 from taskweaver_lite.llm.replies import SUMMARY_SCHEMA, parse_reply, repair_message
 from taskweaver_lite.llm.tokens import Tokenizer
 from taskweaver_lite.memory.conversation import RoundMessages
+from taskweaver_lite.memory.folds import Folded
 from taskweaver_lite.memory.variables import LiveVariables, names_line
-from taskweaver_lite.roles.templates import load_prompt
+from taskweaver_lite.templates import load_prompt
 
 FoldStyle = Literal["rounds", "narrative"]
 FoldMode = Literal["append", "merge"]

@@ -20,7 +20,7 @@ from taskweaver_lite.llm.client import ChatModel, Completion, DeltaSink, Message
 from taskweaver_lite.llm.replies import ReplySchema, parse_reply, repair_message
 from taskweaver_lite.memory.compression import SUMMARISING, RoleContext
 from taskweaver_lite.memory.conversation import Round, RoundMessages
-from taskweaver_lite.roles.templates import PromptTemplate, load_prompt
+from taskweaver_lite.templates import PromptTemplate, load_prompt
 
 # A bad reply echoed in a repair turn takes at most this fraction of the prompt budget.
 ECHO_SHARE = 4

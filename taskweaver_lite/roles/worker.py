@@ -31,7 +31,7 @@ from taskweaver_lite.llm.client import ChatModel, DeltaSink, Message
 from taskweaver_lite.memory.compression import RoleContext
 from taskweaver_lite.memory.conversation import Attachment, Post, Round, RoundMessages
 from taskweaver_lite.roles.role import RepairTurns, RoundRenderCache
-from taskweaver_lite.roles.templates import render_text
+from taskweaver_lite.templates import render_text
 
 
 @dataclass(frozen=True)

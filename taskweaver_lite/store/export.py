@@ -23,7 +23,8 @@ import json
 import re
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -34,7 +35,8 @@ from taskweaver_lite.events import FileLoaded, timeline
 from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.kernel import plugin_runtime
 from taskweaver_lite.memory.conversation import USER, Post, Round
-from taskweaver_lite.store.database import SessionStore, StoredSession
+from taskweaver_lite.store.interface import Store, StoredSession
+from taskweaver_lite.store.opening import has_store, open_store
 from taskweaver_lite.workfiles import read_below, read_path
 
 if TYPE_CHECKING:
@@ -48,17 +50,18 @@ MAX_EMBEDDED_BYTES = 50 * 1024 * 1024  # an image larger than this is named, not
 MAX_CARRIED_BYTES = 20 * 1024 * 1024  # loaded files embedded in a notebook, together; past it they are named
 
 
-def write_export(config: Config, ref: str, *, fmt: str, target: Path | None, force: bool = False) -> Path:
+def write_export(config: Config, ref: str, *, fmt: str, target: Path | None, force: bool = False, owner: str | None = None) -> Path:
     """Export a stored session (by id or 'last') as a notebook or Markdown; returns the file written.
 
-    An existing file is kept (TaskWeaverError) unless `force`.
+    An existing file is kept (TaskWeaverError) unless `force`. With `owner`, only that user's sessions are found.
     """
-    if not config.store_path.exists():
+    if not has_store(config):
         raise TaskWeaverError(f"{config.store_path}: no stored sessions in this project yet")
-    store = SessionStore(config.store_path, read_only=True)
+    store = open_store(config, read_only=True)
     try:
-        session_id = store.resolve(ref)
+        session_id = store.resolve(ref, owner=owner)
         stored = store.load(session_id)
+        kept = _kept_artifacts(store, session_id)
     finally:
         store.close()
     path = target or Path(f"{session_id}.{fmt}")
@@ -67,21 +70,28 @@ def write_export(config: Config, ref: str, *, fmt: str, target: Path | None, for
     if fmt == "ipynb":
         from taskweaver_lite.plugins.catalog import discover
 
-        return export_notebook(stored, path, working_dir=config.sessions_dir / session_id / "cwd", plugins=discover(config.project_dir).enabled)
-    return export_markdown(stored, path)
+        plugins = discover(config.project_dir).enabled
+        return export_notebook(stored, path, working_dir=config.sessions_dir / session_id / "cwd", plugins=plugins, kept=kept)
+    return export_markdown(stored, path, kept=kept)
 
 
-def export_notebook(stored: StoredSession, path: Path, *, working_dir: Path | None = None, plugins: Sequence[PluginSpec] = ()) -> Path:
-    """Write the session as an .ipynb (nbformat v4, validated); `working_dir` adds the set-up cells, `plugins` those the code calls."""
+def export_notebook(
+    stored: StoredSession, path: Path, *, working_dir: Path | None = None, plugins: Sequence[PluginSpec] = (), kept: Kept | None = None
+) -> Path:
+    """Write the session as an .ipynb (nbformat v4, validated); `working_dir` adds the set-up cells, `plugins` those the code calls.
+
+    `kept` gives the bytes of an artifact no longer (or never) on this machine's disk, by name (a PostgreSQL store keeps them).
+    """
     import nbformat  # its JSON-schema validator takes ~1 s to import: only when a notebook is written
     cells: list[NotebookNode] = [nbformat.v4.new_markdown_cell(_heading(stored))]
     counter = _Counter()
-    session_dir = Path(working_dir).parent if working_dir is not None else None  # artifacts are read no deeper than it, link-safe
+    # Artifacts are read no deeper than the session's folder, link-safe; else from the store.
+    source = ArtifactSource(Path(working_dir).parent if working_dir is not None else None, kept)
     if working_dir is not None:
         cells += _setup_cells(stored, Path(working_dir), counter)
     cells += _plugin_cells(stored, plugins, counter)
     for entry in timeline(stored.rounds, stored.loads):
-        cells.extend(_round_cells(entry, counter, session_dir) if isinstance(entry, Round) else [nbformat.v4.new_markdown_cell(f"*{_load_note(entry)}*")])
+        cells.extend(_round_cells(entry, counter, source) if isinstance(entry, Round) else [nbformat.v4.new_markdown_cell(f"*{_load_note(entry)}*")])
     notebook = nbformat.v4.new_notebook(
         cells=cells,
         metadata={
@@ -97,10 +107,10 @@ def export_notebook(stored: StoredSession, path: Path, *, working_dir: Path | No
     return path
 
 
-def export_markdown(stored: StoredSession, path: Path) -> Path:
-    """Write the session as a readable Markdown transcript: requests, plans, code, outputs, answers."""
+def export_markdown(stored: StoredSession, path: Path, *, kept: Kept | None = None) -> Path:
+    """Write the session as a readable Markdown transcript: requests, plans, code, outputs, answers (`kept` as in export_notebook)."""
     path = Path(path)
-    images = ImageCopies(path)
+    images = ImageCopies(path, kept=kept)
     lines = [f"# {stored.title or stored.id}", "", _about(stored), ""]
     for entry in timeline(stored.rounds, stored.loads):
         lines.extend(_round_markdown(entry, images) if isinstance(entry, Round) else [f"*{_load_note(entry)}*", ""])
@@ -236,14 +246,14 @@ def _round_status(rnd: Round) -> str:
     return ""
 
 
-def _round_cells(rnd: Round, counter: _Counter, session_dir: Path | None) -> list[NotebookNode]:
+def _round_cells(rnd: Round, counter: _Counter, source: ArtifactSource) -> list[NotebookNode]:
     import nbformat
     status = _round_status(rnd)
     request = f"## Request {rnd.index}\n\n{_quoted(rnd.user_query)}" + (f"\n\n{status}" if status else "")
     cells = [nbformat.v4.new_markdown_cell(request)]
     for post in rnd.posts:
         if post.execution is not None:
-            cells.extend(_execution_cells(post, post.execution, counter, session_dir))
+            cells.extend(_execution_cells(post, post.execution, counter, source))
         elif _between_roles(post):
             cells.append(nbformat.v4.new_markdown_cell(_post_line(post)))
     if rnd.answer is not None:
@@ -251,7 +261,7 @@ def _round_cells(rnd: Round, counter: _Counter, session_dir: Path | None) -> lis
     return cells
 
 
-def _execution_cells(post: Post, result: ExecutionResult, counter: _Counter, session_dir: Path | None) -> list[NotebookNode]:
+def _execution_cells(post: Post, result: ExecutionResult, counter: _Counter, source: ArtifactSource) -> list[NotebookNode]:
     import nbformat
     if result.refused:
         return [nbformat.v4.new_markdown_cell(f"{_not_run_note(result)}\n\n{_fenced(result.code, 'python')}")]
@@ -265,14 +275,14 @@ def _execution_cells(post: Post, result: ExecutionResult, counter: _Counter, ses
         note = "This attempt failed and was revised below." if revised else "This code failed."
         cells.append(nbformat.v4.new_markdown_cell(f"*{note} The cell is tagged `{RAISES_TAG}` so a re-run carries on.*"))
     count = counter.next()
-    cell = nbformat.v4.new_code_cell(result.code, execution_count=count, outputs=_outputs(result, count, session_dir))
+    cell = nbformat.v4.new_code_cell(result.code, execution_count=count, outputs=_outputs(result, count, source))
     if result.error is not None:
         cell.metadata["tags"] = [RAISES_TAG]
     cells.append(cell)
     return cells
 
 
-def _outputs(result: ExecutionResult, count: int, session_dir: Path | None) -> list[NotebookNode]:
+def _outputs(result: ExecutionResult, count: int, source: ArtifactSource) -> list[NotebookNode]:
     import nbformat
     outputs: list[NotebookNode] = []
     for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
@@ -281,7 +291,7 @@ def _outputs(result: ExecutionResult, count: int, session_dir: Path | None) -> l
     for shown in result.displays:
         outputs.append(nbformat.v4.new_output("display_data", data={"text/plain": shown}))
     for artifact in result.artifacts:
-        outputs.append(nbformat.v4.new_output("display_data", data=_image_data(Path(artifact), session_dir)))
+        outputs.append(nbformat.v4.new_output("display_data", data=_image_data(Path(artifact), source)))
     if result.result is not None:
         data = {"text/plain": result.result}
         if result.result_html:
@@ -293,16 +303,43 @@ def _outputs(result: ExecutionResult, count: int, session_dir: Path | None) -> l
     return outputs
 
 
-def _image_data(path: Path, session_dir: Path | None) -> dict[str, Any]:
+Kept = Callable[[str], bytes | None]  # an artifact's bytes by name, from the store; None when it kept none
+
+
+@dataclass(frozen=True)
+class ArtifactSource:
+    """Where an export reads a session's artifacts: its folder on this machine (link-safe), else the store's copy."""
+
+    session_dir: Path | None = None
+    kept: Kept | None = None
+
+    def read(self, path: Path) -> bytes:
+        """The artifact's bytes; FileNotFoundError when neither the folder nor the store has it."""
+        try:
+            if self.session_dir is not None:  # a path outside the session's folder (a plugin's report) is refused by read_path
+                return read_path(path, below=self.session_dir, max_bytes=MAX_EMBEDDED_BYTES)
+            return read_below(path.parent, path.name, max_bytes=MAX_EMBEDDED_BYTES)
+        except FileNotFoundError:
+            data = self.kept(path.name) if self.kept is not None else None
+            if data is None:
+                raise
+            return data
+
+
+def _kept_artifacts(store: Store, session_id: str) -> Kept | None:
+    """The store's copies of the session's artifacts, when it keeps them (PostgreSQL: any server exports any session)."""
+    if not store.keeps_files:
+        return None
+    return lambda name: store.file(session_id, "artifact", name)
+
+
+def _image_data(path: Path, source: ArtifactSource) -> dict[str, Any]:
     """An artifact as notebook display data: the image embedded, read link-safe (a kernel may have swapped it for a link)."""
     mime = IMAGE_TYPES.get(path.suffix.lower())
     if mime is None:
         return {"text/plain": f"[saved file: {path}]"}
     try:
-        if session_dir is not None:  # a path outside the session's folder (a plugin's report) is refused by read_path
-            data = read_path(path, below=session_dir, max_bytes=MAX_EMBEDDED_BYTES)
-        else:
-            data = read_below(path.parent, path.name, max_bytes=MAX_EMBEDDED_BYTES)
+        data = source.read(path)
     except FileNotFoundError:
         return {"text/plain": f"[{path.name}: no longer on disk at {path}]"}
     except OSError as exc:  # a link, a folder, too big: named, never followed
@@ -315,8 +352,9 @@ def _image_data(path: Path, session_dir: Path | None) -> dict[str, Any]:
 class ImageCopies:
     """The Markdown export's images, copied into `<name>_files/` beside it and linked relatively: the pair moves as one."""
 
-    def __init__(self, document: Path) -> None:
+    def __init__(self, document: Path, *, kept: Kept | None = None) -> None:
         self.folder = document.parent / f"{document.stem}_files"
+        self._kept = kept
         self._copied: dict[str, str] = {}  # artifact path -> its link
 
     def link(self, artifact: str) -> str | None:
@@ -324,7 +362,8 @@ class ImageCopies:
         if artifact in self._copied:
             return self._copied[artifact]
         source = Path(artifact)
-        if not source.is_file():
+        stored = self._kept(source.name) if self._kept is not None and not source.is_file() else None
+        if not source.is_file() and stored is None:
             return None
         self.folder.mkdir(parents=True, exist_ok=True)
         name, number = source.name, 1
@@ -332,7 +371,10 @@ class ImageCopies:
         while f"{self.folder.name}/{quote(name)}" in taken:
             number += 1
             name = f"{source.stem}-{number}{source.suffix}"
-        shutil.copyfile(source, self.folder / name)
+        if stored is not None:
+            (self.folder / name).write_bytes(stored)
+        else:
+            shutil.copyfile(source, self.folder / name)
         self._copied[artifact] = f"{self.folder.name}/{quote(name)}"
         return self._copied[artifact]
 

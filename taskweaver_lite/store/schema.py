@@ -62,6 +62,27 @@ MIGRATIONS: list[Migration] = [
             id INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, text TEXT NOT NULL,
             session_id TEXT NOT NULL, created_at REAL NOT NULL)""",
     ),
+    (
+        # Version 5: the team service's tables. Sessions get an owner (NULL: made without users); users
+        # with their token's id and scrypt hash; the event log a server streams from; artifacts and
+        # uploads as bytes (PostgreSQL keeps them; an SQLite store leaves them in the session folder);
+        # request leases; eval results. The same tables as the PostgreSQL schema (postgres_schema.py).
+        "ALTER TABLE sessions ADD COLUMN owner TEXT",
+        "ALTER TABLE sessions ADD COLUMN kernel_id TEXT",
+        "CREATE INDEX sessions_by_owner ON sessions(owner, last_active)",
+        """CREATE TABLE users (
+            name TEXT PRIMARY KEY, admin INTEGER NOT NULL, token_id TEXT NOT NULL UNIQUE, salt TEXT NOT NULL,
+            token_hash TEXT NOT NULL, created_at REAL NOT NULL)""",
+        """CREATE TABLE events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL REFERENCES sessions(id), data TEXT NOT NULL, at REAL NOT NULL)""",
+        "CREATE INDEX events_by_session ON events(session_id, id)",
+        """CREATE TABLE blobs (
+            session_id TEXT NOT NULL REFERENCES sessions(id), kind TEXT NOT NULL, name TEXT NOT NULL, data BLOB NOT NULL,
+            size INTEGER NOT NULL, at REAL NOT NULL, PRIMARY KEY (session_id, kind, name))""",
+        "CREATE TABLE leases (session_id TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL)",
+        """CREATE TABLE eval_results (
+            run_id TEXT NOT NULL, case_name TEXT NOT NULL, result TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (run_id, case_name))""",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,13 +37,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def kernel_gateway(root: Path) -> Iterator[Gateway]:
-    """`jupyter kernelgateway` on 127.0.0.1 with a fresh token, kernels starting in `root`; ended afterwards."""
+def kernel_gateway(root: Path, *, options: Sequence[str] = ()) -> Iterator[Gateway]:
+    """`jupyter kernelgateway` on 127.0.0.1 with a fresh token, kernels starting in `root`; ended afterwards. `options`: more of its --flags."""
     port, token = free_port(), secrets.token_hex(16)
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(root / ".runtime"), "MPLBACKEND": "Agg"}
     args = [
         sys.executable, "-m", "jupyter", "kernelgateway", "--KernelGatewayApp.ip=127.0.0.1",
-        f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0", f"--KernelGatewayApp.auth_token={token}",
+        f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0", f"--KernelGatewayApp.auth_token={token}", *options,
     ]  # fmt: skip
     with (root / "gateway.log").open("wb") as log:
         process = subprocess.Popen(args, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)

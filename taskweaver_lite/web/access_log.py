@@ -6,6 +6,7 @@ writes the path with the token's value replaced, the status, and how long the an
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
@@ -16,6 +17,7 @@ from urllib.parse import parse_qsl, urlencode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 HIDDEN = "***"
+_SESSION_PATH = re.compile(r"^/api/sessions/([^/]+)")
 
 
 class AccessLog:
@@ -39,13 +41,19 @@ class AccessLog:
 
 
 def request_line(scope: Scope, *, status: int, seconds: float) -> str:
-    """`<time> <client> <METHOD> <path?query> <status> <ms>ms`, a `token` value in the query hidden."""
+    """`<time> <client> <METHOD> <path?query> <status> <ms>ms user=<name> session=<id>`, a `token` value in the query hidden.
+
+    The user is the one the request's token named (`-` without users, or when refused); the token itself is never written.
+    """
     client = scope.get("client") or ("-", 0)
     query = scope.get("query_string", b"").decode("latin-1")
     pairs = [(key, HIDDEN if key == "token" else value) for key, value in parse_qsl(query, keep_blank_values=True)]
-    target = scope.get("path", "") + (f"?{urlencode(pairs, safe='*')}" if pairs else "")
+    path = scope.get("path", "")
+    target = path + (f"?{urlencode(pairs, safe='*')}" if pairs else "")
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{stamp} {client[0]} {scope.get('method', '-')} {target} {status} {seconds * 1000:.0f}ms"
+    user = getattr(scope.get("state", {}).get("user"), "name", None) or "-"
+    session = _SESSION_PATH.match(path)
+    return f"{stamp} {client[0]} {scope.get('method', '-')} {target} {status} {seconds * 1000:.0f}ms user={user} session={session[1] if session else '-'}"
 
 
 class AccessLogMiddleware:

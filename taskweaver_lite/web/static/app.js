@@ -100,8 +100,11 @@ async function openSession(id, resume) {
     const chat = $("chat");
     chat.replaceChildren();
     for (const round of state.rounds) showRound(round);
+    following?.close();
+    following = null;
     setRunning(state.busy);
-    notice(state.busy ? "This session is still answering a request started elsewhere." : "");
+    notice("");
+    if (state.busy) follow(id, state.last_event);  // a request started elsewhere: shown as it is stored
     listSessions();
   } catch (error) {
     // After a server restart the session is stored but not open: re-open it.
@@ -228,12 +231,18 @@ function setRunning(value) {
   $("stop").hidden = !value;
 }
 
+let following = null;  // the EventSource that follows a request whose own stream dropped
+let since = null;  // the id of the last stored event before the running request (from its stream's first line)
+let answered = false;
+
 async function send(text) {
   if (!current || running || !text.trim()) return;
   setRunning(true);
   notice("");
   step = null;
   streaming = null;
+  since = null;
+  answered = false;
   try {
     const response = await fetch(`/api/sessions/${encodeURIComponent(current)}/messages`, {
       method: "POST",
@@ -256,15 +265,44 @@ async function send(text) {
       while ((cut = buffer.indexOf("\n\n")) >= 0) {
         const chunk = buffer.slice(0, cut);
         buffer = buffer.slice(cut + 2);
-        for (const line of chunk.split("\n")) if (line.startsWith("data: ")) handle(JSON.parse(line.slice(6)));
+        for (const line of chunk.split("\n")) {
+          if (line.startsWith("id: ")) since = Number(line.slice(4));  // the stored event this request's events come after
+          else if (line.startsWith("data: ")) handle(JSON.parse(line.slice(6)));
+        }
       }
     }
+    if (since !== null && !answered) return follow(current, since);  // the stream ended early (a server stopping)
   } catch (error) {
+    if (since !== null) return follow(current, since);
     notice(`The connection was lost (${error.message}). The session is kept on the server: reload the page to see where it stands.`);
   } finally {
-    setRunning(false);
+    if (!following) setRunning(false);
     listSessions();
   }
+}
+
+// The request's own stream dropped (a proxy timeout, a server restarting): follow what the session
+// stores instead, from any server; the browser reconnects by itself, sending Last-Event-ID.
+function follow(id, after) {
+  following = new EventSource(`/api/sessions/${encodeURIComponent(id)}/events?after=${after}`);
+  notice("The connection dropped during the request: following it from the server's record…");
+  setRunning(true);
+  following.onmessage = (message) => {
+    const event = JSON.parse(message.data);
+    if (event.type === "round_started") return;  // the request was shown when it was sent
+    if (event.type === "post" && event.to === "User") handle({ type: "answer", text: event.message });
+    else if (event.type === "round_ended" && event.state !== "finished") handle({ type: "error", message: event.error || "The request failed." });
+    else handle(event);
+    if (event.type === "round_ended") stopFollowing();
+  };
+}
+
+function stopFollowing() {
+  following?.close();
+  following = null;
+  notice("");
+  setRunning(false);
+  listSessions();
 }
 
 function handle(event) {
@@ -301,11 +339,13 @@ function handle(event) {
       say("system", "", event.text);
       break;
     case "answer":
+      answered = true;
       streaming?.remove();
       say("planner", "Planner", event.text);
       $("session-title").textContent = `Session ${current}`;
       break;
     case "error":
+      answered = true;
       streaming?.remove();
       say("error", "Error", event.message);
       $("session-title").textContent = `Session ${current}`;

@@ -1,4 +1,4 @@
-"""What the page and API clients receive: the session's events and its rounds as JSON objects with a `type`.
+"""What the page, API clients and the store's event log receive: the session's events and its rounds as JSON objects with a `type`.
 
 The same events the terminal renders (`cli/console.py`), as data: text is sent as it is (the page
 shows it as text, never as markup); a cell's `text/html` (a DataFrame) goes separately, for the

@@ -1,0 +1,296 @@
+"""The team service under load and under kills, in one run: today's single SQLite server against one and two replicas on PostgreSQL.
+
+Load: N sessions at once (10, 20, 40), each sending `--requests` requests in turn; each request has
+the Planner delegate `x = 1`, the cell run, the Planner answer (three model calls, the scripted
+model waiting 50 ms before each). Latency as in serve_bench.py: from the moment the model's last
+reply of a request has been sent whole to its `answer` event reaching the client (what the server
+adds), p95; and requests per second over the whole load. Configurations:
+
+    sqlite       one `serve`, the project's SQLite file, local kernels (today)
+    pg-local     one `serve` on PostgreSQL with local kernels (serve.single_replica): the store's cost alone
+    pg-1         one `serve` replica on PostgreSQL, kernels on a jupyter kernelgateway
+    pg-2         two replicas on that store and gateway; request r of session n goes to replica (n + r) % 2,
+                 as a round-robin proxy without sticky sessions would send it: every request moves its session
+
+Kills (`--kills K`): a request whose cell sleeps runs on one replica; once its cell runs, the replica
+is killed (SIGKILL) and a new one started in its place; the other replica is asked again until it
+answers. Reported: the time from the kill to that answer (it includes waiting out
+`serve.lease_timeout`, set by `--lease`), the time from the lease running out to the answer, what
+loading a session costs (the replicas' own histogram of it), and stored events lost: every event the
+store held before the kill is read again after it, by id and content.
+
+    python bench/team_bench.py [--sessions 10,20,40] [--requests 5] [--kills 20] [--lease 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from taskweaver_lite.testing.kernel_gateway import Gateway, kernel_gateway
+from taskweaver_lite.testing.postgres_cluster import PostgresCluster, running_cluster
+from taskweaver_lite.testing.replicas import ServeProcess, write_team_project
+from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
+
+LATENCY = 0.05
+
+
+class Model:
+    """Planner: delegate (or run RUN<<code>>), then answer with the request's marker; notes when each answer was sent whole."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def planner(self, messages: list[dict[str, Any]]) -> Reply:
+        last = str(messages[-1]["content"])
+        if "CodeInterpreter" not in last.split("\n", 1)[0]:
+            code = last.split("RUN<<", 1)[1].split(">>", 1)[0] if "RUN<<" in last else "x = 1"
+            return Reply(content=planner_reply(f"RUN<<{code}>>"), delay=LATENCY)
+        request = next(str(m["content"]) for m in reversed(messages) if "MARK-" in str(m["content"]))
+        marker = request.rsplit("MARK-", 1)[1].split()[0]
+        return Reply(content=planner_reply(f"Done: MARK-{marker}", send_to="User"), delay=LATENCY, on_finished=lambda: self._note(marker))
+
+    def _note(self, marker: str) -> None:
+        with self._lock:
+            self.sent[marker] = time.perf_counter()
+
+
+def code_generator(messages: list[dict[str, Any]]) -> Reply:
+    last = "\n".join(str(m["content"]) for m in messages if m.get("role") == "user")
+    code = last.rsplit("RUN<<", 1)[1].split(">>", 1)[0] if "RUN<<" in last else "x = 1"
+    return Reply(content=code_reply(code), delay=LATENCY)
+
+
+def p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20)[-1] if len(values) > 1 else values[0]
+
+
+@contextmanager
+def replicas(project: Path, count: int) -> Iterator[list[ServeProcess]]:
+    with ExitStack() as stack:
+        yield [stack.enter_context(ServeProcess.start(project)) for _ in range(count)]
+
+
+def load(urls: list[str], model: Model, *, sessions: int, requests: int) -> tuple[list[float], float, int]:
+    """Latencies (s) reply sent -> answer event, requests per second, answers received."""
+    with httpx.Client(timeout=120) as http:
+        opened = [http.post(urls[n % len(urls)] + "/api/sessions", json={}).json()["id"] for n in range(sessions)]
+    run_clients(urls, opened, model, requests=1, prefix="warm-")  # kernels started, first cells run: not what is measured
+    started = time.perf_counter()
+    arrivals = run_clients(urls, opened, model, requests=requests)
+    elapsed = time.perf_counter() - started
+    latencies = [arrived - model.sent[marker] for marker, arrived in arrivals.items() if marker in model.sent]
+    return latencies, len(arrivals) / elapsed, len(arrivals)
+
+
+def run_clients(urls: list[str], sessions: list[str], model: Model, *, requests: int, prefix: str = "") -> dict[str, float]:
+    arrivals: dict[str, float] = {}
+
+    def client(n: int, session_id: str) -> None:
+        with httpx.Client(timeout=120) as http:
+            for r in range(requests):
+                marker = f"{prefix}{n}-{r}"
+                url = urls[(n + r) % len(urls)]
+                for _ in range(100):  # a 409 while the previous request's bookkeeping ends on the other replica: again
+                    with http.stream("POST", f"{url}/api/sessions/{session_id}/messages", json={"text": f"set x MARK-{marker} please"}) as response:
+                        if response.status_code == 409:
+                            response.read()
+                            time.sleep(0.05)
+                            continue
+                        last = ""
+                        for line in response.iter_lines():
+                            if line.startswith('data: {"type": "answer"'):
+                                arrivals[marker] = time.perf_counter()
+                            last = line or last
+                        if marker not in arrivals:
+                            print(f"session {n}, request {r}: HTTP {response.status_code}, no answer; the stream ended with {last[:300]!r}", file=sys.stderr)
+                    break
+                else:
+                    print(f"session {n}, request {r}: refused (409) 100 times", file=sys.stderr)
+
+    threads = [threading.Thread(target=client, args=(n, session_id)) for n, session_id in enumerate(sessions)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return arrivals
+
+
+def measure_load(
+    setups: dict[str, Callable[[], Any]], model: Model, *, sizes: list[int], requests: int, gateway: Gateway
+) -> dict[tuple[str, int], tuple[float, float, int]]:
+    results: dict[tuple[str, int], tuple[float, float, int]] = {}
+    for name, start in setups.items():
+        for size in sizes:
+            with start() as servers:
+                latencies, rate, answered = load([s.url for s in servers], model, sessions=size, requests=requests)
+            cull(gateway)  # replicas leave kernels on the gateway; a deployment's culling ends them, here at once
+            results[(name, size)] = (p95(latencies), rate, answered)
+            line = f"  {name:8} {size:3} sessions: p95 {p95(latencies) * 1000:7.1f} ms, {rate:6.1f} requests/s, {answered} answered"
+            print(line, file=sys.stderr, flush=True)
+    return results
+
+
+def cull(gateway: Gateway) -> None:
+    """End every kernel the gateway runs (what its idle culling does in a deployment)."""
+    headers = {"Authorization": f"token {gateway.token}"}
+    with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as http:
+        for kernel in http.get("/api/kernels").json():
+            http.delete(f"/api/kernels/{kernel['id']}")
+
+
+def kills(project: Path, *, count: int, lease: float) -> tuple[list[float], list[float], int, int, float]:
+    """Kill -> next answer (s), lease free -> next answer (s), events lost, events checked, mean session load (s)."""
+    to_answer, after_lease, lost, checked = [], [], 0, 0
+    with ExitStack() as stack:
+        pair = [stack.enter_context(ServeProcess.start(project)) for _ in range(2)]
+        http = stack.enter_context(httpx.Client(timeout=120))
+        for k in range(count):
+            victim, other = pair[k % 2], pair[(k + 1) % 2]
+            session_id = http.post(other.url + "/api/sessions", json={}).json()["id"]
+            ask(http, other.url, session_id, f"RUN<<kept = {k}>> MARK-kill-{k}-a")
+            threading.Thread(target=_ask_quietly, args=(victim.url, session_id, f"RUN<<import time\ntime.sleep(60)>> MARK-kill-{k}-b"), daemon=True).start()
+            _wait_for_cell(http, other.url, session_id)
+            before = stored_events(http, other.url, session_id)
+            victim.kill()
+            killed = time.perf_counter()
+            while ask(http, other.url, session_id, f"RUN<<print(kept)>> MARK-kill-{k}-c") != 200:
+                time.sleep(0.05)
+            answered = time.perf_counter()
+            to_answer.append(answered - killed)
+            after_lease.append(max(answered - killed - lease, 0.0))
+            after = dict(stored_events(http, other.url, session_id))
+            lost += sum(1 for event_id, data in before if after.get(event_id) != data)
+            checked += len(before)
+            stack.callback(victim.stop)
+            pair[k % 2] = stack.enter_context(ServeProcess.start(project))
+        loads = _session_load_mean(http, [s.url for s in pair])
+    return to_answer, after_lease, lost, checked, loads
+
+
+def ask(http: httpx.Client, url: str, session_id: str, text: str) -> int:
+    with http.stream("POST", f"{url}/api/sessions/{session_id}/messages", json={"text": text}) as response:
+        for _ in response.iter_lines():
+            pass
+        return response.status_code
+
+
+def _ask_quietly(url: str, session_id: str, text: str) -> None:
+    try:
+        with httpx.Client(timeout=120) as http:
+            ask(http, url, session_id, text)
+    except httpx.TransportError:
+        pass  # its replica was killed under it
+
+
+def _wait_for_cell(http: httpx.Client, url: str, session_id: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        rounds = http.get(f"{url}/api/sessions/{session_id}").json()["rounds"]
+        if rounds and rounds[-1]["state"] == "running" and len(rounds[-1]["posts"]) >= 2:
+            time.sleep(0.5)
+            return
+        time.sleep(0.05)
+    raise RuntimeError("the request to be cut off never delegated its cell")
+
+
+def stored_events(http: httpx.Client, url: str, session_id: str) -> list[tuple[int, Any]]:
+    """Every event the store holds for the session, by id (read through the events stream up to the newest)."""
+    newest = http.get(f"{url}/api/sessions/{session_id}").json()["last_event"]
+    events: list[tuple[int, Any]] = []
+    event_id = 0
+    with http.stream("GET", f"{url}/api/sessions/{session_id}/events", params={"after": 0}) as response:
+        for line in response.iter_lines():
+            if line.startswith("id: "):
+                event_id = int(line[4:])
+            elif line.startswith("data: "):
+                events.append((event_id, json.loads(line[6:])))
+                if event_id >= newest:
+                    break
+    return events
+
+
+def _session_load_mean(http: httpx.Client, urls: list[str]) -> float:
+    total = count = 0.0
+    for url in urls:
+        for line in http.get(url + "/metrics").text.splitlines():
+            if line.startswith("taskweaver_session_load_seconds_sum"):
+                total += float(line.split()[-1])
+            elif line.startswith("taskweaver_session_load_seconds_count"):
+                count += float(line.split()[-1])
+    return total / count if count else 0.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sessions", default="10,20,40", help="session counts, comma-separated")
+    parser.add_argument("--requests", type=int, default=5, help="timed requests per session")
+    parser.add_argument("--kills", type=int, default=20, help="replicas killed mid-cell (0: none)")
+    parser.add_argument("--lease", type=float, default=3.0, help="serve.lease_timeout for the kills")
+    parser.add_argument("--configs", default="sqlite,pg-local,pg-1,pg-2", help="which configurations to load, comma-separated")
+    args = parser.parse_args()
+    sizes = [int(size) for size in args.sessions.split(",")]
+    model = Model()
+    with ScriptedServer() as scripted, tempfile.TemporaryDirectory() as folder, running_cluster() as cluster:
+        root = Path(folder)
+        (root / "gateway").mkdir()
+        scripted.set_default("planner", model.planner)
+        scripted.set_default("code_generator", code_generator)
+        scripted.set_default("compression", '{"ConversationSummary": "x was set on request.", "Variables": []}')
+        with kernel_gateway(root / "gateway", options=["--JupyterWebsocketPersonality.list_kernels=True"]) as gateway:
+            setups = _setups(root, cluster, gateway_url=gateway, model_url=scripted.url, lease=args.lease)
+            print("load (each line: one configuration, one size):", file=sys.stderr)
+            chosen = {name: start for name, (start, _) in setups.items() if name in args.configs.split(",")}
+            results = measure_load(chosen, model, sizes=sizes, requests=args.requests, gateway=gateway)
+            kill_numbers = kills(setups["pg-2"][1], count=args.kills, lease=args.lease) if args.kills else None
+    report(results, sizes, kill_numbers, lease=args.lease)
+    return 0
+
+
+def _setups(root: Path, cluster: PostgresCluster, *, gateway_url: Any, model_url: str, lease: float) -> dict[str, tuple[Callable[[], Any], Path]]:
+    # Streamed replies, as serve_bench.py: the model notes the moment each answer was sent whole.
+    sqlite = write_team_project(root / "sqlite", store_url=None, gateway=None, model_url=model_url, stream=True)
+    one = write_team_project(root / "pg-1", store_url=cluster.new_database(), gateway=gateway_url, model_url=model_url, lease_timeout=lease, stream=True)
+    two = write_team_project(root / "pg-2", store_url=cluster.new_database(), gateway=gateway_url, model_url=model_url, lease_timeout=lease, stream=True)
+    local = write_team_project(root / "pg-local", store_url=cluster.new_database(), gateway=None, model_url=model_url, stream=True, single_replica=True)
+    return {
+        "sqlite": (lambda: replicas(sqlite, 1), sqlite),
+        "pg-local": (lambda: replicas(local, 1), local),
+        "pg-1": (lambda: replicas(one, 1), one),
+        "pg-2": (lambda: replicas(two, 2), two),
+    }
+
+
+def report(results: dict[tuple[str, int], tuple[float, float, int]], sizes: list[int], kills: Any, *, lease: float) -> None:
+    print("\nanswer p95 (model's reply sent -> answer event) and requests/s; ratios against one SQLite server at 10 sessions")
+    base_p95, base_rate, _ = results.get(("sqlite", 10)) or next(iter(results.values()))
+    print(f"{'config':9} {'sessions':>8} {'p95 ms':>8} {'x base':>7} {'req/s':>7} {'x base':>7} {'answered':>8}")
+    for (name, size), (latency, rate, answered) in results.items():
+        print(f"{name:9} {size:8} {latency * 1000:8.1f} {latency / base_p95:7.2f} {rate:7.1f} {rate / base_rate:7.2f} {answered:8}")
+    if ("pg-2", 20) in results:
+        verdict = "holds" if results[("pg-2", 20)][0] <= base_p95 else "misses"
+        print(f"target: two PostgreSQL replicas at 20 sessions, p95 no worse than one SQLite server at 10: {verdict}")
+    if kills is None:
+        return
+    to_answer, after_lease, lost, checked, load_mean = kills
+    print(f"\nkills: {len(to_answer)} replicas killed mid-cell (serve.lease_timeout {lease:g} s)")
+    print(f"kill -> the other replica's next answer: median {statistics.median(to_answer):.2f} s, max {max(to_answer):.2f} s")
+    print(f"lease run out -> that answer (the takeover): median {statistics.median(after_lease):.2f} s, max {max(after_lease):.2f} s (target < 5 s)")
+    print(f"loading a session from the store (replicas' histogram, mean): {load_mean * 1000:.0f} ms")
+    print(f"stored events lost: {lost} of {checked} read before the kills (target 0)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""The PostgreSQL session store (`store.url: postgresql://...`): everything a team's servers share.
+
+    store = PostgresStore("postgresql://tw:PASSWORD@db:5432/taskweaver")
+
+It runs the queries of `sql.SqlStore` (their `?` become psycopg's `%s`) over a connection pool
+(psycopg_pool) that the process keeps per URL: every session a server opens shares it. Each method
+is one transaction; reads run REPEATABLE READ, so a load sees one moment of the session.
+
+What differs from the SQLite file:
+- A session open in a process is claimed by a session-level advisory lock on a connection of its
+  own: PostgreSQL drops it when that connection ends, so a killed process frees its sessions.
+- Artifacts and uploads are kept as bytes (`keeps_files`): any server can serve and export them.
+- Appending to a session's event log sends `NOTIFY twl_events` with the session's id, on commit.
+- Tips are searched by PostgreSQL's full text search (`tsvector`, `websearch_to_tsquery`), ranked
+  by `ts_rank`.
+- The URL's password is never shown: messages name the store by `url.redact`, and a driver's error
+  passes through `url.redact_text` before it is worded.
+"""
+
+from __future__ import annotations
+
+import atexit
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import psycopg_pool
+
+from taskweaver_lite.errors import SessionBusyError, StoreError, StoreUnavailable
+from taskweaver_lite.knowledge.tips import Tip
+from taskweaver_lite.store.postgres_schema import MIGRATIONS, migrate
+from taskweaver_lite.store.sql import SESSION_ID, Rows, SqlStore
+from taskweaver_lite.store.url import redact, redact_text
+
+NOTIFY_CHANNEL = "twl_events"  # payload: the session id
+CONNECT_TIMEOUT_SECONDS = 5.0  # waiting for a connection (the database down, or every connection busy) before a StoreError
+_WORD = re.compile(r"\w+")
+
+_POOLS: dict[str, psycopg_pool.ConnectionPool[Any]] = {}
+_POOLS_GUARD = threading.Lock()
+
+
+def _pool(url: str, size: int) -> psycopg_pool.ConnectionPool[Any]:
+    """The process's pool for `url` (made on first use, closed at exit)."""
+    with _POOLS_GUARD:
+        pool = _POOLS.get(url)
+        if pool is None:
+            pool = psycopg_pool.ConnectionPool(
+                url,
+                min_size=1,
+                max_size=size,
+                timeout=CONNECT_TIMEOUT_SECONDS,
+                check=psycopg_pool.ConnectionPool.check_connection,  # a connection the database dropped (a restart) is replaced
+                kwargs={"connect_timeout": int(CONNECT_TIMEOUT_SECONDS)},
+                name="taskweaver-lite-store",
+                open=False,
+            )
+            pool.open(wait=False)
+            _POOLS[url] = pool
+        return pool
+
+
+@atexit.register
+def close_pools(url: str | None = None) -> None:
+    """Close the process's pool for `url` (every pool when None): at exit, or when a store could not be opened."""
+    with _POOLS_GUARD:
+        if url is None:
+            pools = list(_POOLS.values())
+            _POOLS.clear()
+        else:
+            pools = [_POOLS.pop(url)] if url in _POOLS else []
+    for pool in pools:
+        pool.close(timeout=1.0)
+
+
+class _Connection:
+    """A psycopg connection speaking the shared queries' `?` placeholders."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Sequence[Any] = (), /) -> Rows:
+        return self._conn.execute(_dialect(sql), params)  # our own constant SQL, not user text
+
+
+_TRANSLATED: dict[str, str] = {}
+
+
+def _dialect(sql: str) -> str:
+    """`?` placeholders as psycopg's `%s` (a literal `%` doubled); the queries hold no `?` elsewhere."""
+    done = _TRANSLATED.get(sql)
+    if done is None:
+        done = _TRANSLATED[sql] = sql.replace("%", "%%").replace("?", "%s")
+    return done
+
+
+class PostgresStore(SqlStore):
+    """Sessions, users, tips, files and leases in one PostgreSQL database, shared by every server that names it."""
+
+    keeps_files = True
+    now_sql = "extract(epoch from clock_timestamp())::double precision"
+    cell_code_sql = "(data::jsonb -> 'execution' ->> 'code')"
+
+    def __init__(self, url: str, *, pool_size: int = 10) -> None:
+        """Connect (through the process's pool for `url`) and bring the schema up to date; StoreError when it cannot."""
+        super().__init__()
+        self._url = url
+        self.where = redact(url)
+        self._pool = _pool(url, pool_size)
+        try:
+            with self._errors(), self._pool.connection() as conn:
+                migrate(conn, MIGRATIONS, where=self.where)
+        except StoreError:
+            close_pools(url)  # no pool left retrying in the background for a store this process could not open
+            raise
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self.where!r})"
+
+    @contextmanager
+    def _transaction(self) -> Iterator[_Connection]:
+        with self._errors(), self._pool.connection() as conn:  # commits on leaving, rolls back on an exception
+            yield _Connection(conn)
+
+    @contextmanager
+    def _read(self) -> Iterator[_Connection]:
+        with self._errors(), self._pool.connection() as conn:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            yield _Connection(conn)
+
+    def _after_events(self, db: Any, session_id: str) -> None:
+        db.execute("SELECT pg_notify(?, ?)", (NOTIFY_CHANNEL, session_id))
+
+    def search_tips(self, text: str, *, owner: str | None = None, limit: int) -> list[Tip] | None:
+        """The stored tips that fit `text` (any of its words, stemmed), best first by `ts_rank`."""
+        words = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))[:64]
+        if not words:
+            return []
+        mine, params = (" AND (s.owner IS NULL OR s.owner = ?)", (owner,)) if owner is not None else ("", ())
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT t.id, t.kind, t.text, t.session_id, t.created_at FROM tips t LEFT JOIN sessions s ON s.id = t.session_id,"
+                f" websearch_to_tsquery('english', ?) q WHERE t.search @@ q{mine} ORDER BY ts_rank(t.search, q) DESC, t.id LIMIT ?",
+                (" or ".join(words), *params, limit),
+            ).fetchall()
+        return [Tip(id=str(r[0]), kind=r[1], text=r[2], source=r[3], created_at=float(r[4])) for r in rows]
+
+    def lock(self, session_id: str) -> AdvisoryClaim:
+        """Claim the session for this process; SessionBusyError if another process (on any machine) has it open."""
+        if not SESSION_ID.match(session_id):
+            raise StoreError(f"'{session_id}' is not a valid session id")
+        with self._errors():
+            return AdvisoryClaim(self._url, session_id, where=self.where)
+
+    def close(self) -> None:
+        """Nothing to close per store: the connections belong to the process's pool, closed at exit."""
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except psycopg_pool.PoolTimeout:
+            raise StoreUnavailable(
+                f"the session store {self.where} did not answer within {CONNECT_TIMEOUT_SECONDS:.0f} s (is PostgreSQL running and "
+                "reachable? are all store.pool_size connections busy?); what is stored is kept: try again once it is back"
+            ) from None
+        except psycopg.OperationalError as exc:
+            said = _said(exc)
+            raise StoreUnavailable(f"the session store {self.where} cannot be reached ({said}); what is stored is kept: try again once it is back") from None
+        except psycopg.Error as exc:
+            raise StoreError(f"the session store {self.where} refused a request ({_said(exc)})") from None
+
+
+class AdvisoryClaim:
+    """A session-level advisory lock on a connection of its own: held until `release()` or until the process dies."""
+
+    def __init__(self, url: str, session_id: str, *, where: str) -> None:
+        self.session_id = session_id
+        self._conn: psycopg.Connection[Any] | None = psycopg.connect(url, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_SECONDS))
+        row = self._conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (f"taskweaver-lite session {session_id}",)).fetchone()
+        if row is None or not row[0]:
+            self.release()
+            raise SessionBusyError(
+                f"session {session_id} is open in another taskweaver-lite process using {where}; close it there first, or resume a different session"
+            )
+
+    def release(self) -> None:
+        """Let other processes open the session (closing the connection drops the lock)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> AdvisoryClaim:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _said(exc: BaseException) -> str:
+    """A driver's error as one line, with any password taken out."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return redact_text(lines[0] if lines else type(exc).__name__)

@@ -1,0 +1,504 @@
+"""The store's queries, written once for both backends: `SqlStore` and the rows each event becomes.
+
+The SQL here is the part SQLite and PostgreSQL share (`?` placeholders, `ON CONFLICT`, `RETURNING`;
+the PostgreSQL backend turns `?` into `%s`). What differs sits in the backends: connecting, locking,
+migrating, the clock (`now_sql`), reading a cell's code out of a post's JSON (`cell_code_sql`), and
+how errors are worded. Booleans are stored as 0/1 integers on both, so one query reads both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from taskweaver_lite.errors import StoreError, UnknownSessionError
+from taskweaver_lite.events import CellPrinted, Event, FileLoaded, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
+from taskweaver_lite.execution import Variable
+from taskweaver_lite.knowledge.tips import Tip, TipKind
+from taskweaver_lite.llm.client import Usage
+from taskweaver_lite.memory.conversation import Post, Round
+from taskweaver_lite.store.interface import INTERRUPTED_ERROR, FileKind, Lease, SessionEntry, StoredEvent, StoredSession, User
+from taskweaver_lite.store.users import Verifier, check_name, make_token, token_id
+
+TITLE_LENGTH = 60
+SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class Rows(Protocol):
+    """A cursor after a statement: what the shared code reads of it (sqlite3's and psycopg's both fit)."""
+
+    @property
+    def rowcount(self) -> int: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+
+
+class Connection(Protocol):
+    """One connection inside a transaction: `?` placeholders on both backends."""
+
+    def execute(self, sql: str, params: Sequence[Any] = (), /) -> Rows: ...
+
+
+class SqlStore:
+    """The queries of a session store; a backend gives `_transaction`, `_read`, `lock`, `close` and its dialect."""
+
+    where: str = ""
+    keeps_files: bool = False
+    now_sql = ""  # the database's clock in epoch seconds (leases are timed by it, not by a replica's)
+    cell_code_sql = ""  # a post's cell code, from its `data` JSON
+
+    def __init__(self) -> None:
+        self._known_rounds: set[tuple[str, str]] = set()  # (session, round) rows this store has made sure of
+        self._verifier = Verifier()
+
+    def _transaction(self) -> AbstractContextManager[Connection]:
+        raise NotImplementedError
+
+    def _read(self) -> AbstractContextManager[Connection]:
+        raise NotImplementedError
+
+    def _after_events(self, db: Connection, session_id: str) -> None:
+        """Called inside the transaction that appended to a session's event log (PostgreSQL notifies the other replicas)."""
+
+    # Sessions
+
+    def create_session(self, session_id: str, *, started: float, owner: str | None = None) -> None:
+        """Add a new, empty session, owned by `owner` (None: made without users)."""
+        if not SESSION_ID.match(session_id):
+            raise StoreError(f"'{session_id}' is not a valid session id (letters, digits, '.', '_' and '-' only)")
+        with self._transaction() as db:
+            if db.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
+                raise StoreError(f"session {session_id} already exists in {self.where}")
+            db.execute("INSERT INTO sessions (id, started, last_active, owner) VALUES (?, ?, ?, ?)", (session_id, started, started, owner))
+
+    def record(self, session_id: str, *events: Event, shown: Sequence[dict[str, Any]] = ()) -> list[int]:
+        """Write session events (and `shown`, entries for the event log) in one transaction; returns the log entries' ids.
+
+        `Working`, `ReplyStreamed`, `CellPrinted` are progress only: they are not recorded.
+        """
+        kept = [event for event in events if not isinstance(event, (Working, ReplyStreamed, CellPrinted))]
+        if not kept and not shown:
+            return []
+        now = time.time()
+        with self._transaction() as db:
+            if db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id)).rowcount == 0:
+                raise StoreError(f"session {session_id} is not in {self.where}; it must be created before events are recorded")
+            made: set[tuple[str, str]] = set()
+            for event in kept:
+                write_event(db, session_id, event, now, known_rounds=self._known_rounds, made=made)
+            ids = [self._log(db, session_id, item, now) for item in shown]
+            if ids:
+                self._after_events(db, session_id)
+        self._known_rounds |= made  # only once committed: a rolled-back round row is made again next time
+        return ids
+
+    def _log(self, db: Connection, session_id: str, item: dict[str, Any], now: float) -> int:
+        row = db.execute("INSERT INTO events (session_id, data, at) VALUES (?, ?, ?) RETURNING id", (session_id, _json(item), now)).fetchone()
+        return int(row[0])
+
+    def events_after(self, session_id: str, after: int, *, limit: int = 500) -> list[StoredEvent]:
+        """The session's event-log entries with an id above `after`, oldest first (at most `limit`)."""
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT id, data, at FROM events WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?", (session_id, after, limit)
+            ).fetchall()
+        return [StoredEvent(id=int(r[0]), session_id=session_id, data=json.loads(r[1]), at=float(r[2])) for r in rows]
+
+    def last_event_id(self, session_id: str) -> int:
+        """The id of the session's newest event-log entry (0: none yet)."""
+        with self._read() as db:
+            row = db.execute("SELECT COALESCE(MAX(id), 0) FROM events WHERE session_id = ?", (session_id,)).fetchone()
+        return int(row[0])
+
+    def save_kernel(self, session_id: str, kernel_id: str | None) -> None:
+        """Keep the id of the session's kernel on a gateway (None: it has none that outlives its server)."""
+        with self._transaction() as db:
+            db.execute("UPDATE sessions SET kernel_id = ? WHERE id = ?", (kernel_id, session_id))
+
+    def save_compression(self, session_id: str, role: str, state: dict[str, Any]) -> None:
+        """Keep `role`'s CompressionState.to_dict(), replacing the one saved before."""
+        now = time.time()
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO compression (session_id, role, state, saved_at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (session_id, role) DO UPDATE SET state = excluded.state, saved_at = excluded.saved_at",
+                (session_id, role, _json(state), now),
+            )
+            db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
+
+    def save_overrides(self, session_id: str, overrides: list[str]) -> None:
+        """Keep the `--set KEY=VALUE` items a session runs with, for its resume; api keys and the store's own address are never stored."""
+        kept = [item for item in overrides if not _secret_setting(item.partition("=")[0].strip())]
+        with self._transaction() as db:
+            db.execute("UPDATE sessions SET overrides = ? WHERE id = ?", (_json(kept), session_id))
+
+    def overrides(self, session_id: str) -> list[str]:
+        """The `--set` items saved for the session (empty if none were)."""
+        with self._read() as db:
+            row = db.execute("SELECT overrides FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        if row is None:
+            raise UnknownSessionError(session_id, store=self.where)
+        return [str(item) for item in json.loads(row[0])]
+
+    def list_sessions(self, *, owner: str | None = None) -> list[SessionEntry]:
+        """Every stored session with at least one round (of `owner` only, when given), most recently active first."""
+        # The inner join drops sessions without rounds: chats left, or failed, before their first request.
+        mine, params = ("WHERE s.owner = ? ", (owner,)) if owner is not None else ("", ())
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT s.id, s.title, COUNT(*), s.started, s.last_active FROM sessions s JOIN rounds r ON r.session_id = s.id "
+                f"{mine}GROUP BY s.id, s.title, s.started, s.last_active ORDER BY s.last_active DESC, s.started DESC",
+                params,
+            ).fetchall()
+        return [SessionEntry(id=r[0], title=r[1], rounds=int(r[2]), started=float(r[3]), last_active=float(r[4])) for r in rows]
+
+    def resolve(self, ref: str, *, owner: str | None = None) -> str:
+        """The session id `ref` names: 'last' (the most recently active one with a round), an id, or a unique start of one.
+
+        With `owner`, only that user's sessions are candidates: another's is unknown, as if absent.
+        """
+        mine, params = (" AND owner = ?", (owner,)) if owner is not None else ("", ())
+        with self._read() as db:
+            if ref == "last":
+                row = db.execute(
+                    f"SELECT id FROM sessions s WHERE EXISTS (SELECT 1 FROM rounds r WHERE r.session_id = s.id){mine}"
+                    " ORDER BY last_active DESC, started DESC LIMIT 1",
+                    params,
+                ).fetchone()
+                if row is None:
+                    raise StoreError(f"there are no stored sessions in {self.where} yet")
+                return str(row[0])
+            if db.execute(f"SELECT 1 FROM sessions WHERE id = ?{mine}", (ref, *params)).fetchone():
+                return ref
+            pattern = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            found = db.execute(f"SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\'{mine} ORDER BY id", (pattern, *params)).fetchall()
+        matches = [str(r[0]) for r in found]
+        if len(matches) == 1:
+            return matches[0]
+        if matches:
+            raise StoreError(f"'{ref}' matches several sessions ({', '.join(matches[:5])}); give more of the id")
+        raise UnknownSessionError(ref, store=self.where)
+
+    def owner_of(self, session_id: str) -> str | None:
+        """The user who made the session (None: made without users); UnknownSessionError when there is none."""
+        with self._read() as db:
+            row = db.execute("SELECT owner FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        if row is None:
+            raise UnknownSessionError(session_id, store=self.where)
+        return None if row[0] is None else str(row[0])
+
+    def load(self, session_id: str) -> StoredSession:
+        """The whole session: rounds rebuilt from their posts in order, summaries, usage, crash marks."""
+        with self._read() as db:
+            head = db.execute("SELECT title, started, last_active, variables, overrides, owner, kernel_id FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            if head is None:
+                raise UnknownSessionError(session_id, store=self.where)
+            round_rows = db.execute(
+                "SELECT round_id, idx, user_query, state, error, started_at FROM rounds WHERE session_id = ? ORDER BY seq", (session_id,)
+            ).fetchall()
+            post_rows = db.execute("SELECT round_id, data FROM posts WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
+            states = db.execute("SELECT role, state FROM compression WHERE session_id = ?", (session_id,)).fetchall()
+            loads = db.execute("SELECT name, source, after_round, at FROM files WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
+            usage = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0),"
+                " COALESCE(SUM(cached_tokens), 0) FROM model_calls WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()
+        rounds = {r[0]: Round(id=r[0], index=r[1], user_query=r[2], state=r[3], error=r[4], started_at=r[5], posts=[]) for r in round_rows}
+        for round_id, data in post_rows:
+            rounds[round_id].posts.append(Post.from_dict(json.loads(data)))
+        ordered = list(rounds.values())
+        return StoredSession(
+            id=session_id,
+            title=head[0],
+            started=float(head[1]),
+            last_active=float(head[2]),
+            rounds=ordered,
+            compression={role: json.loads(state) for role, state in states},
+            usage=_usage([int(n) for n in usage]),
+            interrupted=tuple(r.index for r in ordered if r.state == "running"),
+            last_variables=tuple(Variable.from_dict(v) for v in json.loads(head[3])),
+            loads=tuple(FileLoaded(name=r[0], source=r[1], after_round=r[2], at=r[3]) for r in loads),
+            overrides=tuple(json.loads(head[4])),
+            owner=head[5],
+            kernel_id=head[6],
+        )
+
+    def mark_interrupted(self, session_id: str) -> tuple[int, ...]:
+        """Fail the rounds a crash left 'running'; returns their indexes (to tell the user)."""
+        now = time.time()
+        with self._transaction() as db:
+            rows = db.execute("SELECT seq, idx FROM rounds WHERE session_id = ? AND state = 'running' ORDER BY seq", (session_id,)).fetchall()
+            for seq, _ in rows:
+                db.execute("UPDATE rounds SET state = 'failed', error = ?, ended_at = COALESCE(ended_at, ?) WHERE seq = ?", (INTERRUPTED_ERROR, now, seq))
+        return tuple(int(idx) for _, idx in rows)
+
+    def drop_round(self, session_id: str, round_id: str) -> None:
+        """Forget one request and its posts (/undo); the model calls it made stay counted."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM posts WHERE session_id = ? AND round_id = ?", (session_id, round_id))
+            db.execute("DELETE FROM rounds WHERE session_id = ? AND round_id = ?", (session_id, round_id))
+
+    def successful_cells(self, session_id: str) -> list[str]:
+        """The code of every cell that ran without error, in the order it ran (for the kernel replay)."""
+        # Rounds of every state count: the kernel ran a failed round's good cells all the same.
+        with self._read() as db:
+            rows = db.execute(f"SELECT {self.cell_code_sql} FROM posts WHERE session_id = ? AND success = 1 ORDER BY seq", (session_id,)).fetchall()
+        return [r[0] for r in rows]
+
+    # Artifacts and uploads
+
+    def put_file(self, session_id: str, kind: FileKind, name: str, data: bytes) -> None:
+        """Keep a file of the session as bytes (replacing one of that kind and name)."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO blobs (session_id, kind, name, data, size, at) VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (session_id, kind, name) DO UPDATE SET data = excluded.data, size = excluded.size, at = excluded.at",
+                (session_id, kind, name, data, len(data), time.time()),
+            )
+
+    def file(self, session_id: str, kind: FileKind, name: str) -> bytes | None:
+        """A kept file's bytes; None when there is none."""
+        with self._read() as db:
+            row = db.execute("SELECT data FROM blobs WHERE session_id = ? AND kind = ? AND name = ?", (session_id, kind, name)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def file_names(self, session_id: str, kind: FileKind) -> list[str]:
+        """The names of the session's kept files of `kind`, in order."""
+        with self._read() as db:
+            rows = db.execute("SELECT name FROM blobs WHERE session_id = ? AND kind = ? ORDER BY name", (session_id, kind)).fetchall()
+        return [str(r[0]) for r in rows]
+
+    # Tips
+
+    def save_tips(self, session_id: str, tips: Sequence[tuple[TipKind, str]]) -> list[Tip]:
+        """Store tips (kind, text) distilled from `session_id` in place of those saved from it before; returns them with their ids.
+
+        A later /save reads the whole session again, so its tips supersede the earlier ones (one transaction).
+        """
+        now = time.time()
+        with self._transaction() as db:
+            db.execute("DELETE FROM tips WHERE session_id = ?", (session_id,))
+            ids = [
+                db.execute("INSERT INTO tips (kind, text, session_id, created_at) VALUES (?, ?, ?, ?) RETURNING id", (k, t, session_id, now)).fetchone()[0]
+                for k, t in tips
+            ]
+        return [Tip(id=str(n), kind=k, text=t, source=session_id, created_at=now) for n, (k, t) in zip(ids, tips, strict=True)]
+
+    def stored_tips(self, *, owner: str | None = None) -> list[Tip]:
+        """Every stored tip, oldest first; with `owner`, those from that user's sessions and from sessions made without users."""
+        mine, params = (" WHERE s.owner IS NULL OR s.owner = ?", (owner,)) if owner is not None else ("", ())
+        with self._read() as db:
+            rows = db.execute(
+                f"SELECT t.id, t.kind, t.text, t.session_id, t.created_at FROM tips t LEFT JOIN sessions s ON s.id = t.session_id{mine} ORDER BY t.id",
+                params,
+            ).fetchall()
+        return [Tip(id=str(r[0]), kind=r[1], text=r[2], source=r[3], created_at=float(r[4])) for r in rows]
+
+    def search_tips(self, text: str, *, owner: str | None = None, limit: int) -> list[Tip] | None:
+        """The stored tips that fit `text`, best first, when the database searches them; None: search them in memory (SQLite's FTS5)."""
+        return None
+
+    def tips_version(self) -> tuple[int, int]:
+        """(count, newest id) of the stored tips: changes with every save and delete (ids are never reused)."""
+        with self._read() as db:
+            count, newest = db.execute("SELECT COUNT(*), COALESCE(MAX(id), 0) FROM tips").fetchone()
+        return int(count), int(newest)
+
+    def delete_tip(self, tip_id: int, *, owner: str | None = None) -> bool:
+        """Delete one stored tip (with `owner`: only one of that user's); False when there is none with that id."""
+        mine, params = (" AND session_id IN (SELECT id FROM sessions WHERE owner = ?)", (owner,)) if owner is not None else ("", ())
+        with self._transaction() as db:
+            return db.execute(f"DELETE FROM tips WHERE id = ?{mine}", (tip_id, *params)).rowcount > 0
+
+    # Users
+
+    def add_user(self, name: str, *, admin: bool = False) -> str:
+        """Add a user; returns their token (shown once: only its hash is kept). StoreError if the name is taken."""
+        try:
+            check_name(name)
+        except ValueError as exc:
+            raise StoreError(str(exc)) from None
+        made = make_token()
+        with self._transaction() as db:
+            if db.execute("SELECT 1 FROM users WHERE name = ?", (name,)).fetchone():
+                raise StoreError(f"there is already a user '{name}' in {self.where}; remove it first (taskweaver-lite users remove {name})")
+            db.execute(
+                "INSERT INTO users (name, admin, token_id, salt, token_hash, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (name, int(admin), made.token_id, made.salt, made.digest, time.time()),
+            )
+        return made.token
+
+    def users(self) -> list[User]:
+        """Every user, by name."""
+        with self._read() as db:
+            rows = db.execute("SELECT name, admin, created_at FROM users ORDER BY name").fetchall()
+        return [User(name=r[0], admin=bool(r[1]), created_at=float(r[2])) for r in rows]
+
+    def remove_user(self, name: str) -> bool:
+        """Remove a user (their token stops working at once; their sessions stay); False when there is none."""
+        with self._transaction() as db:
+            return db.execute("DELETE FROM users WHERE name = ?", (name,)).rowcount > 0
+
+    def has_users(self) -> bool:
+        """Whether the store has any user (then every request must name one by its token)."""
+        with self._read() as db:
+            return db.execute("SELECT 1 FROM users LIMIT 1").fetchone() is not None
+
+    def user_for_token(self, token: str) -> User | None:
+        """The user whose token this is; None for a wrong, malformed or removed one."""
+        ident = token_id(token)
+        if ident is None:
+            return None
+        with self._read() as db:
+            row = db.execute("SELECT name, admin, created_at, salt, token_hash FROM users WHERE token_id = ?", (ident,)).fetchone()
+        if row is None or not self._verifier.matches(token, salt=row[3], digest=row[4]):
+            return None
+        return User(name=row[0], admin=bool(row[1]), created_at=float(row[2]))
+
+    # Leases
+
+    def take_lease(self, session_id: str, holder: str, *, seconds: float) -> Lease | None:
+        """Claim the session's lease for `seconds` (when free, expired, or already `holder`'s); None when another holds it."""
+        with self._transaction() as db:
+            row = db.execute(
+                f"INSERT INTO leases (session_id, holder, expires) VALUES (?, ?, {self.now_sql} + ?)"
+                " ON CONFLICT (session_id) DO UPDATE SET holder = excluded.holder, expires = excluded.expires"
+                f" WHERE leases.holder = excluded.holder OR leases.expires < {self.now_sql} RETURNING holder, expires",
+                (session_id, holder, seconds),
+            ).fetchone()
+        return None if row is None else Lease(session_id=session_id, holder=str(row[0]), expires=float(row[1]))
+
+    def renew_lease(self, session_id: str, holder: str, *, seconds: float) -> bool:
+        """Extend `holder`'s lease by `seconds` from now; False when it is no longer theirs."""
+        with self._transaction() as db:
+            updated = db.execute(
+                f"UPDATE leases SET expires = {self.now_sql} + ? WHERE session_id = ? AND holder = ?", (seconds, session_id, holder)
+            ).rowcount
+        return updated > 0
+
+    def release_lease(self, session_id: str, holder: str) -> None:
+        """Free the session's lease if `holder` has it."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM leases WHERE session_id = ? AND holder = ?", (session_id, holder))
+
+    def lease(self, session_id: str) -> Lease | None:
+        """The session's current, unexpired lease; None when it is free."""
+        with self._read() as db:
+            row = db.execute(f"SELECT holder, expires FROM leases WHERE session_id = ? AND expires >= {self.now_sql}", (session_id,)).fetchone()
+        return None if row is None else Lease(session_id=session_id, holder=str(row[0]), expires=float(row[1]))
+
+    # Eval results
+
+    def save_eval_result(self, run_id: str, case: str, result: dict[str, Any]) -> None:
+        """Keep one case's result of an eval run (replacing an earlier one of that case)."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO eval_results (run_id, case_name, result, at) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (run_id, case_name) DO UPDATE SET result = excluded.result, at = excluded.at",
+                (run_id, case, _json(result), time.time()),
+            )
+
+    def eval_results(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """An eval run's results by case name."""
+        with self._read() as db:
+            rows = db.execute("SELECT case_name, result FROM eval_results WHERE run_id = ? ORDER BY case_name", (run_id,)).fetchall()
+        return {str(r[0]): json.loads(r[1]) for r in rows}
+
+    def ping(self) -> None:
+        """Raise StoreError when the store cannot be reached."""
+        with self._read() as db:
+            db.execute("SELECT 1").fetchone()
+
+
+def _secret_setting(key: str) -> bool:
+    """A setting whose value may hold a secret: an api key, or the store's URL (its password; a resume is in that store anyway)."""
+    return "api_key" in key or key == "store.url"
+
+
+def _usage(sums: list[int]) -> Usage:
+    calls, failed, prompt, completion, cached = sums
+    return Usage(calls=calls, failed_calls=failed, prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def shorten(text: str, limit: int = TITLE_LENGTH) -> str:
+    """One line of at most `limit` characters, cut at a word with '…' when longer."""
+    line = " ".join(text.split())
+    if len(line) <= limit:
+        return line
+    cut = line[: limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,.;:") + "…"
+
+
+def write_event(db: Connection, session_id: str, event: Event, now: float, *, known_rounds: set[tuple[str, str]], made: set[tuple[str, str]]) -> None:
+    """One event's rows; a round's row is made first unless `known_rounds` has it (`made` collects the new ones)."""
+    if isinstance(event, (RoundStarted, PostAdded, RoundEnded)):
+        key = (session_id, event.round.id)
+        if key not in known_rounds and key not in made:
+            _ensure_round(db, session_id, event.round)
+            made.add(key)
+    if isinstance(event, RoundStarted):
+        db.execute("UPDATE sessions SET title = ? WHERE id = ? AND title = ''", (shorten(event.round.user_query), session_id))
+    elif isinstance(event, PostAdded):
+        _insert_post(db, session_id, event.round.id, event.post)
+        if event.post.is_answer:  # the answer ends its round: both are kept in one write
+            _end_round(db, session_id, event.round.id, state="finished", error=None, at=now)
+    elif isinstance(event, RoundEnded):
+        _end_round(db, session_id, event.round.id, state=event.round.state, error=event.round.error, at=now)
+    elif isinstance(event, ModelCalled):
+        _insert_call(db, session_id, event, now)
+    elif isinstance(event, Folded):
+        db.execute(
+            "INSERT INTO folds (session_id, role, first_round, last_round, tokens_before, tokens_after, ok, error, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (session_id, event.role, event.first_round, event.last_round, event.tokens_before, event.tokens_after, int(event.ok), event.error, now),
+        )
+    elif isinstance(event, FileLoaded):
+        db.execute(
+            "INSERT INTO files (session_id, name, source, after_round, at) VALUES (?, ?, ?, ?, ?)",
+            (session_id, event.name, event.source, event.after_round, event.at),
+        )
+
+
+def _ensure_round(db: Connection, session_id: str, rnd: Round) -> None:
+    db.execute(
+        "INSERT INTO rounds (session_id, round_id, idx, user_query, state, error, started_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (session_id, round_id) DO NOTHING",
+        (session_id, rnd.id, rnd.index, rnd.user_query, "running", None, rnd.started_at),
+    )
+
+
+def _insert_call(db: Connection, session_id: str, event: ModelCalled, now: float) -> None:
+    prompt = _json(list(event.prompt)) if event.prompt is not None else None
+    db.execute(
+        "INSERT INTO model_calls (session_id, purpose, prompt_tokens, completion_tokens, cached_tokens, latency, ok, error, prompt, reply, at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (session_id, event.purpose, event.prompt_tokens, event.completion_tokens, event.cached_tokens, event.latency, int(event.ok),
+         event.error, prompt, event.reply, now),
+    )
+
+
+def _end_round(db: Connection, session_id: str, round_id: str, *, state: str, error: str | None, at: float) -> None:
+    db.execute("UPDATE rounds SET state = ?, error = ?, ended_at = ? WHERE session_id = ? AND round_id = ?", (state, error, at, session_id, round_id))
+
+
+def _insert_post(db: Connection, session_id: str, round_id: str, post: Post) -> None:
+    execution = post.execution
+    inserted = db.execute(
+        "INSERT INTO posts (session_id, round_id, post_id, send_from, send_to, success, created_at, data)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, post_id) DO NOTHING",
+        (session_id, round_id, post.id, post.send_from, post.send_to, int(execution.success) if execution else None, post.created_at, _json(post.to_dict())),
+    ).rowcount
+    if inserted and execution is not None:
+        # Every cell's result carries the kernel's snapshot after it (empty after a kernel death).
+        variables = _json([v.to_dict() for v in execution.variables])
+        db.execute("UPDATE sessions SET variables = ? WHERE id = ?", (variables, session_id))
+

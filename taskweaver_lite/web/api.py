@@ -1,0 +1,393 @@
+"""The session routes of the HTTP API: each one names a session, checks it is the caller's, and goes through the `Hub`.
+
+    GET  /api/sessions                          stored sessions (the caller's), as `sessions --json`
+    POST /api/sessions                          a new session -> {"id"}
+    POST /api/sessions/{id}/resume              make a stored one ready (one process: re-open it; 409 when open elsewhere)
+    GET  /api/sessions/{id}                     its rounds as stored, and the id of its newest event, for a page (re)loading it
+    POST /api/sessions/{id}/messages {"text"}   -> text/event-stream, ending with answer or error
+    GET  /api/sessions/{id}/events              -> text/event-stream of its stored events, each with `id:`; Last-Event-ID resumes
+    POST /api/sessions/{id}/stop                cancel the running request, like Ctrl-C (on whichever replica runs it)
+    POST /api/sessions/{id}/files               multipart `file` -> like /load
+    GET  /api/sessions/{id}/artifacts/{name}    a file the session produced (only from its folders, or the store)
+    GET  /api/sessions/{id}/context             each role's last prompt, in tokens by part, against its budget; prompt tokens cached and not
+    GET  /api/sessions/{id}/export?format=ipynb|md
+    POST /api/sessions/{id}/experience          distil the session into tips (like /save) -> {"saved": [...]}
+    GET  /api/sessions/{id}/experience          every tip, and the handcrafted files that could not be read
+    DELETE /api/sessions/{id}/experience/{tip}  delete a stored tip (like /experience delete)
+
+A session another user owns is, for the caller, not there: 404 on every route, absent from the list.
+While the store is unreachable a route answers 503 with one line (no traceback anywhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import mimetypes
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from taskweaver_lite.errors import StoreError, StoreUnavailable, TaskWeaverError, UnknownSessionError
+from taskweaver_lite.event_json import round_json
+from taskweaver_lite.llm.client import Usage, usage_by_purpose
+from taskweaver_lite.store.export import write_export
+from taskweaver_lite.store.interface import StoredEvent
+from taskweaver_lite.web.fanout import POLL
+from taskweaver_lite.web.hub import Hub, NotOpen, Stopping
+from taskweaver_lite.web.live import Busy, LiveSession
+from taskweaver_lite.workfiles import open_below
+
+Handler = Callable[[Request], Awaitable[Response]]
+SessionHandler = Callable[[Request, Hub, str], Awaitable[Response]]
+ARTIFACT_CHUNK = 1 << 20
+STREAM_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+RECONNECT_MS = 1000  # what an EventSource waits before reconnecting (to any replica)
+_log = logging.getLogger(__name__)
+
+
+def api_routes(hub: Hub) -> list[Route]:
+    """Every /api route over `hub`."""
+    return [
+        Route("/api/sessions", _sessions(hub), methods=["GET", "POST"]),
+        Route("/api/sessions/{id}", _session(hub, _history)),
+        Route("/api/sessions/{id}/resume", _session(hub, _resume), methods=["POST"]),
+        Route("/api/sessions/{id}/messages", _session(hub, _messages), methods=["POST"]),
+        Route("/api/sessions/{id}/events", _session(hub, _events)),
+        Route("/api/sessions/{id}/stop", _session(hub, _stop), methods=["POST"]),
+        Route("/api/sessions/{id}/files", _session(hub, _files), methods=["POST"]),
+        Route("/api/sessions/{id}/artifacts/{name}", _session(hub, _artifact)),
+        Route("/api/sessions/{id}/context", _session(hub, _context)),
+        Route("/api/sessions/{id}/export", _session(hub, _export)),
+        Route("/api/sessions/{id}/experience", _session(hub, _experience), methods=["GET", "POST"]),
+        Route("/api/sessions/{id}/experience/{tip}", _session(hub, _delete_tip), methods=["DELETE"]),
+    ]
+
+
+def owner_of_request(request: Request) -> str | None:
+    """Whose sessions the caller sees: their user name; None for everyone's (an admin, or a server without users)."""
+    user = request.scope.get("state", {}).get("user")
+    if user is None or getattr(user, "admin", False):
+        return None
+    return str(user.name)
+
+
+def user_of_request(request: Request) -> str | None:
+    """The caller's user name (None without users): the owner of the sessions they make."""
+    user = request.scope.get("state", {}).get("user")
+    return None if user is None else str(user.name)
+
+
+def error(status: int, message: str) -> JSONResponse:
+    """A JSON error answer: {"error": message}."""
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def answer_failure(exc: Exception) -> JSONResponse:
+    """The HTTP answer to an error a route met: 404, 409, 503 or 400, with its one line."""
+    if isinstance(exc, (UnknownSessionError, NotOpen)):
+        return error(404, str(exc))
+    if isinstance(exc, Busy):
+        return error(409, str(exc))
+    if isinstance(exc, Stopping):
+        return error(503, str(exc))
+    if isinstance(exc, StoreUnavailable):
+        return error(503, store_down(exc))
+    return error(400, str(exc))
+
+
+def store_down(exc: StoreError) -> str:
+    """The one line a client (and the log) gets while the store cannot be reached."""
+    return f"The session store is unreachable, so nothing was done; try again shortly ({' '.join(str(exc).split())})."
+
+
+def _sessions(hub: Hub) -> Handler:
+    async def sessions(request: Request) -> Response:
+        try:
+            if request.method == "POST":
+                live = await asyncio.to_thread(hub.new, owner=user_of_request(request))
+                return JSONResponse({"id": live.id})
+            rows = await asyncio.to_thread(hub.parts.store.list_sessions, owner=owner_of_request(request))
+        except TaskWeaverError as exc:
+            return _failed(hub, exc)
+        return JSONResponse([row.to_dict() for row in rows])
+
+    return sessions
+
+
+def _session(hub: Hub, handler: SessionHandler) -> Handler:
+    """A route about one session: 404 unless it is stored and the caller's; errors answered as `answer_failure` says."""
+
+    async def route(request: Request) -> Response:
+        session_id = request.path_params["id"]
+        owner = owner_of_request(request)
+        try:
+            if owner is not None or hub.replica is not None:
+                await asyncio.to_thread(_check_owner, hub, session_id, owner)
+            return await handler(request, hub, session_id)
+        except (Busy, NotOpen, Stopping, TaskWeaverError) as exc:
+            return _failed(hub, exc)
+
+    return route
+
+
+def _failed(hub: Hub, exc: Exception) -> JSONResponse:
+    answer = answer_failure(exc)
+    if isinstance(exc, StoreUnavailable):
+        hub.parts.metrics.store_unavailable.inc()
+        _log.warning("%s", store_down(exc))  # one line, no traceback
+    return answer
+
+
+def _check_owner(hub: Hub, session_id: str, owner: str | None) -> None:
+    """UnknownSessionError unless the session is stored and (when `owner` is given) theirs."""
+    store = hub.parts.store
+    if store.resolve(session_id, owner=owner) != session_id:
+        raise UnknownSessionError(session_id, store=store.where)
+
+
+async def _resume(_: Request, hub: Hub, session_id: str) -> Response:
+    resumed = await asyncio.to_thread(hub.resume, session_id)
+    return JSONResponse({"id": resumed})
+
+
+async def _history(_: Request, hub: Hub, session_id: str) -> Response:
+    live = hub.get(session_id) if hub.replica is None else None
+    if live is not None:
+        rounds, loads, busy = live.session.conversation.rounds, live.session.loads, live.busy
+    else:
+        stored = await asyncio.to_thread(hub.parts.store.load, session_id)
+        rounds, loads = stored.rounds, list(stored.loads)
+        busy = hub.replica is not None and await asyncio.to_thread(hub.parts.store.lease, session_id) is not None
+    last_event = await asyncio.to_thread(hub.parts.store.last_event_id, session_id)
+    shown = [round_json(r, session_id=session_id) for r in rounds]
+    return JSONResponse(
+        {
+            "id": session_id,
+            "rounds": shown,
+            "loads": [{"name": load.name, "after_round": load.after_round} for load in loads],
+            "busy": busy,
+            "last_event": last_event,
+        }
+    )
+
+
+async def _messages(request: Request, hub: Hub, session_id: str) -> Response:
+    body = await _json(request)
+    text = body.get("text") if isinstance(body, dict) else None
+    if not isinstance(text, str) or not text.strip():
+        return error(400, 'Send {"text": "..."} with the request.')
+    loop = asyncio.get_running_loop()
+    # A replica takes the session's lease, and perhaps loads the session, first: off the loop.
+    turn = hub.ask(session_id, text, loop=loop) if hub.replica is None else await asyncio.to_thread(hub.ask, session_id, text, loop=loop)
+
+    async def stream() -> AsyncIterator[str]:
+        if turn.since is not None:  # where a client that loses this stream picks up the session's stored events (GET .../events)
+            yield f"id: {turn.since}\n\n"
+        async for batch in turn.batches():  # one write for what arrived together
+            yield "".join(f"data: {json.dumps(item, ensure_ascii=False)}\n\n" for item in batch)
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=STREAM_HEADERS)
+
+
+async def _events(request: Request, hub: Hub, session_id: str) -> Response:
+    """The session's stored events from after Last-Event-ID (or ?after=), then each as it is stored, until the client leaves."""
+    offered = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
+    try:
+        after = int(offered)
+    except ValueError:
+        return error(400, "Last-Event-ID (or ?after=) is the id of the last event received, a whole number.")
+    return StreamingResponse(_event_stream(hub, session_id, after), media_type="text/event-stream", headers=STREAM_HEADERS)
+
+
+async def _event_stream(hub: Hub, session_id: str, after: int) -> AsyncIterator[str]:
+    yield f"retry: {RECONNECT_MS}\n\n"
+    while not hub.stopping:  # a replica that stops ends its streams: the clients reconnect to another, missing nothing
+        with hub.parts.fanout.waiter(session_id) as signal:
+            try:
+                entries: list[StoredEvent] = await asyncio.to_thread(hub.parts.store.events_after, session_id, after)
+            except StoreError:
+                yield ": the session store is unreachable; waiting for it\n\n"
+                await asyncio.sleep(1.0)
+                continue
+            if entries:
+                after = entries[-1].id
+                yield "".join(f"id: {entry.id}\ndata: {json.dumps(entry.data, ensure_ascii=False)}\n\n" for entry in entries)
+                continue
+            try:
+                await asyncio.wait_for(signal.wait(), POLL)
+            except asyncio.TimeoutError:
+                yield ": keep-alive\n\n"
+
+
+async def _stop(_: Request, hub: Hub, session_id: str) -> Response:
+    return JSONResponse({"stopped": await asyncio.to_thread(hub.stop, session_id)})
+
+
+async def _files(request: Request, hub: Hub, session_id: str) -> Response:
+    limit = hub.config.session.max_upload_bytes
+    declared = int(request.headers.get("content-length") or 0)
+    if declared > limit + 64 * 1024:  # the multipart envelope on top of the file
+        return error(413, f"The file is larger than session.max_upload_bytes ({limit:,} bytes).")
+    async with request.form(max_files=1, max_fields=4) as form:
+        received = form.get("file")
+        if not isinstance(received, UploadFile) or not received.filename:
+            return error(400, "Send the file as multipart form data in the field `file`.")
+        name = Path(received.filename.replace("\\", "/")).name
+        if not name or name.startswith("."):
+            return error(400, f"{received.filename!r} is not a usable file name.")
+        folder = Path(tempfile.mkdtemp(dir=_uploads_root(hub, session_id)))
+        try:
+            target = folder / name
+            with target.open("wb") as out:
+                await asyncio.to_thread(shutil.copyfileobj, received.file, out)
+            if target.stat().st_size > limit:
+                return error(413, f"The file is larger than session.max_upload_bytes ({limit:,} bytes).")
+            loaded = await asyncio.to_thread(_load_file, hub, session_id, target)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    return JSONResponse({"name": loaded, "text": f"Loaded {loaded} into the working folder."})
+
+
+def _uploads_root(hub: Hub, session_id: str) -> Path:
+    folder = hub.config.sessions_dir / session_id / "uploads"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _load_file(hub: Hub, session_id: str, path: Path) -> str:
+    with hub.using(session_id) as live:
+        return live.session.load_file(path).name
+
+
+async def _artifact(request: Request, hub: Hub, session_id: str) -> Response:
+    name = request.path_params["name"]
+    if Path(name).name != name or name in ("", ".", ".."):
+        return error(404, "No such artifact.")
+    kind = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    headers = {"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "sandbox"}
+    path = _local_artifact(hub, session_id, name)
+    try:
+        # Opened once, no link followed, checked and served from that descriptor: a kernel swapping
+        # the file for a link between a check and an open by name gets nothing out of it.
+        fd, info = await asyncio.to_thread(open_below, path.parent, path.name)
+    except OSError:
+        stored = await asyncio.to_thread(hub.parts.store.file, session_id, "artifact", name) if hub.parts.store.keeps_files else None
+        if stored is None:
+            return error(404, f"No artifact {name!r} in this session.")
+        return Response(stored, media_type=kind, headers=headers)
+    return StreamingResponse(_chunks(fd, info.st_size), media_type=kind, headers={**headers, "Content-Length": str(info.st_size)})
+
+
+def _local_artifact(hub: Hub, session_id: str, name: str) -> Path:
+    """Where this replica would have the artifact: its executor's artifacts, else the session's working folder."""
+    live = hub.get(session_id)
+    if live is not None:
+        try:
+            return live.session.executor.artifact(name)
+        except KeyError:
+            return live.session.working_dir / name  # a file a cell wrote into the working folder
+    return hub.config.sessions_dir / session_id / "artifacts" / name
+
+
+async def _chunks(fd: int, size: int) -> AsyncIterator[bytes]:
+    """The `size` bytes of the open file `fd`, in pieces; the descriptor is closed at the end (or on a dropped client)."""
+    try:
+        while size > 0 and (chunk := await asyncio.to_thread(os.read, fd, min(ARTIFACT_CHUNK, size))):
+            size -= len(chunk)
+            yield chunk
+    finally:
+        os.close(fd)
+
+
+async def _context(_: Request, hub: Hub, session_id: str) -> Response:
+    return JSONResponse({"roles": await asyncio.to_thread(_context_of, hub, session_id)})
+
+
+def _context_of(hub: Hub, session_id: str) -> list[dict[str, Any]]:
+    live = hub.get(session_id) if hub.replica is None else None
+    if live is not None:
+        return _roles(live)
+    with hub.using(session_id) as current:
+        return _roles(current)
+
+
+def _roles(live: LiveSession) -> list[dict[str, Any]]:
+    roles = []
+    by_purpose = usage_by_purpose(live.session.usage_by_model())
+    for context in live.session.contexts().values():
+        # Prompt tokens of this process's calls, with what the servers took from their prefix caches.
+        calls, folds = by_purpose.get(context.role, Usage()), by_purpose.get(f"compression_{context.role}", Usage())
+        tokens = {
+            "prompt_tokens": calls.prompt_tokens,
+            "cached_tokens": calls.cached_tokens,
+            "uncached_tokens": calls.uncached_tokens,
+            "fold_prompt_tokens": folds.prompt_tokens,
+            "fold_cached_tokens": folds.cached_tokens,
+        }
+        report = context.report()
+        if report is None:
+            roles.append({"role": context.label, "budget": context.budget, "total": 0, "parts": {}, **tokens})
+            continue
+        shown = {"budget": report.budget, "total": report.cost.total, "parts": dict(report.parts()), "folded_through": report.folded_through}
+        roles.append({"role": context.label, **shown, **tokens})
+    return roles
+
+
+async def _experience(request: Request, hub: Hub, session_id: str) -> Response:
+    if request.method == "POST":
+        saved = await asyncio.to_thread(_save_experience, hub, session_id)
+        return JSONResponse({"saved": saved})
+    return JSONResponse(await asyncio.to_thread(_tips, hub, session_id))
+
+
+def _save_experience(hub: Hub, session_id: str) -> list[dict[str, Any]]:
+    with hub.using(session_id) as live:
+        return [tip.to_dict() for tip in live.save_experience()]
+
+
+def _tips(hub: Hub, session_id: str) -> dict[str, Any]:
+    with hub.using(session_id) as live:
+        experience = live.session.experience
+        return {"tips": [tip.to_dict() for tip in experience.all()], "problems": experience.problems(), "enabled": live.session.config.experience.enabled}
+
+
+async def _delete_tip(request: Request, hub: Hub, session_id: str) -> Response:
+    def delete() -> dict[str, Any]:
+        with hub.using(session_id) as live:
+            return live.session.experience.delete(request.path_params["tip"]).to_dict()
+
+    return JSONResponse({"deleted": await asyncio.to_thread(delete)})
+
+
+async def _export(request: Request, hub: Hub, session_id: str) -> Response:
+    fmt = request.query_params.get("format", "ipynb")
+    if fmt not in ("ipynb", "md"):
+        return error(400, "format is ipynb or md.")
+    folder = Path(tempfile.mkdtemp())
+    target = folder / f"{session_id}.{fmt}"
+    try:
+        await asyncio.to_thread(write_export, hub.config, session_id, fmt=fmt, target=target, owner=owner_of_request(request))
+        data = target.read_bytes()
+    except UnknownSessionError as exc:
+        return error(404, str(exc))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    kind = "application/x-ipynb+json" if fmt == "ipynb" else "text/markdown; charset=utf-8"
+    return Response(data, media_type=kind, headers={"Content-Disposition": f'attachment; filename="{target.name}"'})
+
+
+async def _json(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError:
+        return None

@@ -1,0 +1,125 @@
+"""One request at a time per session across every replica: leases in the store, renewed while held.
+
+A request takes the session's lease (a row in the store, timed by the database's clock, so the
+replicas' clocks do not matter) before it touches the session, and frees it once its round's
+bookkeeping (the background folds) is done. A thread renews every lease this replica holds each
+third of `serve.lease_timeout`; a replica that dies stops renewing, and its leases run out within
+`serve.lease_timeout` seconds: the next request on any replica takes the session over.
+
+Taking a lease is one statement that exactly one contender wins. The loser is told at once (409)
+while the holder still answers; once the holder has answered (it marks that with a second row,
+`<id>:answered`), the loser waits for it to finish its bookkeeping, up to `serve.lease_wait`
+seconds, rather than send a person who typed quickly an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from taskweaver_lite.errors import StoreError
+from taskweaver_lite.store.interface import Store
+
+ANSWERED = ":answered"
+POLL = 0.05  # seconds between attempts while the holder finishes its bookkeeping
+_log = logging.getLogger(__name__)
+
+
+class LeaseBusy(Exception):
+    """Another request (here or on another replica) is answering in this session: HTTP 409."""
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A lease this replica holds for one request: the session and the holder string it was taken as."""
+
+    session_id: str
+    holder: str
+
+
+class Leases:
+    """The leases this replica holds, and the thread that renews them."""
+
+    def __init__(self, store: Store, *, seconds: float, wait: float, on_lost: Callable[[str], None] | None = None) -> None:
+        self.replica = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._store = store
+        self._seconds = seconds
+        self._wait = wait
+        self._on_lost = on_lost
+        self._held: dict[str, Hold] = {}  # by the row's key (a session id, or one with ANSWERED)
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._renewer = threading.Thread(target=self._renew_loop, name="lease-renew", daemon=True)
+        self._renewer.start()
+
+    def take(self, session_id: str) -> Hold:
+        """The session's lease for a new request; LeaseBusy when another request runs it (StoreError when the store is down)."""
+        hold = Hold(session_id, f"{self.replica}/{uuid.uuid4().hex[:8]}")
+        deadline = time.monotonic() + self._wait
+        while self._store.take_lease(session_id, hold.holder, seconds=self._seconds) is None:
+            if self._store.lease(session_id + ANSWERED) is None or time.monotonic() > deadline:
+                raise LeaseBusy("This session is answering another request (perhaps from another tab): wait for it, or press Stop.")
+            time.sleep(POLL)
+        with self._lock:
+            self._held[session_id] = hold
+        return hold
+
+    def answered(self, hold: Hold) -> None:
+        """The request has answered: a contender now waits for the bookkeeping rather than being refused."""
+        marker = Hold(hold.session_id + ANSWERED, hold.holder)
+        with contextlib.suppress(StoreError):  # only a contender's patience depends on it
+            if self._store.take_lease(marker.session_id, marker.holder, seconds=self._seconds) is not None:
+                with self._lock:
+                    self._held[marker.session_id] = marker
+
+    def release(self, hold: Hold) -> None:
+        """Free the lease (and its answered mark); a store that is down lets it run out instead."""
+        with self._lock:
+            held = [h for key, h in self._held.items() if h.holder == hold.holder]
+            for h in held:
+                del self._held[h.session_id]
+        for h in sorted(held, key=lambda h: h.session_id == hold.session_id):  # the mark first, the lease last
+            try:
+                self._store.release_lease(h.session_id, h.holder)
+            except StoreError:
+                _log.warning("could not free the lease of session %s (the store is unreachable); it runs out by itself", hold.session_id)
+
+    def held(self) -> list[Hold]:
+        """The leases held now (for a replica stopping: what it still runs)."""
+        with self._lock:
+            return [hold for key, hold in self._held.items() if not key.endswith(ANSWERED)]
+
+    def close(self) -> None:
+        """Stop renewing and free what is still held."""
+        self._stopping.set()
+        for hold in self.held():
+            self.release(hold)
+
+    def _renew_loop(self) -> None:
+        while not self._stopping.wait(self._seconds / 3):
+            with self._lock:
+                held = list(self._held.values())
+            for hold in held:
+                self._renew(hold)
+
+    def _renew(self, hold: Hold) -> None:
+        try:
+            kept = self._store.renew_lease(hold.session_id, hold.holder, seconds=self._seconds)
+        except StoreError:
+            return  # the store is down: renewed again once it is back (if it stays down past the lease, another may take it)
+        if kept:
+            return
+        with self._lock:
+            # Released meanwhile (and perhaps taken again by the session's next request): not lost, and not ours to drop.
+            lost = self._held.get(hold.session_id) == hold
+            if lost:
+                del self._held[hold.session_id]
+        if lost and self._on_lost is not None and not hold.session_id.endswith(ANSWERED):
+            self._on_lost(hold.session_id)

@@ -1,0 +1,102 @@
+"""A server as one replica of a team service: any session, loaded from the store when this replica's copy is stale.
+
+Several `serve` processes on one PostgreSQL store and one kernel gateway answer any request of any
+session; nothing routes a session to "its" replica. What makes that safe:
+
+- A request first takes the session's lease (`leases.py`): one request at a time, whichever replica.
+- A replica keeps the sessions it served in memory (their kernel connections, their prompts), but
+  reuses one only when the store has no event newer than the last this copy wrote; otherwise the
+  copy is dropped and the session loaded again from the store.
+- A session's kernel lives on the gateway, and its id is in the store: the replica that loads the
+  session attaches to that kernel, variables and all, and leaves it running when it lets go. Only
+  a kernel the gateway no longer has is started afresh, its variables rebuilt by replaying the
+  session's cells.
+- Loading a session whose last round is still "running" in the store means the replica that ran it
+  died: the round is marked cut off (the resume does it) and counted as a lease takeover.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Iterable
+
+from taskweaver_lite.config import Config
+from taskweaver_lite.errors import ConfigError, StoreError
+from taskweaver_lite.events import Listener
+from taskweaver_lite.execution import ExecutorFactory
+from taskweaver_lite.plugins.catalog import discover
+from taskweaver_lite.session import Catalogs, Session
+from taskweaver_lite.store.interface import Store
+from taskweaver_lite.web.metrics import Metrics
+
+_log = logging.getLogger(__name__)
+
+
+def check_replica_setup(config: Config) -> None:
+    """Refuse, in one line, a PostgreSQL store whose kernels would run on this machine (they cannot move between replicas)."""
+    if config.store.url is None or config.execution.kernel_gateway is not None or config.serve.single_replica:
+        return
+    raise ConfigError(
+        "store.url is a PostgreSQL store, which several serve replicas may share, but kernels would run on this machine, where "
+        "no other replica can reach them: set execution.kernel_gateway (a Jupyter Kernel or Enterprise Gateway), or "
+        "serve.single_replica: true if this is the only server on that store"
+    )
+
+
+def is_replica(config: Config) -> bool:
+    """Whether this server is one replica of several (a PostgreSQL store, kernels on a gateway)."""
+    return config.store.url is not None and not config.serve.single_replica
+
+
+class Replica:
+    """This replica's part: building sessions on the shared store with kernels that outlive it, and telling a stale copy."""
+
+    def __init__(self, config: Config, store: Store, *, metrics: Metrics, catalogs: Catalogs | None = None) -> None:
+        self.config = config
+        self.store = store
+        self.metrics = metrics
+        self.catalogs = catalogs  # the project's roles and plugins, found once: a takeover does not look for them again
+
+    def executor(self, session_id: str, *, kernel_id: str | None = None, cells_before: int = 0) -> ExecutorFactory | None:
+        """How a session's executor is built here: on the gateway, attached to `kernel_id` when given, left running on close.
+
+        None (the session's default) for a single replica on PostgreSQL with local kernels.
+        """
+        gateway = self.config.execution.kernel_gateway
+        if gateway is None:
+            return None
+        from taskweaver_lite.kernel.remote import GatewayExecutor, KernelHandover  # the gateway extra, as in default_executor
+
+        handover = KernelHandover(reuse=kernel_id, keep=True, on_start=functools.partial(self._kernel_started, session_id), cells_before=cells_before)
+        plugins = tuple((self.catalogs[1] if self.catalogs is not None else discover(self.config.project_dir)).enabled)
+        return functools.partial(
+            GatewayExecutor, config=self.config.execution, gateway=gateway, output_tokens=self.config.cell_output_tokens, plugins=plugins, kernel=handover
+        )
+
+    def load(self, session_id: str, *, listeners: Iterable[Listener] = ()) -> Session:
+        """The session from the store (its kernel attached, or rebuilt by replay); counts the load, and a takeover."""
+        started = time.monotonic()
+        stored = self.store.load(session_id)
+        cells = sum(1 for rnd in stored.rounds for post in rnd.posts if post.execution is not None)
+        factory = self.executor(session_id, kernel_id=stored.kernel_id, cells_before=cells)
+        session, report = Session.resume(
+            self.config, session_id, executor=factory, listeners=listeners, store=self.store, claim=False, catalogs=self.catalogs
+        )
+        self.metrics.session_loads.observe(time.monotonic() - started)
+        if report.cut_off:
+            self.metrics.lease_takeovers.inc()
+            _log.warning("session %s: took over request %s, cut off when the replica running it stopped", session_id, report.cut_off)
+        return session
+
+    def is_current(self, session_id: str, version: int) -> bool:
+        """Whether the store holds nothing newer than `version` for the session (a hot copy may be reused)."""
+        return self.store.last_event_id(session_id) == version
+
+    def _kernel_started(self, session_id: str, kernel_id: str) -> None:
+        try:
+            self.store.save_kernel(session_id, kernel_id)
+        except StoreError as exc:  # the next replica then starts a kernel of its own and replays
+            _log.warning("session %s: could not store its kernel's id (%s)", session_id, exc)
+

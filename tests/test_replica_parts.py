@@ -1,0 +1,114 @@
+"""The replicas' parts on their own: leases between two replicas, the setup a replica refuses, what /metrics counts.
+
+The whole service (real replicas, PostgreSQL, a kernel gateway) is tests/test_team.py; these run on
+the SQLite store, whose leases are the same statements as PostgreSQL's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import make_project
+
+from taskweaver_lite.config_file import load_config
+from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.events import Folded, ModelCalled
+from taskweaver_lite.store.database import SessionStore
+from taskweaver_lite.web.leases import LeaseBusy, Leases
+from taskweaver_lite.web.metrics import Metrics
+from taskweaver_lite.web.replica import check_replica_setup
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SessionStore]:
+    opened = SessionStore(tmp_path / "sessions.db")
+    opened.create_session("s1", started=time.time())
+    yield opened
+    opened.close()
+
+
+def test_one_request_at_a_time_across_replicas_and_the_next_waits_only_for_an_answered_one(store: SessionStore) -> None:
+    first, second = Leases(store, seconds=5, wait=3), Leases(store, seconds=5, wait=3)
+    try:
+        hold = first.take("s1")
+        started = time.monotonic()
+        with pytest.raises(LeaseBusy):
+            second.take("s1")
+        assert time.monotonic() - started < 1, "while the holder still answers, another request is refused at once"
+        first.answered(hold)
+        threading.Timer(0.5, first.release, args=(hold,)).start()
+        taken = second.take("s1")  # waits for the answered request's bookkeeping, then runs
+        assert time.monotonic() - started >= 0.5 and store.lease("s1") is not None
+        second.release(taken)
+        assert store.lease("s1") is None and store.lease("s1:answered") is None
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_replica_that_stops_renewing_loses_its_session_once_the_lease_runs_out(store: SessionStore) -> None:
+    dead, alive = Leases(store, seconds=1, wait=0), Leases(store, seconds=1, wait=0)
+    try:
+        dead.take("s1")
+        dead._stopping.set()  # as kill -9 does: no renewal, nothing released
+        with pytest.raises(LeaseBusy):
+            alive.take("s1")
+        time.sleep(1.6)
+        assert alive.take("s1").session_id == "s1"
+    finally:
+        alive.close()
+
+
+def test_a_held_lease_is_renewed_past_its_first_term(store: SessionStore) -> None:
+    holder, other = Leases(store, seconds=1, wait=0), Leases(store, seconds=1, wait=0)
+    try:
+        holder.take("s1")
+        time.sleep(1.8)
+        with pytest.raises(LeaseBusy):
+            other.take("s1")
+    finally:
+        holder.close()
+        other.close()
+
+
+def test_a_postgresql_store_with_local_kernels_is_refused_in_one_line_naming_the_gateway(tmp_path: Path) -> None:
+    project = make_project(tmp_path, "http://127.0.0.1:9/v1", store={"url": "postgresql://tw@db.internal/tw"})
+    with pytest.raises(ConfigError) as refused:
+        check_replica_setup(load_config(project))
+    assert "execution.kernel_gateway" in str(refused.value) and "\n" not in str(refused.value)
+    single = make_project(tmp_path / "single", "http://127.0.0.1:9/v1", store={"url": "postgresql://tw@db.internal/tw"}, serve={"single_replica": True})
+    check_replica_setup(load_config(single))  # one server on that store: local kernels are fine
+    check_replica_setup(load_config(make_project(tmp_path / "sqlite", "http://127.0.0.1:9/v1")))
+
+
+def test_metrics_count_tokens_cached_and_not_by_role_and_folds() -> None:
+    metrics = Metrics()
+    metrics.observe(ModelCalled("planner", prompt_tokens=1000, completion_tokens=50, latency=0.1, ok=True, cached_tokens=800))
+    metrics.observe(ModelCalled("compression_planner", prompt_tokens=300, completion_tokens=40, latency=0.1, ok=False))
+    metrics.observe(Folded(role="planner", first_round=1, last_round=2, tokens_before=900, tokens_after=100, ok=True))
+    text = metrics.render().decode()
+    assert 'taskweaver_prompt_tokens_total{cache="cached",role="planner"} 800.0' in text
+    assert 'taskweaver_prompt_tokens_total{cache="uncached",role="planner"} 200.0' in text
+    assert 'taskweaver_model_calls_total{ok="false",role="planner (fold)"} 1.0' in text
+    assert 'taskweaver_folds_total{ok="true",role="planner"} 1.0' in text
+
+
+def test_renewing_a_request_that_just_ended_does_not_stop_the_next_one(store: SessionStore) -> None:
+    lost: list[str] = []
+    leases = Leases(store, seconds=5, wait=0, on_lost=lost.append)
+    try:
+        ended = leases.take("s1")
+        leases.release(ended)
+        running = leases.take("s1")
+        leases._renew(ended)  # the renewal thread copied the held leases just before the first request ended
+        assert lost == [] and leases.held() == [running]
+        leases._renew(running)
+        assert store.lease("s1") is not None and store.lease("s1").holder == running.holder  # type: ignore[union-attr]
+    finally:
+        leases.close()

@@ -1,0 +1,257 @@
+"""Replicas of one team service: two real `serve` processes on a private PostgreSQL server and a real kernel gateway.
+
+Every request goes over HTTP to a replica chosen by the test, the way a round-robin proxy would send
+it; nothing is sticky. The model is scripted (`RUN<<code>>` runs that code); the kernels are real
+ipykernels on `jupyter kernelgateway`. One cluster, one gateway and one pair of replicas serve the
+module; a test that kills or stops a replica starts a new one in its place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from taskweaver_lite.store.interface import INTERRUPTED_ERROR
+from taskweaver_lite.testing.kernel_gateway import kernel_gateway
+from taskweaver_lite.testing.postgres_cluster import PostgresCluster
+from taskweaver_lite.testing.replicas import ServeProcess, run_code_model, write_team_project
+from taskweaver_lite.testing.scripted_server import ScriptedServer
+
+pytestmark = pytest.mark.team
+
+LEASE = 3.0  # serve.lease_timeout here: a dead replica's session is free after this
+
+
+class Team:
+    """The module's service: its project, two replicas (replaceable), and a user's token."""
+
+    def __init__(self, project: Path, tokens: dict[str, str]) -> None:
+        self.project = project
+        self.tokens = tokens
+        self.replicas = [ServeProcess.start(project), ServeProcess.start(project)]
+
+    def client(self, replica: int, user: str = "alice", **options: Any) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.tokens[user]}"}
+        return httpx.Client(base_url=self.replicas[replica].url, headers=headers, timeout=90, **options)
+
+    def replace(self, replica: int) -> None:
+        """A new replica in place of one that was killed or stopped."""
+        self.replicas[replica].stop()
+        self.replicas[replica] = ServeProcess.start(self.project)
+
+    def close(self) -> None:
+        for replica in self.replicas:
+            replica.stop()
+
+
+@pytest.fixture(scope="module")
+def team(postgres_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
+    root = tmp_path_factory.mktemp("team")
+    (root / "gateway").mkdir()
+    with ScriptedServer() as model, kernel_gateway(root / "gateway") as gateway:
+        run_code_model(model)
+        project = write_team_project(root / "project", store_url=postgres_cluster.new_database(), gateway=gateway, model_url=model.url, lease_timeout=LEASE)
+        tokens = {name: _add_user(project, name) for name in ("alice", "bob")}
+        service = Team(project, tokens)
+        try:
+            yield service
+        finally:
+            service.close()
+
+
+def _add_user(project: Path, name: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "taskweaver_lite", "users", "add", name, "-p", str(project)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+def ask(client: httpx.Client, session_id: str, text: str) -> tuple[int, list[dict[str, Any]]]:
+    """POST a message; the status and, for a 200, its events."""
+    with client.stream("POST", f"/api/sessions/{session_id}/messages", json={"text": text}) as response:
+        if response.status_code != 200:
+            response.read()
+            return response.status_code, [response.json()]
+        return 200, [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def answer(client: httpx.Client, session_id: str, text: str) -> str:
+    status, events = ask(client, session_id, text)
+    assert status == 200 and events[-1]["type"] == "answer", events[-1]
+    return str(events[-1]["text"])
+
+
+def test_a_session_moves_between_replicas_with_its_variables_and_stays_its_owners(team: Team) -> None:
+    with team.client(0) as first, team.client(1) as second, team.client(1, "bob") as bob:
+        session_id = first.post("/api/sessions", json={}).json()["id"]
+        assert "41" in answer(first, session_id, "RUN<<x = 41\nprint(x)>>")
+        assert "42" in answer(second, session_id, "RUN<<print(x + 1)>>"), "the second replica must reach the same kernel"
+        assert "43" in answer(first, session_id, "RUN<<print(x + 2)>>"), "and the first must see what the second stored"
+        pids = [answer(client, session_id, "RUN<<import os\nprint('pid', os.getpid())>>").rsplit("pid", 1)[1].split()[0] for client in (first, second)]
+        assert pids[0] == pids[1], "one kernel on the gateway, attached to by each replica in turn (not rebuilt by a replay)"
+        history = second.get(f"/api/sessions/{session_id}").json()
+        assert [r["state"] for r in history["rounds"]] == ["finished"] * 5 and history["last_event"] > 0
+        assert session_id in [row["id"] for row in second.get("/api/sessions").json()]
+        # Another user: not there at all, on every route and in the list.
+        assert session_id not in [row["id"] for row in bob.get("/api/sessions").json()]
+        for method, path in [("GET", ""), ("POST", "/messages"), ("GET", "/events"), ("GET", "/export"), ("POST", "/stop"), ("GET", "/context")]:
+            refused = bob.request(method, f"/api/sessions/{session_id}{path}", json={"text": "RUN<<print(x)>>"} if method == "POST" else None)
+            assert refused.status_code == 404, (method, path, refused.text)
+    with httpx.Client(base_url=team.replicas[0].url) as anonymous:
+        assert anonymous.get("/api/sessions").status_code == 401
+        assert anonymous.get("/api/sessions", headers={"Authorization": "Bearer not-a-token"}).status_code == 401
+        assert anonymous.get("/healthz").json() == {"status": "ok", "store": "ok", "kernel_gateway": "ok"}
+        assert anonymous.get("/metrics").status_code == 401
+    with team.client(1) as second:
+        metrics = second.get("/metrics").text
+        assert 'taskweaver_http_requests_total{method="POST",route="/api/sessions/{id}/messages",status="200"}' in metrics
+        assert "taskweaver_prompt_tokens_total{cache=" in metrics and "taskweaver_lease_takeovers_total" in metrics
+        assert "taskweaver_answer_seconds_count" in metrics and "taskweaver_answer_seconds_count 0.0" not in metrics
+    log = (team.project / f"access-{team.replicas[1].port}.log").read_text()
+    assert f"user=alice session={session_id}" in log and team.tokens["alice"] not in log and "password" not in log
+    # A removed user's token stops working (within the two seconds a server trusts what it checked).
+    done = subprocess.run([sys.executable, "-m", "taskweaver_lite", "users", "remove", "bob", "-p", str(team.project)], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    with team.client(0, "bob") as bob:
+        deadline = time.monotonic() + 10
+        while (status := bob.get("/api/sessions").status_code) != 401 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert status == 401
+
+
+def test_the_events_stream_on_another_replica_resumes_from_last_event_id(team: Team) -> None:
+    with team.client(0) as first, team.client(1) as second:
+        session_id = first.post("/api/sessions", json={}).json()["id"]
+        seen: list[tuple[int, dict[str, Any]]] = []
+        reader = threading.Thread(target=_read_events, args=(team, session_id, 0, seen, 4))
+        reader.start()
+        answer(first, session_id, "RUN<<import time\ntime.sleep(1)\nprint('slept')>>")
+        reader.join(30)
+        assert [event["type"] for _, event in seen][:4] == ["round_started", "post", "post", "post"], seen
+        assert seen[-1][1]["execution"]["stdout"].strip() == "slept" if "execution" in seen[-1][1] else True
+        # A client that dropped after the first event reconnects with Last-Event-ID: it gets the rest, exactly.
+        with second.stream("GET", f"/api/sessions/{session_id}/events", headers={"Last-Event-ID": str(seen[0][0])}) as response:
+            again = _events(response, len(seen) - 1)
+        assert again == seen[1:]
+        assert second.get(f"/api/sessions/{session_id}/events", params={"after": "x"}).status_code == 400
+
+
+def _read_events(team: Team, session_id: str, after: int, into: list[tuple[int, dict[str, Any]]], count: int) -> None:
+    with team.client(1) as second, second.stream("GET", f"/api/sessions/{session_id}/events", params={"after": after}) as response:
+        into.extend(_events(response, count))
+
+
+def _events(response: httpx.Response, count: int) -> list[tuple[int, dict[str, Any]]]:
+    got: list[tuple[int, dict[str, Any]]] = []
+    event_id = 0
+    for line in response.iter_lines():
+        if line.startswith("id: "):
+            event_id = int(line[4:])
+        elif line.startswith("data: "):
+            got.append((event_id, json.loads(line[6:])))
+            if len(got) >= count:
+                break
+    return got
+
+
+def test_two_requests_racing_for_one_session_on_two_replicas_one_runs_one_is_refused(team: Team) -> None:
+    with team.client(0) as first, team.client(1) as second:
+        session_id = first.post("/api/sessions", json={}).json()["id"]
+        answer(first, session_id, "RUN<<print('warm')>>")
+        statuses: list[int] = []
+        code = "RUN<<import time\ntime.sleep(2)\nprint('raced')>>"
+        racers = [threading.Thread(target=lambda c=client: statuses.append(ask(c, session_id, code)[0])) for client in (first, second)]
+        for racer in racers:
+            racer.start()
+        for racer in racers:
+            racer.join(60)
+        assert sorted(statuses) == [200, 409], statuses
+
+
+def test_a_replica_killed_in_a_cell_leaves_the_session_to_another_with_its_variables(team: Team) -> None:
+    with team.client(0) as first, team.client(1) as second:
+        session_id = first.post("/api/sessions", json={}).json()["id"]
+        answer(first, session_id, "RUN<<kept = 7\nprint(kept)>>")
+        refused: list[int] = []
+        started = threading.Thread(target=_ask_until_cut, args=(first, session_id, "RUN<<import time\nlate = 8\ntime.sleep(60)>>", refused), daemon=True)
+        started.start()
+        _wait_for_running_cell(second, session_id, refused)
+        team.replicas[0].kill()
+        killed = time.monotonic()
+        while (status_and_events := ask(second, session_id, "RUN<<print(kept * 6, late)>>"))[0] == 409:
+            assert time.monotonic() - killed < 30, "the dead replica's session must be free within 30 s"
+            time.sleep(0.5)
+        status, events = status_and_events
+        assert status == 200 and "42 8" in events[-1]["text"], events[-1]
+        rounds = second.get(f"/api/sessions/{session_id}").json()["rounds"]
+        assert [(r["state"], r["error"]) for r in rounds] == [("finished", None), ("failed", INTERRUPTED_ERROR), ("finished", None)]
+        assert "taskweaver_lease_takeovers_total 1.0" in second.get("/metrics").text
+    team.replace(0)
+
+
+def _ask_until_cut(client: httpx.Client, session_id: str, text: str, statuses: list[int]) -> None:
+    """A request whose replica is killed under it: its stream breaks off (a refusal is noted in `statuses`)."""
+    with contextlib.suppress(httpx.TransportError):
+        statuses.append(ask(client, session_id, text)[0])
+
+
+def _wait_for_running_cell(client: httpx.Client, session_id: str, refused: list[int] | None = None) -> None:
+    """Until the store shows the request delegated its code to the CodeInterpreter (the cell is then on its way to the kernel)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert not refused, f"the request was answered {refused}"
+        rounds = client.get(f"/api/sessions/{session_id}").json()["rounds"]
+        if rounds and rounds[-1]["state"] == "running" and len(rounds[-1]["posts"]) >= 2:
+            time.sleep(2.0)  # the CodeGenerator's reply, then the cell reaches the kernel
+            return
+        time.sleep(0.1)
+    raise AssertionError("the request never delegated its code")
+
+
+def test_while_the_store_restarts_requests_get_503_and_the_sessions_go_on_after(team: Team, postgres_cluster: PostgresCluster) -> None:
+    with team.client(0) as first, team.client(1) as second:
+        session_id = first.post("/api/sessions", json={}).json()["id"]
+        answer(first, session_id, "RUN<<before = 5>>")
+        postgres_cluster.stop()
+        try:
+            down = second.get("/api/sessions")
+            assert down.status_code == 503 and "store" in down.json()["error"] and "\n" not in down.json()["error"]
+            assert ask(first, session_id, "RUN<<print(before)>>")[0] == 503
+            health = first.get("/healthz")
+            assert health.status_code == 503 and health.json()["kernel_gateway"] == "ok" and health.json()["store"] != "ok"
+        finally:
+            postgres_cluster.start_again()
+        for client in (first, second):  # each replica's pool and LISTEN connection come back by themselves
+            deadline = time.monotonic() + 30
+            while client.get("/healthz").status_code != 200:
+                assert time.monotonic() < deadline, "the replicas must find the store again once it is back"
+                time.sleep(0.5)
+        assert "5" in answer(second, session_id, "RUN<<print(before)>>")
+        assert [r["state"] for r in first.get(f"/api/sessions/{session_id}").json()["rounds"]] == ["finished", "finished"]
+    for replica in team.replicas:
+        assert "Traceback" not in replica.log(), replica.log()
+
+
+def test_sigterm_lets_the_running_request_finish_then_the_replica_exits(team: Team) -> None:
+    with team.client(0) as first, team.client(1) as second:
+        session_id = first.post("/api/sessions", json={}).json()["id"]
+        result: list[tuple[int, list[dict[str, Any]]]] = []
+        running = threading.Thread(target=lambda: result.append(ask(first, session_id, "RUN<<import time\ntime.sleep(3)\nfinal = 1\nprint('finished')>>")))
+        running.start()
+        _wait_for_running_cell(second, session_id)
+        team.replicas[0].terminate()
+        running.join(60)
+        assert result and result[0][0] == 200 and "finished" in result[0][1][-1]["text"], result
+        # It exits on its own once drained (uvicorn passes the signal on: 128 + SIGTERM), without a traceback.
+        assert team.replicas[0].process.wait(30) in (0, 143, -15) and "Traceback" not in team.replicas[0].log()
+        assert "1" in answer(second, session_id, "RUN<<print(final)>>")
+    team.replace(0)

@@ -1,0 +1,291 @@
+"""The store's team parts on both backends: users and their tokens, owners, the event log, files, leases, eval results.
+
+And what only PostgreSQL has: its schema versions, its full-text tip search, its advisory-lock claims,
+and a password that never shows in a message, a repr or a stored row.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from taskweaver_lite.config import ExperienceConfig
+from taskweaver_lite.errors import ExperienceError, SessionBusyError, StoreError, StoreUnavailable, UnknownSessionError
+from taskweaver_lite.events import FileLoaded, PostAdded, RoundStarted
+from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.knowledge.experience import Experience
+from taskweaver_lite.memory.conversation import Post, Round
+from taskweaver_lite.store.database import SessionStore
+from taskweaver_lite.store.export import export_notebook
+from taskweaver_lite.store.interface import Store
+from taskweaver_lite.store.postgres import PostgresStore
+from taskweaver_lite.store.postgres_schema import SCHEMA_VERSION
+from taskweaver_lite.store.recorder import StoreRecorder
+from taskweaver_lite.store.url import redact, redact_text
+from taskweaver_lite.testing.postgres_cluster import PostgresCluster, free_port
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """The store on each backend: the SQLite file, and a fresh PostgreSQL database."""
+    opened: Store
+    if request.param == "sqlite":
+        opened = SessionStore(tmp_path / "sessions.db")
+    else:
+        opened = PostgresStore(request.getfixturevalue("postgres_url"))
+    yield opened
+    opened.close()
+
+
+def all_rows(store: Store) -> str:
+    """Every value of every table, as one text (to look for what must never be stored)."""
+    if isinstance(store, SessionStore):
+        import sqlite3
+
+        with sqlite3.connect(store.path) as db:
+            tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            return repr([db.execute(f"SELECT * FROM {t}").fetchall() for t in tables])
+    assert isinstance(store, PostgresStore)
+    with psycopg.connect(store._url) as conn:
+        tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
+        return repr([conn.execute(f"SELECT * FROM {t}").fetchall() for t in tables])
+
+
+def started(store: Store, session_id: str, *, owner: str | None = None, query: str = "a request") -> None:
+    store.create_session(session_id, started=time.time(), owner=owner)
+    store.record(session_id, RoundStarted(Round(index=1, user_query=query)))
+
+
+def test_a_token_names_its_user_and_only_its_salted_hash_is_kept(store: Store) -> None:
+    assert not store.has_users()
+    token = store.add_user("ana")
+    admin_token = store.add_user("root", admin=True)
+    assert store.has_users() and [(u.name, u.admin) for u in store.users()] == [("ana", False), ("root", True)]
+    found = store.user_for_token(token)
+    assert found is not None and found.name == "ana" and not found.admin
+    assert (admin := store.user_for_token(admin_token)) is not None and admin.admin
+    secret = token.rsplit("_", 1)[1]
+    kept = all_rows(store)
+    assert token not in kept and secret not in kept and hashlib.sha256(token.encode()).hexdigest() not in kept
+    # The same id with another secret, a token cut short, or garbage: nobody.
+    forged = token[: token.rindex("_") + 1] + "A" * len(secret)
+    assert store.user_for_token(forged) is None and store.user_for_token(token[:-1]) is None and store.user_for_token("nonsense") is None
+    with pytest.raises(StoreError, match="already a user 'ana'"):
+        store.add_user("ana")
+    with pytest.raises(StoreError, match="not a usable user name"):
+        store.add_user("ana smith")
+
+
+def test_a_removed_users_token_stops_working_at_once_even_after_it_was_verified(store: Store) -> None:
+    token = store.add_user("ana")
+    assert store.user_for_token(token) is not None  # verified once: remembered by this process
+    assert store.remove_user("ana") and not store.remove_user("ana")
+    assert store.user_for_token(token) is None
+    store.add_user("ana")  # the name again, with a new token: the old one still opens nothing
+    assert store.user_for_token(token) is None
+
+
+def test_a_users_lists_lookups_and_tips_hold_only_their_own_sessions(store: Store) -> None:
+    started(store, "ana-1", owner="ana", query="ana's revenue")
+    started(store, "bob-1", owner="bob", query="bob's churn")
+    started(store, "solo-1", query="before the team")
+    assert {e.id for e in store.list_sessions()} == {"ana-1", "bob-1", "solo-1"}, "no owner given: everyone's (one person, or an admin)"
+    assert [e.id for e in store.list_sessions(owner="ana")] == ["ana-1"]
+    assert store.resolve("ana", owner="ana") == "ana-1" and store.resolve("last", owner="bob") == "bob-1"
+    with pytest.raises(UnknownSessionError):
+        store.resolve("bob-1", owner="ana")
+    with pytest.raises(UnknownSessionError):
+        store.resolve("bob", owner="ana")  # a prefix of another's id finds nothing either
+    assert store.owner_of("bob-1") == "bob" and store.owner_of("solo-1") is None and store.load("ana-1").owner == "ana"
+    store.save_tips("ana-1", [("preference", "ana's tip")])
+    [bobs] = store.save_tips("bob-1", [("preference", "bob's tip")])
+    store.save_tips("solo-1", [("preference", "everyone's tip")])
+    assert sorted(t.text for t in store.stored_tips(owner="ana")) == ["ana's tip", "everyone's tip"]
+    assert not store.delete_tip(int(bobs.id), owner="ana"), "another user's tip is not there to delete"
+    assert store.delete_tip(int(bobs.id), owner="bob")
+
+
+def test_the_event_log_keeps_what_was_shown_in_order_with_rising_ids(store: Store) -> None:
+    started(store, "s")
+    started(store, "other")
+    assert store.last_event_id("s") == 0
+    recorder = StoreRecorder(store, "s")
+    rnd = Round(index=2, user_query="plot it")
+    recorder(RoundStarted(rnd))
+    first = store.record("s", shown=[{"type": "note", "n": 1}, {"type": "note", "n": 2}])
+    store.record("other", shown=[{"type": "note", "n": 99}])
+    entries = store.events_after("s", 0)
+    assert [e.data for e in entries] == [{"type": "round_started", "round": 2, "text": "plot it"}, {"type": "note", "n": 1}, {"type": "note", "n": 2}]
+    assert [e.id for e in entries] == sorted(e.id for e in entries) and entries[-1].id == first[-1] == store.last_event_id("s")
+    assert [e.data["n"] for e in store.events_after("s", entries[1].id)] == [2], "a client that saw up to an id gets only what followed"
+
+
+def test_artifacts_and_uploads_are_kept_as_bytes_per_session(store: Store) -> None:
+    started(store, "s")
+    png = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 40
+    store.put_file("s", "artifact", "plot.png", png)
+    store.put_file("s", "upload", "sales.csv", b"month,revenue\n1,10\n")
+    store.put_file("s", "artifact", "plot.png", png + b"!")  # made again: replaced
+    assert store.file("s", "artifact", "plot.png") == png + b"!" and store.file("s", "upload", "plot.png") is None
+    assert store.file_names("s", "artifact") == ["plot.png"] and store.file_names("s", "upload") == ["sales.csv"]
+
+
+def test_one_holder_at_a_time_has_a_sessions_lease_until_it_expires(store: Store) -> None:
+    started(store, "s")
+    lease = store.take_lease("s", "replica-a/1", seconds=30)
+    assert lease is not None and lease.holder == "replica-a/1" and lease.expires > time.time()
+    assert store.take_lease("s", "replica-b/1", seconds=30) is None
+    assert store.renew_lease("s", "replica-a/1", seconds=30) and not store.renew_lease("s", "replica-b/1", seconds=30)
+    store.release_lease("s", "replica-b/1")  # not theirs: nothing happens
+    assert (held := store.lease("s")) is not None and held.holder == "replica-a/1"
+    store.release_lease("s", "replica-a/1")
+    assert store.lease("s") is None
+    assert store.take_lease("s", "replica-b/1", seconds=0.2) is not None
+    time.sleep(0.4)
+    assert store.lease("s") is None, "an expired lease is no one's"
+    taken = store.take_lease("s", "replica-a/2", seconds=30)
+    assert taken is not None and taken.holder == "replica-a/2"
+
+
+def test_eval_results_and_kernel_ids_are_kept(store: Store) -> None:
+    store.save_eval_result("run-1", "mean_units", {"score": 0.5})
+    store.save_eval_result("run-1", "mean_units", {"score": 1.0})
+    store.save_eval_result("run-1", "running_sum", {"score": 0.0})
+    assert store.eval_results("run-1") == {"mean_units": {"score": 1.0}, "running_sum": {"score": 0.0}} and store.eval_results("run-2") == {}
+    started(store, "s")
+    assert store.load("s").kernel_id is None
+    store.save_kernel("s", "5f0c-kernel")
+    assert store.load("s").kernel_id == "5f0c-kernel"
+
+
+# --- PostgreSQL only ---------------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_postgresql_ranks_tips_with_its_own_full_text_search(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url)
+    started(store, "ana-1", owner="ana")
+    started(store, "bob-1", owner="bob")
+    store.save_tips("ana-1", [("preference", "Parse the month column as dates before grouping"), ("preference", "Plots need a title")])
+    store.save_tips("bob-1", [("preference", "Grouping by months: parse dates first")])
+    found = store.search_tips("grouped by month", owner="ana", limit=5)
+    assert found is not None and [t.text for t in found] == ["Parse the month column as dates before grouping"], "stemmed, and only ana's"
+    assert store.search_tips("the", owner=None, limit=5) == [], "stop words alone find nothing"
+    assert SessionStore.search_tips(SessionStore.__new__(SessionStore), "month", limit=3) is None, "SQLite leaves the search to FTS5 in memory"
+
+
+@pytest.mark.postgres
+def test_a_session_is_claimed_by_one_process_until_it_lets_go(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url)
+    claim = store.lock("s")
+    with pytest.raises(SessionBusyError, match="open in another taskweaver-lite process"):
+        store.lock("s")
+    claim.release()
+    store.lock("s").release()
+
+
+@pytest.mark.postgres
+def test_the_postgresql_schema_is_versioned_and_a_newer_one_is_refused(postgres_url: str) -> None:
+    PostgresStore(postgres_url)
+    PostgresStore(postgres_url)  # opened again: nothing to do
+    with psycopg.connect(postgres_url) as conn:
+        assert conn.execute("SELECT version FROM taskweaver_lite_schema").fetchall() == [(SCHEMA_VERSION,)]
+        conn.execute("UPDATE taskweaver_lite_schema SET version = version + 1")
+    with pytest.raises(StoreError, match=r"written by a newer taskweaver-lite .*upgrade taskweaver-lite"):
+        PostgresStore(postgres_url)
+
+
+@pytest.mark.postgres
+def test_the_password_never_shows_in_an_error_or_a_repr(postgres_cluster: PostgresCluster, postgres_url: str) -> None:
+    password = postgres_cluster.password
+    store = PostgresStore(postgres_url)
+    assert password not in repr(store) and password not in store.where and ":***@" in store.where
+    wrong = postgres_cluster.url(postgres_url.rsplit("/", 1)[1], password="not-" + password)
+    with pytest.raises(StoreError) as refused:
+        PostgresStore(wrong)
+    assert "not-" + password not in str(refused.value) and password not in str(refused.value), str(refused.value)
+    nobody = f"postgresql://twl:{password}@127.0.0.1:{free_port()}/none"
+    with pytest.raises(StoreUnavailable) as down:
+        PostgresStore(nobody)
+    message = str(down.value)
+    assert password not in message and "\n" not in message and "twl:***@127.0.0.1" in message, message
+
+
+def test_urls_and_driver_messages_lose_their_passwords() -> None:
+    assert redact("postgresql://tw:s3cr%40t@db:5432/team?sslmode=require") == "postgresql://tw:***@db:5432/team?sslmode=require"
+    assert redact("postgresql://tw@db/team?password=hunter2") == "postgresql://tw@db/team?password=***"
+    said = redact_text('connection to "postgresql://tw:hunter2@db/team" failed; password=hunter2 user=tw')
+    assert "hunter2" not in said and re.search(r"tw:\*\*\*@db", said)
+
+
+
+@pytest.mark.postgres
+def test_a_postgresql_store_keeps_artifacts_and_uploads_so_any_server_exports_them(postgres_url: str, tmp_path: Path) -> None:
+    store = PostgresStore(postgres_url)
+    started(store, "s")
+    cwd = tmp_path / "s" / "cwd"
+    cwd.mkdir(parents=True)
+    png = b"\x89PNG\r\n\x1a\n" + b"plot" * 100
+    (cwd / "trend.png").write_bytes(png)
+    (cwd / "sales.csv").write_text("month,revenue\n", encoding="utf-8")
+    (cwd / "secret").write_text("not theirs", encoding="utf-8")
+    (cwd / "link.png").symlink_to(cwd / "secret")
+    recorder = StoreRecorder(store, "s", working_dir=cwd)
+    rnd = Round(index=1, user_query="plot")
+    result = ExecutionResult(code="plot()", success=True, artifacts=(str(cwd / "trend.png"), str(cwd / "link.png")))
+    post = Post("CodeInterpreter", "Planner", "plotted", code="plot()", execution=result)
+    rnd.posts.append(post)
+    recorder(PostAdded(rnd, post))
+    recorder(FileLoaded(name="sales.csv", source=str(tmp_path / "elsewhere.csv"), after_round=1, at=time.time()))
+    assert store.file("s", "artifact", "trend.png") == png and store.file("s", "upload", "sales.csv") == b"month,revenue\n"
+    assert store.file("s", "artifact", "link.png") is None, "a link a kernel left is never followed into the store"
+    shutil.rmtree(tmp_path / "s")  # another server: the session's folder is not on its disk
+    notebook = export_notebook(store.load("s"), tmp_path / "s.ipynb", kept=lambda name: store.file("s", "artifact", name))
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    shown = [output["data"] for cell in cells for output in cell.get("outputs", []) if "data" in output]
+    assert base64.b64decode(shown[0]["image/png"]) == png and "image/png" not in shown[1], "the link is named, not embedded"
+
+
+def test_a_sessions_remembered_settings_never_keep_an_api_key_or_the_stores_address(store: Store) -> None:
+    started(store, "s")
+    store.save_overrides("s", ["llm.model=gpt-4o", "llm.api_key=sk-hidden", "store.url=postgresql://tw:hunter2@db/team", "planner.llm.api_key=sk-2"])
+    assert store.overrides("s") == ["llm.model=gpt-4o"]
+    assert "hunter2" not in all_rows(store) and "sk-hidden" not in all_rows(store)
+
+
+def test_a_user_deletes_their_own_tips_but_not_the_ones_everyone_shares(store: Store, tmp_path: Path) -> None:
+    started(store, "ana-1", owner="ana")
+    started(store, "solo-1")
+    [mine] = store.save_tips("ana-1", [("preference", "ana likes bar charts")])
+    [shared] = store.save_tips("solo-1", [("preference", "revenue is in euros")])
+    experience = Experience(store=store, folder=tmp_path / "none", settings=ExperienceConfig(), owner="ana")
+    assert {t.text for t in experience.all()} == {"ana likes bar charts", "revenue is in euros"}
+    with pytest.raises(ExperienceError, match="everyone's: an admin may delete it"):
+        experience.delete(shared.id)
+    assert experience.delete(mine.id).text == "ana likes bar charts"
+    admin = Experience(store=store, folder=tmp_path / "none", settings=ExperienceConfig())
+    assert admin.delete(shared.id).text == "revenue is in euros" and store.stored_tips() == []
+
+
+@pytest.mark.postgres
+def test_a_role_without_create_rights_uses_a_store_an_administrator_migrated(postgres_cluster: PostgresCluster, postgres_url: str) -> None:
+    PostgresStore(postgres_url)  # migrated by the owner
+    database = postgres_url.rsplit("/", 1)[1]
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE app_{database} LOGIN PASSWORD 'app-pass'")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO app_{database}")
+    app_url = postgres_url.replace(f"twl:{postgres_cluster.password}@", f"app_{database}:app-pass@")
+    store = PostgresStore(app_url)
+    started(store, "s")
+    assert [e.id for e in store.list_sessions()] == ["s"]

@@ -1,0 +1,105 @@
+"""Users: `taskweaver-lite users add|list|remove`, and a server whose store has users asking every request for one.
+
+The server runs for real (uvicorn on 127.0.0.1); its sessions are made in the store directly, so no
+kernel starts: what is tested is who may see what.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import make_project
+
+from taskweaver_lite.cli.main import main
+from taskweaver_lite.config_file import load_config
+from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.events import RoundStarted
+from taskweaver_lite.memory.conversation import Round
+from taskweaver_lite.store.database import SessionStore
+from taskweaver_lite.testing.web_server import WebServer
+from taskweaver_lite.web.auth import Access
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    return make_project(tmp_path, "http://127.0.0.1:9")  # no model is called
+
+
+def add_user(project: Path, name: str, capsys: pytest.CaptureFixture[str], *, admin: bool = False) -> str:
+    assert main(["users", "add", name, "-p", str(project), *(["--admin"] if admin else [])]) == 0
+    out = capsys.readouterr().out
+    return out.splitlines()[-1]
+
+
+def stored(project: Path, session_id: str, owner: str | None) -> None:
+    store = SessionStore(project / "sessions.db")
+    store.create_session(session_id, started=time.time(), owner=owner)
+    store.record(session_id, RoundStarted(Round(index=1, user_query=f"{session_id}'s request")))
+    store.close()
+
+
+def test_users_add_prints_the_token_alone_on_its_last_line_and_list_and_remove_follow(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    token = add_user(project, "ana", capsys)
+    assert token.startswith("twl_") and " " not in token
+    add_user(project, "root", capsys, admin=True)
+    assert main(["users", "list", "--json", "-p", str(project)]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(u["name"], u["admin"]) for u in listed] == [("ana", False), ("root", True)] and all(set(u) == {"name", "admin", "created_at"} for u in listed)
+    assert main(["users", "list", "-p", str(project)]) == 0
+    assert token not in capsys.readouterr().out
+    assert main(["users", "remove", "ana", "-p", str(project)]) == 0
+    capsys.readouterr()
+    assert main(["users", "remove", "ana", "-p", str(project)]) == 1
+    assert "there is no user 'ana'" in capsys.readouterr().err
+
+
+def test_a_server_on_a_store_with_users_asks_every_request_for_one_even_on_loopback(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ana, bob, root = (add_user(project, name, capsys, admin=name == "root") for name in ("ana", "bob", "root"))
+    stored(project, "ana-1", "ana")
+    stored(project, "bob-1", "bob")
+    with WebServer(load_config(project)) as web, httpx.Client(base_url=web.url) as client:
+        assert client.get("/api/sessions").status_code == 401
+        assert client.get("/api/sessions", headers={"Authorization": "Bearer twl_0000000000000000_" + "x" * 43}).status_code == 401
+
+        def ids(token: str) -> list[str]:
+            answer = client.get("/api/sessions", headers={"Authorization": f"Bearer {token}"})
+            assert answer.status_code == 200, answer.text
+            return sorted(row["id"] for row in answer.json())
+
+        assert ids(ana) == ["ana-1"] and ids(bob) == ["bob-1"] and ids(root) == ["ana-1", "bob-1"]
+        assert client.get("/api/sessions/bob-1", headers={"Authorization": f"Bearer {ana}"}).status_code == 404, "another's session is not there"
+        # The page: /?token= sets the cookie, and the cookie then names the user.
+        opened = client.get(f"/?token={ana}", follow_redirects=False)
+        assert opened.status_code == 303 and "twl_token" in opened.cookies
+        assert client.get("/api/sessions").status_code == 200, "the cookie the page got names ana"
+        main(["users", "remove", "ana", "-p", str(project)])
+        assert client.get("/api/sessions", headers={"Authorization": f"Bearer {ana}"}).status_code == 401, "a removed user's token, at once"
+
+
+def test_a_trusted_proxy_header_names_the_user_only_when_enabled_and_only_from_the_proxy(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    add_user(project, "ana", capsys)
+    stored(project, "ana-1", "ana")
+    header = {"X-Forwarded-User": "ana"}
+    with WebServer(load_config(project)) as web, httpx.Client(base_url=web.url) as client:
+        assert client.get("/api/sessions", headers=header).status_code == 401, "off by default: the header is worth nothing"
+    enabled = ["serve.trusted_user_header=X-Forwarded-User"]
+    with WebServer(load_config(project, enabled)) as web, httpx.Client(base_url=web.url) as client:
+        answer = client.get("/api/sessions", headers=header)
+        assert answer.status_code == 200 and [row["id"] for row in answer.json()] == ["ana-1"]
+        assert client.get("/api/sessions", headers={"X-Forwarded-User": "mallory"}).status_code == 401
+    elsewhere = [*enabled, "serve.trusted_proxies=['10.1.2.3']"]
+    with WebServer(load_config(project, elsewhere)) as web, httpx.Client(base_url=web.url) as client:
+        refused = client.get("/api/sessions", headers=header)
+        assert refused.status_code == 403 and "serve.trusted_proxies" in refused.json()["error"]
+
+
+def test_users_let_a_server_start_on_any_address_without_a_token() -> None:
+    assert Access.for_address("0.0.0.0", None, store_has_users=True).token is None
+    with pytest.raises(ConfigError, match="add users"):
+        Access.for_address("0.0.0.0", None, store_has_users=False)
