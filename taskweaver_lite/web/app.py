@@ -76,6 +76,15 @@ ROUTES_ABOUT = {
         "(nothing is stored)"
     ),
     ("DELETE", "/api/sessions/{id}/experience/{tip}"): "deletes a stored tip, as `/experience delete ID`",
+    ("GET", "/api/sessions/{id}/events"): (
+        "`text/event-stream` of the session's events as they are stored, whichever server runs its request, each with an `id:`; "
+        "a client that reconnects with `Last-Event-ID` (or `?after=ID`) gets what it missed"
+    ),
+    ("GET", "/healthz"): "200 when the store and the kernel gateway answer, else 503 naming what is down (no token needed)",
+    ("GET", "/metrics"): (
+        "Prometheus text: requests and latencies by route, model calls, prompt tokens cached and uncached by role, folds, "
+        "open and running sessions, lease takeovers (behind the same token rule as the API)"
+    ),
 }
 
 
