@@ -14,7 +14,9 @@ import pytest
 
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
-from taskweaver_lite.store.postgres import close_pools
+from taskweaver_lite.store.database import SessionStore
+from taskweaver_lite.store.interface import Store
+from taskweaver_lite.store.postgres import PostgresStore, close_pools
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster, binaries, running_cluster
 
 TIERS = ("unit", "kernel", "cli", "soak", "llama", "postgres", "team")
@@ -127,3 +129,16 @@ def postgres_cluster() -> Iterator[PostgresCluster]:
 def postgres_url(postgres_cluster: PostgresCluster) -> str:
     """A new, empty database on the run's PostgreSQL server: its URL, with the password."""
     return postgres_cluster.new_database()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """The store on each backend: the SQLite file, and a fresh PostgreSQL database (the store tests run on both)."""
+    opened: Store
+    if request.param == "sqlite":
+        opened = SessionStore(tmp_path / "sessions.db")
+    else:
+        opened = PostgresStore(request.getfixturevalue("postgres_url"))
+    yield opened
+    opened.close()
+

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,18 +87,6 @@ def stored_events(path: Path, session_id: str) -> int:
         ended = db.execute("SELECT COUNT(*) FROM rounds WHERE session_id = ? AND state = 'finished'", (session_id,)).fetchone()[0]
         assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     return int(rounds + posts + ended)
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """The store on each backend: the SQLite file, and a fresh PostgreSQL database."""
-    opened: Store
-    if request.param == "sqlite":
-        opened = SessionStore(tmp_path / "sessions.db")
-    else:
-        opened = PostgresStore(request.getfixturevalue("postgres_url"))
-    yield opened
-    opened.close()
 
 
 def table_rows(store: Store, sql: str) -> list[tuple[Any, ...]]:

@@ -12,7 +12,6 @@ import json
 import re
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -34,18 +33,6 @@ from taskweaver_lite.store.url import redact, redact_text
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster, free_port
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """The store on each backend: the SQLite file, and a fresh PostgreSQL database."""
-    opened: Store
-    if request.param == "sqlite":
-        opened = SessionStore(tmp_path / "sessions.db")
-    else:
-        opened = PostgresStore(request.getfixturevalue("postgres_url"))
-    yield opened
-    opened.close()
 
 
 def all_rows(store: Store) -> str:
