@@ -73,6 +73,12 @@ class ResumeReport:
 UNDO_FOLD_WAIT = 30.0  # seconds /undo waits for a running fold (it may be folding the request being undone)
 
 
+def suggested(text: str, requests: list[str]) -> str:
+    """The suggested request `text` numbers (1-based), or `text` as it is."""
+    number = text.strip()
+    return requests[int(number) - 1] if number.isdigit() and 1 <= int(number) <= len(requests) else text
+
+
 @dataclass(frozen=True)
 class SessionOptions:
     """What a session may be given besides its config, model and executor (Session.open and resume fill it in)."""
@@ -334,8 +340,10 @@ class Session:
 
         A reply that cannot be repaired fails the round and the session goes on. A model error
         (unreachable, refused) fails the round and is raised. Ctrl-C (KeyboardInterrupt) cancels
-        the step, fails the round, and is raised after the kernel has stopped.
+        the step, fails the round, and is raised after the kernel has stopped. A request's number
+        in `session.suggested_requests` asks that request: the round holds its words.
         """
+        text = suggested(text, self.config.session.suggested_requests)
         views = self._role_views()
         rnd = self.conversation.start_round(text)
         message = "\n\n".join([*self._notes, text])

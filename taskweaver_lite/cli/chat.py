@@ -302,7 +302,7 @@ def _resume_session(
         session, report = Session.resume(
             config, ref, replay=replay, listeners=[renderer], on_replay=lambda done, total: say(f"Re-running earlier cells: {done}/{total}")
         )
-    lines = [f"Resumed session {report.session_id}: {report.rounds} earlier requests."]
+    lines = [f"Resumed session {report.session_id}: {report.rounds} earlier request{'' if report.rounds == 1 else 's'}."]
     if report.cut_off:
         lines.append(f"Request {', '.join(map(str, report.cut_off))} was cut off when the program stopped; it is marked failed.")
     if replay and report.replayed:

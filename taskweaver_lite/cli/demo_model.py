@@ -1,9 +1,11 @@
 """The demo's scripted model behind the real chat and page: `demo --chat` and `serve --demo`.
 
 `DemoModel` answers whatever is asked, offline: a request that matches one of the demo's requests
-(`demo.STEPS`, by its words or its number) gets that request's steps and code, run in the real
-kernel, and an answer built from what the code printed; anything else gets the list of requests
-it knows. It reads where the turn stands from the messages it is sent, so it needs no queue.
+(`demo.STEPS`, by its words) gets that request's steps and code, run in the real kernel, and an
+answer built from what the code printed; anything else gets the list of requests it knows. It
+reads where the turn stands from the messages it is sent, so it needs no queue. A request's number
+never reaches it: the demo lists its requests in `session.suggested_requests`, and the session
+asks the request a number names.
 """
 
 from __future__ import annotations
@@ -44,10 +46,8 @@ def _words(text: str) -> str:
 
 
 def match_step(text: str) -> Step | None:
-    """The scripted request `text` asks for (its number, or words close to it), or None."""
+    """The scripted request `text` asks for (words close to it), or None."""
     for asked in (part.strip() for part in text.split("\n\n")):  # notes about files come before or after the request
-        if asked.isdigit() and 1 <= int(asked) <= len(STEPS):
-            return STEPS[int(asked) - 1]
         scores = [(difflib.SequenceMatcher(None, _words(asked), _words(step.request)).ratio(), step) for step in STEPS]
         best, step = max(scores, key=lambda pair: pair[0])
         if best >= MATCH_RATIO:
@@ -144,7 +144,9 @@ def demo_config(project: str | None, *, overrides: Sequence[str] = ()) -> Iterat
             shutil.copytree(bundled_project(), target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("sessions", "*.db*", ".chat_history"))
         with ScriptedServer(model="scripted-demo") as server:
             DemoModel().install(server)
-            settings = [f"llm.api_base={server.url}", "llm.api_key=demo-key", "llm.model=scripted-demo", *overrides]
+            # The session takes a request's number for its words, so the round and its title hold them.
+            requests = "session.suggested_requests=" + json.dumps([step.request for step in STEPS])
+            settings = [f"llm.api_base={server.url}", "llm.api_key=demo-key", "llm.model=scripted-demo", requests, *overrides]
             yield load_config(target, settings)
     except BaseException:
         if not project:  # a folder we made for a demo that failed (a port in use, a bad --set): nothing in it is worth keeping
