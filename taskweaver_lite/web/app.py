@@ -61,7 +61,10 @@ ROUTES_ABOUT = {
     ("GET", "/static/{name}"): "the page's own scripts, styles and vendored libraries",
     ("GET", "/api/sessions"): "the stored sessions, newest first, as `sessions --json`",
     ("POST", "/api/sessions"): 'a new session (its kernel starts in the background): `{"id": ...}`',
-    ("GET", "/api/sessions/{id}"): "an open session's rounds, posts and loads (what the page shows on reload)",
+    ("GET", "/api/sessions/{id}"): (
+        "an open session's rounds, posts and loads (what the page shows on reload), `session.suggested_requests`, and `folders`: "
+        "the working and artifacts folders whose files the artifacts route serves"
+    ),
     ("POST", "/api/sessions/{id}/resume"): "re-opens a stored session here (its cells replayed); 409 with the reason when it is open elsewhere",
     ("POST", "/api/sessions/{id}/messages"): (
         '`{"text": ...}`, answered as `text/event-stream`: `round_started`, `status`, `delta` (the fields of a streaming reply read '
@@ -222,7 +225,10 @@ def _with(hub: Hub, handler: Callable[[Request, LiveSession], Awaitable[Response
 async def _history(_: Request, live: LiveSession) -> Response:
     rounds = [round_json(r, session_id=live.id) for r in live.session.conversation.rounds]
     loads = [{"name": load.name, "after_round": load.after_round} for load in live.session.loads]
-    return JSONResponse({"id": live.id, "rounds": rounds, "loads": loads, "busy": live.busy})
+    # The folders the artifacts route serves from: the page links a path in them that an answer names.
+    folders = [str(live.session.working_dir), str(live.session.working_dir.parent / "artifacts")]
+    suggested = live.session.config.session.suggested_requests
+    return JSONResponse({"id": live.id, "rounds": rounds, "loads": loads, "busy": live.busy, "suggested_requests": suggested, "folders": folders})
 
 
 async def _messages(request: Request, live: LiveSession) -> Response:
