@@ -73,6 +73,11 @@ class ResumeReport:
 UNDO_FOLD_WAIT = 30.0  # seconds /undo waits for a running fold (it may be folding the request being undone)
 
 
+def numbered(requests: list[str]) -> str:
+    """`session.suggested_requests` as the numbered lines a user picks from."""
+    return "\n".join(f"{number}. {text}" for number, text in enumerate(requests, 1))
+
+
 def suggested(text: str, requests: list[str]) -> str:
     """The suggested request `text` numbers (1-based), or `text` as it is."""
     number = text.strip()

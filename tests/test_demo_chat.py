@@ -38,6 +38,7 @@ def test_a_requests_number_is_stored_as_the_request_it_numbers(tmp_path: Path) -
     done = run_cli("demo", "--chat", "-p", str(tmp_path / "demo"), stdin="4\n", timeout=180)
     assert done.returncode == 0, done.stderr
     assert "**Software 52.0%** has the best profit margin" in done.stdout
+    assert (done.stdout + done.stderr).count("4. Which product category has the best profit margin?") == 1, "the chat lists the requests once"
     config = load_config(tmp_path / "demo")
     (entry,) = stored_sessions(config.store_path)
     assert entry.title == "Which product category has the best profit margin?"

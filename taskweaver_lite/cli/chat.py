@@ -35,7 +35,7 @@ from taskweaver_lite.memory.compression import RoleContext
 from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.memory.summary import render_summary
 from taskweaver_lite.memory.variables import render_variables
-from taskweaver_lite.session import Session
+from taskweaver_lite.session import Session, numbered
 from taskweaver_lite.store.database import SessionStore, stored_sessions
 from taskweaver_lite.store.export import write_export
 from taskweaver_lite.taskweaver_json import JSON_FILE_NAME
@@ -152,6 +152,8 @@ def chat_with(
     for path in preload if not resume else ():
         loaded = session.load_file(path)
         say(f"Loaded {loaded.name} into the working folder.")
+    if config.session.suggested_requests and not resume:
+        say("Requests to try (type one, or its number):\n" + numbered(config.session.suggested_requests))
     commands = SlashCommands(session, say=say, remember=lambda item: _remember(commands.session, item))
     if isinstance(renderer, RichConsole):
         renderer.images = TerminalImages.detect()  # asks the terminal: before the prompt reads stdin

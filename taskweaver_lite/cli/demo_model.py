@@ -25,6 +25,7 @@ from taskweaver_lite.cli.demo import STEPS, Step, _summarize, bundled_project
 from taskweaver_lite.config import Config
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import TaskWeaverError
+from taskweaver_lite.session import numbered
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, text_reply
 
 MATCH_RATIO = 0.6  # how close a request must read to a scripted one (difflib's ratio over lowercased words)
@@ -57,7 +58,7 @@ def match_step(text: str) -> Step | None:
 
 def known_requests() -> str:
     """The numbered list of requests the demo model can answer."""
-    return "\n".join(f"{number}. {step.request}" for number, step in enumerate(STEPS, 1))
+    return numbered([step.request for step in STEPS])
 
 
 class DemoModel:
@@ -164,6 +165,6 @@ def run_demo_chat(args: argparse.Namespace) -> int:
     from taskweaver_lite.cli.chat import chat_with
 
     with demo_config(args.project) as config:
-        print(f"Demo project: {config.project_dir}. The scripted model answers these requests:\n{known_requests()}\n", flush=True)
+        print(f"Demo project: {config.project_dir}. The scripted model answers the requests listed below.\n", flush=True)
         # The scripted model starts again with each run, so a stored demo session goes on in a later one.
         return chat_with(config, project=config.project_dir, resume=args.resume, preload=[sample_data(config)], command="taskweaver-lite demo --chat")
