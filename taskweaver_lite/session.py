@@ -81,7 +81,9 @@ def numbered(requests: list[str]) -> str:
 def suggested(text: str, requests: list[str]) -> str:
     """The suggested request `text` numbers (1-based), or `text` as it is."""
     number = text.strip()
-    return requests[int(number) - 1] if number.isdigit() and 1 <= int(number) <= len(requests) else text
+    # isdecimal, not isdigit: int() refuses '²'; and it refuses numbers of thousands of digits.
+    index = int(number) if number.isdecimal() and len(number) < 10 else 0
+    return requests[index - 1] if 1 <= index <= len(requests) else text
 
 
 @dataclass(frozen=True)
