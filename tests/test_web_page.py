@@ -210,6 +210,7 @@ def test_an_empty_session_lists_the_suggested_requests_and_a_click_asks_one(tmp_
             wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#chat .suggestions button"))
             buttons = browser.find_elements(By.CSS_SELECTOR, "#chat .suggestions button")
             assert [b.text for b in buttons] == SUGGESTED, "the empty session shows the requests it knows"
+            _screenshot(browser, "suggestions")
             buttons[1].click()
             wait.until(lambda d: "Revenue by region, plotted." in d.find_element(By.ID, "chat").text)
             assert not browser.find_elements(By.CSS_SELECTOR, "#chat .suggestions"), "the list goes once a request is asked"
@@ -239,6 +240,7 @@ def test_a_long_title_without_spaces_wraps_and_one_request_is_singular(tmp_path:
                 "return boxes.filter(over).map((e) => e.id || e.className || e.tagName)"
             )
             assert wide == [], f"wider than their boxes: {wide}"
+            _screenshot(browser, "long-title")
 
 
 FILES = (
@@ -269,6 +271,7 @@ def test_file_paths_in_an_answer_link_to_the_sessions_artifact(tmp_path: Path, b
             links = browser.execute_script("return [...arguments[0].querySelectorAll('a')].map((a) => [a.textContent, a.getAttribute('href')])", answer)
             assert [text for text, _ in links] == [links[0][0], "growth.csv"] and links[0][0].endswith("/growth.csv"), links
             assert all(href.endswith("/artifacts/growth.csv") for _, href in links), links
+            _screenshot(browser, "file-links")
             served = browser.execute_script("return fetch(arguments[0]).then((r) => r.text())", links[0][1])
             assert served.startswith("region,growth"), served
             browser.refresh()  # a reloaded session (its address names it) links them too
