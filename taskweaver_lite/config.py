@@ -239,6 +239,10 @@ class SessionConfig(_Section):
     max_upload_bytes: int = Field(
         256 * 1024 * 1024, ge=1, description="largest file /load copies into the working folder; larger ones are refused"
     )
+    suggested_requests: list[str] = Field(
+        default_factory=list,
+        description="requests offered to a new session (the page lists them; the chat and the page take a request's number for it)",
+    )
 
 
 class CodeInterpreterConfig(_Section):

@@ -76,6 +76,19 @@ class ResumeReport:
 UNDO_FOLD_WAIT = 30.0  # seconds /undo waits for a running fold (it may be folding the request being undone)
 
 
+def numbered(requests: list[str]) -> str:
+    """`session.suggested_requests` as the numbered lines a user picks from."""
+    return "\n".join(f"{number}. {text}" for number, text in enumerate(requests, 1))
+
+
+def suggested(text: str, requests: list[str]) -> str:
+    """The suggested request `text` numbers (1-based), or `text` as it is."""
+    number = text.strip()
+    # isdecimal, not isdigit: int() refuses '²'; and it refuses numbers of thousands of digits.
+    index = int(number) if number.isdecimal() and len(number) < 10 else 0
+    return requests[index - 1] if 1 <= index <= len(requests) else text
+
+
 @dataclass(frozen=True)
 class SessionOptions:
     """What a session may be given besides its config, model and executor (Session.open and resume fill it in)."""
@@ -345,8 +358,10 @@ class Session:
 
         A reply that cannot be repaired fails the round and the session goes on. A model error
         (unreachable, refused) fails the round and is raised. Ctrl-C (KeyboardInterrupt) cancels
-        the step, fails the round, and is raised after the kernel has stopped.
+        the step, fails the round, and is raised after the kernel has stopped. A request's number
+        in `session.suggested_requests` asks that request: the round holds its words.
         """
+        text = suggested(text, self.config.session.suggested_requests)
         views = self._role_views()
         rnd = self.conversation.start_round(text)
         message = "\n\n".join([*self._notes, text])

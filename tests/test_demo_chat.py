@@ -17,7 +17,9 @@ from test_serve_start import serving
 
 from taskweaver_lite.cli.demo_model import DemoModel, match_step
 from taskweaver_lite.config import Config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.llm.discovery import KNOWN_SERVERS, LocalServer, discover, no_model_found
+from taskweaver_lite.store.database import SessionStore, stored_sessions
 
 pytestmark = pytest.mark.cli
 
@@ -32,6 +34,24 @@ def test_demo_chat_answers_the_scripted_requests_by_words_or_number_and_lists_th
     assert "<data>" not in done.stdout, "the prompt's data markers stay out of the answers"
 
 
+def test_a_requests_number_is_stored_as_the_request_it_numbers(tmp_path: Path) -> None:
+    done = run_cli("demo", "--chat", "-p", str(tmp_path / "demo"), stdin="4\n", timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "**Software 52.0%** has the best profit margin" in done.stdout
+    assert (done.stdout + done.stderr).count("4. Which product category has the best profit margin?") == 1, "the chat lists the requests once"
+    config = load_config(tmp_path / "demo")
+    (entry,) = stored_sessions(config.store_path)
+    assert entry.title == "Which product category has the best profit margin?"
+    store = SessionStore(config.store_path, read_only=True)
+    try:
+        (rnd,) = store.load(entry.id).rounds
+    finally:
+        store.close()
+    assert rnd.user_query == "Which product category has the best profit margin?", "the round holds the request, not its number"
+    again = run_cli("demo", "--chat", "-p", str(tmp_path / "demo"), "--resume", "last", stdin="", timeout=180)
+    assert f"Resumed session {entry.id}: 1 earlier request." in again.stderr + again.stdout
+
+
 def test_serve_demo_answers_on_the_page_api_with_the_sample_data_loaded(tmp_path: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -42,6 +62,9 @@ def test_serve_demo_answers_on_the_page_api_with_the_sample_data_loaded(tmp_path
             session = client.post("/api/sessions").json()["id"]
             with client.stream("POST", f"/api/sessions/{session}/messages", json={"text": "1"}) as stream:
                 events = [json.loads(row[6:]) for row in stream.iter_lines() if row.startswith("data: ")]
+            state = client.get(f"/api/sessions/{session}").json()
+    assert [r["text"] for r in state["rounds"]] == ["Load sales.csv and give me a quick overview of what's in it."], "the request, not '1'"
+    assert state["suggested_requests"][0] == "Load sales.csv and give me a quick overview of what's in it."
     answer = events[-1]
     assert answer["type"] == "answer", events[-3:]
     assert "holds 288 rows" in answer["text"]
@@ -49,7 +72,7 @@ def test_serve_demo_answers_on_the_page_api_with_the_sample_data_loaded(tmp_path
 
 def test_the_demo_model_matches_close_wordings_and_numbers_only() -> None:
     assert match_step("Do discounts drive more units sold") is not None
-    assert match_step("note about a file\n\n7") is match_step("Were there unusual months for any region?")
+    assert match_step("note about a file\n\nwere there unusual months for any region") is match_step("Were there unusual months for any region?")
     assert match_step("tell me a joke") is None
     reply = json.loads(DemoModel().planner([{"role": "user", "content": "tell me a joke"}]))["response"]
     assert reply["send_to"] == "User" and "1. Load sales.csv" in reply["message"]

@@ -189,3 +189,90 @@ def _screenshot(browser: object, name: str) -> None:
     if os.environ.get("TWL_SCREENSHOT"):
         shot = Path(os.environ["TWL_SCREENSHOT"])
         browser.save_screenshot(str(shot.with_stem(f"{shot.stem}-{name}")))
+
+
+SUGGESTED = ["Which region grew fastest?", "Plot monthly revenue by region."]
+
+
+def test_an_empty_session_lists_the_suggested_requests_and_a_click_asks_one(tmp_path: Path, browser: object) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    assert isinstance(browser, WebDriver)
+    with ScriptedServer() as scripted:
+        scripted.enqueue("planner", planner_reply("Revenue by region, plotted.", send_to="User"), planner_reply("South grew fastest.", send_to="User"))
+        project = make_project(tmp_path, scripted.url, session={"suggested_requests": SUGGESTED})
+        with WebServer(load_config(project)) as web:
+            browser.get(web.url + "/")
+            wait = WebDriverWait(browser, 60)
+            browser.find_element(By.ID, "new-session").click()
+            wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#chat .suggestions button"))
+            buttons = browser.find_elements(By.CSS_SELECTOR, "#chat .suggestions button")
+            assert [b.text for b in buttons] == SUGGESTED, "the empty session shows the requests it knows"
+            _screenshot(browser, "suggestions")
+            buttons[1].click()
+            wait.until(lambda d: "Revenue by region, plotted." in d.find_element(By.ID, "chat").text)
+            assert not browser.find_elements(By.CSS_SELECTOR, "#chat .suggestions"), "the list goes once a request is asked"
+            assert "You\nPlot monthly revenue by region." in browser.find_element(By.ID, "chat").text
+            browser.find_element(By.ID, "text").send_keys("1\n")  # a number asks the request it names
+            wait.until(lambda d: "South grew fastest." in d.find_element(By.ID, "chat").text)
+            assert "You\nWhich region grew fastest?" in browser.find_element(By.ID, "chat").text, "the request, not '1'"
+
+
+def test_a_long_title_without_spaces_wraps_and_one_request_is_singular(tmp_path: Path, browser: object) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    assert isinstance(browser, WebDriver)
+    long_title = "sales_" * 60
+    with ScriptedServer() as scripted:
+        scripted.enqueue("planner", planner_reply("Noted: " + "revenue_" * 60, send_to="User"))
+        with WebServer(load_config(make_project(tmp_path, scripted.url))) as web:
+            _ask(browser, web, long_title, "Noted:")
+            wait = WebDriverWait(browser, 60)
+            wait.until(lambda d: "1 request ·" in d.find_element(By.ID, "sessions").text)
+            assert "1 requests" not in browser.find_element(By.ID, "sessions").text
+            wide = browser.execute_script(
+                "const over = (e) => e.scrollWidth > e.clientWidth + 1;"
+                "const boxes = [document.documentElement, ...document.querySelectorAll('#sidebar, #sidebar li, #toolbar, #chat, .msg')];"
+                "return boxes.filter(over).map((e) => e.id || e.className || e.tagName)"
+            )
+            assert wide == [], f"wider than their boxes: {wide}"
+            _screenshot(browser, "long-title")
+
+
+FILES = (
+    "import os\nimport pandas as pd\n"
+    "pd.DataFrame({'region': ['south'], 'growth': [0.31]}).to_csv('growth.csv', index=False)\nprint(os.path.abspath('growth.csv'))"
+)
+
+
+def _where(messages: list[dict[str, object]]) -> str:
+    """The Planner's answer: names the file by its server path and by its bare name, and a path outside the session."""
+    report = next(str(m["content"]) for m in reversed(messages) if str(m.get("content", "")).startswith("CodeInterpreter:"))
+    path = next(line.strip() for line in report.splitlines() if line.strip().endswith("/growth.csv"))
+    return planner_reply(f"Saved to {path}. Open `growth.csv` for the table; /etc/hostname and other.csv are not the session's.", send_to="User")
+
+
+def test_file_paths_in_an_answer_link_to_the_sessions_artifact(tmp_path: Path, browser: object) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    assert isinstance(browser, WebDriver)
+    with ScriptedServer() as scripted:
+        scripted.enqueue("planner", planner_reply("Save the growth table as growth.csv."), _where)
+        scripted.enqueue("code_generator", code_reply(FILES))
+        with WebServer(load_config(make_project(tmp_path, scripted.url))) as web:
+            _ask(browser, web, "Save the growth table", "Saved to")
+            answer = browser.execute_script("const m = [...document.querySelectorAll('.msg.planner .md')]; return m[m.length - 1];")
+            links = browser.execute_script("return [...arguments[0].querySelectorAll('a')].map((a) => [a.textContent, a.getAttribute('href')])", answer)
+            assert [text for text, _ in links] == [links[0][0], "growth.csv"] and links[0][0].endswith("/growth.csv"), links
+            assert all(href.endswith("/artifacts/growth.csv") for _, href in links), links
+            _screenshot(browser, "file-links")
+            served = browser.execute_script("return fetch(arguments[0]).then((r) => r.text())", links[0][1])
+            assert served.startswith("region,growth"), served
+            browser.refresh()  # a reloaded session (its address names it) links them too
+            WebDriverWait(browser, 60).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".msg.planner a.file")) == 2)

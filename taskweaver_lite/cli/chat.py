@@ -35,7 +35,7 @@ from taskweaver_lite.memory.compression import RoleContext
 from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.memory.summary import render_summary
 from taskweaver_lite.memory.variables import render_variables
-from taskweaver_lite.session import Session
+from taskweaver_lite.session import Session, numbered
 from taskweaver_lite.store.export import write_export
 from taskweaver_lite.store.opening import store_place, stored_sessions
 from taskweaver_lite.taskweaver_json import JSON_FILE_NAME
@@ -149,15 +149,18 @@ def chat_with(
         else:
             _fit_display(config, renderer)
             session, kept = workspace.new_session(listeners=[renderer], confirm=asks), list(overrides)
-        return _converse(session, kept, renderer, preload=() if resume else preload, project=project, command=command)
+        return _converse(session, kept, renderer, preload=() if resume else preload, project=project, command=command, fresh=not resume)
     finally:
         workspace.close()
 
 
 def _converse(
-    session: Session, kept: list[str], renderer: RichConsole | PlainConsole, *, preload: Sequence[Path], project: Path | None, command: str
+    session: Session, kept: list[str], renderer: RichConsole | PlainConsole, *, preload: Sequence[Path], project: Path | None, command: str, fresh: bool
 ) -> int:
-    """The chat itself, on an open session: its --set values kept, problems told, `preload` loaded, then the requests; `command` continues it."""
+    """The chat itself, on an open session: its --set values kept, problems told, `preload` loaded, then the requests.
+
+    `command` continues it; a `fresh` session is shown the suggested requests.
+    """
     say = renderer.say
     if session.store is not None:
         session.store.save_overrides(session.id, kept)
@@ -165,6 +168,9 @@ def _converse(
     for path in preload:
         loaded = session.load_file(path)
         say(f"Loaded {loaded.name} into the working folder.")
+    suggested = session.config.session.suggested_requests
+    if suggested and fresh:
+        say("Requests to try (type one, or its number):\n" + numbered(suggested))
     commands = SlashCommands(session, say=say, remember=lambda item: _remember(commands.session, item))
     if isinstance(renderer, RichConsole):
         renderer.images = TerminalImages.detect()  # asks the terminal: before the prompt reads stdin
@@ -306,7 +312,7 @@ def _resume_session(
         session, report = workspace.resume_session(
             ref, replay=replay, listeners=[renderer], on_replay=lambda done, total: say(f"Re-running earlier cells: {done}/{total}")
         )
-    lines = [f"Resumed session {report.session_id}: {report.rounds} earlier requests."]
+    lines = [f"Resumed session {report.session_id}: {report.rounds} earlier request{'' if report.rounds == 1 else 's'}."]
     if report.cut_off:
         lines.append(f"Request {', '.join(map(str, report.cut_off))} was cut off when the program stopped; it is marked failed.")
     if replay and report.replayed:

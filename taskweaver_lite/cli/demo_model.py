@@ -1,9 +1,11 @@
 """The demo's scripted model behind the real chat and page: `demo --chat` and `serve --demo`.
 
 `DemoModel` answers whatever is asked, offline: a request that matches one of the demo's requests
-(`demo.STEPS`, by its words or its number) gets that request's steps and code, run in the real
-kernel, and an answer built from what the code printed; anything else gets the list of requests
-it knows. It reads where the turn stands from the messages it is sent, so it needs no queue.
+(`demo.STEPS`, by its words) gets that request's steps and code, run in the real kernel, and an
+answer built from what the code printed; anything else gets the list of requests it knows. It
+reads where the turn stands from the messages it is sent, so it needs no queue. A request's number
+never reaches it: the demo lists its requests in `session.suggested_requests`, and the session
+asks the request a number names.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from taskweaver_lite.cli.demo import STEPS, Step, _summarize, bundled_project
 from taskweaver_lite.config import Config
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import TaskWeaverError
+from taskweaver_lite.session import numbered
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, text_reply
 
 MATCH_RATIO = 0.6  # how close a request must read to a scripted one (difflib's ratio over lowercased words)
@@ -44,10 +47,8 @@ def _words(text: str) -> str:
 
 
 def match_step(text: str) -> Step | None:
-    """The scripted request `text` asks for (its number, or words close to it), or None."""
+    """The scripted request `text` asks for (words close to it), or None."""
     for asked in (part.strip() for part in text.split("\n\n")):  # notes about files come before or after the request
-        if asked.isdigit() and 1 <= int(asked) <= len(STEPS):
-            return STEPS[int(asked) - 1]
         scores = [(difflib.SequenceMatcher(None, _words(asked), _words(step.request)).ratio(), step) for step in STEPS]
         best, step = max(scores, key=lambda pair: pair[0])
         if best >= MATCH_RATIO:
@@ -57,7 +58,7 @@ def match_step(text: str) -> Step | None:
 
 def known_requests() -> str:
     """The numbered list of requests the demo model can answer."""
-    return "\n".join(f"{number}. {step.request}" for number, step in enumerate(STEPS, 1))
+    return numbered([step.request for step in STEPS])
 
 
 class DemoModel:
@@ -144,7 +145,9 @@ def demo_config(project: str | None, *, overrides: Sequence[str] = ()) -> Iterat
             shutil.copytree(bundled_project(), target, dirs_exist_ok=True, ignore=shutil.ignore_patterns("sessions", "*.db*", ".chat_history"))
         with ScriptedServer(model="scripted-demo") as server:
             DemoModel().install(server)
-            settings = [f"llm.api_base={server.url}", "llm.api_key=demo-key", "llm.model=scripted-demo", *overrides]
+            # The session takes a request's number for its words, so the round and its title hold them.
+            requests = "session.suggested_requests=" + json.dumps([step.request for step in STEPS])
+            settings = [f"llm.api_base={server.url}", "llm.api_key=demo-key", "llm.model=scripted-demo", requests, *overrides]
             yield load_config(target, settings)
     except BaseException:
         if not project:  # a folder we made for a demo that failed (a port in use, a bad --set): nothing in it is worth keeping
@@ -162,6 +165,6 @@ def run_demo_chat(args: argparse.Namespace) -> int:
     from taskweaver_lite.cli.chat import chat_with
 
     with demo_config(args.project) as config:
-        print(f"Demo project: {config.project_dir}. The scripted model answers these requests:\n{known_requests()}\n", flush=True)
+        print(f"Demo project: {config.project_dir}. The scripted model answers the requests listed below.\n", flush=True)
         # The scripted model starts again with each run, so a stored demo session goes on in a later one.
         return chat_with(config, project=config.project_dir, resume=args.resume, preload=[sample_data(config)], command="taskweaver-lite demo --chat")

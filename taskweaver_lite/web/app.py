@@ -52,7 +52,10 @@ ROUTES_ABOUT = {
     ("GET", "/static/{name}"): "the page's own scripts, styles and vendored libraries",
     ("GET", "/api/sessions"): "the stored sessions, newest first, as `sessions --json`",
     ("POST", "/api/sessions"): 'a new session (its kernel starts in the background): `{"id": ...}`',
-    ("GET", "/api/sessions/{id}"): "an open session's rounds, posts and loads (what the page shows on reload)",
+    ("GET", "/api/sessions/{id}"): (
+        "a session's rounds, posts and loads (what the page shows on reload), whether it is busy, its last event's id, "
+        "`session.suggested_requests`, and `folders`: the working and artifacts folders whose files the artifacts route serves"
+    ),
     ("POST", "/api/sessions/{id}/resume"): "re-opens a stored session here (its cells replayed); 409 with the reason when it is open elsewhere",
     ("POST", "/api/sessions/{id}/messages"): (
         '`{"text": ...}`, answered as `text/event-stream`: `round_started`, `status`, `delta` (the fields of a streaming reply read '

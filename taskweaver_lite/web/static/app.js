@@ -10,6 +10,8 @@ let current = null;      // the open session's id
 let running = false;     // a request is being answered
 let step = null;         // the step (details element) the CodeInterpreter is working on
 let streaming = null;    // the Planner's bubble while its reply streams
+let folders = [];        // the session's working and artifacts folders on the server
+const produced = new Set();  // file names the session's cells saved or named: linked where an answer names them
 
 function el(tag, cls, text) {
   const node = document.createElement(tag);
@@ -31,8 +33,45 @@ const unmark = (text) => text.replace(/^[ \t]*<\/?data>[ \t]*\n?/gm, "").replace
 function markdown(text) {
   const box = el("div", "md");
   box.innerHTML = DOMPurify.sanitize(marked.parse(unmark(text || ""), { async: false }), PURIFY);
+  linkFiles(box);
   for (const link of box.querySelectorAll("a[href]")) link.rel = "noopener noreferrer";
   return box;
+}
+
+// A server path inside the session's folders, or a bare name of a file it produced, becomes a link to it.
+const FILE = /(\/[^\s`'"<>()[\]]*[^\s`'"<>()[\].,;:!?])|([\w-][\w.-]*\.[A-Za-z0-9]{1,8})(?![\w/])/g;
+
+function artifactName(text, path) {
+  if (!path) return produced.has(text) ? text : null;
+  const folder = folders.find((f) => path.startsWith(`${f}/`));
+  const name = folder && path.slice(folder.length + 1);
+  return name && !name.includes("/") ? name : null;
+}
+
+function linkFiles(box) {
+  const walker = document.createTreeWalker(box, NodeFilter.SHOW_TEXT);
+  const texts = [];
+  while (walker.nextNode()) if (!walker.currentNode.parentElement.closest("a")) texts.push(walker.currentNode);
+  for (const node of texts) {
+    const pieces = [];
+    let last = 0;
+    for (const match of node.data.matchAll(FILE)) {
+      const name = current && artifactName(match[0], match[1]);
+      if (!name) continue;
+      pieces.push(node.data.slice(last, match.index));
+      const link = el("a", "file", match[0]);
+      link.href = `/api/sessions/${encodeURIComponent(current)}/artifacts/${encodeURIComponent(name)}`;
+      link.target = "_blank";
+      pieces.push(link);
+      last = match.index + match[0].length;
+    }
+    if (pieces.length) node.replaceWith(...pieces, node.data.slice(last));
+  }
+}
+
+function remember(code, run) {
+  for (const url of run.artifacts || []) produced.add(decodeURIComponent(url.split("/").pop()));
+  if (run.success) for (const [, name] of code.matchAll(/["']([\w-][\w.-]*\.[A-Za-z0-9]{1,8})["']/g)) produced.add(name);
 }
 
 function notice(text) {
@@ -61,7 +100,7 @@ async function listSessions() {
     list.replaceChildren();
     for (const row of rows) {
       const item = el("li", row.id === current ? "current" : "", row.title || "(untitled)");
-      item.append(el("span", "meta", `${row.rounds} requests · ${row.id}`));
+      item.append(el("span", "meta", `${row.rounds} request${row.rounds === 1 ? "" : "s"} · ${row.id}`));
       item.onclick = () => openSession(row.id, true);
       list.append(item);
     }
@@ -99,9 +138,12 @@ async function openSession(id, resume) {
     $("save-experience").disabled = false;
     const chat = $("chat");
     chat.replaceChildren();
+    folders = state.folders || [];
+    produced.clear();
     for (const round of state.rounds) showRound(round);
     following?.close();
     following = null;
+    if (!state.rounds.length) showSuggestions(state.suggested_requests || []);
     setRunning(state.busy);
     notice("");
     if (state.busy) follow(id, state.last_event);  // a request started elsewhere: shown as it is stored
@@ -111,6 +153,23 @@ async function openSession(id, resume) {
     if (!resume && /not open in this server/.test(error.message)) return openSession(id, true);
     notice(error.message);
   }
+}
+
+// An empty session lists the requests the project suggests; a click asks one (typing its number does too).
+function showSuggestions(requests) {
+  if (!requests.length) return;
+  const box = el("div", "msg system suggestions", "Try one of these requests (click it, or type its number):");
+  const list = el("ol");
+  for (const text of requests) {
+    const item = el("li");
+    const button = el("button", "suggestion", text);
+    button.type = "button";
+    button.onclick = () => send(text);
+    item.append(button);
+    list.append(item);
+  }
+  box.append(list);
+  $("chat").append(box);
 }
 
 function showRound(round) {
@@ -164,6 +223,7 @@ function currentStep() {
 }
 
 function showExecution(code, run) {
+  remember(code, run);
   const box = currentStep();
   box.querySelector(".live")?.remove();
   const cell = el("details", "cell");
@@ -308,6 +368,7 @@ function stopFollowing() {
 function handle(event) {
   switch (event.type) {
     case "round_started":
+      $("chat").querySelector(".suggestions")?.remove();
       say("user", "You", event.text);
       break;
     case "delta":
