@@ -200,7 +200,11 @@ def test_a_matrix_runs_every_case_under_every_setting_in_parallel_and_reports_th
     folds = {p: c for p, c in result["(1,1)"].by_purpose.items() if p.startswith("compression")}
     assert sum(c["calls"] for c in folds.values()) == result["(1,1)"].fold_calls and "planner" in result["(1,1)"].by_purpose
     assert sum(c["prompt_tokens"] for c in result["(1,1)"].by_purpose.values()) == result["(1,1)"].prompt_tokens
-    assert result["(1,1)"].prompt_tokens < result["off"].prompt_tokens
+    # Folding shrinks the roles' own prompts; the folds, which open with those prompts, are counted apart (mostly cached).
+    def roles_own(outcome: Any) -> int:
+        return sum(c["prompt_tokens"] for p, c in outcome.by_purpose.items() if not p.startswith("compression"))
+
+    assert roles_own(result["(1,1)"]) < roles_own(result["off"])
     # The scripted server reports a prefix cache: a round's prompt begins as the last one did.
     assert all(0 < o.cached_tokens < o.prompt_tokens for o in outcomes)
     written = write_report(the_plan.report_dir, outcomes, [off, tight])
