@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import io
+import re
+import shutil
+import tempfile
+from pathlib import Path
 
 from rich.console import Console
 
@@ -102,3 +106,25 @@ def test_help_and_usage_lines_keep_their_square_brackets() -> None:
     shown = renderer.console.export_text()
     assert "/export [ipynb|md] [file] [--force]" in shown
     assert shown.count("[ipynb|md]") == 2
+
+
+def test_a_file_path_in_an_answer_links_to_the_file_when_it_is_the_sessions() -> None:
+    session = Path(tempfile.mkdtemp())
+    try:
+        (session / "cwd").mkdir()
+        report = session / "cwd" / "growth_by_region.csv"
+        report.write_text("region,growth\n")
+        outside = session / "elsewhere.csv"
+        outside.write_text("x\n")
+        console = Console(record=True, file=io.StringIO(), width=200, highlight=False, force_terminal=True, color_system="truecolor")
+        renderer = RichConsole(console)
+        renderer.folders = (session / "cwd", session / "artifacts")
+        answer = f"Saved to {report}. Also {outside}, {session}/cwd/../elsewhere.csv and {session}/cwd/missing.csv."
+        renderer(PostAdded(Round(index=1, user_query="q"), Post("Planner", "User", answer)))
+        shown = console.file.getvalue()  # type: ignore[attr-defined]
+        links = re.findall(r"\x1b]8;[^;]*;([^\x1b]*)\x1b\\", shown)
+        targets = {link for link in links if link}
+        assert targets == {f"file://{report}"}, f"only the session's existing file is a link: {targets}"
+        assert str(report) in console.export_text(), "the path is still shown as written"
+    finally:
+        shutil.rmtree(session)

@@ -175,6 +175,7 @@ def _converse(
     if isinstance(renderer, RichConsole):
         renderer.images = TerminalImages.detect()  # asks the terminal: before the prompt reads stdin
         renderer.artifact_total = lambda: len(session_artifacts(commands.session.conversation.rounds))
+        renderer.folders = (session.working_dir, session.working_dir.parent / "artifacts")  # an answer's paths in them become links
     try:
         if isinstance(renderer, RichConsole):
             code = _interactive(renderer, commands)

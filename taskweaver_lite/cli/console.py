@@ -11,18 +11,22 @@ before it is rendered, so only the styling added here ever reaches the terminal.
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
+from urllib.parse import quote
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.live import Live
 from rich.markdown import Markdown
 from rich.panel import Panel
+from rich.segment import Segment
 from rich.status import Status
+from rich.style import Style
 from rich.syntax import Syntax
 from rich.text import Text
 
@@ -114,6 +118,7 @@ class RichConsole:
         self._notices: list[Text] = []
         self.images: TerminalImages | None = None  # plots drawn inline where the terminal can (the chat sets it)
         self.artifact_total: Callable[[], int] | None = None  # the session's files so far: /open's numbers
+        self.folders: tuple[Path, ...] = ()  # the session's working and artifacts folders: paths in them become links
 
     def flush_notices(self) -> None:
         """Print the background notices that arrived since the last call (the chat calls it before each prompt)."""
@@ -171,7 +176,9 @@ class RichConsole:
             return
         if post.send_to == USER:
             self.stop_status()
-            self._print(Panel(Markdown(message), title="Answer", border_style="green"))
+            answer = Panel(Markdown(message), title="Answer", border_style="green")
+            links = file_links(message, self.folders)
+            self._print(Linked(answer, links) if links else answer)
         elif post.execution is not None:
             self.stop_status()
             self._execution(post.execution, retrying=post.send_to == post.send_from)
@@ -337,3 +344,38 @@ class PlainConsole:
 def indent(text: str, width: int = 4) -> str:
     """Every line of `text` indented by `width` spaces."""
     return "\n".join(" " * width + line for line in text.splitlines())
+
+
+
+_PATH = re.compile(r"/[^\s`'\"<>()[\]]*[^\s`'\"<>()[\].,;:!?]")  # an absolute path, less the punctuation after it
+
+
+def file_links(text: str, folders: tuple[Path, ...]) -> dict[str, str]:
+    """Each path in `text` naming an existing file inside `folders`, with its `file://` address."""
+    links = {}
+    for written in set(_PATH.findall(text)) if folders else ():
+        path = Path(written).resolve()  # `..` and links resolved: what is linked is what the path reaches
+        if path.is_file() and any(folder.resolve() in path.parents for folder in folders):
+            links[written] = f"file://{quote(str(path))}"
+    return links
+
+
+class Linked:
+    """`inner` as rendered, with each of `links`' paths a terminal hyperlink wherever a line shows it whole."""
+
+    def __init__(self, inner: RenderableType, links: dict[str, str]) -> None:
+        self.inner = inner
+        self.links = links
+        self._any = re.compile("|".join(re.escape(path) for path in sorted(links, key=len, reverse=True)))
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for segment in console.render(self.inner, options):
+            if segment.control or not self.links or not self._any.search(segment.text):
+                yield segment
+                continue
+            last = 0
+            for match in self._any.finditer(segment.text):
+                yield Segment(segment.text[last : match.start()], segment.style)
+                yield Segment(match[0], (segment.style or Style()) + Style(link=self.links[match[0]]))
+                last = match.end()
+            yield Segment(segment.text[last:], segment.style)
