@@ -56,10 +56,12 @@ class SqlStore:
         self._verifier = Verifier()
 
     def _transaction(self) -> AbstractContextManager[Connection]:
-        raise NotImplementedError
+        """A connection in a write transaction, committed on leaving (each backend gives its own: SQLite's file, PostgreSQL's pool)."""
+        raise NotImplementedError(f"{type(self).__name__} is a store backend without _transaction")
 
     def _read(self) -> AbstractContextManager[Connection]:
-        raise NotImplementedError
+        """A connection for a consistent read (each backend gives its own)."""
+        raise NotImplementedError(f"{type(self).__name__} is a store backend without _read")
 
     def _after_events(self, db: Connection, session_id: str) -> None:
         """Called inside the transaction that appended to a session's event log (PostgreSQL notifies the other replicas)."""
