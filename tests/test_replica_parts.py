@@ -112,3 +112,33 @@ def test_renewing_a_request_that_just_ended_does_not_stop_the_next_one(store: Se
         assert store.lease("s1") is not None and store.lease("s1").holder == running.holder  # type: ignore[union-attr]
     finally:
         leases.close()
+
+
+def test_stop_asked_on_another_replica_reaches_the_holder_through_the_store_without_a_notice(store: SessionStore) -> None:
+    heard: list[str] = []
+
+    def stop_here(session_id: str) -> bool:
+        heard.append(session_id)
+        return True  # the request is stopping
+
+    running, elsewhere = Leases(store, seconds=1.5, wait=0, on_stop=stop_here), Leases(store, seconds=1.5, wait=0)
+    try:
+        assert not elsewhere.ask_to_stop("s1"), "nothing runs: nothing to stop"
+        hold = running.take("s1")
+        assert elsewhere.ask_to_stop("s1")
+        time.sleep(1.3)  # more than one renewal (every half second here)
+        assert heard == ["s1"], "the holder's renewal reads the mark and stops its request, once"
+        running.release(hold)
+        # A mark left by a request that ended before it was read never stops the session's next request.
+        ended = running.take("s1")
+        assert elsewhere.ask_to_stop("s1")
+        running.release(ended)
+        running.take("s1")
+        time.sleep(1.3)
+        assert heard == ["s1"], "a mark names the request it was meant for"
+        assert elsewhere.ask_to_stop("s1")  # and Stop pressed again, for this one, replaces the stale mark
+        time.sleep(1.3)
+        assert heard == ["s1", "s1"]
+    finally:
+        running.close()
+        elsewhere.close()

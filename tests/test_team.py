@@ -35,9 +35,10 @@ LEASE = 3.0  # serve.lease_timeout here: a dead replica's session is free after 
 class Team:
     """The module's service: its project, two replicas (replaceable), and a user's token."""
 
-    def __init__(self, project: Path, tokens: dict[str, str]) -> None:
+    def __init__(self, project: Path, tokens: dict[str, str], model: ScriptedServer) -> None:
         self.project = project
         self.tokens = tokens
+        self.model = model  # the scripted model every replica calls
         self.replicas = [ServeProcess.start(project), ServeProcess.start(project)]
 
     def client(self, replica: int, user: str = "alice", **options: Any) -> httpx.Client:
@@ -62,7 +63,7 @@ def team(postgres_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFac
         run_code_model(model)
         project = write_team_project(root / "project", store_url=postgres_cluster.new_database(), gateway=gateway, model_url=model.url, lease_timeout=LEASE)
         tokens = {name: _add_user(project, name) for name in ("alice", "bob")}
-        service = Team(project, tokens)
+        service = Team(project, tokens, model)
         try:
             yield service
         finally:
@@ -255,3 +256,47 @@ def test_sigterm_lets_the_running_request_finish_then_the_replica_exits(team: Te
         assert team.replicas[0].process.wait(30) in (0, 143, -15) and "Traceback" not in team.replicas[0].log()
         assert "1" in answer(second, session_id, "RUN<<print(final)>>")
     team.replace(0)
+
+
+def test_stop_pressed_on_another_replica_stops_the_request_there_and_frees_the_session(team: Team) -> None:
+    with team.client(0) as first, team.client(1) as second:
+        session_id = first.post("/api/sessions", json={}).json()["id"]
+        answer(first, session_id, "RUN<<kept = 3>>")
+        result: list[tuple[int, list[dict[str, Any]]]] = []
+        running = threading.Thread(target=lambda: result.append(ask(first, session_id, "RUN<<import time\ntime.sleep(60)\nprint('never')>>")))
+        running.start()
+        _wait_for_running_cell(second, session_id)
+        pressed = time.monotonic()
+        stopped = second.post(f"/api/sessions/{session_id}/stop")
+        assert stopped.status_code == 200 and stopped.json() == {"stopped": True}, f"Stop on the second replica: {stopped.text}"
+        running.join(30)
+        assert not running.is_alive(), "Stop pressed on the second replica must end the request running on the first"
+        assert time.monotonic() - pressed < 10, "the request must end soon after Stop, not when its cell would have"
+        status, events = result[0]
+        assert status == 200 and events[-1] == {"type": "error", "message": "Stopped. The session and its variables are kept."}, events[-1]
+        # Free at once: a request sent on reading the error is not refused (the stopped one freed its lease first).
+        status, events = ask(second, session_id, "RUN<<print(kept * 2)>>")
+        assert status == 200 and "6" in events[-1]["text"], f"the session must be free once the stop's error is out: {status} {events[-1]}"
+        rounds = first.get(f"/api/sessions/{session_id}").json()["rounds"]
+        assert [(r["state"], r["error"]) for r in rounds] == [("finished", None), ("failed", "Cancelled by the user."), ("finished", None)]
+        cell = next(post["execution"] for post in rounds[1]["posts"] if post.get("execution"))
+        assert cell["cancelled"] and "never" not in cell["stdout"], f"the cell was interrupted, not left to finish: {cell}"
+        assert second.post(f"/api/sessions/{session_id}/stop").json() == {"stopped": False}, "nothing runs now"
+
+
+def test_a_replica_never_trusts_its_copy_over_rounds_another_replica_stored(team: Team) -> None:
+    with team.client(0) as first, team.client(1) as second:
+        session_id = first.post("/api/sessions", json={}).json()["id"]
+        asked = ["RUN<<a = 1>>", "RUN<<b = 2>>", "just a question", "RUN<<print('sum', a + b)>>", "RUN<<print('after', a + b + 1)>>"]
+        answer(first, session_id, asked[0])  # the first replica now holds a copy of the session
+        answer(second, session_id, asked[1])  # the second goes on with it: the first's copy is stale
+        answer(second, session_id, asked[2])
+        calls = len(team.model.requests)
+        assert "sum 3" in answer(first, session_id, asked[3]), "back on the first replica, the kernel has what the second ran"
+        planner = next(r for r in team.model.requests[calls:] if r.role == "planner")
+        prompt = json.dumps(planner.messages)
+        assert "just a question" in prompt and "b = 2" in prompt, "the first replica's prompt must hold the rounds the second stored"
+        assert "after 4" in answer(second, session_id, asked[4]), "and the second sees what the first stored since"
+        for client in (first, second):
+            rounds = client.get(f"/api/sessions/{session_id}").json()["rounds"]
+            assert [(r["round"], r["text"], r["state"]) for r in rounds] == [(i, text, "finished") for i, text in enumerate(asked, 1)], rounds

@@ -70,7 +70,8 @@ class Hub:
     def join_replicas(self, url: str) -> None:
         """Serve as one replica of several on the PostgreSQL store at `url`: leases on sessions, events and Stop heard from the others."""
         replica = Replica(self.config, self.parts.store, metrics=self.parts.metrics, catalogs=self.parts.catalogs)
-        leases = Leases(self.parts.store, seconds=self.config.serve.lease_timeout, wait=self.config.serve.lease_wait, on_lost=self.stop_here)
+        serve = self.config.serve
+        leases = Leases(self.parts.store, seconds=serve.lease_timeout, wait=serve.lease_wait, on_lost=self.stop_here, on_stop=self.stop_here)
         self.parts = dataclasses.replace(self.parts, replica=replica, leases=leases)
         self.parts.fanout.listen(url, on_stop=self.stop_here)
 
@@ -166,22 +167,21 @@ class Hub:
             self._finish(self.get(session_id), hold)
 
     def stop(self, session_id: str) -> bool:
-        """Cancel the session's running request, here or (through the store) on the replica running it."""
+        """Cancel the session's running request, here or on the replica running it (a NOTIFY, and a mark in the store)."""
         live = self.get(session_id)
         if live is not None and live.stop():
             return True
-        if self.replica is None:
+        if self.parts.leases is None:
             return False
-        running = self.parts.store.lease(session_id) is not None
+        running = self.parts.leases.ask_to_stop(session_id)  # read by the holder's next renewal, should the notice miss it
         if running:
             self.parts.fanout.send_stop(session_id)
         return running
 
-    def stop_here(self, session_id: str) -> None:
-        """Another replica asked for the session's request to stop, or its lease was lost: stop it if it runs here."""
+    def stop_here(self, session_id: str) -> bool:
+        """Another replica asked for the session's request to stop, or its lease was lost: stop it if it runs here (True then)."""
         live = self.get(session_id)
-        if live is not None:
-            live.stop()
+        return live is not None and live.stop()
 
     def upload_dir(self, live: LiveSession) -> Path:
         """Where an upload is received before `/load` copies it into the working folder."""

@@ -10,6 +10,11 @@ Taking a lease is one statement that exactly one contender wins. The loser is to
 while the holder still answers; once the holder has answered (it marks that with a second row,
 `<id>:answered`), the loser waits for it to finish its bookkeeping, up to `serve.lease_wait`
 seconds, rather than send a person who typed quickly an error.
+
+Stop pressed on another replica reaches this one twice over: at once by NOTIFY (`fanout.py`), and
+through the store, as a third row (`<id>:stop`, naming the request it stops) that the renewing
+thread reads: a notice lost while the LISTEN connection was being remade, or one that came while
+the request was still loading its session, stops it at the next renewal all the same.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from taskweaver_lite.errors import StoreError
 from taskweaver_lite.store.interface import Store
 
 ANSWERED = ":answered"
+STOP = ":stop"  # a row naming (as its holder) the request that Stop was pressed for
 POLL = 0.05  # seconds between attempts while the holder finishes its bookkeeping
 _log = logging.getLogger(__name__)
 
@@ -47,12 +53,23 @@ class Hold:
 class Leases:
     """The leases this replica holds, and the thread that renews them."""
 
-    def __init__(self, store: Store, *, seconds: float, wait: float, on_lost: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        seconds: float,
+        wait: float,
+        on_lost: Callable[[str], object] | None = None,
+        on_stop: Callable[[str], bool] | None = None,
+    ) -> None:
+        """`on_lost` hears a session whose lease another took; `on_stop` one whose request Stop was asked for (True once it is stopping)."""
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._store = store
         self._seconds = seconds
         self._wait = wait
         self._on_lost = on_lost
+        self._on_stop = on_stop
+        self._stopped: set[str] = set()  # holders whose request was told to stop (once is enough)
         self._held: dict[str, Hold] = {}  # by the row's key (a session id, or one with ANSWERED)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -79,9 +96,24 @@ class Leases:
                 with self._lock:
                     self._held[marker.session_id] = marker
 
+    def ask_to_stop(self, session_id: str) -> bool:
+        """Mark the session's running request, whichever replica holds it, to be stopped; False when none runs."""
+        running = self._store.lease(session_id)
+        if running is None:
+            return False
+        key = session_id + STOP
+        for _ in range(2):
+            if self._store.take_lease(key, running.holder, seconds=self._seconds) is not None:
+                break
+            earlier = self._store.lease(key)  # the mark of an earlier request that had not run out yet
+            if earlier is not None:
+                self._store.release_lease(key, earlier.holder)
+        return True
+
     def release(self, hold: Hold) -> None:
         """Free the lease (and its answered mark); a store that is down lets it run out instead."""
         with self._lock:
+            self._stopped.discard(hold.holder)
             held = [h for key, h in self._held.items() if h.holder == hold.holder]
             for h in held:
                 del self._held[h.session_id]
@@ -115,6 +147,8 @@ class Leases:
         except StoreError:
             return  # the store is down: renewed again once it is back (if it stays down past the lease, another may take it)
         if kept:
+            if not hold.session_id.endswith(ANSWERED):
+                self._stop_if_asked(hold)
             return
         with self._lock:
             # Released meanwhile (and perhaps taken again by the session's next request): not lost, and not ours to drop.
@@ -123,3 +157,16 @@ class Leases:
                 del self._held[hold.session_id]
         if lost and self._on_lost is not None and not hold.session_id.endswith(ANSWERED):
             self._on_lost(hold.session_id)
+
+    def _stop_if_asked(self, hold: Hold) -> None:
+        """Stop the held request if Stop was pressed for it (on any replica) and it is not stopping yet."""
+        if self._on_stop is None or hold.holder in self._stopped:
+            return
+        try:
+            asked = self._store.lease(hold.session_id + STOP)
+        except StoreError:
+            return
+        if asked is not None and asked.holder == hold.holder and self._on_stop(hold.session_id):
+            with self._lock:
+                if self._held.get(hold.session_id) == hold:
+                    self._stopped.add(hold.holder)

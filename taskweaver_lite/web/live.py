@@ -175,6 +175,9 @@ class LiveSession:
         close_thread_loop()  # the kernel client's loop for this thread
         self._turns.pop(threading.get_ident(), None)
         turn.finished = True  # a next request may start: this thread only returns from here
+        if final is not None and not turn.answered and on_done is not None:
+            on_done()  # no answer, so no folds to wait for: the session is free before the error is out (a retry is not refused)
+            on_done = None
         if final is not None:
             turn.put(final)  # an error after the answer (the round's bookkeeping failed) is still said, last
         turn.put(END)
