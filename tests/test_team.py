@@ -22,10 +22,11 @@ import httpx
 import pytest
 
 from taskweaver_lite.store.interface import INTERRUPTED_ERROR
+from taskweaver_lite.store.postgres import PostgresStore
 from taskweaver_lite.testing.kernel_gateway import kernel_gateway
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster
 from taskweaver_lite.testing.replicas import ServeProcess, run_code_model, write_team_project
-from taskweaver_lite.testing.scripted_server import ScriptedServer
+from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, summary_reply
 
 pytestmark = pytest.mark.team
 
@@ -35,10 +36,11 @@ LEASE = 3.0  # serve.lease_timeout here: a dead replica's session is free after 
 class Team:
     """The module's service: its project, two replicas (replaceable), and a user's token."""
 
-    def __init__(self, project: Path, tokens: dict[str, str], model: ScriptedServer) -> None:
+    def __init__(self, project: Path, tokens: dict[str, str], model: ScriptedServer, store_url: str) -> None:
         self.project = project
         self.tokens = tokens
         self.model = model  # the scripted model every replica calls
+        self.store_url = store_url
         self.replicas = [ServeProcess.start(project), ServeProcess.start(project)]
 
     def client(self, replica: int, user: str = "alice", **options: Any) -> httpx.Client:
@@ -61,9 +63,10 @@ def team(postgres_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFac
     (root / "gateway").mkdir()
     with ScriptedServer() as model, kernel_gateway(root / "gateway") as gateway:
         run_code_model(model)
-        project = write_team_project(root / "project", store_url=postgres_cluster.new_database(), gateway=gateway, model_url=model.url, lease_timeout=LEASE)
+        url = postgres_cluster.new_database()
+        project = write_team_project(root / "project", store_url=url, gateway=gateway, model_url=model.url, lease_timeout=LEASE)
         tokens = {name: _add_user(project, name) for name in ("alice", "bob")}
-        service = Team(project, tokens, model)
+        service = Team(project, tokens, model, url)
         try:
             yield service
         finally:
@@ -300,3 +303,31 @@ def test_a_replica_never_trusts_its_copy_over_rounds_another_replica_stored(team
         for client in (first, second):
             rounds = client.get(f"/api/sessions/{session_id}").json()["rounds"]
             assert [(r["round"], r["text"], r["state"]) for r in rounds] == [(i, text, "finished") for i, text in enumerate(asked, 1)], rounds
+
+
+def test_a_fold_still_running_when_a_replica_lets_go_of_a_session_never_lands_over_what_the_next_one_stored(team: Team) -> None:
+    with team.client(0) as first, team.client(1) as second:
+        session_id = first.post("/api/sessions", json={}).json()["id"]
+        for n in range(4):
+            answer(first, session_id, f"RUN<<v{n} = {n}>>")
+        # The fifth round starts a fold of rounds 1-2 (2 folded, 3 kept) that outlasts serve.lease_wait (5 s here).
+        team.model.set_default("compression", Reply(content=summary_reply("STALE: from the replica that let go.", []), delay=8))
+        try:
+            answer(first, session_id, "RUN<<v4 = 4>>")
+        finally:
+            run_code_model(team.model)
+        answered = time.monotonic()
+        while (outcome := ask(second, session_id, "just a question"))[0] == 409:  # the first replica's bookkeeping, up to lease_wait
+            assert time.monotonic() - answered < 20, "the first replica must let go of the session once serve.lease_wait has passed"
+            time.sleep(0.5)
+        assert outcome[0] == 200 and outcome[1][-1]["type"] == "answer", outcome[1][-1]
+        time.sleep(max(0.0, answered + 10 - time.monotonic()))  # past the moment the first replica's slow fold returns
+        store = PostgresStore(team.store_url)
+        try:
+            stored = store.load(session_id)
+        finally:
+            store.close()
+        summaries = {role: state["summary"] for role, state in stored.compression.items()}
+        assert not any("STALE" in text for text in summaries.values()), f"a replica that let go of the session wrote its fold over the store: {summaries}"
+        assert stored.compression["planner"]["folded_through"] == 2 and "The user ran code." in summaries["planner"], summaries
+        assert [r.state for r in stored.rounds] == ["finished"] * 6

@@ -237,12 +237,21 @@ class Hub:
         return live
 
     def _finish(self, live: LiveSession | None, hold: Hold) -> None:
-        """A request is done: its folds awaited, the copy's version noted, the lease freed."""
+        """A request is done: its folds awaited (serve.lease_wait in all), the copy's version noted, the lease freed.
+
+        A fold still running then is abandoned before the lease goes: its result, landing after
+        another replica went on with the session, would write an older summary over a newer one.
+        """
         assert self.replica is not None and self.parts.leases is not None
         try:
             if live is not None:
-                for context in live.session.contexts().values():
-                    context.wait_idle(timeout=self.config.serve.lease_wait)
+                deadline = time.monotonic() + self.config.serve.lease_wait  # what a contender waits for the lease, at most
+                contexts = live.session.contexts().values()
+                if not all(context.wait_idle(timeout=max(deadline - time.monotonic(), 0.0)) for context in contexts):
+                    for context in contexts:
+                        context.close()  # its fold's result is dropped when it returns
+                    live.version = -1  # a copy without its folds: the next request here loads the session again
+                    return
                 live.version = self.parts.store.last_event_id(live.id)
         except StoreError:
             if live is not None:
