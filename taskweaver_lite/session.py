@@ -45,11 +45,13 @@ from taskweaver_lite.roles.planner import list_working_files
 from taskweaver_lite.roles.registry import RoleCatalog, RoleSpec, discover_roles
 from taskweaver_lite.roles.role import RepairTurns, Role
 from taskweaver_lite.roles.worker import RoleRequest, RoleTools, Turn
-from taskweaver_lite.store.interface import SessionClaim, Store
+from taskweaver_lite.store.interface import INTERRUPTED_ERROR, SessionClaim, Store
 from taskweaver_lite.store.opening import open_store
 from taskweaver_lite.store.recorder import StoreRecorder
 from taskweaver_lite.uploads import check_upload
 from taskweaver_lite.workfiles import CopyReport, copy_folder, owner_only_folder
+
+CANCELLED_ERROR = "Cancelled by the user."  # a failed round's error after Ctrl-C or Stop
 
 # `/reset` copies at most this many times session.max_upload_bytes of working files.
 RESET_COPY_UPLOADS = 4
@@ -148,6 +150,9 @@ class Session:
         scope_cache(model, name=session_id)  # prompt cache keys per session and role
         self._owns_model = options.owns_model
         self._notes: list[str] = []
+        # Set once the program running the request is going away (a server past its drain timeout):
+        # the interrupt that follows fails the round as cut off, as if the process had died, not as cancelled.
+        self.ending = False
         self.reset_report: CopyReport | None = None  # set on the session `reset` made: what it copied over
         self.loads: list[FileLoaded] = []  # every /load, for /history and the exports
         self._lost: list[str] = []
@@ -378,7 +383,7 @@ class Session:
             self._fail(rnd, str(exc))
             raise
         except KeyboardInterrupt:
-            self._fail(rnd, "Cancelled by the user.")
+            self._fail(rnd, INTERRUPTED_ERROR if self.ending else CANCELLED_ERROR)
             raise
         self._emit(RoundEnded(rnd))
         self._after_round()

@@ -331,3 +331,30 @@ def test_a_fold_still_running_when_a_replica_lets_go_of_a_session_never_lands_ov
         assert not any("STALE" in text for text in summaries.values()), f"a replica that let go of the session wrote its fold over the store: {summaries}"
         assert stored.compression["planner"]["folded_through"] == 2 and "The user ran code." in summaries["planner"], summaries
         assert [r.state for r in stored.rounds] == ["finished"] * 6
+
+
+def test_a_request_cut_short_by_the_drain_timeout_is_marked_cut_off_not_cancelled(team: Team) -> None:
+    draining = ServeProcess.start(team.project, args=("--set", "serve.drain_timeout=2"))
+    headers = {"Authorization": f"Bearer {team.tokens['alice']}"}
+    try:
+        with httpx.Client(base_url=draining.url, headers=headers, timeout=90) as leaving, team.client(1) as second:
+            session_id = leaving.post("/api/sessions", json={}).json()["id"]
+            answer(leaving, session_id, "RUN<<kept = 5>>")
+            result: list[tuple[int, list[dict[str, Any]]]] = []
+            running = threading.Thread(target=lambda: result.append(ask(leaving, session_id, "RUN<<import time\ntime.sleep(60)>>")), daemon=True)
+            running.start()
+            _wait_for_running_cell(second, session_id)
+            draining.terminate()
+            running.join(30)
+            assert result and result[0][0] == 200, f"the cut request's stream must end with its error, not break off: {result}"
+            assert result[0][1][-1]["type"] == "error" and "shutting down" in result[0][1][-1]["message"], result[0][1][-1]
+            assert draining.process.wait(40) in (0, 143, -15), "the replica exits once its drain timeout has passed"
+            rounds = second.get(f"/api/sessions/{session_id}").json()["rounds"]
+            assert [(r["state"], r["error"]) for r in rounds] == [("finished", None), ("failed", INTERRUPTED_ERROR)], (
+                "a request the drain timeout cut must be marked cut off, as for a replica that died, not as cancelled by the user"
+            )
+            status, events = ask(second, session_id, "RUN<<print(kept * 2)>>")
+            assert status == 200 and "10" in events[-1]["text"], f"the stopped replica frees the session, which keeps its variables: {events[-1]}"
+        assert "Traceback" not in draining.log(), draining.log()
+    finally:
+        draining.stop()

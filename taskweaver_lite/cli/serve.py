@@ -11,6 +11,7 @@ import contextlib
 import errno
 import socket
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
@@ -31,6 +32,7 @@ from taskweaver_lite.web.auth import Access
 from taskweaver_lite.web.hub import Hub
 
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+CUT_GRACE = 10.0  # seconds past serve.drain_timeout for the requests cut then to end before uvicorn cancels what is left
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -56,7 +58,9 @@ def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] 
             print(start_line(config.project_dir, host=args.host, port=args.port, token=access.token), file=sys.stderr, flush=True)
             for line in discover_roles(config.project_dir, enabled=config.session.roles, config=config).problems:
                 print(strip_controls(line), file=sys.stderr, flush=True)
-            server = _Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=round(config.serve.drain_timeout)), hub=app.state.hub)
+            drain = config.serve.drain_timeout
+            settings = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=round(drain + CUT_GRACE))
+            server = _Server(settings, hub=app.state.hub, drain=drain)
             server.run(sockets=[sock])
     finally:
         if log is not None:
@@ -67,18 +71,27 @@ def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] 
 class _Server(uvicorn.Server):
     """uvicorn, told of SIGTERM and Ctrl-C at once: the hub refuses new requests while the running ones finish.
 
-    uvicorn then stops listening, waits up to `serve.drain_timeout` for the running requests (a
-    replica's event streams end at once: their clients reconnect to another replica, missing
-    nothing), and the hub closes its sessions; on a replica their kernels stay on the gateway and
-    their leases are freed, so another replica takes their next request.
+    uvicorn then stops listening and waits for the running requests (a replica's event streams end
+    at once: their clients reconnect to another replica, missing nothing). Those still running after
+    `serve.drain_timeout` are cut short by the hub: each client gets its error event, and the round
+    is marked cut off, as for a replica that died. uvicorn's own cancelling, CUT_GRACE seconds
+    later, is only for a request that did not end even then. The hub then closes its sessions; on a
+    replica their kernels stay on the gateway and their leases are freed, so another replica takes
+    their next request.
     """
 
-    def __init__(self, config: uvicorn.Config, *, hub: Hub) -> None:
+    def __init__(self, config: uvicorn.Config, *, hub: Hub, drain: float) -> None:
         super().__init__(config)
         self._hub = hub
+        self._drain = drain
+        self._cutter: threading.Timer | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self._hub.stop_taking()
+        if self._cutter is None:
+            self._cutter = threading.Timer(self._drain, self._hub.cut_running)
+            self._cutter.daemon = True
+            self._cutter.start()
         super().handle_exit(sig, frame)
 
 

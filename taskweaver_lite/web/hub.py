@@ -71,7 +71,7 @@ class Hub:
         """Serve as one replica of several on the PostgreSQL store at `url`: leases on sessions, events and Stop heard from the others."""
         replica = Replica(self.config, self.parts.store, metrics=self.parts.metrics, catalogs=self.parts.catalogs)
         serve = self.config.serve
-        leases = Leases(self.parts.store, seconds=serve.lease_timeout, wait=serve.lease_wait, on_lost=self.stop_here, on_stop=self.stop_here)
+        leases = Leases(self.parts.store, seconds=serve.lease_timeout, wait=serve.lease_wait, on_lost=self.cut_here, on_stop=self.stop_here)
         self.parts = dataclasses.replace(self.parts, replica=replica, leases=leases)
         self.parts.fanout.listen(url, on_stop=self.stop_here)
 
@@ -179,9 +179,21 @@ class Hub:
         return running
 
     def stop_here(self, session_id: str) -> bool:
-        """Another replica asked for the session's request to stop, or its lease was lost: stop it if it runs here (True then)."""
+        """Another replica asked for the session's request to stop: stop it if it runs here (True then)."""
         live = self.get(session_id)
         return live is not None and live.stop()
+
+    def cut_here(self, session_id: str) -> None:
+        """The session's lease was lost (another replica may take it over): its request here is cut short, marked cut off."""
+        live = self.get(session_id)
+        if live is not None:
+            live.stop(cut=True)
+
+    def cut_running(self) -> int:
+        """The drain timeout passed: cut short every request still running here (marked cut off); how many were."""
+        with self._lock:
+            running = [live for live in self._open.values() if live.busy]
+        return sum(live.stop(cut=True) for live in running)
 
     def upload_dir(self, live: LiveSession) -> Path:
         """Where an upload is received before `/load` copies it into the working folder."""

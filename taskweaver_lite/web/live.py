@@ -24,6 +24,7 @@ from taskweaver_lite.llm.streaming import SHOWN_FIELDS, PartialReply
 from taskweaver_lite.session import Session
 
 END = None  # closes a turn's stream
+CUT_SHORT = "This server is shutting down and the request ran out of time to finish: send it again (another server takes it)"
 ANSWER_WRITE_WAIT = 0.05  # seconds a request's thread gives the loop to write its answer before its bookkeeping
 
 
@@ -148,11 +149,17 @@ class LiveSession:
             self._worker.start()
         return turn
 
-    def stop(self) -> bool:
-        """Cancel the running request like Ctrl-C; False when nothing runs (or its answer is already out)."""
+    def stop(self, *, cut: bool = False) -> bool:
+        """Cancel the running request like Ctrl-C; False when nothing runs (or its answer is already out).
+
+        `cut`: the server is going away under it (its drain timeout passed, its lease was lost), not
+        the user: the round is marked cut off, as for a replica that died, rather than cancelled.
+        """
         worker, turn = self._worker, self._turn
         if worker is None or not worker.is_alive() or worker.ident is None or (turn is not None and turn.done):
             return False
+        if cut:
+            self.session.ending = True
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(KeyboardInterrupt))
         self.session.executor.interrupt()  # a running cell stops now, not at the next bytecode
         return True
@@ -165,7 +172,7 @@ class LiveSession:
                 previous.join()  # Stop while waiting for it cancels this request too
             rnd = self.session.ask(text)
         except KeyboardInterrupt:
-            final = {"type": "error", "message": "Stopped. The session and its variables are kept."}
+            final = {"type": "error", "message": f"{CUT_SHORT if self.session.ending else 'Stopped'}. The session and its variables are kept."}
         except TaskWeaverError as exc:
             final = {"type": "error", "message": str(exc)}
         except Exception as exc:  # noqa: BLE001 - the page must hear of it, and the server must go on
@@ -226,8 +233,9 @@ class LiveSession:
 
         A replica's copy may be older than the store (another replica went on with the session):
         closing it must not write its summaries over newer ones. Each fold saved its own as it landed.
+        A request still running is cut short: the server is going away, not the user cancelling.
         """
-        self.stop()
+        self.stop(cut=True)
         if self._worker is not None:
             self._worker.join(10)
         if not record:
