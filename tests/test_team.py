@@ -73,10 +73,15 @@ def team(postgres_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFac
             service.close()
 
 
-def _add_user(project: Path, name: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "taskweaver_lite", "users", "add", name, "-p", str(project)], capture_output=True, text=True, timeout=60)
+def _add_user(project: Path, name: str, *options: str) -> str:
+    return _users(project, "add", name, *options).stdout.strip().splitlines()[-1]
+
+
+def _users(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`taskweaver-lite users ...` on the service's store, as an administrator runs it."""
+    done = subprocess.run([sys.executable, "-m", "taskweaver_lite", "users", *args, "-p", str(project)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    return done.stdout.strip().splitlines()[-1]
+    return done
 
 
 def ask(client: httpx.Client, session_id: str, text: str) -> tuple[int, list[dict[str, Any]]]:
@@ -358,3 +363,19 @@ def test_a_request_cut_short_by_the_drain_timeout_is_marked_cut_off_not_cancelle
         assert "Traceback" not in draining.log(), draining.log()
     finally:
         draining.stop()
+
+
+def test_an_expired_token_is_refused_and_a_rotated_one_works_on_every_replica_at_once(team: Team) -> None:
+    brief = _add_user(team.project, "carol", "--expires", "0.00001")  # under a second
+    time.sleep(1.0)
+    for replica in team.replicas:
+        refused = httpx.get(replica.url + "/api/sessions", headers={"Authorization": f"Bearer {brief}"}, timeout=30)
+        assert refused.status_code == 401 and refused.json()["error"].startswith("The token of carol expired on "), refused.text
+    rotated = _users(team.project, "rotate", "carol", "--expires", "30").stdout.strip().splitlines()[-1]
+    again = _users(team.project, "rotate", "carol").stdout.strip().splitlines()[-1]
+    for replica in team.replicas:
+        for token, status in ((brief, 401), (rotated, 401), (again, 200)):
+            answered = httpx.get(replica.url + "/api/sessions", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+            assert answered.status_code == status, f"{replica.url}: a token replaced by `users rotate` stops at once, the newest works: {answered.text}"
+    (carol,) = [user for user in json.loads(_users(team.project, "list", "--json").stdout) if user["name"] == "carol"]
+    assert abs(carol["expires_at"] - (time.time() + 30 * 86400)) < 60, "rotated without --expires: the days the last token had"

@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 import shutil
+import sqlite3
 import time
 from pathlib import Path
 
@@ -27,9 +28,14 @@ from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.store.export import export_notebook
 from taskweaver_lite.store.interface import Store
 from taskweaver_lite.store.postgres import PostgresStore
+from taskweaver_lite.store.postgres_schema import MIGRATIONS as POSTGRES_MIGRATIONS
 from taskweaver_lite.store.postgres_schema import SCHEMA_VERSION
+from taskweaver_lite.store.postgres_schema import migrate as migrate_postgres
 from taskweaver_lite.store.recorder import StoreRecorder
+from taskweaver_lite.store.schema import MIGRATIONS as SQLITE_MIGRATIONS
+from taskweaver_lite.store.schema import migrate as migrate_sqlite
 from taskweaver_lite.store.url import redact, redact_text
+from taskweaver_lite.store.users import make_token
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster, free_port
 
 pytestmark = pytest.mark.unit
@@ -81,6 +87,32 @@ def test_a_removed_users_token_stops_working_at_once_even_after_it_was_verified(
     assert store.user_for_token(token) is None
     store.add_user("ana")  # the name again, with a new token: the old one still opens nothing
     assert store.user_for_token(token) is None
+
+
+def test_a_token_expires_after_its_days_and_a_rotated_one_replaces_it_at_once(store: Store) -> None:
+    before = time.time()
+    token = store.add_user("ana", expires_days=2)
+    ana = store.user_for_token(token)
+    assert ana is not None and ana.expires_at is not None and abs(ana.expires_at - (before + 2 * 86400)) < 5
+    assert not ana.expired() and ana.expired(now=ana.expires_at), "it stops working at its expiry"
+    assert [u.to_dict()["expires_at"] for u in store.users()] == [ana.expires_at]
+    rotated = store.rotate_token("ana")
+    assert rotated is not None and rotated != token
+    assert store.user_for_token(token) is None, "the old token stops at once, though this process verified it before"
+    renewed = store.user_for_token(rotated)
+    assert renewed is not None and renewed.expires_at is not None and abs(renewed.expires_at - (time.time() + 2 * 86400)) < 5, "the same days, from now"
+    longer = store.rotate_token("ana", expires_days=10)
+    assert longer is not None and (ten := store.user_for_token(longer)) is not None and ten.expires_at is not None
+    assert abs(ten.expires_at - (time.time() + 10 * 86400)) < 5
+    third = store.rotate_token("ana")
+    assert third is not None and (kept := store.user_for_token(third)) is not None and kept.expires_at is not None
+    assert abs(kept.expires_at - (time.time() + 10 * 86400)) < 5, "rotated again without days: the ten it was last given"
+    lasting = store.add_user("bo")
+    assert (bo := store.user_for_token(lasting)) is not None and bo.expires_at is None and not bo.expired(now=before + 1e9)
+    assert (again := store.user_for_token(store.rotate_token("bo") or "")) is not None and again.expires_at is None, "no expiry stays none"
+    assert store.rotate_token("nobody") is None
+    rows = all_rows(store)
+    assert all(t not in rows and t.rsplit("_", 1)[1] not in rows for t in (token, rotated, longer, lasting)), "only hashes are kept"
 
 
 def test_a_users_lists_lookups_and_tips_hold_only_their_own_sessions(store: Store) -> None:
@@ -276,3 +308,44 @@ def test_a_role_without_create_rights_uses_a_store_an_administrator_migrated(pos
     store = PostgresStore(app_url)
     started(store, "s")
     assert [e.id for e in store.list_sessions()] == ["s"]
+
+
+def test_an_sqlite_store_from_before_expiring_tokens_is_upgraded_and_its_tokens_never_expire(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    with sqlite3.connect(path, isolation_level=None) as db:
+        migrate_sqlite(db, SQLITE_MIGRATIONS[:5], path=path)  # the store as the version before wrote it, with a user
+        made = make_token()
+        db.execute(
+            "INSERT INTO users (name, admin, token_id, salt, token_hash, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+            ("ana", 0, made.token_id, made.salt, made.digest, time.time()),
+        )
+    store = SessionStore(path)
+    try:
+        ana = store.user_for_token(made.token)
+        assert ana is not None and ana.name == "ana" and ana.expires_at is None
+        assert store.rotate_token("ana") is not None and store.user_for_token(made.token) is None
+    finally:
+        store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(SQLITE_MIGRATIONS) == 6
+
+
+@pytest.mark.postgres
+def test_a_postgresql_store_from_before_expiring_tokens_is_upgraded_and_its_tokens_never_expire(postgres_url: str) -> None:
+    made = make_token()
+    with psycopg.connect(postgres_url) as conn:
+        migrate_postgres(conn, POSTGRES_MIGRATIONS[:1], where="the test database")  # as the version before wrote it
+        with conn.transaction():
+            conn.execute(
+                "INSERT INTO users (name, admin, token_id, salt, token_hash, created_at) VALUES (%s, %s, %s, %s, %s, %s)",
+                ("ana", 1, made.token_id, made.salt, made.digest, time.time()),
+            )
+    store = PostgresStore(postgres_url)
+    try:
+        ana = store.user_for_token(made.token)
+        assert ana is not None and ana.admin and ana.expires_at is None
+        assert store.add_user("bo", expires_days=1) and store.users()[1].expires_at is not None
+    finally:
+        store.close()
+    with psycopg.connect(postgres_url) as conn:
+        assert conn.execute("SELECT version FROM taskweaver_lite_schema").fetchall() == [(SCHEMA_VERSION,)] and SCHEMA_VERSION == 2

@@ -31,8 +31,9 @@ def project(tmp_path: Path) -> Path:
     return make_project(tmp_path, "http://127.0.0.1:9")  # no model is called
 
 
-def add_user(project: Path, name: str, capsys: pytest.CaptureFixture[str], *, admin: bool = False) -> str:
-    assert main(["users", "add", name, "-p", str(project), *(["--admin"] if admin else [])]) == 0
+def add_user(project: Path, name: str, capsys: pytest.CaptureFixture[str], *, admin: bool = False, expires: str | None = None) -> str:
+    options = [*(["--admin"] if admin else []), *(["--expires", expires] if expires else [])]
+    assert main(["users", "add", name, "-p", str(project), *options]) == 0
     out = capsys.readouterr().out
     return out.splitlines()[-1]
 
@@ -50,7 +51,8 @@ def test_users_add_prints_the_token_alone_on_its_last_line_and_list_and_remove_f
     add_user(project, "root", capsys, admin=True)
     assert main(["users", "list", "--json", "-p", str(project)]) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert [(u["name"], u["admin"]) for u in listed] == [("ana", False), ("root", True)] and all(set(u) == {"name", "admin", "created_at"} for u in listed)
+    assert [(u["name"], u["admin"]) for u in listed] == [("ana", False), ("root", True)]
+    assert all(set(u) == {"name", "admin", "created_at", "expires_at"} and u["expires_at"] is None for u in listed), "tokens never expire unless told"
     assert main(["users", "list", "-p", str(project)]) == 0
     assert token not in capsys.readouterr().out
     assert main(["users", "remove", "ana", "-p", str(project)]) == 0
@@ -103,3 +105,55 @@ def test_users_let_a_server_start_on_any_address_without_a_token() -> None:
     assert Access.for_address("0.0.0.0", None, store_has_users=True).token is None
     with pytest.raises(ConfigError, match="add users"):
         Access.for_address("0.0.0.0", None, store_has_users=False)
+
+
+def test_a_token_given_for_some_days_is_listed_with_its_expiry_and_refused_once_past_it(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    brief = add_user(project, "ana", capsys, expires="0.00001")  # under a second
+    started = time.time()
+    lasting = add_user(project, "bob", capsys, expires="30")
+    forever = add_user(project, "cy", capsys)
+    assert all(token.startswith("twl_") and " " not in token for token in (brief, lasting, forever)), "the token alone on the last line"
+    assert main(["users", "list", "--json", "-p", str(project)]) == 0
+    listed = {u["name"]: u for u in json.loads(capsys.readouterr().out)}
+    assert listed["cy"]["expires_at"] is None
+    assert abs(listed["bob"]["expires_at"] - (started + 30 * 86400)) < 60
+    time.sleep(1.0)
+    assert main(["users", "list", "-p", str(project)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert "TOKEN EXPIRES" in table[0]
+    assert table[1].startswith("ana") and table[1].endswith("(expired)")
+    assert table[2].startswith("bob") and time.strftime("%Y-%m-%d", time.localtime(started + 30 * 86400)) in table[2] and "expired" not in table[2]
+    assert table[3].startswith("cy") and table[3].endswith("never")
+    with WebServer(load_config(project)) as web, httpx.Client(base_url=web.url) as client:
+        refused = client.get("/api/sessions", headers={"Authorization": f"Bearer {brief}"})
+        message = refused.json()["error"]
+        assert refused.status_code == 401 and "\n" not in message, refused.text
+        assert message.startswith("The token of ana expired on ") and "taskweaver-lite users rotate ana" in message, message
+        for token in (lasting, forever):
+            assert client.get("/api/sessions", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+
+
+def test_users_rotate_prints_a_new_token_and_the_old_one_stops_working_at_once(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = add_user(project, "ana", capsys, expires="0.00001")
+    time.sleep(1.0)
+    with WebServer(load_config(project)) as web, httpx.Client(base_url=web.url) as client:
+        assert client.get("/api/sessions", headers={"Authorization": f"Bearer {old}"}).status_code == 401, "expired"
+        assert main(["users", "rotate", "ana", "--expires", "7", "-p", str(project)]) == 0
+        out, err = capsys.readouterr()
+        new = out.splitlines()[-1]
+        assert new.startswith("twl_") and new != old and out.strip() == new, "the new token, alone on stdout's last line"
+        assert "old one no longer works" in err and "expires on" in err
+        assert client.get("/api/sessions", headers={"Authorization": f"Bearer {new}"}).status_code == 200
+        # Rotated again without --expires: the same seven days; the token before it stops at once, though this server verified it.
+        assert main(["users", "rotate", "ana", "-p", str(project)]) == 0
+        newest = capsys.readouterr().out.splitlines()[-1]
+        assert client.get("/api/sessions", headers={"Authorization": f"Bearer {new}"}).status_code == 401
+        assert client.get("/api/sessions", headers={"Authorization": f"Bearer {newest}"}).status_code == 200
+    assert main(["users", "list", "--json", "-p", str(project)]) == 0
+    (ana,) = json.loads(capsys.readouterr().out)
+    assert abs(ana["expires_at"] - (time.time() + 7 * 86400)) < 60
+    assert main(["users", "rotate", "nobody", "-p", str(project)]) == 1
+    assert "there is no user 'nobody'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["users", "add", "bo", "--expires", "0", "-p", str(project)])
+    assert "--expires 90" in capsys.readouterr().err

@@ -1,7 +1,8 @@
-"""`taskweaver-lite users add|list|remove`: the people a server knows by their tokens.
+"""`taskweaver-lite users add|list|rotate|remove`: the people a server knows by their tokens.
 
-    taskweaver-lite users add ana [--admin] -p project     # the token, once, alone on the last line
-    taskweaver-lite users list [--json]
+    taskweaver-lite users add ana [--admin] [--expires 90] -p project   # the token, once, alone on the last line
+    taskweaver-lite users list [--json]                                 # with when each token expires
+    taskweaver-lite users rotate ana [--expires 90]                     # a new token, printed the same way; the old one stops at once
     taskweaver-lite users remove ana
 
 Users live in the project's store (`store.url` or the SQLite file). Once it has one, `serve` asks
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -21,23 +23,42 @@ from taskweaver_lite.errors import TaskWeaverError
 if TYPE_CHECKING:
     from taskweaver_lite.store.interface import Store
 
+MAX_DAYS = 36_500  # `--expires` at most a hundred years
+
 
 def add_users_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The `users` command and its three actions."""
-    users = commands.add_parser("users", help="add, list or remove the users a server knows (each with a token of their own)")
+    """The `users` command and its four actions."""
+    users = commands.add_parser("users", help="add, list, rotate or remove the users a server knows (each with a token of their own)")
     actions = users.add_subparsers(dest="action", metavar="ACTION", required=True)
     add = actions.add_parser("add", help="add a user and print their token (shown once: only its hash is kept)")
     add.add_argument("name", metavar="NAME")
     add.add_argument("--admin", action="store_true", help="an admin sees and may use every user's sessions")
-    listing = actions.add_parser("list", help="the users, by name")
+    add.add_argument("--expires", type=days, default=None, metavar="DAYS", help="the token stops working after DAYS days (default: never)")
+    listing = actions.add_parser("list", help="the users, by name, with when each one's token expires")
     listing.add_argument("--json", action="store_true", help="one JSON array on stdout")
+    rotate = actions.add_parser("rotate", help="give a user a new token and print it (shown once); the old one stops working at once")
+    rotate.add_argument("name", metavar="NAME")
+    rotate.add_argument(
+        "--expires", type=days, default=None, metavar="DAYS", help="the new token stops working after DAYS days (default: as many days as the old one had)"
+    )
     remove = actions.add_parser("remove", help="remove a user: their token stops working at once (their sessions stay)")
     remove.add_argument("name", metavar="NAME")
-    for action in (add, listing, remove):
+    for action in (add, listing, rotate, remove):
         action.add_argument("-p", "--project", dest="project", default=None, metavar="PROJECT_DIR", help="project folder (default: ./project)")
         action.add_argument(
             "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key (e.g. store.url); repeatable"
         )
+
+
+def days(text: str) -> float:
+    """`--expires DAYS`: a number of days above 0 (fractions allowed: 0.5 is twelve hours)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_DAYS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days: give one above 0 and at most {MAX_DAYS:,} (e.g. --expires 90)")
+    return value
 
 
 def run_users(args: argparse.Namespace) -> int:
@@ -47,33 +68,58 @@ def run_users(args: argparse.Namespace) -> int:
     from taskweaver_lite.store.opening import has_store, open_store, store_place
 
     config = load_config(project_dir(args), args.overrides)
-    if args.action != "add" and not has_store(config):  # nothing to list or remove: no store is made for it
+    if args.action != "add" and not has_store(config):  # nothing to list, rotate or remove: no store is made for it
         if args.action == "list":
             print("[]" if args.json else f"No users: there is no session store at {store_place(config)} yet.")
             return 0
         raise TaskWeaverError(f"there is no user '{args.name}': there is no session store at {store_place(config)} yet")
     store = open_store(config)
+    where = store_place(config)
     try:
         if args.action == "add":
-            return _add(store, args.name, admin=args.admin, where=store_place(config))
+            return _add(store, args.name, admin=args.admin, expires=args.expires, where=where)
         if args.action == "list":
             return _list(store, as_json=args.json)
+        if args.action == "rotate":
+            return _rotate(store, args.name, expires=args.expires, where=where)
         if not store.remove_user(args.name):
-            raise TaskWeaverError(f"there is no user '{args.name}' in {store_place(config)}; `taskweaver-lite users list` shows them")
+            raise TaskWeaverError(_no_user(args.name, where))
         print(f"Removed {args.name}: their token no longer works. Their sessions stay in the store (an admin still sees them).")
         return 0
     finally:
         store.close()
 
 
-def _add(store: Store, name: str, *, admin: bool, where: str) -> int:
+def _add(store: Store, name: str, *, admin: bool, expires: float | None, where: str) -> int:
     first = not store.has_users()
-    token = store.add_user(name, admin=admin)
+    token = store.add_user(name, admin=admin, expires_days=expires)
     print(f"Added {'admin ' if admin else ''}{name} to {where}. Their token, shown this once (only its hash is kept):", file=sys.stderr)
     if first:
         print("This store now has users: `serve` asks every request for a user's token, on 127.0.0.1 too.", file=sys.stderr)
+    _say_expiry(store, name)
     print(token)
     return 0
+
+
+def _rotate(store: Store, name: str, *, expires: float | None, where: str) -> int:
+    token = store.rotate_token(name, expires_days=expires)
+    if token is None:
+        raise TaskWeaverError(_no_user(name, where))
+    print(f"A new token for {name}, shown this once (only its hash is kept); their old one no longer works:", file=sys.stderr)
+    _say_expiry(store, name)
+    print(token)
+    return 0
+
+
+def _say_expiry(store: Store, name: str) -> None:
+    """On stderr: when the user's token stops working (the token itself goes alone to stdout)."""
+    user = next((user for user in store.users() if user.name == name), None)
+    if user is not None and user.expires_at is not None:
+        print(f"It expires on {_when(user.expires_at)} (renew it with `taskweaver-lite users rotate {name}`).", file=sys.stderr)
+
+
+def _no_user(name: str, where: str) -> str:
+    return f"there is no user '{name}' in {where}; `taskweaver-lite users list` shows them"
 
 
 def _list(store: Store, *, as_json: bool) -> int:
@@ -84,7 +130,13 @@ def _list(store: Store, *, as_json: bool) -> int:
     if not users:
         print("No users: `serve` runs in one-person mode (127.0.0.1, or one --token). Add one with `taskweaver-lite users add NAME`.")
         return 0
-    print(f"{'NAME':<24} {'ROLE':<6} ADDED")
+    now = time.time()
+    print(f"{'NAME':<24} {'ROLE':<6} {'ADDED':<17} TOKEN EXPIRES")
     for user in users:
-        print(f"{user.name:<24} {'admin' if user.admin else 'user':<6} {time.strftime('%Y-%m-%d %H:%M', time.localtime(user.created_at))}")
+        expires = "never" if user.expires_at is None else _when(user.expires_at) + (" (expired)" if user.expired(now) else "")
+        print(f"{user.name:<24} {'admin' if user.admin else 'user':<6} {_when(user.created_at):<17} {expires}")
     return 0
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(at))

@@ -15,6 +15,7 @@ to the sessions that user made. A session another user owns is, for the caller, 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -70,10 +71,15 @@ class User:
     name: str
     admin: bool
     created_at: float
+    expires_at: float | None = None  # when their token stops working (epoch seconds); None: never
+
+    def expired(self, now: float | None = None) -> bool:
+        """Whether their token has stopped working (at `now`, default: this moment)."""
+        return self.expires_at is not None and (time.time() if now is None else now) >= self.expires_at
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON shape for `users list --json`: {name, admin, created_at} (never the token or its hash)."""
-        return {"name": self.name, "admin": self.admin, "created_at": self.created_at}
+        """JSON shape for `users list --json`: {name, admin, created_at, expires_at} (expires_at null: never; never the token or its hash)."""
+        return {"name": self.name, "admin": self.admin, "created_at": self.created_at, "expires_at": self.expires_at}
 
 
 @dataclass(frozen=True)
@@ -141,7 +147,8 @@ class Store(Protocol):
     def delete_tip(self, tip_id: int, *, owner: str | None = None) -> bool: ...
 
     # Users
-    def add_user(self, name: str, *, admin: bool = False) -> str: ...
+    def add_user(self, name: str, *, admin: bool = False, expires_days: float | None = None) -> str: ...
+    def rotate_token(self, name: str, *, expires_days: float | None = None) -> str | None: ...
     def users(self) -> list[User]: ...
     def remove_user(self, name: str) -> bool: ...
     def has_users(self) -> bool: ...

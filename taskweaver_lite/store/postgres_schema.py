@@ -5,10 +5,10 @@ with the version bump (PostgreSQL's DDL is transactional) under an advisory lock
 starting at once migrate once; a crash mid-step leaves the old version intact. A database from a
 newer taskweaver-lite is refused, never misread.
 
-The tables are those of the SQLite store (`schema.py`, version 5 onwards), in PostgreSQL's types:
-identity columns for SQLite's rowids, BYTEA for blobs, DOUBLE PRECISION for times, and booleans kept
-as 0/1 integers so that both backends share their queries. Tips carry a `tsvector` column
-(generated, with a GIN index) that PostgreSQL's full-text search ranks.
+The tables are those of the SQLite store (`schema.py`, version 5 onwards, each later step with its
+twin here) in PostgreSQL's types: identity columns for SQLite's rowids, BYTEA for blobs, DOUBLE
+PRECISION for times, and booleans kept as 0/1 integers so that both backends share their queries.
+Tips carry a `tsvector` column (generated, with a GIN index) that PostgreSQL's full-text search ranks.
 """
 
 from __future__ import annotations
@@ -73,6 +73,12 @@ MIGRATIONS: list[Migration] = [
         """CREATE TABLE eval_results (
             run_id TEXT NOT NULL, case_name TEXT NOT NULL, result TEXT NOT NULL, at DOUBLE PRECISION NOT NULL,
             PRIMARY KEY (run_id, case_name))""",
+    ),
+    (
+        # Version 2: tokens that expire (as SQLite's version 6): when a user's token stops working
+        # (NULL: never), and the days it was given for, which `users rotate` gives the next one.
+        "ALTER TABLE users ADD COLUMN expires_at DOUBLE PRECISION",
+        "ALTER TABLE users ADD COLUMN token_days DOUBLE PRECISION",
     ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

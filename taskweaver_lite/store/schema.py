@@ -83,6 +83,12 @@ MIGRATIONS: list[Migration] = [
         """CREATE TABLE eval_results (
             run_id TEXT NOT NULL, case_name TEXT NOT NULL, result TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (run_id, case_name))""",
     ),
+    (
+        # Version 6: tokens that expire. When a user's token stops working (NULL: never), and the days
+        # it was given for, which `users rotate` gives the next one. The same as PostgreSQL's version 2.
+        "ALTER TABLE users ADD COLUMN expires_at REAL",
+        "ALTER TABLE users ADD COLUMN token_days REAL",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

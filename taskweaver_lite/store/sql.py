@@ -319,27 +319,47 @@ class SqlStore:
 
     # Users
 
-    def add_user(self, name: str, *, admin: bool = False) -> str:
-        """Add a user; returns their token (shown once: only its hash is kept). StoreError if the name is taken."""
+    def add_user(self, name: str, *, admin: bool = False, expires_days: float | None = None) -> str:
+        """Add a user; returns their token (shown once: only its hash is kept), which stops working after `expires_days`
+        (None: never). StoreError if the name is taken."""
         try:
             check_name(name)
         except ValueError as exc:
             raise StoreError(str(exc)) from None
         made = make_token()
+        now = time.time()
         with self._transaction() as db:
             if db.execute("SELECT 1 FROM users WHERE name = ?", (name,)).fetchone():
                 raise StoreError(f"there is already a user '{name}' in {self.where}; remove it first (taskweaver-lite users remove {name})")
             db.execute(
-                "INSERT INTO users (name, admin, token_id, salt, token_hash, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (name, int(admin), made.token_id, made.salt, made.digest, time.time()),
+                "INSERT INTO users (name, admin, token_id, salt, token_hash, created_at, expires_at, token_days) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (name, int(admin), made.token_id, made.salt, made.digest, now, _expiry(now, expires_days), expires_days),
+            )
+        return made.token
+
+    def rotate_token(self, name: str, *, expires_days: float | None = None) -> str | None:
+        """A new token for the user (the old one stops working at once); None when there is no such user.
+
+        It expires after `expires_days`, or when None, after as many days as the old one was given (never, if that never did).
+        """
+        made = make_token()
+        now = time.time()
+        with self._transaction() as db:
+            row = db.execute("SELECT token_days FROM users WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                return None
+            days = expires_days if expires_days is not None else (None if row[0] is None else float(row[0]))
+            db.execute(
+                "UPDATE users SET token_id = ?, salt = ?, token_hash = ?, expires_at = ?, token_days = ? WHERE name = ?",
+                (made.token_id, made.salt, made.digest, _expiry(now, days), days, name),
             )
         return made.token
 
     def users(self) -> list[User]:
         """Every user, by name."""
         with self._read() as db:
-            rows = db.execute("SELECT name, admin, created_at FROM users ORDER BY name").fetchall()
-        return [User(name=r[0], admin=bool(r[1]), created_at=float(r[2])) for r in rows]
+            rows = db.execute("SELECT name, admin, created_at, expires_at FROM users ORDER BY name").fetchall()
+        return [_user(r) for r in rows]
 
     def remove_user(self, name: str) -> bool:
         """Remove a user (their token stops working at once; their sessions stay); False when there is none."""
@@ -352,15 +372,15 @@ class SqlStore:
             return db.execute("SELECT 1 FROM users LIMIT 1").fetchone() is not None
 
     def user_for_token(self, token: str) -> User | None:
-        """The user whose token this is; None for a wrong, malformed or removed one."""
+        """The user whose token this is, an expired one too (`User.expired` says so); None for a wrong, malformed or removed one."""
         ident = token_id(token)
         if ident is None:
             return None
         with self._read() as db:
-            row = db.execute("SELECT name, admin, created_at, salt, token_hash FROM users WHERE token_id = ?", (ident,)).fetchone()
-        if row is None or not self._verifier.matches(token, salt=row[3], digest=row[4]):
+            row = db.execute("SELECT name, admin, created_at, expires_at, salt, token_hash FROM users WHERE token_id = ?", (ident,)).fetchone()
+        if row is None or not self._verifier.matches(token, salt=row[4], digest=row[5]):
             return None
-        return User(name=row[0], admin=bool(row[1]), created_at=float(row[2]))
+        return _user(row)
 
     # Leases
 
@@ -415,6 +435,16 @@ class SqlStore:
         """Raise StoreError when the store cannot be reached."""
         with self._read() as db:
             db.execute("SELECT 1").fetchone()
+
+
+def _user(row: Any) -> User:
+    """A user from a row that starts (name, admin, created_at, expires_at)."""
+    return User(name=row[0], admin=bool(row[1]), created_at=float(row[2]), expires_at=None if row[3] is None else float(row[3]))
+
+
+def _expiry(now: float, days: float | None) -> float | None:
+    """When a token made at `now` for `days` stops working (None: never)."""
+    return None if days is None else now + days * 86400.0
 
 
 def _secret_setting(key: str) -> bool:

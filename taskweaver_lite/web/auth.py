@@ -13,7 +13,9 @@ Three modes, chosen by the store and the flags:
 - **Loopback** (neither): only 127.0.0.1, ::1 and localhost are answered (a site re-pointed at
   127.0.0.1 by DNS rebinding is refused); on any other address the server refuses to start.
 Users are looked up in the store on each request (their list is kept two seconds): users added or
-removed while the server runs take effect at once, with no restart. Besides:
+removed while the server runs take effect at once, with no restart. A token past its expiry
+(`users add --expires DAYS`) is refused with 401 and a line saying when it expired; one replaced by
+`users rotate` stops working at once (its id is no longer in the store). Besides:
 - A state-changing request (POST) must also be same-origin (its Origin and Sec-Fetch-Site, when
   sent, say so) and JSON, a file upload, or empty: a page elsewhere cannot drive a session through
   the user's browser.
@@ -89,7 +91,10 @@ class Users:
         user = self.store.user_for_token(offered) if offered else None
         if user is None:
             return 401, "This server needs your user's token: send `Authorization: Bearer <token>`, or open the page as /?token=<token>."
+        if user.expired():
+            return 401, expired_token(user)
         return user
+
 
 
 @dataclass(frozen=True)
@@ -170,6 +175,12 @@ def trusted_header(settings: ServeConfig) -> TrustedHeader | None:
     if not settings.trusted_user_header:
         return None
     return TrustedHeader(settings.trusted_user_header.lower(), frozenset(settings.trusted_proxies))
+
+
+def expired_token(user: User) -> str:
+    """The one line a request with an expired token gets."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(user.expires_at or 0))
+    return f"The token of {user.name} expired on {when}: ask an administrator for a new one (taskweaver-lite users rotate {user.name})."
 
 
 def _offered_token(request: Request) -> str:
