@@ -465,12 +465,23 @@ class ServeConfig(_Section):
     hot_sessions: int = Field(
         100, ge=1, description="sessions a replica keeps in memory between requests at most (the least recently used idle one goes first)"
     )
+    max_sessions_per_user: int | None = Field(
+        None, description="sessions (with at least one request) each user may have in the store; making another answers 429; null: no limit"
+    )
     trusted_user_header: str | None = Field(
         None, description="a single sign-on proxy's header naming the user (X-Forwarded-User for oauth2-proxy); null: no header is believed"
     )
     trusted_proxies: list[str] = Field(
         default_factory=lambda: ["127.0.0.1", "::1"], description="the addresses trusted_user_header is believed from (the proxy's)"
     )
+
+
+    @field_validator("max_sessions_per_user", mode="before")
+    @classmethod
+    def _a_count_or_null(cls, value: Any) -> Any:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError("expected a whole number of sessions, 1 or more, or null for no limit")
+        return value
 
 
 class Config(_Section):

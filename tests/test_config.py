@@ -90,3 +90,16 @@ def test_the_reply_reserve_unless_set_is_a_quarter_of_the_window_at_most_4096() 
     assert config.llm_for("planner").reply_reserve == 2_000, "a role's own window gets its own default reserve"
     config = Config.model_validate({"llm": {"context_window": 128_000, "reply_reserve": 1_000}, "planner": {"llm": {"context_window": 8_000}}})
     assert config.llm_for("planner").reply_reserve == 1_000, "a reserve set at the top level holds for every role"
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many", "2.5", "true"])
+def test_a_bad_session_limit_is_one_line_naming_the_file_the_key_and_the_fix(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(project_with(tmp_path, f"serve:\n  max_sessions_per_user: {value}\n"))
+    message = str(caught.value)
+    assert "\n" not in message and "taskweaver_config.yaml, line 2" in message and "serve.max_sessions_per_user" in message, message
+    assert "1 or more, or null for no limit" in message, message
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "default").mkdir()
+    assert load_config(project_with(tmp_path / "ok", "serve:\n  max_sessions_per_user: 3\n")).serve.max_sessions_per_user == 3
+    assert load_config(project_with(tmp_path / "default", "")).serve.max_sessions_per_user is None, "no limit unless set"

@@ -379,3 +379,19 @@ def test_an_expired_token_is_refused_and_a_rotated_one_works_on_every_replica_at
             assert answered.status_code == status, f"{replica.url}: a token replaced by `users rotate` stops at once, the newest works: {answered.text}"
     (carol,) = [user for user in json.loads(_users(team.project, "list", "--json").stdout) if user["name"] == "carol"]
     assert abs(carol["expires_at"] - (time.time() + 30 * 86400)) < 60, "rotated without --expires: the days the last token had"
+
+
+def test_a_session_past_serve_max_sessions_per_user_is_refused_counting_what_every_replica_made(team: Team) -> None:
+    headers = {"Authorization": f"Bearer {_add_user(team.project, 'dana')}"}
+    limited = ServeProcess.start(team.project, args=("--set", "serve.max_sessions_per_user=1"))
+    try:
+        other = httpx.Client(base_url=team.replicas[0].url, headers=headers, timeout=90)
+        with other, httpx.Client(base_url=limited.url, headers=headers, timeout=90) as client:
+            session_id = other.post("/api/sessions", json={}).json()["id"]
+            answer(other, session_id, "just a question")  # dana's one session, made on another replica
+            refused = client.post("/api/sessions", json={})
+            assert refused.status_code == 429, refused.text
+            assert "serve.max_sessions_per_user (1)" in refused.json()["error"] and "\n" not in refused.json()["error"], refused.text
+            assert "Done." in answer(client, session_id, "another question"), "the session dana has goes on"
+    finally:
+        limited.stop()

@@ -157,3 +157,20 @@ def test_users_rotate_prints_a_new_token_and_the_old_one_stops_working_at_once(p
     with pytest.raises(SystemExit):
         main(["users", "add", "bo", "--expires", "0", "-p", str(project)])
     assert "--expires 90" in capsys.readouterr().err
+
+
+def test_a_user_at_serve_max_sessions_per_user_gets_429_naming_the_setting(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ana, root = add_user(project, "ana", capsys), add_user(project, "root", capsys, admin=True)
+    stored(project, "ana-1", "ana")
+    stored(project, "ana-2", "ana")
+    store = SessionStore(project / "sessions.db")
+    store.create_session("ana-empty", started=time.time(), owner="ana")  # never asked anything: not listed, not counted
+    store.close()
+    with WebServer(load_config(project, ["serve.max_sessions_per_user=2"])) as web, httpx.Client(base_url=web.url) as client:
+        refused = client.post("/api/sessions", json={}, headers={"Authorization": f"Bearer {ana}"})
+        message = refused.json()["error"]
+        assert refused.status_code == 429 and "\n" not in message, refused.text
+        assert message.startswith("You have 2 sessions") and "serve.max_sessions_per_user (2)" in message, message
+        listed = client.get("/api/sessions", headers={"Authorization": f"Bearer {ana}"}).json()
+        assert sorted(row["id"] for row in listed) == ["ana-1", "ana-2"], "nothing was made"
+        assert client.get("/api/sessions", headers={"Authorization": f"Bearer {root}"}).status_code == 200

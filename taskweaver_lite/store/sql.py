@@ -158,6 +158,14 @@ class SqlStore:
             ).fetchall()
         return [SessionEntry(id=r[0], title=r[1], rounds=int(r[2]), started=float(r[3]), last_active=float(r[4])) for r in rows]
 
+    def count_sessions(self, *, owner: str) -> int:
+        """How many sessions `owner` has that `list_sessions` shows them (those with at least one round)."""
+        with self._read() as db:
+            row = db.execute(
+                "SELECT COUNT(*) FROM sessions s WHERE s.owner = ? AND EXISTS (SELECT 1 FROM rounds r WHERE r.session_id = s.id)", (owner,)
+            ).fetchone()
+        return int(row[0])
+
     def resolve(self, ref: str, *, owner: str | None = None) -> str:
         """The session id `ref` names: 'last' (the most recently active one with a round), an id, or a unique start of one.
 

@@ -1,7 +1,7 @@
 """The session routes of the HTTP API: each one names a session, checks it is the caller's, and goes through the `Hub`.
 
     GET  /api/sessions                          stored sessions (the caller's), as `sessions --json`
-    POST /api/sessions                          a new session -> {"id"}
+    POST /api/sessions                          a new session -> {"id"} (429 past serve.max_sessions_per_user)
     POST /api/sessions/{id}/resume              make a stored one ready (one process: re-open it; 409 when open elsewhere)
     GET  /api/sessions/{id}                     its rounds as stored, and the id of its newest event, for a page (re)loading it
     POST /api/sessions/{id}/messages {"text"}   -> text/event-stream, ending with answer or error
@@ -43,7 +43,7 @@ from taskweaver_lite.llm.client import Usage, usage_by_purpose
 from taskweaver_lite.store.export import write_export
 from taskweaver_lite.store.interface import StoredEvent
 from taskweaver_lite.web.fanout import POLL
-from taskweaver_lite.web.hub import Hub, NotOpen, Stopping
+from taskweaver_lite.web.hub import AtLimit, Hub, NotOpen, Stopping
 from taskweaver_lite.web.live import Busy, LiveSession
 from taskweaver_lite.workfiles import open_below
 
@@ -93,13 +93,15 @@ def error(status: int, message: str) -> JSONResponse:
 
 
 def answer_failure(exc: Exception) -> JSONResponse:
-    """The HTTP answer to an error a route met: 404, 409, 503 or 400, with its one line."""
+    """The HTTP answer to an error a route met: 404, 409, 429, 503 or 400, with its one line."""
     if isinstance(exc, (UnknownSessionError, NotOpen)):
         return error(404, str(exc))
     if isinstance(exc, Busy):
         return error(409, str(exc))
     if isinstance(exc, Stopping):
         return error(503, str(exc))
+    if isinstance(exc, AtLimit):
+        return error(429, str(exc))
     if isinstance(exc, StoreUnavailable):
         return error(503, store_down(exc))
     return error(400, str(exc))
@@ -117,7 +119,7 @@ def _sessions(hub: Hub) -> Handler:
                 live = await asyncio.to_thread(hub.new, owner=user_of_request(request))
                 return JSONResponse({"id": live.id})
             rows = await asyncio.to_thread(hub.parts.store.list_sessions, owner=owner_of_request(request))
-        except TaskWeaverError as exc:
+        except (AtLimit, Stopping, TaskWeaverError) as exc:
             return _failed(hub, exc)
         return JSONResponse([row.to_dict() for row in rows])
 

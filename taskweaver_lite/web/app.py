@@ -51,7 +51,10 @@ ROUTES_ABOUT = {
     ("GET", "/"): "the page (HTML); with `?token=...` it signs the browser in (an HttpOnly cookie) and drops the token from the address",
     ("GET", "/static/{name}"): "the page's own scripts, styles and vendored libraries",
     ("GET", "/api/sessions"): "the stored sessions, newest first, as `sessions --json`",
-    ("POST", "/api/sessions"): 'a new session (its kernel starts in the background): `{"id": ...}`',
+    ("POST", "/api/sessions"): (
+        'a new session (its kernel starts in the background): `{"id": ...}`; 429 with the reason when the user already has '
+        "`serve.max_sessions_per_user` sessions"
+    ),
     ("GET", "/api/sessions/{id}"): (
         "a session's rounds, posts and loads (what the page shows on reload), whether it is busy, its last event's id, "
         "`session.suggested_requests`, and `folders`: the working and artifacts folders whose files the artifacts route serves"

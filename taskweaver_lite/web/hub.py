@@ -44,6 +44,10 @@ class Stopping(Exception):
     """This replica is shutting down and takes no new requests (another replica will): HTTP 503."""
 
 
+class AtLimit(Exception):
+    """The user already has as many sessions as serve.max_sessions_per_user allows: HTTP 429."""
+
+
 @dataclass(frozen=True)
 class ServerParts:
     """What the server's sessions share: the one store, the metrics, the event fan-out, and on replicas the leases."""
@@ -86,8 +90,9 @@ class Hub:
         return self.parts.replica
 
     def new(self, *, owner: str | None = None) -> LiveSession:
-        """A new stored session owned by `owner` (its kernel starts in the background)."""
+        """A new stored session owned by `owner` (its kernel starts in the background); AtLimit past serve.max_sessions_per_user."""
         self._refuse_when_stopping()
+        self._check_limit(owner)
         session_id = new_session_id()
         executor = self.replica.executor(session_id) if self.replica is not None else None
         parts = self.parts
@@ -216,6 +221,18 @@ class Hub:
         if self.parts.leases is not None:
             self.parts.leases.close()
         close_thread_loop()
+
+    def _check_limit(self, owner: str | None) -> None:
+        """AtLimit when `owner` already has serve.max_sessions_per_user sessions (no limit without one, or without users)."""
+        limit = self.config.serve.max_sessions_per_user
+        if limit is None or owner is None:
+            return
+        count = self.parts.store.count_sessions(owner=owner)
+        if count >= limit:
+            raise AtLimit(
+                f"You have {count} sessions, the most serve.max_sessions_per_user ({limit}) allows here: "
+                "continue one of them, or ask an administrator to raise the setting."
+            )
 
     def _refuse_when_stopping(self) -> None:
         if self.stopping:
