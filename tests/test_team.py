@@ -213,6 +213,27 @@ def _ask_until_cut(client: httpx.Client, session_id: str, text: str, statuses: l
         statuses.append(ask(client, session_id, text)[0])
 
 
+def _ask_watching_output(
+    client: httpx.Client, session_id: str, text: str, marker: str, into: list[tuple[int, list[dict[str, Any]]]]
+) -> tuple[threading.Thread, threading.Event]:
+    """POST a message in a thread (its status and events into `into`); the event is set once a cell prints `marker`."""
+    printed = threading.Event()
+
+    def run() -> None:
+        with client.stream("POST", f"/api/sessions/{session_id}/messages", json={"text": text}) as response:
+            events = []
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+                    if events[-1]["type"] == "output" and marker in events[-1]["text"]:
+                        printed.set()
+            into.append((response.status_code, events))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, printed
+
+
 def _wait_for_running_cell(client: httpx.Client, session_id: str, refused: list[int] | None = None) -> None:
     """Until the store shows the request delegated its code to the CodeInterpreter (the cell is then on its way to the kernel)."""
     deadline = time.monotonic() + 60
@@ -271,12 +292,13 @@ def test_stop_pressed_on_another_replica_stops_the_request_there_and_frees_the_s
         session_id = first.post("/api/sessions", json={}).json()["id"]
         answer(first, session_id, "RUN<<kept = 3>>")
         result: list[tuple[int, list[dict[str, Any]]]] = []
-        running = threading.Thread(target=lambda: result.append(ask(first, session_id, "RUN<<import time\ntime.sleep(60)\nprint('never')>>")))
-        running.start()
-        _wait_for_running_cell(second, session_id)
+        code = "RUN<<import time\nprint('started', flush=True)\ntime.sleep(60)\nprint('never')>>"
+        running, printed = _ask_watching_output(first, session_id, code, "started", result)
+        assert printed.wait(60), f"the cell never started: {result}"
         pressed = time.monotonic()
         stopped = second.post(f"/api/sessions/{session_id}/stop")
         assert stopped.status_code == 200 and stopped.json() == {"stopped": True}, f"Stop on the second replica: {stopped.text}"
+        second.post(f"/api/sessions/{session_id}/stop")  # pressed twice, impatiently: heard twice (the notice, the store's mark) on the first
         running.join(30)
         assert not running.is_alive(), "Stop pressed on the second replica must end the request running on the first"
         assert time.monotonic() - pressed < 10, "the request must end soon after Stop, not when its cell would have"
@@ -287,8 +309,9 @@ def test_stop_pressed_on_another_replica_stops_the_request_there_and_frees_the_s
         assert status == 200 and "6" in events[-1]["text"], f"the session must be free once the stop's error is out: {status} {events[-1]}"
         rounds = first.get(f"/api/sessions/{session_id}").json()["rounds"]
         assert [(r["state"], r["error"]) for r in rounds] == [("finished", None), ("failed", "Cancelled by the user."), ("finished", None)]
-        cell = next(post["execution"] for post in rounds[1]["posts"] if post.get("execution"))
-        assert cell["cancelled"] and "never" not in cell["stdout"], f"the cell was interrupted, not left to finish: {cell}"
+        cells = [post["execution"] for post in rounds[1]["posts"] if post.get("execution")]
+        assert cells, f"the stopped cell must be kept with what it printed until then: {rounds[1]['posts']}"
+        assert cells[0]["cancelled"] and "started" in cells[0]["stdout"] and "never" not in cells[0]["stdout"], f"interrupted, not left to finish: {cells[0]}"
         assert second.post(f"/api/sessions/{session_id}/stop").json() == {"stopped": False}, "nothing runs now"
 
 
@@ -334,7 +357,7 @@ def test_a_fold_still_running_when_a_replica_lets_go_of_a_session_never_lands_ov
             store.close()
         summaries = {role: state["summary"] for role, state in stored.compression.items()}
         assert not any("STALE" in text for text in summaries.values()), f"a replica that let go of the session wrote its fold over the store: {summaries}"
-        assert stored.compression["planner"]["folded_through"] == 2 and "The user ran code." in summaries["planner"], summaries
+        assert stored.compression["planner"]["folded_through"] >= 2 and "The user ran code." in summaries["planner"], "the second replica's own fold stays"
         assert [r.state for r in stored.rounds] == ["finished"] * 6
 
 

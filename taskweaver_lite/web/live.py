@@ -51,6 +51,7 @@ class Turn:
         self._woken = False  # a wake-up is on its way to the loop
         self.answer_sent = threading.Event()  # the answer has been written to the client (or there is none to write to)
         self.since: int | None = None  # the session's newest stored event before this request (a page that loses the stream follows from it)
+        self.stop_asked = False  # Stop was pressed for this request (once is enough)
 
     @property
     def done(self) -> bool:
@@ -158,6 +159,12 @@ class LiveSession:
         worker, turn = self._worker, self._turn
         if worker is None or not worker.is_alive() or worker.ident is None or (turn is not None and turn.done):
             return False
+        if turn is not None and turn.stop_asked and not cut:
+            # Stop heard twice (the NOTIFY and the store's mark): a second interrupt would cut short the
+            # wait for the cell to stop, and the cell's output with it. Only a cut insists.
+            return True
+        if turn is not None:
+            turn.stop_asked = True
         if cut:
             self.session.ending = True
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident), ctypes.py_object(KeyboardInterrupt))
