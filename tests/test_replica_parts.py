@@ -142,3 +142,27 @@ def test_stop_asked_on_another_replica_reaches_the_holder_through_the_store_with
     finally:
         running.close()
         elsewhere.close()
+
+
+def test_a_contender_never_finds_a_session_held_without_its_answered_mark_while_the_holder_lets_go(tmp_path: Path) -> None:
+    seen: list[tuple[bool, bool]] = []  # (lease held, answered mark there) after each row the holder frees
+
+    class Watched(SessionStore):
+        def release_lease(self, session_id: str, holder: str) -> None:
+            super().release_lease(session_id, holder)
+            seen.append((self.lease("s1") is not None, self.lease("s1:answered") is not None))
+
+    store = Watched(tmp_path / "sessions.db")
+    store.create_session("s1", started=time.time())
+    leases = Leases(store, seconds=5, wait=1)
+    try:
+        for _ in range(2):
+            hold = leases.take("s1")
+            leases.answered(hold)
+            assert store.lease("s1:answered") is not None, "each answered request marks itself, even with the last one's mark about"
+            leases.release(hold)
+        assert (True, False) not in seen, f"a contender would have been refused at once (409) instead of waiting: {seen}"
+        assert store.lease("s1") is None and store.lease("s1:answered") is None
+    finally:
+        leases.close()
+        store.close()

@@ -92,9 +92,14 @@ class Leases:
         """The request has answered: a contender now waits for the bookkeeping rather than being refused."""
         marker = Hold(hold.session_id + ANSWERED, hold.holder)
         with contextlib.suppress(StoreError):  # only a contender's patience depends on it
-            if self._store.take_lease(marker.session_id, marker.holder, seconds=self._seconds) is not None:
-                with self._lock:
-                    self._held[marker.session_id] = marker
+            for _ in range(2):
+                if self._store.take_lease(marker.session_id, marker.holder, seconds=self._seconds) is not None:
+                    with self._lock:
+                        self._held[marker.session_id] = marker
+                    return
+                earlier = self._store.lease(marker.session_id)  # the mark of the request before, a moment from being freed
+                if earlier is not None:
+                    self._store.release_lease(marker.session_id, earlier.holder)
 
     def ask_to_stop(self, session_id: str) -> bool:
         """Mark the session's running request, whichever replica holds it, to be stopped; False when none runs."""
@@ -117,7 +122,9 @@ class Leases:
             held = [h for key, h in self._held.items() if h.holder == hold.holder]
             for h in held:
                 del self._held[h.session_id]
-        for h in sorted(held, key=lambda h: h.session_id == hold.session_id):  # the mark first, the lease last
+        # The lease first, then its mark: a contender that finds the lease taken then finds the mark too.
+        # (The other way round, one could see a held lease without a mark and be refused at once.)
+        for h in sorted(held, key=lambda h: h.session_id != hold.session_id):
             try:
                 self._store.release_lease(h.session_id, h.holder)
             except StoreError:
