@@ -336,7 +336,7 @@ class OpenAIChatModel:
         if self._config.stream:
             request["stream"] = True
             request["stream_options"] = {"include_usage": True}  # else streamed replies carry no token counts
-        hints = self.prompt_cache.hints(purpose)
+        hints = self.prompt_cache.hints(purpose, opening=str(messages[0].get("content", "")) if messages else "")
         request.update(hints)
         started = time.perf_counter()
         made = 0
