@@ -28,7 +28,7 @@ from taskweaver_lite.errors import StoreError
 from taskweaver_lite.store.interface import Store
 
 ANSWERED = ":answered"
-POLL = 0.05  # seconds between attempts while the holder finishes its bookkeeping
+POLL = 0.01  # seconds between attempts while the holder finishes its bookkeeping (two indexed queries each)
 _log = logging.getLogger(__name__)
 
 
@@ -85,7 +85,9 @@ class Leases:
             held = [h for key, h in self._held.items() if h.holder == hold.holder]
             for h in held:
                 del self._held[h.session_id]
-        for h in sorted(held, key=lambda h: h.session_id == hold.session_id):  # the mark first, the lease last
+        # The lease first, the mark last: a contender that finds the lease held and no mark is refused at
+        # once, so the mark must outlive the lease; a mark left over for a moment only makes one wait.
+        for h in sorted(held, key=lambda h: h.session_id != hold.session_id):
             try:
                 self._store.release_lease(h.session_id, h.holder)
             except StoreError:
