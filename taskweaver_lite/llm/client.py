@@ -14,6 +14,7 @@ and the text reaches the caller's `on_delta` as it arrives: a `start` delta open
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import random
@@ -294,6 +295,20 @@ def _tls_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
+@functools.cache
+def _http_client_type() -> Any:
+    """The SDK's default HTTP client that closes its connections when dropped unclosed, as the SDK's own does."""
+    import openai
+
+    class Client(openai.DefaultHttpxClient):
+        def __del__(self) -> None:
+            with contextlib.suppress(Exception):
+                if not self.is_closed:
+                    self.close()
+
+    return Client
+
+
 class OpenAIChatModel:
     """`ChatModel` over the openai SDK: retries, an overall deadline per request, one clear error per failure.
 
@@ -330,7 +345,7 @@ class OpenAIChatModel:
             base_url=base_url,
             timeout=config.timeout,
             max_retries=0,  # ours, in `complete`: the SDK's cannot retry a broken body or count requests for us
-            http_client=openai.DefaultHttpxClient(verify=_tls_context()),
+            http_client=_http_client_type()(verify=_tls_context()),
         )
 
     def complete(

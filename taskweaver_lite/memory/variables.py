@@ -1,7 +1,7 @@
 """The kernel's variables as a prompt shows them: every name, in tiers of detail, within a token cap.
 
 The list is the kernel's truth (`LiveVariables`, from the executor's snapshot), never the model's
-memory; a summary only adds its descriptions (`merge_variables`). A wide kernel (hundreds of
+memory; a summary only adds its descriptions (`render_variables`' `described`). A wide kernel (hundreds of
 variables) must not crowd out the conversation, yet a model cannot use a DataFrame it does not
 know exists. So `render_variables` ranks the variables (names in the current request and
 instruction first, then names in the retained rounds, then the most recently created or changed)
@@ -42,33 +42,6 @@ class LiveVariables:
 
     variables: tuple[Variable, ...] = ()
     lost: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class MergedVariables:
-    """A summary's described variables checked against the kernel."""
-
-    variables: tuple[Variable, ...]
-    added: tuple[str, ...]  # live in the kernel, not described by the model
-    dropped: tuple[str, ...]  # described by the model, not in the kernel (invented, deleted or lost)
-    lost: tuple[str, ...]  # gone in a kernel restart and not created again since
-
-
-def merge_variables(described: Sequence[Variable], *, live: LiveVariables, previously_lost: Sequence[str] = ()) -> MergedVariables:
-    """The kernel's variables, in the kernel's order and with its types, with the model's descriptions where it gave one."""
-    by_name = {v.name: v for v in described}
-    alive = {v.name for v in live.variables}
-    merged: list[Variable] = []
-    added: list[str] = []
-    for truth in live.variables:
-        told = by_name.get(truth.name)
-        if told is None:
-            added.append(truth.name)
-        description = told.description.strip() if told is not None and told.description.strip() else truth.description
-        merged.append(Variable(name=truth.name, type=truth.type, description=description))
-    dropped = tuple(name for name in by_name if name not in alive)
-    lost = tuple(dict.fromkeys(name for name in (*previously_lost, *live.lost) if name not in alive))
-    return MergedVariables(variables=tuple(merged), added=tuple(added), dropped=dropped, lost=lost)
 
 
 def mentioned_names(texts: Sequence[str]) -> list[str]:
