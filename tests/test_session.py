@@ -341,7 +341,7 @@ def test_a_caller_passes_its_own_executor_and_the_session_uses_only_the_protocol
     data = tmp_path / "numbers.csv"
     data.write_text("a\n1\n", encoding="utf-8")
     config = load_config(make_project(tmp_path, server.url))
-    with open_session(config, executor=lambda folder: CountingExecutor(folder, seen=seen)) as session:
+    with assembly.open_session(config, executor=lambda folder: CountingExecutor(folder, seen=seen)) as session:
         loaded = session.load_file(data)
         assert session.ask("Make n.").answer == "n is 5."
         assert [v.name for v in session.live_variables().variables] == ["n"]
