@@ -18,7 +18,7 @@ from rich.console import Console
 from taskweaver_lite.assembly import open_session
 from taskweaver_lite.cli.console import RichConsole
 from taskweaver_lite.cli.demo import bundled_project
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 

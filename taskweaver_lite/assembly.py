@@ -4,9 +4,9 @@
     session, report = resume_session(config, "last")      # its record taken back, its kernel rebuilt by replay
     session = reset_session(session)                      # the old one closed, stays stored
 
-A `Workspace` calls these with its store and its catalogs of roles and plugins, so that nothing is
-opened or looked for twice; without them a session opens `config`'s store (and closes it with
-itself) and finds the roles and plugins. The order is the store's first (claim, create or load),
+A `Workspace` calls these with its store and its catalogs (roles, plugins, experience), so that
+nothing is opened or looked for twice; without them a session opens `config`'s store (and closes
+it with itself) and finds the roles and plugins. The order is the store's first (claim, create or load),
 then the models and the kernel, then the session: a failure on the way releases the claim and
 closes a store opened for it (`OpeningGuard`), and a kernel already booting is shut down.
 """
@@ -18,12 +18,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from taskweaver_lite.config import Config
 from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.events import Listener
 from taskweaver_lite.execution import Executor, ExecutorFactory
+from taskweaver_lite.knowledge.experience import Experience
 from taskweaver_lite.llm.client import ChatModel
 from taskweaver_lite.model_choice import role_models
 from taskweaver_lite.plugins.catalog import PluginCatalog, PluginSpec, discover
@@ -33,11 +35,19 @@ from taskweaver_lite.store.interface import SessionClaim, Store
 from taskweaver_lite.store.opening import open_store
 from taskweaver_lite.workfiles import copy_folder, owner_only_folder
 
-Catalogs = tuple[RoleCatalog, PluginCatalog]  # a project's roles and plugins, as a Workspace found them once
 Replayed = Callable[[int, int], None]  # told (cells re-run, cells in all) as a replay goes
 
 # `/reset` copies at most this many times session.max_upload_bytes of working files.
 RESET_COPY_UPLOADS = 4
+
+
+@dataclass(frozen=True)
+class Catalogs:
+    """What a Workspace found once in the project and gives every session: its roles, its plugins and its experience."""
+
+    roles: RoleCatalog
+    plugins: PluginCatalog
+    experience: Experience  # everyone's view; each session takes its owner's (`for_owner`)
 
 
 @dataclass(frozen=True)
@@ -80,8 +90,7 @@ def open_session(
     with OpeningGuard(store, owned=owns_store) as guard:
         lock = guard.lock = store.lock(session_id) if claim else None
         store.create_session(session_id, started=time.time(), owner=owner)
-        roles, plugins = catalogs or (None, None)
-        parts = SessionOptions(store=store, lock=lock, owner=owner, owns_store=owns_store, confirm=confirm, roles=roles, plugins=plugins)
+        parts = SessionOptions(store=store, lock=lock, owner=owner, owns_store=owns_store, confirm=confirm, **_found(catalogs))
         return _assemble(config, session_id, parts, model=model, executor=executor, listeners=listeners)
 
 
@@ -113,9 +122,8 @@ def resume_session(
         cut_off = store.mark_interrupted(session_id)
         stored = store.load(session_id)
         cells = store.successful_cells(session_id) if replay else []
-        roles, plugins = catalogs or (None, None)
         parts = SessionOptions(
-            store=store, lock=lock, owner=stored.owner, owns_store=owns_store, usage_before=stored.usage, confirm=confirm, roles=roles, plugins=plugins
+            store=store, lock=lock, owner=stored.owner, owns_store=owns_store, usage_before=stored.usage, confirm=confirm, **_found(catalogs)
         )
         session = _assemble(config, session_id, parts, model=model, executor=executor, listeners=listeners)
     session.restore(stored)
@@ -151,7 +159,7 @@ def reset_session(session: Session) -> Session:
         owner=session.owner,
         store=None if options.owns_store else session.store,  # a workspace's store stays the workspace's
         claim=options.lock is not None,
-        catalogs=(session.roles, session.plugins),
+        catalogs=Catalogs(session.roles, session.plugins, session.experience),
     )
     # The old kernel wrote this folder: no link is followed, and the copy is bounded (count, bytes).
     limit = RESET_COPY_UPLOADS * session.config.session.max_upload_bytes
@@ -188,6 +196,11 @@ def _assemble(
     except BaseException:  # bad examples or prompts: the kernel already booting must not linger
         running.shutdown()
         raise
+
+
+def _found(catalogs: Catalogs | None) -> dict[str, Any]:
+    """SessionOptions' roles, plugins and experience from a workspace's catalogs (none: the session finds them)."""
+    return {} if catalogs is None else {"roles": catalogs.roles, "plugins": catalogs.plugins, "experience": catalogs.experience}
 
 
 def new_session_id() -> str:

@@ -78,6 +78,7 @@ class SessionOptions:
     executor_factory: ExecutorFactory | None = None  # how /reset builds the next session's executor
     plugins: PluginCatalog | None = None
     roles: RoleCatalog | None = None  # default: discovered from the project and session.roles
+    experience: Experience | None = None  # the project's, as a workspace opened it (default: opened for this session)
     owns_model: bool = False  # built by us (not passed in): we close its HTTP connections
     confirm: ConfirmCell | None = None  # confirm mode: a person runs, edits or skips each cell
 
@@ -116,7 +117,8 @@ class Session:
         self.reset_report: CopyReport | None = None  # set on the session a reset made: what it copied over
         self.loads: list[FileLoaded] = []  # every /load, for /history and the exports
         self.variables = VariableHistory()
-        self.experience = Experience(store=self.store, owner=options.owner, folder=config.experience_dir, settings=config.experience)
+        project = options.experience or Experience(store=self.store, folder=config.experience_dir, settings=config.experience)
+        self.experience = project.for_owner(options.owner)  # the tips its owner may see
         self.active = build_team(config, self.roles.enabled, self._parts(), model=self._model, live_variables=self.live_variables, emit=self._emit)
         show_tips(self.active, self.experience)
         # Each role's view of the finished rounds, extended as rounds finish (a view costs a copy of every round).

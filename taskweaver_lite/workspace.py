@@ -1,4 +1,4 @@
-"""A project opened once: its config, its store, and its catalogs of roles and plugins.
+"""A project opened once: its config, its store, its catalogs of roles and plugins, and its experience.
 
     with Workspace.load("project", ["llm.model=gpt-4o"]) as workspace:
         session = workspace.new_session()                 # or: session, report = workspace.resume_session("last")
@@ -10,8 +10,9 @@ store (on PostgreSQL, one connection pool) and the roles and plugins it found, s
 resuming a session reads the config once and opens the store once: a resume asks the store for
 the session's remembered `--set` values and its record, then the session runs. `reconfigured`
 gives the same store and plugins under another config (those remembered values, an eval case's
-settings); the roles are found again, since the config names which are enabled. The session's
-experience (the tips its owner may see) stays with the session.
+settings); the roles are found again, since the config names which are enabled. The experience is
+the project's knowledge, everyone's tips: each session takes the view its owner may see, and the
+handcrafted tip files are read once for all of them (again only when they change).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from taskweaver_lite.assembly import Catalogs, ResumeReport, open_session, resume_session
 from taskweaver_lite.config import Config
 from taskweaver_lite.config_file import load_config
+from taskweaver_lite.knowledge.experience import Experience
 from taskweaver_lite.plugins.catalog import PluginCatalog, discover
 from taskweaver_lite.roles.registry import RoleCatalog, discover_roles
 from taskweaver_lite.session import Session
@@ -31,7 +33,7 @@ from taskweaver_lite.store.opening import open_store
 
 
 class Workspace:
-    """The project's config, store, roles and plugins, found once and shared by the sessions opened from it."""
+    """The project's config, store, roles, plugins and experience, found once and shared by the sessions opened from it."""
 
     def __init__(self, config: Config, *, store: Store | None = None, plugins: PluginCatalog | None = None) -> None:
         """Open `config`'s store (unless one is given, which stays the caller's to close) and find the roles and plugins."""
@@ -40,6 +42,7 @@ class Workspace:
         self._owns_store = store is None
         self.roles: RoleCatalog = discover_roles(config.project_dir, enabled=config.session.roles, config=config)
         self.plugins: PluginCatalog = plugins or discover(config.project_dir)
+        self.experience = Experience(store=self.store, folder=config.experience_dir, settings=config.experience)  # everyone's tips
 
     @classmethod
     def load(cls, project_dir: str | Path, overrides: Sequence[str] = ()) -> Workspace:
@@ -48,8 +51,8 @@ class Workspace:
 
     @property
     def catalogs(self) -> Catalogs:
-        """The roles and plugins every session opened here is given."""
-        return (self.roles, self.plugins)
+        """The roles, plugins and experience every session opened here is given."""
+        return Catalogs(self.roles, self.plugins, self.experience)
 
     def reconfigured(self, config: Config) -> Workspace:
         """This workspace's store and plugins under `config`, its roles found again; the store stays this workspace's to close."""
