@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from taskweaver_lite.execution import Variable
+from taskweaver_lite.execution import ExecutionResult, Variable
 from taskweaver_lite.llm.tokens import Tokenizer
 
 HEADING = "## Variables in the kernel"
@@ -42,6 +42,34 @@ class LiveVariables:
 
     variables: tuple[Variable, ...] = ()
     lost: tuple[str, ...] = ()
+
+
+class VariableHistory:
+    """What a listing of the kernel does not say: which cell last made or changed each variable, and names lost to restarts."""
+
+    def __init__(self) -> None:
+        self._recency: dict[str, int] = {}  # variable name -> the last cell that created or changed it
+        self._cells = 0
+        self.lost: list[str] = []
+
+    def saw(self, execution: ExecutionResult) -> None:
+        """Note a cell that ran: what it made or changed, and what a kernel death took with it."""
+        self._cells += 1
+        for name in (*execution.changes.created, *execution.changes.changed):
+            self._recency[name] = self._cells
+        if execution.kernel_died:
+            self.lost.extend(execution.lost_variables)
+
+    def clear(self) -> None:
+        """Forget everything: the kernel starts afresh (and is rebuilt by replay, which runs no cell through `saw`)."""
+        self._recency.clear()
+        self._cells, self.lost = 0, []
+
+    def live(self, variables: Sequence[Variable]) -> LiveVariables:
+        """The kernel's `variables` most recently made or changed first (its own order among equals), and the lost names not made again."""
+        alive = {v.name for v in variables}
+        lost = tuple(dict.fromkeys(n for n in self.lost if n not in alive))
+        return LiveVariables(variables=tuple(sorted(variables, key=lambda v: -self._recency.get(v.name, 0))), lost=lost)
 
 
 def mentioned_names(texts: Sequence[str]) -> list[str]:
