@@ -24,11 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from taskweaver_lite.assembly import open_session
 from taskweaver_lite.cli.demo import bundled_project
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.eval.examiner import examine
 from taskweaver_lite.llm.client import MeteredModel, OpenAIChatModel
-from taskweaver_lite.session import Session
 from taskweaver_lite.testing.eval_script import scripted_eval_server
 
 TASK = "The total sum starts at 0. From round 1 to round {n}, ask the agent to add the current round number to the total sum."
@@ -36,7 +36,7 @@ TASK = "The total sum starts at 0. From round 1 to round {n}, ask the agent to a
 
 def bare(project: Path, overrides: list[str], rounds: int) -> float:
     """Seconds per round of `Session.ask` with the examiner's requests, sent by a plain loop."""
-    with Session.open(load_config(project, overrides)) as session:
+    with open_session(load_config(project, overrides)) as session:
         session.executor.run("pass")  # the kernel is up before the clock starts
         started = time.perf_counter()
         for number in range(1, rounds + 1):
@@ -51,7 +51,7 @@ def harness(project: Path, overrides: list[str], rounds: int) -> tuple[float, fl
     calls: list[float] = []
     timed = _Timed(examiner, calls)
     asking: list[float] = []
-    with Session.open(config) as session:
+    with open_session(config) as session:
 
         def ask(request: str) -> str:
             started = time.perf_counter()

@@ -37,10 +37,10 @@ import httpx
 import psutil
 import yaml
 
+from taskweaver_lite.assembly import open_session
 from taskweaver_lite.cli.demo import bundled_project
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.events import Event, PostAdded
-from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 
 LATENCY = 0.05
@@ -176,7 +176,7 @@ def in_process(project: Path, model: Model, *, requests: int) -> list[float]:
         if isinstance(event, PostAdded) and event.post.is_answer:
             answered.append(time.perf_counter())
 
-    with Session.open(load_config(project), listeners=[on_event]) as session:
+    with open_session(load_config(project), listeners=[on_event]) as session:
         for r in range(requests):
             session.ask(f"set x MARK-local-{r} please")
     return [at - model.sent[f"local-{r}"] for r, at in enumerate(answered)]

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from taskweaver_lite import assembly
 from taskweaver_lite.cli.console import RichConsole
 from taskweaver_lite.cli.demo import bundled_project
 from taskweaver_lite.config_file import load_config
@@ -52,7 +53,7 @@ def open_session(root: Path, server: ScriptedServer | _Remote, screen: io.String
     config = load_config(bundled_project(), overrides)
     config.project_dir = Path(tempfile.mkdtemp(prefix="stream-bench-", dir=root))  # sessions and store stay out of the checkout
     console = Console(file=screen, force_terminal=True, width=120, color_system=None)
-    return Session.open(config, listeners=[RichConsole(console)])
+    return assembly.open_session(config, listeners=[RichConsole(console)])
 
 
 def token_to_screen(root: Path, words: int) -> list[float]:

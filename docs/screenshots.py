@@ -15,9 +15,10 @@ from pathlib import Path
 
 from rich.console import Console
 
+from taskweaver_lite.assembly import open_session
 from taskweaver_lite.cli.console import RichConsole
 from taskweaver_lite.cli.demo import bundled_project
-from taskweaver_lite.config import load_config
+from taskweaver_lite.config_file import load_config
 from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
@@ -38,7 +39,7 @@ def main() -> None:
     renderer = RichConsole(console)
     with ScriptedServer() as server:
         config = load_config(project, [f"llm.api_base={server.url}", "llm.model=gpt-4o-mini"])
-        with Session.open(config, listeners=[renderer]) as session:
+        with open_session(config, listeners=[renderer]) as session:
             session.load_file(project / "sample_data" / "sales.csv")
             session.executor.run("import pandas as pd\nsales = pd.read_csv('sales.csv', parse_dates=['date'])")
             server.enqueue("planner", planner_reply("Sum revenue per region from sales, largest first, and print it."))

@@ -1,7 +1,7 @@
 """taskweaver_lite: a light code-interpreter agent for data analysis.
 
-    from taskweaver_lite import Session, load_config
-    with Session.open(load_config("project")) as session:
+    from taskweaver_lite import Workspace
+    with Workspace.load("project") as workspace, workspace.new_session() as session:
         print(session.ask("load sales.csv; which region grew fastest?").answer)
 """
 
@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Session", "__version__", "load_config"]
+__all__ = ["Session", "Workspace", "__version__", "load_config"]
 
 if TYPE_CHECKING:
     from taskweaver_lite.config_file import load_config
     from taskweaver_lite.session import Session
+    from taskweaver_lite.workspace import Workspace
 
 
 def __getattr__(name: str) -> Any:
@@ -23,6 +24,10 @@ def __getattr__(name: str) -> Any:
         from taskweaver_lite.session import Session
 
         return Session
+    if name == "Workspace":
+        from taskweaver_lite.workspace import Workspace
+
+        return Workspace
     if name == "load_config":
         from taskweaver_lite.config_file import load_config
 

@@ -1,51 +1,211 @@
-"""How a session is put together: its id, its models, its executor, and the guard that undoes a failed opening.
+"""Opening a session: a new one, a stored one resumed, or a fresh one in place of another (`/reset`).
 
-`Session.open` and `Session.resume` (session.py) use these; what remains in session.py is the session
-itself, the turn loop and what it does between turns.
+    session = open_session(config)                        # a new stored session on config's store
+    session, report = resume_session(config, "last")      # its record taken back, its kernel rebuilt by replay
+    session = reset_session(session)                      # the old one closed, stays stored
+
+A `Workspace` calls these with its store and its catalogs (roles, plugins, experience), so that
+nothing is opened or looked for twice; without them a session opens `config`'s store (and closes
+it with itself) and finds the roles and plugins. The order is the store's first (claim, create or load),
+then the models and the kernel, then the session: a failure on the way releases the claim and
+closes a store opened for it (`OpeningGuard`), and a kernel already booting is shut down.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
-from taskweaver_lite.config import DISTILLER, FOLDER, Config, LLMConfig, merged_llm
+from taskweaver_lite.config import Config
+from taskweaver_lite.confirm import ConfirmCell
 from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.events import Listener
 from taskweaver_lite.execution import Executor, ExecutorFactory
+from taskweaver_lite.knowledge.experience import Experience
 from taskweaver_lite.llm.client import ChatModel
-from taskweaver_lite.plugins.catalog import PluginSpec
-from taskweaver_lite.roles.registry import RoleSpec
+from taskweaver_lite.model_choice import role_models
+from taskweaver_lite.plugins.catalog import PluginCatalog, PluginSpec, discover
+from taskweaver_lite.roles.registry import RoleCatalog, discover_roles
+from taskweaver_lite.session import Session, SessionOptions
 from taskweaver_lite.store.interface import SessionClaim, Store
+from taskweaver_lite.store.opening import open_store
+from taskweaver_lite.workfiles import copy_folder, owner_only_folder
+
+Replayed = Callable[[int, int], None]  # told (cells re-run, cells in all) as a replay goes
+
+# `/reset` copies at most this many times session.max_upload_bytes of working files.
+RESET_COPY_UPLOADS = 4
+
+
+@dataclass(frozen=True)
+class Catalogs:
+    """What a Workspace found once in the project and gives every session: its roles, its plugins and its experience."""
+
+    roles: RoleCatalog
+    plugins: PluginCatalog
+    experience: Experience  # everyone's view; each session takes its owner's (`for_owner`)
+
+
+@dataclass(frozen=True)
+class ResumeReport:
+    """What a resume brought back, and what it could not."""
+
+    session_id: str
+    rounds: int
+    cut_off: tuple[int, ...]  # rounds that were running when the program stopped, now failed
+    replayed: int  # cells re-run to rebuild the kernel's variables
+    replay_failures: int
+    lost: tuple[str, ...]  # variables not rebuilt (replay skipped)
+
+
+def open_session(
+    config: Config,
+    *,
+    model: ChatModel | None = None,
+    executor: ExecutorFactory | None = None,
+    listeners: Iterable[Listener] = (),
+    session_id: str | None = None,
+    confirm: ConfirmCell | None = None,
+    owner: str | None = None,
+    store: Store | None = None,
+    claim: bool = True,
+    catalogs: Catalogs | None = None,
+) -> Session:
+    """Start a stored session: its kernel boots in the background while the first request is typed.
+
+    `model` defaults to the openai-SDK client for `config.llm`; `executor` builds the session's
+    executor from its session folder (default: a local Jupyter kernel). `confirm` turns on
+    confirm mode: it is asked about each cell before the cell runs. `owner`: the user it belongs to.
+    `store`: a store the caller keeps open and closes (default: `config`'s, opened for this session);
+    `claim=False` takes no claim on the session for this process (replicas guard each request instead).
+    `catalogs`: the project's roles and plugins as a `Workspace` found them (default: discovered now).
+    """
+    session_id = session_id or new_session_id()
+    owns_store = store is None
+    store = store or open_store(config)
+    with OpeningGuard(store, owned=owns_store) as guard:
+        lock = guard.lock = store.lock(session_id) if claim else None
+        store.create_session(session_id, started=time.time(), owner=owner)
+        parts = SessionOptions(store=store, lock=lock, owner=owner, owns_store=owns_store, confirm=confirm, **_found(catalogs))
+        return _assemble(config, session_id, parts, model=model, executor=executor, listeners=listeners)
+
+
+def resume_session(
+    config: Config,
+    ref: str,
+    *,
+    replay: bool = True,
+    model: ChatModel | None = None,
+    executor: ExecutorFactory | None = None,
+    listeners: Iterable[Listener] = (),
+    on_replay: Replayed | None = None,
+    confirm: ConfirmCell | None = None,
+    owner: str | None = None,
+    store: Store | None = None,
+    claim: bool = True,
+    catalogs: Catalogs | None = None,
+) -> tuple[Session, ResumeReport]:
+    """Continue a stored session ('last' or an id): conversation, summaries and, by replay, the kernel's variables.
+
+    With `owner`, only that user's sessions are found (another's is unknown, as if absent); `store`,
+    `claim` and `catalogs` as in `open_session`.
+    """
+    owns_store = store is None
+    store = store or open_store(config)
+    with OpeningGuard(store, owned=owns_store) as guard:
+        session_id = store.resolve(ref, owner=owner)
+        lock = guard.lock = store.lock(session_id) if claim else None
+        cut_off = store.mark_interrupted(session_id)
+        stored = store.load(session_id)
+        cells = store.successful_cells(session_id) if replay else []
+        parts = SessionOptions(
+            store=store, lock=lock, owner=stored.owner, owns_store=owns_store, usage_before=stored.usage, confirm=confirm, **_found(catalogs)
+        )
+        session = _assemble(config, session_id, parts, model=model, executor=executor, listeners=listeners)
+    session.restore(stored)
+    if cells and kept_variables(session.executor):
+        cells = []  # attached to the gateway kernel that outlived the server before: the variables are there
+    failed_cells = replay_cells(session.executor, cells, on_replay=on_replay)
+    if not replay:
+        session.variables.lost = [v.name for v in stored.last_variables]
+    report = ResumeReport(
+        session_id=session_id,
+        rounds=len(stored.rounds),
+        cut_off=cut_off,
+        replayed=len(cells),
+        replay_failures=failed_cells,
+        lost=tuple(session.variables.lost),
+    )
+    return session, report
+
+
+def reset_session(session: Session) -> Session:
+    """Start over: a new session with a fresh kernel and a copy of `session`'s working files, on the same store and catalogs.
+
+    `session` is closed (and stays stored, resumable); use the returned one from now on. Its
+    `reset_report` says what was copied and what was not (links, odd files, past the bounds).
+    """
+    options = session.options
+    fresh = open_session(
+        session.config,
+        model=session.model,
+        executor=options.executor_factory,
+        listeners=session.listeners,
+        confirm=options.confirm,
+        owner=session.owner,
+        store=None if options.owns_store else session.store,  # a workspace's store stays the workspace's
+        claim=options.lock is not None,
+        catalogs=Catalogs(session.roles, session.plugins, session.experience),
+    )
+    # The old kernel wrote this folder: no link is followed, and the copy is bounded (count, bytes).
+    limit = RESET_COPY_UPLOADS * session.config.session.max_upload_bytes
+    fresh.reset_report = copy_folder(session.working_dir, fresh.working_dir, max_bytes=limit)
+    fresh.owns_model, session.owns_model = session.owns_model, False  # the model client lives on in the new session
+    session.close()
+    return fresh
+
+
+def replay_cells(executor: Executor, cells: Sequence[str], *, on_replay: Replayed | None = None) -> int:
+    """Re-run `cells` in order to rebuild the kernel's variables; how many failed."""
+    failed = 0
+    for number, code in enumerate(cells, 1):
+        failed += not executor.run(code).success
+        if on_replay is not None:
+            on_replay(number, len(cells))
+    return failed
+
+
+def _assemble(
+    config: Config, session_id: str, parts: SessionOptions, *, model: ChatModel | None, executor: ExecutorFactory | None, listeners: Iterable[Listener]
+) -> Session:
+    """The session on its claimed store record: roles checked, models built, its folder made private, its kernel started."""
+    roles = parts.roles or discover_roles(config.project_dir, enabled=config.session.roles, config=config)
+    roles.check_names()  # a typo in session.roles stops here, before the kernel starts or a model is called
+    chat_model = model or role_models(config, roles=roles.enabled)
+    plugins = parts.plugins or discover(config.project_dir)
+    for folder in (config.sessions_dir, config.sessions_dir / session_id):
+        owner_only_folder(folder)  # conversations, outputs and sockets: no other user (or kernel) may look in
+    running = (executor or default_executor(config, plugins=plugins.enabled))(config.sessions_dir / session_id)
+    options = replace(parts, executor_factory=executor, plugins=plugins, roles=roles, owns_model=model is None)
+    try:
+        return Session(config, model=chat_model, executor=running, session_id=session_id, listeners=listeners, options=options)
+    except BaseException:  # bad examples or prompts: the kernel already booting must not linger
+        running.shutdown()
+        raise
+
+
+def _found(catalogs: Catalogs | None) -> dict[str, Any]:
+    """SessionOptions' roles, plugins and experience from a workspace's catalogs (none: the session finds them)."""
+    return {} if catalogs is None else {"roles": catalogs.roles, "plugins": catalogs.plugins, "experience": catalogs.experience}
 
 
 def new_session_id() -> str:
     """A sortable, readable session id: date, time, and a short random suffix."""
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-
-
-def role_models(config: Config, *, roles: Sequence[RoleSpec]) -> ChatModel:
-    """The openai-SDK clients a session calls: one per distinct role model (`<role>.llm`), shared when equal."""
-    from taskweaver_lite.llm.client import OpenAIChatModel, RoutedModel
-
-    clients: dict[str, OpenAIChatModel] = {}
-
-    def client(llm: LLMConfig) -> OpenAIChatModel:
-        secret = llm.api_key.get_secret_value() if llm.api_key is not None else None
-        key = json.dumps([llm.model_dump(mode="json", exclude={"api_key"}), secret], sort_keys=True)
-        if key not in clients:
-            clients[key] = OpenAIChatModel(llm)
-        return clients[key]
-
-    folder = client(config.llm_for(FOLDER))
-    by_purpose: dict[str, ChatModel] = {}
-    for spec in roles:
-        by_purpose[spec.key] = client(merged_llm(config.llm, spec.section(config.role_section(spec.key)).llm))
-        by_purpose[f"compression_{spec.key}"] = folder
-    by_purpose[DISTILLER] = client(config.llm_for(DISTILLER))
-    return RoutedModel(by_purpose, default=client(config.llm))
 
 
 def default_executor(config: Config, *, plugins: Sequence[PluginSpec] = ()) -> ExecutorFactory:

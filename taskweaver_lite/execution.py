@@ -292,5 +292,5 @@ class Executor(Protocol):
         ...
 
 
-# Builds a session's executor for its session folder (Session.open, resume and reset call it).
+# Builds a session's executor for its session folder (opening, resuming and resetting a session call it: assembly.py).
 ExecutorFactory = Callable[[Path], Executor]

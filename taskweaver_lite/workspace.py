@@ -1,16 +1,18 @@
-"""A project opened once: its config, its store, and its catalogs of roles and plugins.
+"""A project opened once: its config, its store, its catalogs of roles and plugins, and its experience.
 
-    workspace = Workspace.load("project", ["llm.model=gpt-4o"])
-    session = workspace.new_session()                     # or: session, report = workspace.resume_session("last")
-    ...
-    session.close(); workspace.close()
+    with Workspace.load("project", ["llm.model=gpt-4o"]) as workspace:
+        session = workspace.new_session()                 # or: session, report = workspace.resume_session("last")
+        ...
+        session.close()
 
-Every session a workspace opens shares its store (on PostgreSQL, one connection pool) and the roles
-and plugins it found, so opening or resuming a session reads the config once and opens the store
-once: a resume asks the store for the session's remembered `--set` values and its record, then the
-session runs. `reconfigured` gives the same workspace under a new config (those remembered values),
-keeping the store. The chat starts from one; the session's experience (the tips its owner may see)
-stays with the session.
+The chat, the web server and eval each start from one. Every session a workspace opens shares its
+store (on PostgreSQL, one connection pool) and the roles and plugins it found, so opening or
+resuming a session reads the config once and opens the store once: a resume asks the store for
+the session's remembered `--set` values and its record, then the session runs. `reconfigured`
+gives the same store and plugins under another config (those remembered values, an eval case's
+settings); the roles are found again, since the config names which are enabled. The experience is
+the project's knowledge, everyone's tips: each session takes the view its owner may see, and the
+handcrafted tip files are read once for all of them (again only when they change).
 """
 
 from __future__ import annotations
@@ -19,44 +21,51 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from taskweaver_lite.assembly import Catalogs, ResumeReport, open_session, resume_session
 from taskweaver_lite.config import Config
 from taskweaver_lite.config_file import load_config
+from taskweaver_lite.knowledge.experience import Experience
 from taskweaver_lite.plugins.catalog import PluginCatalog, discover
 from taskweaver_lite.roles.registry import RoleCatalog, discover_roles
-from taskweaver_lite.session import ResumeReport, Session
+from taskweaver_lite.session import Session
 from taskweaver_lite.store.interface import SessionEntry, Store
 from taskweaver_lite.store.opening import open_store
 
 
 class Workspace:
-    """The project's config, store, roles and plugins, found once and shared by the sessions opened from it."""
+    """The project's config, store, roles, plugins and experience, found once and shared by the sessions opened from it."""
 
-    def __init__(self, config: Config, *, store: Store | None = None) -> None:
+    def __init__(self, config: Config, *, store: Store | None = None, plugins: PluginCatalog | None = None) -> None:
         """Open `config`'s store (unless one is given, which stays the caller's to close) and find the roles and plugins."""
         self.config = config
-        self.store = store or open_store(config)
+        self.store = store if store is not None else open_store(config)
         self._owns_store = store is None
         self.roles: RoleCatalog = discover_roles(config.project_dir, enabled=config.session.roles, config=config)
-        self.plugins: PluginCatalog = discover(config.project_dir)
+        self.plugins: PluginCatalog = plugins or discover(config.project_dir)
+        self.experience = Experience(store=self.store, folder=config.experience_dir, settings=config.experience)  # everyone's tips
 
     @classmethod
     def load(cls, project_dir: str | Path, overrides: Sequence[str] = ()) -> Workspace:
         """The workspace of the project folder, with `--set` overrides applied to its config."""
         return cls(load_config(project_dir, list(overrides)))
 
+    @property
+    def catalogs(self) -> Catalogs:
+        """The roles, plugins and experience every session opened here is given."""
+        return Catalogs(self.roles, self.plugins, self.experience)
+
     def reconfigured(self, config: Config) -> Workspace:
-        """This workspace under `config` (its roles and plugins found again), on the same store."""
-        other = Workspace(config, store=self.store)
-        other._owns_store, self._owns_store = self._owns_store, False
-        return other
+        """This workspace's store and plugins under `config`, its roles found again; the store stays this workspace's to close."""
+        same_project = config.project_dir == self.config.project_dir
+        return Workspace(config, store=self.store, plugins=self.plugins if same_project else None)
 
     def new_session(self, **options: Any) -> Session:
-        """A new stored session on this workspace's store and catalogs (`options` as for Session.open)."""
-        return Session.open(self.config, store=self.store, catalogs=(self.roles, self.plugins), **options)
+        """A new stored session on this workspace's store and catalogs (`options` as for assembly.open_session)."""
+        return open_session(self.config, store=self.store, catalogs=self.catalogs, **options)
 
     def resume_session(self, ref: str, **options: Any) -> tuple[Session, ResumeReport]:
-        """A stored session continued ('last', an id or a unique start of one); `options` as for Session.resume."""
-        return Session.resume(self.config, ref, store=self.store, catalogs=(self.roles, self.plugins), **options)
+        """A stored session continued ('last', an id or a unique start of one); `options` as for assembly.resume_session."""
+        return resume_session(self.config, ref, store=self.store, catalogs=self.catalogs, **options)
 
     def remembered_overrides(self, ref: str) -> list[str]:
         """The `--set` values the session `ref` names was started with (a resume applies them again)."""

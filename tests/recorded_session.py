@@ -12,10 +12,10 @@ from typing import Any
 
 from helpers import make_project
 
+from taskweaver_lite.assembly import open_session
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.llm.client import Usage
 from taskweaver_lite.memory.conversation import Round
-from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 
 FIRST_REQUEST = "Make a small table of the numbers 1 to 3 and save it as numbers.csv"
@@ -55,7 +55,7 @@ def record_session(root: Path) -> RecordedSession:
         )
         server.enqueue("code_generator", code_reply(WRITE_CODE), code_reply(BROKEN_CODE), code_reply(PLOT_CODE))
         # The session records itself (Session.open attaches a StoreRecorder to the project's store).
-        with Session.open(config) as session:
+        with open_session(config) as session:
             contexts = {c.role: c for c in session.contexts().values()}
             rounds: list[Round] = [session.ask(FIRST_REQUEST), session.ask(SECOND_REQUEST)]
             for context in contexts.values():

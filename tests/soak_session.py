@@ -29,6 +29,7 @@ from typing import Any, cast
 
 from helpers import make_project
 
+from taskweaver_lite.assembly import open_session
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.events import Event, Listener, ModelCalled
@@ -251,7 +252,7 @@ def open_soak_session(
     for name, values in (settings or {}).items():
         sections.setdefault(name, {}).update(values)
     overrides = [] if compression else ["planner.prompt_compression=false", "code_generator.prompt_compression=false"]
-    return Session.open(load_config(make_project(root, server.url, **sections), overrides), listeners=listeners)
+    return open_session(load_config(make_project(root, server.url, **sections), overrides), listeners=listeners)
 
 
 def wait_for_folds(session: Session, *, after_round: int) -> None:

@@ -23,7 +23,7 @@ from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import ContextSettings, RoleContext
 from taskweaver_lite.memory.conversation import RoundMessages
 from taskweaver_lite.memory.summary import CompressionState
-from taskweaver_lite.memory.variables import LiveVariables, expand_names, merge_variables
+from taskweaver_lite.memory.variables import LiveVariables, expand_names
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, detect_role
 
 TOKENIZER = get_tokenizer()
@@ -429,33 +429,6 @@ def test_a_summary_over_the_size_limit_is_sent_back_to_be_shortened() -> None:
 DF = Variable("df", "pandas.DataFrame", "DataFrame 100 rows x 3 columns (region, month, sales)")
 TOTAL = Variable("total", "float", "1234.5")
 MODEL = Variable("model", "sklearn.linear_model.LinearRegression", "fitted")
-
-
-def test_merge_drops_variables_the_model_invented() -> None:
-    merged = merge_variables([Variable("df", "DataFrame", "the sales"), Variable("ghost", "int", "made up")], live=LiveVariables((DF,)))
-    assert [v.name for v in merged.variables] == ["df"]
-    assert merged.dropped == ("ghost",)
-
-
-def test_merge_adds_live_variables_the_model_omitted_with_the_snapshot_type_and_description() -> None:
-    merged = merge_variables([Variable("df", "DataFrame", "monthly sales by region")], live=LiveVariables((DF, TOTAL)))
-    assert merged.variables == (Variable("df", "pandas.DataFrame", "monthly sales by region"), TOTAL)
-    assert merged.added == ("total",)
-
-
-def test_merge_removes_deleted_variables_and_takes_types_from_the_kernel() -> None:
-    described = [Variable("df", "list", "the sales"), Variable("total", "float", "grand total")]
-    merged = merge_variables(described, live=LiveVariables((DF,)))  # `del total` ran since
-    assert merged.variables == (Variable("df", "pandas.DataFrame", "the sales"),)
-    assert merged.dropped == ("total",)
-
-
-def test_merge_after_a_kernel_restart_lists_the_lost_state_until_it_is_recreated() -> None:
-    described = [Variable("df", "DataFrame", "the sales"), Variable("model", "LinearRegression", "fit on df")]
-    after_restart = merge_variables(described, live=LiveVariables((), lost=("df", "model")))
-    assert after_restart.variables == () and after_restart.lost == ("df", "model")
-    recreated = merge_variables((), live=LiveVariables((DF,)), previously_lost=after_restart.lost)
-    assert recreated.lost == ("model",)
 
 
 def test_the_code_generator_summary_carries_the_merged_variables_and_the_lost_state() -> None:

@@ -26,6 +26,7 @@ import pytest
 import yaml
 from helpers import cli_env, make_project
 
+from taskweaver_lite.assembly import open_session, reset_session
 from taskweaver_lite.cli.init import init_project
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.config_file import load_config
@@ -36,7 +37,6 @@ from taskweaver_lite.kernel.identity import in_range
 from taskweaver_lite.kernel.output import CellOutput
 from taskweaver_lite.kernel.sandbox import bwrap_path
 from taskweaver_lite.plugins.catalog import discover
-from taskweaver_lite.session import Session
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.store.export import write_export
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
@@ -121,7 +121,7 @@ def test_the_files_the_program_writes_are_owner_only(tmp_path: Path, scripted: S
     assert stat.S_IMODE((project / "taskweaver_config.yaml").stat().st_mode) == 0o600
     used = make_project(tmp_path, scripted.url)
     scripted.enqueue("planner", planner_reply("Done.", send_to="User"))
-    with Session.open(load_config(used)) as session:
+    with open_session(load_config(used)) as session:
         session.ask("hello")
         store = load_config(used).store_path
         private = [store, Path(f"{store}-wal"), Path(f"{store}-shm"), *(session.executor._socket_dir.glob("*.json"))]  # type: ignore[attr-defined]
@@ -210,9 +210,9 @@ def test_reset_copies_no_link_and_reports_them(tmp_path: Path, scripted: Scripte
         "open('kept.csv', 'w').write('a\\n1\\n')\nos.mkdir('sub')\nopen('sub/inner.txt', 'w').write('inner')\nos.mkfifo('pipe')\n"
         "print('planted')"
     )
-    with Session.open(config) as session:
+    with open_session(config) as session:
         assert session.executor.run(plant).success
-        fresh = session.reset()
+        fresh = reset_session(session)
     with fresh:
         files = {str(p.relative_to(fresh.working_dir)): p for p in fresh.working_dir.rglob("*")}
         report = fresh.reset_report
@@ -251,7 +251,7 @@ def test_an_export_does_not_embed_what_a_swapped_artifact_links_to(tmp_path: Pat
     scripted.enqueue("planner", planner_reply("Plot."), planner_reply("Plotted.", send_to="User"))
     scripted.enqueue("code_generator", code_reply(PLOT))
     config = load_config(project)
-    with Session.open(config) as session:
+    with open_session(config) as session:
         rnd = session.ask("plot it")
         artifact = Path(next(post.execution for post in rnd.posts if post.execution is not None).artifacts[0])
         session_id = session.id
@@ -308,7 +308,7 @@ def test_an_answer_is_in_the_store_before_any_listener_sees_it(tmp_path: Path, s
             finally:
                 reader.close()
 
-    with Session.open(config) as session:
+    with open_session(config) as session:
         event_session = session.id
         session.add_listener(screen, first=True)
         session.ask("what is it?")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from helpers import make_project
 
+from taskweaver_lite.assembly import open_session
 from taskweaver_lite.cli.chat import _kernel_lines
 from taskweaver_lite.cli.init import init_project
 from taskweaver_lite.config import ExecutionConfig
@@ -22,7 +23,6 @@ from taskweaver_lite.config_file import load_config
 from taskweaver_lite.kernel.disk_limit import MAX_DEPTH, Unmeasurable, used
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.sandbox import bwrap_path
-from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
 pytestmark = pytest.mark.kernel
@@ -112,7 +112,7 @@ def test_the_code_generator_is_told_and_the_session_goes_on(tmp_path: Path) -> N
         server.enqueue("code_generator", *[code_reply(FORTY_FILES) for _ in range(4)])
         server.enqueue("planner", planner_reply("Compute 6 * 7."), planner_reply("42.", send_to="User"))
         server.enqueue("code_generator", code_reply("print(6 * 7)"))
-        with Session.open(load_config(folder)) as session:
+        with open_session(load_config(folder)) as session:
             first = session.ask("Write forty files of ten megabytes.")
             second = session.ask("What is six times seven?")
     assert first.state == "finished" and second.state == "finished"

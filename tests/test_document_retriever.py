@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from helpers import make_project, run_cli
 
+from taskweaver_lite.assembly import open_session, resume_session
 from taskweaver_lite.config_file import load_config
-from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
 pytestmark = pytest.mark.kernel
@@ -50,7 +50,7 @@ def test_a_request_goes_planner_retriever_planner_code_interpreter_planner_user(
         planner_reply("Q1 is April, May and June (docs/finance.md:3-6).", send_to="User"),
     )
     server.enqueue("code_generator", code_reply("print(['April', 'May', 'June'])"))
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         rnd = session.ask("Which months are in our Q1?")
     assert rnd.state == "finished" and rnd.answer == "Q1 is April, May and June (docs/finance.md:3-6)."
     assert [(p.send_from, p.send_to) for p in rnd.posts] == [
@@ -77,7 +77,7 @@ def test_with_no_documents_the_retriever_says_so_and_the_planner_goes_on(tmp_pat
         planner_reply("fiscal year start", send_to="DocumentRetriever"),
         planner_reply("There are no documents to look this up in.", send_to="User"),
     )
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         rnd = session.ask("When does our fiscal year start?")
     assert "There is no docs/ folder in the project" in last_user(planner_calls(server)[1])
     assert rnd.answer == "There are no documents to look this up in."
@@ -92,14 +92,14 @@ def test_a_role_needing_vision_without_a_vision_model_is_off_with_the_reason(tmp
         encoding="utf-8",
     )
     server.enqueue("planner", planner_reply("Hello.", send_to="User"))
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         problems = session.role_problems
         session.ask("hi")
     assert any(p.startswith("role image_reader is off: it needs a model that reads images") and "image_reader.llm.vision: true" in p for p in problems)
     assert "ImageReader" not in planner_calls(server)[0][0]["content"], "an off role is not offered to the Planner"
     vision = load_config(project, ["image_reader.llm.model=gpt-4o", "image_reader.llm.vision=true"])
     server.enqueue("planner", planner_reply("Hello.", send_to="User"))
-    with Session.open(vision) as session:
+    with open_session(vision) as session:
         assert session.role_problems == []
         session.ask("hi")
     assert "ImageReader" in planner_calls(server)[-1][0]["content"]
@@ -126,11 +126,11 @@ def test_a_resumed_session_asks_the_retriever_again_and_sees_edited_documents(tm
     (project / "docs").mkdir(exist_ok=True)
     (project / "docs" / "finance.md").write_text(FINANCE, encoding="utf-8")
     server.enqueue("planner", planner_reply("fiscal year start", send_to="DocumentRetriever"), planner_reply("1 April.", send_to="User"))
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         session.ask("When does the fiscal year start?")
     (project / "docs" / "finance.md").write_text(FINANCE.replace("1 April", "1 July"), encoding="utf-8")
     server.enqueue("planner", planner_reply("fiscal year start", send_to="DocumentRetriever"), planner_reply("1 July now.", send_to="User"))
-    resumed, report = Session.resume(load_config(project), "last")
+    resumed, report = resume_session(load_config(project), "last")
     with resumed:
         rnd = resumed.ask("And now?")
     assert report.rounds == 1 and rnd.answer == "1 July now."
@@ -146,7 +146,7 @@ def test_a_new_projects_docs_answer_what_the_sample_datas_columns_mean(tmp_path:
         planner_reply("discount column meaning", send_to="DocumentRetriever"),
         planner_reply("The share taken off the list price.", send_to="User"),
     )
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         session.ask("What does the discount column hold?")
     passages = last_user(planner_calls(server)[1])
     assert "[1] docs/sales_data.md:" in passages and "the share taken off the list price" in passages

@@ -23,9 +23,10 @@ from helpers import REPO, cli_env, make_project, watch_stderr
 
 from taskweaver_lite.eval.cases import load_cases
 from taskweaver_lite.eval.matrix import Setting
-from taskweaver_lite.eval.outcome import Outcome
+from taskweaver_lite.eval.outcome import RUN_ID_FILE, Outcome
 from taskweaver_lite.eval.report import REPORT_JSON, REPORT_MD, REPORT_PLOT, write_report
 from taskweaver_lite.eval.runner import EvalPlan, run_eval
+from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.testing import eval_script
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, last_user_text
 
@@ -74,6 +75,21 @@ def test_taskweavers_own_cases_are_examined_judged_and_their_eval_code_runs_in_t
     examiner_requests = [r for r in server.requests if r.role == "other" and "You are testing" in r.messages[0]["content"]]
     assert "Let's start" not in examiner_requests[0].messages[1]["content"]  # our kick-off, our words
     assert examiner_requests[0].body.get("response_format") is None  # the examiner writes prose, not JSON
+
+
+def test_a_scored_run_is_kept_in_the_report_store_beside_the_session_that_played_it(tmp_path: Path, server: ScriptedServer) -> None:
+    the_plan = plan(tmp_path, server)
+    [outcome] = run_eval(load_cases([TASKWEAVER_CASES / "calc_mean"]), the_plan)
+    assert outcome.status == "scored" and outcome.session_id is not None, outcome.reason
+    run_id = (the_plan.report_dir / RUN_ID_FILE).read_text(encoding="utf-8").strip()
+    store = SessionStore(the_plan.report_dir / "sessions.db", read_only=True)
+    try:
+        kept, sessions = store.eval_results(run_id), store.list_sessions()
+    finally:
+        store.close()
+    assert {name: Outcome.from_dict(result) for name, result in kept.items()} == {"calc_mean @ project": outcome}
+    assert [entry.id for entry in sessions] == [outcome.session_id], "the session is in the report's store, not the project's"
+    assert not (the_plan.project / "sessions.db").exists()
 
 
 def test_the_shipped_project_as_configured_runs_a_shipped_case(tmp_path: Path, server: ScriptedServer) -> None:

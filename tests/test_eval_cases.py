@@ -13,10 +13,11 @@ from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.eval.cases import BadCase, ProblemSet, TaskCase, load_cases
 from taskweaver_lite.eval.examiner import Transcript
 from taskweaver_lite.eval.matrix import Setting, load_matrix
-from taskweaver_lite.eval.outcome import Outcome, PointResult, ResultsFile, scored_keys
+from taskweaver_lite.eval.outcome import RUN_ID_FILE, Outcome, PointResult, ResultsFile, scored_keys
 from taskweaver_lite.eval.report import render_markdown, summarize
 from taskweaver_lite.eval.runner import EvalPlan, case_overrides, dependency_problem, eval_llm, run_eval
 from taskweaver_lite.eval.scoring import NotAVerdict, read_verdict
+from taskweaver_lite.store.opening import open_store
 from taskweaver_lite.testing.eval_script import judge
 
 pytestmark = pytest.mark.unit
@@ -199,6 +200,28 @@ def test_a_setting_with_an_unknown_key_stops_the_command_before_any_run_naming_t
     with pytest.raises(ConfigError, match=r"setting 'typo': --set round_compressor.rounds_to_retian: unknown config key 'rounds_to_retian'"):
         run_eval(load_cases([SHIPPED / "mean_units"]), plan)
     assert not (tmp_path / "report" / "results.jsonl").exists()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_each_run_is_kept_in_the_store_under_the_evaluations_id_and_a_resume_adds_to_the_same_record(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    (tmp_path / "taskweaver_config.yaml").write_text("llm: {model: m}\n", encoding="utf-8")
+    team = (f"store.url={request.getfixturevalue('postgres_url')}",) if backend == "postgresql" else ()
+    plan = EvalPlan(tmp_path, tmp_path / "report", (Setting("off"), Setting("tight")), overrides=team)
+    cases = load_cases([tmp_path / "not_there"])  # skipped with its reason: the record needs no kernel
+    outcomes = run_eval(cases, plan)
+    run_id = (plan.report_dir / RUN_ID_FILE).read_text(encoding="utf-8").strip()
+    run_eval(cases, EvalPlan(tmp_path, plan.report_dir, plan.settings, overrides=team, resume=True))
+    assert (plan.report_dir / RUN_ID_FILE).read_text(encoding="utf-8").strip() == run_id, "--resume goes on under the same id"
+    store = open_store(load_config(tmp_path, [*team, f"store.path={plan.report_dir / 'sessions.db'}"]))
+    try:
+        kept = store.eval_results(run_id)
+    finally:
+        store.close()
+    assert sorted(kept) == ["not_there @ off", "not_there @ tight"]
+    assert [Outcome.from_dict(kept[f"{o.case} @ {o.setting}"]) for o in outcomes] == outcomes
+    assert kept["not_there @ off"]["status"] == "skipped" and "not_there" in kept["not_there @ off"]["reason"]
 
 
 def test_report_folder_defaults_to_a_timestamp_and_resume_finds_the_newest(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import httpx
 import pytest
 from helpers import make_project, run_cli
 
+from taskweaver_lite.assembly import open_session
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError, ExperienceError
 from taskweaver_lite.session import Session
@@ -47,7 +48,7 @@ def first_session(project: Path, server: ScriptedServer) -> Session:
     """A session whose code failed once (no parse_dates) and was fixed; still open."""
     server.enqueue("planner", planner_reply("Compute the monthly total of [1, 2]."), planner_reply("The total is 3.", send_to="User"))
     server.enqueue("code_generator", code_reply("print(totl)"), code_reply("print(sum([1, 2]))"))
-    session = Session.open(load_config(project))
+    session = open_session(load_config(project))
     session.ask("Monthly sales totals, in euros please.")
     return session
 
@@ -56,7 +57,7 @@ def ask_monthly(project: Path, server: ScriptedServer, **overrides: object) -> N
     server.enqueue("planner", planner_reply("Resample sales by month."), planner_reply("Done.", send_to="User"))
     server.enqueue("code_generator", code_reply("print('resampled')"))
     config = load_config(project, [f"{key}={value}" for key, value in overrides.items()])
-    with Session.open(config) as session:
+    with open_session(config) as session:
         session.ask("Show the monthly sales from sales.csv")
 
 
@@ -113,7 +114,7 @@ def test_handcrafted_taskweaver_files_are_read_unchanged_and_a_broken_one_is_nam
     (folder / "raw_exp_3.yaml").write_text("rounds: []\n", encoding="utf-8")
     server.enqueue("planner", planner_reply("Resample."), planner_reply("Done.", send_to="User"))
     server.enqueue("code_generator", code_reply("print(1)"))
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         tips = session.experience.all()
         problems = session.experience.problems()
         session.ask("resample the sales monthly")
@@ -137,7 +138,7 @@ def test_a_distillation_that_is_not_json_is_reported_and_nothing_is_lost(tmp_pat
 
 
 def test_save_before_any_request_says_there_is_nothing_to_learn_from(tmp_path: Path, server: ScriptedServer) -> None:
-    with Session.open(load_config(make_project(tmp_path, server.url))) as session, pytest.raises(ExperienceError, match="no requests yet"):
+    with open_session(load_config(make_project(tmp_path, server.url))) as session, pytest.raises(ExperienceError, match="no requests yet"):
         session.save_experience()
     assert not [r for r in server.requests if r.role == "other"], "no model call for an empty session"
 

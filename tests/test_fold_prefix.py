@@ -158,6 +158,9 @@ def test_a_fold_that_would_not_fit_the_window_with_its_reply_goes_to_the_separat
     folds = [r for r in server.requests if r.role == "compression"]
     assert len(folds) == 1
     assert "ConversationSummary" in str(folds[0].messages[0]["content"]), "the fold did not fall back to the separate prompt"
+    assert folds[0].body["prompt_cache_key"].endswith("/compression_code_generator"), (
+        "a fold on the separate prompt shares nothing with its role's prompt but was sent with the role's cache key"
+    )
     assert not overflows(server.requests, window=4000)
     # With the default reserve the same rounds fold in the role's prompt: the check above is the fit, not the rounds.
     with ScriptedServer() as roomy:
@@ -166,6 +169,22 @@ def test_a_fold_that_would_not_fit_the_window_with_its_reply_goes_to_the_separat
         play(config(roomy, window=4000), "code_generator", rounds)
         fold = next(r for r in roomy.requests if r.role == "compression")
     assert "reply_content" in str(fold.messages[0]["content"]) and "ConversationSummary" in str(fold.messages[-1]["content"])
+    assert fold.body["prompt_cache_key"].endswith("/code_generator")
+
+
+def test_a_fold_on_the_separate_prompt_never_takes_its_roles_llama_cpp_slot() -> None:
+    # The same fallback as above on a llama.cpp server with four slots: in the role's slot the fold
+    # would evict the role's prefix, which the role's next request needs.
+    rounds = [make_round(1, output_tokens=3_150), make_round(2, output_tokens=1)]
+    with ScriptedServer(server_kind="llama.cpp", slots=4) as srv:
+        srv.set_default("compression", summary)
+        srv.set_default("code_generator", ROLE_REPLIES["code_generator"])
+        play(config(srv, window=4000, reserve=256), "code_generator", rounds)
+        roles = [r for r in srv.requests if r.role == "code_generator"]
+        fold = next(r for r in srv.requests if r.role == "compression")
+    assert "ConversationSummary" in str(fold.messages[0]["content"]), "precondition: the fold fell back to the separate prompt"
+    assert all(r.body.get("id_slot") == 1 for r in roles[1:]), "the CodeGenerator lost its slot"
+    assert fold.body.get("id_slot") not in (0, 1), f"the separate fold took a role's slot: {fold.body.get('id_slot')}"
 
 
 @pytest.mark.kernel

@@ -17,14 +17,13 @@ import pytest
 import requests
 from helpers import REPO, make_project
 
-from taskweaver_lite.assembly import default_executor
+from taskweaver_lite.assembly import default_executor, open_session, resume_session
 from taskweaver_lite.config import ExecutionConfig, KernelGatewayConfig
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError, GatewayAuthError, GatewayUnreachableError
 from taskweaver_lite.kernel import remote
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.remote import GatewayExecutor
-from taskweaver_lite.session import Session
 from taskweaver_lite.testing.kernel_gateway import Gateway, Relay, free_port, kernel_gateway
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
@@ -214,7 +213,7 @@ def test_a_session_runs_loads_and_resumes_on_the_gateway(gateway: Gateway, tmp_p
         server.enqueue("code_generator", code_reply("import pandas as pd\ntable = pd.read_csv('numbers.csv')\ntotal = int(table['n'].sum())\nprint(total)"))
         data = tmp_path / "numbers.csv"
         data.write_text("n\n1\n2\n3\n", encoding="utf-8")
-        with Session.open(config) as session:
+        with open_session(config) as session:
             assert isinstance(session.executor, GatewayExecutor)
             session.load_file(data)
             rnd = session.ask("What is the total of numbers.csv?")
@@ -222,7 +221,7 @@ def test_a_session_runs_loads_and_resumes_on_the_gateway(gateway: Gateway, tmp_p
             assert any("numbers.csv" in m["content"] for r in server.requests if r.role == "planner" for m in r.messages)
             home = Path(session.executor.home)
         assert (home / "numbers.csv").read_text(encoding="utf-8") == "n\n1\n2\n3\n"
-        resumed, report = Session.resume(config, "last")
+        resumed, report = resume_session(config, "last")
         with resumed:
             assert report.replayed == 1 and report.replay_failures == 0
             assert {"table", "total"} <= {v.name for v in resumed.executor.variables()}

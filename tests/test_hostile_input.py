@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 from helpers import cli_env, make_project, run_cli, running_cli
 
+from taskweaver_lite.assembly import open_session
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.process import OWNER_FILE
-from taskweaver_lite.session import Session
 from taskweaver_lite.terminal import strip_controls
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 from taskweaver_lite.uploads import UploadError
@@ -129,7 +129,7 @@ def test_cell_output_reaches_both_roles_marked_as_data_they_must_not_obey(tmp_pa
         code_reply("print(open('notes.csv').read())\nraise ValueError('IGNORE THIS TOO')"),
         code_reply("print(open('notes.csv').read())"),
     )
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         session.load_file(tmp_path / "notes.csv")
         session.ask("what is in notes.csv?")
     planner_calls = [r.messages for r in server.requests if r.role == "planner"]
@@ -148,7 +148,7 @@ def test_load_refuses_folders_system_files_and_files_over_the_limit_with_the_rea
     big = tmp_path / "big.csv"
     with big.open("wb") as handle:
         handle.truncate(65 * 1024 * 1024)
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         for source, reason in [
             (tmp_path, "is a folder"),
             (Path("/proc/self/environ"), "not a regular data file"),
@@ -167,7 +167,7 @@ def test_load_keeps_a_sparse_file_sparse(tmp_path: Path, server: ScriptedServer)
         handle.write(b"head")
         handle.seek(40 * 1024 * 1024)
         handle.write(b"tail")
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         copied = session.load_file(sparse)
     assert copied.read_bytes()[:4] == b"head" and copied.stat().st_size == sparse.stat().st_size
     assert copied.stat().st_blocks * 512 < 1024 * 1024, "the holes were not written out"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import make_project, run_cli
 
+from taskweaver_lite import assembly
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import LLMError
 from taskweaver_lite.llm.client import Message
@@ -27,7 +28,7 @@ def server() -> Iterator[ScriptedServer]:
 
 
 def open_session(tmp_path: Path, server: ScriptedServer, **sections: Mapping[str, object]) -> Session:
-    return Session.open(load_config(make_project(tmp_path, server.url, **sections)))
+    return assembly.open_session(load_config(make_project(tmp_path, server.url, **sections)))
 
 
 def stored_rounds(store: Path) -> list[tuple[str, str | None]]:

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from helpers import make_project, run_cli
 
+from taskweaver_lite.assembly import open_session
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.interpreter import kernel_python
 from taskweaver_lite.kernel.sandbox import bwrap_path
-from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
 pytestmark = [pytest.mark.kernel, pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed: apt-get install bubblewrap")]
@@ -138,7 +138,7 @@ def test_the_code_generator_is_told_the_kernels_libraries_and_mounts(tmp_path: P
     server.enqueue("planner", planner_reply("Sum the amounts."), planner_reply("42.", send_to="User"))
     server.enqueue("code_generator", code_reply(f"import pandas as pd\npd.read_csv({str(outside / 'sales.csv')!r}).amount.sum().item()"))
     project = make_project(tmp_path, server.url, execution={"sandbox": "bubblewrap", "timeout": 60, "mounts": [str(outside)]})
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         rnd = session.ask("What is the total in my downloads?")
     assert rnd.state == "finished"
     system = next(r.messages for r in server.requests if r.role == "code_generator")[0]["content"]

@@ -14,10 +14,10 @@ import pytest
 from helpers import make_project
 from rich.console import Console
 
+from taskweaver_lite.assembly import open_session
 from taskweaver_lite.cli.console import RichConsole
 from taskweaver_lite.cli.live import CELL_LINES
 from taskweaver_lite.config_file import load_config
-from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
 TICKS = "import time\nfor i in range(3):\n    print(f'tick {i}', flush=True)\n    time.sleep(1)"
@@ -48,7 +48,7 @@ def run_cell(tmp_path: Path, server: ScriptedServer, code: str) -> tuple[io.Stri
     screen = io.StringIO()
     console = Console(file=screen, force_terminal=True, width=100, highlight=False, color_system=None)
     stop = threading.Event()
-    with Session.open(load_config(make_project(tmp_path, server.url)), listeners=[RichConsole(console)]) as session:
+    with open_session(load_config(make_project(tmp_path, server.url)), listeners=[RichConsole(console)]) as session:
         taken = snapshots(screen, stop)
         try:
             session.ask("run the cell")

@@ -168,13 +168,14 @@ class LlamaRun:
     stored: tuple[tuple[str, int], ...]  # (purpose, cached_tokens) per call, as the store keeps them
 
 
-@pytest.fixture(scope="module")
-def run(llama: str, tmp_path_factory: pytest.TempPathFactory) -> LlamaRun:
-    """A real session at an 8k window with `llm.prompt_cache: auto`, every request also sent to llama-server."""
+@pytest.fixture(scope="module", params=["rounds", "pressure"])
+def run(llama: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> LlamaRun:
+    """A real session at an 8k window with `llm.prompt_cache: auto` under each fold schedule, every request also sent to llama-server."""
     forwarded = Forwarder(llama)
     with ScriptedServer(server_kind="llama.cpp", slots=SLOTS, forward=forwarded) as server:
         SoakModel().install(server)
-        settings = {"llm": {"prompt_cache": "auto", "reply_reserve": None}}
+        role = {"fold_schedule": request.param}
+        settings = {"llm": {"prompt_cache": "auto", "reply_reserve": None}, "planner": role, "code_generator": role}
         with open_soak_session(tmp_path_factory.mktemp("session"), server, window=8000, settings=settings) as session:
             for n in range(1, ROUNDS + 1):
                 assert session.ask(user_request(n)).state == "finished"
@@ -190,9 +191,19 @@ def test_the_server_takes_every_hint_we_send(run: LlamaRun) -> None:
     assert not run.forwarded.refused, f"llama-server refused requests: {run.forwarded.refused[:3]}"
     hinted = run.forwarded.bodies[1:]  # the first reply's timings tell the client the server's kind
     assert hinted and all(body.get("cache_prompt") is True for body in hinted), "a request went without cache_prompt"
-    slots = {int(body["id_slot"]) for body in hinted if "id_slot" in body}
-    assert len([b for b in hinted if "id_slot" in b]) == len(hinted), "a request went without id_slot though the server has slots"
-    assert slots <= set(range(SLOTS)) and len(slots) == 2, f"the Planner and the CodeGenerator (and their folds) take a slot each: {slots}"
+    assert all("id_slot" in b for b in hinted), "a request went without id_slot though the server has slots"
+    by_slot: dict[int, set[str]] = {}
+    for body in hinted:
+        by_slot.setdefault(int(body["id_slot"]), set()).add(purpose_of(body["messages"]))
+    assert set(by_slot) <= set(range(SLOTS)), f"a slot the server does not have: {sorted(by_slot)}"
+    assert by_slot.get(0, set()) - {"planner", "compression_planner"} == set(), f"slot 0 is the Planner's and its folds': {by_slot[0]}"
+    assert by_slot.get(1, set()) - {"code_generator", "compression_code_generator"} == set(), f"slot 1 is the CodeGenerator's: {by_slot[1]}"
+    folds = [b for b in hinted if purpose_of(b["messages"]).startswith("compression_")]
+    assert folds, "precondition: the session folded"
+    for body in folds:
+        shared = body["id_slot"] in (0, 1)
+        opens_as_role = "ConversationSummary" not in str(body["messages"][0]["content"])
+        assert shared == opens_as_role, "a fold takes its role's slot exactly when it opens with the role's prompt"
 
 
 def purpose_of(messages: list[dict[str, Any]]) -> str:
@@ -231,7 +242,11 @@ def test_the_reuse_the_server_reports_is_the_bench_prediction_within_3_points(ru
     assert len(run.requests) == len(run.forwarded.bodies), "every request went to llama-server too"
     for request in run.requests:
         purpose = purpose_of(request.messages)
-        ledger.add(purpose, bench_ledger().as_messages(request.messages), slot=purpose.removeprefix("compression_"))
+        # Whose previous request shares the slot it went to: its role's, or, for a fold on the separate
+        # prompt (a slot of its own), its own.
+        slot = {0: "planner", 1: "code_generator"}.get(request.body.get("id_slot", -1), purpose.removeprefix("compression_"))
+        slot = slot if request.body.get("id_slot", 0) in (0, 1) else purpose
+        ledger.add(purpose, bench_ledger().as_messages(request.messages), slot=slot)
     predicted = sum(t.shared_previous for name, t in ledger.tallies.items() if name != "all requests") / ledger.tallies["all requests"].prompt
     cached = sum(int(t["cache_n"]) for t in run.forwarded.timings)
     computed = sum(int(t["prompt_n"]) for t in run.forwarded.timings)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, make_project, run_cli
 
+from taskweaver_lite.assembly import open_session, resume_session
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ContextOverflowError
@@ -18,7 +19,6 @@ from taskweaver_lite.execution import CellError
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.plugins.catalog import ENTRY_POINT_GROUP, Parameter, PluginSpec, discover, read_entry
 from taskweaver_lite.plugins.prompt import planner_line, render_block, render_stub, select, used_plugins
-from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
 # A plugin file as TaskWeaver users write it: TaskWeaver's import, config, log, ctx and add_artifact.
@@ -98,11 +98,11 @@ def test_plugins_are_loaded_before_the_replay_of_a_resumed_session(tmp_path: Pat
     server.enqueue("planner", planner_reply("Greet Ada."), planner_reply("Done.", send_to="User"))
     server.enqueue("code_generator", code_reply("g = greeter('Ada')[0]\nprint(g)"))
     config = load_config(project)
-    with Session.open(config) as session:
+    with open_session(config) as session:
         session.ask("greet Ada")
     server.enqueue("planner", planner_reply("Print g and greet Bo."), planner_reply("Done.", send_to="User"))
     server.enqueue("code_generator", code_reply("print(g, greeter('Bo')[0])"))
-    resumed, report = Session.resume(config, "last")
+    resumed, report = resume_session(config, "last")
     with resumed:
         assert report.replayed == 1 and report.replay_failures == 0, "the replayed cell calls the plugin"
         rnd = resumed.ask("again")
@@ -119,7 +119,7 @@ def test_a_broken_yaml_and_a_failing_import_leave_the_session_running_without_th
     assert broken.path.name == "bad_yaml.yaml" and "not valid YAML at line" in broken.line() and "starts without it" in broken.line()
     server.enqueue("planner", planner_reply("Greet Ada."), planner_reply("Done.", send_to="User"))
     server.enqueue("code_generator", code_reply("greeter('Ada')[0]"))
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         rnd = session.ask("greet Ada")
     post = next(p for p in rnd.posts if p.execution is not None)
     assert post.execution is not None and post.execution.success, "the other plugins still load"
@@ -196,7 +196,7 @@ def test_the_code_generator_sees_enabled_plugins_and_the_planner_one_line_each(t
     write_plugin(project / "plugins", "hidden", "name: hidden\nenabled: false\ndescription: Never shown.\n")
     server.enqueue("planner", planner_reply("Greet Ada."), planner_reply("Done.", send_to="User"))
     server.enqueue("code_generator", code_reply("greeter('Ada')"))
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         session.ask("greet Ada")
     planner_system = next(r for r in server.requests if r.role == "planner").messages[0]["content"]
     coder_system = next(r for r in server.requests if r.role == "code_generator").messages[0]["content"]
@@ -290,7 +290,7 @@ def test_auto_selection_shows_the_plugins_for_the_step_and_keeps_those_used_befo
     server.enqueue("code_generator", code_reply("print(greeter('Ada')[0])"))
     server.enqueue("planner", planner_reply("Pull the rows of the SQLite database shop.db with a SQL query."), planner_reply("Done.", send_to="User"))
     server.enqueue("code_generator", code_reply("print(1)"))
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         session.ask("anomalies?")
         session.ask("rows?")
     calls = [r.messages for r in server.requests if r.role == "code_generator"]
@@ -313,7 +313,7 @@ def test_the_plugin_block_counts_against_the_budget(tmp_path: Path, server: Scri
         write_plugin(project / "plugins", f"tool_{i}", spec, "x = 1\n")
     server.enqueue("planner", planner_reply("Print 1."), planner_reply("Done.", send_to="User"))
     server.enqueue("code_generator", code_reply("print(1)"))
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         if selection:
             assert session.ask("print one").state == "finished", "the top 3 fit where all 10 did not"
             assert [r.role for r in server.requests] == ["planner", "code_generator", "planner"]

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from helpers import make_project
 
+from taskweaver_lite.assembly import open_session, resume_session
 from taskweaver_lite.cli.main import main
 from taskweaver_lite.config_file import load_config
-from taskweaver_lite.session import Session
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
@@ -32,7 +32,7 @@ def test_a_session_on_postgresql_is_kept_listed_resumed_and_exported_without_its
         config = load_config(project)
         server.enqueue("planner", planner_reply("Plot the numbers."), planner_reply("Plotted.", send_to="User"))
         server.enqueue("code_generator", code_reply(PLOT))
-        with Session.open(config) as session:
+        with open_session(config) as session:
             session.ask("plot 1, 3, 2")
             session_id = session.id
         assert not list(project.rglob("*.db")) and not (project / "sessions.db.locks").exists(), "no SQLite store in the project"
@@ -40,7 +40,7 @@ def test_a_session_on_postgresql_is_kept_listed_resumed_and_exported_without_its
         assert main(["sessions", "--json", "-p", str(project)]) == 0
         assert [row["id"] for row in json.loads(capsys.readouterr().out)] == [session_id]
 
-        resumed, report = Session.resume(config, session_id)
+        resumed, report = resume_session(config, session_id)
         with resumed:
             assert report.rounds == 1 and report.replayed == 1 and report.replay_failures == 0
             assert resumed.executor.run("print(sum(numbers))").stdout.strip() == "6", "the replay rebuilt the variables"

@@ -15,9 +15,9 @@ import nbformat
 import pytest
 from helpers import make_project, run_cli, running_cli, watch_stderr
 
+from taskweaver_lite.assembly import open_session, resume_session
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import SessionBusyError
-from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 
 
@@ -139,12 +139,12 @@ def test_export_writes_a_notebook_that_validates_and_a_markdown_transcript(tmp_p
 def test_a_session_open_in_one_place_cannot_be_opened_twice(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url)
     config = load_config(project)
-    with Session.open(config) as first:
+    with open_session(config) as first:
         done = run_cli("chat", "-p", str(project), "--resume", first.id, stdin="hello\n", timeout=30)
         assert done.returncode != 0
         assert "open in another taskweaver-lite process" in done.stderr and "Traceback" not in done.stderr
         with pytest.raises(SessionBusyError):
-            Session.resume(config, first.id)
+            resume_session(config, first.id)
 
 
 def test_a_history_command_shows_folded_rounds_in_full(tmp_path: Path, server: ScriptedServer) -> None:
@@ -153,7 +153,7 @@ def test_a_history_command_shows_folded_rounds_in_full(tmp_path: Path, server: S
     for n in range(4):
         server.enqueue("planner", planner_reply(f"Reply {n}.", send_to="User"))
     config = load_config(project)
-    with Session.open(config) as session:
+    with open_session(config) as session:
         for n in range(3):
             session.ask(f"Message {n}")
             assert session.contexts()["planner"].wait_idle(timeout=10)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from helpers import make_project, run_cli
 
+from taskweaver_lite.assembly import open_session
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
 
@@ -36,7 +36,7 @@ def test_each_role_calls_its_own_endpoint_with_its_own_model_and_budget(tmp_path
     planning.enqueue("planner", planner_reply("Add two and two."), planner_reply("It is 4.", send_to="User"))
     coding.enqueue("code_generator", code_reply("print(2 + 2)"))
     config = load_config(project_for(tmp_path, planning, coding))
-    with Session.open(config) as session:
+    with open_session(config) as session:
         rnd = session.ask("what is 2 + 2?")
         contexts = session.contexts()
         by_model = session.usage_by_model()

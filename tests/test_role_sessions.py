@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from helpers import REPO, make_project, run_cli
 
+from taskweaver_lite.assembly import open_session, resume_session
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.llm.client import Message
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.conversation import Post
-from taskweaver_lite.session import Session
 from taskweaver_lite.store.export import write_export
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 
@@ -64,7 +64,7 @@ def route(posts: list[Post]) -> list[tuple[str, str]]:
 def test_a_yaml_only_project_role_answers_the_planner_in_a_session(tmp_path: Path, server: ScriptedServer) -> None:
     server.enqueue("planner", planner_reply("What does a 12% rise mean?", send_to="Analyst"), planner_reply("Sales grew well.", send_to="User"))
     server.enqueue("other", "A 12% rise means demand is strong.")
-    with Session.open(load_config(project_with_analyst(tmp_path, server))) as session:
+    with open_session(load_config(project_with_analyst(tmp_path, server))) as session:
         rnd = session.ask("Sales rose 12%. Is that good?")
     assert rnd.state == "finished" and rnd.answer == "Sales grew well."
     assert route(rnd.posts) == [("User", "Planner"), ("Planner", "Analyst"), ("Analyst", "Planner"), ("Planner", "User")]
@@ -87,7 +87,7 @@ def test_one_request_routed_planner_worker_planner_code_interpreter_planner_user
     )
     server.enqueue("other", "Year over year, from 100 to 112.")
     server.enqueue("code_generator", code_reply("growth = (112 - 100) / 100\nprint(growth)"))
-    with Session.open(load_config(project_with_analyst(tmp_path, server))) as session:
+    with open_session(load_config(project_with_analyst(tmp_path, server))) as session:
         rnd = session.ask("How much did we grow?")
     assert route(rnd.posts) == [
         ("User", "Planner"),
@@ -111,7 +111,7 @@ def test_a_workers_rounds_fold_by_its_own_compression_at_an_8k_window_with_nothi
     server.set_default("other", lambda messages: "Meaning: " + "the figure is steady " * 150)
     server.set_default("compression", summary_reply("SUMMARY: the analyst explained earlier figures."))
     tokenizer = get_tokenizer()
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         for number in range(1, 7):
             server.enqueue("planner", planner_reply(f"Explain figure {number}.", send_to="Analyst"), planner_reply(f"Done {number}.", send_to="User"))
             assert session.ask(f"Explain figure {number}").state == "finished"
@@ -144,7 +144,7 @@ def test_a_session_with_three_roles_resumes_with_each_roles_history_and_exports_
         server.enqueue("other", f"Figure {number} is fine.")
         server.enqueue("code_generator", code_reply(f"figure_{number} = {number} * 10\nprint(figure_{number})"))
     config = load_config(project)
-    with Session.open(config) as session:
+    with open_session(config) as session:
         session.ask("First figure")
         session.ask("Second figure")
         for context in session.contexts().values():
@@ -154,7 +154,7 @@ def test_a_session_with_three_roles_resumes_with_each_roles_history_and_exports_
     assert folded >= 1
     server.enqueue("planner", planner_reply("And figure 3?", send_to="Analyst"), planner_reply("All done.", send_to="User"))
     server.enqueue("other", "Figure 3 is fine too.")
-    resumed, report = Session.resume(config, session_id)
+    resumed, report = resume_session(config, session_id)
     with resumed:
         assert report.rounds == 2 and report.replayed == 2
         assert resumed.contexts()["analyst"].state.folded_through == folded, "each role's summary comes back"
@@ -175,7 +175,7 @@ def test_an_unknown_or_disabled_recipient_gets_a_repair_turn_naming_the_valid_on
         planner_reply("Check this.", send_to="Boss"),
         planner_reply("Nothing to check.", send_to="User"),
     )
-    with Session.open(load_config(project_with_analyst(tmp_path, server))) as session:
+    with open_session(load_config(project_with_analyst(tmp_path, server))) as session:
         rnd = session.ask("Check my numbers")
     assert rnd.state == "finished" and rnd.answer == "Nothing to check."
     repairs = [last_user(messages) for messages in calls(server, "planner")[1:]]
@@ -188,7 +188,7 @@ def test_a_role_whose_model_is_unreachable_answers_with_the_setting_and_the_requ
     project = project_with_analyst(tmp_path, server, role_file=role_file)
     server.enqueue("planner", planner_reply("Explain 12%.", send_to="Analyst"), planner_reply("I could not get an explanation.", send_to="User"))
     config = load_config(project)
-    with Session.open(config) as session:
+    with open_session(config) as session:
         rnd = session.ask("Is 12% good?")
         session_id = session.id
     assert rnd.state == "finished" and rnd.answer == "I could not get an explanation."
@@ -196,7 +196,7 @@ def test_a_role_whose_model_is_unreachable_answers_with_the_setting_and_the_requ
     assert (failure.send_from, failure.send_to) == ("Analyst", "Planner")
     assert "could not answer" in failure.message and "analyst.llm" in failure.message and "\n" not in failure.message
     assert "analyst.llm" in last_user(calls(server, "planner")[1])
-    resumed, _ = Session.resume(config, session_id, replay=False)
+    resumed, _ = resume_session(config, session_id, replay=False)
     with resumed:
         assert route(resumed.conversation.rounds[0].posts) == route(rnd.posts), "nothing is lost from the store"
 
@@ -204,7 +204,7 @@ def test_a_role_whose_model_is_unreachable_answers_with_the_setting_and_the_requ
 def test_a_broken_role_is_one_line_and_the_session_goes_on_with_the_others(tmp_path: Path, server: ScriptedServer) -> None:
     project = project_with_analyst(tmp_path, server, role_file="alias: Analyst\nprompt: p\n")
     server.enqueue("planner", planner_reply("Hello!", send_to="User"))
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         assert [line for line in session.role_problems if "analyst" in line] == [
             f"role analyst ({project / 'roles' / 'analyst' / 'analyst.role.yaml'}): key 'intro' is missing; the session starts without it"
         ]
@@ -215,7 +215,7 @@ def test_a_broken_role_is_one_line_and_the_session_goes_on_with_the_others(tmp_p
 def test_a_request_that_bounces_between_roles_stops_at_the_hop_cap_with_a_clear_message(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url, session={"roles": ["planner", "echo"], "max_internal_hops": 2})
     server.set_default("planner", planner_reply("Say it again.", send_to="Echo"))
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         rnd = session.ask("Loop forever")
     assert rnd.state == "finished" and rnd.answer is not None
     assert "stopped after 2 steps" in rnd.answer and "session.max_internal_hops" in rnd.answer
@@ -257,7 +257,7 @@ def test_the_readme_role_example_answers_from_its_terms_and_asks_its_model_about
         planner_reply("Both explained.", send_to="User"),
     )
     server.enqueue("other", "Churn is the share of customers who leave.")
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         assert not session.role_problems
         rnd = session.ask("Explain net_sales and churn")
     assert rnd.answer == "Both explained."
@@ -296,7 +296,7 @@ def test_a_role_class_that_raises_or_returns_no_post_answers_with_what_went_wron
         planner_reply("Q2", send_to="Silent"),
         planner_reply("Neither helped.", send_to="User"),
     )
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         rnd = session.ask("Try both")
     assert rnd.answer == "Neither helped."
     faulty, silent = rnd.posts[2], rnd.posts[4]

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from helpers import make_project
 
+from taskweaver_lite.assembly import open_session
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.sandbox import bwrap_path, uses_sandbox
-from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
 needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
@@ -196,7 +196,7 @@ def test_a_sessions_hostile_cell_fails_and_the_session_goes_on(tmp_path: Path) -
         server.enqueue("code_generator", *[code_reply(f"import os\nos.remove({str(store)!r})") for _ in range(4)])
         server.enqueue("planner", planner_reply("Compute 6 * 7."), planner_reply("42.", send_to="User"))
         server.enqueue("code_generator", code_reply("print(6 * 7)"))
-        with Session.open(load_config(folder)) as session:
+        with open_session(load_config(folder)) as session:
             first = session.ask("Delete the store.")
             second = session.ask("What is six times seven?")
     assert first.state == "finished" and second.state == "finished"

@@ -16,9 +16,9 @@ import httpx
 import pytest
 from helpers import make_project
 
+from taskweaver_lite.assembly import open_session
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 from taskweaver_lite.testing.web_server import WebServer
 from taskweaver_lite.web.auth import Access
@@ -100,7 +100,7 @@ def test_stop_cancels_the_running_step_like_ctrl_c(web: WebServer, scripted: Scr
 
 
 def test_a_session_open_elsewhere_answers_409(web: WebServer, project: Path) -> None:
-    with Session.open(load_config(project)) as elsewhere, httpx.Client(base_url=web.url) as client:
+    with open_session(load_config(project)) as elsewhere, httpx.Client(base_url=web.url) as client:
         response = client.post(f"/api/sessions/{elsewhere.id}/resume", json={})
         assert response.status_code == 409 and "open" in response.json()["error"]
 

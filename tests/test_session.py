@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from helpers import make_project
 
+from taskweaver_lite import assembly
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import LLMUnreachableError
@@ -25,7 +26,7 @@ def server() -> Iterator[ScriptedServer]:
 
 def open_session(tmp_path: Path, server: ScriptedServer, **sections: Mapping[str, object]) -> Session:
     project = make_project(tmp_path, server.url, **sections)
-    return Session.open(load_config(project))
+    return assembly.open_session(load_config(project))
 
 
 def calls(server: ScriptedServer, role: str) -> list[list[dict]]:
@@ -340,7 +341,7 @@ def test_a_caller_passes_its_own_executor_and_the_session_uses_only_the_protocol
     data = tmp_path / "numbers.csv"
     data.write_text("a\n1\n", encoding="utf-8")
     config = load_config(make_project(tmp_path, server.url))
-    with Session.open(config, executor=lambda folder: CountingExecutor(folder, seen=seen)) as session:
+    with assembly.open_session(config, executor=lambda folder: CountingExecutor(folder, seen=seen)) as session:
         loaded = session.load_file(data)
         assert session.ask("Make n.").answer == "n is 5."
         assert [v.name for v in session.live_variables().variables] == ["n"]

@@ -14,6 +14,7 @@ import pytest
 from helpers import make_project
 from rich.console import Console
 
+from taskweaver_lite import assembly
 from taskweaver_lite.cli.console import PlainConsole, RichConsole
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.session import Session
@@ -74,7 +75,7 @@ class Watcher:
 
 
 def open_session(tmp_path: Path, server: ScriptedServer, renderer: RichConsole | PlainConsole, **llm: object) -> Session:
-    return Session.open(load_config(make_project(tmp_path, server.url, llm=llm)), listeners=[renderer])
+    return assembly.open_session(load_config(make_project(tmp_path, server.url, llm=llm)), listeners=[renderer])
 
 
 def test_the_planners_first_words_are_on_screen_before_its_reply_is_complete(tmp_path: Path, server: ScriptedServer) -> None:

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from helpers import REPO, make_project, run_cli
 
+from taskweaver_lite.assembly import open_session
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.events import Event, Working
 from taskweaver_lite.roles.registry import RoleCatalog, discover_roles
-from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, planner_reply
 
 pytestmark = pytest.mark.kernel
@@ -165,7 +165,7 @@ def test_taskweavers_echo_answers_with_its_decorator_read_from_taskweavers_json(
     config = load_config(project)
     assert not any("echo.decorator" in notice for notice in config.notices), config.notices
     server.enqueue("planner", planner_reply("hello there", send_to="Echo"), planner_reply("Echo said it.", send_to="User"))
-    with Session.open(config) as session:
+    with open_session(config) as session:
         assert session.role_problems == []
         rnd = session.ask("Have Echo say hello there.")
     assert [(p.send_from, p.send_to, p.message) for p in rnd.posts[1:3]] == [("Planner", "Echo", "hello there"), ("Echo", "Planner", "**hello there**")]
@@ -186,7 +186,7 @@ def test_a_role_written_as_taskweavers_docs_show_calls_its_own_model_and_attache
     server.enqueue("planner", planner_reply("Summarize: the sales rose in May and fell in June.", send_to="Summarizer"), planner_reply("Done.", send_to="User"))
     server.enqueue("other", "Ventes en hausse puis en baisse.")
     seen: list[Event] = []
-    with Session.open(load_config(project), listeners=[seen.append]) as session:
+    with open_session(load_config(project), listeners=[seen.append]) as session:
         assert session.role_problems == []
         rnd = session.ask("Summarize the sales note.")
     assert Working("role_working", "Summarizer (summarizing)") in seen, "update_status shows as the role's progress line"
@@ -227,7 +227,7 @@ def test_a_role_calling_what_is_not_provided_tells_the_planner_what_to_port(tmp_
     project = make_project(tmp_path, server.url, session={"roles": ["planner", "listener"]})
     add_role(project, "listener", REGISTERS_PY, "alias: Listener\nmodule: listener.Listener\nintro: listens\n")
     server.enqueue("planner", planner_reply("listen", send_to="Listener"), planner_reply("It could not.", send_to="User"))
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         rnd = session.ask("Ask the Listener.")
     said = rnd.posts[2].message
     assert "TaskWeaver's SessionEventEmitter.register is not provided here: port that part of the role to reply(request, tools)" in said
@@ -237,7 +237,7 @@ def test_a_role_calling_what_is_not_provided_tells_the_planner_what_to_port(tmp_
 def test_a_typo_in_session_roles_stops_before_any_model_call_naming_the_closest_role(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url, session={"roles": ["planner", "code_interpeter"]})
     with pytest.raises(ConfigError) as caught:
-        Session.open(load_config(project))
+        open_session(load_config(project))
     assert str(caught.value).startswith("session.roles: no role is called 'code_interpeter'; did you mean 'code_interpreter'? known roles: ")
     assert server.requests == []
 
@@ -258,7 +258,7 @@ def test_the_ported_echo_of_the_docs_answers_as_taskweavers_does(tmp_path: Path,
     project = make_project(tmp_path, server.url, session={"roles": ["planner", "echo"]}, echo={"decorator": "**"})
     add_role(project, "echo", ported, (ECHO / "echo.role.yaml").read_text(encoding="utf-8"))
     server.enqueue("planner", planner_reply("hello there", send_to="Echo"), planner_reply("Echo said it.", send_to="User"))
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         assert session.role_problems == []
         rnd = session.ask("Have Echo say hello there.")
     assert (rnd.posts[2].send_from, rnd.posts[2].message) == ("Echo", "**hello there**")
@@ -277,6 +277,6 @@ def test_a_role_class_with_no_constructor_or_config_class_of_its_own_is_built_wi
     project = make_project(tmp_path, server.url, session={"roles": ["planner", "plain"]})
     add_role(project, "plain", plain, "alias: Plain\nmodule: plain.Plain\nintro: plain\n")
     server.enqueue("planner", planner_reply("hi", send_to="Plain"), planner_reply("ok", send_to="User"))
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         rnd = session.ask("Ask Plain.")
     assert (rnd.posts[2].send_from, rnd.posts[2].message) == ("Plain", "plain/Plain: hi")

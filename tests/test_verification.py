@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from helpers import make_project
 
+from taskweaver_lite.assembly import open_session
 from taskweaver_lite.config_file import load_config
-from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 from taskweaver_lite.verification import DEFAULT_BLOCKED_FUNCTIONS, CodeVerifier
 
@@ -170,7 +170,7 @@ def test_a_refused_cell_does_not_run_and_the_code_generator_revises_with_the_rul
         code_reply("import pandas as pd\nprint('counted', 0)"),
     )
     project = make_project(tmp_path, server.url, code_interpreter={"code_verification_on": True})
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         rnd = session.ask("How many files are there?")
     assert not marker.exists(), "a cell that broke the rules ran anyway"
     assert rnd.state == "finished"
@@ -184,7 +184,7 @@ def test_after_the_last_refusal_the_planner_is_told(tmp_path: Path, server: Scri
     server.enqueue("planner", planner_reply("List the home folder."), planner_reply("That is not allowed here.", send_to="User"))
     server.enqueue("code_generator", *[code_reply("import os\nprint(os.listdir('/root'))") for _ in range(2)])
     project = make_project(tmp_path, server.url, code_interpreter={"code_verification_on": True, "max_retry_count": 1})
-    with Session.open(load_config(project)) as session:
+    with open_session(load_config(project)) as session:
         session.ask("What is in the home folder?")
     report = [r.messages for r in server.requests if r.role == "planner"][1][-1]["content"]
     assert "not run" in report and "verification rules" in report and "importing `os`" in report

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from taskweaver_lite.assembly import reset_session
 from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.experience import experience_command, save_tips
@@ -35,6 +36,7 @@ from taskweaver_lite.memory.compression import RoleContext
 from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.memory.summary import render_summary
 from taskweaver_lite.memory.variables import render_variables
+from taskweaver_lite.model_choice import model_users
 from taskweaver_lite.session import Session, numbered
 from taskweaver_lite.store.export import write_export
 from taskweaver_lite.store.opening import store_place, stored_sessions
@@ -145,7 +147,7 @@ def chat_with(
     workspace = Workspace(config)  # the project opened once: its store and catalogs serve every session of this chat
     try:
         if resume:
-            session, workspace, kept = _resume(workspace, resume, replay=replay, overrides=list(overrides), renderer=renderer, say=say, confirm=asks)
+            session, kept = _resume(workspace, resume, replay=replay, overrides=list(overrides), renderer=renderer, say=say, confirm=asks)
         else:
             _fit_display(config, renderer)
             session, kept = workspace.new_session(listeners=[renderer], confirm=asks), list(overrides)
@@ -222,7 +224,7 @@ def _kernel_lines(kernel: KernelEnvironment) -> list[str]:
 
 def model_names(session: Session) -> str:
     """The banner's model: one name, or each part's when they differ."""
-    models = {user: session.config.llm_for(user).model for user in session.model_users()}
+    models = {user: session.config.llm_for(user).model for user in model_users(session)}
     if len(set(models.values())) == 1:
         return f"model {session.config.llm.model}"
     return "models " + ", ".join(f"{user} {model}" for user, model in models.items())
@@ -269,21 +271,21 @@ def _resume(
     renderer: RichConsole | PlainConsole,
     say: Callable[[str], None],
     confirm: ConfirmCell | None,
-) -> tuple[Session, Workspace, list[str]]:
-    """Resume with the --set values the session was started with (new ones win); returns it, its workspace and those values."""
+) -> tuple[Session, list[str]]:
+    """Resume with the --set values the session was started with (new ones win); returns it and those values."""
     project = workspace.config.project_dir
     try:
         remembered = workspace.remembered_overrides(ref)
         if remembered:
             overrides = merge_overrides(remembered, overrides)
-            workspace = workspace.reconfigured(load_config(project, overrides))
+            workspace = workspace.reconfigured(load_config(project, overrides))  # the same store: the caller closes it
         _fit_display(workspace.config, renderer)  # after the reload: the stored settings must not undo the terminal's width
         session = _resume_session(workspace, ref, replay=replay, renderer=renderer, say=say, confirm=confirm)
     except UnknownSessionError as exc:
         raise exc.listed_with(_sessions_command(project)) from None
     if remembered:
         say("Re-applied the settings this session was started with: " + " ".join(f"--set {item}" for item in remembered))
-    return session, workspace, overrides
+    return session, overrides
 
 
 def merge_overrides(earlier: list[str], later: list[str]) -> list[str]:
@@ -507,7 +509,7 @@ class SlashCommands(TurnCommands):
 
     def _reset(self, _: str) -> bool:
         old = self.session.id
-        self.session = self.session.reset()
+        self.session = reset_session(self.session)
         self.say(f"Started over as session {self.session.id} with a fresh kernel and a copy of the working files ({old} stays stored).")
         for line in self.session.reset_report.notices() if self.session.reset_report is not None else ():
             self.say(line)

@@ -20,8 +20,8 @@ from taskweaver_lite.cli.console import PlainConsole, RichConsole
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.execution import DATA_CLOSE, DATA_OPEN
-from taskweaver_lite.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, last_user_text, planner_reply, summary_reply
+from taskweaver_lite.workspace import Workspace
 
 Answer = Callable[[str], str]  # from the CodeInterpreter's reports in this round to the Planner's answer
 
@@ -242,7 +242,7 @@ def run_demo(*, project: str | None, plain: bool) -> int:
         script = _Script(server)
         server.set_default("compression", _summarize)
         config = load_config(target, [f"llm.api_base={server.url}", "llm.api_key=demo-key", "llm.model=scripted-demo"])
-        with Session.open(config, listeners=[renderer]) as session:
+        with Workspace(config) as workspace, workspace.new_session(listeners=[renderer]) as session:
             session.load_file(target / "sample_data" / "sales.csv")
             say(f"Demo project: {target}\nLoaded sales.csv into {session.working_dir}\n")
             for step in STEPS:

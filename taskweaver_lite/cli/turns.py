@@ -16,7 +16,9 @@ from pathlib import Path
 
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.memory.conversation import Round
+from taskweaver_lite.model_choice import model_users, use_model
 from taskweaver_lite.session import Session
+from taskweaver_lite.undo import undo
 
 
 def session_artifacts(rounds: list[Round]) -> list[Path]:
@@ -56,7 +58,7 @@ class TurnCommands:
         return text
 
     def _undo(self, _: str) -> bool:
-        dropped = self.session.undo(on_replay=self._replayed)
+        dropped = undo(self.session, on_replay=self._replayed)
         self.say(
             f"Undid request {dropped.index} ({dropped.user_query!r}): it is gone from the prompts and the store, and the kernel "
             "was rebuilt by re-running the earlier cells. Files its cells wrote stay in the working folder."
@@ -68,7 +70,7 @@ class TurnCommands:
         if not rounds:
             self.say("Nothing to retry: this session has no requests yet.")
             return True
-        dropped = self.session.undo(on_replay=self._replayed)
+        dropped = undo(self.session, on_replay=self._replayed)
         self.say(f"Retrying request {dropped.index} ({dropped.user_query!r}): its answer is dropped and the request is asked again.")
         self._retry_text = dropped.user_query
         return True
@@ -78,7 +80,7 @@ class TurnCommands:
             self.say(f"Re-ran {total} cell{'' if total == 1 else 's'}.")
 
     def _model(self, argument: str) -> bool:
-        parts, users = argument.split(), self.session.model_users()
+        parts, users = argument.split(), model_users(self.session)
         if not parts:
             models = ", ".join(f"{user} {self.session.config.llm_for(user).model}" for user in users)
             self.say(f"Models now: {models}. Switch with /model NAME (every part) or /model ROLE NAME.")
@@ -88,7 +90,7 @@ class TurnCommands:
             return True
         user = parts[0] if len(parts) == 2 else None
         name = parts[-1]
-        self.session.use_model(name, user=user)
+        use_model(self.session, name, user=user)
         key = f"{user}.llm.model" if user else "llm.model"
         if self._remember is not None:
             self._remember(f"{key}={name}")

@@ -2,7 +2,9 @@
 
 `results.jsonl` in the report folder gets one line per finished run, written and flushed the
 moment the run ends, so an interrupted evaluation loses at most the runs still going; `--resume`
-reads it back and skips the runs already scored.
+reads it back and skips the runs already scored. The store keeps each run too, under the
+evaluation's id (`eval_run_id`: made with the report folder, in its `run_id` file, and read
+again by `--resume`, so a resumed evaluation adds to the same record).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,6 +23,7 @@ from typing import Any, Literal
 # request or a statement outside its script); a score would say nothing about the setting, so there is none.
 Status = Literal["scored", "failed", "skipped", "not played"]
 RESULTS_FILE = "results.jsonl"
+RUN_ID_FILE = "run_id"  # in the report folder: the id the store keeps the evaluation's results under
 # What a model says when it cannot play a request or judge a statement (the scripted model does): the run is "not played".
 CANNOT_PLAY = "The scripted model cannot play this"
 
@@ -120,3 +125,15 @@ class ResultsFile:
 def scored_keys(outcomes: Iterable[Outcome]) -> set[tuple[str, str]]:
     """The runs `--resume` skips: those that got a score."""
     return {o.key for o in outcomes if o.status == "scored"}
+
+
+def eval_run_id(report_dir: Path) -> str:
+    """The evaluation's id in the store: read from the report folder, or made (date, time, a random suffix) and written there."""
+    path = report_dir / RUN_ID_FILE
+    if path.is_file():
+        known = path.read_text(encoding="utf-8").strip()
+        if known:
+            return known
+    made = f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    path.write_text(made + "\n", encoding="utf-8")
+    return made

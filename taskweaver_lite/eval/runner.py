@@ -1,13 +1,19 @@
 """Running cases under settings: each run a fresh session of the project, up to `jobs` at a time.
 
-A run's config is the project's file, then the case's `config_var` (TaskWeaver's key names
-translated where ours differ; keys with no counterpart are noted, not applied), then `--set`, then
-the setting's keys, so a matrix row always wins. Sessions are stored in the report folder's own
-database, not the project's. Whatever goes wrong in one run (a case that cannot be read, data that
-is missing, a model that fails mid-run, a judge reply that is no verdict) is that run's outcome,
-with the reason; the other runs go on. A role the case enables that is broken is left out with a
-note, as the chat does, and the case runs; a run the model could not play (`CANNOT_PLAY` in the
-conversation or a verdict) is "not played", not a score.
+An evaluation starts from a `Workspace`, as the chat and the server do: the project's config, its
+store and its plugins, opened once and shared by every run. A run's config is the project's file,
+then the case's `config_var` (TaskWeaver's key names translated where ours differ; keys with no
+counterpart are noted, not applied), then `--set`, then the setting's keys, so a matrix row always
+wins; its session opens on the workspace reconfigured to it. The store is the report folder's own
+SQLite file, not the project's, unless `store.url` names a PostgreSQL store: there the sessions go,
+as a team's do. Each finished run is written to results.jsonl and kept in the store as well, under
+the evaluation's id (`eval_run_id`), so a team's database holds its scores beside its sessions.
+
+Whatever goes wrong in one run (a case that cannot be read, data that is missing, a model that
+fails mid-run, a judge reply that is no verdict) is that run's outcome, with the reason; the other
+runs go on. A role the case enables that is broken is left out with a note, as the chat does, and
+the case runs; a run the model could not play (`CANNOT_PLAY` in the conversation or a verdict) is
+"not played", not a score.
 """
 
 from __future__ import annotations
@@ -28,18 +34,20 @@ from typing import Any
 
 from taskweaver_lite.config import Config, LLMConfig, merged_llm
 from taskweaver_lite.config_file import is_config_key, load_config
-from taskweaver_lite.errors import ConfigError, TaskWeaverError
+from taskweaver_lite.errors import ConfigError, StoreError, TaskWeaverError
 from taskweaver_lite.eval import probe
 from taskweaver_lite.eval.cases import BadCase, Case, ProblemSet, TaskCase
 from taskweaver_lite.eval.dseval import SetupFailed, run_problem_set
 from taskweaver_lite.eval.examiner import ExaminerFailed, RoundFailed, Transcript, examine
 from taskweaver_lite.eval.matrix import Setting
-from taskweaver_lite.eval.outcome import CANNOT_PLAY, RESULTS_FILE, Outcome, PointResult, ResultsFile, scored_keys
+from taskweaver_lite.eval.outcome import CANNOT_PLAY, RESULTS_FILE, Outcome, PointResult, ResultsFile, eval_run_id, scored_keys
 from taskweaver_lite.eval.scoring import JudgeFailed, NotAVerdict, mark, score
 from taskweaver_lite.events import Event, RoundEnded
 from taskweaver_lite.llm.client import ChatModel, MeteredModel, OpenAIChatModel
 from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.session import Session
+from taskweaver_lite.store.interface import Store
+from taskweaver_lite.workspace import Workspace
 
 Progress = Callable[[str], None]
 
@@ -79,25 +87,45 @@ def run_eval(cases: Sequence[Case], plan: EvalPlan, *, progress: Progress = lamb
     if len(todo) < len(runs):
         progress(f"resume: {len(runs) - len(todo)} run(s) already scored, {len(todo)} to go")
     finished: dict[tuple[str, str], Outcome] = {o.key: o for o in earlier}
-    pool = ThreadPoolExecutor(max_workers=max(1, plan.jobs), thread_name_prefix="eval")
-    stop = threading.Event()
-    try:
-        futures = [pool.submit(_in_worker, case, setting, plan, RunWatch(f"{case.name} @ {setting.name}", progress, stop)) for case, setting in todo]
-        for count, future in enumerate(as_completed(futures), 1):
-            outcome = future.result()
-            results.append(outcome)
-            finished[outcome.key] = outcome
-            progress(f"[{count}/{len(todo)}] {describe(outcome)}")
-    except BaseException:
-        # Ctrl-C, SIGTERM: no new run starts, those under way stop after their current request; what
-        # was recorded stays in results.jsonl for --resume.
-        stop.set()
-        pool.shutdown(wait=False, cancel_futures=True)
-        progress("eval: interrupted; the runs recorded so far are in results.jsonl: --resume goes on from there")
-        raise
-    pool.shutdown()
+    with Workspace.load(plan.project, [*plan.overrides, report_store(plan)]) as workspace:
+        run_id = eval_run_id(plan.report_dir)
+        progress(f"eval: each run is kept in {workspace.store.where} as eval run {run_id}")
+        pool = ThreadPoolExecutor(max_workers=max(1, plan.jobs), thread_name_prefix="eval")
+        stop = threading.Event()
+        try:
+            futures = [
+                pool.submit(_in_worker, case, setting, plan, workspace, RunWatch(f"{case.name} @ {setting.name}", progress, stop)) for case, setting in todo
+            ]
+            for count, future in enumerate(as_completed(futures), 1):
+                outcome = future.result()
+                results.append(outcome)
+                _keep(outcome, workspace.store, run_id=run_id, progress=progress)
+                finished[outcome.key] = outcome
+                progress(f"[{count}/{len(todo)}] {describe(outcome)}")
+        except BaseException:
+            # Ctrl-C, SIGTERM: no new run starts, those under way stop after their current request; what
+            # was recorded stays in results.jsonl for --resume. They end before the store closes.
+            stop.set()
+            pool.shutdown(wait=False, cancel_futures=True)
+            progress("eval: interrupted; the runs recorded so far are in results.jsonl: --resume goes on from there")
+            pool.shutdown()
+            raise
+        pool.shutdown()
     order = {(case.name, setting.name): n for n, (case, setting) in enumerate(runs)}
     return sorted((o for o in finished.values() if o.key in order), key=lambda o: order[o.key])
+
+
+def report_store(plan: EvalPlan) -> str:
+    """The override that keeps an evaluation's sessions in its report folder's own SQLite file (unless store.url names a database)."""
+    return f"store.path={json.dumps(str((plan.report_dir / 'sessions.db').resolve()))}"
+
+
+def _keep(outcome: Outcome, store: Store, *, run_id: str, progress: Progress) -> None:
+    """Keep a finished run in the store too, by case and setting; results.jsonl has it already, so a store that fails is told, not fatal."""
+    try:
+        store.save_eval_result(run_id, f"{outcome.case} @ {outcome.setting}", outcome.to_dict())
+    except StoreError as exc:
+        progress(f"eval: {outcome.case} @ {outcome.setting} is in results.jsonl only: {exc}")
 
 
 class Interrupted(Exception):
@@ -123,12 +151,12 @@ class RunWatch:
             raise Interrupted(f"{self.where}: interrupted")
 
 
-def _in_worker(case: Case, setting: Setting, plan: EvalPlan, watch: RunWatch) -> Outcome:
+def _in_worker(case: Case, setting: Setting, plan: EvalPlan, workspace: Workspace, watch: RunWatch) -> Outcome:
     """`run_one` in a pool thread, which then closes the event loop the kernel client opened in it."""
     from taskweaver_lite.kernel.executor import close_thread_loop
 
     try:
-        return run_one(case, setting, plan, watch=watch)
+        return run_one(case, setting, plan, workspace, watch=watch)
     except Interrupted:
         raise
     except Exception as exc:  # noqa: BLE001 - one run's unexpected failure must not end the others; its reason is kept
@@ -163,8 +191,8 @@ def describe(outcome: Outcome) -> str:
     return f"{where}: score {outcome.score:.2f} ({outcome.points:g}/{outcome.max_points:g}), {cost}"
 
 
-def run_one(case: Case, setting: Setting, plan: EvalPlan, *, watch: RunWatch | None = None) -> Outcome:
-    """One case under one setting, in a session of its own; never raises for the case's own problems.
+def run_one(case: Case, setting: Setting, plan: EvalPlan, workspace: Workspace, *, watch: RunWatch | None = None) -> Outcome:
+    """One case under one setting, in a session of its own on `workspace`'s store; never raises for the case's own problems.
 
     `watch` hears when it starts and every `PROGRESS_EVERY` rounds, and can stop it between requests.
     """
@@ -178,16 +206,15 @@ def run_one(case: Case, setting: Setting, plan: EvalPlan, *, watch: RunWatch | N
     if problem:
         return replace(blank, reason=problem)
     overrides, notes = case_overrides(case)
-    store = f"store.path={json.dumps(str((plan.report_dir / 'sessions.db').resolve()))}"
     try:
-        config = load_config(plan.project, [*overrides, *plan.overrides, *setting.overrides, store])
+        config = load_config(plan.project, [*overrides, *plan.overrides, *setting.overrides, report_store(plan)])
     except ConfigError as exc:
         return replace(blank, reason=f"{case.name}: config_var: {exc}")
     if isinstance(case, TaskCase):
         notes += _pre_commands(case)
     watch.progress(f"  {watch.where}: started")
     transcript = plan.report_dir / TRANSCRIPTS / f"{_file_name(case.name)}@{_file_name(setting.name)}.json"
-    outcome = _in_session(case, config, blank=replace(blank, notes=tuple(notes)), watch=watch, transcript=transcript)
+    outcome = _in_session(case, workspace, config, blank=replace(blank, notes=tuple(notes)), watch=watch, transcript=transcript)
     return replace(outcome, seconds=round(time.perf_counter() - started, 3))
 
 
@@ -269,22 +296,22 @@ def _file_name(name: str) -> str:
     return re.sub(r"[^\w.,()+-]+", "_", name).strip("_") or "_"
 
 
-def _in_session(case: TaskCase | ProblemSet, config: Config, *, blank: Outcome, watch: RunWatch, transcript: Path) -> Outcome:
-    """Open the session, score the case in it, and count what it cost."""
+def _in_session(case: TaskCase | ProblemSet, workspace: Workspace, config: Config, *, blank: Outcome, watch: RunWatch, transcript: Path) -> Outcome:
+    """Open the session on the workspace under the run's `config`, score the case in it, and count what it cost."""
     try:
         examiner, judge = MeteredModel(_client(config, "examiner")), MeteredModel(_client(config, "judge"))
     except TaskWeaverError as exc:
         return replace(blank, status="failed", reason=f"the examiner's or the judge's model: {exc}")
     try:
         try:
-            session = Session.open(config, listeners=[watch])
+            session = workspace.reconfigured(config).new_session(listeners=[watch])
         except ConfigError as exc:  # the case's config_var asks for what this project cannot be (no planner...)
             return replace(blank, reason=f"the case's config: {exc}")
         except TaskWeaverError as exc:
             return replace(blank, status="failed", reason=f"the session could not start: {exc}")
         with session:
             # A role the case enables that is broken is left out, as the chat leaves it out; the case runs without it.
-            # (A name that is no role at all, like TaskWeaver's web_search here, stopped Session.open: skipped above.)
+            # (A name that is no role at all, like TaskWeaver's web_search here, stopped the opening: skipped above.)
             left_out = tuple(f"{line} (the case ran without it)" for line in session.role_problems)
             blank = replace(blank, notes=blank.notes + left_out)
             outcome = _scored(case, session, config, examiner=examiner, judge=judge, blank=blank, watch=watch, transcript=transcript)

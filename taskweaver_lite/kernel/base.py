@@ -130,7 +130,7 @@ class SessionKernel(ABC):
             with self._cell_limits():
                 result = self._run_cell(code, self.config.timeout if timeout is None else timeout, on_output)
             result = self._limits_checked(result)
-            if lost:
+            if lost is not None:  # died since the last cell, with or without variables: say so on this one
                 result = dataclasses.replace(result, kernel_died=True, lost_variables=lost)
             return result
 
@@ -355,8 +355,8 @@ class SessionKernel(ABC):
         """Send the kernel one interrupt."""
 
     @abstractmethod
-    def _lost_since_last_cell(self) -> tuple[str, ...]:
-        """Names of the variables lost if the kernel died since the last cell (it is replaced first); () if not."""
+    def _lost_since_last_cell(self) -> tuple[str, ...] | None:
+        """Names of the variables lost if the kernel died since the last cell (it is replaced first); None if it did not."""
 
     @abstractmethod
     def _replace_kernel(self, *, graceful: bool) -> None:

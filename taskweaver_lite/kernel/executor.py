@@ -310,9 +310,9 @@ class KernelExecutor(SessionKernel):
         msg_id = client.execute(code, silent=True, store_history=False, user_expressions=namespace.PLUGIN_FAILURES_EXPRESSION)
         self.plugin_failures = self._unreported_failures = namespace.plugin_failures(_reply(client, msg_id))
 
-    def _lost_since_last_cell(self) -> tuple[str, ...]:
+    def _lost_since_last_cell(self) -> tuple[str, ...] | None:
         if self._manager.is_alive():
-            return ()
+            return None
         # Died between cells (the OOM killer picks idle kernels too): say so on this cell.
         lost = self._namespace.names()
         self._replace_kernel(graceful=False)

@@ -251,8 +251,8 @@ class GatewayExecutor(SessionKernel):
         except GatewayError:
             self._replace_kernel(graceful=False)  # the gateway's own restart failed ("dead"): ask for one
 
-    def _lost_since_last_cell(self) -> tuple[str, ...]:
-        """Names lost if the kernel died between cells (the gateway said "restarting"); reconnects a dropped socket."""
+    def _lost_since_last_cell(self) -> tuple[str, ...] | None:
+        """Names lost if the kernel died between cells (the gateway said "restarting"), else None; reconnects a dropped socket."""
         died = False
         try:
             if not self.kernel.connected:
@@ -262,7 +262,7 @@ class GatewayExecutor(SessionKernel):
         except GatewayConnectionLost:
             self.kernel.connect()
         if not died:
-            return ()
+            return None
         lost = self._namespace.names()
         self._after_death()
         return lost

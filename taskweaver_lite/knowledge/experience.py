@@ -7,7 +7,8 @@ Each request is matched against every tip by FTS5's BM25 in an in-memory index, 
 the stored tips or the handcrafted files change. A store that searches its own tips (PostgreSQL, by
 `tsvector`) ranks the stored ones itself; the handcrafted ones are still ranked in memory, and the
 two lists are interleaved, best first. With an `owner`, only the tips from that user's sessions (and
-from sessions made without users) are listed, found or deleted. At most `experience.top_k` tips are shown, within
+from sessions made without users) are listed, found or deleted; `for_owner` gives one owner's view
+of a project's experience (a workspace's, opened once) that reads the handcrafted files with it. At most `experience.top_k` tips are shown, within
 a token cap, in a message that opens the current round (roles/role.py `with_tips`): after the static
 instructions, so those stay cached. TaskWeaver instead puts every tip above a cosine-similarity
 threshold into the system prompt, with no cap, and needs an embedding model for it.
@@ -52,12 +53,17 @@ class Experience:
         self._lock = threading.Lock()
         self._key: object = None
         self._index: _TipIndex | None = None
-        self._handcrafted = HandcraftedTips()
-        self._handcrafted_key: object = None
+        self._files = _HandcraftedFolder(folder)
+
+    def for_owner(self, owner: str | None) -> Experience:
+        """The same project's tips as `owner` may see them; the handcrafted files stay read once for every owner."""
+        other = Experience(store=self._store, folder=self.folder, settings=self.settings, owner=owner)
+        other._files = self._files
+        return other
 
     def problems(self) -> list[str]:
         """One line per thing that keeps tips out: a broken handcrafted file, an SQLite without FTS5."""
-        lines = list(self._read_files().problems)
+        lines = list(self._files.read().problems)
         missing = fts5_problem()
         if missing is not None and self.settings.enabled:
             lines.append(f"experience retrieval is off: {missing}")
@@ -66,7 +72,7 @@ class Experience:
     def all(self) -> list[Tip]:
         """Every tip: the stored ones, oldest first, then the handcrafted ones."""
         stored = self._store.stored_tips(owner=self.owner) if self._store is not None else []
-        return [*stored, *self._read_files().tips]
+        return [*stored, *self._files.read().tips]
 
     def save(self, session_id: str, tips: Sequence[tuple[TipKind, str]]) -> list[Tip]:
         """Store tips distilled from `session_id` in place of its earlier ones (none given: those stay); ExperienceError without a store."""
@@ -82,7 +88,7 @@ class Experience:
             if not self._store.delete_tip(int(number), owner=self.owner):
                 raise ExperienceError(f"tip {number} was saved before there were users and is everyone's: an admin may delete it")
             return stored[number]
-        handcrafted = next((tip for tip in self._read_files().tips if tip.id in (tip_id, number)), None)
+        handcrafted = next((tip for tip in self._files.read().tips if tip.id in (tip_id, number)), None)
         if handcrafted is not None:
             raise ExperienceError(f"tip {handcrafted.id} is handcrafted: delete or edit {self.folder / handcrafted.source} to remove it")
         raise ExperienceError(f"there is no tip {tip_id}; /experience lists them with their ids")
@@ -98,10 +104,10 @@ class Experience:
         found = self._store.search_tips(text, owner=self.owner, limit=limit) if self._store is not None else None
         with self._lock:
             if found is not None:  # the store ranked its own tips: only the handcrafted ones are searched here
-                key: object = ("files", self._files_key())
-                tips = list(self._read_files().tips)
+                key: object = ("files", self._files.key())
+                tips = list(self._files.read().tips)
             else:
-                key = (self._store.tips_version() if self._store is not None else None, self._files_key())
+                key = (self._store.tips_version() if self._store is not None else None, self._files.key())
                 tips = self.all()
             if self._index is None or key != self._key:
                 self._index, self._key = _TipIndex(tips), key
@@ -126,13 +132,25 @@ class Experience:
             lines.append(line)
         return template.render("tips", tips=lines) if lines else ""
 
-    def _read_files(self) -> HandcraftedTips:
-        key = self._files_key()
-        if key != self._handcrafted_key:
-            self._handcrafted, self._handcrafted_key = read_handcrafted(self.folder), key
-        return self._handcrafted
 
-    def _files_key(self) -> object:
+class _HandcraftedFolder:
+    """The handcrafted tips of one folder, read again only when its files change; shared by the owners' views of a project."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._lock = threading.Lock()
+        self._tips = HandcraftedTips()
+        self._key: object = None
+
+    def read(self) -> HandcraftedTips:
+        """The tips as the files are now."""
+        key = self.key()
+        with self._lock:
+            if key != self._key:
+                self._tips, self._key = read_handcrafted(self.folder), key
+            return self._tips
+
+    def key(self) -> object:
         """What the handcrafted files are now: names, sizes, modification times."""
         if not self.folder.is_dir():
             return ()

@@ -13,6 +13,10 @@ Some can be told where to look (`llm.prompt_cache: auto`, the default; `off` sen
   A purpose shared with a role takes the role's slot: the slot holds the role's prompt, the start
   of the fold's.
 
+A shared purpose goes to its role's key or slot only when its request opens with the system message
+the role last sent: a fold that fell back to its own prompt shares nothing with the role's, and in
+the role's llama.cpp slot it would only evict the role's prefix, so it keeps a key and slot of its own.
+
 The server's kind comes from `llm.server_kind` (local discovery fills it in), from the address
 (api.openai.com), or from a reply that carries llama.cpp's `timings`. A field a server refuses
 (HTTP 400 naming it) is dropped for the rest of the client's life and the request sent again.
@@ -64,6 +68,7 @@ class PromptCache:
         self._slots: int | None = None  # llama.cpp's slot count, once asked
         self._slot_of: dict[str, int] = {}
         self._owner: dict[str, str] = {}  # purpose -> the purpose whose key and slot it uses
+        self._opening: dict[str, int] = {}  # purpose -> hash of the system message it last sent
 
     @property
     def kind(self) -> ServerKind:
@@ -76,14 +81,20 @@ class PromptCache:
         with self._lock:
             self._scope = name
 
-    def hints(self, purpose: str) -> dict[str, Any]:
-        """The fields to add to a request for `purpose`: none when off, only those the server takes."""
+    def hints(self, purpose: str, *, opening: str = "") -> dict[str, Any]:
+        """The fields to add to a request for `purpose` whose first message is `opening`: none when off,
+        only those the server takes. A shared purpose uses its owner's key or slot when it opens as the
+        owner last did, its own otherwise."""
         if not self._on:
             return {}
         if self.kind == "llama.cpp" and self._slots is None:
             self._ask_slots()  # once, outside the lock: the other threads' hints need not wait for it
         with self._lock:
-            purpose = self._owner.get(purpose, purpose)
+            owner = self._owner.get(purpose)
+            if owner is None:
+                self._opening[purpose] = hash(opening)
+            elif self._opening.get(owner) == hash(opening):
+                purpose = owner
             fields: dict[str, Any] = {}
             if self._kind == "llama.cpp":
                 fields["cache_prompt"] = True

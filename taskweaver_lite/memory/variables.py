@@ -1,7 +1,7 @@
 """The kernel's variables as a prompt shows them: every name, in tiers of detail, within a token cap.
 
 The list is the kernel's truth (`LiveVariables`, from the executor's snapshot), never the model's
-memory; a summary only adds its descriptions (`merge_variables`). A wide kernel (hundreds of
+memory; a summary only adds its descriptions (`render_variables`' `described`). A wide kernel (hundreds of
 variables) must not crowd out the conversation, yet a model cannot use a DataFrame it does not
 know exists. So `render_variables` ranks the variables (names in the current request and
 instruction first, then names in the retained rounds, then the most recently created or changed)
@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from taskweaver_lite.execution import Variable
+from taskweaver_lite.execution import ExecutionResult, Variable
 from taskweaver_lite.llm.tokens import Tokenizer
 
 HEADING = "## Variables in the kernel"
@@ -44,31 +44,32 @@ class LiveVariables:
     lost: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class MergedVariables:
-    """A summary's described variables checked against the kernel."""
+class VariableHistory:
+    """What a listing of the kernel does not say: which cell last made or changed each variable, and names lost to restarts."""
 
-    variables: tuple[Variable, ...]
-    added: tuple[str, ...]  # live in the kernel, not described by the model
-    dropped: tuple[str, ...]  # described by the model, not in the kernel (invented, deleted or lost)
-    lost: tuple[str, ...]  # gone in a kernel restart and not created again since
+    def __init__(self) -> None:
+        self._recency: dict[str, int] = {}  # variable name -> the last cell that created or changed it
+        self._cells = 0
+        self.lost: list[str] = []
 
+    def saw(self, execution: ExecutionResult) -> None:
+        """Note a cell that ran: what it made or changed, and what a kernel death took with it."""
+        self._cells += 1
+        for name in (*execution.changes.created, *execution.changes.changed):
+            self._recency[name] = self._cells
+        if execution.kernel_died:
+            self.lost.extend(execution.lost_variables)
 
-def merge_variables(described: Sequence[Variable], *, live: LiveVariables, previously_lost: Sequence[str] = ()) -> MergedVariables:
-    """The kernel's variables, in the kernel's order and with its types, with the model's descriptions where it gave one."""
-    by_name = {v.name: v for v in described}
-    alive = {v.name for v in live.variables}
-    merged: list[Variable] = []
-    added: list[str] = []
-    for truth in live.variables:
-        told = by_name.get(truth.name)
-        if told is None:
-            added.append(truth.name)
-        description = told.description.strip() if told is not None and told.description.strip() else truth.description
-        merged.append(Variable(name=truth.name, type=truth.type, description=description))
-    dropped = tuple(name for name in by_name if name not in alive)
-    lost = tuple(dict.fromkeys(name for name in (*previously_lost, *live.lost) if name not in alive))
-    return MergedVariables(variables=tuple(merged), added=tuple(added), dropped=dropped, lost=lost)
+    def clear(self) -> None:
+        """Forget everything: the kernel starts afresh (and is rebuilt by replay, which runs no cell through `saw`)."""
+        self._recency.clear()
+        self._cells, self.lost = 0, []
+
+    def live(self, variables: Sequence[Variable]) -> LiveVariables:
+        """The kernel's `variables` most recently made or changed first (its own order among equals), and the lost names not made again."""
+        alive = {v.name for v in variables}
+        lost = tuple(dict.fromkeys(n for n in self.lost if n not in alive))
+        return LiveVariables(variables=tuple(sorted(variables, key=lambda v: -self._recency.get(v.name, 0))), lost=lost)
 
 
 def mentioned_names(texts: Sequence[str]) -> list[str]:

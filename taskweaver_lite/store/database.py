@@ -1,10 +1,9 @@
 """The session store: every event of every session, written as it happens to one SQLite file per project.
 
-    # Session.open creates the session in the store, locks it and records its every event, and
-    # Session.resume does the same for a stored one: there is no StoreRecorder to add by hand.
-    with Session.open(config) as session:
+    # A workspace's new_session creates the session in the store, locks it and records its every
+    # event, and resume_session does the same for a stored one: there is no StoreRecorder to add by hand.
+    with Workspace(config) as workspace, workspace.new_session() as session:
         session.ask("load sales.csv")
-    session, report = Session.resume(config, "last")
 
     # Reading a store, e.g. to export a session:
     store = SessionStore(config.store_path)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import re
+import select
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -53,7 +54,7 @@ def _pool(url: str, size: int) -> psycopg_pool.ConnectionPool[Any]:
                 min_size=1,
                 max_size=size,
                 timeout=CONNECT_TIMEOUT_SECONDS,
-                check=psycopg_pool.ConnectionPool.check_connection,  # a connection the database dropped (a restart) is replaced
+                check=_check_connection,
                 kwargs={"connect_timeout": int(CONNECT_TIMEOUT_SECONDS)},
                 name="taskweaver-lite-store",
                 open=False,
@@ -61,6 +62,17 @@ def _pool(url: str, size: int) -> psycopg_pool.ConnectionPool[Any]:
             pool.open(wait=False)
             _POOLS[url] = pool
         return pool
+
+
+def _check_connection(conn: psycopg.Connection[Any]) -> None:
+    """Before a pooled connection is lent: a round trip only when its idle socket has something to read.
+
+    An idle connection receives nothing unless the database is closing it (a restart sends its notice
+    and hangs up); the round trip then fails and the pool replaces the connection. Checking every
+    connection so would cost a round trip per transaction."""
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        psycopg_pool.ConnectionPool.check_connection(conn)
 
 
 @atexit.register

@@ -101,7 +101,7 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
     """
     check_replica_setup(config)
     workspace = Workspace(config)  # the project opened once: its store, roles and plugins serve every session here
-    parts = ServerParts(store=workspace.store, metrics=Metrics(), fanout=Fanout(), catalogs=(workspace.roles, workspace.plugins))
+    parts = ServerParts(workspace=workspace, metrics=Metrics(), fanout=Fanout())
     hub = Hub(config, parts, preload=preload)
     access = access.with_users(hub.parts.store, trusted=trusted_header(config.serve))  # the store's users, once it has any
     url = store_url(config)
@@ -114,7 +114,7 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
         hub.stop_taking()
         await asyncio.to_thread(hub.close)
         hub.parts.fanout.close()
-        hub.parts.store.close()
+        workspace.close()
 
     routes = [
         Route("/", _page(access)),

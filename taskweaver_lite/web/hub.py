@@ -25,13 +25,13 @@ from taskweaver_lite.config import Config
 from taskweaver_lite.errors import SessionBusyError, StoreError
 from taskweaver_lite.events import CellPrinted, Event, ModelCalled, ReplyStreamed, Working
 from taskweaver_lite.kernel.executor import close_thread_loop
-from taskweaver_lite.session import Catalogs, Session
 from taskweaver_lite.store.interface import Store
 from taskweaver_lite.web.fanout import Fanout
 from taskweaver_lite.web.leases import Hold, LeaseBusy, Leases
 from taskweaver_lite.web.live import Busy, LiveSession, Turn
 from taskweaver_lite.web.metrics import Metrics
 from taskweaver_lite.web.replica import Replica
+from taskweaver_lite.workspace import Workspace
 
 IDLE_BEFORE_EVICTION = 10.0  # seconds a copy must have gone unused before a replica lets it go for room
 
@@ -50,14 +50,18 @@ class AtLimit(Exception):
 
 @dataclass(frozen=True)
 class ServerParts:
-    """What the server's sessions share: the one store, the metrics, the event fan-out, and on replicas the leases."""
+    """What the server's sessions share: the workspace (its one store, roles and plugins), the metrics, the event fan-out, and on replicas the leases."""
 
-    store: Store
+    workspace: Workspace
     metrics: Metrics
     fanout: Fanout
     replica: Replica | None = None  # this server is one of several (a PostgreSQL store, kernels on a gateway)
     leases: Leases | None = None
-    catalogs: Catalogs | None = None  # the project's roles and plugins, found once (Workspace); None: each session finds them
+
+    @property
+    def store(self) -> Store:
+        """The workspace's store, which every session here shares."""
+        return self.workspace.store
 
 
 class Hub:
@@ -73,7 +77,7 @@ class Hub:
 
     def join_replicas(self, url: str) -> None:
         """Serve as one replica of several on the PostgreSQL store at `url`: leases on sessions, events and Stop heard from the others."""
-        replica = Replica(self.config, self.parts.store, metrics=self.parts.metrics, catalogs=self.parts.catalogs)
+        replica = Replica(self.parts.workspace, metrics=self.parts.metrics)
         serve = self.config.serve
         leases = Leases(self.parts.store, seconds=serve.lease_timeout, wait=serve.lease_wait, on_lost=self.cut_here, on_stop=self.stop_here)
         self.parts = dataclasses.replace(self.parts, replica=replica, leases=leases)
@@ -95,10 +99,7 @@ class Hub:
         self._check_limit(owner)
         session_id = new_session_id()
         executor = self.replica.executor(session_id) if self.replica is not None else None
-        parts = self.parts
-        session = Session.open(
-            self.config, session_id=session_id, executor=executor, owner=owner, store=parts.store, claim=self.replica is None, catalogs=parts.catalogs
-        )
+        session = self.parts.workspace.new_session(session_id=session_id, executor=executor, owner=owner, claim=self.replica is None)
         for path in self._preload:
             session.load_file(path)
         return self._keep(LiveSession(session))
@@ -113,7 +114,7 @@ class Hub:
                 return session_id
         try:
             # The replay runs cells from this thread.
-            session, _ = Session.resume(self.config, session_id, owner=owner, store=self.parts.store, catalogs=self.parts.catalogs)
+            session, _ = self.parts.workspace.resume_session(session_id, owner=owner)
         except SessionBusyError as exc:
             raise Busy(str(exc)) from None
         finally:

@@ -34,7 +34,7 @@ from taskweaver_lite.store.interface import Store
 
 ANSWERED = ":answered"
 STOP = ":stop"  # a row naming (as its holder) the request that Stop was pressed for
-POLL = 0.05  # seconds between attempts while the holder finishes its bookkeeping
+POLL = 0.01  # seconds between attempts while the holder finishes its bookkeeping (two indexed queries each)
 _log = logging.getLogger(__name__)
 
 
@@ -122,8 +122,8 @@ class Leases:
             held = [h for key, h in self._held.items() if h.holder == hold.holder]
             for h in held:
                 del self._held[h.session_id]
-        # The lease first, then its mark: a contender that finds the lease taken then finds the mark too.
-        # (The other way round, one could see a held lease without a mark and be refused at once.)
+        # The lease first, the mark last: a contender that finds the lease held and no mark is refused at
+        # once, so the mark must outlive the lease; a mark left over for a moment only makes one wait.
         for h in sorted(held, key=lambda h: h.session_id != hold.session_id):
             try:
                 self._store.release_lease(h.session_id, h.holder)

@@ -26,10 +26,9 @@ from taskweaver_lite.config import Config
 from taskweaver_lite.errors import ConfigError, StoreError
 from taskweaver_lite.events import Listener
 from taskweaver_lite.execution import ExecutorFactory
-from taskweaver_lite.plugins.catalog import discover
-from taskweaver_lite.session import Catalogs, Session
-from taskweaver_lite.store.interface import Store
+from taskweaver_lite.session import Session
 from taskweaver_lite.web.metrics import Metrics
+from taskweaver_lite.workspace import Workspace
 
 _log = logging.getLogger(__name__)
 
@@ -53,11 +52,11 @@ def is_replica(config: Config) -> bool:
 class Replica:
     """This replica's part: building sessions on the shared store with kernels that outlive it, and telling a stale copy."""
 
-    def __init__(self, config: Config, store: Store, *, metrics: Metrics, catalogs: Catalogs | None = None) -> None:
-        self.config = config
-        self.store = store
+    def __init__(self, workspace: Workspace, *, metrics: Metrics) -> None:
+        self.workspace = workspace  # its roles and plugins were found once: a takeover does not look for them again
+        self.config = workspace.config
+        self.store = workspace.store
         self.metrics = metrics
-        self.catalogs = catalogs  # the project's roles and plugins, found once: a takeover does not look for them again
 
     def executor(self, session_id: str, *, kernel_id: str | None = None, cells_before: int = 0) -> ExecutorFactory | None:
         """How a session's executor is built here: on the gateway, attached to `kernel_id` when given, left running on close.
@@ -70,7 +69,7 @@ class Replica:
         from taskweaver_lite.kernel.remote import GatewayExecutor, KernelHandover  # the gateway extra, as in default_executor
 
         handover = KernelHandover(reuse=kernel_id, keep=True, on_start=functools.partial(self._kernel_started, session_id), cells_before=cells_before)
-        plugins = tuple((self.catalogs[1] if self.catalogs is not None else discover(self.config.project_dir)).enabled)
+        plugins = tuple(self.workspace.plugins.enabled)
         return functools.partial(
             GatewayExecutor, config=self.config.execution, gateway=gateway, output_tokens=self.config.cell_output_tokens, plugins=plugins, kernel=handover
         )
@@ -81,9 +80,7 @@ class Replica:
         stored = self.store.load(session_id)
         cells = sum(1 for rnd in stored.rounds for post in rnd.posts if post.execution is not None)
         factory = self.executor(session_id, kernel_id=stored.kernel_id, cells_before=cells)
-        session, report = Session.resume(
-            self.config, session_id, executor=factory, listeners=listeners, store=self.store, claim=False, catalogs=self.catalogs
-        )
+        session, report = self.workspace.resume_session(session_id, executor=factory, listeners=listeners, claim=False)
         self.metrics.session_loads.observe(time.monotonic() - started)
         if report.cut_off:
             self.metrics.lease_takeovers.inc()

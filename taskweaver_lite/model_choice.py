@@ -1,0 +1,70 @@
+"""Which model each part of a session calls: the clients it starts with, and `/model` changing them mid-session.
+
+    model = role_models(config, roles=catalog.enabled)     # one openai-SDK client per distinct `<role>.llm`
+    use_model(session, "gpt-4o", user="code_generator")    # from the next request on
+
+A part is an enabled role (by its config key), the folds (`round_compressor`) or the distiller. A
+role's model is its `<role>.llm` merged over `llm`; parts whose settings come out equal share one
+client. Changing a model writes the choice into the session's config, so /info and the banner name
+it, and swaps the clients; each role keeps its context window, and so its budget.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from taskweaver_lite.config import DISTILLER, FOLDER, Config, LLMConfig, LLMOverrides, RoleSectionConfig, merged_llm
+from taskweaver_lite.errors import TaskWeaverError
+from taskweaver_lite.llm.client import ChatModel
+from taskweaver_lite.roles.registry import RoleSpec
+
+if TYPE_CHECKING:
+    from taskweaver_lite.session import Session
+
+
+def role_models(config: Config, *, roles: Sequence[RoleSpec]) -> ChatModel:
+    """The openai-SDK clients a session calls: one per distinct role model (`<role>.llm`), shared when equal."""
+    from taskweaver_lite.llm.client import OpenAIChatModel, RoutedModel
+
+    clients: dict[str, OpenAIChatModel] = {}
+
+    def client(llm: LLMConfig) -> OpenAIChatModel:
+        secret = llm.api_key.get_secret_value() if llm.api_key is not None else None
+        key = json.dumps([llm.model_dump(mode="json", exclude={"api_key"}), secret], sort_keys=True)
+        if key not in clients:
+            clients[key] = OpenAIChatModel(llm)
+        return clients[key]
+
+    folder = client(config.llm_for(FOLDER))
+    by_purpose: dict[str, ChatModel] = {}
+    for spec in roles:
+        by_purpose[spec.key] = client(merged_llm(config.llm, spec.section(config.role_section(spec.key)).llm))
+        by_purpose[f"compression_{spec.key}"] = folder
+    by_purpose[DISTILLER] = client(config.llm_for(DISTILLER))
+    return RoutedModel(by_purpose, default=client(config.llm))
+
+
+def model_users(session: Session) -> list[str]:
+    """What `use_model` accepts as `user`: the enabled roles' config keys, and round_compressor (the folds)."""
+    return [*session.contexts(), FOLDER]
+
+
+def use_model(session: Session, name: str, *, user: str | None = None) -> None:
+    """Call model `name` from the next request on: for every part, or for one (a role's key, or round_compressor)."""
+    if not session.owns_model:
+        raise TaskWeaverError("This session's model was handed to it by the program that opened it; only that program can change it.")
+    config = session.config
+    if user is None:
+        config.llm.model = name  # a part with its own `llm.model` keeps it (with its own address and key)
+    else:
+        section = config.round_compressor if user == FOLDER else config.role_section(user) if user in type(config).model_fields else None
+        if section is None:  # a project role: its section may not be written yet
+            section = config.role_sections.setdefault(user, RoleSectionConfig())
+        # Assigned whole, so the section counts as set where a role's file settings are merged under it.
+        section.llm = LLMOverrides.model_validate({**section.llm.model_dump(exclude_unset=True), "model": name})
+    team = [active.spec for active in session.active.values()]
+    for active in session.active.values():  # what /info names (each role's window, and so its budget, stays)
+        active.context.llm = merged_llm(config.llm, active.spec.section(config.role_section(active.spec.key)).llm)
+    session.replace_model(role_models(config, roles=team))

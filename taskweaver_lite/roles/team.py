@@ -1,0 +1,100 @@
+"""A session's team: each enabled role with its tools (model, context, folders) and its behaviour.
+
+    team = build_team(config, roles.enabled, parts, model=model, live_variables=..., emit=...)
+    show_tips(team, experience)
+
+Each role gets its own context: its config section over the role file's settings, its own model
+settings and tokenizer, and its own compression, whose folds are reported through `emit`. Only a
+role that reads the kernel (`kernel_variables`) sees its variables; only a role that streams sends
+its reply to the screen as it comes. The session builds the team once and runs its turns over it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from taskweaver_lite.config import Config
+from taskweaver_lite.events import Event, ReplyStreamed
+from taskweaver_lite.knowledge.experience import Experience
+from taskweaver_lite.llm.client import ChatModel
+from taskweaver_lite.llm.tokens import get_tokenizer
+from taskweaver_lite.memory.compression import ContextSettings, RoleContext
+from taskweaver_lite.memory.variables import LiveVariables
+from taskweaver_lite.roles.builtin import BuiltRole, CodeInterpreterRole, PlannerRole, SessionParts, build_role
+from taskweaver_lite.roles.registry import RoleSpec
+from taskweaver_lite.roles.role import Role
+from taskweaver_lite.roles.worker import RoleTools
+
+# Experience tips take at most this fraction of a role's prompt budget (and experience.max_tokens).
+EXPERIENCE_SHARE = 8
+
+
+@dataclass(frozen=True)
+class ActiveRole:
+    """An enabled role in this session: its declaration, its tools (model, context, folders) and its behaviour."""
+
+    spec: RoleSpec
+    tools: RoleTools
+    role: BuiltRole
+
+    @property
+    def context(self) -> RoleContext:
+        """The role's prompt history and compression."""
+        return self.tools.context
+
+
+def build_team(
+    config: Config,
+    roles: Sequence[RoleSpec],
+    parts: SessionParts,
+    *,
+    model: ChatModel,
+    live_variables: Callable[[], LiveVariables],
+    emit: Callable[[Event], None],
+) -> dict[str, ActiveRole]:
+    """The enabled roles by alias, each with its own context (its own section, model and tokenizer)."""
+    team: dict[str, ActiveRole] = {}
+    for spec in roles:
+        tools = _tools(config, spec, parts, model=model, live_variables=live_variables, emit=emit)
+        team[spec.alias] = ActiveRole(spec, tools, build_role(spec, tools, parts))
+    return team
+
+
+def _tools(
+    config: Config, spec: RoleSpec, parts: SessionParts, *, model: ChatModel, live_variables: Callable[[], LiveVariables], emit: Callable[[Event], None]
+) -> RoleTools:
+    section = spec.section(config.role_section(spec.key))
+    settings = ContextSettings.of(config, spec.key, section=section, label=spec.label, fold_template=spec.fold_prompt)
+    live = live_variables if spec.kernel_variables else None
+    context = RoleContext(settings, model=model, tokenizer=get_tokenizer(settings.llm.tokenizer), live_variables=live, on_fold=emit)
+    stream = (lambda delta: emit(ReplyStreamed(spec.key, delta, spec.alias))) if spec.streams else None
+    return RoleTools(
+        key=spec.key,
+        alias=spec.alias,
+        config=section,
+        options={**spec.options, **(section.model_extra or {})},  # the role's own keys: its file's, the project config's over them
+        model=model,
+        context=context,
+        project_dir=config.project_dir,
+        working_dir=parts.executor.working_dir,
+        prompt=spec.prompt,
+        intro=spec.intro,
+        on_delta=stream,
+    )
+
+
+def show_tips(team: Mapping[str, ActiveRole], experience: Experience) -> None:
+    """The Planner's and the CodeGenerator's prompts show the experience tips that fit their request."""
+    for active in team.values():
+        built = active.role
+        role = built.planner if isinstance(built, PlannerRole) else built.code_generator if isinstance(built, CodeInterpreterRole) else None
+        if role is not None:
+            role.experience = functools.partial(_tips_for, experience, role)
+
+
+def _tips_for(experience: Experience, role: Role, request: str) -> str:
+    """The tips that fit `request`, as `role`'s prompt shows them (at most an eighth of its budget)."""
+    context = role.context
+    return experience.block(request, tokenizer=context.tokenizer, max_tokens=context.budget // EXPERIENCE_SHARE)

@@ -1,0 +1,95 @@
+"""One way in: a Workspace opens the project once, and every session it opens or resumes shares what it found."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import make_project
+
+from taskweaver_lite.config_file import load_config
+from taskweaver_lite.execution import ExecutionResult, KernelEnvironment, OutputSink, Variable
+from taskweaver_lite.knowledge import experience
+from taskweaver_lite.knowledge.tips import HandcraftedTips, read_handcrafted
+from taskweaver_lite.workspace import Workspace
+
+pytestmark = pytest.mark.unit
+
+NO_SERVER = "http://127.0.0.1:9/v1"  # nothing here asks a model
+
+
+class IdleExecutor:
+    """The `Executor` protocol with no kernel behind it: these sessions open, resume and close, and run no cell."""
+
+    def __init__(self, session_dir: Path) -> None:
+        self.working_dir = session_dir / "cwd"
+        self.working_dir.mkdir(parents=True, exist_ok=True)
+
+    def upload(self, source: Path, *, name: str | None = None) -> str:
+        return name or source.name
+
+    def artifact(self, name: str) -> Path:
+        return self.working_dir / name
+
+    def run(self, code: str, *, timeout: float | None = None, on_output: OutputSink | None = None) -> ExecutionResult:
+        return ExecutionResult(code=code, success=True)
+
+    def interrupt(self) -> None:
+        pass
+
+    def variables(self) -> tuple[Variable, ...]:
+        return ()
+
+    def environment(self) -> KernelEnvironment:
+        return KernelEnvironment()
+
+    def restart(self) -> tuple[str, ...]:
+        return ()
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_sessions_from_one_workspace_share_its_store_roles_plugins_and_handcrafted_tips(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    project = make_project(tmp_path, NO_SERVER)
+    (project / "experience").mkdir()
+    (project / "experience" / "handcrafted_exp_1.yaml").write_text("exp_id: '1'\nexperience_text: Parse dates first.\n", encoding="utf-8")
+    reads: list[Path] = []
+
+    def counted(folder: Path) -> HandcraftedTips:
+        reads.append(folder)
+        return read_handcrafted(folder)
+
+    monkeypatch.setattr(experience, "read_handcrafted", counted)
+    with Workspace(load_config(project)) as workspace:
+        first = workspace.new_session(executor=IdleExecutor)
+        second = workspace.new_session(executor=IdleExecutor, owner="ana")
+        try:
+            for session in (first, second):
+                assert session.store is workspace.store and session.roles is workspace.roles and session.plugins is workspace.plugins
+            assert second.experience.owner == "ana" and first.experience.owner is None
+            assert [tip.text for tip in first.experience.all()] == [tip.text for tip in second.experience.all()] == ["Parse dates first."]
+            assert len(reads) == 1, "the handcrafted files are read once for every session of the workspace"
+        finally:
+            first.close()
+            second.close()
+        assert workspace.store.load(second.id).owner == "ana", "closing a session leaves the workspace's store open"
+
+
+def test_a_resume_under_the_remembered_settings_runs_on_the_same_store_which_the_workspace_alone_closes(tmp_path: Path) -> None:
+    project = make_project(tmp_path, NO_SERVER)
+    with Workspace(load_config(project)) as workspace:
+        opened = workspace.new_session(executor=IdleExecutor)
+        workspace.store.save_overrides(opened.id, ["round_compressor.rounds_to_retain=1"])
+        opened.close()
+        remembered = workspace.remembered_overrides(opened.id[:12])
+        again = workspace.reconfigured(load_config(project, remembered))
+        assert again.store is workspace.store and again.plugins is workspace.plugins
+        resumed, report = again.resume_session(opened.id, executor=IdleExecutor)
+        again.close()  # not the store's owner: nothing is closed
+        try:
+            assert report.session_id == opened.id and report.rounds == 0 and report.replayed == 0
+            assert resumed.config.round_compressor.rounds_to_retain == 1 and resumed.store is workspace.store
+        finally:
+            resumed.close()
+        assert workspace.store.overrides(opened.id) == ["round_compressor.rounds_to_retain=1"], "the store outlives the reconfigured workspace"
