@@ -57,8 +57,10 @@ def test_a_2_mb_bad_reply_is_cut_so_the_repair_request_fits_the_window(tmp_path:
     with open_session(tmp_path, server, llm={"context_window": window, "reply_reserve": reserve}) as session:
         rnd = session.ask("Plan something.")
     assert rnd.state == "finished" and rnd.answer == "Done.", rnd.error
-    first, repair = (r.messages for r in server.requests if r.role == "planner")
-    assert first[-1]["content"] != repair[-1]["content"], "the second call is the repair turn"
+    # The first call and the repair turn (on a loaded machine the first may be sent again after a timeout).
+    planner = [r.messages for r in server.requests if r.role == "planner"]
+    first, repair = planner[0], planner[-1]
+    assert first[-1]["content"] != repair[-1]["content"], "the last call is the repair turn"
     echoed = repair[-2]
     assert echoed["role"] == "assistant" and "tokens left out here" in echoed["content"]
     sent = [Message(role=m["role"], content=m["content"]) for m in repair]

@@ -168,9 +168,14 @@ def test_kernel_environment_has_no_secret_from_the_parent(tmp_path: Path, monkey
 
 def test_interrupt_from_another_thread_stops_a_long_sleep_quickly(kernel_executor: KernelExecutor) -> None:
     kernel_executor.run("survivor = 'still here'")
-    timer = threading.Timer(0.5, kernel_executor.interrupt)
-    timer.start()
-    result = kernel_executor.run("import time\ntime.sleep(100)")
+    # Interrupted once the sleep has begun (the cell says so), however slow a loaded machine is to get there.
+    timer = threading.Timer(0.3, kernel_executor.interrupt)
+
+    def on_output(stream: str, text: str) -> None:
+        if "sleeping" in text and not timer.is_alive():
+            timer.start()
+
+    result = kernel_executor.run("import time\nprint('sleeping', flush=True)\ntime.sleep(100)", on_output=on_output)
     timer.join()
     assert result.interrupted and not result.timed_out and not result.kernel_died
     assert result.error is not None and result.error.name == "KeyboardInterrupt"
