@@ -132,14 +132,15 @@ def test_kernel_killed_between_cells_starts_afresh_and_reports_what_was_lost(ker
     assert by_name(result)["x"] == "5" and kernel_executor.pid not in (None, pid)
 
 
-def test_a_kernel_with_no_variables_killed_between_cells_is_still_named_on_the_next_cell(kernel_executor: KernelExecutor) -> None:
-    kernel_executor.run("%reset -f")  # the kernel is shared with earlier tests: no variables left
-    assert kernel_executor.variables() == (), "precondition: the kernel holds no variables"
-    pid = kernel_executor.pid
-    assert pid is not None
-    os.kill(pid, signal.SIGKILL)
-    assert process_gone(pid)
-    result = kernel_executor.run("1 + 1")
+def test_a_kernel_with_no_variables_killed_between_cells_is_still_named_on_the_next_cell(tmp_path: Path) -> None:
+    with KernelExecutor(tmp_path / "sessions" / "s", config=ExecutionConfig(timeout=60)) as executor:  # its own: it must hold no variables
+        executor.run("print('nothing kept')")
+        assert executor.variables() == (), "precondition: the kernel holds no variables"
+        pid = executor.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        assert process_gone(pid)
+        result = executor.run("1 + 1")
     assert result.success and result.kernel_died, "a kernel that died holding no variables went unreported"
     assert result.lost_variables == () and "kernel died before this cell" in result.outcome() and "Variables lost: none." in result.outcome()
 

@@ -229,6 +229,8 @@ class KernelExecutor(SessionKernel):
                 end_children(kernel)
             self.interrupt()
             return
+        if not self._ready.is_set():
+            return  # still starting: its log grows as it starts, which is not a cell's thread writing (the next cell's watch begins from here)
         self._strikes += 1
         if kernel is None:
             return
