@@ -92,28 +92,27 @@ class Leases:
         """The request has answered: a contender now waits for the bookkeeping rather than being refused."""
         marker = Hold(hold.session_id + ANSWERED, hold.holder)
         with contextlib.suppress(StoreError):  # only a contender's patience depends on it
-            for _ in range(2):
-                if self._store.take_lease(marker.session_id, marker.holder, seconds=self._seconds) is not None:
-                    with self._lock:
-                        self._held[marker.session_id] = marker
-                    return
-                earlier = self._store.lease(marker.session_id)  # the mark of the request before, a moment from being freed
-                if earlier is not None:
-                    self._store.release_lease(marker.session_id, earlier.holder)
+            if self._mark(marker.session_id, marker.holder):
+                with self._lock:
+                    self._held[marker.session_id] = marker
 
     def ask_to_stop(self, session_id: str) -> bool:
         """Mark the session's running request, whichever replica holds it, to be stopped; False when none runs."""
         running = self._store.lease(session_id)
         if running is None:
             return False
-        key = session_id + STOP
+        self._mark(session_id + STOP, running.holder)
+        return True
+
+    def _mark(self, key: str, holder: str) -> bool:
+        """Take the mark row `key` for `holder`, freeing an earlier request's mark that has not run out yet; False if another took it meanwhile."""
         for _ in range(2):
-            if self._store.take_lease(key, running.holder, seconds=self._seconds) is not None:
-                break
-            earlier = self._store.lease(key)  # the mark of an earlier request that had not run out yet
+            if self._store.take_lease(key, holder, seconds=self._seconds) is not None:
+                return True
+            earlier = self._store.lease(key)
             if earlier is not None:
                 self._store.release_lease(key, earlier.holder)
-        return True
+        return False
 
     def release(self, hold: Hold) -> None:
         """Free the lease (and its answered mark); a store that is down lets it run out instead."""
