@@ -161,6 +161,8 @@ class ExecutionResult:
         if self.kernel_died and self.success:
             # It died between cells (the OOM killer picks idle kernels too): this cell ran on a fresh one.
             return f"The kernel died before this cell and was restarted; the cell ran on the fresh kernel. Variables lost: {lost}."
+        if self.kernel_died and self.cancelled:
+            return f"The user cancelled the cell, and the kernel did not come through the interrupt, so it was restarted. Variables lost: {lost}."
         if self.kernel_died:
             return f"The kernel died while running this cell and was restarted. Variables lost: {lost}."
         if self.limit_reached:

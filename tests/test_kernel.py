@@ -19,7 +19,7 @@ import pytest
 
 from taskweaver_lite.config import ExecutionConfig
 from taskweaver_lite.errors import KernelError
-from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.execution import CellCancelled, ExecutionResult
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.sandbox import bwrap_path
 
@@ -143,6 +143,25 @@ def test_a_kernel_with_no_variables_killed_between_cells_is_still_named_on_the_n
         result = executor.run("1 + 1")
     assert result.success and result.kernel_died, "a kernel that died holding no variables went unreported"
     assert result.lost_variables == () and "kernel died before this cell" in result.outcome() and "Variables lost: none." in result.outcome()
+
+
+def test_a_cancelled_cell_whose_kernel_dies_of_the_interrupt_says_what_was_lost(tmp_path: Path) -> None:
+    with KernelExecutor(tmp_path / "sessions" / "s", config=ExecutionConfig(timeout=60)) as executor:
+        executor.run("kept = 3")
+        timer = threading.Timer(0.3, _thread.interrupt_main)
+
+        def on_output(stream: str, text: str) -> None:
+            if "deaf" in text and not timer.is_alive():
+                timer.start()
+
+        deaf = "import os, signal, time\nsignal.signal(signal.SIGINT, lambda *_: os._exit(1))\nprint('deaf', flush=True)\ntime.sleep(60)"
+        with pytest.raises(CellCancelled) as cancelled:
+            executor.run(deaf, on_output=on_output)
+        timer.join()
+        result = cancelled.value.result
+        assert result.cancelled and result.kernel_died, "the kernel died of the Ctrl-C and was replaced, but the result did not say so"
+        assert result.lost_variables == ("kept",) and "Variables lost: kept." in result.outcome() and "earlier variables are kept" not in result.outcome()
+        assert executor.run("'kept' in globals()").result == "False"
 
 
 def test_kernel_environment_has_no_secret_from_the_parent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -299,7 +299,10 @@ class SessionKernel(ABC):
         if end.ending == "idle":
             self._namespace.take(namespace.snapshot_rows(self._request_expressions()))
         elif end.ending != "lost":
-            self._recover("stuck")
+            # It did not stop, or the kernel died: it is replaced, and the result says what went with it.
+            lost = self._namespace.names()
+            self._recover(end.ending)
+            return dataclasses.replace(partial, kernel_died=True, lost_variables=lost, changes=VariableChanges(deleted=lost))
         return partial
 
     def _explain(self, error: CellError | None) -> tuple[str, ...]:
