@@ -167,15 +167,25 @@ class Session:
         )
 
     def restore(self, stored: StoredSession) -> None:
-        """Take back a stored session's record: its rounds, its loads, and each role's summary (by the role's key)."""
+        """Take back a stored session's record: its rounds, its loads, each role's summary (by the role's key), its usage.
+
+        A session that already answered here (a replica's copy that another replica went on with)
+        drops what it built from its own rounds: it goes on as if loaded afresh, with its kernel.
+        """
         self.conversation.rounds = list(stored.rounds)
         self.loads = list(stored.loads)
         # Files loaded after the last request (perhaps by another server) are announced by the next one.
         self._notes = [self._planner.file_note(load.name) for load in self.loads if load.after_round == len(self.conversation.rounds)]
+        self._views, self._viewed = {alias: [] for alias in self.active}, 0
+        self.variables.clear()
+        for rnd in stored.rounds:
+            for post in rnd.posts:
+                if post.execution is not None:
+                    self.variables.saw(post.execution)
+        self._model.count_from(stored.usage)
         for context in self.contexts().values():
             saved = stored.compression.get(context.role)
-            if saved:
-                context.restore(CompressionState.from_dict(saved))
+            context.restore(CompressionState.from_dict(saved) if saved else CompressionState(), afresh=True)
 
     def __enter__(self) -> Session:
         return self

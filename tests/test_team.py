@@ -23,7 +23,7 @@ import pytest
 
 from taskweaver_lite.store.interface import INTERRUPTED_ERROR
 from taskweaver_lite.store.postgres import PostgresStore
-from taskweaver_lite.testing.kernel_gateway import kernel_gateway
+from taskweaver_lite.testing.kernel_gateway import Gateway, kernel_gateway
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster
 from taskweaver_lite.testing.replicas import ServeProcess, run_code_model, write_team_project
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, summary_reply
@@ -36,11 +36,12 @@ LEASE = 3.0  # serve.lease_timeout here: a dead replica's session is free after 
 class Team:
     """The module's service: its project, two replicas (replaceable), and a user's token."""
 
-    def __init__(self, project: Path, tokens: dict[str, str], model: ScriptedServer, store_url: str) -> None:
+    def __init__(self, project: Path, tokens: dict[str, str], model: ScriptedServer, store_url: str, gateway: Gateway) -> None:
         self.project = project
         self.tokens = tokens
         self.model = model  # the scripted model every replica calls
         self.store_url = store_url
+        self.gateway = gateway
         self.replicas = [ServeProcess.start(project), ServeProcess.start(project)]
 
     def client(self, replica: int, user: str = "alice", **options: Any) -> httpx.Client:
@@ -66,7 +67,7 @@ def team(postgres_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFac
         url = postgres_cluster.new_database()
         project = write_team_project(root / "project", store_url=url, gateway=gateway, model_url=model.url, lease_timeout=LEASE)
         tokens = {name: _add_user(project, name) for name in ("alice", "bob")}
-        service = Team(project, tokens, model, url)
+        service = Team(project, tokens, model, url, gateway)
         try:
             yield service
         finally:
@@ -327,10 +328,52 @@ def test_a_replica_never_trusts_its_copy_over_rounds_another_replica_stored(team
         planner = next(r for r in team.model.requests[calls:] if r.role == "planner")
         prompt = json.dumps(planner.messages)
         assert "just a question" in prompt and "b = 2" in prompt, "the first replica's prompt must hold the rounds the second stored"
+        coder = json.dumps(next(r for r in team.model.requests[calls:] if r.role == "code_generator").messages)
+        assert "## Variables in the kernel (2)" in coder, "and list the variables the kernel holds now, b included, not those of its old copy"
         assert "after 4" in answer(second, session_id, asked[4]), "and the second sees what the first stored since"
+        assert _count(first, "taskweaver_session_refresh_seconds_count") >= 1, "the first replica's copy was brought up to date, not loaded again"
         for client in (first, second):
             rounds = client.get(f"/api/sessions/{session_id}").json()["rounds"]
             assert [(r["round"], r["text"], r["state"]) for r in rounds] == [(i, text, "finished") for i, text in enumerate(asked, 1)], rounds
+
+
+def test_a_copy_brought_up_to_date_names_the_variables_a_kernel_death_on_the_other_replica_took(team: Team) -> None:
+    with team.client(0) as first, team.client(1) as second:
+        session_id = first.post("/api/sessions", json={}).json()["id"]
+        answer(first, session_id, "RUN<<x = 41>>")
+        status, events = ask(second, session_id, "RUN<<import os\nos._exit(1)>>")
+        assert status == 200 and events[-1]["type"] == "answer", events[-1]
+        calls = len(team.model.requests)
+        assert "ok True" in answer(first, session_id, "RUN<<x = 1\nprint('ok', x == 1)>>"), "the first replica's copy goes on with the restarted kernel"
+        coder = json.dumps(next(r for r in team.model.requests[calls:] if r.role == "code_generator").messages)
+        assert "Lost in a kernel restart (recompute before use): x" in coder, "the first replica's copy must not go on believing x is there"
+
+
+def test_a_copy_whose_kernel_was_replaced_on_the_other_replica_is_loaded_afresh_onto_the_new_kernel(team: Team) -> None:
+    with team.client(0) as first, team.client(1) as second:
+        session_id = first.post("/api/sessions", json={}).json()["id"]
+        answer(first, session_id, "RUN<<y = 5>>")
+        store = PostgresStore(team.store_url)
+        try:
+            old_kernel = store.load(session_id).kernel_id
+            gone = httpx.delete(f"{team.gateway.url}/api/kernels/{old_kernel}", headers={"Authorization": f"token {team.gateway.token}"}, timeout=30)
+            assert gone.status_code == 204, gone.text
+            assert "y is 5" in answer(second, session_id, "RUN<<print('y is', y)>>"), "the second replica starts a kernel and replays the cells"
+            new_kernel = store.load(session_id).kernel_id
+        finally:
+            store.close()
+        assert new_kernel not in (None, old_kernel)
+        loads = _count(first, "taskweaver_session_load_seconds_count")
+        assert "y is 6" in answer(first, session_id, "RUN<<y += 1\nprint('y is', y)>>"), "the first replica's copy must move to the new kernel"
+        assert _count(first, "taskweaver_session_load_seconds_count") == loads + 1, "a copy on a kernel the session left is loaded again"
+
+
+def _count(client: httpx.Client, name: str) -> float:
+    """One sample of the replica's /metrics, by its full name."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"/metrics has no {name}")
 
 
 def test_a_fold_still_running_when_a_replica_lets_go_of_a_session_never_lands_over_what_the_next_one_stored(team: Team) -> None:

@@ -118,6 +118,34 @@ class GatewayExecutor(SessionKernel):
             return False
         return self.attached
 
+    def catch_up(self, kernel_id: str | None, *, cells_before: int) -> bool:
+        """Go on with this kernel after another replica ran cells in it: its variables read again, its numbering after theirs.
+
+        What the other replica's cells sent to this connection meanwhile is dropped unread. False
+        (nothing changed here) when this is not the session's kernel any more (`kernel_id`, from the
+        store), when it does not answer, or when our helpers are gone from it: load the session afresh.
+        """
+        if kernel_id is None or kernel_id != self.kernel.kernel_id or not self._ready.is_set() or self._start_error is not None:
+            return False
+        with self._run_lock:
+            if self._closed:
+                return False
+            try:
+                if not self.kernel.connected:
+                    self.kernel.connect()
+                while self.kernel.waiting():
+                    self.kernel.receive(REPLY_WAIT)
+                asked = {k: v for k, v in namespace.cell_expressions(".").items() if k != namespace.CWD}
+                reply = self._reply(self.kernel.execute("", user_expressions=asked, silent=True))
+            except GatewayError:
+                return False
+            rows = namespace.snapshot_rows(reply or {})
+            if rows is None:
+                return False
+            self._namespace.take(rows)
+            self._cell = max(self._cell, cells_before)
+            return True
+
     @property
     def kernel_id(self) -> str | None:
         """The gateway's id of the session's kernel (None before it started)."""

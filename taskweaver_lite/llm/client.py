@@ -274,6 +274,11 @@ class MeteredModel:
         with self._lock:
             return self._usage
 
+    def count_from(self, usage: Usage) -> None:
+        """Take `usage` as the totals so far (what the store counted, with calls made elsewhere); the per-model sums stay this process's."""
+        with self._lock:
+            self._usage = usage
+
     def usage_by_model(self) -> dict[tuple[str, str], Usage]:
         """This process's calls summed per (purpose, model name), in the order first seen."""
         with self._lock:

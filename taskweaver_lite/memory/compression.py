@@ -257,8 +257,13 @@ class RoleContext:
         with self._lock:
             return self._state
 
-    def restore(self, state: CompressionState) -> None:
-        """Continue from a saved state (a resumed session); a fold still running is discarded."""
+    def restore(self, state: CompressionState, *, afresh: bool = False) -> None:
+        """Continue from a saved state (a resumed session); a fold still running is discarded.
+
+        `afresh`: also forget how earlier prompts were laid out (the variables list, the window's
+        start), as a context built for a freshly loaded session would: rounds another server added
+        are shown exactly as loading the session would show them.
+        """
         with self._lock:
             self._state = state
             self._shown_round = None
@@ -266,6 +271,10 @@ class RoleContext:
             self._generation += 1
             self._failures = 0
             self._retry_at = 0.0
+            if afresh:
+                self._pending, self._pending_live, self._report = (), None, None
+                self._shown, self._variables, self._window_start = state, None, 0
+                self._variables_under, self._landed_at = "", 0
 
     def report(self) -> ContextReport | None:
         """Tokens per part of the last prompt built, against the budget."""

@@ -252,12 +252,18 @@ class Hub:
             raise Busy(str(exc)) from None
 
     def _current(self, session_id: str) -> LiveSession:
-        """This server's copy if the store has nothing newer, else the session loaded afresh (under the caller's lease)."""
+        """This server's copy if the store has nothing newer, or that copy brought up to date; else the session loaded afresh (under the caller's lease)."""
         assert self.replica is not None
         live = self.get(session_id)
-        if live is not None and not live.busy and self.replica.is_current(session_id, live.version):
-            live.last_used = time.monotonic()
-            return live
+        # version -1: the copy's folds were abandoned or its record is unknown; only a load makes it whole.
+        if live is not None and not live.busy and live.version >= 0:
+            if self.replica.is_current(session_id, live.version):
+                live.last_used = time.monotonic()
+                return live
+            if self.replica.refresh(live.session):
+                live.last_used = time.monotonic()
+                live.version = self.parts.store.last_event_id(session_id)
+                return live
         if live is not None:
             self._drop(live)
         session = self.replica.load(session_id, listeners=[self.parts.metrics.observe])

@@ -58,12 +58,16 @@ class Metrics:
         self.session_loads = Histogram(
             "taskweaver_session_load_seconds", "Loading a session from the store into this replica (a takeover's cost)", registry=r, buckets=_LATENCY_BUCKETS
         )
+        self.session_refreshes = Histogram(
+            "taskweaver_session_refresh_seconds", "Bringing this replica's copy of a session up to date from the store (its kernel connection kept)",
+            registry=r, buckets=_LATENCY_BUCKETS,
+        )  # fmt: skip
         self.store_unavailable = Counter("taskweaver_store_unavailable", "Requests answered 503 because the store was unreachable", registry=r)
 
     def _count_nothing(self) -> None:
         """Without prometheus_client: every metric a no-op, so the server runs the same."""
         for name in ("requests", "latency", "answers", "model_calls", "prompt_tokens", "completion_tokens", "folds", "open_sessions", "running",
-                     "lease_takeovers", "session_loads", "store_unavailable"):  # fmt: skip
+                     "lease_takeovers", "session_loads", "session_refreshes", "store_unavailable"):  # fmt: skip
             setattr(self, name, _Nothing())
 
     def observe(self, event: Event) -> None:

@@ -5,8 +5,11 @@ session; nothing routes a session to "its" replica. What makes that safe:
 
 - A request first takes the session's lease (`leases.py`): one request at a time, whichever replica.
 - A replica keeps the sessions it served in memory (their kernel connections, their prompts), but
-  reuses one only when the store has no event newer than the last this copy wrote; otherwise the
-  copy is dropped and the session loaded again from the store.
+  never trusts one over the store: a copy is reused as it is only when the store has no event newer
+  than the last it wrote. Otherwise it is brought up to date in place: the session's record read
+  again from the store, the kernel's variables read again over the connection it keeps (what
+  another replica ran there meanwhile). Only when that cannot be (another kernel, a round left
+  running) is the copy dropped and the session loaded again.
 - A session's kernel lives on the gateway, and its id is in the store: the replica that loads the
   session attaches to that kernel, variables and all, and leaves it running when it lets go. Only
   a kernel the gateway no longer has is started afresh, its variables rebuilt by replaying the
@@ -27,6 +30,7 @@ from taskweaver_lite.errors import ConfigError, StoreError
 from taskweaver_lite.events import Listener
 from taskweaver_lite.execution import ExecutorFactory
 from taskweaver_lite.session import Session
+from taskweaver_lite.store.interface import StoredSession
 from taskweaver_lite.web.metrics import Metrics
 from taskweaver_lite.workspace import Workspace
 
@@ -78,14 +82,32 @@ class Replica:
         """The session from the store (its kernel attached, or rebuilt by replay); counts the load, and a takeover."""
         started = time.monotonic()
         stored = self.store.load(session_id)
-        cells = sum(1 for rnd in stored.rounds for post in rnd.posts if post.execution is not None)
-        factory = self.executor(session_id, kernel_id=stored.kernel_id, cells_before=cells)
+        factory = self.executor(session_id, kernel_id=stored.kernel_id, cells_before=_cells(stored))
         session, report = self.workspace.resume_session(session_id, executor=factory, listeners=listeners, claim=False)
         self.metrics.session_loads.observe(time.monotonic() - started)
         if report.cut_off:
             self.metrics.lease_takeovers.inc()
             _log.warning("session %s: took over request %s, cut off when the replica running it stopped", session_id, report.cut_off)
         return session
+
+    def refresh(self, session: Session) -> bool:
+        """Bring this replica's stale copy up to date from the store in place, its kernel connection and models kept.
+
+        False, with the copy unchanged, when only a full load will do: a round left running (its
+        replica died: the load marks it cut off), or a kernel that is not the copy's any more.
+        """
+        from taskweaver_lite.kernel.remote import GatewayExecutor  # as in executor(): the gateway extra
+
+        started = time.monotonic()
+        stored = self.store.load(session.id)
+        executor = session.executor
+        if stored.interrupted or not isinstance(executor, GatewayExecutor):
+            return False
+        if not executor.catch_up(stored.kernel_id, cells_before=_cells(stored)):
+            return False
+        session.restore(stored)
+        self.metrics.session_refreshes.observe(time.monotonic() - started)
+        return True
 
     def is_current(self, session_id: str, version: int) -> bool:
         """Whether the store holds nothing newer than `version` for the session (a hot copy may be reused)."""
@@ -97,3 +119,7 @@ class Replica:
         except StoreError as exc:  # the next replica then starts a kernel of its own and replays
             _log.warning("session %s: could not store its kernel's id (%s)", session_id, exc)
 
+
+def _cells(stored: StoredSession) -> int:
+    """How many cells the session has run, on any replica (a copy numbers its next cells after them)."""
+    return sum(1 for rnd in stored.rounds for post in rnd.posts if post.execution is not None)
