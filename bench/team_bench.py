@@ -95,6 +95,8 @@ class Load:
     rate: float  # answers per second over the load
     answered: int
     cpu: float  # CPU seconds of the serve processes (and PostgreSQL's, when it is the store) per answer
+    refreshed: tuple[int, float]  # replicas' copies brought up to date in place: how many, mean seconds
+    loaded: tuple[int, float]  # sessions loaded afresh from the store: how many, mean seconds
 
 
 def load(urls: list[str], model: Model, *, sessions: int, requests: int, service: Callable[[], list[int]]) -> Load:
@@ -109,7 +111,9 @@ def load(urls: list[str], model: Model, *, sessions: int, requests: int, service
     after = cpu_seconds(service())
     spent = sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
     latencies = [arrived - model.sent[marker] for marker, arrived in arrivals.items() if marker in model.sent]
-    return Load(latencies, len(arrivals) / elapsed, len(arrivals), spent / max(len(arrivals), 1))
+    with httpx.Client(timeout=120) as http:
+        refreshed, loaded = (_histogram(http, urls, name) for name in ("taskweaver_session_refresh_seconds", "taskweaver_session_load_seconds"))
+    return Load(latencies, len(arrivals) / elapsed, len(arrivals), spent / max(len(arrivals), 1), refreshed, loaded)
 
 
 def cpu_seconds(pids: list[int]) -> dict[int, float]:
@@ -177,7 +181,11 @@ def measure_load(
             cull(gateway)  # replicas leave kernels on the gateway; a deployment's culling ends them, here at once
             results[(name, size)] = found
             line = f"  {name:8} {size:3} sessions: p95 {p95(found.latencies) * 1000:7.1f} ms, {found.rate:6.1f} requests/s, {found.answered} answered"
-            print(line + f", {found.cpu * 1000:.0f} ms CPU per answer", file=sys.stderr, flush=True)
+            moves = ""
+            if name == "pg-2":
+                (refreshes, refresh_mean), (loads, load_mean) = found.refreshed, found.loaded
+                moves = f"; copies brought up to date {refreshes:.0f} (mean {refresh_mean * 1000:.0f} ms), sessions loaded {loads:.0f} (mean {load_mean * 1000:.0f} ms)"
+            print(line + f", {found.cpu * 1000:.0f} ms CPU per answer{moves}", file=sys.stderr, flush=True)
     return results
 
 
@@ -214,7 +222,7 @@ def kills(project: Path, *, count: int, lease: float) -> tuple[list[float], list
             checked += len(before)
             stack.callback(victim.stop)
             pair[k % 2] = stack.enter_context(ServeProcess.start(project))
-        loads = _session_load_mean(http, [s.url for s in pair])
+        _, loads = _histogram(http, [s.url for s in pair], "taskweaver_session_load_seconds")
     return to_answer, after_lease, lost, checked, loads
 
 
@@ -260,15 +268,16 @@ def stored_events(http: httpx.Client, url: str, session_id: str) -> list[tuple[i
     return events
 
 
-def _session_load_mean(http: httpx.Client, urls: list[str]) -> float:
+def _histogram(http: httpx.Client, urls: list[str], name: str) -> tuple[int, float]:
+    """A histogram of the servers' /metrics summed over them: how many were observed, and their mean in seconds."""
     total = count = 0.0
     for url in urls:
         for line in http.get(url + "/metrics").text.splitlines():
-            if line.startswith("taskweaver_session_load_seconds_sum"):
+            if line.startswith(name + "_sum "):
                 total += float(line.split()[-1])
-            elif line.startswith("taskweaver_session_load_seconds_count"):
+            elif line.startswith(name + "_count "):
                 count += float(line.split()[-1])
-    return total / count if count else 0.0
+    return int(count), total / count if count else 0.0
 
 
 def main() -> int:

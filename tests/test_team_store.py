@@ -250,6 +250,20 @@ def test_urls_and_driver_messages_lose_their_passwords() -> None:
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize("failed", ["_write_one", "_read_one", "_read"])
+def test_a_connection_lent_for_one_statement_keeps_later_writes_atomic_even_after_that_statement_failed(postgres_url: str, failed: str) -> None:
+    store = PostgresStore(postgres_url, pool_size=1)  # one connection: the one that failed is the one lent next
+    started(store, "s")
+    with pytest.raises(StoreError), getattr(store, failed)() as db:
+        db.execute("SELECT 1 / 0")
+    with pytest.raises(RuntimeError), store._transaction() as db:
+        db.execute("UPDATE sessions SET title = 'half-way' WHERE id = 's'")
+        raise RuntimeError("a write that fails half-way")
+    assert store.load("s").title != "half-way", "the connection went back to the pool still committing each statement"
+    assert store.take_lease("s", "me", seconds=5) is not None and store.lease("s") is not None
+
+
+@pytest.mark.postgres
 def test_a_postgresql_store_keeps_artifacts_and_uploads_so_any_server_exports_them(postgres_url: str, tmp_path: Path) -> None:
     store = PostgresStore(postgres_url)
     started(store, "s")

@@ -133,8 +133,7 @@ class GatewayExecutor(SessionKernel):
             try:
                 if not self.kernel.connected:
                     self.kernel.connect()
-                while self.kernel.waiting():
-                    self.kernel.receive(REPLY_WAIT)
+                self.kernel.drop_waiting()
                 asked = {k: v for k, v in namespace.cell_expressions(".").items() if k != namespace.CWD}
                 reply = self._reply(self.kernel.execute("", user_expressions=asked, silent=True))
             except GatewayError:

@@ -139,9 +139,31 @@ class PostgresStore(SqlStore):
 
     @contextmanager
     def _read(self) -> Iterator[_Connection]:
-        with self._errors(), self._pool.connection() as conn:
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        with self._autocommit() as conn:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")  # one round trip, not BEGIN and then SET
+            try:
+                yield _Connection(conn)
+            finally:
+                if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
+                    conn.execute("COMMIT")  # read only: nothing to keep or undo either way
+
+    @contextmanager
+    def _one(self) -> Iterator[_Connection]:
+        """One statement, its own transaction: a round trip instead of three (BEGIN, it, COMMIT)."""
+        with self._autocommit() as conn:
             yield _Connection(conn)
+
+    _read_one = _write_one = _one
+
+    @contextmanager
+    def _autocommit(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection that sends each statement as it is (it goes back to the pool as it came)."""
+        with self._errors(), self._pool.connection() as conn:
+            conn.autocommit = True
+            try:
+                yield conn
+            finally:
+                _back_to_transactions(conn)
 
     def _after_events(self, db: Any, session_id: str) -> None:
         db.execute("SELECT pg_notify(?, ?)", (NOTIFY_CHANNEL, session_id))
@@ -152,7 +174,7 @@ class PostgresStore(SqlStore):
         if not words:
             return []
         mine, params = (" AND (s.owner IS NULL OR s.owner = ?)", (owner,)) if owner is not None else ("", ())
-        with self._read() as db:
+        with self._read_one() as db:
             rows = db.execute(
                 "SELECT t.id, t.kind, t.text, t.session_id, t.created_at FROM tips t LEFT JOIN sessions s ON s.id = t.session_id,"
                 f" websearch_to_tsquery('english', ?) q WHERE t.search @@ q{mine} ORDER BY ts_rank(t.search, q) DESC, t.id LIMIT ?",
@@ -184,6 +206,18 @@ class PostgresStore(SqlStore):
             raise StoreUnavailable(f"the session store {self.where} cannot be reached ({said}); what is stored is kept: try again once it is back") from None
         except psycopg.Error as exc:
             raise StoreError(f"the session store {self.where} refused a request ({_said(exc)})") from None
+
+
+def _back_to_transactions(conn: psycopg.Connection[Any]) -> None:
+    """Undo what a statement left open and turn autocommit off again; a connection that cannot be is closed (the pool drops it)."""
+    if conn.closed:
+        return
+    try:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.execute("ROLLBACK")
+        conn.autocommit = False
+    except psycopg.Error:
+        conn.close()
 
 
 class AdvisoryClaim:

@@ -44,7 +44,7 @@ class Connection(Protocol):
 
 
 class SqlStore:
-    """The queries of a session store; a backend gives `_transaction`, `_read`, `lock`, `close` and its dialect."""
+    """The queries of a session store; a backend gives `_transaction`, `_read`, `lock`, `close` and its dialect (and may give `_read_one`, `_write_one`)."""
 
     where: str = ""
     keeps_files: bool = False
@@ -62,6 +62,14 @@ class SqlStore:
     def _read(self) -> AbstractContextManager[Connection]:
         """A connection for a consistent read (each backend gives its own)."""
         raise NotImplementedError(f"{type(self).__name__} is a store backend without _read")
+
+    def _read_one(self) -> AbstractContextManager[Connection]:
+        """A connection for a read of one statement, which needs no transaction around it (PostgreSQL spares the round trips)."""
+        return self._read()
+
+    def _write_one(self) -> AbstractContextManager[Connection]:
+        """A connection for a write of one statement, committed as it runs (PostgreSQL spares the round trips)."""
+        return self._transaction()
 
     def _after_events(self, db: Connection, session_id: str) -> None:
         """Called inside the transaction that appended to a session's event log (PostgreSQL notifies the other replicas)."""
@@ -104,7 +112,7 @@ class SqlStore:
 
     def events_after(self, session_id: str, after: int, *, limit: int = 500) -> list[StoredEvent]:
         """The session's event-log entries with an id above `after`, oldest first (at most `limit`)."""
-        with self._read() as db:
+        with self._read_one() as db:
             rows = db.execute(
                 "SELECT id, data, at FROM events WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?", (session_id, after, limit)
             ).fetchall()
@@ -112,13 +120,13 @@ class SqlStore:
 
     def last_event_id(self, session_id: str) -> int:
         """The id of the session's newest event-log entry (0: none yet)."""
-        with self._read() as db:
+        with self._read_one() as db:
             row = db.execute("SELECT COALESCE(MAX(id), 0) FROM events WHERE session_id = ?", (session_id,)).fetchone()
         return int(row[0])
 
     def save_kernel(self, session_id: str, kernel_id: str | None) -> None:
         """Keep the id of the session's kernel on a gateway (None: it has none that outlives its server)."""
-        with self._transaction() as db:
+        with self._write_one() as db:
             db.execute("UPDATE sessions SET kernel_id = ? WHERE id = ?", (kernel_id, session_id))
 
     def save_compression(self, session_id: str, role: str, state: dict[str, Any]) -> None:
@@ -135,12 +143,12 @@ class SqlStore:
     def save_overrides(self, session_id: str, overrides: list[str]) -> None:
         """Keep the `--set KEY=VALUE` items a session runs with, for its resume; api keys and the store's own address are never stored."""
         kept = [item for item in overrides if not _secret_setting(item.partition("=")[0].strip())]
-        with self._transaction() as db:
+        with self._write_one() as db:
             db.execute("UPDATE sessions SET overrides = ? WHERE id = ?", (_json(kept), session_id))
 
     def overrides(self, session_id: str) -> list[str]:
         """The `--set` items saved for the session (empty if none were)."""
-        with self._read() as db:
+        with self._read_one() as db:
             row = db.execute("SELECT overrides FROM sessions WHERE id = ?", (session_id,)).fetchone()
         if row is None:
             raise UnknownSessionError(session_id, store=self.where)
@@ -150,7 +158,7 @@ class SqlStore:
         """Every stored session with at least one round (of `owner` only, when given), most recently active first."""
         # The inner join drops sessions without rounds: chats left, or failed, before their first request.
         mine, params = ("WHERE s.owner = ? ", (owner,)) if owner is not None else ("", ())
-        with self._read() as db:
+        with self._read_one() as db:
             rows = db.execute(
                 "SELECT s.id, s.title, COUNT(*), s.started, s.last_active FROM sessions s JOIN rounds r ON r.session_id = s.id "
                 f"{mine}GROUP BY s.id, s.title, s.started, s.last_active ORDER BY s.last_active DESC, s.started DESC",
@@ -160,7 +168,7 @@ class SqlStore:
 
     def count_sessions(self, *, owner: str) -> int:
         """How many sessions `owner` has that `list_sessions` shows them (those with at least one round)."""
-        with self._read() as db:
+        with self._read_one() as db:
             row = db.execute(
                 "SELECT COUNT(*) FROM sessions s WHERE s.owner = ? AND EXISTS (SELECT 1 FROM rounds r WHERE r.session_id = s.id)", (owner,)
             ).fetchone()
@@ -195,7 +203,7 @@ class SqlStore:
 
     def owner_of(self, session_id: str) -> str | None:
         """The user who made the session (None: made without users); UnknownSessionError when there is none."""
-        with self._read() as db:
+        with self._read_one() as db:
             row = db.execute("SELECT owner FROM sessions WHERE id = ?", (session_id,)).fetchone()
         if row is None:
             raise UnknownSessionError(session_id, store=self.where)
@@ -256,7 +264,7 @@ class SqlStore:
     def successful_cells(self, session_id: str) -> list[str]:
         """The code of every cell that ran without error, in the order it ran (for the kernel replay)."""
         # Rounds of every state count: the kernel ran a failed round's good cells all the same.
-        with self._read() as db:
+        with self._read_one() as db:
             rows = db.execute(f"SELECT {self.cell_code_sql} FROM posts WHERE session_id = ? AND success = 1 ORDER BY seq", (session_id,)).fetchall()
         return [r[0] for r in rows]
 
@@ -264,7 +272,7 @@ class SqlStore:
 
     def put_file(self, session_id: str, kind: FileKind, name: str, data: bytes) -> None:
         """Keep a file of the session as bytes (replacing one of that kind and name)."""
-        with self._transaction() as db:
+        with self._write_one() as db:
             db.execute(
                 "INSERT INTO blobs (session_id, kind, name, data, size, at) VALUES (?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (session_id, kind, name) DO UPDATE SET data = excluded.data, size = excluded.size, at = excluded.at",
@@ -273,13 +281,13 @@ class SqlStore:
 
     def file(self, session_id: str, kind: FileKind, name: str) -> bytes | None:
         """A kept file's bytes; None when there is none."""
-        with self._read() as db:
+        with self._read_one() as db:
             row = db.execute("SELECT data FROM blobs WHERE session_id = ? AND kind = ? AND name = ?", (session_id, kind, name)).fetchone()
         return None if row is None else bytes(row[0])
 
     def file_names(self, session_id: str, kind: FileKind) -> list[str]:
         """The names of the session's kept files of `kind`, in order."""
-        with self._read() as db:
+        with self._read_one() as db:
             rows = db.execute("SELECT name FROM blobs WHERE session_id = ? AND kind = ? ORDER BY name", (session_id, kind)).fetchall()
         return [str(r[0]) for r in rows]
 
@@ -302,7 +310,7 @@ class SqlStore:
     def stored_tips(self, *, owner: str | None = None) -> list[Tip]:
         """Every stored tip, oldest first; with `owner`, those from that user's sessions and from sessions made without users."""
         mine, params = (" WHERE s.owner IS NULL OR s.owner = ?", (owner,)) if owner is not None else ("", ())
-        with self._read() as db:
+        with self._read_one() as db:
             rows = db.execute(
                 f"SELECT t.id, t.kind, t.text, t.session_id, t.created_at FROM tips t LEFT JOIN sessions s ON s.id = t.session_id{mine} ORDER BY t.id",
                 params,
@@ -315,14 +323,14 @@ class SqlStore:
 
     def tips_version(self) -> tuple[int, int]:
         """(count, newest id) of the stored tips: changes with every save and delete (ids are never reused)."""
-        with self._read() as db:
+        with self._read_one() as db:
             count, newest = db.execute("SELECT COUNT(*), COALESCE(MAX(id), 0) FROM tips").fetchone()
         return int(count), int(newest)
 
     def delete_tip(self, tip_id: int, *, owner: str | None = None) -> bool:
         """Delete one stored tip (with `owner`: only one of that user's); False when there is none with that id."""
         mine, params = (" AND session_id IN (SELECT id FROM sessions WHERE owner = ?)", (owner,)) if owner is not None else ("", ())
-        with self._transaction() as db:
+        with self._write_one() as db:
             return db.execute(f"DELETE FROM tips WHERE id = ?{mine}", (tip_id, *params)).rowcount > 0
 
     # Users
@@ -365,18 +373,18 @@ class SqlStore:
 
     def users(self) -> list[User]:
         """Every user, by name."""
-        with self._read() as db:
+        with self._read_one() as db:
             rows = db.execute("SELECT name, admin, created_at, expires_at FROM users ORDER BY name").fetchall()
         return [_user(r) for r in rows]
 
     def remove_user(self, name: str) -> bool:
         """Remove a user (their token stops working at once; their sessions stay); False when there is none."""
-        with self._transaction() as db:
+        with self._write_one() as db:
             return db.execute("DELETE FROM users WHERE name = ?", (name,)).rowcount > 0
 
     def has_users(self) -> bool:
         """Whether the store has any user (then every request must name one by its token)."""
-        with self._read() as db:
+        with self._read_one() as db:
             return db.execute("SELECT 1 FROM users LIMIT 1").fetchone() is not None
 
     def user_for_token(self, token: str) -> User | None:
@@ -384,7 +392,7 @@ class SqlStore:
         ident = token_id(token)
         if ident is None:
             return None
-        with self._read() as db:
+        with self._read_one() as db:
             row = db.execute("SELECT name, admin, created_at, expires_at, salt, token_hash FROM users WHERE token_id = ?", (ident,)).fetchone()
         if row is None or not self._verifier.matches(token, salt=row[4], digest=row[5]):
             return None
@@ -394,7 +402,7 @@ class SqlStore:
 
     def take_lease(self, session_id: str, holder: str, *, seconds: float) -> Lease | None:
         """Claim the session's lease for `seconds` (when free, expired, or already `holder`'s); None when another holds it."""
-        with self._transaction() as db:
+        with self._write_one() as db:
             row = db.execute(
                 f"INSERT INTO leases (session_id, holder, expires) VALUES (?, ?, {self.now_sql} + ?)"
                 " ON CONFLICT (session_id) DO UPDATE SET holder = excluded.holder, expires = excluded.expires"
@@ -405,7 +413,7 @@ class SqlStore:
 
     def renew_lease(self, session_id: str, holder: str, *, seconds: float) -> bool:
         """Extend `holder`'s lease by `seconds` from now; False when it is no longer theirs."""
-        with self._transaction() as db:
+        with self._write_one() as db:
             updated = db.execute(
                 f"UPDATE leases SET expires = {self.now_sql} + ? WHERE session_id = ? AND holder = ?", (seconds, session_id, holder)
             ).rowcount
@@ -413,12 +421,12 @@ class SqlStore:
 
     def release_lease(self, session_id: str, holder: str) -> None:
         """Free the session's lease if `holder` has it."""
-        with self._transaction() as db:
+        with self._write_one() as db:
             db.execute("DELETE FROM leases WHERE session_id = ? AND holder = ?", (session_id, holder))
 
     def lease(self, session_id: str) -> Lease | None:
         """The session's current, unexpired lease; None when it is free."""
-        with self._read() as db:
+        with self._read_one() as db:
             row = db.execute(f"SELECT holder, expires FROM leases WHERE session_id = ? AND expires >= {self.now_sql}", (session_id,)).fetchone()
         return None if row is None else Lease(session_id=session_id, holder=str(row[0]), expires=float(row[1]))
 
@@ -426,7 +434,7 @@ class SqlStore:
 
     def save_eval_result(self, run_id: str, case: str, result: dict[str, Any]) -> None:
         """Keep one case's result of an eval run (replacing an earlier one of that case)."""
-        with self._transaction() as db:
+        with self._write_one() as db:
             db.execute(
                 "INSERT INTO eval_results (run_id, case_name, result, at) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (run_id, case_name) DO UPDATE SET result = excluded.result, at = excluded.at",
@@ -435,13 +443,13 @@ class SqlStore:
 
     def eval_results(self, run_id: str) -> dict[str, dict[str, Any]]:
         """An eval run's results by case name."""
-        with self._read() as db:
+        with self._read_one() as db:
             rows = db.execute("SELECT case_name, result FROM eval_results WHERE run_id = ? ORDER BY case_name", (run_id,)).fetchall()
         return {str(r[0]): json.loads(r[1]) for r in rows}
 
     def ping(self) -> None:
         """Raise StoreError when the store cannot be reached."""
-        with self._read() as db:
+        with self._read_one() as db:
             db.execute("SELECT 1").fetchone()
 
 
