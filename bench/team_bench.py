@@ -95,12 +95,13 @@ class Load:
     rate: float  # answers per second over the load
     answered: int
     cpu: float  # CPU seconds of the serve processes (and PostgreSQL's, when it is the store) per answer
+    store_cpu: float  # of which PostgreSQL's
     refreshed: tuple[int, float]  # replicas' copies brought up to date in place: how many, mean seconds
     loaded: tuple[int, float]  # sessions loaded afresh from the store: how many, mean seconds
 
 
-def load(urls: list[str], model: Model, *, sessions: int, requests: int, service: Callable[[], list[int]]) -> Load:
-    """`sessions` clients sending `requests` each, after a warm-up; `service`: the pids whose CPU is the service's."""
+def load(urls: list[str], model: Model, *, sessions: int, requests: int, service: Callable[[], list[int]], store_pids: Callable[[], list[int]]) -> Load:
+    """`sessions` clients sending `requests` each, after a warm-up; `service`: the pids whose CPU is the service's (`store_pids` of them PostgreSQL's)."""
     with httpx.Client(timeout=120) as http:
         opened = [http.post(urls[n % len(urls)] + "/api/sessions", json={}).json()["id"] for n in range(sessions)]
     run_clients(urls, opened, model, requests=1, prefix="warm-")  # kernels started, first cells run: not what is measured
@@ -110,10 +111,13 @@ def load(urls: list[str], model: Model, *, sessions: int, requests: int, service
     elapsed = time.perf_counter() - started
     after = cpu_seconds(service())
     spent = sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
+    in_store = set(store_pids())
+    stored = sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items() if pid in in_store)
     latencies = [arrived - model.sent[marker] for marker, arrived in arrivals.items() if marker in model.sent]
     with httpx.Client(timeout=120) as http:
         refreshed, loaded = (_histogram(http, urls, name) for name in ("taskweaver_session_refresh_seconds", "taskweaver_session_load_seconds"))
-    return Load(latencies, len(arrivals) / elapsed, len(arrivals), spent / max(len(arrivals), 1), refreshed, loaded)
+    answered = max(len(arrivals), 1)
+    return Load(latencies, len(arrivals) / elapsed, len(arrivals), spent / answered, stored / answered, refreshed, loaded)
 
 
 def cpu_seconds(pids: list[int]) -> dict[int, float]:
@@ -128,12 +132,17 @@ def cpu_seconds(pids: list[int]) -> dict[int, float]:
 
 def service_pids(servers: list[ServeProcess], cluster: PostgresCluster | None) -> list[int]:
     """The serve processes (not their local kernels: user code costs the same everywhere), and PostgreSQL's when it is the store."""
-    pids = [server.process.pid for server in servers]
-    if cluster is not None:
-        with contextlib.suppress(OSError, ValueError, psutil.Error):
-            postmaster = psutil.Process(int((cluster.folder / "data" / "postmaster.pid").read_text().split()[0]))
-            pids += [postmaster.pid, *(child.pid for child in postmaster.children(recursive=True))]
-    return pids
+    return [server.process.pid for server in servers] + postgres_pids(cluster)
+
+
+def postgres_pids(cluster: PostgresCluster | None) -> list[int]:
+    """The PostgreSQL server's processes (none when it is not the store)."""
+    if cluster is None:
+        return []
+    with contextlib.suppress(OSError, ValueError, psutil.Error):
+        postmaster = psutil.Process(int((cluster.folder / "data" / "postmaster.pid").read_text().split()[0]))
+        return [postmaster.pid, *(child.pid for child in postmaster.children(recursive=True))]
+    return []
 
 
 def run_clients(urls: list[str], sessions: list[str], model: Model, *, requests: int, prefix: str = "") -> dict[str, float]:
@@ -177,15 +186,17 @@ def measure_load(
         for size in sizes:
             with start() as servers:
                 store = None if name == "sqlite" else cluster
-                found = load([s.url for s in servers], model, sessions=size, requests=requests, service=functools.partial(service_pids, servers, store))
+                service, store_pids = functools.partial(service_pids, servers, store), functools.partial(postgres_pids, store)
+                found = load([s.url for s in servers], model, sessions=size, requests=requests, service=service, store_pids=store_pids)
             cull(gateway)  # replicas leave kernels on the gateway; a deployment's culling ends them, here at once
             results[(name, size)] = found
             line = f"  {name:8} {size:3} sessions: p95 {p95(found.latencies) * 1000:7.1f} ms, {found.rate:6.1f} requests/s, {found.answered} answered"
             moves = ""
             if name == "pg-2":
                 (refreshes, refresh_mean), (loads, load_mean) = found.refreshed, found.loaded
-                moves = f"; copies brought up to date {refreshes:.0f} (mean {refresh_mean * 1000:.0f} ms), sessions loaded {loads:.0f} (mean {load_mean * 1000:.0f} ms)"
-            print(line + f", {found.cpu * 1000:.0f} ms CPU per answer{moves}", file=sys.stderr, flush=True)
+                moves = f"; copies brought up to date {refreshes} (mean {refresh_mean * 1000:.0f} ms), sessions loaded {loads} (mean {load_mean * 1000:.0f} ms)"
+            of_store = f" ({found.store_cpu * 1000:.0f} ms of it PostgreSQL's)" if store is not None else ""
+            print(line + f", {found.cpu * 1000:.0f} ms CPU per answer{of_store}{moves}", file=sys.stderr, flush=True)
     return results
 
 
