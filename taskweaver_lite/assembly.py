@@ -1,8 +1,9 @@
-"""Opening a session: a new one, a stored one resumed, or a fresh one in place of another (`/reset`).
+"""A session's life in the store: a new one, a stored one resumed, a fresh one in place of another (`/reset`), one deleted.
 
     session = open_session(config)                        # a new stored session on config's store
     session, report = resume_session(config, "last")      # its record taken back, its kernel rebuilt by replay
     session = reset_session(session)                      # the old one closed, stays stored
+    delete_session(config, "20261127-...", store=store)   # gone for good, with its tips and its kernel
 
 A `Workspace` calls these with its store and its catalogs (roles, plugins, experience), so that
 nothing is opened or looked for twice; without them a session opens `config`'s store (and closes
@@ -14,6 +15,7 @@ closes a store opened for it (`OpeningGuard`), and a kernel already booting is s
 from __future__ import annotations
 
 import functools
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -22,7 +24,7 @@ from typing import Any
 
 from taskweaver_lite.config import Config
 from taskweaver_lite.confirm import ConfirmCell
-from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.errors import ConfigError, SessionBusyError
 from taskweaver_lite.events import Listener
 from taskweaver_lite.execution import Executor, ExecutorFactory
 from taskweaver_lite.knowledge.experience import Experience
@@ -39,6 +41,8 @@ Replayed = Callable[[int, int], None]  # told (cells re-run, cells in all) as a 
 
 # `/reset` copies at most this many times session.max_upload_bytes of working files.
 RESET_COPY_UPLOADS = 4
+# Seconds a deletion holds the session's lease (so no server starts a request in it meanwhile).
+DELETE_LEASE_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,43 @@ def reset_session(session: Session) -> Session:
     fresh.owns_model, session.owns_model = session.owns_model, False  # the model client lives on in the new session
     session.close()
     return fresh
+
+
+def delete_session(config: Config, ref: str, *, store: Store, owner: str | None = None, claim: bool = True) -> str:
+    """Delete a stored session for good; returns its id. SessionBusyError while it is open or answering elsewhere.
+
+    Gone with it: its rounds, events and model calls, its kept files, the tips saved from it, its
+    folder on this machine, and its kernel on `execution.kernel_gateway` if one is still running.
+    `ref` as for a resume ('last', an id or a unique start of one), among `owner`'s sessions when
+    given. `claim=False`: the caller already holds the session's lease (a replica's request).
+    """
+    session_id = store.resolve(ref, owner=owner)
+    holder = f"delete-{uuid.uuid4().hex[:8]}"
+    claimed = store.lock(session_id) if claim else None  # a chat or a one-process server that has it open refuses
+    try:
+        if claim and store.take_lease(session_id, holder, seconds=DELETE_LEASE_SECONDS) is None:
+            raise SessionBusyError(f"session {session_id} is answering a request on a server: wait for it to finish (or stop it), then delete it")
+        kernel_id = store.load(session_id).kernel_id
+        store.delete_session(session_id)  # its lease with it
+    finally:
+        if claimed is not None:
+            claimed.release()
+    if kernel_id is not None and config.execution.kernel_gateway is not None:
+        _end_gateway_kernel(config, kernel_id)
+    shutil.rmtree(config.sessions_dir / session_id, ignore_errors=True)
+    return session_id
+
+
+def _end_gateway_kernel(config: Config, kernel_id: str) -> None:
+    """End a deleted session's kernel on the gateway, if it still runs there (the gateway's culling would, later)."""
+    from taskweaver_lite.kernel.gateway import GatewayKernel  # the gateway extra, as in default_executor
+
+    assert config.execution.kernel_gateway is not None
+    kernel = GatewayKernel(config.execution.kernel_gateway)
+    if kernel.attach(kernel_id):
+        kernel.shutdown()
+    else:
+        kernel.release()
 
 
 def replay_cells(executor: Executor, cells: Sequence[str], *, on_replay: Replayed | None = None) -> int:

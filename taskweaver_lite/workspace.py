@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.assembly import Catalogs, ResumeReport, open_session, resume_session
+from taskweaver_lite.assembly import Catalogs, ResumeReport, delete_session, open_session, resume_session
 from taskweaver_lite.config import Config
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.knowledge.experience import Experience
@@ -66,6 +66,10 @@ class Workspace:
     def resume_session(self, ref: str, **options: Any) -> tuple[Session, ResumeReport]:
         """A stored session continued ('last', an id or a unique start of one); `options` as for assembly.resume_session."""
         return resume_session(self.config, ref, store=self.store, catalogs=self.catalogs, **options)
+
+    def delete_session(self, ref: str, *, owner: str | None = None) -> str:
+        """Delete a stored session for good (see assembly.delete_session); returns its id."""
+        return delete_session(self.config, ref, store=self.store, owner=owner)
 
     def remembered_overrides(self, ref: str) -> list[str]:
         """The `--set` values the session `ref` names was started with (a resume applies them again)."""

@@ -181,3 +181,26 @@ def test_ctrl_c_cancels_the_running_step_and_the_session_goes_on(tmp_path: Path,
     assert out == "Printed x.\n"
     last_planner = [r for r in server.requests if r.role == "planner"][-1].messages
     assert "x is 5" in last_planner[-1]["content"], "variables from before the cancel survive"
+
+
+def test_sessions_delete_removes_a_session_for_good_and_refuses_one_a_chat_has_open(tmp_path: Path, server: ScriptedServer) -> None:
+    project = make_project(tmp_path, server.url)
+    server.set_default("planner", planner_reply("Noted.", send_to="User"))
+    assert run_cli("chat", "-p", str(project), stdin="first\n").returncode == 0
+    [gone] = json.loads(run_cli("sessions", "-p", str(project), "--json").stdout)
+    with running_cli("chat", "-p", str(project), "--resume", gone["id"]) as proc:
+        lines, answered, reader = watch_stderr(proc, "Resumed")
+        assert answered.wait(60), "".join(lines)
+        refused = run_cli("sessions", "-p", str(project), "--delete", gone["id"])
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=60)
+        reader.join(timeout=5)
+    assert refused.returncode == 1 and "open in another" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    assert (project / "sessions" / gone["id"]).is_dir(), "a refused delete leaves the session as it was"
+    done = run_cli("sessions", "-p", str(project), "--delete", gone["id"])
+    assert done.returncode == 0 and f"Deleted session {gone['id']}" in done.stdout, done.stderr
+    assert json.loads(run_cli("sessions", "-p", str(project), "--json").stdout) == []
+    assert not (project / "sessions" / gone["id"]).exists(), "its folder (working files, plots) goes with it"
+    again = run_cli("sessions", "-p", str(project), "--delete", gone["id"])
+    assert again.returncode == 1 and f"no session '{gone['id']}'" in again.stderr, again.stderr

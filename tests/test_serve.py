@@ -99,6 +99,31 @@ def test_stop_cancels_the_running_step_like_ctrl_c(web: WebServer, scripted: Scr
         assert events(client, session_id, "are you there")[-1]["type"] == "answer"
 
 
+def test_a_deleted_session_is_gone_from_every_route_with_its_files_and_one_answering_is_refused(
+    web: WebServer, scripted: ScriptedServer, project: Path
+) -> None:
+    scripted.enqueue("planner", planner_reply("Plot the numbers."), planner_reply("The plot is in trend.png.", send_to="User"))
+    scripted.enqueue("code_generator", code_reply(PLOT))
+    scripted.enqueue("planner", planner_reply("Wait a while."))
+    scripted.enqueue("code_generator", code_reply("import time\ntime.sleep(60)"))
+    with httpx.Client(base_url=web.url, timeout=60) as client:
+        session_id = client.post("/api/sessions", json={}).json()["id"]
+        plot = next(e["execution"]["artifacts"][0] for e in events(client, session_id, "plot 1, 3, 2") if e["type"] == "post" and "execution" in e)
+        refused: list[int] = []
+        threading.Timer(3.0, lambda: refused.append(httpx.delete(f"{web.url}/api/sessions/{session_id}").status_code)).start()
+        threading.Timer(5.0, lambda: httpx.post(f"{web.url}/api/sessions/{session_id}/stop", json={})).start()
+        assert events(client, session_id, "wait")[-1]["type"] == "error"
+        assert refused == [409], "a session answering a request is not deleted under it"
+        assert client.delete(f"/api/sessions/{session_id[:-2]}").status_code == 404, "only the exact id deletes, never a start of one"
+        deleted = client.delete(f"/api/sessions/{session_id}")
+        assert deleted.status_code == 200 and deleted.json() == {"deleted": session_id}
+        for path in ("", "/export", "/context"):
+            assert client.get(f"/api/sessions/{session_id}{path}").status_code == 404, path
+        assert client.get(plot).status_code == 404 and not (project / "sessions" / session_id).exists()
+        assert session_id not in [row["id"] for row in client.get("/api/sessions").json()]
+        assert client.delete(f"/api/sessions/{session_id}").status_code == 404
+
+
 def test_a_session_open_elsewhere_answers_409(web: WebServer, project: Path) -> None:
     with open_session(load_config(project)) as elsewhere, httpx.Client(base_url=web.url) as client:
         response = client.post(f"/api/sessions/{elsewhere.id}/resume", json={})

@@ -368,6 +368,26 @@ def test_a_copy_whose_kernel_was_replaced_on_the_other_replica_is_loaded_afresh_
         assert _count(first, "taskweaver_session_load_seconds_count") == loads + 1, "a copy on a kernel the session left is loaded again"
 
 
+def test_a_session_deleted_on_one_replica_is_gone_on_the_other_with_its_kernel_and_only_its_owner_may_delete_it(team: Team) -> None:
+    team.tokens.setdefault("erin", _add_user(team.project, "erin"))
+    with team.client(0) as first, team.client(1) as second, team.client(1, "erin") as erin:
+        session_id = first.post("/api/sessions", json={}).json()["id"]
+        answer(first, session_id, "RUN<<z = 3>>")  # the first replica keeps a copy, attached to the kernel
+        store = PostgresStore(team.store_url)
+        try:
+            kernel_id = store.load(session_id).kernel_id
+        finally:
+            store.close()
+        assert erin.delete(f"/api/sessions/{session_id}").status_code == 404, "another user's session is not there to delete"
+        deleted = second.delete(f"/api/sessions/{session_id}")
+        assert deleted.status_code == 200, deleted.text
+        status, said = ask(first, session_id, "RUN<<print(z)>>")
+        assert status == 404, (status, said)
+        kernel = httpx.get(f"{team.gateway.url}/api/kernels/{kernel_id}", headers={"Authorization": f"token {team.gateway.token}"}, timeout=30)
+        assert kernel.status_code == 404, f"the deleted session's kernel must not run on in the gateway: {kernel.text}"
+        assert session_id not in [row["id"] for row in first.get("/api/sessions").json()]
+
+
 def _count(client: httpx.Client, name: str) -> float:
     """One sample of the replica's /metrics, by its full name."""
     for line in client.get("/metrics").text.splitlines():
@@ -461,5 +481,7 @@ def test_a_session_past_serve_max_sessions_per_user_is_refused_counting_what_eve
             assert refused.status_code == 429, refused.text
             assert "serve.max_sessions_per_user (1)" in refused.json()["error"] and "\n" not in refused.json()["error"], refused.text
             assert "Done." in answer(client, session_id, "another question"), "the session dana has goes on"
+            assert client.delete(f"/api/sessions/{session_id}").status_code == 200
+            assert client.post("/api/sessions", json={}).status_code == 200, "once she deleted one, she may make another"
     finally:
         limited.stop()

@@ -20,7 +20,7 @@ import pytest
 
 from taskweaver_lite.config import ExperienceConfig
 from taskweaver_lite.errors import ExperienceError, SessionBusyError, StoreError, StoreUnavailable, UnknownSessionError
-from taskweaver_lite.events import FileLoaded, PostAdded, RoundStarted
+from taskweaver_lite.events import FileLoaded, Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted
 from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.knowledge.experience import Experience
 from taskweaver_lite.memory.conversation import Post, Round
@@ -288,6 +288,46 @@ def test_a_postgresql_store_keeps_artifacts_and_uploads_so_any_server_exports_th
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
     shown = [output["data"] for cell in cells for output in cell.get("outputs", []) if "data" in output]
     assert base64.b64decode(shown[0]["image/png"]) == png and "image/png" not in shown[1], "the link is named, not embedded"
+
+
+def _full_session(store: Store, session_id: str, word: str) -> None:
+    """A session with a row in every table a session has: a finished round with a cell, a model call, a fold, files, tips, a lease."""
+    store.create_session(session_id, started=time.time(), owner="ana")
+    rnd = Round(index=1, user_query=f"{word} request")
+    post = Post("CodeInterpreter", "Planner", f"{word} result", code="x = 1", execution=ExecutionResult(code="x = 1", success=True))
+    rnd.posts.append(post)
+    rnd.state = "finished"
+    store.record(
+        session_id,
+        RoundStarted(rnd),
+        ModelCalled("planner", 10, 2, 0.1, ok=True),
+        PostAdded(rnd, post),
+        Folded("planner", 1, 1, 100, 20, ok=True),
+        FileLoaded(name=f"{word}.csv", source="/data", after_round=1, at=time.time()),
+        RoundEnded(rnd),
+        shown=[{"type": "post", "text": f"{word} shown"}],
+    )
+    store.save_compression(session_id, "planner", {"summary": f"{word} summary"})
+    store.put_file(session_id, "artifact", f"{word}.png", b"png")
+    store.save_tips(session_id, [("preference", f"{word} tip")])
+    store.take_lease(session_id, "replica-a", seconds=30)
+    store.take_lease(session_id + ":answered", "replica-a", seconds=30)
+
+
+def test_a_deleted_session_leaves_no_row_behind_and_the_others_stay_whole(store: Store) -> None:
+    _full_session(store, "gone-1", "zanzibar")
+    _full_session(store, "kept-1", "quokka")
+    kept = store.load("kept-1")
+    assert store.delete_session("gone-1")
+    left = all_rows(store)
+    assert "gone-1" not in left and "zanzibar" not in left, "a deleted session's rows (or its tips' words in the search index) stay"
+    assert store.load("kept-1") == kept and [t.text for t in store.stored_tips()] == ["quokka tip"]
+    assert store.file("kept-1", "artifact", "quokka.png") == b"png" and store.lease("kept-1") is not None
+    with pytest.raises(UnknownSessionError):
+        store.load("gone-1")
+    assert not store.delete_session("gone-1")
+    started(store, "gone-1")  # the id may be used again, from nothing
+    assert [r.user_query for r in store.load("gone-1").rounds] == ["a request"]
 
 
 def test_a_sessions_remembered_settings_never_keep_an_api_key_or_the_stores_address(store: Store) -> None:

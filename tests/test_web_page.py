@@ -276,3 +276,25 @@ def test_file_paths_in_an_answer_link_to_the_sessions_artifact(tmp_path: Path, b
             assert served.startswith("region,growth"), served
             browser.refresh()  # a reloaded session (its address names it) links them too
             WebDriverWait(browser, 60).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".msg.planner a.file")) == 2)
+
+
+def test_delete_in_the_page_asks_first_then_the_session_is_gone_from_the_list(tmp_path: Path, browser: object) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    assert isinstance(browser, WebDriver)
+    with ScriptedServer() as scripted:
+        scripted.set_default("planner", planner_reply("Noted.", send_to="User"))
+        with WebServer(load_config(make_project(tmp_path, scripted.url))) as web:
+            _ask(browser, web, "remember this", until="Noted.")
+            wait = WebDriverWait(browser, 60)
+            wait.until(lambda d: "remember this" in d.find_element(By.ID, "sessions").text)
+            browser.find_element(By.ID, "delete-session").click()
+            browser.switch_to.alert.dismiss()  # asked first: no means nothing happens
+            assert "Noted." in browser.find_element(By.ID, "chat").text
+            browser.find_element(By.ID, "delete-session").click()
+            browser.switch_to.alert.accept()
+            wait.until(lambda d: "The session was deleted." in d.find_element(By.ID, "notice").text)
+            wait.until(lambda d: "remember this" not in d.find_element(By.ID, "sessions").text)
+            assert browser.find_element(By.ID, "chat").text == "" and not browser.find_element(By.ID, "delete-session").is_enabled()

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from taskweaver_lite.assembly import reset_session
+from taskweaver_lite.assembly import delete_session, reset_session
 from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.experience import experience_command, save_tips
@@ -39,7 +39,7 @@ from taskweaver_lite.memory.variables import render_variables
 from taskweaver_lite.model_choice import model_users
 from taskweaver_lite.session import Session, numbered
 from taskweaver_lite.store.export import write_export
-from taskweaver_lite.store.opening import store_place, stored_sessions
+from taskweaver_lite.store.opening import open_store, store_place, stored_sessions
 from taskweaver_lite.taskweaver_json import JSON_FILE_NAME
 from taskweaver_lite.terminal import strip_controls
 from taskweaver_lite.workfiles import owner_only_file
@@ -643,10 +643,13 @@ def last_execution(rounds: list[Round]) -> tuple[Round, ExecutionResult] | None:
 
 
 def list_sessions(args: argparse.Namespace) -> int:
-    """`taskweaver-lite sessions`: the stored sessions, newest first."""
+    """`taskweaver-lite sessions`: the stored sessions, newest first; `--delete ID` deletes one."""
     import json
 
-    config = load_config(project_dir(args))
+    project = project_dir(args)
+    config = load_config(project)
+    if args.delete:
+        return _delete_session(config, args.delete, project)
     rows = stored_sessions(config)
     if args.json:
         print(json.dumps([row.to_dict() for row in rows]))
@@ -657,6 +660,19 @@ def list_sessions(args: argparse.Namespace) -> int:
     print(f"{'ID':<24} {'STARTED':<17} {'LAST ACTIVE':<17} {'ROUNDS':>6}  TITLE")
     for row in rows:
         print(f"{row.id:<24} {_stamp(row.started):<17} {_stamp(row.last_active):<17} {row.rounds:>6}  {strip_controls(row.title)}")
+    return 0
+
+
+def _delete_session(config: Config, ref: str, project: Path) -> int:
+    """`taskweaver-lite sessions --delete ID`: the session gone for good (refused while it is open or answering)."""
+    store = open_store(config)
+    try:
+        deleted = delete_session(config, ref, store=store)
+    except UnknownSessionError as exc:
+        raise exc.listed_with(_sessions_command(project)) from None
+    finally:
+        store.close()
+    print(f"Deleted session {deleted}: its rounds, files, kernel and the tips saved from it are gone.")
     return 0
 
 

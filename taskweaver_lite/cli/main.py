@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
         if in_project:
             _project_option(listing)
         listing.add_argument("--json", action="store_true", help=f"one JSON {shape} on stdout")
+        if name == "sessions":
+            listing.add_argument("--delete", metavar="ID", help="delete a stored session for good, with its files, its kernel and the tips saved from it")
 
     _add_serve_parser(commands)
 

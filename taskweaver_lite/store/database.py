@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from taskweaver_lite.errors import StoreError
+from taskweaver_lite.store.event_rows import shorten
 from taskweaver_lite.store.interface import INTERRUPTED_ERROR, SessionEntry, StoredSession
 from taskweaver_lite.store.lock import SessionLock
 from taskweaver_lite.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate, read_version
-from taskweaver_lite.store.sql import SESSION_ID, SqlStore, shorten
+from taskweaver_lite.store.sql import SESSION_ID, SqlStore
 
 __all__ = ["INTERRUPTED_ERROR", "SessionEntry", "SessionStore", "StoredSession", "shorten", "stored_sessions"]
 

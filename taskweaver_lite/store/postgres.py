@@ -32,8 +32,9 @@ import psycopg_pool
 
 from taskweaver_lite.errors import SessionBusyError, StoreError, StoreUnavailable
 from taskweaver_lite.knowledge.tips import Tip
+from taskweaver_lite.store.event_rows import Rows
 from taskweaver_lite.store.postgres_schema import MIGRATIONS, migrate
-from taskweaver_lite.store.sql import SESSION_ID, Rows, SqlStore
+from taskweaver_lite.store.sql import SESSION_ID, SqlStore
 from taskweaver_lite.store.url import redact, redact_text
 
 NOTIFY_CHANNEL = "twl_events"  # payload: the session id

@@ -1,4 +1,4 @@
-"""The store's queries, written once for both backends: `SqlStore` and the rows each event becomes.
+"""The store's queries, written once for both backends: `SqlStore` (the rows each event becomes: event_rows.py).
 
 The SQL here is the part SQLite and PostgreSQL share (`?` placeholders, `ON CONFLICT`, `RETURNING`;
 the PostgreSQL backend turns `?` into `%s`). What differs sits in the backends: connecting, locking,
@@ -13,34 +13,21 @@ import re
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any
 
 from taskweaver_lite.errors import StoreError, UnknownSessionError
-from taskweaver_lite.events import CellPrinted, Event, FileLoaded, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, RoundStarted, Working
+from taskweaver_lite.events import CellPrinted, Event, FileLoaded, ReplyStreamed, Working
 from taskweaver_lite.execution import Variable
 from taskweaver_lite.knowledge.tips import Tip, TipKind
 from taskweaver_lite.llm.client import Usage
 from taskweaver_lite.memory.conversation import Post, Round
+from taskweaver_lite.store.event_rows import Connection, to_json, write_event
 from taskweaver_lite.store.interface import INTERRUPTED_ERROR, FileKind, Lease, SessionEntry, StoredEvent, StoredSession, User
 from taskweaver_lite.store.users import Verifier, check_name, make_token, token_id
 
-TITLE_LENGTH = 60
+# What a session's rows are kept in besides `sessions` itself, children before the tables they refer to.
+SESSION_TABLES = ("posts", "rounds", "model_calls", "folds", "compression", "files", "events", "blobs", "tips")
 SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-class Rows(Protocol):
-    """A cursor after a statement: what the shared code reads of it (sqlite3's and psycopg's both fit)."""
-
-    @property
-    def rowcount(self) -> int: ...
-    def fetchone(self) -> Any: ...
-    def fetchall(self) -> list[Any]: ...
-
-
-class Connection(Protocol):
-    """One connection inside a transaction: `?` placeholders on both backends."""
-
-    def execute(self, sql: str, params: Sequence[Any] = (), /) -> Rows: ...
 
 
 class SqlStore:
@@ -107,7 +94,7 @@ class SqlStore:
         return ids
 
     def _log(self, db: Connection, session_id: str, item: dict[str, Any], now: float) -> int:
-        row = db.execute("INSERT INTO events (session_id, data, at) VALUES (?, ?, ?) RETURNING id", (session_id, _json(item), now)).fetchone()
+        row = db.execute("INSERT INTO events (session_id, data, at) VALUES (?, ?, ?) RETURNING id", (session_id, to_json(item), now)).fetchone()
         return int(row[0])
 
     def events_after(self, session_id: str, after: int, *, limit: int = 500) -> list[StoredEvent]:
@@ -136,7 +123,7 @@ class SqlStore:
             db.execute(
                 "INSERT INTO compression (session_id, role, state, saved_at) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (session_id, role) DO UPDATE SET state = excluded.state, saved_at = excluded.saved_at",
-                (session_id, role, _json(state), now),
+                (session_id, role, to_json(state), now),
             )
             db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
 
@@ -144,7 +131,7 @@ class SqlStore:
         """Keep the `--set KEY=VALUE` items a session runs with, for its resume; api keys and the store's own address are never stored."""
         kept = [item for item in overrides if not _secret_setting(item.partition("=")[0].strip())]
         with self._write_one() as db:
-            db.execute("UPDATE sessions SET overrides = ? WHERE id = ?", (_json(kept), session_id))
+            db.execute("UPDATE sessions SET overrides = ? WHERE id = ?", (to_json(kept), session_id))
 
     def overrides(self, session_id: str) -> list[str]:
         """The `--set` items saved for the session (empty if none were)."""
@@ -245,6 +232,23 @@ class SqlStore:
             owner=head[5],
             kernel_id=head[6],
         )
+
+    def delete_session(self, session_id: str) -> bool:
+        """Forget a session and everything kept of it (rounds, events, model calls, files, the tips saved from it); False when there is none.
+
+        Its tips go with it: what was learnt from a user's session is that user's, and kept without it
+        would be everyone's. The caller makes sure no request runs in it (its claim or its lease).
+        """
+        with self._transaction() as db:
+            if db.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+                return False
+            for table in SESSION_TABLES:
+                db.execute(f"DELETE FROM {table} WHERE session_id = ?", (session_id,))
+            # Its lease and the lease's marks ("<id>:answered", "<id>:stop"); an id never holds a ':'.
+            db.execute("DELETE FROM leases WHERE session_id = ? OR substr(session_id, 1, ?) = ?", (session_id, len(session_id) + 1, session_id + ":"))
+            db.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+        self._known_rounds = {key for key in self._known_rounds if key[0] != session_id}
+        return True
 
     def mark_interrupted(self, session_id: str) -> tuple[int, ...]:
         """Fail the rounds a crash left 'running'; returns their indexes (to tell the user)."""
@@ -438,7 +442,7 @@ class SqlStore:
             db.execute(
                 "INSERT INTO eval_results (run_id, case_name, result, at) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (run_id, case_name) DO UPDATE SET result = excluded.result, at = excluded.at",
-                (run_id, case, _json(result), time.time()),
+                (run_id, case, to_json(result), time.time()),
             )
 
     def eval_results(self, run_id: str) -> dict[str, dict[str, Any]]:
@@ -472,81 +476,4 @@ def _usage(sums: list[int]) -> Usage:
     calls, failed, prompt, completion, cached = sums
     return Usage(calls=calls, failed_calls=failed, prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
 
-
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
-
-
-def shorten(text: str, limit: int = TITLE_LENGTH) -> str:
-    """One line of at most `limit` characters, cut at a word with '…' when longer."""
-    line = " ".join(text.split())
-    if len(line) <= limit:
-        return line
-    cut = line[: limit - 1]
-    space = cut.rfind(" ")
-    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,.;:") + "…"
-
-
-def write_event(db: Connection, session_id: str, event: Event, now: float, *, known_rounds: set[tuple[str, str]], made: set[tuple[str, str]]) -> None:
-    """One event's rows; a round's row is made first unless `known_rounds` has it (`made` collects the new ones)."""
-    if isinstance(event, (RoundStarted, PostAdded, RoundEnded)):
-        key = (session_id, event.round.id)
-        if key not in known_rounds and key not in made:
-            _ensure_round(db, session_id, event.round)
-            made.add(key)
-    if isinstance(event, RoundStarted):
-        db.execute("UPDATE sessions SET title = ? WHERE id = ? AND title = ''", (shorten(event.round.user_query), session_id))
-    elif isinstance(event, PostAdded):
-        _insert_post(db, session_id, event.round.id, event.post)
-        if event.post.is_answer:  # the answer ends its round: both are kept in one write
-            _end_round(db, session_id, event.round.id, state="finished", error=None, at=now)
-    elif isinstance(event, RoundEnded):
-        _end_round(db, session_id, event.round.id, state=event.round.state, error=event.round.error, at=now)
-    elif isinstance(event, ModelCalled):
-        _insert_call(db, session_id, event, now)
-    elif isinstance(event, Folded):
-        db.execute(
-            "INSERT INTO folds (session_id, role, first_round, last_round, tokens_before, tokens_after, ok, error, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (session_id, event.role, event.first_round, event.last_round, event.tokens_before, event.tokens_after, int(event.ok), event.error, now),
-        )
-    elif isinstance(event, FileLoaded):
-        db.execute(
-            "INSERT INTO files (session_id, name, source, after_round, at) VALUES (?, ?, ?, ?, ?)",
-            (session_id, event.name, event.source, event.after_round, event.at),
-        )
-
-
-def _ensure_round(db: Connection, session_id: str, rnd: Round) -> None:
-    db.execute(
-        "INSERT INTO rounds (session_id, round_id, idx, user_query, state, error, started_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
-        " ON CONFLICT (session_id, round_id) DO NOTHING",
-        (session_id, rnd.id, rnd.index, rnd.user_query, "running", None, rnd.started_at),
-    )
-
-
-def _insert_call(db: Connection, session_id: str, event: ModelCalled, now: float) -> None:
-    prompt = _json(list(event.prompt)) if event.prompt is not None else None
-    db.execute(
-        "INSERT INTO model_calls (session_id, purpose, prompt_tokens, completion_tokens, cached_tokens, latency, ok, error, prompt, reply, at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (session_id, event.purpose, event.prompt_tokens, event.completion_tokens, event.cached_tokens, event.latency, int(event.ok),
-         event.error, prompt, event.reply, now),
-    )
-
-
-def _end_round(db: Connection, session_id: str, round_id: str, *, state: str, error: str | None, at: float) -> None:
-    db.execute("UPDATE rounds SET state = ?, error = ?, ended_at = ? WHERE session_id = ? AND round_id = ?", (state, error, at, session_id, round_id))
-
-
-def _insert_post(db: Connection, session_id: str, round_id: str, post: Post) -> None:
-    execution = post.execution
-    inserted = db.execute(
-        "INSERT INTO posts (session_id, round_id, post_id, send_from, send_to, success, created_at, data)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, post_id) DO NOTHING",
-        (session_id, round_id, post.id, post.send_from, post.send_to, int(execution.success) if execution else None, post.created_at, _json(post.to_dict())),
-    ).rowcount
-    if inserted and execution is not None:
-        # Every cell's result carries the kernel's snapshot after it (empty after a kernel death).
-        variables = _json([v.to_dict() for v in execution.variables])
-        db.execute("UPDATE sessions SET variables = ? WHERE id = ?", (variables, session_id))
 

@@ -60,6 +60,7 @@ def api_routes(hub: Hub) -> list[Route]:
     return [
         Route("/api/sessions", _sessions(hub), methods=["GET", "POST"]),
         Route("/api/sessions/{id}", _session(hub, _history)),
+        Route("/api/sessions/{id}", _session(hub, _delete), methods=["DELETE"]),
         Route("/api/sessions/{id}/resume", _session(hub, _resume), methods=["POST"]),
         Route("/api/sessions/{id}/messages", _session(hub, _messages), methods=["POST"]),
         Route("/api/sessions/{id}/events", _session(hub, _events)),
@@ -155,6 +156,12 @@ def _check_owner(hub: Hub, session_id: str, owner: str | None) -> None:
     store = hub.parts.store
     if store.resolve(session_id, owner=owner) != session_id:
         raise UnknownSessionError(session_id, store=store.where)
+
+
+async def _delete(request: Request, hub: Hub, session_id: str) -> Response:
+    await asyncio.to_thread(_check_owner, hub, session_id, owner_of_request(request))  # the exact id, never a start of one
+    await asyncio.to_thread(hub.delete, session_id, owner=owner_of_request(request))
+    return JSONResponse({"deleted": session_id})
 
 
 async def _resume(_: Request, hub: Hub, session_id: str) -> Response:

@@ -59,6 +59,10 @@ ROUTES_ABOUT = {
         "a session's rounds, posts and loads (what the page shows on reload), whether it is busy, its last event's id, "
         "`session.suggested_requests`, and `folders`: the working and artifacts folders whose files the artifacts route serves"
     ),
+    ("DELETE", "/api/sessions/{id}"): (
+        "deletes the session for good: its rounds, files, kernel and the tips saved from it (`sessions --delete`); 409 while it "
+        "answers a request"
+    ),
     ("POST", "/api/sessions/{id}/resume"): "re-opens a stored session here (its cells replayed); 409 with the reason when it is open elsewhere",
     ("POST", "/api/sessions/{id}/messages"): (
         '`{"text": ...}`, answered as `text/event-stream`: `round_started`, `status`, `delta` (the fields of a streaming reply read '

@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from taskweaver_lite.assembly import new_session_id
+from taskweaver_lite.assembly import delete_session, new_session_id
 from taskweaver_lite.config import Config
-from taskweaver_lite.errors import SessionBusyError, StoreError
+from taskweaver_lite.errors import SessionBusyError, StoreError, UnknownSessionError
 from taskweaver_lite.events import CellPrinted, Event, ModelCalled, ReplyStreamed, Working
 from taskweaver_lite.kernel.executor import close_thread_loop
 from taskweaver_lite.store.interface import Store
@@ -172,6 +172,24 @@ class Hub:
         finally:
             self._finish(self.get(session_id), hold)
 
+    def delete(self, session_id: str, *, owner: str | None = None) -> None:
+        """Delete the stored session for good (assembly.delete_session), its copy here first; Busy while a request runs in it."""
+        self._refuse_when_stopping()
+        leases = self.parts.leases
+        hold = self._take(leases, session_id) if leases is not None else None
+        try:
+            live = self.get(session_id)
+            if live is not None:
+                if live.busy:
+                    raise Busy("This session is answering a request: wait for it or press Stop, then delete it.")
+                self._drop(live)  # alone: its kernel ends and its claim goes; on a replica the kernel is ended below
+            delete_session(self.config, session_id, store=self.parts.store, owner=owner, claim=hold is None)
+        except SessionBusyError as exc:
+            raise Busy(str(exc)) from None
+        finally:
+            if hold is not None and leases is not None:
+                leases.release(hold)  # its row went with the session: nothing is left to free but this replica's note of it
+
     def stop(self, session_id: str) -> bool:
         """Cancel the session's running request, here or on the replica running it (a NOTIFY, and a mark in the store)."""
         live = self.get(session_id)
@@ -260,7 +278,12 @@ class Hub:
             if self.replica.is_current(session_id, live.version):
                 live.last_used = time.monotonic()
                 return live
-            if self.replica.refresh(live.session):
+            try:
+                refreshed = self.replica.refresh(live.session)
+            except UnknownSessionError:
+                self._drop(live)  # deleted, on whichever replica
+                raise
+            if refreshed:
                 live.last_used = time.monotonic()
                 live.version = self.parts.store.last_event_id(session_id)
                 return live

@@ -136,6 +136,7 @@ async function openSession(id, resume) {
     }
     $("show-context").disabled = false;
     $("save-experience").disabled = false;
+    $("delete-session").disabled = false;
     const chat = $("chat");
     chat.replaceChildren();
     folders = state.folders || [];
@@ -472,10 +473,32 @@ async function saveExperience() {
   }
 }
 
+// Deleting asks first: the session, its files, its kernel and the tips saved from it go for good.
+async function deleteSession() {
+  if (!current || !window.confirm(`Delete session ${current} for good? Its requests, files and the tips saved from it cannot be brought back.`)) return;
+  try {
+    await api(`/api/sessions/${encodeURIComponent(current)}`, { method: "DELETE" });
+    following?.close();
+    following = null;
+    current = null;
+    history.replaceState(null, "", location.pathname);
+    $("session-title").textContent = "No session open";
+    $("chat").replaceChildren();
+    for (const id of ["show-context", "save-experience", "delete-session"]) $(id).disabled = true;
+    for (const link of ["export-ipynb", "export-md"]) $(link).classList.add("disabled");
+    setRunning(false);
+    notice("The session was deleted.");
+    listSessions();
+  } catch (error) {
+    notice(`Could not delete the session: ${error.message}`);
+  }
+}
+
 window.addEventListener("DOMContentLoaded", () => {
   $("new-session").onclick = newSession;
   $("show-context").onclick = showContext;
   $("save-experience").onclick = saveExperience;
+  $("delete-session").onclick = deleteSession;
   $("stop").onclick = () => current && postJSON(`/api/sessions/${encodeURIComponent(current)}/stop`).catch((e) => notice(e.message));
   $("composer").onsubmit = (event) => {
     event.preventDefault();
