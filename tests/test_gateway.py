@@ -288,3 +288,18 @@ def test_plugins_are_loaded_on_the_gateways_kernel_and_come_back_after_a_restart
         assert "anomaly_detection" not in {v.name for v in executor.variables()}, "plugins are not user variables"
         executor.restart()
         assert executor.run("callable(anomaly_detection)").result == "True", "plugins come back after a restart"
+
+
+def test_a_cell_after_the_gateway_pinged_an_idle_kernel_runs_at_once(tmp_path: Path) -> None:
+    (tmp_path / "gateway").mkdir()
+    with kernel_gateway(tmp_path / "gateway", options=["--KernelGatewayApp.ws_ping_interval=1"]) as pinging:
+        executor = connect(pinging, tmp_path / "s")
+        try:
+            assert executor.run("x = 1").success
+            time.sleep(2.5)  # idle: the gateway's pings wait on the socket, and nothing after them
+            started = time.monotonic()
+            assert executor.run("print(x + 1)").stdout.strip() == "2"
+            waited = time.monotonic() - started
+            assert waited < remote.REPLY_WAIT, f"the cell waited {waited:.1f} s behind a ping for a message that never came"
+        finally:
+            executor.shutdown()

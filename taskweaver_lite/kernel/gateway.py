@@ -125,38 +125,44 @@ class GatewayKernel:
 
     def receive(self, timeout: float) -> dict[str, Any] | None:
         """The next message (None if none came within `timeout`); GatewayConnectionLost if the socket closed."""
-        sock = self._live_socket()
-        sock.settimeout(timeout)
-        _ack_at_once(sock)
-        try:
-            text = sock.recv()
-        except websocket.WebSocketTimeoutException:
+        data = self._next_frame(timeout)
+        if data is None:
             return None
-        except (OSError, websocket.WebSocketException) as exc:
-            self.disconnect()
-            raise GatewayConnectionLost(f"The connection to the kernel gateway {self.url} dropped ({exc or 'closed'}).") from exc
-        if not text:  # a close frame
-            self.disconnect()
-            raise GatewayConnectionLost(f"The kernel gateway {self.url} closed the connection.")
-        msg: dict[str, Any] = json.loads(text)
+        msg: dict[str, Any] = json.loads(data)
         return msg
 
     def drop_waiting(self) -> int:
         """Read and drop, unparsed, every message already waiting (what another replica's cells sent); how many there were."""
-        sock = self._live_socket()
-        sock.settimeout(self.config.connect_timeout)  # a frame that has begun to arrive is read whole
         dropped = 0
         while self.waiting():
+            dropped += self._next_frame(self.config.connect_timeout) is not None  # a frame that has begun to arrive is read whole
+        return dropped
+
+    def _next_frame(self, timeout: float) -> bytes | None:
+        """The next message's bytes, None when none came within `timeout`.
+
+        The gateway pings an open socket every 30 s (and drops one that never answers): a ping is
+        answered as it is read, and then only a message already waiting is read on. Reading past a
+        ping into the silence of an idle kernel would hold the next cell for the whole timeout.
+        """
+        sock = self._live_socket()
+        sock.settimeout(timeout)
+        _ack_at_once(sock)
+        while True:
             try:
-                opcode, _ = sock.recv_data()
+                opcode, data = sock.recv_data(control_frame=True)
+            except websocket.WebSocketTimeoutException:
+                return None
             except (OSError, websocket.WebSocketException) as exc:
                 self.disconnect()
                 raise GatewayConnectionLost(f"The connection to the kernel gateway {self.url} dropped ({exc or 'closed'}).") from exc
             if opcode == websocket.ABNF.OPCODE_CLOSE:
                 self.disconnect()
                 raise GatewayConnectionLost(f"The kernel gateway {self.url} closed the connection.")
-            dropped += 1
-        return dropped
+            if opcode in (websocket.ABNF.OPCODE_TEXT, websocket.ABNF.OPCODE_BINARY):
+                return bytes(data)
+            if not self.waiting():  # a ping or a pong, and nothing after it yet
+                return None
 
     def waiting(self) -> bool:
         """Whether a message is ready to read now (no wait; False when not connected)."""

@@ -11,6 +11,7 @@ base64 chunks (a gateway has no file API), and a dropped WebSocket is reopened o
 from __future__ import annotations
 
 import ast
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,9 +122,9 @@ class GatewayExecutor(SessionKernel):
     def catch_up(self, kernel_id: str | None, *, cells_before: int) -> bool:
         """Go on with this kernel after another replica ran cells in it: its variables read again, its numbering after theirs.
 
-        What the other replica's cells sent to this connection meanwhile is dropped unread. False
-        (nothing changed here) when this is not the session's kernel any more (`kernel_id`, from the
-        store), when it does not answer, or when our helpers are gone from it: load the session afresh.
+        What the other replica's cells sent to this connection meanwhile is dropped unread. False when
+        this is not the session's kernel any more (`kernel_id`, from the store), when it does not
+        answer, or when our helpers are gone from it: the session must then be loaded afresh.
         """
         if kernel_id is None or kernel_id != self.kernel.kernel_id or not self._ready.is_set() or self._start_error is not None:
             return False
@@ -131,9 +132,11 @@ class GatewayExecutor(SessionKernel):
             if self._closed:
                 return False
             try:
+                if self.kernel.connected:
+                    with contextlib.suppress(GatewayConnectionLost):  # the gateway closed it: an idle copy answers no pings
+                        self.kernel.drop_waiting()
                 if not self.kernel.connected:
                     self.kernel.connect()
-                self.kernel.drop_waiting()
                 asked = {k: v for k, v in namespace.cell_expressions(".").items() if k != namespace.CWD}
                 reply = self._reply(self.kernel.execute("", user_expressions=asked, silent=True))
             except GatewayError:
