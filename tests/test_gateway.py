@@ -22,6 +22,7 @@ from taskweaver_lite.config import ExecutionConfig, KernelGatewayConfig
 from taskweaver_lite.config_file import load_config
 from taskweaver_lite.errors import ConfigError, GatewayAuthError, GatewayUnreachableError
 from taskweaver_lite.kernel import remote
+from taskweaver_lite.kernel.base import REPLY_WAIT
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.remote import GatewayExecutor
 from taskweaver_lite.testing.kernel_gateway import Gateway, Relay, free_port, kernel_gateway
@@ -300,6 +301,6 @@ def test_a_cell_after_the_gateway_pinged_an_idle_kernel_runs_at_once(tmp_path: P
             started = time.monotonic()
             assert executor.run("print(x + 1)").stdout.strip() == "2"
             waited = time.monotonic() - started
-            assert waited < remote.REPLY_WAIT, f"the cell waited {waited:.1f} s behind a ping for a message that never came"
+            assert waited < REPLY_WAIT, f"the cell waited {waited:.1f} s behind a ping for a message that never came"
         finally:
             executor.shutdown()

@@ -250,6 +250,18 @@ def test_urls_and_driver_messages_lose_their_passwords() -> None:
 
 
 @pytest.mark.postgres
+def test_appending_to_a_sessions_event_log_notifies_the_other_replicas_once_per_write(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url)
+    started(store, "s")
+    with psycopg.connect(postgres_url, autocommit=True) as listener:
+        listener.execute("LISTEN twl_events")
+        store.record("s", shown=[{"type": "post", "text": "one"}, {"type": "post", "text": "two"}])
+        store.record("s", ModelCalled("planner", 10, 2, 0.1, ok=True))  # nothing for the log: no notice
+        heard = [n.payload for n in listener.notifies(timeout=2.0)]
+    assert heard == ["s"], "each write that appends to the log tells the other replicas, once, by the session's id"
+
+
+@pytest.mark.postgres
 @pytest.mark.parametrize("failed", ["_write_one", "_read_one", "_read"])
 def test_a_connection_lent_for_one_statement_keeps_later_writes_atomic_even_after_that_statement_failed(postgres_url: str, failed: str) -> None:
     store = PostgresStore(postgres_url, pool_size=1)  # one connection: the one that failed is the one lent next

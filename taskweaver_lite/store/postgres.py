@@ -32,7 +32,7 @@ import psycopg_pool
 
 from taskweaver_lite.errors import SessionBusyError, StoreError, StoreUnavailable
 from taskweaver_lite.knowledge.tips import Tip
-from taskweaver_lite.store.event_rows import Rows
+from taskweaver_lite.store.event_rows import Connection, Rows, to_json
 from taskweaver_lite.store.postgres_schema import MIGRATIONS, migrate
 from taskweaver_lite.store.sql import SESSION_ID, SqlStore
 from taskweaver_lite.store.url import redact, redact_text
@@ -166,8 +166,13 @@ class PostgresStore(SqlStore):
             finally:
                 _back_to_transactions(conn)
 
-    def _after_events(self, db: Any, session_id: str) -> None:
-        db.execute("SELECT pg_notify(?, ?)", (NOTIFY_CHANNEL, session_id))
+    def _log(self, db: Connection, session_id: str, item: dict[str, Any], now: float) -> int:
+        """Append one entry to the session's event log and notify on commit, in one statement (one notice per transaction and session)."""
+        row = db.execute(
+            "WITH logged AS (INSERT INTO events (session_id, data, at) VALUES (?, ?, ?) RETURNING id) SELECT id, pg_notify(?, ?) FROM logged",
+            (session_id, to_json(item), now, NOTIFY_CHANNEL, session_id),
+        ).fetchone()
+        return int(row[0])
 
     def search_tips(self, text: str, *, owner: str | None = None, limit: int) -> list[Tip] | None:
         """The stored tips that fit `text` (any of its words, stemmed), best first by `ts_rank`."""

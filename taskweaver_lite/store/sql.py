@@ -58,9 +58,6 @@ class SqlStore:
         """A connection for a write of one statement, committed as it runs (PostgreSQL spares the round trips)."""
         return self._transaction()
 
-    def _after_events(self, db: Connection, session_id: str) -> None:
-        """Called inside the transaction that appended to a session's event log (PostgreSQL notifies the other replicas)."""
-
     # Sessions
 
     def create_session(self, session_id: str, *, started: float, owner: str | None = None) -> None:
@@ -88,12 +85,11 @@ class SqlStore:
             for event in kept:
                 write_event(db, session_id, event, now, known_rounds=self._known_rounds, made=made)
             ids = [self._log(db, session_id, item, now) for item in shown]
-            if ids:
-                self._after_events(db, session_id)
         self._known_rounds |= made  # only once committed: a rolled-back round row is made again next time
         return ids
 
     def _log(self, db: Connection, session_id: str, item: dict[str, Any], now: float) -> int:
+        """Append one entry to the session's event log (PostgreSQL's also tells the other replicas); its id."""
         row = db.execute("INSERT INTO events (session_id, data, at) VALUES (?, ?, ?) RETURNING id", (session_id, to_json(item), now)).fetchone()
         return int(row[0])
 

@@ -16,7 +16,7 @@ Users are looked up in the store on each request (their list is kept two seconds
 removed while the server runs take effect at once, with no restart. A token past its expiry
 (`users add --expires DAYS`) is refused with 401 and a line saying when it expired; one replaced by
 `users rotate` stops working at once (its id is no longer in the store). Besides:
-- A state-changing request (POST) must also be same-origin (its Origin and Sec-Fetch-Site, when
+- A state-changing request (POST, DELETE) must also be same-origin (its Origin and Sec-Fetch-Site, when
   sent, say so) and JSON, a file upload, or empty: a page elsewhere cannot drive a session through
   the user's browser.
 - No CORS headers are ever sent.
