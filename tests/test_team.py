@@ -381,8 +381,13 @@ def test_a_session_deleted_on_one_replica_is_gone_on_the_other_with_its_kernel_a
         assert erin.delete(f"/api/sessions/{session_id}").status_code == 404, "another user's session is not there to delete"
         deleted = second.delete(f"/api/sessions/{session_id}")
         assert deleted.status_code == 200, deleted.text
+        # The replicas share one project folder here: what the first kept of its copy on a machine of its own, put back.
+        kept = team.project / "sessions" / session_id / "outputs"
+        kept.mkdir(parents=True, exist_ok=True)
+        (kept / "cell-0001.txt").write_text("z = 3\n")
         status, said = ask(first, session_id, "RUN<<print(z)>>")
         assert status == 404, (status, said)
+        assert not (team.project / "sessions" / session_id).exists(), "the first replica drops what it kept of the deleted session"
         kernel = httpx.get(f"{team.gateway.url}/api/kernels/{kernel_id}", headers={"Authorization": f"token {team.gateway.token}"}, timeout=30)
         assert kernel.status_code == 404, f"the deleted session's kernel must not run on in the gateway: {kernel.text}"
         assert session_id not in [row["id"] for row in first.get("/api/sessions").json()]

@@ -154,7 +154,12 @@ def _failed(hub: Hub, exc: Exception) -> JSONResponse:
 def _check_owner(hub: Hub, session_id: str, owner: str | None) -> None:
     """UnknownSessionError unless the session is stored and (when `owner` is given) theirs."""
     store = hub.parts.store
-    if store.resolve(session_id, owner=owner) != session_id:
+    try:
+        found = store.resolve(session_id, owner=owner)
+    except UnknownSessionError:
+        hub.forget_if_deleted(session_id)
+        raise
+    if found != session_id:
         raise UnknownSessionError(session_id, store=store.where)
 
 

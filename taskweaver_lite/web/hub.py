@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -190,6 +191,17 @@ class Hub:
             if hold is not None and leases is not None:
                 leases.release(hold)  # its row went with the session: nothing is left to free but this replica's note of it
 
+    def forget_if_deleted(self, session_id: str) -> None:
+        """A replica's copy of a session the store no longer has (deleted on another replica) goes, with its folder here."""
+        live = self.get(session_id)
+        if self.replica is None or live is None or live.busy:
+            return
+        try:
+            self.parts.store.owner_of(session_id)  # still there (only not the caller's): the copy stays
+        except UnknownSessionError:
+            self._drop(live)
+            shutil.rmtree(self.config.sessions_dir / session_id, ignore_errors=True)
+
     def stop(self, session_id: str) -> bool:
         """Cancel the session's running request, here or on the replica running it (a NOTIFY, and a mark in the store)."""
         live = self.get(session_id)
@@ -281,7 +293,7 @@ class Hub:
             try:
                 refreshed = self.replica.refresh(live.session)
             except UnknownSessionError:
-                self._drop(live)  # deleted, on whichever replica
+                self.forget_if_deleted(session_id)
                 raise
             if refreshed:
                 live.last_used = time.monotonic()
