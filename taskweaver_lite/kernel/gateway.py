@@ -131,12 +131,10 @@ class GatewayKernel:
         msg: dict[str, Any] = json.loads(data)
         return msg
 
-    def drop_waiting(self) -> int:
-        """Read and drop, unparsed, every message already waiting (what another replica's cells sent); how many there were."""
-        dropped = 0
+    def drop_waiting(self) -> None:
+        """Read and drop, unparsed, every message already waiting (what another replica's cells sent)."""
         while self.waiting():
-            dropped += self._next_frame(self.config.connect_timeout) is not None  # a frame that has begun to arrive is read whole
-        return dropped
+            self._next_frame(self.config.connect_timeout)  # a frame that has begun to arrive is read whole
 
     def _next_frame(self, timeout: float) -> bytes | None:
         """The next message's bytes, None when none came within `timeout`.
