@@ -47,14 +47,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.config import Config
+from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ContextOverflowError
-from taskweaver_lite.execution import FoldPiece, Variable
-from taskweaver_lite.llm.client import Message, OpenAIChatModel
+from taskweaver_lite.llm.client import OpenAIChatModel
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import ContextSettings, RoleContext
-from taskweaver_lite.memory.conversation import RoundMessages
 from taskweaver_lite.memory.variables import LiveVariables, expand_names
+from taskweaver_lite.records.conversation import RoundMessages
+from taskweaver_lite.records.execution import FoldPiece, Variable
+from taskweaver_lite.records.model_calls import Message
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer
 
 # The soak's session driver lives with the tests that assert on it: one implementation for both.
@@ -72,8 +73,34 @@ BIG_OUTPUT_EVERY = 15
 BIG_OUTPUT_TOKENS = 20_000
 TOKENIZER = get_tokenizer()
 WORDS = [
-    "sales", "region", "month", "revenue", "margin", "customer", "order", "total", "mean", "median", "growth", "quarter", "product",
-    "price", "cost", "units", "store", "share", "trend", "north", "south", "east", "west", "value", "count", "rows", "column", "index",
+    "sales",
+    "region",
+    "month",
+    "revenue",
+    "margin",
+    "customer",
+    "order",
+    "total",
+    "mean",
+    "median",
+    "growth",
+    "quarter",
+    "product",
+    "price",
+    "cost",
+    "units",
+    "store",
+    "share",
+    "trend",
+    "north",
+    "south",
+    "east",
+    "west",
+    "value",
+    "count",
+    "rows",
+    "column",
+    "index",
 ]
 SYSTEM = {role: f"You are the {role} of a data-analysis assistant. " + " ".join(WORDS * 12) for role in ("planner", "code_generator")}
 EXAMPLES = (Message(role="user", content="Example: " + " ".join(WORDS * 6)), Message(role="assistant", content=" ".join(WORDS * 8)))

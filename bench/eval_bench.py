@@ -24,11 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from taskweaver_lite.assembly import open_session
 from taskweaver_lite.cli.demo import bundled_project
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.eval.examiner import examine
 from taskweaver_lite.llm.client import MeteredModel, OpenAIChatModel
+from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.eval_script import scripted_eval_server
 
 TASK = "The total sum starts at 0. From round 1 to round {n}, ask the agent to add the current round number to the total sum."
@@ -105,6 +105,7 @@ def main() -> None:
     print(f"  of which the examiner's call:  {e * 1000:7.2f} ms")
     print(f"  of which the harness's own:    {o * 1000:7.3f} ms ({min(owns) * 1000:.3f}-{max(owns) * 1000:.3f})")
     print(f"harness's own cost per round: {o / b:.2%} of a bare round (target <= 5%)")
+
 
 if __name__ == "__main__":
     main()

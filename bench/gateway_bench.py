@@ -27,7 +27,7 @@ import websocket
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
 
-from taskweaver_lite.config import ExecutionConfig, KernelGatewayConfig
+from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
 from taskweaver_lite.kernel.remote import GatewayExecutor
 from taskweaver_lite.testing.kernel_gateway import Gateway, kernel_gateway
 

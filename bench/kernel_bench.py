@@ -21,7 +21,7 @@ from pathlib import Path
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 
-from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
 
 # 45 small variables plus 5 DataFrames of 1M rows and 4 columns (~32 MB each).

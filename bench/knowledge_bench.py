@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from taskweaver_lite.config import ExperienceConfig
+from taskweaver_lite.config.settings import ExperienceConfig
 from taskweaver_lite.knowledge.doc_index import DocumentIndex
 from taskweaver_lite.knowledge.experience import Experience
 from taskweaver_lite.llm.tokens import get_tokenizer

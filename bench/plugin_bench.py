@@ -17,11 +17,12 @@ import textwrap
 import time
 from pathlib import Path
 
-from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.llm.tokens import get_tokenizer
-from taskweaver_lite.plugins.catalog import PluginSpec, discover
+from taskweaver_lite.plugins.catalog import discover
 from taskweaver_lite.plugins.prompt import render_block, select
+from taskweaver_lite.records.plugin_spec import PluginSpec
 
 TOPICS = [
     ("warehouse", "Pull rows from the team's warehouse table for a date range"),

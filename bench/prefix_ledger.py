@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from taskweaver_lite.llm.client import Message
 from taskweaver_lite.llm.tokens import Tokenizer
+from taskweaver_lite.records.model_calls import Message
 
 CANDIDATES = 40  # earlier messages compared where prompts part (the newest): enough for the cache's best
 

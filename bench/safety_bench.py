@@ -32,11 +32,11 @@ import time
 from pathlib import Path
 from unittest import mock
 
-from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.kernel.disk_limit import used
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.sandbox import bwrap_path
-from taskweaver_lite.verification import CodeVerifier
+from taskweaver_lite.safety.verification import CodeVerifier
 
 MODES = ("none", "bubblewrap")
 
@@ -243,8 +243,10 @@ def main() -> int:
     parser.add_argument("--starts", type=int, default=6, help="kernel starts per mode (alternating)")
     parser.add_argument("--cells", type=int, default=200, help="`x = 1` round trips per mode")
     args = parser.parse_args()
-    print(f"3. Verification of a 200-line cell: {verification_ms(200):.2f} ms median (target < 2 ms); "
-          f"200 dense lines: {verification_ms(200, dense=True):.2f} ms; compiling that cell alone: {compile_ms(200):.2f} ms")
+    print(
+        f"3. Verification of a 200-line cell: {verification_ms(200):.2f} ms median (target < 2 ms); "
+        f"200 dense lines: {verification_ms(200, dense=True):.2f} ms; compiling that cell alone: {compile_ms(200):.2f} ms"
+    )
     if bwrap_path() is None:
         print("bubblewrap (bwrap) is not installed: no sandbox figures (apt-get install bubblewrap)")
         return 1

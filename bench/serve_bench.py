@@ -37,10 +37,10 @@ import httpx
 import psutil
 import yaml
 
-from taskweaver_lite.assembly import open_session
 from taskweaver_lite.cli.demo import bundled_project
-from taskweaver_lite.config_file import load_config
-from taskweaver_lite.events import Event, PostAdded
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.records.events import Event, PostAdded
+from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 
 LATENCY = 0.05

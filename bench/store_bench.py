@@ -18,9 +18,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from taskweaver_lite.events import Event, ModelCalled, PostAdded, RoundEnded, RoundStarted
-from taskweaver_lite.execution import ExecutionResult, Variable, VariableChanges
-from taskweaver_lite.memory.conversation import Plan, Post, Round
+from taskweaver_lite.records.conversation import Plan, Post, Round
+from taskweaver_lite.records.events import Event, ModelCalled, PostAdded, RoundEnded, RoundStarted
+from taskweaver_lite.records.execution import ExecutionResult, Variable, VariableChanges
 from taskweaver_lite.store.database import SessionStore, Synchronous
 
 PLAN = Plan(init_plan="1. load the data\n2. compute the growth per region\n3. report", plan="1. load\n2. compute\n3. report", current_plan_step="2. compute")
@@ -45,12 +45,20 @@ def round_events(index: int) -> Iterator[Event]:
     posts = [
         Post("User", "Planner", rnd.user_query),
         Post(
-            "Planner", "CodeInterpreter", "Compute revenue growth per region for the last quarter.",
-            plan=PLAN, reply_json=json.dumps({"response": PLAN.to_dict()}),
+            "Planner",
+            "CodeInterpreter",
+            "Compute revenue growth per region for the last quarter.",
+            plan=PLAN,
+            reply_json=json.dumps({"response": PLAN.to_dict()}),
         ),
         Post(
-            "CodeInterpreter", "Planner", "The code ran successfully.\n```python\n" + CODE + "```",
-            thought="Group by region.", code=CODE, execution=result, reply_json=json.dumps({"code": CODE}),
+            "CodeInterpreter",
+            "Planner",
+            "The code ran successfully.\n```python\n" + CODE + "```",
+            thought="Group by region.",
+            code=CODE,
+            execution=result,
+            reply_json=json.dumps({"code": CODE}),
         ),
         Post("Planner", "User", "North grew fastest: +12% over the quarter.", plan=PLAN, reply_json=json.dumps({"response": PLAN.to_dict()})),
     ]
@@ -158,8 +166,10 @@ def main() -> None:
         print(f"{'successful_cells (replay list)':<34}{ms(statistics.median(replays)):>12}")
         print(f"{'raw SELECT + json.loads':<34}{ms(statistics.median(raws)):>12}")
         print()
-        print(f"Size: {size / 1024:,.0f} KiB for {args.rounds} rounds = {size / args.rounds / 1024:.1f} KiB per round "
-              f"({size / round_json:.2f}x the rounds' JSON, {round_json / args.rounds / 1024:.1f} KiB)")
+        print(
+            f"Size: {size / 1024:,.0f} KiB for {args.rounds} rounds = {size / args.rounds / 1024:.1f} KiB per round "
+            f"({size / round_json:.2f}x the rounds' JSON, {round_json / args.rounds / 1024:.1f} KiB)"
+        )
 
 
 if __name__ == "__main__":

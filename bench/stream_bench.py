@@ -24,11 +24,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from taskweaver_lite import assembly
 from taskweaver_lite.cli.console import RichConsole
 from taskweaver_lite.cli.demo import bundled_project
-from taskweaver_lite.config_file import load_config
-from taskweaver_lite.session import Session
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.session import assembly
+from taskweaver_lite.session.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, planner_reply
 
 WORD = re.compile(r"w\d{4}")
@@ -123,14 +123,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         latencies = token_to_screen(root, args.words)
-        print(f"token to screen: median {statistics.median(latencies):.1f} ms, p90 {sorted(latencies)[int(len(latencies) * 0.9)]:.1f} ms "
-              f"over {len(latencies)} words (target: median < 30 ms)")
+        print(
+            f"token to screen: median {statistics.median(latencies):.1f} ms, p90 {sorted(latencies)[int(len(latencies) * 0.9)]:.1f} ms "
+            f"over {len(latencies)} words (target: median < 30 ms)"
+        )
         # Alternating runs, since this machine's load drifts: the median of the pairs' ratios.
         pairs = [(turn_seconds(root, args.turns, stream=False), turn_seconds(root, args.turns, stream=True)) for _ in range(args.repeats)]
         ratio = statistics.median(streamed / plain for plain, streamed in pairs)
         plain, streamed = (statistics.median(p[i] for p in pairs) for i in (0, 1))
-        print(f"turn, instant model: {streamed * 1000:.1f} ms streaming vs {plain * 1000:.1f} ms not: "
-              f"{ratio:.2f}x, median of {args.repeats} alternating runs (target: <= 1.1x)")
+        print(
+            f"turn, instant model: {streamed * 1000:.1f} ms streaming vs {plain * 1000:.1f} ms not: "
+            f"{ratio:.2f}x, median of {args.repeats} alternating runs (target: <= 1.1x)"
+        )
 
 
 if __name__ == "__main__":

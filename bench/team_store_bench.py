@@ -19,8 +19,8 @@ from pathlib import Path
 
 from store_bench import round_events
 
-from taskweaver_lite.events import RoundStarted
-from taskweaver_lite.memory.conversation import Round
+from taskweaver_lite.records.conversation import Round
+from taskweaver_lite.records.events import RoundStarted
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.store.interface import Store
 from taskweaver_lite.store.postgres import PostgresStore, close_pools

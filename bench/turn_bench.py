@@ -32,11 +32,13 @@ from jupyter_client.manager import KernelManager
 from openai.types.chat import ChatCompletionSystemMessageParam
 
 from taskweaver_lite.cli.demo import bundled_project
-from taskweaver_lite.config_file import load_config
-from taskweaver_lite.execution import ExecutionResult, Executor, KernelEnvironment, OutputSink, Variable
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.kernel.executor import KernelExecutor
-from taskweaver_lite.llm.client import Completion, DeltaSink, Message, OpenAIChatModel
-from taskweaver_lite.session import Session
+from taskweaver_lite.kernel.interface import Executor, OutputSink
+from taskweaver_lite.llm.client import DeltaSink, OpenAIChatModel
+from taskweaver_lite.records.execution import ExecutionResult, KernelEnvironment, Variable
+from taskweaver_lite.records.model_calls import Completion, Message
+from taskweaver_lite.session.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 
 

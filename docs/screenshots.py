@@ -15,11 +15,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from taskweaver_lite.assembly import open_session
 from taskweaver_lite.cli.console import RichConsole
 from taskweaver_lite.cli.demo import bundled_project
-from taskweaver_lite.config_file import load_config
-from taskweaver_lite.session import Session
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.session.assembly import open_session
+from taskweaver_lite.session.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
 HERE = Path(__file__).resolve().parent

@@ -1,8 +1,8 @@
 """taskweaver_lite: a light code-interpreter agent for data analysis.
 
-    from taskweaver_lite import Workspace
-    with Workspace.load("project") as workspace, workspace.new_session() as session:
-        print(session.ask("load sales.csv; which region grew fastest?").answer)
+from taskweaver_lite import Workspace
+with Workspace.load("project") as workspace, workspace.new_session() as session:
+    print(session.ask("load sales.csv; which region grew fastest?").answer)
 """
 
 from __future__ import annotations
@@ -13,23 +13,23 @@ __version__ = "0.1.0"
 __all__ = ["Session", "Workspace", "__version__", "load_config"]
 
 if TYPE_CHECKING:
-    from taskweaver_lite.config_file import load_config
-    from taskweaver_lite.session import Session
-    from taskweaver_lite.workspace import Workspace
+    from taskweaver_lite.config.file import load_config
+    from taskweaver_lite.session.session import Session
+    from taskweaver_lite.session.workspace import Workspace
 
 
 def __getattr__(name: str) -> Any:
     # Imported on first use so that `taskweaver-lite --help` does not pay for pydantic and friends.
     if name == "Session":
-        from taskweaver_lite.session import Session
+        from taskweaver_lite.session.session import Session
 
         return Session
     if name == "Workspace":
-        from taskweaver_lite.workspace import Workspace
+        from taskweaver_lite.session.workspace import Workspace
 
         return Workspace
     if name == "load_config":
-        from taskweaver_lite.config_file import load_config
+        from taskweaver_lite.config.file import load_config
 
         return load_config
     raise AttributeError(f"module 'taskweaver_lite' has no attribute {name!r}")

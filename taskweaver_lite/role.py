@@ -6,7 +6,7 @@ A project role's class implements one method, `reply(self, request: RoleRequest,
 
 from __future__ import annotations
 
-from taskweaver_lite.memory.conversation import Attachment, Post
+from taskweaver_lite.records.conversation import Attachment, Post
 from taskweaver_lite.roles.worker import RoleRequest, RoleTools
 
 __all__ = ["Attachment", "Post", "RoleRequest", "RoleTools"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.store.interface import Store
@@ -141,4 +141,3 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         opened = PostgresStore(request.getfixturevalue("postgres_url"))
     yield opened
     opened.close()
-

@@ -12,10 +12,10 @@ from typing import Any
 
 from helpers import make_project
 
-from taskweaver_lite.assembly import open_session
-from taskweaver_lite.config_file import load_config
-from taskweaver_lite.llm.client import Usage
-from taskweaver_lite.memory.conversation import Round
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.records.conversation import Round
+from taskweaver_lite.records.model_calls import Usage
+from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 
 FIRST_REQUEST = "Make a small table of the numbers 1 to 3 and save it as numbers.csv"

@@ -29,14 +29,14 @@ from typing import Any, cast
 
 from helpers import make_project
 
-from taskweaver_lite.assembly import open_session
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import TaskWeaverError
-from taskweaver_lite.events import Event, Listener, ModelCalled
-from taskweaver_lite.llm.client import Message
 from taskweaver_lite.llm.tokens import Tokenizer, get_tokenizer
 from taskweaver_lite.memory.summary import VARIABLES_SHARE
-from taskweaver_lite.session import Session
+from taskweaver_lite.records.events import Event, Listener, ModelCalled
+from taskweaver_lite.records.model_calls import Message
+from taskweaver_lite.session.assembly import open_session
+from taskweaver_lite.session.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedRequest, ScriptedServer, code_reply, planner_reply
 
 SUMMARY_HEADING = "## Summary of earlier rounds"
@@ -267,9 +267,7 @@ def folded_through(session: Session) -> dict[str, int]:
     return {str(context.role): context.state.folded_through for context in session.contexts().values()}
 
 
-def run_soak(
-    root: Path, *, rounds: int, window: int = 8000, compression: bool = True, settings: Mapping[str, Mapping[str, Any]] | None = None
-) -> SoakRun:
+def run_soak(root: Path, *, rounds: int, window: int = 8000, compression: bool = True, settings: Mapping[str, Mapping[str, Any]] | None = None) -> SoakRun:
     """Drive `rounds` requests through a real Session at `window` tokens and return what was sent."""
     folds = FoldRecorder()
     failed: list[tuple[int, str]] = []

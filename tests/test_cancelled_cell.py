@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import make_project, running_cli, watch_stderr
 
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.store.database import SessionStore, stored_sessions
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
@@ -83,9 +83,9 @@ def test_stop_in_the_page_keeps_the_cells_output_in_the_stream_and_on_reload(tmp
 @pytest.mark.kernel
 def test_ctrl_c_the_instant_a_cell_has_been_sent_still_stops_that_cell(tmp_path: Path) -> None:
     """The race that lost Ctrl-C under load: the signal landing between sending the cell and following it."""
-    from taskweaver_lite.config import ExecutionConfig
-    from taskweaver_lite.execution import CellCancelled
+    from taskweaver_lite.config.settings import ExecutionConfig
     from taskweaver_lite.kernel.executor import KernelExecutor
+    from taskweaver_lite.records.execution import CellCancelled
 
     with KernelExecutor(tmp_path / "session", config=ExecutionConfig(timeout=60, sandbox="none")) as executor:
         assert executor.run("x = 5").success

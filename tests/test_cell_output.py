@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from taskweaver_lite.config import Config
+from taskweaver_lite.config.settings import Config
 from taskweaver_lite.kernel import output as output_module
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.output import CellOutput, collapse_repeats
@@ -14,7 +14,7 @@ from taskweaver_lite.llm.tokens import get_tokenizer
 
 TOKENIZER = get_tokenizer()
 
-NOISY_GRID_SEARCH = '''
+NOISY_GRID_SEARCH = """
 import sys, warnings
 for fit in range(70):
     print(f"/site-packages/sklearn/model_selection/_validation.py:{378 + fit % 3}: FitFailedWarning: "
@@ -25,7 +25,7 @@ def fit(depth):
         raise ValueError("All the 70 fits failed. It is very likely that your model is misconfigured.")
     fit(depth - 1)
 fit(25)
-'''
+"""
 
 
 def output(tmp_path: Path, max_tokens: int) -> CellOutput:
@@ -34,9 +34,7 @@ def output(tmp_path: Path, max_tokens: int) -> CellOutput:
 
 @pytest.mark.unit
 def test_repeated_warning_lines_collapse_into_one_with_a_count_and_data_rows_stay() -> None:
-    text = "\n".join(
-        [*(f"x.py:{n}: UserWarning: column {n % 2} is constant" for n in range(40)), "row 1  3.5", "row 2  3.5", "done", "done", "done"]
-    )
+    text = "\n".join([*(f"x.py:{n}: UserWarning: column {n % 2} is constant" for n in range(40)), "row 1  3.5", "row 2  3.5", "done", "done", "done"])
     collapsed = collapse_repeats(text)
     assert collapsed.splitlines()[0] == "x.py:0: UserWarning: column 0 is constant  [repeated 40 times]"
     assert "row 1  3.5" in collapsed and "row 2  3.5" in collapsed, "distinct data rows must not collapse"

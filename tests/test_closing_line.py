@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from helpers import make_project
 
-from taskweaver_lite.assembly import open_session
 from taskweaver_lite.cli.chat import resume_hint
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import TaskWeaverError
+from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer
 
 pytestmark = pytest.mark.kernel

@@ -15,15 +15,16 @@ from typing import Any
 
 import pytest
 
-from taskweaver_lite.config import Config
+from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ContextOverflowError
-from taskweaver_lite.execution import FoldPiece, Variable
-from taskweaver_lite.llm.client import Completion, DeltaSink, Message, OpenAIChatModel
+from taskweaver_lite.llm.client import DeltaSink, OpenAIChatModel
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import ContextSettings, RoleContext
-from taskweaver_lite.memory.conversation import RoundMessages
 from taskweaver_lite.memory.summary import CompressionState
 from taskweaver_lite.memory.variables import LiveVariables, expand_names
+from taskweaver_lite.records.conversation import RoundMessages
+from taskweaver_lite.records.execution import FoldPiece, Variable
+from taskweaver_lite.records.model_calls import Completion, Message
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, detect_role
 
 TOKENIZER = get_tokenizer()
@@ -405,7 +406,7 @@ def test_an_unexpected_error_in_a_fold_is_a_failed_fold_not_a_thread_traceback(m
 
 
 def test_a_repaired_summary_is_used() -> None:
-    replies = iter(["```json\n{\"Summary\": \"wrong key\"}\n```"])
+    replies = iter(['```json\n{"Summary": "wrong key"}\n```'])
     model = SummaryModel(lambda messages: next(replies, None) or covering_summary(messages))
     ctx = context(config(round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1}), model)
     play(ctx, 2)

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from taskweaver_lite.config import Config
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ConfigError
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from helpers import run_cli
 
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import ConfigError
 
 pytestmark = pytest.mark.unit

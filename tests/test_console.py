@@ -13,9 +13,9 @@ from rich.console import Console
 from taskweaver_lite.cli.chat import EXPORT_USAGE, HELP
 from taskweaver_lite.cli.console import PlainConsole, RichConsole
 from taskweaver_lite.cli.tracebacks import screen_text, shorten_traceback
-from taskweaver_lite.events import Folded, PostAdded
-from taskweaver_lite.execution import CellError, ExecutionResult
-from taskweaver_lite.memory.conversation import Post, Round
+from taskweaver_lite.records.conversation import Post, Round
+from taskweaver_lite.records.events import Folded, PostAdded
+from taskweaver_lite.records.execution import CellError, ExecutionResult
 
 # An IPython traceback as the kernel reports it (colours stripped): a KeyError raised inside pandas
 # from a function the user defined, chained from pandas' own KeyError.
@@ -52,9 +52,7 @@ File /venv/lib/python3.11/site-packages/pandas/core/indexes/base.py:3823, in Ind
 
 KeyError: 'Revenue'
 """
-FAILED = ExecutionResult(
-    code="f(df)", success=False, stdout="hi\n", error=CellError(name="KeyError", value="'Revenue'", traceback=PANDAS_TRACEBACK)
-)
+FAILED = ExecutionResult(code="f(df)", success=False, stdout="hi\n", error=CellError(name="KeyError", value="'Revenue'", traceback=PANDAS_TRACEBACK))
 
 
 def recording_console(width: int = 120) -> Console:

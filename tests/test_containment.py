@@ -26,22 +26,22 @@ import pytest
 import yaml
 from helpers import cli_env, make_project
 
-from taskweaver_lite.assembly import open_session, reset_session
 from taskweaver_lite.cli.init import init_project
-from taskweaver_lite.config import ExecutionConfig
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.events import Event, PostAdded
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.identity import in_range
 from taskweaver_lite.kernel.output import CellOutput
 from taskweaver_lite.kernel.sandbox import bwrap_path
 from taskweaver_lite.plugins.catalog import discover
+from taskweaver_lite.records.events import Event, PostAdded
+from taskweaver_lite.safety.workfiles import copy_folder, read_below
+from taskweaver_lite.session.assembly import open_session, reset_session
+from taskweaver_lite.session.export import write_export
 from taskweaver_lite.store.database import SessionStore
-from taskweaver_lite.store.export import write_export
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 from taskweaver_lite.testing.web_server import WebServer
-from taskweaver_lite.workfiles import copy_folder, read_below
 
 pytestmark = pytest.mark.kernel
 

@@ -16,8 +16,8 @@ from helpers import cli_env, run_cli
 from test_serve_start import serving
 
 from taskweaver_lite.cli.demo_model import DemoModel, match_step
-from taskweaver_lite.config import Config
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.config.settings import Config
 from taskweaver_lite.llm.discovery import KNOWN_SERVERS, LocalServer, discover, no_model_found
 from taskweaver_lite.store.database import SessionStore, stored_sessions
 
@@ -108,7 +108,10 @@ def test_a_serve_demo_that_fails_leaves_no_temporary_folder(tmp_path: Path) -> N
         port = taken.getsockname()[1]
         done = subprocess.run(
             [sys.executable, "-m", "taskweaver_lite", "serve", "--demo", "--port", str(port)],
-            capture_output=True, text=True, timeout=120, env={**cli_env(), "TMPDIR": str(temp)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**cli_env(), "TMPDIR": str(temp)},
         )
     assert done.returncode != 0 and "already in use" in done.stderr, done.stderr
     assert not [path.name for path in temp.iterdir() if path.name.startswith("taskweaver-demo-")], "the demo's folder went with it"

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from helpers import make_project, run_cli
 
-from taskweaver_lite.config import Config
+from taskweaver_lite.config.settings import Config
 from taskweaver_lite.llm.discovery import KNOWN_SERVERS, LocalServer, discover, probe, use_local_server
 from taskweaver_lite.testing.scripted_server import ScriptedServer, planner_reply
 

@@ -7,13 +7,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from taskweaver_lite.config import LLMConfig
+from taskweaver_lite.config.settings import LLMConfig
 from taskweaver_lite.errors import ExperienceError
-from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.knowledge.distil import distil
-from taskweaver_lite.llm.client import Message, OpenAIChatModel
+from taskweaver_lite.llm.client import OpenAIChatModel
 from taskweaver_lite.llm.tokens import get_tokenizer
-from taskweaver_lite.memory.conversation import Post, Round
+from taskweaver_lite.records.conversation import Post, Round
+from taskweaver_lite.records.execution import ExecutionResult
+from taskweaver_lite.records.model_calls import Message
 from taskweaver_lite.testing.scripted_server import ScriptedServer
 
 pytestmark = pytest.mark.unit

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from helpers import REPO
 
-from taskweaver_lite import reference
+from taskweaver_lite.cli import reference
 from taskweaver_lite.cli.main import build_parser
-from taskweaver_lite.config import Config, KernelGatewayConfig, MountConfig
+from taskweaver_lite.config.settings import Config, KernelGatewayConfig, MountConfig
 from taskweaver_lite.web.app import build_app
 from taskweaver_lite.web.auth import Access
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from taskweaver_lite.execution import DATA_CLOSE, DATA_OPEN
 from taskweaver_lite.knowledge.doc_index import DocumentIndex, answer
 from taskweaver_lite.knowledge.fts import match_query
 from taskweaver_lite.knowledge.passages import read_passages
 from taskweaver_lite.llm.tokens import get_tokenizer
+from taskweaver_lite.records.execution import DATA_CLOSE, DATA_OPEN
 
 pytestmark = pytest.mark.unit
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from helpers import make_project, run_cli
 
-from taskweaver_lite.assembly import open_session, resume_session
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.session.assembly import open_session, resume_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
 pytestmark = pytest.mark.kernel

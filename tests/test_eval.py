@@ -160,7 +160,7 @@ def test_bad_input_marks_its_case_with_the_reason_and_the_others_go_on(tmp_path:
     cases = tmp_path / "cases"
     for name, text in {
         "no_task": "scoring_points: [{score_point: s, weight: 1}]\n",
-        "no_data": "task_description: The task is to echo the word \"Hello World\"\ndata_files: [gone.csv]\nscoring_points: [{score_point: s, weight: 1}]\n",
+        "no_data": 'task_description: The task is to echo the word "Hello World"\ndata_files: [gone.csv]\nscoring_points: [{score_point: s, weight: 1}]\n',
         "unjudged": 'task_description: The task is to echo the word "Hello World"\nscoring_points: [{score_point: says hello, weight: 1}]\n',
         "model_fails": "task_description: The task is to explode the model.\nscoring_points: [{score_point: s, weight: 1}]\n",
         "web_search": "config_var: {session.roles: [planner, web_search]}\ntask_description: t\nscoring_points: [{score_point: s, weight: 1}]\n",
@@ -216,6 +216,7 @@ def test_a_matrix_runs_every_case_under_every_setting_in_parallel_and_reports_th
     folds = {p: c for p, c in result["(1,1)"].by_purpose.items() if p.startswith("compression")}
     assert sum(c["calls"] for c in folds.values()) == result["(1,1)"].fold_calls and "planner" in result["(1,1)"].by_purpose
     assert sum(c["prompt_tokens"] for c in result["(1,1)"].by_purpose.values()) == result["(1,1)"].prompt_tokens
+
     # Folding shrinks the roles' own prompts; the folds, which open with those prompts, are counted apart (mostly cached).
     def roles_own(outcome: Any) -> int:
         return sum(c["prompt_tokens"] for p, c in outcome.by_purpose.items() if not p.startswith("compression"))

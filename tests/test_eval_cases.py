@@ -8,7 +8,7 @@ import pytest
 from helpers import REPO
 
 from taskweaver_lite.cli.eval import report_folder
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.eval.cases import BadCase, ProblemSet, TaskCase, load_cases
 from taskweaver_lite.eval.examiner import Transcript
@@ -102,7 +102,10 @@ def test_a_path_that_is_not_there_is_a_bad_case(tmp_path: Path) -> None:
 
 def test_taskweaver_config_var_keys_are_translated_and_those_with_no_setting_are_noted() -> None:
     case = TaskCase(
-        "c", Path("c.yaml"), "t", (),
+        "c",
+        Path("c.yaml"),
+        "t",
+        (),
         config_var={"planner.prompt_compression": True, "code_verification.code_verification_on": False, "web_search.chunk_size": 2000},
     )
     overrides, notes = case_overrides(case)
@@ -171,8 +174,19 @@ def test_results_survive_a_line_cut_off_by_a_kill_and_resume_skips_only_scored_r
 
 def test_the_report_lists_every_run_and_says_what_was_skipped_and_why() -> None:
     outcomes = [
-        Outcome("a", "off", "taskweaver", "scored", score=0.5, points=1, max_points=2, rounds=3, prompt_tokens=1000, cached_tokens=400,
-                details=(PointResult("p", 1, True),)),
+        Outcome(
+            "a",
+            "off",
+            "taskweaver",
+            "scored",
+            score=0.5,
+            points=1,
+            max_points=2,
+            rounds=3,
+            prompt_tokens=1000,
+            cached_tokens=400,
+            details=(PointResult("p", 1, True),),
+        ),
         Outcome("b", "off", "taskweaver", "skipped", reason="data file x.csv not found in /cases/b"),
     ]
     text = render_markdown(outcomes, summarize(outcomes, [Setting("off")]))

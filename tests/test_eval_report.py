@@ -25,8 +25,15 @@ SETTINGS = (
 # Uncached tokens spread as the shipped cases spread them: a one-request case and a fifty-round one.
 RUNS = [
     Outcome(
-        case=case, setting=setting.name, kind="taskweaver", status="scored", score=1.0, points=1, max_points=1,
-        prompt_tokens=3 * tokens, cached_tokens=2 * tokens,
+        case=case,
+        setting=setting.name,
+        kind="taskweaver",
+        status="scored",
+        score=1.0,
+        points=1,
+        max_points=1,
+        prompt_tokens=3 * tokens,
+        cached_tokens=2 * tokens,
     )
     for setting, scale in zip(SETTINGS, (1.0, 1.2, 1.5), strict=True)
     for case, tokens in (("mean_units", int(2_015 * scale)), ("sales_basics", int(2_776 * scale)), ("running_sum", int(37_526 * scale)))

@@ -10,10 +10,10 @@ import httpx
 import pytest
 from helpers import make_project, run_cli
 
-from taskweaver_lite.assembly import open_session
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import ConfigError, ExperienceError
-from taskweaver_lite.session import Session
+from taskweaver_lite.session.assembly import open_session
+from taskweaver_lite.session.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 from taskweaver_lite.testing.web_server import WebServer
 
@@ -106,7 +106,7 @@ def test_handcrafted_taskweaver_files_are_read_unchanged_and_a_broken_one_is_nam
     project = make_project(tmp_path, server.url)
     folder = project / "experience"
     folder.mkdir()
-    tip = "- Say \"world\" if you hear \"hello\".\n- Always resample sales monthly with parse_dates."
+    tip = '- Say "world" if you hear "hello".\n- Always resample sales monthly with parse_dates.'
     (folder / "handcrafted_exp_1.yaml").write_text(f"exp_id: 1\nexperience_text: |-\n{_indent(tip)}\n", encoding="utf-8")
     # TaskWeaver's embedded copy of the same tip, as its refresh writes it: the same tip once.
     (folder / "exp_1.yaml").write_text(f"exp_id: 1\nexperience_text: |-\n{_indent(tip)}\nembedding_model: all-mpnet-base-v2\nembedding: [0.1, 0.2]\n")

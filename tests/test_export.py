@@ -24,11 +24,11 @@ from recorded_session import (
     record_session,
 )
 
-from taskweaver_lite.events import FileLoaded, PostAdded, RoundStarted
-from taskweaver_lite.execution import ExecutionResult
-from taskweaver_lite.memory.conversation import Post, Round
+from taskweaver_lite.records.conversation import Post, Round
+from taskweaver_lite.records.events import FileLoaded, PostAdded, RoundStarted
+from taskweaver_lite.records.execution import ExecutionResult
+from taskweaver_lite.session.export import export_markdown, export_notebook
 from taskweaver_lite.store.database import SessionStore, StoredSession
-from taskweaver_lite.store.export import export_markdown, export_notebook
 
 
 @pytest.fixture(scope="module")

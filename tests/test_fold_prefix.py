@@ -17,13 +17,14 @@ from typing import Any
 import pytest
 from soak_session import overflows, run_soak
 
-from taskweaver_lite.config import Config
-from taskweaver_lite.execution import FoldPiece
-from taskweaver_lite.llm.client import Message, OpenAIChatModel
+from taskweaver_lite.config.settings import Config
+from taskweaver_lite.llm.client import OpenAIChatModel
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import ContextSettings, RoleContext
-from taskweaver_lite.memory.conversation import RoundMessages
 from taskweaver_lite.memory.variables import LiveVariables
+from taskweaver_lite.records.conversation import RoundMessages
+from taskweaver_lite.records.execution import FoldPiece
+from taskweaver_lite.records.model_calls import Message
 from taskweaver_lite.testing.scripted_server import ScriptedRequest, ScriptedServer, code_reply, planner_reply
 
 pytestmark = pytest.mark.unit
@@ -107,9 +108,7 @@ def folds_with_previous(requests: Sequence[ScriptedRequest], role: str) -> list[
 
 @pytest.mark.parametrize("role", ["planner", "code_generator"])
 @pytest.mark.parametrize("retain", [1, 2])
-def test_a_fold_is_its_roles_previous_prompt_cut_before_the_rounds_it_keeps_then_the_summary_request(
-    server: ScriptedServer, role: str, retain: int
-) -> None:
+def test_a_fold_is_its_roles_previous_prompt_cut_before_the_rounds_it_keeps_then_the_summary_request(server: ScriptedServer, role: str, retain: int) -> None:
     cfg = config(server, round_compressor={"rounds_to_retain": retain})
     play(cfg, role, [make_round(i) for i in range(1, 7)])
     pairs = folds_with_previous(server.requests, role)

@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 from helpers import cli_env, make_project, run_cli, running_cli
 
-from taskweaver_lite.assembly import open_session
-from taskweaver_lite.config import ExecutionConfig
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.process import OWNER_FILE
-from taskweaver_lite.terminal import strip_controls
+from taskweaver_lite.kernel.uploads import UploadError
+from taskweaver_lite.safety.terminal import strip_controls
+from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
-from taskweaver_lite.uploads import UploadError
 
 ESC = "\x1b"
 # What a hostile model or cell sends: window title (OSC 0), clipboard write (OSC 52), clear screen,
@@ -103,7 +103,7 @@ def test_no_control_sequence_from_the_model_or_a_cell_reaches_the_terminal(tmp_p
     assert b"ANSWER-DONE" in screen and b"cell:" in screen, screen[-2000:]
     assert b"\x1b[" in screen, "the program's own styling still reaches the terminal"
     for sequence in FORBIDDEN:
-        assert sequence not in screen, f"{sequence!r} reached the terminal: {screen[max(screen.find(sequence) - 300, 0):screen.find(sequence) + 100]!r}"
+        assert sequence not in screen, f"{sequence!r} reached the terminal: {screen[max(screen.find(sequence) - 300, 0) : screen.find(sequence) + 100]!r}"
 
 
 def test_piped_answers_and_progress_carry_no_control_sequence(tmp_path: Path, server: ScriptedServer) -> None:
@@ -211,9 +211,7 @@ def test_a_cell_that_changes_folder_is_put_back_and_the_note_reaches_the_prompt(
 
 def test_a_background_threads_prints_are_labelled_in_the_cell_they_land_in(kernel_executor: KernelExecutor) -> None:
     started = kernel_executor.run(
-        "import threading, time\n"
-        "def _talk():\n    time.sleep(0.5)\n    print('tick from the thread')\n"
-        "threading.Thread(target=_talk).start()\nprint('started')"
+        "import threading, time\ndef _talk():\n    time.sleep(0.5)\n    print('tick from the thread')\nthreading.Thread(target=_talk).start()\nprint('started')"
     )
     assert started.stdout == "started\n"
     landed = kernel_executor.run("import time\ntime.sleep(1.5)\nprint('second cell')")
@@ -340,10 +338,7 @@ def test_a_disk_that_fills_during_a_cell_fails_the_round_with_the_reason_and_the
     server.enqueue("planner", planner_reply("Print a lot."), planner_reply("Set y."), planner_reply("y is 2.", send_to="User"))
     server.enqueue("code_generator", code_reply("for i in range(40000):\n    print('x' * 100)"), code_reply("y = 2"))
     # The project lives on a 3 MB disk: the cell's 4 MB of output fills it, then the store cannot write.
-    script = (
-        'mount -t tmpfs -o size=3m tmpfs "$0" && cp -r "$1" "$0/project" && '
-        'printf "print a lot\\nset y\\n" | "$2" -m taskweaver_lite chat -p "$0/project"'
-    )
+    script = 'mount -t tmpfs -o size=3m tmpfs "$0" && cp -r "$1" "$0/project" && printf "print a lot\\nset y\\n" | "$2" -m taskweaver_lite chat -p "$0/project"'
     project = make_project(tmp_path, server.url)
     done = subprocess.run(
         ["unshare", "-m", "sh", "-c", script, str(disk), str(project), sys.executable], capture_output=True, text=True, timeout=120, env=cli_env()

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from helpers import make_project, run_cli
 
-from taskweaver_lite import assembly
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import LLMError
-from taskweaver_lite.llm.client import Message
 from taskweaver_lite.llm.tokens import get_tokenizer
-from taskweaver_lite.session import Session
+from taskweaver_lite.records.model_calls import Message
+from taskweaver_lite.session import assembly
+from taskweaver_lite.session.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, planner_reply
 
 
@@ -36,9 +36,7 @@ def stored_rounds(store: Path) -> list[tuple[str, str | None]]:
         return [(state, error) for state, error in db.execute("SELECT state, error FROM rounds ORDER BY seq")]
 
 
-def test_a_cut_off_reply_body_fails_the_round_with_one_line_instead_of_leaving_it_running(
-    tmp_path: Path, server: ScriptedServer
-) -> None:
+def test_a_cut_off_reply_body_fails_the_round_with_one_line_instead_of_leaving_it_running(tmp_path: Path, server: ScriptedServer) -> None:
     server.enqueue("planner", *[Reply(raw_body='{"choices": [')] * 2)
     with open_session(tmp_path, server, llm={"max_retries": 1}) as session:
         store = session.config.store_path
@@ -67,9 +65,7 @@ def test_a_2_mb_bad_reply_is_cut_so_the_repair_request_fits_the_window(tmp_path:
     assert get_tokenizer().count_messages(sent) <= window - reserve, "the repair request fits the window"
 
 
-def test_credentials_inside_the_api_base_reach_neither_the_terminal_nor_the_store(
-    tmp_path: Path, server: ScriptedServer
-) -> None:
+def test_credentials_inside_the_api_base_reach_neither_the_terminal_nor_the_store(tmp_path: Path, server: ScriptedServer) -> None:
     password, query_key = "pw-in-the-url-424242", "key-in-the-query-737373"
     port = server.url.split(":")[2].split("/")[0]
     # The query spoils the request path, so the server answers 404 and echoes the path, key included.

@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from helpers import run_cli
 
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 
 
 def test_init_creates_a_commented_project_with_examples_plugins_and_sample_data(tmp_path: Path) -> None:

@@ -17,11 +17,11 @@ from typing import Literal
 import psutil
 import pytest
 
-from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.errors import KernelError
-from taskweaver_lite.execution import CellCancelled, ExecutionResult
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.sandbox import bwrap_path
+from taskweaver_lite.records.execution import CellCancelled, ExecutionResult
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -309,7 +309,7 @@ def test_sigterm_to_the_owning_process_ends_its_kernel(tmp_path: Path) -> None:
         f"""
         import time
         from pathlib import Path
-        from taskweaver_lite.config import ExecutionConfig
+        from taskweaver_lite.config.settings import ExecutionConfig
         from taskweaver_lite.kernel.executor import KernelExecutor
         executor = KernelExecutor(Path({str(tmp_path)!r}), config=ExecutionConfig())
         executor.wait_ready()

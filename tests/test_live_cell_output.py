@@ -14,10 +14,10 @@ import pytest
 from helpers import make_project
 from rich.console import Console
 
-from taskweaver_lite.assembly import open_session
 from taskweaver_lite.cli.console import RichConsole
 from taskweaver_lite.cli.live import CELL_LINES
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
 TICKS = "import time\nfor i in range(3):\n    print(f'tick {i}', flush=True)\n    time.sleep(1)"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from taskweaver_lite.config import LLMConfig
+from taskweaver_lite.config.settings import LLMConfig
 from taskweaver_lite.errors import (
     LLMAuthError,
     LLMContextTooLongError,
@@ -24,7 +24,8 @@ from taskweaver_lite.errors import (
     LLMRateLimitError,
     LLMUnreachableError,
 )
-from taskweaver_lite.llm.client import CallRecord, Completion, DeltaSink, Message, MeteredModel, OpenAIChatModel, Usage
+from taskweaver_lite.llm.client import DeltaSink, MeteredModel, OpenAIChatModel
+from taskweaver_lite.records.model_calls import CallRecord, Completion, Message, Usage
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, last_user_text, planner_reply
 
 KEY = "sk-test-0123456789"
@@ -61,9 +62,7 @@ class Recorded:
         if self._also is not None:
             self._also(record)
 
-    def complete(
-        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
-    ) -> Completion:
+    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
         return self._meter.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
 
     def usage(self) -> Usage:
@@ -98,9 +97,7 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_reply_text_and_token_usage_are_recorded_per_call(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_reply_text_and_token_usage_are_recorded_per_call(server: ScriptedServer, make_model: ModelFactory) -> None:
     seen: list[CallRecord] = []
     model = make_model(config_for(server), on_call=seen.append)
     server.enqueue("planner", planner_reply("There are 42 rows.", send_to="User"))
@@ -121,9 +118,7 @@ def test_reply_text_and_token_usage_are_recorded_per_call(
     assert totals.total_tokens == completion.prompt_tokens + completion.completion_tokens
 
 
-def test_request_carries_the_model_the_messages_and_json_mode(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_request_carries_the_model_the_messages_and_json_mode(server: ScriptedServer, make_model: ModelFactory) -> None:
     server.enqueue("planner", planner_reply("hi", send_to="User"))
     make_model(config_for(server)).complete(PLANNER_CALL, purpose="planner")
     [request] = server.requests
@@ -139,9 +134,7 @@ def test_json_mode_off_sends_no_response_format(server: ScriptedServer, make_mod
     assert "response_format" not in server.requests[0].body
 
 
-def test_rate_limited_request_is_retried_then_succeeds(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_rate_limited_request_is_retried_then_succeeds(server: ScriptedServer, make_model: ModelFactory) -> None:
     model = make_model(config_for(server, max_retries=2))
     server.enqueue("planner", Reply(status=429), planner_reply("done", send_to="User"))
     assert model.complete(PLANNER_CALL, purpose="planner").text == planner_reply("done", send_to="User")
@@ -149,18 +142,14 @@ def test_rate_limited_request_is_retried_then_succeeds(
     assert [record.ok for record in model.calls] == [True]
 
 
-def test_server_error_is_retried_then_succeeds(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_server_error_is_retried_then_succeeds(server: ScriptedServer, make_model: ModelFactory) -> None:
     model = make_model(config_for(server, max_retries=2))
     server.enqueue("planner", Reply(status=500), Reply(status=503), planner_reply("done", send_to="User"))
     assert model.complete(PLANNER_CALL, purpose="planner").text == planner_reply("done", send_to="User")
     assert len(server.requests) == 3
 
 
-def test_rate_limit_that_outlasts_the_retries_raises_rate_limit_error(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_rate_limit_that_outlasts_the_retries_raises_rate_limit_error(server: ScriptedServer, make_model: ModelFactory) -> None:
     model = make_model(config_for(server, max_retries=1))
     server.enqueue("planner", *[Reply(status=429, error_message="Slow down")] * 2)
     with pytest.raises(LLMRateLimitError, match=r"HTTP 429, after 1 retry\): Slow down"):
@@ -179,18 +168,14 @@ def test_closed_port_raises_unreachable_naming_the_host(make_model: ModelFactory
     assert "connection refused" in str(caught.value)
 
 
-def test_reply_slower_than_the_timeout_raises_unreachable_saying_it_timed_out(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_reply_slower_than_the_timeout_raises_unreachable_saying_it_timed_out(server: ScriptedServer, make_model: ModelFactory) -> None:
     model = make_model(config_for(server, timeout=0.3, max_retries=0))
     server.enqueue("planner", Reply(content=planner_reply("late"), delay=3.0))
     with pytest.raises(LLMUnreachableError, match=r"did not answer within 0.3 s \(with retries off\)"):
         model.complete(PLANNER_CALL, purpose="planner")
 
 
-def test_wrong_key_raises_auth_error_without_showing_the_key(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_wrong_key_raises_auth_error_without_showing_the_key(server: ScriptedServer, make_model: ModelFactory) -> None:
     wrong = "sk-wrong-9876543210"
     model = make_model(config_for(server, api_key=wrong, max_retries=0))
     with pytest.raises(LLMAuthError) as caught:
@@ -224,26 +209,20 @@ def test_base_url_and_key_come_from_the_environment_when_not_configured(
     assert model.complete(PLANNER_CALL, purpose="planner").text == planner_reply("hi", send_to="User")
 
 
-def test_unknown_model_raises_model_not_found_naming_the_model(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_unknown_model_raises_model_not_found_naming_the_model(server: ScriptedServer, make_model: ModelFactory) -> None:
     model = make_model(config_for(server, model="llama-9000"))
     with pytest.raises(LLMModelNotFoundError, match=r"the model 'llama-9000' is not served by 127\.0\.0\.1:"):
         model.complete(PLANNER_CALL, purpose="planner")
 
 
-def test_api_base_without_v1_raises_a_hint_about_the_path(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_api_base_without_v1_raises_a_hint_about_the_path(server: ScriptedServer, make_model: ModelFactory) -> None:
     model = make_model(config_for(server, api_base=server.url.removesuffix("/v1"), max_retries=0))
     with pytest.raises(LLMError, match=r"check llm\.api_base \(for most servers it ends in /v1\)") as caught:
         model.complete(PLANNER_CALL, purpose="planner")
     assert not isinstance(caught.value, LLMModelNotFoundError)
 
 
-def test_prompt_over_the_context_window_raises_context_too_long(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_prompt_over_the_context_window_raises_context_too_long(server: ScriptedServer, make_model: ModelFactory) -> None:
     model = make_model(config_for(server))
     server.enqueue(
         "planner",
@@ -253,9 +232,7 @@ def test_prompt_over_the_context_window_raises_context_too_long(
         model.complete(PLANNER_CALL, purpose="planner")
 
 
-def test_endpoint_rejecting_response_format_is_asked_again_without_it_and_that_is_remembered(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_endpoint_rejecting_response_format_is_asked_again_without_it_and_that_is_remembered(server: ScriptedServer, make_model: ModelFactory) -> None:
     model = make_model(config_for(server, max_retries=0))
     refusal = Reply(status=400, error_message="response_format of type json_object is not supported")
     server.enqueue("planner", refusal, planner_reply("first", send_to="User"), planner_reply("second", send_to="User"))
@@ -265,9 +242,7 @@ def test_endpoint_rejecting_response_format_is_asked_again_without_it_and_that_i
     assert ["response_format" in body for body in bodies] == [True, False, False]
 
 
-def test_endpoint_rejecting_response_format_even_without_it_suggests_turning_json_mode_off(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_endpoint_rejecting_response_format_even_without_it_suggests_turning_json_mode_off(server: ScriptedServer, make_model: ModelFactory) -> None:
     model = make_model(config_for(server, max_retries=0))
     refusal = Reply(status=400, error_message="response_format of type json_object is not supported")
     server.enqueue("planner", refusal, refusal)
@@ -275,9 +250,7 @@ def test_endpoint_rejecting_response_format_even_without_it_suggests_turning_jso
         model.complete(PLANNER_CALL, purpose="planner")
 
 
-def test_other_http_errors_name_the_status_and_the_server_message(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_other_http_errors_name_the_status_and_the_server_message(server: ScriptedServer, make_model: ModelFactory) -> None:
     model = make_model(config_for(server))
     server.enqueue("planner", Reply(status=422, error_message="temperature must be <= 2"))
     with pytest.raises(LLMError, match=r"answered HTTP 422: temperature must be <= 2$"):
@@ -292,9 +265,7 @@ def test_key_echoed_back_by_the_server_is_masked(server: ScriptedServer, make_mo
     assert KEY not in str(caught.value) and "bad request from ***" in str(caught.value)
 
 
-def test_reply_without_usage_counts_zero_tokens_and_is_marked(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_reply_without_usage_counts_zero_tokens_and_is_marked(server: ScriptedServer, make_model: ModelFactory) -> None:
     model = make_model(config_for(server))
     server.enqueue("planner", Reply(content=planner_reply("hi", send_to="User"), include_usage=False))
     completion = model.complete(PLANNER_CALL, purpose="planner")
@@ -303,17 +274,13 @@ def test_reply_without_usage_counts_zero_tokens_and_is_marked(
     assert model.usage().calls_without_usage == 1
 
 
-def test_truncated_reply_reports_finish_reason_length(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_truncated_reply_reports_finish_reason_length(server: ScriptedServer, make_model: ModelFactory) -> None:
     model = make_model(config_for(server))
     server.enqueue("planner", Reply(content='{"response": {"init_plan": "1. lo', finish_reason="length"))
     assert model.complete(PLANNER_CALL, purpose="planner").finish_reason == "length"
 
 
-def test_concurrent_calls_from_threads_are_all_answered_and_recorded(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_concurrent_calls_from_threads_are_all_answered_and_recorded(server: ScriptedServer, make_model: ModelFactory) -> None:
     server.set_default("planner", lambda messages: planner_reply(last_user_text(messages), send_to="User"))
     model = make_model(config_for(server))
     answers: dict[int, str] = {}
@@ -358,9 +325,7 @@ def test_a_reply_body_cut_off_is_retried_like_a_server_error(server: ScriptedSer
     assert len(server.requests) == 2
 
 
-def test_a_reply_body_cut_off_every_time_ends_in_one_line_naming_the_host(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_a_reply_body_cut_off_every_time_ends_in_one_line_naming_the_host(server: ScriptedServer, make_model: ModelFactory) -> None:
     model = make_model(config_for(server, max_retries=1))
     server.enqueue("planner", *[Reply(raw_body='{"choices": [')] * 2)
     with pytest.raises(LLMError) as caught:
@@ -377,9 +342,7 @@ def test_content_sent_as_a_list_of_text_parts_is_joined(server: ScriptedServer, 
     assert model.complete(PLANNER_CALL, purpose="planner").text == '{"response": {"message": "hi"}}'
 
 
-def test_usage_numbers_sent_as_strings_are_read_and_unreadable_ones_tolerated(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_usage_numbers_sent_as_strings_are_read_and_unreadable_ones_tolerated(server: ScriptedServer, make_model: ModelFactory) -> None:
     model = make_model(config_for(server))
     message = {"role": "assistant", "content": "hi"}
     server.enqueue(
@@ -429,9 +392,7 @@ def test_a_short_retry_after_is_waited_out(server: ScriptedServer, make_model: M
     assert time.monotonic() - started >= 0.4 and len(server.requests) == 2
 
 
-def test_a_long_retry_after_is_refused_at_once_with_the_real_count_and_the_wait(
-    server: ScriptedServer, make_model: ModelFactory
-) -> None:
+def test_a_long_retry_after_is_refused_at_once_with_the_real_count_and_the_wait(server: ScriptedServer, make_model: ModelFactory) -> None:
     model = make_model(config_for(server, max_retries=2))
     server.enqueue("planner", Reply(status=429, headers={"Retry-After": "3600"}))
     started = time.monotonic()
@@ -443,9 +404,7 @@ def test_a_long_retry_after_is_refused_at_once_with_the_real_count_and_the_wait(
     assert "retries" not in message
 
 
-@pytest.mark.parametrize(
-    "address", ["http://alice:{secret}@127.0.0.1:{port}/v1", "http://127.0.0.1:{port}/v1?api-key={secret}"]
-)
+@pytest.mark.parametrize("address", ["http://alice:{secret}@127.0.0.1:{port}/v1", "http://127.0.0.1:{port}/v1?api-key={secret}"])
 def test_credentials_inside_the_api_base_never_reach_an_error_message(make_model: ModelFactory, address: str) -> None:
     secret = "sk-url-secret-123456"
     for port in (closed_port(), None):  # unreachable, then a server that echoes the path it got

@@ -10,14 +10,14 @@ from helpers import make_project, run_cli
 from test_plugins import write_plugin
 
 from taskweaver_lite.cli.plugins import plugin_table
-from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.plugins.catalog import discover
 
 pytestmark = pytest.mark.kernel
 
 # As klarna_search is written: TaskWeaver's three names, a self-test, the dependency imported inside __call__.
-LAZY_PLUGIN = '''
+LAZY_PLUGIN = """
 from taskweaver.plugin import Plugin, register_plugin, test_plugin
 
 
@@ -31,15 +31,15 @@ class Search(Plugin):
 @test_plugin(name="finds something", description="a query returns rows")
 def test_call(api_call):
     return len(api_call(query="shoes")) > 0
-'''
-FUNCTION_PLUGIN = '''
+"""
+FUNCTION_PLUGIN = """
 from taskweaver.plugin import register_plugin
 
 
 @register_plugin
 def doubler(x: int):
     return 2 * x
-'''
+"""
 
 
 def lazy_project(tmp_path: Path) -> Path:

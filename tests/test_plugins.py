@@ -11,18 +11,19 @@ from pathlib import Path
 import pytest
 from helpers import REPO, make_project, run_cli
 
-from taskweaver_lite.assembly import open_session, resume_session
-from taskweaver_lite.config import ExecutionConfig
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.errors import ContextOverflowError
-from taskweaver_lite.execution import CellError
 from taskweaver_lite.kernel.executor import KernelExecutor
-from taskweaver_lite.plugins.catalog import ENTRY_POINT_GROUP, Parameter, PluginSpec, discover, read_entry
+from taskweaver_lite.plugins.catalog import ENTRY_POINT_GROUP, discover, read_entry
 from taskweaver_lite.plugins.prompt import planner_line, render_block, render_stub, select, used_plugins
+from taskweaver_lite.records.execution import CellError
+from taskweaver_lite.records.plugin_spec import Parameter, PluginSpec
+from taskweaver_lite.session.assembly import open_session, resume_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
 # A plugin file as TaskWeaver users write it: TaskWeaver's import, config, log, ctx and add_artifact.
-TASKWEAVER_PLUGIN = '''
+TASKWEAVER_PLUGIN = """
 from taskweaver.plugin import Plugin, register_plugin
 
 
@@ -33,7 +34,7 @@ class Greeter(Plugin):
         text = (self.config["greeting"] + " " + who + "! ") * times
         self.ctx.add_artifact("greeting", "greeting.txt", "txt", text, "the greeting")
         return text.strip(), self.ctx.session_id, self.ctx.execution_id
-'''
+"""
 GREETER_YAML = """
 name: greeter
 description: Greets someone by name.

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from taskweaver_lite.config import LLMConfig
-from taskweaver_lite.llm.client import Message, MeteredModel, OpenAIChatModel, Usage, scope_cache, usage_by_purpose
+from taskweaver_lite.config.settings import LLMConfig
+from taskweaver_lite.llm.client import MeteredModel, OpenAIChatModel, scope_cache, usage_by_purpose
+from taskweaver_lite.records.model_calls import Message, Usage
 from taskweaver_lite.testing.scripted_server import ScriptedServer, planner_reply
 
 pytestmark = pytest.mark.unit
@@ -58,9 +59,7 @@ def ask_twice(model: Any, purposes: tuple[str, ...] = ("planner", "planner")) ->
 
 
 @pytest.mark.parametrize("stream", [True, False])
-def test_an_openai_style_server_gets_a_cache_key_per_session_and_role_and_its_cached_tokens_are_counted(
-    clients: list[OpenAIChatModel], stream: bool
-) -> None:
+def test_an_openai_style_server_gets_a_cache_key_per_session_and_role_and_its_cached_tokens_are_counted(clients: list[OpenAIChatModel], stream: bool) -> None:
     with ScriptedServer() as server:
         server.set_default("planner", planner_reply("ok"))
         server.set_default("code_generator", planner_reply("ok"))
@@ -146,7 +145,7 @@ def test_the_api_address_alone_marks_openai_and_the_cache_line_reads_plainly() -
 
 
 def test_local_discovery_tells_the_client_which_hints_the_server_takes() -> None:
-    from taskweaver_lite.config import Config
+    from taskweaver_lite.config.settings import Config
     from taskweaver_lite.llm.discovery import LocalServer, use_local_server
 
     for name, kind in (("llama.cpp server", "llama.cpp"), ("Ollama", "other")):

@@ -24,12 +24,12 @@ from test_compression import (  # the fixtures that lend and stop the servers Su
     return_wires,  # noqa: F401
 )
 
-from taskweaver_lite.execution import CellError, ExecutionResult, Variable, VariableChanges
-from taskweaver_lite.llm.client import Message
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import RoleContext
-from taskweaver_lite.memory.conversation import RoundMessages
 from taskweaver_lite.memory.variables import LiveVariables, expand_names, render_variables
+from taskweaver_lite.records.conversation import RoundMessages
+from taskweaver_lite.records.execution import CellError, ExecutionResult, Variable, VariableChanges
+from taskweaver_lite.records.model_calls import Message
 
 pytestmark = pytest.mark.unit
 

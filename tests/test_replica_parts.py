@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from helpers import make_project
 
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.events import Folded, ModelCalled
+from taskweaver_lite.records.events import Folded, ModelCalled
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.web.leases import LeaseBusy, Leases
 from taskweaver_lite.web.metrics import Metrics

@@ -46,7 +46,7 @@ def test_python_fence_before_the_json_fence_is_not_taken_for_the_answer() -> Non
 
 
 def test_think_block_with_braces_before_the_json_is_skipped() -> None:
-    text = f"<think>I could use {{x}} or {{\"a\": 1}} here...</think>\n{CODE_TEXT}"
+    text = f'<think>I could use {{x}} or {{"a": 1}} here...</think>\n{CODE_TEXT}'
     assert extract_json(text) == CODE
 
 
@@ -79,9 +79,7 @@ def test_unquoted_keys_are_repaired() -> None:
 
 def test_truncated_json_keeps_what_was_written() -> None:
     text = '{"response": {"thought": "load it", "reply_type": "python", "reply_content": "df = lo'
-    assert extract_json(text) == {
-        "response": {"thought": "load it", "reply_type": "python", "reply_content": "df = lo"}
-    }
+    assert extract_json(text) == {"response": {"thought": "load it", "reply_type": "python", "reply_content": "df = lo"}}
 
 
 def test_truncated_json_is_not_replaced_by_an_object_nested_inside_it() -> None:
@@ -136,9 +134,7 @@ def test_every_problem_is_listed_at_once() -> None:
     with pytest.raises(ReplyFormatError) as caught:
         parse_reply(text, CODE_GENERATOR_SCHEMA)
     assert str(caught.value) == (
-        "field 'thought' must be a string; got an object; "
-        "field 'reply_type' must be one of python, text; got 'sql'; "
-        "missing field 'reply_content'"
+        "field 'thought' must be a string; got an object; field 'reply_type' must be one of python, text; got 'sql'; missing field 'reply_content'"
     )
 
 
@@ -204,9 +200,7 @@ def test_summary_variable_without_description_gets_an_empty_one() -> None:
 def test_repair_message_says_what_was_wrong_and_shows_the_exact_shape() -> None:
     error = ReplyFormatError("field 'send_to' must be one of User, CodeInterpreter; got 'Planner'")
     text = repair_message(error, PLANNER_SCHEMA)
-    assert text.startswith(
-        "Your previous reply could not be used: field 'send_to' must be one of User, CodeInterpreter; got 'Planner'."
-    )
+    assert text.startswith("Your previous reply could not be used: field 'send_to' must be one of User, CodeInterpreter; got 'Planner'.")
     assert "only the JSON object" in text
     outline = json.loads(text[text.index("{") :])
     assert list(outline) == ["response"]

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from taskweaver_lite import extensions
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import ConfigError, ReplyFormatError
 from taskweaver_lite.llm.replies import parse_reply, planner_schema
+from taskweaver_lite.plugins import extensions
 from taskweaver_lite.roles import registry
 from taskweaver_lite.roles.registry import RoleCatalog, discover_roles
 from taskweaver_lite.roles.worker import ModelOnlyRole
@@ -28,7 +28,7 @@ intro : |-
 """
 
 NOTES_CLASS = """\
-from taskweaver_lite.memory.conversation import Post
+from taskweaver_lite.records.conversation import Post
 
 
 class Notes:

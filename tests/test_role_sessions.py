@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from helpers import REPO, make_project, run_cli
 
-from taskweaver_lite.assembly import open_session, resume_session
-from taskweaver_lite.config_file import load_config
-from taskweaver_lite.llm.client import Message
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.llm.tokens import get_tokenizer
-from taskweaver_lite.memory.conversation import Post
-from taskweaver_lite.store.export import write_export
+from taskweaver_lite.records.conversation import Post
+from taskweaver_lite.records.model_calls import Message
+from taskweaver_lite.session.assembly import open_session, resume_session
+from taskweaver_lite.session.export import write_export
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 
 pytestmark = pytest.mark.kernel

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from taskweaver_lite.config import LLMConfig
+from taskweaver_lite.config.settings import LLMConfig
 from taskweaver_lite.errors import LLMError, LLMUnreachableError
-from taskweaver_lite.llm.client import Message, OpenAIChatModel
+from taskweaver_lite.llm.client import OpenAIChatModel
 from taskweaver_lite.llm.replies import CODE_GENERATOR_SCHEMA, PLANNER_SCHEMA, SUMMARY_SCHEMA, parse_reply
+from taskweaver_lite.records.model_calls import Message
 from taskweaver_lite.testing.scripted_server import (
     Reply,
     ScriptedServer,
@@ -29,7 +30,7 @@ from taskweaver_lite.testing.scripted_server import (
 
 PLANNER_SYSTEM = "You are the Planner. Reply with init_plan, plan, current_plan_step, send_to, message."
 CODER_SYSTEM = "You write Python. Reply with thought, reply_type and reply_content."
-SUMMARY_SYSTEM = "Summarise the rounds as {\"ConversationSummary\": ..., \"Variables\": [...]}."
+SUMMARY_SYSTEM = 'Summarise the rounds as {"ConversationSummary": ..., "Variables": [...]}.'
 
 
 def call(system: str, user: str) -> list[Message]:
@@ -172,9 +173,7 @@ def test_usage_in_replies_grows_with_prompt_and_reply_length(server: ScriptedSer
     assert large.completion_tokens > small.completion_tokens
 
 
-def test_stopped_server_is_down_even_for_a_client_with_a_kept_alive_connection(
-    server: ScriptedServer, model: OpenAIChatModel
-) -> None:
+def test_stopped_server_is_down_even_for_a_client_with_a_kept_alive_connection(server: ScriptedServer, model: OpenAIChatModel) -> None:
     server.enqueue("planner", "first", "never sent")
     assert model.complete(call(PLANNER_SYSTEM, "go"), purpose="planner").text == "first"
     server.stop()

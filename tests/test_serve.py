@@ -16,9 +16,9 @@ import httpx
 import pytest
 from helpers import make_project
 
-from taskweaver_lite.assembly import open_session
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 from taskweaver_lite.testing.web_server import WebServer
 from taskweaver_lite.web.auth import Access

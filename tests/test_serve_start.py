@@ -58,7 +58,10 @@ def test_a_busy_port_is_one_line_naming_port_and_nothing_is_said_to_be_served(tm
         port = taken.getsockname()[1]
         done = subprocess.run(
             [sys.executable, "-m", "taskweaver_lite", "serve", "-p", str(project), "--port", str(port)],
-            capture_output=True, text=True, timeout=60, env=cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=cli_env(),
         )
     assert done.returncode == 1
     assert done.stderr.strip().count("\n") == 0, done.stderr

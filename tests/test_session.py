@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 from helpers import make_project
 
-from taskweaver_lite import assembly
-from taskweaver_lite.config import ExecutionConfig
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.errors import LLMUnreachableError
-from taskweaver_lite.events import Event, Folded, PostAdded
-from taskweaver_lite.execution import ExecutionResult, KernelEnvironment, OutputSink, Variable
-from taskweaver_lite.session import Session
+from taskweaver_lite.kernel.interface import OutputSink
+from taskweaver_lite.records.events import Event, Folded, PostAdded
+from taskweaver_lite.records.execution import ExecutionResult, KernelEnvironment, Variable
+from taskweaver_lite.session import assembly
+from taskweaver_lite.session.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply, summary_reply, text_reply
 
 

@@ -32,7 +32,7 @@ from soak_session import (
 )
 
 from taskweaver_lite.errors import TaskWeaverError
-from taskweaver_lite.session import Session
+from taskweaver_lite.session.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedRequest, ScriptedServer, code_reply, last_user_text
 
 WINDOW = 8000
@@ -125,7 +125,7 @@ def huge_failure() -> str:
         [
             "import sys",
             "for i in range(600):",
-            "    print(f'fold {i:3d}: mean_test_score {i * 0.37:.4f} params {{\"alpha\": {i}, \"max_iter\": 1000}}')",
+            '    print(f\'fold {i:3d}: mean_test_score {i * 0.37:.4f} params {{"alpha": {i}, "max_iter": 1000}}\')',
             "for k in range(70):",
             "    print(f'/opt/venv/lib/python3.12/site-packages/sklearn/model_selection/_validation.py:378: "
             "FitFailedWarning: fit {k} of 70 failed', file=sys.stderr)",

@@ -19,9 +19,9 @@ from helpers import REPO
 from recorded_session import PLOT_CODE, WRITE_CODE, RecordedSession, record_session
 
 from taskweaver_lite.errors import SessionBusyError, StoreError
-from taskweaver_lite.events import Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
-from taskweaver_lite.execution import ExecutionResult, Variable
-from taskweaver_lite.memory.conversation import Conversation, Post, Round, RoundState
+from taskweaver_lite.records.conversation import Conversation, Post, Round, RoundState
+from taskweaver_lite.records.events import Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
+from taskweaver_lite.records.execution import ExecutionResult, Variable
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.store.interface import Store
 from taskweaver_lite.store.postgres import PostgresStore
@@ -33,9 +33,9 @@ WRITER = """
 import sys, time
 from pathlib import Path
 from typing import Iterator
-from taskweaver_lite.memory.conversation import Post, Round
-from taskweaver_lite.events import PostAdded, RoundEnded, RoundStarted
-from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.records.conversation import Post, Round
+from taskweaver_lite.records.events import PostAdded, RoundEnded, RoundStarted
+from taskweaver_lite.records.execution import ExecutionResult
 from taskweaver_lite.store.database import SessionStore
 
 store = SessionStore(Path(sys.argv[1]))

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from taskweaver_lite.config import LLMConfig
+from taskweaver_lite.config.settings import LLMConfig
 from taskweaver_lite.errors import LLMError
-from taskweaver_lite.llm.client import Delta, Message, OpenAIChatModel
+from taskweaver_lite.llm.client import OpenAIChatModel
+from taskweaver_lite.records.model_calls import Delta, Message
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, planner_reply
 
 CALL: list[Message] = [

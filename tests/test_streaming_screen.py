@@ -14,10 +14,10 @@ import pytest
 from helpers import make_project
 from rich.console import Console
 
-from taskweaver_lite import assembly
 from taskweaver_lite.cli.console import PlainConsole, RichConsole
-from taskweaver_lite.config_file import load_config
-from taskweaver_lite.session import Session
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.session import assembly
+from taskweaver_lite.session.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 
 
@@ -112,7 +112,7 @@ def test_the_code_appears_while_it_is_written_and_runs_once_complete(tmp_path: P
 def test_reasoning_is_shown_dimmed_or_hidden_and_never_taken_for_the_reply(tmp_path: Path, server: ScriptedServer, shown: bool) -> None:
     gate = threading.Event()
     reply = planner_reply("Plain answer.", send_to="User")
-    thinking = "<think>Should I say {\"message\": \"wrong\"}? No.</think>"
+    thinking = '<think>Should I say {"message": "wrong"}? No.</think>'
     server.enqueue("planner", Reply(content=thinking + reply, reasoning="weighing options", gate=gate, gate_after=len(thinking) + 10))
     console, screen = terminal(styled=True)
     with open_session(tmp_path, server, RichConsole(console, show_reasoning=shown)) as session:

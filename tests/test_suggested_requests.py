@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from taskweaver_lite.config import Config
-from taskweaver_lite.session import numbered, suggested
+from taskweaver_lite.config.settings import Config
+from taskweaver_lite.session.session import numbered, suggested
 
 pytestmark = pytest.mark.unit
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.kernel import syscall_filter
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.sandbox import SandboxPlan, bwrap_arguments, bwrap_path

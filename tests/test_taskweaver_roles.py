@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from helpers import REPO, make_project, run_cli
 
-from taskweaver_lite.assembly import open_session
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.events import Event, Working
+from taskweaver_lite.records.events import Event, Working
 from taskweaver_lite.roles.registry import RoleCatalog, discover_roles
+from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, planner_reply
 
 pytestmark = pytest.mark.kernel
@@ -30,7 +30,7 @@ ECHO = REPO / "tests" / "data" / "taskweaver_roles" / "echo"
 
 # Written as TaskWeaver's documentation writes a role (website/docs/concepts/role.md), with the LLMApi
 # as its image_reader asks for it: its own setting, its own model call, a status line and an attachment.
-SUMMARIZER_PY = '''
+SUMMARIZER_PY = """
 from injector import inject
 
 from taskweaver.llm import LLMApi, format_chat_message
@@ -80,14 +80,14 @@ class Summarizer(Role):
         post_proxy.update_attachment(message=f"{len(rounds)} round(s) seen", type=AttachmentType.text)
         post_proxy.update_message(response["content"])
         return post_proxy.end()
-'''
+"""
 SUMMARIZER_YAML = """\
 alias: Summarizer
 module: taskweaver.ext_role.summarizer.summarizer.Summarizer
 intro : |-
   - Summarizer condenses a text.
 """
-UNPROVIDED_PY = '''
+UNPROVIDED_PY = """
 from injector import inject
 
 from taskweaver.memory import Memory, Post
@@ -98,8 +98,8 @@ from taskweaver.role import Role
 class Cutter(Role):
     def reply(self, memory: Memory, **kwargs) -> Post:
         return PromptUtil.remove_all_delimiters("x")
-'''
-REGISTERS_PY = '''
+"""
+REGISTERS_PY = """
 from injector import inject
 
 from taskweaver.logging import TelemetryLogger
@@ -122,7 +122,7 @@ class Listener(Role):
     def reply(self, memory: Memory, **kwargs) -> Post:
         self.event_emitter.register(object())
         return self.event_emitter.create_post_proxy(self.alias).end()
-'''
+"""
 
 
 @pytest.fixture

@@ -18,14 +18,15 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from taskweaver_lite.config import ExperienceConfig
+from taskweaver_lite.config.settings import ExperienceConfig
+from taskweaver_lite.config.store_url import redact, redact_text
 from taskweaver_lite.errors import ExperienceError, SessionBusyError, StoreError, StoreUnavailable, UnknownSessionError
-from taskweaver_lite.events import FileLoaded, Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted
-from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.knowledge.experience import Experience
-from taskweaver_lite.memory.conversation import Post, Round
+from taskweaver_lite.records.conversation import Post, Round
+from taskweaver_lite.records.events import FileLoaded, Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted
+from taskweaver_lite.records.execution import ExecutionResult
+from taskweaver_lite.session.export import export_notebook
 from taskweaver_lite.store.database import SessionStore
-from taskweaver_lite.store.export import export_notebook
 from taskweaver_lite.store.interface import Store
 from taskweaver_lite.store.postgres import PostgresStore
 from taskweaver_lite.store.postgres_schema import MIGRATIONS as POSTGRES_MIGRATIONS
@@ -34,7 +35,6 @@ from taskweaver_lite.store.postgres_schema import migrate as migrate_postgres
 from taskweaver_lite.store.recorder import StoreRecorder
 from taskweaver_lite.store.schema import MIGRATIONS as SQLITE_MIGRATIONS
 from taskweaver_lite.store.schema import migrate as migrate_sqlite
-from taskweaver_lite.store.url import redact, redact_text
 from taskweaver_lite.store.users import make_token
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster, free_port
 
@@ -246,7 +246,6 @@ def test_urls_and_driver_messages_lose_their_passwords() -> None:
     assert redact("postgresql://tw@db/team?password=hunter2") == "postgresql://tw@db/team?password=***"
     said = redact_text('connection to "postgresql://tw:hunter2@db/team" failed; password=hunter2 user=tw')
     assert "hunter2" not in said and re.search(r"tw:\*\*\*@db", said)
-
 
 
 @pytest.mark.postgres

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from taskweaver_lite.config import ExperienceConfig
+from taskweaver_lite.config.settings import ExperienceConfig
 from taskweaver_lite.errors import ExperienceError
 from taskweaver_lite.knowledge.experience import Experience
 from taskweaver_lite.knowledge.tips import read_handcrafted

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from taskweaver_lite.config import Config
+from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.llm.client import Message
 from taskweaver_lite.llm.tokens import COUNT_CACHE_ENTRIES, REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE, get_tokenizer
+from taskweaver_lite.records.model_calls import Message
 
 
 def test_count_matches_the_o200k_encoding_exactly() -> None:

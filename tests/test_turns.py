@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import cli_env, make_project, run_cli
 
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
@@ -90,7 +90,7 @@ def test_open_lists_the_plots_and_hands_one_to_the_system_viewer(tmp_path: Path,
     viewer = tmp_path / "bin"
     viewer.mkdir()
     opened = tmp_path / "opened.txt"
-    (viewer / "xdg-open").write_text(f"#!/bin/sh\necho \"$1\" > {opened}\n", encoding="utf-8")
+    (viewer / "xdg-open").write_text(f'#!/bin/sh\necho "$1" > {opened}\n', encoding="utf-8")
     (viewer / "xdg-open").chmod(0o755)
     plot = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.savefig('trend.png')\nplt.show()\nopen('totals.csv', 'w').write('a,1')"
     server.enqueue("planner", planner_reply("Plot it."), planner_reply("Plotted.", send_to="User"))
@@ -98,7 +98,11 @@ def test_open_lists_the_plots_and_hands_one_to_the_system_viewer(tmp_path: Path,
     env = {**cli_env(), "PATH": f"{viewer}{os.pathsep}{os.environ['PATH']}"}
     done = subprocess.run(
         [sys.executable, "-m", "taskweaver_lite", "chat", "-p", str(project)],
-        input="plot\n/open\n/open 9\n/open 1\n", capture_output=True, text=True, timeout=90, env=env,
+        input="plot\n/open\n/open 9\n/open 1\n",
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     assert "Files the cells produced (/open N shows one):\n  1. " in done.stderr

@@ -15,10 +15,10 @@ import pytest
 from helpers import make_project
 
 from taskweaver_lite.cli.main import main
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.events import RoundStarted
-from taskweaver_lite.memory.conversation import Round
+from taskweaver_lite.records.conversation import Round
+from taskweaver_lite.records.events import RoundStarted
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.testing.web_server import WebServer
 from taskweaver_lite.web.auth import Access

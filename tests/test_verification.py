@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from helpers import make_project
 
-from taskweaver_lite.assembly import open_session
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.safety.verification import DEFAULT_BLOCKED_FUNCTIONS, CodeVerifier
+from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
-from taskweaver_lite.verification import DEFAULT_BLOCKED_FUNCTIONS, CodeVerifier
 
 BYPASSES: Mapping[str, str] = {
     "plain import": "import os\nos.listdir('/')",

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers import make_project
 
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 from taskweaver_lite.testing.web_server import WebServer
 
@@ -109,7 +109,7 @@ MARKDOWN_ANSWER = (
     "```\nregion  growth\nsouth     0.31\n```\n\n"
     "<data>\nraw output\n</data>\n\n"
     '<img src="x" onerror="window.pwned = 1"> <script>window.pwned = 2</script> '
-    "[click](javascript:window.pwned=3) <b onclick=\"window.pwned=4\">bold tag</b>"
+    '[click](javascript:window.pwned=3) <b onclick="window.pwned=4">bold tag</b>'
 )
 TALL = "import pandas as pd\npd.DataFrame({'n': range(60), 'square': [i * i for i in range(60)]})"
 SHORT = "import pandas as pd\npd.DataFrame({'n': range(8)}).describe()"

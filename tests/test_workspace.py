@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 from helpers import make_project
 
-from taskweaver_lite.config_file import load_config
-from taskweaver_lite.execution import ExecutionResult, KernelEnvironment, OutputSink, Variable
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.kernel.interface import OutputSink
 from taskweaver_lite.knowledge import experience
 from taskweaver_lite.knowledge.tips import HandcraftedTips, read_handcrafted
-from taskweaver_lite.workspace import Workspace
+from taskweaver_lite.records.execution import ExecutionResult, KernelEnvironment, Variable
+from taskweaver_lite.session.workspace import Workspace
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from mkdocs.structure.files import File, Files
 
-from taskweaver_lite.reference import pages
+from taskweaver_lite.cli.reference import pages
 
 ROOT = Path(__file__).resolve().parents[2]
 

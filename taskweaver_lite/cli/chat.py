@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from taskweaver_lite.assembly import delete_session, reset_session
 from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.experience import experience_command, save_tips
@@ -23,27 +22,29 @@ from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
 from taskweaver_lite.cli.prompt_line import INTERRUPTED, PromptLine
 from taskweaver_lite.cli.roles import role_table
 from taskweaver_lite.cli.turns import TurnCommands, session_artifacts
-from taskweaver_lite.config import DISTILLER, FOLDER, Config
-from taskweaver_lite.config_file import CONFIG_FILE_NAME, load_config
-from taskweaver_lite.confirm import ConfirmCell
+from taskweaver_lite.config.file import CONFIG_FILE_NAME, load_config
+from taskweaver_lite.config.settings import DISTILLER, FOLDER, Config
+from taskweaver_lite.config.taskweaver_json import JSON_FILE_NAME
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
-from taskweaver_lite.events import FileLoaded, timeline
-from taskweaver_lite.execution import ExecutionResult, KernelEnvironment
-from taskweaver_lite.llm.client import Usage, usage_by_purpose
+from taskweaver_lite.llm.client import usage_by_purpose
 from taskweaver_lite.llm.discovery import discover, needs_discovery, no_model_found, use_local_server
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import RoleContext
-from taskweaver_lite.memory.conversation import Round
 from taskweaver_lite.memory.summary import render_summary
 from taskweaver_lite.memory.variables import render_variables
-from taskweaver_lite.model_choice import model_users
-from taskweaver_lite.session import Session, numbered
-from taskweaver_lite.store.export import write_export
+from taskweaver_lite.records.conversation import Round
+from taskweaver_lite.records.events import FileLoaded, timeline
+from taskweaver_lite.records.execution import ExecutionResult, KernelEnvironment
+from taskweaver_lite.records.model_calls import Usage
+from taskweaver_lite.safety.confirm import ConfirmCell
+from taskweaver_lite.safety.terminal import strip_controls
+from taskweaver_lite.safety.workfiles import owner_only_file
+from taskweaver_lite.session.assembly import delete_session, reset_session
+from taskweaver_lite.session.export import write_export
+from taskweaver_lite.session.model_choice import model_users
+from taskweaver_lite.session.session import Session, numbered
+from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.opening import open_store, store_place, stored_sessions
-from taskweaver_lite.taskweaver_json import JSON_FILE_NAME
-from taskweaver_lite.terminal import strip_controls
-from taskweaver_lite.workfiles import owner_only_file
-from taskweaver_lite.workspace import Workspace
 
 # /summary shows the variables list more fully than a prompt can afford to.
 SUMMARY_VARIABLES_TOKENS = 4_000

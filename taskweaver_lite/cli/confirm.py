@@ -7,8 +7,8 @@ from prompt_toolkit.key_binding import KeyBindings, KeyPressEvent
 from rich.syntax import Syntax
 
 from taskweaver_lite.cli.console import RichConsole
-from taskweaver_lite.confirm import CellChoice, ConfirmCell
-from taskweaver_lite.terminal import strip_controls
+from taskweaver_lite.safety.confirm import CellChoice, ConfirmCell
+from taskweaver_lite.safety.terminal import strip_controls
 
 QUESTION = "Run this cell? [r]un / [e]dit / [s]kip: "
 

@@ -33,10 +33,10 @@ from rich.text import Text
 from taskweaver_lite.cli.images import TerminalImages
 from taskweaver_lite.cli.live import CellView, StreamView
 from taskweaver_lite.cli.tracebacks import screen_text
-from taskweaver_lite.events import CellPrinted, Event, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, Working
-from taskweaver_lite.execution import ExecutionResult
-from taskweaver_lite.memory.conversation import USER, Post
-from taskweaver_lite.terminal import strip_controls
+from taskweaver_lite.records.conversation import USER, Post
+from taskweaver_lite.records.events import CellPrinted, Event, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, Working
+from taskweaver_lite.records.execution import ExecutionResult
+from taskweaver_lite.safety.terminal import strip_controls
 
 _ACTIVITY = {
     "planner_thinking": "Planner is thinking",
@@ -344,7 +344,6 @@ class PlainConsole:
 def indent(text: str, width: int = 4) -> str:
     """Every line of `text` indented by `width` spaces."""
     return "\n".join(" " * width + line for line in text.splitlines())
-
 
 
 _PATH = re.compile(r"/[^\s`'\"<>()[\]]*[^\s`'\"<>()[\].,;:!?]")  # an absolute path, less the punctuation after it

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from taskweaver_lite.cli.console import PlainConsole, RichConsole
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import TaskWeaverError
-from taskweaver_lite.execution import DATA_CLOSE, DATA_OPEN
+from taskweaver_lite.records.execution import DATA_CLOSE, DATA_OPEN
+from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, last_user_text, planner_reply, summary_reply
-from taskweaver_lite.workspace import Workspace
 
 Answer = Callable[[str], str]  # from the CodeInterpreter's reports in this round to the Planner's answer
 
@@ -158,8 +158,7 @@ STEPS: list[Step] = [
             ),
         ],
         answer=lambda r: (
-            f"The best month was **{_line(r, 'best month')}** with revenue of {_line(r, 'revenue')}; "
-            f"Software brought in **{_line(r, 'software')}**."
+            f"The best month was **{_line(r, 'best month')}** with revenue of {_line(r, 'revenue')}; Software brought in **{_line(r, 'software')}**."
         ),
     ),
     Step(

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from taskweaver_lite.cli.demo import STEPS, Step, _summarize, bundled_project
-from taskweaver_lite.config import Config
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import TaskWeaverError
-from taskweaver_lite.session import numbered
+from taskweaver_lite.session.session import numbered
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, text_reply
 
 MATCH_RATIO = 0.6  # how close a request must read to a scripted one (difflib's ratio over lowercased words)

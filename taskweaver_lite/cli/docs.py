@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.knowledge.doc_index import DocumentIndex
 from taskweaver_lite.roles.document_retriever import INDEX_FILE
-from taskweaver_lite.terminal import strip_controls
+from taskweaver_lite.safety.terminal import strip_controls
 
 
 def run_docs(project: Path, *, as_json: bool) -> int:

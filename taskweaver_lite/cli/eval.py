@@ -29,7 +29,11 @@ def add_eval_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     parser.add_argument("cases", nargs="+", metavar="CASE", help="a case YAML, a case folder, a DSEval .py problem set, or a folder of them")
     parser.add_argument("-p", "--project", dest="project", default=None, metavar="PROJECT_DIR", help="project folder (default: ./project)")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a config key for every run (value parsed as YAML); repeatable",
     )
     parser.add_argument("--matrix", metavar="FILE", help="YAML: setting name -> config keys; every case runs under every setting")
@@ -66,7 +70,7 @@ def run_eval_command(args: argparse.Namespace) -> int:
 
 def report_about(plan: EvalPlan, *, started: float, scripted: bool) -> ReportAbout:
     """What the report says it was made from: the command as typed, the project, and the agent's, examiner's and judge's models."""
-    from taskweaver_lite.config_file import load_config
+    from taskweaver_lite.config.file import load_config
     from taskweaver_lite.eval.report import ReportAbout
     from taskweaver_lite.eval.runner import eval_llm
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from taskweaver_lite.knowledge.tips import KIND_LABELS, Tip
-from taskweaver_lite.session import Session
-from taskweaver_lite.terminal import strip_controls
+from taskweaver_lite.records.tips import KIND_LABELS, Tip
+from taskweaver_lite.safety.terminal import strip_controls
+from taskweaver_lite.session.session import Session
 
 EXPERIENCE_USAGE = "Usage: /experience (list the tips) or /experience delete ID"
 PREVIEW_CHARS = 160

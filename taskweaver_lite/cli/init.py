@@ -12,9 +12,9 @@ import shutil
 from pathlib import Path
 
 from taskweaver_lite.cli.demo import bundled_project
-from taskweaver_lite.config_file import CONFIG_FILE_NAME
+from taskweaver_lite.config.file import CONFIG_FILE_NAME
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.workfiles import owner_only_file, owner_only_folder
+from taskweaver_lite.safety.workfiles import owner_only_file, owner_only_folder
 
 # What a session writes into its project; a user's own project keeps it out of version control.
 GITIGNORE = "# written by taskweaver-lite sessions\nsessions/\nsessions.db*\ndocs_index.db*\n.chat_history\n# taskweaver-lite eval reports\neval/\n"

@@ -19,7 +19,7 @@ from rich.syntax import Syntax
 from rich.text import Text
 
 from taskweaver_lite.llm.streaming import SHOWN_FIELDS, PartialReply
-from taskweaver_lite.terminal import strip_controls
+from taskweaver_lite.safety.terminal import strip_controls
 
 REASONING_LINES = 3
 MESSAGE_LINES = 12

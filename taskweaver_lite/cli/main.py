@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if signum is not None:
             signal.signal(signum, lambda signum, frame: sys.exit(128 + signum))
     from taskweaver_lite.errors import TaskWeaverError
-    from taskweaver_lite.terminal import strip_controls
+    from taskweaver_lite.safety.terminal import strip_controls
 
     try:
         return _dispatch(args)
@@ -188,4 +188,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("taskweaver-lite: interrupted", file=sys.stderr)
         return 130
-

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from taskweaver_lite.cli.console import PlainConsole, RichConsole
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.kernel import plugin_runtime
 from taskweaver_lite.plugins.catalog import PluginEntry, discover, entries_as_json
-from taskweaver_lite.session import Session
-from taskweaver_lite.terminal import strip_controls
+from taskweaver_lite.safety.terminal import strip_controls
+from taskweaver_lite.session.session import Session
 
 IMPORT_CHECK_TIMEOUT = 60.0
 # Loads the in-kernel runtime by path (as the kernel does) and installs the specs read from stdin.

@@ -35,10 +35,7 @@ INTERRUPTED = "Interrupted. The session is kept; Ctrl-D or /exit leaves."
 
 def too_long(chars: int) -> str:
     """The one line a line past the bound gets, typed or pasted."""
-    return (
-        f"That line has {chars:,} characters; a request typed here holds at most {MAX_LINE_CHARS:,}. "
-        "Put longer text in a file and /load it."
-    )
+    return f"That line has {chars:,} characters; a request typed here holds at most {MAX_LINE_CHARS:,}. Put longer text in a file and /load it."
 
 
 class PromptLine:

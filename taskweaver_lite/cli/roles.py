@@ -10,9 +10,9 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.roles.registry import RoleEntry, discover_roles
-from taskweaver_lite.terminal import strip_controls
+from taskweaver_lite.safety.terminal import strip_controls
 
 
 def run_roles(project: Path, *, as_json: bool) -> int:

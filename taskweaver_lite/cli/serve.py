@@ -20,12 +20,12 @@ from urllib.parse import quote
 import uvicorn
 
 from taskweaver_lite.cli.chat import project_dir
-from taskweaver_lite.config import Config
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.roles.registry import discover_roles
+from taskweaver_lite.safety.terminal import strip_controls
 from taskweaver_lite.store.opening import store_has_users
-from taskweaver_lite.terminal import strip_controls
 from taskweaver_lite.web.access_log import AccessLog
 from taskweaver_lite.web.app import build_app
 from taskweaver_lite.web.auth import Access

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from taskweaver_lite.execution import ExecutionResult
+from taskweaver_lite.records.execution import ExecutionResult
 
 # IPython names a frame of code typed into the kernel "Cell In[3], line 2" (older versions: "Input In [3]").
 _USER_FRAME = re.compile(r"^(Cell In ?\[\d*\]|Input In ?\[\d*\]|File <ipython-input-)")

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from taskweaver_lite.errors import TaskWeaverError
-from taskweaver_lite.memory.conversation import Round
-from taskweaver_lite.model_choice import model_users, use_model
-from taskweaver_lite.session import Session
-from taskweaver_lite.undo import undo
+from taskweaver_lite.records.conversation import Round
+from taskweaver_lite.session.model_choice import model_users, use_model
+from taskweaver_lite.session.session import Session
+from taskweaver_lite.session.undo import undo
 
 
 def session_artifacts(rounds: list[Round]) -> list[Path]:

@@ -64,7 +64,7 @@ def days(text: str) -> float:
 def run_users(args: argparse.Namespace) -> int:
     """Run `users add|list|remove`; the exit code."""
     from taskweaver_lite.cli.chat import project_dir  # the store's modules only once a users command runs (`--help` answers at once)
-    from taskweaver_lite.config_file import load_config
+    from taskweaver_lite.config.file import load_config
     from taskweaver_lite.store.opening import has_store, open_store, store_place
 
     config = load_config(project_dir(args), args.overrides)

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.eval.cases import SUPPORTED_VALIDATORS, Problem, ProblemSet
 from taskweaver_lite.eval.outcome import PointResult
-from taskweaver_lite.memory.conversation import Round
-from taskweaver_lite.session import Session
+from taskweaver_lite.records.conversation import Round
+from taskweaver_lite.session.session import Session
 
 
 class SetupFailed(TaskWeaverError):

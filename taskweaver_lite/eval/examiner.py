@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from taskweaver_lite.errors import TaskWeaverError
-from taskweaver_lite.llm.client import ChatModel, Message
-from taskweaver_lite.templates import load_prompt
+from taskweaver_lite.llm.client import ChatModel
+from taskweaver_lite.llm.templates import load_prompt
+from taskweaver_lite.records.model_calls import Message
 
 STOP_WORD = "TASK_FINISHED"
 Kind = Literal["system", "human", "ai"]

@@ -42,7 +42,7 @@ def load_matrix(path: Path) -> tuple[Setting, ...]:
         raise ConfigError(f"--matrix {path}: expected a mapping of setting names to config keys, e.g. 'off: {{planner.prompt_compression: false}}'")
     for name in data:
         if not isinstance(name, str):
-            raise ConfigError(f"--matrix {path}: the setting name {name!r} was read as YAML's {type(name).__name__}: quote it (\"off\":, \"1\":)")
+            raise ConfigError(f'--matrix {path}: the setting name {name!r} was read as YAML\'s {type(name).__name__}: quote it ("off":, "1":)')
     return tuple(_setting(path, name, keys) for name, keys in data.items())
 
 

@@ -78,9 +78,7 @@ def user_names() -> dict[str, Any]:
     """The user's variables: no hidden names, no IPython plumbing, no modules."""
     namespace = _shell().user_ns
     return {
-        name: value
-        for name, value in namespace.items()
-        if not name.startswith("_") and name not in _IPYTHON_NAMES and not isinstance(value, types.ModuleType)
+        name: value for name, value in namespace.items() if not name.startswith("_") and name not in _IPYTHON_NAMES and not isinstance(value, types.ModuleType)
     }
 
 
@@ -160,9 +158,7 @@ def _visible(namespace: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in namespace.items() if not name.startswith("_") and not isinstance(value, types.ModuleType)}
 
 
-def _check(
-    kind: str, options: Any, reference: dict[str, Any], submission: dict[str, Any], crashed: bool, crash_reason: str
-) -> tuple[bool, str]:
+def _check(kind: str, options: Any, reference: dict[str, Any], submission: dict[str, Any], crashed: bool, crash_reason: str) -> tuple[bool, str]:
     """One validator of DSEval's: (passed, why not)."""
     if kind == "crash":
         return (not crashed, f"the code crashed: {crash_reason}")
@@ -269,13 +265,17 @@ def _frames(expected: Any, found: Any, options: dict[str, Any]) -> tuple[bool, s
     check = pd.testing.assert_frame_equal if isinstance(expected, pd.DataFrame) else pd.testing.assert_series_equal
     try:
         check(
-            expected, found, check_dtype=not options.get("ignore_dtypes"), check_names=not options.get("ignore_names"),
-            check_like=bool(options.get("ignore_order")) and isinstance(expected, pd.DataFrame), atol=options.get("atol", 1e-8), rtol=options.get("rtol", 1e-5),
+            expected,
+            found,
+            check_dtype=not options.get("ignore_dtypes"),
+            check_names=not options.get("ignore_names"),
+            check_like=bool(options.get("ignore_order")) and isinstance(expected, pd.DataFrame),
+            atol=options.get("atol", 1e-8),
+            rtol=options.get("rtol", 1e-5),
         )
     except AssertionError as exc:
         return (False, " ".join(str(exc).split())[:300])
     return (True, "")
-
 
 
 def install_cell(source: str) -> str:

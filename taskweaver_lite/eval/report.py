@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from taskweaver_lite.config_file import key_description
+from taskweaver_lite.config.file import key_description
 from taskweaver_lite.eval.matrix import Setting
 from taskweaver_lite.eval.outcome import Outcome
 
@@ -94,9 +94,7 @@ def summarize(outcomes: Sequence[Outcome], settings: Sequence[Setting]) -> list[
     return summaries
 
 
-def write_report(
-    folder: Path, outcomes: Sequence[Outcome], settings: Sequence[Setting], *, plot: bool = True, about: ReportAbout | None = None
-) -> list[Path]:
+def write_report(folder: Path, outcomes: Sequence[Outcome], settings: Sequence[Setting], *, plot: bool = True, about: ReportAbout | None = None) -> list[Path]:
     """Write report.md, report.json and (with `plot`, when a run was scored) the PNG; the paths written."""
     summaries = summarize(outcomes, settings)
     markdown, data = folder / REPORT_MD, folder / REPORT_JSON

@@ -32,8 +32,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.config import Config, LLMConfig, merged_llm
-from taskweaver_lite.config_file import is_config_key, load_config
+from taskweaver_lite.config.file import is_config_key, load_config
+from taskweaver_lite.config.settings import Config, LLMConfig, merged_llm
 from taskweaver_lite.errors import ConfigError, StoreError, TaskWeaverError
 from taskweaver_lite.eval import probe
 from taskweaver_lite.eval.cases import BadCase, Case, ProblemSet, TaskCase
@@ -42,12 +42,12 @@ from taskweaver_lite.eval.examiner import ExaminerFailed, RoundFailed, Transcrip
 from taskweaver_lite.eval.matrix import Setting
 from taskweaver_lite.eval.outcome import CANNOT_PLAY, RESULTS_FILE, Outcome, PointResult, ResultsFile, eval_run_id, scored_keys
 from taskweaver_lite.eval.scoring import JudgeFailed, NotAVerdict, mark, score
-from taskweaver_lite.events import Event, RoundEnded
 from taskweaver_lite.llm.client import ChatModel, MeteredModel, OpenAIChatModel
-from taskweaver_lite.memory.conversation import Round
-from taskweaver_lite.session import Session
+from taskweaver_lite.records.conversation import Round
+from taskweaver_lite.records.events import Event, RoundEnded
+from taskweaver_lite.session.session import Session
+from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.interface import Store
-from taskweaver_lite.workspace import Workspace
 
 Progress = Callable[[str], None]
 

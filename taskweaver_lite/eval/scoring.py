@@ -14,10 +14,10 @@ from taskweaver_lite.errors import ReplyFormatError, TaskWeaverError
 from taskweaver_lite.eval.cases import ScoringPoint
 from taskweaver_lite.eval.examiner import Transcript
 from taskweaver_lite.eval.outcome import PointResult
-from taskweaver_lite.execution import Executor
+from taskweaver_lite.kernel.interface import Executor
 from taskweaver_lite.llm.client import ChatModel
 from taskweaver_lite.llm.replies import extract_json
-from taskweaver_lite.templates import load_prompt
+from taskweaver_lite.llm.templates import load_prompt
 
 
 class NotAVerdict(Exception):
@@ -89,7 +89,7 @@ def read_verdict(reply: str) -> Verdict:
         if isinstance(answer, str) and answer.strip().lower() in ("yes", "no"):
             return Verdict(answer.strip().lower() == "yes", str(data.get("reason", "")))
     preview = " ".join(reply.split())[:120]
-    raise NotAVerdict(f"expected {{\"is_hit\": \"yes\" or \"no\"}}, got {preview!r}")
+    raise NotAVerdict(f'expected {{"is_hit": "yes" or "no"}}, got {preview!r}')
 
 
 def score(results: Sequence[PointResult]) -> tuple[float, float]:

@@ -24,14 +24,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.errors import KernelError
-from taskweaver_lite.execution import CellCancelled, CellError, ExecutionResult, KernelEnvironment, OutputSink, Variable, VariableChanges
 from taskweaver_lite.kernel import namespace
+from taskweaver_lite.kernel.interface import OutputSink
 from taskweaver_lite.kernel.output import CellOutput, artifact_file
 from taskweaver_lite.kernel.process import end_at_exit, forget
-from taskweaver_lite.plugins.catalog import PluginSpec
-from taskweaver_lite.workfiles import owner_only_folder
+from taskweaver_lite.records.execution import CellCancelled, CellError, ExecutionResult, KernelEnvironment, Variable, VariableChanges
+from taskweaver_lite.records.plugin_spec import PluginSpec
+from taskweaver_lite.safety.workfiles import owner_only_folder
 
 # Seconds between checks of the clock and of the kernel while a cell runs: the bound on how late a
 # timeout fires and how long a dead kernel goes unnoticed.

@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from taskweaver_lite.execution import CellError
+from taskweaver_lite.records.execution import CellError
 
 MAX_DEPTH = 128
 FAST, SLOW = 0.02, 1.0  # seconds between measures while a cell runs, and between cells

@@ -27,14 +27,14 @@ from typing import Any
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_core.utils import ensure_event_loop
 
-from taskweaver_lite.config import ExecutionConfig
+from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.errors import KernelError
-from taskweaver_lite.execution import CellError, ExecutionResult, OutputSink
 from taskweaver_lite.kernel import namespace, syscall_filter
 from taskweaver_lite.kernel.base import DEFAULT_OUTPUT_TOKENS, POLL_INTERVAL, REPLY_WAIT, CellEnd, CellWatch, Ending, SessionKernel, show
 from taskweaver_lite.kernel.disk_limit import DiskWatch, Reached, disk_limit_notes, end_children, human, kernel_process
 from taskweaver_lite.kernel.hidden_paths import hidden_path_notes
 from taskweaver_lite.kernel.identity import hand_over, kernel_uid
+from taskweaver_lite.kernel.interface import OutputSink
 from taskweaver_lite.kernel.interpreter import kernel_python
 from taskweaver_lite.kernel.output import CellOutput
 from taskweaver_lite.kernel.process import (
@@ -47,8 +47,9 @@ from taskweaver_lite.kernel.process import (
     socket_dir,
 )
 from taskweaver_lite.kernel.sandbox import Mount, SandboxPlan, fallback_notice, kernel_command, plan_for, uses_sandbox
-from taskweaver_lite.plugins.catalog import PluginSpec
-from taskweaver_lite.uploads import copy_file
+from taskweaver_lite.kernel.uploads import copy_file
+from taskweaver_lite.records.execution import CellError, ExecutionResult
+from taskweaver_lite.records.plugin_spec import PluginSpec
 
 SHUTDOWN_GRACE = 2.0
 

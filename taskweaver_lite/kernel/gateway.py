@@ -22,7 +22,7 @@ import websocket
 from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
 
-from taskweaver_lite.config import KernelGatewayConfig
+from taskweaver_lite.config.settings import KernelGatewayConfig
 from taskweaver_lite.errors import GatewayAuthError, GatewayConnectionLost, GatewayError, GatewayUnreachableError
 
 _TOKEN_HINT = "set execution.kernel_gateway.token to the token the gateway was started with (KG_AUTH_TOKEN)"
@@ -229,8 +229,7 @@ class GatewayKernel:
             response = self._http.request(method, self.url + path, json=json, timeout=self.config.connect_timeout)
         except requests.Timeout as exc:
             raise GatewayUnreachableError(
-                f"The kernel gateway {self.url} did not answer within {self.config.connect_timeout:g} s "
-                "(execution.kernel_gateway.connect_timeout)."
+                f"The kernel gateway {self.url} did not answer within {self.config.connect_timeout:g} s (execution.kernel_gateway.connect_timeout)."
             ) from exc
         except requests.RequestException as exc:
             raise GatewayUnreachableError(
@@ -268,4 +267,3 @@ def _reason(body: str) -> str:
     if isinstance(data, dict):
         return str(data.get("message") or data.get("reason") or "")[:200]
     return ""
-

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from taskweaver_lite.execution import CellError
 from taskweaver_lite.kernel.sandbox import SandboxPlan, sees
+from taskweaver_lite.records.execution import CellError
 
 # The errors whose message names the path (Python's OSError text: "[Errno 2] No such file or directory: '/x'");
 # writing into a read-only mount is a plain OSError ("[Errno 30] Read-only file system: '/x'").

@@ -15,11 +15,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.execution import Variable, VariableChanges
 from taskweaver_lite.kernel import guard as kernel_guard
 from taskweaver_lite.kernel import plugin_runtime
 from taskweaver_lite.kernel import snapshot as kernel_snapshot
-from taskweaver_lite.plugins.catalog import PluginSpec
+from taskweaver_lite.records.execution import Variable, VariableChanges
+from taskweaver_lite.records.plugin_spec import PluginSpec
 
 SNAPSHOT = "snapshot"
 CWD = "cwd"
@@ -122,8 +122,7 @@ def moved_notice(moved: str, home: str) -> tuple[str, ...]:
     if not moved:
         return ()
     return (
-        f"The cell changed the working folder to {moved}; it was set back to {home} so that relative paths "
-        "keep working. Use absolute paths for other folders.",
+        f"The cell changed the working folder to {moved}; it was set back to {home} so that relative paths keep working. Use absolute paths for other folders.",
     )
 
 

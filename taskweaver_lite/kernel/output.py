@@ -18,9 +18,9 @@ import re
 from pathlib import Path
 from typing import IO, Any
 
-from taskweaver_lite.execution import CellError, ExecutionResult
 from taskweaver_lite.llm.tokens import Tokenizer, get_tokenizer
-from taskweaver_lite.terminal import strip_controls
+from taskweaver_lite.records.execution import CellError, ExecutionResult
+from taskweaver_lite.safety.terminal import strip_controls
 
 IMAGE_SUFFIXES = {"image/png": ".png", "image/jpeg": ".jpg", "image/svg+xml": ".svg"}
 IMAGE_MAGIC = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8"}

@@ -18,15 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.config import ExecutionConfig, KernelGatewayConfig
+from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
 from taskweaver_lite.errors import GatewayConnectionLost, GatewayError, KernelError
-from taskweaver_lite.execution import CellError, OutputSink
 from taskweaver_lite.kernel import namespace, remote_code
 from taskweaver_lite.kernel.base import DEFAULT_OUTPUT_TOKENS, POLL_INTERVAL, REPLY_WAIT, CellEnd, CellWatch, Ending, SessionKernel, show
 from taskweaver_lite.kernel.gateway import GatewayKernel
+from taskweaver_lite.kernel.interface import OutputSink
 from taskweaver_lite.kernel.output import CellOutput
-from taskweaver_lite.plugins.catalog import PluginSpec
-from taskweaver_lite.uploads import UploadError
+from taskweaver_lite.kernel.uploads import UploadError
+from taskweaver_lite.records.execution import CellError
+from taskweaver_lite.records.plugin_spec import PluginSpec
 
 # Raw bytes per upload request (base64 makes it a third bigger on the wire); requests in flight at once.
 UPLOAD_CHUNK = 1024 * 1024

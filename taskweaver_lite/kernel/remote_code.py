@@ -49,8 +49,7 @@ def _module_code(name: str, source_path: str) -> str:
     """Code that creates our standalone module `name` from its source, registered before it runs."""
     source = Path(source_path).read_text(encoding="utf-8")
     return (
-        f"_twl_m = _twl_t.ModuleType({name!r}); _twl_s.modules[{name!r}] = _twl_m\n"
-        f"exec(compile({source!r}, {'<' + name + '>'!r}, 'exec'), _twl_m.__dict__)\n"
+        f"_twl_m = _twl_t.ModuleType({name!r}); _twl_s.modules[{name!r}] = _twl_m\nexec(compile({source!r}, {'<' + name + '>'!r}, 'exec'), _twl_m.__dict__)\n"
     )
 
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from taskweaver_lite.config import DISTILLER, LLMConfig
+from taskweaver_lite.config.settings import DISTILLER, LLMConfig
 from taskweaver_lite.errors import ExperienceError, ReplyFormatError
-from taskweaver_lite.knowledge.tips import DISTILLED_KINDS, TipKind
-from taskweaver_lite.llm.client import ChatModel, Message
+from taskweaver_lite.llm.client import ChatModel
 from taskweaver_lite.llm.replies import FieldSpec, ReplySchema, parse_reply
+from taskweaver_lite.llm.templates import load_prompt
 from taskweaver_lite.llm.tokens import Tokenizer
-from taskweaver_lite.memory.conversation import Post, Round
-from taskweaver_lite.templates import load_prompt
+from taskweaver_lite.records.conversation import Post, Round
+from taskweaver_lite.records.model_calls import Message
+from taskweaver_lite.records.tips import DISTILLED_KINDS, TipKind
 
 PURPOSE = DISTILLER  # the model call's purpose: routed to experience.llm
 REPLY_TOKENS = 800  # a handful of one- or two-sentence tips

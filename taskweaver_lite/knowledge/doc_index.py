@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from taskweaver_lite.errors import SearchUnavailableError
-from taskweaver_lite.execution import as_data
 from taskweaver_lite.knowledge.fts import TOKENIZE, match_query, require_fts5
 from taskweaver_lite.knowledge.passages import SUFFIXES, Passage, Unreadable, pdf_support, read_passages
+from taskweaver_lite.records.execution import as_data
 
 if TYPE_CHECKING:
     from taskweaver_lite.llm.tokens import Tokenizer
@@ -35,8 +35,7 @@ HEADING_WEIGHT = 2.0
 QUOTED_CHARS = 120  # a word in a section title says more about the passage than one in its text
 
 _SCHEMA = (
-    "CREATE TABLE files (path TEXT PRIMARY KEY, mtime_ns INTEGER NOT NULL, size INTEGER NOT NULL,"
-    " sha256 TEXT NOT NULL, reader TEXT NOT NULL, skipped TEXT)",
+    "CREATE TABLE files (path TEXT PRIMARY KEY, mtime_ns INTEGER NOT NULL, size INTEGER NOT NULL, sha256 TEXT NOT NULL, reader TEXT NOT NULL, skipped TEXT)",
     "CREATE VIRTUAL TABLE passages USING fts5(heading, text, path UNINDEXED, part UNINDEXED,"
     f" first_line UNINDEXED, last_line UNINDEXED, tokenize='{TOKENIZE}')",
 )
@@ -200,10 +199,7 @@ class DocumentIndex:
                 " FROM passages WHERE passages MATCH ? ORDER BY score LIMIT ?",
                 (HEADING_WEIGHT, query, limit),
             ).fetchall()
-        return [
-            Hit(Passage(path=r[0], part=r[1], first_line=int(r[2]), last_line=int(r[3]), heading=r[4], text=r[5]), score=float(r[6]))
-            for r in rows
-        ]
+        return [Hit(Passage(path=r[0], part=r[1], first_line=int(r[2]), last_line=int(r[3]), heading=r[4], text=r[5]), score=float(r[6])) for r in rows]
 
     def close(self) -> None:
         """Close the index file."""

@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING, Protocol
 
 from taskweaver_lite.errors import ExperienceError
 from taskweaver_lite.knowledge.fts import TOKENIZE, fts5_problem, match_query
-from taskweaver_lite.knowledge.tips import KIND_LABELS, HandcraftedTips, Tip, TipKind, read_handcrafted
-from taskweaver_lite.templates import load_prompt
+from taskweaver_lite.knowledge.tips import HandcraftedTips, read_handcrafted
+from taskweaver_lite.llm.templates import load_prompt
+from taskweaver_lite.records.tips import KIND_LABELS, Tip, TipKind
 
 if TYPE_CHECKING:
-    from taskweaver_lite.config import ExperienceConfig
+    from taskweaver_lite.config.settings import ExperienceConfig
     from taskweaver_lite.llm.tokens import Tokenizer
 
 

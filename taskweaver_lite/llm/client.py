@@ -22,8 +22,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from taskweaver_lite.errors import (
@@ -37,38 +36,10 @@ from taskweaver_lite.errors import (
 )
 from taskweaver_lite.llm.completions import BrokenReply, OddReply, Piece, PieceSink, ReplyFields, read_body, read_completion, read_stream, retry_after
 from taskweaver_lite.llm.prompt_cache import PromptCache, read_props
+from taskweaver_lite.records.model_calls import CallRecord, Completion, Delta, Message, Usage
 
 if TYPE_CHECKING:
-    from taskweaver_lite.config import LLMConfig
-
-
-class Message(TypedDict):
-    """One chat message as the Chat Completions API takes it."""
-
-    role: Literal["system", "user", "assistant"]
-    content: str
-
-
-@dataclass(frozen=True)
-class Completion:
-    """A model's reply and what it cost."""
-
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    latency: float
-    finish_reason: str | None = None
-    usage_reported: bool = True  # False when the endpoint sent no usage numbers (the counts are 0, not measured)
-    model: str = ""  # the model asked for, when the client knows it
-    cached_tokens: int = 0  # of prompt_tokens, those the server reused from its prefix cache
-
-
-@dataclass(frozen=True)
-class Delta:
-    """A piece of a reply as it streams in: `start` (a request begins; any text before it is void), `content` or `reasoning`."""
-
-    kind: Literal["start", "content", "reasoning"]
-    text: str = ""
+    from taskweaver_lite.config.settings import LLMConfig
 
 
 DeltaSink = Callable[[Delta], None]
@@ -77,72 +48,13 @@ DeltaSink = Callable[[Delta], None]
 class ChatModel(Protocol):
     """Anything that answers a list of chat messages with text."""
 
-    def complete(
-        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
-    ) -> Completion:
+    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
         """Answer `messages` in at most `max_tokens` tokens (default: llm.reply_reserve).
 
         `purpose` names the caller: planner, code_generator, compression_planner, compression_code_generator.
         A model that streams sends the reply's pieces to `on_delta` as they come; others may never call it.
         """
         ...
-
-
-@dataclass(frozen=True)
-class CallRecord:
-    """One model call as it happened: what was sent, what came back, what it cost."""
-
-    purpose: str
-    prompt_tokens: int
-    completion_tokens: int
-    latency: float
-    ok: bool
-    error: str | None
-    messages: tuple[Message, ...]
-    reply: str | None
-    # False when the endpoint sent no usage numbers, so the token counts above are 0, not measured.
-    usage_reported: bool = True
-    model: str = ""  # the model asked for, when the client knows it
-    cached_tokens: int = 0  # of prompt_tokens, those the server took from its prefix cache
-
-
-@dataclass(frozen=True)
-class Usage:
-    """Model calls and their tokens, summed: the one usage figure (session, /info, store)."""
-
-    calls: int = 0
-    failed_calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    calls_without_usage: int = 0
-    cached_tokens: int = 0  # prompt tokens the servers said they took from their cache
-
-    @property
-    def total_tokens(self) -> int:
-        """Prompt and completion tokens together."""
-        return self.prompt_tokens + self.completion_tokens
-
-    @property
-    def uncached_tokens(self) -> int:
-        """Prompt tokens the servers computed anew: what a prefix cache did not save."""
-        return self.prompt_tokens - self.cached_tokens
-
-    def cache_line(self) -> str:
-        """'12,345 prompt tokens, 9,000 cached, 3,345 uncached': the prompt side with what servers cached."""
-        return f"{self.prompt_tokens:,} prompt tokens, {self.cached_tokens:,} cached, {self.uncached_tokens:,} uncached"
-
-    def plus(self, completion: Completion | None) -> Usage:
-        """These totals with one more call: its completion, or None for a failed call."""
-        if completion is None:
-            return replace(self, calls=self.calls + 1, failed_calls=self.failed_calls + 1)
-        return Usage(
-            calls=self.calls + 1,
-            failed_calls=self.failed_calls,
-            prompt_tokens=self.prompt_tokens + completion.prompt_tokens,
-            completion_tokens=self.completion_tokens + completion.completion_tokens,
-            calls_without_usage=self.calls_without_usage + (not completion.usage_reported),
-            cached_tokens=self.cached_tokens + completion.cached_tokens,
-        )
 
 
 class RoutedModel:
@@ -160,9 +72,7 @@ class RoutedModel:
         """The model name calls for `purpose` ask for."""
         return model_name(self.route(purpose), purpose)
 
-    def complete(
-        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
-    ) -> Completion:
+    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
         """Forward to the model for `purpose`."""
         return self.route(purpose).complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
 
@@ -235,17 +145,23 @@ class MeteredModel:
         self._usage = usage
         self._by_model: dict[tuple[str, str], Usage] = {}
 
-    def complete(
-        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
-    ) -> Completion:
+    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
         """Forward to the inner model, then count the call."""
         started = time.perf_counter()
         try:
             completion = self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
         except TaskWeaverError as exc:
             failed = CallRecord(
-                purpose, 0, 0, time.perf_counter() - started, ok=False, error=str(exc), messages=tuple(messages), reply=None,
-                usage_reported=False, model=model_name(self.inner, purpose),
+                purpose,
+                0,
+                0,
+                time.perf_counter() - started,
+                ok=False,
+                error=str(exc),
+                messages=tuple(messages),
+                reply=None,
+                usage_reported=False,
+                model=model_name(self.inner, purpose),
             )
             self._count(None, failed)
             raise
@@ -327,19 +243,12 @@ class OpenAIChatModel:
         base_url = (config.api_base or os.environ.get("OPENAI_BASE_URL") or _OPENAI_BASE_URL).rstrip("/")
         self.url = redact_url(base_url)  # the only form of the address that may reach a message
         self.host = urlsplit(self.url).netloc.rpartition("@")[2] or self.url
-        key = (config.api_key.get_secret_value() if config.api_key is not None else "") or os.environ.get(
-            "OPENAI_API_KEY", ""
-        )
+        key = (config.api_key.get_secret_value() if config.api_key is not None else "") or os.environ.get("OPENAI_API_KEY", "")
         if not key:
             if self.host == urlsplit(_OPENAI_BASE_URL).netloc:
-                raise LLMAuthError(
-                    f"no API key for {self.url}: set llm.api_key in taskweaver_config.yaml "
-                    "or the OPENAI_API_KEY environment variable"
-                )
+                raise LLMAuthError(f"no API key for {self.url}: set llm.api_key in taskweaver_config.yaml or the OPENAI_API_KEY environment variable")
             key = _LOCAL_SERVER_KEY  # Ollama, vLLM, LM Studio... accept any key
-        self._secrets = tuple(
-            secret for secret in (key, *url_secrets(base_url)) if len(secret) >= _MIN_SCRUBBED_KEY and secret != _LOCAL_SERVER_KEY
-        )
+        self._secrets = tuple(secret for secret in (key, *url_secrets(base_url)) if len(secret) >= _MIN_SCRUBBED_KEY and secret != _LOCAL_SERVER_KEY)
         # Cleared for good (this client's life: the session) when the endpoint refuses response_format.
         self._json_mode = config.json_mode
         self.prompt_cache = PromptCache(
@@ -353,9 +262,7 @@ class OpenAIChatModel:
             http_client=_http_client_type()(verify=_tls_context()),
         )
 
-    def complete(
-        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
-    ) -> Completion:
+    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
         """Send one Chat Completions request, retrying server failures; raise an `LLMError` subclass when it fails."""
         # max_tokens enforces the room the prompt budget left free for the answer (reply_reserve for
         # the roles; a fold asks for less, sized to its summary, and its prompt may use the rest).
@@ -490,8 +397,7 @@ class OpenAIChatModel:
         retried = self._retried(made)
         if isinstance(exc, openai.APITimeoutError) or (isinstance(exc, BrokenReply) and exc.timed_out):
             return LLMUnreachableError(
-                f"the model endpoint at {self.host} did not answer within {self._config.timeout:g} s ({retried}); "
-                "check the server, or raise llm.timeout"
+                f"the model endpoint at {self.host} did not answer within {self._config.timeout:g} s ({retried}); check the server, or raise llm.timeout"
             )
         if isinstance(exc, openai.APIConnectionError):
             return LLMUnreachableError(
@@ -502,10 +408,7 @@ class OpenAIChatModel:
             return LLMError(f"the model endpoint at {self.host} {exc} ({retried}); check the server behind llm.api_base")
         if isinstance(exc, OddReply):
             # A wrong api_base often lands on a web page or another API that answers 200.
-            return LLMError(
-                f"{self.url} {exc}; check llm.api_base (for most servers it ends in /v1) and that it serves "
-                "the Chat Completions API"
-            )
+            return LLMError(f"{self.url} {exc}; check llm.api_base (for most servers it ends in /v1) and that it serves the Chat Completions API")
         if not isinstance(exc, openai.APIStatusError):
             return LLMError(f"the call to {self.host} failed: {self._scrub(str(exc))}")
         return self._translate_status(exc, retried)
@@ -520,19 +423,15 @@ class OpenAIChatModel:
             return LLMAuthError(f"the API key was refused by {self.host}; check llm.api_key or OPENAI_API_KEY")
         if isinstance(exc, openai.NotFoundError):
             if "model" in detail.lower() or exc.code == "model_not_found":
-                return LLMModelNotFoundError(
-                    f"the model '{model}' is not served by {self.host} ({detail}); check llm.model"
-                )
+                return LLMModelNotFoundError(f"the model '{model}' is not served by {self.host} ({detail}); check llm.model")
             return LLMError(
-                f"{self.url}/chat/completions was not found on {self.host} (HTTP 404: {detail}); "
-                "check llm.api_base (for most servers it ends in /v1)"
+                f"{self.url}/chat/completions was not found on {self.host} (HTTP 404: {detail}); check llm.api_base (for most servers it ends in /v1)"
             )
         if isinstance(exc, openai.RateLimitError):
             if exc.code == "insufficient_quota":
                 return LLMRateLimitError(f"the account behind the API key has no quota left at {self.host} ({detail})")
             return LLMRateLimitError(
-                f"{self.host} kept answering 'rate limited' (HTTP 429, {retried}): {detail}; "
-                "wait a moment and try again, or raise llm.max_retries"
+                f"{self.host} kept answering 'rate limited' (HTTP 429, {retried}): {detail}; wait a moment and try again, or raise llm.max_retries"
             )
         lowered = detail.lower()
         if exc.status_code in (400, 413, 422) and any(words in lowered for words in _CONTEXT_WORDS):

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
-from taskweaver_lite.config import Config, LLMConfig
+from taskweaver_lite.config.settings import Config, LLMConfig
 
 # (server, port): their defaults, in the order a found one is preferred.
 LLAMA_CPP = "llama.cpp server"

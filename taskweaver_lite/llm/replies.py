@@ -69,7 +69,6 @@ PLANNER_SCHEMA = ReplySchema(
 )
 
 
-
 def planner_schema(recipients: tuple[str, ...]) -> ReplySchema:
     """The Planner's schema with `send_to` taking the enabled roles' aliases and "User" (a repair turn names them)."""
     return replace(PLANNER_SCHEMA, fields={**PLANNER_SCHEMA.fields, "send_to": FieldSpec(choices=recipients)})
@@ -116,9 +115,7 @@ def extract_json(text: str) -> Any:
         pass
     if len(body) > MAX_REPAIR_CHARS:
         # Searching and repairing grow with the square of the length (a cut-off 2 MB reply: ~1 min).
-        raise ReplyFormatError(
-            f"the reply is {len(body):,} characters long and not valid JSON; answer with the JSON object only, much shorter"
-        )
+        raise ReplyFormatError(f"the reply is {len(body):,} characters long and not valid JSON; answer with the JSON object only, much shorter")
     for language, block in _FENCE.findall(body):
         if language.lower() in ("", "json", "jsonc", "json5"):
             found = _search(block)
@@ -230,9 +227,7 @@ def _unwrap(data: dict[str, Any], schema: ReplySchema) -> dict[str, Any]:
     return data
 
 
-def _check_fields(
-    data: Mapping[str, Any], fields: Mapping[str, FieldSpec], problems: list[str], *, prefix: str
-) -> dict[str, Any]:
+def _check_fields(data: Mapping[str, Any], fields: Mapping[str, FieldSpec], problems: list[str], *, prefix: str) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for name, spec in fields.items():
         label = f"{prefix}{name}"

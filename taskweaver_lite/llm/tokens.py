@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from taskweaver_lite.errors import ConfigError
 
 if TYPE_CHECKING:
-    from taskweaver_lite.llm.client import Message
+    from taskweaver_lite.records.model_calls import Message
 
 # OpenAI's chat format wraps every message in a few tokens (<|start|>role ... <|end|>) and primes
 # the reply with <|start|>assistant<|message|>; these are the cookbook's numbers for gpt-4o models.
@@ -135,4 +135,3 @@ def _load(name: str) -> Tokenizer:
         known = ", ".join(sorted(_bindings.supported_encodings()))
         raise ConfigError(f"llm.tokenizer: unknown encoding '{name}'; supported: {known}") from None
     return Tokenizer(name, backend=backend)
-

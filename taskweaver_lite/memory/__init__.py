@@ -1,1 +1,1 @@
-"""What a role remembers: the conversation's posts and rounds, compression into summaries, the prompt budget, tracked variables."""
+"""What a role remembers: compression of its rounds into summaries, the prompt budget, tracked variables (the posts and rounds themselves are records)."""

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from taskweaver_lite.errors import ContextOverflowError
-from taskweaver_lite.llm.client import Message
 from taskweaver_lite.llm.tokens import REPLY_PRIMING_TOKENS, Tokenizer
-from taskweaver_lite.memory.conversation import RoundMessages
+from taskweaver_lite.records.conversation import RoundMessages
+from taskweaver_lite.records.model_calls import Message
 
 Placement = Literal["system", "first_user"]
 # standard: cut long contents, leave out examples, then drop old rounds (round_compression, none).

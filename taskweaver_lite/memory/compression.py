@@ -57,12 +57,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from taskweaver_lite.config import Config, LLMConfig, RoleConfig, RoundCompressorConfig, Strategy, merged_llm
-from taskweaver_lite.llm.client import ChatModel, Message, share_cache
+from taskweaver_lite.config.settings import Config, LLMConfig, RoleConfig, RoundCompressorConfig, Strategy, merged_llm
+from taskweaver_lite.llm.client import ChatModel, share_cache
 from taskweaver_lite.llm.tokens import Tokenizer
 from taskweaver_lite.memory.budget import PromptCost, PromptParts, ShrinkOrder, fit_prompt
-from taskweaver_lite.memory.conversation import RoundMessages
-from taskweaver_lite.memory.folds import Folded
 from taskweaver_lite.memory.schedule import Schedule
 from taskweaver_lite.memory.summary import (
     VARIABLES_SHARE,
@@ -75,6 +73,9 @@ from taskweaver_lite.memory.summary import (
     render_summary,
 )
 from taskweaver_lite.memory.variables import LiveVariables, VariablesList, mentioned_names, render_variables
+from taskweaver_lite.records.conversation import RoundMessages
+from taskweaver_lite.records.events import Folded
+from taskweaver_lite.records.model_calls import Message
 
 SUMMARISING: tuple[Strategy, ...] = ("round_compression", "summary_buffer")
 
@@ -93,9 +94,7 @@ class ContextSettings:
     fold_template: str  # prompts/<fold_template>.yaml
 
     @classmethod
-    def of(
-        cls, config: Config, role: str, *, section: RoleConfig | None = None, label: str | None = None, fold_template: str | None = None
-    ) -> ContextSettings:
+    def of(cls, config: Config, role: str, *, section: RoleConfig | None = None, label: str | None = None, fold_template: str | None = None) -> ContextSettings:
         """The settings of `role` in `config`; `section` replaces `config.<role>` (a project role's merged settings)."""
         own = section if section is not None else config.role_section(role)
         llm = merged_llm(config.llm, own.llm)
@@ -296,9 +295,7 @@ class RoleContext:
         """The tokenizer every count of this role's prompts is made with."""
         return self._tokenizer
 
-    def build(
-        self, *, system: str, examples: Sequence[Message], history: Sequence[RoundMessages], current: RoundMessages, reserve: int = 0
-    ) -> BuiltPrompt:
+    def build(self, *, system: str, examples: Sequence[Message], history: Sequence[RoundMessages], current: RoundMessages, reserve: int = 0) -> BuiltPrompt:
         """The prompt for this role now, within the budget less `reserve` (room for a repair turn); never waits for a fold."""
         state, running, landed = self._adopt(current.index)
         summarising = self.strategy in SUMMARISING

@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from taskweaver_lite.config import FoldSchedule, RoundCompressorConfig
+from taskweaver_lite.config.settings import FoldSchedule, RoundCompressorConfig
 from taskweaver_lite.llm.tokens import Tokenizer
-from taskweaver_lite.memory.conversation import RoundMessages
+from taskweaver_lite.records.conversation import RoundMessages
 
 # The rounds schedule folds early at most at half the budget, so the retained rounds always leave
 # room for the current one.

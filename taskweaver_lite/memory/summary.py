@@ -33,14 +33,15 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from taskweaver_lite.errors import ReplyFormatError, TaskWeaverError
-from taskweaver_lite.execution import Variable
-from taskweaver_lite.llm.client import ChatModel, Message
+from taskweaver_lite.llm.client import ChatModel
 from taskweaver_lite.llm.replies import SUMMARY_SCHEMA, parse_reply, repair_message
+from taskweaver_lite.llm.templates import load_prompt
 from taskweaver_lite.llm.tokens import Tokenizer
-from taskweaver_lite.memory.conversation import RoundMessages
-from taskweaver_lite.memory.folds import Folded
 from taskweaver_lite.memory.variables import LiveVariables, names_line
-from taskweaver_lite.templates import load_prompt
+from taskweaver_lite.records.conversation import RoundMessages
+from taskweaver_lite.records.events import Folded
+from taskweaver_lite.records.execution import Variable
+from taskweaver_lite.records.model_calls import Message
 
 FoldStyle = Literal["rounds", "narrative"]
 FoldMode = Literal["append", "merge"]
@@ -411,4 +412,3 @@ def _clip(text: str, tokenizer: Tokenizer, cap: int) -> str:
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= 200 else text[:197] + "..."
-

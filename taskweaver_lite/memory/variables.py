@@ -22,8 +22,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from taskweaver_lite.execution import ExecutionResult, Variable
 from taskweaver_lite.llm.tokens import Tokenizer
+from taskweaver_lite.records.execution import ExecutionResult, Variable
 
 HEADING = "## Variables in the kernel"
 # A snapshot is kept until the summary is merged: the notes and steps since name what they made or changed.

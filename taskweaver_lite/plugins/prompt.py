@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from taskweaver_lite.llm.tokens import Tokenizer
-from taskweaver_lite.plugins.catalog import Parameter, PluginSpec
+from taskweaver_lite.records.plugin_spec import Parameter, PluginSpec
 
 PLANNER_LINE_CHARS = 160
 # The plugin block's share of the CodeGenerator's prompt budget before it shows signatures only

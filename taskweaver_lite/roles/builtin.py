@@ -12,19 +12,19 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from taskweaver_lite.config import CodeGeneratorConfig, CodeInterpreterConfig
-from taskweaver_lite.confirm import ConfirmCell
-from taskweaver_lite.events import Working
-from taskweaver_lite.execution import Executor
-from taskweaver_lite.memory.conversation import Plan, Post, Round, RoundMessages
-from taskweaver_lite.plugins.catalog import PluginSpec
+from taskweaver_lite.config.settings import CodeGeneratorConfig, CodeInterpreterConfig
+from taskweaver_lite.kernel.interface import Executor
 from taskweaver_lite.plugins.prompt import planner_line
+from taskweaver_lite.records.conversation import Plan, Post, Round, RoundMessages
+from taskweaver_lite.records.events import Working
+from taskweaver_lite.records.plugin_spec import PluginSpec
 from taskweaver_lite.roles.code_generator import CodeGenerator
 from taskweaver_lite.roles.examples import load_examples
 from taskweaver_lite.roles.planner import Planner, Teammate
 from taskweaver_lite.roles.registry import RoleSpec
 from taskweaver_lite.roles.worker import RoleRequest, RoleTools
-from taskweaver_lite.verification import verifier_from
+from taskweaver_lite.safety.confirm import ConfirmCell
+from taskweaver_lite.safety.verification import verifier_from
 
 
 @dataclass(frozen=True)

@@ -16,18 +16,20 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from taskweaver_lite.confirm import DECLINED, EDITED_NOTICE, ConfirmCell
 from taskweaver_lite.errors import ContextOverflowError
-from taskweaver_lite.events import CellPrinted, Working
-from taskweaver_lite.execution import CellCancelled, CellError, ExecutionResult, Executor, FoldPiece, as_data
-from taskweaver_lite.llm.client import ChatModel, DeltaSink, Message
+from taskweaver_lite.kernel.interface import Executor
+from taskweaver_lite.llm.client import ChatModel, DeltaSink
 from taskweaver_lite.llm.replies import CODE_GENERATOR_SCHEMA
 from taskweaver_lite.memory.compression import RoleContext
-from taskweaver_lite.memory.conversation import Post, Round, RoundMessages
-from taskweaver_lite.plugins.catalog import PluginSpec
 from taskweaver_lite.plugins.prompt import PLUGINS_SHARE, render_block, select, used_plugins
+from taskweaver_lite.records.conversation import Post, Round, RoundMessages
+from taskweaver_lite.records.events import CellPrinted, Working
+from taskweaver_lite.records.execution import CellCancelled, CellError, ExecutionResult, FoldPiece, as_data
+from taskweaver_lite.records.model_calls import Message
+from taskweaver_lite.records.plugin_spec import PluginSpec
 from taskweaver_lite.roles.role import RepairTurns, Role, as_reply_json
-from taskweaver_lite.verification import CodeVerifier, refusal_text
+from taskweaver_lite.safety.confirm import DECLINED, EDITED_NOTICE, ConfirmCell
+from taskweaver_lite.safety.verification import CodeVerifier, refusal_text
 
 
 class CodeGenerator(Role):

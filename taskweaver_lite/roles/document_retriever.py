@@ -15,9 +15,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from taskweaver_lite.config import DocumentRetrieverConfig
+from taskweaver_lite.config.settings import DocumentRetrieverConfig
 from taskweaver_lite.knowledge.doc_index import DocumentIndex, answer
-from taskweaver_lite.memory.conversation import Post
+from taskweaver_lite.records.conversation import Post
 from taskweaver_lite.roles.worker import RoleRequest, RoleTools
 
 INDEX_FILE = "docs_index.db"

@@ -6,7 +6,7 @@ a model, and the example a project role's class follows (`reply(request, tools) 
 
 from __future__ import annotations
 
-from taskweaver_lite.memory.conversation import Post
+from taskweaver_lite.records.conversation import Post
 from taskweaver_lite.roles.worker import RoleRequest, RoleTools
 
 ECHO_INTRO = "- Echo repeats the message it is sent, word for word (for trying out routing)."

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import yaml
 
-from taskweaver_lite.config_file import load_yaml
+from taskweaver_lite.config.file import load_yaml
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.llm.client import Message
+from taskweaver_lite.records.model_calls import Message
 
 
 def load_examples(project_dir: Path, role: str) -> list[Message]:

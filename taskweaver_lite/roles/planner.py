@@ -13,11 +13,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from taskweaver_lite.execution import FoldPiece
-from taskweaver_lite.llm.client import ChatModel, DeltaSink, Message
+from taskweaver_lite.llm.client import ChatModel, DeltaSink
 from taskweaver_lite.llm.replies import planner_schema
 from taskweaver_lite.memory.compression import RoleContext
-from taskweaver_lite.memory.conversation import USER, Plan, Post, Round, RoundMessages
+from taskweaver_lite.records.conversation import USER, Plan, Post, Round, RoundMessages
+from taskweaver_lite.records.execution import FoldPiece
+from taskweaver_lite.records.model_calls import Message
 from taskweaver_lite.roles.role import RepairTurns, Role, as_reply_json
 
 
@@ -134,7 +135,6 @@ class Planner(Role):
         shortened = tuple(masked) if masked != messages else ()
         return RoundMessages(index=rnd.index, messages=tuple(messages), fold_pieces=tuple(pieces), requests=tuple(requests), masked=shortened)
 
-
     def _files_note(self, rnd: Round) -> str:
         """The files line a round's request carries: taken once per round, shown when the files changed."""
         if rnd.id not in self._listings:
@@ -150,9 +150,7 @@ def list_working_files(folder: Path, *, limit: int = 30) -> list[str]:
     if not folder.is_dir():
         return []
     # A link the kernel made is named as one, never followed (not even for its size).
-    found = sorted(
-        p for p in folder.rglob("*") if (p.is_symlink() or p.is_file()) and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-    )
+    found = sorted(p for p in folder.rglob("*") if (p.is_symlink() or p.is_file()) and not any(part.startswith(".") for part in p.relative_to(folder).parts))
     shown = [f"{p.relative_to(folder)} ({'a link, not followed' if p.is_symlink() else _size(p.lstat().st_size)})" for p in found[:limit]]
     if len(found) > limit:
         shown.append(f"... and {len(found) - limit} more files")

@@ -43,13 +43,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from taskweaver_lite.config import Config, RoleConfig
-from taskweaver_lite.config_file import ROLES_FOLDER
+from taskweaver_lite.compat.taskweaver.role import TaskWeaverRole, import_problem, injector_problem, is_taskweaver_role, provide_modules
+from taskweaver_lite.config.file import ROLES_FOLDER
+from taskweaver_lite.config.settings import Config, RoleConfig
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.extensions import extension_folders
-from taskweaver_lite.memory.conversation import USER
+from taskweaver_lite.plugins.extensions import extension_folders
+from taskweaver_lite.records.conversation import USER
 from taskweaver_lite.roles.capabilities import KNOWN, unmet
-from taskweaver_lite.roles.taskweaver_role import TaskWeaverRole, import_problem, injector_problem, is_taskweaver_role, provide_modules
 from taskweaver_lite.roles.worker import ModelOnlyRole, RoleHandler
 
 ENTRY_POINT_GROUP = "taskweaver_lite.roles"

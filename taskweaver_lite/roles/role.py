@@ -16,11 +16,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from taskweaver_lite.errors import ReplyFormatError, RoundFailedError
-from taskweaver_lite.llm.client import ChatModel, Completion, DeltaSink, Message
+from taskweaver_lite.llm.client import ChatModel, DeltaSink
 from taskweaver_lite.llm.replies import ReplySchema, parse_reply, repair_message
+from taskweaver_lite.llm.templates import PromptTemplate, load_prompt
 from taskweaver_lite.memory.compression import SUMMARISING, RoleContext
-from taskweaver_lite.memory.conversation import Round, RoundMessages
-from taskweaver_lite.templates import PromptTemplate, load_prompt
+from taskweaver_lite.records.conversation import Round, RoundMessages
+from taskweaver_lite.records.model_calls import Completion, Message
 
 # A bad reply echoed in a repair turn takes at most this fraction of the prompt budget.
 ECHO_SHARE = 4
@@ -116,8 +117,7 @@ class Role(ABC):
             except ReplyFormatError as problem:
                 if repairs.left <= 0:
                     raise RoundFailedError(
-                        f"The {schema.name} kept answering in a broken format and the repair turns for this "
-                        f"request are used up. Last problem: {problem}"
+                        f"The {schema.name} kept answering in a broken format and the repair turns for this request are used up. Last problem: {problem}"
                     ) from None
                 repairs.left -= 1
                 if on_repair is not None:

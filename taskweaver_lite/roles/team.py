@@ -15,13 +15,13 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from taskweaver_lite.config import Config
-from taskweaver_lite.events import Event, ReplyStreamed
+from taskweaver_lite.config.settings import Config
 from taskweaver_lite.knowledge.experience import Experience
 from taskweaver_lite.llm.client import ChatModel
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import ContextSettings, RoleContext
 from taskweaver_lite.memory.variables import LiveVariables
+from taskweaver_lite.records.events import Event, ReplyStreamed
 from taskweaver_lite.roles.builtin import BuiltRole, CodeInterpreterRole, PlannerRole, SessionParts, build_role
 from taskweaver_lite.roles.registry import RoleSpec
 from taskweaver_lite.roles.role import Role

@@ -24,14 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from taskweaver_lite.config import RoleConfig
-from taskweaver_lite.events import Event
-from taskweaver_lite.execution import FoldPiece
-from taskweaver_lite.llm.client import ChatModel, DeltaSink, Message
+from taskweaver_lite.config.settings import RoleConfig
+from taskweaver_lite.llm.client import ChatModel, DeltaSink
+from taskweaver_lite.llm.templates import render_text
 from taskweaver_lite.memory.compression import RoleContext
-from taskweaver_lite.memory.conversation import Attachment, Post, Round, RoundMessages
+from taskweaver_lite.records.conversation import Attachment, Post, Round, RoundMessages
+from taskweaver_lite.records.events import Event
+from taskweaver_lite.records.execution import FoldPiece
+from taskweaver_lite.records.model_calls import Message
 from taskweaver_lite.roles.role import RepairTurns, RoundRenderCache
-from taskweaver_lite.templates import render_text
 
 
 @dataclass(frozen=True)

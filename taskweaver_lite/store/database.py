@@ -175,19 +175,15 @@ class SessionStore(SqlStore):
             yield
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
-                raise StoreError(
-                    f"{self.path} stayed locked by another process for over {BUSY_TIMEOUT_SECONDS:.0f} s; try again"
-                ) from None
+                raise StoreError(f"{self.path} stayed locked by another process for over {BUSY_TIMEOUT_SECONDS:.0f} s; try again") from None
             hint = "; free some disk space: the session goes on, but what happens until then is not stored" if "full" in str(exc) else ""
             raise StoreError(f"{self.path}: the session store could not be written or read ({exc}){hint}") from None
         except sqlite3.DatabaseError as exc:
             raise StoreError(
-                f"{self.path} is not a readable session store ({exc}); move it aside "
-                f"(mv {self.path} {self.path}.broken) and a new one will be created"
+                f"{self.path} is not a readable session store ({exc}); move it aside (mv {self.path} {self.path}.broken) and a new one will be created"
             ) from None
         except sqlite3.ProgrammingError as exc:  # used after close(), e.g. by a late background fold
             raise StoreError(f"{self.path}: the session store is closed ({exc})") from None
-
 
 
 def _owner_only(path: Path) -> None:

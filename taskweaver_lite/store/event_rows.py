@@ -11,8 +11,8 @@ import json
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from taskweaver_lite.events import Event, FileLoaded, Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted
-from taskweaver_lite.memory.conversation import Post, Round
+from taskweaver_lite.records.conversation import Post, Round
+from taskweaver_lite.records.events import Event, FileLoaded, Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted
 
 TITLE_LENGTH = 60
 
@@ -89,8 +89,19 @@ def _insert_call(db: Connection, session_id: str, event: ModelCalled, now: float
     db.execute(
         "INSERT INTO model_calls (session_id, purpose, prompt_tokens, completion_tokens, cached_tokens, latency, ok, error, prompt, reply, at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (session_id, event.purpose, event.prompt_tokens, event.completion_tokens, event.cached_tokens, event.latency, int(event.ok),
-         event.error, prompt, event.reply, now),
+        (
+            session_id,
+            event.purpose,
+            event.prompt_tokens,
+            event.completion_tokens,
+            event.cached_tokens,
+            event.latency,
+            int(event.ok),
+            event.error,
+            prompt,
+            event.reply,
+            now,
+        ),
     )
 
 
@@ -109,4 +120,3 @@ def _insert_post(db: Connection, session_id: str, round_id: str, post: Post) -> 
         # Every cell's result carries the kernel's snapshot after it (empty after a kernel death).
         variables = to_json([v.to_dict() for v in execution.variables])
         db.execute("UPDATE sessions SET variables = ? WHERE id = ?", (variables, session_id))
-

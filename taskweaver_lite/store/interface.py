@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from taskweaver_lite.events import Event, FileLoaded
-from taskweaver_lite.execution import Variable
-from taskweaver_lite.knowledge.tips import Tip, TipKind
-from taskweaver_lite.llm.client import Usage
-from taskweaver_lite.memory.conversation import Round
+from taskweaver_lite.records.conversation import Round
+from taskweaver_lite.records.events import Event, FileLoaded
+from taskweaver_lite.records.execution import Variable
+from taskweaver_lite.records.model_calls import Usage
+from taskweaver_lite.records.tips import Tip, TipKind
 
 INTERRUPTED_ERROR = "Cut off: the program stopped during this request."
 FileKind = Literal["artifact", "upload"]

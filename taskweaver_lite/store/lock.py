@@ -33,8 +33,7 @@ class SessionLock:
             lock.acquire()
         except filelock.Timeout:
             raise SessionBusyError(
-                f"session {session_id} is open in another taskweaver-lite process (pid {self._holder()}); "
-                "close it there first, or resume a different session"
+                f"session {session_id} is open in another taskweaver-lite process (pid {self._holder()}); close it there first, or resume a different session"
             ) from None
         self._lock: filelock.FileLock | None = lock
         self.owner_path.write_text(f"{os.getpid()}\n", encoding="ascii")

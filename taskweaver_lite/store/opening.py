@@ -9,11 +9,11 @@ The PostgreSQL backend is imported only when `store.url` asks for it: its driver
 
 from __future__ import annotations
 
-from taskweaver_lite.config import Config
+from taskweaver_lite.config.settings import Config
+from taskweaver_lite.config.store_url import redact
 from taskweaver_lite.errors import StoreError
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.store.interface import SessionEntry, Store
-from taskweaver_lite.store.url import redact
 
 
 def open_store(config: Config, *, read_only: bool = False) -> Store:

@@ -31,12 +31,12 @@ from typing import Any
 import psycopg
 import psycopg_pool
 
+from taskweaver_lite.config.store_url import redact, redact_text
 from taskweaver_lite.errors import SessionBusyError, StoreError, StoreUnavailable
-from taskweaver_lite.knowledge.tips import Tip
+from taskweaver_lite.records.tips import Tip
 from taskweaver_lite.store.event_rows import Connection, Rows, to_json
 from taskweaver_lite.store.postgres_schema import MIGRATIONS, migrate
 from taskweaver_lite.store.sql import SESSION_ID, SqlStore
-from taskweaver_lite.store.url import redact, redact_text
 
 NOTIFY_CHANNEL = "twl_events"  # payload: the session id
 CONNECT_TIMEOUT_SECONDS = 5.0  # waiting for a connection (the database down, or every connection busy) before a StoreError

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from taskweaver_lite.errors import StoreError
-from taskweaver_lite.event_json import event_json
-from taskweaver_lite.events import CellPrinted, Event, FileLoaded, Folded, ModelCalled, PostAdded, ReplyStreamed, Working
+from taskweaver_lite.records.event_json import event_json
+from taskweaver_lite.records.events import CellPrinted, Event, FileLoaded, Folded, ModelCalled, PostAdded, ReplyStreamed, Working
+from taskweaver_lite.safety.workfiles import read_below
 from taskweaver_lite.store.interface import Store
-from taskweaver_lite.workfiles import read_below
 
 MAX_KEPT_BYTES = 50 * 1024 * 1024  # an artifact larger than this stays in its session folder only
 

@@ -16,11 +16,11 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from taskweaver_lite.errors import StoreError, UnknownSessionError
-from taskweaver_lite.events import CellPrinted, Event, FileLoaded, ReplyStreamed, Working
-from taskweaver_lite.execution import Variable
-from taskweaver_lite.knowledge.tips import Tip, TipKind
-from taskweaver_lite.llm.client import Usage
-from taskweaver_lite.memory.conversation import Post, Round
+from taskweaver_lite.records.conversation import Post, Round
+from taskweaver_lite.records.events import CellPrinted, Event, FileLoaded, ReplyStreamed, Working
+from taskweaver_lite.records.execution import Variable
+from taskweaver_lite.records.model_calls import Usage
+from taskweaver_lite.records.tips import Tip, TipKind
 from taskweaver_lite.store.event_rows import Connection, to_json, write_event
 from taskweaver_lite.store.interface import INTERRUPTED_ERROR, FileKind, Lease, SessionEntry, StoredEvent, StoredSession, User
 from taskweaver_lite.store.users import Verifier, check_name, make_token, token_id
@@ -96,9 +96,7 @@ class SqlStore:
     def events_after(self, session_id: str, after: int, *, limit: int = 500) -> list[StoredEvent]:
         """The session's event-log entries with an id above `after`, oldest first (at most `limit`)."""
         with self._read_one() as db:
-            rows = db.execute(
-                "SELECT id, data, at FROM events WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?", (session_id, after, limit)
-            ).fetchall()
+            rows = db.execute("SELECT id, data, at FROM events WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?", (session_id, after, limit)).fetchall()
         return [StoredEvent(id=int(r[0]), session_id=session_id, data=json.loads(r[1]), at=float(r[2])) for r in rows]
 
     def last_event_id(self, session_id: str) -> int:
@@ -414,9 +412,7 @@ class SqlStore:
     def renew_lease(self, session_id: str, holder: str, *, seconds: float) -> bool:
         """Extend `holder`'s lease by `seconds` from now; False when it is no longer theirs."""
         with self._write_one() as db:
-            updated = db.execute(
-                f"UPDATE leases SET expires = {self.now_sql} + ? WHERE session_id = ? AND holder = ?", (seconds, session_id, holder)
-            ).rowcount
+            updated = db.execute(f"UPDATE leases SET expires = {self.now_sql} + ? WHERE session_id = ? AND holder = ?", (seconds, session_id, holder)).rowcount
         return updated > 0
 
     def release_lease(self, session_id: str, holder: str) -> None:
@@ -471,5 +467,3 @@ def _secret_setting(key: str) -> bool:
 def _usage(sums: list[int]) -> Usage:
     calls, failed, prompt, completion, cached = sums
     return Usage(calls=calls, failed_calls=failed, prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
-
-

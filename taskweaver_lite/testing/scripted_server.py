@@ -354,16 +354,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._answer(scripted, role, messages, body)
 
-    def _answer(
-        self, scripted: ScriptedServer, role: str, messages: list[dict[str, Any]], body: dict[str, Any]
-    ) -> None:
+    def _answer(self, scripted: ScriptedServer, role: str, messages: list[dict[str, Any]], body: dict[str, Any]) -> None:
         scripted_reply = scripted._next(role)
         if scripted_reply is None:
             asked = " ".join(last_user_text(messages).split())[:200]
             self._send_error(
                 500,
-                f"scripted server: no reply queued for role '{role}' and no default responder "
-                f"(last user message: {asked!r})",
+                f"scripted server: no reply queued for role '{role}' and no default responder (last user message: {asked!r})",
             )
             return
         try:
@@ -524,9 +521,7 @@ def _completion(reply: Reply, messages: list[dict[str, Any]], *, model: str | No
     return completion
 
 
-def _stream_events(
-    reply: Reply, completion: dict[str, Any], *, usage: bool, pause: Callable[[Reply, int], None]
-) -> Iterator[str | None]:
+def _stream_events(reply: Reply, completion: dict[str, Any], *, usage: bool, pause: Callable[[Reply, int], None]) -> Iterator[str | None]:
     """The `data:` payloads of a streamed `completion`; None where the stream is cut off."""
     base = {key: completion[key] for key in ("id", "created", "model")}
     base["object"] = "chat.completion.chunk"

@@ -9,7 +9,7 @@ from types import TracebackType
 
 import uvicorn
 
-from taskweaver_lite.config import Config
+from taskweaver_lite.config.settings import Config
 from taskweaver_lite.web.app import build_app
 from taskweaver_lite.web.auth import Access
 

@@ -38,14 +38,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from taskweaver_lite.errors import StoreError, StoreUnavailable, TaskWeaverError, UnknownSessionError
-from taskweaver_lite.event_json import round_json
-from taskweaver_lite.llm.client import Usage, usage_by_purpose
-from taskweaver_lite.store.export import write_export
+from taskweaver_lite.llm.client import usage_by_purpose
+from taskweaver_lite.records.event_json import round_json
+from taskweaver_lite.records.model_calls import Usage
+from taskweaver_lite.safety.workfiles import open_below
+from taskweaver_lite.session.export import write_export
 from taskweaver_lite.store.interface import StoredEvent
 from taskweaver_lite.web.fanout import POLL
 from taskweaver_lite.web.hub import AtLimit, Hub, NotOpen, Stopping
 from taskweaver_lite.web.live import Busy, LiveSession
-from taskweaver_lite.workfiles import open_below
 
 Handler = Callable[[Request], Awaitable[Response]]
 SessionHandler = Callable[[Request, Hub, str], Awaitable[Response]]

@@ -26,8 +26,9 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from taskweaver_lite.config import Config
+from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import StoreError
+from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.interface import Store
 from taskweaver_lite.store.opening import store_url
 from taskweaver_lite.web.access_log import AccessLog, AccessLogMiddleware
@@ -37,7 +38,6 @@ from taskweaver_lite.web.fanout import Fanout
 from taskweaver_lite.web.hub import Hub, ServerParts
 from taskweaver_lite.web.metrics import CONTENT_TYPE, Metrics, RequestMetrics
 from taskweaver_lite.web.replica import check_replica_setup, is_replica
-from taskweaver_lite.workspace import Workspace
 
 STATIC = files("taskweaver_lite.web") / "static"
 Handler = Callable[[Request], Awaitable[Response]]
@@ -60,8 +60,7 @@ ROUTES_ABOUT = {
         "`session.suggested_requests`, and `folders`: the working and artifacts folders whose files the artifacts route serves"
     ),
     ("DELETE", "/api/sessions/{id}"): (
-        "deletes the session for good: its rounds, files, kernel and the tips saved from it (`sessions --delete`); 409 while it "
-        "answers a request"
+        "deletes the session for good: its rounds, files, kernel and the tips saved from it (`sessions --delete`); 409 while it answers a request"
     ),
     ("POST", "/api/sessions/{id}/resume"): "re-opens a stored session here (its cells replayed); 409 with the reason when it is open elsewhere",
     ("POST", "/api/sessions/{id}/messages"): (
@@ -72,9 +71,7 @@ ROUTES_ABOUT = {
         '`{"type": "error", "message": ...}` (also after an answer, should storing its round fail)'
     ),
     ("POST", "/api/sessions/{id}/stop"): "cancels the running request like Ctrl-C (the cell is interrupted, the variables stay)",
-    ("POST", "/api/sessions/{id}/files"): (
-        "multipart, field `file`: like `/load`, into the working folder, at most `session.max_upload_bytes` (413 past it)"
-    ),
+    ("POST", "/api/sessions/{id}/files"): ("multipart, field `file`: like `/load`, into the working folder, at most `session.max_upload_bytes` (413 past it)"),
     ("GET", "/api/sessions/{id}/artifacts/{name}"): (
         "a file the session produced, by bare name, only from its artifacts and working folders, never through a link (plots as `image/png`)"
     ),
@@ -82,8 +79,7 @@ ROUTES_ABOUT = {
     ("GET", "/api/sessions/{id}/export"): "`?format=ipynb` or `?format=md`: the session as a notebook or Markdown, as `export`",
     ("GET", "/api/sessions/{id}/experience"): "every experience tip (stored and handcrafted) and the tip files that could not be read, as `/experience`",
     ("POST", "/api/sessions/{id}/experience"): (
-        'like `/save`: the session distilled into tips, `{"saved": [tips]}`; 400 with the reason when the model\'s reply is unusable '
-        "(nothing is stored)"
+        'like `/save`: the session distilled into tips, `{"saved": [tips]}`; 400 with the reason when the model\'s reply is unusable (nothing is stored)'
     ),
     ("DELETE", "/api/sessions/{id}/experience/{tip}"): "deletes a stored tip, as `/experience delete ID`",
     ("GET", "/api/sessions/{id}/events"): (

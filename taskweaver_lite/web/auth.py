@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
-from taskweaver_lite.config import ServeConfig
+from taskweaver_lite.config.settings import ServeConfig
 from taskweaver_lite.errors import ConfigError, StoreError
 from taskweaver_lite.store.interface import Store, User
 
@@ -94,7 +94,6 @@ class Users:
         if user.expired():
             return 401, expired_token(user)
         return user
-
 
 
 @dataclass(frozen=True)

@@ -21,18 +21,18 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from taskweaver_lite.assembly import delete_session, new_session_id
-from taskweaver_lite.config import Config
+from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import SessionBusyError, StoreError, UnknownSessionError
-from taskweaver_lite.events import CellPrinted, Event, ModelCalled, ReplyStreamed, Working
 from taskweaver_lite.kernel.executor import close_thread_loop
+from taskweaver_lite.records.events import CellPrinted, Event, ModelCalled, ReplyStreamed, Working
+from taskweaver_lite.session.assembly import delete_session, new_session_id
+from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.interface import Store
 from taskweaver_lite.web.fanout import Fanout
 from taskweaver_lite.web.leases import Hold, LeaseBusy, Leases
 from taskweaver_lite.web.live import Busy, LiveSession, Turn
 from taskweaver_lite.web.metrics import Metrics
 from taskweaver_lite.web.replica import Replica
-from taskweaver_lite.workspace import Workspace
 
 IDLE_BEFORE_EVICTION = 10.0  # seconds a copy must have gone unused before a replica lets it go for room
 

@@ -16,12 +16,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from taskweaver_lite.errors import TaskWeaverError
-from taskweaver_lite.event_json import event_json
-from taskweaver_lite.events import Event, PostAdded, ReplyStreamed
 from taskweaver_lite.kernel.executor import close_thread_loop
-from taskweaver_lite.knowledge.tips import Tip
 from taskweaver_lite.llm.streaming import SHOWN_FIELDS, PartialReply
-from taskweaver_lite.session import Session
+from taskweaver_lite.records.event_json import event_json
+from taskweaver_lite.records.events import Event, PostAdded, ReplyStreamed
+from taskweaver_lite.records.tips import Tip
+from taskweaver_lite.session.session import Session
 
 END = None  # closes a turn's stream
 CUT_SHORT = "This server is shutting down and the request ran out of time to finish: send it again (another server takes it)"

@@ -16,7 +16,7 @@ from typing import Any
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from taskweaver_lite.events import Event, Folded, ModelCalled
+from taskweaver_lite.records.events import Event, Folded, ModelCalled
 
 try:  # pip install 'taskweaver-lite[team]'; without it the server runs and /metrics says what to install
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest

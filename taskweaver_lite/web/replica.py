@@ -25,14 +25,14 @@ import logging
 import time
 from collections.abc import Iterable
 
-from taskweaver_lite.config import Config
+from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ConfigError, StoreError
-from taskweaver_lite.events import Listener
-from taskweaver_lite.execution import ExecutorFactory
-from taskweaver_lite.session import Session
+from taskweaver_lite.kernel.interface import ExecutorFactory
+from taskweaver_lite.records.events import Listener
+from taskweaver_lite.session.session import Session
+from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.interface import StoredSession
 from taskweaver_lite.web.metrics import Metrics
-from taskweaver_lite.workspace import Workspace
 
 _log = logging.getLogger(__name__)
 

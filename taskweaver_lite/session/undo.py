@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from taskweaver_lite.assembly import Replayed, replay_cells
 from taskweaver_lite.errors import TaskWeaverError
-from taskweaver_lite.memory.conversation import Round
-from taskweaver_lite.session import Session
+from taskweaver_lite.records.conversation import Round
+from taskweaver_lite.session.assembly import Replayed, replay_cells
+from taskweaver_lite.session.session import Session
 
 UNDO_FOLD_WAIT = 30.0  # seconds an undo waits for a running fold (it may be folding the request being undone)
 

@@ -72,7 +72,7 @@ def read_taskweaver_json(path: Path, *, known: Callable[[str], bool], role_folde
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8; save the file as UTF-8") from None
     if not isinstance(loaded, dict):
-        raise ConfigError(f"{path}: expected one JSON object of settings (\"llm.model\": ...)")
+        raise ConfigError(f'{path}: expected one JSON object of settings ("llm.model": ...)')
     pairs = [(key, _expanded(value, path=path, key=key)) for key, value in _flat(loaded)]
     roles = {*role_folders, *_session_roles(pairs)}
     data: dict[str, Any] = {}

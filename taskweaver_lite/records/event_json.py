@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from taskweaver_lite.events import CellPrinted, Event, FileLoaded, Folded, PostAdded, RoundEnded, RoundStarted, Working
-from taskweaver_lite.execution import ExecutionResult
-from taskweaver_lite.memory.conversation import Post, Round
+from taskweaver_lite.records.conversation import Post, Round
+from taskweaver_lite.records.events import CellPrinted, Event, FileLoaded, Folded, PostAdded, RoundEnded, RoundStarted, Working
+from taskweaver_lite.records.execution import ExecutionResult
 
 
 def event_json(event: Event, *, session_id: str) -> dict[str, Any] | None:

@@ -29,20 +29,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from taskweaver_lite.config import Config
+from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import TaskWeaverError
-from taskweaver_lite.events import FileLoaded, timeline
-from taskweaver_lite.execution import ExecutionResult
 from taskweaver_lite.kernel import plugin_runtime
-from taskweaver_lite.memory.conversation import USER, Post, Round
+from taskweaver_lite.records.conversation import USER, Post, Round
+from taskweaver_lite.records.events import FileLoaded, timeline
+from taskweaver_lite.records.execution import ExecutionResult
+from taskweaver_lite.safety.workfiles import read_below, read_path
 from taskweaver_lite.store.interface import Store, StoredSession
 from taskweaver_lite.store.opening import has_store, open_store
-from taskweaver_lite.workfiles import read_below, read_path
 
 if TYPE_CHECKING:
     from nbformat.notebooknode import NotebookNode
 
-    from taskweaver_lite.plugins.catalog import PluginSpec
+    from taskweaver_lite.records.plugin_spec import PluginSpec
 
 IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".svg": "image/svg+xml"}
 RAISES_TAG = "raises-exception"
@@ -83,6 +83,7 @@ def export_notebook(
     `kept` gives the bytes of an artifact no longer (or never) on this machine's disk, by name (a PostgreSQL store keeps them).
     """
     import nbformat  # its JSON-schema validator takes ~1 s to import: only when a notebook is written
+
     cells: list[NotebookNode] = [nbformat.v4.new_markdown_cell(_heading(stored))]
     counter = _Counter()
     # Artifacts are read no deeper than the session's folder, link-safe; else from the store.
@@ -248,6 +249,7 @@ def _round_status(rnd: Round) -> str:
 
 def _round_cells(rnd: Round, counter: _Counter, source: ArtifactSource) -> list[NotebookNode]:
     import nbformat
+
     status = _round_status(rnd)
     request = f"## Request {rnd.index}\n\n{_quoted(rnd.user_query)}" + (f"\n\n{status}" if status else "")
     cells = [nbformat.v4.new_markdown_cell(request)]
@@ -263,6 +265,7 @@ def _round_cells(rnd: Round, counter: _Counter, source: ArtifactSource) -> list[
 
 def _execution_cells(post: Post, result: ExecutionResult, counter: _Counter, source: ArtifactSource) -> list[NotebookNode]:
     import nbformat
+
     if result.refused:
         return [nbformat.v4.new_markdown_cell(f"{_not_run_note(result)}\n\n{_fenced(result.code, 'python')}")]
     if result.timed_out or result.kernel_died or result.interrupted:
@@ -284,6 +287,7 @@ def _execution_cells(post: Post, result: ExecutionResult, counter: _Counter, sou
 
 def _outputs(result: ExecutionResult, count: int, source: ArtifactSource) -> list[NotebookNode]:
     import nbformat
+
     outputs: list[NotebookNode] = []
     for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
         if text:

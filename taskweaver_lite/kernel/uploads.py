@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 
 from taskweaver_lite.errors import TaskWeaverError
-from taskweaver_lite.workfiles import write_from
+from taskweaver_lite.safety.workfiles import write_from
 
 # Pseudo file systems: their "files" are views of processes and devices, never user data.
 SYSTEM_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))

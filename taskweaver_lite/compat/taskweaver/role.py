@@ -19,11 +19,11 @@ import sys
 import types
 from typing import Any
 
-from taskweaver_lite.events import Working
-from taskweaver_lite.memory.conversation import Post as OurPost
-from taskweaver_lite.roles import taskweaver_api as api
-from taskweaver_lite.roles import taskweaver_memory as memory
-from taskweaver_lite.roles import taskweaver_session as lent
+from taskweaver_lite.compat.taskweaver import api as api
+from taskweaver_lite.compat.taskweaver import memory as memory
+from taskweaver_lite.compat.taskweaver import session as lent
+from taskweaver_lite.records.conversation import Post as OurPost
+from taskweaver_lite.records.events import Working
 from taskweaver_lite.roles.worker import RoleRequest, RoleTools
 
 INSTALL_HINT = "pip install 'taskweaver-lite[taskweaver]'"

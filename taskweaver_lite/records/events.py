@@ -1,6 +1,7 @@
 """Session events: what the CLI renders and the store records, as they happen.
 
-The session emits these to its listeners; listeners observe, they never drive the turn.
+The session emits these to its listeners; listeners observe, they never drive the turn. `Folded` is
+what memory reports when a role's old rounds fold into its summary.
 """
 
 from __future__ import annotations
@@ -9,9 +10,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from taskweaver_lite.llm.client import Delta
-from taskweaver_lite.memory.conversation import Post, Round
-from taskweaver_lite.memory.folds import Folded as Folded  # a session event like the others, defined beside the compression that emits it
+from taskweaver_lite.records.conversation import Post, Round
+from taskweaver_lite.records.model_calls import Delta
 
 Activity = Literal["planner_thinking", "code_writing", "code_running", "repairing", "role_working"]
 
@@ -99,6 +99,50 @@ class FileLoaded:
     def from_dict(cls, data: dict[str, Any]) -> FileLoaded:
         """Inverse of `to_dict`."""
         return cls(name=str(data["name"]), source=str(data["source"]), after_round=int(data["after_round"]), at=float(data["at"]))
+
+
+@dataclass(frozen=True)
+class Folded:
+    """A role's old rounds were folded into its summary in the background, or the fold failed."""
+
+    role: str  # the role's key (registry.RoleSpec.key)
+    first_round: int
+    last_round: int
+    tokens_before: int
+    tokens_after: int
+    ok: bool
+    error: str | None = None
+    label: str = ""  # the role's name on screen (the key when not given)
+
+    def describe(self) -> str:
+        """One line for the user: 'Planner: folded rounds 1-4, 5,210 -> 380 tokens'."""
+        rounds = span(self.first_round, self.last_round)
+        if self.ok:
+            return f"{self.label or self.role}: folded {rounds}, {self.tokens_before:,} -> {self.tokens_after:,} tokens"
+        return f"{self.label or self.role}: could not fold {rounds} ({self.error}); they stay verbatim and the fold is retried later"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON shape: the fields by name."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Folded:
+        """Inverse of `to_dict`."""
+        return cls(
+            role=str(data["role"]),
+            first_round=int(data["first_round"]),
+            last_round=int(data["last_round"]),
+            tokens_before=int(data["tokens_before"]),
+            tokens_after=int(data["tokens_after"]),
+            ok=bool(data["ok"]),
+            error=data.get("error"),
+            label=str(data.get("label") or ""),
+        )
+
+
+def span(first: int, last: int) -> str:
+    """'round 3' or 'rounds 1-4'."""
+    return f"round {first}" if first == last else f"rounds {first}-{last}"
 
 
 Event = RoundStarted | PostAdded | Working | ReplyStreamed | CellPrinted | RoundEnded | ModelCalled | Folded | FileLoaded

@@ -21,13 +21,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.assembly import Catalogs, ResumeReport, delete_session, open_session, resume_session
-from taskweaver_lite.config import Config
-from taskweaver_lite.config_file import load_config
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.config.settings import Config
 from taskweaver_lite.knowledge.experience import Experience
 from taskweaver_lite.plugins.catalog import PluginCatalog, discover
 from taskweaver_lite.roles.registry import RoleCatalog, discover_roles
-from taskweaver_lite.session import Session
+from taskweaver_lite.session.assembly import Catalogs, ResumeReport, delete_session, open_session, resume_session
+from taskweaver_lite.session.session import Session
 from taskweaver_lite.store.interface import SessionEntry, Store
 from taskweaver_lite.store.opening import open_store
 

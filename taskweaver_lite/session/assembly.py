@@ -22,20 +22,21 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from taskweaver_lite.config import Config
-from taskweaver_lite.confirm import ConfirmCell
+from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ConfigError, SessionBusyError
-from taskweaver_lite.events import Listener
-from taskweaver_lite.execution import Executor, ExecutorFactory
+from taskweaver_lite.kernel.interface import Executor, ExecutorFactory
 from taskweaver_lite.knowledge.experience import Experience
 from taskweaver_lite.llm.client import ChatModel
-from taskweaver_lite.model_choice import role_models
-from taskweaver_lite.plugins.catalog import PluginCatalog, PluginSpec, discover
+from taskweaver_lite.plugins.catalog import PluginCatalog, discover
+from taskweaver_lite.records.events import Listener
+from taskweaver_lite.records.plugin_spec import PluginSpec
 from taskweaver_lite.roles.registry import RoleCatalog, discover_roles
-from taskweaver_lite.session import Session, SessionOptions
+from taskweaver_lite.safety.confirm import ConfirmCell
+from taskweaver_lite.safety.workfiles import copy_folder, owner_only_folder
+from taskweaver_lite.session.model_choice import role_models
+from taskweaver_lite.session.session import Session, SessionOptions
 from taskweaver_lite.store.interface import SessionClaim, Store
 from taskweaver_lite.store.opening import open_store
-from taskweaver_lite.workfiles import copy_folder, owner_only_folder
 
 Replayed = Callable[[int, int], None]  # told (cells re-run, cells in all) as a replay goes
 
@@ -258,9 +259,7 @@ def default_executor(config: Config, *, plugins: Sequence[PluginSpec] = ()) -> E
         try:
             from taskweaver_lite.kernel.remote import GatewayExecutor
         except ImportError as exc:
-            raise ConfigError(
-                f"execution.kernel_gateway needs {exc.name}: pip install 'taskweaver-lite[gateway]'"
-            ) from exc
+            raise ConfigError(f"execution.kernel_gateway needs {exc.name}: pip install 'taskweaver-lite[gateway]'") from exc
         return functools.partial(GatewayExecutor, config=config.execution, gateway=gateway, output_tokens=config.cell_output_tokens, plugins=tuple(plugins))
     # A sandboxed kernel sees neither the project folder nor the store (wherever store.path puts it).
     hidden = (config.project_dir, config.store_path.parent)

@@ -17,8 +17,8 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from taskweaver_lite.execution import ExecutionResult, FoldPiece
-from taskweaver_lite.llm.client import Message
+from taskweaver_lite.records.execution import ExecutionResult, FoldPiece
+from taskweaver_lite.records.model_calls import Message
 
 # A party is "User" or an enabled role's alias (what the Planner's `send_to` names).
 Party = str

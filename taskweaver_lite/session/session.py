@@ -26,31 +26,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.config import DISTILLER, Config
-from taskweaver_lite.confirm import ConfirmCell
+from taskweaver_lite.config.settings import DISTILLER, Config
 from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
-from taskweaver_lite.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
-from taskweaver_lite.execution import Executor, ExecutorFactory
+from taskweaver_lite.kernel.interface import Executor, ExecutorFactory
+from taskweaver_lite.kernel.uploads import check_upload
 from taskweaver_lite.knowledge.distil import distil
 from taskweaver_lite.knowledge.experience import Experience
-from taskweaver_lite.knowledge.tips import Tip
-from taskweaver_lite.llm.client import CallRecord, ChatModel, MeteredModel, Usage, scope_cache
+from taskweaver_lite.llm.client import ChatModel, MeteredModel, scope_cache
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import RoleContext
-from taskweaver_lite.memory.conversation import USER, Conversation, Post, Round
 from taskweaver_lite.memory.summary import CompressionState
 from taskweaver_lite.memory.variables import LiveVariables, VariableHistory
 from taskweaver_lite.plugins.catalog import PluginCatalog
+from taskweaver_lite.records.conversation import USER, Conversation, Post, Round
+from taskweaver_lite.records.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
+from taskweaver_lite.records.model_calls import CallRecord, Usage
+from taskweaver_lite.records.tips import Tip
 from taskweaver_lite.roles.builtin import PlannerRole, SessionParts
 from taskweaver_lite.roles.planner import list_working_files
 from taskweaver_lite.roles.registry import RoleCatalog, RoleSpec, discover_roles
 from taskweaver_lite.roles.role import RepairTurns
 from taskweaver_lite.roles.team import ActiveRole, build_team, show_tips
 from taskweaver_lite.roles.worker import RoleRequest, Turn
+from taskweaver_lite.safety.confirm import ConfirmCell
+from taskweaver_lite.safety.workfiles import CopyReport
 from taskweaver_lite.store.interface import INTERRUPTED_ERROR, SessionClaim, Store, StoredSession
 from taskweaver_lite.store.recorder import StoreRecorder
-from taskweaver_lite.uploads import check_upload
-from taskweaver_lite.workfiles import CopyReport
 
 CANCELLED_ERROR = "Cancelled by the user."  # a failed round's error after Ctrl-C or Stop
 
@@ -388,8 +389,15 @@ class Session:
         reply = record.reply if keep else None
         self._emit(
             ModelCalled(
-                record.purpose, record.prompt_tokens, record.completion_tokens, record.latency,
-                ok=record.ok, error=record.error, prompt=prompt, reply=reply, cached_tokens=record.cached_tokens,
+                record.purpose,
+                record.prompt_tokens,
+                record.completion_tokens,
+                record.latency,
+                ok=record.ok,
+                error=record.error,
+                prompt=prompt,
+                reply=reply,
+                cached_tokens=record.cached_tokens,
             )
         )
 

@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from taskweaver_lite.llm.client import Message
-from taskweaver_lite.roles.taskweaver_memory import Attachment, AttachmentType, Post
+from taskweaver_lite.compat.taskweaver.memory import Attachment, AttachmentType, Post
+from taskweaver_lite.records.model_calls import Message
 
 PORTING_DOC = "docs/taskweaver-roles.md, 'Porting to reply()'"
 F = TypeVar("F", bound=Callable[..., Any])
@@ -143,9 +143,7 @@ class PostEventProxy:
         self.post.message += message
         self.message_is_end = is_end
 
-    def update_attachment(
-        self, message: str, type: AttachmentType | None = None, extra: Any = None, id: str | None = None, is_end: bool = True
-    ) -> Attachment:
+    def update_attachment(self, message: str, type: AttachmentType | None = None, extra: Any = None, id: str | None = None, is_end: bool = True) -> Attachment:
         """Add an attachment, or (with the `id` of the last one) add text to it."""
         if id is not None:
             attachment = self.post.attachment_list[-1]

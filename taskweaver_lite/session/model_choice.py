@@ -15,13 +15,13 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from taskweaver_lite.config import DISTILLER, FOLDER, Config, LLMConfig, LLMOverrides, RoleSectionConfig, merged_llm
+from taskweaver_lite.config.settings import DISTILLER, FOLDER, Config, LLMConfig, LLMOverrides, RoleSectionConfig, merged_llm
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.llm.client import ChatModel
 from taskweaver_lite.roles.registry import RoleSpec
 
 if TYPE_CHECKING:
-    from taskweaver_lite.session import Session
+    from taskweaver_lite.session.session import Session
 
 
 def role_models(config: Config, *, roles: Sequence[RoleSpec]) -> ChatModel:

@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
-from taskweaver_lite.verification import DEFAULT_ALLOWED_MODULES, DEFAULT_BLOCKED_FUNCTIONS
+from taskweaver_lite.safety.verification import DEFAULT_ALLOWED_MODULES, DEFAULT_BLOCKED_FUNCTIONS
 
 # Bounds on any YAML file of a project (config, examples, plugin specs): far above real ones.
 
@@ -191,9 +191,7 @@ class RoleSectionConfig(RoleConfig):
 class CodeGeneratorConfig(RoleConfig):
     """The CodeGenerator's settings: its prompt history, and which plugins its prompt shows."""
 
-    auto_plugin_selection: bool = Field(
-        False, description="show only the plugins most relevant to the current step (and those used before), not all"
-    )
+    auto_plugin_selection: bool = Field(False, description="show only the plugins most relevant to the current step (and those used before), not all")
     auto_plugin_selection_topk: int = Field(3, ge=1, description="how many plugins auto_plugin_selection shows")
 
 
@@ -236,9 +234,7 @@ class SessionConfig(_Section):
     )
     max_internal_hops: int = Field(10, ge=1, description="steps the Planner may delegate per request, to whichever role")
     max_repair_attempts: int = Field(3, ge=0, description="repair turns per round for bad replies")
-    max_upload_bytes: int = Field(
-        256 * 1024 * 1024, ge=1, description="largest file /load copies into the working folder; larger ones are refused"
-    )
+    max_upload_bytes: int = Field(256 * 1024 * 1024, ge=1, description="largest file /load copies into the working folder; larger ones are refused")
     suggested_requests: list[str] = Field(
         default_factory=list,
         description="requests offered to a new session (the page lists them; the chat and the page take a request's number for it)",
@@ -267,9 +263,7 @@ class KernelGatewayConfig(_Section):
     headers: dict[str, str] = Field(default_factory=dict, description="extra HTTP headers on every request (a proxy's auth)")
     validate_cert: bool = Field(True, description="check the gateway's TLS certificate (https:// and wss://)")
     connect_timeout: float = Field(20.0, gt=0, description="seconds to connect to the gateway and for each REST call")
-    env: dict[str, str] = Field(
-        default_factory=dict, description="KERNEL_* variables sent with the start request (KERNEL_WORKING_DIR, KERNEL_NAMESPACE, ...)"
-    )
+    env: dict[str, str] = Field(default_factory=dict, description="KERNEL_* variables sent with the start request (KERNEL_WORKING_DIR, KERNEL_NAMESPACE, ...)")
 
     @field_validator("url")
     @classmethod
@@ -300,9 +294,7 @@ class ExecutionConfig(_Section):
     """The Jupyter kernel that runs generated code."""
 
     timeout: float = Field(120.0, gt=0, description="seconds a cell may run before it is interrupted (the kernel and its variables stay)")
-    output_tokens: int | None = Field(
-        None, ge=64, description="tokens of one cell's output kept for prompts (null: an eighth of the prompt budget, 256-2000)"
-    )
+    output_tokens: int | None = Field(None, ge=64, description="tokens of one cell's output kept for prompts (null: an eighth of the prompt budget, 256-2000)")
     allowed_env: list[str] = Field(default_factory=list, description="secret-looking env vars to pass")
     kernel_start_timeout: float = Field(60.0, gt=0, description="seconds the kernel may take to start and answer")
     display_width: int | None = Field(
@@ -474,7 +466,6 @@ class ServeConfig(_Section):
     trusted_proxies: list[str] = Field(
         default_factory=lambda: ["127.0.0.1", "::1"], description="the addresses trusted_user_header is believed from (the proxy's)"
     )
-
 
     @field_validator("max_sessions_per_user", mode="before")
     @classmethod

@@ -1,8 +1,8 @@
-"""What running a cell produces: `ExecutionResult`, variable snapshots, and the `Executor` seam.
+"""What running a cell produces: `ExecutionResult`, variable snapshots, and what the kernel offers code.
 
 These are plain values with an explicit JSON shape (`to_dict`/`from_dict`) so that the
-conversation, the prompts, compression and the store all read the same thing. The Jupyter
-implementation lives in `kernel/`; a sandboxed or remote executor implements the same protocol.
+conversation, the prompts, compression and the store all read the same thing. The `Executor` seam
+that produces them is `kernel/interface.py`.
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -154,10 +153,7 @@ class ExecutionResult:
             return f"The code was not run: {self.refused}."
         lost = ", ".join(self.lost_variables) or "none"
         if self.kernel_died and self.timed_out:
-            return (
-                f"The cell timed out after {self.elapsed:.0f} s and did not stop when interrupted, so the kernel "
-                f"was restarted. Variables lost: {lost}."
-            )
+            return f"The cell timed out after {self.elapsed:.0f} s and did not stop when interrupted, so the kernel was restarted. Variables lost: {lost}."
         if self.kernel_died and self.success:
             # It died between cells (the OOM killer picks idle kernels too): this cell ran on a fresh one.
             return f"The kernel died before this cell and was restarted; the cell ran on the fresh kernel. Variables lost: {lost}."
@@ -244,55 +240,3 @@ class KernelEnvironment:
     mounts: tuple[str, ...] = ()  # "/data (read-only)", one per execution.mounts entry
     python: str = ""  # the interpreter, for /info
     safety: tuple[tuple[str, str], ...] = ()  # (layer, state) for /info: the sandbox, the syscall filter, the disk limit
-
-
-# What a running cell prints, as it prints it: (stream name "stdout" or "stderr", text).
-OutputSink = Callable[[str, str], None]
-
-
-class Executor(Protocol):
-    """Runs code in a persistent namespace: the seam between the agent and the kernel.
-
-    A session needs nothing else from it: a local, sandboxed or remote kernel is a drop-in.
-    """
-
-    @property
-    def working_dir(self) -> Path:
-        """The folder the code's relative paths resolve to, as a local folder of this process."""
-        ...
-
-    def upload(self, source: Path, *, name: str | None = None) -> str:
-        """Put a local file into the working folder (as `name`, default its own name); returns that name."""
-        ...
-
-    def artifact(self, name: str) -> Path:
-        """The local file of an artifact a cell produced; KeyError if there is none."""
-        ...
-
-    def run(self, code: str, *, timeout: float | None = None, on_output: OutputSink | None = None) -> ExecutionResult:
-        """Run one cell and return what it did; what it prints also goes to `on_output` as it is printed."""
-        ...
-
-    def interrupt(self) -> None:
-        """Stop the running cell (safe to call from another thread or a signal handler)."""
-        ...
-
-    def variables(self) -> tuple[Variable, ...]:
-        """The latest snapshot of user variables (from the last cell; no kernel round trip)."""
-        ...
-
-    def environment(self) -> KernelEnvironment:
-        """The libraries the kernel can import and the folders it sees (waits for a kernel still starting)."""
-        ...
-
-    def restart(self) -> tuple[str, ...]:
-        """Start a fresh kernel; returns the names of the variables that were lost."""
-        ...
-
-    def shutdown(self) -> None:
-        """End the kernel and everything it started."""
-        ...
-
-
-# Builds a session's executor for its session folder (opening, resuming and resetting a session call it: assembly.py).
-ExecutorFactory = Callable[[Path], Executor]

@@ -14,10 +14,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from taskweaver_lite.config import Config, RoleSectionConfig
+from taskweaver_lite.config.settings import Config, RoleSectionConfig
+from taskweaver_lite.config.store_url import redact
+from taskweaver_lite.config.taskweaver_json import JSON_FILE_NAME, read_taskweaver_json
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.store.url import redact
-from taskweaver_lite.taskweaver_json import JSON_FILE_NAME, read_taskweaver_json
 
 CONFIG_FILE_NAME = "taskweaver_config.yaml"
 YAML_MAX_CHARS = 1_000_000
@@ -37,7 +37,6 @@ def role_names(project: Path, data: dict[str, Any]) -> set[str]:
     if isinstance(listed, list):
         names.update(str(name) for name in listed)
     return names - set(Config.model_fields)
-
 
 
 def load_config(project_dir: str | Path = "project", overrides: list[str] | None = None) -> Config:

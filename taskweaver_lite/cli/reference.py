@@ -18,7 +18,7 @@ from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
-from taskweaver_lite.config import Config, LLMOverrides, RoleConfig, yaml_text
+from taskweaver_lite.config.settings import Config, LLMOverrides, RoleConfig, yaml_text
 
 CONFIG_PAGE = "reference/configuration.md"
 COMMANDS_PAGE = "reference/commands.md"

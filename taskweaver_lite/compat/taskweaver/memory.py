@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from taskweaver_lite.memory import conversation as ours
+from taskweaver_lite.records import conversation as ours
 
 RoleName = str
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from taskweaver_lite.roles.taskweaver_memory import Memory, Post
-from taskweaver_lite.roles.taskweaver_session import NotProvided, SessionEventEmitter, TelemetryLogger, Tracing
+from taskweaver_lite.compat.taskweaver.memory import Memory, Post
+from taskweaver_lite.compat.taskweaver.session import NotProvided, SessionEventEmitter, TelemetryLogger, Tracing
 
 F = TypeVar("F", bound=Callable[..., Any])
 
