@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
+from taskweaver_lite.config.sources import ConfigSources
 from taskweaver_lite.safety.verification import DEFAULT_ALLOWED_MODULES, DEFAULT_BLOCKED_FUNCTIONS
 
 # Bounds on any YAML file of a project (config, examples, plugin specs): far above real ones.
@@ -496,11 +497,21 @@ class Config(_Section):
     # Not a YAML key: where the project lives, filled in by load_config.
     project_dir: Path = Field(default=Path("project"), exclude=True)
     _notices: list[str] = PrivateAttr(default_factory=list)
+    _sources: ConfigSources = PrivateAttr(default_factory=ConfigSources)
 
     @property
     def notices(self) -> list[str]:
         """What loading said besides errors (TaskWeaver keys that have no effect here), for the user once."""
         return self._notices
+
+    @property
+    def sources(self) -> ConfigSources:
+        """Where the settings were read from, and each one's origin (set by load_config)."""
+        return self._sources
+
+    @sources.setter
+    def sources(self, value: ConfigSources) -> None:
+        self._sources = value
 
     @model_validator(mode="after")
     def _role_models_are_whole(self) -> Config:
