@@ -335,8 +335,8 @@ def _resume_session(
 def _interactive(renderer: RichConsole, commands: SlashCommands) -> int:
     config = commands.session.config  # the session's own: after a resume, with the --set values it was started with
     config.project_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    owner_only_file(config.project_dir / ".chat_history", create=True)  # every request typed: the owner's only
-    line = PromptLine(config.project_dir / ".chat_history")
+    owner_only_file(config.state_dir / ".chat_history", create=True)  # every request typed: the owner's only
+    line = PromptLine(config.state_dir / ".chat_history")
     renderer.say(f"taskweaver-lite session {commands.session.id} — {model_names(commands.session)}. Type /help for commands.", style="bold")
     while True:
         try:
