@@ -15,8 +15,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
-from taskweaver_lite.safety.verification import DEFAULT_ALLOWED_MODULES, DEFAULT_BLOCKED_FUNCTIONS
-
 # Bounds on any YAML file of a project (config, examples, plugin specs): far above real ones.
 
 MIN_PROMPT_TOKENS = 256  # below this not even a short system prompt and one request fit
@@ -239,6 +237,19 @@ class SessionConfig(_Section):
         default_factory=list,
         description="requests offered to a new session (the page lists them; the chat and the page take a request's number for it)",
     )
+
+
+# Code verification's defaults (safety/verification.py applies them): the analysis libraries and the standard
+# library's harmless modules; the names that run code, open files or start processes.
+DEFAULT_ALLOWED_MODULES = (
+    "pandas", "numpy", "matplotlib", "scipy", "sklearn", "seaborn", "statsmodels", "math", "statistics", "datetime",
+    "time", "json", "csv", "re", "collections", "itertools", "functools", "operator", "typing", "random", "decimal",
+    "fractions", "string", "textwrap", "dataclasses", "enum", "warnings", "calendar", "zoneinfo", "io",
+)  # fmt: skip
+DEFAULT_BLOCKED_FUNCTIONS = (
+    "eval", "exec", "execfile", "compile", "open", "input", "breakpoint", "globals", "locals", "vars", "__import__",
+    "system", "popen", "Popen", "fork", "setsid",
+)  # fmt: skip
 
 
 class CodeInterpreterConfig(_Section):

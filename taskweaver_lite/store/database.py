@@ -138,6 +138,10 @@ class SessionStore(SqlStore):
             raise StoreError(f"'{session_id}' is not a valid session id")
         return SessionLock(self.path.with_name(self.path.name + ".locks") / f"{session_id}.lock", session_id=session_id)
 
+    def notices(self) -> None:
+        """None: the SQLite file is one process's (its sessions wake their own event streams)."""
+        return None
+
     def close(self) -> None:
         """Close the database connection (committed events are already on disk)."""
         with self._lock:
