@@ -78,6 +78,17 @@ def test_model_switches_every_part_or_one_role_from_the_next_request_and_is_kept
     assert kept == ["llm.model=big-model", "planner.llm.model=planner-model"]
 
 
+def test_piped_unknown_commands_are_refused_as_on_a_terminal_and_a_model_not_served_names_model(tmp_path: Path) -> None:
+    with ScriptedServer(model="scripted") as checked:
+        project = make_project(tmp_path, checked.url)
+        done = run_cli("chat", "-p", str(project), stdin="/clear\n/h\n/img cat.png\n/model gpt-x\nhello\n")
+    assert [r.body["model"] for r in checked.requests] == ["gpt-x"], "no command reached the model; the request went with /model's choice"
+    for command in ("/clear", "/h", "/img"):
+        assert f"Unknown command {command}. Type /help for the list." in done.stderr
+    assert done.returncode == 1 and "check the name given to /model gpt-x (choose another with /model NAME)" in done.stderr, done.stderr
+    assert "check llm.model" not in done.stderr
+
+
 def test_open_lists_the_plots_and_hands_one_to_the_system_viewer(tmp_path: Path, server: ScriptedServer) -> None:
     project = make_project(tmp_path, server.url)
     viewer = tmp_path / "bin"

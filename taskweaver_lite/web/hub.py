@@ -301,7 +301,7 @@ class Hub:
                 return live
         if live is not None:
             self._drop(live)
-        session = self.replica.load(session_id, listeners=[self.parts.metrics.observe])
+        session = self.replica.load(session_id)  # the metrics' listener is added by _keep (twice would count every call twice)
         close_thread_loop()  # the replay (if the kernel had to be started afresh) ran cells from this thread
         live = self._keep(LiveSession(session))
         live.version = self.parts.store.last_event_id(session_id)
@@ -331,7 +331,7 @@ class Hub:
             self.parts.leases.release(hold)
 
     def _keep(self, live: LiveSession) -> LiveSession:
-        live.session.add_listener(self.parts.metrics.observe)
+        live.session.add_listener(self.parts.metrics.listener(live.session.owner))
         if self.replica is None:
             live.session.add_listener(_waking(self.parts.fanout, live.id))
         _settle()
