@@ -107,11 +107,11 @@ SITS_ON: dict[str, tuple[str, ...]] = {
     "roles": ("kernel", "knowledge", "plugins"),
     "compat": ("roles",),  # found by the role registry through an entry point: roles never import it
     "session": ("roles", "store"),
+    "__init__": ("session",),  # the public names (imported on first use) and the version
     "eval": ("session",),
-    "web": ("session",),
+    "web": ("__init__",),
     "testing": ("eval", "web"),
-    "__init__": ("session",),  # the public names, imported on first use
-    "cli": ("__init__", "testing"),
+    "cli": ("testing",),
     "__main__": ("cli",),
     "plugin": ("kernel",),  # what plugin files import
     "role": ("roles",),  # what role files import
