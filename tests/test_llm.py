@@ -28,6 +28,8 @@ from taskweaver_lite.llm.client import DeltaSink, MeteredModel, OpenAIChatModel
 from taskweaver_lite.records.model_calls import CallRecord, Completion, Message, Usage
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, last_user_text, planner_reply
 
+pytestmark = pytest.mark.unit
+
 KEY = "sk-test-0123456789"
 MODEL = "scripted-model"
 PLANNER_CALL: list[Message] = [

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,12 +17,6 @@ from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
 pytestmark = pytest.mark.cli
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
 
 
 def stored(project: Path) -> list[dict[str, object]]:

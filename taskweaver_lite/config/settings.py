@@ -19,7 +19,6 @@ from pydantic_core import ErrorDetails
 
 from taskweaver_lite.config.sources import ConfigSources
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.safety.verification import DEFAULT_ALLOWED_MODULES, DEFAULT_BLOCKED_FUNCTIONS
 
 # Bounds on any YAML file of a project (config, examples, plugin specs): far above real ones.
 
@@ -250,6 +249,19 @@ class SessionConfig(_Section):
             "null: the project folder, or $XDG_STATE_HOME/taskweaver-lite/<project> when the project folder is read-only"
         ),
     )
+
+
+# Code verification's defaults (safety/verification.py applies them): the analysis libraries and the standard
+# library's harmless modules; the names that run code, open files or start processes.
+DEFAULT_ALLOWED_MODULES = (
+    "pandas", "numpy", "matplotlib", "scipy", "sklearn", "seaborn", "statsmodels", "math", "statistics", "datetime",
+    "time", "json", "csv", "re", "collections", "itertools", "functools", "operator", "typing", "random", "decimal",
+    "fractions", "string", "textwrap", "dataclasses", "enum", "warnings", "calendar", "zoneinfo", "io",
+)  # fmt: skip
+DEFAULT_BLOCKED_FUNCTIONS = (
+    "eval", "exec", "execfile", "compile", "open", "input", "breakpoint", "globals", "locals", "vars", "__import__",
+    "system", "popen", "Popen", "fork", "setsid",
+)  # fmt: skip
 
 
 class CodeInterpreterConfig(_Section):

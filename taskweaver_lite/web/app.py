@@ -31,7 +31,6 @@ from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import StoreError
 from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.interface import Store
-from taskweaver_lite.store.opening import store_url
 from taskweaver_lite.web.access_log import AccessLog, AccessLogMiddleware
 from taskweaver_lite.web.api import api_routes, error
 from taskweaver_lite.web.auth import COOKIE, Access, trusted_header
@@ -111,9 +110,9 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
     parts = ServerParts(workspace=workspace, metrics=Metrics(), fanout=Fanout())
     hub = Hub(config, parts, preload=preload)
     access = access.with_users(hub.parts.store, trusted=trusted_header(config.serve))  # the store's users, once it has any
-    url = store_url(config)
-    if url is not None and is_replica(config):
-        hub.join_replicas(url)
+    notices = workspace.store.notices()  # None on the SQLite file
+    if notices is not None and is_replica(config):
+        hub.join_replicas(notices)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
