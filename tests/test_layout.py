@@ -108,7 +108,7 @@ SITS_ON: dict[str, tuple[str, ...]] = {
     "compat": ("roles",),  # found by the role registry through an entry point: roles never import it
     "session": ("roles", "store"),
     "__init__": ("session",),  # the public names (imported on first use) and the version
-    "eval": ("session",),
+    "eval": ("__init__",),  # its report names the version
     "web": ("__init__",),
     "testing": ("eval", "web"),
     "cli": ("testing",),
