@@ -213,7 +213,7 @@ def builtin_roles() -> tuple[RoleSpec, ...]:
         RoleSpec(
             name="code_interpreter",
             alias="CodeInterpreter",
-            key="code_generator",  # its section, prompts and examples keep their names (CONTRACT §3, §7)
+            key="code_generator",  # its section, prompts and examples keep TaskWeaver's names (project configs and examples use them)
             label="CodeGenerator",
             intro=_CODE_INTERPRETER_INTRO,
             builtin="code_interpreter",
