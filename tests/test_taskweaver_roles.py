@@ -285,7 +285,8 @@ def test_an_image_a_taskweaver_role_attaches_is_said_not_to_reach_the_planner() 
     post.add_attachment(Attachment.create(AttachmentType.image_url, "Image from chart.png encoded as a Base64 data URL.", extra={"image_url": "data:..."}))
     ours = our_post(post)
     assert ours.message.splitlines()[-1] == (
-        "(The image itself was not passed on: the Planner's model here reads text only. To learn what the image holds, have the CodeInterpreter analyse the file.)"
+        "(The image itself was not passed on: the Planner's model here reads text only. "
+        "To learn what the image holds, have the CodeInterpreter analyse the file.)"
     )
     assert [(a.kind, a.content) for a in ours.attachments] == [("image_url", "Image from chart.png encoded as a Base64 data URL.")]
     text = Post.create("plain", "Echo", "Planner")
