@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_users_parser(commands)
 
+    from taskweaver_lite.cli.gateway import add_gateway_parser
+
+    add_gateway_parser(commands)
+
     from taskweaver_lite.cli.eval import add_eval_parser
 
     add_eval_parser(commands)
@@ -113,6 +117,7 @@ _RUNNERS = {
     "eval": ("taskweaver_lite.cli.eval", "run_eval_command"),
     "export": ("taskweaver_lite.cli.chat", "export_session"),
     "users": ("taskweaver_lite.cli.users", "run_users"),
+    "gateway": ("taskweaver_lite.cli.gateway", "run_gateway"),
 }
 # Listings of a project's parts: each function takes the project folder and `--json`.
 _LISTINGS = {
