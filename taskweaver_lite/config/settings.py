@@ -1,4 +1,4 @@
-"""The typed configuration: one object of typed sections, validated once (config_file.py reads it).
+"""The typed configuration: one object of typed sections, validated once (config/file.py reads it).
 
 Every key has a default, so an empty file is a valid project. Settings that cannot hold together
 (a gateway with a local sandbox, a role's window too small for its reserve) are refused here, with
