@@ -1,4 +1,4 @@
-"""The web server's application (CONTRACT §8): the page, the service routes, and the session API (`api.py`).
+"""The web server's application: the page, the service routes, and the session API (`api.py`).
 
     GET  /                  the page (static/index.html; no build step)
     GET  /healthz           200 when the store and the kernel gateway answer, else 503 naming what is down (no token)
