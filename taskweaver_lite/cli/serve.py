@@ -29,6 +29,7 @@ from taskweaver_lite.store.opening import store_has_users
 from taskweaver_lite.web.access_log import AccessLog
 from taskweaver_lite.web.app import build_app
 from taskweaver_lite.web.auth import Access
+from taskweaver_lite.web.connections import server_settings
 from taskweaver_lite.web.hub import Hub
 
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
@@ -59,7 +60,7 @@ def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] 
             for line in discover_roles(config.project_dir, enabled=config.session.roles, config=config).problems:
                 print(strip_controls(line), file=sys.stderr, flush=True)
             drain = config.serve.drain_timeout
-            settings = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=round(drain + CUT_GRACE))
+            settings = server_settings(app, config.serve, log_level="warning", timeout_graceful_shutdown=round(drain + CUT_GRACE))
             server = _Server(settings, hub=app.state.hub, drain=drain)
             server.run(sockets=[sock])
     finally:
