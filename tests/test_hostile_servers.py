@@ -6,7 +6,7 @@ The client-level cases (cut-off bodies, dripped replies, Retry-After...) are in 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -20,11 +20,7 @@ from taskweaver_lite.session import assembly
 from taskweaver_lite.session.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, planner_reply
 
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
+pytestmark = pytest.mark.kernel
 
 
 def open_session(tmp_path: Path, server: ScriptedServer, **sections: Mapping[str, object]) -> Session:

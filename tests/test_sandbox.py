@@ -25,6 +25,8 @@ from taskweaver_lite.kernel.sandbox import bwrap_path, uses_sandbox
 from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
+pytestmark = pytest.mark.kernel
+
 needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
 
 SECRET = "s3cr3t-value-that-must-not-leak"

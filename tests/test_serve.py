@@ -24,6 +24,8 @@ from taskweaver_lite.testing.web_server import WebServer
 from taskweaver_lite.web.auth import Access
 from taskweaver_lite.web.live import END, Turn
 
+pytestmark = pytest.mark.kernel
+
 PLOT = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.savefig('trend.png')\nplt.show()\nprint('plotted')"
 
 

@@ -8,7 +8,6 @@ requests the scripted server received, and names the request or round that broke
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,6 +34,8 @@ from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.session.session import Session
 from taskweaver_lite.testing.scripted_server import ScriptedRequest, ScriptedServer, code_reply, last_user_text
 
+pytestmark = pytest.mark.soak
+
 WINDOW = 8000
 BUDGET = WINDOW - 4096 - 256
 SOAK_ROUNDS = 110
@@ -48,10 +49,10 @@ def soak(tmp_path_factory: pytest.TempPathFactory) -> SoakRun:
 
 
 @pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        SoakModel().install(srv)
-        yield srv
+def server(server: ScriptedServer) -> ScriptedServer:
+    """The shared scripted server, answering as the soak's model."""
+    SoakModel().install(server)
+    return server
 
 
 def ask(session: Session, n: int) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -123,12 +122,6 @@ class Listener(Role):
         self.event_emitter.register(object())
         return self.event_emitter.create_post_proxy(self.alias).end()
 """
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
 
 
 def add_role(project: Path, name: str, code: str, yaml_text: str) -> None:

@@ -6,16 +6,19 @@ listed in OUT_OF_REACH with the reason a static check cannot see it (the sandbox
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 from helpers import make_project
 
 from taskweaver_lite.config.file import load_config
-from taskweaver_lite.safety.verification import DEFAULT_BLOCKED_FUNCTIONS, CodeVerifier
+from taskweaver_lite.config.settings import DEFAULT_BLOCKED_FUNCTIONS
+from taskweaver_lite.safety.verification import CodeVerifier
 from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
+
+pytestmark = pytest.mark.kernel
 
 BYPASSES: Mapping[str, str] = {
     "plain import": "import os\nos.listdir('/')",
@@ -153,12 +156,6 @@ def test_an_empty_allowed_list_means_no_imports_and_none_means_any() -> None:
     assert CodeVerifier(allowed_modules=()).check("import math")
     assert CodeVerifier(allowed_modules=None).check("import os") == []
     assert CodeVerifier(allowed_modules=None, blocked_functions=()).check("eval('1')") == []
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
 
 
 def test_a_refused_cell_does_not_run_and_the_code_generator_revises_with_the_rule(tmp_path: Path, server: ScriptedServer) -> None:

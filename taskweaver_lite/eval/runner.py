@@ -45,6 +45,7 @@ from taskweaver_lite.eval.scoring import JudgeFailed, NotAVerdict, mark, score
 from taskweaver_lite.llm.client import ChatModel, MeteredModel, OpenAIChatModel
 from taskweaver_lite.records.conversation import Round
 from taskweaver_lite.records.events import Event, RoundEnded
+from taskweaver_lite.session.model_choice import setting_hints
 from taskweaver_lite.session.session import Session
 from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.interface import Store
@@ -427,7 +428,7 @@ def _side_costs(examiner: MeteredModel, judge: MeteredModel) -> dict[str, Any]:
 
 def _client(config: Config, part: str) -> ChatModel:
     """The examiner's or the judge's model: `eval.<part>.llm` over the project's `llm`; the examiner writes prose, not JSON."""
-    return OpenAIChatModel(eval_llm(config, part))
+    return OpenAIChatModel(eval_llm(config, part), hints=setting_hints(config, section=f"eval.{part}", overrides=getattr(config.eval, part).llm))
 
 
 def eval_llm(config: Config, part: str) -> LLMConfig:

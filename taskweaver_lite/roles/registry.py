@@ -17,7 +17,7 @@ takes that one's place: a TaskWeaver project's own `echo` is listed once):
   is handed to the role as `tools.options`). `module: pkg.mod.ClassName` names the class; it is
   loaded from `<name>.py` beside the YAML when that file exists (TaskWeaver's module paths work
   unchanged), else imported. A TaskWeaver role class (`from taskweaver.role import Role`) runs
-  unchanged through `roles/taskweaver_role.py`. Without `module`, `prompt` makes a model-only role (`ModelOnlyRole`);
+  unchanged through its adapter, `compat/taskweaver/role.py` (roles/adapters.py). Without `module`, `prompt` makes a model-only role (`ModelOnlyRole`);
 - installed packages: the entry-point group `taskweaver_lite.roles`, each point a folder (or a
   function returning one) laid out like the project's `roles/`.
 
@@ -30,7 +30,6 @@ session starts with the others and says why, in one line naming the file.
 from __future__ import annotations
 
 import difflib
-import functools
 import importlib
 import importlib.util
 import re
@@ -43,12 +42,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from taskweaver_lite.compat.taskweaver.role import TaskWeaverRole, import_problem, injector_problem, is_taskweaver_role, provide_modules
 from taskweaver_lite.config.file import ROLES_FOLDER
 from taskweaver_lite.config.settings import Config, RoleConfig
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.plugins.extensions import extension_folders
 from taskweaver_lite.records.conversation import USER
+from taskweaver_lite.roles.adapters import role_adapters
 from taskweaver_lite.roles.capabilities import KNOWN, unmet
 from taskweaver_lite.roles.worker import ModelOnlyRole, RoleHandler
 
@@ -338,32 +337,43 @@ def read_spec(path: Path, *, origin: str = "project") -> RoleSpec:
 def load_class(module: str, *, folder: Path, name: str, alias: str = "", intro: str = "") -> Callable[[], RoleHandler]:
     """The class `module` names (`pkg.mod.ClassName`): from `<name>.py` in `folder` when there, else imported.
 
-    A TaskWeaver role class (a subclass of `taskweaver.role.Role`) is run by `TaskWeaverRole`.
+    A class of another framework (TaskWeaver's `taskweaver.role.Role`) is run by that framework's adapter (roles/adapters.py).
     """
     path, _, class_name = module.rpartition(".")
     if not path or not class_name:
         raise RoleProblem(f"key 'module': {module!r} must name a class as module.ClassName (e.g. {name}.{name.title().replace('_', '')})")
     source = folder / f"{name}.py"
-    provide_modules()  # TaskWeaver's role files import taskweaver.role, taskweaver.memory...: they resolve to ours
+    for adapter in role_adapters():
+        adapter.prepare()  # TaskWeaver's role files import taskweaver.role, taskweaver.memory...: they resolve to ours
     try:
         loaded = _load_file(source, name) if source.is_file() else importlib.import_module(path)
     except Exception as exc:  # noqa: BLE001 - whatever a role's module raises on import, the session starts without it
         where = source if source.is_file() else path
-        problem = import_problem(exc) if isinstance(exc, ImportError) else None
+        problem = _import_problem(exc) if isinstance(exc, ImportError) else None
         why = problem or f"{type(exc).__name__}: {exc}"
         raise RoleProblem(f"the class could not be imported from {where} ({why})") from None
     cls = getattr(loaded, class_name, None)
     if not isinstance(cls, type):
         raise RoleProblem(f"key 'module': {loaded.__name__} has no class {class_name!r}")
-    if is_taskweaver_role(cls):
-        problem = injector_problem()
-        if problem:
-            raise RoleProblem(problem)
-        return functools.partial(TaskWeaverRole, cls, name=name, alias=alias, intro=intro)
+    for adapter in role_adapters():
+        try:
+            adapted = adapter.adapt(cls, name=name, alias=alias, intro=intro)
+        except ValueError as exc:
+            raise RoleProblem(str(exc)) from None
+        if adapted is not None:
+            return adapted
     if not callable(getattr(cls, "reply", None)):
         raise RoleProblem(f"class {class_name} has no method reply(self, request, tools) -> Post")
     handler: Callable[[], RoleHandler] = cls
     return handler
+
+
+def _import_problem(exc: ImportError) -> str | None:
+    """One line for an import a role file could not make: a framework's adapter explains its own, else a missing package is named."""
+    problem = next((found for adapter in role_adapters() if (found := adapter.import_problem(exc))), None)
+    if problem is None and isinstance(exc, ModuleNotFoundError) and exc.name:
+        return f"it needs the package {exc.name.split('.')[0]}, which is not installed here"
+    return problem
 
 
 def _load_file(source: Path, name: str) -> Any:

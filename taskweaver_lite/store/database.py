@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from taskweaver_lite.errors import StoreError
 from taskweaver_lite.store.event_rows import shorten
-from taskweaver_lite.store.interface import INTERRUPTED_ERROR, SessionEntry, StoredSession
+from taskweaver_lite.store.interface import INTERRUPTED_ERROR, Notices, SessionEntry, StoredSession
 from taskweaver_lite.store.lock import SessionLock
 from taskweaver_lite.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate, read_version
 from taskweaver_lite.store.sql import SESSION_ID, SqlStore
@@ -137,6 +137,10 @@ class SessionStore(SqlStore):
         if not SESSION_ID.match(session_id):
             raise StoreError(f"'{session_id}' is not a valid session id")
         return SessionLock(self.path.with_name(self.path.name + ".locks") / f"{session_id}.lock", session_id=session_id)
+
+    def notices(self) -> Notices | None:
+        """None: the SQLite file is one process's (its sessions wake their own event streams)."""
+        return None
 
     def close(self) -> None:
         """Close the database connection (committed events are already on disk)."""

@@ -4,7 +4,7 @@
     POST /sign-in           the sign-in form: a valid token gets a signed, expiring cookie (never the token itself)
     POST /sign-out          drops that cookie
     GET  /healthz           200 when the store and the kernel gateway answer, else 503 naming what is down (no token)
-    GET  /metrics           Prometheus text format (metrics.py), behind the same token rule as the API
+    GET  /metrics           Prometheus text format (metrics.py), behind the same token rule as the API, or serve.metrics_token
     /api/...                the sessions (api.py), over the server's `Hub` of sessions
 
 One server alone keeps its sessions in the project's SQLite file (or a PostgreSQL store marked
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hmac
 import html
 import mimetypes
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -34,7 +35,6 @@ from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import StoreError
 from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.interface import Store
-from taskweaver_lite.store.opening import store_url
 from taskweaver_lite.web.access_log import AccessLog, AccessLogMiddleware
 from taskweaver_lite.web.api import api_routes, error
 from taskweaver_lite.web.auth import COOKIE, NEEDS_A_USER, NEEDS_THE_TOKEN, Access, Refusal, same_origin_form
@@ -42,12 +42,13 @@ from taskweaver_lite.web.connections import BodyLimit
 from taskweaver_lite.web.fanout import Fanout
 from taskweaver_lite.web.hub import Hub, ServerParts
 from taskweaver_lite.web.metrics import CONTENT_TYPE, Metrics, RequestMetrics
-from taskweaver_lite.web.replica import check_replica_setup, is_replica
+from taskweaver_lite.web.replica import check_gateway_client, check_replica_setup, is_replica
 
 STATIC = files("taskweaver_lite.web") / "static"
 Handler = Callable[[Request], Awaitable[Response]]
 HEALTH_TIMEOUT = 3.0  # seconds the gateway gets to answer /healthz's question
 OPEN = frozenset({"/healthz", "/sign-in", "/sign-out"})  # answered without a token: a load balancer's probe, the sign-in form
+METRICS = "/metrics"
 
 
 # What each route answers: the docs site's HTTP API page is generated from the routes and these
@@ -102,7 +103,8 @@ ROUTES_ABOUT = {
     ("GET", "/healthz"): "200 when the store and the kernel gateway answer, else 503 naming what is down (no token needed)",
     ("GET", "/metrics"): (
         "Prometheus text: requests and latencies by route, model calls, prompt tokens cached and uncached by role, folds, "
-        "open and running sessions, lease takeovers (behind the same token rule as the API)"
+        "open and running sessions, lease takeovers, tokens by user and model, the process and the version (behind the same token rule as "
+        "the API, or `serve.metrics_token`, which opens this route alone and is checked without the store)"
     ),
 }
 
@@ -113,13 +115,14 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
     ConfigError when a PostgreSQL store would get local kernels on a server that may have replicas.
     """
     check_replica_setup(config)
+    check_gateway_client(config)  # before any session or /healthz would need it
     workspace = Workspace(config)  # the project opened once: its store, roles and plugins serve every session here
     parts = ServerParts(workspace=workspace, metrics=Metrics(), fanout=Fanout())
     hub = Hub(config, parts, preload=preload)
     access = access.with_users(hub.parts.store, settings=config.serve)  # the store's users, once it has any
-    url = store_url(config)
-    if url is not None and is_replica(config):
-        hub.join_replicas(url)
+    notices = workspace.store.notices()  # None on the SQLite file
+    if notices is not None and is_replica(config):
+        hub.join_replicas(notices)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -135,12 +138,13 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
         Route("/sign-out", _sign_out(access), methods=["POST"]),
         Route("/static/{name}", _static),
         Route("/healthz", _health(hub)),
-        Route("/metrics", _metrics(hub)),
+        Route(METRICS, _metrics(hub)),
         *api_routes(hub),
     ]
     logging = [Middleware(AccessLogMiddleware, log=log)] if log is not None else []  # outermost: refusals are logged too
     timing = Middleware(RequestMetrics, metrics=hub.parts.metrics, routes=routes)
-    guard = Middleware(_Guard, access=access)
+    scraper = config.serve.metrics_token.get_secret_value() if config.serve.metrics_token is not None else None
+    guard = Middleware(_Guard, access=access, metrics_token=scraper)
     app = Starlette(routes=routes, middleware=[*logging, timing, guard, Middleware(BodyLimit, config=config)], lifespan=lifespan)
     app.state.hub = hub
     return app
@@ -149,12 +153,13 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
 class _Guard:
     """Every request passes `Access` first (a plain ASGI middleware: event streams pass through untouched)."""
 
-    def __init__(self, app: ASGIApp, access: Access) -> None:
+    def __init__(self, app: ASGIApp, access: Access, metrics_token: str | None = None) -> None:
         self._app = app
         self._access = access
+        self._metrics_token = metrics_token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not _open(scope):
+        if scope["type"] == "http" and not _open(scope) and not self._scraper(scope):
             request = Request(scope)
             refused = await self._access.check(request)
             if refused is not None:
@@ -167,6 +172,14 @@ class _Guard:
             # An event stream asks, while it runs, whether the credential it was opened with still holds.
             scope.setdefault("state", {})["still_allowed"] = functools.partial(self._access.still_allowed, request)
         await self._app(scope, receive, send)
+
+    def _scraper(self, scope: Scope) -> bool:
+        """Whether this is GET /metrics with serve.metrics_token (checked here, without the store: it answers while the store is down)."""
+        if self._metrics_token is None or scope.get("path") != METRICS:
+            return False
+        header = Request(scope).headers.get("authorization", "")
+        offered = header[7:].strip() if header.lower().startswith("bearer ") else ""
+        return hmac.compare_digest(offered.encode(), self._metrics_token.encode())
 
 
 def _open(scope: Scope) -> bool:
