@@ -42,7 +42,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
-from urllib.parse import urlsplit
 
 from starlette.requests import Request
 
@@ -350,8 +349,7 @@ def _same_origin(request: Request, *, form: bool = False) -> Refusal | None:
     """A state-changing request from another site, or with a body a form could send, is refused."""
     if request.method in ("POST", "PUT", "DELETE", "PATCH"):
         origin = request.headers.get("origin")
-        # The host alone: behind a proxy that ends TLS the request arrives as http while the page's origin is https.
-        if origin is not None and urlsplit(origin).netloc != request.headers.get("host", ""):
+        if origin is not None and origin != _own_origin(request):
             return Refusal(403, "Requests from other sites are refused.")
         if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
             return Refusal(403, "Requests from other sites are refused.")
@@ -368,3 +366,15 @@ def _host_name(request: Request) -> str:
     if host.startswith("["):
         return host[1 : host.find("]")] if "]" in host else host
     return host.rsplit(":", 1)[0] if ":" in host else host
+
+
+def _own_origin(request: Request) -> str:
+    """The origin the browser sees: behind a proxy that ends TLS, the scheme is the one it names in X-Forwarded-Proto.
+
+    Believing the header from anyone is safe here: a page on another site cannot set it on a request
+    (it is no CORS-safelisted header and no CORS is answered), and the host must match all the same.
+    """
+    host = request.headers.get("host", "")
+    forwarded = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    scheme = forwarded if forwarded in ("http", "https") else request.url.scheme
+    return f"{scheme}://{host}"
