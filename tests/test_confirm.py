@@ -1,4 +1,4 @@
-"""Confirm mode (CONTRACT §6) on a pseudo-terminal: each cell waits for run, edit or skip."""
+"""Confirm mode on a pseudo-terminal: each cell waits for run, edit or skip."""
 
 from __future__ import annotations
 

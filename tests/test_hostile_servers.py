@@ -1,4 +1,4 @@
-"""Hostile model servers, seen from a session and the CLI (issue 16): a broken reply fails the round
+"""Hostile model servers, seen from a session and the CLI: a broken reply fails the round
 with one clear line instead of leaving it running, a huge bad reply is cut so its repair turn fits
 the window, and credentials inside `llm.api_base` reach neither the terminal nor the store.
 The client-level cases (cut-off bodies, dripped replies, Retry-After...) are in test_llm.py."""

@@ -1,4 +1,4 @@
-"""The kernel's world (CONTRACT §11): the user's folders mounted into the sandbox, their own Python, and
+"""The kernel's world: the user's folders mounted into the sandbox, their own Python, and
 the libraries the CodeGenerator is told about. Real ipykernel, real bubblewrap, scripted model."""
 
 from __future__ import annotations

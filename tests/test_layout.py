@@ -108,7 +108,7 @@ SITS_ON: dict[str, tuple[str, ...]] = {
     "compat": ("roles",),  # found by the role registry through an entry point: roles never import it
     "session": ("roles", "store"),
     "__init__": ("session",),  # the public names (imported on first use) and the version
-    "eval": ("session",),
+    "eval": ("__init__",),  # its report names the version
     "web": ("__init__",),
     "testing": ("eval", "web"),
     "cli": ("testing",),
@@ -164,6 +164,20 @@ def test_each_part_imports_only_the_parts_below_it(part: str) -> None:
     assert above == [], f"{part} reaches modules it may not import (it may: {', '.join(sorted(allowed(part))) or 'nothing'}): " + "; ".join(
         import_chain(name, importer, part) for name in above
     )
+
+
+def test_the_code_tours_table_of_layers_says_what_this_test_checks() -> None:
+    tour = (ROOT.parent / "docs" / "code-tour.md").read_text(encoding="utf-8")
+    table = tour.split("## The layers", 1)[1].split("\n## ", 1)[0]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines() if line.startswith("| `")]
+    named = {layer_name(row[0]): tuple(sorted(layer_name(base) for base in re.findall(r"`[^`]+`", row[2]))) for row in rows}
+    assert list(named) == list(SITS_ON), "docs/code-tour.md lists the layers bottom up, as SITS_ON does"
+    assert named == {part: tuple(sorted(bases)) for part, bases in SITS_ON.items()}, "docs/code-tour.md says what each layer sits on, as SITS_ON does"
+
+
+def layer_name(cell: str) -> str:
+    """'`records/`' -> 'records'; '`errors.py`' -> 'errors'."""
+    return cell.strip("`").removesuffix("/").removesuffix(".py")
 
 
 def test_only_the_store_speaks_to_postgresql() -> None:

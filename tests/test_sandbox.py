@@ -1,6 +1,6 @@
-"""The kernel's sandbox (CONTRACT §6): what a hostile cell tries inside bubblewrap fails, and the session goes on.
+"""The kernel's sandbox: what a hostile cell tries inside bubblewrap fails, and the session goes on.
 
-Each attack of issue 11 is a cell in a real sandboxed kernel; the test checks the host afterwards
+Each attack is a cell in a real sandboxed kernel; the test checks the host afterwards
 (the file is still there, nothing was written, the socket saw no connection). Skipped where
 bubblewrap is not installed (`.ci/run` installs it).
 """

@@ -135,7 +135,7 @@ def chat_with(
 
     The closing hint says how to continue: `command`, with `-p project` when one is given.
     """
-    interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
+    interactive = sys.stdin.isatty()  # piped behaviour is decided by stdin alone (stdout may be a terminal)
     confirm_mode = confirm or config.execution.confirm
     if confirm_mode and not interactive:
         raise ConfigError(
@@ -403,7 +403,7 @@ def _piped(commands: SlashCommands) -> int:
             rnd = commands.session.ask(text)
         except KeyboardInterrupt:
             say("Cancelled. The session and its variables are kept.")
-        except LLMError as exc:  # the model is unreachable or refuses us: fatal when scripted (CONTRACT §2)
+        except LLMError as exc:  # the model is unreachable or refuses us: fatal when piped: a script must not hang on it
             say(f"taskweaver-lite: {exc}")
             return 1
         except TaskWeaverError as exc:  # this request failed; the next line may still work

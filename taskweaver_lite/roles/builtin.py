@@ -2,7 +2,7 @@
 
 Both answer through the same one method as any role (`reply(request, tools) -> Post`); what they
 need beyond their tools (the kernel, the plugins, the enabled team, the safety checks) comes in
-`SessionParts`. The Planner is also the role the user talks to (`EntryRole`): it words the note of
+`SessionParts`. The Planner is also the role the user talks to: it words the note of
 a loaded file and the answer a request gets when it runs out of hops.
 """
 

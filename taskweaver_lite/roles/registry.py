@@ -29,6 +29,7 @@ session starts with the others and says why, in one line naming the file.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import importlib.util
@@ -52,6 +53,8 @@ from taskweaver_lite.roles.capabilities import KNOWN, unmet
 from taskweaver_lite.roles.worker import ModelOnlyRole, RoleHandler
 
 ENTRY_POINT_GROUP = "taskweaver_lite.roles"
+# Built-in roles a project's role of the same name replaces (TaskWeaver's own, brought over); each keeps its config section.
+REPLACEABLE = ("echo", "document_retriever")
 ROLE_FILE_SUFFIX = ".role.yaml"
 _ALIAS = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -59,7 +62,8 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _TASKWEAVER_KEYS = ("alias", "module", "intro")
 _SETTINGS_KEYS = tuple(name for name in RoleConfig.model_fields)
 
-State = Literal["enabled", "disabled", "broken", "off"]  # off: enabled, but it needs what this setup lacks
+# off: enabled, but it needs what this setup lacks; replaced: a built-in role whose name a project's role took
+State = Literal["enabled", "disabled", "broken", "off", "replaced"]
 
 
 class RoleProblem(ValueError):
@@ -123,8 +127,8 @@ class RoleEntry:
 
     def line(self) -> str:
         """One line for people: a broken role names its file and the problem."""
-        if self.state == "off":
-            return f"role {self.name} is off: {self.error}"
+        if self.state in ("off", "replaced"):
+            return f"role {self.name} is {self.state}: {self.error}"
         if self.state == "broken":
             return f"role {self.name} ({self.where}): {self.error}; the session starts without it"
         return f"{self.name}: {self.state}"
@@ -209,7 +213,7 @@ def builtin_roles() -> tuple[RoleSpec, ...]:
         RoleSpec(
             name="code_interpreter",
             alias="CodeInterpreter",
-            key="code_generator",  # its section, prompts and examples keep their names (CONTRACT §3, §7)
+            key="code_generator",  # its section, prompts and examples keep TaskWeaver's names (project configs and examples use them)
             label="CodeGenerator",
             intro=_CODE_INTERPRETER_INTRO,
             builtin="code_interpreter",
@@ -238,11 +242,24 @@ def discover_roles(project_dir: Path, *, enabled: Sequence[str], config: Config 
     for folder, origin in folders:
         for role_dir in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
             found.append(read_entry(role_dir, origin=origin))
-    # A project's own `echo` (TaskWeaver's, brought over) takes the place of the built-in example of that name: listed once.
-    replaced = {entry.name for entry in found}
-    builtin = [RoleEntry(spec.name, spec.origin, "disabled", spec=spec) for spec in builtin_roles() if spec.builtin or spec.name not in replaced]
-    entries = _unique(builtin + found + broken)
-    return _enable(entries, enabled, config=config)
+    # A project's own `echo` or `document_retriever` (TaskWeaver's, brought over) takes the place of the built-in
+    # role of that name, listed once; a broken one too (the session must not run another class than the one
+    # asked for), and then the built-in one is still listed, as replaced, saying how to have it back.
+    replacing = {entry.name: entry for entry in found}
+    builtin = [RoleEntry(spec.name, spec.origin, "disabled", spec=spec) for spec in builtin_roles() if spec.builtin or spec.name not in replacing]
+    catalog = _enable(_unique(builtin + found + broken), enabled, config=config)
+    shadowed = tuple(
+        RoleEntry(
+            spec.name,
+            spec.origin,
+            "replaced",
+            f"the project's {replacing[spec.name].where}, broken, takes its place; remove that folder to use this one",
+            spec=spec,
+        )
+        for spec in builtin_roles()
+        if not spec.builtin and spec.name in replacing and replacing[spec.name].state == "broken"
+    )
+    return dataclasses.replace(catalog, entries=catalog.entries + shadowed)
 
 
 def _folders(project_dir: Path) -> tuple[list[tuple[Path, str]], list[RoleEntry]]:
@@ -304,7 +321,7 @@ def read_spec(path: Path, *, origin: str = "project") -> RoleSpec:
     name = path.name.removesuffix(ROLE_FILE_SUFFIX)
     if not _NAME.match(name):
         raise RoleProblem(f"the folder name {name!r} may only hold lower-case letters, digits and _ (it is the role's name)")
-    if name in Config.model_fields:  # its section would be that one's (`llm:`, `code_generator:`...)
+    if name in Config.model_fields and name not in REPLACEABLE:  # its section would be that one's (`llm:`, `code_generator:`...)
         raise RoleProblem(f"the name {name!r} is already a section of taskweaver_config.yaml; rename the folder and its files")
     data = _load_yaml(path)
     alias = _text(data, "alias", required=True)

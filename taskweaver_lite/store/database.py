@@ -17,7 +17,7 @@ loses at most the event being written and never corrupts the file (in WAL mode a
 against a process crash; NORMAL only skips the fsync that guards against power loss). Two processes
 may write to one file at once: SQLite serialises them, and `busy_timeout` makes each wait its turn
 instead of failing. A session open in one process is guarded by an `flock` on a lock file (see
-`session_lock.py`), which the operating system releases even when the process is killed.
+`lock.py`), which the operating system releases even when the process is killed.
 """
 
 from __future__ import annotations

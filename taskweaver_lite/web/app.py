@@ -1,4 +1,4 @@
-"""The web server's application (CONTRACT §8): the page, the service routes, and the session API (`api.py`).
+"""The web server's application: the page, the service routes, and the session API (`api.py`).
 
     GET  /                  the page (static/index.html; no build step); the sign-in page while the request has no valid token
     POST /sign-in           the sign-in form: a valid token gets a signed, expiring cookie (never the token itself)
