@@ -120,9 +120,10 @@ def test_the_site_lists_every_page_and_every_listed_page_exists() -> None:
 
 
 def heading_anchors(text: str) -> set[str]:
-    """The anchors a page's headings get (lower case, punctuation dropped, spaces as hyphens), as the site and GitHub make them."""
+    """The anchors of a page: its headings' (lower case, punctuation dropped, spaces as hyphens, as the site and GitHub make them), and explicit ones."""
     headings = re.findall(r"^#{1,6}\s+(.+?)\s*$", re.sub(r"```.*?```", "", text, flags=re.S), flags=re.M)
-    return {re.sub(r"[^\w\- ]", "", heading.lower()).strip().replace(" ", "-") for heading in headings}
+    explicit = set(re.findall(r"<a\s+(?:id|name)=\"([\w-]+)\"", text))  # `<a id="tracing"></a>` before a paragraph
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).strip().replace(" ", "-") for heading in headings} | explicit
 
 
 def test_every_readme_section_and_page_anchor_a_page_points_to_exists() -> None:
