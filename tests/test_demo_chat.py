@@ -118,6 +118,29 @@ def test_a_serve_demo_that_fails_leaves_no_temporary_folder(tmp_path: Path) -> N
         )
     assert done.returncode != 0 and "already in use" in done.stderr, done.stderr
     assert not [path.name for path in temp.iterdir() if path.name.startswith("taskweaver-demo-")], "the demo's folder went with it"
+    assert "The scripted model answers" not in done.stderr, "the busy port is the only thing said"
+
+
+def test_serve_demo_opens_on_a_new_session_and_stopped_keeps_the_pages_sessions_saying_where(tmp_path: Path) -> None:
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "taskweaver_lite", "serve", "--demo", "--port", str(port)]
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**cli_env(), "TMPDIR": str(temp)}) as proc:
+        assert proc.stderr is not None
+        said = [proc.stderr.readline() for _ in range(12)]
+        start = next(line for line in said if "serving" in line)
+        assert start.rstrip().endswith(f"http://127.0.0.1:{port}/#new"), "the link opens the page on a new session"
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+            client.post("/api/sessions").raise_for_status()
+        proc.terminate()
+        rest = proc.stderr.read()
+        proc.wait(60)
+    [folder] = [path for path in temp.iterdir() if path.name.startswith("taskweaver-demo-")]
+    assert (folder / "sessions.db").is_file(), "the page's session is kept"
+    assert f"The demo's 1 session stay in {folder}: `taskweaver-lite serve --demo -p {folder}` goes on with them" in rest, rest
 
 
 def test_a_demo_chat_says_how_to_continue_it_and_continues(tmp_path: Path) -> None:

@@ -269,9 +269,12 @@ def test_file_paths_in_an_answer_link_to_the_sessions_artifact(tmp_path: Path, b
         with WebServer(load_config(make_project(tmp_path, scripted.url))) as web:
             _ask(browser, web, "Save the growth table", "Saved to")
             answer = browser.execute_script("const m = [...document.querySelectorAll('.msg.planner .md')]; return m[m.length - 1];")
-            links = browser.execute_script("return [...arguments[0].querySelectorAll('a')].map((a) => [a.textContent, a.getAttribute('href')])", answer)
-            assert [text for text, _ in links] == [links[0][0], "growth.csv"] and links[0][0].endswith("/growth.csv"), links
-            assert all(href.endswith("/artifacts/growth.csv") for _, href in links), links
+            links = browser.execute_script(
+                "return [...arguments[0].querySelectorAll('a')].map((a) => [a.textContent, a.getAttribute('href'), a.title])", answer
+            )
+            assert [text for text, _, _ in links] == ["growth.csv", "growth.csv"], "a server path is linked by its file's name, not the folder's path"
+            assert links[0][2].endswith("/growth.csv") and links[0][2].startswith("/"), "the path stays in the link's tooltip"
+            assert all(href.endswith("/artifacts/growth.csv") for _, href, _ in links), links
             _screenshot(browser, "file-links")
             served = browser.execute_script("return fetch(arguments[0]).then((r) => r.text())", links[0][1])
             assert served.startswith("region,growth"), served

@@ -26,6 +26,7 @@ from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.session.session import numbered
+from taskweaver_lite.store.database import stored_sessions
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, text_reply
 
 MATCH_RATIO = 0.6  # how close a request must read to a scripted one (difflib's ratio over lowercased words)
@@ -150,9 +151,27 @@ def demo_config(project: str | None, *, overrides: Sequence[str] = ()) -> Iterat
             settings = [f"llm.api_base={server.url}", "llm.api_key=demo-key", "llm.model=scripted-demo", requests, *overrides]
             yield load_config(target, settings)
     except BaseException:
-        if not project:  # a folder we made for a demo that failed (a port in use, a bad --set): nothing in it is worth keeping
+        # A folder we made for a demo that failed (a port in use, a bad --set), or one stopped (Ctrl-C, SIGTERM) before
+        # anything was stored: nothing in it is worth keeping. One that holds sessions stays: `kept_line` says where.
+        if not project and not demo_sessions(target):
             shutil.rmtree(target, ignore_errors=True)
         raise
+
+
+def demo_sessions(folder: Path) -> int:
+    """How many sessions a demo project folder holds."""
+    store = folder / "sessions.db"
+    return len(stored_sessions(store)) if store.is_file() else 0
+
+
+def kept_line(folder: Path, *, command: str) -> str | None:
+    """The line a demo says on its way out when its folder holds sessions: where they are, and the command that goes on with them."""
+    count = demo_sessions(folder)
+    if not count:
+        return None
+    return (
+        f"The demo's {count} session{'' if count == 1 else 's'} stay in {folder}: `{command} -p {folder}` goes on with them (delete the folder to drop them)."
+    )
 
 
 def sample_data(config: Config) -> Path:

@@ -52,11 +52,17 @@ CUT_GRACE = 10.0  # seconds past serve.drain_timeout for the requests cut then t
 def run_serve(args: argparse.Namespace) -> int:
     """Serve until Ctrl-C; every session open in the server is closed (and stays stored) on the way out."""
     if args.demo:
-        from taskweaver_lite.cli.demo_model import demo_config, known_requests, sample_data
+        from taskweaver_lite.cli.demo_model import demo_config, kept_line, known_requests, sample_data
 
         with demo_config(args.project, overrides=list(args.overrides)) as config:
-            say(f"Demo project: {config.project_dir}. The scripted model answers these requests:\n{known_requests()}")
-            return _serve(config, args, preload=[sample_data(config)])
+            try:
+                # Said once the port is ours (a busy one is the only line), and the page opens on a new session.
+                intro = f"Demo project: {config.project_dir}. The scripted model answers these requests:\n{known_requests()}"
+                return _serve(config, args, preload=[sample_data(config)], intro=intro, fresh=True)
+            finally:
+                kept = kept_line(config.project_dir, command="taskweaver-lite serve --demo")
+                if kept is not None:
+                    say(kept)
     config = load_config(project_dir(args), list(args.overrides))
     for notice in config.notices:
         say(notice)
@@ -69,14 +75,17 @@ def say(line: str) -> None:
     print("\n".join(f"{stamp} {part}" for part in line.splitlines()), file=sys.stderr, flush=True)
 
 
-def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] = ()) -> int:
+def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] = (), intro: str = "", fresh: bool = False) -> int:
+    """Serve `config` on the command's address: `intro` is said once it is listening, and with `fresh` its link opens a new session."""
     logging.basicConfig(stream=sys.stderr, format=LOG_FORMAT, datefmt=LOG_TIME, level=logging.WARNING)  # the server's warnings, stamped
     access = Access.for_address(args.host, args.token, store_has_users=store_has_users(config))
     log = AccessLog(args.log) if args.log else None
     try:
         app = build_app(config, access, log=log, preload=preload)
         with listening(args.host, args.port) as sock:
-            say(start_line(config.project_dir, host=args.host, port=args.port, token=access.token))
+            if intro:
+                say(intro)
+            say(start_line(config.project_dir, host=args.host, port=args.port, token=access.token, fresh=fresh))
             for line in discover_roles(config.project_dir, enabled=config.session.roles, config=config).problems:
                 say(strip_controls(line))
             drain = config.serve.drain_timeout
@@ -141,10 +150,14 @@ def _bind_problem(exc: OSError, *, host: str, port: int) -> str:
     return f"cannot listen on {host}:{port} ({exc.strerror}): choose another --host or --port"
 
 
-def start_line(project: Path, *, host: str, port: int, token: str | None) -> str:
-    """What `serve` prints once listening: the project and a link that opens the page (with the token when one is needed)."""
+def start_line(project: Path, *, host: str, port: int, token: str | None, fresh: bool = False) -> str:
+    """What `serve` prints once listening: the project and a link that opens the page (with the token when one is needed).
+
+    With `fresh` the link ends in `#new`: the page opens on a new session instead of on none.
+    """
     shown = "127.0.0.1" if host in WILDCARDS else host
     where = f"http://{'[' + shown + ']' if ':' in shown else shown}:{port}/"
+    opening = "#new" if fresh else ""
     if token is None:
-        return f"taskweaver-lite serving {project} at {where}"
-    return f"taskweaver-lite serving {project} at {where} (token required); open {where}?token={quote(token, safe='')}"
+        return f"taskweaver-lite serving {project} at {where}{opening}"
+    return f"taskweaver-lite serving {project} at {where} (token required); open {where}?token={quote(token, safe='')}{opening}"

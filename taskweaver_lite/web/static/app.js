@@ -59,7 +59,9 @@ function linkFiles(box) {
       const name = current && artifactName(match[0], match[1]);
       if (!name) continue;
       pieces.push(node.data.slice(last, match.index));
-      const link = el("a", "file", match[0]);
+      // The file's name is the link's text; the server's path (a temporary folder's, say) is only its tooltip.
+      const link = el("a", "file", name);
+      link.title = match[0];
       link.href = `/api/sessions/${encodeURIComponent(current)}/artifacts/${encodeURIComponent(name)}`;
       link.target = "_blank";
       pieces.push(link);
@@ -522,6 +524,8 @@ window.addEventListener("DOMContentLoaded", () => {
     [...event.dataTransfer.files].forEach(upload);
   };
   listSessions();
+  // `#new` (serve --demo's link) opens the page on a new session; its own id then replaces it in the address.
   const wanted = location.hash.slice(1);
-  if (wanted) openSession(wanted, false);
+  if (wanted === "new") newSession();
+  else if (wanted) openSession(wanted, false);
 });
