@@ -37,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from taskweaver_lite.errors import StoreError, StoreUnavailable, TaskWeaverError, UnknownSessionError
+from taskweaver_lite.errors import GatewayError, StoreError, StoreUnavailable, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.llm.client import usage_by_purpose
 from taskweaver_lite.records.event_json import round_json
 from taskweaver_lite.records.model_calls import Usage
@@ -95,7 +95,7 @@ def error(status: int, message: str) -> JSONResponse:
 
 
 def answer_failure(exc: Exception) -> JSONResponse:
-    """The HTTP answer to an error a route met: 404, 409, 429, 503 or 400, with its one line."""
+    """The HTTP answer to an error a route met: 404, 409, 429, 503 (the store, the kernel gateway, a stopping server) or 400, with its one line."""
     if isinstance(exc, (UnknownSessionError, NotOpen)):
         return error(404, str(exc))
     if isinstance(exc, Busy):
@@ -106,6 +106,8 @@ def answer_failure(exc: Exception) -> JSONResponse:
         return error(429, str(exc))
     if isinstance(exc, StoreUnavailable):
         return error(503, store_down(exc))
+    if isinstance(exc, GatewayError):  # the service's own part is down or refused us: not the request's fault
+        return error(503, f"The kernel gateway cannot run the session's kernel now, so nothing was done; try again shortly ({' '.join(str(exc).split())}).")
     return error(400, str(exc))
 
 
