@@ -8,7 +8,7 @@ key, its line and what was expected, on one line.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -278,11 +278,17 @@ def _with_lines(source: str, locs: list[tuple[str, ...]], path: Path) -> str:
 
 def _section(dotted: str) -> type[BaseModel]:
     parent: type[BaseModel] = Config
+    named = False  # the part before was a mapping of named sections (`mcp.servers`): this part is a name
     for part in filter(None, dotted.split(".")):
+        if named:
+            named = False
+            continue
         if part not in parent.model_fields:  # a role's section (`echo`), written at the top level
             parent = RoleSectionConfig
             continue
-        section = section_type(parent.model_fields[part].annotation)
+        annotation = parent.model_fields[part].annotation
+        named = get_origin(annotation) is dict
+        section = section_type(annotation)
         if not (isinstance(section, type) and issubclass(section, BaseModel)):
             break
         parent = section
