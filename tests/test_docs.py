@@ -80,8 +80,8 @@ def test_every_http_route_is_on_the_api_page_with_what_it_answers() -> None:
 
 
 def user_pages() -> dict[str, str]:
-    """Every page a user reads: the README, the security policy, docs/ and the generated reference."""
-    found = {name: (REPO / name).read_text(encoding="utf-8") for name in ("README.md", "SECURITY.md")}
+    """Every page a user reads: the README, the security policy, the changelog, docs/ and the generated reference."""
+    found = {name: (REPO / name).read_text(encoding="utf-8") for name in ("README.md", "SECURITY.md", "CHANGELOG.md")}
     found |= {str(path.relative_to(REPO)): path.read_text(encoding="utf-8") for path in sorted((REPO / "docs").rglob("*.md"))}
     return found | reference.pages()
 
@@ -105,11 +105,15 @@ def nav_pages(items: list[Any]) -> list[str]:
     return pages
 
 
+# Pages of the site kept at the repository's top level (docs/hooks/reference.py adds them).
+TOP_LEVEL = {"security.md": "SECURITY.md", "changelog.md": "CHANGELOG.md"}
+
+
 def test_the_site_lists_every_page_and_every_listed_page_exists() -> None:
     site = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))
     listed = nav_pages(site["nav"])
-    written = {str(path.relative_to(REPO / "docs")) for path in (REPO / "docs").rglob("*.md")} | set(reference.pages()) | {"security.md"}
+    written = {str(path.relative_to(REPO / "docs")) for path in (REPO / "docs").rglob("*.md")} | set(reference.pages()) | set(TOP_LEVEL)
     assert sorted(listed) == sorted(written)
     images = re.findall(r"\]\(([\w./-]+\.(?:png|svg))\)", (REPO / "README.md").read_text(encoding="utf-8"))
     assert images and all((REPO / image).is_file() for image in images), "the README's screenshots exist"
-    assert all(Path(REPO / "docs" / page).is_file() for page in listed if page not in reference.pages() and page != "security.md")
+    assert all(Path(REPO / "docs" / page).is_file() for page in listed if page not in reference.pages() and page not in TOP_LEVEL)

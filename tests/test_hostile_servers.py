@@ -1,4 +1,4 @@
-"""Hostile model servers, seen from a session and the CLI (issue 16): a broken reply fails the round
+"""Hostile model servers, seen from a session and the CLI: a broken reply fails the round
 with one clear line instead of leaving it running, a huge bad reply is cut so its repair turn fits
 the window, and credentials inside `llm.api_base` reach neither the terminal nor the store.
 The client-level cases (cut-off bodies, dripped replies, Retry-After...) are in test_llm.py."""
@@ -6,7 +6,7 @@ The client-level cases (cut-off bodies, dripped replies, Retry-After...) are in 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -20,11 +20,7 @@ from taskweaver_lite.session import assembly
 from taskweaver_lite.session.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, planner_reply
 
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
+pytestmark = pytest.mark.kernel
 
 
 def open_session(tmp_path: Path, server: ScriptedServer, **sections: Mapping[str, object]) -> Session:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import queue
 import re
 import shutil
 import sqlite3
@@ -27,7 +28,7 @@ from taskweaver_lite.records.events import FileLoaded, Folded, ModelCalled, Post
 from taskweaver_lite.records.execution import ExecutionResult
 from taskweaver_lite.session.export import export_notebook
 from taskweaver_lite.store.database import SessionStore
-from taskweaver_lite.store.interface import Store
+from taskweaver_lite.store.interface import EVENTS_CHANNEL, Store
 from taskweaver_lite.store.postgres import PostgresStore
 from taskweaver_lite.store.postgres_schema import MIGRATIONS as POSTGRES_MIGRATIONS
 from taskweaver_lite.store.postgres_schema import SCHEMA_VERSION
@@ -258,6 +259,27 @@ def test_appending_to_a_sessions_event_log_notifies_the_other_replicas_once_per_
         store.record("s", ModelCalled("planner", 10, 2, 0.1, ok=True))  # nothing for the log: no notice
         heard = [n.payload for n in listener.notifies(timeout=2.0)]
     assert heard == ["s"], "each write that appends to the log tells the other replicas, once, by the session's id"
+
+
+@pytest.mark.postgres
+def test_the_stores_notices_carry_a_sessions_new_events_and_the_servers_own_messages(postgres_url: str, tmp_path: Path) -> None:
+    store = PostgresStore(postgres_url)
+    started(store, "s")
+    heard: queue.Queue[tuple[str, str]] = queue.Queue()
+    notices = store.notices()
+    notices.listen({EVENTS_CHANNEL: lambda payload: heard.put(("events", payload)), "twl_stop": lambda payload: heard.put(("stop", payload))})
+    try:
+        deadline = time.monotonic() + 30
+        while not notices.connected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert notices.connected, "the LISTEN connection did not come up"
+        store.record("s", shown=[{"type": "post", "text": "one"}])
+        assert heard.get(timeout=10) == ("events", "s"), "an append to the event log reaches the listeners as the session's id"
+        store.notices().send("twl_stop", "s")
+        assert heard.get(timeout=10) == ("stop", "s"), "a server's own notice reaches the listeners of its channel"
+    finally:
+        notices.close()
+    assert SessionStore(tmp_path / "sessions.db").notices() is None, "the SQLite file is one process's: nobody to notify"
 
 
 @pytest.mark.postgres

@@ -135,7 +135,7 @@ def chat_with(
 
     The closing hint says how to continue: `command`, with `-p project` when one is given.
     """
-    interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
+    interactive = sys.stdin.isatty()  # piped behaviour is decided by stdin alone (stdout may be a terminal)
     confirm_mode = confirm or config.execution.confirm
     if confirm_mode and not interactive:
         raise ConfigError(
@@ -279,7 +279,10 @@ def _resume(
         remembered = workspace.remembered_overrides(ref)
         if remembered:
             overrides = merge_overrides(remembered, overrides)
-            workspace = workspace.reconfigured(load_config(project, overrides))  # the same store: the caller closes it
+            # Under what the workspace was opened with (the demo's model and address are --set values too), the
+            # remembered ones, then this command's: a resume changes what the session changed, nothing more.
+            base = list(workspace.config.sources.overrides)
+            workspace = workspace.reconfigured(load_config(project, merge_overrides(base, overrides)))  # the same store: the caller closes it
         _fit_display(workspace.config, renderer)  # after the reload: the stored settings must not undo the terminal's width
         session = _resume_session(workspace, ref, replay=replay, renderer=renderer, say=say, confirm=confirm)
     except UnknownSessionError as exc:
@@ -332,8 +335,8 @@ def _resume_session(
 def _interactive(renderer: RichConsole, commands: SlashCommands) -> int:
     config = commands.session.config  # the session's own: after a resume, with the --set values it was started with
     config.project_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    owner_only_file(config.project_dir / ".chat_history", create=True)  # every request typed: the owner's only
-    line = PromptLine(config.project_dir / ".chat_history")
+    owner_only_file(config.state_dir / ".chat_history", create=True)  # every request typed: the owner's only
+    line = PromptLine(config.state_dir / ".chat_history")
     renderer.say(f"taskweaver-lite session {commands.session.id} — {model_names(commands.session)}. Type /help for commands.", style="bold")
     while True:
         try:
@@ -356,7 +359,7 @@ def _next_request(renderer: RichConsole, commands: SlashCommands, line: PromptLi
     if notice:
         renderer.say(notice, style="yellow")
         return ""
-    if text is None or not text.startswith("/"):
+    if text is None or not is_command(text):
         return text
     if not commands.run(text):
         return None
@@ -390,7 +393,7 @@ def _piped(commands: SlashCommands) -> int:
     for text in _stdin_lines(say):
         if not text.strip():
             continue
-        if text.startswith("/") and commands.known(text):
+        if is_command(text):  # known or not, as on a terminal: an unknown one is refused, never sent to the model
             if not commands.run(text.strip()):
                 return 0
             text = commands.take_request() or ""
@@ -400,7 +403,7 @@ def _piped(commands: SlashCommands) -> int:
             rnd = commands.session.ask(text)
         except KeyboardInterrupt:
             say("Cancelled. The session and its variables are kept.")
-        except LLMError as exc:  # the model is unreachable or refuses us: fatal when scripted (CONTRACT §2)
+        except LLMError as exc:  # the model is unreachable or refuses us: fatal when piped: a script must not hang on it
             say(f"taskweaver-lite: {exc}")
             return 1
         except TaskWeaverError as exc:  # this request failed; the next line may still work
@@ -423,6 +426,12 @@ def _stdin_lines(say: Callable[[str], None]) -> Iterator[str]:
             yield raw.decode(encoding).rstrip("\r\n")
         except UnicodeDecodeError as exc:
             say(f"stdin: line {number} is not {encoding} text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); skipped it: pipe {encoding} text")
+
+
+def is_command(line: str) -> bool:
+    """Whether a line is a chat command (`/help`, `/clear`): a slash and a word first; `/data/x.csv ...` is a request naming a path."""
+    first = line.strip().split(maxsplit=1)[0] if line.strip() else ""
+    return first.startswith("/") and len(first) > 1 and "/" not in first[1:]
 
 
 class SlashCommands(TurnCommands):
@@ -453,10 +462,6 @@ class SlashCommands(TurnCommands):
             "/experience": self._experience,
             "/roles": self._roles,
         }
-
-    def known(self, line: str) -> bool:
-        """Whether the line starts with a command this chat knows."""
-        return line.split(maxsplit=1)[0] in self._table
 
     def run(self, line: str) -> bool:
         """Run one command line; False means the chat should end."""

@@ -16,7 +16,7 @@ def run_docs(project: Path, *, as_json: bool) -> int:
     config = load_config(project)
     folder = Path(config.document_retriever.folder).expanduser()
     docs = folder if folder.is_absolute() else config.project_dir / folder
-    with DocumentIndex(docs, config.project_dir / INDEX_FILE) as index:
+    with DocumentIndex(docs, config.state_dir / INDEX_FILE) as index:
         report = index.refresh()
         documents = index.documents()
     if as_json:

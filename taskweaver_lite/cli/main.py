@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_parser(commands)
 
+    from taskweaver_lite.cli.config import add_config_parser
+
+    add_config_parser(commands)
+
     export = commands.add_parser("export", help="write a stored session as a notebook or Markdown")
     export.add_argument("session_id", metavar="ID", help="session id ('last' for the newest)")
     _project_option(export)
@@ -118,6 +122,7 @@ _RUNNERS = {
     "export": ("taskweaver_lite.cli.chat", "export_session"),
     "users": ("taskweaver_lite.cli.users", "run_users"),
     "mcp": ("taskweaver_lite.cli.mcp", "run_mcp"),
+    "config": ("taskweaver_lite.cli.config", "run_config"),
 }
 # Listings of a project's parts: each function takes the project folder and `--json`.
 _LISTINGS = {

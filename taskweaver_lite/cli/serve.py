@@ -1,7 +1,8 @@
 """`taskweaver-lite serve`: the web page and HTTP API (web/app.py) on uvicorn.
 
 The port is bound here before uvicorn starts, so a busy one is one line naming `--port` (and
-"serving at" is printed only once the address is really ours).
+"serving at" is printed only once the address is really ours). Every line `serve` writes to stderr
+while it runs starts with the time (ISO 8601, UTC offset included): ours, the log's and uvicorn's.
 """
 
 from __future__ import annotations
@@ -9,9 +10,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import logging
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
@@ -27,11 +30,21 @@ from taskweaver_lite.roles.registry import discover_roles
 from taskweaver_lite.safety.terminal import strip_controls
 from taskweaver_lite.store.opening import store_has_users
 from taskweaver_lite.web.access_log import AccessLog
-from taskweaver_lite.web.app import build_app
+from taskweaver_lite.web.app import PROXY_HEADERS, build_app
 from taskweaver_lite.web.auth import Access
 from taskweaver_lite.web.hub import Hub
 
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_TIME = "%Y-%m-%dT%H:%M:%S%z"
+# uvicorn's loggers in the same form (its default has no time); its access log stays off (serve --log writes ours).
+UVICORN_LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"stamped": {"format": LOG_FORMAT, "datefmt": LOG_TIME}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "stamped", "stream": "ext://sys.stderr"}},
+    "loggers": {"uvicorn": {"handlers": ["stderr"], "level": "WARNING", "propagate": False}},
+}
 CUT_GRACE = 10.0  # seconds past serve.drain_timeout for the requests cut then to end before uvicorn cancels what is left
 
 
@@ -41,25 +54,34 @@ def run_serve(args: argparse.Namespace) -> int:
         from taskweaver_lite.cli.demo_model import demo_config, known_requests, sample_data
 
         with demo_config(args.project, overrides=list(args.overrides)) as config:
-            print(f"Demo project: {config.project_dir}. The scripted model answers these requests:\n{known_requests()}", file=sys.stderr)
+            say(f"Demo project: {config.project_dir}. The scripted model answers these requests:\n{known_requests()}")
             return _serve(config, args, preload=[sample_data(config)])
     config = load_config(project_dir(args), list(args.overrides))
     for notice in config.notices:
-        print(notice, file=sys.stderr)
+        say(notice)
     return _serve(config, args)
 
 
+def say(line: str) -> None:
+    """One line (or several) to stderr, each stamped with the time as the log's lines are."""
+    stamp = time.strftime(LOG_TIME)
+    print("\n".join(f"{stamp} {part}" for part in line.splitlines()), file=sys.stderr, flush=True)
+
+
 def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] = ()) -> int:
+    logging.basicConfig(stream=sys.stderr, format=LOG_FORMAT, datefmt=LOG_TIME, level=logging.WARNING)  # the server's warnings, stamped
     access = Access.for_address(args.host, args.token, store_has_users=store_has_users(config))
     log = AccessLog(args.log) if args.log else None
     try:
         app = build_app(config, access, log=log, preload=preload)
         with listening(args.host, args.port) as sock:
-            print(start_line(config.project_dir, host=args.host, port=args.port, token=access.token), file=sys.stderr, flush=True)
+            say(start_line(config.project_dir, host=args.host, port=args.port, token=access.token))
             for line in discover_roles(config.project_dir, enabled=config.session.roles, config=config).problems:
-                print(strip_controls(line), file=sys.stderr, flush=True)
+                say(strip_controls(line))
             drain = config.serve.drain_timeout
-            settings = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=round(drain + CUT_GRACE))
+            settings = uvicorn.Config(
+                app, log_level="warning", log_config=UVICORN_LOGGING, timeout_graceful_shutdown=round(drain + CUT_GRACE), proxy_headers=PROXY_HEADERS
+            )
             server = _Server(settings, hub=app.state.hub, drain=drain)
             server.run(sockets=[sock])
     finally:

@@ -1,4 +1,4 @@
-"""The typed configuration: one object of typed sections, validated once (config_file.py reads it).
+"""The typed configuration: one object of typed sections, validated once (config/file.py reads it).
 
 Every key has a default, so an empty file is a valid project. Settings that cannot hold together
 (a gateway with a local sandbox, a role's window too small for its reserve) are refused here, with
@@ -7,8 +7,10 @@ the keys and the fix on one line.
 
 from __future__ import annotations
 
+import hashlib
 import keyword
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,7 +18,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
-from taskweaver_lite.safety.verification import DEFAULT_ALLOWED_MODULES, DEFAULT_BLOCKED_FUNCTIONS
+from taskweaver_lite.config.sources import ConfigSources
+from taskweaver_lite.errors import ConfigError
 
 # Bounds on any YAML file of a project (config, examples, plugin specs): far above real ones.
 
@@ -240,6 +243,26 @@ class SessionConfig(_Section):
         default_factory=list,
         description="requests offered to a new session (the page lists them; the chat and the page take a request's number for it)",
     )
+    state_dir: str | None = Field(
+        None,
+        description=(
+            "where the program writes: sessions/ (each session's working folder), the SQLite store, caches (relative to the project); "
+            "null: the project folder, or $XDG_STATE_HOME/taskweaver-lite/<project> when the project folder is read-only"
+        ),
+    )
+
+
+# Code verification's defaults (safety/verification.py applies them): the analysis libraries and the standard
+# library's harmless modules; the names that run code, open files or start processes.
+DEFAULT_ALLOWED_MODULES = (
+    "pandas", "numpy", "matplotlib", "scipy", "sklearn", "seaborn", "statsmodels", "math", "statistics", "datetime",
+    "time", "json", "csv", "re", "collections", "itertools", "functools", "operator", "typing", "random", "decimal",
+    "fractions", "string", "textwrap", "dataclasses", "enum", "warnings", "calendar", "zoneinfo", "io",
+)  # fmt: skip
+DEFAULT_BLOCKED_FUNCTIONS = (
+    "eval", "exec", "execfile", "compile", "open", "input", "breakpoint", "globals", "locals", "vars", "__import__",
+    "system", "popen", "Popen", "fork", "setsid",
+)  # fmt: skip
 
 
 class CodeInterpreterConfig(_Section):
@@ -467,6 +490,9 @@ class ServeConfig(_Section):
     trusted_proxies: list[str] = Field(
         default_factory=lambda: ["127.0.0.1", "::1"], description="the addresses trusted_user_header is believed from (the proxy's)"
     )
+    metrics_token: SecretStr | None = Field(
+        None, description="a token good for GET /metrics alone (a Prometheus scraper's), answered even while the store is down; null: a user's token"
+    )
 
     @field_validator("max_sessions_per_user", mode="before")
     @classmethod
@@ -531,11 +557,22 @@ class Config(_Section):
     # Not a YAML key: where the project lives, filled in by load_config.
     project_dir: Path = Field(default=Path("project"), exclude=True)
     _notices: list[str] = PrivateAttr(default_factory=list)
+    _sources: ConfigSources = PrivateAttr(default_factory=ConfigSources)
+    _state_dir: Path | None = PrivateAttr(default=None)  # decided once: whether the project folder may be written
 
     @property
     def notices(self) -> list[str]:
         """What loading said besides errors (TaskWeaver keys that have no effect here), for the user once."""
         return self._notices
+
+    @property
+    def sources(self) -> ConfigSources:
+        """Where the settings were read from, and each one's origin (set by load_config)."""
+        return self._sources
+
+    @sources.setter
+    def sources(self, value: ConfigSources) -> None:
+        self._sources = value
 
     @model_validator(mode="after")
     def _role_models_are_whole(self) -> Config:
@@ -610,9 +647,19 @@ class Config(_Section):
         return min(max(self.role_budget("code_generator") // OUTPUT_SHARE, MIN_OUTPUT_TOKENS), MAX_OUTPUT_TOKENS)
 
     @property
+    def state_dir(self) -> Path:
+        """Where this program writes (session folders, the SQLite file, caches): session.state_dir, else the project or, read-only, a folder of the user's."""
+        if self.session.state_dir:
+            path = Path(self.session.state_dir).expanduser()
+            return path if path.is_absolute() else self.project_dir / path
+        if self._state_dir is None:
+            self._state_dir = self.project_dir if os.access(self.project_dir, os.W_OK) else read_only_state_dir(self.project_dir)
+        return self._state_dir
+
+    @property
     def sessions_dir(self) -> Path:
         """Folder holding one working folder per session."""
-        return self.project_dir / "sessions"
+        return self.state_dir / "sessions"
 
     @property
     def experience_dir(self) -> Path:
@@ -623,7 +670,24 @@ class Config(_Section):
     def store_path(self) -> Path:
         """The SQLite file, relative paths taken from the project folder."""
         path = Path(self.store.path).expanduser()
-        return path if path.is_absolute() else self.project_dir / path
+        return path if path.is_absolute() else self.state_dir / path
+
+
+def read_only_state_dir(project: Path) -> Path:
+    """Where a read-only project's sessions go: $XDG_STATE_HOME (or ~/.local/state)/taskweaver-lite/<name>-<hash of its path>.
+
+    The hash keeps two projects of one name apart; a home that cannot be written either falls back to the temporary folder.
+    """
+    resolved = project.resolve()
+    name = f"{resolved.name}-{hashlib.sha256(str(resolved).encode()).hexdigest()[:8]}"
+    home = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    for base in (home / "taskweaver-lite", Path(tempfile.gettempdir()) / f"taskweaver-lite-{os.getuid()}"):
+        try:
+            (base / name).mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError:
+            continue
+        return base / name
+    raise ConfigError(f"{project} is read-only and no folder to write sessions in could be made: set session.state_dir to a writable folder")
 
 
 def _has_llm(annotation: Any) -> bool:

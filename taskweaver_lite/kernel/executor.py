@@ -37,6 +37,7 @@ from taskweaver_lite.kernel.hidden_paths import hidden_path_notes
 from taskweaver_lite.kernel.identity import hand_over, kernel_uid
 from taskweaver_lite.kernel.interface import OutputSink
 from taskweaver_lite.kernel.interpreter import kernel_python
+from taskweaver_lite.kernel.mcp_launch import REPORT_EXPRESSION, McpLaunch
 from taskweaver_lite.kernel.output import CellOutput
 from taskweaver_lite.kernel.process import (
     InterpreterKernelManager,
@@ -49,7 +50,6 @@ from taskweaver_lite.kernel.process import (
 )
 from taskweaver_lite.kernel.sandbox import Mount, SandboxPlan, fallback_notice, kernel_command, plan_for, uses_sandbox
 from taskweaver_lite.kernel.uploads import copy_file
-from taskweaver_lite.mcp.launch import REPORT_EXPRESSION, McpLaunch
 from taskweaver_lite.records.execution import CellError, ExecutionResult
 from taskweaver_lite.records.plugin_spec import PluginSpec
 
@@ -74,7 +74,7 @@ class KernelExecutor(SessionKernel):
         `output_tokens` bounds what one cell's output may take in a prompt (Config.cell_output_tokens).
         `plugins` are loaded into every kernel this executor starts (first, restarted) before its first cell.
         `hidden`: folders a sandboxed kernel must not see besides the user's home (the project's).
-        `mcp_servers` (mcp.servers) are started by every kernel this executor starts, as its children (mcp/launch.py).
+        `mcp_servers` (mcp.servers) are started by every kernel this executor starts, as its children (kernel/mcp_launch.py).
         A missing `bwrap` with `execution.sandbox: bubblewrap`, or an `execution.kernel` that cannot run
         ipykernel, raises ConfigError here, before anything starts.
         """

@@ -1,1 +1,4 @@
-"""The Model Context Protocol both ways: `taskweaver-lite mcp` serves MCP hosts (server.py); `mcp.servers` gives cells MCP tools (launch.py, client.py)."""
+"""This agent as an MCP server for MCP hosts (`taskweaver-lite mcp`).
+
+The other direction, MCP servers whose tools cells call, runs in the kernel: kernel/mcp_launch.py, kernel/mcp_client.py.
+"""

@@ -76,6 +76,7 @@ class ModelCalled:
     prompt: tuple[dict[str, str], ...] | None = None
     reply: str | None = None
     cached_tokens: int = 0  # of prompt_tokens, those the server said it took from its prefix cache
+    model: str = ""  # the model asked for, when the client knows it
 
 
 @dataclass(frozen=True)

@@ -403,6 +403,7 @@ class Session:
                 prompt=prompt,
                 reply=reply,
                 cached_tokens=record.cached_tokens,
+                model=record.model,
             )
         )
 

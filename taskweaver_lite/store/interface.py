@@ -16,7 +16,7 @@ to the sessions that user made. A session another user owns is, for the caller, 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -101,6 +101,34 @@ class Lease:
     expires: float
 
 
+# The store's notice that a session has new events (payload: the session id), sent as they are committed.
+EVENTS_CHANNEL = "twl_events"
+
+
+class Notices(Protocol):
+    """Notices between the processes sharing a store: the store's own (`EVENTS_CHANNEL`) and theirs.
+
+    A notice carries a hint, never data: one missed (while a connection is remade) is made up by reading the store.
+    """
+
+    @property
+    def connected(self) -> bool:
+        """Whether notices are heard now."""
+        ...
+
+    def listen(self, handlers: Mapping[str, Callable[[str], object]]) -> None:
+        """From now on, on a thread of its own: each notice's payload to the handler of its channel (reconnecting after a drop)."""
+        ...
+
+    def send(self, channel: str, payload: str) -> None:
+        """One notice to every process listening on `channel` (none sent while the store is down)."""
+        ...
+
+    def close(self) -> None:
+        """Stop listening."""
+        ...
+
+
 class SessionClaim(Protocol):
     """Proof that this process has a session open (a file lock on SQLite, an advisory lock on PostgreSQL)."""
 
@@ -165,6 +193,9 @@ class Store(Protocol):
     # Eval results
     def save_eval_result(self, run_id: str, case: str, result: dict[str, Any]) -> None: ...
     def eval_results(self, run_id: str) -> dict[str, dict[str, Any]]: ...
+
+    # Notices to the other processes on this store (None: a store one process has to itself)
+    def notices(self) -> Notices | None: ...
 
     def ping(self) -> None: ...
     def close(self) -> None: ...

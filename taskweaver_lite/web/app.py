@@ -1,8 +1,8 @@
-"""The web server's application (CONTRACT §8): the page, the service routes, and the session API (`api.py`).
+"""The web server's application: the page, the service routes, and the session API (`api.py`).
 
     GET  /                  the page (static/index.html; no build step)
     GET  /healthz           200 when the store and the kernel gateway answer, else 503 naming what is down (no token)
-    GET  /metrics           Prometheus text format (metrics.py), behind the same token rule as the API
+    GET  /metrics           Prometheus text format (metrics.py), behind the same token rule as the API, or serve.metrics_token
     /api/...                the sessions (api.py), over the server's `Hub` of sessions
 
 One server alone keeps its sessions in the project's SQLite file (or a PostgreSQL store marked
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import mimetypes
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib.resources import files
@@ -30,19 +31,22 @@ from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import StoreError
 from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.interface import Store
-from taskweaver_lite.store.opening import store_url
 from taskweaver_lite.web.access_log import AccessLog, AccessLogMiddleware
 from taskweaver_lite.web.api import api_routes, error
 from taskweaver_lite.web.auth import COOKIE, Access, trusted_header
 from taskweaver_lite.web.fanout import Fanout
 from taskweaver_lite.web.hub import Hub, ServerParts
 from taskweaver_lite.web.metrics import CONTENT_TYPE, Metrics, RequestMetrics
-from taskweaver_lite.web.replica import check_replica_setup, is_replica
+from taskweaver_lite.web.replica import check_gateway_client, check_replica_setup, is_replica
 
 STATIC = files("taskweaver_lite.web") / "static"
 Handler = Callable[[Request], Awaitable[Response]]
 HEALTH_TIMEOUT = 3.0  # seconds the gateway gets to answer /healthz's question
 OPEN = frozenset({"/healthz"})  # answered without a token: a load balancer's probe carries none
+METRICS = "/metrics"
+# uvicorn's own reading of X-Forwarded-For/-Proto stays off: a request's client is the TCP peer itself (what
+# serve.trusted_proxies is compared with), and X-Forwarded-Proto is read by the same-origin check alone (auth.py).
+PROXY_HEADERS = False
 
 
 # What each route answers: the docs site's HTTP API page is generated from the routes and these
@@ -89,7 +93,8 @@ ROUTES_ABOUT = {
     ("GET", "/healthz"): "200 when the store and the kernel gateway answer, else 503 naming what is down (no token needed)",
     ("GET", "/metrics"): (
         "Prometheus text: requests and latencies by route, model calls, prompt tokens cached and uncached by role, folds, "
-        "open and running sessions, lease takeovers (behind the same token rule as the API)"
+        "open and running sessions, lease takeovers, tokens by user and model, the process and the version (behind the same token rule as "
+        "the API, or `serve.metrics_token`, which opens this route alone and is checked without the store)"
     ),
 }
 
@@ -100,13 +105,14 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
     ConfigError when a PostgreSQL store would get local kernels on a server that may have replicas.
     """
     check_replica_setup(config)
+    check_gateway_client(config)  # before any session or /healthz would need it
     workspace = Workspace(config)  # the project opened once: its store, roles and plugins serve every session here
     parts = ServerParts(workspace=workspace, metrics=Metrics(), fanout=Fanout())
     hub = Hub(config, parts, preload=preload)
     access = access.with_users(hub.parts.store, trusted=trusted_header(config.serve))  # the store's users, once it has any
-    url = store_url(config)
-    if url is not None and is_replica(config):
-        hub.join_replicas(url)
+    notices = workspace.store.notices()  # None on the SQLite file
+    if notices is not None and is_replica(config):
+        hub.join_replicas(notices)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -120,12 +126,14 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
         Route("/", _page(access)),
         Route("/static/{name}", _static),
         Route("/healthz", _health(hub)),
-        Route("/metrics", _metrics(hub)),
+        Route(METRICS, _metrics(hub)),
         *api_routes(hub),
     ]
     logging = [Middleware(AccessLogMiddleware, log=log)] if log is not None else []  # outermost: refusals are logged too
     timing = Middleware(RequestMetrics, metrics=hub.parts.metrics, routes=routes)
-    app = Starlette(routes=routes, middleware=[*logging, timing, Middleware(_Guard, access=access)], lifespan=lifespan)
+    scraper = config.serve.metrics_token.get_secret_value() if config.serve.metrics_token is not None else None
+    guard = Middleware(_Guard, access=access, metrics_token=scraper)
+    app = Starlette(routes=routes, middleware=[*logging, timing, guard], lifespan=lifespan)
     app.state.hub = hub
     return app
 
@@ -133,12 +141,13 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
 class _Guard:
     """Every request passes `Access` first (a plain ASGI middleware: event streams pass through untouched)."""
 
-    def __init__(self, app: ASGIApp, access: Access) -> None:
+    def __init__(self, app: ASGIApp, access: Access, metrics_token: str | None = None) -> None:
         self._app = app
         self._access = access
+        self._metrics_token = metrics_token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope.get("path") not in OPEN:
+        if scope["type"] == "http" and scope.get("path") not in OPEN and not self._scraper(scope):
             request = Request(scope)
             offered = request.query_params.get("token")
             # The page with the right token in its address sets the cookie and drops the token from the address.
@@ -151,6 +160,14 @@ class _Guard:
                 await answer(scope, receive, send)
                 return
         await self._app(scope, receive, send)
+
+    def _scraper(self, scope: Scope) -> bool:
+        """Whether this is GET /metrics with serve.metrics_token (checked here, without the store: it answers while the store is down)."""
+        if self._metrics_token is None or scope.get("path") != METRICS:
+            return False
+        header = Request(scope).headers.get("authorization", "")
+        offered = header[7:].strip() if header.lower().startswith("bearer ") else ""
+        return hmac.compare_digest(offered.encode(), self._metrics_token.encode())
 
 
 def _page(access: Access) -> Handler:

@@ -210,5 +210,12 @@ def _host_name(request: Request) -> str:
 
 
 def _own_origin(request: Request) -> str:
+    """The origin the browser sees: behind a proxy that ends TLS, the scheme is the one it names in X-Forwarded-Proto.
+
+    Believing the header from anyone is safe here: a page on another site cannot set it on a request
+    (it is no CORS-safelisted header and no CORS is answered), and the host must match all the same.
+    """
     host = request.headers.get("host", "")
-    return f"{request.url.scheme}://{host}"
+    forwarded = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    scheme = forwarded if forwarded in ("http", "https") else request.url.scheme
+    return f"{scheme}://{host}"

@@ -27,7 +27,7 @@ from taskweaver_lite.kernel.executor import close_thread_loop
 from taskweaver_lite.records.events import CellPrinted, Event, ModelCalled, ReplyStreamed, Working
 from taskweaver_lite.session.assembly import delete_session, new_session_id
 from taskweaver_lite.session.workspace import Workspace
-from taskweaver_lite.store.interface import Store
+from taskweaver_lite.store.interface import Notices, Store
 from taskweaver_lite.web.fanout import Fanout
 from taskweaver_lite.web.leases import Hold, LeaseBusy, Leases
 from taskweaver_lite.web.live import Busy, LiveSession, Turn
@@ -76,13 +76,13 @@ class Hub:
         self._lock = threading.Lock()
         self.stopping = False  # SIGTERM: no new requests; running ones finish
 
-    def join_replicas(self, url: str) -> None:
-        """Serve as one replica of several on the PostgreSQL store at `url`: leases on sessions, events and Stop heard from the others."""
+    def join_replicas(self, notices: Notices) -> None:
+        """Serve as one replica of several on the shared store: leases on sessions, events and Stop heard from the others (`notices`)."""
         replica = Replica(self.parts.workspace, metrics=self.parts.metrics)
         serve = self.config.serve
         leases = Leases(self.parts.store, seconds=serve.lease_timeout, wait=serve.lease_wait, on_lost=self.cut_here, on_stop=self.stop_here)
         self.parts = dataclasses.replace(self.parts, replica=replica, leases=leases)
-        self.parts.fanout.listen(url, on_stop=self.stop_here)
+        self.parts.fanout.listen(notices, on_stop=self.stop_here)
 
     def stop_taking(self) -> None:
         """SIGTERM: refuse new requests (503: the load balancer sends them to another replica) and end the event streams."""
@@ -301,7 +301,7 @@ class Hub:
                 return live
         if live is not None:
             self._drop(live)
-        session = self.replica.load(session_id, listeners=[self.parts.metrics.observe])
+        session = self.replica.load(session_id)  # the metrics' listener is added by _keep (twice would count every call twice)
         close_thread_loop()  # the replay (if the kernel had to be started afresh) ran cells from this thread
         live = self._keep(LiveSession(session))
         live.version = self.parts.store.last_event_id(session_id)
@@ -331,7 +331,7 @@ class Hub:
             self.parts.leases.release(hold)
 
     def _keep(self, live: LiveSession) -> LiveSession:
-        live.session.add_listener(self.parts.metrics.observe)
+        live.session.add_listener(self.parts.metrics.listener(live.session.owner))
         if self.replica is None:
             live.session.add_listener(_waking(self.parts.fanout, live.id))
         _settle()

@@ -4,11 +4,14 @@ Requests and latencies are counted by route template (`/api/sessions/{id}/messag
 path, so a thousand sessions make no thousand series. Model calls and prompt tokens (cached and
 not) are counted by role from the sessions' events, as the store records them; folds by role and
 outcome; open sessions are those this replica holds in memory; lease takeovers are sessions taken
-from a replica that stopped renewing its lease (it died or lost the store).
+from a replica that stopped renewing its lease (it died or lost the store). Tokens are also counted
+by user (the session's owner) and model, for a bill. The process's own CPU, memory and open files,
+the Python version, and this program's version (`taskweaver_build_info`) come with every scrape.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -16,10 +19,11 @@ from typing import Any
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from taskweaver_lite.records.events import Event, Folded, ModelCalled
+from taskweaver_lite import __version__
+from taskweaver_lite.records.events import Event, Folded, Listener, ModelCalled
 
 try:  # pip install 'taskweaver-lite[team]'; without it the server runs and /metrics says what to install
-    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector, ProcessCollector, generate_latest
 except ImportError:  # pragma: no cover - the test environment has it
     CollectorRegistry = None  # type: ignore[assignment,misc]
 
@@ -63,16 +67,28 @@ class Metrics:
             registry=r, buckets=_LATENCY_BUCKETS,
         )  # fmt: skip
         self.store_unavailable = Counter("taskweaver_store_unavailable", "Requests answered 503 because the store was unreachable", registry=r)
+        self.tokens = Counter("taskweaver_tokens", "Tokens by user (the session's owner; - without users), model and kind (prompt, completion)",
+                              ["user", "model", "kind"], registry=r)  # fmt: skip
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes, open files...
+        PlatformCollector(registry=r)  # python_info: the interpreter's version
+        Gauge("taskweaver_build_info", "This program's version (always 1)", ["version"], registry=r).labels(__version__).set(1)
 
     def _count_nothing(self) -> None:
         """Without prometheus_client: every metric a no-op, so the server runs the same."""
         for name in ("requests", "latency", "answers", "model_calls", "prompt_tokens", "completion_tokens", "folds", "open_sessions", "running",
-                     "lease_takeovers", "session_loads", "session_refreshes", "store_unavailable"):  # fmt: skip
+                     "lease_takeovers", "session_loads", "session_refreshes", "store_unavailable", "tokens"):  # fmt: skip
             setattr(self, name, _Nothing())
 
-    def observe(self, event: Event) -> None:
-        """A session listener: model calls, tokens and folds by role."""
+    def listener(self, user: str | None) -> Listener:
+        """The listener for a session of `user` (None: no users): `observe` with the owner named."""
+        return functools.partial(self.observe, user=user)
+
+    def observe(self, event: Event, *, user: str | None = None) -> None:
+        """A session listener: model calls, tokens and folds by role; tokens also by user and model."""
         if isinstance(event, ModelCalled):
+            model = event.model or "-"
+            self.tokens.labels(user or "-", model, "prompt").inc(event.prompt_tokens)
+            self.tokens.labels(user or "-", model, "completion").inc(event.completion_tokens)
             folding = event.purpose.startswith(FOLD_PREFIX)
             role = event.purpose.removeprefix(FOLD_PREFIX) + (" (fold)" if folding else "")
             self.model_calls.labels(role, str(event.ok).lower()).inc()

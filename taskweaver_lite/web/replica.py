@@ -48,6 +48,20 @@ def check_replica_setup(config: Config) -> None:
     )
 
 
+def check_gateway_client(config: Config) -> None:
+    """Refuse, in one line, a kernel gateway whose client libraries (the `team` or `gateway` extra) are not installed."""
+    if config.execution.kernel_gateway is None:
+        return
+    try:
+        import requests  # noqa: F401  (the gateway's REST API and /healthz)
+        import websocket  # noqa: F401  (the kernel's channels)
+    except ImportError as exc:
+        raise ConfigError(
+            f"execution.kernel_gateway needs the gateway's client, and {exc.name} is not installed: pip install 'taskweaver-lite[team]' "
+            "(or the `gateway` extra alone)"
+        ) from None
+
+
 def is_replica(config: Config) -> bool:
     """Whether this server is one replica of several (a PostgreSQL store, kernels on a gateway)."""
     return config.store.url is not None and not config.serve.single_replica
