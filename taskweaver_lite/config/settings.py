@@ -13,6 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
@@ -488,8 +489,18 @@ class ServeConfig(_Section):
         None, description="a single sign-on proxy's header naming the user (X-Forwarded-User for oauth2-proxy); null: no header is believed"
     )
     trusted_proxies: list[str] = Field(
-        default_factory=lambda: ["127.0.0.1", "::1"], description="the addresses trusted_user_header is believed from (the proxy's)"
+        default_factory=list,
+        description=("the addresses (of the TCP peer itself) trusted_user_header and X-Forwarded-Proto are believed from: the proxy's; empty: none, until set"),
     )
+    max_request_bytes: int = Field(
+        1_000_000, ge=1024, description="the largest request body in bytes other than a file upload (session.max_upload_bytes); a larger one gets 413"
+    )
+    header_timeout: float = Field(10.0, gt=0, description="seconds a client gets to send a request's headers; a slower one is disconnected")
+    max_streams_per_user: int = Field(20, ge=1, description="event streams one user may hold open on one server at once; one more gets 429")
+    failed_token_limit: int = Field(
+        10, ge=1, description="tokens refused per client address in a minute before its requests get 429 (with Retry-After) for the rest of it"
+    )
+    sign_in_hours: float = Field(12.0, gt=0, description="hours a sign-in on the page lasts (its cookie); the user's token itself is never the cookie")
     metrics_token: SecretStr | None = Field(
         None, description="a token good for GET /metrics alone (a Prometheus scraper's), answered even while the store is down; null: a user's token"
     )
@@ -535,6 +546,37 @@ class McpConfig(_Section):
         return value
 
 
+class TracingConfig(_Section):
+    """Tracing with OpenTelemetry (the `tracing` extra): each request's model calls, cells and folds as spans, sent over OTLP/HTTP."""
+
+    enabled: bool = Field(False, description="send a trace of every request (a chat message, an API message, an eval case's turn) to endpoint")
+    endpoint: str | None = Field(
+        None, description="the OTLP/HTTP receiver's base address, such as http://127.0.0.1:4318 (null: OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4318)"
+    )
+    content: bool = Field(False, description="also record prompts, replies, code and cell output in spans (off: names, token counts, outcomes, timings)")
+    service_name: str | None = Field(None, description="the service.name spans carry (null: OTEL_SERVICE_NAME, else taskweaver-lite)")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _an_http_url(cls, value: str | None) -> str | None:
+        if value is not None and not (value.startswith(("http://", "https://")) and urlsplit(value).hostname):
+            raise ValueError("expected an http:// or https:// address such as http://127.0.0.1:4318 (or null for OTEL_EXPORTER_OTLP_ENDPOINT)")
+        return value
+
+
+class GatewayConfig(_Section):
+    """`taskweaver-lite gateway`: the kernel gateway whose kernels run in this project's sandbox (see docs/team.md)."""
+
+    root: str | None = Field(None, description="the folder holding the sessions' folders on the gateway's machine (null: PROJECT_DIR/gateway)")
+    cull_idle_timeout: int = Field(
+        3600, ge=0, description="seconds a kernel may sit idle before the gateway ends it (its session replays its cells next time); 0: never"
+    )
+    cull_interval: int = Field(60, ge=1, description="seconds between the gateway's looks for idle kernels")
+    max_kernels_per_user: int | None = Field(
+        8, ge=1, description="kernels the gateway runs at once for one user (KERNEL_USERNAME, sent by serve); one more is refused; null: no limit"
+    )
+
+
 class Config(_Section):
     """Everything a session needs, validated."""
 
@@ -551,6 +593,8 @@ class Config(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
     mcp: McpConfig = Field(default_factory=McpConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     # The sections of roles that have no field here (`echo:`, a project role's), written at the top
     # level like `planner:`; load_config moves them here. Not a YAML key of its own.
     role_sections: dict[str, RoleSectionConfig] = Field(default_factory=dict, exclude=True)
@@ -660,6 +704,12 @@ class Config(_Section):
     def sessions_dir(self) -> Path:
         """Folder holding one working folder per session."""
         return self.state_dir / "sessions"
+
+    @property
+    def gateway_root(self) -> Path:
+        """Where `taskweaver-lite gateway` keeps its kernels' session folders, relative paths taken from the project folder."""
+        path = Path(self.gateway.root or "gateway").expanduser()
+        return path if path.is_absolute() else self.project_dir / path
 
     @property
     def experience_dir(self) -> Path:
