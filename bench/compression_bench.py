@@ -14,12 +14,12 @@ summary responder stands in for the model. Each claim is printed beside a baseli
    baseline is modelled, not measured: the scripted summariser omits, invents and keeps stale types at
    rates the bench chose (printed so), to show what the merge repairs.
 4. Tokenizer speed, and the error of the chars/4 estimate it replaces.
-5. The soak of issue 8 (`tests/soak_session.py`, the session `tests/test_soak.py` asserts on): 160
+5. The soak (`tests/soak_session.py`, the session `tests/test_soak.py` asserts on): 160
    requests through the real Session, kernel and openai client at (1, 1), at an 8k and a 32k window,
    against the same session with compression off: requests over the window, rounds lost, the share
    of prompts carrying the summary, total prompt tokens (roles and folds together), fold calls.
 
-6. Prefix reuse (issue 23): the same soak per strategy and fold schedule; for each role, the share of
+6. Prefix reuse: the same soak per strategy and fold schedule; for each role, the share of
    its prompt tokens that its previous request (one cache slot per role) or any earlier request (a
    prefix cache) began with, uncached and total prompt tokens, fold calls, requests over the window,
    rounds lost, the summary's presence, live names named while the kernel holds at most 200, and the
@@ -374,7 +374,7 @@ def bench_tokenizer() -> None:
 def bench_soak(rounds: int = SOAK_ROUNDS) -> None:
     import soak_session as soak  # from tests/, put on sys.path above
 
-    print(f"\n5. Soak: {rounds} requests through the real Session at (1, 1), compression on against off (issue 8)")
+    print(f"\n5. Soak: {rounds} requests through the real Session at (1, 1), compression on against off")
     rows: dict[str, list[str]] = {}
     for window in SOAK_WINDOWS:
         with tempfile.TemporaryDirectory() as root:
@@ -446,7 +446,7 @@ REUSE_WIDTHS = (16, 16, 14, 16, 12, 11, 11, 11, 6, 6, 9, 11, 9)
 def bench_reuse(*, full: bool, rounds: int, only: str = "", before: str = "", breaks: bool = False, reserve: int | None = None) -> None:
     windows = SOAK_WINDOWS
     earlier = _reuse_before(before, rounds=rounds, windows=windows, reserve=reserve) if before else {}
-    print(f"\n6. Prefix reuse (issues 23, 32): {rounds} scripted requests through the real Session, per strategy, fold schedule and fold prompt")
+    print(f"\n6. Prefix reuse: {rounds} scripted requests through the real Session, per strategy, fold schedule and fold prompt")
     print("   reuse: the share of a role's prompt tokens its previous request began with (one cache slot per role; a fold that")
     print("   opens with its role's prompt is compared with that role's previous request, its slot) / any earlier request began")
     print("   with (a prefix cache over everything sent); uncached = prompt - shared with any: what such a cache recomputes.")

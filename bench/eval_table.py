@@ -64,6 +64,8 @@ def main() -> None:
         report_dir = Path(args.source) if args.source else run_eval(Path(folder))
         report = json.loads((report_dir / REPORT_JSON).read_text(encoding="utf-8"))
         report["about"] = None  # the run's machine paths and time are not the page's
+        for run in report["runs"]:  # nor its files: the sessions and transcripts stay in the run's folder
+            run["session_file"] = run["transcript"] = ""
         SAVED_REPORT.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         shutil.copyfile(report_dir / REPORT_PLOT, SAVED_PLOT)
     PAGE.write_text(replaced(PAGE.read_text(encoding="utf-8"), tables(report)), encoding="utf-8")

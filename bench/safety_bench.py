@@ -1,4 +1,4 @@
-"""Code safety's costs (issue 11): the sandbox's kernel start and round trip, and verification's time per cell.
+"""Code safety's costs: the sandbox's kernel start and round trip, and verification's time per cell.
 
 1. Kernel ready: from `KernelExecutor(...)` to the kernel answering, with `execution.sandbox: none`
    and `bubblewrap`, alternated in one run. Target: sandbox / none <= 1.1.
@@ -7,14 +7,14 @@
    blank lines, one operation a line). Target: < 2 ms per cell. Also shown: 200 dense lines, and
    Python's own compile of them, the floor of any check that parses the cell.
 
-4. Isolation (issue 24), as root only: each sandboxed kernel under a uid of its own (its folders
+4. Isolation, as root only: each sandboxed kernel under a uid of its own (its folders
    handed to it) against a shared `nobody`, alternated in one run. The `nobody` side is this code with
    `kernel_uid` patched to None (its fallback), not the earlier commit run; the output says so. Targets: kernel ready
    <= 1.1x, `x = 1` <= 1.05x.
 
-5. Syscall filter (issue 34): sandboxed kernels with `execution.syscall_filter: default` against
+5. Syscall filter: sandboxed kernels with `execution.syscall_filter: default` against
    `off`, started and run alternately in one run. Targets: kernel ready <= 1.05x, `x = 1` <= 1.05x.
-6. Disk limit (issue 34): `x = 1` with `execution.disk_limit` against without (the watcher's
+6. Disk limit: `x = 1` with `execution.disk_limit` against without (the watcher's
    measure at each cell's edges and its thread), alternated; and one measure of a working folder
    of 40 files and of 10,000 files, the watcher's cost per look.
 
@@ -66,7 +66,7 @@ IDENTITIES = ("shared nobody", "own uid")
 
 
 def isolation_figures(root: Path, *, starts: int, cells: int) -> dict[str, tuple[float, float]]:
-    """Median seconds to ready and per `x = 1` of sandboxed kernels as `nobody` (before issue 24) and under their own uid.
+    """Median seconds to ready and per `x = 1` of sandboxed kernels as `nobody` (as before each got its own) and under their own uid.
 
     Each round starts one kernel of each (in alternating order), then alternates their `x = 1`
     round trips one by one, so the machine's noise falls on both alike.

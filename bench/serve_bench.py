@@ -1,4 +1,4 @@
-"""The web server under load (issue 13): ten sessions at once, five requests each, a 50 ms model.
+"""The web server under load: ten sessions at once, five requests each, a 50 ms model.
 
 `taskweaver-lite serve` runs in its own process; the scripted model (50 ms before each reply) runs
 here and the ten clients in a process of their own, all on one clock: from the moment the model's

@@ -7,9 +7,10 @@ with Workspace.load("project") as workspace, workspace.new_session() as session:
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = version("taskweaver-lite")  # written once, in pyproject.toml
 __all__ = ["Session", "Workspace", "__version__", "load_config"]
 
 if TYPE_CHECKING:

@@ -1,8 +1,7 @@
-"""Shared pytest fixtures, and the test tiers: every test is `unit`, `kernel`, `cli`, `soak` or `llama`.
+"""Shared pytest fixtures, and the test tiers: every test is `unit`, `kernel`, `cli`, `soak`, `llama`, `postgres` or `team`.
 
-A file's tier is its `pytestmark = pytest.mark.<tier>` line, or, for the files older than the tiers,
-its entry in FILE_TIERS below; a test's own tier marker wins over its file's (a quick check in a
-kernel file). A test with no tier fails, saying where to put one.
+A file's tier is its `pytestmark = pytest.mark.<tier>` line; a test's own tier marker wins over its
+file's (a quick check in a kernel file). A test with no tier fails, saying where to put one.
 """
 
 from __future__ import annotations
@@ -18,62 +17,28 @@ from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.store.interface import Store
 from taskweaver_lite.store.postgres import PostgresStore, close_pools
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster, binaries, running_cluster
+from taskweaver_lite.testing.scripted_server import ScriptedServer
 
-TIERS = ("unit", "kernel", "cli", "soak", "llama", "postgres", "team")
+TIERS = ("unit", "kernel", "cli", "soak", "llama", "postgres", "team", "otlp")
 # unit: no kernel, no program started, nothing off this machine (a scripted model server on 127.0.0.1 in
 # a thread is fine); kernel: a real ipykernel (local, sandboxed or on a gateway) or a browser; cli: the
 # program run as a command; soak: long sessions and endurance; llama: llama.cpp's own server, built once
 # by .ci/llama-server.sh (the tests skip without it); postgres: a private PostgreSQL server started
 # for the test run (the store's tests on their second backend); team: several `serve` processes on that
-# PostgreSQL server and a real kernel gateway (the replicas' flows, faults included).
-FILE_TIERS = {
-    "test_cell_output.py": "kernel",
-    "test_cli.py": "cli",
-    "test_compression.py": "unit",
-    "test_confirm.py": "cli",
-    "test_console.py": "unit",
-    "test_discovery.py": "cli",
-    "test_export.py": "kernel",
-    "test_gateway.py": "kernel",
-    "test_hostile_input.py": "cli",
-    "test_hostile_servers.py": "kernel",
-    "test_init.py": "cli",
-    "test_kernel.py": "kernel",
-    "test_layout.py": "unit",
-    "test_live_cell_output.py": "kernel",
-    "test_llm.py": "unit",
-    "test_partial_reply.py": "unit",
-    "test_plugins.py": "kernel",
-    "test_readme.py": "cli",
-    "test_replies.py": "unit",
-    "test_resume.py": "cli",
-    "test_role_models.py": "kernel",
-    "test_sandbox.py": "kernel",
-    "test_scripted_model.py": "unit",
-    "test_serve.py": "kernel",
-    "test_session.py": "kernel",
-    "test_session_records.py": "cli",
-    "test_soak.py": "soak",
-    "test_store.py": "unit",
-    "test_streaming.py": "unit",
-    "test_streaming_pty.py": "cli",
-    "test_streaming_screen.py": "kernel",
-    "test_tokens.py": "unit",
-    "test_verification.py": "kernel",
-    "test_web_page.py": "kernel",
-}
+# PostgreSQL server and a real kernel gateway (the replicas' flows, faults included); otlp: traces sent to Arize
+# Phoenix, installed once by .ci/phoenix.sh in its own venv, and read back from it (the tests skip without it).
 
 
 _UNTIERED = pytest.StashKey[bool]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test gets exactly one tier: its own marker, else its file's (`pytestmark` or FILE_TIERS); one with none fails.
+    """Each test gets exactly one tier: its own marker, else its file's (`pytestmark`); one with none fails.
 
     The file's marker is moved from the module onto each test, so that `-m unit` does not also pick a
     test of a unit file that is marked cli itself.
     """
-    tiers = {item: own_tier(item) or inherited_tier(item) or FILE_TIERS.get(Path(str(item.fspath)).name) for item in items}
+    tiers = {item: own_tier(item) or inherited_tier(item) for item in items}
     for node in {parent for item in items for parent in item.listchain()[:-1]}:
         node.own_markers[:] = [marker for marker in node.own_markers if marker.name not in TIERS]
     for item, tier in tiers.items():
@@ -104,6 +69,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             f"{item.nodeid} has no test tier: put `pytestmark = pytest.mark.unit` (or kernel, cli, soak) "
             "at the top of its file (tests/conftest.py says what each tier means)"
         )
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    """The scripted OpenAI-compatible model server on 127.0.0.1, empty queues (a file that needs another one defines its own)."""
+    with ScriptedServer() as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.output import CellOutput, collapse_repeats
 from taskweaver_lite.llm.tokens import get_tokenizer
 
+pytestmark = pytest.mark.kernel
+
 TOKENIZER = get_tokenizer()
 
 NOISY_GRID_SEARCH = """

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,11 +12,7 @@ from helpers import make_project, run_cli, running_cli, watch_stderr
 
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
+pytestmark = pytest.mark.cli
 
 
 def test_piped_stdin_prints_each_answer_to_stdout_exactly(tmp_path: Path, server: ScriptedServer) -> None:

@@ -27,6 +27,8 @@ from taskweaver_lite.records.execution import FoldPiece, Variable
 from taskweaver_lite.records.model_calls import Completion, Message
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, detect_role
 
+pytestmark = pytest.mark.unit
+
 TOKENIZER = get_tokenizer()
 SYSTEM = "You are the role under test."
 EXAMPLES = (Message(role="user", content="EXAMPLE question"), Message(role="assistant", content="EXAMPLE answer"))

@@ -1,4 +1,4 @@
-"""Confirm mode (CONTRACT §6) on a pseudo-terminal: each cell waits for run, edit or skip."""
+"""Confirm mode on a pseudo-terminal: each cell waits for run, edit or skip."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from helpers import Terminal, cli_env, make_project
 
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, text_reply
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX")
+pytestmark = [pytest.mark.cli, pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX")]
 
 
 def test_an_edited_cell_runs_as_edited_and_a_skipped_one_is_declined(tmp_path: Path) -> None:

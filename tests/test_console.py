@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from taskweaver_lite.cli.chat import EXPORT_USAGE, HELP
@@ -16,6 +17,8 @@ from taskweaver_lite.cli.tracebacks import screen_text, shorten_traceback
 from taskweaver_lite.records.conversation import Post, Round
 from taskweaver_lite.records.events import Folded, PostAdded
 from taskweaver_lite.records.execution import CellError, ExecutionResult
+
+pytestmark = pytest.mark.unit
 
 # An IPython traceback as the kernel reports it (colours stripped): a KeyError raised inside pandas
 # from a function the user defined, chained from pandas' own KeyError.

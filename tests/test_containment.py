@@ -1,4 +1,4 @@
-"""Containment against model-written code (issue 24): each attack that got through, as a test.
+"""Containment against model-written code: each attack that once got through, as a test.
 
 Real kernels (in bubblewrap where installed), the real store and web server, the scripted model.
 The identity cases (one project reaching another, one session starving the rest) need the program

@@ -34,8 +34,8 @@ def test_demo_chat_answers_the_scripted_requests_by_words_or_number_and_lists_th
     assert "<data>" not in done.stdout, "the prompt's data markers stay out of the answers"
 
 
-def test_a_requests_number_is_stored_as_the_request_it_numbers(tmp_path: Path) -> None:
-    done = run_cli("demo", "--chat", "-p", str(tmp_path / "demo"), stdin="4\n", timeout=180)
+def test_a_requests_number_is_stored_as_the_request_it_numbers_and_a_resume_after_model_goes_on(tmp_path: Path) -> None:
+    done = run_cli("demo", "--chat", "-p", str(tmp_path / "demo"), stdin="/model scripted-demo\n4\n", timeout=180)
     assert done.returncode == 0, done.stderr
     assert "**Software 52.0%** has the best profit margin" in done.stdout
     assert (done.stdout + done.stderr).count("4. Which product category has the best profit margin?") == 1, "the chat lists the requests once"
@@ -48,8 +48,11 @@ def test_a_requests_number_is_stored_as_the_request_it_numbers(tmp_path: Path) -
     finally:
         store.close()
     assert rnd.user_query == "Which product category has the best profit margin?", "the round holds the request, not its number"
-    again = run_cli("demo", "--chat", "-p", str(tmp_path / "demo"), "--resume", "last", stdin="", timeout=180)
+    # /model was remembered with the session; the resume command it printed keeps the demo's own model and address under it.
+    again = run_cli("demo", "--chat", "-p", str(tmp_path / "demo"), "--resume", "last", stdin="4\n", timeout=180)
     assert f"Resumed session {entry.id}: 1 earlier request." in again.stderr + again.stdout
+    assert again.returncode == 0, again.stderr
+    assert "**Software 52.0%** has the best profit margin" in again.stdout, again.stderr
 
 
 def test_serve_demo_answers_on_the_page_api_with_the_sample_data_loaded(tmp_path: Path) -> None:

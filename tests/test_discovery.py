@@ -17,6 +17,8 @@ from taskweaver_lite.config.settings import Config
 from taskweaver_lite.llm.discovery import KNOWN_SERVERS, LocalServer, discover, probe, use_local_server
 from taskweaver_lite.testing.scripted_server import ScriptedServer, planner_reply
 
+pytestmark = pytest.mark.cli
+
 
 def free_port() -> int:
     with socket.socket() as sock:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
@@ -18,12 +17,6 @@ from taskweaver_lite.records.model_calls import Message
 from taskweaver_lite.testing.scripted_server import ScriptedServer
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
 
 
 def long_round(index: int) -> Round:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,12 +22,6 @@ FINANCE = """# Finance notes
 Our fiscal year starts on 1 April and ends on 31 March.
 Quarterly figures follow it: Q1 is April to June.
 """
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
 
 
 def last_user(messages: list[dict]) -> str:

@@ -90,6 +90,9 @@ def test_a_scored_run_is_kept_in_the_report_store_beside_the_session_that_played
     assert {name: Outcome.from_dict(result) for name, result in kept.items()} == {"calc_mean @ project": outcome}
     assert [entry.id for entry in sessions] == [outcome.session_id], "the session is in the report's store, not the project's"
     assert not (the_plan.project / "sessions.db").exists()
+    assert (outcome.session_file, outcome.transcript) == ("sessions/calc_mean@project.md", "transcripts/calc_mean@project.json")
+    written = (the_plan.report_dir / outcome.session_file).read_text(encoding="utf-8")
+    assert "demo_data.csv" in written, "the run's session, written out as Markdown beside the report, shows its requests"
 
 
 def test_the_shipped_project_as_configured_runs_a_shipped_case(tmp_path: Path, server: ScriptedServer) -> None:
@@ -113,7 +116,7 @@ def test_eval_code_that_fails_marks_its_point_missed_with_the_assertion(tmp_path
     assert outcome.details[0].reason == "AssertionError: said 'Hello World'"
 
 
-def test_verbose_shows_the_examiner_every_post_and_pre_commands_run_in_the_case_folder(tmp_path: Path, server: ScriptedServer) -> None:
+def test_verbose_shows_the_examiner_every_post_and_pre_commands_run_where_taskweaver_runs_them(tmp_path: Path, server: ScriptedServer) -> None:
     case = tmp_path / "cases" / "verbose_echo"
     case.mkdir(parents=True)
     (case / "verbose_echo.yaml").write_text(
@@ -123,8 +126,8 @@ def test_verbose_shows_the_examiner_every_post_and_pre_commands_run_in_the_case_
         encoding="utf-8",
     )
     [outcome] = run_eval(load_cases([case]), plan(tmp_path, server))
-    assert (case / "made_by_pre_command.txt").exists()
-    assert outcome.notes == ("pre_command 'exit 3' failed (exit 3)",)
+    assert (tmp_path / "made_by_pre_command.txt").exists(), "in the folder that holds cases/ (TaskWeaver's auto_eval/)"
+    assert outcome.notes == (f"pre_command 'exit 3' failed in {tmp_path.resolve()} (exit 3)",)
     saved = json.loads((tmp_path / "report" / "transcripts" / "verbose_echo@project.json").read_text(encoding="utf-8"))
     agent_said = saved["chat_history"][3][1]
     assert "Below are conversation details inside the Agent" in agent_said and "Planner -> User: Hello World" in agent_said
@@ -187,7 +190,7 @@ def test_bad_input_marks_its_case_with_the_reason_and_the_others_go_on(tmp_path:
     assert result["unjudged"].status == "failed" and "the judge's reply on scoring point 1 is not a verdict" in result["unjudged"].reason
     assert result["model_fails"].status == "failed" and "failed at request 1" in result["model_fails"].reason
     assert "HTTP 500" in result["model_fails"].reason
-    assert result["web_search"].status == "skipped" and "session.roles: no role is called 'web_search'" in result["web_search"].reason
+    assert result["web_search"].status == "not played" and "the case needs the role web_search (no role of that name here" in result["web_search"].reason
     assert result["echo"].status == "scored" and result["echo"].score == 1.0
     text = write_report(tmp_path / "report", outcomes, [Setting("project")], plot=False)[0].read_text(encoding="utf-8")
     assert "## Not scored" in text and "- no_data @ project: **skipped**: data file gone.csv not found" in text

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,12 +20,6 @@ pytestmark = pytest.mark.kernel
 
 DATES_TIP = "When sales.csv is read, parse the date column with parse_dates=['date'] or resampling by month fails with a TypeError."
 EURO_TIP = "The user wants money shown in euros with two decimals."
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
 
 
 def tips_reply(*tips: tuple[str, str]) -> str:

@@ -30,6 +30,8 @@ from taskweaver_lite.records.execution import ExecutionResult
 from taskweaver_lite.session.export import export_markdown, export_notebook
 from taskweaver_lite.store.database import SessionStore, StoredSession
 
+pytestmark = pytest.mark.kernel
+
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> RecordedSession:

@@ -28,6 +28,8 @@ from taskweaver_lite.session.assembly import default_executor, open_session, res
 from taskweaver_lite.testing.kernel_gateway import Gateway, Relay, free_port, kernel_gateway
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
+pytestmark = pytest.mark.kernel
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

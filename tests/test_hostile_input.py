@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +31,8 @@ from taskweaver_lite.safety.terminal import strip_controls
 from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
+pytestmark = pytest.mark.cli
+
 ESC = "\x1b"
 # What a hostile model or cell sends: window title (OSC 0), clipboard write (OSC 52), clear screen,
 # terminal reset (RIS), a DCS string, an 8-bit CSI, and an OSC that never ends.
@@ -40,12 +41,6 @@ HOSTILE = f"{ESC}]0;PWNED-TITLE\x07{ESC}]52;c;UFdORUQ={ESC}\\{ESC}[2J{ESC}c{ESC}
 HOSTILE_PRINT = "print('cell:' + " + repr(HOSTILE) + ")"
 # Bytes the program's own styling never produces: any of them on screen came from the model or a cell.
 FORBIDDEN = (b"\x1b]", b"\x1bP", b"\x1bc", b"\x1b[2J", b"\x07", "\x9b".encode())
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
 
 
 def _hostile_turn(server: ScriptedServer) -> None:

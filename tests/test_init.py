@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 from helpers import run_cli
 
 from taskweaver_lite.config.file import load_config
+
+pytestmark = pytest.mark.cli
 
 
 def test_init_creates_a_commented_project_with_examples_plugins_and_sample_data(tmp_path: Path) -> None:

@@ -23,6 +23,8 @@ from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.sandbox import bwrap_path
 from taskweaver_lite.records.execution import CellCancelled, ExecutionResult
 
+pytestmark = pytest.mark.kernel
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

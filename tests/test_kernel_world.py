@@ -1,4 +1,4 @@
-"""The kernel's world (CONTRACT §11): the user's folders mounted into the sandbox, their own Python, and
+"""The kernel's world: the user's folders mounted into the sandbox, their own Python, and
 the libraries the CodeGenerator is told about. Real ipykernel, real bubblewrap, scripted model."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import sysconfig
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,12 +22,6 @@ from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
 pytestmark = [pytest.mark.kernel, pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed: apt-get install bubblewrap")]
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
 
 
 @pytest.fixture

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import ast
+import functools
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,6 +14,8 @@ from pathlib import Path
 import pytest
 
 import taskweaver_lite
+
+pytestmark = pytest.mark.unit
 
 PACKAGE = "taskweaver_lite"
 ROOT = Path(taskweaver_lite.__file__).resolve().parent
@@ -48,6 +52,12 @@ def imported_modules(name: str, path: Path) -> Iterator[str]:
         yield from (target for target in targets if target in MODULES and target != name)
 
 
+@functools.cache
+def import_graph() -> dict[str, set[str]]:
+    """Every package module with the package modules it imports (parsed once per run)."""
+    return {name: set(imported_modules(name, path)) for name, path in MODULES.items()}
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One import cycle as [a, b, ..., a], or None (depth-first search, colouring nodes on the path)."""
     on_path: list[str] = []
@@ -73,17 +83,51 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_package_has_no_import_cycle_counting_deferred_and_type_checking_imports() -> None:
-    graph = {name: set(imported_modules(name, path)) for name, path in MODULES.items()}
+    graph = import_graph()
     assert graph[f"{PACKAGE}.session.session"], "the import graph is empty: the parser no longer sees imports"
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or ())
 
 
-# What the memory and the knowledge may build on: the records, the errors, the config, the guards the config
-# names, and the model wire (with its prompt templates). Anything else (roles, the session, the store, the
-# CLI, the server, eval...) is above them; a module added later is above them too until it is listed here.
-BELOW_MEMORY = ("config", "errors", "llm", "records", "safety")
-MAY_REACH = {"memory": BELOW_MEMORY, "knowledge": (*BELOW_MEMORY, "memory")}
+# The layers, bottom up: each part of the package (a folder, or a module of the root) and the parts it sits
+# on directly. It may import those and whatever they may import, nothing else: nothing above it, nothing
+# beside it. A part added later is refused until it is given its floor here (and a row in docs/code-tour.md).
+SITS_ON: dict[str, tuple[str, ...]] = {
+    "errors": (),
+    "records": ("errors",),  # the values several layers share: posts and rounds, events, a cell's result, usage, tips, a plugin's spec
+    "config": ("records",),
+    "safety": ("config",),
+    "telemetry": ("config",),  # tracing: the model client, the kernel, the folds, the session and the server open spans through it
+    "llm": ("config", "telemetry"),
+    "prompts": (),  # data: llm/templates.py reads it with importlib.resources
+    "store": ("safety",),
+    "kernel": ("llm", "safety"),
+    "plugins": ("llm",),
+    "memory": ("llm",),
+    "knowledge": ("memory",),
+    "roles": ("kernel", "knowledge", "plugins"),
+    "compat": ("roles",),  # found by the role registry through an entry point: roles never import it
+    "session": ("roles", "store"),
+    "__init__": ("session",),  # the public names (imported on first use) and the version
+    "eval": ("__init__",),  # its report names the version
+    "web": ("__init__",),
+    "mcp": ("__init__",),  # this agent as an MCP server (the MCP client the kernel runs is kernel/mcp_client.py)
+    "testing": ("eval", "web"),
+    "cli": ("testing", "mcp"),
+    "__main__": ("cli",),
+    "plugin": ("kernel",),  # what plugin files import
+    "role": ("roles",),  # what role files import
+}
+
+
+def allowed(part: str) -> set[str]:
+    """What `part` may import: the parts it sits on, and what they may import."""
+    return set(SITS_ON[part]).union(*(allowed(base) for base in SITS_ON[part]))
+
+
+def part_of(module: str) -> str:
+    """`taskweaver_lite.store.sql` -> `store`; `taskweaver_lite.errors` -> `errors`; the package itself -> `__init__`."""
+    return module.removeprefix(PACKAGE).removeprefix(".").split(".")[0] or "__init__"
 
 
 def reached_from(starts: list[str], graph: dict[str, set[str]]) -> dict[str, str]:
@@ -98,27 +142,57 @@ def reached_from(starts: list[str], graph: dict[str, set[str]]) -> dict[str, str
     return importer
 
 
-def import_chain(module: str, importer: dict[str, str], package: str) -> str:
-    """'memory.summary -> llm.client -> roles.x': how `package` reaches `module`."""
+def import_chain(module: str, importer: dict[str, str], part: str) -> str:
+    """'memory.summary -> llm.client -> roles.x': how `part` reaches `module`."""
     chain = [module]
-    while not chain[-1].startswith(f"{PACKAGE}.{package}."):
+    while part_of(chain[-1]) != part:
         chain.append(importer[chain[-1]])
     return " -> ".join(name.removeprefix(f"{PACKAGE}.") for name in reversed(chain))
 
 
-@pytest.mark.parametrize("package", sorted(MAY_REACH))
-def test_memory_and_knowledge_import_nothing_above_them(package: str) -> None:
-    graph = {name: set(imported_modules(name, path)) for name, path in MODULES.items()}
-    importer = reached_from([name for name in MODULES if name.startswith(f"{PACKAGE}.{package}.")], graph)
-    allowed = (package, *MAY_REACH[package])
-    above = sorted(name for name in importer if name.removeprefix(f"{PACKAGE}.").split(".")[0] not in allowed)
-    assert above == [], f"{package}/ reaches modules above it: " + "; ".join(import_chain(name, importer, package) for name in above)
+def test_every_part_of_the_package_has_its_floor_and_sits_only_on_lower_ones() -> None:
+    parts = sorted({part_of(name) for name in MODULES})
+    assert [part for part in parts if part not in SITS_ON] == [], "give each of these its floor in SITS_ON (tests/test_layout.py) and docs/code-tour.md"
+    order = list(SITS_ON)
+    for index, (part, bases) in enumerate(SITS_ON.items()):
+        assert set(bases) <= set(order[:index]), f"{part} sits on a part listed after it: list the parts bottom up"
+
+
+@pytest.mark.parametrize("part", list(SITS_ON))
+def test_each_part_imports_only_the_parts_below_it(part: str) -> None:
+    graph = import_graph()
+    importer = reached_from([name for name in MODULES if part_of(name) == part], graph)
+    above = sorted(name for name in importer if part_of(name) not in {part, *allowed(part)})
+    assert above == [], f"{part} reaches modules it may not import (it may: {', '.join(sorted(allowed(part))) or 'nothing'}): " + "; ".join(
+        import_chain(name, importer, part) for name in above
+    )
+
+
+def test_the_code_tours_table_of_layers_says_what_this_test_checks() -> None:
+    tour = (ROOT.parent / "docs" / "code-tour.md").read_text(encoding="utf-8")
+    table = tour.split("## The layers", 1)[1].split("\n## ", 1)[0]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines() if line.startswith("| `")]
+    named = {layer_name(row[0]): tuple(sorted(layer_name(base) for base in re.findall(r"`[^`]+`", row[2]))) for row in rows}
+    assert list(named) == list(SITS_ON), "docs/code-tour.md lists the layers bottom up, as SITS_ON does"
+    assert named == {part: tuple(sorted(bases)) for part, bases in SITS_ON.items()}, "docs/code-tour.md says what each layer sits on, as SITS_ON does"
+
+
+def layer_name(cell: str) -> str:
+    """'`records/`' -> 'records'; '`errors.py`' -> 'errors'."""
+    return cell.strip("`").removesuffix("/").removesuffix(".py")
+
+
+def test_only_the_store_speaks_to_postgresql() -> None:
+    driver = re.compile(r"^\s*(?:import|from) psycopg", re.MULTILINE)
+    speaking = sorted(name for name, path in MODULES.items() if driver.search(path.read_text(encoding="utf-8")) and part_of(name) not in ("store", "testing"))
+    assert speaking == [], f"these open PostgreSQL connections of their own; go through the store (store/interface.py: Store, Notices): {speaking}"
 
 
 def test_the_layer_check_names_the_import_that_climbs() -> None:
-    graph = {f"{PACKAGE}.memory.a": {f"{PACKAGE}.llm.client"}, f"{PACKAGE}.llm.client": {f"{PACKAGE}.session"}, f"{PACKAGE}.session": set()}
+    graph = {f"{PACKAGE}.memory.a": {f"{PACKAGE}.llm.client"}, f"{PACKAGE}.llm.client": {f"{PACKAGE}.session.session"}, f"{PACKAGE}.session.session": set()}
     importer = reached_from([f"{PACKAGE}.memory.a"], graph)
-    assert import_chain(f"{PACKAGE}.session", importer, "memory") == "memory.a -> llm.client -> session"
+    assert import_chain(f"{PACKAGE}.session.session", importer, "memory") == "memory.a -> llm.client -> session.session"
+    assert part_of(PACKAGE) == "__init__" and part_of(f"{PACKAGE}.errors") == "errors" and "records" in allowed("store")
 
 
 def test_the_cycle_finder_names_a_cycle() -> None:

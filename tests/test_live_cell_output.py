@@ -7,7 +7,6 @@ import io
 import re
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,9 @@ from taskweaver_lite.config.file import load_config
 from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
+pytestmark = pytest.mark.kernel
+
 TICKS = "import time\nfor i in range(3):\n    print(f'tick {i}', flush=True)\n    time.sleep(1)"
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as running:
-        yield running
 
 
 def snapshots(screen: io.StringIO, stop: threading.Event) -> list[tuple[float, str]]:

@@ -28,6 +28,8 @@ from taskweaver_lite.llm.client import DeltaSink, MeteredModel, OpenAIChatModel
 from taskweaver_lite.records.model_calls import CallRecord, Completion, Message, Usage
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, last_user_text, planner_reply
 
+pytestmark = pytest.mark.unit
+
 KEY = "sk-test-0123456789"
 MODEL = "scripted-model"
 PLANNER_CALL: list[Message] = [
@@ -182,7 +184,7 @@ def test_wrong_key_raises_auth_error_without_showing_the_key(server: ScriptedSer
         model.complete(PLANNER_CALL, purpose="planner")
     message = str(caught.value)
     host = server.url.removeprefix("http://").removesuffix("/v1")
-    assert message == f"the API key was refused by {host}; check llm.api_key or OPENAI_API_KEY"
+    assert message == f"the API key was refused by {host}; check llm.api_key in taskweaver_config.yaml or the OPENAI_API_KEY environment variable"
     assert wrong not in message and wrong not in (model.calls[0].error or "")
 
 
@@ -217,7 +219,7 @@ def test_unknown_model_raises_model_not_found_naming_the_model(server: ScriptedS
 
 def test_api_base_without_v1_raises_a_hint_about_the_path(server: ScriptedServer, make_model: ModelFactory) -> None:
     model = make_model(config_for(server, api_base=server.url.removesuffix("/v1"), max_retries=0))
-    with pytest.raises(LLMError, match=r"check llm\.api_base \(for most servers it ends in /v1\)") as caught:
+    with pytest.raises(LLMError, match=r"check llm\.api_base.* \(for most servers it ends in /v1\)") as caught:
         model.complete(PLANNER_CALL, purpose="planner")
     assert not isinstance(caught.value, LLMModelNotFoundError)
 

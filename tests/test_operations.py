@@ -131,7 +131,8 @@ def _stored(project: Path, session_id: str, owner: str) -> None:
     from taskweaver_lite.store.database import SessionStore
 
     store = SessionStore(project / "sessions.db")
-    store.create_session(session_id, started=time.time(), owner=owner)
+    ids = {user.name: user.id for user in store.users()}  # sessions belong to a user's id
+    store.create_session(session_id, started=time.time(), owner=ids[owner])
     store.record(session_id, RoundStarted(Round(index=1, user_query=f"{owner}'s request")))
     store.close()
 

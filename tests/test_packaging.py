@@ -44,3 +44,16 @@ def test_every_folder_with_data_files_ships_them() -> None:
         data = [p for p in folder.iterdir() if p.is_file() and p.suffix != ".py"]
         if data:
             assert package in SETUPTOOLS["package-data"], f"{folder} holds {data[0].name}, but package-data lists nothing for {package}"
+
+
+def test_the_version_is_written_once_in_pyproject_and_read_from_the_installed_metadata() -> None:
+    import taskweaver_lite
+
+    assert taskweaver_lite.__version__ == tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    assert '__version__ = "' not in (REPO / "taskweaver_lite" / "__init__.py").read_text(encoding="utf-8"), "the version is pyproject.toml's only"
+
+
+def test_the_package_says_it_is_typed() -> None:
+    # PEP 561: without the marker a role or plugin author's type checker ignores every annotation of ours.
+    assert (REPO / "taskweaver_lite" / "py.typed").is_file()
+    assert "py.typed" in SETUPTOOLS["package-data"]["taskweaver_lite"]

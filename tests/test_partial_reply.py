@@ -9,6 +9,8 @@ import pytest
 from taskweaver_lite.llm.streaming import PartialReply
 from taskweaver_lite.testing.scripted_server import code_reply, planner_reply
 
+pytestmark = pytest.mark.unit
+
 PLANNER = planner_reply('Say "hi" \\ then\nthe total: 42 € \U0001f600', send_to="User", current_plan_step="1. count rows")
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,8 @@ from taskweaver_lite.records.execution import CellError
 from taskweaver_lite.records.plugin_spec import Parameter, PluginSpec
 from taskweaver_lite.session.assembly import open_session, resume_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
+
+pytestmark = pytest.mark.kernel
 
 # A plugin file as TaskWeaver users write it: TaskWeaver's import, config, log, ctx and add_artifact.
 TASKWEAVER_PLUGIN = """
@@ -59,12 +60,6 @@ def greeter_project(root: Path, server_url: str = "http://127.0.0.1:9") -> Path:
     project = make_project(root, server_url)
     write_plugin(project / "plugins", "greeter", GREETER_YAML, TASKWEAVER_PLUGIN)
     return project
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
 
 
 def test_a_taskweaver_plugin_file_runs_unchanged_and_its_log_and_artifact_reach_the_result(tmp_path: Path) -> None:

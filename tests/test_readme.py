@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import nbclient
@@ -18,6 +17,8 @@ import pytest
 from helpers import REPO, cli_env
 
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
+
+pytestmark = pytest.mark.cli
 
 README = (REPO / "README.md").read_text(encoding="utf-8")
 GETTING_STARTED = (REPO / "docs" / "getting-started.md").read_text(encoding="utf-8")
@@ -38,12 +39,6 @@ def shell_env(tmp: Path) -> dict[str, str]:
     env = cli_env()
     env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", TMPDIR=str(tmp))
     return env
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
 
 
 def test_the_first_project_walkthrough_runs_as_written_and_its_notebook_runs_elsewhere(tmp_path: Path, server: ScriptedServer) -> None:

@@ -17,6 +17,8 @@ from taskweaver_lite.llm.replies import (
     repair_message,
 )
 
+pytestmark = pytest.mark.unit
+
 CODE = {"response": {"thought": "load it", "reply_type": "python", "reply_content": "df = load()"}}
 CODE_TEXT = json.dumps(CODE)
 PLAN = {

@@ -8,7 +8,6 @@ import os
 import signal
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -20,11 +19,7 @@ from taskweaver_lite.errors import SessionBusyError
 from taskweaver_lite.session.assembly import open_session, resume_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
+pytestmark = pytest.mark.cli
 
 
 def planner_prompts(server: ScriptedServer) -> list[list[dict]]:

@@ -14,6 +14,8 @@ from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
+pytestmark = pytest.mark.kernel
+
 
 @pytest.fixture
 def servers() -> Iterator[tuple[ScriptedServer, ScriptedServer]]:

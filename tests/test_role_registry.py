@@ -131,6 +131,27 @@ def test_a_project_role_cannot_take_the_name_of_a_config_section(tmp_path: Path)
     assert role_state == "broken" and "already a section of taskweaver_config.yaml" in error
 
 
+def test_a_project_document_retriever_takes_the_built_in_ones_place_with_its_section(tmp_path: Path) -> None:
+    write_role(tmp_path, "document_retriever", "alias: DocumentRetriever\nintro: Finds passages.\nprompt: p\n")
+    found = catalog(tmp_path, "planner", "document_retriever")
+    assert [e.state for e in found.entries if e.name == "document_retriever"] == ["enabled"], "listed once, the project's"
+    spec = found.by_alias("DocumentRetriever")
+    assert spec is not None and spec.origin == "project"
+
+
+def test_a_broken_project_document_retriever_is_listed_with_its_reason_and_the_built_in_one_stays_listed(tmp_path: Path) -> None:
+    # TaskWeaver's own folder: its class imports what is not provided here.
+    code = "from taskweaver.module.prompt_util import PromptUtil\nfrom taskweaver.role import Role\nclass DocumentRetriever(Role):\n    pass\n"
+    module = "module: taskweaver.ext_role.document_retriever.document_retriever.DocumentRetriever\n"
+    write_role(tmp_path, "document_retriever", f"alias: DocumentRetriever\n{module}intro: Finds passages.\n", code=code)
+    found = catalog(tmp_path, "planner", "document_retriever")
+    rows = [(e.state, e.where, e.error) for e in found.entries if e.name == "document_retriever"]
+    assert [state for state, _, _ in rows] == ["broken", "replaced"], rows
+    assert "already a section" not in rows[0][2]
+    assert rows[1][1] == "built-in" and "remove that folder to use this one" in rows[1][2]
+    assert found.by_alias("DocumentRetriever") is None, "the session does not run another class than the project's"
+
+
 def test_a_name_in_session_roles_that_is_no_role_is_reported_with_the_known_names(tmp_path: Path) -> None:
     found = catalog(tmp_path, "planner", "code_interpreter", "retreiver")
     role_state, error = state(found, "retreiver")

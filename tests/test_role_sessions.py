@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +33,6 @@ prompt: |
   You are the {{ alias }} of a data team. Explain results briefly.
 """
 THREE_ROLES = {"roles": ["planner", "code_interpreter", "analyst"]}
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
 
 
 def project_with_analyst(tmp_path: Path, server: ScriptedServer, *, role_file: str = ANALYST, **sections: Mapping[str, object]) -> Path:

@@ -1,6 +1,6 @@
-"""The kernel's sandbox (CONTRACT §6): what a hostile cell tries inside bubblewrap fails, and the session goes on.
+"""The kernel's sandbox: what a hostile cell tries inside bubblewrap fails, and the session goes on.
 
-Each attack of issue 11 is a cell in a real sandboxed kernel; the test checks the host afterwards
+Each attack is a cell in a real sandboxed kernel; the test checks the host afterwards
 (the file is still there, nothing was written, the socket saw no connection). Skipped where
 bubblewrap is not installed (`.ci/run` installs it).
 """
@@ -24,6 +24,8 @@ from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.sandbox import bwrap_path, uses_sandbox
 from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
+
+pytestmark = pytest.mark.kernel
 
 needs_bwrap = pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed: apt-get install bubblewrap")
 

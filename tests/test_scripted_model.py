@@ -28,6 +28,8 @@ from taskweaver_lite.testing.scripted_server import (
     text_reply,
 )
 
+pytestmark = pytest.mark.unit
+
 PLANNER_SYSTEM = "You are the Planner. Reply with init_plan, plan, current_plan_step, send_to, message."
 CODER_SYSTEM = "You write Python. Reply with thought, reply_type and reply_content."
 SUMMARY_SYSTEM = 'Summarise the rounds as {"ConversationSummary": ..., "Variables": [...]}.'
@@ -35,12 +37,6 @@ SUMMARY_SYSTEM = 'Summarise the rounds as {"ConversationSummary": ..., "Variable
 
 def call(system: str, user: str) -> list[Message]:
     return [{"role": "system", "content": system}, {"role": "user", "content": user}]
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as running:
-        yield running
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""`serve`'s HTTP API (CONTRACT §8) over real HTTP: a real uvicorn, real kernels, the scripted model."""
+"""`serve`'s HTTP API over real HTTP: a real uvicorn, real kernels, the scripted model."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_
 from taskweaver_lite.testing.web_server import WebServer
 from taskweaver_lite.web.auth import Access
 from taskweaver_lite.web.live import END, Turn
+
+pytestmark = pytest.mark.kernel
 
 PLOT = "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.savefig('trend.png')\nplt.show()\nprint('plotted')"
 
@@ -171,7 +173,7 @@ def test_state_changing_requests_from_another_site_are_refused(web: WebServer) -
         assert client.post("/api/sessions", json={}, headers={"Sec-Fetch-Site": "cross-site"}).status_code == 403
         assert client.post("/api/sessions", content=b"x=1", headers={"Content-Type": "application/x-www-form-urlencoded"}).status_code == 415
         assert client.post("/api/sessions", json={}, headers={"Origin": web.url}).status_code == 200
-        assert client.post("/api/sessions").status_code == 200, "CONTRACT §8: a new session needs no body"
+        assert client.post("/api/sessions").status_code == 200, "a new session needs no body"
 
 
 def test_without_a_token_only_this_machines_names_are_answered(web: WebServer) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -18,11 +18,7 @@ from taskweaver_lite.session import assembly
 from taskweaver_lite.session.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply, summary_reply, text_reply
 
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
+pytestmark = pytest.mark.kernel
 
 
 def open_session(tmp_path: Path, server: ScriptedServer, **sections: Mapping[str, object]) -> Session:

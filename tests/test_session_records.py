@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,11 +13,7 @@ from helpers import REPO, make_project, run_cli
 
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
+pytestmark = pytest.mark.cli
 
 
 def test_load_set_values_and_the_exit_hint_survive_into_resume_and_exports(tmp_path: Path, server: ScriptedServer) -> None:

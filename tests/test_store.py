@@ -28,6 +28,8 @@ from taskweaver_lite.store.postgres import PostgresStore
 from taskweaver_lite.store.recorder import StoreRecorder
 from taskweaver_lite.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate
 
+pytestmark = pytest.mark.unit
+
 # Records rounds of three posts in a loop and prints how many events are committed after each one.
 WRITER = """
 import sys, time

@@ -15,16 +15,12 @@ from taskweaver_lite.llm.client import OpenAIChatModel
 from taskweaver_lite.records.model_calls import Delta, Message
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, planner_reply
 
+pytestmark = pytest.mark.unit
+
 CALL: list[Message] = [
     {"role": "system", "content": "Answer in JSON with init_plan, plan, current_plan_step, send_to, message."},
     {"role": "user", "content": "How many rows?"},
 ]
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as running:
-        yield running
 
 
 @pytest.fixture

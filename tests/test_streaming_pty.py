@@ -11,7 +11,7 @@ from helpers import Terminal, make_project
 
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, planner_reply
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX")
+pytestmark = [pytest.mark.cli, pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX")]
 
 
 def test_the_planners_first_words_reach_the_terminal_before_the_reply_is_complete(tmp_path: Path) -> None:

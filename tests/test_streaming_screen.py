@@ -7,7 +7,7 @@ import io
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,11 +20,7 @@ from taskweaver_lite.session import assembly
 from taskweaver_lite.session.session import Session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as running:
-        yield running
+pytestmark = pytest.mark.kernel
 
 
 def terminal(*, styled: bool = False) -> tuple[Console, io.StringIO]:

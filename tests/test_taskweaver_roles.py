@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -125,12 +124,6 @@ class Listener(Role):
 """
 
 
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
-
-
 def add_role(project: Path, name: str, code: str, yaml_text: str) -> None:
     folder = project / "roles" / name
     folder.mkdir(parents=True)
@@ -205,10 +198,11 @@ def test_without_injector_a_taskweaver_role_is_broken_with_one_line_naming_the_p
     project = tmp_path / "project"
     shutil.copytree(ECHO, project / "roles" / "echo")
     found = discover_roles(project, enabled=["planner", "echo"])
-    [(state, _, error)] = listed(found, "echo")
-    assert state == "broken"
+    [(state, _, error), (builtin_state, _, _)] = listed(found, "echo")
+    assert (state, builtin_state) == ("broken", "replaced"), "the built-in echo stays listed, as replaced"
     assert "(TaskWeaver's roles are built by the package injector, which is not installed: pip install 'taskweaver-lite[taskweaver]')" in error
-    assert found.problems == [found.entries[-1].line()] and "\n" not in found.problems[0]
+    entry = found.find("echo")
+    assert entry is not None and found.problems == [entry.line()] and "\n" not in found.problems[0]
 
 
 @pytest.mark.unit
@@ -280,3 +274,20 @@ def test_a_role_class_with_no_constructor_or_config_class_of_its_own_is_built_wi
     with open_session(load_config(project)) as session:
         rnd = session.ask("Ask Plain.")
     assert (rnd.posts[2].send_from, rnd.posts[2].message) == ("Plain", "plain/Plain: hi")
+
+
+@pytest.mark.unit
+def test_an_image_a_taskweaver_role_attaches_is_said_not_to_reach_the_planner() -> None:
+    from taskweaver_lite.compat.taskweaver.memory import Attachment, AttachmentType, Post, our_post
+
+    # What TaskWeaver's ImageReader answers: a message, and the image as a data URL in an image_url attachment.
+    post = Post.create("I have read the image path from the message. The image is attached below.", "ImageReader", "Planner")
+    post.add_attachment(Attachment.create(AttachmentType.image_url, "Image from chart.png encoded as a Base64 data URL.", extra={"image_url": "data:..."}))
+    ours = our_post(post)
+    assert ours.message.splitlines()[-1] == (
+        "(The image itself was not passed on: the Planner's model here reads text only. "
+        "To learn what the image holds, have the CodeInterpreter analyse the file.)"
+    )
+    assert [(a.kind, a.content) for a in ours.attachments] == [("image_url", "Image from chart.png encoded as a Base64 data URL.")]
+    text = Post.create("plain", "Echo", "Planner")
+    assert our_post(text).message == "plain", "a reply with no image is passed on as it is"

@@ -9,6 +9,8 @@ from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.llm.tokens import COUNT_CACHE_ENTRIES, REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE, get_tokenizer
 from taskweaver_lite.records.model_calls import Message
 
+pytestmark = pytest.mark.unit
+
 
 def test_count_matches_the_o200k_encoding_exactly() -> None:
     tokenizer = get_tokenizer("o200k_base")

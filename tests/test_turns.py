@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,12 +17,6 @@ from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
 pytestmark = pytest.mark.cli
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
 
 
 def stored(project: Path) -> list[dict[str, object]]:
@@ -83,6 +76,17 @@ def test_model_switches_every_part_or_one_role_from_the_next_request_and_is_kept
     finally:
         store.close()
     assert kept == ["llm.model=big-model", "planner.llm.model=planner-model"]
+
+
+def test_piped_unknown_commands_are_refused_as_on_a_terminal_and_a_model_not_served_names_model(tmp_path: Path) -> None:
+    with ScriptedServer(model="scripted") as checked:
+        project = make_project(tmp_path, checked.url)
+        done = run_cli("chat", "-p", str(project), stdin="/clear\n/h\n/img cat.png\n/model gpt-x\nhello\n")
+    assert [r.body["model"] for r in checked.requests] == ["gpt-x"], "no command reached the model; the request went with /model's choice"
+    for command in ("/clear", "/h", "/img"):
+        assert f"Unknown command {command}. Type /help for the list." in done.stderr
+    assert done.returncode == 1 and "check the name given to /model gpt-x (choose another with /model NAME)" in done.stderr, done.stderr
+    assert "check llm.model" not in done.stderr
 
 
 def test_open_lists_the_plots_and_hands_one_to_the_system_viewer(tmp_path: Path, server: ScriptedServer) -> None:

@@ -1,4 +1,4 @@
-"""Code verification (CONTRACT §6): a static check refuses bypass attempts and lets ordinary analysis through.
+"""Code verification: a static check refuses bypass attempts and lets ordinary analysis through.
 
 The corpus is what an attacker scripting the model would try first. Each entry is refused, or
 listed in OUT_OF_REACH with the reason a static check cannot see it (the sandbox's job).
@@ -6,16 +6,19 @@ listed in OUT_OF_REACH with the reason a static check cannot see it (the sandbox
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 from helpers import make_project
 
 from taskweaver_lite.config.file import load_config
-from taskweaver_lite.safety.verification import DEFAULT_BLOCKED_FUNCTIONS, CodeVerifier
+from taskweaver_lite.config.settings import DEFAULT_BLOCKED_FUNCTIONS
+from taskweaver_lite.safety.verification import CodeVerifier
 from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
+
+pytestmark = pytest.mark.kernel
 
 BYPASSES: Mapping[str, str] = {
     "plain import": "import os\nos.listdir('/')",
@@ -63,15 +66,15 @@ BYPASSES: Mapping[str, str] = {
     "pickle": "import pickle\npickle.loads(b'')",
     "a string annotation typing evaluates": "import typing\ndef f(x: \"__import__('os').system('id')\"):\n    pass\ntyping.get_type_hints(f)",
     "an expression pandas evaluates": "import pandas as pd\ndf = pd.DataFrame({'a': [1]})\ndf.query(\"@pd.io.common.os.system('id') == 0\", engine='python')",
-    # Issue 24: these ran with verification on; each is refused by what it reaches, not how it is spelled.
-    "issue 24: from-import of os out of a package": "from pandas.io.common import os\nos.listdir('/')",
-    "issue 24: from-import of subprocess out of matplotlib": "from matplotlib import subprocess\nsubprocess.run(['id'])",
-    "issue 24: a private alias of os": "import random\nrandom._os.mkdir('/tmp/x')",
-    "issue 24: a private alias of sys": "import collections\ncollections._sys.modules['os'].listdir('/')",
-    "issue 24: import_optional_dependency": "import pandas as pd\npd.compat._optional.import_optional_dependency('subprocess').run(['id'])",
-    "issue 24: computed getattr on builtins": "from numpy.core.numeric import builtins\ngetattr(builtins, 'ex' + 'ec')('x = 1')",
-    "issue 24: computed getattr on a module": "import numpy as np\ngetattr(np, 'o' + 's')",
-    "issue 24: a bytes-decoded name into exec": "from numpy.core.numeric import builtins as b\ngetattr(b, bytes([101, 120, 101, 99]).decode())('x = 1')",
+    # These once ran with verification on; each is refused by what it reaches, not how it is spelled.
+    "once ran: from-import of os out of a package": "from pandas.io.common import os\nos.listdir('/')",
+    "once ran: from-import of subprocess out of matplotlib": "from matplotlib import subprocess\nsubprocess.run(['id'])",
+    "once ran: a private alias of os": "import random\nrandom._os.mkdir('/tmp/x')",
+    "once ran: a private alias of sys": "import collections\ncollections._sys.modules['os'].listdir('/')",
+    "once ran: import_optional_dependency": "import pandas as pd\npd.compat._optional.import_optional_dependency('subprocess').run(['id'])",
+    "once ran: computed getattr on builtins": "from numpy.core.numeric import builtins\ngetattr(builtins, 'ex' + 'ec')('x = 1')",
+    "once ran: computed getattr on a module": "import numpy as np\ngetattr(np, 'o' + 's')",
+    "once ran: a bytes-decoded name into exec": "from numpy.core.numeric import builtins as b\ngetattr(b, bytes([101, 120, 101, 99]).decode())('x = 1')",
     # More of the same kinds.
     "getattr with a computed name": "getattr(pd.io.common, 'o' + 's')",
     "getattr passed to reduce": "import functools\nfunctools.reduce(getattr, ['io', 'common', 'os'], pd)",
@@ -153,12 +156,6 @@ def test_an_empty_allowed_list_means_no_imports_and_none_means_any() -> None:
     assert CodeVerifier(allowed_modules=()).check("import math")
     assert CodeVerifier(allowed_modules=None).check("import os") == []
     assert CodeVerifier(allowed_modules=None, blocked_functions=()).check("eval('1')") == []
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
 
 
 def test_a_refused_cell_does_not_run_and_the_code_generator_revises_with_the_rule(tmp_path: Path, server: ScriptedServer) -> None:

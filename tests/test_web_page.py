@@ -21,9 +21,10 @@ from taskweaver_lite.testing.web_server import WebServer
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or DRIVER is None, reason="Chromium and chromedriver are not installed: apt-get install chromium chromium-driver"
-)
+pytestmark = [
+    pytest.mark.kernel,
+    pytest.mark.skipif(CHROMIUM is None or DRIVER is None, reason="Chromium and chromedriver are not installed: apt-get install chromium chromium-driver"),
+]
 
 PLOT = (
     "import pandas as pd\nimport matplotlib.pyplot as plt\n"

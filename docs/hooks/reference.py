@@ -1,4 +1,4 @@
-"""MkDocs hook: the reference pages generated from the code, and SECURITY.md as a page of the site."""
+"""MkDocs hook: the reference pages generated from the code, and SECURITY.md and CHANGELOG.md as pages of the site."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ def on_files(files: Files, config: Any) -> Files:
     """Add the generated pages before the site is built (they are never written into docs/)."""
     for path, text in pages().items():
         files.append(File.generated(config, path, content=text))
-    # The security policy stays at the repository's top level, where people look for it.
+    # The security policy and the changelog stay at the repository's top level, where people look for them.
     files.append(File.generated(config, "security.md", content=(ROOT / "SECURITY.md").read_text(encoding="utf-8")))
+    files.append(File.generated(config, "changelog.md", content=(ROOT / "CHANGELOG.md").read_text(encoding="utf-8")))
     return files

@@ -18,7 +18,7 @@ from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.experience import experience_command, save_tips
 from taskweaver_lite.cli.images import TerminalImages
-from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
+from taskweaver_lite.cli.plugins import mcp_lines, plugin_table, report_kernel_failures
 from taskweaver_lite.cli.prompt_line import INTERRUPTED, PromptLine
 from taskweaver_lite.cli.roles import role_table
 from taskweaver_lite.cli.turns import TurnCommands, session_artifacts
@@ -135,7 +135,7 @@ def chat_with(
 
     The closing hint says how to continue: `command`, with `-p project` when one is given.
     """
-    interactive = sys.stdin.isatty()  # CONTRACT §2: piped behaviour is decided by stdin alone
+    interactive = sys.stdin.isatty()  # piped behaviour is decided by stdin alone (stdout may be a terminal)
     confirm_mode = confirm or config.execution.confirm
     if confirm_mode and not interactive:
         raise ConfigError(
@@ -279,7 +279,10 @@ def _resume(
         remembered = workspace.remembered_overrides(ref)
         if remembered:
             overrides = merge_overrides(remembered, overrides)
-            workspace = workspace.reconfigured(load_config(project, overrides))  # the same store: the caller closes it
+            # Under what the workspace was opened with (the demo's model and address are --set values too), the
+            # remembered ones, then this command's: a resume changes what the session changed, nothing more.
+            base = list(workspace.config.sources.overrides)
+            workspace = workspace.reconfigured(load_config(project, merge_overrides(base, overrides)))  # the same store: the caller closes it
         _fit_display(workspace.config, renderer)  # after the reload: the stored settings must not undo the terminal's width
         session = _resume_session(workspace, ref, replay=replay, renderer=renderer, say=say, confirm=confirm)
     except UnknownSessionError as exc:
@@ -358,7 +361,7 @@ def _next_request(renderer: RichConsole, commands: SlashCommands, line: PromptLi
     if notice:
         renderer.say(notice, style="yellow")
         return ""
-    if text is None or not text.startswith("/"):
+    if text is None or not is_command(text):
         return text
     if not commands.run(text):
         return None
@@ -392,7 +395,7 @@ def _piped(commands: SlashCommands) -> int:
     for text in _stdin_lines(say):
         if not text.strip():
             continue
-        if text.startswith("/") and commands.known(text):
+        if is_command(text):  # known or not, as on a terminal: an unknown one is refused, never sent to the model
             if not commands.run(text.strip()):
                 return 0
             text = commands.take_request() or ""
@@ -402,7 +405,7 @@ def _piped(commands: SlashCommands) -> int:
             rnd = commands.session.ask(text)
         except KeyboardInterrupt:
             say("Cancelled. The session and its variables are kept.")
-        except LLMError as exc:  # the model is unreachable or refuses us: fatal when scripted (CONTRACT §2)
+        except LLMError as exc:  # the model is unreachable or refuses us: fatal when piped: a script must not hang on it
             say(f"taskweaver-lite: {exc}")
             return 1
         except TaskWeaverError as exc:  # this request failed; the next line may still work
@@ -425,6 +428,12 @@ def _stdin_lines(say: Callable[[str], None]) -> Iterator[str]:
             yield raw.decode(encoding).rstrip("\r\n")
         except UnicodeDecodeError as exc:
             say(f"stdin: line {number} is not {encoding} text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); skipped it: pipe {encoding} text")
+
+
+def is_command(line: str) -> bool:
+    """Whether a line is a chat command (`/help`, `/clear`): a slash and a word first; `/data/x.csv ...` is a request naming a path."""
+    first = line.strip().split(maxsplit=1)[0] if line.strip() else ""
+    return first.startswith("/") and len(first) > 1 and "/" not in first[1:]
 
 
 class SlashCommands(TurnCommands):
@@ -455,10 +464,6 @@ class SlashCommands(TurnCommands):
             "/experience": self._experience,
             "/roles": self._roles,
         }
-
-    def known(self, line: str) -> bool:
-        """Whether the line starts with a command this chat knows."""
-        return line.split(maxsplit=1)[0] in self._table
 
     def run(self, line: str) -> bool:
         """Run one command line; False means the chat should end."""
@@ -520,7 +525,9 @@ class SlashCommands(TurnCommands):
 
     def _plugins(self, _: str) -> bool:
         failures = getattr(self.session.executor, "plugin_failures", ())
-        self.say(plugin_table(self.session.plugins.entries, failures))
+        table = plugin_table(self.session.plugins.entries, failures)
+        servers = mcp_lines(getattr(self.session.executor, "mcp_servers", ()))
+        self.say("\n".join([table, "MCP servers (mcp.servers):", *servers]) if servers else table)
         return True
 
     def _roles(self, _: str) -> bool:

@@ -64,13 +64,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_serve_parser(commands)
 
+    mcp = commands.add_parser("mcp", help="serve this agent to MCP hosts (Claude Desktop, VS Code) on stdin and stdout: its tool `ask` runs a chat turn")
+    _project_option(mcp)
+    _overrides_option(mcp)
+
     from taskweaver_lite.cli.users import add_users_parser
 
     add_users_parser(commands)
 
+    from taskweaver_lite.cli.gateway import add_gateway_parser
+
+    add_gateway_parser(commands)
+
     from taskweaver_lite.cli.eval import add_eval_parser
 
     add_eval_parser(commands)
+
+    from taskweaver_lite.cli.config import add_config_parser
+
+    add_config_parser(commands)
 
     export = commands.add_parser("export", help="write a stored session as a notebook or Markdown")
     export.add_argument("session_id", metavar="ID", help="session id ('last' for the newest)")
@@ -113,6 +125,9 @@ _RUNNERS = {
     "eval": ("taskweaver_lite.cli.eval", "run_eval_command"),
     "export": ("taskweaver_lite.cli.chat", "export_session"),
     "users": ("taskweaver_lite.cli.users", "run_users"),
+    "mcp": ("taskweaver_lite.cli.mcp", "run_mcp"),
+    "config": ("taskweaver_lite.cli.config", "run_config"),
+    "gateway": ("taskweaver_lite.cli.gateway", "run_gateway"),
 }
 # Listings of a project's parts: each function takes the project folder and `--json`.
 _LISTINGS = {

@@ -1,8 +1,8 @@
 """The documentation's reference pages, generated from the code so they cannot drift from it.
 
-The configuration keys come from the typed config (`config.py`), the commands from the argument
+The configuration keys come from the typed config (`config/settings.py`), the commands from the argument
 parser (`cli/main.py`), the HTTP API from the web server's routes (`web/app.py`). The docs site's
-build calls `pages()` (docs/hooks.py); a route without a description fails it.
+build calls `pages()` (docs/hooks/reference.py); a route without a description fails it.
 """
 
 from __future__ import annotations

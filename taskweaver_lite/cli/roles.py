@@ -30,7 +30,7 @@ def role_table(entries: Sequence[RoleEntry]) -> str:
     lines = []
     for entry in entries:
         alias = entry.spec.alias if entry.spec else "-"
-        detail = f"{entry.where}: {entry.error}" if entry.state in ("broken", "off") else _first_line(entry.spec.intro if entry.spec else "")
+        detail = f"{entry.where}: {entry.error}" if entry.state in ("broken", "off", "replaced") else _first_line(entry.spec.intro if entry.spec else "")
         lines.append(f"{entry.name:<{name_width}}  {alias:<{alias_width}}  {entry.state:<8}  {strip_controls(detail)}")
     lines.append("Enable a role by listing its name in session.roles; write one in PROJECT_DIR/roles/<name>/<name>.role.yaml.")
     return "\n".join(lines)

@@ -7,16 +7,20 @@ key, its line and what was expected, on one line.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, get_args
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic_core import ErrorDetails
 
-from taskweaver_lite.config.settings import Config, RoleSectionConfig
+from taskweaver_lite.config.settings import Config, RoleConfig, RoleSectionConfig
+from taskweaver_lite.config.sources import SET, ConfigSources, env_name, flat_keys, from_file
 from taskweaver_lite.config.store_url import redact
-from taskweaver_lite.config.taskweaver_json import JSON_FILE_NAME, read_taskweaver_json
+from taskweaver_lite.config.taskweaver_json import JSON_FILE_NAME, Environment, read_taskweaver_json
 from taskweaver_lite.errors import ConfigError
 
 CONFIG_FILE_NAME = "taskweaver_config.yaml"
@@ -39,25 +43,26 @@ def role_names(project: Path, data: dict[str, Any]) -> set[str]:
     return names - set(Config.model_fields)
 
 
-def load_config(project_dir: str | Path = "project", overrides: list[str] | None = None) -> Config:
-    """Read the project's YAML, apply `KEY=VALUE` overrides, and validate once."""
+def load_config(project_dir: str | Path = "project", overrides: list[str] | None = None, *, environ: Mapping[str, str] | None = None) -> Config:
+    """Read the project's config file, apply `KEY=VALUE` overrides, and validate once.
+
+    A TaskWeaver JSON project also reads `environ` (default: this process's environment) as TaskWeaver
+    does, between the file and the overrides (config/sources.py says why a YAML project does not).
+    """
     project = Path(project_dir)
     path = project / CONFIG_FILE_NAME
+    environ = os.environ if environ is None else environ
     if not project.is_dir():
         raise ConfigError(f"{project}: project folder not found; create one with `taskweaver-lite init {project}`")
     data: dict[str, Any] = {}
     notices: list[str] = []
-    if not path.exists() and (project / JSON_FILE_NAME).exists():
-        path, data, notices = _taskweaver_json(project / JSON_FILE_NAME)
+    origins: dict[str, str] = {}
+    reads_environment = not path.exists() and (project / JSON_FILE_NAME).exists()
+    if reads_environment:
+        path, data, notices, origins = _taskweaver_json(project / JSON_FILE_NAME, environ=environ)
     elif path.exists():
-        text = _read_text(path)
-        try:
-            loaded = load_yaml(text, source=path)
-        except yaml.YAMLError as exc:
-            raise ConfigError(missing_colon(path, text, exc) or f"{path}: not valid YAML: {_yaml_problem(exc)}; fix the syntax") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections (llm:, planner:, ...) at the top")
-        data = loaded or {}
+        data = _yaml_settings(path)
+        origins = dict.fromkeys(flat_keys(data), from_file(path))
     data.pop(_ROLE_SECTIONS, None)  # not a key of the file: role sections are written at the top level
     for item in overrides or []:  # `--set session.roles=[...]` first: it decides which sections are roles'
         if item.partition("=")[0].strip() == "session.roles":
@@ -66,20 +71,93 @@ def load_config(project_dir: str | Path = "project", overrides: list[str] | None
     unknown = [problem for item in overrides or [] if (problem := _apply_override(data, item, roles=roles))]
     if unknown:
         raise ConfigError("; ".join(unknown))
+    for item in overrides or []:
+        key = item.partition("=")[0].strip()
+        origins = {dotted: origin for dotted, origin in origins.items() if not f"{dotted}.".startswith(f"{key}.")}
+        origins[key] = SET
     data[_ROLE_SECTIONS] = {name: data.pop(name) for name in sorted(roles) if name in data}
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, path, overrides or [])) from None
+        raise ConfigError(_describe(exc, path, overrides or [], origins=origins)) from None
     config.project_dir = project
     config.notices.extend(notices)
+    config.sources = ConfigSources(file=path if path.exists() else None, reads_environment=reads_environment, origins=origins, overrides=tuple(overrides or ()))
+    if not reads_environment:
+        config.notices.extend(unread_variables(config, environ=environ))
     return config
 
 
-def _taskweaver_json(path: Path) -> tuple[Path, dict[str, Any], list[str]]:
-    """TaskWeaver's JSON config, mapped to our keys; errors from here on name that file."""
-    settings = read_taskweaver_json(path, known=is_config_key, role_folders=role_names(path.parent, {}))
-    return path, settings.data, settings.notices(path)
+def _yaml_settings(path: Path) -> dict[str, Any]:
+    """The YAML file's mapping of sections; ConfigError naming the file and line when it is not one."""
+    text = _read_text(path)
+    try:
+        loaded = load_yaml(text, source=path)
+    except yaml.YAMLError as exc:
+        raise ConfigError(missing_colon(path, text, exc) or f"{path}: not valid YAML: {_yaml_problem(exc)}; fix the syntax") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections (llm:, planner:, ...) at the top")
+    return loaded or {}
+
+
+def _taskweaver_json(path: Path, *, environ: Mapping[str, str]) -> tuple[Path, dict[str, Any], list[str], dict[str, str]]:
+    """TaskWeaver's JSON config under the environment, mapped to our keys; errors from here on name that file."""
+    roles = role_names(path.parent, {})
+    keys = [*setting_keys(), *(f"{role}.{key}" for role in roles for key in setting_keys(RoleConfig))]
+    environment = Environment(variables=environ, keys=keys, kind=_value_kind)
+    settings = read_taskweaver_json(path, known=is_config_key, role_folders=roles, environment=environment)
+    return path, settings.data, settings.notices(path), settings.origins
+
+
+# The variables a YAML project is told about when they are set: TaskWeaver's names for the model settings.
+_TOLD_VARIABLES = ("llm.api_base", "llm.api_key", "llm.model")
+
+
+def unread_variables(config: Config, *, environ: Mapping[str, str]) -> list[str]:
+    """One line per TaskWeaver `LLM_*` variable that is set and differs from what a YAML project uses: it is not read."""
+    lines = []
+    for key in _TOLD_VARIABLES:
+        variable = env_name(key)
+        value = environ.get(variable)
+        used = getattr(config.llm, key.rpartition(".")[2])
+        used = used.get_secret_value() if isinstance(used, SecretStr) else used
+        if value is None or value == used:
+            continue
+        where = config.sources.file.name if config.sources.file is not None else "the defaults"
+        lines.append(
+            f"{variable} is set but not read: a YAML project takes {key} from {where} or --set "
+            f"(TaskWeaver's variables are read by a taskweaver_config.json project only); to use it: --set {key}=${variable}"
+        )
+    return lines
+
+
+def setting_keys(model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
+    """Every leaf setting's dotted key under `model` (`llm.model`, `execution.kernel_gateway.url`)."""
+    keys = []
+    for name, info in model.model_fields.items():
+        if info.exclude or name in _NOT_KEYS:
+            continue
+        section = section_type(info.annotation)
+        if isinstance(section, type) and issubclass(section, BaseModel):
+            keys += setting_keys(section, f"{prefix}{name}.")
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def _value_kind(dotted: str) -> str:
+    """What the text of `dotted`'s environment variable holds: a list, a mapping, or a value pydantic converts."""
+    node: Any = Config
+    annotation: Any = None
+    for part in dotted.split("."):
+        fields = getattr(node, "model_fields", None)
+        if fields is None or part not in fields:
+            return "value"
+        annotation = fields[part].annotation
+        node = section_type(annotation)
+    origin = get_origin(annotation)
+    kinds = {get_origin(arg) or arg for arg in get_args(annotation)} if origin is Union or origin is UnionType else {origin or annotation}
+    return "list" if list in kinds else "mapping" if dict in kinds else "value"
 
 
 def is_config_key(dotted: str) -> bool:
@@ -218,7 +296,7 @@ def _known(node: Any) -> str:
     return ", ".join(name for name in fields if name not in _NOT_KEYS) or "(none: this is a value)"
 
 
-def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
+def _describe(exc: ValidationError, path: Path, overrides: list[str], *, origins: Mapping[str, str]) -> str:
     """Every problem pydantic found on one line: unknown keys grouped by section, then wrong values."""
     unknown: dict[tuple[str, str], list[tuple[str, ...]]] = {}  # (source, section) -> where the unknown keys are
     problems: list[str] = []
@@ -235,7 +313,8 @@ def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
         if err["type"] == "extra_forbidden":
             unknown.setdefault((_setters(loc, overrides) or str(path), ".".join(loc[:-1])), []).append(loc)
         else:
-            problems.append(f"{_source(loc, path, overrides, missing=err['type'] == 'missing')}: {_wrong_value(err, key)}")
+            source = _variable(loc, origins) or _source(loc, path, overrides, missing=err["type"] == "missing")
+            problems.append(f"{source}: {_wrong_value(err, key)}")
     named = [
         f"{_with_lines(source, locs, path)}: unknown key {' and '.join(repr('.'.join(loc)) for loc in locs)}; "
         f"known keys {f'in {section}' if len(unknown) > 1 else 'here'}: " + _known(_section(section))
@@ -244,6 +323,12 @@ def _describe(exc: ValidationError, path: Path, overrides: list[str]) -> str:
     if any("." in str(err["loc"][-1]) for err in exc.errors() if err["type"] == "extra_forbidden" and err["loc"]):
         named.append("in the file keys nest, one per line (`llm:` then `  model: gpt-4o` below it); dotted keys are for --set")
     return "; ".join(dict.fromkeys(named + problems))
+
+
+def _variable(loc: tuple[str, ...], origins: Mapping[str, str]) -> str | None:
+    """The environment variable that set the key at `loc` (a TaskWeaver JSON project reads them), if one did."""
+    origin = origins.get(".".join(loc), "")
+    return f"environment variable {origin.removeprefix('env ')}" if origin.startswith("env ") else None
 
 
 def _source(loc: tuple[str, ...], path: Path, overrides: list[str], *, missing: bool = False) -> str:
@@ -278,11 +363,17 @@ def _with_lines(source: str, locs: list[tuple[str, ...]], path: Path) -> str:
 
 def _section(dotted: str) -> type[BaseModel]:
     parent: type[BaseModel] = Config
+    named = False  # the part before was a mapping of named sections (`mcp.servers`): this part is a name
     for part in filter(None, dotted.split(".")):
+        if named:
+            named = False
+            continue
         if part not in parent.model_fields:  # a role's section (`echo`), written at the top level
             parent = RoleSectionConfig
             continue
-        section = section_type(parent.model_fields[part].annotation)
+        annotation = parent.model_fields[part].annotation
+        named = get_origin(annotation) is dict
+        section = section_type(annotation)
         if not (isinstance(section, type) and issubclass(section, BaseModel)):
             break
         parent = section

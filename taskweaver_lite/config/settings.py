@@ -1,4 +1,4 @@
-"""The typed configuration: one object of typed sections, validated once (config_file.py reads it).
+"""The typed configuration: one object of typed sections, validated once (config/file.py reads it).
 
 Every key has a default, so an empty file is a valid project. Settings that cannot hold together
 (a gateway with a local sandbox, a role's window too small for its reserve) are refused here, with
@@ -8,17 +8,19 @@ the keys and the fix on one line.
 from __future__ import annotations
 
 import hashlib
+import keyword
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
+from taskweaver_lite.config.sources import ConfigSources
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.safety.verification import DEFAULT_ALLOWED_MODULES, DEFAULT_BLOCKED_FUNCTIONS
 
 # Bounds on any YAML file of a project (config, examples, plugin specs): far above real ones.
 
@@ -251,6 +253,19 @@ class SessionConfig(_Section):
     )
 
 
+# Code verification's defaults (safety/verification.py applies them): the analysis libraries and the standard
+# library's harmless modules; the names that run code, open files or start processes.
+DEFAULT_ALLOWED_MODULES = (
+    "pandas", "numpy", "matplotlib", "scipy", "sklearn", "seaborn", "statsmodels", "math", "statistics", "datetime",
+    "time", "json", "csv", "re", "collections", "itertools", "functools", "operator", "typing", "random", "decimal",
+    "fractions", "string", "textwrap", "dataclasses", "enum", "warnings", "calendar", "zoneinfo", "io",
+)  # fmt: skip
+DEFAULT_BLOCKED_FUNCTIONS = (
+    "eval", "exec", "execfile", "compile", "open", "input", "breakpoint", "globals", "locals", "vars", "__import__",
+    "system", "popen", "Popen", "fork", "setsid",
+)  # fmt: skip
+
+
 class CodeInterpreterConfig(_Section):
     """Code writing, its retries, and the static check each cell passes before it runs (verification.py)."""
 
@@ -474,8 +489,18 @@ class ServeConfig(_Section):
         None, description="a single sign-on proxy's header naming the user (X-Forwarded-User for oauth2-proxy); null: no header is believed"
     )
     trusted_proxies: list[str] = Field(
-        default_factory=lambda: ["127.0.0.1", "::1"], description="the addresses trusted_user_header is believed from (the proxy's)"
+        default_factory=list,
+        description=("the addresses (of the TCP peer itself) trusted_user_header and X-Forwarded-Proto are believed from: the proxy's; empty: none, until set"),
     )
+    max_request_bytes: int = Field(
+        1_000_000, ge=1024, description="the largest request body in bytes other than a file upload (session.max_upload_bytes); a larger one gets 413"
+    )
+    header_timeout: float = Field(10.0, gt=0, description="seconds a client gets to send a request's headers; a slower one is disconnected")
+    max_streams_per_user: int = Field(20, ge=1, description="event streams one user may hold open on one server at once; one more gets 429")
+    failed_token_limit: int = Field(
+        10, ge=1, description="tokens refused per client address in a minute before its requests get 429 (with Retry-After) for the rest of it"
+    )
+    sign_in_hours: float = Field(12.0, gt=0, description="hours a sign-in on the page lasts (its cookie); the user's token itself is never the cookie")
     metrics_token: SecretStr | None = Field(
         None, description="a token good for GET /metrics alone (a Prometheus scraper's), answered even while the store is down; null: a user's token"
     )
@@ -486,6 +511,70 @@ class ServeConfig(_Section):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError("expected a whole number of sessions, 1 or more, or null for no limit")
         return value
+
+
+class McpServerConfig(_Section):
+    """One MCP server whose tools a session's cells call (`mcp.servers.NAME`); it runs inside the kernel, as its child."""
+
+    command: list[str] = Field(min_length=1, description="the program and its arguments, e.g. [mcp-server-time] or [npx, -y, some-server]")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="environment variables it gets besides the kernel's (secrets too: the kernel's code can read them)"
+    )
+    network: bool = Field(False, description="it needs the network: refused (shown as not started) while the kernel's sandbox has none (execution.network)")
+    start_timeout: float = Field(60.0, gt=0, description="seconds it may take to start and list its tools")
+    call_timeout: float = Field(120.0, gt=0, description="seconds one tool call may take (a cell's own timeout still applies)")
+
+    @field_validator("command")
+    @classmethod
+    def _a_program(cls, value: list[str]) -> list[str]:
+        if not value[0].strip():
+            raise ValueError("the first item must name the program to run")
+        return value
+
+
+class McpConfig(_Section):
+    """The Model Context Protocol: the MCP servers whose tools the CodeGenerator's code may call."""
+
+    servers: dict[str, McpServerConfig] = Field(default_factory=dict, description="NAME: {command: [ARGV...], env: {...}}; a cell calls tool T as NAME.T(...)")
+
+    @field_validator("servers")
+    @classmethod
+    def _python_names(cls, value: dict[str, McpServerConfig]) -> dict[str, McpServerConfig]:
+        for name in value:
+            if not name.isidentifier() or keyword.iskeyword(name):
+                raise ValueError(f"{name!r} is not a Python name: a cell calls the server's tools as NAME.tool(...), so use letters, digits and _")
+        return value
+
+
+class TracingConfig(_Section):
+    """Tracing with OpenTelemetry (the `tracing` extra): each request's model calls, cells and folds as spans, sent over OTLP/HTTP."""
+
+    enabled: bool = Field(False, description="send a trace of every request (a chat message, an API message, an eval case's turn) to endpoint")
+    endpoint: str | None = Field(
+        None, description="the OTLP/HTTP receiver's base address, such as http://127.0.0.1:4318 (null: OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4318)"
+    )
+    content: bool = Field(False, description="also record prompts, replies, code and cell output in spans (off: names, token counts, outcomes, timings)")
+    service_name: str | None = Field(None, description="the service.name spans carry (null: OTEL_SERVICE_NAME, else taskweaver-lite)")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _an_http_url(cls, value: str | None) -> str | None:
+        if value is not None and not (value.startswith(("http://", "https://")) and urlsplit(value).hostname):
+            raise ValueError("expected an http:// or https:// address such as http://127.0.0.1:4318 (or null for OTEL_EXPORTER_OTLP_ENDPOINT)")
+        return value
+
+
+class GatewayConfig(_Section):
+    """`taskweaver-lite gateway`: the kernel gateway whose kernels run in this project's sandbox (see docs/team.md)."""
+
+    root: str | None = Field(None, description="the folder holding the sessions' folders on the gateway's machine (null: PROJECT_DIR/gateway)")
+    cull_idle_timeout: int = Field(
+        3600, ge=0, description="seconds a kernel may sit idle before the gateway ends it (its session replays its cells next time); 0: never"
+    )
+    cull_interval: int = Field(60, ge=1, description="seconds between the gateway's looks for idle kernels")
+    max_kernels_per_user: int | None = Field(
+        8, ge=1, description="kernels the gateway runs at once for one user (KERNEL_USERNAME, sent by serve); one more is refused; null: no limit"
+    )
 
 
 class Config(_Section):
@@ -503,18 +592,31 @@ class Config(_Section):
     document_retriever: DocumentRetrieverConfig = Field(default_factory=DocumentRetrieverConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    mcp: McpConfig = Field(default_factory=McpConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     # The sections of roles that have no field here (`echo:`, a project role's), written at the top
     # level like `planner:`; load_config moves them here. Not a YAML key of its own.
     role_sections: dict[str, RoleSectionConfig] = Field(default_factory=dict, exclude=True)
     # Not a YAML key: where the project lives, filled in by load_config.
     project_dir: Path = Field(default=Path("project"), exclude=True)
     _notices: list[str] = PrivateAttr(default_factory=list)
+    _sources: ConfigSources = PrivateAttr(default_factory=ConfigSources)
     _state_dir: Path | None = PrivateAttr(default=None)  # decided once: whether the project folder may be written
 
     @property
     def notices(self) -> list[str]:
         """What loading said besides errors (TaskWeaver keys that have no effect here), for the user once."""
         return self._notices
+
+    @property
+    def sources(self) -> ConfigSources:
+        """Where the settings were read from, and each one's origin (set by load_config)."""
+        return self._sources
+
+    @sources.setter
+    def sources(self, value: ConfigSources) -> None:
+        self._sources = value
 
     @model_validator(mode="after")
     def _role_models_are_whole(self) -> Config:
@@ -604,15 +706,25 @@ class Config(_Section):
         return self.state_dir / "sessions"
 
     @property
+    def gateway_root(self) -> Path:
+        """Where `taskweaver-lite gateway` keeps its kernels' session folders, relative paths taken from the project folder."""
+        path = Path(self.gateway.root or "gateway").expanduser()
+        return path if path.is_absolute() else self.project_dir / path
+
+    @property
     def experience_dir(self) -> Path:
         """Folder of handcrafted tips (TaskWeaver's `experience/`)."""
         return self.project_dir / "experience"
 
     @property
     def store_path(self) -> Path:
-        """The SQLite file, relative paths taken from the project folder."""
+        """The SQLite file, relative paths taken from the state folder; a read-only project's own file is read where it is."""
         path = Path(self.store.path).expanduser()
-        return path if path.is_absolute() else self.state_dir / path
+        if path.is_absolute():
+            return path
+        if self.state_dir != self.project_dir and (self.project_dir / path).is_file():
+            return self.project_dir / path  # its sessions stay listed and exportable; writing them fails, saying the file is read-only
+        return self.state_dir / path
 
 
 def read_only_state_dir(project: Path) -> Path:
@@ -653,6 +765,11 @@ def settings_conflicts(config: Config) -> list[str]:
         found.append(
             "execution.mounts and execution.sandbox: none conflict (without the sandbox the kernel sees every folder and "
             "read-only cannot be kept); remove the mounts, or set execution.sandbox: auto"
+        )
+    if config.mcp.servers and config.execution.kernel_gateway is not None:
+        found.append(
+            "mcp.servers and execution.kernel_gateway conflict (the servers run beside the kernel, as its children, and a "
+            "gateway's kernel runs on the gateway's machine); remove one of them"
         )
     for user in ("planner", "code_generator"):
         role: RoleConfig = getattr(config, user)

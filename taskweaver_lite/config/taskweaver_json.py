@@ -6,11 +6,18 @@ taken as they are, a few are renamed or converted, a role's own keys (`"echo.dec
 role in `roles/` or `session.roles`) go to that role's section, and the rest (logging, embeddings,
 example folders...) are listed so the user knows they have no effect here.
 
-`${NAME}` in a text value is the environment variable NAME (`"llm.api_key": "${OPENAI_API_KEY}"`),
-and TaskWeaver's `${AppBaseDir}` the project folder; an unset variable stops loading with a line
+As in TaskWeaver, the environment comes before the file: each key is read from its variable
+spelled KEY_UPPER_WITH_UNDERSCORES (`LLM_API_BASE` for `llm.api_base`) when that is set, our keys
+and TaskWeaver's names alike ("null", "none" or "nil" there mean null; a list is comma-separated).
+Which variables were read is said in one line, and each value's origin is kept for `config --show`.
+
+`${NAME}` in a text value is the environment variable NAME (`"llm.api_key": "${OPENAI_API_KEY}"`);
+TaskWeaver's `${AppBaseDir}` is the project folder, and so is `${ModuleBaseDir}` (TaskWeaver's own
+package folder, which has no counterpart here). An unset variable stops loading with a line
 naming the file, the key and the variable. `planner.use_experience` and
 `code_generator.use_experience` become `experience.enabled` (one switch for both roles here, on by
-default), said in one line.
+default), said in one line. `"llm.api_type": "azure"` is spoken through Azure's OpenAI-compatible
+v1 API (`<endpoint>/openai/v1`, the key as `llm.api_key`, the deployment as `llm.model`).
 """
 
 from __future__ import annotations
@@ -18,11 +25,15 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import yaml
+
+from taskweaver_lite.config.sources import env_name, from_env, from_file
 from taskweaver_lite.errors import ConfigError
 
 JSON_FILE_NAME = "taskweaver_config.json"
@@ -49,22 +60,37 @@ CONVERTED: dict[str, Convert] = {
 
 @dataclass(frozen=True)
 class TaskWeaverSettings:
-    """The file's keys as our nested settings, and the keys that have no effect here."""
+    """The file's keys as our nested settings, where each came from, and the keys that have no effect here."""
 
     data: dict[str, Any]
     ignored: tuple[str, ...]
     mapped: tuple[str, ...] = ()  # keys read with another meaning, each said in a line
+    origins: dict[str, str] = field(default_factory=dict)  # our dotted key -> "file PATH" or "env NAME"
 
     def notices(self, path: Path) -> list[str]:
-        """The lines telling the user what was mapped and which keys were not used."""
+        """The lines telling the user what was mapped, what the environment set, and which keys were not used."""
         lines = [f"{path}: {line}" for line in self.mapped]
+        read = sorted({origin.removeprefix("env ") for origin in self.origins.values() if origin.startswith("env ")})
+        if read:
+            lines.append(f"{path}: read from the environment, over the file (TaskWeaver's rule): {', '.join(read)}")
         if self.ignored:
             lines.append(f"{path}: TaskWeaver settings with no effect here, ignored: {', '.join(self.ignored)}")
         return lines
 
 
-def read_taskweaver_json(path: Path, *, known: Callable[[str], bool], role_folders: Collection[str] = ()) -> TaskWeaverSettings:
-    """Read TaskWeaver's JSON config; `known(dotted_key)` says whether we have that key, `role_folders` names the project's roles."""
+@dataclass(frozen=True)
+class Environment:
+    """The variables a JSON project reads (`variables`), the dotted keys to look up there, and how a key's value is typed."""
+
+    variables: Mapping[str, str]
+    keys: Collection[str] = ()  # our keys and the role sections' keys; TaskWeaver's own names are added
+    kind: Callable[[str], str] = lambda key: "value"  # "list", "mapping" or "value", for the text a variable holds
+
+
+def read_taskweaver_json(
+    path: Path, *, known: Callable[[str], bool], role_folders: Collection[str] = (), environment: Environment | None = None
+) -> TaskWeaverSettings:
+    """Read TaskWeaver's JSON config (under `environment`'s variables); `known(dotted_key)` says whether we have that key."""
     try:
         loaded = json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as exc:
@@ -73,12 +99,14 @@ def read_taskweaver_json(path: Path, *, known: Callable[[str], bool], role_folde
         raise ConfigError(f"{path}: not UTF-8; save the file as UTF-8") from None
     if not isinstance(loaded, dict):
         raise ConfigError(f'{path}: expected one JSON object of settings ("llm.model": ...)')
-    pairs = [(key, _expanded(value, path=path, key=key)) for key, value in _flat(loaded)]
-    roles = {*role_folders, *_session_roles(pairs)}
+    written = {key: (_expanded(value, path=path, key=key), from_file(path)) for key, value in _flat(loaded)}
+    given = {**written, **_from_environment(environment, written, path=path, roles=role_folders)}
+    mapped = [*_azure(given), *_module_base(loaded)]
+    roles = {*role_folders, *_session_roles(given)}
     data: dict[str, Any] = {}
+    origins: dict[str, str] = {}
     ignored: list[str] = []
-    experience = {key: value for key, value in pairs if key in _EXPERIENCE_KEYS}
-    for key, value in pairs:
+    for key, (value, origin) in given.items():
         if key in _EXPERIENCE_KEYS:
             continue
         ours = _ours(key, value, known=known, roles=roles)
@@ -86,16 +114,83 @@ def read_taskweaver_json(path: Path, *, known: Callable[[str], bool], role_folde
             ignored.append(key)
         for dotted, converted in ours or []:
             _put(data, dotted, converted)
-    mapped = []
+            origins[dotted] = origin
+    experience = {key: value for key, (value, _) in given.items() if key in _EXPERIENCE_KEYS}
     if experience:
         enabled = any(_yes(value) for value in experience.values())
         _put(data, "experience.enabled", enabled)
-        written = ", ".join(f"{key}: {json.dumps(value)}" for key, value in experience.items())
+        origins["experience.enabled"] = next(origin for key, (_, origin) in given.items() if key in _EXPERIENCE_KEYS)
+        said = ", ".join(f"{key}: {json.dumps(value)}" for key, value in experience.items())
         mapped.append(
-            f"{written} read as experience.enabled: {json.dumps(enabled)} "
-            "(here one switch shows tips to the Planner and the CodeGenerator; it is on by default)"
+            f"{said} read as experience.enabled: {json.dumps(enabled)} (here one switch shows tips to the Planner and the CodeGenerator; it is on by default)"
         )
-    return TaskWeaverSettings(data=data, ignored=tuple(ignored), mapped=tuple(mapped))
+    return TaskWeaverSettings(data=data, ignored=tuple(ignored), mapped=tuple(mapped), origins=origins)
+
+
+def _from_environment(environment: Environment | None, written: Mapping[str, Any], *, path: Path, roles: Collection[str]) -> dict[str, tuple[Any, str]]:
+    """Each key whose KEY_UPPER_WITH_UNDERSCORES variable is set: its value from there, and that variable as its origin."""
+    if environment is None:
+        return {}
+    names = {*written, *environment.keys, *RENAMED, *CONVERTED, *_EXPERIENCE_KEYS, *_AZURE_KEYS}
+    found: dict[str, tuple[Any, str]] = {}
+    taken: set[str] = set()
+    for key in sorted(names, key=lambda key: (key not in written, key)):  # a key the file names claims its variable first
+        variable = env_name(key)
+        if variable in taken or variable not in environment.variables:
+            continue
+        taken.add(variable)
+        found[key] = (_typed(environment.variables[variable], kind=environment.kind(RENAMED.get(key, key)), variable=variable, path=path), from_env(variable))
+    return found
+
+
+def _typed(text: str, *, kind: str, variable: str, path: Path) -> Any:
+    """A variable's text as a setting's value, read as TaskWeaver reads it: null words, comma-separated lists."""
+    if text.strip().lower() in _NULL_WORDS:
+        return None
+    if kind == "value":
+        return text
+    if kind == "list" and not text.lstrip().startswith("["):
+        return [item.strip() for item in text.split(",") if item.strip()]
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise ConfigError(f"environment variable {variable} (read for {path.name}): expected a {kind} in JSON, such as {_EXAMPLES[kind]}") from None
+
+
+_NULL_WORDS = ("null", "none", "nil")
+_EXAMPLES = {"list": '["a", "b"] or a,b', "mapping": '{"name": "value"}'}
+_AZURE_KEYS = ("llm.api_type", "llm.api_version")
+AZURE_PATH = "/openai/v1"
+
+
+def _azure(given: dict[str, tuple[Any, str]]) -> list[str]:
+    """`llm.api_type` azure: the endpoint becomes Azure's OpenAI-compatible v1 API; an Entra ID login is refused in one line."""
+    kind, origin = given.get("llm.api_type", (None, ""))
+    if kind == "azure_ad":
+        raise ConfigError(
+            f'llm.api_type "azure_ad" ({origin}): an Entra ID login is not made here; use the resource\'s API key: "llm.api_type": "azure" '
+            'and "llm.api_key" (or put a token from `az account get-access-token --resource https://cognitiveservices.azure.com` in llm.api_key)'
+        )
+    if kind != "azure":
+        return []
+    del given["llm.api_type"]
+    given.pop("llm.api_version", None)  # the v1 API takes no api-version
+    base, base_origin = given.get("llm.api_base", (None, ""))
+    if not isinstance(base, str) or not base.startswith(("http://", "https://")):
+        raise ConfigError('llm.api_type "azure" needs "llm.api_base": the resource\'s endpoint, such as https://NAME.openai.azure.com/')
+    parts = urlsplit(base)
+    endpoint = f"{parts.scheme}://{parts.netloc}{AZURE_PATH}"
+    given["llm.api_base"] = (endpoint, base_origin)
+    return [
+        f'llm.api_type "azure": calls go to Azure\'s OpenAI-compatible v1 API at {endpoint}, with llm.api_key as the key and llm.model as the deployment name'
+    ]
+
+
+def _module_base(loaded: Mapping[str, Any]) -> list[str]:
+    """The line saying how `${ModuleBaseDir}` was read, when the file uses it."""
+    if "${ModuleBaseDir}" not in json.dumps(loaded):
+        return []
+    return ["${ModuleBaseDir} (TaskWeaver's own package folder) is read as the project folder"]
 
 
 def _ours(key: str, value: Any, *, known: Callable[[str], bool], roles: Collection[str]) -> list[tuple[str, Any]] | None:
@@ -110,8 +205,8 @@ def _ours(key: str, value: Any, *, known: Callable[[str], bool], roles: Collecti
     return None
 
 
-def _session_roles(pairs: list[tuple[str, Any]]) -> list[str]:
-    listed = next((value for key, value in pairs if key == "session.roles"), None)
+def _session_roles(given: Mapping[str, tuple[Any, str]]) -> list[str]:
+    listed = given.get("session.roles", (None, ""))[0]
     return [str(name) for name in listed] if isinstance(listed, list) else []
 
 
@@ -128,7 +223,7 @@ def _expanded(value: Any, *, path: Path, key: str) -> Any:
 
     def variable(match: re.Match[str]) -> str:
         name = match.group(1)
-        if name == "AppBaseDir":
+        if name in ("AppBaseDir", "ModuleBaseDir"):
             return str(path.parent)
         if name not in os.environ:
             raise ConfigError(f"{path}: key {key!r} uses ${{{name}}}, but the environment variable {name} is not set; set it, or write the value in the file")

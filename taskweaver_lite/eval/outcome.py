@@ -62,6 +62,8 @@ class Outcome:
     notes: tuple[str, ...] = ()  # what was read but not applied, commands that failed...
     details: tuple[PointResult, ...] = ()
     session_id: str | None = None
+    transcript: str = ""  # in the report folder: the examiner's conversation (a TaskWeaver case)
+    session_file: str = ""  # in the report folder: the run's stored session written out as Markdown
     # The agent's calls per purpose (planner, code_generator, compression_planner...): calls, prompt, completion and cached tokens.
     by_purpose: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 

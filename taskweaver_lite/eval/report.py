@@ -2,10 +2,12 @@
 
 Written to the report folder as `report.md`, `report.json` and `score_vs_tokens.png` once every
 run has finished (the runs themselves are in `results.jsonl` as they end). The Markdown opens with
-what a reader needs to trust it (`ReportAbout`): when it ran, the command, the project, the models
-that played the agent, the examiner and the judge, and what each setting changes; with the
-scripted model it says that its scores measure cost, not quality. Runs that were not played
-count in no mean score.
+what a reader needs to trust it (`ReportAbout`): when it ran, the program's version, the command,
+the project, the models that played the agent, the examiner and the judge, and what each setting
+changes; with the scripted model it says that its scores measure cost, not quality. Its headline
+keeps the runs that were played and scored apart from those that were not played, per setting and
+per case, with the reasons once each: a mean counts only runs that were played and scored. Each run
+links its stored session (written out as Markdown) and its transcript.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from taskweaver_lite import __version__
 from taskweaver_lite.config.file import key_description
 from taskweaver_lite.eval.matrix import Setting
 from taskweaver_lite.eval.outcome import Outcome
@@ -43,11 +46,13 @@ class ReportAbout:
     project: Path
     models: Mapping[str, str] = field(default_factory=dict)  # agent, examiner, judge -> "model at address"
     scripted: bool = False
+    version: str = __version__  # the program's, so a report says what made it
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape in report.json."""
         return {
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.started)),
+            "version": self.version,
             "command": self.command,
             "project": str(self.project),
             "models": dict(self.models),
@@ -67,6 +72,8 @@ class SettingSummary:
     uncached_tokens: int
     cached_tokens: int
     fold_calls: int
+    not_played: int = 0  # runs with no score because they could not be played (a role left out, a model that could not play)
+    failed: int = 0  # runs that failed or were skipped
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape in report.json."""
@@ -89,6 +96,8 @@ def summarize(outcomes: Sequence[Outcome], settings: Sequence[Setting]) -> list[
                 uncached_tokens=sum(o.uncached_tokens for o in runs),
                 cached_tokens=sum(o.cached_tokens for o in runs),
                 fold_calls=sum(o.fold_calls for o in runs),
+                not_played=sum(o.status == "not played" for o in runs),
+                failed=sum(o.status in ("failed", "skipped") for o in runs),
             )
         )
     return summaries
@@ -122,22 +131,67 @@ def render_markdown(
     about: ReportAbout | None = None,
     plot: str | None = None,
 ) -> str:
-    """The report as Markdown: what it was made from, the settings, the runs, and what was not scored and why."""
+    """The report as Markdown: what it was made from, the headline (played and scored apart from not played), the runs, and why."""
     lines = ["# Evaluation report", "", *header_lines(about)]
+    lines += ["## Headline", "", *setting_table(summaries), "", MEAN_NOTE, ""]
+    lines += not_played_lines(outcomes)
+    lines += ["## Per case", "", *case_table(outcomes, [s.setting for s in summaries]), ""]
     if settings:
         lines += ["## Settings", "", *(setting_line(s) for s in settings), ""]
     if plot:
         lines += [f"![Score against uncached prompt tokens per run, per setting]({plot})", ""]
-    lines += ["## Runs", "", *run_table(outcomes), "", "## Per setting", "", *setting_table(summaries)]
+    lines += ["## Runs", "", *run_table(outcomes)]
     unscored = [o for o in outcomes if o.status != "scored"]
     if unscored:
         lines += ["", "## Not scored", ""]
         lines += [f"- {o.case} @ {o.setting}: **{o.status}**: {_cell(o.reason)}" for o in unscored]
-    noted = [(o, note) for o in outcomes for note in o.notes]
-    if noted:
-        lines += ["", "## Notes", ""]
-        lines += sorted({f"- {o.case}: {_cell(note)}" for o, note in noted})
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + note_lines(outcomes)) + "\n"
+
+
+MEAN_NOTE = "A mean score counts only the runs that were played and scored; a run not played has no score and is in no mean."
+
+
+def not_played_lines(outcomes: Sequence[Outcome]) -> list[str]:
+    """Each reason runs were not played, once, with the runs it kept from being played."""
+    reasons: dict[str, list[str]] = {}
+    for o in outcomes:
+        if o.status == "not played":
+            reasons.setdefault(_cell(o.reason), []).append(f"{o.case} @ {o.setting}")
+    if not reasons:
+        return []
+    lines = ["### Not played, and why", ""]
+    lines += [f"- {reason} ({len(runs)} run{'' if len(runs) == 1 else 's'}: {', '.join(runs)})" for reason, runs in reasons.items()]
+    return [*lines, ""]
+
+
+def case_table(outcomes: Sequence[Outcome], settings: Sequence[str]) -> list[str]:
+    """One row per case, one column per setting: its score when played and scored, else what happened."""
+    cases = list(dict.fromkeys(o.case for o in outcomes))
+    by_run = {o.key: o for o in outcomes}
+    lines = ["| case | " + " | ".join(settings) + " |", "|---|" + "---|" * len(settings)]
+    for case in cases:
+        cells = [_verdict(by_run.get((case, setting))) for setting in settings]
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _verdict(outcome: Outcome | None) -> str:
+    if outcome is None:
+        return "-"
+    return f"{outcome.score:.2f}" if outcome.status == "scored" and outcome.score is not None else outcome.status
+
+
+def note_lines(outcomes: Sequence[Outcome]) -> list[str]:
+    """Each note once, with the cases it was said for (a note every case shares is not repeated per case)."""
+    cases: dict[str, list[str]] = {}
+    for o in outcomes:
+        for note in o.notes:
+            listed = cases.setdefault(_cell(note), [])
+            if o.case not in listed:
+                listed.append(o.case)
+    if not cases:
+        return []
+    return ["", "## Notes", "", *(f"- {note} (case{'' if len(names) == 1 else 's'} {', '.join(names)})" for note, names in cases.items())]
 
 
 def header_lines(about: ReportAbout | None) -> list[str]:
@@ -151,6 +205,7 @@ def header_lines(about: ReportAbout | None) -> list[str]:
         models = ", ".join(f"{part} {_cell(model)}" for part, model in about.models.items()) or "-"
     lines = [
         f"- **Ran:** {time.strftime('%Y-%m-%d %H:%M %Z', time.localtime(about.started))}",
+        f"- **Program:** taskweaver-lite {about.version}",
         f"- **Command:** `{about.command}`",
         f"- **Project:** `{about.project}`",
         f"- **Models:** {models}",
@@ -172,17 +227,23 @@ def setting_line(setting: Setting) -> str:
 
 
 def run_table(outcomes: Sequence[Outcome]) -> list[str]:
-    """One row per run."""
-    head = "| case | setting | score | rounds | prompt tokens | completion tokens | cached | uncached | fold calls | wall s |"
-    return [head, "|---|---|---|---|---|---|---|---|---|---|", *(_row(o) for o in outcomes)]
+    """One row per run, with links to its stored session and its transcript (in the report folder)."""
+    head = "| case | setting | score | rounds | prompt tokens | completion tokens | cached | uncached | fold calls | wall s | record |"
+    return [head, "|---|---|---|---|---|---|---|---|---|---|---|", *(_row(o) for o in outcomes)]
 
 
 def setting_table(summaries: Sequence[SettingSummary]) -> list[str]:
-    """One row per setting: its mean score over scored runs and its tokens."""
-    lines = ["| setting | mean score | scored runs | prompt tokens | cached | uncached | fold calls |", "|---|---|---|---|---|---|---|"]
+    """One row per setting: the mean over its played and scored runs, how many were, how many were not played or failed, its tokens."""
+    lines = [
+        "| setting | mean score | played and scored | not played | failed or skipped | prompt tokens | cached | uncached | fold calls |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in summaries:
         mean = "-" if s.mean_score is None else f"{s.mean_score:.2f}"
-        lines.append(f"| {s.setting} | {mean} | {s.scored}/{s.runs} | {s.prompt_tokens:,} | {s.cached_tokens:,} | {s.uncached_tokens:,} | {s.fold_calls} |")
+        lines.append(
+            f"| {s.setting} | {mean} | {s.scored}/{s.runs} | {s.not_played} | {s.failed} | {s.prompt_tokens:,} | {s.cached_tokens:,} | "
+            f"{s.uncached_tokens:,} | {s.fold_calls} |"
+        )
     return lines
 
 
@@ -191,9 +252,10 @@ def _row(o: Outcome) -> str:
         score = f"{o.score:.2f} ({o.points:g}/{o.max_points:g})"
     else:
         score = o.status
+    links = [f"[{label}]({path})" for label, path in (("session", o.session_file), ("transcript", o.transcript)) if path]
     return (
         f"| {o.case} | {o.setting} | {score} | {o.rounds} | {o.prompt_tokens:,} | {o.completion_tokens:,} | "
-        f"{o.cached_tokens:,} | {o.uncached_tokens:,} | {o.fold_calls} | {o.seconds:.1f} |"
+        f"{o.cached_tokens:,} | {o.uncached_tokens:,} | {o.fold_calls} | {o.seconds:.1f} | {', '.join(links) or '-'} |"
     )
 
 

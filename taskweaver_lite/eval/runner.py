@@ -7,13 +7,17 @@ counterpart are noted, not applied), then `--set`, then the setting's keys, so a
 wins; its session opens on the workspace reconfigured to it. The store is the report folder's own
 SQLite file, not the project's, unless `store.url` names a PostgreSQL store: there the sessions go,
 as a team's do. Each finished run is written to results.jsonl and kept in the store as well, under
-the evaluation's id (`eval_run_id`), so a team's database holds its scores beside its sessions.
+the evaluation's id (`eval_run_id`), so a team's database holds its scores beside its sessions;
+its session is also written out as Markdown under `sessions/` in the report folder, beside the
+examiner's transcript under `transcripts/`, and the report links both.
 
 Whatever goes wrong in one run (a case that cannot be read, data that is missing, a model that
 fails mid-run, a judge reply that is no verdict) is that run's outcome, with the reason; the other
-runs go on. A role the case enables that is broken is left out with a note, as the chat does, and
-the case runs; a run the model could not play (`CANNOT_PLAY` in the conversation or a verdict) is
-"not played", not a score.
+runs go on. A case whose `session.roles` names a role this run leaves out (not in the project,
+broken, or dropped by `--set`) is "not played", with the role and why: the agent could not do the
+task, and a 0 would say nothing about the model. A run the model could not play (`CANNOT_PLAY`
+in the conversation or a verdict) is "not played" too. A case's `pre_command` runs in TaskWeaver's
+working folder, the `auto_eval/` folder that holds `cases/`.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ from taskweaver_lite.eval.scoring import JudgeFailed, NotAVerdict, mark, score
 from taskweaver_lite.llm.client import ChatModel, MeteredModel, OpenAIChatModel
 from taskweaver_lite.records.conversation import Round
 from taskweaver_lite.records.events import Event, RoundEnded
+from taskweaver_lite.roles.registry import discover_roles
+from taskweaver_lite.session.export import write_export
+from taskweaver_lite.session.model_choice import setting_hints
 from taskweaver_lite.session.session import Session
 from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.interface import Store
@@ -58,6 +65,7 @@ TASKWEAVER_KEYS = {
 }
 PRE_COMMAND_TIMEOUT = 600.0
 TRANSCRIPTS = "transcripts"  # in the report folder: each TaskWeaver run's conversation, as the examiner saw it
+SESSIONS = "sessions"  # in the report folder: each run's stored session written out as Markdown
 PROGRESS_EVERY = 10  # rounds between progress lines of a long case
 _USAGE_FIELDS = ("calls", "prompt_tokens", "completion_tokens", "cached_tokens")  # of Usage, per purpose in report.json
 
@@ -210,12 +218,54 @@ def run_one(case: Case, setting: Setting, plan: EvalPlan, workspace: Workspace, 
         config = load_config(plan.project, [*overrides, *plan.overrides, *setting.overrides, report_store(plan)])
     except ConfigError as exc:
         return replace(blank, reason=f"{case.name}: config_var: {exc}")
+    left_out = missing_roles(case, config)
+    if left_out:
+        return replace(blank, status="not played", reason=left_out, notes=tuple(notes))
     if isinstance(case, TaskCase):
         notes += _pre_commands(case)
     watch.progress(f"  {watch.where}: started")
-    transcript = plan.report_dir / TRANSCRIPTS / f"{_file_name(case.name)}@{_file_name(setting.name)}.json"
+    name = f"{_file_name(case.name)}@{_file_name(setting.name)}"
+    transcript = plan.report_dir / TRANSCRIPTS / f"{name}.json"
     outcome = _in_session(case, workspace, config, blank=replace(blank, notes=tuple(notes)), watch=watch, transcript=transcript)
+    outcome = _with_record(outcome, config, report_dir=plan.report_dir, name=name)
     return replace(outcome, seconds=round(time.perf_counter() - started, 3))
+
+
+def missing_roles(case: Case, config: Config) -> str:
+    """Why a case cannot be played here: a role its `config_var` session.roles needs is left out of this run (and why), or ''.
+
+    Without the role the agent cannot do what the case asks (TaskWeaver's rag case asks its
+    document_retriever), so a score of 0 would measure the project's roles, not the model or the setting.
+    """
+    needed = case.config_var.get("session.roles") if isinstance(case, TaskCase) else None
+    if not isinstance(needed, list):
+        return ""
+    catalog = discover_roles(config.project_dir, enabled=config.session.roles, config=config)
+    enabled = {spec.name for spec in catalog.enabled}
+    why = []
+    for name in (str(role) for role in needed if str(role) not in enabled):
+        entry = next((e for e in catalog.entries if e.name == name and e.state in ("broken", "off")), None)
+        if entry is not None and entry.where != "session.roles":
+            why.append(f"{name} ({entry.where}: {entry.error})")
+        elif catalog.find(name) is None or entry is not None:
+            why.append(f"{name} (no role of that name here: add it in {config.project_dir / 'roles' / name}/)")
+        else:
+            why.append(f"{name} (left out of session.roles by --set or the setting)")
+    return f"the case needs the role {', '.join(why)}; without it the agent cannot do the task" if why else ""
+
+
+def _with_record(outcome: Outcome, config: Config, *, report_dir: Path, name: str) -> Outcome:
+    """The run with links to what it left: its transcript, and its stored session written out as Markdown beside the report."""
+    transcript = report_dir / TRANSCRIPTS / f"{name}.json"
+    found = replace(outcome, transcript=str(transcript.relative_to(report_dir)) if transcript.is_file() else "")
+    if outcome.session_id is None:
+        return found
+    target = report_dir / SESSIONS / f"{name}.md"
+    try:
+        write_export(config, outcome.session_id, fmt="md", target=target, force=True)
+    except (TaskWeaverError, OSError) as exc:
+        return replace(found, notes=(*found.notes, f"the session could not be written out as Markdown: {exc}"))
+    return replace(found, session_file=str(target.relative_to(report_dir)))
 
 
 def case_overrides(case: Case) -> tuple[list[str], list[str]]:
@@ -276,18 +326,27 @@ def dependency_problem(requirement: str) -> str:
     return "" if met else f"dependency {requirement} not met: {name} {installed} is installed"
 
 
+def command_folder(case: TaskCase) -> Path:
+    """Where a case's pre_command runs: TaskWeaver's `auto_eval/` (the folder holding `cases/`, its working folder), else the case's own."""
+    for folder in case.folder.resolve().parents:
+        if folder.name == "cases":
+            return folder.parent
+    return case.folder
+
+
 def _pre_commands(case: TaskCase) -> list[str]:
-    """Run the case's pre_command lines in its folder, as TaskWeaver does; a note for each that fails (the case still runs)."""
+    """Run the case's pre_command lines where TaskWeaver runs them (`command_folder`); a note for each that fails (the case still runs)."""
     notes = []
+    cwd = command_folder(case)
     for command in case.pre_command:
         try:
-            done = subprocess.run(command, shell=True, cwd=case.folder, capture_output=True, text=True, timeout=PRE_COMMAND_TIMEOUT, check=False)
+            done = subprocess.run(command, shell=True, cwd=cwd, capture_output=True, text=True, timeout=PRE_COMMAND_TIMEOUT, check=False)
         except subprocess.TimeoutExpired:
             notes.append(f"pre_command {command!r} did not finish in {PRE_COMMAND_TIMEOUT:g} s")
             continue
         if done.returncode != 0:
             tail = " ".join((done.stderr or done.stdout).split())[-200:]
-            notes.append(f"pre_command {command!r} failed (exit {done.returncode})" + (f": {tail}" if tail else ""))
+            notes.append(f"pre_command {command!r} failed in {cwd} (exit {done.returncode})" + (f": {tail}" if tail else ""))
     return notes
 
 
@@ -427,7 +486,7 @@ def _side_costs(examiner: MeteredModel, judge: MeteredModel) -> dict[str, Any]:
 
 def _client(config: Config, part: str) -> ChatModel:
     """The examiner's or the judge's model: `eval.<part>.llm` over the project's `llm`; the examiner writes prose, not JSON."""
-    return OpenAIChatModel(eval_llm(config, part))
+    return OpenAIChatModel(eval_llm(config, part), hints=setting_hints(config, section=f"eval.{part}", overrides=getattr(config.eval, part).llm))
 
 
 def eval_llm(config: Config, part: str) -> LLMConfig:

@@ -1,6 +1,6 @@
 """The variable snapshot as taken inside the kernel: what each user variable is, in a few words.
 
-This file runs in the ipykernel process, not in ours. `kernel.py` loads it by path at kernel start
+This file runs in the ipykernel process, not in ours. `process.py` loads it by path at kernel start
 (as the module `_taskweaver_snapshot`, so `%reset` cannot remove it) and asks for `snapshot()` in
 the `user_expressions` of every execute request, which keeps the snapshot inside the cell's own
 round trip. It must stay standalone (no taskweaver_lite imports, which would pull in the whole

@@ -22,6 +22,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -37,6 +38,7 @@ from taskweaver_lite.errors import (
 from taskweaver_lite.llm.completions import BrokenReply, OddReply, Piece, PieceSink, ReplyFields, read_body, read_completion, read_stream, retry_after
 from taskweaver_lite.llm.prompt_cache import PromptCache, read_props
 from taskweaver_lite.records.model_calls import CallRecord, Completion, Delta, Message, Usage
+from taskweaver_lite.telemetry import tracing
 
 if TYPE_CHECKING:
     from taskweaver_lite.config.settings import LLMConfig
@@ -146,7 +148,17 @@ class MeteredModel:
         self._by_model: dict[tuple[str, str], Usage] = {}
 
     def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
-        """Forward to the inner model, then count the call."""
+        """Forward to the inner model, then count the call; within a traced request, the call is a GenAI span."""
+        tracer = tracing.active()
+        if tracer is None:
+            return self._metered(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+        model = model_name(self.inner, purpose)
+        with tracing.model_call(tracer, purpose=purpose, model=model, messages=messages, max_tokens=max_tokens) as call:
+            completion = self._metered(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+            call.finished(completion)
+        return completion
+
+    def _metered(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None, on_delta: DeltaSink | None) -> Completion:
         started = time.perf_counter()
         try:
             completion = self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
@@ -230,23 +242,34 @@ def _http_client_type() -> Any:
     return Client
 
 
+@dataclass(frozen=True)
+class SettingHints:
+    """Where the user sets what a failed call points at, as its message names it (a JSON project names its file and variables)."""
+
+    api_key: str = "llm.api_key in taskweaver_config.yaml or the OPENAI_API_KEY environment variable"
+    api_base: str = "llm.api_base or OPENAI_BASE_URL"
+    model: str = "llm.model"
+
+
 class OpenAIChatModel:
     """`ChatModel` over the openai SDK: retries, an overall deadline per request, one clear error per failure.
 
     Safe to call from several threads at once. It counts nothing itself: wrap it in `MeteredModel`.
     """
 
-    def __init__(self, config: LLMConfig) -> None:
+    def __init__(self, config: LLMConfig, *, hints: SettingHints | None = None) -> None:
+        """`hints` name where each setting a failure points at is set (default: a YAML project's keys)."""
         import openai  # here, not at module level: it costs ~0.4 s and `--help` must not pay it
 
         self._config = config
+        self._hints = hints = hints or SettingHints()
         base_url = (config.api_base or os.environ.get("OPENAI_BASE_URL") or _OPENAI_BASE_URL).rstrip("/")
         self.url = redact_url(base_url)  # the only form of the address that may reach a message
         self.host = urlsplit(self.url).netloc.rpartition("@")[2] or self.url
         key = (config.api_key.get_secret_value() if config.api_key is not None else "") or os.environ.get("OPENAI_API_KEY", "")
         if not key:
             if self.host == urlsplit(_OPENAI_BASE_URL).netloc:
-                raise LLMAuthError(f"no API key for {self.url}: set llm.api_key in taskweaver_config.yaml or the OPENAI_API_KEY environment variable")
+                raise LLMAuthError(f"no API key for {self.url}: set {hints.api_key}")
             key = _LOCAL_SERVER_KEY  # Ollama, vLLM, LM Studio... accept any key
         self._secrets = tuple(secret for secret in (key, *url_secrets(base_url)) if len(secret) >= _MIN_SCRUBBED_KEY and secret != _LOCAL_SERVER_KEY)
         # Cleared for good (this client's life: the session) when the endpoint refuses response_format.
@@ -402,13 +425,13 @@ class OpenAIChatModel:
         if isinstance(exc, openai.APIConnectionError):
             return LLMUnreachableError(
                 f"cannot reach the model endpoint at {self.host} ({self._scrub(_cause(exc))}, {retried}); "
-                "check llm.api_base or OPENAI_BASE_URL and that the server is running"
+                f"check {self._hints.api_base} and that the server is running"
             )
         if isinstance(exc, BrokenReply):
-            return LLMError(f"the model endpoint at {self.host} {exc} ({retried}); check the server behind llm.api_base")
+            return LLMError(f"the model endpoint at {self.host} {exc} ({retried}); check the server behind {self._hints.api_base}")
         if isinstance(exc, OddReply):
             # A wrong api_base often lands on a web page or another API that answers 200.
-            return LLMError(f"{self.url} {exc}; check llm.api_base (for most servers it ends in /v1) and that it serves the Chat Completions API")
+            return LLMError(f"{self.url} {exc}; check {self._hints.api_base} (for most servers it ends in /v1) and that it serves the Chat Completions API")
         if not isinstance(exc, openai.APIStatusError):
             return LLMError(f"the call to {self.host} failed: {self._scrub(str(exc))}")
         return self._translate_status(exc, retried)
@@ -420,12 +443,12 @@ class OpenAIChatModel:
         model = self._config.model
         detail = self._scrub(_server_message(exc))
         if isinstance(exc, (openai.AuthenticationError, openai.PermissionDeniedError)):
-            return LLMAuthError(f"the API key was refused by {self.host}; check llm.api_key or OPENAI_API_KEY")
+            return LLMAuthError(f"the API key was refused by {self.host}; check {self._hints.api_key}")
         if isinstance(exc, openai.NotFoundError):
             if "model" in detail.lower() or exc.code == "model_not_found":
-                return LLMModelNotFoundError(f"the model '{model}' is not served by {self.host} ({detail}); check llm.model")
+                return LLMModelNotFoundError(f"the model '{model}' is not served by {self.host} ({detail}); check {self._hints.model}")
             return LLMError(
-                f"{self.url}/chat/completions was not found on {self.host} (HTTP 404: {detail}); check llm.api_base (for most servers it ends in /v1)"
+                f"{self.url}/chat/completions was not found on {self.host} (HTTP 404: {detail}); check {self._hints.api_base} (for most servers it ends in /v1)"
             )
         if isinstance(exc, openai.RateLimitError):
             if exc.code == "insufficient_quota":

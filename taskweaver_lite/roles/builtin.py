@@ -2,7 +2,7 @@
 
 Both answer through the same one method as any role (`reply(request, tools) -> Post`); what they
 need beyond their tools (the kernel, the plugins, the enabled team, the safety checks) comes in
-`SessionParts`. The Planner is also the role the user talks to (`EntryRole`): it words the note of
+`SessionParts`. The Planner is also the role the user talks to: it words the note of
 a loaded file and the answer a request gets when it runs out of hops.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from taskweaver_lite.config.settings import CodeGeneratorConfig, CodeInterpreterConfig
 from taskweaver_lite.kernel.interface import Executor
 from taskweaver_lite.plugins.prompt import planner_line
-from taskweaver_lite.records.conversation import Plan, Post, Round, RoundMessages
+from taskweaver_lite.records.conversation import USER, Plan, Post, Round, RoundMessages
 from taskweaver_lite.records.events import Working
 from taskweaver_lite.records.plugin_spec import PluginSpec
 from taskweaver_lite.roles.code_generator import CodeGenerator
@@ -62,7 +62,7 @@ class PlannerRole(BuiltRole):
             key=tools.key,
             party=tools.alias,
             context=tools.context,
-            examples=load_examples(tools.project_dir, tools.key),
+            examples=load_examples(tools.project_dir, tools.key, party=tools.alias, parties={tools.alias, USER, *(member.alias for member in team)}),
             on_delta=tools.on_delta,
             max_hops=parts.max_hops,
             working_files=parts.working_files,
@@ -99,7 +99,9 @@ class CodeInterpreterRole(BuiltRole):
             party=tools.alias,
             executor=parts.executor,
             context=tools.context,
-            examples=load_examples(tools.project_dir, tools.key),
+            examples=load_examples(
+                tools.project_dir, tools.key, party=tools.alias, parties={tools.alias, *(spec.alias for spec in parts.team if spec.builtin == "planner")}
+            ),
             max_retry_count=checks.max_retry_count,
             on_delta=tools.on_delta,
             plugins=parts.plugins,

@@ -17,7 +17,7 @@ takes that one's place: a TaskWeaver project's own `echo` is listed once):
   is handed to the role as `tools.options`). `module: pkg.mod.ClassName` names the class; it is
   loaded from `<name>.py` beside the YAML when that file exists (TaskWeaver's module paths work
   unchanged), else imported. A TaskWeaver role class (`from taskweaver.role import Role`) runs
-  unchanged through `roles/taskweaver_role.py`. Without `module`, `prompt` makes a model-only role (`ModelOnlyRole`);
+  unchanged through its adapter, `compat/taskweaver/role.py` (roles/adapters.py). Without `module`, `prompt` makes a model-only role (`ModelOnlyRole`);
 - installed packages: the entry-point group `taskweaver_lite.roles`, each point a folder (or a
   function returning one) laid out like the project's `roles/`.
 
@@ -29,8 +29,8 @@ session starts with the others and says why, in one line naming the file.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
-import functools
 import importlib
 import importlib.util
 import re
@@ -43,16 +43,18 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
-from taskweaver_lite.compat.taskweaver.role import TaskWeaverRole, import_problem, injector_problem, is_taskweaver_role, provide_modules
 from taskweaver_lite.config.file import ROLES_FOLDER
 from taskweaver_lite.config.settings import Config, RoleConfig
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.plugins.extensions import extension_folders
 from taskweaver_lite.records.conversation import USER
+from taskweaver_lite.roles.adapters import role_adapters
 from taskweaver_lite.roles.capabilities import KNOWN, unmet
 from taskweaver_lite.roles.worker import ModelOnlyRole, RoleHandler
 
 ENTRY_POINT_GROUP = "taskweaver_lite.roles"
+# Built-in roles a project's role of the same name replaces (TaskWeaver's own, brought over); each keeps its config section.
+REPLACEABLE = ("echo", "document_retriever")
 ROLE_FILE_SUFFIX = ".role.yaml"
 _ALIAS = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -60,7 +62,8 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _TASKWEAVER_KEYS = ("alias", "module", "intro")
 _SETTINGS_KEYS = tuple(name for name in RoleConfig.model_fields)
 
-State = Literal["enabled", "disabled", "broken", "off"]  # off: enabled, but it needs what this setup lacks
+# off: enabled, but it needs what this setup lacks; replaced: a built-in role whose name a project's role took
+State = Literal["enabled", "disabled", "broken", "off", "replaced"]
 
 
 class RoleProblem(ValueError):
@@ -124,8 +127,8 @@ class RoleEntry:
 
     def line(self) -> str:
         """One line for people: a broken role names its file and the problem."""
-        if self.state == "off":
-            return f"role {self.name} is off: {self.error}"
+        if self.state in ("off", "replaced"):
+            return f"role {self.name} is {self.state}: {self.error}"
         if self.state == "broken":
             return f"role {self.name} ({self.where}): {self.error}; the session starts without it"
         return f"{self.name}: {self.state}"
@@ -210,7 +213,7 @@ def builtin_roles() -> tuple[RoleSpec, ...]:
         RoleSpec(
             name="code_interpreter",
             alias="CodeInterpreter",
-            key="code_generator",  # its section, prompts and examples keep their names (CONTRACT §3, §7)
+            key="code_generator",  # its section, prompts and examples keep TaskWeaver's names (project configs and examples use them)
             label="CodeGenerator",
             intro=_CODE_INTERPRETER_INTRO,
             builtin="code_interpreter",
@@ -239,11 +242,24 @@ def discover_roles(project_dir: Path, *, enabled: Sequence[str], config: Config 
     for folder, origin in folders:
         for role_dir in sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
             found.append(read_entry(role_dir, origin=origin))
-    # A project's own `echo` (TaskWeaver's, brought over) takes the place of the built-in example of that name: listed once.
-    replaced = {entry.name for entry in found}
-    builtin = [RoleEntry(spec.name, spec.origin, "disabled", spec=spec) for spec in builtin_roles() if spec.builtin or spec.name not in replaced]
-    entries = _unique(builtin + found + broken)
-    return _enable(entries, enabled, config=config)
+    # A project's own `echo` or `document_retriever` (TaskWeaver's, brought over) takes the place of the built-in
+    # role of that name, listed once; a broken one too (the session must not run another class than the one
+    # asked for), and then the built-in one is still listed, as replaced, saying how to have it back.
+    replacing = {entry.name: entry for entry in found}
+    builtin = [RoleEntry(spec.name, spec.origin, "disabled", spec=spec) for spec in builtin_roles() if spec.builtin or spec.name not in replacing]
+    catalog = _enable(_unique(builtin + found + broken), enabled, config=config)
+    shadowed = tuple(
+        RoleEntry(
+            spec.name,
+            spec.origin,
+            "replaced",
+            f"the project's {replacing[spec.name].where}, broken, takes its place; remove that folder to use this one",
+            spec=spec,
+        )
+        for spec in builtin_roles()
+        if not spec.builtin and spec.name in replacing and replacing[spec.name].state == "broken"
+    )
+    return dataclasses.replace(catalog, entries=catalog.entries + shadowed)
 
 
 def _folders(project_dir: Path) -> tuple[list[tuple[Path, str]], list[RoleEntry]]:
@@ -305,7 +321,7 @@ def read_spec(path: Path, *, origin: str = "project") -> RoleSpec:
     name = path.name.removesuffix(ROLE_FILE_SUFFIX)
     if not _NAME.match(name):
         raise RoleProblem(f"the folder name {name!r} may only hold lower-case letters, digits and _ (it is the role's name)")
-    if name in Config.model_fields:  # its section would be that one's (`llm:`, `code_generator:`...)
+    if name in Config.model_fields and name not in REPLACEABLE:  # its section would be that one's (`llm:`, `code_generator:`...)
         raise RoleProblem(f"the name {name!r} is already a section of taskweaver_config.yaml; rename the folder and its files")
     data = _load_yaml(path)
     alias = _text(data, "alias", required=True)
@@ -338,32 +354,43 @@ def read_spec(path: Path, *, origin: str = "project") -> RoleSpec:
 def load_class(module: str, *, folder: Path, name: str, alias: str = "", intro: str = "") -> Callable[[], RoleHandler]:
     """The class `module` names (`pkg.mod.ClassName`): from `<name>.py` in `folder` when there, else imported.
 
-    A TaskWeaver role class (a subclass of `taskweaver.role.Role`) is run by `TaskWeaverRole`.
+    A class of another framework (TaskWeaver's `taskweaver.role.Role`) is run by that framework's adapter (roles/adapters.py).
     """
     path, _, class_name = module.rpartition(".")
     if not path or not class_name:
         raise RoleProblem(f"key 'module': {module!r} must name a class as module.ClassName (e.g. {name}.{name.title().replace('_', '')})")
     source = folder / f"{name}.py"
-    provide_modules()  # TaskWeaver's role files import taskweaver.role, taskweaver.memory...: they resolve to ours
+    for adapter in role_adapters():
+        adapter.prepare()  # TaskWeaver's role files import taskweaver.role, taskweaver.memory...: they resolve to ours
     try:
         loaded = _load_file(source, name) if source.is_file() else importlib.import_module(path)
     except Exception as exc:  # noqa: BLE001 - whatever a role's module raises on import, the session starts without it
         where = source if source.is_file() else path
-        problem = import_problem(exc) if isinstance(exc, ImportError) else None
+        problem = _import_problem(exc) if isinstance(exc, ImportError) else None
         why = problem or f"{type(exc).__name__}: {exc}"
         raise RoleProblem(f"the class could not be imported from {where} ({why})") from None
     cls = getattr(loaded, class_name, None)
     if not isinstance(cls, type):
         raise RoleProblem(f"key 'module': {loaded.__name__} has no class {class_name!r}")
-    if is_taskweaver_role(cls):
-        problem = injector_problem()
-        if problem:
-            raise RoleProblem(problem)
-        return functools.partial(TaskWeaverRole, cls, name=name, alias=alias, intro=intro)
+    for adapter in role_adapters():
+        try:
+            adapted = adapter.adapt(cls, name=name, alias=alias, intro=intro)
+        except ValueError as exc:
+            raise RoleProblem(str(exc)) from None
+        if adapted is not None:
+            return adapted
     if not callable(getattr(cls, "reply", None)):
         raise RoleProblem(f"class {class_name} has no method reply(self, request, tools) -> Post")
     handler: Callable[[], RoleHandler] = cls
     return handler
+
+
+def _import_problem(exc: ImportError) -> str | None:
+    """One line for an import a role file could not make: a framework's adapter explains its own, else a missing package is named."""
+    problem = next((found for adapter in role_adapters() if (found := adapter.import_problem(exc))), None)
+    if problem is None and isinstance(exc, ModuleNotFoundError) and exc.name:
+        return f"it needs the package {exc.name.split('.')[0]}, which is not installed here"
+    return problem
 
 
 def _load_file(source: Path, name: str) -> Any:

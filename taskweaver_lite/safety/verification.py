@@ -27,6 +27,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from types import CodeType
 
+from taskweaver_lite.config.settings import DEFAULT_ALLOWED_MODULES, DEFAULT_BLOCKED_FUNCTIONS
+
 # Attributes that lead from any object to the interpreter's internals: classes and their subclasses,
 # function globals and code, frames, the builtins.
 ESCAPE_ATTRIBUTES = frozenset(
@@ -60,16 +62,6 @@ IMPORT_CALLS = frozenset(
 ATTRIBUTE_CALLS = frozenset({"getattr", "setattr", "delattr", "hasattr", "attrgetter", "methodcaller"})
 # Calls that run a string as code: its text must be written out (and is then checked as code), never built.
 EVALUATING_CALLS = frozenset({"eval", "exec", "compile", "execfile", "query", "run_cell", "run_line_magic", "run_cell_magic"})
-
-DEFAULT_ALLOWED_MODULES = (
-    "pandas", "numpy", "matplotlib", "scipy", "sklearn", "seaborn", "statsmodels", "math", "statistics", "datetime",
-    "time", "json", "csv", "re", "collections", "itertools", "functools", "operator", "typing", "random", "decimal",
-    "fractions", "string", "textwrap", "dataclasses", "enum", "warnings", "calendar", "zoneinfo", "io",
-)  # fmt: skip
-DEFAULT_BLOCKED_FUNCTIONS = (
-    "eval", "exec", "execfile", "compile", "open", "input", "breakpoint", "globals", "locals", "vars", "__import__",
-    "system", "popen", "Popen", "fork", "setsid",
-)  # fmt: skip
 
 _ALWAYS_WATCHED = ESCAPE_ATTRIBUTES | ESCAPE_NAMES | RISKY_MODULES | IMPORT_CALLS | ATTRIBUTE_CALLS | EVALUATING_CALLS
 MAX_REPORTED = 8

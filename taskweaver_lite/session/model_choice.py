@@ -17,33 +17,52 @@ from typing import TYPE_CHECKING
 
 from taskweaver_lite.config.settings import DISTILLER, FOLDER, Config, LLMConfig, LLMOverrides, RoleSectionConfig, merged_llm
 from taskweaver_lite.errors import TaskWeaverError
-from taskweaver_lite.llm.client import ChatModel
+from taskweaver_lite.llm.client import ChatModel, SettingHints
 from taskweaver_lite.roles.registry import RoleSpec
 
 if TYPE_CHECKING:
     from taskweaver_lite.session.session import Session
 
 
-def role_models(config: Config, *, roles: Sequence[RoleSpec]) -> ChatModel:
-    """The openai-SDK clients a session calls: one per distinct role model (`<role>.llm`), shared when equal."""
+def role_models(config: Config, *, roles: Sequence[RoleSpec], chosen: str | None = None) -> ChatModel:
+    """The openai-SDK clients a session calls: one per distinct role model (`<role>.llm`), shared when equal.
+
+    `chosen`: the `/model` command that picked the model, which a failure then names instead of the config key.
+    """
     from taskweaver_lite.llm.client import OpenAIChatModel, RoutedModel
 
     clients: dict[str, OpenAIChatModel] = {}
 
-    def client(llm: LLMConfig) -> OpenAIChatModel:
+    def client(llm: LLMConfig, section: str = "", overrides: LLMOverrides | None = None) -> OpenAIChatModel:
         secret = llm.api_key.get_secret_value() if llm.api_key is not None else None
         key = json.dumps([llm.model_dump(mode="json", exclude={"api_key"}), secret], sort_keys=True)
         if key not in clients:
-            clients[key] = OpenAIChatModel(llm)
+            clients[key] = OpenAIChatModel(llm, hints=setting_hints(config, section=section, overrides=overrides, chosen=chosen))
         return clients[key]
 
-    folder = client(config.llm_for(FOLDER))
+    folder = client(config.llm_for(FOLDER), FOLDER, config.round_compressor.llm)
     by_purpose: dict[str, ChatModel] = {}
     for spec in roles:
-        by_purpose[spec.key] = client(merged_llm(config.llm, spec.section(config.role_section(spec.key)).llm))
+        section = spec.section(config.role_section(spec.key))
+        by_purpose[spec.key] = client(merged_llm(config.llm, section.llm), spec.key, section.llm)
         by_purpose[f"compression_{spec.key}"] = folder
-    by_purpose[DISTILLER] = client(config.llm_for(DISTILLER))
+    by_purpose[DISTILLER] = client(config.llm_for(DISTILLER), DISTILLER, config.experience.llm)
     return RoutedModel(by_purpose, default=client(config.llm))
+
+
+def setting_hints(config: Config, *, section: str = "", overrides: LLMOverrides | None = None, chosen: str | None = None) -> SettingHints:
+    """Where the user sets the model, address and key a client calls with: the project's file (and a JSON project's variables), or `/model`.
+
+    A key the part's own `llm` overrides (`planner.llm.model`) is named there; `chosen` is the `/model` command that picked the model.
+    """
+    given = overrides.model_fields_set if overrides is not None else set()
+    sources = config.sources
+
+    def where(key: str, *, also: str | None = None) -> str:
+        return sources.hint(f"{section}.llm.{key}" if key in given else f"llm.{key}", also=None if key in given else also)
+
+    model = f"the name given to {chosen} (choose another with /model NAME)" if chosen else where("model")
+    return SettingHints(api_key=where("api_key", also="OPENAI_API_KEY"), api_base=where("api_base", also="OPENAI_BASE_URL"), model=model)
 
 
 def model_users(session: Session) -> list[str]:
@@ -67,4 +86,4 @@ def use_model(session: Session, name: str, *, user: str | None = None) -> None:
     team = [active.spec for active in session.active.values()]
     for active in session.active.values():  # what /info names (each role's window, and so its budget, stays)
         active.context.llm = merged_llm(config.llm, active.spec.section(config.role_section(active.spec.key)).llm)
-    session.replace_model(role_models(config, roles=team))
+    session.replace_model(role_models(config, roles=team, chosen=f"/model {user} {name}" if user else f"/model {name}"))

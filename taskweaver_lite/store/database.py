@@ -17,7 +17,7 @@ loses at most the event being written and never corrupts the file (in WAL mode a
 against a process crash; NORMAL only skips the fsync that guards against power loss). Two processes
 may write to one file at once: SQLite serialises them, and `busy_timeout` makes each wait its turn
 instead of failing. A session open in one process is guarded by an `flock` on a lock file (see
-`session_lock.py`), which the operating system releases even when the process is killed.
+`lock.py`), which the operating system releases even when the process is killed.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from taskweaver_lite.errors import StoreError
 from taskweaver_lite.store.event_rows import shorten
-from taskweaver_lite.store.interface import INTERRUPTED_ERROR, SessionEntry, StoredSession
+from taskweaver_lite.store.interface import INTERRUPTED_ERROR, Notices, SessionEntry, StoredSession
 from taskweaver_lite.store.lock import SessionLock
 from taskweaver_lite.store.schema import MIGRATIONS, SCHEMA_VERSION, migrate, read_version
 from taskweaver_lite.store.sql import SESSION_ID, SqlStore
@@ -137,6 +137,10 @@ class SessionStore(SqlStore):
         if not SESSION_ID.match(session_id):
             raise StoreError(f"'{session_id}' is not a valid session id")
         return SessionLock(self.path.with_name(self.path.name + ".locks") / f"{session_id}.lock", session_id=session_id)
+
+    def notices(self) -> Notices | None:
+        """None: the SQLite file is one process's (its sessions wake their own event streams)."""
+        return None
 
     def close(self) -> None:
         """Close the database connection (committed events are already on disk)."""

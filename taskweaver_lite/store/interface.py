@@ -9,14 +9,15 @@ files, `--set` overrides, its owner, the event log a replica streams from, and t
 artifacts and uploads (kept only where `keeps_files`: on PostgreSQL any replica must serve them;
 on SQLite they are the session folder's files). Beside sessions: tips, users, leases and eval results.
 
-Owner filters: `owner=None` means "everyone's" (one-person mode, or an admin); a user's name keeps
-to the sessions that user made. A session another user owns is, for the caller, simply not there.
+Owner filters: `owner=None` means "everyone's" (one-person mode, or an admin); a user's id (never
+their name, which may be used again) keeps to the sessions that user made. A session another user
+owns is, for the caller, simply not there.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -39,7 +40,7 @@ class SessionEntry:
     rounds: int
     started: float
     last_active: float
-    owner: str | None = None  # the user who made it (None: made before there were users)
+    owner: str | None = None  # the name of the user who made it (None: made before there were users)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape for `sessions --json`: {id, title, rounds, started, last_active, owner} (epoch seconds; owner null without users)."""
@@ -61,7 +62,7 @@ class StoredSession:
     last_variables: tuple[Variable, ...]  # the kernel's variables after the last cell that ran
     loads: tuple[FileLoaded, ...] = ()  # files copied in with /load, in order
     overrides: tuple[str, ...] = ()  # the --set values the session runs with (api keys left out)
-    owner: str | None = None  # the user who made it (None: made without users)
+    owner: str | None = None  # the id of the user who made it (None: made without users)
     kernel_id: str | None = None  # its kernel on a gateway, which may outlive the server that started it
 
 
@@ -73,6 +74,7 @@ class User:
     admin: bool
     created_at: float
     expires_at: float | None = None  # when their token stops working (epoch seconds); None: never
+    id: str = ""  # what their sessions and tips belong to: never reused, unlike a name
 
     def expired(self, now: float | None = None) -> bool:
         """Whether their token has stopped working (at `now`, default: this moment)."""
@@ -100,6 +102,34 @@ class Lease:
     session_id: str
     holder: str
     expires: float
+
+
+# The store's notice that a session has new events (payload: the session id), sent as they are committed.
+EVENTS_CHANNEL = "twl_events"
+
+
+class Notices(Protocol):
+    """Notices between the processes sharing a store: the store's own (`EVENTS_CHANNEL`) and theirs.
+
+    A notice carries a hint, never data: one missed (while a connection is remade) is made up by reading the store.
+    """
+
+    @property
+    def connected(self) -> bool:
+        """Whether notices are heard now."""
+        ...
+
+    def listen(self, handlers: Mapping[str, Callable[[str], object]]) -> None:
+        """From now on, on a thread of its own: each notice's payload to the handler of its channel (reconnecting after a drop)."""
+        ...
+
+    def send(self, channel: str, payload: str) -> None:
+        """One notice to every process listening on `channel` (none sent while the store is down)."""
+        ...
+
+    def close(self) -> None:
+        """Stop listening."""
+        ...
 
 
 class SessionClaim(Protocol):
@@ -157,7 +187,10 @@ class Store(Protocol):
     def users(self) -> list[User]: ...
     def remove_user(self, name: str) -> bool: ...
     def has_users(self) -> bool: ...
+    def had_users(self) -> bool: ...
     def user_for_token(self, token: str) -> User | None: ...
+    def sign_in(self, token: str, *, hours: float) -> str | None: ...
+    def user_for_sign_in(self, value: str) -> User | None: ...
 
     # Leases: one request at a time per session, across processes
     def take_lease(self, session_id: str, holder: str, *, seconds: float) -> Lease | None: ...
@@ -168,6 +201,9 @@ class Store(Protocol):
     # Eval results
     def save_eval_result(self, run_id: str, case: str, result: dict[str, Any]) -> None: ...
     def eval_results(self, run_id: str) -> dict[str, dict[str, Any]]: ...
+
+    # Notices to the other processes on this store (None: a store one process has to itself)
+    def notices(self) -> Notices | None: ...
 
     def ping(self) -> None: ...
     def close(self) -> None: ...

@@ -11,7 +11,8 @@ What differs from the SQLite file:
 - A session open in a process is claimed by a session-level advisory lock on a connection of its
   own: PostgreSQL drops it when that connection ends, so a killed process frees its sessions.
 - Artifacts and uploads are kept as bytes (`keeps_files`): any server can serve and export them.
-- Appending to a session's event log sends `NOTIFY twl_events` with the session's id, on commit.
+- Appending to a session's event log sends `NOTIFY twl_events` with the session's id, on commit; the
+  other processes hear it, and their own notices, through `PostgresNotices` (LISTEN on one connection).
 - Tips are searched by PostgreSQL's full text search (`tsvector`, `websearch_to_tsquery`), ranked
   by `ts_rank`.
 - The URL's password is never shown: messages name the store by `url.redact`, and a driver's error
@@ -21,10 +22,11 @@ What differs from the SQLite file:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import re
 import select
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -35,10 +37,12 @@ from taskweaver_lite.config.store_url import redact, redact_text
 from taskweaver_lite.errors import SessionBusyError, StoreError, StoreUnavailable
 from taskweaver_lite.records.tips import Tip
 from taskweaver_lite.store.event_rows import Connection, Rows, to_json
+from taskweaver_lite.store.interface import EVENTS_CHANNEL
 from taskweaver_lite.store.postgres_schema import MIGRATIONS, migrate
 from taskweaver_lite.store.sql import SESSION_ID, SqlStore
 
-NOTIFY_CHANNEL = "twl_events"  # payload: the session id
+# Seconds between attempts to listen again after the LISTEN connection dropped.
+LISTEN_RETRY_SECONDS = 1.0
 CONNECT_TIMEOUT_SECONDS = 5.0  # waiting for a connection (the database down, or every connection busy) before a StoreError
 _WORD = re.compile(r"\w+")
 
@@ -171,7 +175,7 @@ class PostgresStore(SqlStore):
         """Append one entry to the session's event log and notify on commit, in one statement (one notice per transaction and session)."""
         row = db.execute(
             "WITH logged AS (INSERT INTO events (session_id, data, at) VALUES (?, ?, ?) RETURNING id) SELECT id, pg_notify(?, ?) FROM logged",
-            (session_id, to_json(item), now, NOTIFY_CHANNEL, session_id),
+            (session_id, to_json(item), now, EVENTS_CHANNEL, session_id),
         ).fetchone()
         return int(row[0])
 
@@ -180,7 +184,7 @@ class PostgresStore(SqlStore):
         words = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))[:64]
         if not words:
             return []
-        mine, params = (" AND (s.owner IS NULL OR s.owner = ?)", (owner,)) if owner is not None else ("", ())
+        mine, params = (" AND s.owner = ?", (owner,)) if owner is not None else ("", ())  # a user's own, as `stored_tips`
         with self._read_one() as db:
             rows = db.execute(
                 "SELECT t.id, t.kind, t.text, t.session_id, t.created_at FROM tips t LEFT JOIN sessions s ON s.id = t.session_id,"
@@ -195,6 +199,10 @@ class PostgresStore(SqlStore):
             raise StoreError(f"'{session_id}' is not a valid session id")
         with self._errors():
             return AdvisoryClaim(self._url, session_id, where=self.where)
+
+    def notices(self) -> PostgresNotices:
+        """LISTEN and NOTIFY on this database: the store's notices of new events, and the servers' own."""
+        return PostgresNotices(self._url)
 
     def close(self) -> None:
         """Nothing to close per store: the connections belong to the process's pool, closed at exit."""
@@ -225,6 +233,63 @@ def _back_to_transactions(conn: psycopg.Connection[Any]) -> None:
         conn.autocommit = False
     except psycopg.Error:
         conn.close()
+
+
+class PostgresNotices:
+    """Notices between the processes on one database: LISTEN on a connection of its own (a daemon thread), NOTIFY by one statement."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._listener: _Listener | None = None
+
+    @property
+    def connected(self) -> bool:
+        """Whether the LISTEN connection is up now."""
+        return self._listener is not None and self._listener.connected
+
+    def listen(self, handlers: Mapping[str, Callable[[str], object]]) -> None:
+        """LISTEN on each channel from now on; each notice's payload goes to its channel's handler."""
+        self._listener = _Listener(self._url, dict(handlers))
+        self._listener.start()
+
+    def send(self, channel: str, payload: str) -> None:
+        """NOTIFY `channel` (nothing sent while the database is down: a notice is a hint)."""
+        with contextlib.suppress(psycopg.Error), psycopg.connect(self._url, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_SECONDS)) as db:
+            db.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+
+    def close(self) -> None:
+        """Stop listening."""
+        if self._listener is not None:
+            self._listener.stop()
+
+
+class _Listener(threading.Thread):
+    """The LISTEN connection's thread: hands each notice's payload to its channel's handler; reconnects after a drop."""
+
+    def __init__(self, url: str, handlers: dict[str, Callable[[str], object]]) -> None:
+        super().__init__(name="store-listen", daemon=True)
+        self._url = url
+        self._handlers = handlers
+        self._stopping = threading.Event()
+        self.connected = False
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                with psycopg.connect(self._url, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_SECONDS)) as db:
+                    for channel in self._handlers:
+                        db.execute(f"LISTEN {channel}")
+                    self.connected = True
+                    while not self._stopping.is_set():
+                        for notice in db.notifies(timeout=1.0):
+                            self._handlers[notice.channel](notice.payload)
+            except psycopg.Error:
+                pass  # the store is down or restarting: /healthz says so; try again
+            self.connected = False
+            self._stopping.wait(LISTEN_RETRY_SECONDS)
+
+    def stop(self) -> None:
+        self._stopping.set()
 
 
 class AdvisoryClaim:

@@ -2,7 +2,7 @@
 
 Tests and the offline demo point the real `openai` client at it, so every byte goes over the
 same wire as with a real endpoint. It tells which role a request is for from the system message
-(CONTRACT §4) and answers from that role's queue, then from its default responder; with neither
+(each role's prompt names it) and answers from that role's queue, then from its default responder; with neither
 it answers HTTP 500 naming the role, so a test that runs out of script fails loudly.
 
 A `Reply` can also misbehave the way real servers do: send a raw body (cut off, not JSON, an odd

@@ -1,1 +1,1 @@
-"""`serve`: the web page and the HTTP API over the library (CONTRACT §8)."""
+"""`serve`: the web page and the HTTP API over the library."""

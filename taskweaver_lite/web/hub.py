@@ -28,7 +28,7 @@ from taskweaver_lite.kernel.executor import close_thread_loop
 from taskweaver_lite.records.events import CellPrinted, Event, ModelCalled, ReplyStreamed, Working
 from taskweaver_lite.session.assembly import delete_session, new_session_id
 from taskweaver_lite.session.workspace import Workspace
-from taskweaver_lite.store.interface import Store
+from taskweaver_lite.store.interface import Notices, Store
 from taskweaver_lite.web.fanout import Fanout
 from taskweaver_lite.web.leases import Hold, LeaseBusy, Leases
 from taskweaver_lite.web.live import Busy, LiveSession, Turn
@@ -78,13 +78,13 @@ class Hub:
         self._lock = threading.Lock()
         self.stopping = False  # SIGTERM: no new requests; running ones finish
 
-    def join_replicas(self, url: str) -> None:
-        """Serve as one replica of several on the PostgreSQL store at `url`: leases on sessions, events and Stop heard from the others."""
+    def join_replicas(self, notices: Notices) -> None:
+        """Serve as one replica of several on the shared store: leases on sessions, events and Stop heard from the others (`notices`)."""
         replica = Replica(self.parts.workspace, metrics=self.parts.metrics)
         serve = self.config.serve
         leases = Leases(self.parts.store, seconds=serve.lease_timeout, wait=serve.lease_wait, on_lost=self.cut_here, on_stop=self.stop_here)
         self.parts = dataclasses.replace(self.parts, replica=replica, leases=leases)
-        self.parts.fanout.listen(url, on_stop=self.stop_here)
+        self.parts.fanout.listen(notices, on_stop=self.stop_here)
 
     def stop_taking(self) -> None:
         """SIGTERM: refuse new requests (503: the load balancer sends them to another replica) and end the event streams."""
@@ -101,7 +101,7 @@ class Hub:
         self._refuse_when_stopping()
         self._check_limit(owner)
         session_id = new_session_id()
-        executor = self.replica.executor(session_id) if self.replica is not None else None
+        executor = self.replica.executor(session_id, owner=owner) if self.replica is not None else None
         session = self.parts.workspace.new_session(session_id=session_id, executor=executor, owner=owner, claim=self.replica is None)
         for path in self._preload:
             session.load_file(path)
@@ -115,6 +115,7 @@ class Hub:
         with self._lock:
             if session_id in self._open:
                 return session_id
+        self._check_use(session_id)
         try:
             # The replay runs cells from this thread.
             session, _ = self.parts.workspace.resume_session(session_id, owner=owner)
@@ -136,12 +137,16 @@ class Hub:
         leases = self.parts.leases
         if leases is None:
             live = self._open_here(session_id)
+            self._check_first_request(live)
             since = self.parts.store.last_event_id(session_id)
             turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, None))
             turn.since = since
             return turn
         hold = self._take(leases, session_id)
         try:
+            held = self.get(session_id)
+            if held is None or not held.session.conversation.rounds:
+                self._check_use(session_id)  # before the session is loaded (and its kernel reached) for nothing
             live = self._current(session_id)
             live.last_used = time.monotonic()
             turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, hold), on_done=functools.partial(self._finish, live, hold))
@@ -268,10 +273,28 @@ class Hub:
             return
         count = self.parts.store.count_sessions(owner=owner)
         if count >= limit:
-            raise AtLimit(
-                f"You have {count} sessions, the most serve.max_sessions_per_user ({limit}) allows here: "
-                "continue one of them, or ask an administrator to raise the setting."
-            )
+            raise _at_limit(count, limit)
+
+    def _check_first_request(self, live: LiveSession) -> None:
+        """A session's first request makes it count (sessions made but never asked do not): AtLimit when its owner is at the limit already.
+
+        Counted at use as well as at making: sessions made while none had a request would otherwise
+        all pass the check at making, and all count once asked.
+        """
+        if not live.session.conversation.rounds:
+            self._check_limit(live.session.owner)
+
+    def _check_use(self, session_id: str) -> None:
+        """Re-opening or asking a session that does not count yet (never asked anything) is its first use: AtLimit when its owner is at the limit."""
+        limit = self.config.serve.max_sessions_per_user
+        if limit is None:
+            return
+        owner = self.parts.store.owner_of(session_id)
+        if owner is None:
+            return
+        counted = {entry.id for entry in self.parts.store.list_sessions(owner=owner)}
+        if session_id not in counted and len(counted) >= limit:
+            raise _at_limit(len(counted), limit)
 
     def _refuse_when_stopping(self) -> None:
         if self.stopping:
@@ -339,7 +362,7 @@ class Hub:
             self.parts.leases.release(hold)
 
     def _keep(self, live: LiveSession) -> LiveSession:
-        live.session.add_listener(self.parts.metrics.listener(live.session.owner))
+        live.session.add_listener(self.parts.metrics.listener(self._owner_name(live.session.owner)))
         if self.replica is None:
             live.session.add_listener(_waking(self.parts.fanout, live.id))
         _settle()
@@ -349,6 +372,15 @@ class Hub:
         if self.replica is not None:
             self._let_go_of_the_oldest()
         return live
+
+    def _owner_name(self, owner: str | None) -> str | None:
+        """The name of the user whose id owns a session, for the metrics (a removed user's id as it is; the store down: the id)."""
+        if owner is None:
+            return None
+        try:
+            return next((user.name for user in self.parts.store.users() if user.id == owner), owner)
+        except StoreError:
+            return owner
 
     def _let_go_of_the_oldest(self) -> None:
         """A replica holds at most serve.hot_sessions copies: the least recently used idle ones go (their kernels stay)."""
@@ -366,6 +398,13 @@ class Hub:
                 del self._open[live.id]
             self.parts.metrics.open_sessions.set(len(self._open))
         live.close(record=False)
+
+
+def _at_limit(count: int, limit: int) -> AtLimit:
+    return AtLimit(
+        f"You have {count} sessions, the most serve.max_sessions_per_user ({limit}) allows here: "
+        "continue one of them, or ask an administrator to raise the setting."
+    )
 
 
 def _waking(fanout: Fanout, session_id: str) -> Callable[[Event], None]:

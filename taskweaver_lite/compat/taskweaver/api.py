@@ -9,11 +9,11 @@ event emitter, its `RoleEntry` and, when it asks, the `LLMApi`; its `reply(memor
   from the role's section of the project config (`echo: {decorator: "**"}`, or TaskWeaver's JSON
   `"echo.decorator"`) over its role file's keys, then the environment (`ECHO_DECORATOR`), then the default;
 - `Role` and `RoleEntry`; what the session lends a role besides (its event emitter, logger,
-  tracing, model) is in roles/taskweaver_session.py.
+  tracing, model) is in compat/taskweaver/session.py.
 
 What TaskWeaver has and this does not (experience and example loading for a custom role, shared
 memory entries, extra LLM aliases, embeddings) raises `NotProvided`, one line saying what to port
-to our `reply(request, tools)`. `roles/taskweaver_role.py` registers these under TaskWeaver's
+to our `reply(request, tools)`. `compat/taskweaver/role.py` registers these under TaskWeaver's
 module names and runs the role.
 """
 

@@ -1,6 +1,8 @@
 """A TaskWeaver role class running as one of ours: its module names provided, its object built by `injector`, its reply adapted.
 
-`provide_modules()` registers `roles/taskweaver_api.py`, `taskweaver_session.py` and `taskweaver_memory.py` under the
+The role registry finds this module through the entry point `taskweaver` of the group
+`taskweaver_lite.role_adapters` (`ADAPTER`, pyproject.toml; roles/adapters.py says what an adapter does).
+`provide_modules()` registers `compat/taskweaver/api.py`, `session.py` and `memory.py` under the
 names TaskWeaver's role files import (`taskweaver.role`, `taskweaver.memory`,
 `taskweaver.module.event_emitter`, `taskweaver.logging`, `taskweaver.module.tracing`,
 `taskweaver.llm`...), as the kernel's plugin runtime registers `taskweaver.plugin`. A role file is
@@ -15,8 +17,10 @@ into ours.
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 from taskweaver_lite.compat.taskweaver import api as api
@@ -24,7 +28,7 @@ from taskweaver_lite.compat.taskweaver import memory as memory
 from taskweaver_lite.compat.taskweaver import session as lent
 from taskweaver_lite.records.conversation import Post as OurPost
 from taskweaver_lite.records.events import Working
-from taskweaver_lite.roles.worker import RoleRequest, RoleTools
+from taskweaver_lite.roles.worker import RoleHandler, RoleRequest, RoleTools
 
 INSTALL_HINT = "pip install 'taskweaver-lite[taskweaver]'"
 _MEMORY = ("Memory", "Post", "Round", "Attachment", "AttachmentType", "Conversation")
@@ -79,8 +83,6 @@ def import_problem(exc: ImportError) -> str | None:
     if name.startswith("taskweaver.") or (name == "taskweaver" and "cannot import name" in str(exc)):
         what = f"{name}.{_missing_name(exc)}" if "cannot import name" in str(exc) else name
         return str(lent.NotProvided(what))
-    if isinstance(exc, ModuleNotFoundError) and name:
-        return f"it needs the package {name.split('.')[0]}, which is not installed here"
     return None
 
 
@@ -166,3 +168,27 @@ def _not_provided(exc: AttributeError) -> lent.NotProvided | None:
     if owner is not None and type(owner).__module__ in (api.__name__, lent.__name__, memory.__name__):
         return lent.NotProvided(f"{type(owner).__name__}.{exc.name}")
     return None
+
+
+class TaskWeaverAdapter:
+    """TaskWeaver's role classes as roles of ours (a `RoleAdapter`, registered by entry point)."""
+
+    def prepare(self) -> None:
+        """Provide TaskWeaver's module names (`provide_modules`)."""
+        provide_modules()
+
+    def import_problem(self, exc: ImportError) -> str | None:
+        """The porting line for a TaskWeaver import, or the install line for injector (`import_problem`)."""
+        return import_problem(exc)
+
+    def adapt(self, cls: type, *, name: str, alias: str, intro: str) -> Callable[[], RoleHandler] | None:
+        """`TaskWeaverRole` for a subclass of TaskWeaver's Role; ValueError naming the install line when injector is missing."""
+        if not is_taskweaver_role(cls):
+            return None
+        problem = injector_problem()
+        if problem:
+            raise ValueError(problem)
+        return functools.partial(TaskWeaverRole, cls, name=name, alias=alias, intro=intro)
+
+
+ADAPTER = TaskWeaverAdapter()

@@ -1,6 +1,6 @@
 """What the session lends a TaskWeaver role class: its event emitter and post proxy, logger, tracing, model and metadata.
 
-These are the objects `injector` hands a role besides its config (roles/taskweaver_api.py):
+These are the objects `injector` hands a role besides its config (compat/taskweaver/api.py):
 
 - `SessionEventEmitter` and its `PostEventProxy`: the reply post built piece by piece; a status
   update is the session's progress line for the role;
