@@ -683,9 +683,13 @@ class Config(_Section):
 
     @property
     def store_path(self) -> Path:
-        """The SQLite file, relative paths taken from the project folder."""
+        """The SQLite file, relative paths taken from the state folder; a read-only project's own file is read where it is."""
         path = Path(self.store.path).expanduser()
-        return path if path.is_absolute() else self.state_dir / path
+        if path.is_absolute():
+            return path
+        if self.state_dir != self.project_dir and (self.project_dir / path).is_file():
+            return self.project_dir / path  # its sessions stay listed and exportable; writing them fails, saying the file is read-only
+        return self.state_dir / path
 
 
 def read_only_state_dir(project: Path) -> Path:
