@@ -32,7 +32,7 @@ from taskweaver_lite.kernel.interface import Executor, ExecutorFactory
 from taskweaver_lite.kernel.uploads import check_upload
 from taskweaver_lite.knowledge.distil import distil
 from taskweaver_lite.knowledge.experience import Experience
-from taskweaver_lite.llm.client import ChatModel, MeteredModel, scope_cache
+from taskweaver_lite.llm.client import ChatModel, MeteredModel
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import RoleContext
 from taskweaver_lite.memory.summary import CompressionState
@@ -114,7 +114,7 @@ class Session:
         if self.store is not None:
             self._recorder = StoreRecorder(self.store, session_id, compression_state=self._compression_state, working_dir=self.working_dir)
         self._model = MeteredModel(model, on_call=self._on_call, usage=options.usage_before)
-        scope_cache(model, name=session_id)  # prompt cache keys per session and role
+        model.scope_cache(session_id)  # prompt cache keys per session and role
         self.owns_model = options.owns_model  # built for it (not passed in): it closes the model's HTTP connections
         self._notes: list[str] = []  # what the next request tells the Planner first (files loaded since the last one)
         # Set once the program running the request is going away (a server past its drain timeout):
@@ -352,10 +352,9 @@ class Session:
 
     def _close_model(self) -> None:
         """Close the model's HTTP connections if we built the model; a model passed in is its owner's."""
-        close = getattr(self._model.inner, "close", None)
-        if self.owns_model and callable(close):
+        if self.owns_model:
             self.owns_model = False
-            close()
+            self._model.close()
 
     def _compression_state(self, role: str) -> dict[str, Any] | None:
         context = self.contexts().get(role)
