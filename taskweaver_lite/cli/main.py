@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_users_parser(commands)
 
+    from taskweaver_lite.cli.gateway import add_gateway_parser
+
+    add_gateway_parser(commands)
+
     from taskweaver_lite.cli.eval import add_eval_parser
 
     add_eval_parser(commands)
@@ -118,6 +122,7 @@ _RUNNERS = {
     "export": ("taskweaver_lite.cli.chat", "export_session"),
     "users": ("taskweaver_lite.cli.users", "run_users"),
     "config": ("taskweaver_lite.cli.config", "run_config"),
+    "gateway": ("taskweaver_lite.cli.gateway", "run_gateway"),
 }
 # Listings of a project's parts: each function takes the project folder and `--json`.
 _LISTINGS = {

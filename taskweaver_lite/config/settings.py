@@ -501,6 +501,19 @@ class ServeConfig(_Section):
         return value
 
 
+class GatewayConfig(_Section):
+    """`taskweaver-lite gateway`: the kernel gateway whose kernels run in this project's sandbox (see docs/team.md)."""
+
+    root: str | None = Field(None, description="the folder holding the sessions' folders on the gateway's machine (null: PROJECT_DIR/gateway)")
+    cull_idle_timeout: int = Field(
+        3600, ge=0, description="seconds a kernel may sit idle before the gateway ends it (its session replays its cells next time); 0: never"
+    )
+    cull_interval: int = Field(60, ge=1, description="seconds between the gateway's looks for idle kernels")
+    max_kernels_per_user: int | None = Field(
+        8, ge=1, description="kernels the gateway runs at once for one user (KERNEL_USERNAME, sent by serve); one more is refused; null: no limit"
+    )
+
+
 class Config(_Section):
     """Everything a session needs, validated."""
 
@@ -516,6 +529,7 @@ class Config(_Section):
     document_retriever: DocumentRetrieverConfig = Field(default_factory=DocumentRetrieverConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     # The sections of roles that have no field here (`echo:`, a project role's), written at the top
     # level like `planner:`; load_config moves them here. Not a YAML key of its own.
     role_sections: dict[str, RoleSectionConfig] = Field(default_factory=dict, exclude=True)
@@ -625,6 +639,12 @@ class Config(_Section):
     def sessions_dir(self) -> Path:
         """Folder holding one working folder per session."""
         return self.state_dir / "sessions"
+
+    @property
+    def gateway_root(self) -> Path:
+        """Where `taskweaver-lite gateway` keeps its kernels' session folders, relative paths taken from the project folder."""
+        path = Path(self.gateway.root or "gateway").expanduser()
+        return path if path.is_absolute() else self.project_dir / path
 
     @property
     def experience_dir(self) -> Path:

@@ -33,7 +33,6 @@ from taskweaver_lite.kernel import namespace, syscall_filter
 from taskweaver_lite.kernel.base import DEFAULT_OUTPUT_TOKENS, POLL_INTERVAL, REPLY_WAIT, CellEnd, CellWatch, Ending, SessionKernel, show
 from taskweaver_lite.kernel.disk_limit import DiskWatch, Reached, disk_limit_notes, end_children, human, kernel_process
 from taskweaver_lite.kernel.hidden_paths import hidden_path_notes
-from taskweaver_lite.kernel.identity import hand_over, kernel_uid
 from taskweaver_lite.kernel.interface import OutputSink
 from taskweaver_lite.kernel.interpreter import kernel_python
 from taskweaver_lite.kernel.output import CellOutput
@@ -46,7 +45,7 @@ from taskweaver_lite.kernel.process import (
     on_launcher_thread,
     socket_dir,
 )
-from taskweaver_lite.kernel.sandbox import Mount, SandboxPlan, fallback_notice, kernel_command, plan_for, uses_sandbox
+from taskweaver_lite.kernel.sandbox import SandboxPlan, fallback_notice, kernel_command, session_sandbox, uses_sandbox
 from taskweaver_lite.kernel.uploads import copy_file
 from taskweaver_lite.records.execution import CellError, ExecutionResult
 from taskweaver_lite.records.plugin_spec import PluginSpec
@@ -108,16 +107,14 @@ class KernelExecutor(SessionKernel):
         self._begin("kernel-start")
 
     def _sandbox_plan(self, config: ExecutionConfig, *, hidden: tuple[Path, ...]) -> SandboxPlan:
-        """What the kernel's bubblewrap sandbox lets it see and do."""
-        return plan_for(
+        """What the kernel's bubblewrap sandbox lets it see and do (the same as on `taskweaver-lite gateway`)."""
+        return session_sandbox(
+            config,
+            session_dir=self.session_dir,
             cwd=self.cwd,
             socket_dir=self._socket_dir,
             hidden=hidden,
-            network=config.network,
-            tmp_bytes=config.memory_limit_bytes(),
-            run_as=kernel_uid(self.session_dir, cwd=self.cwd),
             readable=self.python.folders,
-            mounts=[Mount(Path(m.path), writable=m.mode == "rw") for m in config.mounts],
             seccomp_fd=self._seccomp_fd,
         )
 
@@ -131,9 +128,7 @@ class KernelExecutor(SessionKernel):
             manager.interrupt_mode = "message"
             manager.seccomp_fd = self.sandbox.seccomp_fd
         if self.sandbox is not None and self.sandbox.run_as is not None:
-            # Root's sandboxed kernel runs as a user of its own (identity.py): its sockets and working folder are that user's.
-            hand_over(self.cwd, self.sandbox.run_as)  # on resume, files an earlier kernel of this session wrote
-            hand_over(self._socket_dir, self.sandbox.run_as, recursive=False)  # its owner file stays ours
+            # Root's sandboxed kernel runs as a user of its own (identity.py), who must read the connection file.
             manager.kernel_uid = self.sandbox.run_as
         manager.shutdown_wait_time = SHUTDOWN_GRACE
         return manager

@@ -24,7 +24,9 @@ from jupyter_client.session import Session
 
 from taskweaver_lite.config.settings import KernelGatewayConfig
 from taskweaver_lite.errors import GatewayAuthError, GatewayConnectionLost, GatewayError, GatewayUnreachableError
+from taskweaver_lite.kernel.provisioner import SESSION_ROUTE
 
+GONE = "gone"  # the state of a kernel the gateway no longer has (culled, or ended for its user's next one)
 _TOKEN_HINT = "set execution.kernel_gateway.token to the token the gateway was started with (KG_AUTH_TOKEN)"
 
 
@@ -182,9 +184,11 @@ class GatewayKernel:
         self.connect()
 
     def state(self) -> str:
-        """The kernel's execution state as the gateway tracks it ('busy', 'idle', 'restarting'...; '' if unknown)."""
+        """The kernel's execution state as the gateway tracks it ('busy', 'idle', 'restarting'...; 'gone' if it has no such kernel; '' if unknown)."""
         try:
             answer = self._http.get(self.url + self._path(), timeout=self.config.connect_timeout)
+            if answer.status_code == 404:
+                return GONE
             return str(answer.json().get("execution_state") or "") if answer.status_code == 200 else ""
         except (requests.RequestException, ValueError, AttributeError):
             return ""
@@ -213,6 +217,14 @@ class GatewayKernel:
         finally:
             self.kernel_id = None
             self._http.close()
+
+    def remove_session(self, session_id: str) -> bool:
+        """On `taskweaver-lite gateway`: end the session's kernels and remove its folder there. False from a gateway without that route."""
+        try:
+            answer = self._http.delete(self.url + SESSION_ROUTE + session_id, timeout=self.config.connect_timeout)
+        except requests.RequestException:
+            return False
+        return answer.status_code == 204
 
     def _live_socket(self) -> websocket.WebSocket:
         if self._socket is None:

@@ -22,9 +22,10 @@ from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
 from taskweaver_lite.errors import GatewayConnectionLost, GatewayError, KernelError
 from taskweaver_lite.kernel import namespace, remote_code
 from taskweaver_lite.kernel.base import DEFAULT_OUTPUT_TOKENS, POLL_INTERVAL, REPLY_WAIT, CellEnd, CellWatch, Ending, SessionKernel, show
-from taskweaver_lite.kernel.gateway import GatewayKernel
+from taskweaver_lite.kernel.gateway import GONE, GatewayKernel
 from taskweaver_lite.kernel.interface import OutputSink
 from taskweaver_lite.kernel.output import CellOutput
+from taskweaver_lite.kernel.provisioner import OWNER_VARIABLE, SESSION_VARIABLE
 from taskweaver_lite.kernel.uploads import UploadError
 from taskweaver_lite.records.execution import CellError
 from taskweaver_lite.records.plugin_spec import PluginSpec
@@ -41,6 +42,8 @@ _STATES_OF_DEATH = ("restarting", "dead", "starting")
 # have gone astray: two answers in a row that are not "busy" mean the kernel is no longer in our cell.
 LIVENESS_CHECK = 2.0
 _HOME = "home"
+# Seconds without a cell after which the next one first asks whether the gateway still has the kernel (it may have culled it).
+GONE_CHECK = 30.0
 # Seconds to wait for a new kernel's output channel to answer before asking again.
 IOPUB_PROBE = 0.2
 
@@ -53,6 +56,7 @@ class KernelHandover:
     keep: bool = False  # on shutdown only disconnect: another replica attaches to it next
     on_start: Callable[[str], None] | None = None  # told the id of a kernel started here (to store it)
     cells_before: int = 0  # cells the session ran elsewhere: numbering goes on after them (artifact names stay unique)
+    owner: str | None = None  # the session's user: sent as KERNEL_USERNAME (our gateway counts kernels by it; Enterprise Gateway runs the kernel as them)
 
 
 @dataclass(kw_only=True)
@@ -107,6 +111,7 @@ class GatewayExecutor(SessionKernel):
         self.kernel = GatewayKernel(gateway)
         self.handover = kernel
         self._cell = max(self._cell, kernel.cells_before)
+        self._last_cell = time.monotonic()  # when the last cell was sent: after GONE_CHECK idle seconds, the next asks whether the kernel is still there
         self.attached = False  # the kernel of `handover.reuse` was found with our helpers (and the session's variables) in it
         self.home = f"{REMOTE_SESSIONS}/{self.session_dir.name}"  # made absolute by the kernel at start
         self._expressions = self._cell_expressions(self.home)
@@ -191,11 +196,14 @@ class GatewayExecutor(SessionKernel):
             if not self.attached:
                 self._initialize()  # the gateway restarted it since (our helpers and the variables are gone)
             return
-        self.kernel.start(env=dict(self.kernel.config.env))
-        if self.handover.on_start is not None and self.kernel.kernel_id is not None:
-            self.handover.on_start(self.kernel.kernel_id)
-        self.kernel.connect()
-        self._initialize()
+        self._start_afresh()
+
+    def _start_environment(self) -> dict[str, str]:
+        """The start request's variables: the configured ones, the session's id (its folder on our gateway), its owner."""
+        env = {**self.kernel.config.env, SESSION_VARIABLE: self.session_dir.name}
+        if self.handover.owner is not None:
+            env[OWNER_VARIABLE] = self.handover.owner
+        return env
 
     def _reattach(self) -> bool:
         """Read the working folder, the libraries and the variables of a kernel our helpers already run in; False if they do not."""
@@ -261,6 +269,9 @@ class GatewayExecutor(SessionKernel):
         """Ask the gateway to restart the kernel (it has no gentler way) and load our helpers into the new one."""
         self._namespace.forget()
         try:
+            if self.kernel.state() == GONE:  # nothing left to restart
+                self._start_afresh()
+                return
             self.kernel.restart()
             self._initialize()
         except GatewayError as exc:
@@ -273,9 +284,12 @@ class GatewayExecutor(SessionKernel):
             self._replace_kernel(graceful=False)
 
     def _after_death(self) -> None:
-        """The gateway restarted a kernel that died: reconnect if need be and load our helpers again."""
+        """The gateway restarted a kernel that died (or ended it: a new one is started): reconnect if need be and load our helpers again."""
         self._namespace.forget()
         try:
+            if self.kernel.state() == GONE:
+                self._start_afresh()
+                return
             if not self.kernel.connected:
                 self.kernel.connect()
             self._initialize()
@@ -285,12 +299,16 @@ class GatewayExecutor(SessionKernel):
     def _lost_since_last_cell(self) -> tuple[str, ...] | None:
         """Names lost if the kernel died between cells (the gateway said "restarting"), else None; reconnects a dropped socket."""
         died = False
+        if time.monotonic() - self._last_cell > GONE_CHECK and self.kernel.state() == GONE:
+            return self._replaced_gone_kernel()
         try:
             if not self.kernel.connected:
                 self.kernel.connect()
             while self.kernel.waiting() and (msg := self.kernel.receive(REPLY_WAIT)) is not None:
                 died = died or _death(msg)
-        except GatewayConnectionLost:
+        except GatewayError:
+            if self.kernel.state() == GONE:
+                return self._replaced_gone_kernel()
             self.kernel.connect()
         if not died:
             return None
@@ -298,7 +316,24 @@ class GatewayExecutor(SessionKernel):
         self._after_death()
         return lost
 
+    def _replaced_gone_kernel(self) -> tuple[str, ...]:
+        """The gateway has no kernel of that id any more (culled, or ended to make room for its user's next one): a new one; the lost names."""
+        lost = self._namespace.names()
+        self._start_afresh()
+        return lost
+
+    def _start_afresh(self) -> None:
+        """A new kernel for the session, its id told as the first one's was; the old one's variables are gone."""
+        self._namespace.forget()
+        self.kernel.disconnect()
+        self.kernel.start(env=self._start_environment())
+        if self.handover.on_start is not None and self.kernel.kernel_id is not None:
+            self.handover.on_start(self.kernel.kernel_id)
+        self.kernel.connect()
+        self._initialize()
+
     def _execute(self, code: str) -> str:
+        self._last_cell = time.monotonic()
         return self.kernel.execute(code, user_expressions=self._expressions)
 
     def _request_expressions(self) -> dict[str, Any]:
@@ -339,7 +374,7 @@ class GatewayExecutor(SessionKernel):
         if watch.idle_at is not None or now < watch.next_check:
             return False
         watch.next_check = now + LIVENESS_CHECK
-        watch.quiet = watch.quiet + 1 if self.kernel.state() not in ("busy", "") else 0
+        watch.quiet = watch.quiet + 1 if self.kernel.state() not in ("busy", "") else 0  # "gone" too: nothing runs our cell
         return watch.quiet >= 2
 
     def _reconnect(self) -> bool:

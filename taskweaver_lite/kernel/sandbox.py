@@ -73,6 +73,7 @@ class SandboxPlan:
     mounts: tuple[Mount, ...] = ()  # the user's folders, at their own path (execution.mounts)
     seccomp_fd: int | None = None  # a file holding the syscall filter (syscall_filter.py); None: execution.syscall_filter off
     disable_userns: bool = False  # bubblewrap's --disable-userns: as an ordinary user, no user namespace inside the sandbox's
+    start_in: Path | None = None  # where the kernel starts (None: cwd); on the gateway, the sessions' folder, hidden but for the session's own
 
 
 def bwrap_path() -> str | None:
@@ -152,6 +153,7 @@ def plan_for(
     readable: Iterable[Path] = (),
     mounts: Iterable[Mount] = (),
     seccomp_fd: int | None = None,
+    start_in: Path | None = None,
 ) -> SandboxPlan:
     """The sandbox of one session's kernel: `hidden` (the project folder, the store's) and the user's home out of sight.
 
@@ -174,8 +176,35 @@ def plan_for(
     disable_userns = seccomp_fd is not None and bwrap is not None and can_disable_userns(bwrap)
     return SandboxPlan(
         cwd=cwd.resolve(), socket_dir=socket_dir.resolve(), hidden=resolved, network=network, run_as=run_as, tmp_bytes=tmp_bytes,
-        readable=readable, mounts=mounts, seccomp_fd=seccomp_fd, disable_userns=disable_userns,
+        readable=readable, mounts=mounts, seccomp_fd=seccomp_fd, disable_userns=disable_userns, start_in=start_in,
     )  # fmt: skip
+
+
+def session_sandbox(
+    config: ExecutionConfig,
+    *,
+    session_dir: Path,
+    cwd: Path,
+    socket_dir: Path,
+    hidden: Iterable[Path],
+    readable: Iterable[Path] = (),
+    seccomp_fd: int | None,
+    start_in: Path | None = None,
+) -> SandboxPlan:
+    """The sandbox of one session's kernel, on this machine or on `taskweaver-lite gateway`, from the `execution.*` settings.
+
+    As root, the kernel's own uid (identity.py) is picked here and given the working folder (all of
+    it) and the socket folder (itself): the kernel may write there and nowhere else of ours.
+    """
+    plan = plan_for(
+        cwd=cwd, socket_dir=socket_dir, hidden=hidden, network=config.network, tmp_bytes=config.memory_limit_bytes(),
+        run_as=identity.kernel_uid(session_dir, cwd=cwd), readable=readable, mounts=[Mount(Path(m.path), writable=m.mode == "rw") for m in config.mounts],
+        seccomp_fd=seccomp_fd, start_in=start_in,
+    )  # fmt: skip
+    if plan.run_as is not None:
+        identity.hand_over(cwd, plan.run_as)  # on resume, files an earlier kernel of this session wrote
+        identity.hand_over(socket_dir, plan.run_as, recursive=False)  # its owner file, if any, stays ours
+    return plan
 
 
 def kernel_command(argv: Sequence[str], *, config: ExecutionConfig, plan: SandboxPlan | None) -> list[str]:
@@ -221,7 +250,7 @@ def bwrap_arguments(plan: SandboxPlan) -> list[str]:
         args += ["--unshare-user", "--disable-userns"]
     if plan.seccomp_fd is not None:  # loaded last, right before the kernel starts: nothing inside runs without it
         args += ["--seccomp", str(plan.seccomp_fd)]
-    args += ["--setenv", "HOME", "/tmp", "--setenv", "MPLCONFIGDIR", "/tmp/matplotlib", "--chdir", str(plan.cwd)]
+    args += ["--setenv", "HOME", "/tmp", "--setenv", "MPLCONFIGDIR", "/tmp/matplotlib", "--chdir", str(plan.start_in or plan.cwd)]
     # The kernel's parent inside is the namespace's init (pid 1): ipykernel would take that for its
     # parent having died. `--die-with-parent` ends the sandbox with the program instead.
     args += ["--setenv", "JPY_PARENT_PID", "1"]

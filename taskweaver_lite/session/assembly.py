@@ -193,19 +193,20 @@ def delete_session(config: Config, ref: str, *, store: Store, owner: str | None 
     finally:
         if claimed is not None:
             claimed.release()
-    if kernel_id is not None and config.execution.kernel_gateway is not None:
-        _end_gateway_kernel(config, kernel_id)
+    if config.execution.kernel_gateway is not None:
+        _end_on_gateway(config, session_id, kernel_id)
     shutil.rmtree(config.sessions_dir / session_id, ignore_errors=True)
     return session_id
 
 
-def _end_gateway_kernel(config: Config, kernel_id: str) -> None:
-    """End a deleted session's kernel on the gateway, if it still runs there (the gateway's culling would, later)."""
+def _end_on_gateway(config: Config, session_id: str, kernel_id: str | None) -> None:
+    """End a deleted session's kernel on the gateway, if it still runs there; on `taskweaver-lite gateway`, its folder there goes too."""
     from taskweaver_lite.kernel.gateway import GatewayKernel  # the gateway extra, as in default_executor
 
     assert config.execution.kernel_gateway is not None
     kernel = GatewayKernel(config.execution.kernel_gateway)
-    if kernel.attach(kernel_id):
+    kernel.remove_session(session_id)  # a plain gateway has no such route: its culling ends the kernel, its folder stays
+    if kernel_id is not None and kernel.attach(kernel_id):
         kernel.shutdown()
     else:
         kernel.release()

@@ -1,4 +1,8 @@
-"""A real Jupyter Kernel Gateway on 127.0.0.1 for tests and benches, and a TCP relay that can drop connections."""
+"""Real kernel gateways on 127.0.0.1 for tests and benches (`jupyter kernelgateway`, `taskweaver-lite gateway`), and a TCP relay that can drop connections.
+
+Both get their token through `KG_AUTH_TOKEN`: on the command line every process of the machine (a
+kernel's too) could read it from `/proc/<pid>/cmdline`.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from pathlib import Path
 
 import requests
 
-START_LIMIT = 30.0
+START_LIMIT = 60.0  # a loaded machine: the gateway imports jupyter_server, which takes a while
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,7 @@ class Gateway:
     url: str
     token: str
     root: Path
+    pid: int = 0  # the gateway's process
 
 
 def free_port() -> int:
@@ -40,14 +45,34 @@ def free_port() -> int:
 def kernel_gateway(root: Path, *, options: Sequence[str] = ()) -> Iterator[Gateway]:
     """`jupyter kernelgateway` on 127.0.0.1 with a fresh token, kernels starting in `root`; ended afterwards. `options`: more of its --flags."""
     port, token = free_port(), secrets.token_hex(16)
-    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(root / ".runtime"), "MPLBACKEND": "Agg"}
-    args = [
-        sys.executable, "-m", "jupyter", "kernelgateway", "--KernelGatewayApp.ip=127.0.0.1",
-        f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0", f"--KernelGatewayApp.auth_token={token}", *options,
-    ]  # fmt: skip
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(root / ".runtime"), "MPLBACKEND": "Agg", "KG_AUTH_TOKEN": token}
+    args = [sys.executable, "-m", "jupyter", "kernelgateway", "--KernelGatewayApp.ip=127.0.0.1", f"--KernelGatewayApp.port={port}"]
+    args += ["--KernelGatewayApp.port_retries=0", *options]
+    with _running(args, cwd=root, env=env, port=port, token=token, root=root) as gateway:
+        yield gateway
+
+
+@contextlib.contextmanager
+def sandbox_gateway(project: Path, *, overrides: Sequence[str] = ()) -> Iterator[Gateway]:
+    """`taskweaver-lite gateway -p project` on 127.0.0.1 with a fresh token; its `root` is where its sessions' folders are (gateway.root)."""
+    from taskweaver_lite.config.file import load_config
+
+    port, token = free_port(), secrets.token_hex(16)
+    env = {**os.environ, "KG_AUTH_TOKEN": token}
+    sets = [arg for item in overrides for arg in ("--set", item)]
+    args = [sys.executable, "-m", "taskweaver_lite", "gateway", "-p", str(project), "--port", str(port), *sets]
+    root = load_config(project, list(overrides)).gateway_root.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    with _running(args, cwd=project, env=env, port=port, token=token, root=root) as gateway:
+        yield gateway
+
+
+@contextlib.contextmanager
+def _running(args: list[str], *, cwd: Path, env: dict[str, str], port: int, token: str, root: Path) -> Iterator[Gateway]:
+    """The gateway `args` start, its output in `<root>/gateway.log`, once it answers on `port`; stopped afterwards."""
     with (root / "gateway.log").open("wb") as log:
-        process = subprocess.Popen(args, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-    gateway = Gateway(url=f"http://127.0.0.1:{port}", token=token, root=root)
+        process = subprocess.Popen(args, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    gateway = Gateway(url=f"http://127.0.0.1:{port}", token=token, root=root, pid=process.pid)
     try:
         _wait_until_up(gateway, process)
         yield gateway

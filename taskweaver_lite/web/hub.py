@@ -99,7 +99,7 @@ class Hub:
         self._refuse_when_stopping()
         self._check_limit(owner)
         session_id = new_session_id()
-        executor = self.replica.executor(session_id) if self.replica is not None else None
+        executor = self.replica.executor(session_id, owner=owner) if self.replica is not None else None
         session = self.parts.workspace.new_session(session_id=session_id, executor=executor, owner=owner, claim=self.replica is None)
         for path in self._preload:
             session.load_file(path)

@@ -76,7 +76,7 @@ class Replica:
         self.store = workspace.store
         self.metrics = metrics
 
-    def executor(self, session_id: str, *, kernel_id: str | None = None, cells_before: int = 0) -> ExecutorFactory | None:
+    def executor(self, session_id: str, *, owner: str | None, kernel_id: str | None = None, cells_before: int = 0) -> ExecutorFactory | None:
         """How a session's executor is built here: on the gateway, attached to `kernel_id` when given, left running on close.
 
         None (the session's default) for a single replica on PostgreSQL with local kernels.
@@ -86,7 +86,8 @@ class Replica:
             return None
         from taskweaver_lite.kernel.remote import GatewayExecutor, KernelHandover  # the gateway extra, as in default_executor
 
-        handover = KernelHandover(reuse=kernel_id, keep=True, on_start=functools.partial(self._kernel_started, session_id), cells_before=cells_before)
+        started = functools.partial(self._kernel_started, session_id)
+        handover = KernelHandover(reuse=kernel_id, keep=True, on_start=started, cells_before=cells_before, owner=owner)
         plugins = tuple(self.workspace.plugins.enabled)
         return functools.partial(
             GatewayExecutor, config=self.config.execution, gateway=gateway, output_tokens=self.config.cell_output_tokens, plugins=plugins, kernel=handover
@@ -96,7 +97,7 @@ class Replica:
         """The session from the store (its kernel attached, or rebuilt by replay); counts the load, and a takeover."""
         started = time.monotonic()
         stored = self.store.load(session_id)
-        factory = self.executor(session_id, kernel_id=stored.kernel_id, cells_before=_cells(stored))
+        factory = self.executor(session_id, owner=stored.owner, kernel_id=stored.kernel_id, cells_before=_cells(stored))
         session, report = self.workspace.resume_session(session_id, executor=factory, listeners=listeners, claim=False)
         self.metrics.session_loads.observe(time.monotonic() - started)
         if report.cut_off:

@@ -1,0 +1,248 @@
+"""The kernel provisioner of `taskweaver-lite gateway`: every kernel the gateway starts runs in this program's sandbox.
+
+jupyter_client starts a kernel through the provisioner its kernelspec names
+(`metadata.kernel_provisioner.provisioner_name`, looked up in the `jupyter_client.kernel_provisioners`
+entry point group). `SandboxProvisioner` is jupyter_client's local one with the launch changed in
+three ways, so that a gateway shared by several users keeps them apart as the local sandbox keeps
+projects apart:
+
+- the folder: the start request's `KERNEL_TASKWEAVER_SESSION` (a replica sends the session's id)
+  names `<root>/taskweaver_sessions/<id>`, the kernel's working folder and the only one of the
+  gateway's it sees (a start without it gets a folder named after the kernel's id). The kernel starts
+  in `<root>`, where that path is all there is, so the replica's start-up code finds its folder
+  at the same relative path as on any gateway;
+- the sockets: IPC, in a folder of the kernel's own under `<root>/kernels`, with its connection
+  file: the kernel needs no network at all, and no other kernel sees either;
+- the command: the local sandbox's (`sandbox.session_sandbox`, `sandbox.kernel_command`): a uid per
+  session when the gateway runs as root, its own PID namespace, no network, the syscall filter,
+  and the project's `execution.memory_limit`, `max_processes` and `disk_limit` (kept by a
+  `DiskWatch` here: past it, the kernel's child processes are ended, then the kernel).
+
+`KERNEL_USERNAME` (the session's owner, sent by serve) counts the kernels of each user: past
+`gateway.max_kernels_per_user`, starting one ends that user's least recently used idle kernel
+(its session replays its cells when next used), or is refused when all of them are busy.
+The environment a kernel gets is the request's `KERNEL_*` variables, `PATH` and the locale, and
+`execution.allowed_env`: nothing else of the gateway's, its token least of all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.connect import KernelConnectionInfo
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner
+from tornado.web import HTTPError
+from traitlets import Unicode
+
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.config.settings import Config
+from taskweaver_lite.kernel import syscall_filter
+from taskweaver_lite.kernel.disk_limit import DiskWatch, Reached, end_children, kernel_process
+from taskweaver_lite.kernel.process import SOCKET_PATH_LIMIT, filtered_environment
+from taskweaver_lite.kernel.sandbox import SandboxPlan, kernel_command, session_sandbox, uses_sandbox
+
+NAME = "taskweaver-lite-sandbox"  # the entry point's name, in the kernelspec's metadata (serve reads it to tell our gateway from a plain one)
+SESSION_VARIABLE = "KERNEL_TASKWEAVER_SESSION"
+OWNER_VARIABLE = "KERNEL_USERNAME"
+SESSIONS = "taskweaver_sessions"  # as the replica's start-up code names it (remote.REMOTE_SESSIONS)
+KERNELS = "kernels"
+SESSION_ROUTE = "/api/taskweaver-lite/sessions/"  # + a session id: DELETE ends its kernels and removes its folder (gateway_server.py)
+# What a session id or a user name may be to become a folder name or a count's key.
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}")
+_KEPT_ENVIRONMENT = ("PATH", "LANG", "LANGUAGE", "TZ")
+
+
+class KernelRefused(HTTPError):
+    """A kernel the gateway will not start: the start request gets 403 and this message (its `message` field)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(403, message, reason="Kernel refused")
+
+
+@functools.cache
+def _project_config(project_dir: str) -> Config:
+    """The gateway's project config, read once per process (the gateway command read it first, so it is valid)."""
+    return load_config(project_dir)
+
+
+def session_name(env: dict[str, str], *, kernel_id: str) -> str:
+    """The session folder's name: `KERNEL_TASKWEAVER_SESSION` when it is a safe name, else the kernel's id."""
+    given = env.get(SESSION_VARIABLE, "")
+    if not given:
+        return kernel_id
+    if not _SAFE_NAME.fullmatch(given) or given in (".", ".."):
+        raise KernelRefused(f"{SESSION_VARIABLE}={given[:40]!r} is not a session id (letters, digits, . _ - @; at most 100)")
+    return given
+
+
+def kernel_environment(given: dict[str, str], *, allowed: list[str]) -> dict[str, str]:
+    """The kernel's environment: the request's `KERNEL_*`, `PATH`, the locale and `allowed`; nothing else of the gateway's."""
+    kept = {name: value for name, value in given.items() if name.startswith(("KERNEL_", "LC_", "JPY_")) or name in _KEPT_ENVIRONMENT or name in allowed}
+    return filtered_environment(kept, allowed=allowed)
+
+
+class SandboxProvisioner(LocalProvisioner):
+    """Starts the kernel in the sandbox of its session's folder under the gateway's root, over IPC sockets."""
+
+    project_dir = Unicode("", config=True, help="the project whose execution.* settings shape the sandbox")
+    root = Unicode("", config=True, help="the folder holding the sessions' folders (gateway.root)")
+
+    session: str | None = None
+    owner: str | None = None
+    plan: SandboxPlan | None = None
+    _seccomp_fd: int | None = None
+    _socket_dir: Path | None = None
+    _disk: DiskWatch | None = None
+    _strikes = 0
+
+    @property
+    def config_of_project(self) -> Config:
+        """The project's config (`execution.*`, `gateway.*`)."""
+        return _project_config(self.project_dir)
+
+    async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
+        """Prepare the session's folder, the socket folder and the sandbox; the command comes back wrapped in it."""
+        config = self.config_of_project
+        km: Any = self.parent  # the KernelManager of this kernel
+        given = dict(kwargs.get("env") or os.environ)
+        if self.session is None:  # a restart keeps the first start's session, folder and sockets
+            self.session = session_name(given, kernel_id=str(self.kernel_id))
+            owner = given.get(OWNER_VARIABLE) or None
+            self.owner = owner if owner is not None and _SAFE_NAME.fullmatch(owner) else None
+            await self._within_user_limit(config)
+        root = Path(self.root).resolve()
+        cwd = root / SESSIONS / self.session
+        cwd.mkdir(parents=True, exist_ok=True)
+        socket_dir = self._sockets(root)
+        km.transport, km.ip, km.cache_ports = "ipc", str(socket_dir / "kernel"), False
+        km.connection_file = str(socket_dir / "connection.json")
+        execution = config.execution
+        if uses_sandbox(execution) and self._seccomp_fd is None and execution.syscall_filter == "default":
+            self._seccomp_fd = syscall_filter.filter_file()
+        hidden = (root, config.project_dir)
+        self.plan = (
+            session_sandbox(execution, session_dir=cwd, cwd=cwd, socket_dir=socket_dir, hidden=hidden, seccomp_fd=self._seccomp_fd, start_in=root)
+            if uses_sandbox(execution)
+            else None
+        )
+        kwargs["env"] = kernel_environment(given, allowed=execution.allowed_env)
+        kwargs["cwd"] = str(root if self.plan is None else cwd)
+        launch = await super().pre_launch(**kwargs)
+        if self.plan is not None and self.plan.run_as is not None:
+            os.chown(km.connection_file, self.plan.run_as, self.plan.run_as)  # written by the gateway, read by the kernel's own uid
+        launch["cmd"] = kernel_command(launch["cmd"], config=execution, plan=self.plan)
+        return launch
+
+    def _sockets(self, root: Path) -> Path:
+        """The kernel's own folder for its IPC sockets and connection file (kept across restarts)."""
+        if self._socket_dir is None:
+            folder = root / KERNELS / str(self.kernel_id)
+            if len(os.fsencode(folder / "kernel-65535")) > SOCKET_PATH_LIMIT:  # a deep root: a short folder of the gateway's own
+                self._socket_dir = Path(tempfile.mkdtemp(prefix="twl-gateway-"))
+                return self._socket_dir
+            shutil.rmtree(folder, ignore_errors=True)  # a kernel of that id cannot be running: left by a killed gateway
+            folder.mkdir(mode=0o700, parents=True)
+            self._socket_dir = folder
+        return self._socket_dir
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
+        """Start the sandboxed kernel, the syscall filter's file open in it for bubblewrap to read."""
+        if self._seccomp_fd is not None:
+            kwargs["pass_fds"] = (syscall_filter.rewound(self._seccomp_fd),)
+        return await super().launch_kernel(cmd, **kwargs)
+
+    async def post_launch(self, **kwargs: Any) -> None:
+        """Watch the session's folders against `execution.disk_limit`."""
+        await super().post_launch(**kwargs)
+        limit = self.config_of_project.execution.disk_limit_bytes()
+        if limit is not None and self._disk is None and self.plan is not None:
+            self._disk = DiskWatch((self.plan.cwd, self.plan.socket_dir), limit=limit, on_reached=self._disk_reached)
+
+    def _disk_reached(self, reached: Reached, in_cell: bool) -> None:
+        """Past the disk limit (on the watcher's thread): the kernel's child processes end; if it still grows, the kernel does."""
+        kernel = kernel_process(self.pid) if isinstance(self.pid, int) else None
+        if kernel is None:
+            return
+        self._strikes += 1
+        if self._strikes == 1:
+            end_children(kernel)
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(kernel, signal.SIGKILL)  # the gateway restarts it; the replica tells the model its variables are gone
+        self._strikes = 0
+
+    async def cleanup(self, restart: bool = False) -> None:
+        """After the kernel ended: its sockets and the filter's file go (its session folder stays for the session's next kernel)."""
+        await super().cleanup(restart=restart)
+        if restart:
+            return
+        if self._disk is not None:
+            self._disk.close()
+            self._disk = None
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+        if self._seccomp_fd is not None:
+            os.close(self._seccomp_fd)
+            self._seccomp_fd = None
+
+    async def _within_user_limit(self, config: Config) -> None:
+        """Past gateway.max_kernels_per_user for this owner: end their least recently used idle kernel, or refuse."""
+        limit = config.gateway.max_kernels_per_user
+        manager = getattr(self.parent, "parent", None)  # the gateway's MappingKernelManager
+        if limit is None or self.owner is None or manager is None:
+            return
+        theirs = [kernel_id for kernel_id in manager.list_kernel_ids() if kernel_id != self.kernel_id and _owner_of(manager, kernel_id) == self.owner]
+        if len(theirs) < limit:
+            return
+        idle = [kernel_id for kernel_id in theirs if getattr(manager.get_kernel(kernel_id), "execution_state", "") == "idle"]
+        if len(theirs) - len(idle) >= limit:
+            raise KernelRefused(
+                f"{self.owner} already runs {len(theirs)} kernels on this gateway, all busy, the most gateway.max_kernels_per_user ({limit}) "
+                "allows: wait for one to finish, or raise gateway.max_kernels_per_user in the gateway's project"
+            )
+        idle.sort(key=lambda kernel_id: manager.get_kernel(kernel_id).last_activity)
+        for kernel_id in idle[: len(theirs) - limit + 1]:
+            await manager.shutdown_kernel(kernel_id)
+
+
+def _owner_of(manager: Any, kernel_id: str) -> str | None:
+    """The owner a kernel of ours was started for (None: not ours, or no owner given)."""
+    try:
+        provisioner = manager.get_kernel(kernel_id).provisioner
+    except KeyError:
+        return None
+    return provisioner.owner if isinstance(provisioner, SandboxProvisioner) else None
+
+
+def kernels_of_session(manager: Any, session: str) -> list[str]:
+    """The ids of the kernels the gateway runs for `session` (a replica's session id)."""
+    found = []
+    for kernel_id in manager.list_kernel_ids():
+        with contextlib.suppress(KeyError):
+            provisioner = manager.get_kernel(kernel_id).provisioner
+            if isinstance(provisioner, SandboxProvisioner) and provisioner.session == session:
+                found.append(kernel_id)
+    return found
+
+
+def kernelspec(*, project_dir: Path, root: Path) -> dict[str, Any]:
+    """The kernel.json of the gateway's only kernelspec: ipykernel on this interpreter, started by `SandboxProvisioner`."""
+    # Sessions keep their own record; IPython's shared SQLite history only adds lock contention.
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--HistoryManager.hist_file=:memory:", "--InteractiveShell.automagic=False"]
+    return {
+        "argv": argv,
+        "display_name": "Python (taskweaver-lite sandbox)",
+        "language": "python",
+        # Inside bubblewrap a signal to the launched process would not reach the kernel: interrupts travel as messages.
+        "interrupt_mode": "message",
+        "metadata": {"kernel_provisioner": {"provisioner_name": NAME, "config": {"project_dir": str(project_dir), "root": str(root)}}},
+    }
