@@ -12,6 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
@@ -501,6 +502,24 @@ class ServeConfig(_Section):
         return value
 
 
+class TracingConfig(_Section):
+    """Tracing with OpenTelemetry (the `tracing` extra): each request's model calls, cells and folds as spans, sent over OTLP/HTTP."""
+
+    enabled: bool = Field(False, description="send a trace of every request (a chat message, an API message, an eval case's turn) to endpoint")
+    endpoint: str | None = Field(
+        None, description="the OTLP/HTTP receiver's base address, such as http://127.0.0.1:4318 (null: OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4318)"
+    )
+    content: bool = Field(False, description="also record prompts, replies, code and cell output in spans (off: names, token counts, outcomes, timings)")
+    service_name: str | None = Field(None, description="the service.name spans carry (null: OTEL_SERVICE_NAME, else taskweaver-lite)")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _an_http_url(cls, value: str | None) -> str | None:
+        if value is not None and not (value.startswith(("http://", "https://")) and urlsplit(value).hostname):
+            raise ValueError("expected an http:// or https:// address such as http://127.0.0.1:4318 (or null for OTEL_EXPORTER_OTLP_ENDPOINT)")
+        return value
+
+
 class GatewayConfig(_Section):
     """`taskweaver-lite gateway`: the kernel gateway whose kernels run in this project's sandbox (see docs/team.md)."""
 
@@ -529,6 +548,7 @@ class Config(_Section):
     document_retriever: DocumentRetrieverConfig = Field(default_factory=DocumentRetrieverConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     # The sections of roles that have no field here (`echo:`, a project role's), written at the top
     # level like `planner:`; load_config moves them here. Not a YAML key of its own.

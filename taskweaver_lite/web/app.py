@@ -31,6 +31,7 @@ from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import StoreError
 from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.interface import Store
+from taskweaver_lite.telemetry import tracing
 from taskweaver_lite.web.access_log import AccessLog, AccessLogMiddleware
 from taskweaver_lite.web.api import api_routes, error
 from taskweaver_lite.web.auth import COOKIE, Access, trusted_header
@@ -38,6 +39,7 @@ from taskweaver_lite.web.fanout import Fanout
 from taskweaver_lite.web.hub import Hub, ServerParts
 from taskweaver_lite.web.metrics import CONTENT_TYPE, Metrics, RequestMetrics
 from taskweaver_lite.web.replica import check_gateway_client, check_replica_setup, is_replica
+from taskweaver_lite.web.trace_context import TraceMiddleware
 
 STATIC = files("taskweaver_lite.web") / "static"
 Handler = Callable[[Request], Awaitable[Response]]
@@ -133,7 +135,9 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
     timing = Middleware(RequestMetrics, metrics=hub.parts.metrics, routes=routes)
     scraper = config.serve.metrics_token.get_secret_value() if config.serve.metrics_token is not None else None
     guard = Middleware(_Guard, access=access, metrics_token=scraper)
-    app = Starlette(routes=routes, middleware=[*logging, timing, guard], lifespan=lifespan)
+    tracer = tracing.tracer_for(config.tracing)  # None with tracing off: no middleware, no cost
+    traced = [Middleware(TraceMiddleware, tracer=tracer, routes=routes)] if tracer is not None else []
+    app = Starlette(routes=routes, middleware=[*logging, timing, *traced, guard], lifespan=lifespan)
     app.state.hub = hub
     return app
 
