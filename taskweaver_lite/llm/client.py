@@ -172,7 +172,7 @@ class MeteredModel:
         tracer = tracing.active()
         if tracer is None:
             return self._metered(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
-        model = model_name(self.inner, purpose)
+        model = self.inner.model_name(purpose)
         with tracing.model_call(tracer, purpose=purpose, model=model, messages=messages, max_tokens=max_tokens) as call:
             completion = self._metered(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
             call.finished(completion)
