@@ -488,8 +488,18 @@ class ServeConfig(_Section):
         None, description="a single sign-on proxy's header naming the user (X-Forwarded-User for oauth2-proxy); null: no header is believed"
     )
     trusted_proxies: list[str] = Field(
-        default_factory=lambda: ["127.0.0.1", "::1"], description="the addresses trusted_user_header is believed from (the proxy's)"
+        default_factory=list,
+        description=("the addresses (of the TCP peer itself) trusted_user_header and X-Forwarded-Proto are believed from: the proxy's; empty: none, until set"),
     )
+    max_request_bytes: int = Field(
+        1_000_000, ge=1024, description="the largest request body in bytes other than a file upload (session.max_upload_bytes); a larger one gets 413"
+    )
+    header_timeout: float = Field(10.0, gt=0, description="seconds a client gets to send a request's headers; a slower one is disconnected")
+    max_streams_per_user: int = Field(20, ge=1, description="event streams one user may hold open on one server at once; one more gets 429")
+    failed_token_limit: int = Field(
+        10, ge=1, description="tokens refused per client address in a minute before its requests get 429 (with Retry-After) for the rest of it"
+    )
+    sign_in_hours: float = Field(12.0, gt=0, description="hours a sign-in on the page lasts (its cookie); the user's token itself is never the cookie")
     metrics_token: SecretStr | None = Field(
         None, description="a token good for GET /metrics alone (a Prometheus scraper's), answered even while the store is down; null: a user's token"
     )
@@ -673,9 +683,13 @@ class Config(_Section):
 
     @property
     def store_path(self) -> Path:
-        """The SQLite file, relative paths taken from the project folder."""
+        """The SQLite file, relative paths taken from the state folder; a read-only project's own file is read where it is."""
         path = Path(self.store.path).expanduser()
-        return path if path.is_absolute() else self.state_dir / path
+        if path.is_absolute():
+            return path
+        if self.state_dir != self.project_dir and (self.project_dir / path).is_file():
+            return self.project_dir / path  # its sessions stay listed and exportable; writing them fails, saying the file is read-only
+        return self.state_dir / path
 
 
 def read_only_state_dir(project: Path) -> Path:

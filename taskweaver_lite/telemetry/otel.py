@@ -10,6 +10,7 @@ global one is left to the program that embeds this package).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterator, Mapping
@@ -29,6 +30,10 @@ from taskweaver_lite.config.settings import TracingConfig
 from taskweaver_lite.telemetry.spans import Attributes, Span, SpanKind
 
 DEFAULT_SERVICE = "taskweaver-lite"
+# Seconds one batch may take to send, retries included (OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT wins): the SDK's 10 s
+# would hold a chat's exit that long when the receiver is down, for spans that are lost anyway.
+EXPORT_TIMEOUT = 3.0
+TIMEOUT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
 TRACES_PATH = "/v1/traces"  # OTLP/HTTP's path under a receiver's base URL
 _KINDS = {"internal": OtelSpanKind.INTERNAL, "client": OtelSpanKind.CLIENT, "server": OtelSpanKind.SERVER}
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -44,7 +49,8 @@ def tracer(settings: TracingConfig, *, exporter: SpanExporter | None = None) -> 
     with _providers_lock:
         key = (settings.endpoint, service)
         if key not in _providers:
-            _providers[key] = _provider(OTLPSpanExporter(endpoint=traces_url(settings.endpoint)), service=service)
+            timeout = None if any(name in os.environ for name in TIMEOUT_VARIABLES) else EXPORT_TIMEOUT
+            _providers[key] = _provider(OTLPSpanExporter(endpoint=traces_url(settings.endpoint), timeout=timeout), service=service)
         return OtelTracer(_providers[key], content=settings.content)
 
 
@@ -57,6 +63,8 @@ def traces_url(endpoint: str | None) -> str | None:
 
 
 def _provider(exporter: SpanExporter, *, service: str) -> TracerProvider:
+    # A receiver that is down: one line when a batch is given up, not one per retry (they would break into a chat's screen).
+    logging.getLogger("opentelemetry.exporter.otlp").setLevel(logging.ERROR)
     resource = Resource.create({"service.name": service, "service.version": _version()})
     provider = TracerProvider(resource=resource)  # shut down at exit (the SDK's default), which sends the last batch
     provider.add_span_processor(BatchSpanProcessor(exporter))

@@ -21,7 +21,6 @@ What a tracer and a span promise is `spans.py`; the OpenTelemetry side (provider
 from __future__ import annotations
 
 import contextvars
-import functools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -66,7 +65,6 @@ def carried(target: Callable[P, R]) -> Callable[P, R]:
     """`target`, to run on another thread in a copy of this thread's context now: in the same request's trace."""
     context = contextvars.copy_context()
 
-    @functools.wraps(target)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
         # A copy per run: one context cannot be entered by two threads at once (a fold starting the next).
         return context.copy().run(target, *args, **kwargs)
@@ -74,12 +72,13 @@ def carried(target: Callable[P, R]) -> Callable[P, R]:
     return run
 
 
-@contextmanager
-def turn(tracer: Tracer | None, *, session_id: str, request: str) -> Iterator[Span]:
+def turn(tracer: Tracer | None, *, session_id: str, request: str) -> AbstractContextManager[Span]:
     """A request's span, the root of its trace (or the child of the server span that continued a traceparent)."""
-    if tracer is None:
-        yield NO_SPAN
-        return
+    return _NOTHING if tracer is None else _turn(tracer, session_id=session_id, request=request)
+
+
+@contextmanager
+def _turn(tracer: Tracer, *, session_id: str, request: str) -> Iterator[Span]:
     attributes: dict[str, Attribute] = {"taskweaver.session.id": session_id}
     if tracer.content:
         attributes["taskweaver.request"] = request
@@ -106,7 +105,7 @@ def role_reply(*, alias: str, key: str) -> AbstractContextManager[Span]:
     """A role answering one post of the turn (an agent invocation, in GenAI's words)."""
     tracer = _active.get()
     if tracer is None:
-        return nullcontext(NO_SPAN)
+        return _NOTHING
     attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": alias, "taskweaver.role": key}
     return tracer.span(f"invoke_agent {alias}", attributes=attributes)
 
@@ -190,13 +189,14 @@ class Cell:
         self._span.set(attributes)
 
 
-@contextmanager
-def fold(*, role: str, first_round: int, last_round: int) -> Iterator[Fold]:
+def fold(*, role: str, first_round: int, last_round: int) -> AbstractContextManager[Fold]:
     """A fold of a role's rounds into its summary (on the fold's thread, in the context `carried` brought)."""
     tracer = _active.get()
-    if tracer is None:
-        yield Fold(NO_SPAN)
-        return
+    return _NO_FOLD if tracer is None else _fold(tracer, role=role, first_round=first_round, last_round=last_round)
+
+
+@contextmanager
+def _fold(tracer: Tracer, *, role: str, first_round: int, last_round: int) -> Iterator[Fold]:
     attributes: dict[str, Attribute] = {
         "taskweaver.role": f"{role} (fold)",
         "taskweaver.fold.first_round": first_round,
@@ -223,6 +223,10 @@ class Fold:
                 "taskweaver.fold.tokens_after": events[-1].tokens_after,
             }
         )
+
+
+_NOTHING = nullcontext(NO_SPAN)  # what a site enters when nothing is traced (nullcontext holds no state: one serves all)
+_NO_FOLD = nullcontext(Fold(NO_SPAN))
 
 
 def _messages_json(messages: Sequence[Message]) -> str:
