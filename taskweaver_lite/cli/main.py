@@ -130,6 +130,12 @@ def _add_serve_parser(commands: Commands[argparse.ArgumentParser]) -> None:
     _overrides_option(serve)
 
 
+def _add_mcp_parser(commands: Commands[argparse.ArgumentParser]) -> None:
+    mcp = commands.add_parser("mcp", help="serve this agent to MCP hosts (Claude Desktop, VS Code) on stdin and stdout: its tool `ask` runs a chat turn")
+    _project_option(mcp)
+    _overrides_option(mcp)
+
+
 def _add_export_parser(commands: Commands[argparse.ArgumentParser]) -> None:
     export = commands.add_parser("export", help="write a stored session as a notebook or Markdown")
     export.add_argument("session_id", metavar="ID", help="session id ('last' for the newest)")
@@ -171,6 +177,7 @@ def commands() -> tuple[Command, ...]:
         Command("docs", _listing("docs", docs, shape="object"), _project_listing("taskweaver_lite.cli.docs", "run_docs")),
         Command("roles", _listing("roles", roles, shape="array"), _project_listing("taskweaver_lite.cli.roles", "run_roles")),
         Command("serve", _add_serve_parser, _lazy("taskweaver_lite.cli.serve", "run_serve")),
+        Command("mcp", _add_mcp_parser, _lazy("taskweaver_lite.cli.mcp", "run_mcp")),
         Command("users", add_users_parser, _lazy("taskweaver_lite.cli.users", "run_users")),
         Command("gateway", add_gateway_parser, _lazy("taskweaver_lite.cli.gateway", "run_gateway")),
         Command("eval", add_eval_parser, _lazy("taskweaver_lite.cli.eval", "run_eval_command")),
