@@ -12,19 +12,26 @@ against the two roles alone. The three setups run in the same process, their tur
 the third role idle (the same turn), and the third role consulted in every turn (then per post,
 the posts counted from each turn's round). The executor passes the cell's live output on, as in the CLI.
 
-    python bench/turn_bench.py [--turns 40]
+A fourth: tracing. The same framework CPU per turn with `tracing.enabled: false` against the code path
+with the tracing hooks taken out (each traced method swapped for its untraced body, the tracing helpers
+for do-nothing ones: the code as it was before tracing), and with tracing on, its spans exported over
+OTLP/HTTP to a receiver in this process (taskweaver_lite/testing/otlp_receiver.py), against off. The
+three sessions take their turns in rotation. Beside it, the off path's hooks of one turn timed alone.
+
+    python bench/turn_bench.py [--turns 40] [--tracing]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import openai
@@ -33,12 +40,16 @@ from openai.types.chat import ChatCompletionSystemMessageParam
 
 from taskweaver_lite.cli.demo import bundled_project
 from taskweaver_lite.config.file import load_config
+from taskweaver_lite.kernel.base import SessionKernel
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.interface import Executor, OutputSink
-from taskweaver_lite.llm.client import DeltaSink, OpenAIChatModel
+from taskweaver_lite.llm.client import DeltaSink, MeteredModel, OpenAIChatModel
 from taskweaver_lite.records.execution import ExecutionResult, KernelEnvironment, Variable
 from taskweaver_lite.records.model_calls import Completion, Message
 from taskweaver_lite.session.session import Session
+from taskweaver_lite.telemetry import tracing
+from taskweaver_lite.telemetry.spans import NO_SPAN
+from taskweaver_lite.testing.otlp_receiver import OtlpReceiver
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply, summary_reply
 
 
@@ -164,34 +175,37 @@ ANALYST_ROLE = "alias: Analyst\nintro: |-\n  - Analyst explains what a result me
 
 
 class RoleSetup:
-    """One session with `roles` enabled; `consult`: the Planner asks the Analyst first in every turn."""
+    """One session with `roles` enabled; `consult`: the Planner asks the Analyst first in every turn; `settings`: more --set overrides."""
 
-    def __init__(self, server: ScriptedServer, *, roles: list[str], consult: bool) -> None:
+    def __init__(self, server: ScriptedServer, *, roles: list[str], consult: bool, settings: Sequence[str] = ()) -> None:
         project = Path(tempfile.mkdtemp(prefix="role-bench-"))
         (project / "roles" / "analyst").mkdir(parents=True)
         (project / "roles" / "analyst" / "analyst.role.yaml").write_text(ANALYST_ROLE, encoding="utf-8")
-        overrides = [f"llm.api_base={server.url}", "llm.api_key=bench", "execution.timeout=30", f"session.roles=[{', '.join(roles)}]"]
+        overrides = [f"llm.api_base={server.url}", "llm.api_key=bench", "execution.timeout=30", f"session.roles=[{', '.join(roles)}]", *settings]
         config = load_config(project, overrides)
         self.server, self.consult = server, consult
         self.executor = TimedExecutor(KernelExecutor(project / "sessions" / "bench", config=config.execution))
         self.model = TimedModel(OpenAIChatModel(config.llm))
         self.session = Session(config, model=self.model, executor=self.executor, session_id="bench")
         self.costs: list[float] = []
+        self.walls: list[float] = []
         self.posts: list[int] = []  # posts each kept turn added, counted from its round
 
     def turn(self, *, keep: bool) -> None:
-        """One turn; its framework cost is kept unless it is a warm-up turn."""
+        """One turn; its framework cost (and wall time) is kept unless it is a warm-up turn."""
         if self.consult:
             self.server.enqueue("planner", planner_reply("Is setting x to 1 safe?", send_to="Analyst"))
         enqueue_turn(self.server)
         self.executor.seconds = self.executor.cpu = self.model.seconds = 0.0
-        started = time.thread_time()
+        started, wall = time.thread_time(), time.perf_counter()
         rnd = self.session.ask("Set x to 1, please.")
         cost = time.thread_time() - started - self.executor.cpu - self.model.seconds
+        wall = time.perf_counter() - wall
         for context in self.session.contexts().values():
             context.wait_idle(timeout=30)  # a fold of this setup must not run into the next setup's turn
         if keep:
             self.costs.append(cost)
+            self.walls.append(wall)
             self.posts.append(len(rnd.posts))
 
 
@@ -217,6 +231,77 @@ def role_turns(server: ScriptedServer, turns: int) -> tuple[list[float], list[fl
     return costs, posts
 
 
+@contextlib.contextmanager
+def tracing_absent() -> Iterator[None]:
+    """The code path as it was before tracing: each traced method's untraced body called directly, the helpers doing nothing."""
+
+    def complete(
+        self: MeteredModel, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
+    ) -> Completion:
+        return self._metered(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+
+    def run(self: SessionKernel, code: str, *, timeout: float | None = None, on_output: OutputSink | None = None) -> ExecutionResult:
+        return self._run(code, timeout=timeout, on_output=on_output)
+
+    nothing = contextlib.nullcontext(NO_SPAN)
+    swaps: list[tuple[object, str, object]] = [
+        (MeteredModel, "complete", complete),
+        (SessionKernel, "run", run),
+        (tracing, "turn", lambda tracer, **_: nothing),
+        (tracing, "role_reply", lambda **_: nothing),
+        (tracing, "fold", lambda **_: contextlib.nullcontext(tracing.Fold(NO_SPAN))),
+        (tracing, "carried", lambda target: target),
+    ]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in swaps]
+    for owner, name, value in swaps:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+def tracing_turns(server: ScriptedServer, turns: int) -> tuple[list[float], list[float]]:
+    """Median framework CPU and wall time per turn: tracing absent, off, and on (exported to a receiver in this process)."""
+    server.set_default("compression", summary_reply("The user set x to 1 several times.", [{"name": "x", "type": "int", "description": "1"}]))
+    roles = ["planner", "code_interpreter"]
+    with OtlpReceiver() as receiver:
+        on = ["tracing.enabled=true", f"tracing.endpoint={receiver.url}"]
+        absent, off, traced = (RoleSetup(server, roles=roles, consult=False, settings=settings) for settings in ([], [], on))
+        setups = [absent, off, traced]
+        try:
+            for number in range(turns + 3):
+                for setup in setups[number % 3 :] + setups[: number % 3]:
+                    with tracing_absent() if setup is absent else contextlib.nullcontext():
+                        setup.turn(keep=number >= 3)  # warm-up: kernel start, first imports
+        finally:
+            for setup in setups:
+                setup.session.close()
+        assert traced.session.tracer is not None and traced.session.tracer.flush()
+        assert len(receiver.spans) >= 6 * turns, f"the traced session's spans reached the receiver ({len(receiver.spans)})"
+    return [statistics.median(setup.costs) for setup in setups], [statistics.median(setup.walls) for setup in setups]
+
+
+def off_hooks_per_turn(runs: int = 20_000) -> float:
+    """Seconds the untraced path's hooks of one turn take alone: the turn, three role replies, three model calls, a cell, two folds handed on."""
+
+    def fold() -> None:
+        pass
+
+    started = time.perf_counter()
+    for _ in range(runs):
+        with tracing.turn(None, session_id="bench", request="x") as span:
+            for _ in range(3):
+                with tracing.role_reply(alias="Planner", key="planner"):
+                    tracing.active()  # the model call's check
+            tracing.active()  # the cell's
+            span.set({"taskweaver.round.index": 1, "taskweaver.round.state": "finished"})
+        tracing.carried(fold)
+        tracing.carried(fold)
+    return (time.perf_counter() - started) / runs
+
+
 def help_time(runs: int = 21) -> tuple[float, float]:
     def timed(args: list[str]) -> float:
         samples = []
@@ -232,16 +317,24 @@ def help_time(runs: int = 21) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument("--tracing", action="store_true", help="only the tracing measures")
     args = parser.parse_args()
+    print(f"{'measure':<62}{'ours':>12}{'baseline':>12}{'ratio':>8}")
+    if not args.tracing:
+        turn_measures(args.turns)
+    tracing_measures(args.turns)
+
+
+def turn_measures(turns: int) -> None:
+    """A turn against bare SDK calls and a bare kernel, a third role against two, and `--help`."""
     with ScriptedServer() as server:
-        sdk = statistics.median(bare_sdk_calls(server, args.turns))
-        overheads, walls = our_turns(server, args.turns)
-        (two, idle, busy), (two_posts, _, busy_posts) = role_turns(server, args.turns)
-    kernel = statistics.median(bare_kernel_execute(args.turns))
+        sdk = statistics.median(bare_sdk_calls(server, turns))
+        overheads, walls = our_turns(server, turns)
+        (two, idle, busy), (two_posts, _, busy_posts) = role_turns(server, turns)
+    kernel = statistics.median(bare_kernel_execute(turns))
     overhead = statistics.median(overheads)
     wall = statistics.median(walls)
     help_s, python_s = help_time()
-    print(f"{'measure':<62}{'ours':>12}{'baseline':>12}{'ratio':>8}")
     print(f"{'turn wall time (3 model calls + x = 1)':<62}{wall * 1e3:>10.1f}ms{(sdk + kernel) * 1e3:>10.1f}ms{wall / (sdk + kernel):>8.2f}")
     print(f"{'framework overhead = turn - kernel (target < 15 ms)':<62}{overhead * 1e3:>10.1f}ms{sdk * 1e3:>10.1f}ms{overhead / sdk:>8.2f}")
     print(f"{'  of which not the 3 HTTP calls (overhead - bare SDK)':<62}{(overhead - sdk) * 1e3:>10.1f}ms{'':>12}{'':>8}")
@@ -250,6 +343,18 @@ def main() -> None:
     per_post = f"framework CPU/post, 3rd role in every turn vs 2 ({busy_posts:g} vs {two_posts:g} posts)"
     print(f"{per_post:<62}{busy / busy_posts * 1e3:>10.2f}ms{two / two_posts * 1e3:>10.2f}ms{busy / busy_posts / (two / two_posts):>8.2f}")
     print(f"{'taskweaver-lite --help vs python -c pass':<62}{help_s * 1e3:>10.1f}ms{python_s * 1e3:>10.1f}ms{help_s / python_s:>8.2f}")
+
+
+def tracing_measures(turns: int) -> None:
+    """Tracing off against the code without it, on against off, and the off path's hooks alone."""
+    with ScriptedServer() as server:
+        (absent, off, on), (absent_wall, off_wall, on_wall) = tracing_turns(server, turns)
+    hooks = off_hooks_per_turn()
+    print(f"{'framework CPU/turn, tracing off vs tracing absent':<62}{off * 1e3:>10.2f}ms{absent * 1e3:>10.2f}ms{off / absent:>8.2f}")
+    print(f"{'  the hooks of one turn with tracing off, alone, vs the turn':<62}{hooks * 1e6:>10.2f}us{off * 1e3:>10.2f}ms{hooks / off:>8.4f}")
+    print(f"{'framework CPU/turn, tracing on (OTLP/HTTP, local) vs off':<62}{on * 1e3:>10.2f}ms{off * 1e3:>10.2f}ms{on / off:>8.2f}")
+    wall_label = f"turn wall time, tracing on vs off (absent: {absent_wall * 1e3:.1f} ms)"
+    print(f"{wall_label:<62}{on_wall * 1e3:>10.1f}ms{off_wall * 1e3:>10.1f}ms{on_wall / off_wall:>8.2f}")
 
 
 if __name__ == "__main__":

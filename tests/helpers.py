@@ -17,6 +17,9 @@ from typing import Any
 
 import yaml
 
+from taskweaver_lite.kernel.interface import OutputSink
+from taskweaver_lite.records.execution import ExecutionResult, KernelEnvironment, Variable
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -118,3 +121,35 @@ class Terminal:
             self.proc.kill()
         self.proc.wait(10)
         os.close(self.master)
+
+
+class IdleExecutor:
+    """The `Executor` protocol with no kernel behind it: these sessions open, resume and close, and run no cell."""
+
+    def __init__(self, session_dir: Path) -> None:
+        self.working_dir = session_dir / "cwd"
+        self.working_dir.mkdir(parents=True, exist_ok=True)
+
+    def upload(self, source: Path, *, name: str | None = None) -> str:
+        return name or source.name
+
+    def artifact(self, name: str) -> Path:
+        return self.working_dir / name
+
+    def run(self, code: str, *, timeout: float | None = None, on_output: OutputSink | None = None) -> ExecutionResult:
+        return ExecutionResult(code=code, success=True)
+
+    def interrupt(self) -> None:
+        pass
+
+    def variables(self) -> tuple[Variable, ...]:
+        return ()
+
+    def environment(self) -> KernelEnvironment:
+        return KernelEnvironment()
+
+    def restart(self) -> tuple[str, ...]:
+        return ()
+
+    def shutdown(self) -> None:
+        pass

@@ -97,7 +97,8 @@ SITS_ON: dict[str, tuple[str, ...]] = {
     "records": ("errors",),  # the values several layers share: posts and rounds, events, a cell's result, usage, tips, a plugin's spec
     "config": ("records",),
     "safety": ("config",),
-    "llm": ("config",),
+    "telemetry": ("config",),  # tracing: the model client, the kernel, the folds, the session and the server open spans through it
+    "llm": ("config", "telemetry"),
     "prompts": (),  # data: llm/templates.py reads it with importlib.resources
     "store": ("safety",),
     "kernel": ("llm", "safety"),

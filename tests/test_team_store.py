@@ -15,6 +15,7 @@ import shutil
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -130,8 +131,9 @@ def test_a_users_lists_lookups_and_tips_hold_only_their_own_sessions(store: Stor
     assert store.owner_of("bob-1") == "bob" and store.owner_of("solo-1") is None and store.load("ana-1").owner == "ana"
     store.save_tips("ana-1", [("preference", "ana's tip")])
     [bobs] = store.save_tips("bob-1", [("preference", "bob's tip")])
-    store.save_tips("solo-1", [("preference", "everyone's tip")])
-    assert sorted(t.text for t in store.stored_tips(owner="ana")) == ["ana's tip", "everyone's tip"]
+    store.save_tips("solo-1", [("preference", "a tip from before the team")])
+    assert [t.text for t in store.stored_tips(owner="ana")] == ["ana's tip"], "a session made without users is nobody's: its tips are no user's"
+    assert len(store.stored_tips()) == 3, "an admin sees them all"
     assert not store.delete_tip(int(bobs.id), owner="ana"), "another user's tip is not there to delete"
     assert store.delete_tip(int(bobs.id), owner="bob")
 
@@ -370,14 +372,14 @@ def test_a_sessions_remembered_settings_never_keep_an_api_key_or_the_stores_addr
     assert "hunter2" not in all_rows(store) and "sk-hidden" not in all_rows(store)
 
 
-def test_a_user_deletes_their_own_tips_but_not_the_ones_everyone_shares(store: Store, tmp_path: Path) -> None:
+def test_a_user_deletes_their_own_tips_but_not_those_of_sessions_made_without_users(store: Store, tmp_path: Path) -> None:
     started(store, "ana-1", owner="ana")
     started(store, "solo-1")
     [mine] = store.save_tips("ana-1", [("preference", "ana likes bar charts")])
     [shared] = store.save_tips("solo-1", [("preference", "revenue is in euros")])
     experience = Experience(store=store, folder=tmp_path / "none", settings=ExperienceConfig(), owner="ana")
-    assert {t.text for t in experience.all()} == {"ana likes bar charts", "revenue is in euros"}
-    with pytest.raises(ExperienceError, match="everyone's: an admin may delete it"):
+    assert {t.text for t in experience.all()} == {"ana likes bar charts"}
+    with pytest.raises(ExperienceError, match="there is no tip"):
         experience.delete(shared.id)
     assert experience.delete(mine.id).text == "ana likes bar charts"
     admin = Experience(store=store, folder=tmp_path / "none", settings=ExperienceConfig())
@@ -414,7 +416,7 @@ def test_an_sqlite_store_from_before_expiring_tokens_is_upgraded_and_its_tokens_
     finally:
         store.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == len(SQLITE_MIGRATIONS) == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(SQLITE_MIGRATIONS) == 7
 
 
 @pytest.mark.postgres
@@ -435,4 +437,57 @@ def test_a_postgresql_store_from_before_expiring_tokens_is_upgraded_and_its_toke
     finally:
         store.close()
     with psycopg.connect(postgres_url) as conn:
-        assert conn.execute("SELECT version FROM taskweaver_lite_schema").fetchall() == [(SCHEMA_VERSION,)] and SCHEMA_VERSION == 2
+        assert conn.execute("SELECT version FROM taskweaver_lite_schema").fetchall() == [(SCHEMA_VERSION,)] and SCHEMA_VERSION == 3
+
+
+def test_a_store_from_before_user_ids_gives_its_users_ids_and_their_sessions_follow_them(store: Store) -> None:
+    """Upgraded from the version before (sessions owned by a name): each user gets an id, each session its user's, and a gone user's are nobody's."""
+    if isinstance(store, SessionStore):
+        path = store.path
+        store.close()
+        path.unlink()
+        for extra in (Path(f"{path}-wal"), Path(f"{path}-shm")):
+            extra.unlink(missing_ok=True)
+        with sqlite3.connect(path, isolation_level=None) as db:
+            migrate_sqlite(db, SQLITE_MIGRATIONS[:6], path=path)
+            _old_rows(db.execute, "?")
+        upgraded: Store = SessionStore(path)
+    else:
+        assert isinstance(store, PostgresStore)
+        with psycopg.connect(store._url) as conn:
+            conn.execute("DROP SCHEMA public CASCADE")
+            conn.execute("CREATE SCHEMA public")
+            migrate_postgres(conn, POSTGRES_MIGRATIONS[:2], where="the test database")
+            with conn.transaction():
+                _old_rows(conn.execute, "%s")
+        upgraded = PostgresStore(store._url)
+    try:
+        ana = next(user for user in upgraded.users() if user.name == "ana")
+        assert len(ana.id) == 16 and upgraded.owner_of("ana-1") == ana.id and upgraded.owner_of("solo-1") is None
+        assert upgraded.owner_of("gone-1") == "removed:gone", "a session of a user removed before the upgrade is nobody's to claim"
+        assert [e.id for e in upgraded.list_sessions(owner=ana.id)] == ["ana-1"] and upgraded.had_users()
+        upgraded.remove_user("ana")
+        upgraded.add_user("ana")
+        assert upgraded.list_sessions(owner=upgraded.users()[0].id) == [], "the name again is someone new"
+        assert not upgraded.has_users() or upgraded.had_users()
+    finally:
+        upgraded.close()
+
+
+def _old_rows(execute: Any, mark: str) -> None:
+    """Rows as the version before user ids wrote them: ana's session, a removed user's, one made without users."""
+    made = make_token()
+    execute(
+        f"INSERT INTO users (name, admin, token_id, salt, token_hash, created_at) VALUES ({', '.join([mark] * 6)})",
+        ("ana", 0, made.token_id, made.salt, made.digest, 1.0),
+    )
+    for session_id, owner in (("ana-1", "ana"), ("gone-1", "gone"), ("solo-1", None)):
+        execute(f"INSERT INTO sessions (id, started, last_active, owner) VALUES ({mark}, 1.0, 1.0, {mark})", (session_id, owner))
+        execute(f"INSERT INTO rounds (session_id, round_id, idx, user_query, state, started_at) VALUES ({mark}, 'r', 1, 'q', 'finished', 1.0)", (session_id,))
+
+
+def test_a_store_remembers_it_has_had_users_once_the_last_is_removed(store: Store) -> None:
+    assert not store.had_users()
+    store.add_user("ana")
+    store.remove_user("ana")
+    assert not store.has_users() and store.had_users()

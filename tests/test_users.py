@@ -7,6 +7,7 @@ kernel starts: what is tested is who may see what.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from taskweaver_lite.records.conversation import Round
 from taskweaver_lite.records.events import RoundStarted
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.testing.web_server import WebServer
-from taskweaver_lite.web.auth import Access
+from taskweaver_lite.web.auth import COOKIE, Access
 
 pytestmark = pytest.mark.unit
 
@@ -39,8 +40,10 @@ def add_user(project: Path, name: str, capsys: pytest.CaptureFixture[str], *, ad
 
 
 def stored(project: Path, session_id: str, owner: str | None) -> None:
+    """A session with one round in the project's store, made by the user named `owner` (sessions belong to a user's id)."""
     store = SessionStore(project / "sessions.db")
-    store.create_session(session_id, started=time.time(), owner=owner)
+    ids = {user.name: user.id for user in store.users()}
+    store.create_session(session_id, started=time.time(), owner=None if owner is None else ids[owner])
     store.record(session_id, RoundStarted(Round(index=1, user_query=f"{session_id}'s request")))
     store.close()
 
@@ -78,13 +81,13 @@ def test_a_server_on_a_store_with_users_asks_every_request_for_one_even_on_loopb
         assert client.get("/api/sessions/bob-1", headers={"Authorization": f"Bearer {ana}"}).status_code == 404, "another's session is not there"
         # The page: /?token= sets the cookie, and the cookie then names the user.
         opened = client.get(f"/?token={ana}", follow_redirects=False)
-        assert opened.status_code == 303 and "twl_token" in opened.cookies
+        assert opened.status_code == 303 and COOKIE in opened.cookies
         assert client.get("/api/sessions").status_code == 200, "the cookie the page got names ana"
         main(["users", "remove", "ana", "-p", str(project)])
         assert client.get("/api/sessions", headers={"Authorization": f"Bearer {ana}"}).status_code == 401, "a removed user's token, at once"
 
 
-def test_a_trusted_proxy_header_names_the_user_only_when_enabled_and_only_from_the_proxy(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_trusted_proxy_header_names_the_user_only_when_enabled_and_only_from_a_listed_peer(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     add_user(project, "ana", capsys)
     stored(project, "ana-1", "ana")
     header = {"X-Forwarded-User": "ana"}
@@ -92,13 +95,20 @@ def test_a_trusted_proxy_header_names_the_user_only_when_enabled_and_only_from_t
         assert client.get("/api/sessions", headers=header).status_code == 401, "off by default: the header is worth nothing"
     enabled = ["serve.trusted_user_header=X-Forwarded-User"]
     with WebServer(load_config(project, enabled)) as web, httpx.Client(base_url=web.url) as client:
+        refused = client.get("/api/sessions", headers=header)
+        assert refused.status_code == 403 and "serve.trusted_proxies" in refused.json()["error"], "no proxy is trusted until listed, 127.0.0.1 neither"
+    listed = [*enabled, "serve.trusted_proxies=['127.0.0.1']"]
+    with WebServer(load_config(project, listed)) as web, httpx.Client(base_url=web.url) as client:
         answer = client.get("/api/sessions", headers=header)
         assert answer.status_code == 200 and [row["id"] for row in answer.json()] == ["ana-1"]
         assert client.get("/api/sessions", headers={"X-Forwarded-User": "mallory"}).status_code == 401
+        twice = client.get("/api/sessions", headers=[("X-Forwarded-User", "mallory"), ("X-Forwarded-User", "ana")])
+        assert twice.status_code == 400 and "came 2 times" in twice.json()["error"], "a header sent twice names nobody"
     elsewhere = [*enabled, "serve.trusted_proxies=['10.1.2.3']"]
     with WebServer(load_config(project, elsewhere)) as web, httpx.Client(base_url=web.url) as client:
-        refused = client.get("/api/sessions", headers=header)
-        assert refused.status_code == 403 and "serve.trusted_proxies" in refused.json()["error"]
+        # A local process claiming, by X-Forwarded-For, to be the proxy: the TCP peer (127.0.0.1) is what counts.
+        forged = client.get("/api/sessions", headers={**header, "X-Forwarded-For": "10.1.2.3"})
+        assert forged.status_code == 403 and "came from 127.0.0.1" in forged.json()["error"], forged.text
 
 
 def test_users_let_a_server_start_on_any_address_without_a_token() -> None:
@@ -164,7 +174,7 @@ def test_a_user_at_serve_max_sessions_per_user_gets_429_naming_the_setting(proje
     stored(project, "ana-1", "ana")
     stored(project, "ana-2", "ana")
     store = SessionStore(project / "sessions.db")
-    store.create_session("ana-empty", started=time.time(), owner="ana")  # never asked anything: not listed, not counted
+    store.create_session("ana-empty", started=time.time(), owner=store.users()[0].id)  # never asked anything: not listed, not counted
     store.close()
     with WebServer(load_config(project, ["serve.max_sessions_per_user=2"])) as web, httpx.Client(base_url=web.url) as client:
         refused = client.post("/api/sessions", json={}, headers={"Authorization": f"Bearer {ana}"})
@@ -174,3 +184,143 @@ def test_a_user_at_serve_max_sessions_per_user_gets_429_naming_the_setting(proje
         listed = client.get("/api/sessions", headers={"Authorization": f"Bearer {ana}"}).json()
         assert sorted(row["id"] for row in listed) == ["ana-1", "ana-2"], "nothing was made"
         assert client.get("/api/sessions", headers={"Authorization": f"Bearer {root}"}).status_code == 200
+
+
+def test_the_page_signs_in_by_a_posted_form_with_a_signed_expiring_cookie_never_the_token(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ana = add_user(project, "ana", capsys)
+    secret = ana.rsplit("_", 1)[1]
+    with WebServer(load_config(project, ["serve.trusted_proxies=['127.0.0.1']"])) as web, httpx.Client(base_url=web.url) as client:
+        page = client.get("/")
+        assert page.status_code == 401 and '<form method="post" action="/sign-in">' in page.text
+        assert "a token of their own" in page.text and "its token" not in page.text, "users mode speaks of the user's own token"
+        assert client.get("/static/style.css").status_code == 200, "the sign-in page is styled before anyone signs in"
+        wrong = client.get("/?token=twl_0000000000000000_" + "x" * 43, follow_redirects=False)
+        assert wrong.status_code == 401 and "set-cookie" not in wrong.headers and "not valid" in wrong.text, "no cookie for a token that is not valid"
+        refused = client.post("/sign-in", data={"token": "twl_nonsense"}, follow_redirects=False)
+        assert refused.status_code == 401 and "set-cookie" not in refused.headers
+        signed = client.post("/sign-in", data={"token": ana}, follow_redirects=False)
+        assert signed.status_code == 303 and signed.headers["location"] == "/"
+        cookie = signed.headers["set-cookie"]
+        value = signed.cookies[COOKIE]
+        assert secret not in value and ana not in value, "the cookie is not the token"
+        assert "HttpOnly" in cookie and "Max-Age=43200" in cookie and "Secure" not in cookie, cookie
+        assert client.get("/api/sessions").status_code == 200, "the cookie signs the API in"
+        behind_tls = client.post("/sign-in", data={"token": ana}, headers={"X-Forwarded-Proto": "https"}, follow_redirects=False)
+        assert "Secure" in behind_tls.headers["set-cookie"], "behind a trusted proxy that ended TLS the cookie is Secure"
+        client.post("/sign-out", follow_redirects=False)
+        assert client.get("/api/sessions").status_code == 401, "signed out"
+        client.post("/sign-in", data={"token": ana})
+        assert main(["users", "rotate", "ana", "-p", str(project)]) == 0
+        rotated = capsys.readouterr().out.splitlines()[-1]
+        assert client.get("/api/sessions").status_code == 401, "a sign-in ends with the token it was made from"
+    with WebServer(load_config(project)) as web, httpx.Client(base_url=web.url) as client:
+        untrusted = client.post("/sign-in", data={"token": rotated}, headers={"X-Forwarded-Proto": "https"})
+        assert untrusted.status_code == 303 and "Secure" not in untrusted.headers["set-cookie"], "X-Forwarded-Proto is believed only from serve.trusted_proxies"
+        client.cookies.set(COOKIE, "-.9999999999." + "0" * 64)
+        assert client.get("/api/sessions").status_code == 401, "a cookie no server signed"
+
+
+def test_refused_tokens_from_one_address_past_serve_failed_token_limit_get_429_with_retry_after(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ana = add_user(project, "ana", capsys)
+    with WebServer(load_config(project, ["serve.failed_token_limit=3"])) as web, httpx.Client(base_url=web.url) as client:
+        for n in range(3):
+            assert client.get("/api/sessions", headers={"Authorization": f"Bearer twl_{n:016x}_{'x' * 43}"}).status_code == 401
+        limited = client.get("/api/sessions", headers={"Authorization": f"Bearer {ana}"})
+        assert limited.status_code == 429 and 0 < int(limited.headers["retry-after"]) <= 60, limited.text
+        assert "try again in" in limited.json()["error"]
+        assert client.post("/sign-in", data={"token": ana}).status_code == 429, "the sign-in form counts and waits too"
+
+
+def test_a_revoked_token_ends_the_event_streams_opened_with_it(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tokens = {name: add_user(project, name, capsys, expires="0.00004" if name == "cy" else None) for name in ("ana", "bob", "cy", "dee")}  # cy's: 3.5 s
+    for name in tokens:
+        stored(project, f"{name}-1", name)
+    ended: dict[str, float] = {}
+
+    def follow(name: str) -> None:
+        headers = {"Authorization": f"Bearer {tokens[name]}"}
+        with httpx.Client(base_url=web.url, headers=headers, timeout=30) as client, client.stream("GET", f"/api/sessions/{name}-1/events") as stream:
+            assert stream.status_code == 200
+            for _ in stream.iter_lines():
+                if time.monotonic() - opened > 20:
+                    return  # still open: `ended` lacks it
+        ended[name] = time.monotonic() - opened
+
+    with WebServer(load_config(project, ["serve.lease_timeout=1.5"])) as web:  # each stream asks every half second
+        opened = time.monotonic()
+        followers = [threading.Thread(target=follow, args=(name,)) for name in tokens]
+        for thread in followers:
+            thread.start()
+        time.sleep(1.0)
+        main(["users", "remove", "ana", "-p", str(project)])
+        main(["users", "rotate", "bob", "-p", str(project)])
+        removed_at = time.monotonic() - opened
+        for thread in followers[:3]:
+            thread.join(30)
+    assert set(ended) >= {"ana", "bob", "cy"}, ended
+    assert ended["ana"] < removed_at + 3 and ended["bob"] < removed_at + 3, ("removed and rotated: ended within the lease renewal period", ended)
+    assert 3 < ended["cy"] < 7, ("expired: ended once past its expiry", ended)
+    assert "dee" not in ended or ended["dee"] > 15, "a token that still works keeps its stream"
+
+
+def test_a_user_holds_at_most_serve_max_streams_per_user_event_streams(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ana = add_user(project, "ana", capsys)
+    stored(project, "ana-1", "ana")
+    with (
+        WebServer(load_config(project, ["serve.max_streams_per_user=2"])) as web,
+        httpx.Client(base_url=web.url, headers={"Authorization": f"Bearer {ana}"}) as client,
+    ):
+        with client.stream("GET", "/api/sessions/ana-1/events") as first, client.stream("GET", "/api/sessions/ana-1/events") as second:
+            assert first.status_code == second.status_code == 200
+            third = client.get("/api/sessions/ana-1/events")
+            assert third.status_code == 429 and "serve.max_streams_per_user" in third.json()["error"]
+        deadline = time.monotonic() + 10  # the server hears of the closed connections a moment later
+        while True:
+            with client.stream("GET", "/api/sessions/ana-1/events") as again:
+                if again.status_code == 200 or time.monotonic() > deadline:
+                    assert again.status_code == 200, "a stream that ended gives its place back"
+                    break
+            time.sleep(0.2)
+
+
+def test_removing_the_last_user_refuses_every_request_rather_than_opening_the_sessions(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    add_user(project, "ana", capsys)
+    stored(project, "ana-1", "ana")
+    assert main(["users", "remove", "ana", "-p", str(project)]) == 0
+    assert "taskweaver-lite users add" in capsys.readouterr().out, "the admin is told how to get back in"
+    with WebServer(load_config(project)) as web, httpx.Client(base_url=web.url) as client:
+        refused = client.get("/api/sessions")
+        assert refused.status_code == 401 and "adds one with `taskweaver-lite users add NAME`" in refused.json()["error"], refused.text
+        assert client.get("/api/sessions/ana-1/events").status_code == 401
+
+
+@pytest.mark.kernel  # the old carol's session is made over HTTP, as a server records it: its kernel starts
+def test_a_name_removed_and_added_again_is_someone_new_without_the_old_ones_sessions_or_tips(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old_carol = add_user(project, "carol", capsys)
+    with WebServer(load_config(project)) as web, httpx.Client(base_url=web.url, timeout=60) as client:
+        made = client.post("/api/sessions", json={}, headers={"Authorization": f"Bearer {old_carol}"})
+        assert made.status_code == 200, made.text
+        session_id = made.json()["id"]
+        store = SessionStore(project / "sessions.db")
+        store.save_tips(session_id, [("preference", "the old carol's tip")])
+        old_id = store.users()[0].id
+        store.close()
+        main(["users", "remove", "carol", "-p", str(project)])
+        carol = add_user(project, "carol", capsys)
+        assert client.get(f"/api/sessions/{session_id}", headers={"Authorization": f"Bearer {carol}"}).status_code == 404, "not the old carol's"
+    store = SessionStore(project / "sessions.db")
+    new_id = store.users()[0].id
+    assert new_id != old_id and store.owner_of(session_id) == old_id and store.stored_tips(owner=new_id) == []
+    store.close()
+
+
+def test_a_session_never_asked_anything_counts_once_reopened_at_serve_max_sessions_per_user(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ana = add_user(project, "ana", capsys)
+    stored(project, "ana-1", "ana")
+    stored(project, "ana-2", "ana")
+    store = SessionStore(project / "sessions.db")
+    store.create_session("ana-empty", started=time.time(), owner=store.users()[0].id)  # made while she had none, never asked anything
+    store.close()
+    with WebServer(load_config(project, ["serve.max_sessions_per_user=2"])) as web, httpx.Client(base_url=web.url) as client:
+        refused = client.post("/api/sessions/ana-empty/resume", headers={"Authorization": f"Bearer {ana}"})
+        assert refused.status_code == 429 and "serve.max_sessions_per_user (2)" in refused.json()["error"], refused.text

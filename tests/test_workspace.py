@@ -5,50 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import make_project
+from helpers import IdleExecutor, make_project
 
 from taskweaver_lite.config.file import load_config
-from taskweaver_lite.kernel.interface import OutputSink
 from taskweaver_lite.knowledge import experience
 from taskweaver_lite.knowledge.tips import HandcraftedTips, read_handcrafted
-from taskweaver_lite.records.execution import ExecutionResult, KernelEnvironment, Variable
 from taskweaver_lite.session.workspace import Workspace
 
 pytestmark = pytest.mark.unit
 
 NO_SERVER = "http://127.0.0.1:9/v1"  # nothing here asks a model
-
-
-class IdleExecutor:
-    """The `Executor` protocol with no kernel behind it: these sessions open, resume and close, and run no cell."""
-
-    def __init__(self, session_dir: Path) -> None:
-        self.working_dir = session_dir / "cwd"
-        self.working_dir.mkdir(parents=True, exist_ok=True)
-
-    def upload(self, source: Path, *, name: str | None = None) -> str:
-        return name or source.name
-
-    def artifact(self, name: str) -> Path:
-        return self.working_dir / name
-
-    def run(self, code: str, *, timeout: float | None = None, on_output: OutputSink | None = None) -> ExecutionResult:
-        return ExecutionResult(code=code, success=True)
-
-    def interrupt(self) -> None:
-        pass
-
-    def variables(self) -> tuple[Variable, ...]:
-        return ()
-
-    def environment(self) -> KernelEnvironment:
-        return KernelEnvironment()
-
-    def restart(self) -> tuple[str, ...]:
-        return ()
-
-    def shutdown(self) -> None:
-        pass
 
 
 def test_sessions_from_one_workspace_share_its_store_roles_plugins_and_handcrafted_tips(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

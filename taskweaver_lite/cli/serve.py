@@ -30,8 +30,9 @@ from taskweaver_lite.roles.registry import discover_roles
 from taskweaver_lite.safety.terminal import strip_controls
 from taskweaver_lite.store.opening import store_has_users
 from taskweaver_lite.web.access_log import AccessLog
-from taskweaver_lite.web.app import PROXY_HEADERS, build_app
+from taskweaver_lite.web.app import build_app
 from taskweaver_lite.web.auth import Access
+from taskweaver_lite.web.connections import server_settings
 from taskweaver_lite.web.hub import Hub
 
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
@@ -83,9 +84,7 @@ def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] 
             for line in discover_roles(config.project_dir, enabled=config.session.roles, config=config).problems:
                 say(strip_controls(line))
             drain = config.serve.drain_timeout
-            settings = uvicorn.Config(
-                app, log_level="warning", log_config=UVICORN_LOGGING, timeout_graceful_shutdown=round(drain + CUT_GRACE), proxy_headers=PROXY_HEADERS
-            )
+            settings = server_settings(app, config.serve, log_level="warning", log_config=UVICORN_LOGGING, timeout_graceful_shutdown=round(drain + CUT_GRACE))
             server = _Server(settings, hub=app.state.hub, drain=drain)
             server.run(sockets=[sock])
     finally:

@@ -85,6 +85,8 @@ def run_users(args: argparse.Namespace) -> int:
         if not store.remove_user(args.name):
             raise TaskWeaverError(_no_user(args.name, where))
         print(f"Removed {args.name}: their token no longer works. Their sessions stay in the store (an admin still sees them).")
+        if not store.has_users():
+            print(f"That was the last user: `serve` now refuses every request until you add one (taskweaver-lite users add NAME -p {config.project_dir}).")
         return 0
     finally:
         store.close()

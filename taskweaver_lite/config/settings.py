@@ -12,6 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
@@ -487,8 +488,18 @@ class ServeConfig(_Section):
         None, description="a single sign-on proxy's header naming the user (X-Forwarded-User for oauth2-proxy); null: no header is believed"
     )
     trusted_proxies: list[str] = Field(
-        default_factory=lambda: ["127.0.0.1", "::1"], description="the addresses trusted_user_header is believed from (the proxy's)"
+        default_factory=list,
+        description=("the addresses (of the TCP peer itself) trusted_user_header and X-Forwarded-Proto are believed from: the proxy's; empty: none, until set"),
     )
+    max_request_bytes: int = Field(
+        1_000_000, ge=1024, description="the largest request body in bytes other than a file upload (session.max_upload_bytes); a larger one gets 413"
+    )
+    header_timeout: float = Field(10.0, gt=0, description="seconds a client gets to send a request's headers; a slower one is disconnected")
+    max_streams_per_user: int = Field(20, ge=1, description="event streams one user may hold open on one server at once; one more gets 429")
+    failed_token_limit: int = Field(
+        10, ge=1, description="tokens refused per client address in a minute before its requests get 429 (with Retry-After) for the rest of it"
+    )
+    sign_in_hours: float = Field(12.0, gt=0, description="hours a sign-in on the page lasts (its cookie); the user's token itself is never the cookie")
     metrics_token: SecretStr | None = Field(
         None, description="a token good for GET /metrics alone (a Prometheus scraper's), answered even while the store is down; null: a user's token"
     )
@@ -498,6 +509,24 @@ class ServeConfig(_Section):
     def _a_count_or_null(cls, value: Any) -> Any:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError("expected a whole number of sessions, 1 or more, or null for no limit")
+        return value
+
+
+class TracingConfig(_Section):
+    """Tracing with OpenTelemetry (the `tracing` extra): each request's model calls, cells and folds as spans, sent over OTLP/HTTP."""
+
+    enabled: bool = Field(False, description="send a trace of every request (a chat message, an API message, an eval case's turn) to endpoint")
+    endpoint: str | None = Field(
+        None, description="the OTLP/HTTP receiver's base address, such as http://127.0.0.1:4318 (null: OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4318)"
+    )
+    content: bool = Field(False, description="also record prompts, replies, code and cell output in spans (off: names, token counts, outcomes, timings)")
+    service_name: str | None = Field(None, description="the service.name spans carry (null: OTEL_SERVICE_NAME, else taskweaver-lite)")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _an_http_url(cls, value: str | None) -> str | None:
+        if value is not None and not (value.startswith(("http://", "https://")) and urlsplit(value).hostname):
+            raise ValueError("expected an http:// or https:// address such as http://127.0.0.1:4318 (or null for OTEL_EXPORTER_OTLP_ENDPOINT)")
         return value
 
 
@@ -529,6 +558,7 @@ class Config(_Section):
     document_retriever: DocumentRetrieverConfig = Field(default_factory=DocumentRetrieverConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    tracing: TracingConfig = Field(default_factory=TracingConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     # The sections of roles that have no field here (`echo:`, a project role's), written at the top
     # level like `planner:`; load_config moves them here. Not a YAML key of its own.

@@ -33,6 +33,7 @@ from taskweaver_lite.kernel.process import end_at_exit, forget
 from taskweaver_lite.records.execution import CellCancelled, CellError, ExecutionResult, KernelEnvironment, Variable, VariableChanges
 from taskweaver_lite.records.plugin_spec import PluginSpec
 from taskweaver_lite.safety.workfiles import owner_only_folder
+from taskweaver_lite.telemetry import tracing
 
 # Seconds between checks of the clock and of the kernel while a cell runs: the bound on how late a
 # timeout fires and how long a dead kernel goes unnoticed.
@@ -124,6 +125,15 @@ class SessionKernel(ABC):
 
     def run(self, code: str, *, timeout: float | None = None, on_output: OutputSink | None = None) -> ExecutionResult:
         """Run one cell and return what it did (its prints also go to `on_output` as they come); waits for the kernel to start."""
+        tracer = tracing.active()
+        if tracer is None:
+            return self._run(code, timeout=timeout, on_output=on_output)
+        with tracing.cell(tracer, session_id=self.session_dir.name, code=code) as cell:
+            result = self._run(code, timeout=timeout, on_output=on_output)
+            cell.finished(result)
+        return result
+
+    def _run(self, code: str, *, timeout: float | None, on_output: OutputSink | None) -> ExecutionResult:
         self.wait_ready()
         with self._run_lock:
             self._check_open()

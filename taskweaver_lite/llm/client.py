@@ -38,6 +38,7 @@ from taskweaver_lite.errors import (
 from taskweaver_lite.llm.completions import BrokenReply, OddReply, Piece, PieceSink, ReplyFields, read_body, read_completion, read_stream, retry_after
 from taskweaver_lite.llm.prompt_cache import PromptCache, read_props
 from taskweaver_lite.records.model_calls import CallRecord, Completion, Delta, Message, Usage
+from taskweaver_lite.telemetry import tracing
 
 if TYPE_CHECKING:
     from taskweaver_lite.config.settings import LLMConfig
@@ -147,7 +148,17 @@ class MeteredModel:
         self._by_model: dict[tuple[str, str], Usage] = {}
 
     def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
-        """Forward to the inner model, then count the call."""
+        """Forward to the inner model, then count the call; within a traced request, the call is a GenAI span."""
+        tracer = tracing.active()
+        if tracer is None:
+            return self._metered(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+        model = model_name(self.inner, purpose)
+        with tracing.model_call(tracer, purpose=purpose, model=model, messages=messages, max_tokens=max_tokens) as call:
+            completion = self._metered(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+            call.finished(completion)
+        return completion
+
+    def _metered(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None, on_delta: DeltaSink | None) -> Completion:
         started = time.perf_counter()
         try:
             completion = self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)

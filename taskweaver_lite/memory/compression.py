@@ -76,6 +76,7 @@ from taskweaver_lite.memory.variables import LiveVariables, VariablesList, menti
 from taskweaver_lite.records.conversation import RoundMessages
 from taskweaver_lite.records.events import Folded
 from taskweaver_lite.records.model_calls import Message
+from taskweaver_lite.telemetry import tracing
 
 SUMMARISING: tuple[Strategy, ...] = ("round_compression", "summary_buffer")
 
@@ -232,6 +233,7 @@ class RoleContext:
         self._worker: threading.Thread | None = None
         self._pending: tuple[RoundMessages, ...] = ()
         self._pending_live: LiveVariables | None = None
+        self._fold_in_trace = self._fold  # `_fold`, in the context of the request whose rounds are pending (tracing.carried)
         self._failures = 0
         self._retry_at = 0.0
         self._closed = False
@@ -455,6 +457,7 @@ class RoleContext:
         live = self._live()
         with self._lock:
             self._pending, self._pending_live = tuple(history), live
+            self._fold_in_trace = tracing.carried(self._fold)  # a fold of these rounds belongs to the request that finished them
             self._start_due_fold()  # if a fold is running, it starts the next one when it ends
 
     def wait_idle(self, timeout: float | None = None) -> bool:
@@ -493,7 +496,7 @@ class RoleContext:
         if due:
             # The state `due` was chosen from, and the kernel's truth as of the newest finished round.
             job = {"due": due, "generation": self._generation, "live": self._pending_live, "prefix": self._role_prefix(due)}
-            self._worker = threading.Thread(target=self._fold, args=(self._state,), kwargs=job, name=f"fold-{self.role}", daemon=True)
+            self._worker = threading.Thread(target=self._fold_in_trace, args=(self._state,), kwargs=job, name=f"fold-{self.role}", daemon=True)
             self._worker.start()
 
     def _role_prefix(self, due: Sequence[RoundMessages]) -> RolePrefix | None:
@@ -518,7 +521,9 @@ class RoleContext:
     ) -> None:
         """Fold `due` in this worker thread, then start the next fold if rounds finished meanwhile."""
         try:
-            result = self._attempt(previous, due=due, live=live, prefix=prefix)
+            with tracing.fold(role=self.role, first_round=due[0].index, last_round=due[-1].index) as traced:
+                result = self._attempt(previous, due=due, live=live, prefix=prefix)
+                traced.finished(result.events)
             failed = next((e for e in result.events if not e.ok), None)
             with self._lock:
                 if generation != self._generation:

@@ -52,6 +52,7 @@ from taskweaver_lite.safety.confirm import ConfirmCell
 from taskweaver_lite.safety.workfiles import CopyReport
 from taskweaver_lite.store.interface import INTERRUPTED_ERROR, SessionClaim, Store, StoredSession
 from taskweaver_lite.store.recorder import StoreRecorder
+from taskweaver_lite.telemetry import tracing
 
 CANCELLED_ERROR = "Cancelled by the user."  # a failed round's error after Ctrl-C or Stop
 
@@ -101,6 +102,7 @@ class Session:
     ) -> None:
         self.config = config
         self.options = options
+        self.tracer = tracing.tracer_for(config.tracing)  # None with tracing off (nothing of OpenTelemetry is loaded)
         self.plugins = options.plugins or PluginCatalog()  # every plugin found, broken ones with their errors; the enabled ones are shown
         self.roles = options.roles or discover_roles(config.project_dir, enabled=config.session.roles, config=config)
         self.roles.check_names()
@@ -210,8 +212,15 @@ class Session:
         A reply that cannot be repaired fails the round and the session goes on. A model error
         (unreachable, refused) fails the round and is raised. Ctrl-C (KeyboardInterrupt) cancels
         the step, fails the round, and is raised after the kernel has stopped. A request's number
-        in `session.suggested_requests` asks that request: the round holds its words.
+        in `session.suggested_requests` asks that request: the round holds its words. With tracing on,
+        the request is one trace (or continues the one the caller's context holds).
         """
+        with tracing.turn(self.tracer, session_id=self.id, request=text) as span:
+            rnd = self._ask(text)
+            span.set({"taskweaver.round.index": rnd.index, "taskweaver.round.state": rnd.state})
+            return rnd
+
+    def _ask(self, text: str) -> Round:
         text = suggested(text, self.config.session.suggested_requests)
         views = self._role_views()
         rnd = self.conversation.start_round(text)
@@ -243,7 +252,8 @@ class Session:
         hops = 0
         while True:
             self._emit(Working("planner_thinking"))
-            post = entry.role.reply(RoleRequest(rnd.posts[-1], views[entry.spec.alias], rnd, turn), entry.tools)
+            with tracing.role_reply(alias=entry.spec.alias, key=entry.spec.key):
+                post = entry.role.reply(RoleRequest(rnd.posts[-1], views[entry.spec.alias], rnd, turn), entry.tools)
             if post.send_to != USER and hops >= max_hops:
                 self._add(rnd, self._planner.hop_limit_post(hops=hops, last=_last_report(rnd, to=entry.spec.alias), plan=post.plan))
                 return
@@ -251,7 +261,9 @@ class Session:
             if post.send_to == USER:
                 return
             hops += 1
-            self._add(rnd, self._consult(self.active[post.send_to], post, rnd, views, turn))
+            consulted = self.active[post.send_to]
+            with tracing.role_reply(alias=consulted.spec.alias, key=consulted.spec.key):
+                self._add(rnd, self._consult(consulted, post, rnd, views, turn))
 
     def _consult(self, active: ActiveRole, post: Post, rnd: Round, views: dict[str, list[Round]], turn: Turn) -> Post:
         """A delegated role's reply to `post`; a project role that fails answers with the reason instead."""

@@ -9,8 +9,9 @@ files, `--set` overrides, its owner, the event log a replica streams from, and t
 artifacts and uploads (kept only where `keeps_files`: on PostgreSQL any replica must serve them;
 on SQLite they are the session folder's files). Beside sessions: tips, users, leases and eval results.
 
-Owner filters: `owner=None` means "everyone's" (one-person mode, or an admin); a user's name keeps
-to the sessions that user made. A session another user owns is, for the caller, simply not there.
+Owner filters: `owner=None` means "everyone's" (one-person mode, or an admin); a user's id (never
+their name, which may be used again) keeps to the sessions that user made. A session another user
+owns is, for the caller, simply not there.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class StoredSession:
     last_variables: tuple[Variable, ...]  # the kernel's variables after the last cell that ran
     loads: tuple[FileLoaded, ...] = ()  # files copied in with /load, in order
     overrides: tuple[str, ...] = ()  # the --set values the session runs with (api keys left out)
-    owner: str | None = None  # the user who made it (None: made without users)
+    owner: str | None = None  # the id of the user who made it (None: made without users)
     kernel_id: str | None = None  # its kernel on a gateway, which may outlive the server that started it
 
 
@@ -72,6 +73,7 @@ class User:
     admin: bool
     created_at: float
     expires_at: float | None = None  # when their token stops working (epoch seconds); None: never
+    id: str = ""  # what their sessions and tips belong to: never reused, unlike a name
 
     def expired(self, now: float | None = None) -> bool:
         """Whether their token has stopped working (at `now`, default: this moment)."""
@@ -182,7 +184,10 @@ class Store(Protocol):
     def users(self) -> list[User]: ...
     def remove_user(self, name: str) -> bool: ...
     def has_users(self) -> bool: ...
+    def had_users(self) -> bool: ...
     def user_for_token(self, token: str) -> User | None: ...
+    def sign_in(self, token: str, *, hours: float) -> str | None: ...
+    def user_for_sign_in(self, value: str) -> User | None: ...
 
     # Leases: one request at a time per session, across processes
     def take_lease(self, session_id: str, holder: str, *, seconds: float) -> Lease | None: ...

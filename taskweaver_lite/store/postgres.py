@@ -184,7 +184,7 @@ class PostgresStore(SqlStore):
         words = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))[:64]
         if not words:
             return []
-        mine, params = (" AND (s.owner IS NULL OR s.owner = ?)", (owner,)) if owner is not None else ("", ())
+        mine, params = (" AND s.owner = ?", (owner,)) if owner is not None else ("", ())  # a user's own, as `stored_tips`
         with self._read_one() as db:
             rows = db.execute(
                 "SELECT t.id, t.kind, t.text, t.session_id, t.created_at FROM tips t LEFT JOIN sessions s ON s.id = t.session_id,"

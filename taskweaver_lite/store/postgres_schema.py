@@ -80,6 +80,16 @@ MIGRATIONS: list[Migration] = [
         "ALTER TABLE users ADD COLUMN expires_at DOUBLE PRECISION",
         "ALTER TABLE users ADD COLUMN token_days DOUBLE PRECISION",
     ),
+    (
+        # Version 3 (as SQLite's version 7): sessions belong to a user's id, not a reusable name; `marks`
+        # remembers that the store has had users (removing the last one then refuses every request).
+        "ALTER TABLE users ADD COLUMN id TEXT",
+        "UPDATE users SET id = substr(md5(random()::text || clock_timestamp()::text || name), 1, 16)",
+        "CREATE UNIQUE INDEX users_by_id ON users(id)",
+        "UPDATE sessions SET owner = COALESCE((SELECT u.id FROM users u WHERE u.name = sessions.owner), 'removed:' || owner) WHERE owner IS NOT NULL",
+        "CREATE TABLE marks (name TEXT PRIMARY KEY, at DOUBLE PRECISION NOT NULL)",
+        "INSERT INTO marks (name, at) SELECT 'had_users', created_at FROM users ORDER BY created_at LIMIT 1",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

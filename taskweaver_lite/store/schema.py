@@ -89,6 +89,19 @@ MIGRATIONS: list[Migration] = [
         "ALTER TABLE users ADD COLUMN expires_at REAL",
         "ALTER TABLE users ADD COLUMN token_days REAL",
     ),
+    (
+        # Version 7: sessions belong to a user's id, not their name: a user removed and added again under
+        # the same name is someone new, who does not inherit the old one's sessions or tips. Each user gets
+        # an id; a session's `owner` becomes its user's id (`removed:NAME` where that user is gone, which no
+        # id matches). `marks` remembers that the store has had users, so removing the last one leaves every
+        # request refused rather than every session open. The same as PostgreSQL's version 3.
+        "ALTER TABLE users ADD COLUMN id TEXT",
+        "UPDATE users SET id = lower(hex(randomblob(8)))",
+        "CREATE UNIQUE INDEX users_by_id ON users(id)",
+        "UPDATE sessions SET owner = COALESCE((SELECT u.id FROM users u WHERE u.name = sessions.owner), 'removed:' || owner) WHERE owner IS NOT NULL",
+        "CREATE TABLE marks (name TEXT PRIMARY KEY, at REAL NOT NULL)",
+        "INSERT INTO marks (name, at) SELECT 'had_users', created_at FROM users ORDER BY created_at LIMIT 1",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -23,7 +23,7 @@ from taskweaver_lite.records.model_calls import Usage
 from taskweaver_lite.records.tips import Tip, TipKind
 from taskweaver_lite.store.event_rows import Connection, to_json, write_event
 from taskweaver_lite.store.interface import INTERRUPTED_ERROR, FileKind, Lease, SessionEntry, StoredEvent, StoredSession, User
-from taskweaver_lite.store.users import Verifier, check_name, make_token, token_id
+from taskweaver_lite.store.users import Verifier, check_name, make_token, make_user_id, sign, signature_holds, signed_ident, token_id
 
 # What a session's rows are kept in besides `sessions` itself, children before the tables they refer to.
 SESSION_TABLES = ("posts", "rounds", "model_calls", "folds", "compression", "files", "events", "blobs", "tips")
@@ -61,7 +61,7 @@ class SqlStore:
     # Sessions
 
     def create_session(self, session_id: str, *, started: float, owner: str | None = None) -> None:
-        """Add a new, empty session, owned by `owner` (None: made without users)."""
+        """Add a new, empty session, owned by the user whose id is `owner` (None: made without users)."""
         if not SESSION_ID.match(session_id):
             raise StoreError(f"'{session_id}' is not a valid session id (letters, digits, '.', '_' and '-' only)")
         with self._transaction() as db:
@@ -306,8 +306,9 @@ class SqlStore:
         return [Tip(id=str(n), kind=k, text=t, source=session_id, created_at=now) for n, (k, t) in zip(ids, tips, strict=True)]
 
     def stored_tips(self, *, owner: str | None = None) -> list[Tip]:
-        """Every stored tip, oldest first; with `owner`, those from that user's sessions and from sessions made without users."""
-        mine, params = (" WHERE s.owner IS NULL OR s.owner = ?", (owner,)) if owner is not None else ("", ())
+        """Every stored tip, oldest first; with `owner`, only those from that user's sessions."""
+        # Not those of sessions made before there were users: they were nobody's, so they are not every user's either.
+        mine, params = (" WHERE s.owner = ?", (owner,)) if owner is not None else ("", ())
         with self._read_one() as db:
             rows = db.execute(
                 f"SELECT t.id, t.kind, t.text, t.session_id, t.created_at FROM tips t LEFT JOIN sessions s ON s.id = t.session_id{mine} ORDER BY t.id",
@@ -346,9 +347,10 @@ class SqlStore:
             if db.execute("SELECT 1 FROM users WHERE name = ?", (name,)).fetchone():
                 raise StoreError(f"there is already a user '{name}' in {self.where}; remove it first (taskweaver-lite users remove {name})")
             db.execute(
-                "INSERT INTO users (name, admin, token_id, salt, token_hash, created_at, expires_at, token_days) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (name, int(admin), made.token_id, made.salt, made.digest, now, _expiry(now, expires_days), expires_days),
+                "INSERT INTO users (id, name, admin, token_id, salt, token_hash, created_at, expires_at, token_days) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (make_user_id(), name, int(admin), made.token_id, made.salt, made.digest, now, _expiry(now, expires_days), expires_days),
             )
+            db.execute("INSERT INTO marks (name, at) VALUES ('had_users', ?) ON CONFLICT (name) DO NOTHING", (now,))
         return made.token
 
     def rotate_token(self, name: str, *, expires_days: float | None = None) -> str | None:
@@ -372,11 +374,11 @@ class SqlStore:
     def users(self) -> list[User]:
         """Every user, by name."""
         with self._read_one() as db:
-            rows = db.execute("SELECT name, admin, created_at, expires_at FROM users ORDER BY name").fetchall()
+            rows = db.execute("SELECT name, admin, created_at, expires_at, id FROM users ORDER BY name").fetchall()
         return [_user(r) for r in rows]
 
     def remove_user(self, name: str) -> bool:
-        """Remove a user (their token stops working at once; their sessions stay); False when there is none."""
+        """Remove a user (their token and sign-ins stop working at once; their sessions stay, nobody's but an admin's); False when there is none."""
         with self._write_one() as db:
             return db.execute("DELETE FROM users WHERE name = ?", (name,)).rowcount > 0
 
@@ -385,16 +387,45 @@ class SqlStore:
         with self._read_one() as db:
             return db.execute("SELECT 1 FROM users LIMIT 1").fetchone() is not None
 
+    def had_users(self) -> bool:
+        """Whether the store has ever had a user (then a server on it keeps asking for one, even once the last is removed)."""
+        with self._read_one() as db:
+            return db.execute("SELECT 1 FROM marks WHERE name = 'had_users'").fetchone() is not None
+
     def user_for_token(self, token: str) -> User | None:
         """The user whose token this is, an expired one too (`User.expired` says so); None for a wrong, malformed or removed one."""
+        found = self._token_row(token)
+        return None if found is None else _user(found)
+
+    def sign_in(self, token: str, *, hours: float) -> str | None:
+        """A sign-in for the page from a valid, unexpired token: the cookie's value, good for `hours`; None for any other token."""
+        row = self._token_row(token)
+        if row is None or _user(row).expired():
+            return None
+        until = time.time() + hours * 3600.0
+        return sign(str(token_id(token)), bytes.fromhex(row[6]), until=until)
+
+    def user_for_sign_in(self, value: str) -> User | None:
+        """The user a sign-in value (`sign_in`) names while it holds: not run out, its token neither replaced nor its user removed."""
+        ident = signed_ident(value, now=time.time())
+        if ident is None or ident == "-":
+            return None
+        with self._read_one() as db:
+            row = db.execute("SELECT name, admin, created_at, expires_at, id, token_hash FROM users WHERE token_id = ?", (ident,)).fetchone()
+        if row is None or not signature_holds(value, bytes.fromhex(row[5])):
+            return None
+        return _user(row)
+
+    def _token_row(self, token: str) -> Any:
+        """The user's row (name, admin, created_at, expires_at, id, salt, token_hash) whose token this is; None for any other."""
         ident = token_id(token)
         if ident is None:
             return None
         with self._read_one() as db:
-            row = db.execute("SELECT name, admin, created_at, expires_at, salt, token_hash FROM users WHERE token_id = ?", (ident,)).fetchone()
-        if row is None or not self._verifier.matches(token, salt=row[4], digest=row[5]):
+            row = db.execute("SELECT name, admin, created_at, expires_at, id, salt, token_hash FROM users WHERE token_id = ?", (ident,)).fetchone()
+        if row is None or not self._verifier.matches(token, salt=row[5], digest=row[6]):
             return None
-        return _user(row)
+        return row
 
     # Leases
 
@@ -450,8 +481,8 @@ class SqlStore:
 
 
 def _user(row: Any) -> User:
-    """A user from a row that starts (name, admin, created_at, expires_at)."""
-    return User(name=row[0], admin=bool(row[1]), created_at=float(row[2]), expires_at=None if row[3] is None else float(row[3]))
+    """A user from a row that starts (name, admin, created_at, expires_at, id)."""
+    return User(name=row[0], admin=bool(row[1]), created_at=float(row[2]), expires_at=None if row[3] is None else float(row[3]), id=str(row[4]))
 
 
 def _expiry(now: float, days: float | None) -> float | None:

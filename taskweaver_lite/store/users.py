@@ -5,6 +5,13 @@ and the secret is checked against its scrypt hash (hashlib's, memory-hard) in co
 Verifying costs ~20 ms of CPU, so a server keeps the tokens it has verified (as their SHA-256, never
 the token) with the hash they matched: a later request pays one indexed row read, and a removed
 user or a new token fails at once because the row is gone or its hash differs.
+
+A user is known by an id of their own (random, never reused), not by their name: sessions and tips
+belong to that id, so a name removed and added again is someone new.
+
+A sign-in on the page is not the token: its cookie holds `<token id>.<until>.<HMAC>`, signed with the
+token's stored hash as the key. It stops working at `until`, when the token is replaced (`users
+rotate`: the hash changes) or its user removed, and it reveals nothing that opens the API.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from dataclasses import dataclass
 
 PREFIX = "twl_"
 _TOKEN = re.compile(r"^twl_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
+_SIGNED = re.compile(r"^([0-9a-f]{16}|-)\.([0-9]{1,12})\.([0-9a-f]{64})$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 # scrypt's cost: 16 MiB of memory and ~20 ms per check (RFC 7914's interactive-login figures).
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1
@@ -39,6 +47,31 @@ def make_token() -> NewToken:
     secret = secrets.token_urlsafe(32)
     salt = secrets.token_hex(16)
     return NewToken(token=f"{PREFIX}{token_id}_{secret}", token_id=token_id, salt=salt, digest=_kdf(secret, salt))
+
+
+def make_user_id() -> str:
+    """A new user's id: random, so a name used again never gets the old one's."""
+    return secrets.token_hex(8)
+
+
+def sign(ident: str, key: bytes, *, until: float) -> str:
+    """A sign-in value for the token `ident` (`-`: the server's one token) that holds until `until` (epoch seconds)."""
+    message = f"{ident}.{int(until)}"
+    return f"{message}.{hmac.new(key, message.encode(), hashlib.sha256).hexdigest()}"
+
+
+def signed_ident(value: str, *, now: float) -> str | None:
+    """The token id a well-formed sign-in value names, while it has not run out; None otherwise (its signature is checked by `signature_holds`)."""
+    match = _SIGNED.match(value)
+    if match is None or int(match.group(2)) <= now:
+        return None
+    return match.group(1)
+
+
+def signature_holds(value: str, key: bytes) -> bool:
+    """Whether the sign-in value was signed with `key`."""
+    message, _, mac = value.rpartition(".")
+    return hmac.compare_digest(hmac.new(key, message.encode(), hashlib.sha256).hexdigest(), mac)
 
 
 def token_id(token: str) -> str | None:

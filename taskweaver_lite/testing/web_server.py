@@ -10,8 +10,9 @@ from types import TracebackType
 import uvicorn
 
 from taskweaver_lite.config.settings import Config
-from taskweaver_lite.web.app import PROXY_HEADERS, build_app
+from taskweaver_lite.web.app import build_app
 from taskweaver_lite.web.auth import Access
+from taskweaver_lite.web.connections import server_settings
 
 
 class WebServer:
@@ -23,9 +24,8 @@ class WebServer:
             self.port = probe.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = build_app(config, Access(token))
-        self._server = uvicorn.Server(
-            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on", proxy_headers=PROXY_HEADERS)
-        )
+        settings = server_settings(self.app, config.serve, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self._server = uvicorn.Server(settings)
         self._thread = threading.Thread(target=self._server.run, name="web-server", daemon=True)
 
     def __enter__(self) -> WebServer:

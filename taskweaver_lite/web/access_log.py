@@ -2,6 +2,8 @@
 
 Uvicorn's own access log would write the page's `/?token=...` address as it came; this one
 writes the path with the token's value replaced, the status, and how long the answer took.
+What a client chose (the path, the query) is written with its control characters escaped
+(`\n` as `\x0a`): a request cannot forge a line of its own, or recolour a terminal tailing the log.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 HIDDEN = "***"
 _SESSION_PATH = re.compile(r"^/api/sessions/([^/]+)")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 class AccessLog:
@@ -49,11 +52,18 @@ def request_line(scope: Scope, *, status: int, seconds: float) -> str:
     query = scope.get("query_string", b"").decode("latin-1")
     pairs = [(key, HIDDEN if key == "token" else value) for key, value in parse_qsl(query, keep_blank_values=True)]
     path = scope.get("path", "")
-    target = path + (f"?{urlencode(pairs, safe='*')}" if pairs else "")
+    raw = scope.get("raw_path")  # as sent, still percent-encoded: a decoded space could pass for the line's next field
+    target = (raw.decode("latin-1") if isinstance(raw, bytes) else path) + (f"?{urlencode(pairs, safe='*')}" if pairs else "")
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     user = getattr(scope.get("state", {}).get("user"), "name", None) or "-"
     session = _SESSION_PATH.match(path)
-    return f"{stamp} {client[0]} {scope.get('method', '-')} {target} {status} {seconds * 1000:.0f}ms user={user} session={session[1] if session else '-'}"
+    line = f"{stamp} {client[0]} {scope.get('method', '-')} {target} {status} {seconds * 1000:.0f}ms user={user} session={session[1] if session else '-'}"
+    return escaped(line)
+
+
+def escaped(text: str) -> str:
+    """`text` with each control character (and Unicode's line separators) written as its escape, so it stays one line."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group(0)):02x}" if ord(m.group(0)) < 0x100 else f"\\u{ord(m.group(0)):04x}", text)
 
 
 class AccessLogMiddleware:

@@ -16,18 +16,25 @@
     DELETE /api/sessions/{id}/experience/{tip}  delete a stored tip (like /experience delete)
 
 A session another user owns is, for the caller, not there: 404 on every route, absent from the list.
-While the store is unreachable a route answers 503 with one line (no traceback anywhere).
+While the store is unreachable a route answers 503 with one line (no traceback anywhere). No answer
+names a path on the server (`public_text`) or the store's address: a client learns nothing of where
+things live. An event stream ends once the token or sign-in it was opened with stops working (checked
+every third of `serve.lease_timeout`), and a user holds at most `serve.max_streams_per_user` of them here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import mimetypes
 import os
+import re
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +43,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from taskweaver_lite.errors import StoreError, StoreUnavailable, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.llm.client import usage_by_purpose
@@ -53,6 +61,7 @@ SessionHandler = Callable[[Request, Hub, str], Awaitable[Response]]
 ARTIFACT_CHUNK = 1 << 20
 STREAM_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 RECONNECT_MS = 1000  # what an EventSource waits before reconnecting (to any replica)
+MAX_NAME_BYTES = 255  # the longest file name most file systems hold (NAME_MAX)
 _log = logging.getLogger(__name__)
 
 
@@ -64,7 +73,7 @@ def api_routes(hub: Hub) -> list[Route]:
         Route("/api/sessions/{id}", _session(hub, _delete), methods=["DELETE"]),
         Route("/api/sessions/{id}/resume", _session(hub, _resume), methods=["POST"]),
         Route("/api/sessions/{id}/messages", _session(hub, _messages), methods=["POST"]),
-        Route("/api/sessions/{id}/events", _session(hub, _events)),
+        Route("/api/sessions/{id}/events", _session(hub, functools.partial(_events, streams=OpenStreams(hub.config.serve.max_streams_per_user)))),
         Route("/api/sessions/{id}/stop", _session(hub, _stop), methods=["POST"]),
         Route("/api/sessions/{id}/files", _session(hub, _files), methods=["POST"]),
         Route("/api/sessions/{id}/artifacts/{name}", _session(hub, _artifact)),
@@ -76,17 +85,17 @@ def api_routes(hub: Hub) -> list[Route]:
 
 
 def owner_of_request(request: Request) -> str | None:
-    """Whose sessions the caller sees: their user name; None for everyone's (an admin, or a server without users)."""
+    """Whose sessions the caller sees: their user id; None for everyone's (an admin, or a server without users)."""
     user = request.scope.get("state", {}).get("user")
     if user is None or getattr(user, "admin", False):
         return None
-    return str(user.name)
+    return str(user.id)
 
 
 def user_of_request(request: Request) -> str | None:
-    """The caller's user name (None without users): the owner of the sessions they make."""
+    """The caller's user id (None without users): the owner of the sessions they make (an id: a name may be given again to someone else)."""
     user = request.scope.get("state", {}).get("user")
-    return None if user is None else str(user.name)
+    return None if user is None else str(user.id)
 
 
 def error(status: int, message: str) -> JSONResponse:
@@ -94,24 +103,30 @@ def error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def answer_failure(exc: Exception) -> JSONResponse:
-    """The HTTP answer to an error a route met: 404, 409, 429, 503 or 400, with its one line."""
-    if isinstance(exc, (UnknownSessionError, NotOpen)):
-        return error(404, str(exc))
+def answer_failure(exc: Exception, *, hub: Hub | None = None) -> JSONResponse:
+    """The HTTP answer to an error a route met: 404, 409, 429, 503 or 400, with its one line (with `hub`: no server path in it)."""
+    said = str(exc) if hub is None else public_text(str(exc), hub)
+    if isinstance(exc, UnknownSessionError):
+        return error(404, NO_SUCH_SESSION)  # not the store's message: it names the store (its host, role and database, or its file)
+    if isinstance(exc, NotOpen):
+        return error(404, said)
     if isinstance(exc, Busy):
-        return error(409, str(exc))
+        return error(409, said)
     if isinstance(exc, Stopping):
-        return error(503, str(exc))
+        return error(503, said)
     if isinstance(exc, AtLimit):
-        return error(429, str(exc))
+        return error(429, said)
     if isinstance(exc, StoreUnavailable):
-        return error(503, store_down(exc))
-    return error(400, str(exc))
+        return error(503, STORE_DOWN)
+    return error(400, said)
+
+
+STORE_DOWN = "The session store is unreachable, so nothing was done; try again shortly."
 
 
 def store_down(exc: StoreError) -> str:
-    """The one line a client (and the log) gets while the store cannot be reached."""
-    return f"The session store is unreachable, so nothing was done; try again shortly ({' '.join(str(exc).split())})."
+    """The one line the log gets while the store cannot be reached (a client gets STORE_DOWN: the store's own words name its host)."""
+    return f"{STORE_DOWN[:-1]} ({' '.join(str(exc).split())})."
 
 
 def _sessions(hub: Hub) -> Handler:
@@ -138,18 +153,24 @@ def _session(hub: Hub, handler: SessionHandler) -> Handler:
             if owner is not None or hub.replica is not None:
                 await asyncio.to_thread(_check_owner, hub, session_id, owner)
             return await handler(request, hub, session_id)
-        except (Busy, NotOpen, Stopping, TaskWeaverError) as exc:
+        except (AtLimit, Busy, NotOpen, Stopping, TaskWeaverError) as exc:
             return _failed(hub, exc)
 
     return route
 
 
 def _failed(hub: Hub, exc: Exception) -> JSONResponse:
-    answer = answer_failure(exc)
     if isinstance(exc, StoreUnavailable):
         hub.parts.metrics.store_unavailable.inc()
         _log.warning("%s", store_down(exc))  # one line, no traceback
-    return answer
+    return answer_failure(exc, hub=hub)
+
+
+def public_text(text: str, hub: Hub) -> str:
+    """`text` with every path under the server's folders (the project, the sessions, the temporary folder) cut to its last part."""
+    roots = {str(hub.config.project_dir.resolve()), str(hub.config.project_dir), str(hub.config.sessions_dir), tempfile.gettempdir(), str(Path.home())}
+    pattern = "|".join(re.escape(root.rstrip("/")) for root in sorted(roots, key=len, reverse=True) if root.strip("/"))
+    return re.sub(rf"(?:{pattern})(?=/|\b)[^\s'\"`,;()]*", lambda m: m.group(0).rstrip("/").rsplit("/", 1)[-1] or "…", text)
 
 
 def _check_owner(hub: Hub, session_id: str, owner: str | None) -> None:
@@ -162,6 +183,9 @@ def _check_owner(hub: Hub, session_id: str, owner: str | None) -> None:
         raise
     if found != session_id:
         raise UnknownSessionError(session_id, store=store.where)
+
+
+NO_SUCH_SESSION = "No such session: GET /api/sessions lists yours."
 
 
 async def _delete(request: Request, hub: Hub, session_id: str) -> Response:
@@ -213,24 +237,91 @@ async def _messages(request: Request, hub: Hub, session_id: str) -> Response:
         if turn.since is not None:  # where a client that loses this stream picks up the session's stored events (GET .../events)
             yield f"id: {turn.since}\n\n"
         async for batch in turn.batches():  # one write for what arrived together
-            yield "".join(f"data: {json.dumps(item, ensure_ascii=False)}\n\n" for item in batch)
+            shown = [{**item, "message": public_text(item["message"], hub)} if item["type"] == "error" else item for item in batch]
+            yield "".join(f"data: {json.dumps(item, ensure_ascii=False)}\n\n" for item in shown)
 
     return StreamingResponse(stream(), media_type="text/event-stream", headers=STREAM_HEADERS)
 
 
-async def _events(request: Request, hub: Hub, session_id: str) -> Response:
+async def _events(request: Request, hub: Hub, session_id: str, *, streams: OpenStreams) -> Response:
     """The session's stored events from after Last-Event-ID (or ?after=), then each as it is stored, until the client leaves."""
     offered = request.headers.get("last-event-id") or request.query_params.get("after") or "0"
     try:
         after = int(offered)
     except ValueError:
         return error(400, "Last-Event-ID (or ?after=) is the id of the last event received, a whole number.")
-    return StreamingResponse(_event_stream(hub, session_id, after), media_type="text/event-stream", headers=STREAM_HEADERS)
+    holder = user_of_request(request) or ""
+    if not streams.take(holder):
+        return error(
+            429, f"You have {streams.limit} event streams open on this server, the most serve.max_streams_per_user allows: close a tab, or wait for one to end."
+        )
+    stream = _event_stream(hub, session_id, after, still_allowed=_still_allowed(request))
+    return _HeldStream(stream, release=functools.partial(streams.give_back, holder))
 
 
-async def _event_stream(hub: Hub, session_id: str, after: int) -> AsyncIterator[str]:
+class OpenStreams:
+    """The event streams each user holds open on this server, at most `limit` each."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._open: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def take(self, holder: str) -> bool:
+        """One more stream for `holder`; False when they already hold `limit`."""
+        with self._lock:
+            if self._open.get(holder, 0) >= self.limit:
+                return False
+            self._open[holder] = self._open.get(holder, 0) + 1
+            return True
+
+    def give_back(self, holder: str) -> None:
+        """A stream of `holder`'s has ended."""
+        with self._lock:
+            left = self._open.get(holder, 0) - 1
+            if left > 0:
+                self._open[holder] = left
+            else:
+                self._open.pop(holder, None)
+
+
+class _HeldStream(StreamingResponse):
+    """An event stream that gives its place back however it ends (the client leaving, the server stopping)."""
+
+    def __init__(self, stream: AsyncIterator[str], *, release: Callable[[], None]) -> None:
+        super().__init__(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+Check = Callable[[], Awaitable[bool]]
+
+
+def _still_allowed(request: Request) -> Check:
+    """Whether the request's token or sign-in still holds (the guard puts the question in its scope; always yes without one)."""
+    asked: Check | None = request.scope.get("state", {}).get("still_allowed")
+
+    async def yes() -> bool:
+        return True
+
+    return asked or yes
+
+
+async def _event_stream(hub: Hub, session_id: str, after: int, *, still_allowed: Check) -> AsyncIterator[str]:
     yield f"retry: {RECONNECT_MS}\n\n"
+    every = hub.config.serve.lease_timeout / 3  # a revoked token's streams end within the lease renewal period, on every replica
+    next_check = time.monotonic() + every
     while not hub.stopping:  # a replica that stops ends its streams: the clients reconnect to another, missing nothing
+        if time.monotonic() >= next_check:
+            if not await still_allowed():
+                yield ": the token or sign-in this stream was opened with no longer works\n\n"
+                return
+            next_check = time.monotonic() + every
         with hub.parts.fanout.waiter(session_id) as signal:
             try:
                 entries: list[StoredEvent] = await asyncio.to_thread(hub.parts.store.events_after, session_id, after)
@@ -243,7 +334,7 @@ async def _event_stream(hub: Hub, session_id: str, after: int) -> AsyncIterator[
                 yield "".join(f"id: {entry.id}\ndata: {json.dumps(entry.data, ensure_ascii=False)}\n\n" for entry in entries)
                 continue
             try:
-                await asyncio.wait_for(signal.wait(), POLL)
+                await asyncio.wait_for(signal.wait(), min(POLL, max(next_check - time.monotonic(), 0.01)))
             except asyncio.TimeoutError:
                 yield ": keep-alive\n\n"
 
@@ -262,8 +353,8 @@ async def _files(request: Request, hub: Hub, session_id: str) -> Response:
         if not isinstance(received, UploadFile) or not received.filename:
             return error(400, "Send the file as multipart form data in the field `file`.")
         name = Path(received.filename.replace("\\", "/")).name
-        if not name or name.startswith("."):
-            return error(400, f"{received.filename!r} is not a usable file name.")
+        if not name or name.startswith(".") or len(name.encode()) > MAX_NAME_BYTES or not name.isprintable():
+            return error(400, f"{received.filename[:80]!r} is not a usable file name: printable, not starting with '.', at most {MAX_NAME_BYTES} bytes.")
         folder = Path(tempfile.mkdtemp(dir=_uploads_root(hub, session_id)))
         try:
             target = folder / name
@@ -397,8 +488,8 @@ async def _export(request: Request, hub: Hub, session_id: str) -> Response:
     try:
         await asyncio.to_thread(write_export, hub.config, session_id, fmt=fmt, target=target, owner=owner_of_request(request))
         data = target.read_bytes()
-    except UnknownSessionError as exc:
-        return error(404, str(exc))
+    except UnknownSessionError:
+        return error(404, NO_SUCH_SESSION)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     kind = "application/x-ipynb+json" if fmt == "ipynb" else "text/markdown; charset=utf-8"

@@ -1,6 +1,8 @@
 """The web server's application: the page, the service routes, and the session API (`api.py`).
 
-    GET  /                  the page (static/index.html; no build step)
+    GET  /                  the page (static/index.html; no build step); the sign-in page while the request has no valid token
+    POST /sign-in           the sign-in form: a valid token gets a signed, expiring cookie (never the token itself)
+    POST /sign-out          drops that cookie
     GET  /healthz           200 when the store and the kernel gateway answer, else 503 naming what is down (no token)
     GET  /metrics           Prometheus text format (metrics.py), behind the same token rule as the API, or serve.metrics_token
     /api/...                the sessions (api.py), over the server's `Hub` of sessions
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
+import html
 import mimetypes
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib.resources import files
@@ -23,7 +27,7 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -31,28 +35,36 @@ from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import StoreError
 from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.interface import Store
+from taskweaver_lite.telemetry import tracing
 from taskweaver_lite.web.access_log import AccessLog, AccessLogMiddleware
 from taskweaver_lite.web.api import api_routes, error
-from taskweaver_lite.web.auth import COOKIE, Access, trusted_header
+from taskweaver_lite.web.auth import COOKIE, NEEDS_A_USER, NEEDS_THE_TOKEN, Access, Refusal, same_origin_form
+from taskweaver_lite.web.connections import BodyLimit
 from taskweaver_lite.web.fanout import Fanout
 from taskweaver_lite.web.hub import Hub, ServerParts
 from taskweaver_lite.web.metrics import CONTENT_TYPE, Metrics, RequestMetrics
 from taskweaver_lite.web.replica import check_gateway_client, check_replica_setup, is_replica
+from taskweaver_lite.web.trace_context import TraceMiddleware
 
 STATIC = files("taskweaver_lite.web") / "static"
 Handler = Callable[[Request], Awaitable[Response]]
 HEALTH_TIMEOUT = 3.0  # seconds the gateway gets to answer /healthz's question
-OPEN = frozenset({"/healthz"})  # answered without a token: a load balancer's probe carries none
+OPEN = frozenset({"/healthz", "/sign-in", "/sign-out"})  # answered without a token: a load balancer's probe, the sign-in form
 METRICS = "/metrics"
-# uvicorn's own reading of X-Forwarded-For/-Proto stays off: a request's client is the TCP peer itself (what
-# serve.trusted_proxies is compared with), and X-Forwarded-Proto is read by the same-origin check alone (auth.py).
-PROXY_HEADERS = False
 
 
 # What each route answers: the docs site's HTTP API page is generated from the routes and these
 # lines (reference.py), and its build fails for a route that has none.
 ROUTES_ABOUT = {
-    ("GET", "/"): "the page (HTML); with `?token=...` it signs the browser in (an HttpOnly cookie) and drops the token from the address",
+    ("GET", "/"): (
+        "the page (HTML); the sign-in page (401) to a browser that has not signed in; with `?token=...` a valid token signs the browser in "
+        "as `POST /sign-in` does and drops the token from the address (an invalid one gets the sign-in page and no cookie)"
+    ),
+    ("POST", "/sign-in"): (
+        "the sign-in form (`token`, form-encoded): a valid token gets an HttpOnly cookie holding a signed value that runs out after "
+        "`serve.sign_in_hours` (never the token; `Secure` over TLS) and a redirect to the page; any other gets the sign-in page again (401)"
+    ),
+    ("POST", "/sign-out"): "drops the sign-in cookie and goes back to the sign-in page",
     ("GET", "/static/{name}"): "the page's own scripts, styles and vendored libraries",
     ("GET", "/api/sessions"): "the stored sessions, newest first, as `sessions --json`",
     ("POST", "/api/sessions"): (
@@ -109,7 +121,7 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
     workspace = Workspace(config)  # the project opened once: its store, roles and plugins serve every session here
     parts = ServerParts(workspace=workspace, metrics=Metrics(), fanout=Fanout())
     hub = Hub(config, parts, preload=preload)
-    access = access.with_users(hub.parts.store, trusted=trusted_header(config.serve))  # the store's users, once it has any
+    access = access.with_users(hub.parts.store, settings=config.serve)  # the store's users, once it has any
     notices = workspace.store.notices()  # None on the SQLite file
     if notices is not None and is_replica(config):
         hub.join_replicas(notices)
@@ -124,6 +136,8 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
 
     routes = [
         Route("/", _page(access)),
+        Route("/sign-in", _sign_in(access), methods=["POST"]),
+        Route("/sign-out", _sign_out(access), methods=["POST"]),
         Route("/static/{name}", _static),
         Route("/healthz", _health(hub)),
         Route(METRICS, _metrics(hub)),
@@ -133,7 +147,9 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
     timing = Middleware(RequestMetrics, metrics=hub.parts.metrics, routes=routes)
     scraper = config.serve.metrics_token.get_secret_value() if config.serve.metrics_token is not None else None
     guard = Middleware(_Guard, access=access, metrics_token=scraper)
-    app = Starlette(routes=routes, middleware=[*logging, timing, guard], lifespan=lifespan)
+    tracer = tracing.tracer_for(config.tracing)  # None with tracing off: no middleware, no cost
+    traced = [Middleware(TraceMiddleware, tracer=tracer, routes=routes)] if tracer is not None else []
+    app = Starlette(routes=routes, middleware=[*logging, timing, *traced, guard, Middleware(BodyLimit, config=config)], lifespan=lifespan)
     app.state.hub = hub
     return app
 
@@ -147,18 +163,18 @@ class _Guard:
         self._metrics_token = metrics_token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope.get("path") not in OPEN and not self._scraper(scope):
+        if scope["type"] == "http" and not _open(scope) and not self._scraper(scope):
             request = Request(scope)
-            offered = request.query_params.get("token")
-            # The page with the right token in its address sets the cookie and drops the token from the address.
-            opening = request.url.path == "/" and offered is not None and self._access.accepts(offered)
-            refused = None if opening else await self._access.check(request)
+            refused = await self._access.check(request)
             if refused is not None:
-                # A person opening the page without the token is told how to sign in, not sent JSON.
-                signing_in = refused[0] == 401 and request.url.path == "/" and request.method == "GET"
-                answer = _sign_in_page() if signing_in else error(*refused)
+                # A person opening the page without a sign-in is shown the sign-in page, not sent JSON.
+                signing_in = refused.status == 401 and request.url.path == "/" and request.method == "GET"
+                problem = None if refused.message in (NEEDS_A_USER, NEEDS_THE_TOKEN) else refused.message  # not signed in yet: nothing went wrong
+                answer = _sign_in_page(self._access, problem) if signing_in else refusal(refused)
                 await answer(scope, receive, send)
                 return
+            # An event stream asks, while it runs, whether the credential it was opened with still holds.
+            scope.setdefault("state", {})["still_allowed"] = functools.partial(self._access.still_allowed, request)
         await self._app(scope, receive, send)
 
     def _scraper(self, scope: Scope) -> bool:
@@ -170,21 +186,91 @@ class _Guard:
         return hmac.compare_digest(offered.encode(), self._metrics_token.encode())
 
 
+def _open(scope: Scope) -> bool:
+    """Answered without a token: the probe, the sign-in and sign-out forms, the page's static files, and `/?token=` (checked by the page)."""
+    path = scope.get("path", "")
+    return path in OPEN or path.startswith("/static/") or (path == "/" and b"token=" in scope.get("query_string", b""))
+
+
+def refusal(refused: Refusal) -> Response:
+    """A refusal as a JSON error answer (with Retry-After for a 429)."""
+    answer = error(refused.status, refused.message)
+    if refused.retry_after is not None:
+        answer.headers["Retry-After"] = str(refused.retry_after)
+    return answer
+
+
 def _page(access: Access) -> Handler:
     async def page(request: Request) -> Response:
         offered = request.query_params.get("token")
         if offered is not None and access.uses_tokens:
-            response: Response = RedirectResponse("/", status_code=303)
-            response.set_cookie(COOKIE, offered, httponly=True, samesite="strict")
-            return response
+            return await _signed_in(access, request, offered)
+        if offered is not None:  # a server that needs no token: the address is only made clean
+            return RedirectResponse("/", status_code=303)
         return Response((STATIC / "index.html").read_text(encoding="utf-8"), media_type="text/html", headers=_PAGE_HEADERS)
 
     return page
 
 
-def _sign_in_page() -> Response:
+def _sign_in(access: Access) -> Handler:
+    async def sign_in(request: Request) -> Response:
+        refused = same_origin_form(request)
+        if refused is not None:
+            return refusal(refused)
+        async with request.form(max_files=0, max_fields=2) as form:
+            offered = form.get("token")
+        return await _signed_in(access, request, offered if isinstance(offered, str) else "")
+
+    return sign_in
+
+
+async def _signed_in(access: Access, request: Request, offered: str) -> Response:
+    """A valid token: the sign-in cookie and the page (a redirect, so the token leaves the address); else the sign-in page again, no cookie."""
+    address = access.proxies.client_address(request)
+    wait = access.failures.wait(address)
+    if wait is not None:
+        return refusal(Refusal(429, f"Too many refused tokens from {address}: try again in {wait} s.", retry_after=wait))
+    try:
+        value = await asyncio.to_thread(access.sign_in, offered.strip())
+    except StoreError:
+        return refusal(Refusal(503, "The session store cannot be reached, so the token cannot be checked; try again shortly."))
+    if value is None:
+        access.failures.failed(address)
+        return _sign_in_page(access, "That token is not valid here: check it, or ask an administrator for a new one.")
+    response = RedirectResponse("/", status_code=303)
+    seconds = round(access.sign_in_hours * 3600)
+    response.set_cookie(COOKIE, value, max_age=seconds, httponly=True, samesite="strict", secure=access.proxies.is_https(request))
+    return response
+
+
+def _sign_out(access: Access) -> Handler:
+    async def sign_out(request: Request) -> Response:
+        refused = same_origin_form(request)
+        if refused is not None:
+            return refusal(refused)
+        response = RedirectResponse("/", status_code=303)
+        response.delete_cookie(COOKIE, httponly=True, samesite="strict", secure=access.proxies.is_https(request))
+        return response
+
+    return sign_out
+
+
+def _sign_in_page(access: Access, problem: str | None = None) -> Response:
+    """The sign-in page (401), speaking of a user's own token when the server has users, else of the server's one token."""
     text = (STATIC / "signin.html").read_text(encoding="utf-8")
-    return Response(text, status_code=401, media_type="text/html", headers=_PAGE_HEADERS)
+    who = _SIGN_IN_USERS if access.users_in_force() else _SIGN_IN_TOKEN
+    text = text.replace("{{who}}", who).replace("{{problem}}", f'<p class="problem">{html.escape(problem)}</p>' if problem else "")
+    return HTMLResponse(text, status_code=401, headers=_PAGE_HEADERS)
+
+
+_SIGN_IN_USERS = (
+    "<p>This server knows each person by a token of their own. Paste yours: the one "
+    "<code>taskweaver-lite users add</code> printed when an administrator added you (or gave you since).</p>"
+)
+_SIGN_IN_TOKEN = (
+    "<p>This server needs its token: the value given with <code>--token</code> or the "
+    "<code>TASKWEAVER_LITE_TOKEN</code> environment variable. Paste it here, or open the link <code>serve</code> printed when it started.</p>"
+)
 
 
 # The page loads nothing from elsewhere; a cell's HTML is shown in a sandboxed frame without scripts.

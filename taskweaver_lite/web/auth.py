@@ -2,13 +2,15 @@
 
 Three modes, chosen by the store and the flags:
 - **Users** (the store has users: `taskweaver-lite users add`): every request names its user by
-  `Authorization: Bearer <token>` (or the `twl_token` cookie the page sets after `/?token=...`), on
-  127.0.0.1 too; 401 without a valid one. The server may start on any address without `--token`.
-  The request's user goes into its scope (`scope["state"]["user"]`, a `store.interface.User`),
-  where the routes read it: another user's session is absent to them (404), unless they are admin.
-  With `serve.trusted_user_header` set (e.g. `X-Forwarded-User` behind oauth2-proxy), a request
-  from an address in `serve.trusted_proxies` may name its user by that header instead; the header
-  is ignored when the setting is off, and refused (403) from any other address.
+  `Authorization: Bearer <token>` (or the page's sign-in cookie), on 127.0.0.1 too; 401 without a
+  valid one. The server may start on any address without `--token`. The request's user goes into
+  its scope (`scope["state"]["user"]`, a `store.interface.User`), where the routes read it:
+  another user's session is absent to them (404), unless they are admin. With
+  `serve.trusted_user_header` set (e.g. `X-Forwarded-User` behind oauth2-proxy), a request whose
+  TCP peer is in `serve.trusted_proxies` (empty until set) may name its user by that header
+  instead; the header is refused from any other peer (403), and when sent twice (400).
+  A store that has had users stays in this mode once the last is removed: every request is
+  refused until an administrator adds a user again.
 - **One token** (`--token` or TASKWEAVER_LITE_TOKEN, no users): every request carries that token.
 - **Loopback** (neither): only 127.0.0.1, ::1 and localhost are answered (a site re-pointed at
   127.0.0.1 by DNS rebinding is refused); on any other address the server refuses to start.
@@ -16,6 +18,11 @@ Users are looked up in the store on each request (their list is kept two seconds
 removed while the server runs take effect at once, with no restart. A token past its expiry
 (`users add --expires DAYS`) is refused with 401 and a line saying when it expired; one replaced by
 `users rotate` stops working at once (its id is no longer in the store). Besides:
+- The page signs in by a POST form (`/sign-in`): the cookie it gets is a signed value that runs out
+  after `serve.sign_in_hours` (store/users.py), never the token; `Secure` when the request came
+  over TLS (its scheme, or a trusted proxy's X-Forwarded-Proto). `/sign-out` drops it.
+- A client address with `serve.failed_token_limit` tokens refused within a minute gets 429 (with
+  Retry-After) until the minute is over: tokens cannot be guessed, and scrypt's cost is not free.
 - A state-changing request (POST, DELETE) must also be same-origin (its Origin and Sec-Fetch-Site, when
   sent, say so) and JSON, a file upload, or empty: a page elsewhere cannot drive a session through
   the user's browser.
@@ -25,31 +32,121 @@ removed while the server runs take effect at once, with no restart. A token past
 from __future__ import annotations
 
 import asyncio
+import collections
+import hashlib
 import hmac
+import logging
+import math
 import os
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from starlette.requests import Request
 
 from taskweaver_lite.config.settings import ServeConfig
 from taskweaver_lite.errors import ConfigError, StoreError
 from taskweaver_lite.store.interface import Store, User
+from taskweaver_lite.store.users import sign, signature_holds, signed_ident
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 TOKEN_ENV = "TASKWEAVER_LITE_TOKEN"
-COOKIE = "twl_token"
+COOKIE = "twl_sign_in"
 USERS_TTL_SECONDS = 2.0  # how long the list of users is trusted before the store is asked again
-Refusal = tuple[int, str]
+FAILURE_WINDOW_SECONDS = 60.0
+_log = logging.getLogger(__name__)
+NEEDS_A_USER = "This server needs your user's token: send `Authorization: Bearer <token>`, or sign in on the page."
+NEEDS_THE_TOKEN = "This server needs a token: send `Authorization: Bearer <token>`, or sign in on the page."
+NO_USERS_LEFT = "This server has no users left, so every request is refused: an administrator adds one with `taskweaver-lite users add NAME`."
+
+
+class Refusal(NamedTuple):
+    """Why a request is refused: its HTTP status and one line; `retry_after` for a 429; `bad_token` when it counts as a guess."""
+
+    status: int
+    message: str
+    retry_after: int | None = None
+    bad_token: bool = False
 
 
 @dataclass(frozen=True)
-class TrustedHeader:
-    """A single sign-on proxy's header naming the user, and the addresses it is believed from."""
+class Proxies:
+    """The proxies in front of the server: the TCP peers whose forwarding headers are believed, and the header that names the user."""
 
-    name: str
-    proxies: frozenset[str]
+    addresses: frozenset[str] = frozenset()
+    user_header: str | None = None  # lower case; None: no header names a user
+
+    def forwarded(self, request: Request) -> bool:
+        """Whether the request's TCP peer itself is one of the proxies."""
+        return peer(request) in self.addresses
+
+    def client_address(self, request: Request) -> str:
+        """The client's address: the peer's, or behind a trusted proxy the last one its X-Forwarded-For names."""
+        forwarded_for = request.headers.get("x-forwarded-for", "")
+        if self.forwarded(request) and forwarded_for.strip():
+            return forwarded_for.rsplit(",", 1)[-1].strip()
+        return peer(request)
+
+    def is_https(self, request: Request) -> bool:
+        """Whether the client reached us over TLS: the request's own scheme, or a trusted proxy's X-Forwarded-Proto."""
+        if request.url.scheme == "https":
+            return True
+        return self.forwarded(request) and request.headers.get("x-forwarded-proto", "").strip().lower() == "https"
+
+
+def proxies(settings: ServeConfig) -> Proxies:
+    """The proxies `serve.trusted_proxies` lists, and the user header `serve.trusted_user_header` names (None when off)."""
+    header = settings.trusted_user_header.lower() if settings.trusted_user_header else None
+    return Proxies(frozenset(settings.trusted_proxies), header)
+
+
+def peer(request: Request) -> str:
+    """The TCP peer's address, as the socket gave it (uvicorn runs without its proxy-header rewrite: connections.py)."""
+    return request.client.host if request.client is not None else ""
+
+
+class FailedTokens:
+    """Tokens refused per client address within the last minute; past `limit`, that address waits out the minute."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._times: dict[str, collections.deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def wait(self, address: str) -> int | None:
+        """Seconds `address` must wait before it is heard again; None when it may go on."""
+        now = time.monotonic()
+        with self._lock:
+            times = self._times.get(address)
+            while times and times[0] <= now - FAILURE_WINDOW_SECONDS:
+                times.popleft()
+            if not times:
+                self._times.pop(address, None)
+                return None
+            if len(times) < self._limit:
+                return None
+            return max(1, math.ceil(times[0] + FAILURE_WINDOW_SECONDS - now))
+
+    def failed(self, address: str) -> None:
+        """One more token refused from `address`."""
+        with self._lock:
+            if len(self._times) > 100_000:  # a flood of addresses: forget them rather than grow without end
+                self._times.clear()
+            self._times.setdefault(address, collections.deque()).append(time.monotonic())
+
+
+@dataclass(frozen=True)
+class Roster:
+    """The store's users by name, and whether it has ever had any."""
+
+    by_name: dict[str, User]
+    had_users: bool
+
+    @property
+    def in_force(self) -> bool:
+        """Whether requests must name a user: the store has users, or had them (the last removed leaves every request refused)."""
+        return bool(self.by_name) or self.had_users
 
 
 @dataclass
@@ -57,43 +154,55 @@ class Users:
     """The store's users, looked up per request (their list cached briefly; tokens checked every time)."""
 
     store: Store
-    trusted: TrustedHeader | None = None
-    _cached: tuple[float, dict[str, User]] = (0.0, {})
+    proxies: Proxies = field(default_factory=Proxies)
+    _cached: tuple[float, Roster | None] = (0.0, None)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def known(self) -> dict[str, User] | None:
+    def known(self) -> Roster | None:
         """The users as last read, while that is under USERS_TTL_SECONDS old; None when the store must be asked again."""
         with self._lock:
-            at, users = self._cached
-        return users if time.monotonic() - at < USERS_TTL_SECONDS else None
+            at, roster = self._cached
+        return roster if time.monotonic() - at < USERS_TTL_SECONDS else None
 
-    def by_name(self) -> dict[str, User]:
-        """Every user by name (at most USERS_TTL_SECONDS old)."""
-        users = self.known()
-        if users is not None:
-            return users
-        users = {user.name: user for user in self.store.users()}
+    def roster(self) -> Roster:
+        """Every user by name, and whether the store has had any (at most USERS_TTL_SECONDS old)."""
+        roster = self.known()
+        if roster is not None:
+            return roster
+        roster = Roster({user.name: user for user in self.store.users()}, self.store.had_users())
         with self._lock:
-            self._cached = (time.monotonic(), users)
-        return users
+            self._cached = (time.monotonic(), roster)
+        return roster
 
     def identify(self, request: Request) -> User | Refusal:
         """The request's user, or why it is refused (a token the store does not know: 401)."""
-        if self.trusted is not None and self.trusted.name in request.headers:
-            client = request.client.host if request.client is not None else ""
-            if client not in self.trusted.proxies:
-                return 403, f"The {self.trusted.name} header is only believed from serve.trusted_proxies; this request came from {client}."
-            named = self.by_name().get(request.headers[self.trusted.name].strip())
-            if named is None:
-                return 401, f"The user named by {self.trusted.name} is not known here: add them with `taskweaver-lite users add NAME`."
-            return named
-        offered = _offered_token(request)
-        user = self.store.user_for_token(offered) if offered else None
-        if user is None:
-            return 401, "This server needs your user's token: send `Authorization: Bearer <token>`, or open the page as /?token=<token>."
+        header = self.proxies.user_header
+        if header is not None and header in request.headers:
+            return self._named_by_proxy(request, header)
+        bearer = _bearer(request)
+        if bearer:
+            user = self.store.user_for_token(bearer)
+            if user is None:
+                return Refusal(401, "This token is not valid here: send your own user's token as `Authorization: Bearer <token>`.", bad_token=True)
+        else:
+            signed_in = request.cookies.get(COOKIE, "")
+            user = self.store.user_for_sign_in(signed_in) if signed_in else None
+            if user is None:
+                return Refusal(401, NEEDS_A_USER)
         if user.expired():
-            return 401, expired_token(user)
+            return Refusal(401, expired_token(user))
         return user
+
+    def _named_by_proxy(self, request: Request, header: str) -> User | Refusal:
+        if not self.proxies.forwarded(request):
+            return Refusal(403, f"The {header} header is only believed from serve.trusted_proxies; this request came from {peer(request) or 'nowhere known'}.")
+        values = request.headers.getlist(header)
+        if len(values) != 1:
+            return Refusal(400, f"The {header} header came {len(values)} times: the proxy must send it once.")
+        named = self.roster().by_name.get(values[0].strip())
+        if named is None:
+            return Refusal(401, f"The user named by {header} is not known here: add them with `taskweaver-lite users add NAME`.")
+        return named
 
 
 @dataclass(frozen=True)
@@ -103,6 +212,9 @@ class Access:
     token: str | None
     users: Users | None = None
     public: bool = False  # bound to an address other machines reach
+    proxies: Proxies = field(default_factory=Proxies)
+    failures: FailedTokens = field(default_factory=lambda: FailedTokens(ServeConfig().failed_token_limit))
+    sign_in_hours: float = ServeConfig().sign_in_hours
 
     @classmethod
     def for_address(cls, host: str, token: str | None, *, store_has_users: bool = False) -> Access:
@@ -116,23 +228,60 @@ class Access:
             )
         return cls(token, public=host not in LOOPBACK)
 
-    def with_users(self, store: Store, *, trusted: TrustedHeader | None = None) -> Access:
-        """This rule, with the store's users taking over once it has any."""
-        return Access(self.token, users=Users(store, trusted), public=self.public)
+    def with_users(self, store: Store, *, settings: ServeConfig) -> Access:
+        """This rule, with the store's users taking over once it has any, and `settings`' proxies, sign-ins and limit on refused tokens."""
+        trusted = proxies(settings)
+        return Access(
+            self.token,
+            users=Users(store, trusted),
+            public=self.public,
+            proxies=trusted,
+            failures=FailedTokens(settings.failed_token_limit),
+            sign_in_hours=settings.sign_in_hours,
+        )
 
     @property
     def uses_tokens(self) -> bool:
-        """Whether a token opens the page (`/?token=...` sets the cookie): one token, or users."""
+        """Whether the page needs a sign-in: one token, or users."""
         return self.token is not None or self.users is not None
 
+    def users_in_force(self) -> bool:
+        """Whether requests name users (as last known, without asking the store): what the sign-in page speaks of."""
+        roster = self.users.known() if self.users is not None else None
+        return roster.in_force if roster is not None else self.token is None
+
     async def check(self, request: Request) -> Refusal | None:
-        """Why `request` is refused (HTTP status, message); None when it may go on, its user (if any) in its scope."""
-        if self.users is not None and self.users.known() != {}:  # users, or not known lately: the store is asked off the loop
+        """Why `request` is refused; None when it may go on, its user (if any) in its scope."""
+        address = self.proxies.client_address(request)
+        wait = self.failures.wait(address)
+        if wait is not None:
+            return Refusal(429, f"Too many refused tokens from {address}: try again in {wait} s.", retry_after=wait)
+        refused = await self._identified(request)
+        if refused is not None and refused.bad_token:
+            self.failures.failed(address)
+        return refused
+
+    async def still_allowed(self, request: Request) -> bool:
+        """Whether the credential `request` came with still holds (an event stream asks this while it runs): not removed, replaced or run out."""
+        if self.users is not None:
+            try:
+                found = await asyncio.to_thread(self._identify, request)
+            except StoreError:
+                return True  # the store is down: the stream says so and waits, it does not judge the token meanwhile
+            before = request.scope.get("state", {}).get("user")
+            if found is not None:
+                return isinstance(found, User) and before is not None and found.id == before.id
+        return self.problem(request) is None
+
+    async def _identified(self, request: Request) -> Refusal | None:
+        roster = self.users.known() if self.users is not None else None
+        if self.users is not None and (roster is None or roster.in_force):  # users, or not known lately: the store is asked off the loop
             try:
                 found = await asyncio.to_thread(self._identify, request)
             except StoreError as exc:
-                return 503, f"The session store cannot be reached, so users cannot be checked: {exc}"
-            if isinstance(found, tuple):
+                _log.warning("users cannot be checked: %s", " ".join(str(exc).split()))
+                return Refusal(503, "The session store cannot be reached, so users cannot be checked; try again shortly.")
+            if isinstance(found, Refusal):
                 return found
             if found is not None:
                 request.scope.setdefault("state", {})["user"] = found
@@ -140,40 +289,44 @@ class Access:
         return self.problem(request)
 
     def _identify(self, request: Request) -> User | Refusal | None:
-        """The request's user when the store has users; None when it has none (one-token or loopback rules apply)."""
+        """The request's user when users are in force; None when the store never had any (one-token or loopback rules apply)."""
         assert self.users is not None
-        if not self.users.by_name():
-            if self.token is None and self.public:  # started on users alone, and every user was removed since
-                return 401, "This server has no users left: add one with `taskweaver-lite users add NAME`."
+        roster = self.users.roster()
+        if not roster.by_name:
+            if roster.had_users or (self.token is None and self.public):  # every user removed since: refused, not open
+                return Refusal(401, NO_USERS_LEFT)
             return None
         return self.users.identify(request)
 
-    def accepts(self, offered: str) -> bool:
-        """Whether `offered` (the page's `/?token=`) is a token worth keeping in the cookie; checked again on every request."""
+    def sign_in(self, offered: str) -> str | None:
+        """The page's sign-in cookie for a valid token (a signed value good for `sign_in_hours`, never the token); None for any other."""
+        if self.users is not None and self.users.roster().in_force:
+            return self.users.store.sign_in(offered, hours=self.sign_in_hours)
         if self.token is not None and hmac.compare_digest(offered.encode(), self.token.encode()):
-            return True
-        return self.users is not None and offered.startswith("twl_")
+            return sign("-", self._token_key(), until=time.time() + self.sign_in_hours * 3600.0)
+        return None
 
     def problem(self, request: Request) -> Refusal | None:
         """Why `request` is refused under the one-token and loopback rules; None when it may go on."""
         if self.token is None and _host_name(request) not in LOOPBACK:
             # Without a token only this machine's own names: a site whose name is re-pointed at
             # 127.0.0.1 (DNS rebinding) would otherwise pass as same-origin.
-            return 403, "This server answers to 127.0.0.1, localhost and [::1] only (start it with a token to serve other names)."
-        if self.token is not None and not self._has_token(request):
-            return 401, "This server needs a token: send `Authorization: Bearer <token>`, or open the page as /?token=<token>."
+            return Refusal(403, "This server answers to 127.0.0.1, localhost and [::1] only (start it with a token to serve other names).")
+        if self.token is not None:
+            bearer = _bearer(request)
+            if bearer and not hmac.compare_digest(bearer.encode(), self.token.encode()):
+                return Refusal(401, "This token is not the server's: send `Authorization: Bearer <token>` with the one it was started with.", bad_token=True)
+            if not bearer and not self._signed_in(request):
+                return Refusal(401, NEEDS_THE_TOKEN)
         return _same_origin(request)
 
-    def _has_token(self, request: Request) -> bool:
+    def _signed_in(self, request: Request) -> bool:
+        value = request.cookies.get(COOKIE, "")
+        return signed_ident(value, now=time.time()) == "-" and signature_holds(value, self._token_key())
+
+    def _token_key(self) -> bytes:
         assert self.token is not None
-        return hmac.compare_digest(_offered_token(request).encode(), self.token.encode())
-
-
-def trusted_header(settings: ServeConfig) -> TrustedHeader | None:
-    """The single sign-on header `serve.trusted_user_header` names, believed from `serve.trusted_proxies`; None when off."""
-    if not settings.trusted_user_header:
-        return None
-    return TrustedHeader(settings.trusted_user_header.lower(), frozenset(settings.trusted_proxies))
+        return hashlib.sha256(b"taskweaver-lite sign-in " + self.token.encode()).digest()
 
 
 def expired_token(user: User) -> str:
@@ -182,23 +335,29 @@ def expired_token(user: User) -> str:
     return f"The token of {user.name} expired on {when}: ask an administrator for a new one (taskweaver-lite users rotate {user.name})."
 
 
-def _offered_token(request: Request) -> str:
+def _bearer(request: Request) -> str:
     header = request.headers.get("authorization", "")
-    return header[7:].strip() if header.lower().startswith("bearer ") else request.cookies.get(COOKIE, "")
+    return header[7:].strip() if header.lower().startswith("bearer ") else ""
 
 
-def _same_origin(request: Request) -> Refusal | None:
+def same_origin_form(request: Request) -> Refusal | None:
+    """A sign-in or sign-out form from another site is refused (a form's own body type is allowed)."""
+    return _same_origin(request, form=True)
+
+
+def _same_origin(request: Request, *, form: bool = False) -> Refusal | None:
     """A state-changing request from another site, or with a body a form could send, is refused."""
     if request.method in ("POST", "PUT", "DELETE", "PATCH"):
         origin = request.headers.get("origin")
         if origin is not None and origin != _own_origin(request):
-            return 403, "Requests from other sites are refused."
+            return Refusal(403, "Requests from other sites are refused.")
         if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
-            return 403, "Requests from other sites are refused."
+            return Refusal(403, "Requests from other sites are refused.")
         kind = request.headers.get("content-type", "").split(";")[0].strip()
         empty = not kind and request.headers.get("content-length", "0") == "0"
-        if not empty and kind not in ("application/json", "multipart/form-data"):
-            return 415, "Send JSON (Content-Type: application/json), a multipart file upload, or no body."
+        allowed = ("application/x-www-form-urlencoded",) if form else ("application/json", "multipart/form-data")
+        if not empty and kind not in allowed:
+            return Refusal(415, "Send JSON (Content-Type: application/json), a multipart file upload, or no body.")
     return None
 
 

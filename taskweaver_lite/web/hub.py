@@ -113,6 +113,7 @@ class Hub:
         with self._lock:
             if session_id in self._open:
                 return session_id
+        self._check_use(session_id)
         try:
             # The replay runs cells from this thread.
             session, _ = self.parts.workspace.resume_session(session_id, owner=owner)
@@ -134,6 +135,7 @@ class Hub:
         leases = self.parts.leases
         if leases is None:
             live = self._open_here(session_id)
+            self._check_first_request(live)
             since = self.parts.store.last_event_id(session_id)
             turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, None))
             turn.since = since
@@ -142,6 +144,7 @@ class Hub:
         try:
             live = self._current(session_id)
             live.last_used = time.monotonic()
+            self._check_first_request(live)
             turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, hold), on_done=functools.partial(self._finish, live, hold))
             turn.since = live.version
             return turn
@@ -260,10 +263,28 @@ class Hub:
             return
         count = self.parts.store.count_sessions(owner=owner)
         if count >= limit:
-            raise AtLimit(
-                f"You have {count} sessions, the most serve.max_sessions_per_user ({limit}) allows here: "
-                "continue one of them, or ask an administrator to raise the setting."
-            )
+            raise _at_limit(count, limit)
+
+    def _check_first_request(self, live: LiveSession) -> None:
+        """A session's first request makes it count (sessions made but never asked do not): AtLimit when its owner is at the limit already.
+
+        Counted at use as well as at making: sessions made while none had a request would otherwise
+        all pass the check at making, and all count once asked.
+        """
+        if not live.session.conversation.rounds:
+            self._check_limit(live.session.owner)
+
+    def _check_use(self, session_id: str) -> None:
+        """Re-opening a session that does not count yet (never asked anything) is its first use: AtLimit when its owner is at the limit."""
+        limit = self.config.serve.max_sessions_per_user
+        if limit is None:
+            return
+        owner = self.parts.store.owner_of(session_id)
+        if owner is None:
+            return
+        counted = {entry.id for entry in self.parts.store.list_sessions(owner=owner)}
+        if session_id not in counted and len(counted) >= limit:
+            raise _at_limit(len(counted), limit)
 
     def _refuse_when_stopping(self) -> None:
         if self.stopping:
@@ -358,6 +379,13 @@ class Hub:
                 del self._open[live.id]
             self.parts.metrics.open_sessions.set(len(self._open))
         live.close(record=False)
+
+
+def _at_limit(count: int, limit: int) -> AtLimit:
+    return AtLimit(
+        f"You have {count} sessions, the most serve.max_sessions_per_user ({limit}) allows here: "
+        "continue one of them, or ask an administrator to raise the setting."
+    )
 
 
 def _waking(fanout: Fanout, session_id: str) -> Callable[[Event], None]:

@@ -22,6 +22,7 @@ from taskweaver_lite.records.event_json import event_json
 from taskweaver_lite.records.events import Event, PostAdded, ReplyStreamed
 from taskweaver_lite.records.tips import Tip
 from taskweaver_lite.session.session import Session
+from taskweaver_lite.telemetry import tracing
 
 END = None  # closes a turn's stream
 CUT_SHORT = "This server is shutting down and the request ran out of time to finish: send it again (another server takes it)"
@@ -146,7 +147,9 @@ class LiveSession:
             previous = self._worker  # answered, perhaps still finishing its round's bookkeeping: the new one waits for it
             turn = self._turn = Turn(loop or asyncio.get_running_loop())
             self._on_answer = on_answer
-            self._worker = threading.Thread(target=self._answer, args=(text, turn, previous, on_done), name=f"ask-{self.id}", daemon=True)
+            # In this context: with tracing on, the turn continues the trace of the HTTP request that asked.
+            answer = tracing.carried(self._answer)
+            self._worker = threading.Thread(target=answer, args=(text, turn, previous, on_done), name=f"ask-{self.id}", daemon=True)
             self._worker.start()
         return turn
 

@@ -1,0 +1,1 @@
+"""Watching a running program from outside: traces of its requests, model calls, cells and folds (OpenTelemetry, when enabled)."""
