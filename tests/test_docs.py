@@ -117,3 +117,28 @@ def test_the_site_lists_every_page_and_every_listed_page_exists() -> None:
     images = re.findall(r"\]\(([\w./-]+\.(?:png|svg))\)", (REPO / "README.md").read_text(encoding="utf-8"))
     assert images and all((REPO / image).is_file() for image in images), "the README's screenshots exist"
     assert all(Path(REPO / "docs" / page).is_file() for page in listed if page not in reference.pages() and page not in TOP_LEVEL)
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors of a page: its headings' (lower case, punctuation dropped, spaces as hyphens, as the site and GitHub make them), and explicit ones."""
+    headings = re.findall(r"^#{1,6}\s+(.+?)\s*$", re.sub(r"```.*?```", "", text, flags=re.S), flags=re.M)
+    explicit = set(re.findall(r"<a\s+(?:id|name)=\"([\w-]+)\"", text))  # `<a id="tracing"></a>` before a paragraph
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).strip().replace(" ", "-") for heading in headings} | explicit
+
+
+def test_every_readme_section_and_page_anchor_a_page_points_to_exists() -> None:
+    pages = {name: text for name, text in user_pages().items() if name.endswith(".md") and (REPO / name).is_file()}
+    readme = heading_anchors(pages["README.md"])
+    missing = []
+    for name, text in pages.items():
+        for anchor in re.findall(r"README\.md#([\w-]+)", text):
+            if anchor not in readme:
+                missing.append(f"{name}: README.md#{anchor}")
+        for title in re.findall(r"README's [\"“]([^\"”]+)[\"”]", text):
+            if re.sub(r"[^\w\- ]", "", title.lower()).strip().replace(" ", "-") not in readme:
+                missing.append(f"{name}: the README's {title!r} section")
+        for page, anchor in re.findall(r"\]\(([\w-]+\.md)#([\w-]+)\)", text):
+            target = (REPO / name).parent / page
+            if not target.is_file() or anchor not in heading_anchors(target.read_text(encoding="utf-8")):
+                missing.append(f"{name}: {page}#{anchor}")
+    assert not missing, "links to sections that are not there: " + "; ".join(missing)

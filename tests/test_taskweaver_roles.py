@@ -274,3 +274,20 @@ def test_a_role_class_with_no_constructor_or_config_class_of_its_own_is_built_wi
     with open_session(load_config(project)) as session:
         rnd = session.ask("Ask Plain.")
     assert (rnd.posts[2].send_from, rnd.posts[2].message) == ("Plain", "plain/Plain: hi")
+
+
+@pytest.mark.unit
+def test_an_image_a_taskweaver_role_attaches_is_said_not_to_reach_the_planner() -> None:
+    from taskweaver_lite.compat.taskweaver.memory import Attachment, AttachmentType, Post, our_post
+
+    # What TaskWeaver's ImageReader answers: a message, and the image as a data URL in an image_url attachment.
+    post = Post.create("I have read the image path from the message. The image is attached below.", "ImageReader", "Planner")
+    post.add_attachment(Attachment.create(AttachmentType.image_url, "Image from chart.png encoded as a Base64 data URL.", extra={"image_url": "data:..."}))
+    ours = our_post(post)
+    assert ours.message.splitlines()[-1] == (
+        "(The image itself was not passed on: the Planner's model here reads text only. "
+        "To learn what the image holds, have the CodeInterpreter analyse the file.)"
+    )
+    assert [(a.kind, a.content) for a in ours.attachments] == [("image_url", "Image from chart.png encoded as a Base64 data URL.")]
+    text = Post.create("plain", "Echo", "Planner")
+    assert our_post(text).message == "plain", "a reply with no image is passed on as it is"

@@ -481,12 +481,47 @@ def test_a_session_past_serve_max_sessions_per_user_is_refused_counting_what_eve
         other = httpx.Client(base_url=team.replicas[0].url, headers=headers, timeout=90)
         with other, httpx.Client(base_url=limited.url, headers=headers, timeout=90) as client:
             session_id = other.post("/api/sessions", json={}).json()["id"]
+            left_empty = client.post("/api/sessions", json={}).json()["id"]  # made while none of hers counted: allowed
             answer(other, session_id, "just a question")  # dana's one session, made on another replica
             refused = client.post("/api/sessions", json={})
             assert refused.status_code == 429, refused.text
             assert "serve.max_sessions_per_user (1)" in refused.json()["error"] and "\n" not in refused.json()["error"], refused.text
+            status, said = ask(client, left_empty, "a first question")
+            assert status == 429 and "serve.max_sessions_per_user (1)" in said[0]["error"], "a session made empty counts at its first request"
             assert "Done." in answer(client, session_id, "another question"), "the session dana has goes on"
             assert client.delete(f"/api/sessions/{session_id}").status_code == 200
             assert client.post("/api/sessions", json={}).status_code == 200, "once she deleted one, she may make another"
     finally:
         limited.stop()
+
+
+def test_a_rotated_token_ends_its_event_streams_on_every_replica_within_the_lease_renewal_period(team: Team) -> None:
+    token = _add_user(team.project, "erin")
+    store = PostgresStore(team.store_url)
+    erin = next(user for user in store.users() if user.name == "erin")
+    store.create_session("erin-streams", started=time.time(), owner=erin.id)  # no kernel needed: the stream reads the store
+    ended: dict[int, float] = {}
+
+    def follow(replica: int) -> None:
+        headers = {"Authorization": f"Bearer {token}"}
+        with (
+            httpx.Client(base_url=team.replicas[replica].url, headers=headers, timeout=30) as client,
+            client.stream("GET", "/api/sessions/erin-streams/events") as stream,
+        ):
+            assert stream.status_code == 200
+            for _ in stream.iter_lines():
+                if time.monotonic() - opened > 25:
+                    return
+        ended[replica] = time.monotonic()
+
+    opened = time.monotonic()
+    followers = [threading.Thread(target=follow, args=(replica,)) for replica in (0, 1)]
+    for thread in followers:
+        thread.start()
+    time.sleep(2.0)
+    _users(team.project, "rotate", "erin")
+    rotated = time.monotonic()  # the rotation is stored by now (the command's start-up is not the servers' doing)
+    for thread in followers:
+        thread.join(40)
+    assert set(ended) == {0, 1}, "a stream outlived the token it was opened with"
+    assert all(at - rotated < LEASE / 3 + 2.5 for at in ended.values()), ("each replica's stream ends within the renewal period", ended, rotated)

@@ -12,6 +12,7 @@ from taskweaver_lite.errors import ExperienceError
 from taskweaver_lite.knowledge.experience import Experience
 from taskweaver_lite.knowledge.tips import read_handcrafted
 from taskweaver_lite.llm.tokens import get_tokenizer
+from taskweaver_lite.records.tips import KIND_LABELS
 from taskweaver_lite.store.database import SessionStore
 
 pytestmark = pytest.mark.unit
@@ -67,3 +68,18 @@ def test_handcrafted_files_missing_a_key_or_not_a_mapping_are_named_and_the_rest
     assert [t.id for t in found.tips] == ["a"]
     assert any("handcrafted_exp_b.yaml: no experience_text" in p for p in found.problems)
     assert any("list.yml: expected a mapping" in p for p in found.problems)
+
+
+def test_tips_taskweaver_generated_are_labelled_as_taskweavers_not_as_handcrafted(tmp_path: Path) -> None:
+    (tmp_path / "handcrafted_exp_1.yaml").write_text("exp_id: '1'\nexperience_text: Parse dates first.\n", encoding="utf-8")
+    (tmp_path / "exp_1.yaml").write_text("exp_id: '1'\nexperience_text: Parse dates first.\nembedding: [0.1]\n", encoding="utf-8")
+    (tmp_path / "exp_20240101-000000-abc.yaml").write_text(
+        "exp_id: 20240101-000000-abc\nexperience_text: The user wants totals in thousands.\nraw_experience_path: raw_exp_20240101-000000-abc.yaml\n",
+        encoding="utf-8",
+    )
+    found = read_handcrafted(tmp_path)
+    assert [(t.id, t.kind, KIND_LABELS[t.kind]) for t in found.tips] == [
+        ("1", "handcrafted", "handcrafted"),
+        ("20240101-000000-abc", "taskweaver", "from TaskWeaver"),
+    ]
+    assert all(t.from_file for t in found.tips)

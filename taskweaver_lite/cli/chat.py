@@ -18,7 +18,7 @@ from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.experience import experience_command, save_tips
 from taskweaver_lite.cli.images import TerminalImages
-from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
+from taskweaver_lite.cli.plugins import mcp_lines, plugin_table, report_kernel_failures
 from taskweaver_lite.cli.prompt_line import INTERRUPTED, PromptLine
 from taskweaver_lite.cli.roles import role_table
 from taskweaver_lite.cli.turns import TurnCommands, session_artifacts
@@ -523,7 +523,9 @@ class SlashCommands(TurnCommands):
 
     def _plugins(self, _: str) -> bool:
         failures = getattr(self.session.executor, "plugin_failures", ())
-        self.say(plugin_table(self.session.plugins.entries, failures))
+        table = plugin_table(self.session.plugins.entries, failures)
+        servers = mcp_lines(getattr(self.session.executor, "mcp_servers", ()))
+        self.say("\n".join([table, "MCP servers (mcp.servers):", *servers]) if servers else table)
         return True
 
     def _roles(self, _: str) -> bool:

@@ -15,7 +15,7 @@ PREVIEW_CHARS = 160
 def save_tips(session: Session, say: Callable[[str], None]) -> None:
     """`/save`: the model distils the session into tips, which are stored and listed."""
     say("Distilling this session into tips for later sessions...")
-    earlier = [tip for tip in session.experience.all() if tip.source == session.id and not tip.handcrafted]
+    earlier = [tip for tip in session.experience.all() if tip.source == session.id and not tip.from_file]
     saved = session.save_experience()
     if not saved:
         kept = f"; the {len(earlier)} saved from it before stay" if earlier else ""
@@ -53,8 +53,8 @@ def tip_lines(tips: Sequence[Tip]) -> str:
     """One line per tip: its id, kind, where it came from, and its text."""
     rows = []
     for tip in tips:
-        origin = tip.source if tip.handcrafted else f"session {tip.source}"
-        rows.append(f"  {'#' + tip.id if not tip.handcrafted else tip.id:>6}  {KIND_LABELS[tip.kind]:<16} {_preview(tip.text)}  ({origin})")
+        origin = tip.source if tip.from_file else f"session {tip.source}"
+        rows.append(f"  {'#' + tip.id if not tip.from_file else tip.id:>6}  {KIND_LABELS[tip.kind]:<16} {_preview(tip.text)}  ({origin})")
     return "\n".join(rows)
 
 

@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_serve_parser(commands)
 
+    mcp = commands.add_parser("mcp", help="serve this agent to MCP hosts (Claude Desktop, VS Code) on stdin and stdout: its tool `ask` runs a chat turn")
+    _project_option(mcp)
+    _overrides_option(mcp)
+
     from taskweaver_lite.cli.users import add_users_parser
 
     add_users_parser(commands)
@@ -121,6 +125,7 @@ _RUNNERS = {
     "eval": ("taskweaver_lite.cli.eval", "run_eval_command"),
     "export": ("taskweaver_lite.cli.chat", "export_session"),
     "users": ("taskweaver_lite.cli.users", "run_users"),
+    "mcp": ("taskweaver_lite.cli.mcp", "run_mcp"),
     "config": ("taskweaver_lite.cli.config", "run_config"),
     "gateway": ("taskweaver_lite.cli.gateway", "run_gateway"),
 }

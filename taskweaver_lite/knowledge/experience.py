@@ -91,7 +91,7 @@ class Experience:
             return stored[number]
         handcrafted = next((tip for tip in self._files.read().tips if tip.id in (tip_id, number)), None)
         if handcrafted is not None:
-            raise ExperienceError(f"tip {handcrafted.id} is handcrafted: delete or edit {self.folder / handcrafted.source} to remove it")
+            raise ExperienceError(f"tip {handcrafted.id} is {KIND_LABELS[handcrafted.kind]}: delete or edit {self.folder / handcrafted.source} to remove it")
         raise ExperienceError(f"there is no tip {tip_id}; /experience lists them with their ids")
 
     def relevant(self, text: str) -> list[Tip]:

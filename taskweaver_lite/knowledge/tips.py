@@ -3,7 +3,9 @@
 Handcrafted tips are TaskWeaver's handcrafted experience files, read unchanged: each
 `PROJECT_DIR/experience/*.yaml` holds `exp_id` and `experience_text` (TaskWeaver's own extra keys,
 `raw_experience_path`, `embedding_model` and `embedding`, are ignored; its `exp_<id>.yaml` copy of a
-`handcrafted_exp_<id>.yaml` is the same tip once). Its `raw_exp_*.yaml` files are whole
+`handcrafted_exp_<id>.yaml` is the same tip once). An `exp_<id>.yaml` with no handcrafted twin was
+written by TaskWeaver's experience generator from one of its conversations: it is read the same way
+and labelled as TaskWeaver's, not as handcrafted. Its `raw_exp_*.yaml` files are whole
 conversations, not tips: they are reported as not read.
 """
 
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from taskweaver_lite.records.tips import Tip
+from taskweaver_lite.records.tips import Tip, TipKind
 
 
 @dataclass(frozen=True)
@@ -62,4 +64,6 @@ def _read_tip(path: Path) -> Tip:
     text = data["experience_text"]
     if not isinstance(text, str):
         raise ValueError("experience_text must be text")
-    return Tip(id=str(data["exp_id"]), kind="handcrafted", text=text.strip(), source=path.name, created_at=path.stat().st_mtime)
+    # handcrafted_exp_<id>.yaml are sorted first: an exp_<id>.yaml read here with no such twin is TaskWeaver's own summary.
+    kind: TipKind = "taskweaver" if path.name.startswith("exp_") else "handcrafted"
+    return Tip(id=str(data["exp_id"]), kind=kind, text=text.strip(), source=path.name, created_at=path.stat().st_mtime)

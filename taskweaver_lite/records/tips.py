@@ -5,13 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-TipKind = Literal["error_resolution", "preference", "handcrafted"]
+# handcrafted: written by a person (TaskWeaver's handcrafted_exp_*.yaml); taskweaver: distilled by TaskWeaver's
+# experience generator from one of its conversations (an exp_*.yaml with no handcrafted twin).
+TipKind = Literal["error_resolution", "preference", "handcrafted", "taskweaver"]
 
 
 DISTILLED_KINDS: tuple[TipKind, ...] = ("error_resolution", "preference")
 
 
-KIND_LABELS: dict[str, str] = {"error_resolution": "error resolution", "preference": "preference", "handcrafted": "handcrafted"}
+KIND_LABELS: dict[str, str] = {
+    "error_resolution": "error resolution",
+    "preference": "preference",
+    "handcrafted": "handcrafted",
+    "taskweaver": "from TaskWeaver",
+}
+FILE_KINDS: tuple[TipKind, ...] = ("handcrafted", "taskweaver")  # tips read from the experience folder, not the store
 
 
 @dataclass(frozen=True)
@@ -25,9 +33,9 @@ class Tip:
     created_at: float = 0.0
 
     @property
-    def handcrafted(self) -> bool:
+    def from_file(self) -> bool:
         """Whether it comes from a YAML file in `experience/` (edited there, not in the store)."""
-        return self.kind == "handcrafted"
+        return self.kind in FILE_KINDS
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape: {id, kind, text, source, created_at}."""

@@ -21,7 +21,7 @@ from taskweaver_lite.kernel.interface import Executor
 from taskweaver_lite.llm.client import ChatModel, DeltaSink
 from taskweaver_lite.llm.replies import CODE_GENERATOR_SCHEMA
 from taskweaver_lite.memory.compression import RoleContext
-from taskweaver_lite.plugins.prompt import PLUGINS_SHARE, render_block, select, used_plugins
+from taskweaver_lite.plugins.prompt import PLUGINS_SHARE, render_block, render_mcp_block, select, used_plugins
 from taskweaver_lite.records.conversation import Post, Round, RoundMessages
 from taskweaver_lite.records.events import CellPrinted, Working
 from taskweaver_lite.records.execution import CellCancelled, CellError, ExecutionResult, FoldPiece, as_data
@@ -159,10 +159,12 @@ class CodeGenerator(Role):
             # Chosen once per step (its retries show the same), before the round is first rendered.
             self._step_plugins.setdefault(step.id, block)
         kernel = self._executor.environment()
+        tools = render_mcp_block(kernel.mcp_servers, max_tokens=int(self.context.budget * PLUGINS_SHARE), tokenizer=self.context.tokenizer)
         system = self._prompt.render(
             "system",
             plugins="" if per_step else block,
             plugins_with_steps=per_step,
+            mcp_tools=tools,
             libraries=", ".join(kernel.libraries),
             mounts=", ".join(kernel.mounts),
         )

@@ -264,7 +264,9 @@ def default_executor(config: Config, *, plugins: Sequence[PluginSpec] = ()) -> E
         return functools.partial(GatewayExecutor, config=config.execution, gateway=gateway, output_tokens=config.cell_output_tokens, plugins=tuple(plugins))
     # A sandboxed kernel sees neither the project folder nor the store (wherever store.path puts it).
     hidden = (config.project_dir, config.store_path.parent)
-    return functools.partial(KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens, plugins=tuple(plugins), hidden=hidden)
+    return functools.partial(
+        KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens, plugins=tuple(plugins), hidden=hidden, mcp_servers=config.mcp.servers
+    )
 
 
 def kept_variables(executor: Executor) -> bool:

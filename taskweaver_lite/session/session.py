@@ -206,6 +206,11 @@ class Session:
         else:
             self._listeners.append(listener)
 
+    def remove_listener(self, listener: Listener) -> None:
+        """Stop `listener` observing the session (one added for a single request)."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
     def ask(self, text: str) -> Round:
         """Handle one user request to the end and return its round.
 

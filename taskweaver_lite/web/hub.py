@@ -142,9 +142,11 @@ class Hub:
             return turn
         hold = self._take(leases, session_id)
         try:
+            held = self.get(session_id)
+            if held is None or not held.session.conversation.rounds:
+                self._check_use(session_id)  # before the session is loaded (and its kernel reached) for nothing
             live = self._current(session_id)
             live.last_used = time.monotonic()
-            self._check_first_request(live)
             turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, hold), on_done=functools.partial(self._finish, live, hold))
             turn.since = live.version
             return turn
@@ -275,7 +277,7 @@ class Hub:
             self._check_limit(live.session.owner)
 
     def _check_use(self, session_id: str) -> None:
-        """Re-opening a session that does not count yet (never asked anything) is its first use: AtLimit when its owner is at the limit."""
+        """Re-opening or asking a session that does not count yet (never asked anything) is its first use: AtLimit when its owner is at the limit."""
         limit = self.config.serve.max_sessions_per_user
         if limit is None:
             return

@@ -187,7 +187,20 @@ def _kind(kind: str) -> AttachmentType:
         return AttachmentType.text
 
 
+# Said with a reply that carries an image (TaskWeaver's ImageReader attaches one as a data URL): the Planner's
+# prompt here is text, so it must not be told it was shown a picture it never saw.
+IMAGE_NOT_PASSED = (
+    "(The image itself was not passed on: the Planner's model here reads text only. To learn what the image holds, have the CodeInterpreter analyse the file.)"
+)
+
+
 def our_post(post: Post) -> ours.Post:
-    """A TaskWeaver role's reply as our post: its message, and each attachment as a typed one (`kind` is its type's value)."""
+    """A TaskWeaver role's reply as our post: its message, and each attachment as a typed one (`kind` is its type's value).
+
+    An `image_url` attachment keeps its text, not the image (a data URL would fill the prompt with base64);
+    the message then says, in one line, that the image did not reach the Planner.
+    """
     attachments = tuple(ours.Attachment(kind=a.type.value, content=str(a.content)) for a in post.attachment_list)
-    return ours.Post(send_from=post.send_from, send_to=post.send_to, message=post.message, attachments=attachments)
+    images = any(a.type == AttachmentType.image_url for a in post.attachment_list)
+    message = f"{post.message}\n{IMAGE_NOT_PASSED}" if images else post.message
+    return ours.Post(send_from=post.send_from, send_to=post.send_to, message=message, attachments=attachments)
