@@ -12,7 +12,7 @@ import yaml
 from helpers import REPO
 
 from taskweaver_lite.cli import reference
-from taskweaver_lite.cli.main import build_parser
+from taskweaver_lite.cli.main import build_parser, commands
 from taskweaver_lite.config.settings import Config, KernelGatewayConfig, MountConfig
 from taskweaver_lite.web.app import build_app
 from taskweaver_lite.web.auth import Access
@@ -57,6 +57,11 @@ def test_every_command_and_its_arguments_are_on_the_commands_page() -> None:
         flags = set(re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", help_text)) - {"-h", "--help"}
         missing = [flag for flag in flags if f"`{flag}" not in section]
         assert not missing, f"{name}: arguments its --help shows but the page does not: {missing}"
+
+
+def test_every_command_is_registered_one_way_under_its_own_name() -> None:
+    names = re.findall(r"^    (\w+) ", build_parser().format_help(), re.M)
+    assert names == [command.name for command in commands()], "each sub-command is one Command entry in cli/main.py, added under its name"
 
 
 def subcommand_help(parser: Any, name: str) -> str:

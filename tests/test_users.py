@@ -305,6 +305,10 @@ def test_a_name_removed_and_added_again_is_someone_new_without_the_old_ones_sess
         store.save_tips(session_id, [("preference", "the old carol's tip")])
         old_id = store.users()[0].id
         store.close()
+        with client.stream("POST", f"/api/sessions/{session_id}/messages", json={"text": "hello"}, headers={"Authorization": f"Bearer {old_carol}"}) as asked:
+            assert asked.status_code == 200 and "error" in asked.read().decode()  # no model answers: the call is still counted
+        metrics = client.get("/metrics", headers={"Authorization": f"Bearer {old_carol}"}).text
+        assert 'user="carol"' in metrics and old_id not in metrics, "the metrics name the user, not the id their sessions belong to"
         main(["users", "remove", "carol", "-p", str(project)])
         carol = add_user(project, "carol", capsys)
         assert client.get(f"/api/sessions/{session_id}", headers={"Authorization": f"Bearer {carol}"}).status_code == 404, "not the old carol's"

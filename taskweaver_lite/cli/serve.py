@@ -71,12 +71,16 @@ def say(line: str) -> None:
 
 def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] = ()) -> int:
     logging.basicConfig(stream=sys.stderr, format=LOG_FORMAT, datefmt=LOG_TIME, level=logging.WARNING)  # the server's warnings, stamped
-    access = Access.for_address(args.host, args.token, store_has_users=store_has_users(config))
+    has_users = store_has_users(config)
+    access = Access.for_address(args.host, args.token, store_has_users=has_users)
     log = AccessLog(args.log) if args.log else None
     try:
         app = build_app(config, access, log=log, preload=preload)
         with listening(args.host, args.port) as sock:
             say(start_line(config.project_dir, host=args.host, port=args.port, token=access.token))
+            warning = gateway_warning(config) if has_users else None
+            if warning:
+                say(warning)
             for line in discover_roles(config.project_dir, enabled=config.session.roles, config=config).problems:
                 say(strip_controls(line))
             drain = config.serve.drain_timeout
@@ -139,6 +143,27 @@ def _bind_problem(exc: OSError, *, host: str, port: int) -> str:
     if exc.errno == errno.EACCES:
         return f"port {port} on {host} needs privileges: choose one above 1023 with --port"
     return f"cannot listen on {host}:{port} ({exc.strerror}): choose another --host or --port"
+
+
+def gateway_warning(config: Config) -> str | None:
+    """One line when users share `execution.kernel_gateway` and it is not `taskweaver-lite gateway` (None: nothing to say)."""
+    gateway = config.execution.kernel_gateway
+    if gateway is None:
+        return None
+    from taskweaver_lite.kernel.gateway import GatewayKernel  # the gateway extra, as the sessions' executors need
+
+    client = GatewayKernel(gateway)
+    try:
+        sandboxed = client.sandboxed()
+    finally:
+        client.release()
+    if sandboxed:
+        return None
+    what = "is a plain Jupyter gateway" if sandboxed is False else "did not list its kernelspecs, so it may be a plain Jupyter gateway"
+    return (
+        f"Warning: the kernel gateway {gateway.url} {what}: it does not keep users apart, so code run in one user's session can read "
+        "other sessions' files, variables and kernels there, and the gateway's token; run `taskweaver-lite gateway` there instead."
+    )
 
 
 def start_line(project: Path, *, host: str, port: int, token: str | None) -> str:

@@ -288,6 +288,15 @@ class Hub:
         if session_id not in counted and len(counted) >= limit:
             raise _at_limit(len(counted), limit)
 
+    def _user_name(self, owner: str | None) -> str | None:
+        """The name of the user whose id `owner` is, for the metrics (a session belongs to an id; an operator reads names); the id once they are gone."""
+        if owner is None:
+            return None
+        try:
+            return next((user.name for user in self.parts.store.users() if user.id == owner), owner)
+        except StoreError:
+            return owner
+
     def _refuse_when_stopping(self) -> None:
         if self.stopping:
             raise Stopping("This server is stopping: send the request again (another replica takes it).")
@@ -354,7 +363,7 @@ class Hub:
             self.parts.leases.release(hold)
 
     def _keep(self, live: LiveSession) -> LiveSession:
-        live.session.add_listener(self.parts.metrics.listener(live.session.owner))
+        live.session.add_listener(self.parts.metrics.listener(self._user_name(live.session.owner)))
         if self.replica is None:
             live.session.add_listener(_waking(self.parts.fanout, live.id))
         _settle()
