@@ -46,6 +46,7 @@ UVICORN_LOGGING = {
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "stamped", "stream": "ext://sys.stderr"}},
     "loggers": {"uvicorn": {"handlers": ["stderr"], "level": "WARNING", "propagate": False}},
 }
+DRAIN_POLL = 0.1  # seconds between looks at whether requests still run here, once stopping
 CUT_GRACE = 10.0  # seconds past serve.drain_timeout for the requests cut then to end before uvicorn cancels what is left
 
 
@@ -94,10 +95,10 @@ def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] 
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, told of SIGTERM and Ctrl-C at once: the hub refuses new requests while the running ones finish.
+    """uvicorn, told of SIGTERM and Ctrl-C at once: the hub refuses new requests (503 "stopping") while the running ones finish.
 
-    uvicorn then stops listening and waits for the running requests (a replica's event streams end
-    at once: their clients reconnect to another replica, missing nothing). Those still running after
+    Once none runs, uvicorn stops listening and waits for the connections still open (a replica's
+    event streams end at once: their clients reconnect to another replica, missing nothing). Those still running after
     `serve.drain_timeout` are cut short by the hub: each client gets its error event, and the round
     is marked cut off, as for a replica that died. uvicorn's own cancelling, CUT_GRACE seconds
     later, is only for a request that did not end even then. The hub then closes its sessions; on a
@@ -112,11 +113,20 @@ class _Server(uvicorn.Server):
         self._cutter: threading.Timer | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._cutter is not None:  # a second signal: stop waiting for the running requests
+            super().handle_exit(sig, frame)
+            return
         self._hub.stop_taking()
-        if self._cutter is None:
-            self._cutter = threading.Timer(self._drain, self._hub.cut_running)
-            self._cutter.daemon = True
-            self._cutter.start()
+        self._cutter = threading.Timer(self._drain, self._hub.cut_running)
+        self._cutter.daemon = True
+        self._cutter.start()
+        # Still listening while requests run: a new one is answered 503 "stopping" (the proxy retries it
+        # elsewhere), not refused at connect. uvicorn stops listening once none runs here.
+        threading.Thread(target=self._exit_when_idle, args=(sig, frame), name="drain", daemon=True).start()
+
+    def _exit_when_idle(self, sig: int, frame: FrameType | None) -> None:
+        while self._hub.running():
+            time.sleep(DRAIN_POLL)
         super().handle_exit(sig, frame)
 
 

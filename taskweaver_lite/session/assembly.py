@@ -15,10 +15,12 @@ closes a store opened for it (`OpeningGuard`), and a kernel already booting is s
 from __future__ import annotations
 
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from taskweaver_lite.config.settings import Config
@@ -64,6 +66,7 @@ class ResumeReport:
     replayed: int  # cells re-run to rebuild the kernel's variables
     replay_failures: int
     lost: tuple[str, ...]  # variables not rebuilt (replay skipped)
+    unrestored: tuple[str, ...] = ()  # loaded files a new kernel's folder lacks and the store had no bytes of
 
 
 def open_session(
@@ -131,8 +134,10 @@ def resume_session(
         )
         session = _assemble(config, session_id, parts, model=model, executor=executor, listeners=listeners)
     session.restore(stored)
-    if cells and session.executor.kept_variables():
-        cells = []  # attached to the gateway kernel that outlived the server before: the variables are there
+    fresh = replay and not session.executor.kept_variables()  # not attached to a gateway kernel that outlived the server before
+    if not fresh:
+        cells = []  # the variables (and files) are there
+    unrestored = restore_uploads(session, store) if fresh else ()
     failed_cells = replay_cells(session.executor, cells, on_replay=on_replay)
     if not replay:
         session.variables.lost = [v.name for v in stored.last_variables]
@@ -143,8 +148,33 @@ def resume_session(
         replayed=len(cells),
         replay_failures=failed_cells,
         lost=tuple(session.variables.lost),
+        unrestored=unrestored,
     )
     return session, report
+
+
+def restore_uploads(session: Session, store: Store) -> tuple[str, ...]:
+    """Put the session's loaded files back into a new kernel's folder from the store, before its cells are replayed.
+
+    A store that keeps files (PostgreSQL) has their bytes: a kernel on a gateway that lost its folder
+    gets them again. A file the store has no bytes of (over its size limit) is named in what is
+    returned, and the Planner is told with the next request that it must be loaded again, rather
+    than the replayed cells and the next ones failing on a file that is not there.
+    """
+    if not store.keeps_files:
+        return ()
+    missing: list[str] = []
+    for name in dict.fromkeys(load.name for load in session.loads):
+        data = store.file(session.id, "upload", name)
+        if data is None:
+            missing.append(name)
+            session.note(f"The file {name}, loaded earlier, is no longer in the working folder and could not be restored: ask the user to load it again.")
+            continue
+        with tempfile.TemporaryDirectory() as folder:
+            copy = Path(folder) / name
+            copy.write_bytes(data)
+            session.executor.upload(copy, name=name)
+    return tuple(missing)
 
 
 def reset_session(session: Session) -> Session:

@@ -299,6 +299,10 @@ class Session:
         self._emit(loaded)
         return self.working_dir / name
 
+    def note(self, text: str) -> None:
+        """A line the Planner reads first with the next request (as a loaded file's note)."""
+        self._notes.append(text)
+
     def forget_last_round(self) -> Round:
         """Take the last round out of the conversation, the roles' views and their next prompts (undo.py drops it from the store)."""
         last = self.conversation.rounds.pop()

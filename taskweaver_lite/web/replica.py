@@ -98,6 +98,8 @@ class Replica:
         factory = self.executor(session_id, owner=stored.owner, kernel_id=stored.kernel_id, cells_before=_cells(stored))
         session, report = self.workspace.resume_session(session_id, executor=factory, listeners=listeners, claim=False)
         self.metrics.session_loads.observe(time.monotonic() - started)
+        if report.unrestored:
+            _log.warning("session %s: loaded files not restored into its new kernel (the store has no copy): %s", session_id, ", ".join(report.unrestored))
         if report.cut_off:
             self.metrics.lease_takeovers.inc()
             _log.warning("session %s: took over request %s, cut off when the replica running it stopped", session_id, report.cut_off)
