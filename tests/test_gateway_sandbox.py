@@ -284,6 +284,12 @@ def test_the_projects_limits_the_syscall_filter_and_a_pid_namespace_hold_in_ever
     assert values["cwd"] == str(sandboxed.root / "taskweaver_sessions" / "bob-s")
 
 
+def test_no_file_a_kernel_writes_may_pass_the_gateway_projects_disk_limit(sandboxed: Arena) -> None:
+    said = sandboxed.bob.run(f"with open('big.bin', 'wb') as f:\n    f.write(b'x' * {DISK_LIMIT + 1024})")
+    assert "File too large" in said, said
+    sandboxed.bob.run("import os\nos.remove('big.bin')")
+
+
 def test_a_client_asking_for_another_kernelspec_still_gets_the_sandbox(sandboxed: Arena) -> None:
     other = Cells(sandboxed.gateway, session="carol-s", owner="carol", kernel_name="python3")
     try:
