@@ -182,6 +182,13 @@ def layer_name(cell: str) -> str:
     return cell.strip("`").removesuffix("/").removesuffix(".py")
 
 
+def test_executors_are_chosen_in_one_place_and_used_through_their_protocol() -> None:
+    # kernel/choice.py picks the class by what the config asks for; the rest of the package sees `Executor` only.
+    named = re.compile(r"\b(?:KernelExecutor|GatewayExecutor)\b")
+    naming = sorted(name for name, path in MODULES.items() if part_of(name) != "kernel" and named.search(path.read_text(encoding="utf-8")))
+    assert naming == [], f"these name an executor class; build one with kernel/choice.py and ask it through kernel/interface.py: {naming}"
+
+
 def test_only_the_store_speaks_to_postgresql() -> None:
     driver = re.compile(r"^\s*(?:import|from) psycopg", re.MULTILINE)
     speaking = sorted(name for name, path in MODULES.items() if driver.search(path.read_text(encoding="utf-8")) and part_of(name) not in ("store", "testing"))

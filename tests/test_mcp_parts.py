@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from mcp import MCPError
 
+from taskweaver_lite.cli.reference import config_keys
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import McpServerConfig
 from taskweaver_lite.errors import ConfigError
@@ -39,6 +40,7 @@ def test_the_servers_config_is_typed_and_its_errors_name_the_key(tmp_path: Path)
     assert "mcp.servers and execution.kernel_gateway conflict" in said
     (tmp_path / "taskweaver_config.yaml").write_text("mcp:\n  servers:\n    time: {command: [mcp-server-time], env: {TZ: UTC}}\n", encoding="utf-8")
     assert load_config(tmp_path).mcp.servers == {"time": McpServerConfig(command=["mcp-server-time"], env={"TZ": "UTC"})}
+    assert {"mcp.servers", "mcp.servers.<NAME>.command", "mcp.servers.<NAME>.network"} <= set(config_keys())  # the reference page names each key
 
 
 def test_a_tool_is_shown_as_a_method_with_keyword_arguments_from_its_json_schema() -> None:

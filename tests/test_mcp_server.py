@@ -20,7 +20,9 @@ import pytest
 from helpers import REPO, cli_env, make_project
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp_types import CallToolResult
 
+from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, last_user_text, planner_reply
 
 pytestmark = pytest.mark.cli
@@ -113,13 +115,15 @@ def test_an_mcp_client_asks_twice_in_one_session_reads_a_plot_and_cancels_a_cell
             assert table.text == "a,b\n1,2\n"  # type: ignore[union-attr]
 
             await cancel_a_long_cell(client, session_id)
+            after = await client.call_tool("ask", {"question": "double x again", "session_id": session_id})
+            assert after.structured_content is not None and after.structured_content["answer"] == "The answer is 82.", after
             kept = await client.call_tool("variables", {"session_id": session_id})
             assert kept.structured_content is not None
             assert {"name": "x", "type": "int", "description": "42"} in kept.structured_content["variables"]
 
     anyio.run(scenario)
     [row] = stored_sessions(project)
-    assert row["rounds"] == 4  # the cancelled round is stored too, failed
+    assert row["rounds"] == 5  # the cancelled round is stored too, failed
 
 
 async def cancel_a_long_cell(client: Client, session_id: str) -> None:
@@ -165,15 +169,21 @@ def test_bad_input_is_a_protocol_error_in_one_line_and_stores_nothing(project: P
 
 
 def test_a_new_server_process_resumes_a_stored_session_with_its_variables(project: Path) -> None:
-    async def ask(question: str, session_id: str | None = None) -> dict[str, Any]:
+    async def ask(question: str, session_id: str | None = None) -> CallToolResult:
         async with agent(project) as client:
-            result = await client.call_tool("ask", {"question": question} | ({"session_id": session_id} if session_id else {}))
-            assert result.structured_content is not None, result
-            return result.structured_content
+            return await client.call_tool("ask", {"question": question} | ({"session_id": session_id} if session_id else {}))
 
-    first = anyio.run(ask, "set x")
-    again = anyio.run(ask, "double x", first["session_id"])
-    assert again["answer"] == "The answer is 82." and again["session_id"] == first["session_id"]
+    first = anyio.run(ask, "set x").structured_content
+    assert first is not None
+    with Workspace.load(project) as workspace:  # a chat holds the session meanwhile: the server says so, and opens nothing
+        claim = workspace.store.lock(first["session_id"])
+        try:
+            refused = anyio.run(ask, "double x", first["session_id"])
+        finally:
+            claim.release()
+    assert refused.is_error and "is open in another taskweaver-lite process" in refused.content[0].text  # type: ignore[union-attr]
+    again = anyio.run(ask, "double x", first["session_id"]).structured_content
+    assert again is not None and again["answer"] == "The answer is 82." and again["session_id"] == first["session_id"]
     done = subprocess.run(
         [sys.executable, "-m", "taskweaver_lite", "export", first["session_id"], "-p", str(project), "--format", "md", "-o", str(project / "s.md")],
         capture_output=True,

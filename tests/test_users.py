@@ -245,7 +245,7 @@ def test_a_revoked_token_ends_the_event_streams_opened_with_it(project: Path, ca
         with httpx.Client(base_url=web.url, headers=headers, timeout=30) as client, client.stream("GET", f"/api/sessions/{name}-1/events") as stream:
             assert stream.status_code == 200
             for _ in stream.iter_lines():
-                if time.monotonic() - opened > 20:
+                if time.monotonic() - opened > 10:  # past the last of the others' ends (7 s): enough to tell a stream that stays
                     return  # still open: `ended` lacks it
         ended[name] = time.monotonic() - opened
 
@@ -263,7 +263,7 @@ def test_a_revoked_token_ends_the_event_streams_opened_with_it(project: Path, ca
     assert set(ended) >= {"ana", "bob", "cy"}, ended
     assert ended["ana"] < removed_at + 3 and ended["bob"] < removed_at + 3, ("removed and rotated: ended within the lease renewal period", ended)
     assert 3 < ended["cy"] < 7, ("expired: ended once past its expiry", ended)
-    assert "dee" not in ended or ended["dee"] > 15, "a token that still works keeps its stream"
+    assert "dee" not in ended or ended["dee"] > 8, "a token that still works keeps its stream"
 
 
 def test_a_user_holds_at_most_serve_max_streams_per_user_event_streams(project: Path, capsys: pytest.CaptureFixture[str]) -> None:

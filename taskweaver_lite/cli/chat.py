@@ -328,6 +328,8 @@ def _resume_session(
         lines.append(f"Re-ran {report.replayed} {cells} to rebuild the kernel's variables{failed}.")
     elif report.lost:
         lines.append(f"Not replayed: these variables are gone until recomputed: {', '.join(report.lost)}.")
+    if report.unrestored:
+        lines.append(f"Not restored (the store has no copy): {', '.join(report.unrestored)}; load them again with /load.")
     say("\n".join(lines))
     return session
 
@@ -665,9 +667,11 @@ def list_sessions(args: argparse.Namespace) -> int:
     if not rows:
         print(f"No stored sessions in {store_place(config)}.")
         return 0
-    print(f"{'ID':<24} {'STARTED':<17} {'LAST ACTIVE':<17} {'ROUNDS':>6}  TITLE")
+    owners = any(row.owner for row in rows)  # a store with users: whose each session is (a column only then)
+    print(f"{'ID':<24} {'STARTED':<17} {'LAST ACTIVE':<17} {'ROUNDS':>6}  " + (f"{'OWNER':<16} " if owners else "") + "TITLE")
     for row in rows:
-        print(f"{row.id:<24} {_stamp(row.started):<17} {_stamp(row.last_active):<17} {row.rounds:>6}  {strip_controls(row.title)}")
+        owner = f"{strip_controls(row.owner or '-'):<16} " if owners else ""
+        print(f"{row.id:<24} {_stamp(row.started):<17} {_stamp(row.last_active):<17} {row.rounds:>6}  {owner}{strip_controls(row.title)}")
     return 0
 
 

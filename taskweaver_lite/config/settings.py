@@ -560,7 +560,7 @@ class TracingConfig(_Section):
     @classmethod
     def _an_http_url(cls, value: str | None) -> str | None:
         if value is not None and not (value.startswith(("http://", "https://")) and urlsplit(value).hostname):
-            raise ValueError("expected an http:// or https:// address such as http://127.0.0.1:4318 (or null for OTEL_EXPORTER_OTLP_ENDPOINT)")
+            raise ValueError("expected an http:// or https:// address such as http://127.0.0.1:4318, or null to read it from the environment")
         return value
 
 

@@ -186,6 +186,14 @@ class SessionKernel(ABC):
             self._replace_kernel(graceful=True)
             return lost
 
+    def kept_variables(self) -> bool:
+        """False: a kernel started for this session has none of its variables yet (a gateway's attached kernel may)."""
+        return False
+
+    def catch_up(self, kernel_id: str | None, *, cells_before: int) -> bool:
+        """False: only a kernel that outlives its process (on a gateway) can be caught up on."""
+        return False
+
     def shutdown(self) -> None:
         """End the kernel and everything it started; safe to call more than once."""
         if self._closed:

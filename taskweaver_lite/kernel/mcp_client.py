@@ -110,8 +110,12 @@ async def _serve(hub: _Hub, name: str, spec: dict[str, Any]) -> list[dict[str, A
 
 async def _connection(name: str, spec: dict[str, Any], listed: asyncio.Future[list[dict[str, Any]]]) -> None:
     """Connect to the server, list its tools into `listed`, and keep the connection open (its process too)."""
-    from mcp import Client, StdioServerParameters
-    from mcp.client.stdio import stdio_client
+    try:
+        from mcp import Client, StdioServerParameters
+        from mcp.client.stdio import stdio_client
+    except ImportError:
+        listed.set_exception(McpToolError(f"not started: the kernel's Python ({sys.executable}) has no mcp package: pip install 'mcp>=2.3' there"))
+        return
 
     command = [str(part) for part in spec["command"]]
     # A console script of the kernel's own environment is found even when its bin folder is not on PATH.

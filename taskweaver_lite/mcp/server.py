@@ -48,6 +48,8 @@ from taskweaver_lite.session.workspace import Workspace
 MAX_QUESTION_CHARS = 20_000
 # Sessions kept open with their kernels; the one used least recently is closed (it stays stored).
 MAX_OPEN_SESSIONS = 4
+# Seconds an ask waits for the session's previous answer (a cancelled one winding down) before it is refused.
+BUSY_WAIT = 10.0
 # Seconds a cancelled turn gets to stop its cell and store its failed round before the cancellation is answered.
 STOP_WAIT = 60.0
 _ACTIVITY = {
@@ -303,8 +305,13 @@ class AgentServer:
 
     async def _ask(self, ctx: Any, question: str, ref: str | None) -> types.CallToolResult:
         def work(turn: Turn) -> types.CallToolResult:
-            entry = self._opened(ref, turn)
-            if not entry.busy.acquire(blocking=False):
+            try:
+                entry = self._opened(ref, turn)
+            except MCPError:
+                raise
+            except TaskWeaverError as exc:  # open in another program, a kernel that cannot start: the client hears why
+                return _error_result(f"The session could not be opened: {exc}")
+            if not entry.busy.acquire(timeout=BUSY_WAIT):
                 return _error_result(f"session {entry.session.id} is answering another question: wait for that answer, then ask again")
             try:
                 turn.session = entry.session

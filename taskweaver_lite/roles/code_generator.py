@@ -28,6 +28,7 @@ from taskweaver_lite.records.execution import CellCancelled, CellError, Executio
 from taskweaver_lite.records.model_calls import Message
 from taskweaver_lite.records.plugin_spec import PluginSpec
 from taskweaver_lite.roles.role import RepairTurns, Role, as_reply_json
+from taskweaver_lite.roles.worker import RoleRequest, RoleTools
 from taskweaver_lite.safety.confirm import DECLINED, EDITED_NOTICE, ConfirmCell
 from taskweaver_lite.safety.verification import CodeVerifier, refusal_text
 
@@ -64,6 +65,13 @@ class CodeGenerator(Role):
         self._verifier = verifier
         self._confirm = confirm
         self._step_plugins: dict[str, str] = {}  # a step's post id -> the plugin block shown before it (auto_plugin_selection)
+
+    def reply(self, request: RoleRequest, tools: RoleTools) -> Post:
+        """The report on the request's step: the code run, its result, and the outcome."""
+        turn = request.turn
+        return self.handle(
+            request.post, history=request.history, current=lambda: request.current, add_post=turn.add_post, repairs=turn.repairs, notify=turn.notify
+        )
 
     def handle(
         self,
