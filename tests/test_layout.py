@@ -189,6 +189,13 @@ def test_executors_are_chosen_in_one_place_and_used_through_their_protocol() -> 
     assert naming == [], f"these name an executor class; build one with kernel/choice.py and ask it through kernel/interface.py: {naming}"
 
 
+def test_what_a_model_or_an_executor_can_do_is_declared_never_probed() -> None:
+    # ChatModel (llm/client.py) and Executor (kernel/interface.py) declare their optional abilities.
+    probe = re.compile(r"getattr\([^,]+, \"(?:close|model_name|scope_cache|share_cache|kept_variables|catch_up)\"")
+    probing = sorted(name for name, path in MODULES.items() if probe.search(path.read_text(encoding="utf-8")))
+    assert probing == [], f"these look an ability up with getattr; call the protocol's method: {probing}"
+
+
 def test_only_the_store_speaks_to_postgresql() -> None:
     driver = re.compile(r"^\s*(?:import|from) psycopg", re.MULTILINE)
     speaking = sorted(name for name, path in MODULES.items() if driver.search(path.read_text(encoding="utf-8")) and part_of(name) not in ("store", "testing"))

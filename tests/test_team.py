@@ -498,17 +498,17 @@ def test_a_session_past_serve_max_sessions_per_user_is_refused_counting_what_eve
 
 
 def test_a_rotated_token_ends_its_event_streams_on_every_replica_within_the_lease_renewal_period(team: Team) -> None:
-    token = _add_user(team.project, "erin")
+    token = _add_user(team.project, "fern")
     store = PostgresStore(team.store_url)
-    erin = next(user for user in store.users() if user.name == "erin")
-    store.create_session("erin-streams", started=time.time(), owner=erin.id)  # no kernel needed: the stream reads the store
+    fern = next(user for user in store.users() if user.name == "fern")
+    store.create_session("fern-streams", started=time.time(), owner=fern.id)  # no kernel needed: the stream reads the store
     ended: dict[int, float] = {}
 
     def follow(replica: int) -> None:
         headers = {"Authorization": f"Bearer {token}"}
         with (
             httpx.Client(base_url=team.replicas[replica].url, headers=headers, timeout=30) as client,
-            client.stream("GET", "/api/sessions/erin-streams/events") as stream,
+            client.stream("GET", "/api/sessions/fern-streams/events") as stream,
         ):
             assert stream.status_code == 200
             for _ in stream.iter_lines():
@@ -521,7 +521,7 @@ def test_a_rotated_token_ends_its_event_streams_on_every_replica_within_the_leas
     for thread in followers:
         thread.start()
     time.sleep(2.0)
-    _users(team.project, "rotate", "erin")
+    _users(team.project, "rotate", "fern")
     rotated = time.monotonic()  # the rotation is stored by now (the command's start-up is not the servers' doing)
     for thread in followers:
         thread.join(40)

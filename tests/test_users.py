@@ -221,14 +221,17 @@ def test_the_page_signs_in_by_a_posted_form_with_a_signed_expiring_cookie_never_
 
 
 def test_refused_tokens_from_one_address_past_serve_failed_token_limit_get_429_with_retry_after(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    ana = add_user(project, "ana", capsys)
+    ana, bob = add_user(project, "ana", capsys), add_user(project, "bob", capsys)
     with WebServer(load_config(project, ["serve.failed_token_limit=3"])) as web, httpx.Client(base_url=web.url) as client:
+        assert client.get("/api/sessions", headers={"Authorization": f"Bearer {bob}"}).status_code == 200
         for n in range(3):
             assert client.get("/api/sessions", headers={"Authorization": f"Bearer twl_{n:016x}_{'x' * 43}"}).status_code == 401
         limited = client.get("/api/sessions", headers={"Authorization": f"Bearer {ana}"})
         assert limited.status_code == 429 and 0 < int(limited.headers["retry-after"]) <= 60, limited.text
         assert "try again in" in limited.json()["error"]
         assert client.post("/sign-in", data={"token": ana}).status_code == 429, "the sign-in form counts and waits too"
+        shared = client.get("/api/sessions", headers={"Authorization": f"Bearer {bob}"})
+        assert shared.status_code == 200, "a token that worked before is not held back with the guesses from its address"
 
 
 def test_a_revoked_token_ends_the_event_streams_opened_with_it(project: Path, capsys: pytest.CaptureFixture[str]) -> None:

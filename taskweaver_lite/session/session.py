@@ -318,9 +318,7 @@ class Session:
     def replace_model(self, model: ChatModel) -> None:
         """Call `model` from the next request on, closing the one it replaces (model_choice.py decides which)."""
         previous, self._model.inner = self._model.inner, model
-        close = getattr(previous, "close", None)
-        if callable(close):
-            close()
+        previous.close()
 
     def flush_record(self) -> None:
         """Write the model-call records the store's recorder still holds (before the store is changed under it)."""
