@@ -71,9 +71,9 @@ def project(tmp_path: Path) -> Iterator[Path]:
         yield make_project(tmp_path, server.url)
 
 
-def agent(project: Path) -> Client:
-    """The SDK's own client, starting `taskweaver-lite mcp -p PROJECT` as its stdio server."""
-    params = StdioServerParameters(command=sys.executable, args=["-m", "taskweaver_lite", "mcp", "-p", str(project)], env=cli_env())
+def agent(project: Path, *options: str) -> Client:
+    """The SDK's own client, starting `taskweaver-lite mcp -p PROJECT [OPTIONS]` as its stdio server."""
+    params = StdioServerParameters(command=sys.executable, args=["-m", "taskweaver_lite", "mcp", "-p", str(project), *options], env=cli_env())
     return Client(stdio_client(params, errlog=sys.stderr), read_timeout_seconds=WAIT)
 
 
@@ -170,12 +170,13 @@ def test_bad_input_is_a_protocol_error_in_one_line_and_stores_nothing(project: P
 
 def test_a_new_server_process_resumes_a_stored_session_with_its_variables(project: Path) -> None:
     async def ask(question: str, session_id: str | None = None) -> CallToolResult:
-        async with agent(project) as client:
+        async with agent(project, "--set", "session.max_internal_hops=9") as client:
             return await client.call_tool("ask", {"question": question} | ({"session_id": session_id} if session_id else {}))
 
     first = anyio.run(ask, "set x").structured_content
     assert first is not None
     with Workspace.load(project) as workspace:  # a chat holds the session meanwhile: the server says so, and opens nothing
+        assert workspace.remembered_overrides(first["session_id"]) == ["session.max_internal_hops=9"]  # `chat --resume` applies them again
         claim = workspace.store.lock(first["session_id"])
         try:
             refused = anyio.run(ask, "double x", first["session_id"])

@@ -29,5 +29,5 @@ def run_mcp(args: argparse.Namespace) -> int:
     with Workspace(config) as workspace:
         for line in [*config.notices, *(entry.line() for entry in workspace.plugins.broken), *workspace.roles.problems]:
             print(strip_controls(line), file=sys.stderr)
-        anyio.run(serve, workspace)
+        anyio.run(serve, workspace, list(args.overrides))
     return 0

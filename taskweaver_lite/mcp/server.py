@@ -25,7 +25,7 @@ import contextlib
 import ctypes
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -119,8 +119,10 @@ class OpenSession:
 class Agent:
     """The sessions this server opened, by id, the least recently used first; opening and resuming go through the workspace."""
 
-    def __init__(self, workspace: Workspace, *, max_open: int = MAX_OPEN_SESSIONS) -> None:
+    def __init__(self, workspace: Workspace, *, overrides: Sequence[str] = (), max_open: int = MAX_OPEN_SESSIONS) -> None:
+        """`overrides`: the command's --set values, stored with each new session so that `chat --resume` applies them again."""
         self.workspace = workspace
+        self.overrides = list(overrides)
         self.max_open = max_open
         self.open: OrderedDict[str, OpenSession] = OrderedDict()
         self._guard = threading.Lock()
@@ -128,7 +130,9 @@ class Agent:
     def session(self, ref: str | None, *, on_replay: Callable[[int, int], None] | None = None) -> OpenSession:
         """The open session `ref` names (resumed from the store if need be), or a new one; UnknownSessionError for an unknown id."""
         if ref is None:
-            return self._keep(self.workspace.new_session())
+            session = self.workspace.new_session()
+            self.workspace.store.save_overrides(session.id, self.overrides)
+            return self._keep(session)
         with self._guard:
             session_id = self.workspace.store.resolve(ref)
             if session_id in self.open:
@@ -378,9 +382,9 @@ def _error_result(text: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
 
 
-async def serve(workspace: Workspace) -> None:
+async def serve(workspace: Workspace, overrides: Sequence[str] = ()) -> None:
     """Serve MCP on stdin and stdout until the client goes; every session opened is closed (and stays stored)."""
-    agent = Agent(workspace)
+    agent = Agent(workspace, overrides=overrides)
     server = AgentServer(agent).lowlevel()
     try:
         async with stdio_server() as (read_stream, write_stream):
