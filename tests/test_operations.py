@@ -95,6 +95,10 @@ def test_compose_passes_only_values_the_tests_use() -> None:
     drain = project["serve"].get("drain_timeout", ServeConfig().drain_timeout)
     assert grace > drain, "compose must give a stopping replica longer than serve.drain_timeout"
     assert any(volume.endswith(":/project:ro") for volume in replica["volumes"]), "the project is read-only, as the tests run it"
+    gateway_token = project["execution"]["kernel_gateway"].get("token")
+    assert gateway_token is not None or replica["environment"].get("KG_AUTH_TOKEN") == services["gateway"]["environment"]["KG_AUTH_TOKEN"], (
+        "the replicas must send the token the gateway was started with"
+    )
     nginx = (REPO / "deploy" / "nginx.conf").read_text()
     (cap,) = re.findall(r"client_max_body_size (\d+)m;", nginx)
     assert int(cap) * 1024 * 1024 > SessionConfig().max_upload_bytes, "nginx must let through the largest upload the app takes"

@@ -283,7 +283,9 @@ class KernelGatewayConfig(_Section):
     """A Jupyter Kernel Gateway or Enterprise Gateway that runs the session's kernel instead of this machine."""
 
     url: str = Field(description="the gateway's base address, e.g. http://bigbox:8888")
-    token: SecretStr | None = Field(None, description="the gateway's auth token (KG_AUTH_TOKEN), sent as `Authorization: token ...`")
+    token: SecretStr | None = Field(
+        None, description="the gateway's auth token, sent as `Authorization: token ...` (null: the KG_AUTH_TOKEN environment variable, as the gateway reads it)"
+    )
     kernel_name: str | None = Field(None, description="the kernelspec to start (null: the gateway's default)")
     headers: dict[str, str] = Field(default_factory=dict, description="extra HTTP headers on every request (a proxy's auth)")
     validate_cert: bool = Field(True, description="check the gateway's TLS certificate (https:// and wss://)")
@@ -296,6 +298,11 @@ class KernelGatewayConfig(_Section):
         if not value.startswith(("http://", "https://")):
             raise ValueError("expected an http:// or https:// address such as http://bigbox:8888")
         return value.rstrip("/")
+
+    def request_headers(self) -> dict[str, str]:
+        """Every request's headers: `headers`, and the token (`token`, else KG_AUTH_TOKEN from the environment) when there is one."""
+        token = self.token.get_secret_value() if self.token is not None else os.environ.get("KG_AUTH_TOKEN", "")
+        return {**self.headers, "Authorization": f"token {token}"} if token else dict(self.headers)
 
 
 class MountConfig(_Section):

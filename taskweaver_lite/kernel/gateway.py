@@ -28,7 +28,7 @@ from taskweaver_lite.kernel.provisioner import NAME as PROVISIONER_NAME
 from taskweaver_lite.kernel.provisioner import SESSION_ROUTE
 
 GONE = "gone"  # the state of a kernel the gateway no longer has (culled, or ended for its user's next one)
-_TOKEN_HINT = "set execution.kernel_gateway.token to the token the gateway was started with (KG_AUTH_TOKEN)"
+_TOKEN_HINT = "set execution.kernel_gateway.token, or KG_AUTH_TOKEN in this program's environment, to the token the gateway was started with"
 
 
 class GatewayKernel:
@@ -38,9 +38,7 @@ class GatewayKernel:
         """Prepare the HTTP client; nothing is sent until `start`."""
         self.config = config
         self.url = config.url
-        headers = dict(config.headers)
-        if config.token is not None:
-            headers["Authorization"] = f"token {config.token.get_secret_value()}"
+        headers = config.request_headers()
         self._headers = headers
         self._http = requests.Session()
         self._http.headers.update(headers)

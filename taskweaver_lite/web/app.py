@@ -321,9 +321,7 @@ def _gateway_health(config: Config) -> tuple[str, str]:
         return "kernel_gateway", ""
     import requests
 
-    headers = dict(gateway.headers)
-    if gateway.token is not None:
-        headers["Authorization"] = f"token {gateway.token.get_secret_value()}"
+    headers = gateway.request_headers()
     try:
         answer = requests.get(f"{gateway.url}/api", headers=headers, timeout=HEALTH_TIMEOUT, verify=gateway.validate_cert)
     except requests.RequestException as exc:
