@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
-from helpers import REPO, cli_env, make_project
+from helpers import REPO, cli_env, make_project, run_cli
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp_types import CallToolResult
@@ -219,3 +219,9 @@ def test_the_mcp_inspector_cli_lists_the_tools_and_asks(project: Path) -> None:
     )
     assert asked.returncode == 0, asked.stderr
     assert json.loads(asked.stdout)["structuredContent"]["answer"] == "The answer is 42."
+
+
+def test_confirm_mode_is_refused_in_one_line_since_no_one_could_answer(project: Path) -> None:
+    done = run_cli("mcp", "-p", str(project), "--set", "execution.confirm=true")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("taskweaver-lite: execution.confirm: true asks a person at a terminal") and done.stderr.count("\n") == 1

@@ -26,6 +26,12 @@ def run_mcp(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ConfigError(f"taskweaver-lite mcp needs the MCP SDK ({exc.name} is missing): pip install 'taskweaver-lite[mcp]'") from None
     config = load_config(project_dir(args), list(args.overrides))
+    if config.execution.confirm:
+        # Nobody could answer "run, edit or skip?": refused rather than running each cell unasked.
+        raise ConfigError(
+            "execution.confirm: true asks a person at a terminal before each cell runs, and an MCP server has none: "
+            "set it to false for this project, or start with --set execution.confirm=false"
+        )
     with Workspace(config) as workspace:
         for line in [*config.notices, *(entry.line() for entry in workspace.plugins.broken), *workspace.roles.problems]:
             print(strip_controls(line), file=sys.stderr)
