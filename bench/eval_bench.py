@@ -27,7 +27,7 @@ from pathlib import Path
 from taskweaver_lite.cli.demo import bundled_project
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.eval.examiner import examine
-from taskweaver_lite.llm.client import MeteredModel, OpenAIChatModel
+from taskweaver_lite.llm.client import MeteredModel, ModelDefaults, OpenAIChatModel
 from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.eval_script import scripted_eval_server
 
@@ -69,7 +69,7 @@ def harness(project: Path, overrides: list[str], rounds: int) -> tuple[float, fl
     return elapsed / rounds, sum(calls) / rounds, (elapsed - sum(asking) - sum(calls)) / rounds
 
 
-class _Timed:
+class _Timed(ModelDefaults):
     """A chat model whose calls' wall times are collected."""
 
     def __init__(self, inner: MeteredModel, calls: list[float]) -> None:

@@ -43,7 +43,7 @@ from taskweaver_lite.config.file import load_config
 from taskweaver_lite.kernel.base import SessionKernel
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.interface import Executor, OutputSink
-from taskweaver_lite.llm.client import DeltaSink, MeteredModel, OpenAIChatModel
+from taskweaver_lite.llm.client import DeltaSink, MeteredModel, ModelDefaults, OpenAIChatModel
 from taskweaver_lite.records.execution import ExecutionResult, KernelEnvironment, Variable
 from taskweaver_lite.records.model_calls import Completion, Message
 from taskweaver_lite.session.session import Session
@@ -81,6 +81,12 @@ class TimedExecutor:
 
     def interrupt(self) -> None:
         self.inner.interrupt()
+
+    def kept_variables(self) -> bool:
+        return False
+
+    def catch_up(self, kernel_id: str | None, *, cells_before: int) -> bool:
+        return False
 
     def variables(self) -> tuple[Variable, ...]:
         return self.inner.variables()
@@ -155,7 +161,7 @@ def our_turns(server: ScriptedServer, turns: int) -> tuple[list[float], list[flo
     return overheads, walls
 
 
-class TimedModel:
+class TimedModel(ModelDefaults):
     """Counts the CPU time of the model calls made on the turn's own thread (background folds are not on its path)."""
 
     def __init__(self, inner: OpenAIChatModel) -> None:

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from taskweaver_lite.config.settings import ExecutionConfig
-from taskweaver_lite.kernel.executor import KernelExecutor
-from taskweaver_lite.store.database import SessionStore
-from taskweaver_lite.store.interface import Store
-from taskweaver_lite.store.postgres import PostgresStore, close_pools
-from taskweaver_lite.testing.postgres_cluster import PostgresCluster, binaries, running_cluster
-from taskweaver_lite.testing.scripted_server import ScriptedServer
+# The fixtures import what they build when first used: a run of a few unit tests (and the tier check's
+# own pytest run) starts without the kernel client and the PostgreSQL driver.
+if TYPE_CHECKING:
+    from taskweaver_lite.kernel.executor import KernelExecutor
+    from taskweaver_lite.store.interface import Store
+    from taskweaver_lite.testing.postgres_cluster import PostgresCluster
+    from taskweaver_lite.testing.scripted_server import ScriptedServer
 
 TIERS = ("unit", "kernel", "cli", "soak", "llama", "postgres", "team", "otlp")
 # unit: no kernel, no program started, nothing off this machine (a scripted model server on 127.0.0.1 in
@@ -74,6 +75,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture
 def server() -> Iterator[ScriptedServer]:
     """The scripted OpenAI-compatible model server on 127.0.0.1, empty queues (a file that needs another one defines its own)."""
+    from taskweaver_lite.testing.scripted_server import ScriptedServer
+
     with ScriptedServer() as running:
         yield running
 
@@ -81,6 +84,9 @@ def server() -> Iterator[ScriptedServer]:
 @pytest.fixture(scope="module")
 def kernel_executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KernelExecutor]:
     """One real ipykernel shared by a test module (tests set up the variables they rely on)."""
+    from taskweaver_lite.config.settings import ExecutionConfig
+    from taskweaver_lite.kernel.executor import KernelExecutor
+
     config = ExecutionConfig(timeout=60)
     with KernelExecutor(tmp_path_factory.mktemp("kernel-session"), config=config) as executor:
         executor.wait_ready()
@@ -90,6 +96,9 @@ def kernel_executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel
 @pytest.fixture(scope="session")
 def postgres_cluster() -> Iterator[PostgresCluster]:
     """One private PostgreSQL server for the whole run (Debian's binaries; skipped, saying why, without them)."""
+    from taskweaver_lite.store.postgres import close_pools
+    from taskweaver_lite.testing.postgres_cluster import binaries, running_cluster
+
     if binaries() is None:
         pytest.skip("no PostgreSQL server here (apt-get install postgresql; .ci/run does)")
     with running_cluster() as cluster:
@@ -106,6 +115,9 @@ def postgres_url(postgres_cluster: PostgresCluster) -> str:
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """The store on each backend: the SQLite file, and a fresh PostgreSQL database (the store tests run on both)."""
+    from taskweaver_lite.store.database import SessionStore
+    from taskweaver_lite.store.postgres import PostgresStore
+
     opened: Store
     if request.param == "sqlite":
         opened = SessionStore(tmp_path / "sessions.db")

@@ -142,6 +142,12 @@ class IdleExecutor:
     def interrupt(self) -> None:
         pass
 
+    def kept_variables(self) -> bool:
+        return False
+
+    def catch_up(self, kernel_id: str | None, *, cells_before: int) -> bool:
+        return False
+
     def variables(self) -> tuple[Variable, ...]:
         return ()
 

@@ -22,9 +22,9 @@ MODULE = re.compile(r"\btaskweaver_lite(?:\.\w+)+")
 # What a reader cannot open: our internal documents and issue tracker (this file and test_docs.py hold the pattern).
 CITATIONS = re.compile(r"CONTRACT|\b[Ii]ssues? #?\d|§")
 CLASS = re.compile(r"`([A-Z][a-z]+(?:[A-Z][a-z0-9]*)+)[`(.]")
-# Names in backticks that are not classes of ours: Windows' file-locking call, pandas' table, the CodeInterpreter's
-# alias, the key of a fold's JSON reply.
-NOT_CLASSES = {"LockFileEx", "DataFrame", "CodeInterpreter", "ConversationSummary"}
+# Names in backticks that are not classes of ours: Windows' file-locking call, pandas' table, jupyter_server's kernel
+# manager, the CodeInterpreter's alias, the key of a fold's JSON reply.
+NOT_CLASSES = {"LockFileEx", "DataFrame", "MappingKernelManager", "CodeInterpreter", "ConversationSummary"}
 # Entry-point groups are named like modules: `taskweaver_lite.roles` is also a folder, these are not.
 ENTRY_POINT_GROUPS = {"taskweaver_lite.role_adapters"}
 

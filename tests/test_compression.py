@@ -17,7 +17,7 @@ import pytest
 
 from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ContextOverflowError
-from taskweaver_lite.llm.client import DeltaSink, OpenAIChatModel
+from taskweaver_lite.llm.client import DeltaSink, ModelDefaults, OpenAIChatModel
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import ContextSettings, RoleContext
 from taskweaver_lite.memory.summary import CompressionState
@@ -371,7 +371,7 @@ def test_a_failed_fold_is_retried_after_the_backoff_and_then_succeeds() -> None:
     assert [e.ok for e in ctx.state.log] == [False, True]
 
 
-class BrokenOnce:
+class BrokenOnce(ModelDefaults):
     """A model that raises a plain bug once, then answers through `inner`.
 
     An in-process stand-in on purpose: the behaviour under test is an exception that is not an

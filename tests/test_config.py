@@ -103,3 +103,14 @@ def test_a_bad_session_limit_is_one_line_naming_the_file_the_key_and_the_fix(tmp
     (tmp_path / "default").mkdir()
     assert load_config(project_with(tmp_path / "ok", "serve:\n  max_sessions_per_user: 3\n")).serve.max_sessions_per_user == 3
     assert load_config(project_with(tmp_path / "default", "")).serve.max_sessions_per_user is None, "no limit unless set"
+
+
+def test_a_gateway_token_left_null_is_read_from_kg_auth_token_as_the_gateway_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    gateway = Config.model_validate({"execution": {"kernel_gateway": {"url": "http://gw:8888", "headers": {"X-Proxy": "p"}}}}).execution.kernel_gateway
+    assert gateway is not None
+    monkeypatch.delenv("KG_AUTH_TOKEN", raising=False)
+    assert gateway.request_headers() == {"X-Proxy": "p"}, "no token anywhere: none is sent"
+    monkeypatch.setenv("KG_AUTH_TOKEN", "from-env")
+    assert gateway.request_headers() == {"X-Proxy": "p", "Authorization": "token from-env"}
+    configured = Config.model_validate({"execution": {"kernel_gateway": {"url": "http://gw:8888", "token": "from-file"}}}).execution.kernel_gateway
+    assert configured is not None and configured.request_headers() == {"Authorization": "token from-file"}, "the config's token wins"

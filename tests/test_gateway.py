@@ -22,9 +22,10 @@ from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
 from taskweaver_lite.errors import ConfigError, GatewayAuthError, GatewayUnreachableError
 from taskweaver_lite.kernel import remote
 from taskweaver_lite.kernel.base import REPLY_WAIT
+from taskweaver_lite.kernel.choice import executor_factory
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.remote import GatewayExecutor
-from taskweaver_lite.session.assembly import default_executor, open_session, resume_session
+from taskweaver_lite.session.assembly import open_session, resume_session
 from taskweaver_lite.testing.kernel_gateway import Gateway, Relay, free_port, kernel_gateway
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
@@ -271,7 +272,7 @@ def test_gateway_settings_are_checked_with_the_key_named(tmp_path: Path, setting
 def test_no_gateway_means_the_local_kernel(tmp_path: Path) -> None:
     config = load_config(make_project(tmp_path, "http://127.0.0.1:9/v1"))
     assert config.execution.kernel_gateway is None
-    executor = default_executor(config)(tmp_path / "local")
+    executor = executor_factory(config)(tmp_path / "local")
     try:
         assert isinstance(executor, KernelExecutor)
     finally:

@@ -32,10 +32,11 @@ from taskweaver_lite.kernel import identity, remote
 from taskweaver_lite.kernel.gateway import GatewayKernel
 from taskweaver_lite.kernel.provisioner import OWNER_VARIABLE, SESSION_VARIABLE
 from taskweaver_lite.kernel.remote import GatewayExecutor, KernelHandover
-from taskweaver_lite.session.assembly import delete_session, open_session
+from taskweaver_lite.session.assembly import delete_session, open_session, resume_session
 from taskweaver_lite.store.opening import open_store
 from taskweaver_lite.testing.kernel_gateway import Gateway, kernel_gateway, sandbox_gateway
-from taskweaver_lite.testing.scripted_server import ScriptedServer
+from taskweaver_lite.testing.replicas import ServeProcess
+from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
 pytestmark = pytest.mark.kernel
 
@@ -283,6 +284,12 @@ def test_the_projects_limits_the_syscall_filter_and_a_pid_namespace_hold_in_ever
     assert values["cwd"] == str(sandboxed.root / "taskweaver_sessions" / "bob-s")
 
 
+def test_no_file_a_kernel_writes_may_pass_the_gateway_projects_disk_limit(sandboxed: Arena) -> None:
+    said = sandboxed.bob.run(f"with open('big.bin', 'wb') as f:\n    f.write(b'x' * {DISK_LIMIT + 1024})")
+    assert "File too large" in said, said
+    sandboxed.bob.run("import os\nos.remove('big.bin')")
+
+
 def test_a_client_asking_for_another_kernelspec_still_gets_the_sandbox(sandboxed: Arena) -> None:
     other = Cells(sandboxed.gateway, session="carol-s", owner="carol", kernel_name="python3")
     try:
@@ -385,3 +392,51 @@ def test_the_gateway_will_not_listen_beyond_loopback_without_a_token(tmp_path: P
     )
     assert done.returncode != 0
     assert "KG_AUTH_TOKEN" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize("kind", ["plain", "ours"])
+def test_serve_with_users_says_in_one_line_at_start_what_a_plain_gateway_does_not_isolate(kind: str, sandboxed: Arena, plain: Arena, tmp_path: Path) -> None:
+    gateway = (plain if kind == "plain" else sandboxed).gateway
+    project = make_project(tmp_path, "http://127.0.0.1:9", execution={"kernel_gateway": {"url": gateway.url, "token": gateway.token}})
+    added = subprocess.run([sys.executable, "-m", "taskweaver_lite", "users", "add", "ana", "-p", str(project)], capture_output=True, text=True, timeout=60)
+    assert added.returncode == 0, added.stderr
+    serve = ServeProcess.start(project)
+    try:
+        log = serve.log()
+        said = [line for line in log.splitlines() if "kernel gateway" in line]
+    finally:
+        serve.stop()
+    assert "taskweaver-lite serving" in log, "read after the start line"
+    if kind == "ours":
+        assert said == []
+    else:
+        assert len(said) == 1 and "does not keep users apart" in said[0] and "taskweaver-lite gateway" in said[0], said
+
+
+def test_a_whole_session_runs_on_our_gateway_with_uploads_plots_a_restart_and_a_resume(sandboxed: Arena, tmp_path: Path) -> None:
+    settings = {"kernel_gateway": {"url": sandboxed.gateway.url, "token": sandboxed.gateway.token}}
+    with ScriptedServer() as server:
+        config = load_config(make_project(tmp_path, server.url, execution=settings))
+        code = "import pandas as pd\nimport matplotlib.pyplot as plt\ntable = pd.read_csv('numbers.csv')\ntotal = int(table['n'].sum())\n"
+        code += "plt.plot(table['n'])\nplt.show()\nprint(total)"
+        server.enqueue("planner", planner_reply("Sum the column."), planner_reply("The total is 6.", send_to="User"))
+        server.enqueue("code_generator", code_reply(code))
+        data = tmp_path / "numbers.csv"
+        data.write_text("n\n1\n2\n3\n", encoding="utf-8")
+        with open_session(config) as session:
+            assert isinstance(session.executor, GatewayExecutor)
+            session.load_file(data)
+            rnd = session.ask("What is the total of numbers.csv?")
+            assert rnd.state == "finished" and rnd.answer == "The total is 6."
+            executions = [post.execution for post in rnd.posts if post.execution is not None]
+            assert executions and executions[-1].artifacts, "the plot came back as a file"
+            home = Path(session.executor.home)
+            assert home == sandboxed.root / "taskweaver_sessions" / session.id and (home / "numbers.csv").exists()
+            died = session.executor.run("import os\nos._exit(1)")
+            assert died.kernel_died and "total" in died.lost_variables
+            again = session.executor.run("import os\nprint(os.getcwd(), open('/proc/self/status').read().count('Seccomp:\\t2'))")
+            assert again.stdout.split() == [str(home), "1"], "the restarted kernel is in the same folder, in the sandbox"
+        resumed, report = resume_session(config, "last")
+        with resumed:
+            assert report.replayed == 1 and report.replay_failures == 0
+            assert {"table", "total"} <= {v.name for v in resumed.executor.variables()}

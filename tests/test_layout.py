@@ -111,8 +111,9 @@ SITS_ON: dict[str, tuple[str, ...]] = {
     "__init__": ("session",),  # the public names (imported on first use) and the version
     "eval": ("__init__",),  # its report names the version
     "web": ("__init__",),
+    "mcp": ("__init__",),  # this agent as an MCP server (the MCP client the kernel runs is kernel/mcp_client.py)
     "testing": ("eval", "web"),
-    "cli": ("testing",),
+    "cli": ("testing", "mcp"),
     "__main__": ("cli",),
     "plugin": ("kernel",),  # what plugin files import
     "role": ("roles",),  # what role files import
@@ -179,6 +180,20 @@ def test_the_code_tours_table_of_layers_says_what_this_test_checks() -> None:
 def layer_name(cell: str) -> str:
     """'`records/`' -> 'records'; '`errors.py`' -> 'errors'."""
     return cell.strip("`").removesuffix("/").removesuffix(".py")
+
+
+def test_executors_are_chosen_in_one_place_and_used_through_their_protocol() -> None:
+    # kernel/choice.py picks the class by what the config asks for; the rest of the package sees `Executor` only.
+    named = re.compile(r"\b(?:KernelExecutor|GatewayExecutor)\b")
+    naming = sorted(name for name, path in MODULES.items() if part_of(name) != "kernel" and named.search(path.read_text(encoding="utf-8")))
+    assert naming == [], f"these name an executor class; build one with kernel/choice.py and ask it through kernel/interface.py: {naming}"
+
+
+def test_what_a_model_or_an_executor_can_do_is_declared_never_probed() -> None:
+    # ChatModel (llm/client.py) and Executor (kernel/interface.py) declare their optional abilities.
+    probe = re.compile(r"getattr\([^,]+, \"(?:close|model_name|scope_cache|share_cache|kept_variables|catch_up)\"")
+    probing = sorted(name for name, path in MODULES.items() if probe.search(path.read_text(encoding="utf-8")))
+    assert probing == [], f"these look an ability up with getattr; call the protocol's method: {probing}"
 
 
 def test_only_the_store_speaks_to_postgresql() -> None:

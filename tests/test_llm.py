@@ -24,7 +24,7 @@ from taskweaver_lite.errors import (
     LLMRateLimitError,
     LLMUnreachableError,
 )
-from taskweaver_lite.llm.client import DeltaSink, MeteredModel, OpenAIChatModel
+from taskweaver_lite.llm.client import DeltaSink, MeteredModel, ModelDefaults, OpenAIChatModel, RoutedModel
 from taskweaver_lite.records.model_calls import CallRecord, Completion, Message, Usage
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, last_user_text, planner_reply
 
@@ -426,3 +426,42 @@ def test_cached_prompt_tokens_are_read_from_openai_usage_details_and_llama_cpp_t
     assert cached_tokens({"prompt_tokens": 90}, {"prompt_n": 26, "cache_n": 64}) == 64
     assert cached_tokens({"prompt_tokens": 90, "prompt_tokens_details": None}, None) == 0
     assert cached_tokens({}, {"cache_n": "oops"}) == 0
+
+
+class Abilities(ModelDefaults):
+    """A model that notes each optional ability it is asked for."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.asked: list[str] = []
+
+    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
+        return Completion(model=self.name, text="ok", prompt_tokens=1, completion_tokens=1, latency=0.0)
+
+    def model_name(self, purpose: str) -> str:
+        return self.name
+
+    def scope_cache(self, name: str) -> None:
+        self.asked.append(f"scope {name}")
+
+    def share_cache(self, purpose: str, owner: str) -> None:
+        self.asked.append(f"share {purpose} {owner}")
+
+    def close(self) -> None:
+        self.asked.append("close")
+
+
+def test_a_metered_or_routed_model_passes_every_ability_on_to_each_model_inside_once() -> None:
+    inner = Abilities("big")
+    metered = MeteredModel(inner)
+    metered.scope_cache("s1")
+    metered.share_cache("compression_planner", "planner")
+    metered.close()
+    assert metered.model_name("planner") == "big"
+    assert inner.asked == ["scope s1", "share compression_planner planner", "close"], "the meter drops none of the model's abilities"
+    small, big = Abilities("small"), Abilities("big")
+    routed = RoutedModel({"planner": small, "code_generator": small}, default=big)
+    routed.scope_cache("s2")
+    routed.close()
+    assert small.asked == big.asked == ["scope s2", "close"], "each distinct model is told once"
+    assert (routed.model_name("planner"), routed.model_name("compression_planner")) == ("small", "big")

@@ -95,6 +95,10 @@ def test_compose_passes_only_values_the_tests_use() -> None:
     drain = project["serve"].get("drain_timeout", ServeConfig().drain_timeout)
     assert grace > drain, "compose must give a stopping replica longer than serve.drain_timeout"
     assert any(volume.endswith(":/project:ro") for volume in replica["volumes"]), "the project is read-only, as the tests run it"
+    gateway_token = project["execution"]["kernel_gateway"].get("token")
+    assert gateway_token is not None or replica["environment"].get("KG_AUTH_TOKEN") == services["gateway"]["environment"]["KG_AUTH_TOKEN"], (
+        "the replicas must send the token the gateway was started with"
+    )
     nginx = (REPO / "deploy" / "nginx.conf").read_text()
     (cap,) = re.findall(r"client_max_body_size (\d+)m;", nginx)
     assert int(cap) * 1024 * 1024 > SessionConfig().max_upload_bytes, "nginx must let through the largest upload the app takes"
@@ -112,3 +116,75 @@ def test_the_configuration_reference_lists_every_section_store_and_serve_include
     missing = [name for name in sections if f"## `{name}`" not in page]
     assert not missing, f"the configuration reference has no section for {missing}"
     assert "`serve.metrics_token`" in page and "`session.state_dir`" in page and "`store.url`" in page
+
+
+def test_a_request_the_kernel_gateway_cannot_serve_is_503_not_400() -> None:
+    from taskweaver_lite.errors import GatewayUnreachableError, KernelError
+    from taskweaver_lite.web.api import answer_failure
+
+    down = answer_failure(GatewayUnreachableError("The kernel gateway http://gw:8888 did not answer within 10 s."))
+    assert down.status_code == 503 and b"kernel gateway" in down.body and b"try again" in down.body
+    assert answer_failure(KernelError("The Python kernel could not start.")).status_code == 400
+
+
+def _stored(project: Path, session_id: str, owner: str) -> None:
+    import time
+
+    from taskweaver_lite.records.conversation import Round
+    from taskweaver_lite.records.events import RoundStarted
+    from taskweaver_lite.store.database import SessionStore
+
+    store = SessionStore(project / "sessions.db")
+    ids = {user.name: user.id for user in store.users()}  # sessions belong to a user's id
+    store.create_session(session_id, started=time.time(), owner=ids[owner])
+    store.record(session_id, RoundStarted(Round(index=1, user_query=f"{owner}'s request")))
+    store.close()
+
+
+def test_an_admin_sees_each_sessions_owner_and_promotes_demotes_and_clears_an_expiry(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    import time
+
+    tokens = {}
+    for name, options in (("ana", []), ("root", ["--admin"])):
+        assert main(["users", "add", name, "-p", str(project), *options]) == 0
+        tokens[name] = capsys.readouterr().out.splitlines()[-1]
+    _stored(project, "s-ana", "ana")
+    _stored(project, "s-root", "root")
+    assert main(["sessions", "--json", "-p", str(project)]) == 0
+    assert {row["id"]: row["owner"] for row in json.loads(capsys.readouterr().out)} == {"s-ana": "ana", "s-root": "root"}
+    assert main(["sessions", "-p", str(project)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert "OWNER" in table[0] and any(line.startswith("s-ana") and " ana " in line for line in table), table
+    with WebServer(load_config(project)) as web, httpx.Client(base_url=web.url) as client:
+        as_ana, as_root = ({"Authorization": f"Bearer {tokens[name]}"} for name in ("ana", "root"))
+        listed = client.get("/api/sessions", headers=as_root).json()
+        assert {row["id"]: row["owner"] for row in listed} == {"s-ana": "ana", "s-root": "root"}, "an admin sees whose each session is"
+        assert [row["id"] for row in client.get("/api/sessions", headers=as_ana).json()] == ["s-ana"]
+        assert main(["users", "promote", "ana", "-p", str(project)]) == 0
+        assert "now an admin" in capsys.readouterr().out
+        assert _eventually(lambda: len(client.get("/api/sessions", headers=as_ana).json()) == 2), "promoted: ana sees every session"
+        assert main(["users", "demote", "ana", "-p", str(project)]) == 0
+        assert _eventually(lambda: [row["id"] for row in client.get("/api/sessions", headers=as_ana).json()] == ["s-ana"]), "demoted again"
+        assert main(["users", "expires", "ana", "0.00001", "-p", str(project)]) == 0
+        time.sleep(1.0)
+        assert client.get("/api/sessions", headers=as_ana).status_code == 401
+        assert main(["users", "expires", "ana", "never", "-p", str(project)]) == 0
+        assert "never expires" in capsys.readouterr().out
+        assert client.get("/api/sessions", headers=as_ana).status_code == 200, "an expiry cleared: the token works again"
+    assert main(["users", "list", "--json", "-p", str(project)]) == 0
+    assert {user["name"]: user["expires_at"] for user in json.loads(capsys.readouterr().out)} == {"ana": None, "root": None}
+    assert main(["users", "promote", "nobody", "-p", str(project)]) == 1
+
+
+def _eventually(check: object, seconds: float = 5.0) -> bool:
+    """Whether `check()` comes true within `seconds` (servers trust what they read of the users for two seconds)."""
+    import time
+
+    assert callable(check)
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from taskweaver_lite.config.settings import LLMConfig
-from taskweaver_lite.llm.client import MeteredModel, OpenAIChatModel, scope_cache, usage_by_purpose
+from taskweaver_lite.llm.client import MeteredModel, OpenAIChatModel, usage_by_purpose
 from taskweaver_lite.records.model_calls import Message, Usage
 from taskweaver_lite.testing.scripted_server import ScriptedServer, planner_reply
 
@@ -64,7 +64,7 @@ def test_an_openai_style_server_gets_a_cache_key_per_session_and_role_and_its_ca
         server.set_default("planner", planner_reply("ok"))
         server.set_default("code_generator", planner_reply("ok"))
         client = client_for(server, clients, stream=stream)
-        scope_cache(client, name="20260101-000000-abcdef")
+        client.scope_cache("20260101-000000-abcdef")
         metered = MeteredModel(client)
         ask_twice(metered, ("planner", "code_generator", "planner"))
     assert sent_hints(server) == [

@@ -84,10 +84,13 @@ def test_the_readme_set_up_commands_are_one_line_each_and_its_test_line_is_what_
     ci = [line for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines() if line and not line.startswith(("#", "set ", "cd "))]
     install = ci.index(".venv/bin/pip install --quiet -e '.[test]'")
     assert ci.index("rm -rf .venv") < ci.index("python3 -m venv .venv") < install, "a fresh environment, then a clean install"
-    checks = [line for line in ci[install + 1 :] if ".ci/llama-server.sh" not in line]  # the llama tier's server, built before the suite
-    assert checks[0] == ".venv/bin/python -m pytest -q", "then the whole suite: no -m"
-    assert ".venv/bin/ruff check ." in checks and ".venv/bin/mypy taskweaver_lite tests bench" in checks
-    assert any(".venv/bin/mkdocs build --strict" in line for line in checks), "and the documentation, warnings as errors"
+    checks = [line for line in ci[install + 1 :] if ".ci/" not in line]  # the servers some tiers use (llama.cpp, Phoenix), set up before them
+    quick = [".venv/bin/ruff check .", ".venv/bin/ruff format --check .", ".venv/bin/mypy taskweaver_lite tests bench", ".venv/bin/python -m pytest -q -m unit"]
+    assert checks[:4] == quick, "the quick checks first: lint, format, types, the unit tier"
+    assert checks[4] == '.venv/bin/python -m pytest -q -m "not unit"', "then every other tier: the two runs are the whole suite"
+    assert any(".venv/bin/mkdocs build --strict" in line for line in checks[5:]), "and the documentation, warnings as errors"
+    hooks = (REPO / ".pre-commit-config.yaml").read_text(encoding="utf-8")
+    assert all(check.removeprefix(".venv/bin/").split(" .")[0].split(" -q")[0] in hooks for check in quick), "pre-commit runs the same quick checks"
 
 
 def test_the_readme_is_short_and_says_how_long_the_tests_take() -> None:

@@ -114,6 +114,14 @@ def test_renewing_a_request_that_just_ended_does_not_stop_the_next_one(store: Se
         leases.close()
 
 
+def heard_within(heard: list[str], expected: list[str], *, seconds: float = 5.0) -> bool:
+    """Whether `heard` becomes `expected` within `seconds` (a renewal reads the mark; on a loaded machine it may be late)."""
+    deadline = time.monotonic() + seconds
+    while heard != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return heard == expected
+
+
 def test_stop_asked_on_another_replica_reaches_the_holder_through_the_store_without_a_notice(store: SessionStore) -> None:
     heard: list[str] = []
 
@@ -126,8 +134,7 @@ def test_stop_asked_on_another_replica_reaches_the_holder_through_the_store_with
         assert not elsewhere.ask_to_stop("s1"), "nothing runs: nothing to stop"
         hold = running.take("s1")
         assert elsewhere.ask_to_stop("s1")
-        time.sleep(1.3)  # more than one renewal (every half second here)
-        assert heard == ["s1"], "the holder's renewal reads the mark and stops its request, once"
+        assert heard_within(heard, ["s1"]), "the holder's renewal (every half second here) reads the mark and stops its request"
         running.release(hold)
         # A mark left by a request that ended before it was read never stops the session's next request.
         ended = running.take("s1")
@@ -137,8 +144,7 @@ def test_stop_asked_on_another_replica_reaches_the_holder_through_the_store_with
         time.sleep(1.3)
         assert heard == ["s1"], "a mark names the request it was meant for"
         assert elsewhere.ask_to_stop("s1")  # and Stop pressed again, for this one, replaces the stale mark
-        time.sleep(1.3)
-        assert heard == ["s1", "s1"]
+        assert heard_within(heard, ["s1", "s1"])
     finally:
         running.close()
         elsewhere.close()

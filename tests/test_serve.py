@@ -21,7 +21,7 @@ from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 from taskweaver_lite.testing.web_server import WebServer
-from taskweaver_lite.web.auth import Access
+from taskweaver_lite.web.auth import COOKIE, Access
 from taskweaver_lite.web.live import END, Turn
 
 pytestmark = pytest.mark.kernel
@@ -162,8 +162,9 @@ def test_off_loopback_a_token_is_required_and_checked_on_every_request(project: 
         authorized = {"Authorization": "Bearer t0ken"}
         assert client.get("/api/sessions", headers=authorized).status_code == 200
         page = client.get("/?token=t0ken", follow_redirects=False)
-        assert page.status_code == 303 and "twl_token" in page.headers["set-cookie"] and "HttpOnly" in page.headers["set-cookie"]
-        assert client.get("/api/sessions").status_code == 200, "the page's cookie carries the token for its own requests"
+        assert page.status_code == 303 and COOKIE in page.cookies and "HttpOnly" in page.headers["set-cookie"]
+        assert "t0ken" not in page.headers["set-cookie"], "the cookie is a signed sign-in, not the token"
+        assert client.get("/api/sessions").status_code == 200, "the page's cookie signs its own requests in"
         assert "access-control-allow-origin" not in {k.lower() for k in client.get("/api/sessions").headers}
 
 

@@ -41,7 +41,8 @@ def read_only_serve(tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
         state = tmp_path / "state"
         port = free_port()
         assert BWRAP is not None
-        command = [BWRAP, "--dev-bind", "/", "/", "--ro-bind", str(project), str(project)]
+        # --die-with-parent: serve (and its kernel) end with bwrap, which is what the test stops.
+        command = [BWRAP, "--die-with-parent", "--dev-bind", "/", "/", "--ro-bind", str(project), str(project)]
         command += [sys.executable, "-m", "taskweaver_lite", "serve", "-p", str(project), "--port", str(port)]
         log = tmp_path / "serve.log"
         with log.open("wb") as out:

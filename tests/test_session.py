@@ -317,6 +317,12 @@ class CountingExecutor:
     def interrupt(self) -> None:
         self.inner.interrupt()
 
+    def kept_variables(self) -> bool:
+        return False
+
+    def catch_up(self, kernel_id: str | None, *, cells_before: int) -> bool:
+        return False
+
     def variables(self) -> tuple[Variable, ...]:
         return self.inner.variables()
 

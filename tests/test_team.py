@@ -2,7 +2,7 @@
 
 Every request goes over HTTP to a replica chosen by the test, the way a round-robin proxy would send
 it; nothing is sticky. The model is scripted (`RUN<<code>>` runs that code); the kernels are real
-ipykernels on `jupyter kernelgateway`. One cluster, one gateway and one pair of replicas serve the
+ipykernels on `taskweaver-lite gateway`, each in its session's sandbox. One cluster, one gateway and one pair of replicas serve the
 module; a test that kills or stops a replica starts a new one in its place.
 """
 
@@ -23,7 +23,7 @@ import pytest
 
 from taskweaver_lite.store.interface import INTERRUPTED_ERROR
 from taskweaver_lite.store.postgres import PostgresStore
-from taskweaver_lite.testing.kernel_gateway import Gateway, kernel_gateway
+from taskweaver_lite.testing.kernel_gateway import Gateway, sandbox_gateway
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster
 from taskweaver_lite.testing.replicas import ServeProcess, run_code_model, write_team_project
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, summary_reply
@@ -62,7 +62,8 @@ class Team:
 def team(postgres_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
     root = tmp_path_factory.mktemp("team")
     (root / "gateway").mkdir()
-    with ScriptedServer() as model, kernel_gateway(root / "gateway") as gateway:
+    (root / "gateway" / "taskweaver_config.yaml").write_text("{}\n", encoding="utf-8")  # the gateway machine's project: the defaults
+    with ScriptedServer() as model, sandbox_gateway(root / "gateway") as gateway:
         run_code_model(model)
         url = postgres_cluster.new_database()
         project = write_team_project(root / "project", store_url=url, gateway=gateway, model_url=model.url, lease_timeout=LEASE)
@@ -369,8 +370,8 @@ def test_a_copy_whose_kernel_was_replaced_on_the_other_replica_is_loaded_afresh_
 
 
 def test_a_session_deleted_on_one_replica_is_gone_on_the_other_with_its_kernel_and_only_its_owner_may_delete_it(team: Team) -> None:
-    team.tokens.setdefault("erin", _add_user(team.project, "erin"))
-    with team.client(0) as first, team.client(1) as second, team.client(1, "erin") as erin:
+    team.tokens.setdefault("dora", _add_user(team.project, "dora"))
+    with team.client(0) as first, team.client(1) as second, team.client(1, "dora") as dora:
         session_id = first.post("/api/sessions", json={}).json()["id"]
         answer(first, session_id, "RUN<<z = 3>>")  # the first replica keeps a copy, attached to the kernel
         store = PostgresStore(team.store_url)
@@ -378,7 +379,7 @@ def test_a_session_deleted_on_one_replica_is_gone_on_the_other_with_its_kernel_a
             kernel_id = store.load(session_id).kernel_id
         finally:
             store.close()
-        assert erin.delete(f"/api/sessions/{session_id}").status_code == 404, "another user's session is not there to delete"
+        assert dora.delete(f"/api/sessions/{session_id}").status_code == 404, "another user's session is not there to delete"
         deleted = second.delete(f"/api/sessions/{session_id}")
         assert deleted.status_code == 200, deleted.text
         # The replicas share one project folder here: what the first kept of its copy on a machine of its own, put back.
@@ -390,6 +391,7 @@ def test_a_session_deleted_on_one_replica_is_gone_on_the_other_with_its_kernel_a
         assert not (team.project / "sessions" / session_id).exists(), "the first replica drops what it kept of the deleted session"
         kernel = httpx.get(f"{team.gateway.url}/api/kernels/{kernel_id}", headers={"Authorization": f"token {team.gateway.token}"}, timeout=30)
         assert kernel.status_code == 404, f"the deleted session's kernel must not run on in the gateway: {kernel.text}"
+        assert not (team.gateway.root / "taskweaver_sessions" / session_id).exists(), "nor its folder stay on the gateway's machine"
         assert session_id not in [row["id"] for row in first.get("/api/sessions").json()]
 
 
@@ -496,17 +498,17 @@ def test_a_session_past_serve_max_sessions_per_user_is_refused_counting_what_eve
 
 
 def test_a_rotated_token_ends_its_event_streams_on_every_replica_within_the_lease_renewal_period(team: Team) -> None:
-    token = _add_user(team.project, "erin")
+    token = _add_user(team.project, "fern")
     store = PostgresStore(team.store_url)
-    erin = next(user for user in store.users() if user.name == "erin")
-    store.create_session("erin-streams", started=time.time(), owner=erin.id)  # no kernel needed: the stream reads the store
+    fern = next(user for user in store.users() if user.name == "fern")
+    store.create_session("fern-streams", started=time.time(), owner=fern.id)  # no kernel needed: the stream reads the store
     ended: dict[int, float] = {}
 
     def follow(replica: int) -> None:
         headers = {"Authorization": f"Bearer {token}"}
         with (
             httpx.Client(base_url=team.replicas[replica].url, headers=headers, timeout=30) as client,
-            client.stream("GET", "/api/sessions/erin-streams/events") as stream,
+            client.stream("GET", "/api/sessions/fern-streams/events") as stream,
         ):
             assert stream.status_code == 200
             for _ in stream.iter_lines():
@@ -519,7 +521,7 @@ def test_a_rotated_token_ends_its_event_streams_on_every_replica_within_the_leas
     for thread in followers:
         thread.start()
     time.sleep(2.0)
-    _users(team.project, "rotate", "erin")
+    _users(team.project, "rotate", "fern")
     rotated = time.monotonic()  # the rotation is stored by now (the command's start-up is not the servers' doing)
     for thread in followers:
         thread.join(40)

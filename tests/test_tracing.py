@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import IdleExecutor, make_project
+from helpers import REPO, IdleExecutor, make_project
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -26,9 +26,14 @@ from taskweaver_lite import telemetry
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import TracingConfig
 from taskweaver_lite.errors import ConfigError, LLMAuthError
+from taskweaver_lite.eval.cases import load_cases
+from taskweaver_lite.eval.matrix import Setting
+from taskweaver_lite.eval.runner import EvalPlan, run_eval
+from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.records.model_calls import Usage
 from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.telemetry import otel, tracing
+from taskweaver_lite.testing import eval_script
 from taskweaver_lite.testing.otlp_receiver import OtlpReceiver, ReceivedSpan
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply, summary_reply
 from taskweaver_lite.web.trace_context import TraceMiddleware
@@ -38,12 +43,6 @@ pytestmark = pytest.mark.unit
 REQUEST = "Compute the zebra-quartz total"  # words no prompt or reply contains unless the request put them there
 CODE = "zebra_quartz_total = 41 + 1"
 CLIENT_SPAN, SERVER_SPAN = 3, 2
-
-
-@pytest.fixture
-def server() -> Iterator[ScriptedServer]:
-    with ScriptedServer() as srv:
-        yield srv
 
 
 @pytest.fixture
@@ -134,6 +133,43 @@ def test_a_failed_model_call_marks_its_span_with_the_error_class_only(tmp_path: 
     (call,) = [span for span in spans if span.name == "chat scripted"]
     assert call.status_code == 2 and call.attributes["error.type"] == "LLMAuthError"
     assert b"zebra" not in b"".join(receiver.bodies), "an error's message can quote the prompt: it goes out only with content on"
+
+
+@pytest.mark.kernel
+def test_a_cell_is_a_span_naming_its_session_with_its_code_and_output_only_with_content_on(kernel_executor: KernelExecutor, receiver: OtlpReceiver) -> None:
+    for content in (False, True):
+        tracer = otel.tracer(TracingConfig(enabled=True, endpoint=receiver.url, content=content))
+        with tracing.turn(tracer, session_id="cells", request="r"):
+            assert kernel_executor.run("zebra_quartz = 41 + 1\nprint(zebra_quartz)").stdout == "42\n"
+            assert not kernel_executor.run("1 / 0").success
+        assert tracer.flush()
+        if not content:
+            assert b"zebra" not in b"".join(receiver.bodies), "the cells run with content off sent no code"
+    cells = [span for span in receiver.wait_for("cell") if span.name == "cell"]
+    assert [(cell.attributes["taskweaver.cell.success"], cell.attributes.get("taskweaver.cell.error")) for cell in cells] == [
+        (True, None),
+        (False, "ZeroDivisionError"),
+    ] * 2
+    assert {cell.attributes["taskweaver.session.id"] for cell in cells} == {kernel_executor.session_dir.name}
+    assert [cell.attributes.get("taskweaver.cell.code") for cell in cells] == [None, None, "zebra_quartz = 41 + 1\nprint(zebra_quartz)", "1 / 0"]
+    assert cells[2].attributes["taskweaver.cell.output"] == "42\n" and "division by zero" in cells[3].attributes["taskweaver.cell.error_message"]
+
+
+@pytest.mark.kernel
+def test_each_turn_of_an_eval_case_is_a_trace_of_its_own(tmp_path: Path, receiver: OtlpReceiver) -> None:
+    settings = {"enabled": True, "endpoint": receiver.url}
+    with eval_script.scripted_eval_server() as scripted:
+        project = make_project(tmp_path, scripted.url, llm={"max_retries": 0}, tracing=settings)
+        [outcome] = run_eval(
+            load_cases([REPO / "tests" / "data" / "taskweaver_cases" / "calc_mean"]), EvalPlan(project, tmp_path / "report", (Setting("project"),))
+        )
+    assert outcome.status == "scored" and outcome.rounds == 1, outcome.reason
+    assert otel.tracer(TracingConfig(**settings)).flush()
+    spans = receiver.wait_for("turn")
+    (turn,) = [span for span in spans if span.name == "turn"]
+    calls = [span for span in spans if span.name.startswith("chat ")]
+    assert calls and {call.trace_id for call in calls} == {turn.trace_id}, "the case's turn is one trace with its model calls"
+    assert turn.attributes["taskweaver.session.id"] == outcome.session_id
 
 
 def test_serve_continues_the_traceparent_a_request_carries_into_the_thread_that_answers_it(receiver: OtlpReceiver) -> None:

@@ -221,14 +221,17 @@ def test_the_page_signs_in_by_a_posted_form_with_a_signed_expiring_cookie_never_
 
 
 def test_refused_tokens_from_one_address_past_serve_failed_token_limit_get_429_with_retry_after(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    ana = add_user(project, "ana", capsys)
+    ana, bob = add_user(project, "ana", capsys), add_user(project, "bob", capsys)
     with WebServer(load_config(project, ["serve.failed_token_limit=3"])) as web, httpx.Client(base_url=web.url) as client:
+        assert client.get("/api/sessions", headers={"Authorization": f"Bearer {bob}"}).status_code == 200
         for n in range(3):
             assert client.get("/api/sessions", headers={"Authorization": f"Bearer twl_{n:016x}_{'x' * 43}"}).status_code == 401
         limited = client.get("/api/sessions", headers={"Authorization": f"Bearer {ana}"})
         assert limited.status_code == 429 and 0 < int(limited.headers["retry-after"]) <= 60, limited.text
         assert "try again in" in limited.json()["error"]
         assert client.post("/sign-in", data={"token": ana}).status_code == 429, "the sign-in form counts and waits too"
+        shared = client.get("/api/sessions", headers={"Authorization": f"Bearer {bob}"})
+        assert shared.status_code == 200, "a token that worked before is not held back with the guesses from its address"
 
 
 def test_a_revoked_token_ends_the_event_streams_opened_with_it(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -242,7 +245,7 @@ def test_a_revoked_token_ends_the_event_streams_opened_with_it(project: Path, ca
         with httpx.Client(base_url=web.url, headers=headers, timeout=30) as client, client.stream("GET", f"/api/sessions/{name}-1/events") as stream:
             assert stream.status_code == 200
             for _ in stream.iter_lines():
-                if time.monotonic() - opened > 20:
+                if time.monotonic() - opened > 10:  # past the last of the others' ends (7 s): enough to tell a stream that stays
                     return  # still open: `ended` lacks it
         ended[name] = time.monotonic() - opened
 
@@ -260,7 +263,7 @@ def test_a_revoked_token_ends_the_event_streams_opened_with_it(project: Path, ca
     assert set(ended) >= {"ana", "bob", "cy"}, ended
     assert ended["ana"] < removed_at + 3 and ended["bob"] < removed_at + 3, ("removed and rotated: ended within the lease renewal period", ended)
     assert 3 < ended["cy"] < 7, ("expired: ended once past its expiry", ended)
-    assert "dee" not in ended or ended["dee"] > 15, "a token that still works keeps its stream"
+    assert "dee" not in ended or ended["dee"] > 8, "a token that still works keeps its stream"
 
 
 def test_a_user_holds_at_most_serve_max_streams_per_user_event_streams(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -305,6 +308,10 @@ def test_a_name_removed_and_added_again_is_someone_new_without_the_old_ones_sess
         store.save_tips(session_id, [("preference", "the old carol's tip")])
         old_id = store.users()[0].id
         store.close()
+        with client.stream("POST", f"/api/sessions/{session_id}/messages", json={"text": "hello"}, headers={"Authorization": f"Bearer {old_carol}"}) as asked:
+            assert asked.status_code == 200 and "error" in asked.read().decode()  # no model answers: the call is still counted
+        metrics = client.get("/metrics", headers={"Authorization": f"Bearer {old_carol}"}).text
+        assert 'user="carol"' in metrics and old_id not in metrics, "the metrics name the user, not the id their sessions belong to"
         main(["users", "remove", "carol", "-p", str(project)])
         carol = add_user(project, "carol", capsys)
         assert client.get(f"/api/sessions/{session_id}", headers={"Authorization": f"Bearer {carol}"}).status_code == 404, "not the old carol's"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ from helpers import IdleExecutor, make_project
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.knowledge import experience
 from taskweaver_lite.knowledge.tips import HandcraftedTips, read_handcrafted
+from taskweaver_lite.session.assembly import open_session, resume_session
 from taskweaver_lite.session.workspace import Workspace
 
 pytestmark = pytest.mark.unit
@@ -60,3 +63,11 @@ def test_a_resume_under_the_remembered_settings_runs_on_the_same_store_which_the
         finally:
             resumed.close()
         assert workspace.store.overrides(opened.id) == ["round_compressor.rounds_to_retain=1"], "the store outlives the reconfigured workspace"
+
+
+@pytest.mark.parametrize(("method", "assembles"), [(Workspace.new_session, open_session), (Workspace.resume_session, resume_session)])
+def test_a_workspace_names_every_option_of_the_session_it_opens(method: Callable[..., object], assembles: Callable[..., object]) -> None:
+    own = inspect.signature(method).parameters
+    assert all(parameter.kind is not parameter.VAR_KEYWORD for parameter in own.values()), "each option is named and typed, not **options"
+    given_by_the_workspace = {"config", "store", "catalogs"}
+    assert set(own) - {"self"} == set(inspect.signature(assembles).parameters) - given_by_the_workspace

@@ -18,7 +18,7 @@ from taskweaver_lite.cli.confirm import terminal_confirm
 from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.experience import experience_command, save_tips
 from taskweaver_lite.cli.images import TerminalImages
-from taskweaver_lite.cli.plugins import plugin_table, report_kernel_failures
+from taskweaver_lite.cli.plugins import mcp_lines, plugin_table, report_kernel_failures
 from taskweaver_lite.cli.prompt_line import INTERRUPTED, PromptLine
 from taskweaver_lite.cli.roles import role_table
 from taskweaver_lite.cli.turns import TurnCommands, session_artifacts
@@ -328,6 +328,8 @@ def _resume_session(
         lines.append(f"Re-ran {report.replayed} {cells} to rebuild the kernel's variables{failed}.")
     elif report.lost:
         lines.append(f"Not replayed: these variables are gone until recomputed: {', '.join(report.lost)}.")
+    if report.unrestored:
+        lines.append(f"Not restored (the store has no copy): {', '.join(report.unrestored)}; load them again with /load.")
     say("\n".join(lines))
     return session
 
@@ -523,7 +525,9 @@ class SlashCommands(TurnCommands):
 
     def _plugins(self, _: str) -> bool:
         failures = getattr(self.session.executor, "plugin_failures", ())
-        self.say(plugin_table(self.session.plugins.entries, failures))
+        table = plugin_table(self.session.plugins.entries, failures)
+        servers = mcp_lines(getattr(self.session.executor, "mcp_servers", ()))
+        self.say("\n".join([table, "MCP servers (mcp.servers):", *servers]) if servers else table)
         return True
 
     def _roles(self, _: str) -> bool:
@@ -663,9 +667,11 @@ def list_sessions(args: argparse.Namespace) -> int:
     if not rows:
         print(f"No stored sessions in {store_place(config)}.")
         return 0
-    print(f"{'ID':<24} {'STARTED':<17} {'LAST ACTIVE':<17} {'ROUNDS':>6}  TITLE")
+    owners = any(row.owner for row in rows)  # a store with users: whose each session is (a column only then)
+    print(f"{'ID':<24} {'STARTED':<17} {'LAST ACTIVE':<17} {'ROUNDS':>6}  " + (f"{'OWNER':<16} " if owners else "") + "TITLE")
     for row in rows:
-        print(f"{row.id:<24} {_stamp(row.started):<17} {_stamp(row.last_active):<17} {row.rounds:>6}  {strip_controls(row.title)}")
+        owner = f"{strip_controls(row.owner or '-'):<16} " if owners else ""
+        print(f"{row.id:<24} {_stamp(row.started):<17} {_stamp(row.last_active):<17} {row.rounds:>6}  {owner}{strip_controls(row.title)}")
     return 0
 
 

@@ -12,32 +12,64 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 from taskweaver_lite import __version__
 
 DEFAULT_PORT = 8765  # not 8000: vLLM's default, where a local model may already listen
 
 
-# The commands that list something: (name, help, takes --project, what --json prints).
-LISTINGS = (
-    ("sessions", "list stored sessions, newest first", True, "array"),
-    ("models", "the local model servers reachable (Ollama, LM Studio, llama.cpp, vLLM) and their models", False, "array"),
-    ("plugins", "list the project's plugins (and installed ones) with their state or error", True, "array"),
-    ("docs", "list the documents the document_retriever searches (PROJECT_DIR/docs/), and why any is skipped", True, "object"),
-    ("roles", "list the roles (built in, the project's, installed ones) with their state or error", True, "array"),
-)
+Commands = argparse._SubParsersAction  # the sub-command parsers a command adds its own to
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser for every sub-command."""
-    parser = argparse.ArgumentParser(
-        prog="taskweaver-lite",
-        description="A code-interpreter agent for data analysis: ask in plain language, it plans, writes and runs Python.",
-    )
-    parser.add_argument("--version", action="version", version=f"taskweaver-lite {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+@dataclass(frozen=True)
+class Command:
+    """One sub-command, registered one way: `add` gives it its parser (help and options), `run` runs it.
 
+    `run` imports what the command needs when it is chosen, so `taskweaver-lite --help` answers at once.
+    """
+
+    name: str
+    add: Callable[[Commands[argparse.ArgumentParser]], object]
+    run: Callable[[argparse.Namespace], int]
+
+
+def _lazy(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """The function `module.name` (taking the parsed arguments), imported when the command runs."""
+
+    def run(args: argparse.Namespace) -> int:
+        runner: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), name)
+        return runner(args)
+
+    return run
+
+
+def _listing(name: str, about: str, *, shape: str, in_project: bool = True) -> Callable[[Commands[argparse.ArgumentParser]], argparse.ArgumentParser]:
+    """How a command that lists something is added: `--json` prints one JSON `shape`; most read a project."""
+
+    def add(commands: Commands[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+        listing = commands.add_parser(name, help=about)
+        if in_project:
+            _project_option(listing)
+        listing.add_argument("--json", action="store_true", help=f"one JSON {shape} on stdout")
+        return listing
+
+    return add
+
+
+def _project_listing(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """A listing of a project's parts: `module.name(project_dir, as_json=...)`, imported when it runs."""
+
+    def run(args: argparse.Namespace) -> int:
+        from taskweaver_lite.cli.chat import project_dir
+
+        listing: Callable[..., int] = getattr(importlib.import_module(module), name)
+        return listing(project_dir(args), as_json=args.json)
+
+    return run
+
+
+def _add_chat_parser(commands: Commands[argparse.ArgumentParser]) -> None:
     chat = commands.add_parser("chat", help="start (or resume) an interactive session; reads lines from stdin when piped")
     _project_option(chat)
     _overrides_option(chat)
@@ -45,51 +77,48 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--no-replay", action="store_true", help="with --resume: do not re-run earlier cells to rebuild the kernel's variables")
     chat.add_argument("--confirm", action="store_true", help="show each cell before it runs: run, edit or skip it (a terminal only)")
 
+
+def _add_init_parser(commands: Commands[argparse.ArgumentParser]) -> None:
     init = commands.add_parser("init", help="create a project folder: commented config, few-shot examples, plugins/, sample data")
     init.add_argument("directory", nargs="?", default="project", metavar="PROJECT_DIR", help="the folder to create (default: ./project)")
 
+
+def _run_init(args: argparse.Namespace) -> int:
+    from taskweaver_lite.cli.init import run_init
+
+    return run_init(args.directory)
+
+
+def _add_demo_parser(commands: Commands[argparse.ArgumentParser]) -> None:
     demo = commands.add_parser("demo", help="a complete analysis of bundled data with a scripted model (no network, no key)")
     demo.add_argument("-p", "--project", dest="project", default=None, help="where to write the demo project (default: a new temporary folder)")
     demo.add_argument("--plain", action="store_true", help="plain text output, as when piped")
     demo.add_argument("--chat", action="store_true", help="the real chat on the demo's scripted model: type the demo's requests yourself")
     demo.add_argument("--resume", metavar="ID", help="with --chat and -p: continue a stored demo session ('last' for the newest)")
 
-    for name, about, in_project, shape in LISTINGS:
-        listing = commands.add_parser(name, help=about)
-        if in_project:
-            _project_option(listing)
-        listing.add_argument("--json", action="store_true", help=f"one JSON {shape} on stdout")
-        if name == "sessions":
-            listing.add_argument("--delete", metavar="ID", help="delete a stored session for good, with its files, its kernel and the tips saved from it")
 
-    _add_serve_parser(commands)
+def _run_demo(args: argparse.Namespace) -> int:
+    if args.chat:
+        from taskweaver_lite.cli.demo_model import run_demo_chat
 
-    from taskweaver_lite.cli.users import add_users_parser
+        return run_demo_chat(args)
+    from taskweaver_lite.cli.demo import run_demo
 
-    add_users_parser(commands)
-
-    from taskweaver_lite.cli.gateway import add_gateway_parser
-
-    add_gateway_parser(commands)
-
-    from taskweaver_lite.cli.eval import add_eval_parser
-
-    add_eval_parser(commands)
-
-    from taskweaver_lite.cli.config import add_config_parser
-
-    add_config_parser(commands)
-
-    export = commands.add_parser("export", help="write a stored session as a notebook or Markdown")
-    export.add_argument("session_id", metavar="ID", help="session id ('last' for the newest)")
-    _project_option(export)
-    export.add_argument("--format", choices=("ipynb", "md"), help="default: from the output file's name (.md or .ipynb), else ipynb")
-    export.add_argument("-o", "--output", metavar="FILE", help="output file (default: <ID>.<format> in the current folder)")
-    export.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
-    return parser
+    return run_demo(project=args.project, plain=args.plain or not sys.stdout.isatty())
 
 
-def _add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_sessions_parser(commands: Commands[argparse.ArgumentParser]) -> None:
+    sessions = _listing("sessions", "list stored sessions, newest first", shape="array")(commands)
+    sessions.add_argument("--delete", metavar="ID", help="delete a stored session for good, with its files, its kernel and the tips saved from it")
+
+
+def _run_models(args: argparse.Namespace) -> int:
+    from taskweaver_lite.cli.models import list_models
+
+    return list_models(as_json=args.json)
+
+
+def _add_serve_parser(commands: Commands[argparse.ArgumentParser]) -> None:
     """The `serve` command and its options."""
     serve = commands.add_parser("serve", help="a local web page and HTTP API: many sessions, plots and tables in the browser")
     _project_option(serve)
@@ -99,6 +128,21 @@ def _add_serve_parser(commands: argparse._SubParsersAction[argparse.ArgumentPars
     serve.add_argument("--log", nargs="?", const="-", default=None, metavar="FILE", help="an access log, one line per request (to FILE, or stderr)")
     serve.add_argument("--demo", action="store_true", help="serve a demo project on the scripted model: no network, no key")
     _overrides_option(serve)
+
+
+def _add_mcp_parser(commands: Commands[argparse.ArgumentParser]) -> None:
+    mcp = commands.add_parser("mcp", help="serve this agent to MCP hosts (Claude Desktop, VS Code) on stdin and stdout: its tool `ask` runs a chat turn")
+    _project_option(mcp)
+    _overrides_option(mcp)
+
+
+def _add_export_parser(commands: Commands[argparse.ArgumentParser]) -> None:
+    export = commands.add_parser("export", help="write a stored session as a notebook or Markdown")
+    export.add_argument("session_id", metavar="ID", help="session id ('last' for the newest)")
+    _project_option(export)
+    export.add_argument("--format", choices=("ipynb", "md"), help="default: from the output file's name (.md or .ipynb), else ipynb")
+    export.add_argument("-o", "--output", metavar="FILE", help="output file (default: <ID>.<format> in the current folder)")
+    export.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
 
 
 def _overrides_option(parser: argparse.ArgumentParser) -> None:
@@ -112,55 +156,47 @@ def _project_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-p", "--project", dest="project", default=None, metavar="PROJECT_DIR", help="project folder (default: ./project)")
 
 
-# A command and the function (module, name) that runs it with the parsed arguments, imported only
-# when that command is chosen: `--help` must not wait for the chat's or the server's dependencies.
-_RUNNERS = {
-    "chat": ("taskweaver_lite.cli.chat", "run_chat"),
-    "sessions": ("taskweaver_lite.cli.chat", "list_sessions"),
-    "serve": ("taskweaver_lite.cli.serve", "run_serve"),
-    "eval": ("taskweaver_lite.cli.eval", "run_eval_command"),
-    "export": ("taskweaver_lite.cli.chat", "export_session"),
-    "users": ("taskweaver_lite.cli.users", "run_users"),
-    "config": ("taskweaver_lite.cli.config", "run_config"),
-    "gateway": ("taskweaver_lite.cli.gateway", "run_gateway"),
-}
-# Listings of a project's parts: each function takes the project folder and `--json`.
-_LISTINGS = {
-    "plugins": ("taskweaver_lite.cli.plugins", "run_plugins"),
-    "docs": ("taskweaver_lite.cli.docs", "run_docs"),
-    "roles": ("taskweaver_lite.cli.roles", "run_roles"),
-}
+def commands() -> tuple[Command, ...]:
+    """Every sub-command, in the order `--help` lists them (the modules that add their own parser are light to import)."""
+    from taskweaver_lite.cli.config import add_config_parser
+    from taskweaver_lite.cli.eval import add_eval_parser
+    from taskweaver_lite.cli.gateway import add_gateway_parser
+    from taskweaver_lite.cli.users import add_users_parser
+
+    plugins = "list the project's plugins (and installed ones) with their state or error"
+    docs = "list the documents the document_retriever searches (PROJECT_DIR/docs/), and why any is skipped"
+    roles = "list the roles (built in, the project's, installed ones) with their state or error"
+    models = "the local model servers reachable (Ollama, LM Studio, llama.cpp, vLLM) and their models"
+    return (
+        Command("chat", _add_chat_parser, _lazy("taskweaver_lite.cli.chat", "run_chat")),
+        Command("init", _add_init_parser, _run_init),
+        Command("demo", _add_demo_parser, _run_demo),
+        Command("sessions", _add_sessions_parser, _lazy("taskweaver_lite.cli.chat", "list_sessions")),
+        Command("models", _listing("models", models, shape="array", in_project=False), _run_models),
+        Command("plugins", _listing("plugins", plugins, shape="array"), _project_listing("taskweaver_lite.cli.plugins", "run_plugins")),
+        Command("docs", _listing("docs", docs, shape="object"), _project_listing("taskweaver_lite.cli.docs", "run_docs")),
+        Command("roles", _listing("roles", roles, shape="array"), _project_listing("taskweaver_lite.cli.roles", "run_roles")),
+        Command("serve", _add_serve_parser, _lazy("taskweaver_lite.cli.serve", "run_serve")),
+        Command("mcp", _add_mcp_parser, _lazy("taskweaver_lite.cli.mcp", "run_mcp")),
+        Command("users", add_users_parser, _lazy("taskweaver_lite.cli.users", "run_users")),
+        Command("gateway", add_gateway_parser, _lazy("taskweaver_lite.cli.gateway", "run_gateway")),
+        Command("eval", add_eval_parser, _lazy("taskweaver_lite.cli.eval", "run_eval_command")),
+        Command("config", add_config_parser, _lazy("taskweaver_lite.cli.config", "run_config")),
+        Command("export", _add_export_parser, _lazy("taskweaver_lite.cli.chat", "export_session")),
+    )
 
 
-def _dispatch(args: argparse.Namespace) -> int:
-    """Run the chosen command; its module is imported here."""
-    if args.command == "demo" and args.chat:
-        from taskweaver_lite.cli.demo_model import run_demo_chat
-
-        return run_demo_chat(args)
-    if args.command == "demo":
-        from taskweaver_lite.cli.demo import run_demo
-
-        return run_demo(project=args.project, plain=args.plain or not sys.stdout.isatty())
-    if args.command == "init":
-        from taskweaver_lite.cli.init import run_init
-
-        return run_init(args.directory)
-    if args.command == "models":
-        from taskweaver_lite.cli.models import list_models
-
-        return list_models(as_json=args.json)
-    if args.command in _LISTINGS:
-        from taskweaver_lite.cli.chat import project_dir
-
-        listing: Callable[..., int] = _function(*_LISTINGS[args.command])
-        return listing(project_dir(args), as_json=args.json)
-    runner: Callable[[argparse.Namespace], int] = _function(*_RUNNERS[args.command])
-    return runner(args)
-
-
-def _function(module: str, name: str) -> Any:
-    return getattr(importlib.import_module(module), name)
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="taskweaver-lite",
+        description="A code-interpreter agent for data analysis: ask in plain language, it plans, writes and runs Python.",
+    )
+    parser.add_argument("--version", action="version", version=f"taskweaver-lite {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in commands():
+        command.add(subparsers)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -183,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from taskweaver_lite.safety.terminal import strip_controls
 
     try:
-        return _dispatch(args)
+        return next(command for command in commands() if command.name == args.command).run(args)
     except TaskWeaverError as exc:
         print(f"taskweaver-lite: {strip_controls(str(exc))}", file=sys.stderr)
         return 1

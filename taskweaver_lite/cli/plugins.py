@@ -14,15 +14,17 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from taskweaver_lite.cli.console import PlainConsole, RichConsole
 from taskweaver_lite.config.file import load_config
+from taskweaver_lite.config.settings import McpServerConfig
 from taskweaver_lite.errors import TaskWeaverError
-from taskweaver_lite.kernel import plugin_runtime
+from taskweaver_lite.kernel import mcp_client, plugin_runtime
 from taskweaver_lite.plugins.catalog import PluginEntry, discover, entries_as_json
+from taskweaver_lite.records.mcp_tools import McpServer
 from taskweaver_lite.safety.terminal import strip_controls
 from taskweaver_lite.session.session import Session
 
@@ -35,16 +37,51 @@ _CHECK = (
     "print(json.dumps(m.check(sys.stdin.read())))\n"
 )
 
+# Starts the servers read from stdin with the kernel's MCP client (loaded by path, as the kernel does) and prints its report.
+_MCP_CHECK = (
+    "import importlib.util as u, os, sys\n"
+    "p = u.spec_from_file_location({module!r}, {path!r}); m = u.module_from_spec(p); sys.modules[p.name] = m\n"
+    "p.loader.exec_module(m); print(m.start(sys.stdin.read()), flush=True); os._exit(0)\n"
+)
+
 
 def run_plugins(project: Path, *, as_json: bool) -> int:
-    """`taskweaver-lite plugins`: list the project's and installed packages' plugins with their state."""
+    """`taskweaver-lite plugins`: list the project's and installed packages' plugins with their state, and the MCP servers."""
     config = load_config(project)
     entries = with_import_errors(discover(config.project_dir).entries)
+    servers = checked_mcp_servers(config.mcp.servers) if config.mcp.servers else ()
     if as_json:
-        print(entries_as_json(entries))
+        rows = json.loads(entries_as_json(entries)) + [_server_json(server) for server in servers]
+        print(json.dumps(rows, indent=2))
+    elif servers:
+        print("\n".join([plugin_table(entries), "MCP servers (mcp.servers):", *mcp_lines(servers)]))
     else:
         print(plugin_table(entries))
     return 0
+
+
+def checked_mcp_servers(servers: Mapping[str, McpServerConfig]) -> tuple[McpServer, ...]:
+    """The MCP servers started once as a kernel starts them (in a short-lived process of this interpreter), with their tools or why not."""
+    from taskweaver_lite.kernel.mcp_launch import McpLaunch
+    from taskweaver_lite.kernel.process import filtered_environment
+
+    launch = McpLaunch(servers, network=True)  # a check outside the sandbox: the chat says again if the sandbox refuses one
+    script = _MCP_CHECK.format(module=mcp_client.MODULE_NAME, path=mcp_client.__file__)
+    specs = json.dumps({name: spec.model_dump(mode="json") for name, spec in launch.servers.items()})
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", script], input=specs, capture_output=True, text=True, timeout=launch.wait, env=filtered_environment(os.environ, allowed=[])
+        )
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+    except (subprocess.TimeoutExpired, IndexError, ValueError):
+        report = {}
+    return tuple(McpServer.from_dict(name, report.get(name) if isinstance(report, dict) else None) for name in launch.servers)
+
+
+def _server_json(server: McpServer) -> dict[str, object]:
+    """An MCP server in `plugins --json`: {name, kind: mcp_server, state: enabled|broken, error, tools}."""
+    state = "enabled" if server.started else "broken"
+    return {"name": server.name, "kind": "mcp_server", "state": state, "error": server.error, "tools": [t.attribute for t in server.tools]}
 
 
 def plugin_table(entries: Sequence[PluginEntry], failures: Sequence[str] = ()) -> str:
@@ -99,6 +136,22 @@ def _import_failures(specs: list[dict[str, object]]) -> list[str]:
     return [str(line) for line in value] if isinstance(value, list) else []
 
 
+def kernel_failures(executor: Any) -> list[str]:
+    """What the kernel could not load, one line each: plugins (named so) and MCP servers."""
+    plugins = [f"plugin {line}" for line in getattr(executor, "plugin_failures", ())]
+    servers: tuple[McpServer, ...] = getattr(executor, "mcp_servers", ())
+    return plugins + [server.line() for server in servers if not server.started]
+
+
+def mcp_lines(servers: Sequence[McpServer]) -> list[str]:
+    """/plugins' lines for the MCP servers: each with its tools, or why it did not start."""
+    width = max((len(server.name) for server in servers), default=0)
+    return [
+        f"{server.name:<{width}}  {'mcp':<8}  {', '.join(t.attribute for t in server.tools) or 'no tools'}" if server.started else strip_controls(server.line())
+        for server in servers
+    ]
+
+
 def report_kernel_failures(session: Session, renderer: RichConsole | PlainConsole, *, to_stderr: Callable[[str], None]) -> None:
     """Plugins whose import failed in the kernel, one stderr line each, once the kernel has started.
 
@@ -107,7 +160,7 @@ def report_kernel_failures(session: Session, renderer: RichConsole | PlainConsol
     the prompt is not held up.
     """
     executor: Any = session.executor
-    if not hasattr(executor, "plugin_failures") or not session.plugins.enabled:
+    if not hasattr(executor, "plugin_failures") or not (session.plugins.enabled or session.config.mcp.servers):
         return  # nothing to load, or an executor that does not load plugins
 
     def lines() -> list[str]:
@@ -115,7 +168,7 @@ def report_kernel_failures(session: Session, renderer: RichConsole | PlainConsol
             executor.wait_ready()
         except TaskWeaverError:
             return []  # the first request reports a kernel that cannot start, with the way out
-        return [strip_controls(f"plugin {line}; the session goes on without it") for line in executor.plugin_failures]
+        return [strip_controls(f"{line}; the session goes on without it") for line in kernel_failures(executor)]
 
     def hand_over(rich: RichConsole) -> None:
         for line in lines():

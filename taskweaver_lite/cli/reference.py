@@ -87,6 +87,9 @@ def _config_rows(model: type[BaseModel], *, prefix: str) -> Iterator[tuple[str, 
         elif nested is not None and _is_list(field.annotation):
             yield key, "list", _default(field), meaning
             yield from _config_rows(nested, prefix=f"{key}[]")
+        elif nested is not None and typing.get_origin(field.annotation) is dict:  # named sections (`mcp.servers.NAME`)
+            yield key, "mapping of NAME to mapping", _default(field), meaning
+            yield from _config_rows(nested, prefix=f"{key}.<NAME>")
         elif nested is not None:
             yield key, "mapping" + (" or null" if _optional(field.annotation) else ""), _default(field), meaning or _first_line(nested.__doc__)
             yield from _config_rows(nested, prefix=key)

@@ -46,6 +46,7 @@ UVICORN_LOGGING = {
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "stamped", "stream": "ext://sys.stderr"}},
     "loggers": {"uvicorn": {"handlers": ["stderr"], "level": "WARNING", "propagate": False}},
 }
+DRAIN_POLL = 0.1  # seconds between looks at whether requests still run here, once stopping
 CUT_GRACE = 10.0  # seconds past serve.drain_timeout for the requests cut then to end before uvicorn cancels what is left
 
 
@@ -78,7 +79,8 @@ def say(line: str) -> None:
 def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] = (), intro: str = "", fresh: bool = False) -> int:
     """Serve `config` on the command's address: `intro` is said once it is listening, and with `fresh` its link opens a new session."""
     logging.basicConfig(stream=sys.stderr, format=LOG_FORMAT, datefmt=LOG_TIME, level=logging.WARNING)  # the server's warnings, stamped
-    access = Access.for_address(args.host, args.token, store_has_users=store_has_users(config))
+    has_users = store_has_users(config)
+    access = Access.for_address(args.host, args.token, store_has_users=has_users)
     log = AccessLog(args.log) if args.log else None
     try:
         app = build_app(config, access, log=log, preload=preload)
@@ -86,6 +88,9 @@ def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] 
             if intro:
                 say(intro)
             say(start_line(config.project_dir, host=args.host, port=args.port, token=access.token, fresh=fresh))
+            warning = gateway_warning(config) if has_users else None
+            if warning:
+                say(warning)
             for line in discover_roles(config.project_dir, enabled=config.session.roles, config=config).problems:
                 say(strip_controls(line))
             drain = config.serve.drain_timeout
@@ -99,10 +104,10 @@ def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] 
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, told of SIGTERM and Ctrl-C at once: the hub refuses new requests while the running ones finish.
+    """uvicorn, told of SIGTERM and Ctrl-C at once: the hub refuses new requests (503 "stopping") while the running ones finish.
 
-    uvicorn then stops listening and waits for the running requests (a replica's event streams end
-    at once: their clients reconnect to another replica, missing nothing). Those still running after
+    Once none runs, uvicorn stops listening and waits for the connections still open (a replica's
+    event streams end at once: their clients reconnect to another replica, missing nothing). Those still running after
     `serve.drain_timeout` are cut short by the hub: each client gets its error event, and the round
     is marked cut off, as for a replica that died. uvicorn's own cancelling, CUT_GRACE seconds
     later, is only for a request that did not end even then. The hub then closes its sessions; on a
@@ -117,11 +122,20 @@ class _Server(uvicorn.Server):
         self._cutter: threading.Timer | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._cutter is not None:  # a second signal: stop waiting for the running requests
+            super().handle_exit(sig, frame)
+            return
         self._hub.stop_taking()
-        if self._cutter is None:
-            self._cutter = threading.Timer(self._drain, self._hub.cut_running)
-            self._cutter.daemon = True
-            self._cutter.start()
+        self._cutter = threading.Timer(self._drain, self._hub.cut_running)
+        self._cutter.daemon = True
+        self._cutter.start()
+        # Still listening while requests run: a new one is answered 503 "stopping" (the proxy retries it
+        # elsewhere), not refused at connect. uvicorn stops listening once none runs here.
+        threading.Thread(target=self._exit_when_idle, args=(sig, frame), name="drain", daemon=True).start()
+
+    def _exit_when_idle(self, sig: int, frame: FrameType | None) -> None:
+        while self._hub.running():
+            time.sleep(DRAIN_POLL)
         super().handle_exit(sig, frame)
 
 
@@ -148,6 +162,27 @@ def _bind_problem(exc: OSError, *, host: str, port: int) -> str:
     if exc.errno == errno.EACCES:
         return f"port {port} on {host} needs privileges: choose one above 1023 with --port"
     return f"cannot listen on {host}:{port} ({exc.strerror}): choose another --host or --port"
+
+
+def gateway_warning(config: Config) -> str | None:
+    """One line when users share `execution.kernel_gateway` and it is not `taskweaver-lite gateway` (None: nothing to say)."""
+    gateway = config.execution.kernel_gateway
+    if gateway is None:
+        return None
+    from taskweaver_lite.kernel.gateway import GatewayKernel  # the gateway extra, as the sessions' executors need
+
+    client = GatewayKernel(gateway)
+    try:
+        sandboxed = client.sandboxed()
+    finally:
+        client.release()
+    if sandboxed:
+        return None
+    what = "is a plain Jupyter gateway" if sandboxed is False else "did not list its kernelspecs, so it may be a plain Jupyter gateway"
+    return (
+        f"Warning: the kernel gateway {gateway.url} {what}: it does not keep users apart, so code run in one user's session can read "
+        "other sessions' files, variables and kernels there, and the gateway's token; run `taskweaver-lite gateway` there instead."
+    )
 
 
 def start_line(project: Path, *, host: str, port: int, token: str | None, fresh: bool = False) -> str:

@@ -27,8 +27,8 @@ MAX_DAYS = 36_500  # `--expires` at most a hundred years
 
 
 def add_users_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The `users` command and its four actions."""
-    users = commands.add_parser("users", help="add, list, rotate or remove the users a server knows (each with a token of their own)")
+    """The `users` command and its actions."""
+    users = commands.add_parser("users", help="add, list, rotate, promote, demote or remove the users a server knows (each with a token of their own)")
     actions = users.add_subparsers(dest="action", metavar="ACTION", required=True)
     add = actions.add_parser("add", help="add a user and print their token (shown once: only its hash is kept)")
     add.add_argument("name", metavar="NAME")
@@ -43,7 +43,14 @@ def add_users_parser(commands: argparse._SubParsersAction[argparse.ArgumentParse
     )
     remove = actions.add_parser("remove", help="remove a user: their token stops working at once (their sessions stay)")
     remove.add_argument("name", metavar="NAME")
-    for action in (add, listing, rotate, remove):
+    promote = actions.add_parser("promote", help="make a user an admin (they see and may use every user's sessions)")
+    promote.add_argument("name", metavar="NAME")
+    demote = actions.add_parser("demote", help="make an admin a user again (their own sessions only)")
+    demote.add_argument("name", metavar="NAME")
+    expires = actions.add_parser("expires", help="when a user's token stops working: DAYS from now, or `never` (the expiry cleared)")
+    expires.add_argument("name", metavar="NAME")
+    expires.add_argument("when", type=days_or_never, metavar="DAYS|never")
+    for action in (add, listing, rotate, remove, promote, demote, expires):
         action.add_argument("-p", "--project", dest="project", default=None, metavar="PROJECT_DIR", help="project folder (default: ./project)")
         action.add_argument(
             "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key (e.g. store.url); repeatable"
@@ -61,8 +68,13 @@ def days(text: str) -> float:
     return value
 
 
+def days_or_never(text: str) -> float | None:
+    """`users expires NAME DAYS|never`: a number of days as for --expires, or None for `never`."""
+    return None if text.strip().lower() == "never" else days(text)
+
+
 def run_users(args: argparse.Namespace) -> int:
-    """Run `users add|list|remove`; the exit code."""
+    """Run `users add|list|rotate|promote|demote|expires|remove`; the exit code."""
     from taskweaver_lite.cli.chat import project_dir  # the store's modules only once a users command runs (`--help` answers at once)
     from taskweaver_lite.config.file import load_config
     from taskweaver_lite.store.opening import has_store, open_store, store_place
@@ -82,6 +94,8 @@ def run_users(args: argparse.Namespace) -> int:
             return _list(store, as_json=args.json)
         if args.action == "rotate":
             return _rotate(store, args.name, expires=args.expires, where=where)
+        if args.action in ("promote", "demote", "expires"):
+            return _change(store, args, where=where)
         if not store.remove_user(args.name):
             raise TaskWeaverError(_no_user(args.name, where))
         print(f"Removed {args.name}: their token no longer works. Their sessions stay in the store (an admin still sees them).")
@@ -110,6 +124,24 @@ def _rotate(store: Store, name: str, *, expires: float | None, where: str) -> in
     print(f"A new token for {name}, shown this once (only its hash is kept); their old one no longer works:", file=sys.stderr)
     _say_expiry(store, name)
     print(token)
+    return 0
+
+
+def _change(store: Store, args: argparse.Namespace, *, where: str) -> int:
+    """`users promote|demote NAME`, `users expires NAME DAYS|never`: takes effect on every server within two seconds."""
+    if args.action == "expires":
+        changed = store.set_expiry(args.name, expires_days=args.when)
+    else:
+        changed = store.set_admin(args.name, admin=args.action == "promote")
+    if not changed:
+        raise TaskWeaverError(_no_user(args.name, where))
+    if args.action == "expires":
+        print(f"The token of {args.name} now never expires." if args.when is None else f"The token of {args.name} now expires in {args.when:g} days.")
+        _say_expiry(store, args.name)
+    elif args.action == "promote":
+        print(f"{args.name} is now an admin: they see and may use every user's sessions.")
+    else:
+        print(f"{args.name} is now a user: they see only their own sessions.")
     return 0
 
 

@@ -363,11 +363,17 @@ def _with_lines(source: str, locs: list[tuple[str, ...]], path: Path) -> str:
 
 def _section(dotted: str) -> type[BaseModel]:
     parent: type[BaseModel] = Config
+    named = False  # the part before was a mapping of named sections (`mcp.servers`): this part is a name
     for part in filter(None, dotted.split(".")):
+        if named:
+            named = False
+            continue
         if part not in parent.model_fields:  # a role's section (`echo`), written at the top level
             parent = RoleSectionConfig
             continue
-        section = section_type(parent.model_fields[part].annotation)
+        annotation = parent.model_fields[part].annotation
+        named = get_origin(annotation) is dict
+        section = section_type(annotation)
         if not (isinstance(section, type) and issubclass(section, BaseModel)):
             break
         parent = section

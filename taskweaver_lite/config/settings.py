@@ -8,6 +8,7 @@ the keys and the fix on one line.
 from __future__ import annotations
 
 import hashlib
+import keyword
 import os
 import tempfile
 from pathlib import Path
@@ -282,7 +283,9 @@ class KernelGatewayConfig(_Section):
     """A Jupyter Kernel Gateway or Enterprise Gateway that runs the session's kernel instead of this machine."""
 
     url: str = Field(description="the gateway's base address, e.g. http://bigbox:8888")
-    token: SecretStr | None = Field(None, description="the gateway's auth token (KG_AUTH_TOKEN), sent as `Authorization: token ...`")
+    token: SecretStr | None = Field(
+        None, description="the gateway's auth token, sent as `Authorization: token ...` (null: the KG_AUTH_TOKEN environment variable, as the gateway reads it)"
+    )
     kernel_name: str | None = Field(None, description="the kernelspec to start (null: the gateway's default)")
     headers: dict[str, str] = Field(default_factory=dict, description="extra HTTP headers on every request (a proxy's auth)")
     validate_cert: bool = Field(True, description="check the gateway's TLS certificate (https:// and wss://)")
@@ -295,6 +298,11 @@ class KernelGatewayConfig(_Section):
         if not value.startswith(("http://", "https://")):
             raise ValueError("expected an http:// or https:// address such as http://bigbox:8888")
         return value.rstrip("/")
+
+    def request_headers(self) -> dict[str, str]:
+        """Every request's headers: `headers`, and the token (`token`, else KG_AUTH_TOKEN from the environment) when there is one."""
+        token = self.token.get_secret_value() if self.token is not None else os.environ.get("KG_AUTH_TOKEN", "")
+        return {**self.headers, "Authorization": f"token {token}"} if token else dict(self.headers)
 
 
 class MountConfig(_Section):
@@ -512,6 +520,39 @@ class ServeConfig(_Section):
         return value
 
 
+class McpServerConfig(_Section):
+    """One MCP server whose tools a session's cells call (`mcp.servers.NAME`); it runs inside the kernel, as its child."""
+
+    command: list[str] = Field(min_length=1, description="the program and its arguments, e.g. [mcp-server-time] or [npx, -y, some-server]")
+    env: dict[str, str] = Field(
+        default_factory=dict, description="environment variables it gets besides the kernel's (secrets too: the kernel's code can read them)"
+    )
+    network: bool = Field(False, description="it needs the network: refused (shown as not started) while the kernel's sandbox has none (execution.network)")
+    start_timeout: float = Field(60.0, gt=0, description="seconds it may take to start and list its tools")
+    call_timeout: float = Field(120.0, gt=0, description="seconds one tool call may take (a cell's own timeout still applies)")
+
+    @field_validator("command")
+    @classmethod
+    def _a_program(cls, value: list[str]) -> list[str]:
+        if not value[0].strip():
+            raise ValueError("the first item must name the program to run")
+        return value
+
+
+class McpConfig(_Section):
+    """The Model Context Protocol: the MCP servers whose tools the CodeGenerator's code may call."""
+
+    servers: dict[str, McpServerConfig] = Field(default_factory=dict, description="NAME: {command: [ARGV...], env: {...}}; a cell calls tool T as NAME.T(...)")
+
+    @field_validator("servers")
+    @classmethod
+    def _python_names(cls, value: dict[str, McpServerConfig]) -> dict[str, McpServerConfig]:
+        for name in value:
+            if not name.isidentifier() or keyword.iskeyword(name):
+                raise ValueError(f"{name!r} is not a Python name: a cell calls the server's tools as NAME.tool(...), so use letters, digits and _")
+        return value
+
+
 class TracingConfig(_Section):
     """Tracing with OpenTelemetry (the `tracing` extra): each request's model calls, cells and folds as spans, sent over OTLP/HTTP."""
 
@@ -526,7 +567,7 @@ class TracingConfig(_Section):
     @classmethod
     def _an_http_url(cls, value: str | None) -> str | None:
         if value is not None and not (value.startswith(("http://", "https://")) and urlsplit(value).hostname):
-            raise ValueError("expected an http:// or https:// address such as http://127.0.0.1:4318 (or null for OTEL_EXPORTER_OTLP_ENDPOINT)")
+            raise ValueError("expected an http:// or https:// address such as http://127.0.0.1:4318, or null to read it from the environment")
         return value
 
 
@@ -558,6 +599,7 @@ class Config(_Section):
     document_retriever: DocumentRetrieverConfig = Field(default_factory=DocumentRetrieverConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    mcp: McpConfig = Field(default_factory=McpConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     # The sections of roles that have no field here (`echo:`, a project role's), written at the top
@@ -730,6 +772,11 @@ def settings_conflicts(config: Config) -> list[str]:
         found.append(
             "execution.mounts and execution.sandbox: none conflict (without the sandbox the kernel sees every folder and "
             "read-only cannot be kept); remove the mounts, or set execution.sandbox: auto"
+        )
+    if config.mcp.servers and config.execution.kernel_gateway is not None:
+        found.append(
+            "mcp.servers and execution.kernel_gateway conflict (the servers run beside the kernel, as its children, and a "
+            "gateway's kernel runs on the gateway's machine); remove one of them"
         )
     for user in ("planner", "code_generator"):
         role: RoleConfig = getattr(config, user)

@@ -377,7 +377,7 @@ def _in_session(case: TaskCase | ProblemSet, workspace: Workspace, config: Confi
             return _with_costs(outcome, session)
     finally:
         for model in (examiner, judge):
-            _close(model.inner)
+            model.close()  # the meter closes the model inside
 
 
 def _scored(
@@ -499,9 +499,3 @@ def eval_llm(config: Config, part: str) -> LLMConfig:
     if part == "examiner" and section.llm.json_mode is None:
         llm = llm.model_copy(update={"json_mode": False})
     return llm
-
-
-def _close(model: ChatModel) -> None:
-    close = getattr(model, "close", None)
-    if callable(close):
-        close()

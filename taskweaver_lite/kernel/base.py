@@ -31,6 +31,7 @@ from taskweaver_lite.kernel.interface import OutputSink
 from taskweaver_lite.kernel.output import CellOutput, artifact_file
 from taskweaver_lite.kernel.process import end_at_exit, forget
 from taskweaver_lite.records.execution import CellCancelled, CellError, ExecutionResult, KernelEnvironment, Variable, VariableChanges
+from taskweaver_lite.records.mcp_tools import McpServer
 from taskweaver_lite.records.plugin_spec import PluginSpec
 from taskweaver_lite.safety.workfiles import owner_only_folder
 from taskweaver_lite.telemetry import tracing
@@ -88,6 +89,8 @@ class SessionKernel(ABC):
         self._unreported_failures: tuple[str, ...] = ()
         self._first_notices: tuple[str, ...] = ()  # said with the next cell's result, once
         self.libraries: tuple[str, ...] = ()  # the analysis libraries the current kernel can import (asked at its start)
+        self.mcp_servers: tuple[McpServer, ...] = ()  # mcp.servers as the current kernel started them (their tools, or why not)
+        self._start_wait = 0.0  # seconds a start may take besides the kernel's own (the MCP servers it starts)
         self._namespace = namespace.VariableTracker()
         self._cell = namespace.last_cell_number(self.outputs_dir, self.artifacts_dir)
         self._expressions: dict[str, str] = {}
@@ -117,7 +120,7 @@ class SessionKernel(ABC):
     def wait_ready(self, timeout: float | None = None) -> None:
         """Block until the kernel answers (default limit: the configured start timeout); KernelError if not."""
         self._check_open()
-        limit = self.config.kernel_start_timeout + REPLY_WAIT if timeout is None else timeout
+        limit = self.config.kernel_start_timeout + REPLY_WAIT + self._start_wait if timeout is None else timeout
         if not self._ready.wait(limit):
             raise KernelError(f"{self._kernel_name()} is not ready after {limit:g} s{self._see_also()}")
         if self._start_error is not None:
@@ -160,7 +163,7 @@ class SessionKernel(ABC):
         """The libraries the kernel can import and the folders it sees; waits for a kernel still starting."""
         with contextlib.suppress(KernelError):  # the next cell says what went wrong; the prompt is built without the list
             self.wait_ready()
-        return KernelEnvironment(libraries=self.libraries, mounts=self._mounts(), python=self._python(), safety=self._safety())
+        return KernelEnvironment(libraries=self.libraries, mounts=self._mounts(), python=self._python(), safety=self._safety(), mcp_servers=self.mcp_servers)
 
     def _safety(self) -> tuple[tuple[str, str], ...]:
         """The containment layers and their state, for /info (a gateway's kernel: the gateway's own)."""
@@ -183,6 +186,14 @@ class SessionKernel(ABC):
             self._replace_kernel(graceful=True)
             return lost
 
+    def kept_variables(self) -> bool:
+        """False: a kernel started for this session has none of its variables yet (a gateway's attached kernel may)."""
+        return False
+
+    def catch_up(self, kernel_id: str | None, *, cells_before: int) -> bool:
+        """False: only a kernel that outlives its process (on a gateway) can be caught up on."""
+        return False
+
     def shutdown(self) -> None:
         """End the kernel and everything it started; safe to call more than once."""
         if self._closed:
@@ -191,7 +202,7 @@ class SessionKernel(ABC):
         forget(self)
         # A start stuck past its own timeout must not keep the kernel alive: go on and end it.
         if self._starter is not None:
-            self._starter.join(self.config.kernel_start_timeout + REPLY_WAIT)
+            self._starter.join(self.config.kernel_start_timeout + REPLY_WAIT + self._start_wait)
         self._end()
 
     def __enter__(self: _Kernel) -> _Kernel:
@@ -203,6 +214,11 @@ class SessionKernel(ABC):
     def _check_open(self) -> None:
         if self._closed:
             raise KernelError("The Python kernel of this session was already shut down.")
+
+    def _take_mcp_servers(self, servers: tuple[McpServer, ...]) -> None:
+        """The MCP servers a new kernel started: those that did not are told with the next cell, one line each."""
+        self.mcp_servers = servers
+        self._first_notices += tuple(f"{server.line()}; its tools are not available" for server in servers if not server.started)
 
     def _start(self) -> None:
         try:

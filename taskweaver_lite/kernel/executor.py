@@ -21,13 +21,14 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_core.utils import ensure_event_loop
 
-from taskweaver_lite.config.settings import ExecutionConfig
+from taskweaver_lite.config.settings import ExecutionConfig, McpServerConfig
 from taskweaver_lite.errors import KernelError
 from taskweaver_lite.kernel import namespace, syscall_filter
 from taskweaver_lite.kernel.base import DEFAULT_OUTPUT_TOKENS, POLL_INTERVAL, REPLY_WAIT, CellEnd, CellWatch, Ending, SessionKernel, show
@@ -35,6 +36,7 @@ from taskweaver_lite.kernel.disk_limit import DiskWatch, Reached, disk_limit_not
 from taskweaver_lite.kernel.hidden_paths import hidden_path_notes
 from taskweaver_lite.kernel.interface import OutputSink
 from taskweaver_lite.kernel.interpreter import kernel_python
+from taskweaver_lite.kernel.mcp_launch import REPORT_EXPRESSION, McpLaunch
 from taskweaver_lite.kernel.output import CellOutput
 from taskweaver_lite.kernel.process import (
     InterpreterKernelManager,
@@ -64,12 +66,14 @@ class KernelExecutor(SessionKernel):
         output_tokens: int = DEFAULT_OUTPUT_TOKENS,
         plugins: tuple[PluginSpec, ...] = (),
         hidden: tuple[Path, ...] = (),
+        mcp_servers: Mapping[str, McpServerConfig] | None = None,
     ) -> None:
         """Prepare the session folders and start the kernel in the background; returns at once.
 
         `output_tokens` bounds what one cell's output may take in a prompt (Config.cell_output_tokens).
         `plugins` are loaded into every kernel this executor starts (first, restarted) before its first cell.
         `hidden`: folders a sandboxed kernel must not see besides the user's home (the project's).
+        `mcp_servers` (mcp.servers) are started by every kernel this executor starts, as its children (kernel/mcp_launch.py).
         A missing `bwrap` with `execution.sandbox: bubblewrap`, or an `execution.kernel` that cannot run
         ipykernel, raises ConfigError here, before anything starts.
         """
@@ -92,6 +96,8 @@ class KernelExecutor(SessionKernel):
         self._client: BlockingKernelClient | None = None
         # The plugins' source text travels in the request, so a kernel that cannot see our files loads them too.
         self._plugin_install = namespace.plugin_install_code(plugins, session_id=self.session_dir.name, cwd=self.cwd) if plugins else ""
+        self._mcp = McpLaunch(mcp_servers or {}, network=self.sandbox is None or config.network)
+        self._start_wait = self._mcp.wait
         # Said with the first cell: `auto` found bubblewrap but could not build a sandbox with it here.
         fallback = fallback_notice() if config.sandbox == "auto" and not use_sandbox else None
         filter_off = syscall_filter.lost_without() if use_sandbox and config.syscall_filter == "off" else None
@@ -297,6 +303,8 @@ class KernelExecutor(SessionKernel):
             self.libraries = namespace.importable_libraries(_reply(client, client.execute("", silent=True, store_history=False, user_expressions=first)))
             if self._plugin_install:
                 self._install_plugins(client)
+            if self._mcp.servers or self._mcp.refused:
+                self._start_mcp_servers(client)
         except BaseException:
             client.stop_channels()  # open sockets would keep the zmq context from terminating at exit
             raise
@@ -307,6 +315,14 @@ class KernelExecutor(SessionKernel):
         code = f"{self._plugin_install}{self._cell})"  # the cells run before: ctx.execution_id goes on from there
         msg_id = client.execute(code, silent=True, store_history=False, user_expressions=namespace.PLUGIN_FAILURES_EXPRESSION)
         self.plugin_failures = self._unreported_failures = namespace.plugin_failures(_reply(client, msg_id))
+
+    def _start_mcp_servers(self, client: BlockingKernelClient) -> None:
+        """Have a new kernel start the MCP servers as its children; those that did not start are told with the next cell."""
+        reply = None
+        if self._mcp.servers:
+            msg_id = client.execute(self._mcp.code(), silent=True, store_history=False, user_expressions=REPORT_EXPRESSION)
+            reply = _reply(client, msg_id, wait=self._mcp.wait)
+        self._take_mcp_servers(self._mcp.reported(reply))
 
     def _lost_since_last_cell(self) -> tuple[str, ...] | None:
         if self._manager.is_alive():
@@ -386,9 +402,9 @@ def close_thread_loop() -> None:
         asyncio.set_event_loop(None)
 
 
-def _reply(client: BlockingKernelClient, msg_id: str) -> dict[str, Any] | None:
-    """The shell reply to `msg_id`, skipping replies to requests we gave up on."""
-    deadline = time.monotonic() + REPLY_WAIT
+def _reply(client: BlockingKernelClient, msg_id: str, *, wait: float = REPLY_WAIT) -> dict[str, Any] | None:
+    """The shell reply to `msg_id` within `wait` seconds, skipping replies to requests we gave up on."""
+    deadline = time.monotonic() + wait
     while (left := deadline - time.monotonic()) > 0:
         try:
             msg = client.get_shell_msg(timeout=left)

@@ -24,10 +24,11 @@ from jupyter_client.session import Session
 
 from taskweaver_lite.config.settings import KernelGatewayConfig
 from taskweaver_lite.errors import GatewayAuthError, GatewayConnectionLost, GatewayError, GatewayUnreachableError
+from taskweaver_lite.kernel.provisioner import NAME as PROVISIONER_NAME
 from taskweaver_lite.kernel.provisioner import SESSION_ROUTE
 
 GONE = "gone"  # the state of a kernel the gateway no longer has (culled, or ended for its user's next one)
-_TOKEN_HINT = "set execution.kernel_gateway.token to the token the gateway was started with (KG_AUTH_TOKEN)"
+_TOKEN_HINT = "set execution.kernel_gateway.token, or KG_AUTH_TOKEN in this program's environment, to the token the gateway was started with"
 
 
 class GatewayKernel:
@@ -37,9 +38,7 @@ class GatewayKernel:
         """Prepare the HTTP client; nothing is sent until `start`."""
         self.config = config
         self.url = config.url
-        headers = dict(config.headers)
-        if config.token is not None:
-            headers["Authorization"] = f"token {config.token.get_secret_value()}"
+        headers = config.request_headers()
         self._headers = headers
         self._http = requests.Session()
         self._http.headers.update(headers)
@@ -218,6 +217,18 @@ class GatewayKernel:
             self.kernel_id = None
             self._http.close()
 
+    def sandboxed(self) -> bool | None:
+        """Whether the gateway is `taskweaver-lite gateway`: every kernelspec it lists names our sandbox's provisioner. None: it did not say."""
+        try:
+            answer = self._http.get(self.url + "/api/kernelspecs", timeout=self.config.connect_timeout)
+            listing = answer.json() if answer.status_code == 200 else None
+        except (requests.RequestException, ValueError):
+            return None
+        specs = listing.get("kernelspecs") if isinstance(listing, dict) else None
+        if not isinstance(specs, dict) or not specs:
+            return None
+        return all(_provisioner_name(entry) == PROVISIONER_NAME for entry in specs.values())
+
     def remove_session(self, session_id: str) -> bool:
         """On `taskweaver-lite gateway`: end the session's kernels and remove its folder there. False from a gateway without that route."""
         try:
@@ -268,6 +279,13 @@ def _ack_at_once(sock: websocket.WebSocket) -> None:
     if hasattr(socket, "TCP_QUICKACK") and sock.sock is not None:
         with contextlib.suppress(OSError):
             sock.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+
+
+def _provisioner_name(entry: Any) -> str | None:
+    """The provisioner a kernelspec listing's entry names (`spec.metadata.kernel_provisioner.provisioner_name`)."""
+    for key in ("spec", "metadata", "kernel_provisioner", "provisioner_name"):
+        entry = entry.get(key) if isinstance(entry, dict) else None
+    return entry if isinstance(entry, str) else None
 
 
 def _reason(body: str) -> str:

@@ -9,8 +9,8 @@ What is ours is small; the rest is Kernel Gateway as it ships:
   `DELETE /api/taskweaver-lite/sessions/<id>`: a deleted session's kernels end and its folder goes;
 - its token comes from `KG_AUTH_TOKEN` only (Kernel Gateway reads it there itself), and without
   one it will not listen on anything but loopback;
-- idle kernels are culled (`gateway.cull_idle_timeout`, `gateway.cull_interval`: jupyter_server's
-  `MappingKernelManager` settings, which Kernel Gateway's kernel manager inherits).
+- idle kernels are culled (`gateway.cull_idle_timeout`, `gateway.cull_interval`: the culling settings of
+  jupyter_server's mapping kernel manager, which Kernel Gateway's inherits).
 """
 
 from __future__ import annotations

@@ -59,6 +59,14 @@ class Executor(Protocol):
         """End the kernel and everything it started."""
         ...
 
+    def kept_variables(self) -> bool:
+        """Whether the kernel came with the session's variables (one that outlived another process, attached by its id; waits for it)."""
+        ...
 
-# Builds a session's executor for its session folder (opening, resuming and resetting a session call it: assembly.py).
+    def catch_up(self, kernel_id: str | None, *, cells_before: int) -> bool:
+        """Go on with this kernel after another process ran `cells_before` cells in it; False when only a fresh load will do."""
+        ...
+
+
+# Builds a session's executor for its session folder (kernel/choice.py chooses it; opening, resuming and resetting a session call it).
 ExecutorFactory = Callable[[Path], Executor]

@@ -42,7 +42,7 @@ SOCKET_FOLDER = "kernel"
 SOCKET_PATH_LIMIT = 100
 
 
-def _load_by_path(name: str, path: str) -> str:
+def load_by_path(name: str, path: str) -> str:
     """Kernel start-up code that loads one of our in-kernel modules.
 
     Loaded by path, so the kernel never imports taskweaver_lite (and the agent's dependencies);
@@ -58,11 +58,11 @@ def _load_by_path(name: str, path: str) -> str:
 
 _START_UP = "; ".join(
     [
-        _load_by_path(kernel_snapshot.MODULE_NAME, kernel_snapshot.__file__),
-        _load_by_path(kernel_guard.MODULE_NAME, kernel_guard.__file__),
+        load_by_path(kernel_snapshot.MODULE_NAME, kernel_snapshot.__file__),
+        load_by_path(kernel_guard.MODULE_NAME, kernel_guard.__file__),
         f"__import__('sys').modules[{kernel_guard.MODULE_NAME!r}].install()",
         # Plugin files import `taskweaver.plugin` / `taskweaver_lite.plugin`: both are this module in the kernel.
-        _load_by_path(plugin_runtime.MODULE_NAME, plugin_runtime.__file__),
+        load_by_path(plugin_runtime.MODULE_NAME, plugin_runtime.__file__),
         f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].register_shims()",
     ]
 )

@@ -48,7 +48,13 @@ DeltaSink = Callable[[Delta], None]
 
 
 class ChatModel(Protocol):
-    """Anything that answers a list of chat messages with text."""
+    """Anything that answers a list of chat messages with text, and says what else it can do.
+
+    Besides `complete`, every model declares its optional abilities: a model that keys a prompt cache
+    takes the session and the sharing of its keys (`scope_cache`, `share_cache`), one that knows the
+    name it asks for says it (`model_name`), one that holds connections releases them (`close`). A
+    model without them inherits `ModelDefaults`; a model that wraps another passes each on.
+    """
 
     def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
         """Answer `messages` in at most `max_tokens` tokens (default: llm.reply_reserve).
@@ -57,6 +63,39 @@ class ChatModel(Protocol):
         A model that streams sends the reply's pieces to `on_delta` as they come; others may never call it.
         """
         ...
+
+    def model_name(self, purpose: str) -> str:
+        """The model name calls for `purpose` ask for ('' when it cannot say: a scripted model)."""
+        ...
+
+    def scope_cache(self, name: str) -> None:
+        """The session the calls that follow belong to (a model that keys no prompt cache ignores it)."""
+        ...
+
+    def share_cache(self, purpose: str, owner: str) -> None:
+        """Send `purpose`'s calls to `owner`'s cache key or slot (a fold that opens with its role's prompt)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the model holds (its HTTP connections)."""
+        ...
+
+
+class ModelDefaults:
+    """The optional abilities of a model that has none: no prompt cache to key, no model name to say, nothing to close."""
+
+    def model_name(self, purpose: str) -> str:
+        """'': this model cannot say."""
+        return ""
+
+    def scope_cache(self, name: str) -> None:
+        """Nothing to key."""
+
+    def share_cache(self, purpose: str, owner: str) -> None:
+        """Nothing to share."""
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 class RoutedModel:
@@ -72,43 +111,30 @@ class RoutedModel:
 
     def model_name(self, purpose: str) -> str:
         """The model name calls for `purpose` ask for."""
-        return model_name(self.route(purpose), purpose)
+        return self.route(purpose).model_name(purpose)
 
     def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
         """Forward to the model for `purpose`."""
         return self.route(purpose).complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
 
     def scope_cache(self, name: str) -> None:
-        """Name the session for every distinct model that keys its prompt cache (`OpenAIChatModel.scope_cache`)."""
-        scope_cache(*self._by_purpose.values(), self._default, name=name)
+        """Name the session for every distinct model."""
+        for model in self._distinct():
+            model.scope_cache(name)
 
     def share_cache(self, purpose: str, owner: str) -> None:
-        """Send `purpose`'s calls to `owner`'s cache key or slot, in every distinct model (`OpenAIChatModel.share_cache`)."""
-        share_cache(*self._by_purpose.values(), self._default, purpose=purpose, owner=owner)
+        """Send `purpose`'s calls to `owner`'s cache key or slot, in every distinct model."""
+        for model in self._distinct():
+            model.share_cache(purpose, owner)
 
     def close(self) -> None:
-        """Close every distinct model that can be closed."""
-        for model in {id(m): m for m in (*self._by_purpose.values(), self._default)}.values():
-            close = getattr(model, "close", None)
-            if callable(close):
-                close()
+        """Close every distinct model."""
+        for model in self._distinct():
+            model.close()
 
-
-def scope_cache(*models: ChatModel, name: str) -> None:
-    """Tell each distinct model that keys its prompt cache which session its calls belong to; others are left alone."""
-    for model in {id(m): m for m in models}.values():
-        scope = getattr(model, "scope_cache", None)
-        if callable(scope):
-            scope(name)
-
-
-def share_cache(*models: ChatModel, purpose: str, owner: str) -> None:
-    """Tell each distinct model that keys its prompt cache to send `purpose`'s calls to `owner`'s key or slot
-    (a fold that opens with its role's prompt); models that key nothing, or wrap one, pass it on or ignore it."""
-    for model in {id(m): m for m in models}.values():
-        share = getattr(model, "share_cache", None)
-        if callable(share):
-            share(purpose, owner)
+    def _distinct(self) -> list[ChatModel]:
+        """Each model once, though it answers several purposes."""
+        return list({id(m): m for m in (*self._by_purpose.values(), self._default)}.values())
 
 
 def usage_by_purpose(by_model: Mapping[tuple[str, str], Usage]) -> dict[str, Usage]:
@@ -125,12 +151,6 @@ def usage_by_purpose(by_model: Mapping[tuple[str, str], Usage]) -> dict[str, Usa
             cached_tokens=before.cached_tokens + part.cached_tokens,
         )
     return summed
-
-
-def model_name(model: ChatModel, purpose: str) -> str:
-    """The model name `model` asks for on calls for `purpose`, or '' when it cannot say (scripted models)."""
-    namer = getattr(model, "model_name", None)
-    return str(namer(purpose)) if callable(namer) else ""
 
 
 class MeteredModel:
@@ -152,7 +172,7 @@ class MeteredModel:
         tracer = tracing.active()
         if tracer is None:
             return self._metered(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
-        model = model_name(self.inner, purpose)
+        model = self.inner.model_name(purpose)
         with tracing.model_call(tracer, purpose=purpose, model=model, messages=messages, max_tokens=max_tokens) as call:
             completion = self._metered(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
             call.finished(completion)
@@ -173,7 +193,7 @@ class MeteredModel:
                 messages=tuple(messages),
                 reply=None,
                 usage_reported=False,
-                model=model_name(self.inner, purpose),
+                model=self.inner.model_name(purpose),
             )
             self._count(None, failed)
             raise
@@ -187,15 +207,27 @@ class MeteredModel:
             messages=tuple(messages),
             reply=completion.text,
             usage_reported=completion.usage_reported,
-            model=completion.model or model_name(self.inner, purpose),
+            model=completion.model or self.inner.model_name(purpose),
             cached_tokens=completion.cached_tokens,
         )
         self._count(completion, record)
         return completion
 
+    def model_name(self, purpose: str) -> str:
+        """The inner model's."""
+        return self.inner.model_name(purpose)
+
+    def scope_cache(self, name: str) -> None:
+        """Pass on to the inner model."""
+        self.inner.scope_cache(name)
+
     def share_cache(self, purpose: str, owner: str) -> None:
-        """Pass on to the inner model (`share_cache`)."""
-        share_cache(self.inner, purpose=purpose, owner=owner)
+        """Pass on to the inner model."""
+        self.inner.share_cache(purpose, owner)
+
+    def close(self) -> None:
+        """Close the inner model."""
+        self.inner.close()
 
     def usage(self) -> Usage:
         """Totals so far."""

@@ -58,7 +58,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from taskweaver_lite.config.settings import Config, LLMConfig, RoleConfig, RoundCompressorConfig, Strategy, merged_llm
-from taskweaver_lite.llm.client import ChatModel, share_cache
+from taskweaver_lite.llm.client import ChatModel
 from taskweaver_lite.llm.tokens import Tokenizer
 from taskweaver_lite.memory.budget import PromptCost, PromptParts, ShrinkOrder, fit_prompt
 from taskweaver_lite.memory.schedule import Schedule
@@ -225,7 +225,7 @@ class RoleContext:
         self._live_variables = live_variables
         self._on_fold = on_fold
         if self._share_prompt:  # a fold that opens with the role's prompt meets it in the role's cache key or slot
-            share_cache(model, purpose=f"compression_{self.role}", owner=self.role)
+            model.share_cache(f"compression_{self.role}", self.role)
         # Guards everything below; `_state` is immutable, so a reader takes it once and is consistent.
         self._lock = threading.Condition()
         self._state = CompressionState()

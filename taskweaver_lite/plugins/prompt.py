@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from taskweaver_lite.llm.tokens import Tokenizer
+from taskweaver_lite.records.mcp_tools import McpServer
 from taskweaver_lite.records.plugin_spec import Parameter, PluginSpec
 
 PLANNER_LINE_CHARS = 160
@@ -52,6 +53,41 @@ def render_block(specs: Sequence[PluginSpec], *, max_tokens: int | None = None, 
     if max_tokens is None or tokenizer is None or tokenizer.count(block) <= max_tokens:
         return block
     return "```python\n" + "\n".join(_compact_stub(s) for s in specs) + "\n```"
+
+
+def render_mcp_block(servers: Sequence[McpServer], *, max_tokens: int | None = None, tokenizer: Tokenizer | None = None) -> str:
+    """The tools of the MCP servers that started, one class per server with a stub per tool ('' when none); compact past `max_tokens`."""
+    started = [server for server in servers if server.started and server.tools]
+    if not started:
+        return ""
+    block = "```python\n" + "\n\n".join(_mcp_server_stub(server, compact=False) for server in started) + "\n```"
+    if max_tokens is None or tokenizer is None or tokenizer.count(block) <= max_tokens:
+        return block
+    return "```python\n" + "\n\n".join(_mcp_server_stub(server, compact=True) for server in started) + "\n```"
+
+
+def _mcp_server_stub(server: McpServer, *, compact: bool) -> str:
+    """A server as a class whose methods are its tools: keyword arguments from the tool's JSON Schema, its description as docstring."""
+    lines = [f"class {server.name}:  # MCP server: call its tools as {server.name}.<tool>(name=value, ...)"]
+    for tool in server.tools:
+        arguments = ", ".join(["*", *(_parameter(p, keyword_only=True) for p in tool.parameters)]) if tool.parameters else ""
+        head = f"    def {tool.attribute}({arguments}) -> dict | list | str:"
+        if compact:
+            lines.append(f"{head} ...  # {_first_sentence(tool.description)}".rstrip(" #"))
+            continue
+        lines += [head, '        """' + (_first_line(tool.description) or f"The MCP tool {tool.name}.")]
+        rest = tool.description.strip().partition("\n")[2].strip()
+        if rest:
+            lines += ["", *_indented(rest, 8)]
+        if tool.parameters:
+            lines += ["", "        Args:"] + [f"            {p.name}: {_argument_note(p)}" for p in tool.parameters]
+        lines.append('        """')
+    return "\n".join(lines)
+
+
+def _first_sentence(text: str) -> str:
+    sentence, dot, _ = _first_line(text).partition(". ")
+    return sentence + "." if dot else sentence
 
 
 def _compact_stub(spec: PluginSpec) -> str:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from taskweaver_lite.records.mcp_tools import McpServer
+
 
 @dataclass(frozen=True)
 class Variable:
@@ -240,3 +242,4 @@ class KernelEnvironment:
     mounts: tuple[str, ...] = ()  # "/data (read-only)", one per execution.mounts entry
     python: str = ""  # the interpreter, for /info
     safety: tuple[tuple[str, str], ...] = ()  # (layer, state) for /info: the sandbox, the syscall filter, the disk limit
+    mcp_servers: tuple[McpServer, ...] = ()  # mcp.servers as the kernel started them: their tools, or why not

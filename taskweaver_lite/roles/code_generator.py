@@ -21,13 +21,14 @@ from taskweaver_lite.kernel.interface import Executor
 from taskweaver_lite.llm.client import ChatModel, DeltaSink
 from taskweaver_lite.llm.replies import CODE_GENERATOR_SCHEMA
 from taskweaver_lite.memory.compression import RoleContext
-from taskweaver_lite.plugins.prompt import PLUGINS_SHARE, render_block, select, used_plugins
+from taskweaver_lite.plugins.prompt import PLUGINS_SHARE, render_block, render_mcp_block, select, used_plugins
 from taskweaver_lite.records.conversation import Post, Round, RoundMessages
 from taskweaver_lite.records.events import CellPrinted, Working
 from taskweaver_lite.records.execution import CellCancelled, CellError, ExecutionResult, FoldPiece, as_data
 from taskweaver_lite.records.model_calls import Message
 from taskweaver_lite.records.plugin_spec import PluginSpec
 from taskweaver_lite.roles.role import RepairTurns, Role, as_reply_json
+from taskweaver_lite.roles.worker import RoleRequest, RoleTools
 from taskweaver_lite.safety.confirm import DECLINED, EDITED_NOTICE, ConfirmCell
 from taskweaver_lite.safety.verification import CodeVerifier, refusal_text
 
@@ -64,6 +65,13 @@ class CodeGenerator(Role):
         self._verifier = verifier
         self._confirm = confirm
         self._step_plugins: dict[str, str] = {}  # a step's post id -> the plugin block shown before it (auto_plugin_selection)
+
+    def reply(self, request: RoleRequest, tools: RoleTools) -> Post:
+        """The report on the request's step: the code run, its result, and the outcome."""
+        turn = request.turn
+        return self.handle(
+            request.post, history=request.history, current=lambda: request.current, add_post=turn.add_post, repairs=turn.repairs, notify=turn.notify
+        )
 
     def handle(
         self,
@@ -159,10 +167,12 @@ class CodeGenerator(Role):
             # Chosen once per step (its retries show the same), before the round is first rendered.
             self._step_plugins.setdefault(step.id, block)
         kernel = self._executor.environment()
+        tools = render_mcp_block(kernel.mcp_servers, max_tokens=int(self.context.budget * PLUGINS_SHARE), tokenizer=self.context.tokenizer)
         system = self._prompt.render(
             "system",
             plugins="" if per_step else block,
             plugins_with_steps=per_step,
+            mcp_tools=tools,
             libraries=", ".join(kernel.libraries),
             mounts=", ".join(kernel.mounts),
         )

@@ -17,9 +17,11 @@ from taskweaver_lite.llm.client import ChatModel, DeltaSink
 from taskweaver_lite.llm.replies import planner_schema
 from taskweaver_lite.memory.compression import RoleContext
 from taskweaver_lite.records.conversation import USER, Plan, Post, Round, RoundMessages
+from taskweaver_lite.records.events import Working
 from taskweaver_lite.records.execution import FoldPiece
 from taskweaver_lite.records.model_calls import Message
-from taskweaver_lite.roles.role import RepairTurns, Role, as_reply_json
+from taskweaver_lite.roles.role import Role, as_reply_json
+from taskweaver_lite.roles.worker import RoleRequest, RoleTools
 
 
 @dataclass(frozen=True)
@@ -59,10 +61,18 @@ class Planner(Role):
         self._team = tuple(team)
         self._schema = planner_schema((USER, *(member.alias for member in self._team)))
 
-    def reply(self, history: Sequence[Round], current: Round, *, repairs: RepairTurns, on_repair: Callable[[str], None] | None = None) -> Post:
-        """The Planner's next post in `current`: to a teammate or to the User."""
+    def reply(self, request: RoleRequest, tools: RoleTools) -> Post:
+        """The Planner's next post in the request's round: to a teammate or to the User."""
+        turn = request.turn
         system = self._prompt.render("system", max_hops=self._max_hops, team=self._team)
-        fields = self.ask(system=system, history=history, current=current, schema=self._schema, repairs=repairs, on_repair=on_repair)
+        fields = self.ask(
+            system=system,
+            history=request.history,
+            current=request.current,
+            schema=self._schema,
+            repairs=turn.repairs,
+            on_repair=lambda problem: turn.notify(Working("repairing", problem)),
+        )
         return Post(
             send_from=self.party,
             send_to=fields["send_to"],

@@ -66,6 +66,14 @@ class Role(ABC):
         # The experience tips that fit a request (its text in, prompt text out), set by the session.
         self.experience: Callable[[str], str] | None = None
 
+    def render(self, rnd: Round) -> RoundMessages:
+        """One round of the role's view as its chat messages (its folds read them too)."""
+        return self.rendered(rnd)
+
+    def take_tips(self, tips: Callable[[str], str]) -> None:
+        """Show in this role's prompt the experience tips `tips` gives for a request's text."""
+        self.experience = tips
+
     @abstractmethod
     def render_round(self, rnd: Round) -> RoundMessages:
         """One round (already this role's view) as this role's chat messages and fold text."""

@@ -116,6 +116,22 @@ class RoleHandler(Protocol):
         ...
 
 
+class BuiltRole(Protocol):
+    """A role as the session runs it: the Planner, the CodeGenerator, or any other role's handler with its rendering."""
+
+    def reply(self, request: RoleRequest, tools: RoleTools) -> Post:
+        """Answer `request`."""
+        ...
+
+    def render(self, rnd: Round) -> RoundMessages:
+        """One round of the role's view as its chat messages (its folds read them too)."""
+        ...
+
+    def take_tips(self, tips: Callable[[str], str]) -> None:
+        """Show the experience tips that fit a request, when the role's prompt has room for them (others ignore them)."""
+        ...
+
+
 class ModelOnlyRole:
     """A role declared by YAML alone: its prompt and its own history go to its model; the text comes back."""
 

@@ -14,22 +14,23 @@ closes a store opened for it (`OpeningGuard`), and a kernel already booting is s
 
 from __future__ import annotations
 
-import functools
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from taskweaver_lite.config.settings import Config
-from taskweaver_lite.errors import ConfigError, SessionBusyError
+from taskweaver_lite.errors import SessionBusyError
+from taskweaver_lite.kernel.choice import executor_factory
 from taskweaver_lite.kernel.interface import Executor, ExecutorFactory
 from taskweaver_lite.knowledge.experience import Experience
 from taskweaver_lite.llm.client import ChatModel
 from taskweaver_lite.plugins.catalog import PluginCatalog, discover
 from taskweaver_lite.records.events import Listener
-from taskweaver_lite.records.plugin_spec import PluginSpec
 from taskweaver_lite.roles.registry import RoleCatalog, discover_roles
 from taskweaver_lite.safety.confirm import ConfirmCell
 from taskweaver_lite.safety.workfiles import copy_folder, owner_only_folder
@@ -65,6 +66,7 @@ class ResumeReport:
     replayed: int  # cells re-run to rebuild the kernel's variables
     replay_failures: int
     lost: tuple[str, ...]  # variables not rebuilt (replay skipped)
+    unrestored: tuple[str, ...] = ()  # loaded files a new kernel's folder lacks and the store had no bytes of
 
 
 def open_session(
@@ -132,8 +134,10 @@ def resume_session(
         )
         session = _assemble(config, session_id, parts, model=model, executor=executor, listeners=listeners)
     session.restore(stored)
-    if cells and kept_variables(session.executor):
-        cells = []  # attached to the gateway kernel that outlived the server before: the variables are there
+    fresh = replay and not session.executor.kept_variables()  # not attached to a gateway kernel that outlived the server before
+    if not fresh:
+        cells = []  # the variables (and files) are there
+    unrestored = restore_uploads(session, store) if fresh else ()
     failed_cells = replay_cells(session.executor, cells, on_replay=on_replay)
     if not replay:
         session.variables.lost = [v.name for v in stored.last_variables]
@@ -144,8 +148,33 @@ def resume_session(
         replayed=len(cells),
         replay_failures=failed_cells,
         lost=tuple(session.variables.lost),
+        unrestored=unrestored,
     )
     return session, report
+
+
+def restore_uploads(session: Session, store: Store) -> tuple[str, ...]:
+    """Put the session's loaded files back into a new kernel's folder from the store, before its cells are replayed.
+
+    A store that keeps files (PostgreSQL) has their bytes: a kernel on a gateway that lost its folder
+    gets them again. A file the store has no bytes of (over its size limit) is named in what is
+    returned, and the Planner is told with the next request that it must be loaded again, rather
+    than the replayed cells and the next ones failing on a file that is not there.
+    """
+    if not store.keeps_files:
+        return ()
+    missing: list[str] = []
+    for name in dict.fromkeys(load.name for load in session.loads):
+        data = store.file(session.id, "upload", name)
+        if data is None:
+            missing.append(name)
+            session.note(f"The file {name}, loaded earlier, is no longer in the working folder and could not be restored: ask the user to load it again.")
+            continue
+        with tempfile.TemporaryDirectory() as folder:
+            copy = Path(folder) / name
+            copy.write_bytes(data)
+            session.executor.upload(copy, name=name)
+    return tuple(missing)
 
 
 def reset_session(session: Session) -> Session:
@@ -201,7 +230,7 @@ def delete_session(config: Config, ref: str, *, store: Store, owner: str | None 
 
 def _end_on_gateway(config: Config, session_id: str, kernel_id: str | None) -> None:
     """End a deleted session's kernel on the gateway, if it still runs there; on `taskweaver-lite gateway`, its folder there goes too."""
-    from taskweaver_lite.kernel.gateway import GatewayKernel  # the gateway extra, as in default_executor
+    from taskweaver_lite.kernel.gateway import GatewayKernel  # the gateway extra, as in kernel/choice.py
 
     assert config.execution.kernel_gateway is not None
     kernel = GatewayKernel(config.execution.kernel_gateway)
@@ -232,7 +261,7 @@ def _assemble(
     plugins = parts.plugins or discover(config.project_dir)
     for folder in (config.sessions_dir, config.sessions_dir / session_id):
         owner_only_folder(folder)  # conversations, outputs and sockets: no other user (or kernel) may look in
-    running = (executor or default_executor(config, plugins=plugins.enabled))(config.sessions_dir / session_id)
+    running = (executor or executor_factory(config, plugins=plugins.enabled))(config.sessions_dir / session_id)
     options = replace(parts, executor_factory=executor, plugins=plugins, roles=roles, owns_model=model is None)
     try:
         return Session(config, model=chat_model, executor=running, session_id=session_id, listeners=listeners, options=options)
@@ -249,29 +278,6 @@ def _found(catalogs: Catalogs | None) -> dict[str, Any]:
 def new_session_id() -> str:
     """A sortable, readable session id: date, time, and a short random suffix."""
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-
-
-def default_executor(config: Config, *, plugins: Sequence[PluginSpec] = ()) -> ExecutorFactory:
-    """A Jupyter kernel per session, started in the background, with `plugins` loaded in it: local, or on `execution.kernel_gateway`."""
-    from taskweaver_lite.kernel.executor import KernelExecutor
-
-    gateway = config.execution.kernel_gateway
-    if gateway is not None:
-        try:
-            from taskweaver_lite.kernel.remote import GatewayExecutor
-        except ImportError as exc:
-            raise ConfigError(f"execution.kernel_gateway needs {exc.name}: pip install 'taskweaver-lite[gateway]'") from exc
-        return functools.partial(GatewayExecutor, config=config.execution, gateway=gateway, output_tokens=config.cell_output_tokens, plugins=tuple(plugins))
-    # A sandboxed kernel sees neither the project folder nor the store (wherever store.path puts it).
-    hidden = (config.project_dir, config.store_path.parent)
-    return functools.partial(KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens, plugins=tuple(plugins), hidden=hidden)
-
-
-def kept_variables(executor: Executor) -> bool:
-    """Whether the executor came with the session's variables: a kernel on a gateway attached by its stored id (waits for it)."""
-    from taskweaver_lite.kernel.remote import GatewayExecutor  # as in default_executor: only with the gateway extra
-
-    return isinstance(executor, GatewayExecutor) and executor.kept_variables()
 
 
 class OpeningGuard:

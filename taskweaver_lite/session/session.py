@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from taskweaver_lite.config.settings import DISTILLER, Config
-from taskweaver_lite.errors import ConfigError, RoundFailedError, StoreError, TaskWeaverError
+from taskweaver_lite.errors import RoundFailedError, StoreError, TaskWeaverError
 from taskweaver_lite.kernel.interface import Executor, ExecutorFactory
 from taskweaver_lite.kernel.uploads import check_upload
 from taskweaver_lite.knowledge.distil import distil
 from taskweaver_lite.knowledge.experience import Experience
-from taskweaver_lite.llm.client import ChatModel, MeteredModel, scope_cache
+from taskweaver_lite.llm.client import ChatModel, MeteredModel
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import RoleContext
 from taskweaver_lite.memory.summary import CompressionState
@@ -42,11 +42,11 @@ from taskweaver_lite.records.conversation import USER, Conversation, Post, Round
 from taskweaver_lite.records.events import Event, FileLoaded, Listener, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
 from taskweaver_lite.records.model_calls import CallRecord, Usage
 from taskweaver_lite.records.tips import Tip
-from taskweaver_lite.roles.builtin import PlannerRole, SessionParts
+from taskweaver_lite.roles.builtin import SessionParts
 from taskweaver_lite.roles.planner import list_working_files
 from taskweaver_lite.roles.registry import RoleCatalog, RoleSpec, discover_roles
 from taskweaver_lite.roles.role import RepairTurns
-from taskweaver_lite.roles.team import ActiveRole, build_team, show_tips
+from taskweaver_lite.roles.team import TeamMember, build_team, show_tips
 from taskweaver_lite.roles.worker import RoleRequest, Turn
 from taskweaver_lite.safety.confirm import ConfirmCell
 from taskweaver_lite.safety.workfiles import CopyReport
@@ -116,7 +116,7 @@ class Session:
         if self.store is not None:
             self._recorder = StoreRecorder(self.store, session_id, compression_state=self._compression_state, working_dir=self.working_dir)
         self._model = MeteredModel(model, on_call=self._on_call, usage=options.usage_before)
-        scope_cache(model, name=session_id)  # prompt cache keys per session and role
+        model.scope_cache(session_id)  # prompt cache keys per session and role
         self.owns_model = options.owns_model  # built for it (not passed in): it closes the model's HTTP connections
         self._notes: list[str] = []  # what the next request tells the Planner first (files loaded since the last one)
         # Set once the program running the request is going away (a server past its drain timeout):
@@ -127,15 +127,13 @@ class Session:
         self.variables = VariableHistory()
         project = options.experience or Experience(store=self.store, folder=config.experience_dir, settings=config.experience)
         self.experience = project.for_owner(options.owner)  # the tips its owner may see
-        self.active = build_team(config, self.roles.enabled, self._parts(), model=self._model, live_variables=self.live_variables, emit=self._emit)
-        show_tips(self.active, self.experience)
+        team = build_team(config, self.roles.enabled, self._parts(), model=self._model, live_variables=self.live_variables, emit=self._emit)
+        show_tips(team, self.experience)
+        self.active = team.members
         # Each role's view of the finished rounds, extended as rounds finish (a view costs a copy of every round).
         self._views: dict[str, list[Round]] = {alias: [] for alias in self.active}
         self._viewed = 0
-        entry = next((active for active in self.active.values() if isinstance(active.role, PlannerRole)), None)
-        if entry is None or not isinstance(entry.role, PlannerRole):
-            raise ConfigError("session.roles must include planner: it is the role the user talks to")
-        self._entry, self._planner = entry, entry.role
+        self._entry, self._planner = team.entry, team.planner
 
     @property
     def working_dir(self) -> Path:
@@ -206,6 +204,11 @@ class Session:
         else:
             self._listeners.append(listener)
 
+    def remove_listener(self, listener: Listener) -> None:
+        """Stop `listener` observing the session (one added for a single request)."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
     def ask(self, text: str) -> Round:
         """Handle one user request to the end and return its round.
 
@@ -265,7 +268,7 @@ class Session:
             with tracing.role_reply(alias=consulted.spec.alias, key=consulted.spec.key):
                 self._add(rnd, self._consult(consulted, post, rnd, views, turn))
 
-    def _consult(self, active: ActiveRole, post: Post, rnd: Round, views: dict[str, list[Round]], turn: Turn) -> Post:
+    def _consult(self, active: TeamMember, post: Post, rnd: Round, views: dict[str, list[Round]], turn: Turn) -> Post:
         """A delegated role's reply to `post`; a project role that fails answers with the reason instead."""
         spec = active.spec
         request = RoleRequest(post, views[spec.alias], rnd, turn)
@@ -296,6 +299,10 @@ class Session:
         self._emit(loaded)
         return self.working_dir / name
 
+    def note(self, text: str) -> None:
+        """A line the Planner reads first with the next request (as a loaded file's note)."""
+        self._notes.append(text)
+
     def forget_last_round(self) -> Round:
         """Take the last round out of the conversation, the roles' views and their next prompts (undo.py drops it from the store)."""
         last = self.conversation.rounds.pop()
@@ -311,9 +318,7 @@ class Session:
     def replace_model(self, model: ChatModel) -> None:
         """Call `model` from the next request on, closing the one it replaces (model_choice.py decides which)."""
         previous, self._model.inner = self._model.inner, model
-        close = getattr(previous, "close", None)
-        if callable(close):
-            close()
+        previous.close()
 
     def flush_record(self) -> None:
         """Write the model-call records the store's recorder still holds (before the store is changed under it)."""
@@ -364,10 +369,9 @@ class Session:
 
     def _close_model(self) -> None:
         """Close the model's HTTP connections if we built the model; a model passed in is its owner's."""
-        close = getattr(self._model.inner, "close", None)
-        if self.owns_model and callable(close):
+        if self.owns_model:
             self.owns_model = False
-            close()
+            self._model.close()
 
     def _compression_state(self, role: str) -> dict[str, Any] | None:
         context = self.contexts().get(role)

@@ -17,16 +17,19 @@ handcrafted tip files are read once for all of them (again only when they change
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import Config
+from taskweaver_lite.kernel.interface import ExecutorFactory
 from taskweaver_lite.knowledge.experience import Experience
+from taskweaver_lite.llm.client import ChatModel
 from taskweaver_lite.plugins.catalog import PluginCatalog, discover
+from taskweaver_lite.records.events import Listener
 from taskweaver_lite.roles.registry import RoleCatalog, discover_roles
-from taskweaver_lite.session.assembly import Catalogs, ResumeReport, delete_session, open_session, resume_session
+from taskweaver_lite.safety.confirm import ConfirmCell
+from taskweaver_lite.session.assembly import Catalogs, Replayed, ResumeReport, delete_session, open_session, resume_session
 from taskweaver_lite.session.session import Session
 from taskweaver_lite.store.interface import SessionEntry, Store
 from taskweaver_lite.store.opening import open_store
@@ -59,13 +62,59 @@ class Workspace:
         same_project = config.project_dir == self.config.project_dir
         return Workspace(config, store=self.store, plugins=self.plugins if same_project else None)
 
-    def new_session(self, **options: Any) -> Session:
-        """A new stored session on this workspace's store and catalogs (`options` as for assembly.open_session)."""
-        return open_session(self.config, store=self.store, catalogs=self.catalogs, **options)
+    def new_session(
+        self,
+        *,
+        model: ChatModel | None = None,
+        executor: ExecutorFactory | None = None,
+        listeners: Iterable[Listener] = (),
+        session_id: str | None = None,
+        confirm: ConfirmCell | None = None,
+        owner: str | None = None,
+        claim: bool = True,
+    ) -> Session:
+        """A new stored session on this workspace's store and catalogs (each option as for `assembly.open_session`)."""
+        return open_session(
+            self.config,
+            model=model,
+            executor=executor,
+            listeners=listeners,
+            session_id=session_id,
+            confirm=confirm,
+            owner=owner,
+            store=self.store,
+            claim=claim,
+            catalogs=self.catalogs,
+        )
 
-    def resume_session(self, ref: str, **options: Any) -> tuple[Session, ResumeReport]:
-        """A stored session continued ('last', an id or a unique start of one); `options` as for assembly.resume_session."""
-        return resume_session(self.config, ref, store=self.store, catalogs=self.catalogs, **options)
+    def resume_session(
+        self,
+        ref: str,
+        *,
+        replay: bool = True,
+        model: ChatModel | None = None,
+        executor: ExecutorFactory | None = None,
+        listeners: Iterable[Listener] = (),
+        on_replay: Replayed | None = None,
+        confirm: ConfirmCell | None = None,
+        owner: str | None = None,
+        claim: bool = True,
+    ) -> tuple[Session, ResumeReport]:
+        """A stored session continued ('last', an id or a unique start of one); each option as for `assembly.resume_session`."""
+        return resume_session(
+            self.config,
+            ref,
+            replay=replay,
+            model=model,
+            executor=executor,
+            listeners=listeners,
+            on_replay=on_replay,
+            confirm=confirm,
+            owner=owner,
+            store=self.store,
+            claim=claim,
+            catalogs=self.catalogs,
+        )
 
     def delete_session(self, ref: str, *, owner: str | None = None) -> str:
         """Delete a stored session for good (see assembly.delete_session); returns its id."""

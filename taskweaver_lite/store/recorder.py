@@ -86,15 +86,21 @@ class StoreRecorder:
         if isinstance(event, PostAdded) and event.post.execution is not None:
             wanted = [("artifact", Path(path)) for path in event.post.execution.artifacts]
         elif isinstance(event, FileLoaded) and self.working_dir is not None:
-            wanted = [("upload", self.working_dir / event.name)]
+            # A kernel on a gateway got the file in its own folder, not in the local one: its source is read then.
+            wanted = [("upload", self.working_dir / event.name), ("upload", Path(event.source))]
         else:
             return
+        kept: set[tuple[str, str]] = set()
         for kind, path in wanted:
+            name = event.name if isinstance(event, FileLoaded) else path.name
+            if (kind, name) in kept:
+                continue
             try:
                 data = read_below(path.parent, path.name, max_bytes=MAX_KEPT_BYTES)
             except OSError:
                 continue  # gone, a link, a folder, too large: the record names it; its bytes are not kept
-            self.store.put_file(self.session_id, "artifact" if kind == "artifact" else "upload", path.name, data)
+            self.store.put_file(self.session_id, "artifact" if kind == "artifact" else "upload", name, data)
+            kept.add((kind, name))
 
     def flush(self) -> None:
         """Write the model-call records still held (the session is closing)."""

@@ -140,12 +140,14 @@ class SqlStore:
         # The inner join drops sessions without rounds: chats left, or failed, before their first request.
         mine, params = ("WHERE s.owner = ? ", (owner,)) if owner is not None else ("", ())
         with self._read_one() as db:
+            # The owner by name, for people to read (an owner no longer among the users reads `removed:NAME`).
             rows = db.execute(
-                "SELECT s.id, s.title, COUNT(*), s.started, s.last_active FROM sessions s JOIN rounds r ON r.session_id = s.id "
-                f"{mine}GROUP BY s.id, s.title, s.started, s.last_active ORDER BY s.last_active DESC, s.started DESC",
+                "SELECT s.id, s.title, COUNT(*), s.started, s.last_active, COALESCE(u.name, s.owner) FROM sessions s "
+                f"JOIN rounds r ON r.session_id = s.id LEFT JOIN users u ON u.id = s.owner {mine}"
+                "GROUP BY s.id, s.title, s.started, s.last_active, s.owner, u.name ORDER BY s.last_active DESC, s.started DESC",
                 params,
             ).fetchall()
-        return [SessionEntry(id=r[0], title=r[1], rounds=int(r[2]), started=float(r[3]), last_active=float(r[4])) for r in rows]
+        return [SessionEntry(id=r[0], title=r[1], rounds=int(r[2]), started=float(r[3]), last_active=float(r[4]), owner=r[5]) for r in rows]
 
     def count_sessions(self, *, owner: str) -> int:
         """How many sessions `owner` has that `list_sessions` shows them (those with at least one round)."""
@@ -370,6 +372,18 @@ class SqlStore:
                 (made.token_id, made.salt, made.digest, _expiry(now, days), days, name),
             )
         return made.token
+
+    def set_admin(self, name: str, *, admin: bool) -> bool:
+        """Make the user an admin, or no longer one (`users promote`, `users demote`); False when there is no such user."""
+        with self._write_one() as db:
+            return db.execute("UPDATE users SET admin = ? WHERE name = ?", (int(admin), name)).rowcount > 0
+
+    def set_expiry(self, name: str, *, expires_days: float | None) -> bool:
+        """The user's token now expires `expires_days` from now (None: never, an expiry cleared); False when there is no such user."""
+        now = time.time()
+        with self._write_one() as db:
+            changed = db.execute("UPDATE users SET expires_at = ?, token_days = ? WHERE name = ?", (_expiry(now, expires_days), expires_days, name))
+            return changed.rowcount > 0
 
     def users(self) -> list[User]:
         """Every user, by name."""

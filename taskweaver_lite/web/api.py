@@ -45,7 +45,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from taskweaver_lite.errors import StoreError, StoreUnavailable, TaskWeaverError, UnknownSessionError
+from taskweaver_lite.errors import GatewayError, StoreError, StoreUnavailable, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.llm.client import usage_by_purpose
 from taskweaver_lite.records.event_json import round_json
 from taskweaver_lite.records.model_calls import Usage
@@ -118,10 +118,13 @@ def answer_failure(exc: Exception, *, hub: Hub | None = None) -> JSONResponse:
         return error(429, said)
     if isinstance(exc, StoreUnavailable):
         return error(503, STORE_DOWN)
+    if isinstance(exc, GatewayError):  # the service's own part is down or refused the replica: not the request's fault
+        return error(503, GATEWAY_DOWN)
     return error(400, said)
 
 
 STORE_DOWN = "The session store is unreachable, so nothing was done; try again shortly."
+GATEWAY_DOWN = "The kernel gateway cannot run the session's kernel now, so nothing was done; try again shortly."
 
 
 def store_down(exc: StoreError) -> str:
@@ -163,6 +166,8 @@ def _failed(hub: Hub, exc: Exception) -> JSONResponse:
     if isinstance(exc, StoreUnavailable):
         hub.parts.metrics.store_unavailable.inc()
         _log.warning("%s", store_down(exc))  # one line, no traceback
+    elif isinstance(exc, GatewayError):
+        _log.warning("%s", " ".join(str(exc).split()))  # the operator's line names the gateway; the client's does not
     return answer_failure(exc, hub=hub)
 
 

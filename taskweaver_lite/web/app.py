@@ -38,7 +38,7 @@ from taskweaver_lite.store.interface import Store
 from taskweaver_lite.telemetry import tracing
 from taskweaver_lite.web.access_log import AccessLog, AccessLogMiddleware
 from taskweaver_lite.web.api import api_routes, error
-from taskweaver_lite.web.auth import COOKIE, NEEDS_A_USER, NEEDS_THE_TOKEN, Access, Refusal, same_origin_form
+from taskweaver_lite.web.auth import COOKIE, NEEDS_A_USER, NEEDS_THE_TOKEN, Access, Refusal, same_origin_form, too_many_refused
 from taskweaver_lite.web.connections import BodyLimit
 from taskweaver_lite.web.fanout import Fanout
 from taskweaver_lite.web.hub import Hub, ServerParts
@@ -227,9 +227,9 @@ def _sign_in(access: Access) -> Handler:
 async def _signed_in(access: Access, request: Request, offered: str) -> Response:
     """A valid token: the sign-in cookie and the page (a redirect, so the token leaves the address); else the sign-in page again, no cookie."""
     address = access.proxies.client_address(request)
-    wait = access.failures.wait(address)
+    wait = access.failures.held_back(address, offered.strip())
     if wait is not None:
-        return refusal(Refusal(429, f"Too many refused tokens from {address}: try again in {wait} s.", retry_after=wait))
+        return refusal(too_many_refused(address, wait))
     try:
         value = await asyncio.to_thread(access.sign_in, offered.strip())
     except StoreError:
@@ -237,6 +237,7 @@ async def _signed_in(access: Access, request: Request, offered: str) -> Response
     if value is None:
         access.failures.failed(address)
         return _sign_in_page(access, "That token is not valid here: check it, or ask an administrator for a new one.")
+    access.failures.passed(offered.strip())
     response = RedirectResponse("/", status_code=303)
     seconds = round(access.sign_in_hours * 3600)
     response.set_cookie(COOKIE, value, max_age=seconds, httponly=True, samesite="strict", secure=access.proxies.is_https(request))
@@ -320,9 +321,7 @@ def _gateway_health(config: Config) -> tuple[str, str]:
         return "kernel_gateway", ""
     import requests
 
-    headers = dict(gateway.headers)
-    if gateway.token is not None:
-        headers["Authorization"] = f"token {gateway.token.get_secret_value()}"
+    headers = gateway.request_headers()
     try:
         answer = requests.get(f"{gateway.url}/api", headers=headers, timeout=HEALTH_TIMEOUT, verify=gateway.validate_cert)
     except requests.RequestException as exc:

@@ -107,12 +107,33 @@ def peer(request: Request) -> str:
 
 
 class FailedTokens:
-    """Tokens refused per client address within the last minute; past `limit`, that address waits out the minute."""
+    """Tokens refused per client address within the last minute; past `limit`, that address's new tokens wait out the minute.
+
+    A token that has passed a check before is never held back: a user sharing an address (a proxy,
+    a NAT, one machine) with someone guessing keeps working; only tokens not yet seen wait.
+    """
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._times: dict[str, collections.deque[float]] = {}
+        self._proven: set[str] = set()  # sha256 of tokens that passed (never the token)
         self._lock = threading.Lock()
+
+    def held_back(self, address: str, token: str) -> int | None:
+        """Seconds before `token` from `address` is checked; None when it may be now (under the limit, or a token that passed before)."""
+        if not token:
+            return None
+        with self._lock:
+            if hashlib.sha256(token.encode()).hexdigest() in self._proven:
+                return None
+        return self.wait(address)
+
+    def passed(self, token: str) -> None:
+        """`token` was found good: it is never held back."""
+        with self._lock:
+            if len(self._proven) > 10_000:
+                self._proven.clear()
+            self._proven.add(hashlib.sha256(token.encode()).hexdigest())
 
     def wait(self, address: str) -> int | None:
         """Seconds `address` must wait before it is heard again; None when it may go on."""
@@ -253,12 +274,15 @@ class Access:
     async def check(self, request: Request) -> Refusal | None:
         """Why `request` is refused; None when it may go on, its user (if any) in its scope."""
         address = self.proxies.client_address(request)
-        wait = self.failures.wait(address)
+        bearer = _bearer(request)
+        wait = self.failures.held_back(address, bearer)
         if wait is not None:
-            return Refusal(429, f"Too many refused tokens from {address}: try again in {wait} s.", retry_after=wait)
+            return too_many_refused(address, wait)
         refused = await self._identified(request)
         if refused is not None and refused.bad_token:
             self.failures.failed(address)
+        elif refused is None and bearer:
+            self.failures.passed(bearer)
         return refused
 
     async def still_allowed(self, request: Request) -> bool:
@@ -327,6 +351,11 @@ class Access:
     def _token_key(self) -> bytes:
         assert self.token is not None
         return hashlib.sha256(b"taskweaver-lite sign-in " + self.token.encode()).digest()
+
+
+def too_many_refused(address: str, wait: int) -> Refusal:
+    """The 429 an address gets once it has had too many tokens refused."""
+    return Refusal(429, f"Too many refused tokens from {address}: try again in {wait} s (a token that worked here before is not held back).", retry_after=wait)
 
 
 def expired_token(user: User) -> str:

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import logging
 import shutil
 import threading
 import time
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taskweaver_lite.config.settings import Config
-from taskweaver_lite.errors import SessionBusyError, StoreError, UnknownSessionError
+from taskweaver_lite.errors import SessionBusyError, StoreError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.kernel.executor import close_thread_loop
 from taskweaver_lite.records.events import CellPrinted, Event, ModelCalled, ReplyStreamed, Working
 from taskweaver_lite.session.assembly import delete_session, new_session_id
@@ -34,6 +35,7 @@ from taskweaver_lite.web.live import Busy, LiveSession, Turn
 from taskweaver_lite.web.metrics import Metrics
 from taskweaver_lite.web.replica import Replica
 
+_log = logging.getLogger(__name__)
 IDLE_BEFORE_EVICTION = 10.0  # seconds a copy must have gone unused before a replica lets it go for room
 
 
@@ -234,7 +236,13 @@ class Hub:
         """The drain timeout passed: cut short every request still running here (marked cut off); how many were."""
         with self._lock:
             running = [live for live in self._open.values() if live.busy]
-        return sum(live.stop(cut=True) for live in running)
+        cut = 0
+        for live in running:
+            try:
+                cut += live.stop(cut=True)
+            except TaskWeaverError as exc:  # its kernel gone from the gateway, say: the others are cut all the same
+                _log.warning("session %s: could not cut its request short (%s)", live.id, exc)
+        return cut
 
     def upload_dir(self, live: LiveSession) -> Path:
         """Where an upload is received before `/load` copies it into the working folder."""
@@ -287,6 +295,15 @@ class Hub:
         counted = {entry.id for entry in self.parts.store.list_sessions(owner=owner)}
         if session_id not in counted and len(counted) >= limit:
             raise _at_limit(len(counted), limit)
+
+    def _user_name(self, owner: str | None) -> str | None:
+        """The name of the user whose id `owner` is, for the metrics (a session belongs to an id; an operator reads names); the id once they are gone."""
+        if owner is None:
+            return None
+        try:
+            return next((user.name for user in self.parts.store.users() if user.id == owner), owner)
+        except StoreError:
+            return owner
 
     def _refuse_when_stopping(self) -> None:
         if self.stopping:
@@ -354,7 +371,7 @@ class Hub:
             self.parts.leases.release(hold)
 
     def _keep(self, live: LiveSession) -> LiveSession:
-        live.session.add_listener(self.parts.metrics.listener(live.session.owner))
+        live.session.add_listener(self.parts.metrics.listener(self._user_name(live.session.owner)))
         if self.replica is None:
             live.session.add_listener(_waking(self.parts.fanout, live.id))
         _settle()

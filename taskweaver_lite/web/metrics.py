@@ -134,7 +134,7 @@ class RequestMetrics:
             await self._app(scope, receive, send)
             return
         started = time.monotonic()
-        route, method = self._template(scope), str(scope.get("method", ""))
+        route, method = route_template(self._routes, scope), str(scope.get("method", ""))
 
         async def timed(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -144,9 +144,11 @@ class RequestMetrics:
 
         await self._app(scope, receive, timed)
 
-    def _template(self, scope: Scope) -> str:
-        for route in self._routes:
-            match, _ = route.matches(scope)
-            if match != Match.NONE:
-                return str(getattr(route, "path", "?"))
-        return "(no route)"
+
+def route_template(routes: Sequence[BaseRoute], scope: Scope) -> str:
+    """The template of the route a request goes to (`/api/sessions/{id}`): a label that never holds a session id."""
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match != Match.NONE:
+            return str(getattr(route, "path", "?"))
+    return "(no route)"

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 
 from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ConfigError, StoreError
+from taskweaver_lite.kernel.choice import executor_factory
 from taskweaver_lite.kernel.interface import ExecutorFactory
 from taskweaver_lite.records.events import Listener
 from taskweaver_lite.session.session import Session
@@ -84,14 +85,11 @@ class Replica:
         gateway = self.config.execution.kernel_gateway
         if gateway is None:
             return None
-        from taskweaver_lite.kernel.remote import GatewayExecutor, KernelHandover  # the gateway extra, as in default_executor
+        from taskweaver_lite.kernel.remote import KernelHandover  # the gateway extra, as in kernel/choice.py
 
         started = functools.partial(self._kernel_started, session_id)
         handover = KernelHandover(reuse=kernel_id, keep=True, on_start=started, cells_before=cells_before, owner=owner)
-        plugins = tuple(self.workspace.plugins.enabled)
-        return functools.partial(
-            GatewayExecutor, config=self.config.execution, gateway=gateway, output_tokens=self.config.cell_output_tokens, plugins=plugins, kernel=handover
-        )
+        return executor_factory(self.config, plugins=self.workspace.plugins.enabled, handover=handover)
 
     def load(self, session_id: str, *, listeners: Iterable[Listener] = ()) -> Session:
         """The session from the store (its kernel attached, or rebuilt by replay); counts the load, and a takeover."""
@@ -100,6 +98,8 @@ class Replica:
         factory = self.executor(session_id, owner=stored.owner, kernel_id=stored.kernel_id, cells_before=_cells(stored))
         session, report = self.workspace.resume_session(session_id, executor=factory, listeners=listeners, claim=False)
         self.metrics.session_loads.observe(time.monotonic() - started)
+        if report.unrestored:
+            _log.warning("session %s: loaded files not restored into its new kernel (the store has no copy): %s", session_id, ", ".join(report.unrestored))
         if report.cut_off:
             self.metrics.lease_takeovers.inc()
             _log.warning("session %s: took over request %s, cut off when the replica running it stopped", session_id, report.cut_off)
@@ -111,14 +111,10 @@ class Replica:
         False, with the copy unchanged, when only a full load will do: a round left running (its
         replica died: the load marks it cut off), or a kernel that is not the copy's any more.
         """
-        from taskweaver_lite.kernel.remote import GatewayExecutor  # as in executor(): the gateway extra
-
         started = time.monotonic()
         stored = self.store.load(session.id)
         executor = session.executor
-        if stored.interrupted or not isinstance(executor, GatewayExecutor):
-            return False
-        if not executor.catch_up(stored.kernel_id, cells_before=_cells(stored)):
+        if stored.interrupted or not executor.catch_up(stored.kernel_id, cells_before=_cells(stored)):
             return False
         session.restore(stored)
         self.metrics.session_refreshes.observe(time.monotonic() - started)

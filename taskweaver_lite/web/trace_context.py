@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from starlette.routing import BaseRoute, Match
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from taskweaver_lite.telemetry import tracing
 from taskweaver_lite.telemetry.spans import Tracer
+from taskweaver_lite.web.metrics import route_template
 
 TRACED_PREFIX = "/api/"
 
@@ -32,7 +33,7 @@ class TraceMiddleware:
         if scope["type"] != "http" or not str(scope.get("path", "")).startswith(TRACED_PREFIX):
             await self._app(scope, receive, send)
             return
-        method, route = str(scope.get("method", "")), self._template(scope)
+        method, route = str(scope.get("method", "")), route_template(self._routes, scope)
         headers = {key.decode("latin-1"): value.decode("latin-1") for key, value in scope.get("headers", [])}
         attributes = {"http.request.method": method, "http.route": route, "url.path": str(scope.get("path", ""))}
         with tracing.served(self._tracer, name=f"{method} {route}", headers=headers, attributes=attributes) as span:
@@ -43,10 +44,3 @@ class TraceMiddleware:
                 await send(message)
 
             await self._app(scope, receive, answered)
-
-    def _template(self, scope: Scope) -> str:
-        for route in self._routes:
-            match, _ = route.matches(scope)
-            if match != Match.NONE:
-                return str(getattr(route, "path", "?"))
-        return "(no route)"

@@ -102,7 +102,8 @@ async function listSessions() {
     list.replaceChildren();
     for (const row of rows) {
       const item = el("li", row.id === current ? "current" : "", row.title || "(untitled)");
-      item.append(el("span", "meta", `${row.rounds} request${row.rounds === 1 ? "" : "s"} · ${row.id}`));
+      const owner = row.owner ? ` · ${row.owner}` : "";  // whose it is: an admin sees every user's sessions
+      item.append(el("span", "meta", `${row.rounds} request${row.rounds === 1 ? "" : "s"} · ${row.id}${owner}`));
       item.onclick = () => openSession(row.id, true);
       list.append(item);
     }
@@ -146,6 +147,7 @@ async function openSession(id, resume) {
     for (const round of state.rounds) showRound(round);
     following?.close();
     following = null;
+    clearInterval(watching);
     if (!state.rounds.length) showSuggestions(state.suggested_requests || []);
     setRunning(state.busy);
     notice("");
@@ -346,10 +348,17 @@ async function send(text) {
 
 // The request's own stream dropped (a proxy timeout, a server restarting): follow what the session
 // stores instead, from any server; the browser reconnects by itself, sending Last-Event-ID.
+// A server that died mid-request stores no end for its round: the session is then watched, and once
+// no server runs a request in it any more (its lease ran out), it is shown as stored, Send enabled.
+const WATCH_MS = 3000;
+let watching = null;
+
 function follow(id, after) {
   following = new EventSource(`/api/sessions/${encodeURIComponent(id)}/events?after=${after}`);
   notice("The connection dropped during the request: following it from the server's record…");
   setRunning(true);
+  clearInterval(watching);
+  watching = setInterval(() => stillRunning(id), WATCH_MS);
   following.onmessage = (message) => {
     const event = JSON.parse(message.data);
     if (event.type === "round_started") return;  // the request was shown when it was sent
@@ -360,7 +369,26 @@ function follow(id, after) {
   };
 }
 
+async function stillRunning(id) {
+  if (!following || current !== id) return;
+  let state;
+  try {
+    state = await api(`/api/sessions/${encodeURIComponent(id)}`);
+  } catch {
+    return;  // the proxy or the store did not answer: asked again shortly
+  }
+  if (state.busy || !following || current !== id) return;
+  const last = state.rounds[state.rounds.length - 1];
+  stopFollowing();
+  await openSession(id, false);
+  if (last && last.state === "running") {
+    notice("The server answering this request stopped before it finished. The session and what it stored are kept: send the request again.");
+  }
+}
+
 function stopFollowing() {
+  clearInterval(watching);
+  watching = null;
   following?.close();
   following = null;
   notice("");

@@ -1,0 +1,393 @@
+"""This agent as an MCP server: an MCP host (Claude Desktop, VS Code, any MCP client) asks it questions.
+
+`taskweaver-lite mcp -p PROJECT` speaks MCP on its standard input and output (the official SDK's
+stdio transport: nothing else reaches stdout, logs go to stderr). Its tools:
+
+- `ask` {question, session_id?}: one chat turn (the Planner, the CodeGenerator, the kernel,
+  compression, the store) in a new session or in the one `session_id` names; it answers with the
+  Planner's answer and the session's id, in its text and its structured content. A session stays
+  open here with its kernel (the few used last); one that is not open is resumed from the store,
+  its cells re-run to rebuild its variables. A long turn reports progress; a cancelled request
+  interrupts the cell, fails the round as a Ctrl-C does, and keeps the session.
+- `sessions` {}: the stored sessions, newest first.
+- `variables` {session_id}: the variables a session's kernel holds now.
+
+What the cells produced (plots, files in the working folder) are resources, with MIME types, under
+`taskweaver-lite://session/<id>/...`; `ask` links those of its turn. Bad input (an unknown session,
+a question past MAX_QUESTION_CHARS, arguments that do not fit) is a protocol error with one line,
+and nothing is stored for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import threading
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import mcp_types as types
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+from mcp.shared.exceptions import MCPError
+
+from taskweaver_lite import __version__
+from taskweaver_lite.errors import TaskWeaverError, UnknownSessionError
+from taskweaver_lite.mcp.resources import artifact_links, list_resources, read_resource
+from taskweaver_lite.records.conversation import USER, Round
+from taskweaver_lite.records.events import Event, Working
+from taskweaver_lite.session.session import Session
+from taskweaver_lite.session.workspace import Workspace
+
+# The longest question `ask` takes: as long as a line the chat takes (put longer text in a file).
+MAX_QUESTION_CHARS = 20_000
+# Sessions kept open with their kernels; the one used least recently is closed (it stays stored).
+MAX_OPEN_SESSIONS = 4
+# Seconds an ask waits for the session's previous answer (a cancelled one winding down) before it is refused.
+BUSY_WAIT = 10.0
+# Seconds a cancelled turn gets to stop its cell and store its failed round before the cancellation is answered.
+STOP_WAIT = 60.0
+_ACTIVITY = {
+    "planner_thinking": "The Planner is thinking",
+    "code_writing": "Writing code",
+    "code_running": "Running code",
+    "repairing": "Repairing a reply",
+    "role_working": "A role is working",
+}
+_T = TypeVar("_T")
+
+ASK = types.Tool(
+    name="ask",
+    title="Ask the data-analysis agent",
+    description=(
+        "Ask a data-analysis question in plain language. The agent plans, writes Python and runs it in a persistent, "
+        "sandboxed kernel, and answers. Pass the session_id of an earlier answer to continue that session: its variables, "
+        "files and history are kept. Plots and files the code writes are offered as resources."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "question": {"type": "string", "description": f"the request, up to {MAX_QUESTION_CHARS:,} characters"},
+            "session_id": {"type": "string", "description": "continue this session (from an earlier answer); leave out to start a new one"},
+        },
+        "required": ["question"],
+        "additionalProperties": False,
+    },
+    output_schema={
+        "type": "object",
+        "properties": {
+            "answer": {"type": "string"},
+            "session_id": {"type": "string"},
+            "state": {"type": "string", "enum": ["finished", "failed"]},
+            "artifacts": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["answer", "session_id", "state", "artifacts"],
+    },
+)
+SESSIONS = types.Tool(
+    name="sessions",
+    description="The stored sessions, newest first: id, title, rounds, started and last active (epoch seconds).",
+    input_schema={"type": "object", "properties": {}, "additionalProperties": False},
+    annotations=types.ToolAnnotations(read_only_hint=True),
+)
+VARIABLES = types.Tool(
+    name="variables",
+    description="The variables a session's kernel holds now (name, type, a short description); the session is resumed if it is not open.",
+    input_schema={"type": "object", "properties": {"session_id": {"type": "string"}}, "required": ["session_id"], "additionalProperties": False},
+    annotations=types.ToolAnnotations(read_only_hint=True),
+)
+
+
+def bad_input(message: str) -> MCPError:
+    """A protocol error (invalid params) whose message is one line for the person behind the client."""
+    return MCPError(code=types.INVALID_PARAMS, message=message)
+
+
+@dataclass
+class OpenSession:
+    """A session open in this server: one turn at a time."""
+
+    session: Session
+    busy: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Agent:
+    """The sessions this server opened, by id, the least recently used first; opening and resuming go through the workspace."""
+
+    def __init__(self, workspace: Workspace, *, overrides: Sequence[str] = (), max_open: int = MAX_OPEN_SESSIONS) -> None:
+        """`overrides`: the command's --set values, stored with each new session so that `chat --resume` applies them again."""
+        self.workspace = workspace
+        self.overrides = list(overrides)
+        self.max_open = max_open
+        self.open: OrderedDict[str, OpenSession] = OrderedDict()
+        self._guard = threading.Lock()
+
+    def session(self, ref: str | None, *, on_replay: Callable[[int, int], None] | None = None) -> OpenSession:
+        """The open session `ref` names (resumed from the store if need be), or a new one; UnknownSessionError for an unknown id."""
+        if ref is None:
+            session = self.workspace.new_session()
+            self.workspace.store.save_overrides(session.id, self.overrides)
+            return self._keep(session)
+        with self._guard:
+            session_id = self.workspace.store.resolve(ref)
+            if session_id in self.open:
+                self.open.move_to_end(session_id)
+                return self.open[session_id]
+        session, _ = self.workspace.resume_session(session_id, on_replay=on_replay)
+        return self._keep(session)
+
+    def _keep(self, session: Session) -> OpenSession:
+        with self._guard:
+            kept = self.open[session.id] = OpenSession(session)
+            idle = [key for key, entry in self.open.items() if key != session.id and not entry.busy.locked()]
+            closing = [self.open.pop(key) for key in idle[: max(0, len(self.open) - self.max_open)]]
+        for entry in closing:
+            entry.session.close()
+        return kept
+
+    def close(self) -> None:
+        """Close every open session (each stays stored)."""
+        with self._guard:
+            entries, self.open = list(self.open.values()), OrderedDict()
+        for entry in entries:
+            entry.session.close()
+
+
+class Turn:
+    """One `ask` on a thread of its own: its progress lines go to the server's loop, Stop raises KeyboardInterrupt in it as Ctrl-C does."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_progress: Callable[[str], None]) -> None:
+        self._loop = loop
+        self._on_progress = on_progress
+        self._thread: threading.Thread | None = None
+        self.session: Session | None = None
+        self.done: asyncio.Future[Any] = loop.create_future()
+
+    def start(self, work: Callable[[Turn], Any]) -> None:
+        """Run `work(self)` on a new thread; `done` gets its result or its error."""
+        self._thread = threading.Thread(target=self._run, args=(work,), name="mcp-ask", daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[Turn], Any]) -> None:
+        try:
+            result: Any = work(self)
+        except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises it where the request waits
+            self._loop.call_soon_threadsafe(_settle, self.done, None, exc)
+        else:
+            self._loop.call_soon_threadsafe(_settle, self.done, result, None)
+
+    def progress(self, text: str) -> None:
+        """Say `text` to the client as progress (from the turn's thread)."""
+        self._loop.call_soon_threadsafe(self._on_progress, text)
+
+    def listen(self, event: Event) -> None:
+        """The session's events as progress lines: who is working on what."""
+        if isinstance(event, Working):
+            self.progress(_ACTIVITY.get(event.activity, event.activity))
+
+    def stop(self) -> None:
+        """Cancel the turn like Ctrl-C: KeyboardInterrupt in its thread and the running cell interrupted (the session stays)."""
+        thread = self._thread
+        if thread is None or not thread.is_alive() or thread.ident is None:
+            return
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
+        if self.session is not None:
+            self.session.executor.interrupt()
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+async def on_thread(work: Callable[[Turn], _T], *, report: Callable[[float, str], Awaitable[None]]) -> _T:
+    """`work` on a turn thread, its progress reported in order; a cancelled request stops it and waits for it to wind down."""
+    loop = asyncio.get_running_loop()
+    lines: asyncio.Queue[str] = asyncio.Queue()
+    sender = loop.create_task(send_progress(lines, report))
+    turn = Turn(loop, lines.put_nowait)
+    turn.start(work)
+    try:
+        return await asyncio.shield(turn.done)
+    except anyio.get_cancelled_exc_class():
+        turn.stop()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(STOP_WAIT):
+            await asyncio.wait([turn.done])
+        raise
+    finally:
+        sender.cancel()
+
+
+async def send_progress(lines: asyncio.Queue[str], report: Callable[[float, str], Awaitable[None]]) -> None:
+    """Send each progress line as a notification, numbered; a client gone meanwhile is no reason to fail the turn."""
+    number = 0
+    while True:
+        text = await lines.get()
+        number += 1
+        with contextlib.suppress(Exception):  # progress is advisory: the answer still goes out
+            await report(number, text)
+
+
+def answer_of(rnd: Round) -> str:
+    """The Planner's answer to the user in `rnd` (the round's error when it failed)."""
+    if rnd.state == "failed":
+        return f"This request failed: {rnd.error or 'no answer'}"
+    return next((post.message for post in reversed(rnd.posts) if post.send_to == USER), "")
+
+
+def ask_result(session: Session, rnd: Round) -> types.CallToolResult:
+    """`ask`'s answer: the text with the session id, the structured content, links to the turn's artifacts."""
+    answer = answer_of(rnd)
+    links = artifact_links(session, rnd)
+    text = f"{answer}\n\n(session {session.id}: pass session_id {session.id!r} to continue it with its variables)"
+    structured = {"answer": answer, "session_id": session.id, "state": rnd.state, "artifacts": [str(link.uri) for link in links]}
+    content: list[types.ContentBlock] = [types.TextContent(type="text", text=text), *links]
+    return types.CallToolResult(content=content, structured_content=structured, is_error=rnd.state == "failed")
+
+
+def question_of(arguments: dict[str, Any]) -> tuple[str, str | None]:
+    """`ask`'s arguments checked: the question and the session id, or a protocol error naming what is wrong."""
+    question, ref = arguments.get("question"), arguments.get("session_id")
+    extra = sorted(set(arguments) - {"question", "session_id"})
+    if extra:
+        raise bad_input(f"ask takes question and session_id, not {', '.join(extra)}")
+    if not isinstance(question, str) or not question.strip():
+        raise bad_input("ask needs a question: a non-empty string")
+    if len(question) > MAX_QUESTION_CHARS:
+        raise bad_input(f"the question has {len(question):,} characters; ask takes at most {MAX_QUESTION_CHARS:,} (put longer text in a file in the project)")
+    if ref is not None and (not isinstance(ref, str) or not ref.strip()):
+        raise bad_input("session_id must be the id of a session (a string), or left out for a new session")
+    return question, ref
+
+
+class AgentServer:
+    """The MCP handlers over an `Agent`: tools, resources, and the errors that say what was wrong."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def lowlevel(self) -> Server[Any]:
+        """The SDK server with this agent's handlers."""
+        return Server(
+            "taskweaver-lite",
+            version=__version__,
+            instructions="A data-analysis agent with a persistent Python kernel: call ask with a question; pass session_id back to continue.",
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+            on_list_resources=self.list_resources,
+            on_read_resource=self.read_resource,
+        )
+
+    async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
+        """The tools: ask, sessions, variables."""
+        return types.ListToolsResult(tools=[ASK, SESSIONS, VARIABLES])
+
+    async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        """Run one tool call; bad input is a protocol error, a failed turn an error result."""
+        arguments = dict(params.arguments or {})
+        if params.name == "ask":
+            question, ref = question_of(arguments)
+            return await self._ask(ctx, question, ref)
+        if params.name == "sessions":
+            rows = [entry.to_dict() for entry in self.agent.workspace.sessions()]
+            return _json_result({"sessions": rows}, text="\n".join(f"{r['id']}  {r['rounds']} rounds  {r['title']}" for r in rows) or "No stored sessions.")
+        if params.name == "variables":
+            ref = arguments.get("session_id")
+            if not isinstance(ref, str) or not ref.strip():
+                raise bad_input("variables needs session_id: the id of a session")
+            return await self._variables(ctx, ref)
+        raise bad_input(f"no tool {params.name!r}: the tools are ask, sessions and variables")
+
+    async def _ask(self, ctx: Any, question: str, ref: str | None) -> types.CallToolResult:
+        def work(turn: Turn) -> types.CallToolResult:
+            try:
+                entry = self._opened(ref, turn)
+            except MCPError:
+                raise
+            except TaskWeaverError as exc:  # open in another program, a kernel that cannot start: the client hears why
+                return _error_result(f"The session could not be opened: {exc}")
+            if not entry.busy.acquire(timeout=BUSY_WAIT):
+                return _error_result(f"session {entry.session.id} is answering another question: wait for that answer, then ask again")
+            try:
+                turn.session = entry.session
+                entry.session.add_listener(turn.listen)
+                try:
+                    return self._turn(entry.session, question)
+                finally:
+                    entry.session.remove_listener(turn.listen)
+            finally:
+                entry.busy.release()
+
+        return await on_thread(work, report=lambda number, text: ctx.session.report_progress(number, None, text))
+
+    def _opened(self, ref: str | None, turn: Turn) -> OpenSession:
+        """The session to ask in; an unknown id is a protocol error (nothing is opened or stored)."""
+        try:
+            return self.agent.session(ref, on_replay=lambda done, total: turn.progress(f"Re-running earlier cells: {done}/{total}"))
+        except UnknownSessionError as exc:
+            raise bad_input(f"{exc} (or call the sessions tool)") from None
+
+    def _turn(self, session: Session, question: str) -> types.CallToolResult:
+        try:
+            rnd = session.ask(question)
+        except KeyboardInterrupt:
+            return _error_result(f"Cancelled. Session {session.id} and its variables are kept.")
+        except TaskWeaverError as exc:
+            return _error_result(f"This request failed: {exc} (session {session.id} is kept)")
+        return ask_result(session, rnd)
+
+    async def _variables(self, ctx: Any, ref: str) -> types.CallToolResult:
+        def work(turn: Turn) -> types.CallToolResult:
+            session = self._opened(ref, turn).session
+            rows = [{"name": v.name, "type": v.type, "description": v.description} for v in session.executor.variables()]
+            text = "\n".join(f"{r['name']}: {r['type']} {r['description']}".rstrip() for r in rows) or "No variables yet."
+            return _json_result({"session_id": session.id, "variables": rows}, text=text)
+
+        return await on_thread(work, report=lambda number, text: ctx.session.report_progress(number, None, text))
+
+    async def list_resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:
+        """What the open sessions' cells produced."""
+        sessions = [entry.session for entry in list(self.agent.open.values())]
+        return types.ListResourcesResult(resources=list_resources(sessions), ttl_ms=0)
+
+    async def read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        """One file a session's cells produced, as text or base64."""
+        sessions = {entry.session.id: entry.session for entry in list(self.agent.open.values())}
+        return read_resource(str(params.uri), sessions, stored=self._stored_folder)
+
+    def _stored_folder(self, session_id: str) -> Path | None:
+        """The folder of a stored session that is not open here (its files are still resources), None if there is none."""
+        try:
+            resolved = self.agent.workspace.store.resolve(session_id)
+        except UnknownSessionError:
+            return None
+        folder = self.agent.workspace.config.sessions_dir / resolved
+        return folder if folder.is_dir() else None
+
+
+def _json_result(data: dict[str, Any], *, text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=data)
+
+
+def _error_result(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+
+
+async def serve(workspace: Workspace, overrides: Sequence[str] = ()) -> None:
+    """Serve MCP on stdin and stdout until the client goes; every session opened is closed (and stays stored)."""
+    agent = Agent(workspace, overrides=overrides)
+    server = AgentServer(agent).lowlevel()
+    try:
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+    finally:
+        await anyio.to_thread.run_sync(agent.close)

@@ -1,0 +1,129 @@
+"""The MCP parts that need no kernel and no process: the typed `mcp.servers` config, a tool's JSON Schema as the
+CodeGenerator reads it, the network rule, Python names for tool names, and resource addresses."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+from mcp import MCPError
+
+from taskweaver_lite.cli.reference import config_keys
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.config.settings import McpServerConfig
+from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.kernel.mcp_client import python_name
+from taskweaver_lite.kernel.mcp_launch import McpLaunch
+from taskweaver_lite.mcp.resources import read_resource, resource_uri
+from taskweaver_lite.mcp.server import MAX_QUESTION_CHARS, question_of
+from taskweaver_lite.plugins.prompt import render_mcp_block
+from taskweaver_lite.records.mcp_tools import McpServer, McpTool
+
+pytestmark = pytest.mark.unit
+
+
+def config_error(tmp_path: Path, text: str) -> str:
+    (tmp_path / "taskweaver_config.yaml").write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        load_config(tmp_path)
+    return str(refused.value)
+
+
+def test_the_servers_config_is_typed_and_its_errors_name_the_key(tmp_path: Path) -> None:
+    said = config_error(tmp_path, "mcp:\n  servers:\n    my-time:\n      command: [mcp-server-time]\n")
+    assert "key 'mcp.servers'" in said and "'my-time' is not a python name" in said
+    said = config_error(tmp_path, "mcp:\n  servers:\n    t:\n      command: []\n      cmd: x\n")
+    assert "unknown key 'mcp.servers.t.cmd'; known keys here: command, env, network, start_timeout, call_timeout" in said
+    assert "key 'mcp.servers.t.command': list should have at least 1 item" in said
+    said = config_error(tmp_path, "mcp:\n  servers:\n    t: {command: [x]}\nexecution:\n  kernel_gateway: {url: 'http://gw:8888'}\n")
+    assert "mcp.servers and execution.kernel_gateway conflict" in said
+    (tmp_path / "taskweaver_config.yaml").write_text("mcp:\n  servers:\n    time: {command: [mcp-server-time], env: {TZ: UTC}}\n", encoding="utf-8")
+    assert load_config(tmp_path).mcp.servers == {"time": McpServerConfig(command=["mcp-server-time"], env={"TZ": "UTC"})}
+    assert {"mcp.servers", "mcp.servers.<NAME>.command", "mcp.servers.<NAME>.network"} <= set(config_keys())  # the reference page names each key
+
+
+def test_a_tool_is_shown_as_a_method_with_keyword_arguments_from_its_json_schema() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "unit": {"type": "string", "enum": ["C", "F"], "default": "C"},
+            "city": {"type": "string", "description": "where"},
+            "days": {"type": ["integer", "null"]},
+        },
+        "required": ["city"],
+    }
+    tool = McpTool.from_dict({"name": "get-weather", "attribute": "get_weather", "description": "The weather.\nFrom a service.", "input_schema": schema})
+    block = render_mcp_block([McpServer("weather", (tool,)), McpServer("gone", error="did not start")])
+    assert block == (
+        "```python\n"
+        "class weather:  # MCP server: call its tools as weather.<tool>(name=value, ...)\n"
+        "    def get_weather(*, city: str, unit: Literal['C', 'F'] = 'C', days: int | None = None) -> dict | list | str:\n"
+        '        """The weather.\n'
+        "\n"
+        "        From a service.\n"
+        "\n"
+        "        Args:\n"
+        "            city: where (required)\n"
+        "            unit: (optional, default 'C')\n"
+        "            days: (optional)\n"
+        '        """\n'
+        "```"
+    )
+    assert render_mcp_block([McpServer("gone", error="did not start")]) == ""
+
+
+def test_a_server_that_needs_the_network_is_not_started_in_a_sandbox_without_one() -> None:
+    servers = {"web": McpServerConfig(command=["fetch-server"], network=True), "time": McpServerConfig(command=["mcp-server-time"])}
+    sandboxed = McpLaunch(servers, network=False)
+    assert list(sandboxed.servers) == ["time"]
+    [refused] = sandboxed.refused
+    assert refused.line().startswith("MCP server web: not started: it needs the network (mcp.servers.web.network: true)")
+    assert "execution.network: true" in refused.line()
+    assert list(McpLaunch(servers, network=True).servers) == ["web", "time"]
+    assert McpLaunch({}, network=True).code() == "" and McpLaunch({}, network=True).wait == 0
+
+
+def test_tool_names_become_python_names() -> None:
+    assert [python_name(n) for n in ("get-sum", "class", "2fa", "ok_name")] == ["get_sum", "class_", "_2fa", "ok_name"]
+
+
+def test_ask_arguments_are_checked_before_anything_is_opened() -> None:
+    assert question_of({"question": "hi"}) == ("hi", None)
+    assert question_of({"question": "hi", "session_id": "abc"}) == ("hi", "abc")
+    for arguments, said in (
+        ({"question": "x" * (MAX_QUESTION_CHARS + 1)}, f"at most {MAX_QUESTION_CHARS:,}"),
+        ({"question": 7}, "ask needs a question"),
+        ({"question": "hi", "session_id": 3}, "session_id must be the id of a session"),
+        ({"question": "hi", "sesion_id": "a"}, "ask takes question and session_id, not sesion_id"),
+    ):
+        with pytest.raises(MCPError, match=said):
+            question_of(arguments)
+
+
+def test_resources_are_files_directly_in_a_sessions_folders(tmp_path: Path) -> None:
+    folder = tmp_path / "s1"
+    (folder / "cwd").mkdir(parents=True)
+    (folder / "artifacts").mkdir()
+    (folder / "cwd" / "my table.csv").write_text("a\n1\n", encoding="utf-8")
+    (folder / "artifacts" / "cell-0001-1.png").write_bytes(b"\x89PNG\r\n")
+    (folder / "cwd" / "link.csv").symlink_to(tmp_path / "outside.csv")
+    (tmp_path / "outside.csv").write_text("secret", encoding="utf-8")
+
+    def read(uri: str) -> object:
+        return read_resource(uri, {}, stored=lambda session_id: folder if session_id == "s1" else None).contents[0]
+
+    uri = resource_uri("s1", "files", "my table.csv")
+    assert uri == "taskweaver-lite://session/s1/files/my%20table.csv"
+    table = read(uri)
+    assert (table.text, table.mime_type) == ("a\n1\n", "text/csv")  # type: ignore[attr-defined]
+    image = read(resource_uri("s1", "artifacts", "cell-0001-1.png"))
+    assert base64.b64decode(image.blob) == b"\x89PNG\r\n" and image.mime_type == "image/png"  # type: ignore[attr-defined]
+    for bad in (
+        resource_uri("s1", "files", "link.csv"),
+        resource_uri("s1", "files", "../s1/cwd/my table.csv"),
+        resource_uri("s2", "files", "x"),
+        "file:///etc/passwd",
+    ):
+        with pytest.raises(MCPError):
+            read(bad)

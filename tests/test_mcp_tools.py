@@ -1,0 +1,95 @@
+"""`mcp.servers`: reference MCP servers from the registries (mcp-server-time from PyPI, server-everything from npm)
+started by the session's kernel, their tools in the CodeGenerator's prompt and called from cells; servers that do
+not start are one line each, and the session goes on."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import REPO, make_project, run_cli
+
+from taskweaver_lite.session.workspace import Workspace
+from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
+
+pytestmark = pytest.mark.kernel
+
+# A server that says hello on stdout before any MCP: not a server this session can talk to.
+GARBAGE = [sys.executable, "-c", "import time; print('hello there', flush=True); time.sleep(60)"]
+
+
+def npm_server(name: str) -> Path | None:
+    """The entry script of an npm package installed by .ci/run (into MCP_NPM_DIR, default build/npm), None when absent."""
+    folder = Path(os.environ.get("MCP_NPM_DIR") or REPO / "build" / "npm")
+    script = folder / "node_modules" / "@modelcontextprotocol" / name / "dist" / "index.js"
+    return script if script.exists() and shutil.which("node") else None
+
+
+def system_message(server: ScriptedServer, number: int = 0) -> str:
+    content: str = [r for r in server.requests if r.role == "code_generator"][number].messages[0]["content"]
+    return content
+
+
+def test_a_cell_calls_a_reference_servers_tool_and_fixes_a_tool_error_while_broken_servers_are_one_line(tmp_path: Path) -> None:
+    with ScriptedServer() as server:
+        servers: dict[str, Any] = {"time": {"command": ["mcp-server-time"]}, "broken": {"command": ["no-such-mcp-server"]}, "garbage": {"command": GARBAGE}}
+        project = make_project(tmp_path, server.url, mcp={"servers": servers})
+        server.enqueue("planner", planner_reply("Get the time in UTC with the time tool."), planner_reply("It is Saturday in UTC.", send_to="User"))
+        server.enqueue(
+            "code_generator",
+            code_reply("print(time.get_current_time(timezone='Nowhere/Nope'))"),
+            code_reply("now = time.get_current_time(timezone='UTC')\nprint(now['timezone'], type(now).__name__)"),
+        )
+        with Workspace.load(project) as workspace, workspace.new_session() as session:
+            rnd = session.ask("what time is it in UTC?")
+            variables = [v.name for v in session.live_variables().variables]
+
+    assert rnd.state == "finished" and rnd.answer == "It is Saturday in UTC."
+    first, fixed = [post.execution for post in rnd.posts if post.execution is not None]
+    assert first.error is not None and first.error.name == "McpToolError" and "Invalid timezone" in first.error.value
+    assert fixed.success and fixed.stdout == "UTC dict\n"
+    notices = " | ".join(first.notices)
+    assert "MCP server broken: did not start (no-such-mcp-server was not found where the kernel runs)" in notices
+    assert "MCP server garbage: wrote a line that is not MCP on its stdout ('hello there')" in notices
+    prompt = system_message(server)
+    assert "class time:  # MCP server" in prompt and "    def get_current_time(*, timezone: str) -> dict | list | str:" in prompt
+    assert "class broken" not in prompt and "class garbage" not in prompt
+    assert "McpToolError" in server.requests[[r.role for r in server.requests].index("code_generator") + 1].messages[-1]["content"]
+    assert "time" not in variables and "now" in variables
+
+
+def test_server_everything_from_npm_answers_a_cell(tmp_path: Path) -> None:
+    script = npm_server("server-everything")
+    if script is None:
+        pytest.skip("@modelcontextprotocol/server-everything is not installed: .ci/run installs it with npm into build/npm")
+    with ScriptedServer() as server:
+        # The sandbox shows the kernel no more than it must: the npm folder is lent to it read-only.
+        execution = {"timeout": 60, "mounts": [str(script.parents[3])]}
+        project = make_project(tmp_path, server.url, execution=execution, mcp={"servers": {"everything": {"command": ["node", str(script), "stdio"]}}})
+        server.enqueue("planner", planner_reply("Add 2 and 3 with the everything server."), planner_reply("5", send_to="User"))
+        server.enqueue("code_generator", code_reply("print(everything.get_sum(a=2, b=3))\nprint(everything.get_structured_content(location='Chicago'))"))
+        with Workspace.load(project) as workspace, workspace.new_session() as session:
+            rnd = session.ask("add 2 and 3")
+    [result] = [post.execution for post in rnd.posts if post.execution is not None]
+    assert result.success, result.error
+    assert result.stdout.startswith("The sum of 2 and 3 is 5.\n{") and "'temperature'" in result.stdout
+    assert re.search(r"def get_sum\(\*, a: float, b: float\)", system_message(server))
+
+
+def test_a_chat_whose_server_cannot_start_answers_and_says_so_in_one_line(tmp_path: Path) -> None:
+    with ScriptedServer() as server:
+        project = make_project(tmp_path, server.url, mcp={"servers": {"gone": {"command": ["no-such-mcp-server", "--flag"]}}})
+        server.enqueue("planner", planner_reply("Print 6*7."), planner_reply("42", send_to="User"))
+        server.enqueue("code_generator", code_reply("print(6*7)"))
+        done = run_cli("chat", "-p", str(project), stdin="what is 6*7?\n/plugins\n")
+        listed = run_cli("plugins", "-p", str(project))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "42\n"
+    line = "MCP server gone: did not start (no-such-mcp-server was not found where the kernel runs): no-such-mcp-server --flag"
+    assert done.stderr.count(f"{line}; the session goes on without it") == 1, done.stderr
+    assert line in listed.stdout and listed.returncode == 0
