@@ -130,11 +130,16 @@ def test_serve_demo_opens_on_a_new_session_and_stopped_keeps_the_pages_sessions_
     command = [sys.executable, "-m", "taskweaver_lite", "serve", "--demo", "--port", str(port)]
     with subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**cli_env(), "TMPDIR": str(temp)}) as proc:
         assert proc.stderr is not None
-        said = [proc.stderr.readline() for _ in range(12)]
-        start = next(line for line in said if "serving" in line)
+        said = [proc.stderr.readline()]
+        while "serving" not in said[-1] and said[-1]:  # the start line, after the request list
+            said.append(proc.stderr.readline())
+        start = said[-1]
+        assert any("The scripted model answers these requests" in line for line in said), said
         assert start.rstrip().endswith(f"http://127.0.0.1:{port}/#new"), "the link opens the page on a new session"
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
-            client.post("/api/sessions").raise_for_status()
+            session = client.post("/api/sessions").json()["id"]
+            with client.stream("POST", f"/api/sessions/{session}/messages", json={"text": "1"}) as stream:
+                list(stream.iter_lines())
         proc.terminate()
         rest = proc.stderr.read()
         proc.wait(60)
