@@ -162,7 +162,7 @@ def test_sessions_list_newest_first_with_title_rounds_and_times(recorded: Record
     [newest, older] = store.list_sessions()
     assert newest.id == recorded.session_id and newest.rounds == 2 and newest.started <= newest.last_active
     assert newest.title == "Make a small table of the numbers 1 to 3 and save it as…"
-    assert older.to_dict() == {"id": "older", "title": "an old question", "rounds": 1, "started": 1_000.0, "last_active": 1_000.0}
+    assert older.to_dict() == {"id": "older", "title": "an old question", "rounds": 1, "started": 1_000.0, "last_active": 1_000.0, "owner": None}
     store.close()
 
 
