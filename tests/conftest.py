@@ -6,7 +6,8 @@ file's (a quick check in a kernel file). A test with no tier fails, saying where
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,8 @@ import pytest
 # The fixtures import what they build when first used: a run of a few unit tests (and the tier check's
 # own pytest run) starts without the kernel client and the PostgreSQL driver.
 if TYPE_CHECKING:
+    from _pytest.mark.expression import Expression
+
     from taskweaver_lite.kernel.executor import KernelExecutor
     from taskweaver_lite.store.interface import Store
     from taskweaver_lite.testing.postgres_cluster import PostgresCluster
@@ -31,6 +34,48 @@ TIERS = ("unit", "kernel", "cli", "soak", "llama", "postgres", "team", "otlp")
 
 
 _UNTIERED = pytest.StashKey[bool]()
+_TIER_NAMED = re.compile(rf"\bmark\.({'|'.join(TIERS)})\b")
+# A fixture here whose parameters carry a tier gives that tier to the tests of any file that asks for it.
+FIXTURE_TIERS = {"store": "postgres"}
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A test file none of whose tiers `-m` selects is not imported at all (True: pass it by).
+
+    `pytest -m unit` would otherwise import every kernel, team and soak file (nbformat, the MCP SDK, the
+    soak harness...) only to deselect their tests. The tiers a file can hold are the ones it names
+    (`pytest.mark.<tier>`, its own or its tests'), those the fixtures it asks for add, and unit for a file
+    that names none (an untiered test is run with the unit tier, where it fails). An expression naming
+    anything other than tiers is not read: every file is imported, as pytest would.
+    """
+    expression = tier_expression(config.option.markexpr)
+    if expression is None or not (collection_path.name.startswith("test_") and collection_path.suffix == ".py"):
+        return None
+    text = collection_path.read_text(encoding="utf-8")
+    tiers = set(_TIER_NAMED.findall(text)) or {"unit"}
+    tiers |= {tier for fixture, tier in FIXTURE_TIERS.items() if re.search(rf"\b{fixture}\b", text)}
+    if any(expression.evaluate(only(tier)) for tier in tiers):
+        return None
+    return True
+
+
+def only(tier: str) -> Callable[..., bool]:
+    """A marker matcher for a test that has `tier` and no other marker."""
+
+    def matcher(name: str, /, **_: str | int | bool | None) -> bool:
+        return name == tier
+
+    return matcher
+
+
+def tier_expression(markexpr: str) -> Expression | None:
+    """`-m`'s expression, compiled, when it names only tiers (None: none given, or it names other markers)."""
+    names = set(re.findall(r"[A-Za-z_][\w.-]*", markexpr)) - {"and", "or", "not"}
+    if not markexpr or not names <= set(TIERS):
+        return None
+    from _pytest.mark.expression import Expression
+
+    return Expression.compile(markexpr)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import sqlite3
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from taskweaver_lite.knowledge.doc_index import DocumentIndex, answer
@@ -100,12 +100,20 @@ def test_a_long_paragraph_is_split_between_lines_and_each_piece_keeps_its_lines(
 
 
 def test_a_notebook_is_read_cell_by_cell_with_lines_within_the_cell(docs: Path) -> None:
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [
-        nbformat.v4.new_markdown_cell("# Loading\nWe load the sales."),
-        nbformat.v4.new_code_cell("import pandas as pd\ndf = pd.read_csv('sales.csv')"),
+    # As Jupyter saves one (nbformat 4): a cell's source is a list of lines.
+    cells = [
+        {"cell_type": "markdown", "id": "a1", "metadata": {}, "source": ["# Loading\n", "We load the sales."]},
+        {
+            "cell_type": "code",
+            "id": "b2",
+            "metadata": {},
+            "execution_count": None,
+            "outputs": [],
+            "source": ["import pandas as pd\n", "df = pd.read_csv('sales.csv')"],
+        },
     ]
-    nbformat.write(notebook, docs / "analysis.ipynb")
+    notebook = {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (docs / "analysis.ipynb").write_text(json.dumps(notebook, indent=1), encoding="utf-8")
     with open_index(docs) as index:
         index.refresh()
         hit = index.search("read_csv", limit=1)[0]

@@ -35,5 +35,27 @@ def test_a_test_without_a_tier_fails_and_its_own_tier_wins_over_its_files(tmp_pa
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(TESTS.parent / "pyproject.toml"), "--rootdir", str(tmp_path)]
     # The quick tier is where a missing tier shows first: the untiered test runs there, and fails.
     quick = subprocess.run([*command, "-m", "unit", str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert quick.returncode == 1 and "2 deselected, 1 error" in quick.stdout, quick.stdout
+    # The kernel file is not even imported; the cli test of the unit file is collected and deselected.
+    assert quick.returncode == 1 and "1 deselected, 1 error" in quick.stdout, quick.stdout
     assert "test_new.py::test_something has no test tier: put `pytestmark = pytest.mark.unit`" in quick.stdout
+
+
+def test_a_file_none_of_whose_tiers_m_selects_is_not_imported_and_one_whose_fixture_adds_a_tier_is(tmp_path: Path) -> None:
+    shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
+    # Importing this file fails: a run that imports it says so.
+    (tmp_path / "test_heavy.py").write_text("import pytest\nimport not_installed_anywhere\n\npytestmark = pytest.mark.kernel\n\ndef test_k():\n    pass\n", encoding="utf-8")
+    # A unit file asking for the store fixture also holds a postgres test (its PostgreSQL parameter).
+    (tmp_path / "test_stored.py").write_text("import pytest\n\npytestmark = pytest.mark.unit\n\ndef test_s(store):\n    pass\n", encoding="utf-8")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", "-c", str(TESTS.parent / "pyproject.toml")]
+    command += ["--rootdir", str(tmp_path), str(tmp_path)]
+
+    def collected(expression: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*command, "-m", expression], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    unit = collected("unit")
+    assert unit.returncode == 0 and "not_installed_anywhere" not in unit.stdout, unit.stdout
+    assert "test_stored.py::test_s[sqlite]" in unit.stdout and "1/2 tests collected (1 deselected)" in unit.stdout, unit.stdout
+    postgres = collected("postgres")
+    assert "test_stored.py::test_s[postgresql]" in postgres.stdout, "the store fixture's postgres parameter is a postgres test of a unit file"
+    kernel = collected("kernel")
+    assert kernel.returncode != 0 and "No module named 'not_installed_anywhere'" in kernel.stdout, "a selected file is imported as always"

@@ -1,0 +1,87 @@
+"""`taskweaver-lite gateway`'s start: the checks before it listens, its private folders and kernelspec, Kernel Gateway's options.
+
+What runs inside the gateway once it has started is gateway_server.py; this module imports nothing of
+Kernel Gateway until `run`, so the checks cost nothing to load.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import sys
+from pathlib import Path
+
+from taskweaver_lite.config.settings import Config
+from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.kernel.process import make_undumpable
+from taskweaver_lite.kernel.provisioner import SESSIONS, kernelspec
+from taskweaver_lite.kernel.sandbox import fallback_notice, uses_sandbox
+
+KERNEL_NAME = "taskweaver-lite"
+TOKEN_VARIABLE = "KG_AUTH_TOKEN"
+API_MODULE = "taskweaver_lite.kernel.gateway_server"  # Kernel Gateway's `api` option: the module it asks for its personality
+
+
+def is_loopback(ip: str) -> bool:
+    """Whether `ip` is an address only this machine reaches (127.0.0.1, ::1, localhost)."""
+    if ip == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False
+
+
+def check_can_start(config: Config, *, ip: str, environ: dict[str, str]) -> str | None:
+    """ConfigError (one line) when the gateway must not start; a warning line to print, if any."""
+    if not environ.get(TOKEN_VARIABLE) and not is_loopback(ip):
+        raise ConfigError(
+            f"taskweaver-lite gateway listens on {ip} without a token: set the {TOKEN_VARIABLE} environment variable "
+            "(the replicas' execution.kernel_gateway.token), or listen on 127.0.0.1"
+        )
+    if config.execution.sandbox == "none":
+        return "execution.sandbox is none: this gateway's kernels run unsandboxed, and its users can reach each other's files and kernels."
+    if not uses_sandbox(config.execution):
+        raise ConfigError(
+            "taskweaver-lite gateway starts every kernel in the sandbox, and it cannot be built here: "
+            f"{fallback_notice() or 'bubblewrap is not installed (Debian/Ubuntu: sudo apt-get install bubblewrap)'}"
+        )
+    return None
+
+
+def prepare(config: Config) -> Path:
+    """The gateway's private folders under gateway.root, with its kernelspec; returns the root."""
+    root = config.gateway_root.resolve()
+    for folder in (root, root / SESSIONS, root / "kernels", root / ".runtime", root / ".jupyter" / "kernels" / KERNEL_NAME):
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(root, 0o700)  # the sessions' folders are the kernels' own; nobody else on this machine looks in
+    spec = kernelspec(project_dir=config.project_dir.resolve(), root=root)
+    (root / ".jupyter" / "kernels" / KERNEL_NAME / "kernel.json").write_text(json.dumps(spec, indent=1), encoding="utf-8")
+    return root
+
+
+def gateway_arguments(config: Config, *, root: Path, ip: str, port: int) -> list[str]:
+    """Kernel Gateway's options: where it listens, our kernelspec alone, our personality, culling."""
+    culling = config.gateway
+    return [
+        f"--KernelGatewayApp.ip={ip}", f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0",
+        f"--KernelGatewayApp.api={API_MODULE}", f"--SandboxPersonality.root={root}", "--SandboxPersonality.list_kernels=True",
+        f"--KernelGatewayApp.default_kernel_name={KERNEL_NAME}", f"--KernelGatewayApp.force_kernel_name={KERNEL_NAME}",
+        f"--KernelSpecManager.allowed_kernelspecs={KERNEL_NAME}", "--KernelSpecManager.ensure_native_kernel=False",
+        f"--MappingKernelManager.cull_idle_timeout={culling.cull_idle_timeout}", f"--MappingKernelManager.cull_interval={culling.cull_interval}",
+    ]  # fmt: skip
+
+
+def run(config: Config, *, ip: str, port: int) -> None:
+    """Run the gateway in this process until it is stopped (SIGTERM, Ctrl-C)."""
+    from kernel_gateway.gatewayapp import KernelGatewayApp
+
+    root = prepare(config)
+    # Kernelspecs and runtime files from our folders only; the token stays in the environment, where Kernel Gateway reads it.
+    os.environ["JUPYTER_PATH"] = str(root / ".jupyter")
+    os.environ["JUPYTER_RUNTIME_DIR"] = str(root / ".runtime")
+    os.environ.pop("KG_FORCE_KERNEL_NAME", None)
+    make_undumpable()
+    KernelGatewayApp.launch_instance(argv=gateway_arguments(config, root=root, ip=ip, port=port))
+    sys.stdout.flush()
