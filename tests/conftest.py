@@ -24,13 +24,15 @@ if TYPE_CHECKING:
     from taskweaver_lite.testing.scripted_server import ScriptedServer
 
 TIERS = ("unit", "kernel", "cli", "soak", "llama", "postgres", "team", "otlp")
-# unit: no kernel, no program started, nothing off this machine (a scripted model server on 127.0.0.1 in
-# a thread is fine); kernel: a real ipykernel (local, sandboxed or on a gateway) or a browser; cli: the
-# program run as a command; soak: long sessions and endurance; llama: llama.cpp's own server, built once
-# by .ci/llama-server.sh (the tests skip without it); postgres: a private PostgreSQL server started
-# for the test run (the store's tests on their second backend); team: several `serve` processes on that
-# PostgreSQL server and a real kernel gateway (the replicas' flows, faults included); otlp: traces sent to Arize
-# Phoenix, installed once by .ci/phoenix.sh in its own venv, and read back from it (the tests skip without it).
+# unit: no kernel, no program started, nothing off this machine (a scripted model server or `serve` on
+# 127.0.0.1 in a thread is fine); kernel: a real ipykernel (local, sandboxed or on a gateway) or a
+# browser; cli: a program started: ours as a command, pytest itself, a fresh interpreter, a writer
+# process to kill; soak: long sessions and endurance; llama: llama.cpp's own server, built once by
+# .ci/llama-server.sh (the tests skip without it); postgres: a private PostgreSQL server started for the
+# test run (the store's tests on their second backend); team: several `serve` processes on that
+# PostgreSQL server and a real kernel gateway (the replicas' flows, faults included); otlp: traces sent
+# to Arize Phoenix, installed once by .ci/phoenix.sh in its own venv, and read back from it (the tests
+# skip without it).
 
 
 _UNTIERED = pytest.StashKey[bool]()

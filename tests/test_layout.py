@@ -221,6 +221,7 @@ def test_subpackage_init_imports_nothing(package: str) -> None:
     assert imports == [], f"{package} re-exports; import from its modules instead"
 
 
+@pytest.mark.cli  # a fresh interpreter, started as a command: not the quick tier
 def test_command_line_module_loads_without_the_heavy_dependencies() -> None:
     probe = f"import sys, taskweaver_lite.cli.main\nprint(sorted({{m.partition('.')[0] for m in sys.modules}} & {set(HEAVY)!r}))"
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()

@@ -303,6 +303,7 @@ def test_concurrent_calls_from_threads_are_all_answered_and_recorded(server: Scr
     assert totals.prompt_tokens == sum(record.prompt_tokens for record in model.calls)
 
 
+@pytest.mark.cli  # a fresh interpreter, started as a command: not the quick tier
 def test_importing_the_module_does_not_import_the_sdk() -> None:
     code = "import sys, taskweaver_lite.llm.client; print('openai' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -378,12 +379,12 @@ def test_a_choice_without_a_message_or_text_content_is_one_clear_line_not_retrie
 
 
 def test_a_reply_dripped_a_byte_at_a_time_stops_at_the_timeout(server: ScriptedServer, make_model: ModelFactory) -> None:
-    model = make_model(config_for(server, timeout=1.0, max_retries=0))
-    server.enqueue("planner", Reply(content=planner_reply("slowly"), drip=0.1))
+    model = make_model(config_for(server, timeout=0.5, max_retries=0))
+    server.enqueue("planner", Reply(content=planner_reply("slowly"), drip=0.05))
     started = time.monotonic()
-    with pytest.raises(LLMUnreachableError, match=r"did not answer within 1 s \(with retries off\); .*llm\.timeout"):
+    with pytest.raises(LLMUnreachableError, match=r"did not answer within 0.5 s \(with retries off\); .*llm\.timeout"):
         model.complete(PLANNER_CALL, purpose="planner")
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 1.5
 
 
 def test_a_short_retry_after_is_waited_out(server: ScriptedServer, make_model: ModelFactory) -> None:

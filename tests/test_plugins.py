@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -228,11 +230,14 @@ def test_plugins_of_installed_packages_come_through_the_entry_point_group(tmp_pa
     package = tmp_path / "site" / "team_plugins"
     write_plugin(package / "plugins", "team_tool", "name: team_tool\ndescription: Our warehouse pull.\n", "x = 1\n")
     (package / "__init__.py").write_text("from pathlib import Path\nFOLDER = Path(__file__).parent / 'plugins'\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    assert discover(tmp_path / "no-project").entries == (), "no package metadata yet: no entry point"
+    # Entry points are kept between sessions; a package installed into a folder on the path since is seen at once.
     info = tmp_path / "site" / "team_plugins-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: team-plugins\nVersion: 1.0\n", encoding="utf-8")
     (info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nteam = team_plugins:FOLDER\n", encoding="utf-8")
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    os.utime(tmp_path / "site", ns=(time.time_ns() + 10**9,) * 2)  # later than the first look, whatever the clock's grain
     entries = discover(tmp_path / "no-project").entries
     assert [(e.name, e.state, e.spec.origin if e.spec else "") for e in entries] == [("team_tool", "enabled", "entry point team")]
 

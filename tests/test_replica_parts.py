@@ -53,23 +53,23 @@ def test_one_request_at_a_time_across_replicas_and_the_next_waits_only_for_an_an
 
 
 def test_a_replica_that_stops_renewing_loses_its_session_once_the_lease_runs_out(store: SessionStore) -> None:
-    dead, alive = Leases(store, seconds=1, wait=0), Leases(store, seconds=1, wait=0)
+    dead, alive = Leases(store, seconds=0.6, wait=0), Leases(store, seconds=0.6, wait=0)
     try:
         dead.take("s1")
         dead._stopping.set()  # as kill -9 does: no renewal, nothing released
         with pytest.raises(LeaseBusy):
             alive.take("s1")
-        time.sleep(1.6)
+        time.sleep(0.9)
         assert alive.take("s1").session_id == "s1"
     finally:
         alive.close()
 
 
 def test_a_held_lease_is_renewed_past_its_first_term(store: SessionStore) -> None:
-    holder, other = Leases(store, seconds=1, wait=0), Leases(store, seconds=1, wait=0)
+    holder, other = Leases(store, seconds=0.6, wait=0), Leases(store, seconds=0.6, wait=0)
     try:
         holder.take("s1")
-        time.sleep(1.8)
+        time.sleep(1.0)  # past the first term and most of a second (renewed every 0.2 s)
         with pytest.raises(LeaseBusy):
             other.take("s1")
     finally:
@@ -129,19 +129,19 @@ def test_stop_asked_on_another_replica_reaches_the_holder_through_the_store_with
         heard.append(session_id)
         return True  # the request is stopping
 
-    running, elsewhere = Leases(store, seconds=1.5, wait=0, on_stop=stop_here), Leases(store, seconds=1.5, wait=0)
+    running, elsewhere = Leases(store, seconds=0.75, wait=0, on_stop=stop_here), Leases(store, seconds=0.75, wait=0)
     try:
         assert not elsewhere.ask_to_stop("s1"), "nothing runs: nothing to stop"
         hold = running.take("s1")
         assert elsewhere.ask_to_stop("s1")
-        assert heard_within(heard, ["s1"]), "the holder's renewal (every half second here) reads the mark and stops its request"
+        assert heard_within(heard, ["s1"]), "the holder's renewal (every quarter second here) reads the mark and stops its request"
         running.release(hold)
         # A mark left by a request that ended before it was read never stops the session's next request.
         ended = running.take("s1")
         assert elsewhere.ask_to_stop("s1")
         running.release(ended)
         running.take("s1")
-        time.sleep(1.3)
+        time.sleep(0.65)  # two renewals and more
         assert heard == ["s1"], "a mark names the request it was meant for"
         assert elsewhere.ask_to_stop("s1")  # and Stop pressed again, for this one, replaces the stale mark
         assert heard_within(heard, ["s1", "s1"])

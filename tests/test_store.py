@@ -303,6 +303,7 @@ def test_a_fold_saves_the_roles_new_compression_state(store: Store) -> None:
 # --- crashes and other processes --------------------------------------------------------------------
 
 
+@pytest.mark.cli  # starts writer processes: not the quick tier
 @pytest.mark.parametrize("kill_after", [37, 250])
 def test_kill_9_while_writing_keeps_every_committed_event_and_a_sound_file(tmp_path: Path, kill_after: int) -> None:
     path = tmp_path / "sessions.db"
@@ -325,6 +326,7 @@ def test_kill_9_while_writing_keeps_every_committed_event_and_a_sound_file(tmp_p
     store.close()
 
 
+@pytest.mark.cli  # starts writer processes: not the quick tier
 def test_a_session_open_in_another_process_is_refused_until_that_process_dies(tmp_path: Path) -> None:
     path = tmp_path / "sessions.db"
     store = SessionStore(path)
@@ -347,6 +349,7 @@ def test_a_session_open_in_another_process_is_refused_until_that_process_dies(tm
     store.close()
 
 
+@pytest.mark.cli  # starts writer processes: not the quick tier
 def test_two_processes_writing_at_once_keep_every_event_of_both(tmp_path: Path) -> None:
     path = tmp_path / "sessions.db"
     SessionStore(path).close()  # both writers find the schema in place, as two CLIs on one project would

@@ -25,6 +25,7 @@ def test_every_test_file_has_a_tier() -> None:
     assert untiered == [], "put `pytestmark = pytest.mark.unit` (or kernel, cli, soak) at the top of these files"
 
 
+@pytest.mark.cli  # runs pytest as a command: not the quick tier
 def test_a_test_without_a_tier_fails_and_its_own_tier_wins_over_its_files(tmp_path: Path) -> None:
     shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_new.py").write_text("def test_something():\n    assert True\n", encoding="utf-8")
@@ -40,10 +41,13 @@ def test_a_test_without_a_tier_fails_and_its_own_tier_wins_over_its_files(tmp_pa
     assert "test_new.py::test_something has no test tier: put `pytestmark = pytest.mark.unit`" in quick.stdout
 
 
+@pytest.mark.cli  # runs pytest as a command: not the quick tier
 def test_a_file_none_of_whose_tiers_m_selects_is_not_imported_and_one_whose_fixture_adds_a_tier_is(tmp_path: Path) -> None:
     shutil.copy(TESTS / "conftest.py", tmp_path / "conftest.py")
     # Importing this file fails: a run that imports it says so.
-    (tmp_path / "test_heavy.py").write_text("import pytest\nimport not_installed_anywhere\n\npytestmark = pytest.mark.kernel\n\ndef test_k():\n    pass\n", encoding="utf-8")
+    (tmp_path / "test_heavy.py").write_text(
+        "import pytest\nimport not_installed_anywhere\n\npytestmark = pytest.mark.kernel\n\ndef test_k():\n    pass\n", encoding="utf-8"
+    )
     # A unit file asking for the store fixture also holds a postgres test (its PostgreSQL parameter).
     (tmp_path / "test_stored.py").write_text("import pytest\n\npytestmark = pytest.mark.unit\n\ndef test_s(store):\n    pass\n", encoding="utf-8")
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", "-c", str(TESTS.parent / "pyproject.toml")]

@@ -201,6 +201,7 @@ def test_serve_continues_the_traceparent_a_request_carries_into_the_thread_that_
     assert len(spans) == 2, "/healthz is not traced"
 
 
+@pytest.mark.cli  # a fresh interpreter, started as a command: not the quick tier
 def test_with_tracing_off_nothing_of_opentelemetry_is_loaded() -> None:
     probe = (
         "import sys\n"

@@ -21,12 +21,10 @@ from taskweaver_lite.config.settings import Config, RoleConfig, RoleSectionConfi
 from taskweaver_lite.config.sources import SET, ConfigSources, env_name, flat_keys, from_file
 from taskweaver_lite.config.store_url import redact
 from taskweaver_lite.config.taskweaver_json import JSON_FILE_NAME, Environment, read_taskweaver_json
+from taskweaver_lite.config.yaml_reader import YAML_MAX_CHARS, load_yaml, parse_yaml
 from taskweaver_lite.errors import ConfigError
 
 CONFIG_FILE_NAME = "taskweaver_config.yaml"
-YAML_MAX_CHARS = 1_000_000
-YAML_MAX_DEPTH = 64
-YAML_MAX_NODES = 200_000  # values once every alias is expanded
 
 
 ROLES_FOLDER = "roles"
@@ -184,49 +182,6 @@ def key_description(dotted: str) -> str:
     return description
 
 
-def load_yaml(text: str, *, source: Path | str, max_chars: int = YAML_MAX_CHARS) -> Any:
-    """`yaml.safe_load` of a project's file within bounds: ConfigError naming `source` if it is too big, too deep or alias-heavy.
-
-    PyYAML builds nested values recursively (10,000 levels end in a RecursionError) and an alias
-    bomb is small on disk but explodes once the values are walked: the events are counted first,
-    without recursion, and only a file within the bounds is loaded.
-    """
-    problem = yaml_bounds_problem(text, max_chars=max_chars)
-    if problem is not None:
-        raise ConfigError(f"{source}: {problem}; nothing was loaded")
-    return yaml.safe_load(text)
-
-
-def yaml_bounds_problem(text: str, *, max_chars: int = YAML_MAX_CHARS) -> str | None:
-    """What makes `text` too big, too deep or too alias-heavy to load (None: within the bounds), read without recursion."""
-    if len(text) > max_chars:
-        return f"{len(text):,} characters, more than the {max_chars:,} a taskweaver-lite YAML file may have"
-    sizes: dict[str, int] = {}  # an anchor's value, in values once expanded
-    open_counts = [0]  # values in each collection being read, outermost first
-    anchors: list[str | None] = [None]
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
-        if isinstance(event, yaml.CollectionStartEvent):
-            open_counts.append(0)
-            anchors.append(event.anchor)
-            if len(open_counts) > YAML_MAX_DEPTH + 1:
-                return f"nested more than {YAML_MAX_DEPTH} levels deep: flatten it"
-            continue
-        if isinstance(event, yaml.CollectionEndEvent):
-            added, anchor = open_counts.pop() + 1, anchors.pop()
-        elif isinstance(event, yaml.ScalarEvent):
-            added, anchor = 1, event.anchor
-        elif isinstance(event, yaml.AliasEvent):
-            added, anchor = sizes.get(event.anchor or "", 1), None
-        else:
-            continue
-        if anchor is not None:
-            sizes[anchor] = added
-        open_counts[-1] += added
-        if open_counts[-1] > YAML_MAX_NODES:
-            return f"its aliases (*name) expand to more than {YAML_MAX_NODES:,} values: write the values out"
-    return None
-
-
 def _read_text(path: Path) -> str:
     """The config file's text; ConfigError naming the encoding problem if it is not UTF-8."""
     if path.stat().st_size > YAML_MAX_CHARS * 4:  # never read a huge file whole
@@ -253,7 +208,7 @@ def _apply_override(data: dict[str, Any], item: str, *, roles: set[str]) -> str 
     if not sep or not key:
         raise ConfigError(f"--set {item}: expected KEY=VALUE, for example --set llm.model=gpt-4o")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = parse_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         # Taking the raw text instead would pass `[x` on as an address and fail later as a network error.
         raise ConfigError(f"--set {_masked(item)}: the value is not valid YAML ({_yaml_problem(exc)}); quote it: --set '{key}=\"...\"'") from None

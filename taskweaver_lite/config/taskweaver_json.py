@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from taskweaver_lite.config.sources import env_name, from_env, from_file
+from taskweaver_lite.config.yaml_reader import parse_yaml
 from taskweaver_lite.errors import ConfigError
 
 JSON_FILE_NAME = "taskweaver_config.json"
@@ -152,7 +153,7 @@ def _typed(text: str, *, kind: str, variable: str, path: Path) -> Any:
     if kind == "list" and not text.lstrip().startswith("["):
         return [item.strip() for item in text.split(",") if item.strip()]
     try:
-        return yaml.safe_load(text)
+        return parse_yaml(text)
     except yaml.YAMLError:
         raise ConfigError(f"environment variable {variable} (read for {path.name}): expected a {kind} in JSON, such as {_EXAMPLES[kind]}") from None
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from taskweaver_lite.config.yaml_reader import parse_yaml
+
 # DSEval's validator templates: the checks a question gets before its own settings are merged in.
 TEMPLATES: dict[str, dict[str, Any]] = {
     "empty": {},
@@ -146,7 +148,7 @@ def load_task_case(path: Path) -> Case:
     """A TaskWeaver case from its YAML file, or a BadCase naming the key to fix."""
     name = path.parent.name if len(list(path.parent.glob("*.yaml"))) == 1 else path.stem
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = parse_yaml(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         return BadCase(name, path, f"{path}: cannot be read as YAML ({' '.join(str(exc).split())[:200]})")
     if not isinstance(data, dict):
@@ -248,7 +250,7 @@ def _problem(path: Path, section: str) -> Problem:
     if match is None:
         return Problem(reference_code=section)
     try:
-        setup = yaml.safe_load(match.group(1)) or {}
+        setup = parse_yaml(match.group(1)) or {}
     except yaml.YAMLError as exc:
         raise _Unreadable(f"a section's docstring is not YAML ({' '.join(str(exc).split())[:160]})") from None
     if not isinstance(setup, dict):

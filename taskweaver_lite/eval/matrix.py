@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from taskweaver_lite.config.yaml_reader import parse_yaml
 from taskweaver_lite.errors import ConfigError
 
 DEFAULT_SETTING = "project"
@@ -33,7 +34,7 @@ class Setting:
 def load_matrix(path: Path) -> tuple[Setting, ...]:
     """The settings of a matrix file; ConfigError naming the file and the fix."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = parse_yaml(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"--matrix {path}: cannot be read ({exc.strerror or exc})") from None
     except yaml.YAMLError as exc:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from taskweaver_lite.config.yaml_reader import parse_yaml
 from taskweaver_lite.records.tips import Tip, TipKind
 
 
@@ -49,7 +50,7 @@ def read_handcrafted(folder: Path) -> HandcraftedTips:
 
 def _read_tip(path: Path) -> Tip:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = parse_yaml(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot be read ({exc})") from None
     except yaml.YAMLError as exc:

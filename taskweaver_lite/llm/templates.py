@@ -12,8 +12,8 @@ import importlib.resources
 from typing import Any
 
 import jinja2
-import yaml
 
+from taskweaver_lite.config.yaml_reader import parse_yaml
 from taskweaver_lite.errors import ConfigError
 
 _ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False, autoescape=False)
@@ -48,7 +48,7 @@ def render_text(text: str, /, **values: Any) -> str:
 def load_prompt(name: str) -> PromptTemplate:
     """Load and parse `prompts/<name>.yaml` (once per process)."""
     text = _read(f"{name}.yaml")
-    data = yaml.safe_load(text)
+    data = parse_yaml(text)
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
         raise ConfigError(f"prompts/{name}.yaml: expected a mapping of part names to template text")
     return PromptTemplate(name, data)

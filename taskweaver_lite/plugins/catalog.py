@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
-from taskweaver_lite.config.file import yaml_bounds_problem
+from taskweaver_lite.config.yaml_reader import parse_yaml, yaml_bounds_problem
 from taskweaver_lite.plugins.extensions import extension_folders
 from taskweaver_lite.records.plugin_spec import Parameter, PluginSpec
 
@@ -148,7 +148,7 @@ def _load_yaml(path: Path) -> dict[str, Any]:
         problem = yaml_bounds_problem(text)  # too big, too deep, an alias bomb: said before PyYAML builds it
         if problem is not None:
             raise PluginProblem(f"is {problem}" if problem[0].isdigit() else f"is not loaded: {problem}")
-        data = yaml.safe_load(text)
+        data = parse_yaml(text)
     except OSError as exc:
         raise PluginProblem(f"cannot be read ({exc.strerror or exc})") from None
     except UnicodeDecodeError:

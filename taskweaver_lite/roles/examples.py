@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from taskweaver_lite.config.file import load_yaml
+from taskweaver_lite.config.yaml_reader import load_yaml
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.records.model_calls import Message
 

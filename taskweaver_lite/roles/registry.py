@@ -45,6 +45,7 @@ from pydantic import ValidationError
 
 from taskweaver_lite.config.file import ROLES_FOLDER
 from taskweaver_lite.config.settings import Config, RoleConfig
+from taskweaver_lite.config.yaml_reader import parse_yaml
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.plugins.extensions import extension_folders
 from taskweaver_lite.records.conversation import USER
@@ -411,7 +412,7 @@ def _load_file(source: Path, name: str) -> Any:
 
 def _load_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = parse_yaml(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise RoleProblem(f"no role file: expected {path.name} in {path.parent}") from None
     except (OSError, UnicodeDecodeError) as exc:
