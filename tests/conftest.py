@@ -41,6 +41,23 @@ _TIER_NAMED = re.compile(rf"\bmark\.({'|'.join(TIERS)})\b")
 FIXTURE_TIERS = {"store": "postgres"}
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """The whole quick tier (`pytest -m unit`, no path named) runs on a worker per core, a file per worker at a time.
+
+    Half its time is spent waiting (servers starting and stopping, leases running out, retries backing
+    off) and half hashing tokens and parsing: two workers overlap the one with the other. Only with
+    pytest-xdist installed (the `test` extra has it) and no `-n` given: `-n 0` runs it in one process.
+    The other tiers stay in one process: kernels and servers timed against each other.
+    """
+    whole_tier = config.option.markexpr.strip() == "unit" and config.args_source is pytest.Config.ArgsSource.TESTPATHS
+    if not whole_tier or hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
+        return
+    if config.option.numprocesses is None and not config.option.collectonly:
+        config.option.numprocesses = "auto"
+        config.option.dist = "loadfile"
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """A test file none of whose tiers `-m` selects is not imported at all (True: pass it by).
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -63,3 +64,28 @@ def test_a_file_none_of_whose_tiers_m_selects_is_not_imported_and_one_whose_fixt
     assert "test_stored.py::test_s[postgresql]" in postgres.stdout, "the store fixture's postgres parameter is a postgres test of a unit file"
     kernel = collected("kernel")
     assert kernel.returncode != 0 and "No module named 'not_installed_anywhere'" in kernel.stdout, "a selected file is imported as always"
+
+
+@pytest.mark.cli  # runs pytest as a command: not the quick tier
+def test_the_whole_quick_tier_runs_on_a_worker_per_core_and_a_named_file_or_n_0_in_one_process(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    shutil.copy(TESTS / "conftest.py", tmp_path / "tests" / "conftest.py")
+    # Each test notes the worker that ran it (none outside pytest-xdist) in the folder the run names.
+    probe = "import os\nfrom pathlib import Path\n\nimport pytest\n\npytestmark = pytest.mark.unit\n\ndef test_{0}():\n"
+    probe += "    (Path(os.environ['WORKERS_SEEN']) / '{0}').write_text(os.environ.get('PYTEST_XDIST_WORKER', 'none'))\n"
+    for name in ("first", "second"):
+        (tmp_path / "tests" / f"test_{name}.py").write_text(probe.format(name), encoding="utf-8")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", str(TESTS.parent / "pyproject.toml"), "--rootdir", str(tmp_path)]
+
+    def workers(*extra: str) -> set[str]:
+        seen = tmp_path / f"seen-{len(list(tmp_path.glob('seen-*')))}"
+        seen.mkdir()
+        env = {**os.environ, "WORKERS_SEEN": str(seen)}
+        done = subprocess.run([*command, *extra], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return {path.read_text() for path in seen.iterdir()}
+
+    whole = workers("-m", "unit")
+    assert len(whole) == min(os.cpu_count() or 1, 2) and "none" not in whole, whole
+    assert workers("-m", "unit", "tests/test_first.py") == {"none"}, "a file named: one process"
+    assert workers("-m", "unit", "-n", "0") == {"none"}, "-n 0: one process"
