@@ -8,7 +8,8 @@ adds), p95; and requests per second over the whole load. Configurations:
 
     sqlite       one `serve`, the project's SQLite file, local kernels (today)
     pg-local     one `serve` on PostgreSQL with local kernels (serve.single_replica): the store's cost alone
-    pg-1         one `serve` replica on PostgreSQL, kernels on a jupyter kernelgateway
+    pg-1         one `serve` replica on PostgreSQL, kernels on a gateway: `taskweaver-lite gateway` (each kernel
+                 in its sandbox; `--gateway plain`: a plain `jupyter kernelgateway`)
     pg-2         two replicas on that store and gateway; request r of session n goes to replica (n + r) % 2,
                  as a round-robin proxy without sticky sessions would send it: every request moves its session
 
@@ -19,7 +20,7 @@ answers. Reported: the time from the kill to that answer (it includes waiting ou
 loading a session costs (the replicas' own histogram of it), and stored events lost: every event the
 store held before the kill is read again after it, by id and content.
 
-    python bench/team_bench.py [--sessions 10,20,40] [--requests 5] [--kills 20] [--lease 3]
+    python bench/team_bench.py [--sessions 10,20,40] [--requests 5] [--kills 20] [--lease 3] [--gateway sandbox|plain]
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import Any
 import httpx
 import psutil
 
-from taskweaver_lite.testing.kernel_gateway import Gateway, kernel_gateway
+from taskweaver_lite.testing.kernel_gateway import Gateway, kernel_gateway, sandbox_gateway
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster, running_cluster
 from taskweaver_lite.testing.replicas import ServeProcess, write_team_project
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
@@ -298,6 +299,9 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=20, help="replicas killed mid-cell (0: none)")
     parser.add_argument("--lease", type=float, default=3.0, help="serve.lease_timeout for the kills")
     parser.add_argument("--configs", default="sqlite,pg-local,pg-1,pg-2", help="which configurations to load, comma-separated")
+    parser.add_argument(
+        "--gateway", choices=("sandbox", "plain"), default="sandbox", help="the replicas' gateway: taskweaver-lite gateway, or jupyter kernelgateway"
+    )
     args = parser.parse_args()
     sizes = [int(size) for size in args.sessions.split(",")]
     model = Model()
@@ -307,7 +311,10 @@ def main() -> int:
         scripted.set_default("planner", model.planner)
         scripted.set_default("code_generator", code_generator)
         scripted.set_default("compression", '{"ConversationSummary": "x was set on request.", "Variables": []}')
-        with kernel_gateway(root / "gateway", options=["--JupyterWebsocketPersonality.list_kernels=True"]) as gateway:
+        plain = ["--JupyterWebsocketPersonality.list_kernels=True"]
+        started = sandbox_gateway(root / "gateway") if args.gateway == "sandbox" else kernel_gateway(root / "gateway", options=plain)
+        print(f"gateway: {'taskweaver-lite gateway' if args.gateway == 'sandbox' else 'jupyter kernelgateway'}", file=sys.stderr)
+        with started as gateway:
             setups = _setups(root, cluster, gateway_url=gateway, model_url=scripted.url, lease=args.lease)
             print("load (each line: one configuration, one size):", file=sys.stderr)
             chosen = {name: start for name, (start, _) in setups.items() if name in args.configs.split(",")}
