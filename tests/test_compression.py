@@ -7,6 +7,7 @@ the server received. One in-process stand-in stays, `BrokenOnce`, where the case
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -623,10 +624,10 @@ def test_folds_go_over_http_to_an_openai_compatible_server_for_both_roles_at_onc
         both_in_flight.wait()  # breaks, failing the fold, if the two folds ran one after the other
         return covering_summary(messages)  # type: ignore[arg-type]
 
-    with ScriptedServer() as server:
+    with contextlib.ExitStack() as stack, ScriptedServer() as server:
         server.set_default("compression", answer_when_both_asked)
         cfg = config(llm={"api_base": server.url, "api_key": "test"}, round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1})
-        model = OpenAIChatModel(cfg.llm)
+        model = stack.enter_context(contextlib.closing(OpenAIChatModel(cfg.llm)))
         planner = RoleContext(ContextSettings.of(cfg, "planner"), model=model, tokenizer=TOKENIZER)
         coder = RoleContext(ContextSettings.of(cfg, "code_generator"), model=model, tokenizer=TOKENIZER, live_variables=lambda: LiveVariables((DF,)))
         history = [make_round(1), make_round(2)]
@@ -643,8 +644,9 @@ def test_a_fold_that_meets_a_server_error_keeps_the_rounds_verbatim_and_says_why
         server.set_default("compression", Reply(status=500, error_message="the summariser is down"))
         cfg = config(llm={"api_base": server.url, "api_key": "test", "max_retries": 0}, round_compressor={"rounds_to_compress": 1, "rounds_to_retain": 1})
         events: list[Any] = []
-        ctx = RoleContext(ContextSettings.of(cfg, "planner"), model=OpenAIChatModel(cfg.llm), tokenizer=TOKENIZER, on_fold=events.append)
-        history = play(ctx, 2)
+        with contextlib.closing(OpenAIChatModel(cfg.llm)) as model:
+            ctx = RoleContext(ContextSettings.of(cfg, "planner"), model=model, tokenizer=TOKENIZER, on_fold=events.append)
+            history = play(ctx, 2)
     assert ctx.state.folded_through == 0 and not events[0].ok
     assert "summariser is down" in (events[0].error or "")
     assert marks(text_of(build(ctx, history).messages)) == [1, 2, 3]

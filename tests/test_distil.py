@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import closing
 
 import pytest
 
@@ -35,7 +36,8 @@ def long_round(index: int) -> Round:
 def test_the_record_of_a_long_session_fits_an_8k_window_keeping_the_newest_requests(server: ScriptedServer) -> None:
     llm = LLMConfig(api_base=server.url, api_key="k", model="scripted", context_window=8000, stream=False)
     server.enqueue("other", json.dumps({"tips": [{"kind": "Preference", "text": "  The user wants   summaries.  "}]}))
-    tips = distil([long_round(n) for n in range(1, 21)], model=OpenAIChatModel(llm), tokenizer=get_tokenizer(), llm=llm)
+    with closing(OpenAIChatModel(llm)) as model:
+        tips = distil([long_round(n) for n in range(1, 21)], model=model, tokenizer=get_tokenizer(), llm=llm)
     assert tips == [("preference", "The user wants summaries.")], "kinds are read in any letter case, text with its spaces tidied"
     request = server.requests[-1]
     sent = get_tokenizer().count_messages([Message(role=m["role"], content=m["content"]) for m in request.messages])
@@ -48,5 +50,5 @@ def test_the_record_of_a_long_session_fits_an_8k_window_keeping_the_newest_reque
 def test_a_reply_with_a_tip_of_an_unknown_kind_is_refused_and_says_which(server: ScriptedServer) -> None:
     llm = LLMConfig(api_base=server.url, api_key="k", model="scripted", context_window=8000, stream=False)
     server.enqueue("other", json.dumps({"tips": [{"kind": "gossip", "text": "x"}]}))
-    with pytest.raises(ExperienceError, match="error_resolution, preference"):
-        distil([long_round(1)], model=OpenAIChatModel(llm), tokenizer=get_tokenizer(), llm=llm)
+    with closing(OpenAIChatModel(llm)) as model, pytest.raises(ExperienceError, match="error_resolution, preference"):
+        distil([long_round(1)], model=model, tokenizer=get_tokenizer(), llm=llm)
