@@ -47,7 +47,10 @@ def test_taskweavers_own_config_with_llm_variables_sends_its_prompts_to_the_serv
     config = load_config(taskweaver_project(tmp_path), [], environ=environ)
     server.enqueue("planner", planner_reply("hello", send_to="User"))
     model = role_models(config, roles=[spec for spec in builtin_roles() if spec.name == "planner"])
-    model.complete([{"role": "system", "content": "init_plan"}, {"role": "user", "content": "hi"}], purpose="planner")
+    try:
+        model.complete([{"role": "system", "content": "init_plan"}, {"role": "user", "content": "hi"}], purpose="planner")
+    finally:
+        model.close()
     assert [request.body["model"] for request in server.requests] == ["tw-model"]
     path = tmp_path / "project" / "taskweaver_config.json"
     assert f"{path}: read from the environment, over the file (TaskWeaver's rule): LLM_API_BASE, LLM_API_KEY, LLM_MODEL" in config.notices
