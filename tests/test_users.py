@@ -16,6 +16,7 @@ import pytest
 from helpers import make_project
 
 from taskweaver_lite.cli.main import main
+from taskweaver_lite.cli.serve import proxy_warning
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.records.conversation import Round
@@ -109,6 +110,13 @@ def test_a_trusted_proxy_header_names_the_user_only_when_enabled_and_only_from_a
         # A local process claiming, by X-Forwarded-For, to be the proxy: the TCP peer (127.0.0.1) is what counts.
         forged = client.get("/api/sessions", headers={**header, "X-Forwarded-For": "10.1.2.3"})
         assert forged.status_code == 403 and "came from 127.0.0.1" in forged.json()["error"], forged.text
+
+
+def test_serve_says_at_start_that_a_trusted_user_header_without_a_trusted_proxy_refuses_every_request(project: Path) -> None:
+    assert proxy_warning(load_config(project)) is None, "off: nothing to say"
+    alone = proxy_warning(load_config(project, ["serve.trusted_user_header=X-Forwarded-User"]))
+    assert alone is not None and "serve.trusted_proxies is empty" in alone and "X-Forwarded-User" in alone and "\n" not in alone
+    assert proxy_warning(load_config(project, ["serve.trusted_user_header=X-Forwarded-User", "serve.trusted_proxies=['10.0.0.2']"])) is None
 
 
 def test_users_let_a_server_start_on_any_address_without_a_token() -> None:

@@ -88,9 +88,9 @@ def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] 
             if intro:
                 say(intro)
             say(start_line(config.project_dir, host=args.host, port=args.port, token=access.token, fresh=fresh))
-            warning = gateway_warning(config) if has_users else None
-            if warning:
-                say(warning)
+            for warning in (gateway_warning(config) if has_users else None, proxy_warning(config)):
+                if warning:
+                    say(warning)
             for line in discover_roles(config.project_dir, enabled=config.session.roles, config=config).problems:
                 say(strip_controls(line))
             drain = config.serve.drain_timeout
@@ -182,6 +182,17 @@ def gateway_warning(config: Config) -> str | None:
     return (
         f"Warning: the kernel gateway {gateway.url} {what}: it does not keep users apart, so code run in one user's session can read "
         "other sessions' files, variables and kernels there, and the gateway's token; run `taskweaver-lite gateway` there instead."
+    )
+
+
+def proxy_warning(config: Config) -> str | None:
+    """One line when `serve.trusted_user_header` is set but no proxy is trusted to send it (None: nothing to say)."""
+    header = config.serve.trusted_user_header
+    if not header or config.serve.trusted_proxies:
+        return None
+    return (
+        f"Warning: serve.trusted_user_header is {header} but serve.trusted_proxies is empty, so every request carrying {header} "
+        "is refused (403); list your proxy's address there, as the server sees it (127.0.0.1 for a proxy on this machine)."
     )
 
 
