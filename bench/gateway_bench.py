@@ -28,14 +28,14 @@ from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
 
 from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
-from taskweaver_lite.kernel.remote import GatewayExecutor
+from taskweaver_lite.kernel.gateway.remote import GatewayExecutor
 from taskweaver_lite.testing.kernel_gateway import Gateway, kernel_gateway
 
 
 def bare_execute(sock: websocket.WebSocket, session: Session, code: str, *, quick_ack: bool = True) -> None:
     """The baseline cell: one execute_request over the WebSocket, read until idle and the reply are in.
 
-    `quick_ack` acknowledges packets at once as the executor does (see gateway.py `_ack_at_once`).
+    `quick_ack` acknowledges packets at once as the executor does (see kernel/gateway/kernel.py `_ack_at_once`).
     """
     msg = session.msg("execute_request", {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False})
     msg["channel"] = "shell"

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
-from taskweaver_lite.kernel.remote import GatewayExecutor, KernelHandover
+from taskweaver_lite.kernel.gateway.remote import GatewayExecutor, KernelHandover
 from taskweaver_lite.testing.kernel_gateway import Gateway, kernel_gateway, sandbox_gateway
 
 

@@ -33,9 +33,9 @@ from pathlib import Path
 from unittest import mock
 
 from taskweaver_lite.config.settings import ExecutionConfig
-from taskweaver_lite.kernel.disk_limit import used
 from taskweaver_lite.kernel.executor import KernelExecutor
-from taskweaver_lite.kernel.sandbox import bwrap_path
+from taskweaver_lite.kernel.sandbox.bwrap import bwrap_path
+from taskweaver_lite.kernel.sandbox.disk_limit import used
 from taskweaver_lite.safety.verification import CodeVerifier
 
 MODES = ("none", "bubblewrap")

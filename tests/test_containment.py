@@ -31,9 +31,9 @@ from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.kernel.executor import KernelExecutor
-from taskweaver_lite.kernel.identity import in_range
 from taskweaver_lite.kernel.output import CellOutput
-from taskweaver_lite.kernel.sandbox import bwrap_path
+from taskweaver_lite.kernel.sandbox.bwrap import bwrap_path
+from taskweaver_lite.kernel.sandbox.identity import in_range
 from taskweaver_lite.plugins.catalog import discover
 from taskweaver_lite.records.events import Event, PostAdded
 from taskweaver_lite.safety.workfiles import copy_folder, read_below

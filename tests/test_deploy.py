@@ -25,7 +25,7 @@ import httpx
 import pytest
 import yaml
 
-from taskweaver_lite.kernel.remote import REMOTE_SESSIONS
+from taskweaver_lite.kernel.gateway.remote import REMOTE_SESSIONS
 from taskweaver_lite.store.postgres import PostgresStore
 from taskweaver_lite.testing.kernel_gateway import Gateway, free_port, kernel_gateway
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster, binaries

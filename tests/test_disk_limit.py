@@ -19,9 +19,9 @@ from taskweaver_lite.cli.chat import _kernel_lines
 from taskweaver_lite.cli.init import init_project
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import ExecutionConfig
-from taskweaver_lite.kernel.disk_limit import MAX_DEPTH, Unmeasurable, used
 from taskweaver_lite.kernel.executor import KernelExecutor
-from taskweaver_lite.kernel.sandbox import bwrap_path
+from taskweaver_lite.kernel.sandbox.bwrap import bwrap_path
+from taskweaver_lite.kernel.sandbox.disk_limit import MAX_DEPTH, Unmeasurable, used
 from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 

@@ -20,11 +20,11 @@ from helpers import REPO, make_project
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
 from taskweaver_lite.errors import ConfigError, GatewayAuthError, GatewayUnreachableError
-from taskweaver_lite.kernel import remote
 from taskweaver_lite.kernel.base import REPLY_WAIT
 from taskweaver_lite.kernel.choice import executor_factory
 from taskweaver_lite.kernel.executor import KernelExecutor
-from taskweaver_lite.kernel.remote import GatewayExecutor
+from taskweaver_lite.kernel.gateway import remote
+from taskweaver_lite.kernel.gateway.remote import GatewayExecutor
 from taskweaver_lite.session.assembly import open_session, resume_session
 from taskweaver_lite.testing.kernel_gateway import Gateway, Relay, free_port, kernel_gateway
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
@@ -237,7 +237,7 @@ def test_sigterm_to_the_owning_process_shuts_the_kernel_down_on_the_gateway(gate
         import time
         from pathlib import Path
         from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
-        from taskweaver_lite.kernel.remote import GatewayExecutor
+        from taskweaver_lite.kernel.gateway.remote import GatewayExecutor
         gateway = KernelGatewayConfig(url={gateway.url!r}, token={gateway.token!r})
         executor = GatewayExecutor(Path({str(tmp_path)!r}), config=ExecutionConfig(), gateway=gateway)
         executor.wait_ready()

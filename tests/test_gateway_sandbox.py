@@ -28,10 +28,11 @@ from helpers import make_project
 
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
-from taskweaver_lite.kernel import identity, remote
-from taskweaver_lite.kernel.gateway import GatewayKernel
-from taskweaver_lite.kernel.provisioner import OWNER_VARIABLE, SESSION_VARIABLE
-from taskweaver_lite.kernel.remote import GatewayExecutor, KernelHandover
+from taskweaver_lite.kernel.gateway import remote
+from taskweaver_lite.kernel.gateway.kernel import GatewayKernel
+from taskweaver_lite.kernel.gateway.provisioner import OWNER_VARIABLE, SESSION_VARIABLE
+from taskweaver_lite.kernel.gateway.remote import GatewayExecutor, KernelHandover
+from taskweaver_lite.kernel.sandbox import identity
 from taskweaver_lite.session.assembly import delete_session, open_session, resume_session
 from taskweaver_lite.store.opening import open_store
 from taskweaver_lite.testing.kernel_gateway import Gateway, kernel_gateway, sandbox_gateway

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from taskweaver_lite.kernel.hidden_paths import hidden_path_notes
-from taskweaver_lite.kernel.sandbox import Mount, SandboxPlan, sees
+from taskweaver_lite.kernel.sandbox.bwrap import Mount, SandboxPlan, sees
+from taskweaver_lite.kernel.sandbox.hidden_paths import hidden_path_notes
 from taskweaver_lite.records.execution import CellError
 
 pytestmark = pytest.mark.unit

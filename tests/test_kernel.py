@@ -20,7 +20,7 @@ import pytest
 from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.errors import KernelError
 from taskweaver_lite.kernel.executor import KernelExecutor
-from taskweaver_lite.kernel.sandbox import bwrap_path
+from taskweaver_lite.kernel.sandbox.bwrap import bwrap_path
 from taskweaver_lite.records.execution import CellCancelled, ExecutionResult
 
 pytestmark = pytest.mark.kernel

@@ -17,7 +17,7 @@ from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.interpreter import kernel_python
-from taskweaver_lite.kernel.sandbox import bwrap_path
+from taskweaver_lite.kernel.sandbox.bwrap import bwrap_path
 from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 

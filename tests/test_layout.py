@@ -111,7 +111,7 @@ SITS_ON: dict[str, tuple[str, ...]] = {
     "__init__": ("session",),  # the public names (imported on first use) and the version
     "eval": ("__init__",),  # its report names the version
     "web": ("__init__",),
-    "mcp": ("__init__",),  # this agent as an MCP server (the MCP client the kernel runs is kernel/mcp_client.py)
+    "mcp": ("__init__",),  # this agent as an MCP server (the MCP client the kernel runs is kernel/mcp/client.py)
     "testing": ("eval", "web"),
     "cli": ("testing", "mcp"),
     "__main__": ("cli",),

@@ -13,8 +13,8 @@ from taskweaver_lite.cli.reference import config_keys
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import McpServerConfig
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.kernel.mcp_client import python_name
-from taskweaver_lite.kernel.mcp_launch import McpLaunch
+from taskweaver_lite.kernel.mcp.client import python_name
+from taskweaver_lite.kernel.mcp.launch import McpLaunch
 from taskweaver_lite.mcp.resources import read_resource, resource_uri
 from taskweaver_lite.mcp.server import MAX_QUESTION_CHARS, question_of
 from taskweaver_lite.plugins.prompt import render_mcp_block

@@ -8,8 +8,8 @@ import pytest
 
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.kernel.gateway_launch import check_can_start, gateway_arguments, is_loopback
-from taskweaver_lite.kernel.provisioner import KernelRefused, kernel_environment, kernelspec, session_name
+from taskweaver_lite.kernel.gateway.launch import check_can_start, gateway_arguments, is_loopback
+from taskweaver_lite.kernel.gateway.provisioner import KernelRefused, kernel_environment, kernelspec, session_name
 
 pytestmark = pytest.mark.unit
 

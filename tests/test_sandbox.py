@@ -21,7 +21,7 @@ from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.kernel.executor import KernelExecutor
-from taskweaver_lite.kernel.sandbox import bwrap_path, uses_sandbox
+from taskweaver_lite.kernel.sandbox.bwrap import bwrap_path, uses_sandbox
 from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 

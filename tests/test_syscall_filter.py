@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from taskweaver_lite.config.settings import ExecutionConfig
-from taskweaver_lite.kernel import syscall_filter
 from taskweaver_lite.kernel.executor import KernelExecutor
-from taskweaver_lite.kernel.sandbox import SandboxPlan, bwrap_arguments, bwrap_path
+from taskweaver_lite.kernel.sandbox import syscall_filter
+from taskweaver_lite.kernel.sandbox.bwrap import SandboxPlan, bwrap_arguments, bwrap_path
 
 pytestmark = pytest.mark.kernel
 

@@ -1,7 +1,7 @@
 """`taskweaver-lite gateway [-p PROJECT_DIR] [--ip IP] [--port PORT]`: a Jupyter Kernel Gateway whose kernels run in the sandbox.
 
 Replicas use it as any gateway (`execution.kernel_gateway.url` and `token`); what it adds is that
-every kernel is a session's, alone in its own sandbox (kernel/gateway_server.py says how; kernel/gateway_launch.py starts it). The
+every kernel is a session's, alone in its own sandbox (kernel/gateway/server.py says how; kernel/gateway/launch.py starts it). The
 token is read from `KG_AUTH_TOKEN`, never from the command line, where `ps` shows it to everyone.
 """
 
@@ -33,10 +33,10 @@ def run_gateway(args: argparse.Namespace) -> int:
 
     config = load_config(project_dir(args), args.overrides)
     try:
-        from taskweaver_lite.kernel import gateway_server  # noqa: F401 - what runs inside Kernel Gateway: imported here only to say early that it is missing
+        from taskweaver_lite.kernel.gateway import server as gateway_server  # noqa: F401 - what runs inside Kernel Gateway: imported here only to say early that it is missing
     except ImportError as exc:
         raise ConfigError(f"taskweaver-lite gateway needs {exc.name}: pip install 'taskweaver-lite[team]'") from exc
-    from taskweaver_lite.kernel import gateway_launch
+    from taskweaver_lite.kernel.gateway import launch as gateway_launch
 
     warning = gateway_launch.check_can_start(config, ip=args.ip, environ=dict(os.environ))
     if warning:

@@ -22,7 +22,8 @@ from taskweaver_lite.cli.console import PlainConsole, RichConsole
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import McpServerConfig
 from taskweaver_lite.errors import TaskWeaverError
-from taskweaver_lite.kernel import mcp_client, plugin_runtime
+from taskweaver_lite.kernel import plugin_runtime
+from taskweaver_lite.kernel.mcp import client as mcp_client
 from taskweaver_lite.plugins.catalog import PluginEntry, discover, entries_as_json
 from taskweaver_lite.records.mcp_tools import McpServer
 from taskweaver_lite.safety.terminal import strip_controls
@@ -62,7 +63,7 @@ def run_plugins(project: Path, *, as_json: bool) -> int:
 
 def checked_mcp_servers(servers: Mapping[str, McpServerConfig]) -> tuple[McpServer, ...]:
     """The MCP servers started once as a kernel starts them (in a short-lived process of this interpreter), with their tools or why not."""
-    from taskweaver_lite.kernel.mcp_launch import McpLaunch
+    from taskweaver_lite.kernel.mcp.launch import McpLaunch
     from taskweaver_lite.kernel.process import filtered_environment
 
     launch = McpLaunch(servers, network=True)  # a check outside the sandbox: the chat says again if the sandbox refuses one

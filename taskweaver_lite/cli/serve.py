@@ -169,7 +169,7 @@ def gateway_warning(config: Config) -> str | None:
     gateway = config.execution.kernel_gateway
     if gateway is None:
         return None
-    from taskweaver_lite.kernel.gateway import GatewayKernel  # the gateway extra, as the sessions' executors need
+    from taskweaver_lite.kernel.gateway.kernel import GatewayKernel  # the gateway extra, as the sessions' executors need
 
     client = GatewayKernel(gateway)
     try:

@@ -6,7 +6,7 @@ session opens, runs one cell at a time as ONE execute request (the variable snap
 grace runs out), replaces a kernel that died or is stuck and names the variables lost, and shuts
 down once. A subclass brings the transport: how the kernel starts, how a request goes out, how the
 cell's messages are followed, how the kernel is interrupted, replaced and ended, and how files get
-into its working folder (`executor.py` locally, `remote.py` on a Jupyter gateway).
+into its working folder (`executor.py` locally, `gateway/remote.py` on a Jupyter gateway).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from taskweaver_lite.kernel.interface import ExecutorFactory
 from taskweaver_lite.records.plugin_spec import PluginSpec
 
 if TYPE_CHECKING:
-    from taskweaver_lite.kernel.remote import KernelHandover
+    from taskweaver_lite.kernel.gateway.remote import KernelHandover
 
 
 def executor_factory(config: Config, *, plugins: Sequence[PluginSpec] = (), handover: KernelHandover | None = None) -> ExecutorFactory:
@@ -30,7 +30,7 @@ def executor_factory(config: Config, *, plugins: Sequence[PluginSpec] = (), hand
     gateway = config.execution.kernel_gateway
     if gateway is not None:
         try:
-            from taskweaver_lite.kernel.remote import GatewayExecutor, KernelHandover
+            from taskweaver_lite.kernel.gateway.remote import GatewayExecutor, KernelHandover
         except ImportError as exc:
             raise ConfigError(f"execution.kernel_gateway needs {exc.name}: pip install 'taskweaver-lite[gateway]'") from exc
         kernel = handover or KernelHandover()

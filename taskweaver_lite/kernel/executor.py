@@ -30,13 +30,11 @@ from jupyter_core.utils import ensure_event_loop
 
 from taskweaver_lite.config.settings import ExecutionConfig, McpServerConfig
 from taskweaver_lite.errors import KernelError
-from taskweaver_lite.kernel import namespace, syscall_filter
+from taskweaver_lite.kernel import namespace
 from taskweaver_lite.kernel.base import DEFAULT_OUTPUT_TOKENS, POLL_INTERVAL, REPLY_WAIT, CellEnd, CellWatch, Ending, SessionKernel, show
-from taskweaver_lite.kernel.disk_limit import DiskWatch, Reached, disk_limit_notes, end_children, human, kernel_process
-from taskweaver_lite.kernel.hidden_paths import hidden_path_notes
 from taskweaver_lite.kernel.interface import OutputSink
 from taskweaver_lite.kernel.interpreter import kernel_python
-from taskweaver_lite.kernel.mcp_launch import REPORT_EXPRESSION, McpLaunch
+from taskweaver_lite.kernel.mcp.launch import REPORT_EXPRESSION, McpLaunch
 from taskweaver_lite.kernel.output import CellOutput
 from taskweaver_lite.kernel.process import (
     InterpreterKernelManager,
@@ -47,7 +45,10 @@ from taskweaver_lite.kernel.process import (
     on_launcher_thread,
     socket_dir,
 )
-from taskweaver_lite.kernel.sandbox import SandboxPlan, fallback_notice, kernel_command, session_sandbox, uses_sandbox
+from taskweaver_lite.kernel.sandbox import syscall_filter
+from taskweaver_lite.kernel.sandbox.bwrap import SandboxPlan, fallback_notice, kernel_command, session_sandbox, uses_sandbox
+from taskweaver_lite.kernel.sandbox.disk_limit import DiskWatch, Reached, disk_limit_notes, end_children, human, kernel_process
+from taskweaver_lite.kernel.sandbox.hidden_paths import hidden_path_notes
 from taskweaver_lite.kernel.uploads import copy_file
 from taskweaver_lite.records.execution import CellError, ExecutionResult
 from taskweaver_lite.records.plugin_spec import PluginSpec
@@ -73,7 +74,7 @@ class KernelExecutor(SessionKernel):
         `output_tokens` bounds what one cell's output may take in a prompt (Config.cell_output_tokens).
         `plugins` are loaded into every kernel this executor starts (first, restarted) before its first cell.
         `hidden`: folders a sandboxed kernel must not see besides the user's home (the project's).
-        `mcp_servers` (mcp.servers) are started by every kernel this executor starts, as its children (kernel/mcp_launch.py).
+        `mcp_servers` (mcp.servers) are started by every kernel this executor starts, as its children (kernel/mcp/launch.py).
         A missing `bwrap` with `execution.sandbox: bubblewrap`, or an `execution.kernel` that cannot run
         ipykernel, raises ConfigError here, before anything starts.
         """
@@ -134,7 +135,7 @@ class KernelExecutor(SessionKernel):
             manager.interrupt_mode = "message"
             manager.seccomp_fd = self.sandbox.seccomp_fd
         if self.sandbox is not None and self.sandbox.run_as is not None:
-            # Root's sandboxed kernel runs as a user of its own (identity.py), who must read the connection file.
+            # Root's sandboxed kernel runs as a user of its own (sandbox/identity.py), who must read the connection file.
             manager.kernel_uid = self.sandbox.run_as
         manager.shutdown_wait_time = SHUTDOWN_GRACE
         return manager

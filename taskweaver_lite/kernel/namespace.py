@@ -1,7 +1,7 @@
 """What our side knows of a kernel's namespace, whichever way the kernel is reached.
 
 Every executor (local ipykernel, a kernel behind a gateway) asks for the same `user_expressions`
-with each cell: the variable snapshot (`snapshot.py`), the working folder put back (`guard.py`),
+with each cell: the variable snapshot (`snapshot.py`), the working folder put back (`sandbox/guard.py`),
 and in a session with plugins what they logged and saved (`plugin_runtime.py`). This module builds
 those expressions and the plugin install call, reads their values out of an execute reply, and turns
 successive snapshots into `VariableChanges`.
@@ -15,9 +15,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from taskweaver_lite.kernel import guard as kernel_guard
 from taskweaver_lite.kernel import plugin_runtime
 from taskweaver_lite.kernel import snapshot as kernel_snapshot
+from taskweaver_lite.kernel.sandbox import guard as kernel_guard
 from taskweaver_lite.records.execution import Variable, VariableChanges
 from taskweaver_lite.records.plugin_spec import PluginSpec
 

@@ -29,9 +29,10 @@ from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import KernelManager
 
 from taskweaver_lite.kernel import display as kernel_display
-from taskweaver_lite.kernel import guard as kernel_guard
-from taskweaver_lite.kernel import plugin_runtime, syscall_filter
+from taskweaver_lite.kernel import plugin_runtime
 from taskweaver_lite.kernel import snapshot as kernel_snapshot
+from taskweaver_lite.kernel.sandbox import guard as kernel_guard
+from taskweaver_lite.kernel.sandbox import syscall_filter
 
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 SECRET_PREFIXES = ("OPENAI_",)
@@ -98,7 +99,7 @@ class InterpreterKernelManager(KernelManager):
     """A KernelManager that runs ipykernel on the interpreter it is given, whatever kernelspecs say.
 
     `python` is this program's interpreter unless `execution.kernel` names another (interpreter.py);
-    `wrap` puts the command behind the limits launcher and the sandbox (sandbox.py); `kernel_uid`
+    `wrap` puts the command behind the limits launcher and the sandbox (sandbox/bwrap.py); `kernel_uid`
     is the user a sandboxed kernel runs as, who must be able to read the connection file.
     """
 

@@ -1,6 +1,6 @@
 """MCP servers as records: what a kernel reported of the servers it started, each with its tools or the reason it did not start.
 
-The kernel-side client (`kernel/mcp_client.py`) sends this JSON shape back; the CodeGenerator's prompt shows
+The kernel-side client (`kernel/mcp/client.py`) sends this JSON shape back; the CodeGenerator's prompt shows
 the tools (`plugins/prompt.py`), and the plugin listings show the servers that failed. A tool's
 parameters come from its JSON Schema (`inputSchema`), as a plugin's come from its YAML.
 """

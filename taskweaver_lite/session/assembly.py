@@ -230,7 +230,7 @@ def delete_session(config: Config, ref: str, *, store: Store, owner: str | None 
 
 def _end_on_gateway(config: Config, session_id: str, kernel_id: str | None) -> None:
     """End a deleted session's kernel on the gateway, if it still runs there; on `taskweaver-lite gateway`, its folder there goes too."""
-    from taskweaver_lite.kernel.gateway import GatewayKernel  # the gateway extra, as in kernel/choice.py
+    from taskweaver_lite.kernel.gateway.kernel import GatewayKernel  # the gateway extra, as in kernel/choice.py
 
     assert config.execution.kernel_gateway is not None
     kernel = GatewayKernel(config.execution.kernel_gateway)

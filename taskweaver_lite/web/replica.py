@@ -85,7 +85,7 @@ class Replica:
         gateway = self.config.execution.kernel_gateway
         if gateway is None:
             return None
-        from taskweaver_lite.kernel.remote import KernelHandover  # the gateway extra, as in kernel/choice.py
+        from taskweaver_lite.kernel.gateway.remote import KernelHandover  # the gateway extra, as in kernel/choice.py
 
         started = functools.partial(self._kernel_started, session_id)
         handover = KernelHandover(reuse=kernel_id, keep=True, on_start=started, cells_before=cells_before, owner=owner)

@@ -1,6 +1,6 @@
 """What to say when a cell reaches for a path the sandbox hides: it exists here, and this is how to reach it.
 
-A sandboxed kernel sees neither the user's home nor `/tmp` (sandbox.py): "analyze
+A sandboxed kernel sees neither the user's home nor `/tmp` (bwrap.py): "analyze
 ~/Downloads/sales.csv" fails with a bare FileNotFoundError for a file that exists, and a model
 would retry blindly. The executor adds one note to such a result, for the model and the user:
 the path is hidden by the sandbox, `/load` copies it in, or a mount (the exact setting) shows it.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from taskweaver_lite.kernel.sandbox import SandboxPlan, sees
+from taskweaver_lite.kernel.sandbox.bwrap import SandboxPlan, sees
 from taskweaver_lite.records.execution import CellError
 
 # The errors whose message names the path (Python's OSError text: "[Errno 2] No such file or directory: '/x'");

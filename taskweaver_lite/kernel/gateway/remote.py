@@ -20,12 +20,13 @@ from typing import Any
 
 from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
 from taskweaver_lite.errors import GatewayConnectionLost, GatewayError, KernelError
-from taskweaver_lite.kernel import namespace, remote_code
+from taskweaver_lite.kernel import namespace
 from taskweaver_lite.kernel.base import DEFAULT_OUTPUT_TOKENS, POLL_INTERVAL, REPLY_WAIT, CellEnd, CellWatch, Ending, SessionKernel, show
-from taskweaver_lite.kernel.gateway import GONE, GatewayKernel
+from taskweaver_lite.kernel.gateway import remote_code
+from taskweaver_lite.kernel.gateway.kernel import GONE, GatewayKernel
+from taskweaver_lite.kernel.gateway.provisioner import OWNER_VARIABLE, SESSION_VARIABLE
 from taskweaver_lite.kernel.interface import OutputSink
 from taskweaver_lite.kernel.output import CellOutput
-from taskweaver_lite.kernel.provisioner import OWNER_VARIABLE, SESSION_VARIABLE
 from taskweaver_lite.kernel.uploads import UploadError
 from taskweaver_lite.records.execution import CellError
 from taskweaver_lite.records.plugin_spec import PluginSpec

@@ -45,17 +45,17 @@ from traitlets import Unicode
 
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import Config
-from taskweaver_lite.kernel import syscall_filter
-from taskweaver_lite.kernel.disk_limit import DiskWatch, Reached, end_children, kernel_process
 from taskweaver_lite.kernel.process import SOCKET_PATH_LIMIT, filtered_environment
-from taskweaver_lite.kernel.sandbox import SandboxPlan, kernel_command, session_sandbox, uses_sandbox
+from taskweaver_lite.kernel.sandbox import syscall_filter
+from taskweaver_lite.kernel.sandbox.bwrap import SandboxPlan, kernel_command, session_sandbox, uses_sandbox
+from taskweaver_lite.kernel.sandbox.disk_limit import DiskWatch, Reached, end_children, kernel_process
 
 NAME = "taskweaver-lite-sandbox"  # the entry point's name, in the kernelspec's metadata (serve reads it to tell our gateway from a plain one)
 SESSION_VARIABLE = "KERNEL_TASKWEAVER_SESSION"
 OWNER_VARIABLE = "KERNEL_USERNAME"
 SESSIONS = "taskweaver_sessions"  # as the replica's start-up code names it (remote.REMOTE_SESSIONS)
 KERNELS = "kernels"
-SESSION_ROUTE = "/api/taskweaver-lite/sessions/"  # + a session id: DELETE ends its kernels and removes its folder (gateway_server.py)
+SESSION_ROUTE = "/api/taskweaver-lite/sessions/"  # + a session id: DELETE ends its kernels and removes its folder (server.py)
 # What a session id or a user name may be to become a folder name or a count's key.
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}")
 _KEPT_ENVIRONMENT = ("PATH", "LANG", "LANGUAGE", "TZ")

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.kernel import identity, limits
+from taskweaver_lite.kernel.sandbox import identity, limits
 
 NOBODY = 65534
 PACKAGE = "bubblewrap"
@@ -320,7 +320,7 @@ def _rehidden(plan: SandboxPlan) -> list[Path]:
 
 def _needed() -> set[Path]:
     """Folders the kernel reads: the interpreter and its packages, our in-kernel modules."""
-    needed = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix), Path(limits.__file__).parent.parent}
+    needed = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix), Path(limits.__file__).parents[2]}
     needed |= {Path(entry) for entry in sys.path if entry and Path(entry).is_dir()}
     return {p.resolve() for p in needed}
 

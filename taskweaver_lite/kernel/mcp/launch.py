@@ -1,6 +1,6 @@
 """Starting a session's MCP servers, seen from our side: the request that asks the kernel to start them, and its answer.
 
-The servers run inside the kernel, as its children (`mcp_client.py` is the kernel's half): they reach
+The servers run inside the kernel, as its children (`client.py` is the kernel's half): they reach
 what the kernel reaches and no more. A server whose config says it needs the network is not
 started while the kernel's sandbox has none; it is listed with the setting that would allow it.
 """
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from taskweaver_lite.config.settings import McpServerConfig
-from taskweaver_lite.kernel import mcp_client as kernel_client
+from taskweaver_lite.kernel.mcp import client as kernel_client
 from taskweaver_lite.kernel.namespace import expression_json
 from taskweaver_lite.kernel.process import load_by_path
 from taskweaver_lite.records.mcp_tools import McpServer

@@ -1,6 +1,6 @@
 """`taskweaver-lite gateway`'s start: the checks before it listens, its private folders and kernelspec, Kernel Gateway's options.
 
-What runs inside the gateway once it has started is gateway_server.py; this module imports nothing of
+What runs inside the gateway once it has started is server.py; this module imports nothing of
 Kernel Gateway until `run`, so the checks cost nothing to load.
 """
 
@@ -14,13 +14,13 @@ from pathlib import Path
 
 from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.kernel.gateway.provisioner import SESSIONS, kernelspec
 from taskweaver_lite.kernel.process import make_undumpable
-from taskweaver_lite.kernel.provisioner import SESSIONS, kernelspec
-from taskweaver_lite.kernel.sandbox import fallback_notice, uses_sandbox
+from taskweaver_lite.kernel.sandbox.bwrap import fallback_notice, uses_sandbox
 
 KERNEL_NAME = "taskweaver-lite"
 TOKEN_VARIABLE = "KG_AUTH_TOKEN"
-API_MODULE = "taskweaver_lite.kernel.gateway_server"  # Kernel Gateway's `api` option: the module it asks for its personality
+API_MODULE = "taskweaver_lite.kernel.gateway.server"  # Kernel Gateway's `api` option: the module it asks for its personality
 
 
 def is_loopback(ip: str) -> bool:

@@ -22,7 +22,7 @@ import os
 import stat
 from pathlib import Path
 
-from taskweaver_lite.kernel import limits
+from taskweaver_lite.kernel.sandbox import limits
 
 # 1,000,000 uids starting far above any account's and the usual subordinate-uid ranges (100000+).
 UID_BASE = 1_900_000_000

@@ -1,6 +1,6 @@
 """What `taskweaver-lite gateway` adds inside the real Jupyter Kernel Gateway, so that it is a boundary between the users it serves.
 
-This module runs in the gateway's process (Kernel Gateway imports it as its API module); gateway_launch.py
+This module runs in the gateway's process (Kernel Gateway imports it as its API module); launch.py
 checks, prepares and starts it.
 
 What is ours is small; the rest is Kernel Gateway as it ships:
@@ -28,7 +28,7 @@ from kernel_gateway.mixins import JSONErrorsMixin, TokenAuthorizationMixin
 from tornado import web
 from traitlets import Unicode
 
-from taskweaver_lite.kernel.provisioner import SESSION_ROUTE, SESSIONS, kernels_of_session, session_name
+from taskweaver_lite.kernel.gateway.provisioner import SESSION_ROUTE, SESSIONS, kernels_of_session, session_name
 
 
 class SessionHandler(TokenAuthorizationMixin, JSONErrorsMixin, web.RequestHandler):  # type: ignore[misc]  # Kernel Gateway's mixins are untyped

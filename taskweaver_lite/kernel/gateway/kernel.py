@@ -24,8 +24,8 @@ from jupyter_client.session import Session
 
 from taskweaver_lite.config.settings import KernelGatewayConfig
 from taskweaver_lite.errors import GatewayAuthError, GatewayConnectionLost, GatewayError, GatewayUnreachableError
-from taskweaver_lite.kernel.provisioner import NAME as PROVISIONER_NAME
-from taskweaver_lite.kernel.provisioner import SESSION_ROUTE
+from taskweaver_lite.kernel.gateway.provisioner import NAME as PROVISIONER_NAME
+from taskweaver_lite.kernel.gateway.provisioner import SESSION_ROUTE
 
 GONE = "gone"  # the state of a kernel the gateway no longer has (culled, or ended for its user's next one)
 _TOKEN_HINT = "set execution.kernel_gateway.token, or KG_AUTH_TOKEN in this program's environment, to the token the gateway was started with"

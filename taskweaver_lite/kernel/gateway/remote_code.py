@@ -11,9 +11,9 @@ import base64
 from pathlib import Path
 
 from taskweaver_lite.kernel import display as kernel_display
-from taskweaver_lite.kernel import guard as kernel_guard
 from taskweaver_lite.kernel import plugin_runtime
 from taskweaver_lite.kernel import snapshot as kernel_snapshot
+from taskweaver_lite.kernel.sandbox import guard as kernel_guard
 
 # Asked for with the start-up code: the kernel's working folder, made absolute.
 HOME_EXPRESSION = "__import__('os').getcwd()"
