@@ -40,7 +40,7 @@ def since_time(text: str) -> float:
 
 def run_audit(args: argparse.Namespace) -> int:
     """Print the audit trail (from `--since`), as a table or as JSON; the exit code."""
-    from taskweaver_lite.cli.chat import project_dir
+    from taskweaver_lite.cli.project import project_dir
     from taskweaver_lite.config.file import load_config
     from taskweaver_lite.store.opening import has_store, open_store, store_place
 
