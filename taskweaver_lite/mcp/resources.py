@@ -82,7 +82,7 @@ def artifact_links(session: Session, rnd: Round) -> list[types.ResourceLink]:
 
 def read_resource(uri: str, sessions: Mapping[str, Session], *, stored: Callable[[str], Path | None]) -> types.ReadResourceResult:
     """The contents of the file `uri` names: of a session open here, or of a stored one (`stored` finds its folder)."""
-    session_id, kind, name = _parts(uri)
+    session_id, kind, name = resource_parts(uri)
     session = sessions.get(session_id)
     folder = session.working_dir.parent if session is not None else stored(session_id)
     if folder is None:
@@ -94,7 +94,11 @@ def read_resource(uri: str, sessions: Mapping[str, Session], *, stored: Callable
     size = path.stat().st_size
     if size > MAX_RESOURCE_BYTES:
         raise _not_found(uri, f"{name} has {size:,} bytes, more than the {MAX_RESOURCE_BYTES:,} a resource may have")
-    data = path.read_bytes()
+    return resource_contents(uri, name, path.read_bytes())
+
+
+def resource_contents(uri: str, name: str, data: bytes) -> types.ReadResourceResult:
+    """The bytes of the file `name` as the resource `uri`: text when its type is text and it decodes, else base64."""
     kind_of = mime_type(name)
     if kind_of.startswith("text/") or kind_of in ("application/json", "image/svg+xml"):
         try:
@@ -105,7 +109,7 @@ def read_resource(uri: str, sessions: Mapping[str, Session], *, stored: Callable
     return types.ReadResourceResult(contents=[types.BlobResourceContents(uri=uri, mime_type=kind_of, blob=blob)])
 
 
-def _parts(uri: str) -> tuple[str, str, str]:
+def resource_parts(uri: str) -> tuple[str, str, str]:
     """(session id, kind, file name) of one of our addresses; a protocol error naming the expected shape otherwise."""
     prefix = f"{SCHEME}://session/"
     parts = uri.removeprefix(prefix).split("/") if uri.startswith(prefix) else []
