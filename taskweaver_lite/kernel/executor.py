@@ -281,6 +281,7 @@ class KernelExecutor(SessionKernel):
                 lambda: self._manager.start_kernel(
                     env=filtered_environment(os.environ, allowed=self.config.allowed_env, display_width=self.config.display_width, mark=self._mark),
                     cwd=str(self.cwd),
+                    stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=self._log,
                 )

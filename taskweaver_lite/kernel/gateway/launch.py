@@ -14,7 +14,7 @@ from pathlib import Path
 
 from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.kernel.gateway.provisioner import SESSIONS, kernelspec
+from taskweaver_lite.kernel.gateway.provisioner import KERNELS, LOGS, SESSIONS, kernelspec
 from taskweaver_lite.kernel.process import make_undumpable
 from taskweaver_lite.kernel.sandbox.bwrap import fallback_notice, uses_sandbox
 
@@ -53,7 +53,7 @@ def check_can_start(config: Config, *, ip: str, environ: dict[str, str]) -> str 
 def prepare(config: Config) -> Path:
     """The gateway's private folders under gateway.root, with its kernelspec; returns the root."""
     root = config.gateway_root.resolve()
-    for folder in (root, root / SESSIONS, root / "kernels", root / ".runtime", root / ".jupyter" / "kernels" / KERNEL_NAME):
+    for folder in (root, root / SESSIONS, root / KERNELS, root / LOGS, root / ".runtime", root / ".jupyter" / "kernels" / KERNEL_NAME):
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(root, 0o700)  # the sessions' folders are the kernels' own; nobody else on this machine looks in
     spec = kernelspec(project_dir=config.project_dir.resolve(), root=root)

@@ -18,6 +18,11 @@ projects apart:
   and the project's `execution.memory_limit`, `max_processes` and `disk_limit` (kept by a
   `DiskWatch` here: past it, the kernel's child processes are ended, then the kernel).
 
+Its standard streams are its own: stdin is /dev/null, stdout and stderr go to the session's log,
+`<root>/logs/<session>.log` (owner-only, counted by the disk limit, removed with the session). Only
+those and the syscall filter's file are handed to bubblewrap: nothing of the gateway's own (its log,
+its terminal, the journal's stream) is there for a cell to reopen through `/proc/self/fd`.
+
 `KERNEL_USERNAME` (the session's owner, sent by serve) counts the kernels of each user: past
 `gateway.max_kernels_per_user`, starting one ends that user's least recently used idle kernel
 (its session replays its cells when next used), or is refused when all of them are busy.
@@ -33,6 +38,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -55,6 +61,7 @@ SESSION_VARIABLE = "KERNEL_TASKWEAVER_SESSION"
 OWNER_VARIABLE = "KERNEL_USERNAME"
 SESSIONS = "taskweaver_sessions"  # as the replica's start-up code names it (remote.REMOTE_SESSIONS)
 KERNELS = "kernels"
+LOGS = "logs"  # <root>/logs/<session>.log: a session's kernels' stdout and stderr
 SESSION_ROUTE = "/api/taskweaver-lite/sessions/"  # + a session id: DELETE ends its kernels and removes its folder (server.py)
 # What a session id or a user name may be to become a folder name or a count's key.
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}")
@@ -102,6 +109,7 @@ class SandboxProvisioner(LocalProvisioner):
     _seccomp_fd: int | None = None
     _socket_dir: Path | None = None
     _disk: DiskWatch | None = None
+    _log: int | None = None  # the session's log, open for the kernel's stdout and stderr
     _strikes = 0
 
     @property
@@ -154,10 +162,24 @@ class SandboxProvisioner(LocalProvisioner):
             self._socket_dir = folder
         return self._socket_dir
 
+    def log_path(self) -> Path:
+        """The session's log: what its kernels write on stdout and stderr."""
+        return Path(self.root).resolve() / LOGS / f"{self.session}.log"
+
+    def _open_log(self) -> int:
+        """The session's log, opened for appending (kept across restarts), the gateway's alone to read."""
+        if self._log is None:
+            path = self.log_path()
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            self._log = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        return self._log
+
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
-        """Start the sandboxed kernel, the syscall filter's file open in it for bubblewrap to read."""
+        """Start the sandboxed kernel with streams of its own, the syscall filter's file open in it for bubblewrap to read."""
         if self._seccomp_fd is not None:
             kwargs["pass_fds"] = (syscall_filter.rewound(self._seccomp_fd),)
+        log = self._open_log()
+        kwargs.update(stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         return await super().launch_kernel(cmd, **kwargs)
 
     async def post_launch(self, **kwargs: Any) -> None:
@@ -165,7 +187,7 @@ class SandboxProvisioner(LocalProvisioner):
         await super().post_launch(**kwargs)
         limit = self.config_of_project.execution.disk_limit_bytes()
         if limit is not None and self._disk is None and self.plan is not None:
-            self._disk = DiskWatch((self.plan.cwd, self.plan.socket_dir), limit=limit, on_reached=self._disk_reached)
+            self._disk = DiskWatch((self.plan.cwd, self.plan.socket_dir, self.log_path()), limit=limit, on_reached=self._disk_reached)
 
     def _disk_reached(self, reached: Reached, in_cell: bool) -> None:
         """Past the disk limit (on the watcher's thread): the kernel's child processes end; if it still grows, the kernel does."""
@@ -188,6 +210,9 @@ class SandboxProvisioner(LocalProvisioner):
         if self._disk is not None:
             self._disk.close()
             self._disk = None
+        if self._log is not None:
+            os.close(self._log)
+            self._log = None
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
         if self._seccomp_fd is not None:

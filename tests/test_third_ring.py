@@ -1,0 +1,145 @@
+"""Containment, third ring: what a cell of bob's can still try once it is in its sandbox, on `taskweaver-lite gateway` and with local kernels.
+
+Each attack here broke an earlier version: reopening a descriptor the kernel inherited to read the
+gateway's log, renaming the kernel's process so the disk limit could not find it, filling the disk
+with empty files. Each runs from bob's cell on a real gateway started by the command, and on a
+local sandboxed kernel, and must find nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_gateway_sandbox import Cells, gateway_project
+
+from taskweaver_lite.config.settings import ExecutionConfig
+from taskweaver_lite.kernel.executor import KernelExecutor
+from taskweaver_lite.kernel.sandbox.bwrap import bwrap_path
+from taskweaver_lite.testing.kernel_gateway import Gateway, sandbox_gateway
+
+pytestmark = [pytest.mark.kernel, pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed")]
+
+DISK_LIMIT = 50 * 1024**2
+
+# Every descriptor the kernel holds: what it points to, its identity, and the first bytes reopening it gives.
+FDS = """
+import json, os, stat
+LIMIT = {limit}
+found = []
+for name in sorted(os.listdir('/proc/self/fd'), key=int):
+    path = f'/proc/self/fd/{{name}}'
+    try:
+        target, info = os.readlink(path), os.stat(path)
+    except OSError:
+        continue
+    data = b''
+    if stat.S_ISREG(info.st_mode) or stat.S_ISFIFO(info.st_mode) or stat.S_ISCHR(info.st_mode):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                data = os.pread(fd, 1 << 20, 0) if stat.S_ISREG(info.st_mode) else os.read(fd, 1 << 16)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+    found.append([int(name), target, info.st_dev, info.st_ino, info.st_mode, info.st_rdev, data[:LIMIT].decode(errors='replace')])
+open('fds.json', 'w').write(json.dumps(found))
+print(len(found))
+"""
+
+
+def _identities(pid: int) -> set[tuple[int, int]]:
+    """(device, inode) of every descriptor `pid` holds, /dev/null aside (anyone may hold that)."""
+    null = os.stat("/dev/null").st_rdev
+    found = set()
+    for entry in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            info = entry.stat()
+        except OSError:
+            continue
+        if (stat.S_ISCHR(info.st_mode) and info.st_rdev == null) or os.readlink(entry).startswith("anon_inode:"):
+            continue  # every eventfd and epoll shares one anonymous inode
+        found.add((info.st_dev, info.st_ino))
+    return found
+
+
+def _shared(kernel_fds: list[list[object]], holder: int, *, own: tuple[Path, ...] = ()) -> list[list[object]]:
+    """The kernel's descriptors that are also `holder`'s (the gateway, this program), but for files of the kernel's own."""
+    theirs = _identities(holder)
+    null = os.stat("/dev/null").st_rdev
+    mine = {(os.stat(path).st_dev, os.stat(path).st_ino) for path in own if path.exists()}
+    shared = []
+    for fd, target, dev, ino, mode, rdev, _ in kernel_fds:
+        assert isinstance(mode, int) and isinstance(dev, int) and isinstance(ino, int)
+        if (stat.S_ISCHR(mode) and rdev == null) or str(target).startswith("anon_inode:"):
+            continue
+        if (dev, ino) in theirs and (dev, ino) not in mine:
+            shared.append([fd, target])
+    return shared
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    project = gateway_project(tmp_path_factory.mktemp("contain") / "project")
+    with sandbox_gateway(project) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def alice(gateway: Gateway) -> Iterator[Cells]:
+    cells = Cells(gateway, session="alice-s", owner="alice")
+    cells.run("import sys\nprint('alice-stderr-line', file=sys.stderr)")
+    yield cells
+    cells.close()
+
+
+@pytest.fixture(scope="module")
+def bob(gateway: Gateway, alice: Cells) -> Iterator[Cells]:
+    cells = Cells(gateway, session="bob-s", owner="bob")
+    yield cells
+    cells.close()
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[KernelExecutor]:
+    config = ExecutionConfig(sandbox="bubblewrap", disk_limit=DISK_LIMIT, timeout=120)
+    executor = KernelExecutor(tmp_path / "bob-local", config=config)
+    yield executor
+    executor.shutdown()
+
+
+def test_a_gateway_kernel_holds_no_descriptor_of_the_gateways(gateway: Gateway, alice: Cells, bob: Cells) -> None:
+    bob.run(FDS.format(limit=1 << 20))
+    kernel_fds = json.loads((gateway.root / "taskweaver_sessions" / "bob-s" / "fds.json").read_text(encoding="utf-8"))
+    assert _shared(kernel_fds, gateway.pid, own=(gateway.root / "logs" / "bob-s.log",)) == [], "reopened through /proc/self/fd, these are the gateway's own files"
+    seen = "\n".join(str(entry[6]) for entry in kernel_fds)
+    assert alice.kernel_id not in seen and "alice-stderr-line" not in seen, "the gateway's log, read from bob's cell"
+    assert {entry[0] for entry in kernel_fds} >= {0, 1, 2}
+    stdin = next(entry for entry in kernel_fds if entry[0] == 0)
+    assert stdin[1] == "/dev/null", "stdin is /dev/null"
+
+
+def test_a_gateway_kernels_stderr_goes_to_its_own_log(gateway: Gateway, bob: Cells) -> None:
+    bob.run("import os\nos.write(2, b'bob-wrote-this-on-stderr\\n')")
+    log = gateway.root / "logs" / "bob-s.log"
+    deadline = time.monotonic() + 10
+    while b"bob-wrote-this-on-stderr" not in (log.read_bytes() if log.exists() else b""):
+        assert time.monotonic() < deadline, f"{log} never got the kernel's stderr"
+        time.sleep(0.1)
+    assert b"bob-wrote-this-on-stderr" not in (gateway.root / "gateway.log").read_bytes(), "nothing of a kernel's in the gateway's own log"
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+
+
+def test_a_local_kernel_holds_no_descriptor_of_this_programs(local: KernelExecutor) -> None:
+    result = local.run(FDS.format(limit=0))
+    assert result.success, result.error
+    kernel_fds = json.loads((local.cwd / "fds.json").read_text(encoding="utf-8"))
+    assert _shared(kernel_fds, os.getpid(), own=(local.session_dir / "kernel.log",)) == []
+    stdin = next(entry for entry in kernel_fds if entry[0] == 0)
+    assert stdin[1] == "/dev/null", "stdin is /dev/null"
