@@ -11,17 +11,20 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 from test_gateway_sandbox import Cells, gateway_project
 
 from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.sandbox.bwrap import bwrap_path
-from taskweaver_lite.testing.kernel_gateway import Gateway, sandbox_gateway
+from taskweaver_lite.testing.kernel_gateway import Gateway, free_port, sandbox_gateway
 
 pytestmark = [pytest.mark.kernel, pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed")]
 
@@ -143,3 +146,35 @@ def test_a_local_kernel_holds_no_descriptor_of_this_programs(local: KernelExecut
     assert _shared(kernel_fds, os.getpid(), own=(local.session_dir / "kernel.log",)) == []
     stdin = next(entry for entry in kernel_fds if entry[0] == 0)
     assert stdin[1] == "/dev/null", "stdin is /dev/null"
+
+
+def test_a_gateway_without_a_token_on_loopback_says_so_and_lists_no_kernel(tmp_path: Path) -> None:
+    project = gateway_project(tmp_path / "project")
+    port = free_port()
+    env = {name: value for name, value in os.environ.items() if name != "KG_AUTH_TOKEN"}
+    env["KG_LIST_KERNELS"] = "True"  # the gateway's own default must not bring listing back
+    log = tmp_path / "gateway.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "taskweaver_lite", "gateway", "-p", str(project), "--port", str(port)], stdout=out, stderr=out, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text(encoding="utf-8")
+            try:
+                if requests.get(f"{url}/api", timeout=1).ok:
+                    break
+            except requests.RequestException:
+                time.sleep(0.2)
+        started = requests.post(f"{url}/api/kernels", json={"env": {"KERNEL_TASKWEAVER_SESSION": "alice-s", "KERNEL_USERNAME": "alice"}}, timeout=60)
+        started.raise_for_status()
+        kernel_id = started.json()["id"]
+        for route in ("/api/kernels", "/api/sessions"):
+            listing = requests.get(url + route, timeout=30)
+            assert listing.status_code == 403 and kernel_id not in listing.text, f"{route}: {listing.status_code} {listing.text[:300]}"
+        requests.delete(f"{url}/api/kernels/{kernel_id}", timeout=60)
+    finally:
+        process.terminate()
+        process.wait(30)
+    said = [line for line in log.read_text(encoding="utf-8").splitlines() if "KG_AUTH_TOKEN" in line]
+    assert len(said) == 1 and "every account on this machine" in said[0], said
