@@ -19,11 +19,13 @@ from pathlib import Path
 
 import pytest
 import requests
+from mcp.shared.exceptions import MCPError
 from test_gateway_sandbox import Cells, gateway_project
 
 from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.sandbox.bwrap import bwrap_path
+from taskweaver_lite.mcp.resources import read_resource, resource_uri
 from taskweaver_lite.testing.kernel_gateway import Gateway, free_port, sandbox_gateway
 
 pytestmark = [pytest.mark.kernel, pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed")]
@@ -178,3 +180,79 @@ def test_a_gateway_without_a_token_on_loopback_says_so_and_lists_no_kernel(tmp_p
         process.wait(30)
     said = [line for line in log.read_text(encoding="utf-8").splitlines() if "KG_AUTH_TOKEN" in line]
     assert len(said) == 1 and "every account on this machine" in said[0], said
+
+
+# The kernel takes bubblewrap's name, then leaves a child of the same name writing 10 MB files, 40 of them, five a second.
+WRITER = "import time\nopen('/proc/self/comm', 'w').write('bwrap')\nfor i in range(40):\n    open(f'fill{i}.bin', 'wb').write(bytes(10485760))\n    time.sleep(0.2)\n"
+RENAMED_WRITER = (
+    "import subprocess, sys\n"
+    "open('/proc/self/comm', 'w').write('bwrap')\n"
+    f"writer = subprocess.Popen([sys.executable, '-c', {WRITER!r}])\n"
+    "print(open('/proc/self/comm').read().strip())\n"
+)
+
+
+def _on_disk(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("fill*.bin") if path.is_file())
+
+
+def _after_the_writer(folder: Path) -> int:
+    """What the writer left once it would have ended on its own (40 files, 8 s)."""
+    time.sleep(10)
+    return _on_disk(folder)
+
+
+def test_renaming_the_kernel_does_not_hide_it_from_the_disk_limit_on_the_gateway(gateway: Gateway) -> None:
+    cells = Cells(gateway, session="bob-disk", owner="bob")
+    try:
+        assert cells.run(RENAMED_WRITER).strip() == "bwrap"
+        kept = _after_the_writer(gateway.root / "taskweaver_sessions" / "bob-disk")
+    finally:
+        cells.close()
+    assert kept < 3 * DISK_LIMIT, f"{kept / 1024**2:.0f} MB kept under a {DISK_LIMIT // 1024**2} MB limit"
+
+
+def test_renaming_the_kernel_does_not_hide_it_from_the_disk_limit_on_this_machine(local: KernelExecutor) -> None:
+    result = local.run(RENAMED_WRITER)
+    assert result.stdout.strip() == "bwrap", result
+    kept = _after_the_writer(local.cwd)
+    assert kept < 3 * DISK_LIMIT, f"{kept / 1024**2:.0f} MB kept under a {DISK_LIMIT // 1024**2} MB limit"
+    assert "still here" in local.run("print('still here')").stdout, "and the session goes on"
+
+
+def test_an_mcp_resource_read_never_returns_what_a_racing_link_points_at(tmp_path: Path) -> None:
+    secret = tmp_path / "taskweaver_config.yaml"
+    secret.write_text("llm:\n  api_key: sk-never-shown\n", encoding="utf-8")
+    session = tmp_path / "sessions" / "bob-s"
+    executor = KernelExecutor(session, config=ExecutionConfig(sandbox="none", timeout=120))
+    # Swapped by renames, so that the name always exists: a file one moment, a link to the config the next.
+    swap = (
+        "import os, threading\nopen('data.txt', 'w').write('plain data')\n"
+        "def swap():\n"
+        "    while True:\n"
+        f"        try:\n            os.symlink({str(secret)!r}, '.l')\n            os.rename('.l', 'data.txt')\n"
+        "            open('.f', 'w').write('plain data')\n            os.rename('.f', 'data.txt')\n"
+        "        except OSError:\n            pass\n"
+        "threading.Thread(target=swap, daemon=True).start()\nprint('swapping')"
+    )
+    try:
+        assert executor.run(swap).stdout == "swapping\n"
+        uri = resource_uri("bob-s", "files", "data.txt")
+        leaked = served = 0
+        unexplained: list[str] = []
+        for _ in range(20000):
+            try:
+                contents = read_resource(uri, {}, stored=lambda session_id: session if session_id == "bob-s" else None).contents[0]
+            except MCPError:
+                continue
+            except OSError as exc:  # reaches the MCP host as it is, this machine's paths in it
+                unexplained.append(str(exc))
+                continue
+            text = getattr(contents, "text", "")
+            served += text == "plain data"
+            leaked += "sk-never-shown" in text
+    finally:
+        executor.shutdown()
+    assert leaked == 0, f"{leaked} of 20000 reads returned the config"
+    assert unexplained == [], f"{len(unexplained)} reads failed with a bare error: {unexplained[:1]}"
+    assert served > 0, "the real file must still be read between swaps"

@@ -16,7 +16,8 @@ projects apart:
 - the command: the local sandbox's (`sandbox.session_sandbox`, `sandbox.kernel_command`): a uid per
   session when the gateway runs as root, its own PID namespace, no network, the syscall filter,
   and the project's `execution.memory_limit`, `max_processes` and `disk_limit` (kept by a
-  `DiskWatch` here: past it, the kernel's child processes are ended, then the kernel).
+  `DiskWatch` here: past it, the kernel's child processes are ended, then the kernel, found by its
+  process id as bubblewrap announces it, `sandbox/kernel_pid.py`).
 
 Its standard streams are its own: stdin is /dev/null, stdout and stderr go to the session's log,
 `<root>/logs/<session>.log` (owner-only, counted by the disk limit, removed with the session). Only
@@ -54,7 +55,8 @@ from taskweaver_lite.config.settings import Config
 from taskweaver_lite.kernel.process import SOCKET_PATH_LIMIT, filtered_environment
 from taskweaver_lite.kernel.sandbox import syscall_filter
 from taskweaver_lite.kernel.sandbox.bwrap import SandboxPlan, kernel_command, session_sandbox, uses_sandbox
-from taskweaver_lite.kernel.sandbox.disk_limit import DiskWatch, Reached, end_children, kernel_process
+from taskweaver_lite.kernel.sandbox.disk_limit import DiskWatch, Reached, end_children
+from taskweaver_lite.kernel.sandbox.kernel_pid import SandboxInfo, end_sandbox, find_kernel
 
 NAME = "taskweaver-lite-sandbox"  # the entry point's name, in the kernelspec's metadata (serve reads it to tell our gateway from a plain one)
 SESSION_VARIABLE = "KERNEL_TASKWEAVER_SESSION"
@@ -107,6 +109,7 @@ class SandboxProvisioner(LocalProvisioner):
     owner: str | None = None
     plan: SandboxPlan | None = None
     _seccomp_fd: int | None = None
+    _sandbox_info: SandboxInfo | None = None
     _socket_dir: Path | None = None
     _disk: DiskWatch | None = None
     _log: int | None = None  # the session's log, open for the kernel's stdout and stderr
@@ -136,9 +139,12 @@ class SandboxProvisioner(LocalProvisioner):
         execution = config.execution
         if uses_sandbox(execution) and self._seccomp_fd is None and execution.syscall_filter == "default":
             self._seccomp_fd = syscall_filter.filter_file()
+        if uses_sandbox(execution) and self._sandbox_info is None:
+            self._sandbox_info = SandboxInfo()
         hidden = (root, config.project_dir)
+        info_fd = self._sandbox_info.fd if self._sandbox_info is not None else None
         self.plan = (
-            session_sandbox(execution, session_dir=cwd, cwd=cwd, socket_dir=socket_dir, hidden=hidden, seccomp_fd=self._seccomp_fd, start_in=root)
+            session_sandbox(execution, session_dir=cwd, cwd=cwd, socket_dir=socket_dir, hidden=hidden, seccomp_fd=self._seccomp_fd, start_in=root, info_fd=info_fd)
             if uses_sandbox(execution)
             else None
         )
@@ -176,8 +182,11 @@ class SandboxProvisioner(LocalProvisioner):
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         """Start the sandboxed kernel with streams of its own, the syscall filter's file open in it for bubblewrap to read."""
-        if self._seccomp_fd is not None:
-            kwargs["pass_fds"] = (syscall_filter.rewound(self._seccomp_fd),)
+        fds = [syscall_filter.rewound(self._seccomp_fd)] if self._seccomp_fd is not None else []
+        if self._sandbox_info is not None and self.plan is not None:
+            fds.append(self._sandbox_info.rewound())
+        if fds:
+            kwargs["pass_fds"] = tuple(fds)
         log = self._open_log()
         kwargs.update(stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         return await super().launch_kernel(cmd, **kwargs)
@@ -190,9 +199,15 @@ class SandboxProvisioner(LocalProvisioner):
             self._disk = DiskWatch((self.plan.cwd, self.plan.socket_dir, self.log_path()), limit=limit, on_reached=self._disk_reached)
 
     def _disk_reached(self, reached: Reached, in_cell: bool) -> None:
-        """Past the disk limit (on the watcher's thread): the kernel's child processes end; if it still grows, the kernel does."""
-        kernel = kernel_process(self.pid) if isinstance(self.pid, int) else None
+        """Past the disk limit (on the watcher's thread): the kernel's child processes end; if it still grows, the kernel does.
+
+        A kernel that cannot be found where bubblewrap said it is ends with its whole sandbox.
+        """
+        if not isinstance(self.pid, int):
+            return
+        kernel = find_kernel(self.pid, self._sandbox_info if self.plan is not None else None)
         if kernel is None:
+            end_sandbox(self.pid)
             return
         self._strikes += 1
         if self._strikes == 1:
@@ -218,6 +233,9 @@ class SandboxProvisioner(LocalProvisioner):
         if self._seccomp_fd is not None:
             os.close(self._seccomp_fd)
             self._seccomp_fd = None
+        if self._sandbox_info is not None:
+            self._sandbox_info.close()
+            self._sandbox_info = None
 
     async def _within_user_limit(self, config: Config) -> None:
         """Past gateway.max_kernels_per_user for this owner: end their least recently used idle kernel, or refuse."""
