@@ -322,7 +322,8 @@ def test_past_the_kernels_per_user_limit_their_least_recently_used_idle_kernel_e
         started.append(newest)
         assert not _running(sandboxed.gateway, started[0].kernel_id), "dave's oldest idle kernel made room"
         assert all(_running(sandboxed.gateway, cells.kernel_id) for cells in started[1:])
-        assert _running(sandboxed.gateway, sandboxed.alice.kernel_id) and _running(sandboxed.gateway, sandboxed.bob.kernel_id), "other users' kernels are not counted"
+        others = (sandboxed.alice.kernel_id, sandboxed.bob.kernel_id)
+        assert all(_running(sandboxed.gateway, kernel_id) for kernel_id in others), "other users' kernels are not counted"
     finally:
         for cells in started:
             cells.close()

@@ -122,7 +122,8 @@ def local(tmp_path: Path) -> Iterator[KernelExecutor]:
 def test_a_gateway_kernel_holds_no_descriptor_of_the_gateways(gateway: Gateway, alice: Cells, bob: Cells) -> None:
     bob.run(FDS.format(limit=1 << 20))
     kernel_fds = json.loads((gateway.root / "taskweaver_sessions" / "bob-s" / "fds.json").read_text(encoding="utf-8"))
-    assert _shared(kernel_fds, gateway.pid, own=(gateway.root / "logs" / "bob-s.log",)) == [], "reopened through /proc/self/fd, these are the gateway's own files"
+    shared = _shared(kernel_fds, gateway.pid, own=(gateway.root / "logs" / "bob-s.log",))
+    assert shared == [], "reopened through /proc/self/fd, these are the gateway's own files"
     seen = "\n".join(str(entry[6]) for entry in kernel_fds)
     assert alice.kernel_id not in seen and "alice-stderr-line" not in seen, "the gateway's log, read from bob's cell"
     assert {entry[0] for entry in kernel_fds} >= {0, 1, 2}
@@ -157,7 +158,8 @@ def test_a_gateway_without_a_token_on_loopback_says_so_and_lists_no_kernel(tmp_p
     env["KG_LIST_KERNELS"] = "True"  # the gateway's own default must not bring listing back
     log = tmp_path / "gateway.log"
     with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "taskweaver_lite", "gateway", "-p", str(project), "--port", str(port)], stdout=out, stderr=out, env=env)
+        command = [sys.executable, "-m", "taskweaver_lite", "gateway", "-p", str(project), "--port", str(port)]
+        process = subprocess.Popen(command, stdout=out, stderr=out, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -183,7 +185,10 @@ def test_a_gateway_without_a_token_on_loopback_says_so_and_lists_no_kernel(tmp_p
 
 
 # The kernel takes bubblewrap's name, then leaves a child of the same name writing 10 MB files, 40 of them, five a second.
-WRITER = "import time\nopen('/proc/self/comm', 'w').write('bwrap')\nfor i in range(40):\n    open(f'fill{i}.bin', 'wb').write(bytes(10485760))\n    time.sleep(0.2)\n"
+WRITER = (
+    "import time\nopen('/proc/self/comm', 'w').write('bwrap')\n"
+    "for i in range(40):\n    open(f'fill{i}.bin', 'wb').write(bytes(10485760))\n    time.sleep(0.2)\n"
+)
 RENAMED_WRITER = (
     "import subprocess, sys\n"
     "open('/proc/self/comm', 'w').write('bwrap')\n"

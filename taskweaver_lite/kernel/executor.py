@@ -48,8 +48,8 @@ from taskweaver_lite.kernel.process import (
 from taskweaver_lite.kernel.sandbox import syscall_filter
 from taskweaver_lite.kernel.sandbox.bwrap import SandboxPlan, fallback_notice, kernel_command, session_sandbox, uses_sandbox
 from taskweaver_lite.kernel.sandbox.disk_limit import DiskWatch, Reached, disk_limit_notes, end_children, human
-from taskweaver_lite.kernel.sandbox.kernel_pid import SandboxInfo, end_sandbox, find_kernel
 from taskweaver_lite.kernel.sandbox.hidden_paths import hidden_path_notes
+from taskweaver_lite.kernel.sandbox.kernel_pid import SandboxInfo, end_sandbox, find_kernel
 from taskweaver_lite.kernel.uploads import copy_file
 from taskweaver_lite.records.execution import CellError, ExecutionResult
 from taskweaver_lite.records.plugin_spec import PluginSpec

@@ -21,8 +21,8 @@ from urllib.parse import quote, unquote
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
-from taskweaver_lite.safety.workfiles import open_below
 from taskweaver_lite.records.conversation import Round
+from taskweaver_lite.safety.workfiles import open_below
 from taskweaver_lite.session.session import Session
 
 SCHEME = "taskweaver-lite"

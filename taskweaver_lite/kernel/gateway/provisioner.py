@@ -144,7 +144,9 @@ class SandboxProvisioner(LocalProvisioner):
         hidden = (root, config.project_dir)
         info_fd = self._sandbox_info.fd if self._sandbox_info is not None else None
         self.plan = (
-            session_sandbox(execution, session_dir=cwd, cwd=cwd, socket_dir=socket_dir, hidden=hidden, seccomp_fd=self._seccomp_fd, start_in=root, info_fd=info_fd)
+            session_sandbox(
+                execution, session_dir=cwd, cwd=cwd, socket_dir=socket_dir, hidden=hidden, seccomp_fd=self._seccomp_fd, start_in=root, info_fd=info_fd
+            )
             if uses_sandbox(execution)
             else None
         )
