@@ -318,6 +318,9 @@ class Session:
     def replace_model(self, model: ChatModel) -> None:
         """Call `model` from the next request on, closing the one it replaces (model_choice.py decides which)."""
         previous, self._model.inner = self._model.inner, model
+        for context in self.contexts().values():  # each role's prompts are counted in its new model's tokens
+            fallback = get_tokenizer(context.llm.tokenizer)
+            context.count_with(model.tokenizer(context.role) or fallback, folds=model.tokenizer(f"compression_{context.role}") or fallback)
         previous.close()
 
     def flush_record(self) -> None:
@@ -332,7 +335,8 @@ class Session:
     def save_experience(self) -> list[Tip]:
         """Distil this session into tips with the model and store them; ExperienceError (nothing stored) when that fails."""
         llm = self.config.llm_for(DISTILLER)  # experience.llm over llm
-        tips = distil(self.conversation.rounds, model=self._model, tokenizer=get_tokenizer(llm.tokenizer), llm=llm)
+        tokenizer = self._model.tokenizer(DISTILLER) or get_tokenizer(llm.tokenizer)
+        tips = distil(self.conversation.rounds, model=self._model, tokenizer=tokenizer, llm=llm)
         return self.experience.save(self.id, tips)
 
     def contexts(self) -> dict[str, RoleContext]:
