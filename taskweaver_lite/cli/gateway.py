@@ -27,7 +27,7 @@ def add_gateway_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
 
 def run_gateway(args: argparse.Namespace) -> int:
     """Check the setup, then run the gateway until it is stopped; the exit code."""
-    from taskweaver_lite.cli.chat import project_dir
+    from taskweaver_lite.cli.project import project_dir
     from taskweaver_lite.config.file import load_config
     from taskweaver_lite.errors import ConfigError
 
