@@ -441,6 +441,7 @@ class OpenAIChatModel:
     def close(self) -> None:
         """Release the HTTP connections."""
         self._client.close()
+        self.counter.close()
 
     def _request(self, request: dict[str, Any], on_delta: DeltaSink | None) -> ReplyFields:
         """One HTTP request, its body read within llm.timeout in all; `_Failure` says whether to retry."""

@@ -82,7 +82,8 @@ class ServerTokens:
         self.kind = kind
         self.root = api_base.rstrip("/").removesuffix("/v1")
         self._model = model
-        self._post = post or _http_poster(api_key, local=urlsplit(self.root).hostname in ("127.0.0.1", "localhost"))
+        self._poster = _Poster(api_key, local=urlsplit(self.root).hostname in ("127.0.0.1", "localhost"))
+        self._post = post or self._poster
         self._cached_count = functools.lru_cache(maxsize=COUNT_CACHE_ENTRIES)(self._count)
         self._framing: _Framing | None = None
         self._lock = threading.Lock()
@@ -103,6 +104,10 @@ class ServerTokens:
         if not isinstance(prompt, str):
             raise CountingUnavailable("/apply-template answered without a prompt")
         return self._llama_tokens(prompt, special=True)
+
+    def close(self) -> None:
+        """Release the HTTP connections (a later count opens them again)."""
+        self._poster.close()
 
     def framing(self) -> _Framing:
         """What the chat template adds per message and at the start, measured once with one-word messages."""
@@ -167,17 +172,27 @@ def _msg(role: str) -> dict[str, str]:
     return {"role": role, "content": _PROBE}
 
 
-def _http_poster(api_key: str, *, local: bool) -> Callable[[str, dict[str, Any]], Any]:
+class _Poster:
     """POST JSON with keep-alive connections (a round trip to a local server then costs well under a millisecond)."""
-    import httpx
 
-    client = httpx.Client(timeout=SERVER_TIMEOUT, trust_env=not local, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    def __init__(self, api_key: str, *, local: bool) -> None:
+        self._api_key = api_key
+        self._local = local  # a local address is never proxied
+        self._client: Any = None
+        self._lock = threading.Lock()
 
-    def post(url: str, body: dict[str, Any]) -> Any:
+    def __call__(self, url: str, body: dict[str, Any]) -> Any:
+        import httpx
+
+        with self._lock:
+            if self._client is None:
+                headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+                self._client = httpx.Client(timeout=SERVER_TIMEOUT, trust_env=not self._local, headers=headers)
+            client = self._client
         try:
             response = client.post(url, json=body)
         except httpx.HTTPError as exc:
-            raise CountingUnavailable(f"{type(exc).__name__}") from exc
+            raise CountingUnavailable(type(exc).__name__) from exc
         if response.status_code != 200:
             raise CountingUnavailable(f"HTTP {response.status_code}")
         try:
@@ -185,7 +200,11 @@ def _http_poster(api_key: str, *, local: bool) -> Callable[[str, dict[str, Any]]
         except ValueError as exc:
             raise CountingUnavailable("no JSON") from exc
 
-    return post
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
 
 
 class RatioBook:
@@ -303,6 +322,12 @@ class ModelTokenizer(Tokenizer):
         """The server that counts, when one does."""
         return self._server
 
+    def close(self) -> None:
+        """Release the counting server's connections."""
+        server = self._server
+        if server is not None:
+            server.close()
+
     def use_server(self, server: ServerTokens) -> None:
         """Count by `server` from now on (its kind just became known); with `llm.token_counting` other than auto, nothing changes."""
         with self._lock:
@@ -333,7 +358,7 @@ class ModelTokenizer(Tokenizer):
         base = self.base_count(messages)
         if self._counting == "tokenizer" or base <= 0 or server_tokens <= 0:
             return None
-        counted = self._scaled(base)
+        counted, mode = self.count_messages(messages), self.mode
         seen = server_tokens / base
         with self._lock:
             before = self._ratio
@@ -344,20 +369,19 @@ class ModelTokenizer(Tokenizer):
             self._book.raise_to(self._book_key(), ratio)
         if server_tokens <= allowed:
             return None
-        miss = Miss(server_tokens=server_tokens, counted=counted, allowed=allowed, ratio=ratio)
         _log.warning(
-            "%s: the server counted %s prompt tokens where the budget allowed %s (%s; our count was %s, at %.3f %s tokens per counted one); "
-            "from now on prompts are counted at %.3f, so the next ones shrink",
-            f"{what} on {self.model}",
+            "%s on %s: the server counted %s prompt tokens, over the %s its budget allowed (llm.context_window - max_tokens - llm.margin); "
+            "our count was %s (%s tokens times %.3f). Prompts are counted at %.3f from now on, so the next ones shrink.",
+            what,
+            self.model,
             f"{server_tokens:,}",
             f"{allowed:,}",
-            "llm.context_window - max_tokens - llm.margin",
             f"{counted:,}",
+            mode,
             before,
-            self.model,
             ratio,
         )
-        return miss
+        return Miss(server_tokens=server_tokens, counted=counted, allowed=allowed, ratio=ratio)
 
     def calibration(self) -> dict[str, float]:
         """The ratio measured for this model, to keep with the session ({} before any measurement above 1)."""

@@ -121,7 +121,7 @@ class ScriptedServer:
         model: str | None = None,
         api_key: str | None = None,
         port: int = 0,
-        server_kind: Literal["openai", "llama.cpp"] = "openai",
+        server_kind: Literal["openai", "llama.cpp", "vllm"] = "openai",
         refuses: Sequence[str] = (),
         slots: int = 4,
         forward: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
@@ -135,7 +135,8 @@ class ScriptedServer:
 
         The server counts prompts as a model's tokenizer would: o200k's tokens times `token_ratio` (OpenAI's
         framing of messages; ChatML's for `server_kind="llama.cpp"`, which also answers llama.cpp's `/tokenize`
-        and `/apply-template` by that count). `counts_at`: a real llama.cpp server's root, asked those two instead."""
+        and `/apply-template` by that count, and for `"vllm"`, which answers vLLM's `/tokenize`).
+        `counts_at`: a real llama.cpp server's root, asked those two instead."""
         self.model = model
         self.api_key = api_key
         self.port = port  # 0: any free port; a fixed one plays a local server on its default port
@@ -242,7 +243,7 @@ class ScriptedServer:
 
     def prompt_tokens(self, messages: list[dict[str, Any]]) -> int:
         """A prompt's tokens as this server counts them (its `usage.prompt_tokens`)."""
-        if self.server_kind == "llama.cpp":
+        if self.server_kind in ("llama.cpp", "vllm"):
             return self.tokens(chatml(messages))
         return math.ceil(_o200k_prompt([m for m in messages if isinstance(m, dict)]) * self.token_ratio - 1e-9)
 
@@ -356,6 +357,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.path.rstrip("/") in ("/tokenize", "/apply-template") and scripted.server_kind == "llama.cpp":
             self._count(scripted, self.path.rstrip("/"), body)
+            return
+        if self.path.rstrip("/") == "/tokenize" and scripted.server_kind == "vllm":
+            if self._authorized(scripted):
+                listed = body.get("messages")
+                text = chatml(listed) if isinstance(listed, list) else str(body.get("prompt", ""))
+                count = scripted.tokens(text)
+                self._send_json(200, {"count": count, "max_model_len": 8192, "tokens": list(range(count))})
             return
         raw_messages = body.get("messages")
         messages: list[dict[str, Any]] = raw_messages if isinstance(raw_messages, list) else []
