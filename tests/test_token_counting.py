@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import IdleExecutor, make_project
 
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import Config, LLMConfig
 from taskweaver_lite.llm.client import OpenAIChatModel
 from taskweaver_lite.llm.counting import CAUTIOUS_RATIO, RATIOS_FILE, ModelTokenizer, RatioBook
@@ -22,7 +24,8 @@ from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import ContextSettings, RoleContext
 from taskweaver_lite.records.conversation import RoundMessages
 from taskweaver_lite.records.model_calls import Message
-from taskweaver_lite.testing.scripted_server import ScriptedServer, chatml, summary_reply, text_reply
+from taskweaver_lite.session.workspace import Workspace
+from taskweaver_lite.testing.scripted_server import ScriptedServer, chatml, planner_reply, summary_reply, text_reply
 
 pytestmark = pytest.mark.unit
 
@@ -219,3 +222,33 @@ def test_every_request_folds_included_fits_the_window_by_the_servers_count(kind:
 def test_the_scripted_server_counts_chatml_as_its_template_renders_it() -> None:
     text = chatml([{"role": "system", "content": "a"}, {"role": "user", "content": "b"}])
     assert text == "<|im_start|>system\na<|im_end|>\n<|im_start|>user\nb<|im_end|>\n<|im_start|>assistant\n"
+
+
+# --- kept with the session and across sessions ------------------------------------------------------
+
+
+def test_a_sessions_measured_ratio_is_kept_with_it_and_in_the_state_folder_for_the_next(tmp_path: Path) -> None:
+    with ScriptedServer(token_ratio=1.4) as server:
+        server.set_default("planner", planner_reply("Hello.", send_to="User"))
+        project = make_project(tmp_path, server.url)
+        with Workspace(load_config(project)) as workspace:
+            session = workspace.new_session(executor=IdleExecutor)
+            try:
+                assert session.ask("hi").state == "finished"
+                assert [round(r, 2) for r in session.token_ratios().values()] == [1.4]
+            finally:
+                session.close()
+        kept = project / RATIOS_FILE
+        assert [round(r, 2) for r in json.loads(kept.read_text()).values()] == [1.4], "later sessions start from it"
+        kept.unlink()  # another machine: only the session's own record has it
+        with Workspace(load_config(project)) as workspace:
+            fresh = workspace.new_session(executor=IdleExecutor)
+            resumed, _ = workspace.resume_session(session.id, executor=IdleExecutor)
+            try:
+                fresh_counter = fresh.contexts()["planner"].tokenizer
+                assert isinstance(fresh_counter, ModelTokenizer) and fresh_counter.ratio == CAUTIOUS_RATIO, "a new session has nothing kept"
+                resumed_counter = resumed.contexts()["planner"].tokenizer
+                assert isinstance(resumed_counter, ModelTokenizer) and round(resumed_counter.ratio, 2) == 1.4
+            finally:
+                fresh.close()
+                resumed.close()

@@ -299,6 +299,11 @@ class RoleContext:
         """The tokenizer every count of this role's prompts is made with."""
         return self._tokenizer
 
+    @property
+    def fold_tokenizer(self) -> Tokenizer:
+        """The tokenizer this role's fold calls are counted with (the round compressor's model's)."""
+        return self._fold_tokenizer
+
     def count_with(self, tokenizer: Tokenizer, *, folds: Tokenizer | None = None) -> None:
         """Count this role's prompts with `tokenizer` from the next one on (its model changed), its folds with `folds`."""
         self._tokenizer = tokenizer
