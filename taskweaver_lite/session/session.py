@@ -55,8 +55,8 @@ from taskweaver_lite.store.interface import INTERRUPTED_ERROR, SessionClaim, Sto
 from taskweaver_lite.store.recorder import StoreRecorder
 from taskweaver_lite.telemetry import tracing
 
-CANCELLED_ERROR = "Cancelled by the user."
-TOKEN_RATIOS = "@token_ratios"  # where a session's measured token ratios are kept beside its roles' summaries (no role has this key)  # a failed round's error after Ctrl-C or Stop
+CANCELLED_ERROR = "Cancelled by the user."  # a failed round's error after Ctrl-C or Stop
+TOKEN_RATIOS = "@token_ratios"  # where a session's measured token ratios are kept beside its roles' summaries (no role has this key)
 
 
 def numbered(requests: list[str]) -> str:
