@@ -110,10 +110,10 @@ SITS_ON: dict[str, tuple[str, ...]] = {
     "session": ("roles", "store"),
     "__init__": ("session",),  # the public names (imported on first use) and the version
     "eval": ("__init__",),  # its report names the version
-    "web": ("__init__",),
     "mcp": ("__init__",),  # this agent as an MCP server (the MCP client the kernel runs is kernel/mcp/client.py)
+    "web": ("mcp",),  # serve answers MCP at /mcp with the same tools
     "testing": ("eval", "web"),
-    "cli": ("testing", "mcp"),
+    "cli": ("testing",),
     "__main__": ("cli",),
     "plugin": ("kernel",),  # what plugin files import
     "role": ("roles",),  # what role files import
