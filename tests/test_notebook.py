@@ -8,6 +8,7 @@ over jupyter_client to read the execute reply's `set_next_input` payload.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -88,8 +89,8 @@ def interrupt_when(client: nbclient.NotebookClient, marker: Path) -> threading.T
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.3)  # well inside time.sleep(60)
-        assert client.km is not None
-        run_sync(client.km.interrupt_kernel)()
+        manager: Any = client.km  # nbclient's is an AsyncKernelManager: its interrupt on a loop of this thread's own, closed after
+        asyncio.run(manager.interrupt_kernel())
 
     thread = threading.Thread(target=press, daemon=True)
     thread.start()
@@ -134,22 +135,25 @@ def test_ask_uses_the_analysts_dataframe_keeps_its_result_survives_the_stop_butt
     again = run_cell(client, notebook, "%ask double the total")
     assert "120" in outputs_text(again) and "Doubled, that is 120." in markdown_of(again), "the session answers after the stop"
 
-    assert client.km is not None and client.kc is not None
-    run_sync(client.km.restart_kernel)(now=False)
-    run_sync(client.kc.wait_for_ready)(timeout=60)
+    manager: Any = client.km  # nbclient's async manager and client
+    kernel_client: Any = client.kc
+    run_sync(manager.restart_kernel)(now=False)
+    run_sync(kernel_client.wait_for_ready)(timeout=60)
     history = run_cell(client, notebook, "%load_ext taskweaver_lite\n%ask_history")
     listed = outputs_text(history)
     assert "3 requests" in listed
     assert "1. What do the units in df add up to? Keep the total as total_units. -> The units add up to **60**" in listed
     assert "2. Take your time with this one. -> failed: Cancelled by the user." in listed
     assert "3. double the total -> Doubled, that is 120." in listed
-    assert outputs_text(run_cell(client, notebook, "print('total_units' in dir())")).strip() == "False", "variables are the notebook's: none replayed"
 
+    run_cell(client, notebook, ANALYST_CELL)  # the analyst brings df back, as after any restart
     server.enqueue("planner", planner_reply("You asked three things; the total was 60.", send_to="User"))
     resumed = run_cell(client, notebook, "%ask what did I ask so far?")
     assert "3 earlier requests" in outputs_text(resumed), "the restarted kernel's first request goes on with the stored session"
     summary_prompt = "\n".join(str(m["content"]) for m in server.requests[-1].messages)
     assert "What do the units in df add up to?" in summary_prompt, "the earlier rounds are in the Planner's prompt again"
+    replayed = run_cell(client, notebook, "print('total_units' in dir())")
+    assert outputs_text(replayed).strip() == "False", "variables are the notebook's business: no earlier cell is replayed into the kernel"
 
 
 @pytest.fixture
@@ -168,16 +172,33 @@ def kernel(folders: tuple[Path, dict[str, str]]) -> Iterator[Any]:
         manager.shutdown_kernel(now=True)
 
 
-def execute(client: Any, code: str) -> tuple[dict[str, Any], str]:
-    """Run `code`; its execute reply's content and what it printed."""
+def execute(client: Any, code: str, *, shown: list[dict[str, Any]] | None = None) -> tuple[dict[str, Any], str]:
+    """Run `code`; its execute reply's content and what it printed (its displays and results go to `shown`)."""
     printed: list[str] = []
 
     def hook(msg: dict[str, Any]) -> None:
         if msg["msg_type"] == "stream":
             printed.append(msg["content"]["text"])
+        elif shown is not None and msg["msg_type"] in ("display_data", "execute_result"):
+            shown.append({"type": msg["msg_type"], **msg["content"]})
 
     reply = client.execute_interactive(code, timeout=90, output_hook=hook)
     return reply["content"], "".join(printed)
+
+
+def test_tables_show_as_tables_and_plots_inline_and_the_plot_is_kept(kernel: Any, server: ScriptedServer) -> None:
+    execute(kernel, ANALYST_CELL)
+    server.enqueue("planner", planner_reply("Plot units by region, then show df."))
+    server.enqueue("code_generator", code_reply("import matplotlib.pyplot as plt\nplt.bar(df['region'], df['units'])\nplt.show()\ndf"))
+    server.enqueue("planner", planner_reply("Plotted.", send_to="User"))
+    shown: list[dict[str, Any]] = []
+    execute(kernel, "%ask plot the units", shown=shown)
+    assert any(item["type"] == "display_data" and "image/png" in item["data"] for item in shown), "the plot shows inline"
+    [table] = [item for item in shown if item["type"] == "execute_result"]
+    assert "<table" in table["data"]["text/html"], "the frame shows as the notebook's own HTML table"
+    report = str(server.requests[-1].messages[-1]["content"])
+    assert "Artifacts saved:" in report and "cell-0001-1.png" in report, "the plot is kept as an artifact and the Planner hears of it"
+    assert "north" in report, "the table's text is in what the Planner reads"
 
 
 def next_input(reply: dict[str, Any]) -> str:

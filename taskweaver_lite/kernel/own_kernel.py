@@ -277,4 +277,3 @@ def _error_content(error: BaseException) -> dict[str, Any]:
         tb = tb.tb_next  # IPython's frames above the cell's code say nothing about it
     lines = traceback.format_exception(type(error), error, tb)
     return {"ename": type(error).__name__, "evalue": str(error), "traceback": ["".join(lines).rstrip()]}
-
