@@ -111,10 +111,10 @@ SITS_ON: dict[str, tuple[str, ...]] = {
     "notebook": ("session",),  # `%%ask` in a notebook's own kernel: the magics, the notebook's session, its cell's view
     "__init__": ("session", "notebook"),  # the public names (imported on first use), the version, `%load_ext taskweaver_lite`
     "eval": ("__init__",),  # its report names the version
-    "web": ("__init__",),
     "mcp": ("__init__",),  # this agent as an MCP server (the MCP client the kernel runs is kernel/mcp/client.py)
+    "web": ("mcp",),  # serve answers MCP at /mcp with the same tools
     "testing": ("eval", "web"),
-    "cli": ("testing", "mcp"),
+    "cli": ("testing",),
     "__main__": ("cli",),
     "plugin": ("kernel",),  # what plugin files import
     "role": ("roles",),  # what role files import
