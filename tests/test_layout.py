@@ -112,8 +112,9 @@ SITS_ON: dict[str, tuple[str, ...]] = {
     "eval": ("__init__",),  # its report names the version
     "web": ("__init__",),
     "mcp": ("__init__",),  # this agent as an MCP server (the MCP client the kernel runs is kernel/mcp/client.py)
+    "acp": ("__init__",),  # this agent for editors over the Agent Client Protocol
     "testing": ("eval", "web"),
-    "cli": ("testing", "mcp"),
+    "cli": ("testing", "mcp", "acp"),
     "__main__": ("cli",),
     "plugin": ("kernel",),  # what plugin files import
     "role": ("roles",),  # what role files import
