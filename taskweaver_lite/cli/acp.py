@@ -11,7 +11,7 @@ import argparse
 import asyncio
 import sys
 
-from taskweaver_lite.cli.chat import project_dir
+from taskweaver_lite.cli.project import project_dir
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.safety.terminal import strip_controls
