@@ -144,7 +144,7 @@ class Editor:
 async def agent(project: Path, editor: Editor, *options: str) -> AsyncIterator[ClientSideConnection]:
     """The SDK's client with `taskweaver-lite acp -p PROJECT [OPTIONS]` as its agent process, initialized."""
     command = [sys.executable, "-m", "taskweaver_lite", "acp", "-p", str(project), *options]
-    async with spawn_agent_process(editor, *command, env=cli_env()) as (conn, _process):  # type: ignore[arg-type]
+    async with spawn_agent_process(editor, *command, env=cli_env(), transport_kwargs={"stderr": None}) as (conn, _process):  # type: ignore[arg-type]
         reply = await asyncio.wait_for(conn.initialize(protocol_version=PROTOCOL_VERSION), WAIT)
         assert reply.agent_capabilities is not None and reply.agent_capabilities.load_session
         yield conn
@@ -206,9 +206,9 @@ def test_an_editor_asks_twice_sees_cells_plan_and_plot_reads_its_folder_and_canc
 
             editor.clear()
             prompt = asyncio.ensure_future(ask(conn, session_id, "sleep now"))
-            await wait_for_output(editor, "sleeping")
+            await wait_for_output(editor, "\nsleeping\n")  # the output, not the code
             await conn.cancel(session_id=session_id)
-            assert await asyncio.wait_for(prompt, 30) == "cancelled"
+            assert await asyncio.wait_for(prompt, 20) == "cancelled"  # within seconds, not at the cell's 30 s timeout
             assert editor.of(ToolCallProgress)[-1].status == "failed"
 
             editor.clear()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import mimetypes
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -85,6 +86,8 @@ class TurnUpdates:
         self._code = ""
         self._printed = ""
         self._last_print = 0.0
+        self._print_lock = threading.Lock()  # the turn's thread and the timer that sends a burst's end
+        self._print_timer: threading.Timer | None = None
 
     def listen(self, event: Event) -> None:
         """Turn one session event into the updates it means (most mean none)."""
@@ -149,7 +152,7 @@ class TurnUpdates:
         self._streamed = text
 
     def _open_cell(self, code: str, *, status: ToolCallStatus) -> None:
-        self.cell, self._code, self._printed = f"cell-{uuid.uuid4().hex[:12]}", code, ""
+        self.cell, self._code, self._printed, self._last_print = f"cell-{uuid.uuid4().hex[:12]}", code, "", 0.0
         start = start_tool_call(self.cell, title(self._step, code), kind="execute", status=status, content=[code_content(code)], raw_input={"code": code})
         self._send(start)
 
@@ -158,24 +161,43 @@ class TurnUpdates:
             self._open_cell(code, status="in_progress")
         else:
             self._send(update_tool_call(self.cell, status="in_progress"))
-        self._last_print = time.monotonic()
 
     def _cell_printed(self, text: str) -> None:
-        if self.cell is None:
-            return
-        self._printed += text
-        now = time.monotonic()
-        if now - self._last_print >= PRINT_INTERVAL:
-            self._last_print = now
-            live = self._printed[-LIVE_PRINT_CHARS:]
-            self._send(update_tool_call(self.cell, content=[code_content(self._code), tool_content(text_block(fenced(live)))]))
+        """What a running cell printed: sent at once, then at most every PRINT_INTERVAL (a timer sends what a burst left)."""
+        with self._print_lock:
+            if self.cell is None:
+                return
+            self._printed += text
+            wait = self._last_print + PRINT_INTERVAL - time.monotonic()
+            if wait <= 0:
+                self._send_printed()
+            elif self._print_timer is None:
+                self._print_timer = threading.Timer(wait, self._send_late)
+                self._print_timer.daemon = True
+                self._print_timer.start()
+
+    def _send_late(self) -> None:
+        with self._print_lock:
+            self._print_timer = None
+            if self.cell is not None and self._printed:
+                self._send_printed()
+
+    def _send_printed(self) -> None:
+        assert self.cell is not None
+        self._last_print = time.monotonic()
+        live = self._printed[-LIVE_PRINT_CHARS:]
+        self._send(update_tool_call(self.cell, content=[code_content(self._code), tool_content(text_block(fenced(live)))]))
 
     def _cell_ended(self, result: ExecutionResult) -> None:
-        if self.cell is None or result.code != self._code:
-            self._open_cell(result.code, status="in_progress")
-        assert self.cell is not None
-        self._send(finished_cell(self.cell, result))
-        self.cell = None
+        with self._print_lock:  # a late print update must not follow the cell's end
+            if self._print_timer is not None:
+                self._print_timer.cancel()
+                self._print_timer = None
+            if self.cell is None or result.code != self._code:
+                self._open_cell(result.code, status="in_progress")
+            assert self.cell is not None
+            self._send(finished_cell(self.cell, result))
+            self.cell = None
 
 
 def finished_cell(call_id: str, result: ExecutionResult) -> ToolCallProgress:
