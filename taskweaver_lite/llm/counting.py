@@ -7,9 +7,9 @@ How it counts (`llm.token_counting`):
   llama.cpp's server (`/tokenize`; the chat template's tokens from `/apply-template`) and vLLM
   (`/tokenize`, which applies the template itself). The server's kind is found as the prompt cache
   finds it (`llm.server_kind`, local discovery, a reply with llama.cpp's `timings`), and a server of
-  unknown kind is asked `GET /props` once. Each distinct text is counted once and remembered, and
-  the template's tokens per message are measured once, so a prompt costs a round trip per text it
-  has not shown before, never one per message. Elsewhere: OpenAI's models by `llm.tokenizer`
+  unknown kind is asked `GET /props` once. Each message is counted where the chat template puts it,
+  once, and remembered, so a prompt costs a round trip per message it has not shown before, and a
+  prompt's count is its server's to the token. Elsewhere: OpenAI's models by `llm.tokenizer`
   (o200k_base), any other model by `llm.tokenizer` times a ratio calibrated on the server's replies.
 - `calibrated`: never ask the server for counts; `llm.tokenizer` times the calibrated ratio.
 - `tokenizer`: `llm.tokenizer` alone, as the server counted it (for those who know it does).
@@ -17,8 +17,8 @@ How it counts (`llm.token_counting`):
 Calibration: every reply's `usage.prompt_tokens` is set against our own count of that request. The
 counts follow the worst ratio seen for the model (never under 1), kept with the session and in the
 state folder for later sessions (`token_ratios.json`); a model that is not OpenAI's and was never
-measured starts from `CAUTIOUS_RATIO`. A server's exact count is calibrated the same way, from 1:
-what the template adds between messages is measured, not assumed.
+measured starts from `CAUTIOUS_RATIO`. A server's exact count is checked the same way, from 1: a
+template that does more than put each message in its place shows in the replies.
 
 Nothing hides a miss: a request the server counted larger than our budget allowed
 (`llm.context_window - max_tokens - llm.margin`) is one warning with the figures, and since the ratio
@@ -79,9 +79,10 @@ class ServerTokens:
     A message is counted where the template puts it: between a one-word system message and a one-word
     request, less their own count (the first message of a prompt: before the request alone, so its
     template's start and the reply priming are its). Where messages meet only template text meets, so
-    a prompt's count (which always ends with a request) is the sum of its messages'. llama.cpp renders its template once per role, with a placeholder where the content
-    goes; a message is then one `/tokenize` of that rendering with its content in place (one
-    `/apply-template` more each where the template does not put content in verbatim).
+    a prompt's count (which always ends with a request) is the sum of its messages'. llama.cpp renders
+    its template once per role, with a placeholder where the content goes; a message is then one
+    `/tokenize` of that rendering with its content in place (one `/apply-template` more each where the
+    template does not put content in verbatim).
 
     Safe to use from several threads; counts are remembered (bounded as `Tokenizer`'s are).
     """
