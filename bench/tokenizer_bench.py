@@ -2,7 +2,8 @@
 
 SmolLM2-135M-Instruct on llama.cpp's own server (`.ci/llama-server.sh`, `.ci/smollm2.sh`) counts. The
 long scripted session of the soak (`tests/soak_session.py`: real Session, kernel and openai client,
-folds at (1, 1), an 8k window) runs three times against the scripted server, whose replies report the
+an 8k window, a quarter of it for replies, rounds folded once the unfolded ones pass 90% of the budget,
+so that prompts fill it) runs three times against the scripted server, whose replies report the
 real server's count of each request as their usage and which passes llama.cpp's `/tokenize` and
 `/apply-template` on to it:
 
@@ -67,7 +68,13 @@ def run(server: LlamaServer, mode: str, rounds: int) -> dict[str, Any]:
                 Path(root),
                 rounds=rounds,
                 window=WINDOW,
-                settings={"llm": {"token_counting": mode, "model": "smollm2"}},
+                settings={
+                    "llm": {"token_counting": mode, "model": "smollm2", "reply_reserve": None},
+                    # Rounds fold once the unfolded ones pass 90% of the budget: prompts fill it, folds still come.
+                    "planner": {"fold_schedule": "pressure"},
+                    "code_generator": {"fold_schedule": "pressure"},
+                    "round_compressor": {"fold_token_trigger": 0.9},
+                },
                 server_options={"server_kind": "llama.cpp", "counts_at": server.base},
             )
     finally:
