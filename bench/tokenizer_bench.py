@@ -83,8 +83,9 @@ def run(server: LlamaServer, mode: str, rounds: int) -> dict[str, Any]:
     return {"counted": counted, "shares": shares, "failed": len(done.failed_rounds), "requests": done.requests}
 
 
-def cost(server: LlamaServer, requests: Any) -> tuple[float, float, float]:
-    """Milliseconds per request to count the session's prompts in order by the server (texts remembered) and by o200k; round trips per request."""
+def cost(server: LlamaServer, requests: Any) -> dict[str, float]:
+    """Per request, counting the session's prompts in order (texts remembered) by the server and by o200k:
+    milliseconds of wall time and of this thread's CPU, and the server's round trips."""
     o200k = get_tokenizer("o200k_base")
     fresh_o200k = type(o200k)(o200k.name, backend=o200k._bpe)  # its own cache, empty, as a new session's
     tokens = ServerTokens("llama.cpp", api_base=f"{server.base}/v1", api_key="", model="smollm2")
@@ -92,12 +93,13 @@ def cost(server: LlamaServer, requests: Any) -> tuple[float, float, float]:
     exact.use_server(tokens)
     timings = {}
     for name, counter in (("server", exact), ("o200k", fresh_o200k)):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         for request in requests:
             counter.count_messages(cast("list[Message]", request.messages))
         timings[name] = (time.perf_counter() - started) / len(requests) * 1000
+        timings[f"{name} cpu"] = (time.thread_time() - cpu) / len(requests) * 1000
     exact.close()
-    return timings["server"], timings["o200k"], tokens.requests / len(requests)
+    return {**timings, "trips": tokens.requests / len(requests)}
 
 
 def main() -> None:
@@ -117,10 +119,11 @@ def main() -> None:
             shares = result["shares"]
             over = sum(1 for share in shares if share > 1.0)
             print(f"{LABELS[mode]:<26}{len(shares):>9}{statistics.fmean(ratios):>20.3f}{max(ratios):>8.3f}{max(shares):>17.3f}{over:>13}{result['failed']:>15}")
-        served_ms, o200k_ms, trips = cost(server, results["auto"]["requests"])
+        spent = cost(server, results["auto"]["requests"])
         print(
-            f"\ncounting a prompt, in the session's order: {served_ms:.2f} ms by the server's tokenizer against {o200k_ms:.2f} ms by o200k "
-            f"({served_ms / max(o200k_ms, 1e-9):.1f}x), {trips:.1f} round trips to the server per request"
+            f"\ncounting a prompt, in the session's order: {spent['server']:.2f} ms by the server's tokenizer against {spent['o200k']:.2f} ms "
+            f"by o200k ({spent['server'] / max(spent['o200k'], 1e-9):.1f}x), {spent['trips']:.1f} round trips to the server per request; "
+            f"CPU of ours {spent['server cpu']:.2f} ms against {spent['o200k cpu']:.2f} ms"
         )
         assert max(results["auto"]["shares"]) <= 1.0, "a request over the window with the new counting"
 
