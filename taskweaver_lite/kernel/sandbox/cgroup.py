@@ -1,7 +1,7 @@
 """A kernel's own cgroup: its memory counted over all its processes, its share of the CPU, its processes.
 
-Each kernel gets a cgroup of its own, `<this program's cgroup>/taskweaver-lite/<kernel>`, which the
-limits launcher (limits.py) joins before bubblewrap starts: every process of the kernel, its
+Each kernel gets a cgroup of its own, `taskweaver-lite-<pid>-<random>` beside this program's (in
+it, on cgroup v2), which the limits launcher (limits.py) joins before bubblewrap starts: every process of the kernel, its
 `/tmp` and `/dev/shm` pages included, is counted in it from its first instruction, and none can
 leave it (moving a process needs write access to the cgroup folders, which the sandbox never has).
 
@@ -9,7 +9,9 @@ leave it (moving a process needs write access to the cgroup folders, which the s
   the kernel's out-of-memory killer (a cell's worker, usually, not the kernel), and the cell says
   so, naming the setting. Swap is not a way around it.
 - `execution.cpu_limit` (cores) caps its CPU time. Without it the kernel is still one group to the
-  scheduler: one kernel's many busy processes get one kernel's share, not one share each.
+  scheduler: one kernel's many busy processes get one kernel's share, not one share each. Kernels'
+  groups sit directly in this program's cgroup, not in a group of their own: together they never
+  get less than their number of shares.
 - `execution.max_processes` caps its processes and threads (beside the per-uid `RLIMIT_NPROC`).
 
 Where a cgroup can be made: as root, on cgroup v1 (a hierarchy per controller, as on many container
@@ -36,10 +38,10 @@ from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.kernel.sandbox.disk_limit import human
 
 ROOT = Path("/sys/fs/cgroup")
-GROUP = "taskweaver-lite"  # below this program's own cgroup: its kernels' cgroups
+PREFIX = "taskweaver-lite-"  # a kernel's cgroup, beside this program's own: taskweaver-lite-<our pid>-<random>
 PROGRAM_LEAF = "taskweaver-lite-program"  # v2, as an ordinary user: where this program moves to hand controllers down
 PERIOD = 100_000  # microseconds of the CPU quota's period
-_KERNEL_NAME = re.compile(r"(\d+)-[0-9a-f]+")
+_KERNEL_NAME = re.compile(r"taskweaver-lite-(\d+)-[0-9a-f]+")
 
 
 class NoCgroup(Exception):
@@ -119,7 +121,8 @@ def _write(path: Path, value: str) -> None:
 
 
 def _new_folder(group: Path, folder: Path) -> None:
-    group.mkdir(parents=True, exist_ok=True)
+    if not group.is_dir():
+        raise FileNotFoundError(2, "this program's cgroup is not there", str(group))
     folder.mkdir()
 
 
@@ -147,7 +150,7 @@ def own_cgroups(text: str | None = None) -> dict[str, str]:
 
 
 def _new_name() -> str:
-    return f"{os.getpid()}-{secrets.token_hex(4)}"
+    return f"{PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def _remove_stale(group: Path) -> None:
@@ -207,7 +210,7 @@ def _make_v1(caps: Caps, *, root: Path, own: dict[str, str]) -> KernelCgroup:
                 with contextlib.suppress(OSError):
                     folder.rmdir()
             raise NoCgroup(f"cgroup v1 has no {controller} hierarchy at {hierarchy}")
-        group = hierarchy / own.get(controller, "/").lstrip("/") / GROUP
+        group = hierarchy / own.get(controller, "/").lstrip("/")
         folder = group / name
         with _or_none(folders, f"no cgroup can be made in {group}"):
             _new_folder(group, folder)
@@ -252,14 +255,9 @@ def _make_v2(caps: Caps, *, root: Path, own: str) -> KernelCgroup:
             _hand_down(mine)
         except OSError as again:
             raise NoCgroup(f"{mine} holds other processes, so it cannot hand controllers down ({again.strerror})") from None
-    group, name = mine / GROUP, _new_name()
-    folder = group / name
+    folder = mine / _new_name()
+    _remove_stale(mine)
     with _or_none([], f"no cgroup can be made in {mine}"):
-        group.mkdir(exist_ok=True)
-    with _or_none([], f"{group} cannot hand controllers down"):
-        _hand_down(group)
-    _remove_stale(group)
-    with _or_none([], f"no cgroup can be made in {group}"):
         folder.mkdir()
     values = [
         ("memory.max", str(caps.memory) if caps.memory is not None else "max"),
