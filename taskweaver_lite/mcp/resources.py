@@ -85,12 +85,17 @@ def artifact_links(session: Session, rnd: Round) -> list[types.ResourceLink]:
 
 def read_resource(uri: str, sessions: Mapping[str, Session], *, stored: Callable[[str], Path | None]) -> types.ReadResourceResult:
     """The contents of the file `uri` names: of a session open here, or of a stored one (`stored` finds its folder)."""
-    session_id, kind, name = _parts(uri)
+    session_id, kind, name = resource_parts(uri)
     session = sessions.get(session_id)
     folder = session.working_dir.parent if session is not None else stored(session_id)
     if folder is None:
         raise _not_found(uri, f"no session {session_id!r} in this project")
     data = _read(uri, folder / _FOLDERS[kind], name, what=f"session {session_id} has no file {name!r} in its {kind}")
+    return resource_contents(uri, name, data)
+
+
+def resource_contents(uri: str, name: str, data: bytes) -> types.ReadResourceResult:
+    """The bytes of the file `name` as the resource `uri`: text when its type is text and it decodes, else base64."""
     kind_of = mime_type(name)
     if kind_of.startswith("text/") or kind_of in ("application/json", "image/svg+xml"):
         try:
@@ -116,7 +121,7 @@ def _read(uri: str, folder: Path, name: str, *, what: str) -> bytes:
         return file.read(MAX_RESOURCE_BYTES + 1)[:MAX_RESOURCE_BYTES]
 
 
-def _parts(uri: str) -> tuple[str, str, str]:
+def resource_parts(uri: str) -> tuple[str, str, str]:
     """(session id, kind, file name) of one of our addresses; a protocol error naming the expected shape otherwise."""
     prefix = f"{SCHEME}://session/"
     parts = uri.removeprefix(prefix).split("/") if uri.startswith(prefix) else []
