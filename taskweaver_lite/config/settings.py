@@ -347,9 +347,15 @@ class ExecutionConfig(_Section):
     sandbox: Literal["none", "bubblewrap", "auto"] = Field("auto", description="run the local kernel inside bubblewrap (auto: where bwrap is installed)")
     network: bool = Field(False, description="let the sandboxed kernel reach the network")
     memory_limit: int | str | None = Field(
-        "50%", description="address space each kernel process may use: bytes, '4GB', '512MB', or a share of this machine's memory ('50%'); null: none"
+        "50%",
+        description="memory the kernel may use, all its processes together where it has a cgroup (each process's address space too): "
+        "bytes, '4GB', '512MB', or a share of this machine's memory ('50%'); null: none",
     )
-    max_processes: int = Field(256, ge=8, description="processes and threads the sandboxed kernel may run at once")
+    cpu_limit: float | None = Field(None, gt=0, description="CPU cores the kernel may use, all its processes together (needs its cgroup); null: no cap")
+    max_processes: int = Field(256, ge=8, description="processes and threads the kernel may run at once (in its cgroup; per uid in the sandbox)")
+    cgroup: Literal["auto", "off"] = Field(
+        "auto", description="give each kernel a cgroup of its own where this program may make one (root, or a delegated cgroup v2); off: never"
+    )
     confirm: bool = Field(False, description="show each cell and wait for run / edit / skip (interactive chat only)")
     kernel: str | None = Field(
         None,
@@ -848,6 +854,8 @@ _LOCAL_ONLY = {
     "network": "it opens the local sandbox's network",
     "memory_limit": "limits are set on a kernel started on this machine",
     "max_processes": "limits are set on a kernel started on this machine",
+    "cpu_limit": "limits are set on a kernel started on this machine",
+    "cgroup": "a cgroup holds a kernel started on this machine",
     "disk_limit": "the limit is kept on a kernel started on this machine; a gateway's disk is the gateway's to limit",
 }
 
