@@ -236,7 +236,7 @@ def _tapped(shell: InteractiveShell, output: CellOutput, on_output: OutputSink |
     sys.stdout, sys.stderr = _Tee(sys.stdout, "stdout", output, on_output), _Tee(sys.stderr, "stderr", output, on_output)
     publisher.publish = published  # type: ignore[method-assign]
     hook.write_format_data = formatted  # type: ignore[method-assign]
-    shell._showtraceback = traceback_shown  # type: ignore[method-assign]
+    shell._showtraceback = traceback_shown  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
