@@ -232,8 +232,8 @@ def test_a_bad_option_and_an_unreachable_model_are_one_line_each(kernel: Any, se
     execute(kernel, "%load_ext taskweaver_lite")
     reply, _ = execute(kernel, "%%ask --sett x=1\nhello")
     assert reply["status"] == "error" and reply["traceback"] == [
-        "taskweaver-lite: unexpected '--sett' after %%ask: the options are --set KEY=VALUE and --insert; the request goes below. "
-        "Usage: %%ask [--set KEY=VALUE]... [--insert], then the request on the lines below (or %ask ... the request, on one line)"
+        "taskweaver-lite: unknown option '--sett': the options are --set KEY=VALUE and --insert. "
+        "Usage: %%ask [--set KEY=VALUE]... [--insert], then the request on the lines below (or %ask [options] the request, on one line)"
     ]
     reply, _ = execute(kernel, "%ask --set llm.api_base=http://127.0.0.1:9/v1 --set llm.max_retries=0 hello")
     [line] = reply["traceback"]

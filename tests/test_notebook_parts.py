@@ -21,6 +21,7 @@ def test_the_cell_is_the_request_and_the_line_holds_the_options() -> None:
     )
     assert parse_ask("--set 'llm.model=big model' sum units") == AskOptions(request="sum units", overrides=("llm.model=big model",))
     assert parse_ask("  what is --insert for?") == AskOptions(request="what is --insert for?"), "options only lead the line"
+    assert parse_ask("--insert Plot units", "by region") == AskOptions(request="Plot units\nby region", insert=True), "the first line may begin the request"
 
 
 @pytest.mark.parametrize(
@@ -28,7 +29,7 @@ def test_the_cell_is_the_request_and_the_line_holds_the_options() -> None:
     [
         ("", "  \n", "no request"),
         ("--insert", None, "no request"),
-        ("--sett x=1", "hello", "unexpected '--sett' after %%ask"),
+        ("--sett x=1", "hello", "unknown option '--sett'"),
         ("--frobnicate hello", None, "unknown option '--frobnicate'"),
         ("--set llm.model", "hello", "--set llm.model: expected KEY=VALUE"),
     ],
