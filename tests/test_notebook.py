@@ -24,6 +24,7 @@ from jupyter_client.manager import KernelManager
 from nbclient.util import run_sync
 from nbformat import NotebookNode
 
+from taskweaver_lite.kernel.executor import close_thread_loop
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 
 pytestmark = pytest.mark.kernel
@@ -260,6 +261,7 @@ def test_a_step_past_its_timeout_is_stopped_and_the_stop_button_stops_a_model_ca
             time.sleep(0.05)
         time.sleep(0.3)
         kernel.parent.interrupt_kernel()  # the stop button, while the Planner's reply is on its way
+        close_thread_loop()  # the loop jupyter_client's blocking call opened for this thread
 
     presser = threading.Thread(target=press, daemon=True)
     presser.start()
