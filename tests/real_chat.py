@@ -1,0 +1,109 @@
+"""A chat with a real model on the bundled sample data, measured: repair turns, requests failed on their
+format, cells run. The `real` tier (tests/test_real_chat.py) and bench/structured_bench.py both run it.
+
+The project is the bundled one (`project/`, its plugins and `sample_data/sales.csv`), pointed at a
+llama-server, with `llm.structured` as asked. Replies are capped (`llm.reply_reserve`) and a request
+may delegate a few steps only, so that three requests on two shared cores take minutes, not an hour.
+The model's sampling is the server's: seeded there (`--seed`) the chat is the same on every run on
+one machine.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.config.settings import Config
+from taskweaver_lite.records.conversation import Round
+from taskweaver_lite.records.events import Event, Working
+from taskweaver_lite.session.assembly import open_session
+from taskweaver_lite.testing.llama_server import LlamaServer
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = "sales.csv"
+REQUESTS = (
+    "Load sales.csv and tell me the total revenue.",
+    "How many rows does sales.csv have?",
+    "Which region has the highest profit?",
+)
+FORMAT_FAILURE = "kept answering in a broken format"  # a round failed because its replies could not be read
+REPLY_TOKENS = 384  # the most a reply may take: a Planner reply needs about 120, a short cell about 200
+HOPS = 3  # steps the Planner may delegate per request
+
+
+@dataclass
+class ChatOutcome:
+    """What a chat of requests came to: per request, and in all."""
+
+    session_id: str
+    config: Config
+    rounds: list[Round] = field(default_factory=list)
+    repair_turns: int = 0
+    seconds: float = 0.0
+
+    @property
+    def format_failures(self) -> list[Round]:
+        """Requests that failed because the model kept breaking the reply format."""
+        return [r for r in self.rounds if r.state == "failed" and FORMAT_FAILURE in (r.error or "")]
+
+    @property
+    def other_failures(self) -> list[Round]:
+        """Requests that failed for another reason (a model call, the hop limit...)."""
+        return [r for r in self.rounds if r.state == "failed" and FORMAT_FAILURE not in (r.error or "")]
+
+    @property
+    def cells(self) -> int:
+        """Cells that reached the kernel (ran, whatever they printed or raised)."""
+        return sum(1 for r in self.rounds for post in r.posts if post.code is not None and post.execution is not None)
+
+
+def sample_project(root: Path, server: LlamaServer, *, structured: str, examples: bool = True, settings: dict[str, Any] | None = None) -> Path:
+    """The bundled project under `root`, its model the one `server` serves; `examples=False` leaves out the few-shot transcripts."""
+    project = root / "project"
+    shutil.copytree(REPO / "project", project, ignore=shutil.ignore_patterns("sessions", "*.db*", ".chat_history"))
+    if not examples:
+        shutil.rmtree(project / "examples")
+    config: dict[str, Any] = {
+        "llm": {
+            "api_base": server.api_base,
+            "model": server.model.stem,
+            "context_window": server.slot_context,
+            "reply_reserve": REPLY_TOKENS,
+            "structured": structured,
+            "timeout": 600,
+        },
+        "session": {"max_internal_hops": HOPS},
+        "code_interpreter": {"max_retry_count": 1},
+        "execution": {"timeout": 60},
+    }
+    for section, values in (settings or {}).items():
+        config.setdefault(section, {}).update(values)
+    (project / "taskweaver_config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
+    return project
+
+
+def run_chat(project: Path, requests: tuple[str, ...] = REQUESTS) -> ChatOutcome:
+    """The sample data loaded, then `requests` asked in one session; what came of each."""
+    config = load_config(project)
+    started = time.perf_counter()
+    repairs: list[str] = []
+
+    def count_repairs(event: Event) -> None:
+        if isinstance(event, Working) and event.activity == "repairing":
+            repairs.append(event.detail)
+
+    with open_session(config) as session:
+        outcome = ChatOutcome(session.id, config)
+        session.add_listener(count_repairs)
+        session.load_file(project / "sample_data" / SAMPLE)
+        for text in requests:
+            outcome.rounds.append(session.ask(text))
+    outcome.repair_turns = len(repairs)
+    outcome.seconds = time.perf_counter() - started
+    return outcome
