@@ -33,7 +33,7 @@ REQUESTS = (
     "Which region has the highest profit?",
 )
 FORMAT_FAILURE = "kept answering in a broken format"  # a round failed because its replies could not be read
-REPLY_TOKENS = 384  # the most a reply may take: a Planner reply needs about 120, a short cell about 200
+REPLY_TOKENS = 256  # the most a reply may take: a Planner reply needs about 120, a short cell about 150
 HOPS = 3  # steps the Planner may delegate per request
 
 
@@ -63,12 +63,12 @@ class ChatOutcome:
         return sum(1 for r in self.rounds for post in r.posts if post.code is not None and post.execution is not None)
 
 
-def sample_project(root: Path, server: LlamaServer, *, structured: str, examples: bool = True, settings: dict[str, Any] | None = None) -> Path:
-    """The bundled project under `root`, its model the one `server` serves; `examples=False` leaves out the few-shot transcripts."""
+def sample_project(root: Path, server: LlamaServer, *, structured: str, planner_examples: bool = True, settings: dict[str, Any] | None = None) -> Path:
+    """The bundled project under `root`, its model the one `server` serves; `planner_examples=False` leaves out the Planner's few-shot transcript."""
     project = root / "project"
     shutil.copytree(REPO / "project", project, ignore=shutil.ignore_patterns("sessions", "*.db*", ".chat_history"))
-    if not examples:
-        shutil.rmtree(project / "examples")
+    if not planner_examples:
+        shutil.rmtree(project / "examples" / "planner")
     config: dict[str, Any] = {
         "llm": {
             "api_base": server.api_base,
