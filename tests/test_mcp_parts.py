@@ -4,11 +4,13 @@ CodeGenerator reads it, the network rule, Python names for tool names, and resou
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 
 import pytest
 from mcp import MCPError
 
+from taskweaver_lite.cli.main import main
 from taskweaver_lite.cli.reference import config_keys
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import McpServerConfig
@@ -127,3 +129,28 @@ def test_resources_are_files_directly_in_a_sessions_folders(tmp_path: Path) -> N
     ):
         with pytest.raises(MCPError):
             read(bad)
+
+
+def test_config_shows_the_mcp_servers_with_their_env_values_hidden(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    servers = "mcp:\n  servers:\n    time:\n      command: [mcp-server-time, --local-timezone, UTC]\n      env: {API_TOKEN: s3cret}\n"
+    (tmp_path / "taskweaver_config.yaml").write_text(servers, encoding="utf-8")
+    assert main(["config", "-p", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    line = next(text for text in shown.splitlines() if text.startswith("mcp.servers "))
+    assert (
+        "command: [mcp-server-time, --local-timezone, UTC]" in line
+        and "API_TOKEN: (hidden)" in line
+        and line.endswith(f"(file {tmp_path / 'taskweaver_config.yaml'})")
+    )
+    assert main(["config", "--json", "-p", str(tmp_path)]) == 0
+    rows = {row["key"]: row["value"] for row in json.loads(capsys.readouterr().out)}
+    assert rows["mcp.servers"] == {
+        "time": {
+            "command": ["mcp-server-time", "--local-timezone", "UTC"],
+            "env": {"API_TOKEN": "(hidden)"},
+            "network": False,
+            "start_timeout": 60.0,
+            "call_timeout": 120.0,
+        }
+    }
+    assert "s3cret" not in shown

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import keyword
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -825,7 +826,8 @@ def _gateway_conflicts(execution: ExecutionConfig) -> list[str]:
 
 def yaml_text(value: Any) -> str:
     """A setting's value as it is written in YAML (true, null, 50%)."""
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    # On one line however long (a mapping of servers), in the order the settings are declared.
+    return yaml.safe_dump(value, default_flow_style=True, width=math.inf, sort_keys=False).strip().removesuffix("...").strip()
 
 
 def _merge_problem(err: ErrorDetails) -> str:
