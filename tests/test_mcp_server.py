@@ -86,7 +86,7 @@ def stored_sessions(project: Path) -> list[dict[str, Any]]:
 def test_an_mcp_client_asks_twice_in_one_session_reads_a_plot_and_cancels_a_cell(project: Path) -> None:
     async def scenario() -> None:
         async with agent(project) as client:
-            assert [tool.name for tool in (await client.list_tools()).tools] == ["ask", "sessions", "variables"]
+            assert [tool.name for tool in (await client.list_tools()).tools] == ["ask", "sessions", "variables", "close_session"]
             heard_lines: list[str] = []
 
             async def heard(progress: float, total: float | None, message: str | None) -> None:
@@ -209,7 +209,7 @@ def test_the_mcp_inspector_cli_lists_the_tools_and_asks(project: Path) -> None:
     server = [sys.executable, "-m", "taskweaver_lite", "mcp", "-p", str(project)]
     listed = subprocess.run([*command, *server, "--method", "tools/list"], capture_output=True, text=True, env=cli_env(), timeout=WAIT)
     assert listed.returncode == 0, listed.stderr
-    assert [tool["name"] for tool in json.loads(listed.stdout)["tools"]] == ["ask", "sessions", "variables"]
+    assert [tool["name"] for tool in json.loads(listed.stdout)["tools"]] == ["ask", "sessions", "variables", "close_session"]
     asked = subprocess.run(
         [*command, *server, "--method", "tools/call", "--tool-name", "ask", "--tool-arg", "question=set x"],
         capture_output=True,
@@ -225,3 +225,27 @@ def test_confirm_mode_is_refused_in_one_line_since_no_one_could_answer(project: 
     done = run_cli("mcp", "-p", str(project), "--set", "execution.confirm=true")
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("taskweaver-lite: execution.confirm: true asks a person at a terminal") and done.stderr.count("\n") == 1
+
+
+def test_a_session_the_host_leaves_idle_is_released_and_close_session_releases_one_at_once(project: Path) -> None:
+    def resumed_in_a_chat(session_id: str) -> subprocess.CompletedProcess[str]:
+        return run_cli("chat", "-p", str(project), "--resume", session_id, stdin="double x please\n", timeout=WAIT)
+
+    async def scenario() -> None:
+        async with agent(project, "--set", "mcp.session_idle_timeout=2") as client:
+            idle = await client.call_tool("ask", {"question": "set x"})
+            assert idle.structured_content is not None
+            await anyio.sleep(4)  # past the setting: released while the host stays connected
+            done = await anyio.to_thread.run_sync(resumed_in_a_chat, idle.structured_content["session_id"])
+            assert done.returncode == 0 and "The answer is 82." in done.stdout, done.stderr
+            closed = await client.call_tool("ask", {"question": "set x"})
+            assert closed.structured_content is not None
+            session_id = closed.structured_content["session_id"]
+            released = await client.call_tool("close_session", {"session_id": session_id})
+            assert not released.is_error and released.structured_content == {"session_id": session_id, "closed": True}
+            done = await anyio.to_thread.run_sync(resumed_in_a_chat, session_id)
+            assert done.returncode == 0 and "The answer is 82." in done.stdout, done.stderr
+            again = await client.call_tool("ask", {"question": "double x", "session_id": session_id})  # the host goes on: resumed
+            assert again.structured_content is not None and again.structured_content["answer"] == "The answer is 82."
+
+    anyio.run(scenario)

@@ -554,6 +554,14 @@ class McpConfig(_Section):
     """The Model Context Protocol: the MCP servers whose tools the CodeGenerator's code may call."""
 
     servers: dict[str, McpServerConfig] = Field(default_factory=dict, description="NAME: {command: [ARGV...], env: {...}}; a cell calls tool T as NAME.T(...)")
+    session_idle_timeout: float = Field(
+        300.0,
+        ge=0,
+        description=(
+            "seconds `taskweaver-lite mcp` keeps a session open that no request uses; then it closes it (it stays stored), so that "
+            "`chat --resume` or another host may open it, and its next ask resumes it; 0: kept until the host leaves"
+        ),
+    )
 
     @field_validator("servers")
     @classmethod

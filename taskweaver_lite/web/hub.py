@@ -198,6 +198,23 @@ class Hub:
             if hold is not None and leases is not None:
                 leases.release(hold)  # its row went with the session: nothing is left to free but this replica's note of it
 
+    def release(self, session_id: str) -> bool:
+        """Let go of the session held here (it stays stored): alone, its kernel ends and its claim goes; a replica drops its copy.
+
+        False when none is held here; Busy while it answers.
+        """
+        live = self.get(session_id)
+        if live is None:
+            return False
+        if live.busy:
+            raise Busy("This session is answering a request: close it once the answer is in.")
+        with self._lock:
+            if self._open.get(session_id) is live:
+                del self._open[session_id]
+            self.parts.metrics.open_sessions.set(len(self._open))
+        live.close(record=self.replica is None)  # a replica's copy may be older than the store
+        return True
+
     def forget_if_deleted(self, session_id: str) -> None:
         """A replica's copy of a session the store no longer has (deleted on another replica) goes, with its folder here."""
         live = self.get(session_id)

@@ -45,7 +45,7 @@ from taskweaver_lite.mcp.resources import (
     resource_uri,
     session_files,
 )
-from taskweaver_lite.mcp.server import ACTIVITY, STOP_WAIT, ToolServer, ask_result, bad_input, failed_answer, variables_result
+from taskweaver_lite.mcp.server import ACTIVITY, STOP_WAIT, ToolServer, ask_result, bad_input, closed_result, failed_answer, variables_result
 from taskweaver_lite.records.conversation import Round
 from taskweaver_lite.web.api import STORE_DOWN, owner_of_request, public_text, user_of_request
 from taskweaver_lite.web.hub import AtLimit, Hub, Stopping
@@ -134,6 +134,22 @@ class TeamServer(ToolServer):
             raise _no_such_session(ref) from None
         except StoreUnavailable:
             raise MCPError(code=types.INTERNAL_ERROR, message=STORE_DOWN) from None
+
+    async def close_session(self, ctx: Any, ref: str) -> types.CallToolResult:
+        """Let go of the session on this server now (it stays stored); a replica, which holds none between answers, drops its copy."""
+        request = _request(ctx)
+
+        def release() -> types.CallToolResult:
+            session_id = self._own(request, ref)
+            try:
+                return closed_result(session_id, "closed" if self.hub.release(session_id) else "not open")
+            except Busy:
+                return closed_result(session_id, "answering")
+
+        try:
+            return await asyncio.to_thread(release)
+        except UnknownSessionError:
+            raise _no_such_session(ref) from None
 
     async def list_resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:
         """The files of the caller's newest sessions: those in this replica's folders, and the plots the store keeps."""
