@@ -5,12 +5,14 @@ a cancelled request, bad input, and a session resumed by a new server process.""
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,12 +51,14 @@ STEPS = {
     "double x": "Compute x*2-2 from the kept x and print it.",
     "plot": "Plot x and write table.csv.",
     "sleep": "Sleep for a long while.",
+    "write other": "Write other.csv.",
 }
 CELLS = {
     "x = 42": "x = 42\nprint(x)",
     "x*2-2": "print(x*2-2)",
     "Plot x": "import matplotlib.pyplot as plt\nplt.plot([1, 2, x])\nplt.show()\nopen('table.csv', 'w').write('a,b\\n1,2\\n')",
     "Sleep": "import time\ntime.sleep(600)",
+    "other.csv": "open('other.csv', 'w').write('c\\n3\\n')",
 }
 
 
@@ -249,3 +253,23 @@ def test_a_session_the_host_leaves_idle_is_released_and_close_session_releases_o
             assert again.structured_content is not None and again.structured_content["answer"] == "The answer is 82."
 
     anyio.run(scenario)
+
+
+def test_ask_links_only_the_files_its_own_cells_wrote_not_a_replays_nor_a_strangers(project: Path) -> None:
+    async def ask(*questions: str, session_id: str | None = None) -> dict[str, Any]:
+        async with agent(project) as client:
+            for question in questions:
+                answered = await client.call_tool("ask", {"question": question} | ({"session_id": session_id} if session_id else {}))
+                assert answered.structured_content is not None, answered
+                session_id = answered.structured_content["session_id"]
+            return answered.structured_content
+
+    plotted = anyio.run(ask, "set x", "plot it")
+    assert any(uri.endswith("/files/table.csv") for uri in plotted["artifacts"]), plotted
+    working = project / "sessions" / plotted["session_id"] / "cwd"
+    stranger = working / "notes.txt"  # written by someone else, dated in the future
+    stranger.write_text("not the agent's\n", encoding="utf-8")
+    os.utime(stranger, (time.time() + 3600, time.time() + 3600))
+    # A new server process resumes the session: its replay writes table.csv (and draws the plot) again first.
+    wrote = anyio.run(functools.partial(ask, "write other now", session_id=plotted["session_id"]))
+    assert [uri.rsplit("/", 2)[-2:] for uri in wrote["artifacts"]] == [["files", "other.csv"]], wrote["artifacts"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import mimetypes
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -71,16 +71,15 @@ def list_resources(sessions: Iterable[Session]) -> list[types.Resource]:
     return [_resource(session.id, kind, path) for session in sessions for kind, path in session_files(session) if path.exists()]
 
 
-def artifact_links(session: Session, rnd: Round) -> list[types.ResourceLink]:
-    """Links to what a turn's cells produced: its plots, and the files written in the working folder since it started."""
-    links = []
-    for kind, path in session_files(session):
-        in_round = kind == "artifacts" and any(post.execution and str(path) in post.execution.artifacts for post in rnd.posts)
-        if in_round or (kind == "files" and path.stat().st_mtime >= rnd.started_at - 1):
-            links.append(
-                types.ResourceLink(type="resource_link", uri=resource_uri(session.id, kind, path.name), name=path.name, mime_type=mime_type(path.name))
-            )
-    return links
+def artifact_links(session: Session, rnd: Round, *, written: Collection[str]) -> list[types.ResourceLink]:
+    """Links to what a turn's cells produced: its plots, and the files its cells wrote in the working folder (`written`: turn_files.py)."""
+    plots = [Path(path) for post in rnd.posts if post.execution for path in post.execution.artifacts]
+    found = [("artifacts", path) for path in plots if path.is_file()]
+    found += [("files", session.working_dir / name) for name in written if (session.working_dir / name).is_file()]
+    return [
+        types.ResourceLink(type="resource_link", uri=resource_uri(session.id, kind, path.name), name=path.name, mime_type=mime_type(path.name))
+        for kind, path in found
+    ]
 
 
 def read_resource(uri: str, sessions: Mapping[str, Session], *, stored: Callable[[str], Path | None]) -> types.ReadResourceResult:

@@ -26,7 +26,7 @@ import ctypes
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -40,6 +40,7 @@ from mcp.shared.exceptions import MCPError
 from taskweaver_lite import __version__
 from taskweaver_lite.errors import TaskWeaverError, UnknownSessionError
 from taskweaver_lite.mcp.resources import artifact_links, list_resources, read_resource
+from taskweaver_lite.mcp.turn_files import TurnFiles
 from taskweaver_lite.records.conversation import USER, Round
 from taskweaver_lite.records.events import Event, Working
 from taskweaver_lite.records.execution import Variable
@@ -323,10 +324,10 @@ def answer_of(rnd: Round) -> str:
     return next((post.message for post in reversed(rnd.posts) if post.send_to == USER), "")
 
 
-def ask_result(session: Session, rnd: Round) -> types.CallToolResult:
-    """`ask`'s answer: the text with the session id, the structured content, links to the turn's artifacts."""
+def ask_result(session: Session, rnd: Round, *, written: Collection[str]) -> types.CallToolResult:
+    """`ask`'s answer: the text with the session id, the structured content, links to the turn's plots and the files its cells `written`."""
     answer = answer_of(rnd)
-    links = artifact_links(session, rnd)
+    links = artifact_links(session, rnd, written=written)
     text = f"{answer}\n\n(session {session.id}: pass session_id {session.id!r} to continue it with its variables)"
     structured = {"answer": answer, "session_id": session.id, "state": rnd.state, "artifacts": [str(link.uri) for link in links]}
     content: list[types.ContentBlock] = [types.TextContent(type="text", text=text), *links]
@@ -476,13 +477,17 @@ class AgentServer(ToolServer):
             raise bad_input(f"{exc} (or call the sessions tool)") from None
 
     def _turn(self, session: Session, question: str) -> types.CallToolResult:
+        written = TurnFiles(session.working_dir)
+        session.add_listener(written)
         try:
             rnd = session.ask(question)
         except KeyboardInterrupt:
             return _error_result(f"Cancelled. Session {session.id} and its variables are kept.")
         except TaskWeaverError as exc:
             return _error_result(f"This request failed: {exc} (session {session.id} is kept)")
-        return ask_result(session, rnd)
+        finally:
+            session.remove_listener(written)
+        return ask_result(session, rnd, written=written.names)
 
     async def variables(self, ctx: Any, ref: str) -> types.CallToolResult:
         """The variables of the session's kernel."""

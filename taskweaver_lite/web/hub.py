@@ -25,7 +25,7 @@ from pathlib import Path
 from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import SessionBusyError, StoreError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.kernel.executor import close_thread_loop
-from taskweaver_lite.records.events import CellPrinted, Event, ModelCalled, ReplyStreamed, Working
+from taskweaver_lite.records.events import CellPrinted, Event, Listener, ModelCalled, ReplyStreamed, Working
 from taskweaver_lite.session.assembly import delete_session, new_session_id
 from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.interface import Notices, Store
@@ -130,8 +130,11 @@ class Hub:
         with self._lock:
             return self._open.get(session_id)
 
-    def ask(self, session_id: str, text: str, *, loop: asyncio.AbstractEventLoop) -> Turn:
-        """Start answering `text` in the session, its events read on `loop` (a replica: call from a thread); Busy, NotOpen, Stopping."""
+    def ask(self, session_id: str, text: str, *, loop: asyncio.AbstractEventLoop, listener: Callable[[LiveSession], Listener] | None = None) -> Turn:
+        """Start answering `text` in the session, its events read on `loop` (a replica: call from a thread); Busy, NotOpen, Stopping.
+
+        `listener(live)`, when given, makes a listener that hears the session's events while this request's turn runs.
+        """
         self._refuse_when_stopping()
         started = time.monotonic()
         leases = self.parts.leases
@@ -139,7 +142,8 @@ class Hub:
             live = self._open_here(session_id)
             self._check_first_request(live)
             since = self.parts.store.last_event_id(session_id)
-            turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, None))
+            heard = listener(live) if listener is not None else None
+            turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, None), listener=heard)
             turn.since = since
             return turn
         hold = self._take(leases, session_id)
@@ -149,7 +153,9 @@ class Hub:
                 self._check_use(session_id)  # before the session is loaded (and its kernel reached) for nothing
             live = self._current(session_id)
             live.last_used = time.monotonic()
-            turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, hold), on_done=functools.partial(self._finish, live, hold))
+            heard = listener(live) if listener is not None else None
+            answered, done = functools.partial(self._answered, started, hold), functools.partial(self._finish, live, hold)
+            turn = live.ask(text, loop=loop, on_answer=answered, on_done=done, listener=heard)
             turn.since = live.version
             return turn
         except BaseException:

@@ -46,10 +46,11 @@ from taskweaver_lite.mcp.resources import (
     session_files,
 )
 from taskweaver_lite.mcp.server import ACTIVITY, STOP_WAIT, ToolServer, ask_result, bad_input, closed_result, failed_answer, variables_result
+from taskweaver_lite.mcp.turn_files import TurnFiles
 from taskweaver_lite.records.conversation import Round
 from taskweaver_lite.web.api import STORE_DOWN, owner_of_request, public_text, user_of_request
 from taskweaver_lite.web.hub import AtLimit, Hub, Stopping
-from taskweaver_lite.web.live import Busy, Turn
+from taskweaver_lite.web.live import Busy, LiveSession, Turn
 
 PATH = "/mcp"
 LISTED_SESSIONS = 20  # the caller's newest sessions whose files `resources/list` offers
@@ -65,23 +66,29 @@ class TeamServer(ToolServer):
         """One turn under the session's lease (on replicas), its events read as progress; a cancel stops it."""
         loop = asyncio.get_running_loop()
         try:
-            session_id, turn = await asyncio.to_thread(self._start, _request(ctx), question, ref, loop)
+            session_id, turn, written = await asyncio.to_thread(self._start, _request(ctx), question, ref, loop)
         except UnknownSessionError:
             raise _no_such_session(ref or "") from None
         except (AtLimit, Busy, Stopping, TaskWeaverError) as exc:
             return failed_answer(ref, self._said(exc))
-        return await self._follow(ctx, session_id, turn)
+        return await self._follow(ctx, session_id, turn, written)
 
-    def _start(self, request: Request, question: str, ref: str | None, loop: asyncio.AbstractEventLoop) -> tuple[str, Turn]:
+    def _start(self, request: Request, question: str, ref: str | None, loop: asyncio.AbstractEventLoop) -> tuple[str, Turn, list[TurnFiles]]:
         if ref is None:
             session_id = self.hub.new(owner=user_of_request(request)).id
         else:
             session_id = self._own(request, ref)
             if self.hub.replica is None and self.hub.get(session_id) is None:
                 self.hub.resume(session_id, owner=owner_of_request(request))  # one process alone: re-opened here first
-        return session_id, self.hub.ask(session_id, question, loop=loop)
+        written: list[TurnFiles] = []  # made once the session's copy here is current (a replica may load it)
 
-    async def _follow(self, ctx: Any, session_id: str, turn: Turn) -> types.CallToolResult:
+        def note_files(live: LiveSession) -> TurnFiles:
+            written.append(TurnFiles(live.session.working_dir))
+            return written[-1]
+
+        return session_id, self.hub.ask(session_id, question, loop=loop, listener=note_files), written
+
+    async def _follow(self, ctx: Any, session_id: str, turn: Turn, written: list[TurnFiles]) -> types.CallToolResult:
         """The turn's events until its end: activity as progress lines; then the answer (or why there is none)."""
         seen = _Seen()
         try:
@@ -100,7 +107,7 @@ class TeamServer(ToolServer):
         rnd = self._round(session_id, seen.round)
         live = self.hub.get(session_id)
         if seen.error is None and rnd is not None and live is not None:
-            return ask_result(live.session, rnd)
+            return ask_result(live.session, rnd, written=[name for files in written for name in files.names])
         message = public_text(seen.error or "no answer", self.hub)
         state = "cancelled" if message.startswith("Stopped") else "failed"
         return failed_answer(session_id, message, state=state)
