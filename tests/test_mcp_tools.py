@@ -93,3 +93,31 @@ def test_a_chat_whose_server_cannot_start_answers_and_says_so_in_one_line(tmp_pa
     line = "MCP server gone: did not start (no-such-mcp-server was not found where the kernel runs): no-such-mcp-server --flag"
     assert done.stderr.count(f"{line}; the session goes on without it") == 1, done.stderr
     assert line in listed.stdout and listed.returncode == 0
+
+
+# What `npx -y` of a package the registry does not have writes on stderr before exiting 1: the error first, npm's notices last.
+NPX_404 = """npm error code E404
+npm error 404 Not Found - GET https://registry.npmjs.org/@example%2fserver-nope - Not found
+npm error 404
+npm error 404  '@example/server-nope@*' is not in this registry.
+npm error A complete log of this run can be found in: /root/.npm/_logs/2026-12-05T04_00_00_000Z-debug-0.log
+npm notice
+npm notice New major version of npm available! 10.8.2 -> 11.6.4
+npm notice To update run: npm install -g npm@11.6.4
+npm notice
+"""
+
+
+def test_a_server_that_fails_is_told_by_its_first_error_line_not_npms_last_notice(tmp_path: Path) -> None:
+    fake = tmp_path / "npx"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nsys.stderr.write({NPX_404!r})\nsys.exit(1)\n", encoding="utf-8")
+    fake.chmod(0o755)
+    crash = [sys.executable, "-c", "import json\nprint('starting', file=__import__('sys').stderr)\njson.loads('{')"]
+    servers = {"nope": {"command": [str(fake), "-y", "@example/server-nope"]}, "crash": {"command": crash}}
+    project = make_project(tmp_path, "http://127.0.0.1:9", mcp={"servers": servers})
+    listed = run_cli("plugins", "-p", str(project))
+    assert listed.returncode == 0, listed.stderr
+    said = {line.split(":", 1)[0]: line for line in listed.stdout.splitlines() if line.startswith("MCP server ")}
+    assert "it said: npm error code E404: 404 Not Found - GET https://registry.npmjs.org/@example%2fserver-nope - Not found" in said["MCP server nope"]
+    assert "npm notice" not in said["MCP server nope"]
+    assert "it said: json.decoder.JSONDecodeError: Expecting property name enclosed in double quotes" in said["MCP server crash"], said

@@ -10,8 +10,9 @@ One event loop on a thread of its own holds every server's connection (a task pe
 and leaves it, as the SDK's task groups require). A cell's call waits on that loop; an interrupt
 (Ctrl-C, Stop, the cell's timeout) cancels the call, and the server goes on for the next one. A
 tool that answers with an error raises `McpToolError` with its text, so the CodeGenerator sees a
-cell error it can fix. What a server writes on stderr goes to a private file, whose last line
-explains a server that would not start.
+cell error it can fix. What a server writes on stderr goes to a private file, whose error line
+(a traceback's exception, npm's first error rather than its closing notices) explains a server
+that would not start.
 """
 
 from __future__ import annotations
@@ -147,16 +148,41 @@ async def _connection(name: str, spec: dict[str, Any], listed: asyncio.Future[li
 
 
 def _start_failure(exc: BaseException, command: list[str], errlog: IO[str]) -> str:
-    """One line on why a server did not start: the error and the last line it wrote on stderr."""
+    """One line on why a server did not start: the error and the line of its stderr that says why (`error_line`)."""
     errlog.flush()
     errlog.seek(0)
-    last = next((line.strip() for line in reversed(errlog.read()[-4000:].splitlines()) if line.strip()), "")
+    last = error_line(errlog.read(MAX_STDERR_READ))
     if isinstance(exc, FileNotFoundError):
         why = f"{command[0]} was not found where the kernel runs"
     else:
         why = "; ".join(dict.fromkeys(_one_line(str(e)) or type(e).__name__ for e in _leaves(exc)))
     said = f"; it said: {_one_line(last)}" if last else ""
     return f"did not start ({why}){said}: {_describe(command)}"
+
+
+MAX_STDERR_READ = 256 * 1024  # what of a server's stderr is read to find why it failed
+_NOISE = re.compile(r"^npm (?:notice|warn|WARN)\b")  # npm's update notices and warnings: printed last, never the reason
+_ERROR = re.compile(r"(?i)\berror\b|ERR!|exception|fatal|not found|cannot|failed|denied|refused|no such")
+_NPM_FIELD = re.compile(r"^npm (?:error|ERR!) (?:code|errno|syscall) \S+$")  # "npm error code E404": the reason is on the next line
+
+
+def error_line(stderr: str) -> str:
+    """The line of a failed server's stderr that says why: a Python traceback's exception, else the first error line (npm's code
+    with the line after it), else the last line that is not npm's notice; "" for none."""
+    lines = stderr.splitlines()
+    if "Traceback (most recent call last):" in lines:
+        start = len(lines) - lines[::-1].index("Traceback (most recent call last):")
+        raised = next((line for line in lines[start:] if line.strip() and not line[0].isspace()), "")
+        if raised:
+            return _one_line(raised)
+    said = [line.strip() for line in lines if line.strip() and not _NOISE.match(line.strip())]
+    for number, line in enumerate(said):
+        if _NPM_FIELD.match(line):
+            reason = next((later for later in said[number + 1 :] if not _NPM_FIELD.match(later)), "")
+            return _one_line(f"{line}: {reason.removeprefix('npm error ').removeprefix('npm ERR! ')}" if reason else line)
+        if _ERROR.search(line):
+            return _one_line(line)
+    return _one_line(said[-1]) if said else ""
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
