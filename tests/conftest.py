@@ -52,8 +52,8 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     off) and half hashing tokens and parsing: the workers overlap the one with the other, and the one
     more keeps the cores busy while another waits (on two cores: 18 s with three workers, 22 s with
     two, 40 s in one process). Only with pytest-xdist installed (the `test` extra has it) and no `-n`
-    given: `-n 0` runs it in one process. The other tiers stay in one process: kernels and servers
-    timed against each other.
+    given: `-n 0` runs it in one process. The other tiers run in one process unless `-n` is given
+    (`.ci/run` gives them three workers, and runs the tiers that time a model server alone after them).
     """
     whole_tier = config.option.markexpr.strip() == "unit" and config.args_source is pytest.Config.ArgsSource.TESTPATHS
     if not whole_tier or hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
