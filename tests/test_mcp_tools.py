@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from helpers import REPO, make_project, run_cli
 
 from taskweaver_lite.session.workspace import Workspace
@@ -121,3 +122,22 @@ def test_a_server_that_fails_is_told_by_its_first_error_line_not_npms_last_notic
     assert "it said: npm error code E404: 404 Not Found - GET https://registry.npmjs.org/@example%2fserver-nope - Not found" in said["MCP server nope"]
     assert "npm notice" not in said["MCP server nope"]
     assert "it said: json.decoder.JSONDecodeError: Expecting property name enclosed in double quotes" in said["MCP server crash"], said
+
+
+def test_the_docs_recipe_for_an_npm_server_runs_as_written_from_a_mounted_install_without_the_network(tmp_path: Path) -> None:
+    script = npm_server("server-everything")
+    if script is None:
+        pytest.skip("@modelcontextprotocol/server-everything is not installed: .ci/run installs it with npm into build/npm")
+    page = (REPO / "docs" / "mcp.md").read_text(encoding="utf-8")
+    [recipe] = [block for block in re.findall(r"```yaml\n(.*?)```", page, re.DOTALL) if "server-everything" in block]
+    settings = yaml.safe_load(recipe.replace("/home/me/mcp-servers", str(script.parents[4])))
+    assert "npx" not in recipe and not settings.get("execution", {}).get("network"), "the recipe downloads nothing and opens no network"
+    everything = {"everything": settings["mcp"]["servers"]["everything"]}
+    with ScriptedServer() as server:
+        project = make_project(tmp_path, server.url, execution={**settings["execution"], "timeout": 60}, mcp={"servers": everything})
+        server.enqueue("planner", planner_reply("Add 2 and 3 with the everything server."), planner_reply("5", send_to="User"))
+        server.enqueue("code_generator", code_reply("print(everything.get_sum(a=2, b=3))"))
+        with Workspace.load(project) as workspace, workspace.new_session() as session:
+            rnd = session.ask("add 2 and 3")
+    [result] = [post.execution for post in rnd.posts if post.execution is not None]
+    assert result.success and result.stdout == "The sum of 2 and 3 is 5.\n", (result.error, result.notices)
