@@ -4,6 +4,7 @@ not start are one line each, and the session goes on."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -141,3 +142,16 @@ def test_the_docs_recipe_for_an_npm_server_runs_as_written_from_a_mounted_instal
             rnd = session.ask("add 2 and 3")
     [result] = [post.execution for post in rnd.posts if post.execution is not None]
     assert result.success and result.stdout == "The sum of 2 and 3 is 5.\n", (result.error, result.notices)
+
+
+def test_plugins_lists_a_server_that_needs_the_network_as_not_started_under_a_sandbox_without_one(tmp_path: Path) -> None:
+    servers = {"online": {"command": ["mcp-server-time"], "network": True}, "time": {"command": ["mcp-server-time"]}}
+    project = make_project(tmp_path, "http://127.0.0.1:9", mcp={"servers": servers}, execution={"sandbox": "bubblewrap"})
+    listed = run_cli("plugins", "-p", str(project))
+    assert listed.returncode == 0, listed.stderr
+    assert "MCP server online: not started: it needs the network (mcp.servers.online.network: true)" in listed.stdout, listed.stdout
+    assert re.search(r"^time +mcp +get_current_time, convert_time$", listed.stdout, re.MULTILINE), listed.stdout
+    as_json = {row["name"]: row for row in json.loads(run_cli("plugins", "-p", str(project), "--json").stdout)}
+    assert as_json["online"]["state"] == "broken" and as_json["time"]["state"] == "enabled"
+    opened = make_project(tmp_path / "open", "http://127.0.0.1:9", mcp={"servers": servers}, execution={"sandbox": "bubblewrap", "network": True})
+    assert re.search(r"^online +mcp +get_current_time", run_cli("plugins", "-p", str(opened)).stdout, re.MULTILINE)
