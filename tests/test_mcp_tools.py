@@ -155,3 +155,27 @@ def test_plugins_lists_a_server_that_needs_the_network_as_not_started_under_a_sa
     assert as_json["online"]["state"] == "broken" and as_json["time"]["state"] == "enabled"
     opened = make_project(tmp_path / "open", "http://127.0.0.1:9", mcp={"servers": servers}, execution={"sandbox": "bubblewrap", "network": True})
     assert re.search(r"^online +mcp +get_current_time", run_cli("plugins", "-p", str(opened)).stdout, re.MULTILINE)
+
+
+def test_a_tools_image_and_embedded_resource_are_kept_as_the_cells_artifact_and_file_and_named_in_its_output(tmp_path: Path) -> None:
+    script = npm_server("server-everything")
+    if script is None:
+        pytest.skip("@modelcontextprotocol/server-everything is not installed: .ci/run installs it with npm into build/npm")
+    cell = "said = everything.get_tiny_image()\nprint(said)\nref = everything.get_resource_reference(resourceType='Text', resourceId=1)"
+    with ScriptedServer() as server:
+        execution = {"timeout": 60, "mounts": [str(script.parents[3])]}
+        project = make_project(tmp_path, server.url, execution=execution, mcp={"servers": {"everything": {"command": ["node", str(script), "stdio"]}}})
+        server.enqueue("planner", planner_reply("Get the tiny image and resource 1."), planner_reply("Done.", send_to="User"))
+        server.enqueue("code_generator", code_reply(cell))
+        with Workspace.load(project) as workspace, workspace.new_session() as session:
+            rnd = session.ask("show me the image")
+            working = session.working_dir
+    [result] = [post.execution for post in rnd.posts if post.execution is not None]
+    assert result.success, result.error
+    [image] = result.artifacts
+    assert Path(image).read_bytes().startswith(b"\x89PNG"), "the tool's image is kept as the cell's plot is"
+    assert "everything.get_tiny_image returned an image (image/png): kept as this cell's artifact" in result.stdout, result.stdout
+    assert "Here's the image you requested:\nThe image above is the MCP logo." in result.stdout
+    named = re.search(r"everything\.get_resource_reference returned the resource (\S+) \(text/plain\): saved as (\S+) in the working folder", result.stdout)
+    assert named is not None, result.stdout
+    assert (working / named[2]).read_text(encoding="utf-8").startswith("Resource 1:"), "the embedded resource's text is the file's"
