@@ -7,6 +7,9 @@ import base64
 import json
 from pathlib import Path
 
+import anyio
+import jsonschema
+import mcp_types as types
 import pytest
 from mcp import MCPError
 
@@ -17,9 +20,10 @@ from taskweaver_lite.config.settings import McpServerConfig
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.kernel.mcp.client import python_name
 from taskweaver_lite.kernel.mcp.launch import McpLaunch
-from taskweaver_lite.mcp.resources import read_resource, resource_uri
-from taskweaver_lite.mcp.server import MAX_QUESTION_CHARS, question_of
+from taskweaver_lite.mcp.resources import MAX_RESOURCE_BYTES, read_resource, resource_uri
+from taskweaver_lite.mcp.server import MAX_QUESTION_CHARS, ToolServer, failed_answer, question_of, variables_result
 from taskweaver_lite.plugins.prompt import render_mcp_block
+from taskweaver_lite.records.execution import Variable
 from taskweaver_lite.records.mcp_tools import McpServer, McpTool
 
 pytestmark = pytest.mark.unit
@@ -154,3 +158,29 @@ def test_config_shows_the_mcp_servers_with_their_env_values_hidden(tmp_path: Pat
         }
     }
     assert "s3cret" not in shown
+
+
+def test_every_tool_has_annotations_and_its_answers_a_schema_they_fit() -> None:
+    tools = {tool.name: tool for tool in anyio.run(ToolServer().list_tools, None, None).tools}
+    assert set(tools) == {"ask", "sessions", "variables", "close_session"}
+    for tool in tools.values():
+        assert tool.annotations is not None and tool.annotations.read_only_hint is not None, f"{tool.name} has no annotations"
+        assert tool.output_schema is not None, f"{tool.name} has no outputSchema"
+    assert tools["sessions"].annotations.read_only_hint and tools["variables"].annotations.read_only_hint  # type: ignore[union-attr]
+    assert tools["ask"].annotations.read_only_hint is False and tools["ask"].annotations.open_world_hint  # type: ignore[union-attr]
+    row = {"id": "s1", "title": "t", "rounds": 1, "started": 1.0, "last_active": 2.0, "owner": None}
+    jsonschema.validate({"sessions": [row]}, tools["sessions"].output_schema)
+    jsonschema.validate(variables_result("s1", [Variable(name="x", type="int", description="42")]).structured_content, tools["variables"].output_schema)
+    for state in ("failed", "cancelled"):
+        jsonschema.validate(failed_answer("s1", "Cancelled.", state=state).structured_content, tools["ask"].output_schema)
+
+
+def test_a_resource_over_the_size_limit_is_refused_as_too_large_not_as_missing(tmp_path: Path) -> None:
+    folder = tmp_path / "s1"
+    (folder / "cwd").mkdir(parents=True)
+    with (folder / "cwd" / "big.csv").open("wb") as big:
+        big.truncate(MAX_RESOURCE_BYTES + 1)  # sparse: no disk spent
+    with pytest.raises(MCPError) as refused:
+        read_resource(resource_uri("s1", "files", "big.csv"), {}, stored=lambda _: folder)
+    assert refused.value.error.code == types.INVALID_PARAMS, "not -32002, which says the resource does not exist"
+    assert "big.csv is too large to read as a resource: 26,214,401 bytes, more than 26,214,400" in str(refused.value)

@@ -273,3 +273,16 @@ def test_ask_links_only_the_files_its_own_cells_wrote_not_a_replays_nor_a_strang
     # A new server process resumes the session: its replay writes table.csv (and draws the plot) again first.
     wrote = anyio.run(functools.partial(ask, "write other now", session_id=plotted["session_id"]))
     assert [uri.rsplit("/", 2)[-2:] for uri in wrote["artifacts"]] == [["files", "other.csv"]], wrote["artifacts"]
+
+
+def test_an_ask_whose_turn_fails_still_answers_with_structured_content_naming_the_session(tmp_path: Path) -> None:
+    async def scenario(project: Path) -> CallToolResult:
+        async with agent(project) as client:
+            return await client.call_tool("ask", {"question": "set x"})
+
+    with ScriptedServer() as silent:  # no reply for anyone: every model call fails
+        failed = anyio.run(scenario, make_project(tmp_path, silent.url, llm={"max_retries": 0}))
+    assert failed.is_error and failed.structured_content is not None, failed
+    assert failed.structured_content["state"] == "failed" and failed.structured_content["artifacts"] == []
+    assert failed.structured_content["session_id"] and failed.structured_content["session_id"] in failed.content[0].text  # type: ignore[union-attr]
+    assert failed.structured_content["answer"] == failed.content[0].text  # type: ignore[union-attr]

@@ -116,7 +116,7 @@ def _read(uri: str, folder: Path, name: str, *, what: str) -> bytes:
         raise _not_found(uri, what) from None
     with os.fdopen(fd, "rb") as file:
         if info.st_size > MAX_RESOURCE_BYTES:
-            raise _not_found(uri, f"{name} has {info.st_size:,} bytes, more than the {MAX_RESOURCE_BYTES:,} a resource may have")
+            raise too_large(uri, name, info.st_size)
         return file.read(MAX_RESOURCE_BYTES + 1)[:MAX_RESOURCE_BYTES]
 
 
@@ -127,6 +127,14 @@ def resource_parts(uri: str) -> tuple[str, str, str]:
     if len(parts) != 3 or parts[1] not in _FOLDERS or not parts[0] or not parts[2]:
         raise _not_found(uri, f"not a resource of this server: addresses look like {resource_uri('ID', 'artifacts', 'NAME')} (or files/NAME)")
     return unquote(parts[0]), parts[1], unquote(parts[2])
+
+
+def too_large(uri: str, name: str, size: int) -> MCPError:
+    """A file past MAX_RESOURCE_BYTES: refused as such (invalid params), never as a resource that does not exist."""
+    return MCPError(
+        code=types.INVALID_PARAMS,
+        message=f"{uri}: {name} is too large to read as a resource: {size:,} bytes, more than {MAX_RESOURCE_BYTES:,} (it is there, but not sent)",
+    )
 
 
 def _not_found(uri: str, why: str) -> MCPError:

@@ -92,18 +92,58 @@ ASK = types.Tool(
         },
         "required": ["answer", "session_id", "state", "artifacts"],
     },
+    # It runs code that may write files and reach what the kernel reaches, and asks a model: not read-only, open world.
+    annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True),
 )
 SESSIONS = types.Tool(
     name="sessions",
+    title="The stored sessions",
     description="The stored sessions, newest first: id, title, rounds, started and last active (epoch seconds).",
     input_schema={"type": "object", "properties": {}, "additionalProperties": False},
-    annotations=types.ToolAnnotations(read_only_hint=True),
+    output_schema={
+        "type": "object",
+        "properties": {
+            "sessions": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "string"},
+                        "title": {"type": "string"},
+                        "rounds": {"type": "integer"},
+                        "started": {"type": "number"},
+                        "last_active": {"type": "number"},
+                        "owner": {"type": ["string", "null"]},
+                    },
+                    "required": ["id", "title", "rounds", "started", "last_active"],
+                },
+            }
+        },
+        "required": ["sessions"],
+    },
+    annotations=types.ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
 )
 VARIABLES = types.Tool(
     name="variables",
+    title="A session's variables",
     description="The variables a session's kernel holds now (name, type, a short description); the session is resumed if it is not open.",
     input_schema={"type": "object", "properties": {"session_id": {"type": "string"}}, "required": ["session_id"], "additionalProperties": False},
-    annotations=types.ToolAnnotations(read_only_hint=True),
+    output_schema={
+        "type": "object",
+        "properties": {
+            "session_id": {"type": "string"},
+            "variables": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}, "type": {"type": "string"}, "description": {"type": "string"}},
+                    "required": ["name", "type", "description"],
+                },
+            },
+        },
+        "required": ["session_id", "variables"],
+    },
+    annotations=types.ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
 )
 
 CLOSE_SESSION = types.Tool(
@@ -450,12 +490,12 @@ class AgentServer(ToolServer):
             except MCPError:
                 raise
             except TaskWeaverError as exc:  # open in another program, a kernel that cannot start: the client hears why
-                return _error_result(f"The session could not be opened: {exc}")
+                return failed_answer(ref, f"The session could not be opened: {exc}")
             if not entry.busy.acquire(timeout=BUSY_WAIT):
-                return _error_result(f"session {entry.session.id} is answering another question: wait for that answer, then ask again")
+                return failed_answer(entry.session.id, f"session {entry.session.id} is answering another question: wait for that answer, then ask again")
             if entry.closed:  # let go (idle, or closed) between being found and being taken: resumed again
                 entry.busy.release()
-                return work(turn) if ref is not None else _error_result("The new session was closed before its first question: ask again.")
+                return work(turn) if ref is not None else failed_answer(entry.session.id, "The new session was closed before its first question: ask again.")
             try:
                 turn.session = entry.session
                 entry.session.add_listener(turn.listen)
@@ -482,9 +522,9 @@ class AgentServer(ToolServer):
         try:
             rnd = session.ask(question)
         except KeyboardInterrupt:
-            return _error_result(f"Cancelled. Session {session.id} and its variables are kept.")
+            return failed_answer(session.id, f"Cancelled. Session {session.id} and its variables are kept.", state="cancelled")
         except TaskWeaverError as exc:
-            return _error_result(f"This request failed: {exc} (session {session.id} is kept)")
+            return failed_answer(session.id, f"This request failed: {exc} (session {session.id} is kept)")
         finally:
             session.remove_listener(written)
         return ask_result(session, rnd, written=written.names)

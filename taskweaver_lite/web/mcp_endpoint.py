@@ -44,6 +44,7 @@ from taskweaver_lite.mcp.resources import (
     resource_parts,
     resource_uri,
     session_files,
+    too_large,
 )
 from taskweaver_lite.mcp.server import ACTIVITY, STOP_WAIT, ToolServer, ask_result, bad_input, closed_result, failed_answer, variables_result
 from taskweaver_lite.mcp.turn_files import TurnFiles
@@ -203,9 +204,7 @@ class TeamServer(ToolServer):
             if data is None:
                 raise
         if len(data) > MAX_RESOURCE_BYTES:
-            raise MCPError(
-                code=types.INVALID_PARAMS, message=f"{uri}: {name} has {len(data):,} bytes, more than the {MAX_RESOURCE_BYTES:,} a resource may have"
-            )
+            raise too_large(uri, name, len(data))
         return resource_contents(uri, name, data)
 
     def _own(self, request: Request, ref: str) -> str:
