@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from pathlib import Path
 
 import anyio
 import jsonschema
 import mcp_types as types
 import pytest
+from helpers import REPO
 from mcp import MCPError
 
 from taskweaver_lite.cli.main import main
@@ -184,3 +186,13 @@ def test_a_resource_over_the_size_limit_is_refused_as_too_large_not_as_missing(t
         read_resource(resource_uri("s1", "files", "big.csv"), {}, stored=lambda _: folder)
     assert refused.value.error.code == types.INVALID_PARAMS, "not -32002, which says the resource does not exist"
     assert "big.csv is too large to read as a resource: 26,214,401 bytes, more than 26,214,400" in str(refused.value)
+
+
+def test_the_mcp_page_installs_from_a_checkout_and_its_host_configs_name_the_program_by_its_full_path() -> None:
+    page = (REPO / "docs" / "mcp.md").read_text(encoding="utf-8")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "pip install 'taskweaver-lite[" not in page, "no index has the package: it installs from the checkout"
+    assert ".venv/bin/pip install '.[mcp]'" in page and ".venv/bin/pip install '.[mcp]'" in readme
+    configs = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", page, re.DOTALL)]
+    commands = [server["command"] for config in configs for server in (config.get("mcpServers") or config.get("servers")).values() if "command" in server]
+    assert commands and all(command.startswith("/") and command.endswith("/.venv/bin/taskweaver-lite") for command in commands), commands
