@@ -7,6 +7,7 @@ import base64
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import anyio
 import jsonschema
@@ -165,16 +166,18 @@ def test_config_shows_the_mcp_servers_with_their_env_values_hidden(tmp_path: Pat
 def test_every_tool_has_annotations_and_its_answers_a_schema_they_fit() -> None:
     tools = {tool.name: tool for tool in anyio.run(ToolServer().list_tools, None, None).tools}
     assert set(tools) == {"ask", "sessions", "variables", "close_session"}
+    schemas: dict[str, dict[str, Any]] = {}
     for tool in tools.values():
         assert tool.annotations is not None and tool.annotations.read_only_hint is not None, f"{tool.name} has no annotations"
         assert tool.output_schema is not None, f"{tool.name} has no outputSchema"
+        schemas[tool.name] = tool.output_schema
     assert tools["sessions"].annotations.read_only_hint and tools["variables"].annotations.read_only_hint  # type: ignore[union-attr]
     assert tools["ask"].annotations.read_only_hint is False and tools["ask"].annotations.open_world_hint  # type: ignore[union-attr]
     row = {"id": "s1", "title": "t", "rounds": 1, "started": 1.0, "last_active": 2.0, "owner": None}
-    jsonschema.validate({"sessions": [row]}, tools["sessions"].output_schema)
-    jsonschema.validate(variables_result("s1", [Variable(name="x", type="int", description="42")]).structured_content, tools["variables"].output_schema)
+    jsonschema.validate({"sessions": [row]}, schemas["sessions"])
+    jsonschema.validate(variables_result("s1", [Variable(name="x", type="int", description="42")]).structured_content, schemas["variables"])
     for state in ("failed", "cancelled"):
-        jsonschema.validate(failed_answer("s1", "Cancelled.", state=state).structured_content, tools["ask"].output_schema)
+        jsonschema.validate(failed_answer("s1", "Cancelled.", state=state).structured_content, schemas["ask"])
 
 
 def test_a_resource_over_the_size_limit_is_refused_as_too_large_not_as_missing(tmp_path: Path) -> None:
