@@ -344,7 +344,7 @@ def command_folder(case: TaskCase) -> Path:
 def _pre_commands(case: TaskCase) -> list[str]:
     """Run the case's pre_command lines where TaskWeaver runs them (`command_folder`); a note for each that fails (the case still runs).
 
-    A run of TaskWeaver's document_indexer.py is not run but read (indexer_command.py), in one note.
+    A run of TaskWeaver's `scripts/document_indexer.py` is not run but read (indexer_command.py), in one note.
     """
     notes = []
     cwd = command_folder(case)
