@@ -149,8 +149,9 @@ def test_a_question_in_jupyterlabs_chat_is_answered_with_the_cells_output(lab: t
     cell.click()
     wait_for(lambda: "TOTAL 600" in browser.find_element(By.TAG_NAME, "body").text, 10, "the cell's output is not in the chat")
     browser.save_screenshot(str(tmp_path / "chat.png"))
-    sessions = subprocess.run([sys.executable, "-m", "taskweaver_lite", "sessions", "-p", str(project), "--json"], capture_output=True, text=True, env=cli_env())
+    command = [sys.executable, "-m", "taskweaver_lite", "sessions", "-p", str(project), "--json"]
+    sessions = subprocess.run(command, capture_output=True, text=True, env=cli_env())
     [row] = json.loads(sessions.stdout)
     assert row["rounds"] == 1
-    asked = [last_user_text(r.messages) for r in server.requests if r.role == "planner"][0]
-    assert "what is the total of the amount column in sales.csv?" in asked
+    asked = next(last_user_text(r.messages) for r in server.requests if r.role == "planner")
+    assert asked.startswith("@TaskWeaver what is the total of the amount column in sales.csv?"), asked  # no note of the chat's own before it
