@@ -154,4 +154,5 @@ def test_a_question_in_jupyterlabs_chat_is_answered_with_the_cells_output(lab: t
     [row] = json.loads(sessions.stdout)
     assert row["rounds"] == 1
     asked = next(last_user_text(r.messages) for r in server.requests if r.role == "planner")
-    assert asked.startswith("@TaskWeaver what is the total of the amount column in sales.csv?"), asked  # no note of the chat's own before it
+    assert "@TaskWeaver what is the total of the amount column in sales.csv?" in asked, asked
+    assert "is readable by the code at that path, read-only" in asked and "notebook MCP tools" not in asked  # the chat's folder is lent
