@@ -350,7 +350,7 @@ class ExecutionConfig(_Section):
         "50%", description="address space each kernel process may use: bytes, '4GB', '512MB', or a share of this machine's memory ('50%'); null: none"
     )
     max_processes: int = Field(256, ge=8, description="processes and threads the sandboxed kernel may run at once")
-    confirm: bool = Field(False, description="show each cell and wait for run / edit / skip (interactive chat only)")
+    confirm: bool = Field(False, description="show each cell and wait for run / edit / skip (the chat on a terminal; an editor over ACP asks run / skip)")
     kernel: str | None = Field(
         None,
         description="the Python the local kernel runs on: null (this program's), an installed Jupyter kernelspec's name, "
