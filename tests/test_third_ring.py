@@ -8,6 +8,7 @@ local sandboxed kernel, and must find nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 from mcp.shared.exceptions import MCPError
 from test_gateway_sandbox import Cells, gateway_project
 
@@ -32,6 +34,7 @@ from taskweaver_lite.testing.kernel_gateway import Gateway, free_port, sandbox_g
 pytestmark = [pytest.mark.kernel, pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed")]
 
 DISK_LIMIT = 50 * 1024**2
+DISK_FILES = 10_000
 
 # Every descriptor the kernel holds: what it points to, its identity, and the first bytes reopening it gives.
 FDS = """
@@ -93,6 +96,9 @@ def _shared(kernel_fds: list[list[object]], holder: int, *, own: tuple[Path, ...
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     project = gateway_project(tmp_path_factory.mktemp("contain") / "project")
+    config = yaml.safe_load((project / "taskweaver_config.yaml").read_text(encoding="utf-8"))
+    config["execution"]["disk_limit_files"] = DISK_FILES
+    (project / "taskweaver_config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     with sandbox_gateway(project) as running:
         yield running
 
@@ -114,7 +120,7 @@ def bob(gateway: Gateway, alice: Cells) -> Iterator[Cells]:
 
 @pytest.fixture
 def local(tmp_path: Path) -> Iterator[KernelExecutor]:
-    config = ExecutionConfig(sandbox="bubblewrap", disk_limit=DISK_LIMIT, timeout=120)
+    config = ExecutionConfig.model_validate({"sandbox": "bubblewrap", "disk_limit": DISK_LIMIT, "disk_limit_files": DISK_FILES, "timeout": 120})
     executor = KernelExecutor(tmp_path / "bob-local", config=config)
     yield executor
     executor.shutdown()
@@ -300,3 +306,36 @@ def test_four_workers_of_900_mb_on_the_gateway_are_held_to_its_memory_limit_in_t
     codes = said.rsplit("exit codes", 1)[-1]
     assert "-9" in codes, said
     assert bob.run("print(6 * 7)").strip() == "42", "the kernel itself goes on"
+
+
+# 200,000 empty files: no bytes to speak of, every one an inode (paced a little, as real work would be).
+EMPTY_FILES = (
+    "import os, time\nos.makedirs('many', exist_ok=True)\nmade = 0\n"
+    "for i in range(200_000):\n    open(f'many/{i}', 'w').close()\n    made += 1\n    if i % 2000 == 0:\n        time.sleep(0.02)\n"
+    "print('made', made)\n"
+)
+
+
+def _files_in(folder: Path) -> int:
+    return len(os.listdir(folder / "many")) if (folder / "many").is_dir() else 0
+
+
+def test_two_hundred_thousand_empty_files_are_stopped_by_the_files_cap_on_this_machine(local: KernelExecutor) -> None:
+    result = local.run(EMPTY_FILES)
+    kept = _files_in(local.cwd)
+    assert not result.success and "execution.disk_limit_files" in result.limit_reached, result
+    assert kept < 5 * DISK_FILES, f"{kept:,} files kept under a cap of {DISK_FILES:,}"
+    local.run("import shutil\nshutil.rmtree('many')")
+    assert "still here" in local.run("print('still here')").stdout, "and the session goes on"
+
+
+def test_two_hundred_thousand_empty_files_are_stopped_by_the_files_cap_on_the_gateway(gateway: Gateway) -> None:
+    cells = Cells(gateway, session="bob-files", owner="bob")
+    try:
+        with contextlib.suppress(AssertionError):  # the kernel is ended under the cell: it never says it finished
+            cells.run(EMPTY_FILES, timeout=30)
+        time.sleep(2)
+        kept = _files_in(gateway.root / "taskweaver_sessions" / "bob-files")
+    finally:
+        cells.close()
+    assert kept < 5 * DISK_FILES, f"{kept:,} files kept under a cap of {DISK_FILES:,}"

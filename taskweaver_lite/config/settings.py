@@ -371,6 +371,9 @@ class ExecutionConfig(_Section):
     disk_limit: int | str | None = Field(
         None, description="what a session's cells may keep in its working folder in total: bytes, '100MB', '2GB'; null: no limit"
     )
+    disk_limit_files: int | None = Field(
+        100_000, ge=100, description="with disk_limit: the most files and folders a session's cells may keep, however small; null: no cap"
+    )
 
     @field_validator("mounts", mode="before")
     @classmethod
@@ -809,6 +812,7 @@ _LOCAL_ONLY = {
     "cpu_limit": "limits are set on a kernel started on this machine",
     "cgroup": "a cgroup holds a kernel started on this machine",
     "disk_limit": "the limit is kept on a kernel started on this machine; a gateway's disk is the gateway's to limit",
+    "disk_limit_files": "the limit is kept on a kernel started on this machine; a gateway's disk is the gateway's to limit",
 }
 
 
