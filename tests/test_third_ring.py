@@ -24,8 +24,9 @@ import yaml
 from mcp.shared.exceptions import MCPError
 from test_gateway_sandbox import Cells, gateway_project
 
-from taskweaver_lite.config.settings import ExecutionConfig
+from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
+from taskweaver_lite.kernel.gateway.remote import GatewayExecutor
 from taskweaver_lite.kernel.sandbox import cgroup
 from taskweaver_lite.kernel.sandbox.bwrap import bwrap_path
 from taskweaver_lite.mcp.resources import read_resource, resource_uri
@@ -339,3 +340,48 @@ def test_two_hundred_thousand_empty_files_are_stopped_by_the_files_cap_on_the_ga
     finally:
         cells.close()
     assert kept < 5 * DISK_FILES, f"{kept:,} files kept under a cap of {DISK_FILES:,}"
+
+
+# Twenty PNGs of 2 MB in one cell (random bytes behind a PNG signature: nothing compresses them).
+MANY_IMAGES = (
+    "import base64, os\nfrom IPython.display import display\n"
+    "for i in range(20):\n"
+    "    png = base64.b64encode(b'\\x89PNG\\r\\n\\x1a\\n' + os.urandom(2 * 2**20)).decode()\n"
+    "    display({'image/png': png}, raw=True)\n"
+    "print('shown')\n"
+)
+DISPLAY_CAPS = {"display_per_cell": "8MB", "display_per_session": "12MB"}
+
+
+def _kept_images(executor: KernelExecutor | GatewayExecutor) -> int:
+    return sum(path.stat().st_size for path in executor.artifacts_dir.iterdir() if path.is_file())
+
+
+def _flood_twice(executor: KernelExecutor | GatewayExecutor) -> None:
+    first = executor.run(MANY_IMAGES)
+    assert first.stdout == "shown\n", first
+    assert _kept_images(executor) <= 8 * 2**20, "no more than execution.display_per_cell from one cell"
+    said = [line for line in first.notices if "execution.display_per_cell" in line]
+    assert len(said) == 1 and "not kept" in said[0], first.notices
+    second = executor.run(MANY_IMAGES)
+    assert _kept_images(executor) <= 12 * 2**20, "no more than execution.display_per_session in all"
+    said = [line for line in second.notices if "execution.display_per_session" in line]
+    assert len(said) == 1, second.notices
+
+
+def test_display_data_is_capped_per_cell_and_per_session_on_this_machine(tmp_path: Path) -> None:
+    config = ExecutionConfig.model_validate({"sandbox": "bubblewrap", "timeout": 120, **DISPLAY_CAPS})
+    executor = KernelExecutor(tmp_path / "bob-images", config=config)
+    try:
+        _flood_twice(executor)
+    finally:
+        executor.shutdown()
+
+
+def test_display_data_is_capped_per_cell_and_per_session_on_the_gateway(gateway: Gateway, tmp_path: Path) -> None:
+    config = ExecutionConfig.model_validate({"timeout": 120, **DISPLAY_CAPS})
+    executor = GatewayExecutor(tmp_path / "bob-images", config=config, gateway=KernelGatewayConfig(url=gateway.url, token=gateway.token, connect_timeout=60))
+    try:
+        _flood_twice(executor)
+    finally:
+        executor.shutdown()
