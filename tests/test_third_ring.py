@@ -18,12 +18,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import requests
 import yaml
+from helpers import make_project
 from mcp.shared.exceptions import MCPError
 from test_gateway_sandbox import Cells, gateway_project
 
+from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.gateway.remote import GatewayExecutor
@@ -31,6 +34,7 @@ from taskweaver_lite.kernel.sandbox import cgroup
 from taskweaver_lite.kernel.sandbox.bwrap import bwrap_path
 from taskweaver_lite.mcp.resources import read_resource, resource_uri
 from taskweaver_lite.testing.kernel_gateway import Gateway, free_port, sandbox_gateway
+from taskweaver_lite.testing.web_server import WebServer
 
 pytestmark = [pytest.mark.kernel, pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed")]
 
@@ -385,3 +389,12 @@ def test_display_data_is_capped_per_cell_and_per_session_on_the_gateway(gateway:
         _flood_twice(executor)
     finally:
         executor.shutdown()
+
+
+def test_a_sessions_record_names_none_of_the_servers_folders(tmp_path: Path) -> None:
+    project = make_project(tmp_path, "http://127.0.0.1:9")
+    config = load_config(project)
+    with WebServer(config) as web, httpx.Client(base_url=web.url, timeout=60) as client:
+        session_id = client.post("/api/sessions", json={}).json()["id"]
+        shown = client.get(f"/api/sessions/{session_id}").text
+    assert str(config.sessions_dir) not in shown and str(project) not in shown and str(tmp_path) not in shown, shown
