@@ -39,6 +39,7 @@ MAX_OUTPUT_TOKENS = 2_000
 
 Strategy = Literal["round_compression", "sliding_window", "summary_buffer", "observation_masking", "none"]
 FoldSchedule = Literal["rounds", "pressure"]
+Structured = Literal["auto", "json_schema", "json_object", "off"]  # llm.structured (llm/structured.py says what each sends)
 FoldPrompt = Literal["role", "separate"]
 
 
@@ -65,7 +66,13 @@ class LLMConfig(_Section):
         description="tokens kept free for the model's reply (sent as max_tokens); unset: a quarter of context_window, at most 4,096",
     )
     margin: int = Field(256, ge=0, lt=MAX_CONTEXT_WINDOW, description="tokens kept free for counting differences (a template's seams, a ratio's spread)")
-    json_mode: bool = Field(True, description="send response_format=json_object")
+    structured: Structured = Field(
+        "auto",
+        description="replies constrained to each role's schema: auto (json_schema, stepping down to json_object, then to none, "
+        "where the endpoint refuses), json_schema, json_object or off; json_mode is its older name (true: auto, false: off)",
+    )
+    # Read into `structured` before validation (`read_structured`): a key the files and --set still take, never kept or shown.
+    json_mode: bool | None = Field(None, exclude=True, description="the older name of structured: true is auto, false is off")
     timeout: float = Field(120.0, gt=0, description="seconds a model call may take")
     max_retries: int = Field(2, ge=0, description="retries of a call that failed on the way (connection, 429, 5xx, a cut-off stream)")
     tokenizer: Literal["o200k_base", "cl100k_base"] = Field(
@@ -87,6 +94,11 @@ class LLMConfig(_Section):
         "calibrated on the server's usage (OpenAI's models: llm.tokenizer); calibrated: never ask the server; tokenizer: llm.tokenizer alone",
     )
     vision: bool = Field(False, description="the model reads images: roles that require vision are off without it")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_mode_is_structured(cls, data: Any) -> Any:
+        return read_structured(data)
 
     @model_validator(mode="before")
     @classmethod
@@ -127,7 +139,8 @@ class LLMOverrides(_Section):
     context_window: int | None = None
     reply_reserve: int | None = None
     margin: int | None = None
-    json_mode: bool | None = None
+    structured: Structured | None = None
+    json_mode: bool | None = Field(None, exclude=True, description="the older name of structured: true is auto, false is off")
     timeout: float | None = None
     max_retries: int | None = None
     tokenizer: Literal["o200k_base", "cl100k_base"] | None = None
@@ -136,6 +149,38 @@ class LLMOverrides(_Section):
     server_kind: Literal["auto", "openai", "llama.cpp", "vllm", "other"] | None = None
     token_counting: Literal["auto", "calibrated", "tokenizer"] | None = None
     vision: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_mode_is_structured(cls, data: Any) -> Any:
+        return read_structured(data)
+
+
+def read_structured(data: Any) -> Any:
+    """An `llm` mapping with `structured: off` as YAML reads it (false) taken for "off", and the older `json_mode`
+    read as `structured` (true: auto, false: off); both given must agree."""
+    if not isinstance(data, dict):
+        return data
+    if isinstance(data.get("structured"), bool):
+        data = {**data, "structured": "auto" if data["structured"] else "off"}  # YAML 1.1 reads a bare off (and on) as a boolean
+    if "json_mode" not in data:
+        return data
+    data = dict(data)
+    json_mode = data.pop("json_mode")
+    if json_mode is None:
+        return data
+    if not isinstance(json_mode, bool):
+        raise ValueError(f"json_mode must be true or false (it is the older name of structured: true is auto, false is off); got {json_mode!r}")
+    wanted = "auto" if json_mode else "off"
+    given = data.get("structured")
+    if given is None:
+        data["structured"] = wanted
+    elif (given == "off") != (wanted == "off"):
+        raise ValueError(
+            f"json_mode: {str(json_mode).lower()} and structured: {given} disagree (json_mode is the older name of structured: "
+            "true is auto, false is off); keep structured alone"
+        )
+    return data
 
 
 # The part of a session that folds rounds; every role's section (`planner`, `code_generator`, a
@@ -504,6 +549,38 @@ class EvalConfig(_Section):
     max_rounds: int = Field(60, ge=1, description="user requests per case at most, unless the case sets max_rounds")
 
 
+class OidcConfig(_Section):
+    """Sign-in with an OpenID Connect provider (`serve.oidc`): authorization code with PKCE; a first allowed sign-in adds the user."""
+
+    issuer: str = Field(description="the provider's issuer URL (its /.well-known/openid-configuration is read), e.g. https://accounts.google.com")
+    client_id: str = Field(min_length=1, description="this service's client id at the provider")
+    client_secret: SecretStr | None = Field(None, description="its client secret (null: a public client, PKCE alone)")
+    allowed_domains: list[str] = Field(
+        default_factory=list, description="email domains that may sign in (the verified `email` claim's part after @); empty: any"
+    )
+    allowed_groups: list[str] = Field(default_factory=list, description="groups (the `groups` claim) of which a user must be in one to sign in; empty: any")
+    admin_groups: list[str] = Field(
+        default_factory=list,
+        description="groups whose members are admins (checked at each sign-in: promoted or demoted to match); empty: admins are set by hand",
+    )
+    scopes: list[str] = Field(
+        default_factory=lambda: ["openid", "email", "profile"], description="the scopes asked for (add the one your provider sends groups with)"
+    )
+    groups_claim: str = Field("groups", description="the claim that lists the user's groups")
+    name_claim: str = Field("email", description="the claim whose value is the user's name here (email, preferred_username)")
+    redirect_url: str | None = Field(
+        None, description="the callback's address as the browser reaches it (https://HOST/oidc/callback); null: made from the request"
+    )
+    label: str = Field("single sign-on", description="what the sign-in page's button names, e.g. Google or Okta")
+
+    @field_validator("issuer")
+    @classmethod
+    def _a_url(cls, value: str) -> str:
+        if not value.startswith(("https://", "http://")):
+            raise ValueError("expected the provider's issuer URL, such as https://accounts.example.org")
+        return value.rstrip("/")
+
+
 class ServeConfig(_Section):
     """`taskweaver-lite serve` as one of several replicas on one PostgreSQL store (see docs/team.md)."""
 
@@ -546,6 +623,22 @@ class ServeConfig(_Section):
             "the file holding the key that signs the page's sign-in cookies (32 bytes or more; never in the store): every replica "
             "must read the same one; null: sign-in.key in the state folder, made at first start"
         ),
+    )
+    oidc: OidcConfig | None = Field(None, description="sign-in with an OpenID Connect provider (see OidcConfig); null: tokens only")
+    auto_add_users: bool = Field(
+        False,
+        description=(
+            "with trusted_user_header: a user the proxy names who is not known yet is added (if allowed_groups lets them), "
+            "unless they were removed; admin_groups decides who is an admin"
+        ),
+    )
+    trusted_groups_header: str | None = Field(
+        None,
+        description="the proxy's header listing the user's groups, comma-separated (X-Forwarded-Groups for oauth2-proxy); believed as trusted_user_header is",
+    )
+    allowed_groups: list[str] = Field(default_factory=list, description="with auto_add_users: groups of which a new user must be in one; empty: any")
+    admin_groups: list[str] = Field(
+        default_factory=list, description="with trusted_groups_header: groups whose members are admins; empty: admins are set by hand"
     )
     metrics_token: SecretStr | None = Field(
         None, description="a token good for GET /metrics alone (a Prometheus scraper's), answered even while the store is down; null: a user's token"
