@@ -329,7 +329,8 @@ def test_two_hundred_thousand_empty_files_are_stopped_by_the_files_cap_on_this_m
     result = local.run(EMPTY_FILES)
     kept = _files_in(local.cwd)
     assert not result.success and "execution.disk_limit_files" in result.limit_reached, result
-    assert kept < 5 * DISK_FILES, f"{kept:,} files kept under a cap of {DISK_FILES:,}"
+    # What is made between two looks stays (the watcher looks less often the more there is to count): far from the 200,000.
+    assert kept < 10 * DISK_FILES, f"{kept:,} files kept under a cap of {DISK_FILES:,}"
     local.run("import shutil\nshutil.rmtree('many')")
     assert "still here" in local.run("print('still here')").stdout, "and the session goes on"
 
@@ -343,7 +344,8 @@ def test_two_hundred_thousand_empty_files_are_stopped_by_the_files_cap_on_the_ga
         kept = _files_in(gateway.root / "taskweaver_sessions" / "bob-files")
     finally:
         cells.close()
-    assert kept < 5 * DISK_FILES, f"{kept:,} files kept under a cap of {DISK_FILES:,}"
+    # What is made between two looks stays (the watcher looks less often the more there is to count): far from the 200,000.
+    assert kept < 10 * DISK_FILES, f"{kept:,} files kept under a cap of {DISK_FILES:,}"
 
 
 # Twenty PNGs of 2 MB in one cell (random bytes behind a PNG signature: nothing compresses them).
