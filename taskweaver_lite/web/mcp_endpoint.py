@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from taskweaver_lite.errors import StoreUnavailable, TaskWeaverError, UnknownSessionError
+from taskweaver_lite.errors import AmbiguousSessionError, StoreUnavailable, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.mcp.resources import (
     MAX_LISTED_PER_SESSION,
     MAX_RESOURCE_BYTES,
@@ -68,7 +68,7 @@ class TeamServer(ToolServer):
         loop = asyncio.get_running_loop()
         try:
             session_id, turn, written = await asyncio.to_thread(self._start, _request(ctx), question, ref, loop)
-        except UnknownSessionError:
+        except (UnknownSessionError, AmbiguousSessionError):
             raise _no_such_session(ref or "") from None
         except (AtLimit, Busy, Stopping, TaskWeaverError) as exc:
             return failed_answer(ref, self._said(exc))
@@ -138,7 +138,7 @@ class TeamServer(ToolServer):
 
         try:
             return await asyncio.to_thread(stored)
-        except UnknownSessionError:
+        except (UnknownSessionError, AmbiguousSessionError):
             raise _no_such_session(ref) from None
         except StoreUnavailable:
             raise MCPError(code=types.INTERNAL_ERROR, message=STORE_DOWN) from None
@@ -156,7 +156,7 @@ class TeamServer(ToolServer):
 
         try:
             return await asyncio.to_thread(release)
-        except UnknownSessionError:
+        except (UnknownSessionError, AmbiguousSessionError):
             raise _no_such_session(ref) from None
 
     async def list_resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:
@@ -192,7 +192,7 @@ class TeamServer(ToolServer):
         session_id, kind, name = resource_parts(uri)
         try:
             session_id = self._own(request, session_id)
-        except UnknownSessionError:
+        except (UnknownSessionError, AmbiguousSessionError):
             raise _missing(uri, f"no session {session_id!r} of yours on this server (call the sessions tool)") from None
         live = self.hub.get(session_id)
         sessions = {session_id: live.session} if live is not None else {}
