@@ -143,6 +143,10 @@ class PostgresStore(SqlStore):
         with self._errors(), self._pool.connection() as conn:  # commits on leaving, rolls back on an exception
             yield _Connection(conn)
 
+    def _one_at_a_time(self, db: Any, key: str) -> None:
+        """Hold a transaction-scoped advisory lock on `key` (every server on this database waits its turn for it)."""
+        db.execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (key,))
+
     @contextmanager
     def _read(self) -> Iterator[_Connection]:
         with self._autocommit() as conn:

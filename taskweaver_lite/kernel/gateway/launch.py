@@ -21,6 +21,7 @@ from taskweaver_lite.kernel.sandbox.bwrap import fallback_notice, uses_sandbox
 KERNEL_NAME = "taskweaver-lite"
 TOKEN_VARIABLE = "KG_AUTH_TOKEN"
 API_MODULE = "taskweaver_lite.kernel.gateway.server"  # Kernel Gateway's `api` option: the module it asks for its personality
+KERNEL_MANAGER = "taskweaver_lite.kernel.gateway.user_limit.SandboxKernelManager"  # counts each user's kernels from their start
 
 
 def is_loopback(ip: str) -> bool:
@@ -67,6 +68,7 @@ def gateway_arguments(config: Config, *, root: Path, ip: str, port: int) -> list
     return [
         f"--KernelGatewayApp.ip={ip}", f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0",
         f"--KernelGatewayApp.api={API_MODULE}", f"--SandboxPersonality.root={root}", "--SandboxPersonality.list_kernels=True",
+        f"--KernelGatewayApp.kernel_manager_class={KERNEL_MANAGER}", f"--SandboxKernelManager.project_dir={config.project_dir.resolve()}",
         f"--KernelGatewayApp.default_kernel_name={KERNEL_NAME}", f"--KernelGatewayApp.force_kernel_name={KERNEL_NAME}",
         f"--KernelSpecManager.allowed_kernelspecs={KERNEL_NAME}", "--KernelSpecManager.ensure_native_kernel=False",
         f"--MappingKernelManager.cull_idle_timeout={culling.cull_idle_timeout}", f"--MappingKernelManager.cull_interval={culling.cull_interval}",
