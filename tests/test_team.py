@@ -62,7 +62,9 @@ class Team:
 def team(postgres_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
     root = tmp_path_factory.mktemp("team")
     (root / "gateway").mkdir()
-    (root / "gateway" / "taskweaver_config.yaml").write_text("{}\n", encoding="utf-8")  # the gateway machine's project: the defaults
+    # The gateway machine's project: the defaults, but for the kernels a user may hold at once: alice holds more than
+    # 8 sessions in the replicas' memory here (test_team_limits.py tests gateway.max_kernels_per_user).
+    (root / "gateway" / "taskweaver_config.yaml").write_text("gateway: {max_kernels_per_user: null}\n", encoding="utf-8")
     with ScriptedServer() as model, sandbox_gateway(root / "gateway") as gateway:
         run_code_model(model)
         url = postgres_cluster.new_database()

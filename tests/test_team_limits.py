@@ -1,4 +1,4 @@
-"""A team service's limits when one user's requests race, and its kernels when the gateway goes away with a request in flight.
+"""A team service's limits when one user's requests race, and what its users see while the gateway or the store is away.
 
 Two real `serve` replicas on a private PostgreSQL server and a real `taskweaver-lite gateway` whose
 project allows 8 kernels per user; requests go over HTTP to either replica, sent at once from
@@ -161,6 +161,11 @@ def test_twelve_first_requests_at_once_from_one_user_run_the_first_eight_and_ref
     assert service.logs().count("the kernel gateway refused a kernel") == len(refused), "each refusal is in the replicas' log"
     gateway_log = (service.gateway.root / "gateway.log").read_text(encoding="utf-8")
     assert gateway_log.count("refused a kernel to alice") == len(refused), gateway_log[-3000:]
+    # The gateway's own /metrics, behind its token, names the user (not the id their sessions belong to).
+    assert requests.get(f"{service.gateway.url}/metrics", timeout=30).status_code == 401
+    metrics = requests.get(f"{service.gateway.url}/metrics", headers={"Authorization": f"token {service.gateway.token}"}, timeout=30).text
+    assert f'taskweaver_gateway_kernels{{user="alice"}} {KERNELS_PER_USER}' in metrics, metrics
+    assert f'taskweaver_gateway_kernel_starts_refused_total{{user="alice"}} {len(refused)}' in metrics, metrics
     # Another user is not held back by alice's kernels.
     with service.client(0, "bob") as bob:
         session_id = bob.post("/api/sessions", json={}).json()["id"]
@@ -244,3 +249,32 @@ def _stop_gateway(gateway: Gateway) -> bool:
     with contextlib.suppress(psutil.NoSuchProcess):
         psutil.Process(gateway.pid).wait(60)
     return True
+
+
+def test_a_store_outage_is_answered_at_once_and_the_service_is_back_within_seconds_of_the_restart(service: Service, postgres_cluster: PostgresCluster) -> None:
+    with service.client(0, "bob") as first, service.client(1, "bob") as second:
+        session_id = first.post("/api/sessions", json={}).json()["id"]
+        status, events = ask(first, session_id, "RUN<<before = 5>>")
+        assert status == 200, events
+        postgres_cluster.stop()
+        waits: list[float] = []
+        try:
+            outage_ends = time.monotonic() + 30  # long enough for a pool's growing back-off to reach tens of seconds
+            while time.monotonic() < outage_ends:
+                for client in (first, second):
+                    began = time.monotonic()
+                    down = client.get("/api/sessions")
+                    waits.append(time.monotonic() - began)
+                    assert down.status_code == 503 and "store" in down.json()["error"] and "\n" not in down.json()["error"], down.text
+                    assert client.get("/healthz").status_code == 503
+        finally:
+            postgres_cluster.start_again()
+        restarted = time.monotonic()
+        for client in (first, second):
+            while client.get("/healthz").status_code != 200 or client.get("/api/sessions").status_code != 200:
+                assert time.monotonic() - restarted < 60, "the replicas never found the store again"
+        recovered = time.monotonic() - restarted
+        assert "5" in ask(second, session_id, "RUN<<print(before)>>")[1][-1]["text"]
+    slow = [wait for wait in waits if wait > 1.0]
+    assert recovered < 4.0, f"back {recovered:.1f} s after the store's restart"
+    assert len(slow) <= 2 and sorted(waits)[len(waits) // 2] < 0.3, f"while down, requests are answered at once: {sorted(waits)[-5:]}"

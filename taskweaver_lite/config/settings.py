@@ -490,7 +490,7 @@ class ServeConfig(_Section):
         100, ge=1, description="sessions a replica keeps in memory between requests at most (the least recently used idle one goes first)"
     )
     hot_session_idle: float = Field(
-        900.0,
+        300.0,
         ge=1,
         description="seconds a replica keeps a session unused in memory, and its kernel's connection open; then it lets go (the gateway may cull the kernel)",
     )
