@@ -31,6 +31,7 @@ from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.roles.registry import discover_roles
 from taskweaver_lite.safety.terminal import strip_controls
 from taskweaver_lite.store.opening import store_has_users
+from taskweaver_lite.telemetry.log_lines import LOG_FORMAT, LOG_TIME, one_line_handler, utc_stamp
 from taskweaver_lite.web.access_log import AccessLog
 from taskweaver_lite.web.app import build_app
 from taskweaver_lite.web.auth import LOOPBACK, TOKEN_ENV, Access
@@ -38,13 +39,12 @@ from taskweaver_lite.web.connections import server_settings
 from taskweaver_lite.web.hub import Hub
 
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-LOG_TIME = "%Y-%m-%dT%H:%M:%S%z"
+
 # uvicorn's loggers in the same form (its default has no time); its access log stays off (serve --log writes ours).
 UVICORN_LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"stamped": {"format": LOG_FORMAT, "datefmt": LOG_TIME}},
+    "formatters": {"stamped": {"()": "taskweaver_lite.telemetry.log_lines.UtcFormatter", "format": LOG_FORMAT, "datefmt": LOG_TIME}},
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "stamped", "stream": "ext://sys.stderr"}},
     "loggers": {"uvicorn": {"handlers": ["stderr"], "level": "WARNING", "propagate": False}},
 }
@@ -74,13 +74,13 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def say(line: str) -> None:
     """One line (or several) to stderr, each stamped with the time as the log's lines are."""
-    stamp = time.strftime(LOG_TIME)
+    stamp = utc_stamp()
     print("\n".join(f"{stamp} {part}" for part in line.splitlines()), file=sys.stderr, flush=True)
 
 
 def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] = (), intro: str = "", fresh: bool = False) -> int:
     """Serve `config` on the command's address: `intro` is said once it is listening, and with `fresh` its link opens a new session."""
-    logging.basicConfig(stream=sys.stderr, format=LOG_FORMAT, datefmt=LOG_TIME, level=logging.WARNING)  # the server's warnings, stamped
+    logging.basicConfig(handlers=[one_line_handler(sys.stderr)], level=logging.WARNING)  # the server's warnings (a driver's too), one line each
     has_users = store_has_users(config)
     # A team's store (PostgreSQL) with no users yet: its replicas start all the same (compose starts them first on a first
     # start), and refuse every request, saying so, until an administrator adds the first user.

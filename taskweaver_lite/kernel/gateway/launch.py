@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 from taskweaver_lite.config.settings import Config
@@ -17,6 +19,7 @@ from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.kernel.gateway.provisioner import SESSIONS, kernelspec
 from taskweaver_lite.kernel.process import make_undumpable
 from taskweaver_lite.kernel.sandbox.bwrap import fallback_notice, uses_sandbox
+from taskweaver_lite.telemetry.log_lines import LOG_TIME, one_line_handler
 
 KERNEL_NAME = "taskweaver-lite"
 TOKEN_VARIABLE = "KG_AUTH_TOKEN"
@@ -84,6 +87,14 @@ def run(config: Config, *, ip: str, port: int) -> None:
     os.environ["JUPYTER_PATH"] = str(root / ".jupyter")
     os.environ["JUPYTER_RUNTIME_DIR"] = str(root / ".runtime")
     os.environ.pop("KG_FORCE_KERNEL_NAME", None)
+    # Every line in UTC, said so: Jupyter's own lines (their time is local time: this process's is UTC) and ours, one line each.
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    ours = logging.getLogger("taskweaver_lite")
+    ours.addHandler(one_line_handler())
+    ours.setLevel(logging.INFO)
+    ours.propagate = False
     make_undumpable()
-    KernelGatewayApp.launch_instance(argv=gateway_arguments(config, root=root, ip=ip, port=port))
+    arguments = [*gateway_arguments(config, root=root, ip=ip, port=port), f"--KernelGatewayApp.log_datefmt={LOG_TIME}"]
+    KernelGatewayApp.launch_instance(argv=arguments)
     sys.stdout.flush()
