@@ -12,6 +12,8 @@ adds), p95; and requests per second over the whole load. Configurations:
                  in its sandbox; `--gateway plain`: a plain `jupyter kernelgateway`)
     pg-2         two replicas on that store and gateway; request r of session n goes to replica (n + r) % 2,
                  as a round-robin proxy without sticky sessions would send it: every request moves its session
+    pg-2-sticky  the same two replicas, each session kept on one of them (replica n % 2) as the shipped nginx
+                 keeps it (a consistent hash of the session id in the path)
 
 Kills (`--kills K`): a request whose cell sleeps runs on one replica; once its cell runs, the replica
 is killed (SIGKILL) and a new one started in its place; the other replica is asked again until it
@@ -101,14 +103,16 @@ class Load:
     loaded: tuple[int, float]  # sessions loaded afresh from the store: how many, mean seconds
 
 
-def load(urls: list[str], model: Model, *, sessions: int, requests: int, service: Callable[[], list[int]], store_pids: Callable[[], list[int]]) -> Load:
+def load(
+    urls: list[str], model: Model, *, sessions: int, requests: int, service: Callable[[], list[int]], store_pids: Callable[[], list[int]], sticky: bool = False
+) -> Load:
     """`sessions` clients sending `requests` each, after a warm-up; `service`: the pids whose CPU is the service's (`store_pids` of them PostgreSQL's)."""
     with httpx.Client(timeout=120) as http:
         opened = [http.post(urls[n % len(urls)] + "/api/sessions", json={}).json()["id"] for n in range(sessions)]
-    run_clients(urls, opened, model, requests=1, prefix="warm-")  # kernels started, first cells run: not what is measured
+    run_clients(urls, opened, model, requests=1, prefix="warm-", sticky=sticky)  # kernels started, first cells run: not what is measured
     before = cpu_seconds(service())
     started = time.perf_counter()
-    arrivals = run_clients(urls, opened, model, requests=requests)
+    arrivals = run_clients(urls, opened, model, requests=requests, sticky=sticky)
     elapsed = time.perf_counter() - started
     after = cpu_seconds(service())
     spent = sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
@@ -146,14 +150,15 @@ def postgres_pids(cluster: PostgresCluster | None) -> list[int]:
     return []
 
 
-def run_clients(urls: list[str], sessions: list[str], model: Model, *, requests: int, prefix: str = "") -> dict[str, float]:
+def run_clients(urls: list[str], sessions: list[str], model: Model, *, requests: int, prefix: str = "", sticky: bool = False) -> dict[str, float]:
+    """Each session's client sends `requests` in turn: round robin over `urls`, or each session on one of them (`sticky`)."""
     arrivals: dict[str, float] = {}
 
     def client(n: int, session_id: str) -> None:
         with httpx.Client(timeout=120) as http:
             for r in range(requests):
                 marker = f"{prefix}{n}-{r}"
-                url = urls[(n + r) % len(urls)]
+                url = urls[n % len(urls)] if sticky else urls[(n + r) % len(urls)]
                 for _ in range(100):  # a 409 while the previous request's bookkeeping ends on the other replica: again
                     with http.stream("POST", f"{url}/api/sessions/{session_id}/messages", json={"text": f"set x MARK-{marker} please"}) as response:
                         if response.status_code == 409:
@@ -188,12 +193,13 @@ def measure_load(
             with start() as servers:
                 store = None if name == "sqlite" else cluster
                 service, store_pids = functools.partial(service_pids, servers, store), functools.partial(postgres_pids, store)
-                found = load([s.url for s in servers], model, sessions=size, requests=requests, service=service, store_pids=store_pids)
+                urls = [s.url for s in servers]
+                found = load(urls, model, sessions=size, requests=requests, service=service, store_pids=store_pids, sticky=name.endswith("-sticky"))
             cull(gateway)  # replicas leave kernels on the gateway; a deployment's culling ends them, here at once
             results[(name, size)] = found
             line = f"  {name:8} {size:3} sessions: p95 {p95(found.latencies) * 1000:7.1f} ms, {found.rate:6.1f} requests/s, {found.answered} answered"
             moves = ""
-            if name == "pg-2":
+            if name.startswith("pg-2"):
                 (refreshes, refresh_mean), (loads, load_mean) = found.refreshed, found.loaded
                 moves = f"; copies brought up to date {refreshes} (mean {refresh_mean * 1000:.0f} ms), sessions loaded {loads} (mean {load_mean * 1000:.0f} ms)"
             of_store = f" ({found.store_cpu * 1000:.0f} ms of it PostgreSQL's)" if store is not None else ""
@@ -298,7 +304,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=5, help="timed requests per session")
     parser.add_argument("--kills", type=int, default=20, help="replicas killed mid-cell (0: none)")
     parser.add_argument("--lease", type=float, default=3.0, help="serve.lease_timeout for the kills")
-    parser.add_argument("--configs", default="sqlite,pg-local,pg-1,pg-2", help="which configurations to load, comma-separated")
+    parser.add_argument("--configs", default="sqlite,pg-local,pg-1,pg-2,pg-2-sticky", help="which configurations to load, comma-separated")
     parser.add_argument(
         "--gateway", choices=("sandbox", "plain"), default="sandbox", help="the replicas' gateway: taskweaver-lite gateway, or jupyter kernelgateway"
     )
@@ -335,6 +341,7 @@ def _setups(root: Path, cluster: PostgresCluster, *, gateway_url: Any, model_url
         "pg-local": (lambda: replicas(local, 1), local),
         "pg-1": (lambda: replicas(one, 1), one),
         "pg-2": (lambda: replicas(two, 2), two),
+        "pg-2-sticky": (lambda: replicas(two, 2), two),
     }
 
 

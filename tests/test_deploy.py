@@ -290,6 +290,19 @@ def test_a_page_whose_replica_dies_mid_request_recovers_on_the_other(deployment:
     _wait(browser, lambda d: "after 10" in _chat(d), "the next request must be answered by the other replica, with the variables")
 
 
+def test_the_shipped_proxy_keeps_each_session_on_one_replica(deployment: Deployment) -> None:
+    with deployment.client() as client:
+        sessions = [client.post("/api/sessions", json={}).json()["id"] for _ in range(4)]
+        for session_id in sessions:
+            for n in range(3):
+                asked = client.post(f"/api/sessions/{session_id}/messages", json={"text": f"RUN<<x = {n}>>"})
+                assert asked.status_code == 200, asked.text
+    for session_id in sessions:
+        marker = f"POST /api/sessions/{session_id}/messages"
+        answered_by = {replica.port for replica in deployment.replicas if marker in replica.access_log.read_text()}
+        assert len(answered_by) == 1, f"session {session_id}'s requests went to replicas {sorted(answered_by)}: the proxy moves sessions between replicas"
+
+
 def test_a_stopping_replica_answers_503_stopping_until_its_request_is_done(deployment: Deployment) -> None:
     leaving = ServeProcess.start(deployment.project, args=("--host", _compose_host()))
     headers = {"Authorization": f"Bearer {deployment.token}"}

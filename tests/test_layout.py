@@ -108,12 +108,13 @@ SITS_ON: dict[str, tuple[str, ...]] = {
     "roles": ("kernel", "knowledge", "plugins"),
     "compat": ("roles",),  # found by the role registry through an entry point: roles never import it
     "session": ("roles", "store"),
-    "__init__": ("session",),  # the public names (imported on first use) and the version
+    "notebook": ("session",),  # `%%ask` in a notebook's own kernel: the magics, the notebook's session, its cell's view
+    "__init__": ("session", "notebook"),  # the public names (imported on first use), the version, `%load_ext taskweaver_lite`
     "eval": ("__init__",),  # its report names the version
-    "web": ("__init__",),
     "mcp": ("__init__",),  # this agent as an MCP server (the MCP client the kernel runs is kernel/mcp/client.py)
+    "web": ("mcp",),  # serve answers MCP at /mcp with the same tools
     "testing": ("eval", "web"),
-    "cli": ("testing", "mcp"),
+    "cli": ("testing",),
     "__main__": ("cli",),
     "plugin": ("kernel",),  # what plugin files import
     "role": ("roles",),  # what role files import
@@ -184,7 +185,7 @@ def layer_name(cell: str) -> str:
 
 def test_executors_are_chosen_in_one_place_and_used_through_their_protocol() -> None:
     # kernel/choice.py picks the class by what the config asks for; the rest of the package sees `Executor` only.
-    named = re.compile(r"\b(?:KernelExecutor|GatewayExecutor)\b")
+    named = re.compile(r"\b(?:KernelExecutor|GatewayExecutor|OwnKernelExecutor)\b")
     naming = sorted(name for name, path in MODULES.items() if part_of(name) != "kernel" and named.search(path.read_text(encoding="utf-8")))
     assert naming == [], f"these name an executor class; build one with kernel/choice.py and ask it through kernel/interface.py: {naming}"
 

@@ -45,8 +45,14 @@ def test_the_gateway_will_not_listen_beyond_loopback_without_a_token(tmp_path: P
 
 def test_a_gateway_without_the_sandbox_says_so_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "taskweaver_config.yaml").write_text("execution: {sandbox: none}\n", encoding="utf-8")
+    said = check_can_start(load_config(tmp_path), ip="127.0.0.1", environ={"KG_AUTH_TOKEN": "t"})
+    assert len(said) == 1 and "unsandboxed" in said[0] and "\n" not in said[0]
+
+
+def test_a_gateway_on_loopback_without_a_token_says_so_in_one_line_naming_the_variable(tmp_path: Path) -> None:
     said = check_can_start(load_config(tmp_path), ip="127.0.0.1", environ={})
-    assert said is not None and "unsandboxed" in said and "\n" not in said
+    assert len(said) == 1 and "KG_AUTH_TOKEN" in said[0] and "\n" not in said[0]
+    assert check_can_start(load_config(tmp_path), ip="127.0.0.1", environ={"KG_AUTH_TOKEN": "t"}) == ()
 
 
 def test_only_our_kernelspec_starts_idle_kernels_are_culled_and_the_token_is_not_an_argument(tmp_path: Path) -> None:
@@ -55,5 +61,6 @@ def test_only_our_kernelspec_starts_idle_kernels_are_culled_and_the_token_is_not
     assert "--KernelGatewayApp.force_kernel_name=taskweaver-lite" in args and "--KernelSpecManager.allowed_kernelspecs=taskweaver-lite" in args
     assert f"--MappingKernelManager.cull_idle_timeout={config.gateway.cull_idle_timeout}" in args and config.gateway.cull_idle_timeout > 0
     assert not any("token" in arg.lower() for arg in args)
+    assert "--SandboxPersonality.list_kernels=False" in args and not any("list_kernels=True" in arg for arg in args)
     spec = kernelspec(project_dir=tmp_path, root=tmp_path / "gateway")
     assert spec["metadata"]["kernel_provisioner"]["provisioner_name"] == "taskweaver-lite-sandbox" and spec["interrupt_mode"] == "message"

@@ -23,6 +23,7 @@ import pytest
 import requests
 import yaml
 
+from taskweaver_lite.store.postgres import PostgresStore
 from taskweaver_lite.testing.kernel_gateway import Gateway, sandbox_gateway
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster
 from taskweaver_lite.testing.replicas import ServeProcess, run_code_model, write_team_project
@@ -42,6 +43,7 @@ class Service:
     gateway: Gateway
     project: Path
     replicas: list[ServeProcess]
+    store_url: str
     tokens: dict[str, str] = field(default_factory=dict)
 
     def client(self, replica: int, user: str) -> httpx.Client:
@@ -59,11 +61,12 @@ def service(postgres_cluster: PostgresCluster, tmp_path_factory: pytest.TempPath
     (gateway_project / "taskweaver_config.yaml").write_text(yaml.safe_dump({"gateway": {SETTING.split(".")[1]: KERNELS_PER_USER}}), encoding="utf-8")
     with ScriptedServer() as model, sandbox_gateway(gateway_project) as gateway:
         run_code_model(model)
-        project = write_team_project(root / "project", store_url=postgres_cluster.new_database(), gateway=gateway, model_url=model.url, lease_timeout=3.0)
+        store_url = postgres_cluster.new_database()
+        project = write_team_project(root / "project", store_url=store_url, gateway=gateway, model_url=model.url, lease_timeout=3.0)
         tokens = {name: _add_user(project, name) for name in ("alice", "bob", "carol")}
         replicas = [ServeProcess.start(project), ServeProcess.start(project)]
         try:
-            yield Service(gateway_project, gateway, project, replicas, tokens)
+            yield Service(gateway_project, gateway, project, replicas, store_url, tokens)
         finally:
             for replica in replicas:
                 replica.stop()
@@ -87,11 +90,15 @@ def ask(client: httpx.Client, session_id: str, text: str) -> tuple[int, list[dic
         return 200, [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
 
 
-def _gateway_kernels(gateway: Gateway) -> list[dict[str, Any]]:
-    listing = requests.get(f"{gateway.url}/api/kernels", headers={"Authorization": f"token {gateway.token}"}, timeout=30)
-    listing.raise_for_status()
-    kernels: list[dict[str, Any]] = listing.json()
-    return kernels
+def _gateway_metrics(gateway: Gateway) -> str:
+    answer = requests.get(f"{gateway.url}/metrics", headers={"Authorization": f"token {gateway.token}"}, timeout=30)
+    answer.raise_for_status()
+    return answer.text
+
+
+def _kernels_counted(gateway: Gateway) -> int:
+    """The kernels the gateway's /metrics counts now, every user's, starting ones included."""
+    return sum(int(line.rsplit(" ", 1)[1]) for line in _gateway_metrics(gateway).splitlines() if line.startswith("taskweaver_gateway_kernels{"))
 
 
 class Watch:
@@ -141,11 +148,11 @@ def test_twelve_first_requests_at_once_from_one_user_run_the_first_eight_and_ref
         assert not list((service.gateway.root / "taskweaver_sessions").glob("*")), "a session never asked anything has no kernel, nor a folder"
         # Each cell counts its own runs in its session's folder, and holds its kernel busy a while.
         code = "RUN<<import time\nopen('runs.txt', 'a').write('x')\nprint('runs', len(open('runs.txt').read()))\ntime.sleep(3)>>"
-        kernels_listed = Watch(lambda: len(_gateway_kernels(service.gateway)))
+        kernels_counted = Watch(lambda: _kernels_counted(service.gateway))
         kernel_processes = Watch(lambda: _running_kernel_processes(service.gateway))
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
             results = list(pool.map(lambda pair: ask(pair[0], pair[1], code), zip(clients, sessions, strict=True)))
-        assert kernels_listed.stop() <= KERNELS_PER_USER and kernel_processes.stop() <= KERNELS_PER_USER, "never more kernels than the limit"
+        assert kernels_counted.stop() <= KERNELS_PER_USER and kernel_processes.stop() <= KERNELS_PER_USER, "never more kernels than the limit"
     finally:
         for client in clients:
             client.close()
@@ -163,7 +170,7 @@ def test_twelve_first_requests_at_once_from_one_user_run_the_first_eight_and_ref
     assert gateway_log.count("refused a kernel to alice") == len(refused), gateway_log[-3000:]
     # The gateway's own /metrics, behind its token, names the user (not the id their sessions belong to).
     assert requests.get(f"{service.gateway.url}/metrics", timeout=30).status_code == 401
-    metrics = requests.get(f"{service.gateway.url}/metrics", headers={"Authorization": f"token {service.gateway.token}"}, timeout=30).text
+    metrics = _gateway_metrics(service.gateway)
     assert f'taskweaver_gateway_kernels{{user="alice"}} {KERNELS_PER_USER}' in metrics, metrics
     assert f'taskweaver_gateway_kernel_starts_refused_total{{user="alice"}} {len(refused)}' in metrics, metrics
     # Another user is not held back by alice's kernels.
@@ -207,7 +214,7 @@ def test_the_gateway_stopped_with_a_request_in_flight_answers_503_naming_it_and_
         in_flight: list[tuple[int, list[dict[str, Any]]]] = []
         running = threading.Thread(target=lambda: in_flight.append(ask(first, session_id, "RUN<<import time\nprint('started', flush=True)\ntime.sleep(60)>>")))
         running.start()
-        _wait_for_busy_kernel(service.gateway)
+        _wait_for_busy_kernel(service, session_id)
         port, token = service.gateway.url.rsplit(":", 1)[1], service.gateway.token
         stopped = _stop_gateway(service.gateway)
         try:
@@ -229,13 +236,21 @@ def test_the_gateway_stopped_with_a_request_in_flight_answers_503_naming_it_and_
     assert "Traceback" not in service.logs()
 
 
-def _wait_for_busy_kernel(gateway: Gateway) -> None:
+def _wait_for_busy_kernel(service: Service, session_id: str) -> None:
+    """Until the session's kernel (its id from the store) runs a cell."""
+    store = PostgresStore(service.store_url)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if any(kernel.get("execution_state") == "busy" for kernel in _gateway_kernels(gateway)):
-            return
-        time.sleep(0.1)
-    raise AssertionError("no kernel ever ran the cell")
+    try:
+        while time.monotonic() < deadline:
+            kernel_id = store.load(session_id).kernel_id
+            if kernel_id is not None:
+                asked = requests.get(f"{service.gateway.url}/api/kernels/{kernel_id}", headers={"Authorization": f"token {service.gateway.token}"}, timeout=30)
+                if asked.ok and asked.json().get("execution_state") == "busy":
+                    return
+            time.sleep(0.1)
+    finally:
+        store.close()
+    raise AssertionError("the session's kernel never ran the cell")
 
 
 def _stop_gateway(gateway: Gateway) -> bool:

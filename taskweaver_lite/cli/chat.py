@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -19,8 +18,10 @@ from taskweaver_lite.cli.console import PlainConsole, RichConsole, indent
 from taskweaver_lite.cli.experience import experience_command, save_tips
 from taskweaver_lite.cli.images import TerminalImages
 from taskweaver_lite.cli.plugins import mcp_lines, plugin_table, report_kernel_failures
+from taskweaver_lite.cli.project import project_dir, sessions_command
 from taskweaver_lite.cli.prompt_line import INTERRUPTED, PromptLine
 from taskweaver_lite.cli.roles import role_table
+from taskweaver_lite.cli.sessions import export_format
 from taskweaver_lite.cli.turns import TurnCommands, session_artifacts
 from taskweaver_lite.config.file import CONFIG_FILE_NAME, load_config
 from taskweaver_lite.config.settings import DISTILLER, FOLDER, Config
@@ -39,12 +40,11 @@ from taskweaver_lite.records.model_calls import Usage
 from taskweaver_lite.safety.confirm import ConfirmCell
 from taskweaver_lite.safety.terminal import strip_controls
 from taskweaver_lite.safety.workfiles import owner_only_file
-from taskweaver_lite.session.assembly import delete_session, reset_session
+from taskweaver_lite.session.assembly import reset_session
 from taskweaver_lite.session.export import write_export
 from taskweaver_lite.session.model_choice import model_users
 from taskweaver_lite.session.session import Session, numbered
 from taskweaver_lite.session.workspace import Workspace
-from taskweaver_lite.store.opening import open_store, store_place, stored_sessions
 
 # /summary shows the variables list more fully than a prompt can afford to.
 SUMMARY_VARIABLES_TOKENS = 4_000
@@ -73,27 +73,6 @@ HELP = """Commands:
   /exit            leave (Ctrl-D or Ctrl-C at an empty prompt too)
 Ctrl-C while a request runs cancels it and keeps the session."""
 EXPORT_USAGE = "Usage: /export [ipynb|md] [file] [--force]"
-DEFAULT_PROJECT = "project"
-
-
-def project_dir(args: argparse.Namespace) -> Path:
-    """The project folder named by -p (or ./project); a missing one is an error that says how to make it."""
-    given = args.project is not None
-    project = Path(args.project if given else DEFAULT_PROJECT)
-    if project.is_file():
-        raise ConfigError(
-            f"{project} is a file, not a project folder: -p takes the folder that holds taskweaver_config.yaml "
-            "(`taskweaver-lite init` makes one). To analyse this file, /load it in the chat."
-        )
-    if not project.is_dir():
-        create = f"taskweaver-lite init {project}" if given else "taskweaver-lite init"
-        other = "" if given else ", or pass -p PROJECT_DIR to use another folder"
-        raise ConfigError(f"{project}: project folder not found; create one with `{create}`{other}")
-    return project
-
-
-def _sessions_command(project: Path) -> str:
-    return f"taskweaver-lite sessions -p {project}"
 
 
 def run_chat(args: argparse.Namespace) -> int:
@@ -286,7 +265,7 @@ def _resume(
         _fit_display(workspace.config, renderer)  # after the reload: the stored settings must not undo the terminal's width
         session = _resume_session(workspace, ref, replay=replay, renderer=renderer, say=say, confirm=confirm)
     except UnknownSessionError as exc:
-        raise exc.listed_with(_sessions_command(project)) from None
+        raise exc.listed_with(sessions_command(project)) from None
     if remembered:
         say("Re-applied the settings this session was started with: " + " ".join(f"--set {item}" for item in remembered))
     return session, overrides
@@ -650,67 +629,3 @@ def last_execution(rounds: list[Round]) -> tuple[Round, ExecutionResult] | None:
             if post.execution is not None:
                 return rnd, post.execution
     return None
-
-
-def list_sessions(args: argparse.Namespace) -> int:
-    """`taskweaver-lite sessions`: the stored sessions, newest first; `--delete ID` deletes one."""
-    import json
-
-    project = project_dir(args)
-    config = load_config(project)
-    if args.delete:
-        return _delete_session(config, args.delete, project)
-    rows = stored_sessions(config)
-    if args.json:
-        print(json.dumps([row.to_dict() for row in rows]))
-        return 0
-    if not rows:
-        print(f"No stored sessions in {store_place(config)}.")
-        return 0
-    owners = any(row.owner for row in rows)  # a store with users: whose each session is (a column only then)
-    print(f"{'ID':<24} {'STARTED':<17} {'LAST ACTIVE':<17} {'ROUNDS':>6}  " + (f"{'OWNER':<16} " if owners else "") + "TITLE")
-    for row in rows:
-        owner = f"{strip_controls(row.owner or '-'):<16} " if owners else ""
-        print(f"{row.id:<24} {_stamp(row.started):<17} {_stamp(row.last_active):<17} {row.rounds:>6}  {owner}{strip_controls(row.title)}")
-    return 0
-
-
-def _delete_session(config: Config, ref: str, project: Path) -> int:
-    """`taskweaver-lite sessions --delete ID`: the session gone for good (refused while it is open or answering)."""
-    store = open_store(config)
-    try:
-        deleted = delete_session(config, ref, store=store)
-    except UnknownSessionError as exc:
-        raise exc.listed_with(_sessions_command(project)) from None
-    finally:
-        store.close()
-    print(f"Deleted session {deleted}: its rounds, files, kernel and the tips saved from it are gone.")
-    return 0
-
-
-def _stamp(seconds: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
-
-
-def export_session(args: argparse.Namespace) -> int:
-    """`taskweaver-lite export ID [--format ipynb|md] [-o FILE] [--force]`."""
-    project = project_dir(args)
-    config = load_config(project)
-    target = Path(args.output) if args.output else None
-    try:
-        written = write_export(config, args.session_id, fmt=export_format(args.format, target), target=target, force=args.force)
-    except UnknownSessionError as exc:
-        raise exc.listed_with(_sessions_command(project)) from None
-    print(f"Wrote {written}", file=sys.stderr)
-    return 0
-
-
-def export_format(fmt: str | None, target: Path | None) -> str:
-    """The format asked for, else the one the file name says (.md, .ipynb), else ipynb."""
-    if fmt is not None:
-        return fmt
-    if target is None or target.suffix.lower() == ".ipynb":
-        return "ipynb"
-    if target.suffix.lower() in (".md", ".markdown"):
-        return "md"
-    raise TaskWeaverError(f"{target}: cannot tell the format from the file name; name it .ipynb or .md, or pass the format (ipynb or md)")

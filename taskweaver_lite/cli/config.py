@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from taskweaver_lite.cli.chat import project_dir
+from taskweaver_lite.cli.project import project_dir
 from taskweaver_lite.config.file import load_config, section_type
 from taskweaver_lite.config.settings import Config, yaml_text
 from taskweaver_lite.config.sources import DEFAULT, effective_values, shown
@@ -22,15 +22,6 @@ from taskweaver_lite.safety.terminal import strip_controls
 # The openai SDK's variables a null llm.api_base / llm.api_key falls back to.
 _FALLBACKS = {"llm.api_base": "OPENAI_BASE_URL", "llm.api_key": "OPENAI_API_KEY"}
 _MASKED_MAPPINGS = ("headers", "env")  # values that may hold a proxy's password or a token
-
-
-def add_config_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The `config` command and its options."""
-    parser = commands.add_parser("config", help="show every effective setting and where its value came from (default, file, env VAR, --set)")
-    parser.add_argument("--show", action="store_true", help="show the settings (what `config` does; the flag may be left out)")
-    parser.add_argument("-p", "--project", dest="project", default=None, metavar="PROJECT_DIR", help="project folder (default: ./project)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key, as chat does")
-    parser.add_argument("--json", action="store_true", help="one JSON array on stdout of {key, value, source}")
 
 
 def run_config(args: argparse.Namespace) -> int:

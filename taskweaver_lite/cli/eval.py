@@ -45,7 +45,7 @@ def add_eval_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
 
 def run_eval_command(args: argparse.Namespace) -> int:
     """Run the cases, print the report, and say where it was written."""
-    from taskweaver_lite.cli.chat import project_dir
+    from taskweaver_lite.cli.project import project_dir
     from taskweaver_lite.eval.cases import load_cases
     from taskweaver_lite.eval.matrix import DEFAULT_SETTING, Setting, load_matrix
     from taskweaver_lite.eval.report import REPORT_MD, write_report

@@ -27,7 +27,7 @@ def add_gateway_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
 
 def run_gateway(args: argparse.Namespace) -> int:
     """Check the setup, then run the gateway until it is stopped; the exit code."""
-    from taskweaver_lite.cli.chat import project_dir
+    from taskweaver_lite.cli.project import project_dir
     from taskweaver_lite.config.file import load_config
     from taskweaver_lite.errors import ConfigError
 
@@ -38,8 +38,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         raise ConfigError(f"taskweaver-lite gateway needs {exc.name}: pip install 'taskweaver-lite[team]'") from exc
     from taskweaver_lite.kernel.gateway import launch as gateway_launch
 
-    warning = gateway_launch.check_can_start(config, ip=args.ip, environ=dict(os.environ))
-    if warning:
-        print(warning, file=sys.stderr)
+    for warning in gateway_launch.check_can_start(config, ip=args.ip, environ=dict(os.environ)):
+        print(warning, file=sys.stderr, flush=True)
     gateway_launch.run(config, ip=args.ip, port=args.port)
     return 0

@@ -14,8 +14,6 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from taskweaver_lite import __version__
-
 DEFAULT_PORT = 8765  # not 8000: vLLM's default, where a local model may already listen
 
 
@@ -61,7 +59,7 @@ def _project_listing(module: str, name: str) -> Callable[[argparse.Namespace], i
     """A listing of a project's parts: `module.name(project_dir, as_json=...)`, imported when it runs."""
 
     def run(args: argparse.Namespace) -> int:
-        from taskweaver_lite.cli.chat import project_dir
+        from taskweaver_lite.cli.project import project_dir
 
         listing: Callable[..., int] = getattr(importlib.import_module(module), name)
         return listing(project_dir(args), as_json=args.json)
@@ -145,6 +143,15 @@ def _add_export_parser(commands: Commands[argparse.ArgumentParser]) -> None:
     export.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
 
 
+def _add_config_parser(commands: Commands[argparse.ArgumentParser]) -> None:
+    """The `config` command and its options."""
+    parser = commands.add_parser("config", help="show every effective setting and where its value came from (default, file, env VAR, --set)")
+    parser.add_argument("--show", action="store_true", help="show the settings (what `config` does; the flag may be left out)")
+    parser.add_argument("-p", "--project", dest="project", default=None, metavar="PROJECT_DIR", help="project folder (default: ./project)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key, as chat does")
+    parser.add_argument("--json", action="store_true", help="one JSON array on stdout of {key, value, source}")
+
+
 def _overrides_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key (value parsed as YAML); repeatable"
@@ -158,7 +165,6 @@ def _project_option(parser: argparse.ArgumentParser) -> None:
 
 def commands() -> tuple[Command, ...]:
     """Every sub-command, in the order `--help` lists them (the modules that add their own parser are light to import)."""
-    from taskweaver_lite.cli.config import add_config_parser
     from taskweaver_lite.cli.eval import add_eval_parser
     from taskweaver_lite.cli.gateway import add_gateway_parser
     from taskweaver_lite.cli.users import add_users_parser
@@ -171,7 +177,7 @@ def commands() -> tuple[Command, ...]:
         Command("chat", _add_chat_parser, _lazy("taskweaver_lite.cli.chat", "run_chat")),
         Command("init", _add_init_parser, _run_init),
         Command("demo", _add_demo_parser, _run_demo),
-        Command("sessions", _add_sessions_parser, _lazy("taskweaver_lite.cli.chat", "list_sessions")),
+        Command("sessions", _add_sessions_parser, _lazy("taskweaver_lite.cli.sessions", "list_sessions")),
         Command("models", _listing("models", models, shape="array", in_project=False), _run_models),
         Command("plugins", _listing("plugins", plugins, shape="array"), _project_listing("taskweaver_lite.cli.plugins", "run_plugins")),
         Command("docs", _listing("docs", docs, shape="object"), _project_listing("taskweaver_lite.cli.docs", "run_docs")),
@@ -181,9 +187,22 @@ def commands() -> tuple[Command, ...]:
         Command("users", add_users_parser, _lazy("taskweaver_lite.cli.users", "run_users")),
         Command("gateway", add_gateway_parser, _lazy("taskweaver_lite.cli.gateway", "run_gateway")),
         Command("eval", add_eval_parser, _lazy("taskweaver_lite.cli.eval", "run_eval_command")),
-        Command("config", add_config_parser, _lazy("taskweaver_lite.cli.config", "run_config")),
-        Command("export", _add_export_parser, _lazy("taskweaver_lite.cli.chat", "export_session")),
+        Command("config", _add_config_parser, _lazy("taskweaver_lite.cli.config", "run_config")),
+        Command("export", _add_export_parser, _lazy("taskweaver_lite.cli.sessions", "export_session")),
     )
+
+
+class _Version(argparse.Action):
+    """`--version`: the installed package's version, read only when asked (importlib.metadata is slow to import)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=str(kwargs.get("help", "")))
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object, option_string: str | None = None) -> None:
+        from taskweaver_lite import __version__
+
+        print(f"taskweaver-lite {__version__}")
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -192,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="taskweaver-lite",
         description="A code-interpreter agent for data analysis: ask in plain language, it plans, writes and runs Python.",
     )
-    parser.add_argument("--version", action="version", version=f"taskweaver-lite {__version__}")
+    parser.add_argument("--version", action=_Version, help="show the program's version number and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in commands():
         command.add(subparsers)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from taskweaver_lite.cli.chat import project_dir
+from taskweaver_lite.cli.project import project_dir
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.safety.terminal import strip_controls

@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 import uvicorn
 
-from taskweaver_lite.cli.chat import project_dir
+from taskweaver_lite.cli.project import project_dir
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ConfigError

@@ -75,7 +75,7 @@ def days_or_never(text: str) -> float | None:
 
 def run_users(args: argparse.Namespace) -> int:
     """Run `users add|list|rotate|promote|demote|expires|remove`; the exit code."""
-    from taskweaver_lite.cli.chat import project_dir  # the store's modules only once a users command runs (`--help` answers at once)
+    from taskweaver_lite.cli.project import project_dir  # the store's modules only once a users command runs (`--help` answers at once)
     from taskweaver_lite.config.file import load_config
     from taskweaver_lite.store.opening import has_store, open_store, store_place
 

@@ -63,18 +63,27 @@ class LLMConfig(_Section):
         lt=MAX_CONTEXT_WINDOW,
         description="tokens kept free for the model's reply (sent as max_tokens); unset: a quarter of context_window, at most 4,096",
     )
-    margin: int = Field(256, ge=0, lt=MAX_CONTEXT_WINDOW, description="tokens kept free for counting differences")
+    margin: int = Field(256, ge=0, lt=MAX_CONTEXT_WINDOW, description="tokens kept free for counting differences (a template's seams, a ratio's spread)")
     json_mode: bool = Field(True, description="send response_format=json_object")
     timeout: float = Field(120.0, gt=0, description="seconds a model call may take")
     max_retries: int = Field(2, ge=0, description="retries of a call that failed on the way (connection, 429, 5xx, a cut-off stream)")
-    tokenizer: Literal["o200k_base", "cl100k_base"] = Field("o200k_base", description="the tokenizer prompts are counted with, offline")
+    tokenizer: Literal["o200k_base", "cl100k_base"] = Field(
+        "o200k_base", description="the offline tokenizer: OpenAI's models are counted with it, others with it times a calibrated ratio"
+    )
     stream: bool = Field(True, description="stream replies (stream=true); false for endpoints that cannot")
     show_reasoning: bool = Field(True, description="show a model's reasoning (<think>, reasoning_content) dimmed while it streams")
     prompt_cache: Literal["auto", "off"] = Field(
         "auto", description="cache hints: prompt_cache_key, or llama.cpp's cache_prompt and id_slot; never a field the server refuses"
     )
-    server_kind: Literal["auto", "openai", "llama.cpp", "other"] = Field(
-        "auto", description="which cache hints the server takes (auto: from the address, local discovery, or its replies)"
+    server_kind: Literal["auto", "openai", "llama.cpp", "vllm", "other"] = Field(
+        "auto",
+        description="the server's kind: which cache hints it takes and whether it counts prompts (auto: from the address, "
+        "local discovery, its GET /props, or its replies)",
+    )
+    token_counting: Literal["auto", "calibrated", "tokenizer"] = Field(
+        "auto",
+        description="how prompts are counted: auto: by the server's tokenizer where it tells (llama.cpp, vLLM), else llm.tokenizer "
+        "calibrated on the server's usage (OpenAI's models: llm.tokenizer); calibrated: never ask the server; tokenizer: llm.tokenizer alone",
     )
     vision: bool = Field(False, description="the model reads images: roles that require vision are off without it")
 
@@ -123,7 +132,8 @@ class LLMOverrides(_Section):
     tokenizer: Literal["o200k_base", "cl100k_base"] | None = None
     stream: bool | None = None
     prompt_cache: Literal["auto", "off"] | None = None
-    server_kind: Literal["auto", "openai", "llama.cpp", "other"] | None = None
+    server_kind: Literal["auto", "openai", "llama.cpp", "vllm", "other"] | None = None
+    token_counting: Literal["auto", "calibrated", "tokenizer"] | None = None
     vision: bool | None = None
 
 

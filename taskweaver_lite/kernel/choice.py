@@ -1,7 +1,9 @@
 """Which executor a session gets, chosen in one place by what the config asks for.
 
 A kernel on `execution.kernel_gateway` when one is set (the gateway extra), else a Jupyter kernel on
-this machine (in the sandbox or not: `execution.sandbox`). A kernel on a gateway may outlive the
+this machine (in the sandbox or not: `execution.sandbox`). A session opened by `%%ask` inside a
+notebook runs its cells in that notebook's own kernel instead (`own_kernel_factory`): no new kernel,
+no sandbox, the notebook's namespace. A kernel on a gateway may outlive the
 process that started it (a replica's): its `KernelHandover` says which kernel to attach to and whether
 to leave it running. What a session asks of either, whether a kernel came back with the session's
 variables and whether a stale copy can catch up on it included, is the `Executor` protocol (interface.py).
@@ -19,6 +21,8 @@ from taskweaver_lite.kernel.interface import ExecutorFactory
 from taskweaver_lite.records.plugin_spec import PluginSpec
 
 if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
     from taskweaver_lite.kernel.gateway.remote import KernelHandover
 
 
@@ -46,3 +50,10 @@ def executor_factory(config: Config, *, plugins: Sequence[PluginSpec] = (), hand
     return functools.partial(
         KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens, plugins=tuple(plugins), hidden=hidden, mcp_servers=config.mcp.servers
     )
+
+
+def own_kernel_factory(config: Config, *, shell: InteractiveShell) -> ExecutorFactory:
+    """Cells run in `shell`, the IPython shell of this process (a notebook's kernel): its namespace is the session's."""
+    from taskweaver_lite.kernel.own_kernel import OwnKernelExecutor
+
+    return functools.partial(OwnKernelExecutor, shell=shell, config=config.execution, output_tokens=config.cell_output_tokens)

@@ -47,8 +47,9 @@ from taskweaver_lite.kernel.process import (
 )
 from taskweaver_lite.kernel.sandbox import syscall_filter
 from taskweaver_lite.kernel.sandbox.bwrap import SandboxPlan, fallback_notice, kernel_command, session_sandbox, uses_sandbox
-from taskweaver_lite.kernel.sandbox.disk_limit import DiskWatch, Reached, disk_limit_notes, end_children, human, kernel_process
+from taskweaver_lite.kernel.sandbox.disk_limit import DiskWatch, Reached, disk_limit_notes, end_children, human
 from taskweaver_lite.kernel.sandbox.hidden_paths import hidden_path_notes
+from taskweaver_lite.kernel.sandbox.kernel_pid import SandboxInfo, end_sandbox, find_kernel
 from taskweaver_lite.kernel.uploads import copy_file
 from taskweaver_lite.records.execution import CellError, ExecutionResult
 from taskweaver_lite.records.plugin_spec import PluginSpec
@@ -92,6 +93,8 @@ class KernelExecutor(SessionKernel):
         # IPC sockets: local only, no ports; in the session folder unless its path is too long for
         # a socket name (then a short private folder in /tmp), always removed at the end.
         self._socket_dir = socket_dir(self.session_dir)
+        # Where bubblewrap says which process is the kernel: the disk limit finds it by id, never by name.
+        self._sandbox_info = SandboxInfo() if use_sandbox else None
         self.sandbox = self._sandbox_plan(config, hidden=hidden) if use_sandbox else None
         self._manager = self._kernel_manager(config)
         self._client: BlockingKernelClient | None = None
@@ -123,6 +126,7 @@ class KernelExecutor(SessionKernel):
             hidden=hidden,
             readable=self.python.folders,
             seccomp_fd=self._seccomp_fd,
+            info_fd=self._sandbox_info.fd if self._sandbox_info is not None else None,
         )
 
     def _kernel_manager(self, config: ExecutionConfig) -> InterpreterKernelManager:
@@ -134,6 +138,7 @@ class KernelExecutor(SessionKernel):
         if self.sandbox is not None:
             manager.interrupt_mode = "message"
             manager.seccomp_fd = self.sandbox.seccomp_fd
+            manager.sandbox_info = self._sandbox_info
         if self.sandbox is not None and self.sandbox.run_as is not None:
             # Root's sandboxed kernel runs as a user of its own (sandbox/identity.py), who must read the connection file.
             manager.kernel_uid = self.sandbox.run_as
@@ -226,17 +231,17 @@ class KernelExecutor(SessionKernel):
         Between cells: the first time its child processes are ended; if the total still grows, the
         kernel itself is writing (a thread), and it is ended: the next cell restarts it and says why.
         """
+        if not in_cell and not self._ready.is_set():
+            return  # still starting: its log grows as it starts, which is not a cell's thread writing (the next cell's watch begins from here)
         kernel = self._kernel_process()
+        if kernel is None:
+            self._lost(reached)
+            return
         if in_cell:
-            if kernel is not None:
-                end_children(kernel)
+            end_children(kernel)
             self.interrupt()
             return
-        if not self._ready.is_set():
-            return  # still starting: its log grows as it starts, which is not a cell's thread writing (the next cell's watch begins from here)
         self._strikes += 1
-        if kernel is None:
-            return
         if self._strikes == 1:
             end_children(kernel)
             return
@@ -244,13 +249,21 @@ class KernelExecutor(SessionKernel):
             os.kill(kernel, signal.SIGKILL)
         self._first_notices += (reached.message("Between cells the kernel kept writing, so it was ended,"),)
 
+    def _lost(self, reached: Reached) -> None:
+        """Past the limit with no kernel to be found where bubblewrap said it is: the whole sandbox ends, and the next cell says why."""
+        launched = self.pid
+        if launched is None:
+            return
+        end_sandbox(launched)
+        self._first_notices += (reached.message("The kernel could not be told apart from its sandbox, so the sandbox was ended,"),)
+
     def _kernel_process(self) -> int | None:
-        """The kernel's own process id as this program sees it (inside bubblewrap it is two processes down)."""
+        """The kernel's own process id as this program sees it (inside bubblewrap it is two processes down; kernel_pid.py)."""
         launched = self.pid
         if launched is None:
             return None
         if launched not in self._kernel_pids:
-            found = kernel_process(launched)
+            found = find_kernel(launched, self._sandbox_info)
             if found is None:
                 return None
             self._kernel_pids = {launched: found}
@@ -274,6 +287,8 @@ class KernelExecutor(SessionKernel):
             if self._seccomp_fd is not None:
                 os.close(self._seccomp_fd)
                 self._seccomp_fd = None
+            if self._sandbox_info is not None:
+                self._sandbox_info.close()
 
     def _launch(self) -> None:
         try:
@@ -281,6 +296,7 @@ class KernelExecutor(SessionKernel):
                 lambda: self._manager.start_kernel(
                     env=filtered_environment(os.environ, allowed=self.config.allowed_env, display_width=self.config.display_width, mark=self._mark),
                     cwd=str(self.cwd),
+                    stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=self._log,
                 )

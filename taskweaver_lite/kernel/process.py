@@ -33,6 +33,7 @@ from taskweaver_lite.kernel import plugin_runtime
 from taskweaver_lite.kernel import snapshot as kernel_snapshot
 from taskweaver_lite.kernel.sandbox import guard as kernel_guard
 from taskweaver_lite.kernel.sandbox import syscall_filter
+from taskweaver_lite.kernel.sandbox.kernel_pid import SandboxInfo
 
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 SECRET_PREFIXES = ("OPENAI_",)
@@ -108,11 +109,16 @@ class InterpreterKernelManager(KernelManager):
     kernel_uid: int | None = None
     interrupt_mode = "signal"
     seccomp_fd: int | None = None  # the syscall filter's file, named on bwrap's command line (`--seccomp FD`)
+    sandbox_info: SandboxInfo | None = None  # where bwrap says which process is the kernel (`--info-fd FD`)
 
     async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
-        # Every start and restart: the filter's file kept open in the child and read from its start.
-        if self.seccomp_fd is not None:
-            kw["pass_fds"] = (syscall_filter.rewound(self.seccomp_fd),)
+        # Every start and restart: the filter's file kept open in the child and read from its start,
+        # bubblewrap's info file emptied for what it says about this start.
+        fds = [syscall_filter.rewound(self.seccomp_fd)] if self.seccomp_fd is not None else []
+        if self.sandbox_info is not None:
+            fds.append(self.sandbox_info.rewound())
+        if fds:
+            kw["pass_fds"] = tuple(fds)
         await super()._async_launch_kernel(kernel_cmd, **kw)
 
     def write_connection_file(self, **kwargs: Any) -> None:

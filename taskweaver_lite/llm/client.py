@@ -36,7 +36,9 @@ from taskweaver_lite.errors import (
     TaskWeaverError,
 )
 from taskweaver_lite.llm.completions import BrokenReply, OddReply, Piece, PieceSink, ReplyFields, read_body, read_completion, read_stream, retry_after
+from taskweaver_lite.llm.counting import ModelTokenizer, RatioBook, ServerTokens, model_tokenizer
 from taskweaver_lite.llm.prompt_cache import PromptCache, read_props
+from taskweaver_lite.llm.tokens import Tokenizer
 from taskweaver_lite.records.model_calls import CallRecord, Completion, Delta, Message, Usage
 from taskweaver_lite.telemetry import tracing
 
@@ -80,6 +82,10 @@ class ChatModel(Protocol):
         """Release what the model holds (its HTTP connections)."""
         ...
 
+    def tokenizer(self, purpose: str) -> Tokenizer | None:
+        """What counts prompts for `purpose` in the model's own tokens (None: `llm.tokenizer`, offline, as the model counts)."""
+        ...
+
 
 class ModelDefaults:
     """The optional abilities of a model that has none: no prompt cache to key, no model name to say, nothing to close."""
@@ -96,6 +102,10 @@ class ModelDefaults:
 
     def close(self) -> None:
         """Nothing to release."""
+
+    def tokenizer(self, purpose: str) -> Tokenizer | None:
+        """None: this model counts as `llm.tokenizer` does."""
+        return None
 
 
 class RoutedModel:
@@ -126,6 +136,10 @@ class RoutedModel:
         """Send `purpose`'s calls to `owner`'s cache key or slot, in every distinct model."""
         for model in self._distinct():
             model.share_cache(purpose, owner)
+
+    def tokenizer(self, purpose: str) -> Tokenizer | None:
+        """The tokenizer of the model for `purpose`."""
+        return self.route(purpose).tokenizer(purpose)
 
     def close(self) -> None:
         """Close every distinct model."""
@@ -229,6 +243,10 @@ class MeteredModel:
         """Close the inner model."""
         self.inner.close()
 
+    def tokenizer(self, purpose: str) -> Tokenizer | None:
+        """The inner model's."""
+        return self.inner.tokenizer(purpose)
+
     def usage(self) -> Usage:
         """Totals so far."""
         with self._lock:
@@ -289,13 +307,14 @@ class OpenAIChatModel:
     Safe to call from several threads at once. It counts nothing itself: wrap it in `MeteredModel`.
     """
 
-    def __init__(self, config: LLMConfig, *, hints: SettingHints | None = None) -> None:
-        """`hints` name where each setting a failure points at is set (default: a YAML project's keys)."""
+    def __init__(self, config: LLMConfig, *, hints: SettingHints | None = None, ratios: RatioBook | None = None) -> None:
+        """`hints` name where each setting a failure points at is set (default: a YAML project's keys);
+        `ratios`: where the token ratios measured for models are kept across sessions."""
         import openai  # here, not at module level: it costs ~0.4 s and `--help` must not pay it
 
         self._config = config
         self._hints = hints = hints or SettingHints()
-        base_url = (config.api_base or os.environ.get("OPENAI_BASE_URL") or _OPENAI_BASE_URL).rstrip("/")
+        self._base_url = base_url = (config.api_base or os.environ.get("OPENAI_BASE_URL") or _OPENAI_BASE_URL).rstrip("/")
         self.url = redact_url(base_url)  # the only form of the address that may reach a message
         self.host = urlsplit(self.url).netloc.rpartition("@")[2] or self.url
         key = (config.api_key.get_secret_value() if config.api_key is not None else "") or os.environ.get("OPENAI_API_KEY", "")
@@ -308,6 +327,18 @@ class OpenAIChatModel:
         self._json_mode = config.json_mode
         self.prompt_cache = PromptCache(
             mode=config.prompt_cache, kind=config.server_kind, api_base=base_url, props=lambda api_base: read_props(api_base, api_key=key)
+        )
+        self._key = key
+        known = config.server_kind if config.server_kind in ("llama.cpp", "vllm") else None
+        self.counter = model_tokenizer(
+            tokenizer=config.tokenizer,
+            api_base=self.url,
+            model=config.model,
+            server_kind=config.server_kind,
+            counting=config.token_counting,
+            server=self._server_tokens(known) if known else None,
+            book=ratios,
+            probe=self._probe_server if config.server_kind == "auto" else None,
         )
         self._client = openai.OpenAI(
             api_key=key,
@@ -353,6 +384,7 @@ class OpenAIChatModel:
                 self._pause_or_raise(failure, made)
                 continue
             self.prompt_cache.learn(llama_timings=fields.llama_timings)
+            self._calibrate(messages, fields, limit=limit, purpose=purpose)
             return Completion(
                 model=self._config.model,
                 text=fields.text,
@@ -363,6 +395,27 @@ class OpenAIChatModel:
                 usage_reported=fields.prompt_tokens is not None and fields.completion_tokens is not None,
                 cached_tokens=min(fields.cached_tokens, fields.prompt_tokens or 0),
             )
+
+    def _calibrate(self, messages: Sequence[Message], fields: ReplyFields, *, limit: int, purpose: str) -> None:
+        """Set the server's count of this request against ours; a reply with llama.cpp's timings makes its server count from now on."""
+        if fields.prompt_tokens:
+            allowed = self._config.context_window - limit - self._config.margin
+            self.counter.observe(messages, server_tokens=fields.prompt_tokens, allowed=allowed, what=f"a {purpose} request")
+        if fields.llama_timings and self.counter.server is None:
+            self.counter.use_server(self._server_tokens("llama.cpp"))
+
+    def _server_tokens(self, kind: str) -> ServerTokens:
+        return ServerTokens("vllm" if kind == "vllm" else "llama.cpp", api_base=self._base_url, api_key=self._key, model=self._config.model)
+
+    def _probe_server(self) -> ServerTokens | None:
+        """A server of unknown kind that answers llama.cpp's `GET /props` counts with llama.cpp's tokenizer."""
+        props = read_props(self._base_url, api_key=self._key)
+        llama = props is not None and any(name in props for name in ("total_slots", "default_generation_settings", "chat_template"))
+        return self._server_tokens("llama.cpp") if llama else None
+
+    def tokenizer(self, purpose: str) -> ModelTokenizer:
+        """What counts this model's prompts in its own tokens."""
+        return self.counter
 
     def _drop_refused_hint(self, failure: _Failure, request: dict[str, Any], hints: Mapping[str, Any]) -> bool:
         """A cache hint is worth nothing to a server that refuses it: leave it out of this request and the rest."""
@@ -388,6 +441,7 @@ class OpenAIChatModel:
     def close(self) -> None:
         """Release the HTTP connections."""
         self._client.close()
+        self.counter.close()
 
     def _request(self, request: dict[str, Any], on_delta: DeltaSink | None) -> ReplyFields:
         """One HTTP request, its body read within llm.timeout in all; `_Failure` says whether to retry."""

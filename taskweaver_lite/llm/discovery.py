@@ -21,7 +21,8 @@ from taskweaver_lite.config.settings import Config, LLMConfig
 
 # (server, port): their defaults, in the order a found one is preferred.
 LLAMA_CPP = "llama.cpp server"
-KNOWN_SERVERS: tuple[tuple[str, int], ...] = (("Ollama", 11434), ("LM Studio", 1234), (LLAMA_CPP, 8080), ("vLLM", 8000))
+VLLM = "vLLM"
+KNOWN_SERVERS: tuple[tuple[str, int], ...] = (("Ollama", 11434), ("LM Studio", 1234), (LLAMA_CPP, 8080), (VLLM, 8000))
 PROBE_TIMEOUT = 0.15  # seconds per port: a local server answers /v1/models in milliseconds
 WAIT = 0.2  # seconds start-up may be delayed in all
 
@@ -82,7 +83,8 @@ def use_local_server(config: Config, servers: Sequence[LocalServer]) -> str | No
             continue
         config.llm.api_base = server.api_base
         config.llm.model = chosen
-        config.llm.server_kind = "llama.cpp" if server.name == LLAMA_CPP else "other"  # which cache hints it takes
+        # Which cache hints it takes, and whether it counts prompts with the model's tokenizer.
+        config.llm.server_kind = "llama.cpp" if server.name == LLAMA_CPP else "vllm" if server.name == VLLM else "other"
         return (
             f"No API key or llm.api_base set: using {server.name} at {server.api_base} with model {chosen}. "
             "Set llm.context_window to the model's context size so prompts fit."

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-ServerKind = Literal["auto", "openai", "llama.cpp", "other"]
+ServerKind = Literal["auto", "openai", "llama.cpp", "vllm", "other"]
 OPENAI_HOST = "api.openai.com"
 PROPS_TIMEOUT = 2.0  # seconds: /props is answered from memory
 # Purposes in the order they get llama.cpp slots: the roles' own calls first, then their folds.

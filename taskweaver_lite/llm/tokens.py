@@ -8,6 +8,7 @@ first use: importing this module costs nothing.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -56,36 +57,63 @@ class Tokenizer:
 
     def truncate_middle(self, text: str, max_tokens: int) -> str:
         """`text` cut to at most `max_tokens` tokens: head and tail kept, a marker in between."""
-        tokens = self._bpe.encode(text) if text else []
-        if len(tokens) <= max_tokens:
+        size = self.count(text)
+        if size <= max_tokens:
             return text
-        keep = max_tokens - self.count(_marker(len(tokens)))
+        tokens = self._bpe.encode(text)
+        scale = self._scale(size, tokens)
+        keep = int((max_tokens - self.count(_marker(size))) / scale)
         if keep < 2:
             # No room for a marker: keep what fits of the head, the part a reader sees first.
-            return self._decode(tokens[: max(max_tokens, 0)], side="head")
+            return self._head(tokens, max_tokens, scale)
         while keep >= 2:
             head_len = (keep + 1) // 2
             head = self._decode(tokens[:head_len], side="head")
             tail = self._decode(tokens[len(tokens) - (keep - head_len) :], side="tail")
-            result = f"{head}{_marker(len(tokens) - self.count(head) - self.count(tail))}{tail}"
+            result = f"{head}{_marker(size - self.count(head) - self.count(tail))}{tail}"
             # Re-joined pieces can merge differently at the seams; shrink until the promise holds.
-            if self.count(result) <= max_tokens:
+            over = self.count(result) - max_tokens
+            if over <= 0:
                 return result
-            keep -= 1
-        return self._decode(tokens[:max_tokens], side="head")
+            keep -= self._step(over, scale)
+        return self._head(tokens, max_tokens, scale)
 
     def keep_tail(self, text: str, max_tokens: int) -> str:
         """`text` cut to at most `max_tokens` tokens from its end, a marker in front (a traceback's last frames)."""
-        tokens = self._bpe.encode(text) if text else []
-        if len(tokens) <= max_tokens:
+        size = self.count(text)
+        if size <= max_tokens:
             return text
-        keep = max(max_tokens - self.count(_marker(len(tokens))), 0)
+        tokens = self._bpe.encode(text)
+        scale = self._scale(size, tokens)
+        keep = max(int((max_tokens - self.count(_marker(size))) / scale), 0)
         while keep > 0:
             tail = self._decode(tokens[len(tokens) - keep :], side="tail")
-            result = f"{_marker(len(tokens) - self.count(tail)).lstrip()}{tail}"
-            if self.count(result) <= max_tokens:
+            result = f"{_marker(size - self.count(tail)).lstrip()}{tail}"
+            over = self.count(result) - max_tokens
+            if over <= 0:
                 return result
-            keep -= 1
+            keep -= self._step(over, scale)
+        return ""
+
+    def _scale(self, size: int, tokens: Sequence[int]) -> float:
+        """This tokenizer's tokens per BPE piece of one text (1 when the BPE is what counts): cuts are made
+        on BPE pieces, sized in the tokens that count."""
+        return max(size / max(len(tokens), 1), 1e-3) if size != len(tokens) else 1.0
+
+    @staticmethod
+    def _step(over: int, scale: float) -> int:
+        """BPE pieces to take off a cut that came out `over` tokens too long: one at a time where a piece is a token."""
+        return 1 if scale == 1.0 else max(1, math.ceil(over / scale))
+
+    def _head(self, tokens: Sequence[int], max_tokens: int, scale: float) -> str:
+        """The longest start of `tokens` that counts at most `max_tokens`."""
+        keep = int(max(max_tokens, 0) / scale)
+        while keep > 0:
+            head = self._decode(tokens[:keep], side="head")
+            over = self.count(head) - max_tokens
+            if over <= 0:
+                return head
+            keep -= self._step(over, scale)
         return ""
 
     def fit(self, texts: Sequence[str], *, room: int) -> list[str]:

@@ -3,7 +3,9 @@
 A resource's address names its session and its folder: `taskweaver-lite://session/<id>/artifacts/<name>`
 for what a cell displayed (plots, saved by the kernel), `taskweaver-lite://session/<id>/files/<name>`
 for a file a cell wrote in the working folder. Only a regular file directly in that folder is
-read (never a link out of it), up to MAX_RESOURCE_BYTES; text comes as text, the rest as base64.
+read, opened relative to the folder's descriptor with no link followed and checked on that same
+descriptor (a cell swapping the name for a link meanwhile gets nothing), up to MAX_RESOURCE_BYTES;
+text comes as text, the rest as base64.
 The files of a stored session that is not open here are read from its folder all the same.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import mimetypes
+import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from urllib.parse import quote, unquote
@@ -18,8 +21,8 @@ from urllib.parse import quote, unquote
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
-from taskweaver_lite.kernel.output import file_inside
 from taskweaver_lite.records.conversation import Round
+from taskweaver_lite.safety.workfiles import open_below
 from taskweaver_lite.session.session import Session
 
 SCHEME = "taskweaver-lite"
@@ -82,19 +85,17 @@ def artifact_links(session: Session, rnd: Round) -> list[types.ResourceLink]:
 
 def read_resource(uri: str, sessions: Mapping[str, Session], *, stored: Callable[[str], Path | None]) -> types.ReadResourceResult:
     """The contents of the file `uri` names: of a session open here, or of a stored one (`stored` finds its folder)."""
-    session_id, kind, name = _parts(uri)
+    session_id, kind, name = resource_parts(uri)
     session = sessions.get(session_id)
     folder = session.working_dir.parent if session is not None else stored(session_id)
     if folder is None:
         raise _not_found(uri, f"no session {session_id!r} in this project")
-    try:
-        path = file_inside(folder / _FOLDERS[kind], name)
-    except KeyError:
-        raise _not_found(uri, f"session {session_id} has no file {name!r} in its {kind}") from None
-    size = path.stat().st_size
-    if size > MAX_RESOURCE_BYTES:
-        raise _not_found(uri, f"{name} has {size:,} bytes, more than the {MAX_RESOURCE_BYTES:,} a resource may have")
-    data = path.read_bytes()
+    data = _read(uri, folder / _FOLDERS[kind], name, what=f"session {session_id} has no file {name!r} in its {kind}")
+    return resource_contents(uri, name, data)
+
+
+def resource_contents(uri: str, name: str, data: bytes) -> types.ReadResourceResult:
+    """The bytes of the file `name` as the resource `uri`: text when its type is text and it decodes, else base64."""
     kind_of = mime_type(name)
     if kind_of.startswith("text/") or kind_of in ("application/json", "image/svg+xml"):
         try:
@@ -105,7 +106,22 @@ def read_resource(uri: str, sessions: Mapping[str, Session], *, stored: Callable
     return types.ReadResourceResult(contents=[types.BlobResourceContents(uri=uri, mime_type=kind_of, blob=blob)])
 
 
-def _parts(uri: str) -> tuple[str, str, str]:
+def _read(uri: str, folder: Path, name: str, *, what: str) -> bytes:
+    """The regular file `name` directly in `folder`: opened relative to the folder's descriptor with no link followed,
+    checked (`fstat`) and read through that one descriptor, so a name swapped for a link meanwhile is never followed."""
+    if Path(name).name != name or name in (".", ".."):
+        raise _not_found(uri, what)
+    try:
+        fd, info = open_below(folder, name)
+    except OSError:  # missing, a link, not a regular file: the same answer, with none of this machine's paths
+        raise _not_found(uri, what) from None
+    with os.fdopen(fd, "rb") as file:
+        if info.st_size > MAX_RESOURCE_BYTES:
+            raise _not_found(uri, f"{name} has {info.st_size:,} bytes, more than the {MAX_RESOURCE_BYTES:,} a resource may have")
+        return file.read(MAX_RESOURCE_BYTES + 1)[:MAX_RESOURCE_BYTES]
+
+
+def resource_parts(uri: str) -> tuple[str, str, str]:
     """(session id, kind, file name) of one of our addresses; a protocol error naming the expected shape otherwise."""
     prefix = f"{SCHEME}://session/"
     parts = uri.removeprefix(prefix).split("/") if uri.startswith(prefix) else []

@@ -25,7 +25,7 @@ import contextlib
 import ctypes
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -41,6 +41,7 @@ from taskweaver_lite.errors import TaskWeaverError, UnknownSessionError
 from taskweaver_lite.mcp.resources import artifact_links, list_resources, read_resource
 from taskweaver_lite.records.conversation import USER, Round
 from taskweaver_lite.records.events import Event, Working
+from taskweaver_lite.records.execution import Variable
 from taskweaver_lite.session.session import Session
 from taskweaver_lite.session.workspace import Workspace
 
@@ -52,7 +53,7 @@ MAX_OPEN_SESSIONS = 4
 BUSY_WAIT = 10.0
 # Seconds a cancelled turn gets to stop its cell and store its failed round before the cancellation is answered.
 STOP_WAIT = 60.0
-_ACTIVITY = {
+ACTIVITY = {
     "planner_thinking": "The Planner is thinking",
     "code_writing": "Writing code",
     "code_running": "Running code",
@@ -83,7 +84,7 @@ ASK = types.Tool(
         "properties": {
             "answer": {"type": "string"},
             "session_id": {"type": "string"},
-            "state": {"type": "string", "enum": ["finished", "failed"]},
+            "state": {"type": "string", "enum": ["finished", "failed", "cancelled"]},
             "artifacts": {"type": "array", "items": {"type": "string"}},
         },
         "required": ["answer", "session_id", "state", "artifacts"],
@@ -188,7 +189,7 @@ class Turn:
     def listen(self, event: Event) -> None:
         """The session's events as progress lines: who is working on what."""
         if isinstance(event, Working):
-            self.progress(_ACTIVITY.get(event.activity, event.activity))
+            self.progress(ACTIVITY.get(event.activity, event.activity))
 
     def stop(self) -> None:
         """Cancel the turn like Ctrl-C: KeyboardInterrupt in its thread and the running cell interrupted (the session stays)."""
@@ -254,6 +255,19 @@ def ask_result(session: Session, rnd: Round) -> types.CallToolResult:
     return types.CallToolResult(content=content, structured_content=structured, is_error=rnd.state == "failed")
 
 
+def failed_answer(session_id: str | None, message: str, *, state: str = "failed") -> types.CallToolResult:
+    """`ask`'s answer when the turn gave none (it failed, was cancelled, or could not start): the reason, in its text and structured content."""
+    structured = {"answer": message, "session_id": session_id or "", "state": state, "artifacts": []}
+    return types.CallToolResult(content=[types.TextContent(type="text", text=message)], structured_content=structured, is_error=True)
+
+
+def variables_result(session_id: str, variables: Iterable[Variable]) -> types.CallToolResult:
+    """`variables`' answer: one line per variable in its text, the rows in its structured content."""
+    rows = [{"name": v.name, "type": v.type, "description": v.description} for v in variables]
+    text = "\n".join(f"{r['name']}: {r['type']} {r['description']}".rstrip() for r in rows) or "No variables yet."
+    return _json_result({"session_id": session_id, "variables": rows}, text=text)
+
+
 def question_of(arguments: dict[str, Any]) -> tuple[str, str | None]:
     """`ask`'s arguments checked: the question and the session id, or a protocol error naming what is wrong."""
     question, ref = arguments.get("question"), arguments.get("session_id")
@@ -269,11 +283,12 @@ def question_of(arguments: dict[str, Any]) -> tuple[str, str | None]:
     return question, ref
 
 
-class AgentServer:
-    """The MCP handlers over an `Agent`: tools, resources, and the errors that say what was wrong."""
+class ToolServer:
+    """The MCP handlers every transport shares: the tools, their arguments checked, the errors that say what was wrong.
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    Where the sessions live is the subclass's: this process (`AgentServer`, stdio) or a team's
+    service (`web/mcp_endpoint.py`, `serve`'s `/mcp`), which also knows who is asking.
+    """
 
     def lowlevel(self) -> Server[Any]:
         """The SDK server with this agent's handlers."""
@@ -296,18 +311,51 @@ class AgentServer:
         arguments = dict(params.arguments or {})
         if params.name == "ask":
             question, ref = question_of(arguments)
-            return await self._ask(ctx, question, ref)
+            return await self.ask(ctx, question, ref)
         if params.name == "sessions":
-            rows = [entry.to_dict() for entry in self.agent.workspace.sessions()]
+            rows = await self.stored_sessions(ctx)
             return _json_result({"sessions": rows}, text="\n".join(f"{r['id']}  {r['rounds']} rounds  {r['title']}" for r in rows) or "No stored sessions.")
         if params.name == "variables":
             ref = arguments.get("session_id")
             if not isinstance(ref, str) or not ref.strip():
                 raise bad_input("variables needs session_id: the id of a session")
-            return await self._variables(ctx, ref)
+            return await self.variables(ctx, ref)
         raise bad_input(f"no tool {params.name!r}: the tools are ask, sessions and variables")
 
-    async def _ask(self, ctx: Any, question: str, ref: str | None) -> types.CallToolResult:
+    async def ask(self, ctx: Any, question: str, ref: str | None) -> types.CallToolResult:
+        """One turn in the session `ref` names (a new one for None)."""
+        raise NotImplementedError
+
+    async def stored_sessions(self, ctx: Any) -> list[dict[str, Any]]:
+        """The caller's stored sessions, newest first, as `sessions --json` rows."""
+        raise NotImplementedError
+
+    async def variables(self, ctx: Any, ref: str) -> types.CallToolResult:
+        """The variables the session's kernel holds."""
+        raise NotImplementedError
+
+    async def list_resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:
+        """What the caller's sessions' cells produced."""
+        raise NotImplementedError
+
+    async def read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        """One file a session's cells produced."""
+        raise NotImplementedError
+
+
+class AgentServer(ToolServer):
+    """The tools over an `Agent`: the sessions of this process, for the one client on its standard input."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    async def stored_sessions(self, ctx: Any) -> list[dict[str, Any]]:
+        """Every stored session of the project."""
+        return [entry.to_dict() for entry in self.agent.workspace.sessions()]
+
+    async def ask(self, ctx: Any, question: str, ref: str | None) -> types.CallToolResult:
+        """One turn on a thread of its own, its progress reported, a cancel interrupting it."""
+
         def work(turn: Turn) -> types.CallToolResult:
             try:
                 entry = self._opened(ref, turn)
@@ -344,6 +392,10 @@ class AgentServer:
         except TaskWeaverError as exc:
             return _error_result(f"This request failed: {exc} (session {session.id} is kept)")
         return ask_result(session, rnd)
+
+    async def variables(self, ctx: Any, ref: str) -> types.CallToolResult:
+        """The variables of the session's kernel."""
+        return await self._variables(ctx, ref)
 
     async def _variables(self, ctx: Any, ref: str) -> types.CallToolResult:
         def work(turn: Turn) -> types.CallToolResult:

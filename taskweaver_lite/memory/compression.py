@@ -222,6 +222,8 @@ class RoleContext:
         self._limits = settings.fold_limits()
         self._model = model
         self._tokenizer = tokenizer
+        # Fold calls go to the round compressor's model: counted in its tokens (the role's, when it is the same model).
+        self._fold_tokenizer = model.tokenizer(f"compression_{self.role}") or tokenizer
         self._live_variables = live_variables
         self._on_fold = on_fold
         if self._share_prompt:  # a fold that opens with the role's prompt meets it in the role's cache key or slot
@@ -296,6 +298,16 @@ class RoleContext:
     def tokenizer(self) -> Tokenizer:
         """The tokenizer every count of this role's prompts is made with."""
         return self._tokenizer
+
+    @property
+    def fold_tokenizer(self) -> Tokenizer:
+        """The tokenizer this role's fold calls are counted with (the round compressor's model's)."""
+        return self._fold_tokenizer
+
+    def count_with(self, tokenizer: Tokenizer, *, folds: Tokenizer | None = None) -> None:
+        """Count this role's prompts with `tokenizer` from the next one on (its model changed), its folds with `folds`."""
+        self._tokenizer = tokenizer
+        self._fold_tokenizer = folds or tokenizer
 
     def build(self, *, system: str, examples: Sequence[Message], history: Sequence[RoundMessages], current: RoundMessages, reserve: int = 0) -> BuiltPrompt:
         """The prompt for this role now, within the budget less `reserve` (room for a repair turn); never waits for a fold."""
@@ -561,7 +573,7 @@ class RoleContext:
                 prompt=self._fold_template,
                 style=style,
                 model=self._model,
-                tokenizer=self._tokenizer,
+                tokenizer=self._fold_tokenizer,
                 limits=self._limits,
                 live=live,
                 prefix=prefix,

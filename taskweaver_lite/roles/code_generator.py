@@ -29,7 +29,7 @@ from taskweaver_lite.records.model_calls import Message
 from taskweaver_lite.records.plugin_spec import PluginSpec
 from taskweaver_lite.roles.role import RepairTurns, Role, as_reply_json
 from taskweaver_lite.roles.worker import RoleRequest, RoleTools
-from taskweaver_lite.safety.confirm import DECLINED, EDITED_NOTICE, ConfirmCell
+from taskweaver_lite.safety.confirm import DECLINED, EDITED_NOTICE, HANDED_OVER, ConfirmCell
 from taskweaver_lite.safety.verification import CodeVerifier, refusal_text
 
 
@@ -95,7 +95,8 @@ class CodeGenerator(Role):
             code, result = self._reviewed_run(fields["reply_content"], request=request, add_post=add_post, notify=notify)
             if code != fields["reply_content"]:  # a person's edit: later prompts show what ran
                 reply_json = as_reply_json({**fields, "reply_content": code})
-            final = result.success or result.timed_out or result.kernel_died or attempt == attempts
+            handed_over = result.refused == HANDED_OVER  # nothing ran, so nothing to revise: the step ends here
+            final = result.success or result.timed_out or result.kernel_died or handed_over or attempt == attempts
             if final:
                 return Post(
                     send_from=self.party,
@@ -153,6 +154,8 @@ class CodeGenerator(Role):
         choice = self._confirm(code)
         if choice.action == "skip":
             return code, self._not_run(code, DECLINED)
+        if choice.action == "hand_over":
+            return code, self._not_run(code, HANDED_OVER)
         return choice.code, None
 
     def _not_run(self, code: str, why: str, *, error: CellError | None = None) -> ExecutionResult:
@@ -262,7 +265,9 @@ class CodeGenerator(Role):
 def _outcome(result: ExecutionResult, fixed: list[str]) -> str:
     """The report's message: how the code ended and the errors fixed on the way (the code is the post's own field)."""
     attempts = len(fixed) + 1
-    if result.kernel_died:
+    if result.refused == HANDED_OVER:
+        outcome = f"The code was not run: {HANDED_OVER}."
+    elif result.kernel_died:
         outcome = "The kernel died while running the code; it was restarted."
     elif result.timed_out:
         outcome = "The code ran too long and was stopped."

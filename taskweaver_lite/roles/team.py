@@ -20,7 +20,7 @@ from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.knowledge.experience import Experience
 from taskweaver_lite.llm.client import ChatModel
-from taskweaver_lite.llm.tokens import get_tokenizer
+from taskweaver_lite.llm.tokens import Tokenizer, get_tokenizer
 from taskweaver_lite.memory.compression import ContextSettings, RoleContext
 from taskweaver_lite.memory.variables import LiveVariables
 from taskweaver_lite.records.events import Event, ReplyStreamed
@@ -87,7 +87,7 @@ def _tools(
     section = spec.section(config.role_section(spec.key))
     settings = ContextSettings.of(config, spec.key, section=section, label=spec.label, fold_template=spec.fold_prompt)
     live = live_variables if spec.kernel_variables else None
-    context = RoleContext(settings, model=model, tokenizer=get_tokenizer(settings.llm.tokenizer), live_variables=live, on_fold=emit)
+    context = RoleContext(settings, model=model, tokenizer=tokenizer_for(model, spec.key, settings), live_variables=live, on_fold=emit)
     stream = (lambda delta: emit(ReplyStreamed(spec.key, delta, spec.alias))) if spec.streams else None
     return RoleTools(
         key=spec.key,
@@ -102,6 +102,11 @@ def _tools(
         intro=spec.intro,
         on_delta=stream,
     )
+
+
+def tokenizer_for(model: ChatModel, key: str, settings: ContextSettings) -> Tokenizer:
+    """What counts a role's prompts: its model's own counting (the server's tokenizer, or a calibrated one), else `llm.tokenizer`."""
+    return model.tokenizer(key) or get_tokenizer(settings.llm.tokenizer)
 
 
 def show_tips(team: Team, experience: Experience) -> None:

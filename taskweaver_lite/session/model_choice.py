@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from taskweaver_lite.config.settings import DISTILLER, FOLDER, Config, LLMConfig, LLMOverrides, RoleSectionConfig, merged_llm
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.llm.client import ChatModel, SettingHints
+from taskweaver_lite.llm.counting import RATIOS_FILE, RatioBook
 from taskweaver_lite.roles.registry import RoleSpec
 
 if TYPE_CHECKING:
@@ -32,12 +33,13 @@ def role_models(config: Config, *, roles: Sequence[RoleSpec], chosen: str | None
     from taskweaver_lite.llm.client import OpenAIChatModel, RoutedModel
 
     clients: dict[str, OpenAIChatModel] = {}
+    ratios = RatioBook(lambda: config.state_dir / RATIOS_FILE)  # the token ratios measured for models, kept across sessions
 
     def client(llm: LLMConfig, section: str = "", overrides: LLMOverrides | None = None) -> OpenAIChatModel:
         secret = llm.api_key.get_secret_value() if llm.api_key is not None else None
         key = json.dumps([llm.model_dump(mode="json", exclude={"api_key"}), secret], sort_keys=True)
         if key not in clients:
-            clients[key] = OpenAIChatModel(llm, hints=setting_hints(config, section=section, overrides=overrides, chosen=chosen))
+            clients[key] = OpenAIChatModel(llm, hints=setting_hints(config, section=section, overrides=overrides, chosen=chosen), ratios=ratios)
         return clients[key]
 
     folder = client(config.llm_for(FOLDER), FOLDER, config.round_compressor.llm)

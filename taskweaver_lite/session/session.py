@@ -33,6 +33,7 @@ from taskweaver_lite.kernel.uploads import check_upload
 from taskweaver_lite.knowledge.distil import distil
 from taskweaver_lite.knowledge.experience import Experience
 from taskweaver_lite.llm.client import ChatModel, MeteredModel
+from taskweaver_lite.llm.counting import ModelTokenizer
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import RoleContext
 from taskweaver_lite.memory.summary import CompressionState
@@ -55,6 +56,7 @@ from taskweaver_lite.store.recorder import StoreRecorder
 from taskweaver_lite.telemetry import tracing
 
 CANCELLED_ERROR = "Cancelled by the user."  # a failed round's error after Ctrl-C or Stop
+TOKEN_RATIOS = "@token_ratios"  # where a session's measured token ratios are kept beside its roles' summaries (no role has this key)
 
 
 def numbered(requests: list[str]) -> str:
@@ -187,6 +189,18 @@ class Session:
         for context in self.contexts().values():
             saved = stored.compression.get(context.role)
             context.restore(CompressionState.from_dict(saved) if saved else CompressionState(), afresh=True)
+        kept = stored.compression.get(TOKEN_RATIOS) or {}
+        for tokenizer in self._model_tokenizers():
+            tokenizer.adopt(kept)
+
+    def token_ratios(self) -> dict[str, float]:
+        """The model tokens per counted token measured so far, per model (none for models counted exactly as they count)."""
+        return {key: ratio for tokenizer in self._model_tokenizers() for key, ratio in tokenizer.calibration().items()}
+
+    def _model_tokenizers(self) -> list[ModelTokenizer]:
+        """Each distinct tokenizer that counts in a model's own tokens, the roles' and their folds'."""
+        found = {id(t): t for c in self.contexts().values() for t in (c.tokenizer, c.fold_tokenizer) if isinstance(t, ModelTokenizer)}
+        return list(found.values())
 
     def __enter__(self) -> Session:
         return self
@@ -318,6 +332,9 @@ class Session:
     def replace_model(self, model: ChatModel) -> None:
         """Call `model` from the next request on, closing the one it replaces (model_choice.py decides which)."""
         previous, self._model.inner = self._model.inner, model
+        for context in self.contexts().values():  # each role's prompts are counted in its new model's tokens
+            fallback = get_tokenizer(context.llm.tokenizer)
+            context.count_with(model.tokenizer(context.role) or fallback, folds=model.tokenizer(f"compression_{context.role}") or fallback)
         previous.close()
 
     def flush_record(self) -> None:
@@ -332,7 +349,8 @@ class Session:
     def save_experience(self) -> list[Tip]:
         """Distil this session into tips with the model and store them; ExperienceError (nothing stored) when that fails."""
         llm = self.config.llm_for(DISTILLER)  # experience.llm over llm
-        tips = distil(self.conversation.rounds, model=self._model, tokenizer=get_tokenizer(llm.tokenizer), llm=llm)
+        tokenizer = self._model.tokenizer(DISTILLER) or get_tokenizer(llm.tokenizer)
+        tips = distil(self.conversation.rounds, model=self._model, tokenizer=tokenizer, llm=llm)
         return self.experience.save(self.id, tips)
 
     def contexts(self) -> dict[str, RoleContext]:
@@ -357,6 +375,9 @@ class Session:
                 self.flush_record()
                 for context in self.contexts().values():
                     store.save_compression(self.id, context.role, context.state.to_dict())
+                ratios = self.token_ratios()
+                if ratios:  # beside the roles' summaries: a resumed session counts as this one measured
+                    store.save_compression(self.id, TOKEN_RATIOS, ratios)
         finally:
             try:
                 self.executor.shutdown()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import socket
 import threading
 import time
@@ -120,15 +121,22 @@ class ScriptedServer:
         model: str | None = None,
         api_key: str | None = None,
         port: int = 0,
-        server_kind: Literal["openai", "llama.cpp"] = "openai",
+        server_kind: Literal["openai", "llama.cpp", "vllm"] = "openai",
         refuses: Sequence[str] = (),
         slots: int = 4,
         forward: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        token_ratio: float = 1.0,
+        counts_at: str | None = None,
     ) -> None:
         """`server_kind`: how cached tokens are reported (OpenAI's usage details, or llama.cpp's `timings` and
         `GET /props`); `refuses`: request fields answered with HTTP 400 naming them, as a strict server does;
         `forward`: a real server sent each request too, whose reply's `usage` (and `timings`) replace the
-        scripted reply's estimates (the scripted model still writes the text)."""
+        scripted reply's estimates (the scripted model still writes the text).
+
+        The server counts prompts as a model's tokenizer would: o200k's tokens times `token_ratio` (OpenAI's
+        framing of messages; ChatML's for `server_kind="llama.cpp"`, which also answers llama.cpp's `/tokenize`
+        and `/apply-template` by that count, and for `"vllm"`, which answers vLLM's `/tokenize`).
+        `counts_at`: a real llama.cpp server's root, asked those two instead."""
         self.model = model
         self.api_key = api_key
         self.port = port  # 0: any free port; a fixed one plays a local server on its default port
@@ -136,6 +144,8 @@ class ScriptedServer:
         self.refuses = tuple(refuses)
         self.slots = slots
         self.forward = forward
+        self.token_ratio = token_ratio
+        self.counts_at = counts_at
         self._last_prompt: dict[str, str] = {}  # per prompt_cache_key or id_slot: the prompt its cache holds
         self._lock = threading.Lock()
         self._queues: dict[str, deque[Scripted]] = {role: deque() for role in ROLES}
@@ -226,6 +236,16 @@ class ScriptedServer:
 
     def _wait(self, seconds: float) -> None:
         self._stopping.wait(seconds)
+
+    def tokens(self, text: str) -> int:
+        """How many tokens this server's model makes of `text`: o200k's, times `token_ratio`."""
+        return math.ceil(_o200k().count(text) * self.token_ratio - 1e-9) if text else 0
+
+    def prompt_tokens(self, messages: list[dict[str, Any]]) -> int:
+        """A prompt's tokens as this server counts them (its `usage.prompt_tokens`)."""
+        if self.server_kind in ("llama.cpp", "vllm"):
+            return self.tokens(chatml(messages))
+        return math.ceil(_o200k_prompt([m for m in messages if isinstance(m, dict)]) * self.token_ratio - 1e-9)
 
     def _cached_tokens(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> int:
         """A prefix cache like a server's: the rough tokens this prompt shares with the last one of its key (or slot)."""
@@ -335,6 +355,16 @@ class _Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             self._send_error(400, "the request body must be a JSON object")
             return
+        if self.path.rstrip("/") in ("/tokenize", "/apply-template") and scripted.server_kind == "llama.cpp":
+            self._count(scripted, self.path.rstrip("/"), body)
+            return
+        if self.path.rstrip("/") == "/tokenize" and scripted.server_kind == "vllm":
+            if self._authorized(scripted):
+                listed = body.get("messages")
+                text = chatml(listed) if isinstance(listed, list) else str(body.get("prompt", ""))
+                count = scripted.tokens(text)
+                self._send_json(200, {"count": count, "max_model_len": 8192, "tokens": list(range(count))})
+            return
         raw_messages = body.get("messages")
         messages: list[dict[str, Any]] = raw_messages if isinstance(raw_messages, list) else []
         role = detect_role(messages)
@@ -381,7 +411,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(reply.status, reply.error_message or f"scripted HTTP {reply.status} for role '{role}'", reply=reply)
         else:
             number = len(scripted.requests)
-            completion = _completion(reply, messages, model=body.get("model") or scripted.model, number=number)
+            completion = _completion(reply, messages, model=body.get("model") or scripted.model, number=number, prompt_tokens=scripted.prompt_tokens(messages))
             if "usage" in completion and scripted.forward is not None:
                 completion.update(scripted.forward(body))  # what a real server said of the same prompt
             elif "usage" in completion:
@@ -392,6 +422,18 @@ class _Handler(BaseHTTPRequestHandler):
                 self._stream(reply, completion, usage=usage)
             else:
                 self._send_json(200, completion, reply)
+
+    def _count(self, scripted: ScriptedServer, path: str, body: dict[str, Any]) -> None:
+        """llama.cpp's `/apply-template` (ChatML) and `/tokenize` (as many token ids as the server counts), or a real server's."""
+        if not self._authorized(scripted):
+            return
+        if scripted.counts_at is not None:
+            self._send_json(200, _post_json(f"{scripted.counts_at}{path}", body))
+        elif path == "/apply-template":
+            messages = body.get("messages")
+            self._send_json(200, {"prompt": chatml(messages if isinstance(messages, list) else [])})
+        else:
+            self._send_json(200, {"tokens": list(range(scripted.tokens(str(body.get("content", "")))))})
 
     def _authorized(self, scripted: ScriptedServer) -> bool:
         if scripted.api_key is None:
@@ -495,7 +537,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
 
 
-def _completion(reply: Reply, messages: list[dict[str, Any]], *, model: str | None, number: int) -> dict[str, Any]:
+def _completion(reply: Reply, messages: list[dict[str, Any]], *, model: str | None, number: int, prompt_tokens: int) -> dict[str, Any]:
     """The chat completion a real server would send for `reply`."""
     content: str | list[dict[str, str]] = reply.content
     if reply.content_parts is not None:
@@ -515,7 +557,7 @@ def _completion(reply: Reply, messages: list[dict[str, Any]], *, model: str | No
         ],
     }
     if reply.include_usage:
-        prompt = sum(_rough_tokens(_text_of(m.get("content"))) + 3 for m in messages) + 3
+        prompt = prompt_tokens
         answer = _rough_tokens(_text_of(content))
         completion["usage"] = {"prompt_tokens": prompt, "completion_tokens": answer, "total_tokens": prompt + answer}
     return completion
@@ -572,6 +614,32 @@ def _common_prefix(a: str, b: str) -> int:
         else:
             high = middle - 1
     return low
+
+
+def chatml(messages: Sequence[Any]) -> str:
+    """`messages` in ChatML with the reply primed, as a llama.cpp server's template renders them."""
+    turns = "".join(f"<|im_start|>{m.get('role')}\n{_text_of(m.get('content'))}<|im_end|>\n" for m in messages if isinstance(m, dict))
+    return f"{turns}<|im_start|>assistant\n"
+
+
+def _o200k() -> Any:
+    from taskweaver_lite.llm.tokens import get_tokenizer
+
+    return get_tokenizer("o200k_base")
+
+
+def _o200k_prompt(messages: Sequence[dict[str, Any]]) -> int:
+    """OpenAI's count of a chat prompt (o200k, three tokens around each message and three priming the reply)."""
+    counter = _o200k()
+    return int(sum(3 + counter.count(str(m.get("role", ""))) + counter.count(_text_of(m.get("content"))) for m in messages) + 3)
+
+
+def _post_json(url: str, body: dict[str, Any]) -> Any:
+    import urllib.request
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=60) as response:
+        return json.loads(response.read())
 
 
 def _model_entry(name: str) -> dict[str, Any]:

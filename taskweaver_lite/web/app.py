@@ -6,6 +6,7 @@
     GET  /healthz           200 when the store and the kernel gateway answer, else 503 naming what is down (no token)
     GET  /metrics           Prometheus text format (metrics.py), behind the same token rule as the API, or serve.metrics_token
     /api/...                the sessions (api.py), over the server's `Hub` of sessions
+    /mcp                    MCP's Streamable HTTP transport with the tools of `taskweaver-lite mcp`, over the same Hub (mcp_endpoint.py)
 
 One server alone keeps its sessions in the project's SQLite file (or a PostgreSQL store marked
 `serve.single_replica`). With a PostgreSQL store and a kernel gateway it is one replica of several
@@ -23,6 +24,7 @@ import mimetypes
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib.resources import files
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -30,6 +32,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from taskweaver_lite.web.mcp_endpoint import McpEndpoint
 
 from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import StoreError
@@ -51,6 +56,8 @@ Handler = Callable[[Request], Awaitable[Response]]
 HEALTH_TIMEOUT = 3.0  # seconds the gateway gets to answer /healthz's question
 OPEN = frozenset({"/healthz", "/sign-in", "/sign-out"})  # answered without a token: a load balancer's probe, the sign-in form
 METRICS = "/metrics"
+MCP_PATH = "/mcp"
+MCP_REFUSED = -32001  # the JSON-RPC error code of a request /mcp refuses before any MCP is read (no token, a bad one, too many)
 
 
 # What each route answers: the docs site's HTTP API page is generated from the routes and these
@@ -102,6 +109,12 @@ ROUTES_ABOUT = {
         "`text/event-stream` of the session's events as they are stored, whichever server runs its request, each with an `id:`; "
         "a client that reconnects with `Last-Event-ID` (or `?after=ID`) gets what it missed"
     ),
+    ("POST", "/mcp"): (
+        "MCP's Streamable HTTP transport (stateless: any replica answers any request) with the tools and resources of "
+        "`taskweaver-lite mcp`; the caller's token names the user whose sessions the tools see (another user's session is not found)"
+    ),
+    ("GET", "/mcp"): "405: this MCP endpoint is stateless and opens no stream of its own (answers come on each POST)",
+    ("DELETE", "/mcp"): "405: there is no MCP session to end (the sessions the tools make are stored; `close_session` releases one)",
     ("GET", "/healthz"): "200 when the store and the kernel gateway answer, else 503 naming what is down (no token needed)",
     ("GET", "/metrics"): (
         "Prometheus text: requests and latencies by route, model calls, prompt tokens cached and uncached by role, folds, "
@@ -126,9 +139,12 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
     if notices is not None and is_replica(config):
         hub.join_replicas(notices)
 
+    mcp = _mcp_endpoint(hub)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        yield
+        async with mcp.running() if mcp is not None else contextlib.nullcontext():
+            yield
         hub.stop_taking()
         await asyncio.to_thread(hub.close)
         hub.parts.fanout.close()
@@ -142,6 +158,7 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
         Route("/healthz", _health(hub)),
         Route(METRICS, _metrics(hub)),
         *api_routes(hub),
+        Route(MCP_PATH, mcp if mcp is not None else _no_mcp, methods=["GET", "POST", "DELETE"]),
     ]
     logging = [Middleware(AccessLogMiddleware, log=log)] if log is not None else []  # outermost: refusals are logged too
     timing = Middleware(RequestMetrics, metrics=hub.parts.metrics, routes=routes)
@@ -152,6 +169,19 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
     app = Starlette(routes=routes, middleware=[*logging, timing, *traced, guard, Middleware(BodyLimit, config=config)], lifespan=lifespan)
     app.state.hub = hub
     return app
+
+
+def _mcp_endpoint(hub: Hub) -> McpEndpoint | None:
+    """`/mcp` over `hub`; None without the MCP SDK (the `mcp` extra), when `/mcp` says how to get it."""
+    try:
+        from taskweaver_lite.web.mcp_endpoint import McpEndpoint
+    except ImportError:
+        return None
+    return McpEndpoint(hub)
+
+
+async def _no_mcp(request: Request) -> Response:
+    return error(501, "This server has no MCP SDK, so /mcp does not answer: install the mcp extra (pip install '.[mcp]' in a checkout), then restart serve.")
 
 
 class _Guard:
@@ -170,7 +200,10 @@ class _Guard:
                 # A person opening the page without a sign-in is shown the sign-in page, not sent JSON.
                 signing_in = refused.status == 401 and request.url.path == "/" and request.method == "GET"
                 problem = None if refused.message in (NEEDS_A_USER, NEEDS_THE_TOKEN) else refused.message  # not signed in yet: nothing went wrong
-                answer = _sign_in_page(self._access, problem) if signing_in else refusal(refused)
+                if signing_in:
+                    answer = _sign_in_page(self._access, problem)
+                else:
+                    answer = mcp_refusal(refused) if request.url.path == MCP_PATH else refusal(refused)
                 await answer(scope, receive, send)
                 return
             # An event stream asks, while it runs, whether the credential it was opened with still holds.
@@ -195,6 +228,16 @@ def _open(scope: Scope) -> bool:
 def refusal(refused: Refusal) -> Response:
     """A refusal as a JSON error answer (with Retry-After for a 429)."""
     answer = error(refused.status, refused.message)
+    if refused.retry_after is not None:
+        answer.headers["Retry-After"] = str(refused.retry_after)
+    return answer
+
+
+def mcp_refusal(refused: Refusal) -> Response:
+    """A refusal on /mcp: the same status and line, as a JSON-RPC error an MCP client shows (with the Bearer challenge on a 401)."""
+    answer = JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": MCP_REFUSED, "message": refused.message}}, status_code=refused.status)
+    if refused.status == 401:
+        answer.headers["WWW-Authenticate"] = 'Bearer realm="taskweaver-lite"'
     if refused.retry_after is not None:
         answer.headers["Retry-After"] = str(refused.retry_after)
     return answer

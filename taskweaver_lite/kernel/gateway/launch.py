@@ -16,7 +16,7 @@ from pathlib import Path
 
 from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.kernel.gateway.provisioner import SESSIONS, kernelspec
+from taskweaver_lite.kernel.gateway.provisioner import KERNELS, LOGS, SESSIONS, kernelspec
 from taskweaver_lite.kernel.process import make_undumpable
 from taskweaver_lite.kernel.sandbox.bwrap import fallback_notice, uses_sandbox
 from taskweaver_lite.telemetry.log_lines import LOG_TIME, one_line_handler
@@ -37,27 +37,33 @@ def is_loopback(ip: str) -> bool:
         return False
 
 
-def check_can_start(config: Config, *, ip: str, environ: dict[str, str]) -> str | None:
-    """ConfigError (one line) when the gateway must not start; a warning line to print, if any."""
-    if not environ.get(TOKEN_VARIABLE) and not is_loopback(ip):
-        raise ConfigError(
-            f"taskweaver-lite gateway listens on {ip} without a token: set the {TOKEN_VARIABLE} environment variable "
-            "(the replicas' execution.kernel_gateway.token), or listen on 127.0.0.1"
+def check_can_start(config: Config, *, ip: str, environ: dict[str, str]) -> tuple[str, ...]:
+    """ConfigError (one line) when the gateway must not start; the warning lines to print, if any."""
+    warnings: list[str] = []
+    if not environ.get(TOKEN_VARIABLE):
+        if not is_loopback(ip):
+            raise ConfigError(
+                f"taskweaver-lite gateway listens on {ip} without a token: set the {TOKEN_VARIABLE} environment variable "
+                "(the replicas' execution.kernel_gateway.token), or listen on 127.0.0.1"
+            )
+        warnings.append(
+            f"taskweaver-lite gateway: no {TOKEN_VARIABLE} set, so every account on this machine may start kernels here "
+            "and run code in any kernel whose id it learns: set it (the replicas' execution.kernel_gateway.token)."
         )
     if config.execution.sandbox == "none":
-        return "execution.sandbox is none: this gateway's kernels run unsandboxed, and its users can reach each other's files and kernels."
-    if not uses_sandbox(config.execution):
+        warnings.append("execution.sandbox is none: this gateway's kernels run unsandboxed, and its users can reach each other's files and kernels.")
+    elif not uses_sandbox(config.execution):
         raise ConfigError(
             "taskweaver-lite gateway starts every kernel in the sandbox, and it cannot be built here: "
             f"{fallback_notice() or 'bubblewrap is not installed (Debian/Ubuntu: sudo apt-get install bubblewrap)'}"
         )
-    return None
+    return tuple(warnings)
 
 
 def prepare(config: Config) -> Path:
     """The gateway's private folders under gateway.root, with its kernelspec; returns the root."""
     root = config.gateway_root.resolve()
-    for folder in (root, root / SESSIONS, root / "kernels", root / ".runtime", root / ".jupyter" / "kernels" / KERNEL_NAME):
+    for folder in (root, root / SESSIONS, root / KERNELS, root / LOGS, root / ".runtime", root / ".jupyter" / "kernels" / KERNEL_NAME):
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(root, 0o700)  # the sessions' folders are the kernels' own; nobody else on this machine looks in
     spec = kernelspec(project_dir=config.project_dir.resolve(), root=root)
@@ -66,11 +72,15 @@ def prepare(config: Config) -> Path:
 
 
 def gateway_arguments(config: Config, *, root: Path, ip: str, port: int) -> list[str]:
-    """Kernel Gateway's options: where it listens, our kernelspec alone, our personality, culling."""
+    """Kernel Gateway's options: where it listens, our kernelspec alone, our personality, culling.
+
+    Listing kernels (`GET /api/kernels`, `/api/sessions`) is off, whatever `KG_LIST_KERNELS` says:
+    replicas never list, and a kernel's id is all that stands between a caller and its code.
+    """
     culling = config.gateway
     return [
         f"--KernelGatewayApp.ip={ip}", f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0",
-        f"--KernelGatewayApp.api={API_MODULE}", f"--SandboxPersonality.root={root}", "--SandboxPersonality.list_kernels=True",
+        f"--KernelGatewayApp.api={API_MODULE}", f"--SandboxPersonality.root={root}", "--SandboxPersonality.list_kernels=False",
         f"--KernelGatewayApp.kernel_manager_class={KERNEL_MANAGER}", f"--SandboxKernelManager.project_dir={config.project_dir.resolve()}",
         f"--KernelGatewayApp.default_kernel_name={KERNEL_NAME}", f"--KernelGatewayApp.force_kernel_name={KERNEL_NAME}",
         f"--KernelSpecManager.allowed_kernelspecs={KERNEL_NAME}", "--KernelSpecManager.ensure_native_kernel=False",

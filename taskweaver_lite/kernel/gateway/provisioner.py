@@ -16,7 +16,13 @@ projects apart:
 - the command: the local sandbox's (`sandbox.session_sandbox`, `sandbox.kernel_command`): a uid per
   session when the gateway runs as root, its own PID namespace, no network, the syscall filter,
   and the project's `execution.memory_limit`, `max_processes` and `disk_limit` (kept by a
-  `DiskWatch` here: past it, the kernel's child processes are ended, then the kernel).
+  `DiskWatch` here: past it, the kernel's child processes are ended, then the kernel, found by its
+  process id as bubblewrap announces it, `sandbox/kernel_pid.py`).
+
+Its standard streams are its own: stdin is /dev/null, stdout and stderr go to the session's log,
+`<root>/logs/<session>.log` (owner-only, counted by the disk limit, removed with the session). Only
+those and the syscall filter's file are handed to bubblewrap: nothing of the gateway's own (its log,
+its terminal, the journal's stream) is there for a cell to reopen through `/proc/self/fd`.
 
 `KERNEL_USERNAME` (the session's owner, sent by serve) is whose kernel it is: the gateway's kernel
 manager counts each user's kernels against `gateway.max_kernels_per_user` (user_limit.py).
@@ -32,6 +38,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -47,7 +54,8 @@ from taskweaver_lite.config.settings import Config
 from taskweaver_lite.kernel.process import SOCKET_PATH_LIMIT, filtered_environment
 from taskweaver_lite.kernel.sandbox import syscall_filter
 from taskweaver_lite.kernel.sandbox.bwrap import SandboxPlan, kernel_command, session_sandbox, uses_sandbox
-from taskweaver_lite.kernel.sandbox.disk_limit import DiskWatch, Reached, end_children, kernel_process
+from taskweaver_lite.kernel.sandbox.disk_limit import DiskWatch, Reached, end_children
+from taskweaver_lite.kernel.sandbox.kernel_pid import SandboxInfo, end_sandbox, find_kernel
 
 NAME = "taskweaver-lite-sandbox"  # the entry point's name, in the kernelspec's metadata (serve reads it to tell our gateway from a plain one)
 SESSION_VARIABLE = "KERNEL_TASKWEAVER_SESSION"
@@ -55,6 +63,7 @@ OWNER_VARIABLE = "KERNEL_USERNAME"
 USER_NAME_VARIABLE = "KERNEL_TASKWEAVER_USER"  # the owner's name, for the gateway's log and metrics (KERNEL_USERNAME is an id)
 SESSIONS = "taskweaver_sessions"  # as the replica's start-up code names it (remote.REMOTE_SESSIONS)
 KERNELS = "kernels"
+LOGS = "logs"  # <root>/logs/<session>.log: a session's kernels' stdout and stderr
 SESSION_ROUTE = "/api/taskweaver-lite/sessions/"  # + a session id: DELETE ends its kernels and removes its folder (server.py)
 # What a session id or a user name may be to become a folder name or a count's key.
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,99}")
@@ -105,8 +114,10 @@ class SandboxProvisioner(LocalProvisioner):
     owner: str | None = None
     plan: SandboxPlan | None = None
     _seccomp_fd: int | None = None
+    _sandbox_info: SandboxInfo | None = None
     _socket_dir: Path | None = None
     _disk: DiskWatch | None = None
+    _log: int | None = None  # the session's log, open for the kernel's stdout and stderr
     _strikes = 0
 
     @property
@@ -131,9 +142,14 @@ class SandboxProvisioner(LocalProvisioner):
         execution = config.execution
         if uses_sandbox(execution) and self._seccomp_fd is None and execution.syscall_filter == "default":
             self._seccomp_fd = syscall_filter.filter_file()
+        if uses_sandbox(execution) and self._sandbox_info is None:
+            self._sandbox_info = SandboxInfo()
         hidden = (root, config.project_dir)
+        info_fd = self._sandbox_info.fd if self._sandbox_info is not None else None
         self.plan = (
-            session_sandbox(execution, session_dir=cwd, cwd=cwd, socket_dir=socket_dir, hidden=hidden, seccomp_fd=self._seccomp_fd, start_in=root)
+            session_sandbox(
+                execution, session_dir=cwd, cwd=cwd, socket_dir=socket_dir, hidden=hidden, seccomp_fd=self._seccomp_fd, start_in=root, info_fd=info_fd
+            )
             if uses_sandbox(execution)
             else None
         )
@@ -157,10 +173,27 @@ class SandboxProvisioner(LocalProvisioner):
             self._socket_dir = folder
         return self._socket_dir
 
+    def log_path(self) -> Path:
+        """The session's log: what its kernels write on stdout and stderr."""
+        return Path(self.root).resolve() / LOGS / f"{self.session}.log"
+
+    def _open_log(self) -> int:
+        """The session's log, opened for appending (kept across restarts), the gateway's alone to read."""
+        if self._log is None:
+            path = self.log_path()
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            self._log = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        return self._log
+
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
-        """Start the sandboxed kernel, the syscall filter's file open in it for bubblewrap to read."""
-        if self._seccomp_fd is not None:
-            kwargs["pass_fds"] = (syscall_filter.rewound(self._seccomp_fd),)
+        """Start the sandboxed kernel with streams of its own, the syscall filter's file open in it for bubblewrap to read."""
+        fds = [syscall_filter.rewound(self._seccomp_fd)] if self._seccomp_fd is not None else []
+        if self._sandbox_info is not None and self.plan is not None:
+            fds.append(self._sandbox_info.rewound())
+        if fds:
+            kwargs["pass_fds"] = tuple(fds)
+        log = self._open_log()
+        kwargs.update(stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         return await super().launch_kernel(cmd, **kwargs)
 
     async def post_launch(self, **kwargs: Any) -> None:
@@ -168,12 +201,18 @@ class SandboxProvisioner(LocalProvisioner):
         await super().post_launch(**kwargs)
         limit = self.config_of_project.execution.disk_limit_bytes()
         if limit is not None and self._disk is None and self.plan is not None:
-            self._disk = DiskWatch((self.plan.cwd, self.plan.socket_dir), limit=limit, on_reached=self._disk_reached)
+            self._disk = DiskWatch((self.plan.cwd, self.plan.socket_dir, self.log_path()), limit=limit, on_reached=self._disk_reached)
 
     def _disk_reached(self, reached: Reached, in_cell: bool) -> None:
-        """Past the disk limit (on the watcher's thread): the kernel's child processes end; if it still grows, the kernel does."""
-        kernel = kernel_process(self.pid) if isinstance(self.pid, int) else None
+        """Past the disk limit (on the watcher's thread): the kernel's child processes end; if it still grows, the kernel does.
+
+        A kernel that cannot be found where bubblewrap said it is ends with its whole sandbox.
+        """
+        if not isinstance(self.pid, int):
+            return
+        kernel = find_kernel(self.pid, self._sandbox_info if self.plan is not None else None)
         if kernel is None:
+            end_sandbox(self.pid)
             return
         self._strikes += 1
         if self._strikes == 1:
@@ -191,11 +230,17 @@ class SandboxProvisioner(LocalProvisioner):
         if self._disk is not None:
             self._disk.close()
             self._disk = None
+        if self._log is not None:
+            os.close(self._log)
+            self._log = None
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
         if self._seccomp_fd is not None:
             os.close(self._seccomp_fd)
             self._seccomp_fd = None
+        if self._sandbox_info is not None:
+            self._sandbox_info.close()
+            self._sandbox_info = None
 
 
 def kernels_of_session(manager: Any, session: str) -> list[str]:

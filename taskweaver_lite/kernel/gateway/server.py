@@ -9,7 +9,7 @@ What is ours is small; the rest is Kernel Gateway as it ships:
   `SandboxProvisioner` (provisioner.py), so each kernel starts in the local sandbox, in its own
   session's folder, over IPC sockets;
 - its API personality is Kernel Gateway's own WebSocket one plus two routes,
-  `DELETE /api/taskweaver-lite/sessions/<id>`: a deleted session's kernels end and its folder goes;
+  `DELETE /api/taskweaver-lite/sessions/<id>`: a deleted session's kernels end and its folder and log go;
   `GET /metrics`, behind the gateway's token: Prometheus's text format of the kernels per user
   (starting ones included), the starts `gateway.max_kernels_per_user` refused, the kernels ended to
   make room and those culled, each by user (user_limit.py keeps the counts);
@@ -31,12 +31,12 @@ from kernel_gateway.mixins import JSONErrorsMixin, TokenAuthorizationMixin
 from tornado import web
 from traitlets import Unicode
 
-from taskweaver_lite.kernel.gateway.provisioner import SESSION_ROUTE, SESSIONS, kernels_of_session, session_name
+from taskweaver_lite.kernel.gateway.provisioner import LOGS, SESSION_ROUTE, SESSIONS, kernels_of_session, session_name
 from taskweaver_lite.kernel.gateway.user_limit import SETTING, KernelCounts
 
 
 class SessionHandler(TokenAuthorizationMixin, JSONErrorsMixin, web.RequestHandler):  # type: ignore[misc]  # Kernel Gateway's mixins are untyped
-    """`DELETE /api/taskweaver-lite/sessions/<id>`: the session's kernels end and its folder on this machine goes (204)."""
+    """`DELETE /api/taskweaver-lite/sessions/<id>`: the session's kernels end and its folder and log on this machine go (204)."""
 
     async def delete(self, session: str) -> None:
         """End the session's kernels, remove its folder."""
@@ -49,6 +49,7 @@ class SessionHandler(TokenAuthorizationMixin, JSONErrorsMixin, web.RequestHandle
             await manager.shutdown_kernel(kernel_id)
         root = Path(self.settings["kg_personality"].root)
         shutil.rmtree(root / SESSIONS / name, ignore_errors=True)
+        (root / LOGS / f"{name}.log").unlink(missing_ok=True)
         self.set_status(204)
         self.finish()
 

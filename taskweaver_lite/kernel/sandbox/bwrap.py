@@ -74,6 +74,7 @@ class SandboxPlan:
     seccomp_fd: int | None = None  # a file holding the syscall filter (syscall_filter.py); None: execution.syscall_filter off
     disable_userns: bool = False  # bubblewrap's --disable-userns: as an ordinary user, no user namespace inside the sandbox's
     start_in: Path | None = None  # where the kernel starts (None: cwd); on the gateway, the sessions' folder, hidden but for the session's own
+    info_fd: int | None = None  # where bubblewrap says which process is the kernel's namespace's first (kernel_pid.py)
 
 
 def bwrap_path() -> str | None:
@@ -154,6 +155,7 @@ def plan_for(
     mounts: Iterable[Mount] = (),
     seccomp_fd: int | None = None,
     start_in: Path | None = None,
+    info_fd: int | None = None,
 ) -> SandboxPlan:
     """The sandbox of one session's kernel: `hidden` (the project folder, the store's) and the user's home out of sight.
 
@@ -176,7 +178,7 @@ def plan_for(
     disable_userns = seccomp_fd is not None and bwrap is not None and can_disable_userns(bwrap)
     return SandboxPlan(
         cwd=cwd.resolve(), socket_dir=socket_dir.resolve(), hidden=resolved, network=network, run_as=run_as, tmp_bytes=tmp_bytes,
-        readable=readable, mounts=mounts, seccomp_fd=seccomp_fd, disable_userns=disable_userns, start_in=start_in,
+        readable=readable, mounts=mounts, seccomp_fd=seccomp_fd, disable_userns=disable_userns, start_in=start_in, info_fd=info_fd,
     )  # fmt: skip
 
 
@@ -190,6 +192,7 @@ def session_sandbox(
     readable: Iterable[Path] = (),
     seccomp_fd: int | None,
     start_in: Path | None = None,
+    info_fd: int | None = None,
 ) -> SandboxPlan:
     """The sandbox of one session's kernel, on this machine or on `taskweaver-lite gateway`, from the `execution.*` settings.
 
@@ -199,7 +202,7 @@ def session_sandbox(
     plan = plan_for(
         cwd=cwd, socket_dir=socket_dir, hidden=hidden, network=config.network, tmp_bytes=config.memory_limit_bytes(),
         run_as=identity.kernel_uid(session_dir, cwd=cwd), readable=readable, mounts=[Mount(Path(m.path), writable=m.mode == "rw") for m in config.mounts],
-        seccomp_fd=seccomp_fd, start_in=start_in,
+        seccomp_fd=seccomp_fd, start_in=start_in, info_fd=info_fd,
     )  # fmt: skip
     if plan.run_as is not None:
         identity.hand_over(cwd, plan.run_as)  # on resume, files an earlier kernel of this session wrote
@@ -244,6 +247,8 @@ def bwrap_arguments(plan: SandboxPlan) -> list[str]:
     for writable in (plan.cwd, plan.socket_dir):
         args += [*_open_way(writable, covered), "--bind", str(writable), str(writable)]
     args += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent"]
+    if plan.info_fd is not None:  # which process is the namespace's first: the kernel is found by id, never by name
+        args += ["--info-fd", str(plan.info_fd)]
     if not plan.network:
         args.append("--unshare-net")
     if plan.disable_userns:  # an ordinary user's sandbox is a user namespace already: none may be made inside it

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from taskweaver_lite.kernel.sandbox.kernel_pid import children
 from taskweaver_lite.records.execution import CellError
 
 MAX_DEPTH = 128
@@ -251,31 +252,6 @@ class DiskWatch:
                 # A cell began: `cell()` has just measured, so the next look is one short pause away.
                 self._wake.clear()
                 told, pause = False, max(FAST, spent * _SLOWDOWN)
-
-
-def children(pid: int) -> list[int]:
-    """The child processes of `pid` (Linux's /proc), [] if it is gone."""
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as listing:
-            return [int(child) for child in listing.read().split()]
-    except OSError:
-        return []
-
-
-def kernel_process(launched: int) -> int | None:
-    """The kernel's own process among what was launched as `launched`: past bubblewrap's processes, if any."""
-    queue = [launched]
-    while queue:
-        pid = queue.pop(0)
-        try:
-            with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as comm:
-                name = comm.read().strip()
-        except OSError:
-            continue
-        if name != "bwrap":
-            return pid
-        queue += children(pid)
-    return None
 
 
 def end_children(kernel: int) -> int:

@@ -1,0 +1,91 @@
+"""How soon each command answers: `taskweaver-lite --help`, `--version`, `sessions`, `config`, `users list`,
+and `mcp` up to its `initialize` answer, each against `python -c pass` timed in the same run.
+
+Each figure is the median of `--runs` fresh processes of the installed console script (the same
+interpreter), alternating with the baseline so that a noisy machine weighs on both alike. A project is
+made in a temporary folder for the commands that read one.
+
+    python bench/start_up_bench.py [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+SCRIPT = str(Path(sys.executable).with_name("taskweaver-lite"))
+TARGETS = {"--help": 0.25, "mcp initialize": 0.6}  # seconds, on a 2-core machine
+HELP_RATIO = 20.0  # --help at most this many times `python -c pass`
+
+
+def run_to_exit(argv: list[str]) -> float:
+    """Seconds a process takes from start to exit (its output thrown away)."""
+    started = time.perf_counter()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, timeout=120)
+    return time.perf_counter() - started
+
+
+def mcp_initialize(project: Path) -> float:
+    """Seconds from starting `taskweaver-lite mcp` to its answer to `initialize` on stdout."""
+    request = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}},
+    }
+    started = time.perf_counter()
+    server = subprocess.Popen([SCRIPT, "mcp", "-p", str(project)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert server.stdin is not None and server.stdout is not None
+    server.stdin.write(json.dumps(request) + "\n")
+    server.stdin.flush()
+    answer = server.stdout.readline()
+    seconds = time.perf_counter() - started
+    server.stdin.close()
+    server.wait(timeout=30)
+    if '"result"' not in answer:
+        sys.exit(f"mcp did not answer initialize: {answer!r}")
+    return seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5, help="processes of each command, alternating with the baseline")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        project = Path(folder) / "project"
+        subprocess.run([SCRIPT, "init", str(project)], stdout=subprocess.DEVNULL, check=True)
+        os.chdir(folder)
+        commands: dict[str, Callable[[], float]] = {
+            "python -c pass": lambda: run_to_exit([sys.executable, "-c", "pass"]),
+            "--help": lambda: run_to_exit([SCRIPT, "--help"]),
+            "--version": lambda: run_to_exit([SCRIPT, "--version"]),
+            "sessions": lambda: run_to_exit([SCRIPT, "sessions", "-p", str(project)]),
+            "config": lambda: run_to_exit([SCRIPT, "config", "-p", str(project)]),
+            "users list": lambda: run_to_exit([SCRIPT, "users", "list", "-p", str(project)]),
+            "mcp initialize": lambda: mcp_initialize(project),
+        }
+        seconds: dict[str, list[float]] = {name: [] for name in commands}
+        for _ in range(args.runs):
+            for name, measure in commands.items():
+                seconds[name].append(measure())
+    baseline = statistics.median(seconds["python -c pass"])
+    print(f"{'command':<16} {'median':>9} {'min':>9} {'max':>9} {'x python -c pass':>17}  target")
+    for name, values in seconds.items():
+        median = statistics.median(values)
+        target = f"< {TARGETS[name]:.2f} s" if name in TARGETS else ""
+        if name == "--help":
+            target += f" and < {HELP_RATIO:.0f}x"
+        print(f"{name:<16} {median * 1000:>7.0f} ms {min(values) * 1000:>6.0f} ms {max(values) * 1000:>6.0f} ms {median / baseline:>16.1f}x  {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

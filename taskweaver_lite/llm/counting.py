@@ -1,0 +1,484 @@
+"""Prompt counting: every prompt counted in the tokens of the model it goes to, so the window really holds.
+
+A `ModelTokenizer` is the `Tokenizer` the budget guard, the folds and every cut use for one model.
+How it counts (`llm.token_counting`):
+
+- `auto` (the default): exactly, by the server's own tokenizer, where the server can tell:
+  llama.cpp's server (`/tokenize`; the chat template's tokens from `/apply-template`) and vLLM
+  (`/tokenize`, which applies the template itself). The server's kind is found as the prompt cache
+  finds it (`llm.server_kind`, local discovery, a reply with llama.cpp's `timings`), and a server of
+  unknown kind is asked `GET /props` once. Each distinct text is counted once and remembered, and
+  the template's tokens per message are measured once, so a prompt costs a round trip per text it
+  has not shown before, never one per message. Elsewhere: OpenAI's models by `llm.tokenizer`
+  (o200k_base), any other model by `llm.tokenizer` times a ratio calibrated on the server's replies.
+- `calibrated`: never ask the server for counts; `llm.tokenizer` times the calibrated ratio.
+- `tokenizer`: `llm.tokenizer` alone, as the server counted it (for those who know it does).
+
+Calibration: every reply's `usage.prompt_tokens` is set against our own count of that request. The
+counts follow the worst ratio seen for the model (never under 1), kept with the session and in the
+state folder for later sessions (`token_ratios.json`); a model that is not OpenAI's and was never
+measured starts from `CAUTIOUS_RATIO`. A server's exact count is calibrated the same way, from 1:
+what the template adds between messages is measured, not assumed.
+
+Nothing hides a miss: a request the server counted larger than our budget allowed
+(`llm.context_window - max_tokens - llm.margin`) is one warning with the figures, and since the ratio
+rose with it, the next prompts (and fold calls) shrink.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
+
+from taskweaver_lite.llm.tokens import COUNT_CACHE_ENTRIES, COUNT_CACHE_MAX_CHARS, REPLY_PRIMING_TOKENS, TOKENS_PER_MESSAGE, Tokenizer, get_tokenizer
+
+if TYPE_CHECKING:
+    from taskweaver_lite.records.model_calls import Message
+
+_log = logging.getLogger(__name__)
+
+TokenCounting = Literal["auto", "calibrated", "tokenizer"]
+CountingKind = Literal["llama.cpp", "vllm"]
+
+# A model that is not OpenAI's, never measured: its tokens per o200k token, until a reply says.
+# Measured on SmolLM2 (llama.cpp's /tokenize): prose 1.11, code 1.09, real analysis prompts 1.23,
+# CSV 1.44; a first prompt (instructions, examples, a request) is mostly prose and code.
+CAUTIOUS_RATIO = 1.3
+SERVER_TIMEOUT = 5.0  # seconds for one /tokenize: a local server answers in milliseconds
+RATIOS_FILE = "token_ratios.json"
+_PROBE = "x"  # the content of the messages the template's framing is measured with
+_OPENAI_HOSTS = ("api.openai.com", ".openai.azure.com")
+_OPENAI_MODEL = re.compile(r"^(gpt-|chatgpt-|o\d|ft:gpt-)", re.IGNORECASE)
+
+
+def is_openai_model(*, api_base: str, model: str, server_kind: str) -> bool:
+    """Whether o200k (or `llm.tokenizer`) counts this model's prompts as its server does: OpenAI's API or model names."""
+    host = urlsplit(api_base).hostname or ""
+    return server_kind == "openai" or any(host == h or host.endswith(h) for h in _OPENAI_HOSTS if h) or bool(_OPENAI_MODEL.match(model))
+
+
+class CountingUnavailable(Exception):
+    """The server did not count (no such endpoint, not reachable, an odd answer): count without it."""
+
+
+class ServerTokens:
+    """A server's own tokenizer over HTTP: llama.cpp's `/tokenize` and `/apply-template`, or vLLM's `/tokenize`.
+
+    Safe to use from several threads; counts of texts are remembered (bounded as `Tokenizer`'s are).
+    """
+
+    def __init__(self, kind: CountingKind, *, api_base: str, api_key: str, model: str, post: Callable[[str, dict[str, Any]], Any] | None = None) -> None:
+        self.kind = kind
+        self.root = api_base.rstrip("/").removesuffix("/v1")
+        self._model = model
+        self._poster = _Poster(api_key, local=urlsplit(self.root).hostname in ("127.0.0.1", "localhost"))
+        self._post = post or self._poster
+        self._cached_count = functools.lru_cache(maxsize=COUNT_CACHE_ENTRIES)(self._count)
+        self._framing: _Framing | None = None
+        self._lock = threading.Lock()
+        self.requests = 0  # round trips made (for the bench)
+
+    def count(self, text: str) -> int:
+        """Tokens of `text` as message content, by the server's tokenizer."""
+        if not text:
+            return 0
+        return self._cached_count(text) if len(text) <= COUNT_CACHE_MAX_CHARS else self._count(text)
+
+    def count_chat(self, messages: Sequence[Mapping[str, str]]) -> int:
+        """Tokens of a whole chat prompt as the server feeds it to the model (template and reply priming included)."""
+        listed = [{"role": m["role"], "content": m["content"]} for m in messages]
+        if self.kind == "vllm":
+            return self._vllm({"model": self._model, "messages": listed, "add_generation_prompt": True})
+        prompt = self._ask("/apply-template", {"messages": listed}).get("prompt")
+        if not isinstance(prompt, str):
+            raise CountingUnavailable("/apply-template answered without a prompt")
+        return self._llama_tokens(prompt, special=True)
+
+    def close(self) -> None:
+        """Release the HTTP connections (a later count opens them again)."""
+        self._poster.close()
+
+    def framing(self) -> _Framing:
+        """What the chat template adds per message and at the start, measured once with one-word messages."""
+        with self._lock:
+            if self._framing is not None:
+                return self._framing
+        word = self.count(_PROBE)
+        system = self.count_chat([_msg("system")])
+        with_user = self.count_chat([_msg("system"), _msg("user")])
+        with_reply = self.count_chat([_msg("system"), _msg("user"), _msg("assistant")])
+        user_alone = self.count_chat([_msg("user")])
+        user, assistant = with_user - system - word, with_reply - with_user - word
+        framing = _Framing(
+            per_role={"system": system - word, "user": user, "assistant": assistant},
+            default=max(user, assistant),
+            # A prompt that opens with no system message: what the template adds then (some insert a system prompt of their own).
+            opening_without_system=max(user_alone - word - user, 0),
+        )
+        with self._lock:
+            self._framing = framing
+        return framing
+
+    def _count(self, text: str) -> int:
+        if self.kind == "vllm":
+            return self._vllm({"model": self._model, "prompt": text, "add_special_tokens": False})
+        return self._llama_tokens(text, special=False)
+
+    def _llama_tokens(self, text: str, *, special: bool) -> int:
+        tokens = self._ask("/tokenize", {"content": text, "add_special": special, "parse_special": True}).get("tokens")
+        if not isinstance(tokens, list):
+            raise CountingUnavailable("/tokenize answered without tokens")
+        return len(tokens)
+
+    def _vllm(self, body: dict[str, Any]) -> int:
+        count = self._ask("/tokenize", body).get("count")
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise CountingUnavailable("/tokenize answered without a count")
+        return count
+
+    def _ask(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.requests += 1
+        answer = self._post(f"{self.root}{path}", body)
+        if not isinstance(answer, dict):
+            raise CountingUnavailable(f"{path} answered with no JSON object")
+        return answer
+
+
+@dataclass(frozen=True)
+class _Framing:
+    """The chat template's tokens: per message by role, and at a prompt's start when it has no system message."""
+
+    per_role: dict[str, int]
+    default: int
+    opening_without_system: int
+
+    def of(self, role: str) -> int:
+        """Tokens the template adds around one message of `role` (the first system message's share carries the prompt's start and the reply priming)."""
+        return max(self.per_role.get(role, self.default), 0)
+
+
+def _msg(role: str) -> dict[str, str]:
+    return {"role": role, "content": _PROBE}
+
+
+class _Poster:
+    """POST JSON with keep-alive connections (a round trip to a local server then costs well under a millisecond)."""
+
+    def __init__(self, api_key: str, *, local: bool) -> None:
+        self._api_key = api_key
+        self._local = local  # a local address is never proxied
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    def __call__(self, url: str, body: dict[str, Any]) -> Any:
+        import httpx
+
+        with self._lock:
+            if self._client is None:
+                headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+                self._client = httpx.Client(timeout=SERVER_TIMEOUT, trust_env=not self._local, headers=headers)
+            client = self._client
+        try:
+            response = client.post(url, json=body)
+        except httpx.HTTPError as exc:
+            raise CountingUnavailable(type(exc).__name__) from exc
+        if response.status_code != 200:
+            raise CountingUnavailable(f"HTTP {response.status_code}")
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise CountingUnavailable("no JSON") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+
+class RatioBook:
+    """The worst ratio measured per model, in the state folder (`token_ratios.json`): later sessions start from it.
+
+    A file that cannot be read is an empty book; one that cannot be written leaves the ratios in memory.
+    """
+
+    def __init__(self, path: Path | Callable[[], Path]) -> None:
+        self._path = path
+        self._lock = threading.Lock()
+        self._ratios: dict[str, float] | None = None
+
+    def get(self, key: str) -> float | None:
+        """The ratio kept for `key`, if any."""
+        with self._lock:
+            return self._loaded().get(key)
+
+    def raise_to(self, key: str, ratio: float) -> None:
+        """Keep `ratio` for `key` if it is higher than the one kept."""
+        with self._lock:
+            ratios = self._loaded()
+            if ratio <= ratios.get(key, 0.0):
+                return
+            ratios[key] = ratio
+            try:
+                path = self._file()
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".token_ratios.")
+                with os.fdopen(fd, "w") as out:
+                    json.dump(ratios, out, indent=1, sort_keys=True)
+                os.replace(temporary, path)
+            except OSError as exc:
+                _log.debug("token ratios not saved: %s", exc)
+
+    def _file(self) -> Path:
+        return self._path() if callable(self._path) else self._path
+
+    def _loaded(self) -> dict[str, float]:
+        if self._ratios is None:
+            try:
+                data = json.loads(self._file().read_text())
+            except (OSError, ValueError):
+                data = {}
+            good = data.items() if isinstance(data, dict) else ()
+            self._ratios = {str(k): float(v) for k, v in good if isinstance(v, (int, float)) and not isinstance(v, bool) and 1.0 <= v < 100}
+        return self._ratios
+
+
+@dataclass(frozen=True)
+class Miss:
+    """A request the server counted larger than the budget allowed it."""
+
+    server_tokens: int
+    counted: int
+    allowed: int
+    ratio: float  # the ratio counts follow from now on
+
+
+class ModelTokenizer(Tokenizer):
+    """A `Tokenizer` that counts in one model's tokens: its server's, exactly, or `llm.tokenizer`'s scaled by a calibrated ratio.
+
+    Cuts are still made on `llm.tokenizer`'s pieces (offline) and checked with the model's count.
+    Safe to use from several threads (the roles and their folds).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        backend: Any,
+        model: str,
+        key: str,
+        counting: TokenCounting = "auto",
+        openai: bool = False,
+        server: ServerTokens | None = None,
+        book: RatioBook | None = None,
+        probe: Callable[[], ServerTokens | None] | None = None,
+    ) -> None:
+        """`probe`: asked once, before the first count, for the server that counts (a server of unknown kind)."""
+        super().__init__(name, backend=backend)
+        self.model = model
+        self.key = key  # the model's address and name: where its ratio is kept
+        self._counting = counting
+        self._openai = openai
+        self._book = book
+        self._lock = threading.Lock()
+        self._server: ServerTokens | None = None
+        self._ratio = 1.0
+        self._measured = True
+        self._probe = probe if counting == "auto" and server is None and not openai else None
+        self._start(server)
+
+    def _start(self, server: ServerTokens | None) -> None:
+        """Count by `server` (or offline when None): the ratio from the book, else 1 where counts are exact, else cautious."""
+        self._server = server if self._counting == "auto" else None
+        kept = self._book.get(self._book_key()) if self._book is not None and self._counting != "tokenizer" else None
+        exact = self._server is not None or self._openai or self._counting == "tokenizer"
+        self._ratio = kept if kept is not None else 1.0 if exact else CAUTIOUS_RATIO
+        self._measured = kept is not None or exact
+
+    @property
+    def mode(self) -> str:
+        """How prompts are counted now: 'llama.cpp' or 'vllm' (the server's tokenizer), or this tokenizer's name."""
+        server = self._server
+        return server.kind if server is not None else self.name
+
+    @property
+    def ratio(self) -> float:
+        """Model tokens per counted token, as calibrated so far (1 where counts are exact and held)."""
+        return self._ratio
+
+    @property
+    def server(self) -> ServerTokens | None:
+        """The server that counts, when one does."""
+        return self._server
+
+    def close(self) -> None:
+        """Release the counting server's connections."""
+        server = self._server
+        if server is not None:
+            server.close()
+
+    def use_server(self, server: ServerTokens) -> None:
+        """Count by `server` from now on (its kind just became known); with `llm.token_counting` other than auto, nothing changes."""
+        with self._lock:
+            if self._counting != "auto" or self._server is not None:
+                return
+            self._start(server)
+
+    def count(self, text: str) -> int:
+        """Tokens of `text` in the model's tokens (its server's, or the calibrated estimate)."""
+        if not text:
+            return 0
+        return self._scaled(self._base(text))
+
+    def count_message(self, message: Message) -> int:
+        """Tokens one chat message adds to a prompt, the template's included."""
+        return self._scaled(self._base_message(message))
+
+    def count_messages(self, messages: Sequence[Message]) -> int:
+        """Tokens a whole chat prompt takes, the template's start and the reply priming included."""
+        return sum(self.count_message(m) for m in messages) + self._scaled(self._base_opening(messages))
+
+    def base_count(self, messages: Sequence[Message]) -> int:
+        """A prompt's tokens before the ratio: the server's exact count as summed here, or the offline tokenizer's."""
+        return sum(self._base_message(m) for m in messages) + self._base_opening(messages)
+
+    def observe(self, messages: Sequence[Message], *, server_tokens: int, allowed: int, what: str) -> Miss | None:
+        """Set the server's count of a request against ours: the ratio follows the worst seen; a count over `allowed` is a warning."""
+        base = self.base_count(messages)
+        if self._counting == "tokenizer" or base <= 0 or server_tokens <= 0:
+            return None
+        counted, mode = self.count_messages(messages), self.mode
+        seen = server_tokens / base
+        with self._lock:
+            before = self._ratio
+            self._ratio = max(seen, 1.0) if not self._measured else max(self._ratio, seen)
+            self._measured = True
+            ratio = self._ratio
+        if self._book is not None and ratio > 1.0:
+            self._book.raise_to(self._book_key(), ratio)
+        if server_tokens <= allowed:
+            return None
+        _log.warning(
+            "%s on %s: the server counted %s prompt tokens, over the %s its budget allowed (llm.context_window - max_tokens - llm.margin); "
+            "our count was %s (%s tokens times %.3f). Prompts are counted at %.3f from now on, so the next ones shrink.",
+            what,
+            self.model,
+            f"{server_tokens:,}",
+            f"{allowed:,}",
+            f"{counted:,}",
+            mode,
+            before,
+            ratio,
+        )
+        return Miss(server_tokens=server_tokens, counted=counted, allowed=allowed, ratio=ratio)
+
+    def calibration(self) -> dict[str, float]:
+        """The ratio measured for this model, to keep with the session ({} before any measurement above 1)."""
+        with self._lock:
+            return {self._book_key(): self._ratio} if self._measured and self._ratio > 1.0 else {}
+
+    def adopt(self, kept: Mapping[str, float]) -> None:
+        """Take a ratio kept with a session (a resumed one) when it is worse than ours."""
+        ratio = kept.get(self._book_key())
+        if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 1.0 <= ratio < 100 or self._counting == "tokenizer":
+            return
+        with self._lock:
+            self._ratio = ratio if not self._measured else max(self._ratio, ratio)
+            self._measured = True
+
+    def _book_key(self) -> str:
+        return f"{self.key} {self.mode}"
+
+    def _scaled(self, base: int) -> int:
+        ratio = self._ratio
+        return base if ratio == 1.0 else math.ceil(base * ratio - 1e-9)
+
+    def _asked(self) -> ServerTokens | None:
+        """The server that counts, once the probe (if any) has said whether there is one."""
+        if self._probe is not None:
+            with self._lock:
+                probe, self._probe = self._probe, None
+            found = probe() if probe is not None else None
+            if found is not None:
+                self.use_server(found)
+        return self._server
+
+    def _base(self, text: str) -> int:
+        server = self._asked()
+        if server is not None:
+            try:
+                return server.count(text)
+            except CountingUnavailable as exc:
+                self._lose_server(exc)
+        return super().count(text)
+
+    def _base_message(self, message: Message) -> int:
+        server = self._asked()
+        if server is not None:
+            try:
+                return server.framing().of(message["role"]) + self._base(message["content"])
+            except CountingUnavailable as exc:
+                self._lose_server(exc)
+        return TOKENS_PER_MESSAGE + super().count(message["role"]) + super().count(message["content"])
+
+    def _base_opening(self, messages: Sequence[Message]) -> int:
+        server = self._asked()
+        if server is not None:
+            try:
+                opens_with_system = bool(messages) and messages[0]["role"] == "system"
+                return 0 if opens_with_system else server.framing().opening_without_system
+            except CountingUnavailable as exc:
+                self._lose_server(exc)
+        return REPLY_PRIMING_TOKENS
+
+    def _lose_server(self, exc: CountingUnavailable) -> None:
+        """The server stopped counting: count offline from now on, cautiously, saying so once."""
+        with self._lock:
+            server, self._server = self._server, None
+            if server is None:
+                return
+            self._ratio, self._measured = (self._book.get(self._book_key()) if self._book else None) or CAUTIOUS_RATIO, False
+        _log.warning(
+            "%s's server at %s did not count a prompt (%s): prompts are counted with %s, cautiously, until a reply calibrates it",
+            self.model,
+            server.root,
+            exc,
+            self.name,
+        )
+
+
+def model_tokenizer(
+    *,
+    tokenizer: str,
+    api_base: str,
+    model: str,
+    server_kind: str,
+    counting: TokenCounting,
+    server: ServerTokens | None = None,
+    book: RatioBook | None = None,
+    probe: Callable[[], ServerTokens | None] | None = None,
+) -> ModelTokenizer:
+    """The tokenizer for prompts to `model` at `api_base` (`server`: the server's own, when its kind is known)."""
+    offline = get_tokenizer(tokenizer)
+    return ModelTokenizer(
+        offline.name,
+        backend=offline._bpe,
+        model=model,
+        key=f"{api_base.rstrip('/')} {model}",
+        counting=counting,
+        openai=is_openai_model(api_base=api_base, model=model, server_kind=server_kind),
+        server=server,
+        book=book,
+        probe=probe,
+    )
