@@ -110,6 +110,15 @@ def _start_nginx(folder: Path, *, port: int, replicas: list[int]) -> subprocess.
             time.sleep(0.2)
 
 
+def _shipped_trusted_proxies() -> list[str]:
+    """deploy/project's serve.trusted_proxies with compose's proxy address as this machine's (nginx runs on 127.0.0.1 here)."""
+    shipped = yaml.safe_load((REPO / "deploy" / "project" / "taskweaver_config.yaml").read_text())["serve"]["trusted_proxies"]
+    compose = yaml.safe_load((REPO / "deploy" / "compose.yaml").read_text())
+    proxy = compose["services"]["proxy"]["networks"]["default"]["ipv4_address"]
+    assert proxy in shipped, "the shipped config must trust the proxy at the address compose gives it"
+    return ["127.0.0.1" if entry == proxy else entry for entry in shipped]
+
+
 def _compose_host() -> str:
     """The `--host` compose.yaml starts the replicas with (they run here with it)."""
     command = yaml.safe_load((REPO / "deploy" / "compose.yaml").read_text())["services"]["replica1"]["command"]
@@ -126,6 +135,7 @@ def deployment(postgres_cluster: PostgresCluster, tmp_path_factory: pytest.TempP
         project = write_team_project(root / "project", store_url=url, gateway=gateway, model_url=model.url, lease_timeout=LEASE)
         config = yaml.safe_load((project / "taskweaver_config.yaml").read_text())
         config["serve"]["metrics_token"] = METRICS_TOKEN
+        config["serve"]["trusted_proxies"] = _shipped_trusted_proxies()
         (project / "taskweaver_config.yaml").write_text(yaml.safe_dump(config))
         added = subprocess.run(
             [sys.executable, "-m", "taskweaver_lite", "users", "add", "alice", "-p", str(project)], capture_output=True, text=True, timeout=60
@@ -156,11 +166,27 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
+def _sign_in_by_the_form(browser: Any, deployment: Deployment) -> None:
+    """Open the page and sign in as a person does: the token pasted into the form, Enter."""
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.delete_all_cookies()
+    browser.get(f"{deployment.url}/")
+    field = WebDriverWait(browser, 60).until(lambda d: d.find_element(By.NAME, "token"))
+    field.send_keys(deployment.token + "\n")
+    try:
+        WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.ID, "new-session"))
+    except TimeoutException:
+        raise AssertionError(f"the form did not sign in; the browser shows: {browser.find_element(By.TAG_NAME, 'body').text}") from None
+
+
 def _open_new_session(browser: Any, deployment: Deployment) -> str:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    browser.get(f"{deployment.url}/?token={deployment.token}")  # the link `serve` prints signs the browser in
+    _sign_in_by_the_form(browser, deployment)
     wait = WebDriverWait(browser, 60)
     wait.until(lambda d: d.find_element(By.ID, "new-session").is_enabled())
     browser.find_element(By.ID, "new-session").click()
@@ -244,6 +270,32 @@ def test_the_page_through_nginx_over_tls_signs_in_asks_and_uploads(deployment: D
     probe = yaml.safe_load((REPO / "deploy" / "compose.yaml").read_text())["services"]["replica1"]["healthcheck"]["test"]
     code = probe[3].replace("127.0.0.1:8800", f"127.0.0.1:{deployment.replicas[0].port}")
     assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 0
+
+
+def test_the_page_signs_in_by_its_form_and_out_through_nginx_and_the_signed_out_cookie_is_then_refused(deployment: Deployment, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    _sign_in_by_the_form(browser, deployment)  # Chromium sends the form's Origin (a page with no-referrer would send `Origin: null`: 403)
+    (cookie,) = [c for c in browser.get_cookies() if c["name"] == "twl_sign_in"]
+    assert cookie["secure"] and cookie["httpOnly"], f"behind the shipped nginx with TLS the sign-in cookie is Secure: {cookie}"
+    assert deployment.token not in cookie["value"]
+    nginx_log = (deployment.root / "nginx" / "access.log").read_text()
+    assert deployment.token not in nginx_log and deployment.token.split("_")[2] not in nginx_log, "the token never reaches the proxy's log"
+    with httpx.Client(base_url=deployment.url, verify=False, timeout=60, cookies={"twl_sign_in": cookie["value"]}) as kept:
+        assert kept.get("/api/sessions").status_code == 200, "the cookie signs the API in, on either replica"
+        browser.find_element(By.CSS_SELECTOR, "#sign-out button").click()
+        _wait(browser, lambda d: d.find_elements(By.NAME, "token"), "the sign-in page after signing out", seconds=60)
+        assert "other sites" not in browser.page_source, "the sign-out form is same-origin"
+        for _ in deployment.replicas:  # round robin: each replica refuses it
+            assert kept.get("/api/sessions").status_code == 401, "after sign-out the cookie is refused, even by a client that kept it"
+    store = PostgresStore(deployment.store_url)
+    try:
+        entries = store.audit_entries()
+    finally:
+        store.close()
+    actions = [(entry.actor, entry.action) for entry in entries]
+    assert ("alice", "sign-in") in actions and ("alice", "sign-out") in actions, actions
+    assert all(entry.source == "127.0.0.1" for entry in entries if entry.action == "sign-in"), "the client, as X-Forwarded-For names it"
 
 
 def test_metrics_answer_the_scrapers_token_through_the_proxy_while_the_store_is_down(deployment: Deployment, postgres_cluster: PostgresCluster) -> None:

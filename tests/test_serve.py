@@ -161,7 +161,10 @@ def test_off_loopback_a_token_is_required_and_checked_on_every_request(project: 
         assert client.get("/").status_code == 401
         authorized = {"Authorization": "Bearer t0ken"}
         assert client.get("/api/sessions", headers=authorized).status_code == 200
-        page = client.get("/?token=t0ken", follow_redirects=False)
+        for came_from in ({"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"}, {}):  # login CSRF: another site's link
+            forged = client.get("/?token=t0ken", headers=came_from, follow_redirects=False)
+            assert forged.status_code == 401 and "set-cookie" not in forged.headers and "another site" in forged.text, came_from
+        page = client.get("/?token=t0ken", headers={"Sec-Fetch-Site": "none"}, follow_redirects=False)  # opened from outside any site
         assert page.status_code == 303 and COOKIE in page.cookies and "HttpOnly" in page.headers["set-cookie"]
         assert "t0ken" not in page.headers["set-cookie"], "the cookie is a signed sign-in, not the token"
         assert client.get("/api/sessions").status_code == 200, "the page's cookie signs its own requests in"

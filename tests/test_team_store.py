@@ -416,7 +416,7 @@ def test_an_sqlite_store_from_before_expiring_tokens_is_upgraded_and_its_tokens_
     finally:
         store.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == len(SQLITE_MIGRATIONS) == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(SQLITE_MIGRATIONS) == 8
 
 
 @pytest.mark.postgres
@@ -437,7 +437,7 @@ def test_a_postgresql_store_from_before_expiring_tokens_is_upgraded_and_its_toke
     finally:
         store.close()
     with psycopg.connect(postgres_url) as conn:
-        assert conn.execute("SELECT version FROM taskweaver_lite_schema").fetchall() == [(SCHEMA_VERSION,)] and SCHEMA_VERSION == 3
+        assert conn.execute("SELECT version FROM taskweaver_lite_schema").fetchall() == [(SCHEMA_VERSION,)] and SCHEMA_VERSION == 4
 
 
 def test_a_store_from_before_user_ids_gives_its_users_ids_and_their_sessions_follow_them(store: Store) -> None:
@@ -491,3 +491,64 @@ def test_a_store_remembers_it_has_had_users_once_the_last_is_removed(store: Stor
     store.add_user("ana")
     store.remove_user("ana")
     assert not store.has_users() and store.had_users()
+
+
+def test_the_audit_trail_and_sign_ins_are_kept_by_both_backends_and_the_trail_refuses_every_change(store: Store) -> None:
+    from taskweaver_lite.store.interface import Actor, AuditEntry
+
+    by = Actor("cli:root", "cli@host")
+    store.add_user("ana", by=by)
+    store.set_admin("ana", admin=True, by=by)
+    store.rotate_token("ana", expires_days=2, by=by)
+    store.audit(AuditEntry(at=time.time(), actor="-", action="token-refused", target="token 00", source="198.51.100.9"))
+    ana = store.user_by_name("ana")
+    current = store.token_id_of("ana")
+    assert ana is not None and current is not None
+    store.add_sign_in("a" * 32, user_id=ana.id, token_id=current, until=time.time() + 60)
+    found = store.sign_in("a" * 32)
+    assert found is not None and found.holds() and found.user is not None and found.user.name == "ana"
+    assert store.end_sign_in("a" * 32) and not store.end_sign_in("a" * 32)
+    ended = store.sign_in("a" * 32)
+    assert ended is not None and not ended.holds(), "a sign-out ends it for every server on the store"
+    store.add_sign_in("b" * 32, user_id=ana.id, token_id=current, until=time.time() + 60)
+    store.rotate_token("ana", by=by)
+    rotated = store.sign_in("b" * 32)
+    assert rotated is not None and not rotated.holds(), "a new token ends the sign-ins made with the old one"
+    assert [(e.actor, e.action, e.target) for e in store.audit_entries()] == [
+        ("cli:root", "user-added", "ana"),
+        ("cli:root", "user-promoted", "ana"),
+        ("cli:root", "user-rotated", "ana"),
+        ("-", "token-refused", "token 00"),
+        ("cli:root", "user-rotated", "ana"),
+    ]
+    assert [e.action for e in store.audit_entries(limit=1)] == ["user-rotated"]
+    assert store.audit_entries(since=time.time() + 5) == []
+    changes = ("UPDATE audit SET actor = 'nobody'", "DELETE FROM audit") + (("TRUNCATE audit",) if isinstance(store, PostgresStore) else ())
+    for change in changes:
+        if isinstance(store, PostgresStore):
+            with psycopg.connect(store._url) as conn, pytest.raises(psycopg.Error, match="append-only"):
+                conn.execute(change)
+        else:
+            assert isinstance(store, SessionStore)
+            with sqlite3.connect(store.path) as db, pytest.raises(sqlite3.DatabaseError, match="append-only"):
+                db.execute(change)
+    assert len(store.audit_entries()) == 5
+
+
+@pytest.mark.postgres
+def test_pg_dump_keeps_the_audit_trail(postgres_cluster: PostgresCluster, postgres_url: str) -> None:
+    from taskweaver_lite.store.interface import Actor
+    from taskweaver_lite.testing.postgres_cluster import binaries
+
+    store = PostgresStore(postgres_url)
+    try:
+        store.add_user("dumped-user", by=Actor("cli:root", "cli@backup-host"))
+    finally:
+        store.close()
+    bin_dir = binaries()
+    assert bin_dir is not None
+    import subprocess
+
+    dump = subprocess.run([str(bin_dir / "pg_dump"), "--table=audit", postgres_url], capture_output=True, text=True, timeout=60)
+    assert dump.returncode == 0, dump.stderr
+    assert "dumped-user" in dump.stdout and "cli@backup-host" in dump.stdout and "user-added" in dump.stdout

@@ -80,12 +80,16 @@ def test_a_server_on_a_store_with_users_asks_every_request_for_one_even_on_loopb
 
         assert ids(ana) == ["ana-1"] and ids(bob) == ["bob-1"] and ids(root) == ["ana-1", "bob-1"]
         assert client.get("/api/sessions/bob-1", headers={"Authorization": f"Bearer {ana}"}).status_code == 404, "another's session is not there"
-        # The page: /?token= sets the cookie, and the cookie then names the user.
-        opened = client.get(f"/?token={ana}", follow_redirects=False)
+        # A user's token is never taken from the address (proxies log it): the link gets the sign-in page, no cookie.
+        linked = client.get(f"/?token={ana}", headers={"Sec-Fetch-Site": "none"}, follow_redirects=False)
+        assert linked.status_code == 401 and "set-cookie" not in linked.headers and "never taken from the address" in linked.text
+        # The page's form sets the cookie, and the cookie then names the user.
+        opened = client.post("/sign-in", data={"token": ana}, follow_redirects=False)
         assert opened.status_code == 303 and COOKIE in opened.cookies
         assert client.get("/api/sessions").status_code == 200, "the cookie the page got names ana"
         main(["users", "remove", "ana", "-p", str(project)])
         assert client.get("/api/sessions", headers={"Authorization": f"Bearer {ana}"}).status_code == 401, "a removed user's token, at once"
+        assert client.get("/api/sessions").status_code == 401, "a removed user's sign-in, at once"
 
 
 def test_a_trusted_proxy_header_names_the_user_only_when_enabled_and_only_from_a_listed_peer(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -199,7 +203,7 @@ def test_the_page_signs_in_by_a_posted_form_with_a_signed_expiring_cookie_never_
         assert page.status_code == 401 and '<form method="post" action="/sign-in">' in page.text
         assert "a token of their own" in page.text and "its token" not in page.text, "users mode speaks of the user's own token"
         assert client.get("/static/style.css").status_code == 200, "the sign-in page is styled before anyone signs in"
-        wrong = client.get("/?token=twl_0000000000000000_" + "x" * 43, follow_redirects=False)
+        wrong = client.post("/sign-in", data={"token": "twl_0000000000000000_" + "x" * 43}, follow_redirects=False)
         assert wrong.status_code == 401 and "set-cookie" not in wrong.headers and "not valid" in wrong.text, "no cookie for a token that is not valid"
         refused = client.post("/sign-in", data={"token": "twl_nonsense"}, follow_redirects=False)
         assert refused.status_code == 401 and "set-cookie" not in refused.headers
@@ -244,16 +248,18 @@ def test_a_revoked_token_ends_the_event_streams_opened_with_it(project: Path, ca
     tokens: dict[str, str] = {}
     for name in ("ana", "bob", "cy", "dee"):
         made[name] = time.monotonic()
-        tokens[name] = add_user(project, name, capsys, expires="0.00002" if name == "cy" else None)  # cy's: 1.73 s
+        tokens[name] = add_user(project, name, capsys, expires="0.00005" if name == "cy" else None)  # cy's: 4.32 s
         stored(project, f"{name}-1", name)
     ended: dict[str, float] = {}  # seconds after the token was made
+    streaming = {name: threading.Event() for name in tokens}
 
     def follow(name: str) -> None:
         headers = {"Authorization": f"Bearer {tokens[name]}"}
         with httpx.Client(base_url=web.url, headers=headers, timeout=30) as client, client.stream("GET", f"/api/sessions/{name}-1/events") as stream:
             assert stream.status_code == 200
+            streaming[name].set()
             for _ in stream.iter_lines():
-                if outlived_the_others() or time.monotonic() - opened > 8:
+                if outlived_the_others() or time.monotonic() - opened > 12:
                     return  # still open: `ended` lacks it
         ended[name] = time.monotonic() - made[name]
 
@@ -267,7 +273,8 @@ def test_a_revoked_token_ends_the_event_streams_opened_with_it(project: Path, ca
         followers = [threading.Thread(target=follow, args=(name,)) for name in tokens]
         for thread in followers:
             thread.start()
-        time.sleep(0.5)
+        for name, event in streaming.items():  # every stream open before any token is revoked (a loaded machine is slow to get there)
+            assert event.wait(20), f"{name}'s stream did not open"
         main(["users", "remove", "ana", "-p", str(project)])
         main(["users", "rotate", "bob", "-p", str(project)])
         revoked = time.monotonic()
@@ -276,7 +283,7 @@ def test_a_revoked_token_ends_the_event_streams_opened_with_it(project: Path, ca
     assert set(ended) >= {"ana", "bob", "cy"}, ended
     for name in ("ana", "bob"):
         assert ended[name] < revoked - made[name] + 2, ("removed and rotated: ended within the lease renewal period", name, ended)
-    assert 1.7 < ended["cy"] < 3.6, ("expired: ended once past its expiry", ended)
+    assert 4.3 < ended["cy"] < 6.5, ("expired: ended once past its expiry", ended)
     assert "dee" not in ended, "a token that still works keeps its stream"
 
 

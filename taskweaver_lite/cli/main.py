@@ -165,6 +165,7 @@ def _project_option(parser: argparse.ArgumentParser) -> None:
 
 def commands() -> tuple[Command, ...]:
     """Every sub-command, in the order `--help` lists them (the modules that add their own parser are light to import)."""
+    from taskweaver_lite.cli.audit import add_audit_parser
     from taskweaver_lite.cli.eval import add_eval_parser
     from taskweaver_lite.cli.gateway import add_gateway_parser
     from taskweaver_lite.cli.users import add_users_parser
@@ -185,6 +186,7 @@ def commands() -> tuple[Command, ...]:
         Command("serve", _add_serve_parser, _lazy("taskweaver_lite.cli.serve", "run_serve")),
         Command("mcp", _add_mcp_parser, _lazy("taskweaver_lite.cli.mcp", "run_mcp")),
         Command("users", add_users_parser, _lazy("taskweaver_lite.cli.users", "run_users")),
+        Command("audit", add_audit_parser, _lazy("taskweaver_lite.cli.audit", "run_audit")),
         Command("gateway", add_gateway_parser, _lazy("taskweaver_lite.cli.gateway", "run_gateway")),
         Command("eval", add_eval_parser, _lazy("taskweaver_lite.cli.eval", "run_eval_command")),
         Command("config", _add_config_parser, _lazy("taskweaver_lite.cli.config", "run_config")),

@@ -44,10 +44,13 @@ def list_sessions(args: argparse.Namespace) -> int:
 def _delete_session(config: Config, ref: str, project: Path) -> int:
     """`taskweaver-lite sessions --delete ID`: the session gone for good (refused while it is open or answering)."""
     from taskweaver_lite.session.assembly import delete_session  # the session stack, only to delete
+    from taskweaver_lite.store.interface import Actor, AuditEntry
 
     store = open_store(config)
     try:
         deleted = delete_session(config, ref, store=store)
+        by = Actor.command_line()
+        store.audit(AuditEntry(at=time.time(), actor=by.name, action="session-deleted", target=deleted, source=by.source))
     except UnknownSessionError as exc:
         raise exc.listed_with(sessions_command(project)) from None
     finally:

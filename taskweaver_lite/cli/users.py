@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from taskweaver_lite.errors import TaskWeaverError
 
 if TYPE_CHECKING:
-    from taskweaver_lite.store.interface import Store
+    from taskweaver_lite.store.interface import Actor, Store
 
 MAX_DAYS = 36_500  # `--expires` at most a hundred years
 
@@ -77,6 +77,7 @@ def run_users(args: argparse.Namespace) -> int:
     """Run `users add|list|rotate|promote|demote|expires|remove`; the exit code."""
     from taskweaver_lite.cli.project import project_dir  # the store's modules only once a users command runs (`--help` answers at once)
     from taskweaver_lite.config.file import load_config
+    from taskweaver_lite.store.interface import Actor
     from taskweaver_lite.store.opening import has_store, open_store, store_place
 
     config = load_config(project_dir(args), args.overrides)
@@ -87,16 +88,17 @@ def run_users(args: argparse.Namespace) -> int:
         raise TaskWeaverError(f"there is no user '{args.name}': there is no session store at {store_place(config)} yet")
     store = open_store(config)
     where = store_place(config)
+    by = Actor.command_line()
     try:
         if args.action == "add":
-            return _add(store, args.name, admin=args.admin, expires=args.expires, where=where)
+            return _add(store, args.name, admin=args.admin, expires=args.expires, where=where, by=by)
         if args.action == "list":
             return _list(store, as_json=args.json)
         if args.action == "rotate":
-            return _rotate(store, args.name, expires=args.expires, where=where)
+            return _rotate(store, args.name, expires=args.expires, where=where, by=by)
         if args.action in ("promote", "demote", "expires"):
-            return _change(store, args, where=where)
-        if not store.remove_user(args.name):
+            return _change(store, args, where=where, by=by)
+        if not store.remove_user(args.name, by=by):
             raise TaskWeaverError(_no_user(args.name, where))
         print(f"Removed {args.name}: their token no longer works. Their sessions stay in the store (an admin still sees them).")
         if not store.has_users():
@@ -106,9 +108,9 @@ def run_users(args: argparse.Namespace) -> int:
         store.close()
 
 
-def _add(store: Store, name: str, *, admin: bool, expires: float | None, where: str) -> int:
+def _add(store: Store, name: str, *, admin: bool, expires: float | None, where: str, by: Actor) -> int:
     first = not store.has_users()
-    token = store.add_user(name, admin=admin, expires_days=expires)
+    token = store.add_user(name, admin=admin, expires_days=expires, by=by)
     print(f"Added {'admin ' if admin else ''}{name} to {where}. Their token, shown this once (only its hash is kept):", file=sys.stderr)
     if first:
         print("This store now has users: `serve` asks every request for a user's token, on 127.0.0.1 too.", file=sys.stderr)
@@ -117,8 +119,8 @@ def _add(store: Store, name: str, *, admin: bool, expires: float | None, where: 
     return 0
 
 
-def _rotate(store: Store, name: str, *, expires: float | None, where: str) -> int:
-    token = store.rotate_token(name, expires_days=expires)
+def _rotate(store: Store, name: str, *, expires: float | None, where: str, by: Actor) -> int:
+    token = store.rotate_token(name, expires_days=expires, by=by)
     if token is None:
         raise TaskWeaverError(_no_user(name, where))
     print(f"A new token for {name}, shown this once (only its hash is kept); their old one no longer works:", file=sys.stderr)
@@ -127,12 +129,12 @@ def _rotate(store: Store, name: str, *, expires: float | None, where: str) -> in
     return 0
 
 
-def _change(store: Store, args: argparse.Namespace, *, where: str) -> int:
+def _change(store: Store, args: argparse.Namespace, *, where: str, by: Actor) -> int:
     """`users promote|demote NAME`, `users expires NAME DAYS|never`: takes effect on every server within two seconds."""
     if args.action == "expires":
-        changed = store.set_expiry(args.name, expires_days=args.when)
+        changed = store.set_expiry(args.name, expires_days=args.when, by=by)
     else:
-        changed = store.set_admin(args.name, admin=args.action == "promote")
+        changed = store.set_admin(args.name, admin=args.action == "promote", by=by)
     if not changed:
         raise TaskWeaverError(_no_user(args.name, where))
     if args.action == "expires":

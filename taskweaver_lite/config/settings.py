@@ -8,6 +8,7 @@ the keys and the fix on one line.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import keyword
 import os
 import tempfile
@@ -512,7 +513,10 @@ class ServeConfig(_Section):
     )
     trusted_proxies: list[str] = Field(
         default_factory=list,
-        description=("the addresses (of the TCP peer itself) trusted_user_header and X-Forwarded-Proto are believed from: the proxy's; empty: none, until set"),
+        description=(
+            "the addresses or networks (CIDR) of the TCP peer itself that X-Forwarded-Proto, X-Forwarded-For and trusted_user_header are "
+            "believed from: your TLS proxy's; empty: none, until set (behind TLS the sign-in cookie is then not Secure)"
+        ),
     )
     max_request_bytes: int = Field(
         1_000_000, ge=1024, description="the largest request body in bytes other than a file upload (session.max_upload_bytes); a larger one gets 413"
@@ -523,9 +527,26 @@ class ServeConfig(_Section):
         10, ge=1, description="tokens refused per client address in a minute before its requests get 429 (with Retry-After) for the rest of it"
     )
     sign_in_hours: float = Field(12.0, gt=0, description="hours a sign-in on the page lasts (its cookie); the user's token itself is never the cookie")
+    sign_in_key_file: str | None = Field(
+        None,
+        description=(
+            "the file holding the key that signs the page's sign-in cookies (32 bytes or more; never in the store): every replica "
+            "must read the same one; null: sign-in.key in the state folder, made at first start"
+        ),
+    )
     metrics_token: SecretStr | None = Field(
         None, description="a token good for GET /metrics alone (a Prometheus scraper's), answered even while the store is down; null: a user's token"
     )
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _addresses_or_networks(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry.strip(), strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address or a network (such as 10.0.0.5 or 172.28.0.0/24)") from None
+        return [entry.strip() for entry in value]
 
     @field_validator("max_sessions_per_user", mode="before")
     @classmethod
@@ -721,6 +742,14 @@ class Config(_Section):
         if self._state_dir is None:
             self._state_dir = self.project_dir if os.access(self.project_dir, os.W_OK) else read_only_state_dir(self.project_dir)
         return self._state_dir
+
+    @property
+    def sign_in_key_path(self) -> Path:
+        """The file of the key that signs the page's sign-ins: serve.sign_in_key_file (relative: to the project), else sign-in.key in the state folder."""
+        if self.serve.sign_in_key_file:
+            path = Path(self.serve.sign_in_key_file).expanduser()
+            return path if path.is_absolute() else self.project_dir / path
+        return self.state_dir / "sign-in.key"
 
     @property
     def sessions_dir(self) -> Path:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from taskweaver_lite.config.settings import Config
@@ -45,8 +46,9 @@ def executor_factory(config: Config, *, plugins: Sequence[PluginSpec] = (), hand
         raise ValueError("a kernel handover needs execution.kernel_gateway: a kernel on this machine ends with its process")
     from taskweaver_lite.kernel.executor import KernelExecutor
 
-    # A sandboxed kernel sees neither the project folder nor the store (wherever store.path puts it).
-    hidden = (config.project_dir, config.store_path.parent)
+    # A sandboxed kernel sees neither the project folder nor the store (wherever store.path puts it), nor the sign-in key's folder.
+    key_folder = config.sign_in_key_path.parent
+    hidden = (config.project_dir, config.store_path.parent, *((key_folder,) if key_folder != Path(key_folder.anchor) else ()))
     return functools.partial(
         KernelExecutor, config=config.execution, output_tokens=config.cell_output_tokens, plugins=tuple(plugins), hidden=hidden, mcp_servers=config.mcp.servers
     )

@@ -16,6 +16,9 @@ owns is, for the caller, simply not there.
 
 from __future__ import annotations
 
+import getpass
+import os
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -83,6 +86,79 @@ class User:
     def to_dict(self) -> dict[str, Any]:
         """JSON shape for `users list --json`: {name, admin, created_at, expires_at} (expires_at null: never; never the token or its hash)."""
         return {"name": self.name, "admin": self.admin, "created_at": self.created_at, "expires_at": self.expires_at}
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who makes a change, for its audit entry: a user's name or `cli:<account>`, and where from (an address, `cli@<host>`)."""
+
+    name: str
+    source: str = ""
+
+    @classmethod
+    def command_line(cls) -> Actor:
+        """Whoever runs this command: `cli:<account>` from `cli@<host>`."""
+        try:
+            account = getpass.getuser()
+        except (KeyError, OSError):
+            account = str(os.getuid())
+        return cls(f"cli:{account}", f"cli@{socket.gethostname()}")
+
+
+@dataclass(frozen=True)
+class SignIn:
+    """One sign-in on the page, as the store keeps it: the cookie names its `id` (signed with the server's key, never stored).
+
+    `user` is the user it was made for as they are now (None: the server's one token, or a user since removed:
+    `user_id` tells which); it holds while not ended, not run out, and made from the token that user has now.
+    """
+
+    id: str
+    user_id: str | None  # None: a sign-in with the server's one token
+    token_id: str  # the user's token id when it was made (`users rotate` ends it), or a digest of the server's one token
+    created_at: float
+    until: float
+    ended_at: float | None = None
+    user: User | None = None
+    current_token_id: str | None = None  # the token id that user has now (None: removed, or no user)
+    via: str = "token"  # token (the form or the link), oidc
+
+    def holds(self, now: float | None = None) -> bool:
+        """Whether it still signs its browser in: not ended, not run out, and (for a user) made while they had the token they have now."""
+        at = time.time() if now is None else now
+        if self.ended_at is not None or self.until <= at:
+            return False
+        if self.user_id is None:
+            return True
+        return self.user is not None and self.current_token_id == self.token_id
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One line of the audit trail: when (epoch seconds, shown in UTC), who did it, what, to whom or what, and from where."""
+
+    at: float
+    actor: str  # a user's name, `cli:<account>` for the command line, `-` for the server's one token or nobody known
+    # sign-in, sign-out, token-refused, user-added, user-removed, user-promoted, user-demoted, user-rotated, user-expired,
+    # session-deleted, session-opened-by-admin
+    action: str
+    target: str = ""  # a user's name, a session's id, a token's public id
+    source: str = ""  # the client's address, or `cli@<host>`
+    detail: str = ""
+    id: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON shape for `audit --json`: {id, time (ISO 8601 UTC), at (epoch seconds), actor, action, target, source, detail}."""
+        return {
+            "id": self.id,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at)),
+            "at": self.at,
+            "actor": self.actor,
+            "action": self.action,
+            "target": self.target,
+            "source": self.source,
+            "detail": self.detail,
+        }
 
 
 @dataclass(frozen=True)
@@ -180,17 +256,28 @@ class Store(Protocol):
     def delete_tip(self, tip_id: int, *, owner: str | None = None) -> bool: ...
 
     # Users
-    def add_user(self, name: str, *, admin: bool = False, expires_days: float | None = None) -> str: ...
-    def rotate_token(self, name: str, *, expires_days: float | None = None) -> str | None: ...
-    def set_admin(self, name: str, *, admin: bool) -> bool: ...
-    def set_expiry(self, name: str, *, expires_days: float | None) -> bool: ...
+    # `by` names who makes a change: its audit entry goes in with it (none without)
+    def add_user(self, name: str, *, admin: bool = False, expires_days: float | None = None, by: Actor | None = None, detail: str = "") -> str: ...
+    def rotate_token(self, name: str, *, expires_days: float | None = None, by: Actor | None = None) -> str | None: ...
+    def set_admin(self, name: str, *, admin: bool, by: Actor | None = None) -> bool: ...
+    def set_expiry(self, name: str, *, expires_days: float | None, by: Actor | None = None) -> bool: ...
     def users(self) -> list[User]: ...
-    def remove_user(self, name: str) -> bool: ...
+    def remove_user(self, name: str, *, by: Actor | None = None) -> bool: ...
+    def token_id_of(self, name: str) -> str | None: ...
     def has_users(self) -> bool: ...
     def had_users(self) -> bool: ...
     def user_for_token(self, token: str) -> User | None: ...
-    def sign_in(self, token: str, *, hours: float) -> str | None: ...
-    def user_for_sign_in(self, value: str) -> User | None: ...
+    def user_by_name(self, name: str) -> User | None: ...
+
+    # The page's sign-ins (the cookie's signature is the server's: web/sign_in.py)
+    def add_sign_in(self, sign_in_id: str, *, user_id: str | None, token_id: str, until: float, via: str = "token") -> None: ...
+    def sign_in(self, sign_in_id: str) -> SignIn | None: ...
+    def end_sign_in(self, sign_in_id: str) -> bool: ...
+    def sign_in_key_check(self, check: str) -> str | None: ...
+
+    # The audit trail: appended to, never changed
+    def audit(self, entry: AuditEntry) -> None: ...
+    def audit_entries(self, *, since: float | None = None, limit: int | None = None) -> list[AuditEntry]: ...
 
     # Leases: one request at a time per session, across processes
     def take_lease(self, session_id: str, holder: str, *, seconds: float) -> Lease | None: ...

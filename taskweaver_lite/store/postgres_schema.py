@@ -90,6 +90,25 @@ MIGRATIONS: list[Migration] = [
         "CREATE TABLE marks (name TEXT PRIMARY KEY, at DOUBLE PRECISION NOT NULL)",
         "INSERT INTO marks (name, at) SELECT 'had_users', created_at FROM users ORDER BY created_at LIMIT 1",
     ),
+    (
+        # Version 4 (as SQLite's version 8): the page's sign-ins, which a sign-out on any replica ends; the audit
+        # trail, append-only: a trigger refuses UPDATE, DELETE and TRUNCATE (pg_dump keeps it with the rest).
+        """CREATE TABLE sign_ins (
+            id TEXT PRIMARY KEY, user_id TEXT, token_id TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL,
+            until DOUBLE PRECISION NOT NULL, ended_at DOUBLE PRECISION, via TEXT NOT NULL DEFAULT 'token')""",
+        "CREATE INDEX sign_ins_by_until ON sign_ins(until)",
+        "ALTER TABLE marks ADD COLUMN value TEXT",
+        """CREATE TABLE audit (
+            id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, at DOUBLE PRECISION NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL,
+            target TEXT NOT NULL DEFAULT '', source TEXT NOT NULL DEFAULT '', detail TEXT NOT NULL DEFAULT '')""",
+        "CREATE INDEX audit_by_time ON audit(at)",
+        """CREATE FUNCTION taskweaver_lite_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'the audit trail is append-only'; END $$""",
+        """CREATE TRIGGER audit_no_change BEFORE UPDATE OR DELETE ON audit
+            FOR EACH ROW EXECUTE FUNCTION taskweaver_lite_audit_append_only()""",
+        """CREATE TRIGGER audit_no_truncate BEFORE TRUNCATE ON audit
+            FOR EACH STATEMENT EXECUTE FUNCTION taskweaver_lite_audit_append_only()""",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -102,6 +102,22 @@ MIGRATIONS: list[Migration] = [
         "CREATE TABLE marks (name TEXT PRIMARY KEY, at REAL NOT NULL)",
         "INSERT INTO marks (name, at) SELECT 'had_users', created_at FROM users ORDER BY created_at LIMIT 1",
     ),
+    (
+        # Version 8: the page's sign-ins, each a row the cookie names (signed with the server's key, which is
+        # not in the store), ended by a sign-out on any replica; and the audit trail, append-only (triggers
+        # refuse every UPDATE and DELETE). The same as PostgreSQL's version 4.
+        """CREATE TABLE sign_ins (
+            id TEXT PRIMARY KEY, user_id TEXT, token_id TEXT NOT NULL, created_at REAL NOT NULL, until REAL NOT NULL, ended_at REAL,
+            via TEXT NOT NULL DEFAULT 'token')""",
+        "CREATE INDEX sign_ins_by_until ON sign_ins(until)",
+        "ALTER TABLE marks ADD COLUMN value TEXT",
+        """CREATE TABLE audit (
+            id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, actor TEXT NOT NULL, action TEXT NOT NULL,
+            target TEXT NOT NULL DEFAULT '', source TEXT NOT NULL DEFAULT '', detail TEXT NOT NULL DEFAULT '')""",
+        "CREATE INDEX audit_by_time ON audit(at)",
+        "CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END",
+        "CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -22,16 +22,20 @@ from taskweaver_lite.records.execution import Variable
 from taskweaver_lite.records.model_calls import Usage
 from taskweaver_lite.records.tips import Tip, TipKind
 from taskweaver_lite.store.event_rows import Connection, to_json, write_event
-from taskweaver_lite.store.interface import INTERRUPTED_ERROR, FileKind, Lease, SessionEntry, StoredEvent, StoredSession, User
-from taskweaver_lite.store.users import Verifier, check_name, make_token, make_user_id, sign, signature_holds, signed_ident, token_id
+from taskweaver_lite.store.interface import INTERRUPTED_ERROR, FileKind, Lease, SessionEntry, StoredEvent, StoredSession
+from taskweaver_lite.store.user_queries import UserQueries
+from taskweaver_lite.store.users import Verifier
 
 # What a session's rows are kept in besides `sessions` itself, children before the tables they refer to.
 SESSION_TABLES = ("posts", "rounds", "model_calls", "folds", "compression", "files", "events", "blobs", "tips")
 SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
-class SqlStore:
-    """The queries of a session store; a backend gives `_transaction`, `_read`, `lock`, `close` and its dialect (and may give `_read_one`, `_write_one`)."""
+class SqlStore(UserQueries):
+    """The queries of a session store (those about people: user_queries.py).
+
+    A backend gives `_transaction`, `_read`, `lock`, `close` and its dialect (and may give `_read_one`, `_write_one`).
+    """
 
     where: str = ""
     keeps_files: bool = False
@@ -350,113 +354,6 @@ class SqlStore:
         with self._write_one() as db:
             return db.execute(f"DELETE FROM tips WHERE id = ?{mine}", (tip_id, *params)).rowcount > 0
 
-    # Users
-
-    def add_user(self, name: str, *, admin: bool = False, expires_days: float | None = None) -> str:
-        """Add a user; returns their token (shown once: only its hash is kept), which stops working after `expires_days`
-        (None: never). StoreError if the name is taken."""
-        try:
-            check_name(name)
-        except ValueError as exc:
-            raise StoreError(str(exc)) from None
-        made = make_token()
-        now = time.time()
-        with self._transaction() as db:
-            if db.execute("SELECT 1 FROM users WHERE name = ?", (name,)).fetchone():
-                raise StoreError(f"there is already a user '{name}' in {self.where}; remove it first (taskweaver-lite users remove {name})")
-            db.execute(
-                "INSERT INTO users (id, name, admin, token_id, salt, token_hash, created_at, expires_at, token_days) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (make_user_id(), name, int(admin), made.token_id, made.salt, made.digest, now, _expiry(now, expires_days), expires_days),
-            )
-            db.execute("INSERT INTO marks (name, at) VALUES ('had_users', ?) ON CONFLICT (name) DO NOTHING", (now,))
-        return made.token
-
-    def rotate_token(self, name: str, *, expires_days: float | None = None) -> str | None:
-        """A new token for the user (the old one stops working at once); None when there is no such user.
-
-        It expires after `expires_days`, or when None, after as many days as the old one was given (never, if that never did).
-        """
-        made = make_token()
-        now = time.time()
-        with self._transaction() as db:
-            row = db.execute("SELECT token_days FROM users WHERE name = ?", (name,)).fetchone()
-            if row is None:
-                return None
-            days = expires_days if expires_days is not None else (None if row[0] is None else float(row[0]))
-            db.execute(
-                "UPDATE users SET token_id = ?, salt = ?, token_hash = ?, expires_at = ?, token_days = ? WHERE name = ?",
-                (made.token_id, made.salt, made.digest, _expiry(now, days), days, name),
-            )
-        return made.token
-
-    def set_admin(self, name: str, *, admin: bool) -> bool:
-        """Make the user an admin, or no longer one (`users promote`, `users demote`); False when there is no such user."""
-        with self._write_one() as db:
-            return db.execute("UPDATE users SET admin = ? WHERE name = ?", (int(admin), name)).rowcount > 0
-
-    def set_expiry(self, name: str, *, expires_days: float | None) -> bool:
-        """The user's token now expires `expires_days` from now (None: never, an expiry cleared); False when there is no such user."""
-        now = time.time()
-        with self._write_one() as db:
-            changed = db.execute("UPDATE users SET expires_at = ?, token_days = ? WHERE name = ?", (_expiry(now, expires_days), expires_days, name))
-            return changed.rowcount > 0
-
-    def users(self) -> list[User]:
-        """Every user, by name."""
-        with self._read_one() as db:
-            rows = db.execute("SELECT name, admin, created_at, expires_at, id FROM users ORDER BY name").fetchall()
-        return [_user(r) for r in rows]
-
-    def remove_user(self, name: str) -> bool:
-        """Remove a user (their token and sign-ins stop working at once; their sessions stay, nobody's but an admin's); False when there is none."""
-        with self._write_one() as db:
-            return db.execute("DELETE FROM users WHERE name = ?", (name,)).rowcount > 0
-
-    def has_users(self) -> bool:
-        """Whether the store has any user (then every request must name one by its token)."""
-        with self._read_one() as db:
-            return db.execute("SELECT 1 FROM users LIMIT 1").fetchone() is not None
-
-    def had_users(self) -> bool:
-        """Whether the store has ever had a user (then a server on it keeps asking for one, even once the last is removed)."""
-        with self._read_one() as db:
-            return db.execute("SELECT 1 FROM marks WHERE name = 'had_users'").fetchone() is not None
-
-    def user_for_token(self, token: str) -> User | None:
-        """The user whose token this is, an expired one too (`User.expired` says so); None for a wrong, malformed or removed one."""
-        found = self._token_row(token)
-        return None if found is None else _user(found)
-
-    def sign_in(self, token: str, *, hours: float) -> str | None:
-        """A sign-in for the page from a valid, unexpired token: the cookie's value, good for `hours`; None for any other token."""
-        row = self._token_row(token)
-        if row is None or _user(row).expired():
-            return None
-        until = time.time() + hours * 3600.0
-        return sign(str(token_id(token)), bytes.fromhex(row[6]), until=until)
-
-    def user_for_sign_in(self, value: str) -> User | None:
-        """The user a sign-in value (`sign_in`) names while it holds: not run out, its token neither replaced nor its user removed."""
-        ident = signed_ident(value, now=time.time())
-        if ident is None or ident == "-":
-            return None
-        with self._read_one() as db:
-            row = db.execute("SELECT name, admin, created_at, expires_at, id, token_hash FROM users WHERE token_id = ?", (ident,)).fetchone()
-        if row is None or not signature_holds(value, bytes.fromhex(row[5])):
-            return None
-        return _user(row)
-
-    def _token_row(self, token: str) -> Any:
-        """The user's row (name, admin, created_at, expires_at, id, salt, token_hash) whose token this is; None for any other."""
-        ident = token_id(token)
-        if ident is None:
-            return None
-        with self._read_one() as db:
-            row = db.execute("SELECT name, admin, created_at, expires_at, id, salt, token_hash FROM users WHERE token_id = ?", (ident,)).fetchone()
-        if row is None or not self._verifier.matches(token, salt=row[5], digest=row[6]):
-            return None
-        return row
-
     # Leases
 
     def take_lease(self, session_id: str, holder: str, *, seconds: float) -> Lease | None:
@@ -508,16 +405,6 @@ class SqlStore:
         """Raise StoreError when the store cannot be reached."""
         with self._read_one() as db:
             db.execute("SELECT 1").fetchone()
-
-
-def _user(row: Any) -> User:
-    """A user from a row that starts (name, admin, created_at, expires_at, id)."""
-    return User(name=row[0], admin=bool(row[1]), created_at=float(row[2]), expires_at=None if row[3] is None else float(row[3]), id=str(row[4]))
-
-
-def _expiry(now: float, days: float | None) -> float | None:
-    """When a token made at `now` for `days` stops working (None: never)."""
-    return None if days is None else now + days * 86400.0
 
 
 def _secret_setting(key: str) -> bool:

@@ -9,9 +9,9 @@ user or a new token fails at once because the row is gone or its hash differs.
 A user is known by an id of their own (random, never reused), not by their name: sessions and tips
 belong to that id, so a name removed and added again is someone new.
 
-A sign-in on the page is not the token: its cookie holds `<token id>.<until>.<HMAC>`, signed with the
-token's stored hash as the key. It stops working at `until`, when the token is replaced (`users
-rotate`: the hash changes) or its user removed, and it reveals nothing that opens the API.
+A refused token costs one scrypt whatever was wrong with it (an unknown id, a malformed token, a
+wrong secret), so the time a refusal takes tells nothing of which token ids exist. A sign-in on the
+page is not the token: it is a row of its own, its cookie signed with the server's key (web/sign_in.py).
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 PREFIX = "twl_"
 _TOKEN = re.compile(r"^twl_([0-9a-f]{16})_([A-Za-z0-9_-]{43})$")
-_SIGNED = re.compile(r"^([0-9a-f]{16}|-)\.([0-9]{1,12})\.([0-9a-f]{64})$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$")
 # scrypt's cost: 16 MiB of memory and ~20 ms per check (RFC 7914's interactive-login figures).
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 1 << 14, 8, 1
+_DECOY_SALT = "00" * 16
+_DECOY_DIGEST = "00" * 32
 
 
 @dataclass(frozen=True)
@@ -54,26 +55,6 @@ def make_user_id() -> str:
     return secrets.token_hex(8)
 
 
-def sign(ident: str, key: bytes, *, until: float) -> str:
-    """A sign-in value for the token `ident` (`-`: the server's one token) that holds until `until` (epoch seconds)."""
-    message = f"{ident}.{int(until)}"
-    return f"{message}.{hmac.new(key, message.encode(), hashlib.sha256).hexdigest()}"
-
-
-def signed_ident(value: str, *, now: float) -> str | None:
-    """The token id a well-formed sign-in value names, while it has not run out; None otherwise (its signature is checked by `signature_holds`)."""
-    match = _SIGNED.match(value)
-    if match is None or int(match.group(2)) <= now:
-        return None
-    return match.group(1)
-
-
-def signature_holds(value: str, key: bytes) -> bool:
-    """Whether the sign-in value was signed with `key`."""
-    message, _, mac = value.rpartition(".")
-    return hmac.compare_digest(hmac.new(key, message.encode(), hashlib.sha256).hexdigest(), mac)
-
-
 def token_id(token: str) -> str | None:
     """The id part of a well-formed token; None for anything else (which no user has)."""
     match = _TOKEN.match(token)
@@ -93,6 +74,11 @@ class Verifier:
     def __init__(self) -> None:
         self._verified: dict[str, str] = {}  # sha256(token) -> the digest it matched
         self._lock = threading.Lock()
+
+    def refuse(self, token: str) -> None:
+        """Spend on a token no user has what checking one would (a fixed salt and secret): a refusal takes as long whatever the reason."""
+        match = _TOKEN.match(token)
+        hmac.compare_digest(_kdf(match.group(2) if match else token[:64], _DECOY_SALT), _DECOY_DIGEST)
 
     def matches(self, token: str, *, salt: str, digest: str) -> bool:
         """Whether `token`'s secret hashes to `digest` with `salt`."""

@@ -52,6 +52,7 @@ from taskweaver_lite.records.model_calls import Usage
 from taskweaver_lite.safety.workfiles import open_below
 from taskweaver_lite.session.export import write_export
 from taskweaver_lite.store.interface import StoredEvent
+from taskweaver_lite.web.audit_trail import AdminVisits, admin_visit, record
 from taskweaver_lite.web.fanout import POLL
 from taskweaver_lite.web.hub import AtLimit, Hub, NotOpen, Stopping
 from taskweaver_lite.web.live import Busy, LiveSession
@@ -67,18 +68,19 @@ _log = logging.getLogger(__name__)
 
 def api_routes(hub: Hub) -> list[Route]:
     """Every /api route over `hub`."""
+    visits = AdminVisits()
     return [
         Route("/api/sessions", _sessions(hub), methods=["GET", "POST"]),
-        Route("/api/sessions/{id}", _session(hub, _history)),
+        Route("/api/sessions/{id}", _session(hub, _history, visits=visits)),
         Route("/api/sessions/{id}", _session(hub, _delete), methods=["DELETE"]),
         Route("/api/sessions/{id}/resume", _session(hub, _resume), methods=["POST"]),
-        Route("/api/sessions/{id}/messages", _session(hub, _messages), methods=["POST"]),
+        Route("/api/sessions/{id}/messages", _session(hub, _messages, visits=visits), methods=["POST"]),
         Route("/api/sessions/{id}/events", _session(hub, functools.partial(_events, streams=OpenStreams(hub.config.serve.max_streams_per_user)))),
         Route("/api/sessions/{id}/stop", _session(hub, _stop), methods=["POST"]),
         Route("/api/sessions/{id}/files", _session(hub, _files), methods=["POST"]),
         Route("/api/sessions/{id}/artifacts/{name}", _session(hub, _artifact)),
         Route("/api/sessions/{id}/context", _session(hub, _context)),
-        Route("/api/sessions/{id}/export", _session(hub, _export)),
+        Route("/api/sessions/{id}/export", _session(hub, _export, visits=visits)),
         Route("/api/sessions/{id}/experience", _session(hub, _experience), methods=["GET", "POST"]),
         Route("/api/sessions/{id}/experience/{tip}", _session(hub, _delete_tip), methods=["DELETE"]),
     ]
@@ -148,8 +150,11 @@ def _sessions(hub: Hub) -> Handler:
     return sessions
 
 
-def _session(hub: Hub, handler: SessionHandler) -> Handler:
-    """A route about one session: 404 unless it is stored and the caller's; errors answered as `answer_failure` says."""
+def _session(hub: Hub, handler: SessionHandler, *, visits: AdminVisits | None = None) -> Handler:
+    """A route about one session: 404 unless it is stored and the caller's; errors answered as `answer_failure` says.
+
+    With `visits`, an admin using it on another user's session is written to the audit trail (once an hour per session).
+    """
 
     async def route(request: Request) -> Response:
         session_id = request.path_params["id"]
@@ -157,6 +162,8 @@ def _session(hub: Hub, handler: SessionHandler) -> Handler:
         try:
             if owner is not None or hub.replica is not None:
                 await asyncio.to_thread(_check_owner, hub, session_id, owner)
+            if visits is not None and owner is None and request.scope.get("state", {}).get("user") is not None:
+                await asyncio.to_thread(admin_visit, hub.parts.store, request, session_id, visits)
             return await handler(request, hub, session_id)
         except (AtLimit, Busy, NotOpen, Stopping, TaskWeaverError) as exc:
             return _failed(hub, exc)
@@ -199,7 +206,10 @@ NO_SUCH_SESSION = "No such session: GET /api/sessions lists yours."
 
 async def _delete(request: Request, hub: Hub, session_id: str) -> Response:
     await asyncio.to_thread(_check_owner, hub, session_id, owner_of_request(request))  # the exact id, never a start of one
+    owner = await asyncio.to_thread(hub.parts.store.owner_of, session_id)
     await asyncio.to_thread(hub.delete, session_id, owner=owner_of_request(request))
+    names = {user.id: user.name for user in await asyncio.to_thread(hub.parts.store.users)} if owner is not None else {}
+    await asyncio.to_thread(record, hub.parts.store, request, "session-deleted", session_id, f"owner {names.get(owner, owner)}" if owner else "")
     return JSONResponse({"deleted": session_id})
 
 

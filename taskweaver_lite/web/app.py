@@ -2,7 +2,7 @@
 
     GET  /                  the page (static/index.html; no build step); the sign-in page while the request has no valid token
     POST /sign-in           the sign-in form: a valid token gets a signed, expiring cookie (never the token itself)
-    POST /sign-out          drops that cookie
+    POST /sign-out          ends that sign-in in the store (its cookie is refused from then on) and drops the cookie
     GET  /healthz           200 when the store and the kernel gateway answer, else 503 naming what is down (no token)
     GET  /metrics           Prometheus text format (metrics.py), behind the same token rule as the API, or serve.metrics_token
     /api/...                the sessions (api.py), over the server's `Hub` of sessions
@@ -20,7 +20,9 @@ import contextlib
 import functools
 import hmac
 import html
+import logging
 import mimetypes
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from importlib.resources import files
 from pathlib import Path
@@ -39,19 +41,21 @@ if TYPE_CHECKING:
 from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import StoreError
 from taskweaver_lite.session.workspace import Workspace
-from taskweaver_lite.store.interface import Store
+from taskweaver_lite.store.interface import AuditEntry, Store
 from taskweaver_lite.telemetry import tracing
 from taskweaver_lite.web.access_log import AccessLog, AccessLogMiddleware
 from taskweaver_lite.web.api import api_routes, error
-from taskweaver_lite.web.auth import COOKIE, NEEDS_A_USER, NEEDS_THE_TOKEN, Access, Refusal, same_origin_form, too_many_refused
+from taskweaver_lite.web.auth import COOKIE, NEEDS_A_USER, NEEDS_THE_TOKEN, Access, Refusal, same_origin_form, same_origin_link, too_many_refused
 from taskweaver_lite.web.connections import BodyLimit
 from taskweaver_lite.web.fanout import Fanout
 from taskweaver_lite.web.hub import Hub, ServerParts
 from taskweaver_lite.web.metrics import CONTENT_TYPE, Metrics, RequestMetrics
 from taskweaver_lite.web.replica import check_gateway_client, check_replica_setup, is_replica
+from taskweaver_lite.web.sign_in import SignInKey, SignIns
 from taskweaver_lite.web.trace_context import TraceMiddleware
 
 STATIC = files("taskweaver_lite.web") / "static"
+_log = logging.getLogger(__name__)
 Handler = Callable[[Request], Awaitable[Response]]
 HEALTH_TIMEOUT = 3.0  # seconds the gateway gets to answer /healthz's question
 OPEN = frozenset({"/healthz", "/sign-in", "/sign-out"})  # answered without a token: a load balancer's probe, the sign-in form
@@ -64,14 +68,18 @@ MCP_REFUSED = -32001  # the JSON-RPC error code of a request /mcp refuses before
 # lines (reference.py), and its build fails for a route that has none.
 ROUTES_ABOUT = {
     ("GET", "/"): (
-        "the page (HTML); the sign-in page (401) to a browser that has not signed in; with `?token=...` a valid token signs the browser in "
-        "as `POST /sign-in` does and drops the token from the address (an invalid one gets the sign-in page and no cookie)"
+        "the page (HTML); the sign-in page (401) to a browser that has not signed in; on a server started with one token (`--token`, "
+        "`--demo`), `?token=...` opened from outside any site (the link `serve` prints) signs the browser in as `POST /sign-in` does and drops "
+        "the token from the address; the link from another site, or a user's token in the address, gets the sign-in page and no cookie"
     ),
     ("POST", "/sign-in"): (
         "the sign-in form (`token`, form-encoded): a valid token gets an HttpOnly cookie holding a signed value that runs out after "
         "`serve.sign_in_hours` (never the token; `Secure` over TLS) and a redirect to the page; any other gets the sign-in page again (401)"
     ),
-    ("POST", "/sign-out"): "drops the sign-in cookie and goes back to the sign-in page",
+    (
+        "POST",
+        "/sign-out",
+    ): "ends the browser's sign-in in the store (its cookie is refused from then on, by every replica), drops the cookie, and goes back to the sign-in page",
     ("GET", "/static/{name}"): "the page's own scripts, styles and vendored libraries",
     ("GET", "/api/sessions"): "the stored sessions, newest first, as `sessions --json`",
     ("POST", "/api/sessions"): (
@@ -134,7 +142,16 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
     workspace = Workspace(config)  # the project opened once: its store, roles and plugins serve every session here
     parts = ServerParts(workspace=workspace, metrics=Metrics(), fanout=Fanout())
     hub = Hub(config, parts, preload=preload)
-    access = access.with_users(hub.parts.store, settings=config.serve)  # the store's users, once it has any
+    key = SignInKey.load(config.sign_in_key_path, explicit=config.serve.sign_in_key_file is not None)
+    replaced = hub.parts.store.sign_in_key_check(key.check())
+    if replaced is not None:
+        _log.warning(
+            "this server signs sign-ins with another key (%s) than the last server started on this store: sign-ins made on one are refused "
+            "by the other; give every replica the same file (serve.sign_in_key_file)",
+            key.path,
+        )
+    sign_ins = SignIns(hub.parts.store, key, config.serve.sign_in_hours)
+    access = access.with_users(hub.parts.store, settings=config.serve, sign_ins=sign_ins)  # the store's users, once it has any
     notices = workspace.store.notices()  # None on the SQLite file
     if notices is not None and is_replica(config):
         hub.join_replicas(notices)
@@ -206,6 +223,7 @@ class _Guard:
                     answer = mcp_refusal(refused) if request.url.path == MCP_PATH else refusal(refused)
                 await answer(scope, receive, send)
                 return
+            scope.setdefault("state", {})["client_address"] = self._access.proxies.client_address(request)  # for the audit trail
             # An event stream asks, while it runs, whether the credential it was opened with still holds.
             scope.setdefault("state", {})["still_allowed"] = functools.partial(self._access.still_allowed, request)
         await self._app(scope, receive, send)
@@ -247,6 +265,11 @@ def _page(access: Access) -> Handler:
     async def page(request: Request) -> Response:
         offered = request.query_params.get("token")
         if offered is not None and access.uses_tokens:
+            refused = same_origin_link(request)
+            if refused is None and access.users_in_force():
+                refused = "A user's token is never taken from the address (it would stay in proxies' logs and the browser's history): paste it below."
+            if refused is not None:
+                return _sign_in_page(access, refused)
             return await _signed_in(access, request, offered)
         if offered is not None:  # a server that needs no token: the address is only made clean
             return RedirectResponse("/", status_code=303)
@@ -274,14 +297,23 @@ async def _signed_in(access: Access, request: Request, offered: str) -> Response
     if wait is not None:
         return refusal(too_many_refused(address, wait))
     try:
-        value = await asyncio.to_thread(access.sign_in, offered.strip())
+        made = await asyncio.to_thread(access.sign_in, offered.strip())
     except StoreError:
         return refusal(Refusal(503, "The session store cannot be reached, so the token cannot be checked; try again shortly."))
-    if value is None:
+    if made is None:
         access.failures.failed(address)
+        entry = AuditEntry(at=time.time(), actor="-", action="token-refused", target="on the sign-in page", source=address)
+        await asyncio.to_thread(access.audit, entry)
         return _sign_in_page(access, "That token is not valid here: check it, or ask an administrator for a new one.")
+    value, who = made
     access.failures.passed(offered.strip())
-    response = RedirectResponse("/", status_code=303)
+    await asyncio.to_thread(access.audit, AuditEntry(at=time.time(), actor=who, action="sign-in", target=who, source=address, detail="token"))
+    return signed_in_answer(access, request, value)
+
+
+def signed_in_answer(access: Access, request: Request, value: str, *, to: str = "/") -> Response:
+    """The redirect to the page that sets the sign-in cookie (HttpOnly, SameSite=Strict, Secure over TLS), good for `serve.sign_in_hours`."""
+    response = RedirectResponse(to, status_code=303)
     seconds = round(access.sign_in_hours * 3600)
     response.set_cookie(COOKIE, value, max_age=seconds, httponly=True, samesite="strict", secure=access.proxies.is_https(request))
     return response
@@ -292,6 +324,16 @@ def _sign_out(access: Access) -> Handler:
         refused = same_origin_form(request)
         if refused is not None:
             return refusal(refused)
+        value = request.cookies.get(COOKIE, "")
+        if value and access.sign_ins is not None:
+            try:
+                ended = await asyncio.to_thread(access.sign_ins.end, value)
+            except StoreError:
+                return refusal(Refusal(503, "The session store cannot be reached, so the sign-in cannot be ended; try again shortly."))
+            if ended is not None:
+                who = ended.user.name if ended.user is not None else "-"
+                entry = AuditEntry(at=time.time(), actor=who, action="sign-out", target=who, source=access.proxies.client_address(request))
+                await asyncio.to_thread(access.audit, entry)
         response = RedirectResponse("/", status_code=303)
         response.delete_cookie(COOKIE, httponly=True, samesite="strict", secure=access.proxies.is_https(request))
         return response
@@ -321,7 +363,9 @@ _SIGN_IN_TOKEN = (
 _PAGE_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; frame-src 'self' data:; object-src 'none'",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # same-origin: the page's own forms and requests carry its Origin (with no-referrer a browser sends `Origin: null`, which
+    # the same-origin rule must refuse), while a link followed to another site carries nothing of this one's address.
+    "Referrer-Policy": "same-origin",
 }
 
 

@@ -18,11 +18,17 @@ Users are looked up in the store on each request (their list is kept two seconds
 removed while the server runs take effect at once, with no restart. A token past its expiry
 (`users add --expires DAYS`) is refused with 401 and a line saying when it expired; one replaced by
 `users rotate` stops working at once (its id is no longer in the store). Besides:
-- The page signs in by a POST form (`/sign-in`): the cookie it gets is a signed value that runs out
-  after `serve.sign_in_hours` (store/users.py), never the token; `Secure` when the request came
-  over TLS (its scheme, or a trusted proxy's X-Forwarded-Proto). `/sign-out` drops it.
+- The page signs in by a POST form (`/sign-in`): the cookie it gets names a sign-in kept in the store,
+  signed with the server's key (sign_in.py: never the token, never anything the store holds), that
+  runs out after `serve.sign_in_hours`; `Secure` when the request came over TLS (its scheme, or a
+  trusted proxy's X-Forwarded-Proto). `/sign-out` ends that sign-in in the store: its cookie is
+  refused from then on, by every replica, even by a browser that kept it.
 - A client address with `serve.failed_token_limit` tokens refused within a minute gets 429 (with
   Retry-After) until the minute is over: tokens cannot be guessed, and scrypt's cost is not free.
+  Behind a proxy in `serve.trusted_proxies` the client is the one its X-Forwarded-For names last, so
+  one guesser does not lock out everyone behind the proxy. Every refused token costs one scrypt,
+  whatever was wrong with it, and is written to the audit trail with its address.
+- A request with two `Authorization` headers is refused (400): which one a proxy passes on is not ours to guess.
 - A state-changing request (POST, DELETE) must also be same-origin (its Origin and Sec-Fetch-Site, when
   sent, say so) and JSON, a file upload, or empty: a page elsewhere cannot drive a session through
   the user's browser.
@@ -35,6 +41,7 @@ import asyncio
 import collections
 import hashlib
 import hmac
+import ipaddress
 import logging
 import math
 import os
@@ -47,8 +54,9 @@ from starlette.requests import Request
 
 from taskweaver_lite.config.settings import ServeConfig
 from taskweaver_lite.errors import ConfigError, StoreError
-from taskweaver_lite.store.interface import Store, User
-from taskweaver_lite.store.users import sign, signature_holds, signed_ident
+from taskweaver_lite.store.interface import AuditEntry, Store, User
+from taskweaver_lite.store.users import token_id
+from taskweaver_lite.web.sign_in import SignIns
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
 TOKEN_ENV = "TASKWEAVER_LITE_TOKEN"
@@ -72,16 +80,23 @@ class Refusal(NamedTuple):
     bad_token: bool = False
 
 
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
 @dataclass(frozen=True)
 class Proxies:
     """The proxies in front of the server: the TCP peers whose forwarding headers are believed, and the header that names the user."""
 
-    addresses: frozenset[str] = frozenset()
+    networks: tuple[Network, ...] = ()  # addresses are networks of one
     user_header: str | None = None  # lower case; None: no header names a user
 
     def forwarded(self, request: Request) -> bool:
-        """Whether the request's TCP peer itself is one of the proxies."""
-        return peer(request) in self.addresses
+        """Whether the request's TCP peer itself is one of the proxies (an address listed, or within a network listed)."""
+        try:
+            address = ipaddress.ip_address(peer(request))
+        except ValueError:
+            return False
+        return any(address in network for network in self.networks)
 
     def client_address(self, request: Request) -> str:
         """The client's address: the peer's, or behind a trusted proxy the last one its X-Forwarded-For names."""
@@ -100,7 +115,7 @@ class Proxies:
 def proxies(settings: ServeConfig) -> Proxies:
     """The proxies `serve.trusted_proxies` lists, and the user header `serve.trusted_user_header` names (None when off)."""
     header = settings.trusted_user_header.lower() if settings.trusted_user_header else None
-    return Proxies(frozenset(settings.trusted_proxies), header)
+    return Proxies(tuple(ipaddress.ip_network(entry, strict=False) for entry in settings.trusted_proxies), header)
 
 
 def peer(request: Request) -> str:
@@ -178,6 +193,7 @@ class Users:
 
     store: Store
     proxies: Proxies = field(default_factory=Proxies)
+    sign_ins: SignIns | None = None
     _cached: tuple[float, Roster | None] = (0.0, None)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -208,8 +224,8 @@ class Users:
             if user is None:
                 return Refusal(401, "This token is not valid here: send your own user's token as `Authorization: Bearer <token>`.", bad_token=True)
         else:
-            signed_in = request.cookies.get(COOKIE, "")
-            user = self.store.user_for_sign_in(signed_in) if signed_in else None
+            signed_in = self.sign_ins.found(request.cookies.get(COOKIE, "")) if self.sign_ins is not None else None
+            user = signed_in.user if signed_in is not None else None
             if user is None:
                 return Refusal(401, NEEDS_A_USER)
         if user.expired():
@@ -238,6 +254,7 @@ class Access:
     proxies: Proxies = field(default_factory=Proxies)
     failures: FailedTokens = field(default_factory=lambda: FailedTokens(ServeConfig().failed_token_limit))
     sign_in_hours: float = ServeConfig().sign_in_hours
+    sign_ins: SignIns | None = None  # None until the server has its store and key (with_users)
 
     @classmethod
     def for_address(cls, host: str, token: str | None, *, store_has_users: bool = False) -> Access:
@@ -251,16 +268,17 @@ class Access:
             )
         return cls(token, public=host not in LOOPBACK)
 
-    def with_users(self, store: Store, *, settings: ServeConfig) -> Access:
+    def with_users(self, store: Store, *, settings: ServeConfig, sign_ins: SignIns) -> Access:
         """This rule, with the store's users taking over once it has any, and `settings`' proxies, sign-ins and limit on refused tokens."""
         trusted = proxies(settings)
         return Access(
             self.token,
-            users=Users(store, trusted),
+            users=Users(store, trusted, sign_ins),
             public=self.public,
             proxies=trusted,
             failures=FailedTokens(settings.failed_token_limit),
             sign_in_hours=settings.sign_in_hours,
+            sign_ins=sign_ins,
         )
 
     @property
@@ -275,6 +293,9 @@ class Access:
 
     async def check(self, request: Request) -> Refusal | None:
         """Why `request` is refused; None when it may go on, its user (if any) in its scope."""
+        sent = len(request.headers.getlist("authorization"))
+        if sent > 1:
+            return Refusal(400, f"The Authorization header came {sent} times: send it once.")
         address = self.proxies.client_address(request)
         bearer = _bearer(request)
         wait = self.failures.held_back(address, bearer)
@@ -283,9 +304,19 @@ class Access:
         refused = await self._identified(request)
         if refused is not None and refused.bad_token:
             self.failures.failed(address)
+            await asyncio.to_thread(self.audit, AuditEntry(at=time.time(), actor="-", action="token-refused", target=_token_name(bearer), source=address))
         elif refused is None and bearer:
             self.failures.passed(bearer)
         return refused
+
+    def audit(self, entry: AuditEntry) -> None:
+        """Append `entry` to the store's audit trail; while the store is down, a warning in the log instead (the request is not held up)."""
+        if self.users is None:
+            return
+        try:
+            self.users.store.audit(entry)
+        except StoreError as exc:
+            _log.warning("audit entry not stored (%s %s %s from %s): %s", entry.actor, entry.action, entry.target, entry.source, " ".join(str(exc).split()))
 
     async def still_allowed(self, request: Request) -> bool:
         """Whether the credential `request` came with still holds (an event stream asks this while it runs): not removed, replaced or run out."""
@@ -312,6 +343,8 @@ class Access:
             if found is not None:
                 request.scope.setdefault("state", {})["user"] = found
                 return _same_origin(request)
+        if COOKIE in request.cookies:  # a sign-in is looked up in the store: off the loop
+            return await asyncio.to_thread(self.problem, request)
         return self.problem(request)
 
     def _identify(self, request: Request) -> User | Refusal | None:
@@ -324,13 +357,25 @@ class Access:
             return None
         return self.users.identify(request)
 
-    def sign_in(self, offered: str) -> str | None:
-        """The page's sign-in cookie for a valid token (a signed value good for `sign_in_hours`, never the token); None for any other."""
+    def sign_in(self, offered: str) -> tuple[str, str] | None:
+        """The page's sign-in cookie for a valid token (naming a sign-in good for `sign_in_hours`, never the token) and who signed in; None for any other."""
+        assert self.sign_ins is not None, "a server's Access gets its sign-ins from with_users"
         if self.users is not None and self.users.roster().in_force:
-            return self.users.store.sign_in(offered, hours=self.sign_in_hours)
+            user = self.users.store.user_for_token(offered)
+            if user is None or user.expired():
+                return None
+            return self.sign_ins.make(user_id=user.id, token_id=str(token_id(offered))), user.name
         if self.token is not None and hmac.compare_digest(offered.encode(), self.token.encode()):
-            return sign("-", self._token_key(), until=time.time() + self.sign_in_hours * 3600.0)
+            return self.sign_ins.make(user_id=None, token_id=self._token_digest()), "-"
         return None
+
+    def sign_in_user(self, user: User, *, via: str) -> str:
+        """A sign-in cookie for `user`, whom another way than a token proved (OpenID Connect, `via`)."""
+        assert self.sign_ins is not None and self.users is not None
+        current = self.users.store.token_id_of(user.name)
+        if current is None:
+            raise StoreError(f"the user {user.name} was removed while signing in")
+        return self.sign_ins.make(user_id=user.id, token_id=current, via=via)
 
     def problem(self, request: Request) -> Refusal | None:
         """Why `request` is refused under the one-token and loopback rules; None when it may go on."""
@@ -347,12 +392,18 @@ class Access:
         return _same_origin(request)
 
     def _signed_in(self, request: Request) -> bool:
+        """Whether the request's cookie names a sign-in made with the server's one token (this one: a server started with another refuses it)."""
         value = request.cookies.get(COOKIE, "")
-        return signed_ident(value, now=time.time()) == "-" and signature_holds(value, self._token_key())
+        try:
+            found = self.sign_ins.found(value) if self.sign_ins is not None and value else None
+        except StoreError:
+            return False
+        return found is not None and found.user_id is None and hmac.compare_digest(found.token_id, self._token_digest())
 
-    def _token_key(self) -> bytes:
+    def _token_digest(self) -> str:
+        """What a sign-in keeps of the server's one token: enough to tell it from another, nothing that opens anything."""
         assert self.token is not None
-        return hashlib.sha256(b"taskweaver-lite sign-in " + self.token.encode()).digest()
+        return hashlib.sha256(b"taskweaver-lite one token " + self.token.encode()).hexdigest()[:32]
 
 
 def too_many_refused(address: str, wait: int) -> Refusal:
@@ -366,9 +417,28 @@ def expired_token(user: User) -> str:
     return f"The token of {user.name} expired on {when}: ask an administrator for a new one (taskweaver-lite users rotate {user.name})."
 
 
+def _token_name(bearer: str) -> str:
+    """What the audit keeps of a refused token: its public id when it has one, never its secret."""
+    if not bearer:
+        return ""
+    ident = token_id(bearer)
+    return f"token {ident}" if ident is not None else "a token of no user's form"
+
+
 def _bearer(request: Request) -> str:
     header = request.headers.get("authorization", "")
     return header[7:].strip() if header.lower().startswith("bearer ") else ""
+
+
+def same_origin_link(request: Request) -> str | None:
+    """Why the sign-in link (`GET /?token=`) is refused: followed from another site (login CSRF); None when it was opened from outside any site.
+
+    A browser says where a navigation came from in Sec-Fetch-Site: `none` for an address typed, pasted or opened
+    from a terminal, `same-origin` from the page itself. Anything else, or a browser that does not say, is refused.
+    """
+    if request.headers.get("sec-fetch-site", "") in ("none", "same-origin"):
+        return None
+    return "This sign-in link was followed from another site, so it is not used: paste the token below, or open the link yourself."
 
 
 def same_origin_form(request: Request) -> Refusal | None:
