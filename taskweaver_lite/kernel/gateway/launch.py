@@ -6,12 +6,12 @@ Kernel Gateway until `run`, so the checks cost nothing to load.
 
 from __future__ import annotations
 
+import collections
 import ipaddress
 import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 from taskweaver_lite.config.settings import Config
@@ -19,7 +19,7 @@ from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.kernel.gateway.provisioner import KERNELS, LOGS, SESSIONS, kernelspec
 from taskweaver_lite.kernel.process import make_undumpable
 from taskweaver_lite.kernel.sandbox.bwrap import fallback_notice, uses_sandbox
-from taskweaver_lite.telemetry.log_lines import LOG_TIME, one_line_handler
+from taskweaver_lite.telemetry.log_lines import one_line_handler
 
 KERNEL_NAME = "taskweaver-lite"
 TOKEN_VARIABLE = "KG_AUTH_TOKEN"
@@ -88,6 +88,38 @@ def gateway_arguments(config: Config, *, root: Path, ip: str, port: int) -> list
     ]  # fmt: skip
 
 
+class _OnceEach(logging.Filter):
+    """Lets through the first of each message that jupyter_client repeats for one kernel ("Kernel shutdown: <id>", up to 8 times)."""
+
+    REPEATED = ("Kernel shutdown: ",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(self.REPEATED):
+            return True
+        if message in self._seen:
+            return False
+        self._seen[message] = None
+        if len(self._seen) > 1000:
+            self._seen.popitem(last=False)
+        return True
+
+
+def one_format(app_log: logging.Logger) -> None:
+    """Every line the gateway's process writes in this program's form (UTC with its Z, one line each), ours, Jupyter's and tornado's alike."""
+    handler = one_line_handler()
+    handler.setLevel(logging.INFO)  # Jupyter's debug lines (each kernel's whole command line) stay out
+    handler.addFilter(_OnceEach())
+    for logger in (app_log, logging.getLogger("taskweaver_lite"), logging.getLogger("tornado"), logging.getLogger()):
+        logger.handlers = [handler]
+        logger.propagate = False
+    logging.getLogger("taskweaver_lite").setLevel(logging.INFO)
+
+
 def run(config: Config, *, ip: str, port: int) -> None:
     """Run the gateway in this process until it is stopped (SIGTERM, Ctrl-C)."""
     from kernel_gateway.gatewayapp import KernelGatewayApp
@@ -97,14 +129,9 @@ def run(config: Config, *, ip: str, port: int) -> None:
     os.environ["JUPYTER_PATH"] = str(root / ".jupyter")
     os.environ["JUPYTER_RUNTIME_DIR"] = str(root / ".runtime")
     os.environ.pop("KG_FORCE_KERNEL_NAME", None)
-    # Every line in UTC, said so: Jupyter's own lines (their time is local time: this process's is UTC) and ours, one line each.
-    os.environ["TZ"] = "UTC"
-    time.tzset()
-    ours = logging.getLogger("taskweaver_lite")
-    ours.addHandler(one_line_handler())
-    ours.setLevel(logging.INFO)
-    ours.propagate = False
     make_undumpable()
-    arguments = [*gateway_arguments(config, root=root, ip=ip, port=port), f"--KernelGatewayApp.log_datefmt={LOG_TIME}"]
-    KernelGatewayApp.launch_instance(argv=arguments)
+    app = KernelGatewayApp.instance()
+    app.initialize(argv=gateway_arguments(config, root=root, ip=ip, port=port))
+    one_format(app.log)
+    app.start()
     sys.stdout.flush()
