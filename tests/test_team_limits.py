@@ -44,7 +44,14 @@ class Service:
     project: Path
     replicas: list[ServeProcess]
     store_url: str
+    gateways: contextlib.ExitStack  # the gateway's process, and the one started in its place after it was stopped
     tokens: dict[str, str] = field(default_factory=dict)
+
+    def start_gateway_again(self) -> Gateway:
+        """The gateway on its port, with its token, after it was stopped: where the replicas look for it."""
+        port = int(self.gateway.url.rsplit(":", 1)[1])
+        self.gateway = self.gateways.enter_context(sandbox_gateway(self.gateway_project, port=port, token=self.gateway.token))
+        return self.gateway
 
     def client(self, replica: int, user: str) -> httpx.Client:
         return httpx.Client(base_url=self.replicas[replica].url, headers={"Authorization": f"Bearer {self.tokens[user]}"}, timeout=180)
@@ -59,14 +66,15 @@ def service(postgres_cluster: PostgresCluster, tmp_path_factory: pytest.TempPath
     gateway_project = root / "gateway"
     gateway_project.mkdir()
     (gateway_project / "taskweaver_config.yaml").write_text(yaml.safe_dump({"gateway": {SETTING.split(".")[1]: KERNELS_PER_USER}}), encoding="utf-8")
-    with ScriptedServer() as model, sandbox_gateway(gateway_project) as gateway:
+    with ScriptedServer() as model, contextlib.ExitStack() as gateways:
+        gateway = gateways.enter_context(sandbox_gateway(gateway_project))
         run_code_model(model)
         store_url = postgres_cluster.new_database()
         project = write_team_project(root / "project", store_url=store_url, gateway=gateway, model_url=model.url, lease_timeout=3.0)
         tokens = {name: _add_user(project, name) for name in ("alice", "bob", "carol")}
         replicas = [ServeProcess.start(project), ServeProcess.start(project)]
         try:
-            yield Service(gateway_project, gateway, project, replicas, store_url, tokens)
+            yield Service(gateway_project, gateway, project, replicas, store_url, gateways, tokens)
         finally:
             for replica in replicas:
                 replica.stop()
@@ -215,7 +223,6 @@ def test_the_gateway_stopped_with_a_request_in_flight_answers_503_naming_it_and_
         running = threading.Thread(target=lambda: in_flight.append(ask(first, session_id, "RUN<<import time\nprint('started', flush=True)\ntime.sleep(60)>>")))
         running.start()
         _wait_for_busy_kernel(service, session_id)
-        port, token = service.gateway.url.rsplit(":", 1)[1], service.gateway.token
         stopped = _stop_gateway(service.gateway)
         try:
             running.join(120)
@@ -226,13 +233,12 @@ def test_the_gateway_stopped_with_a_request_in_flight_answers_503_naming_it_and_
                 status, said = ask(client, session_id, "RUN<<print(kept)>>")
                 assert status == 503 and "kernel gateway" in said[0]["error"] and "\n" not in said[0]["error"], (status, said)
         finally:
-            with sandbox_gateway(service.gateway_project, port=int(port), token=token) as again:
-                assert stopped
-                for client in (second, first):
-                    status, events = ask(client, session_id, "RUN<<print('kept is', kept + 1)>>")
-                    assert status == 200 and "kept is 42" in events[-1]["text"], events[-1]
-                assert "Variables lost" not in json.dumps(events) and "NameError" not in json.dumps(events)
-                assert again.url == service.gateway.url
+            service.start_gateway_again()
+        assert stopped
+        for client in (second, first):
+            status, events = ask(client, session_id, "RUN<<print('kept is', kept + 1)>>")
+            assert status == 200 and "kept is 42" in events[-1]["text"], events[-1]
+        assert "Variables lost" not in json.dumps(events) and "NameError" not in json.dumps(events)
     assert "Traceback" not in service.logs()
 
 
