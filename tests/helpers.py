@@ -165,3 +165,34 @@ class IdleExecutor:
 
     def shutdown(self) -> None:
         pass
+
+
+OIDC_PROVIDER_MODULE = REPO / "build" / "npm" / "node_modules" / "oidc-provider" / "lib" / "index.js"
+
+
+@contextmanager
+def oidc_provider(*, port: int, redirect_uris: list[str], accounts: dict[str, dict[str, Any]], client_secret: str) -> Iterator[str]:
+    """panva's oidc-provider (npm, build/npm) on `port` of 127.0.0.1, with client `taskweaver` and `accounts`: its issuer URL."""
+    import json
+
+    import httpx
+
+    config = {"client_id": "taskweaver", "client_secret": client_secret, "redirect_uris": redirect_uris, "accounts": accounts}
+    command = ["node", str(REPO / "tests" / "oidc" / "provider.mjs"), str(port), json.dumps(config)]
+    env = {**os.environ, "OIDC_PROVIDER_MODULE": str(OIDC_PROVIDER_MODULE)}
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) as process:
+        issuer = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                assert process.poll() is None, f"oidc-provider ended: {process.stdout.read().decode() if process.stdout else ''}"
+                assert time.monotonic() < deadline, "oidc-provider did not answer within 30 s"
+                try:
+                    if httpx.get(f"{issuer}/.well-known/openid-configuration", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.2)
+            yield issuer
+        finally:
+            process.terminate()
+            process.wait(10)

@@ -267,13 +267,23 @@ def folded_through(session: Session) -> dict[str, int]:
     return {str(context.role): context.state.folded_through for context in session.contexts().values()}
 
 
-def run_soak(root: Path, *, rounds: int, window: int = 8000, compression: bool = True, settings: Mapping[str, Mapping[str, Any]] | None = None) -> SoakRun:
-    """Drive `rounds` requests through a real Session at `window` tokens and return what was sent."""
+def run_soak(
+    root: Path,
+    *,
+    rounds: int,
+    window: int = 8000,
+    compression: bool = True,
+    settings: Mapping[str, Mapping[str, Any]] | None = None,
+    server_options: Mapping[str, Any] | None = None,
+) -> SoakRun:
+    """Drive `rounds` requests through a real Session at `window` tokens and return what was sent.
+
+    `server_options`: how the scripted server plays its model (`ScriptedServer`'s keywords: how it counts tokens...)."""
     folds = FoldRecorder()
     failed: list[tuple[int, str]] = []
     folded_after: dict[str, int] = {}
     started = time.perf_counter()
-    with ScriptedServer() as server:
+    with ScriptedServer(**(server_options or {})) as server:
         SoakModel().install(server)
         with open_soak_session(root, server, window=window, compression=compression, listeners=[folds], settings=settings) as session:
             for n in range(1, rounds + 1):

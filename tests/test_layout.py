@@ -112,9 +112,10 @@ SITS_ON: dict[str, tuple[str, ...]] = {
     "__init__": ("session", "notebook"),  # the public names (imported on first use), the version, `%load_ext taskweaver_lite`
     "eval": ("__init__",),  # its report names the version
     "mcp": ("__init__",),  # this agent as an MCP server (the MCP client the kernel runs is kernel/mcp/client.py)
+    "acp": ("__init__",),  # this agent for editors over the Agent Client Protocol
     "web": ("mcp",),  # serve answers MCP at /mcp with the same tools
     "testing": ("eval", "web"),
-    "cli": ("testing",),
+    "cli": ("testing", "acp"),
     "__main__": ("cli",),
     "plugin": ("kernel",),  # what plugin files import
     "role": ("roles",),  # what role files import

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from soak_session import SoakModel, open_soak_session, user_request, wait_for_folds
 
+from taskweaver_lite.llm.counting import ServerTokens, model_tokenizer
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.testing.scripted_server import ScriptedRequest, ScriptedServer, detect_role
 
@@ -39,6 +40,7 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "task
 SLOTS = 4
 SLOT_CONTEXT = 16_384  # tokens per slot: an 8k-window prompt in GPT-2's tokens, with room
 ROUNDS = 24
+WINDOW = 8000  # llm.context_window: a local model's, counted in its own (GPT-2's) tokens
 EMBED, FFN, HEADS = 64, 128, 2
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -147,6 +149,7 @@ class Forwarder:
     base: str
     bodies: list[dict[str, Any]] = field(default_factory=list)
     timings: list[dict[str, Any]] = field(default_factory=list)
+    usages: list[dict[str, Any]] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
 
     def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -158,6 +161,7 @@ class Forwarder:
             return {}
         self.bodies.append(body)
         self.timings.append(reply["timings"])
+        self.usages.append(reply["usage"])
         return {"usage": reply["usage"], "timings": reply["timings"]}
 
 
@@ -172,11 +176,12 @@ class LlamaRun:
 def run(llama: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> LlamaRun:
     """A real session at an 8k window with `llm.prompt_cache: auto` under each fold schedule, every request also sent to llama-server."""
     forwarded = Forwarder(llama)
-    with ScriptedServer(server_kind="llama.cpp", slots=SLOTS, forward=forwarded) as server:
+    # The client counts its prompts with llama-server's own tokenizer (GPT-2's) through the scripted server.
+    with ScriptedServer(server_kind="llama.cpp", slots=SLOTS, forward=forwarded, counts_at=llama) as server:
         SoakModel().install(server)
         role = {"fold_schedule": request.param}
         settings = {"llm": {"prompt_cache": "auto", "reply_reserve": None}, "planner": role, "code_generator": role}
-        with open_soak_session(tmp_path_factory.mktemp("session"), server, window=8000, settings=settings) as session:
+        with open_soak_session(tmp_path_factory.mktemp("session"), server, window=WINDOW, settings=settings) as session:
             for n in range(1, ROUNDS + 1):
                 assert session.ask(user_request(n)).state == "finished"
                 wait_for_folds(session, after_round=n)
@@ -204,6 +209,30 @@ def test_the_server_takes_every_hint_we_send(run: LlamaRun) -> None:
         shared = body["id_slot"] in (0, 1)
         opens_as_role = "ConversationSummary" not in str(body["messages"][0]["content"])
         assert shared == opens_as_role, "a fold takes its role's slot exactly when it opens with the role's prompt"
+
+
+def test_every_request_folds_included_is_counted_as_llama_server_counts_it_and_fits_the_window(run: LlamaRun, llama: str) -> None:
+    assert len(run.forwarded.usages) == len(run.requests), "every request went to llama-server too"
+    counter = model_tokenizer(tokenizer="o200k_base", api_base=f"{llama}/v1", model="tiny", server_kind="llama.cpp", counting="auto")
+    counter.use_server(ServerTokens("llama.cpp", api_base=f"{llama}/v1", api_key="", model="tiny"))
+    over, off = [], []
+    try:
+        for body, usage in zip(run.forwarded.bodies, run.forwarded.usages, strict=True):
+            served, reply = int(usage["prompt_tokens"]), int(body["max_tokens"])
+            ours = counter.count_messages(body["messages"])
+            if not served <= ours <= served + 2:
+                off.append(f"{purpose_of(body['messages'])}: we count {ours:,}, llama-server {served:,}")
+            if served + reply > WINDOW:
+                over.append(f"{purpose_of(body['messages'])}: {served:,} prompt tokens + max_tokens {reply:,} > {WINDOW:,}")
+    finally:
+        counter.close()
+    assert not off, off[:5]
+    assert not over, over
+    assert any(purpose_of(b["messages"]).startswith("compression_") for b in run.forwarded.bodies), "precondition: the session folded"
+    o200k = get_tokenizer()
+    assert sum(int(u["prompt_tokens"]) for u in run.forwarded.usages) > 1.05 * sum(o200k.count_messages(b["messages"]) for b in run.forwarded.bodies), (
+        "precondition: this model makes more tokens than o200k"
+    )
 
 
 def purpose_of(messages: list[dict[str, Any]]) -> str:

@@ -24,7 +24,8 @@ from jupyter_client.manager import KernelManager
 from nbclient.util import run_sync
 from nbformat import NotebookNode
 
-from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
+from taskweaver_lite.kernel.executor import close_thread_loop
+from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 
 pytestmark = pytest.mark.kernel
 
@@ -105,16 +106,17 @@ def test_ask_uses_the_analysts_dataframe_keeps_its_result_survives_the_stop_butt
     run_cell(client, notebook, ANALYST_CELL)
 
     server.enqueue("planner", planner_reply("Sum the units column of df and keep the total as total_units."))
-    server.enqueue("code_generator", code_reply(SUM_CODE))
+    server.enqueue("code_generator", code_reply("total_units = int(df['unit'].sum())"), code_reply(SUM_CODE))
     server.enqueue("planner", planner_reply("The units add up to **60**; `total_units` holds it.", send_to="User"))
     asked = run_cell(client, notebook, "%%ask\nWhat do the units in df add up to? Keep the total as total_units.")
     shown = outputs_text(asked)
+    assert "KeyError" in shown and not [o for o in asked.outputs if o.output_type == "error"], "a fixed attempt's error shows, as no error output"
     assert "No sandbox here" in shown, "the first request says in one line that nothing is sandboxed"
     assert "Sum the units column of df" in shown, "the step's instruction shows in the cell"
     assert SUM_CODE in shown, "the step's code shows in the cell"
     assert "total units: 60" in shown, "the code's own output shows in the cell"
     assert "The units add up to **60**; `total_units` holds it." in markdown_of(asked), "the answer is Markdown"
-    [step_prompt] = [r for r in server.requests if r.role == "code_generator"]
+    step_prompt = next(r for r in server.requests if r.role == "code_generator")
     prompt = "\n".join(str(m["content"]) for m in step_prompt.messages)
     assert "df" in prompt and "pandas.DataFrame" in prompt and "units int64" in prompt, "the analyst's df is in the variables the prompt carries"
 
@@ -231,9 +233,48 @@ def test_a_bad_option_and_an_unreachable_model_are_one_line_each(kernel: Any, se
     execute(kernel, "%load_ext taskweaver_lite")
     reply, _ = execute(kernel, "%%ask --sett x=1\nhello")
     assert reply["status"] == "error" and reply["traceback"] == [
-        "taskweaver-lite: unexpected '--sett' after %%ask: the options are --set KEY=VALUE and --insert; the request goes below. "
-        "Usage: %%ask [--set KEY=VALUE]... [--insert], then the request on the lines below (or %ask ... the request, on one line)"
+        "taskweaver-lite: unknown option '--sett': the options are --set KEY=VALUE and --insert. "
+        "Usage: %%ask [--set KEY=VALUE]... [--insert], then the request on the lines below (or %ask [options] the request, on one line)"
     ]
     reply, _ = execute(kernel, "%ask --set llm.api_base=http://127.0.0.1:9/v1 --set llm.max_retries=0 hello")
     [line] = reply["traceback"]
     assert line.startswith("taskweaver-lite: ") and "127.0.0.1:9" in line, line
+
+
+def test_a_step_past_its_timeout_is_stopped_and_the_stop_button_stops_a_model_call(kernel: Any, server: ScriptedServer) -> None:
+    execute(kernel, "%load_ext taskweaver_lite")
+    server.enqueue("planner", planner_reply("Sleep, then set slept."))
+    server.enqueue("code_generator", code_reply("import time\ntime.sleep(30)\nslept = True"))
+    server.enqueue("planner", planner_reply("That ran too long and was stopped.", send_to="User"))
+    started = time.monotonic()
+    reply, _ = execute(kernel, "%ask --set execution.timeout=1 sleep a while")
+    assert reply["status"] == "ok" and time.monotonic() - started < 20, "the step was interrupted at its timeout"
+    assert "The cell timed out after 1 s and was interrupted" in str(server.requests[-1].messages[-1]["content"])
+    assert execute(kernel, "print('slept' in dir())")[1].strip() == "False"
+
+    asked = len(server.requests)
+    server.enqueue("planner", Reply(content=planner_reply("Too late.", send_to="User"), delay=30))
+
+    def press() -> None:
+        deadline = time.monotonic() + 30
+        while len(server.requests) == asked and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        kernel.parent.interrupt_kernel()  # the stop button, while the Planner's reply is on its way
+        close_thread_loop()  # the loop jupyter_client's blocking call opened for this thread
+
+    presser = threading.Thread(target=press, daemon=True)
+    presser.start()
+    started = time.monotonic()
+    reply, _ = execute(kernel, "%ask what is slow?")
+    presser.join(10)
+    assert reply["status"] == "error" and time.monotonic() - started < 20
+    assert reply["traceback"][0].startswith("KeyboardInterrupt: the request was stopped. The session goes on")
+    server.enqueue("planner", planner_reply("Still here.", send_to="User"))
+    reply, _ = execute(kernel, "%ask are you there?")
+    assert reply["status"] == "ok"
+    shown: list[dict[str, Any]] = []
+    execute(kernel, "%ask_history", shown=shown)
+    listed = "".join(str(item["data"].get("text/plain", "")) for item in shown)
+    assert "1. sleep a while -> That ran too long and was stopped." in listed
+    assert "2. what is slow? -> failed: Cancelled by the user." in listed and "3. are you there? -> Still here." in listed

@@ -11,6 +11,7 @@ from taskweaver_lite.notebook.cell_view import code_block
 from taskweaver_lite.notebook.magics import AskError, AskOptions, history_text, parse_ask, questions_kept
 from taskweaver_lite.notebook.notebook_session import SessionIndex, merged_overrides, notebook_identity, notebook_project
 from taskweaver_lite.records.conversation import Post, Round
+from taskweaver_lite.roles.planner import list_working_files
 
 pytestmark = pytest.mark.unit
 
@@ -21,6 +22,7 @@ def test_the_cell_is_the_request_and_the_line_holds_the_options() -> None:
     )
     assert parse_ask("--set 'llm.model=big model' sum units") == AskOptions(request="sum units", overrides=("llm.model=big model",))
     assert parse_ask("  what is --insert for?") == AskOptions(request="what is --insert for?"), "options only lead the line"
+    assert parse_ask("--insert Plot units", "by region") == AskOptions(request="Plot units\nby region", insert=True), "the first line may begin the request"
 
 
 @pytest.mark.parametrize(
@@ -28,7 +30,7 @@ def test_the_cell_is_the_request_and_the_line_holds_the_options() -> None:
     [
         ("", "  \n", "no request"),
         ("--insert", None, "no request"),
-        ("--sett x=1", "hello", "unexpected '--sett' after %%ask"),
+        ("--sett x=1", "hello", "unknown option '--sett'"),
         ("--frobnicate hello", None, "unknown option '--frobnicate'"),
         ("--set llm.model", "hello", "--set llm.model: expected KEY=VALUE"),
     ],
@@ -97,3 +99,22 @@ def test_the_history_lists_each_request_with_how_it_ended() -> None:
 def test_code_shows_in_a_fence_longer_than_any_inside_it() -> None:
     assert code_block("x = 1\n") == "```python\nx = 1\n```"
     assert code_block('s = """````"""').startswith("`````python\n")
+
+
+def test_the_planners_file_list_never_enters_hidden_folders_and_bounds_its_scan(tmp_path: Path) -> None:
+    # A notebook's folder is the analyst's: a .venv of thousands of files there must not be walked at every Planner call.
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "sales.csv").write_text("a,b\n")
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / ".hidden.csv").write_text("x")
+    (tmp_path / "to_data").symlink_to(tmp_path / "data")
+    venv = tmp_path / ".venv" / "lib"
+    venv.mkdir(parents=True)
+    for number in range(50):
+        (venv / f"module{number}.py").write_text("")
+    listed = list_working_files(tmp_path, scan=10)
+    assert listed == ["data/sales.csv (4 B)", "notes.txt (1 B)", "to_data (a link, not followed)"], "nothing of .venv was looked at"
+    for number in range(12):
+        (tmp_path / f"part{number:02d}.csv").write_text("")
+    bounded = list_working_files(tmp_path, limit=3, scan=10)
+    assert bounded[-1] == "... (a large folder: only its first 10 entries were looked at)"

@@ -227,3 +227,43 @@ def test_the_audit_trail_is_append_only_in_the_store(project: Path, capsys: pyte
         assert db.execute("SELECT actor FROM audit").fetchone()[0].startswith("cli:")
     finally:
         db.close()
+
+
+def test_behind_a_trusted_header_auto_add_users_adds_the_allowed_by_their_groups_and_a_removed_user_stays_out(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    add_user(project, "root", capsys, admin=True)
+    settings = [
+        "serve.trusted_user_header=X-Forwarded-User",
+        "serve.trusted_groups_header=X-Forwarded-Groups",
+        "serve.trusted_proxies=['127.0.0.1']",
+        "serve.auto_add_users=true",
+        "serve.allowed_groups=['analysts']",
+        "serve.admin_groups=['tw-admins']",
+    ]
+
+    def admins() -> dict[str, bool]:
+        capsys.readouterr()
+        assert main(["users", "list", "--json", "-p", str(project)]) == 0
+        return {u["name"]: u["admin"] for u in json.loads(capsys.readouterr().out)}
+
+    with WebServer(load_config(project, settings)) as web, httpx.Client(base_url=web.url) as client:
+
+        def ask(name: str, groups: str) -> httpx.Response:
+            return client.get("/api/sessions", headers={"X-Forwarded-User": name, "X-Forwarded-Groups": groups})
+
+        assert ask("newbie", "analysts").status_code == 200, "added at the first request the proxy names them in"
+        assert ask("boss", "analysts, tw-admins").status_code == 200
+        outsider = ask("outsider", "sales")
+        assert outsider.status_code == 403 and "only members of analysts" in outsider.json()["error"], outsider.text
+        assert admins() == {"root": True, "newbie": False, "boss": True}
+        assert ask("boss", "analysts").status_code == 200 and admins()["boss"] is False, "the proxy's groups decide who is an admin, at each request"
+        assert main(["users", "remove", "newbie", "-p", str(project)]) == 0
+        removed = ask("newbie", "analysts")
+        assert removed.status_code == 403 and "was removed" in removed.json()["error"], "a removed user stays out"
+    capsys.readouterr()
+    assert main(["audit", "--json", "-p", str(project)]) == 0
+    entries = [(e["actor"], e["action"], e["target"]) for e in json.loads(capsys.readouterr().out)]
+    assert ("proxy:x-forwarded-user", "user-added", "newbie") in entries and ("proxy:x-forwarded-user", "user-demoted", "boss") in entries, entries
+    with WebServer(load_config(project, settings[:3])) as web, httpx.Client(base_url=web.url) as client:
+        assert client.get("/api/sessions", headers={"X-Forwarded-User": "stranger"}).status_code == 401, "off by default: nobody is added"

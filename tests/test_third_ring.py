@@ -24,6 +24,7 @@ from test_gateway_sandbox import Cells, gateway_project
 
 from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
+from taskweaver_lite.kernel.sandbox import cgroup
 from taskweaver_lite.kernel.sandbox.bwrap import bwrap_path
 from taskweaver_lite.mcp.resources import read_resource, resource_uri
 from taskweaver_lite.testing.kernel_gateway import Gateway, free_port, sandbox_gateway
@@ -261,3 +262,41 @@ def test_an_mcp_resource_read_never_returns_what_a_racing_link_points_at(tmp_pat
     assert leaked == 0, f"{leaked} of 20000 reads returned the config"
     assert unexplained == [], f"{len(unexplained)} reads failed with a bare error: {unexplained[:1]}"
     assert served > 0, "the real file must still be read between swaps"
+
+
+# Four worker processes of 900 MB each, at once: 3.6 GB from one kernel.
+FOUR_WORKERS = (
+    "import subprocess, sys\n"
+    "worker = 'import time\\nheld = b\"x\" * (900 * 2**20)\\ntime.sleep(4)'\n"
+    "workers = [subprocess.Popen([sys.executable, '-c', worker]) for _ in range(4)]\n"
+    "print('exit codes', [w.wait() for w in workers])\n"
+)
+
+
+def _cgroups_here() -> bool:
+    return cgroup.probe(cgroup.Caps(memory=1 << 30)) is None
+
+
+@pytest.mark.skipif(not _cgroups_here(), reason="no cgroup can be made on this machine (needs root or a delegated cgroup v2)")
+@pytest.mark.parametrize("sandbox", ["bubblewrap", "none"])
+def test_four_workers_of_900_mb_under_a_1gb_memory_limit_end_in_a_clean_error_and_the_session_goes_on(tmp_path: Path, sandbox: str) -> None:
+    config = ExecutionConfig.model_validate({"sandbox": sandbox, "memory_limit": "1GB", "timeout": 120})
+    executor = KernelExecutor(tmp_path / "bob-memory", config=config)
+    try:
+        assert executor.run("kept = 42").success
+        result = executor.run(FOUR_WORKERS)
+        assert not result.success and "execution.memory_limit (1.0 GB)" in result.limit_reached, result
+        assert "-9" in result.stdout, "the largest workers were ended"
+        assert not result.kernel_died, "the kernel itself is not the one ended"
+        after = executor.run("print(kept)")
+        assert after.success and after.stdout == "42\n", "and the session goes on with its variables"
+    finally:
+        executor.shutdown()
+
+
+@pytest.mark.skipif(not _cgroups_here(), reason="no cgroup can be made on this machine (needs root or a delegated cgroup v2)")
+def test_four_workers_of_900_mb_on_the_gateway_are_held_to_its_memory_limit_in_total(gateway: Gateway, bob: Cells) -> None:
+    said = bob.run(FOUR_WORKERS, timeout=120)  # the gateway's project: 2 GB, all of a kernel's processes together
+    codes = said.rsplit("exit codes", 1)[-1]
+    assert "-9" in codes, said
+    assert bob.run("print(6 * 7)").strip() == "42", "the kernel itself goes on"

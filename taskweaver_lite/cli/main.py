@@ -134,6 +134,12 @@ def _add_mcp_parser(commands: Commands[argparse.ArgumentParser]) -> None:
     _overrides_option(mcp)
 
 
+def _add_acp_parser(commands: Commands[argparse.ArgumentParser]) -> None:
+    acp = commands.add_parser("acp", help="serve this agent to editors (Zed, JetBrains, JupyterLab) over the Agent Client Protocol on stdin and stdout")
+    _project_option(acp)
+    _overrides_option(acp)
+
+
 def _add_export_parser(commands: Commands[argparse.ArgumentParser]) -> None:
     export = commands.add_parser("export", help="write a stored session as a notebook or Markdown")
     export.add_argument("session_id", metavar="ID", help="session id ('last' for the newest)")
@@ -185,6 +191,7 @@ def commands() -> tuple[Command, ...]:
         Command("roles", _listing("roles", roles, shape="array"), _project_listing("taskweaver_lite.cli.roles", "run_roles")),
         Command("serve", _add_serve_parser, _lazy("taskweaver_lite.cli.serve", "run_serve")),
         Command("mcp", _add_mcp_parser, _lazy("taskweaver_lite.cli.mcp", "run_mcp")),
+        Command("acp", _add_acp_parser, _lazy("taskweaver_lite.cli.acp", "run_acp")),
         Command("users", add_users_parser, _lazy("taskweaver_lite.cli.users", "run_users")),
         Command("audit", add_audit_parser, _lazy("taskweaver_lite.cli.audit", "run_audit")),
         Command("gateway", add_gateway_parser, _lazy("taskweaver_lite.cli.gateway", "run_gateway")),

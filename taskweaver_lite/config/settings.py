@@ -347,9 +347,15 @@ class ExecutionConfig(_Section):
     sandbox: Literal["none", "bubblewrap", "auto"] = Field("auto", description="run the local kernel inside bubblewrap (auto: where bwrap is installed)")
     network: bool = Field(False, description="let the sandboxed kernel reach the network")
     memory_limit: int | str | None = Field(
-        "50%", description="address space each kernel process may use: bytes, '4GB', '512MB', or a share of this machine's memory ('50%'); null: none"
+        "50%",
+        description="memory the kernel may use, all its processes together where it has a cgroup (each process's address space too): "
+        "bytes, '4GB', '512MB', or a share of this machine's memory ('50%'); null: none",
     )
-    max_processes: int = Field(256, ge=8, description="processes and threads the sandboxed kernel may run at once")
+    cpu_limit: float | None = Field(None, gt=0, description="CPU cores the kernel may use, all its processes together (needs its cgroup); null: no cap")
+    max_processes: int = Field(256, ge=8, description="processes and threads the kernel may run at once (in its cgroup; per uid in the sandbox)")
+    cgroup: Literal["auto", "off"] = Field(
+        "auto", description="give each kernel a cgroup of its own where this program may make one (root, or a delegated cgroup v2); off: never"
+    )
     confirm: bool = Field(False, description="show each cell and wait for run / edit / skip (interactive chat only)")
     kernel: str | None = Field(
         None,
@@ -486,6 +492,38 @@ class EvalConfig(_Section):
     max_rounds: int = Field(60, ge=1, description="user requests per case at most, unless the case sets max_rounds")
 
 
+class OidcConfig(_Section):
+    """Sign-in with an OpenID Connect provider (`serve.oidc`): authorization code with PKCE; a first allowed sign-in adds the user."""
+
+    issuer: str = Field(description="the provider's issuer URL (its /.well-known/openid-configuration is read), e.g. https://accounts.google.com")
+    client_id: str = Field(min_length=1, description="this service's client id at the provider")
+    client_secret: SecretStr | None = Field(None, description="its client secret (null: a public client, PKCE alone)")
+    allowed_domains: list[str] = Field(
+        default_factory=list, description="email domains that may sign in (the verified `email` claim's part after @); empty: any"
+    )
+    allowed_groups: list[str] = Field(default_factory=list, description="groups (the `groups` claim) of which a user must be in one to sign in; empty: any")
+    admin_groups: list[str] = Field(
+        default_factory=list,
+        description="groups whose members are admins (checked at each sign-in: promoted or demoted to match); empty: admins are set by hand",
+    )
+    scopes: list[str] = Field(
+        default_factory=lambda: ["openid", "email", "profile"], description="the scopes asked for (add the one your provider sends groups with)"
+    )
+    groups_claim: str = Field("groups", description="the claim that lists the user's groups")
+    name_claim: str = Field("email", description="the claim whose value is the user's name here (email, preferred_username)")
+    redirect_url: str | None = Field(
+        None, description="the callback's address as the browser reaches it (https://HOST/oidc/callback); null: made from the request"
+    )
+    label: str = Field("single sign-on", description="what the sign-in page's button names, e.g. Google or Okta")
+
+    @field_validator("issuer")
+    @classmethod
+    def _a_url(cls, value: str) -> str:
+        if not value.startswith(("https://", "http://")):
+            raise ValueError("expected the provider's issuer URL, such as https://accounts.example.org")
+        return value.rstrip("/")
+
+
 class ServeConfig(_Section):
     """`taskweaver-lite serve` as one of several replicas on one PostgreSQL store (see docs/team.md)."""
 
@@ -533,6 +571,22 @@ class ServeConfig(_Section):
             "the file holding the key that signs the page's sign-in cookies (32 bytes or more; never in the store): every replica "
             "must read the same one; null: sign-in.key in the state folder, made at first start"
         ),
+    )
+    oidc: OidcConfig | None = Field(None, description="sign-in with an OpenID Connect provider (see OidcConfig); null: tokens only")
+    auto_add_users: bool = Field(
+        False,
+        description=(
+            "with trusted_user_header: a user the proxy names who is not known yet is added (if allowed_groups lets them), "
+            "unless they were removed; admin_groups decides who is an admin"
+        ),
+    )
+    trusted_groups_header: str | None = Field(
+        None,
+        description="the proxy's header listing the user's groups, comma-separated (X-Forwarded-Groups for oauth2-proxy); believed as trusted_user_header is",
+    )
+    allowed_groups: list[str] = Field(default_factory=list, description="with auto_add_users: groups of which a new user must be in one; empty: any")
+    admin_groups: list[str] = Field(
+        default_factory=list, description="with trusted_groups_header: groups whose members are admins; empty: admins are set by hand"
     )
     metrics_token: SecretStr | None = Field(
         None, description="a token good for GET /metrics alone (a Prometheus scraper's), answered even while the store is down; null: a user's token"
@@ -805,6 +859,8 @@ _LOCAL_ONLY = {
     "network": "it opens the local sandbox's network",
     "memory_limit": "limits are set on a kernel started on this machine",
     "max_processes": "limits are set on a kernel started on this machine",
+    "cpu_limit": "limits are set on a kernel started on this machine",
+    "cgroup": "a cgroup holds a kernel started on this machine",
     "disk_limit": "the limit is kept on a kernel started on this machine; a gateway's disk is the gateway's to limit",
 }
 

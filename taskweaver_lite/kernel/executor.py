@@ -45,6 +45,7 @@ from taskweaver_lite.kernel.process import (
     on_launcher_thread,
     socket_dir,
 )
+from taskweaver_lite.kernel.sandbox import cgroup as kernel_cgroup
 from taskweaver_lite.kernel.sandbox import syscall_filter
 from taskweaver_lite.kernel.sandbox.bwrap import SandboxPlan, fallback_notice, kernel_command, session_sandbox, uses_sandbox
 from taskweaver_lite.kernel.sandbox.disk_limit import DiskWatch, Reached, disk_limit_notes, end_children, human
@@ -96,6 +97,9 @@ class KernelExecutor(SessionKernel):
         # Where bubblewrap says which process is the kernel: the disk limit finds it by id, never by name.
         self._sandbox_info = SandboxInfo() if use_sandbox else None
         self.sandbox = self._sandbox_plan(config, hidden=hidden) if use_sandbox else None
+        # The kernel's own cgroup (memory in total, CPU, processes), joined at every start; None: none can be made here.
+        self._cgroup, no_cgroup = kernel_cgroup.for_kernel(config)
+        self._oom_kills = 0
         self._manager = self._kernel_manager(config)
         self._client: BlockingKernelClient | None = None
         # The plugins' source text travels in the request, so a kernel that cannot see our files loads them too.
@@ -105,7 +109,7 @@ class KernelExecutor(SessionKernel):
         # Said with the first cell: `auto` found bubblewrap but could not build a sandbox with it here.
         fallback = fallback_notice() if config.sandbox == "auto" and not use_sandbox else None
         filter_off = syscall_filter.lost_without() if use_sandbox and config.syscall_filter == "off" else None
-        self._first_notices = tuple(notice for notice in (fallback, filter_off) if notice)
+        self._first_notices = tuple(notice for notice in (fallback, filter_off, no_cgroup) if notice)
         # execution.disk_limit: the working folder, the socket folder and the kernel's log, in total.
         limit = config.disk_limit_bytes()
         paths = (self.cwd, self._socket_dir, self._log_path)
@@ -134,7 +138,7 @@ class KernelExecutor(SessionKernel):
         manager = InterpreterKernelManager(transport="ipc", ip=str(self._socket_dir / "kernel"))
         manager.connection_file = str(self._socket_dir / "connection.json")
         manager.python = self.python.executable
-        manager.wrap = functools.partial(kernel_command, config=config, plan=self.sandbox)
+        manager.wrap = functools.partial(kernel_command, config=config, plan=self.sandbox, cgroup=self._cgroup)
         if self.sandbox is not None:
             manager.interrupt_mode = "message"
             manager.seccomp_fd = self.sandbox.seccomp_fd
@@ -213,10 +217,19 @@ class KernelExecutor(SessionKernel):
         return (now.size if isinstance(now, Reached) else now), self._disk.limit
 
     def _cell_limits(self) -> contextlib.AbstractContextManager[object]:
+        if self._cgroup is not None:
+            self._oom_kills = self._cgroup.oom_kills()
         return self._disk.cell() if self._disk is not None else contextlib.nullcontext()
 
     def _limits_checked(self, result: ExecutionResult) -> ExecutionResult:
         self._strikes = 0  # what happens between cells from here on is judged afresh
+        ended = self._cgroup.oom_kills() - self._oom_kills if self._cgroup is not None else 0
+        if ended > 0:
+            memory = kernel_cgroup.memory_message(self.config, ended)
+            if result.kernel_died:
+                result = dataclasses.replace(result, success=False, notices=(*result.notices, memory))
+            else:
+                result = dataclasses.replace(result, success=False, limit_reached=memory)
         reached = self._disk.reached_in_cell() if self._disk is not None else None
         if reached is None:
             return result
@@ -289,6 +302,8 @@ class KernelExecutor(SessionKernel):
                 self._seccomp_fd = None
             if self._sandbox_info is not None:
                 self._sandbox_info.close()
+            if self._cgroup is not None:
+                self._cgroup.remove()  # what is still in it (a process that left the kernel's group) ends with it
 
     def _launch(self) -> None:
         try:

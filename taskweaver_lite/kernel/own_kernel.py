@@ -7,7 +7,8 @@ Nothing confines it: it is their kernel, as when they run a cell themselves.
 
 Each cell goes through `shell.run_cell`, so it is shown as the analyst's cells are: its prints,
 tables and plots land in the output of the `%%ask` cell as they come, and a failing cell shows
-IPython's own traceback there. What it shows is also tapped (the streams, the display publisher,
+IPython's own traceback there (as stderr text: an error output would stop "Run all" and papermill
+on a step the CodeGenerator then fixed). What it shows is also tapped (the streams, the display publisher,
 the result's display hook) into a `CellOutput`, which bounds it for the prompts and saves its plots
 as artifacts, as for the other executors. The variable snapshot is `snapshot.py`'s, taken in-process
 before and after each cell, so the analyst's own cells between two requests are seen too.
@@ -233,18 +234,24 @@ def _tapped(shell: InteractiveShell, output: CellOutput, on_output: OutputSink |
         output.add("execute_result", {"data": _encoded(format_dict)})
 
     streams = sys.stdout, sys.stderr
+
+    def traceback_shown(kind: type[BaseException], error: BaseException, lines: list[str]) -> None:
+        # A step's error belongs to the step, not to the cell: written as stderr text, it is no error output,
+        # at which "Run all", nbclient and papermill would stop; the request decides how the cell ends.
+        streams[1].write(shell.InteractiveTB.stb2text(lines) + "\n")
+
     sys.stdout, sys.stderr = _Tee(sys.stdout, "stdout", output, on_output), _Tee(sys.stderr, "stderr", output, on_output)
     publisher.publish = published  # type: ignore[method-assign]
     hook.write_format_data = formatted  # type: ignore[method-assign]
+    shell._showtraceback = traceback_shown  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
         sys.stdout, sys.stderr = streams
         # The instance attributes go: the classes' own methods show through again.
-        with contextlib.suppress(AttributeError):
-            del publisher.publish
-        with contextlib.suppress(AttributeError):
-            del hook.write_format_data
+        for owner, name in ((publisher, "publish"), (hook, "write_format_data"), (shell, "_showtraceback")):
+            with contextlib.suppress(AttributeError):
+                delattr(owner, name)
 
 
 class _Tee:

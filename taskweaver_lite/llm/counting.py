@@ -7,9 +7,9 @@ How it counts (`llm.token_counting`):
   llama.cpp's server (`/tokenize`; the chat template's tokens from `/apply-template`) and vLLM
   (`/tokenize`, which applies the template itself). The server's kind is found as the prompt cache
   finds it (`llm.server_kind`, local discovery, a reply with llama.cpp's `timings`), and a server of
-  unknown kind is asked `GET /props` once. Each distinct text is counted once and remembered, and
-  the template's tokens per message are measured once, so a prompt costs a round trip per text it
-  has not shown before, never one per message. Elsewhere: OpenAI's models by `llm.tokenizer`
+  unknown kind is asked `GET /props` once. Each message is counted where the chat template puts it,
+  once, and remembered, so a prompt costs a round trip per message it has not shown before, and a
+  prompt's count is its server's to the token. Elsewhere: OpenAI's models by `llm.tokenizer`
   (o200k_base), any other model by `llm.tokenizer` times a ratio calibrated on the server's replies.
 - `calibrated`: never ask the server for counts; `llm.tokenizer` times the calibrated ratio.
 - `tokenizer`: `llm.tokenizer` alone, as the server counted it (for those who know it does).
@@ -17,8 +17,8 @@ How it counts (`llm.token_counting`):
 Calibration: every reply's `usage.prompt_tokens` is set against our own count of that request. The
 counts follow the worst ratio seen for the model (never under 1), kept with the session and in the
 state folder for later sessions (`token_ratios.json`); a model that is not OpenAI's and was never
-measured starts from `CAUTIOUS_RATIO`. A server's exact count is calibrated the same way, from 1:
-what the template adds between messages is measured, not assumed.
+measured starts from `CAUTIOUS_RATIO`. A server's exact count is checked the same way, from 1: a
+template that does more than put each message in its place shows in the replies.
 
 Nothing hides a miss: a request the server counted larger than our budget allowed
 (`llm.context_window - max_tokens - llm.margin`) is one warning with the figures, and since the ratio
@@ -57,7 +57,8 @@ CountingKind = Literal["llama.cpp", "vllm"]
 CAUTIOUS_RATIO = 1.3
 SERVER_TIMEOUT = 5.0  # seconds for one /tokenize: a local server answers in milliseconds
 RATIOS_FILE = "token_ratios.json"
-_PROBE = "x"  # the content of the messages the template's framing is measured with
+_PROBE = "x"  # the content of the one-word system message other messages are counted after
+_PLACEHOLDER = "\u2063taskweaver-lite:content\u2063"  # where a rendered template puts a message's content
 _OPENAI_HOSTS = ("api.openai.com", ".openai.azure.com")
 _OPENAI_MODEL = re.compile(r"^(gpt-|chatgpt-|o\d|ft:gpt-)", re.IGNORECASE)
 
@@ -75,7 +76,15 @@ class CountingUnavailable(Exception):
 class ServerTokens:
     """A server's own tokenizer over HTTP: llama.cpp's `/tokenize` and `/apply-template`, or vLLM's `/tokenize`.
 
-    Safe to use from several threads; counts of texts are remembered (bounded as `Tokenizer`'s are).
+    A message is counted where the template puts it: between a one-word system message and a one-word
+    request, less their own count (the first message of a prompt: before the request alone, so its
+    template's start and the reply priming are its). Where messages meet only template text meets, so
+    a prompt's count (which always ends with a request) is the sum of its messages'. llama.cpp renders
+    its template once per role, with a placeholder where the content goes; a message is then one
+    `/tokenize` of that rendering with its content in place (one `/apply-template` more each where the
+    template does not put content in verbatim).
+
+    Safe to use from several threads; counts are remembered (bounded as `Tokenizer`'s are).
     """
 
     def __init__(self, kind: CountingKind, *, api_base: str, api_key: str, model: str, post: Callable[[str, dict[str, Any]], Any] | None = None) -> None:
@@ -85,50 +94,80 @@ class ServerTokens:
         self._poster = _Poster(api_key, local=urlsplit(self.root).hostname in ("127.0.0.1", "localhost"))
         self._post = post or self._poster
         self._cached_count = functools.lru_cache(maxsize=COUNT_CACHE_ENTRIES)(self._count)
-        self._framing: _Framing | None = None
+        self._cached_message = functools.lru_cache(maxsize=COUNT_CACHE_ENTRIES)(self._message)
+        self._shapes: dict[tuple[str, bool], tuple[str | None, int]] = {}
         self._lock = threading.Lock()
         self.requests = 0  # round trips made (for the bench)
 
     def count(self, text: str) -> int:
-        """Tokens of `text` as message content, by the server's tokenizer."""
+        """Tokens of `text` alone, by the server's tokenizer (its pieces cut, sized, marked)."""
         if not text:
             return 0
         return self._cached_count(text) if len(text) <= COUNT_CACHE_MAX_CHARS else self._count(text)
+
+    def message(self, role: str, content: str, *, first: bool) -> int:
+        """Tokens one message adds to a prompt, its template's included (`first`: it opens the prompt)."""
+        if len(content) > COUNT_CACHE_MAX_CHARS:
+            return self._message(role, content, first)
+        return self._cached_message(role, content, first)
 
     def count_chat(self, messages: Sequence[Mapping[str, str]]) -> int:
         """Tokens of a whole chat prompt as the server feeds it to the model (template and reply priming included)."""
         listed = [{"role": m["role"], "content": m["content"]} for m in messages]
         if self.kind == "vllm":
             return self._vllm({"model": self._model, "messages": listed, "add_generation_prompt": True})
-        prompt = self._ask("/apply-template", {"messages": listed}).get("prompt")
-        if not isinstance(prompt, str):
-            raise CountingUnavailable("/apply-template answered without a prompt")
-        return self._llama_tokens(prompt, special=True)
+        return self._llama_tokens(self._render(listed), special=True)
 
     def close(self) -> None:
         """Release the HTTP connections (a later count opens them again)."""
         self._poster.close()
 
-    def framing(self) -> _Framing:
-        """What the chat template adds per message and at the start, measured once with one-word messages."""
+    def _message(self, role: str, content: str, first: bool) -> int:
+        message = {"role": role, "content": content}
+        if self.kind == "vllm":
+            return self.count_chat(self._around(message, first)) - self._without(first)
+        rendering, without = self._shape(role, first)
+        if rendering is None:
+            return self.count_chat(self._around(message, first)) - without
+        return self._llama_tokens(rendering.replace(_PLACEHOLDER, content), special=True) - without
+
+    @staticmethod
+    def _around(message: dict[str, str], first: bool) -> list[dict[str, str]]:
+        """The prompt a message is counted in: after a one-word system message (unless it opens the prompt),
+        before a one-word request (a prompt that ends with the model's own message is one it continues)."""
+        return [*([] if first else [_msg("system")]), message, _msg("user")]
+
+    def _without(self, first: bool) -> int:
+        """The tokens of that prompt without the message: the one-word request (and system message), as they count there."""
         with self._lock:
-            if self._framing is not None:
-                return self._framing
-        word = self.count(_PROBE)
-        system = self.count_chat([_msg("system")])
-        with_user = self.count_chat([_msg("system"), _msg("user")])
-        with_reply = self.count_chat([_msg("system"), _msg("user"), _msg("assistant")])
-        user_alone = self.count_chat([_msg("user")])
-        user, assistant = with_user - system - word, with_reply - with_user - word
-        framing = _Framing(
-            per_role={"system": system - word, "user": user, "assistant": assistant},
-            default=max(user, assistant),
-            # A prompt that opens with no system message: what the template adds then (some insert a system prompt of their own).
-            opening_without_system=max(user_alone - word - user, 0),
-        )
+            known = self._shapes.get(("", first))
+        if known is None:
+            system, both = self.count_chat([_msg("system")]), self.count_chat([_msg("system"), _msg("user")])
+            known = (None, both - system if first else both)
+            with self._lock:
+                self._shapes[("", first)] = known
+        return known[1]
+
+    def _shape(self, role: str, first: bool) -> tuple[str | None, int]:
+        """The template rendered around a placeholder for `role`'s content (None where it does not put content in verbatim), and `_without`."""
         with self._lock:
-            self._framing = framing
-        return framing
+            known = self._shapes.get((role, first))
+        if known is not None:
+            return known
+        rendering: str | None = self._render(self._around({"role": role, "content": _PLACEHOLDER}, first))
+        plain = self._render(self._around(_msg(role), first))
+        if rendering is None or rendering.count(_PLACEHOLDER) != 1 or rendering.replace(_PLACEHOLDER, _PROBE) != plain:
+            rendering = None
+        shape = (rendering, self._without(first))
+        with self._lock:
+            self._shapes[(role, first)] = shape
+        return shape
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        prompt = self._ask("/apply-template", {"messages": messages}).get("prompt")
+        if not isinstance(prompt, str):
+            raise CountingUnavailable("/apply-template answered without a prompt")
+        return prompt
 
     def _count(self, text: str) -> int:
         if self.kind == "vllm":
@@ -153,19 +192,6 @@ class ServerTokens:
         if not isinstance(answer, dict):
             raise CountingUnavailable(f"{path} answered with no JSON object")
         return answer
-
-
-@dataclass(frozen=True)
-class _Framing:
-    """The chat template's tokens: per message by role, and at a prompt's start when it has no system message."""
-
-    per_role: dict[str, int]
-    default: int
-    opening_without_system: int
-
-    def of(self, role: str) -> int:
-        """Tokens the template adds around one message of `role` (the first system message's share carries the prompt's start and the reply priming)."""
-        return max(self.per_role.get(role, self.default), 0)
 
 
 def _msg(role: str) -> dict[str, str]:
@@ -296,6 +322,7 @@ class ModelTokenizer(Tokenizer):
         self._ratio = 1.0
         self._measured = True
         self._probe = probe if counting == "auto" and server is None and not openai else None
+        self._offline = super().count  # llm.tokenizer's count, remembered per text
         self._start(server)
 
     def _start(self, server: ServerTokens | None) -> None:
@@ -339,7 +366,7 @@ class ModelTokenizer(Tokenizer):
         """Tokens of `text` in the model's tokens (its server's, or the calibrated estimate)."""
         if not text:
             return 0
-        return self._scaled(self._base(text))
+        return self._scaled(self._offline(text) if self._server is None and self._probe is None else self._base(text))
 
     def count_message(self, message: Message) -> int:
         """Tokens one chat message adds to a prompt, the template's included."""
@@ -347,11 +374,19 @@ class ModelTokenizer(Tokenizer):
 
     def count_messages(self, messages: Sequence[Message]) -> int:
         """Tokens a whole chat prompt takes, the template's start and the reply priming included."""
-        return sum(self.count_message(m) for m in messages) + self._scaled(self._base_opening(messages))
+        if self._server is None and self._probe is None:
+            # Offline, the budget guard's hot path (it counts whole drafts many times a turn): as
+            # `count_message` sums it, without a call per message.
+            count, ratio = self._offline, self._ratio
+            if ratio == 1.0:
+                return sum(TOKENS_PER_MESSAGE + count(m["role"]) + count(m["content"]) for m in messages) + REPLY_PRIMING_TOKENS
+            scale = self._scaled
+            return sum(scale(TOKENS_PER_MESSAGE + count(m["role"]) + count(m["content"])) for m in messages) + scale(REPLY_PRIMING_TOKENS)
+        return sum(self._scaled(self._base_message(m, first=i == 0)) for i, m in enumerate(messages)) + self._scaled(self._base_opening())
 
     def base_count(self, messages: Sequence[Message]) -> int:
         """A prompt's tokens before the ratio: the server's exact count as summed here, or the offline tokenizer's."""
-        return sum(self._base_message(m) for m in messages) + self._base_opening(messages)
+        return sum(self._base_message(m, first=i == 0) for i, m in enumerate(messages)) + self._base_opening()
 
     def observe(self, messages: Sequence[Message], *, server_tokens: int, allowed: int, what: str) -> Miss | None:
         """Set the server's count of a request against ours: the ratio follows the worst seen; a count over `allowed` is a warning."""
@@ -421,26 +456,20 @@ class ModelTokenizer(Tokenizer):
                 return server.count(text)
             except CountingUnavailable as exc:
                 self._lose_server(exc)
-        return super().count(text)
+        return self._offline(text)
 
-    def _base_message(self, message: Message) -> int:
+    def _base_message(self, message: Message, *, first: bool = False) -> int:
         server = self._asked()
         if server is not None:
             try:
-                return server.framing().of(message["role"]) + self._base(message["content"])
+                return server.message(message["role"], message["content"], first=first)
             except CountingUnavailable as exc:
                 self._lose_server(exc)
-        return TOKENS_PER_MESSAGE + super().count(message["role"]) + super().count(message["content"])
+        return TOKENS_PER_MESSAGE + self._offline(message["role"]) + self._offline(message["content"])
 
-    def _base_opening(self, messages: Sequence[Message]) -> int:
-        server = self._asked()
-        if server is not None:
-            try:
-                opens_with_system = bool(messages) and messages[0]["role"] == "system"
-                return 0 if opens_with_system else server.framing().opening_without_system
-            except CountingUnavailable as exc:
-                self._lose_server(exc)
-        return REPLY_PRIMING_TOKENS
+    def _base_opening(self) -> int:
+        """What a prompt adds besides its messages: the reply priming (a server's count has it in the first message's)."""
+        return 0 if self._asked() is not None else REPLY_PRIMING_TOKENS
 
     def _lose_server(self, exc: CountingUnavailable) -> None:
         """The server stopped counting: count offline from now on, cautiously, saying so once."""

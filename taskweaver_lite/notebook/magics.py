@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 # `%ask ... so far?`: IPython takes a line ending in `?` for a help request on its last word.
 _ASK_LINE = re.compile(r"^(\s*)%ask\s+(.*\S)\s*$")
 _OPTION = re.compile(r"""\s*(--insert\b|--set(?:\s+|=)("[^"]*"|'[^']*'|\S+))""")
-USAGE = "%%ask [--set KEY=VALUE]... [--insert], then the request on the lines below (or %ask ... the request, on one line)"
+USAGE = "%%ask [--set KEY=VALUE]... [--insert], then the request on the lines below (or %ask [options] the request, on one line)"
 # The longest request or answer shown in a row of %ask_history.
 HISTORY_CHARS = 160
 
@@ -61,7 +61,7 @@ class AskOptions:
 
 
 def parse_ask(line: str, cell: str | None = None) -> AskOptions:
-    """The options at the start of `line`, and the request: the cell's text for `%%ask`, the rest of the line for `%ask`."""
+    """The options at the start of `line`, and the request: the rest of the line, then (for `%%ask`) the cell's text."""
     overrides: list[str] = []
     insert = False
     rest = line
@@ -75,11 +75,10 @@ def parse_ask(line: str, cell: str | None = None) -> AskOptions:
             overrides.append(item)
         rest = rest[match.end() :]
     rest = rest.strip()
-    if cell is not None and rest:
-        raise AskError(f"unexpected {rest.split()[0]!r} after %%ask: the options are --set KEY=VALUE and --insert; the request goes below. Usage: {USAGE}")
     if rest.startswith("--"):
         raise AskError(f"unknown option {rest.split()[0]!r}: the options are --set KEY=VALUE and --insert. Usage: {USAGE}")
-    request = (cell if cell is not None else rest).strip()
+    # `%%ask Plot sales` with more below: the words after the options begin the request.
+    request = (rest if cell is None else f"{rest}\n{cell}").strip()
     if not request:
         raise AskError(f"no request: {USAGE}")
     return AskOptions(request=request, overrides=tuple(overrides), insert=insert)

@@ -9,6 +9,7 @@ replies, and the reports of the roles it delegated to. `send_to` accepts those r
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,9 @@ from taskweaver_lite.records.execution import FoldPiece
 from taskweaver_lite.records.model_calls import Message
 from taskweaver_lite.roles.role import Role, as_reply_json
 from taskweaver_lite.roles.worker import RoleRequest, RoleTools
+
+# The most entries the Planner's list of working files looks at (a notebook's folder may be a whole home folder).
+SCAN_LIMIT = 5_000
 
 
 @dataclass(frozen=True)
@@ -155,16 +159,37 @@ class Planner(Role):
         return "" if listing is None else "\n\n" + self._prompt.render("files", files=listing)
 
 
-def list_working_files(folder: Path, *, limit: int = 30) -> list[str]:
-    """Data files in the kernel's working folder, with sizes, for the Planner's prompt."""
+def list_working_files(folder: Path, *, limit: int = 30, scan: int = SCAN_LIMIT) -> list[str]:
+    """Data files in the kernel's working folder, with sizes, for the Planner's prompt.
+
+    Hidden files are left out and hidden folders never entered (a notebook's folder may hold a
+    `.venv` or `.git` of tens of thousands of files), and at most `scan` entries are looked at.
+    """
     if not folder.is_dir():
         return []
+    found, complete = _visible_files(folder, scan=scan)
     # A link the kernel made is named as one, never followed (not even for its size).
-    found = sorted(p for p in folder.rglob("*") if (p.is_symlink() or p.is_file()) and not any(part.startswith(".") for part in p.relative_to(folder).parts))
     shown = [f"{p.relative_to(folder)} ({'a link, not followed' if p.is_symlink() else _size(p.lstat().st_size)})" for p in found[:limit]]
     if len(found) > limit:
         shown.append(f"... and {len(found) - limit} more files")
+    if not complete:
+        shown.append(f"... (a large folder: only its first {scan:,} entries were looked at)")
     return shown
+
+
+def _visible_files(folder: Path, *, scan: int) -> tuple[list[Path], bool]:
+    """The regular files and links under `folder` outside hidden folders, sorted; False when `scan` entries ran out first."""
+    found: list[Path] = []
+    looked = 0
+    for root, folders, files in os.walk(folder):  # links to folders are listed, never followed
+        here = Path(root)
+        folders[:] = sorted(name for name in folders if not name.startswith("."))
+        entries = [here / name for name in (*files, *folders) if not name.startswith(".")]
+        found += [path for path in entries if path.is_symlink() or path.is_file()]
+        looked += len(files) + len(folders)
+        if looked > scan:
+            return sorted(found), False
+    return sorted(found), True
 
 
 def _size(n: int) -> str:

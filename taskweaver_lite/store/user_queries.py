@@ -153,6 +153,17 @@ class UserQueries:
             return None
         return row
 
+    def was_removed(self, name: str) -> bool:
+        """Whether a user of that name was removed (with `by`: `users remove`, the admin page) and not added again since.
+
+        Single sign-on reads this from the audit trail, which nothing edits: a removed user is not added back by signing in.
+        """
+        with self._read_one() as db:
+            row = db.execute(
+                "SELECT action FROM audit WHERE target = ? AND action IN ('user-added', 'user-removed') ORDER BY id DESC LIMIT 1", (name,)
+            ).fetchone()
+        return row is not None and row[0] == "user-removed"
+
     def token_id_of(self, name: str) -> str | None:
         """The public id of the user's current token (what a sign-in is made from); None when there is no such user."""
         with self._read_one() as db:

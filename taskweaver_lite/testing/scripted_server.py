@@ -242,7 +242,11 @@ class ScriptedServer:
         return math.ceil(_o200k().count(text) * self.token_ratio - 1e-9) if text else 0
 
     def prompt_tokens(self, messages: list[dict[str, Any]]) -> int:
-        """A prompt's tokens as this server counts them (its `usage.prompt_tokens`)."""
+        """A prompt's tokens as this server counts them (its `usage.prompt_tokens`); with `counts_at`, that server's count."""
+        if self.counts_at is not None:
+            listed = [{"role": m.get("role"), "content": _text_of(m.get("content"))} for m in messages if isinstance(m, dict)]
+            prompt = _post_json(f"{self.counts_at}/apply-template", {"messages": listed})["prompt"]
+            return len(_post_json(f"{self.counts_at}/tokenize", {"content": prompt, "add_special": True, "parse_special": True})["tokens"])
         if self.server_kind in ("llama.cpp", "vllm"):
             return self.tokens(chatml(messages))
         return math.ceil(_o200k_prompt([m for m in messages if isinstance(m, dict)]) * self.token_ratio - 1e-9)

@@ -58,7 +58,8 @@ STATIC = files("taskweaver_lite.web") / "static"
 _log = logging.getLogger(__name__)
 Handler = Callable[[Request], Awaitable[Response]]
 HEALTH_TIMEOUT = 3.0  # seconds the gateway gets to answer /healthz's question
-OPEN = frozenset({"/healthz", "/sign-in", "/sign-out"})  # answered without a token: a load balancer's probe, the sign-in form
+# Answered without a token: a load balancer's probe, the sign-in and sign-out forms, single sign-on's way out and back.
+OPEN = frozenset({"/healthz", "/sign-in", "/sign-out", "/oidc/sign-in", "/oidc/callback"})
 METRICS = "/metrics"
 MCP_PATH = "/mcp"
 MCP_REFUSED = -32001  # the JSON-RPC error code of a request /mcp refuses before any MCP is read (no token, a bad one, too many)
@@ -80,6 +81,13 @@ ROUTES_ABOUT = {
         "POST",
         "/sign-out",
     ): "ends the browser's sign-in in the store (its cookie is refused from then on, by every replica), drops the cookie, and goes back to the sign-in page",
+    ("GET", "/oidc/sign-in"): (
+        "with `serve.oidc`: to the OpenID Connect provider (authorization code with PKCE), the state kept in a short-lived sealed cookie"
+    ),
+    ("GET", "/oidc/callback"): (
+        "the provider's answer: the code exchanged, the ID token checked, the person let in by `serve.oidc.allowed_domains` and "
+        "`allowed_groups` (added at their first sign-in, unless removed; admin by `admin_groups`), then the sign-in cookie and the page"
+    ),
     ("GET", "/static/{name}"): "the page's own scripts, styles and vendored libraries",
     ("GET", "/api/sessions"): "the stored sessions, newest first, as `sessions --json`",
     ("POST", "/api/sessions"): (
@@ -167,7 +175,13 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
         hub.parts.fanout.close()
         workspace.close()
 
+    sso: list[Route] = []
+    if config.serve.oidc is not None:
+        from taskweaver_lite.web.oidc import Provider, oidc_routes
+
+        sso = oidc_routes(Provider(config.serve.oidc), access, key, functools.partial(_sign_in_page, access))
     routes = [
+        *sso,
         Route("/", _page(access)),
         Route("/sign-in", _sign_in(access), methods=["POST"]),
         Route("/sign-out", _sign_out(access), methods=["POST"]),
@@ -345,7 +359,9 @@ def _sign_in_page(access: Access, problem: str | None = None) -> Response:
     """The sign-in page (401), speaking of a user's own token when the server has users, else of the server's one token."""
     text = (STATIC / "signin.html").read_text(encoding="utf-8")
     who = _SIGN_IN_USERS if access.users_in_force() else _SIGN_IN_TOKEN
+    sso = f'<p><a class="sso" id="sso" href="/oidc/sign-in">Sign in with {html.escape(access.sso_label)}</a></p>' if access.sso_label else ""
     text = text.replace("{{who}}", who).replace("{{problem}}", f'<p class="problem">{html.escape(problem)}</p>' if problem else "")
+    text = text.replace("{{sso}}", sso)
     return HTMLResponse(text, status_code=401, headers=_PAGE_HEADERS)
 
 

@@ -54,8 +54,9 @@ from starlette.requests import Request
 
 from taskweaver_lite.config.settings import ServeConfig
 from taskweaver_lite.errors import ConfigError, StoreError
-from taskweaver_lite.store.interface import AuditEntry, Store, User
+from taskweaver_lite.store.interface import Actor, AuditEntry, Store, User
 from taskweaver_lite.store.users import token_id
+from taskweaver_lite.web.enrolment import admitted, enrol
 from taskweaver_lite.web.sign_in import SignIns
 
 LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
@@ -194,6 +195,7 @@ class Users:
     store: Store
     proxies: Proxies = field(default_factory=Proxies)
     sign_ins: SignIns | None = None
+    settings: ServeConfig | None = None  # auto_add_users, trusted_groups_header, allowed_groups, admin_groups
     _cached: tuple[float, Roster | None] = (0.0, None)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -238,10 +240,30 @@ class Users:
         values = request.headers.getlist(header)
         if len(values) != 1:
             return Refusal(400, f"The {header} header came {len(values)} times: the proxy must send it once.")
-        named = self.roster().by_name.get(values[0].strip())
-        if named is None:
-            return Refusal(401, f"The user named by {header} is not known here: add them with `taskweaver-lite users add NAME`.")
-        return named
+        name = values[0].strip()
+        named = self.roster().by_name.get(name)
+        settings = self.settings
+        groups_header = settings.trusted_groups_header.lower() if settings is not None and settings.trusted_groups_header else None
+        if settings is None or (named is None and not settings.auto_add_users) or (named is not None and not (groups_header and settings.admin_groups)):
+            if named is None:
+                return Refusal(
+                    401, f"The user named by {header} is not known here: add them with `taskweaver-lite users add NAME` (or set serve.auto_add_users)."
+                )
+            return named
+        # serve.auto_add_users, or admins decided by the proxy's groups: the user is enrolled as single sign-on does.
+        sent = request.headers.getlist(groups_header) if groups_header else []
+        if len(sent) > 1:
+            return Refusal(400, f"The {groups_header} header came {len(sent)} times: the proxy must send it once.")
+        groups = [group.strip() for group in sent[0].split(",") if group.strip()] if sent else []
+        admission = admitted(
+            name, groups=groups, allowed_groups=settings.allowed_groups if named is None else (), admin_groups=settings.admin_groups if groups_header else ()
+        )
+        if isinstance(admission, str):
+            return Refusal(403, admission)
+        enrolled = enrol(self.store, admission, by=Actor(f"proxy:{header}", peer(request)))
+        if isinstance(enrolled, str):
+            return Refusal(403, enrolled)
+        return enrolled
 
 
 @dataclass(frozen=True)
@@ -255,6 +277,7 @@ class Access:
     failures: FailedTokens = field(default_factory=lambda: FailedTokens(ServeConfig().failed_token_limit))
     sign_in_hours: float = ServeConfig().sign_in_hours
     sign_ins: SignIns | None = None  # None until the server has its store and key (with_users)
+    sso_label: str = ""  # the sign-in page's single sign-on button (serve.oidc.label); "": none
 
     @classmethod
     def for_address(cls, host: str, token: str | None, *, store_has_users: bool = False) -> Access:
@@ -273,12 +296,13 @@ class Access:
         trusted = proxies(settings)
         return Access(
             self.token,
-            users=Users(store, trusted, sign_ins),
+            users=Users(store, trusted, sign_ins, settings),
             public=self.public,
             proxies=trusted,
             failures=FailedTokens(settings.failed_token_limit),
             sign_in_hours=settings.sign_in_hours,
             sign_ins=sign_ins,
+            sso_label=settings.oidc.label if settings.oidc is not None else "",
         )
 
     @property

@@ -80,6 +80,15 @@ class SignInKey:
             return None
         return match.group(1)
 
+    def seal(self, text: str) -> str:
+        """`text` (no '.' in it) with this key's signature: a value a browser may carry and cannot change."""
+        return f"{text}.{self._mac('sealed ' + text)}"
+
+    def unsealed(self, value: str) -> str | None:
+        """The text `seal` signed, when this key signed it; None otherwise."""
+        text, _, mac = value.rpartition(".")
+        return text if text and hmac.compare_digest(self._mac("sealed " + text), mac) else None
+
     def _mac(self, message: str) -> str:
         return hmac.new(self.key, message.encode(), hashlib.sha256).hexdigest()
 

@@ -18,6 +18,7 @@ from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.kernel.gateway.provisioner import KERNELS, LOGS, SESSIONS, kernelspec
 from taskweaver_lite.kernel.process import make_undumpable
+from taskweaver_lite.kernel.sandbox import cgroup as kernel_cgroup
 from taskweaver_lite.kernel.sandbox.bwrap import fallback_notice, uses_sandbox
 from taskweaver_lite.telemetry.log_lines import one_line_handler
 
@@ -50,6 +51,8 @@ def check_can_start(config: Config, *, ip: str, environ: dict[str, str]) -> tupl
             f"taskweaver-lite gateway: no {TOKEN_VARIABLE} set, so every account on this machine may start kernels here "
             "and run code in any kernel whose id it learns: set it (the replicas' execution.kernel_gateway.token)."
         )
+    if config.execution.cgroup == "auto" and (reason := kernel_cgroup.probe(kernel_cgroup.caps_for(config.execution))) is not None:
+        warnings.append(kernel_cgroup.unavailable_notice(reason))
     if config.execution.sandbox == "none":
         warnings.append("execution.sandbox is none: this gateway's kernels run unsandboxed, and its users can reach each other's files and kernels.")
     elif not uses_sandbox(config.execution):

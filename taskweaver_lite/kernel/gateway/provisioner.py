@@ -15,7 +15,8 @@ projects apart:
   file: the kernel needs no network at all, and no other kernel sees either;
 - the command: the local sandbox's (`sandbox.session_sandbox`, `sandbox.kernel_command`): a uid per
   session when the gateway runs as root, its own PID namespace, no network, the syscall filter,
-  and the project's `execution.memory_limit`, `max_processes` and `disk_limit` (kept by a
+  a cgroup of its own (`sandbox/cgroup.py`: `execution.memory_limit` for all its processes
+  together, `cpu_limit`, `max_processes`), and the project's `execution.memory_limit`, `max_processes` and `disk_limit` (kept by a
   `DiskWatch` here: past it, the kernel's child processes are ended, then the kernel, found by its
   process id as bubblewrap announces it, `sandbox/kernel_pid.py`).
 
@@ -52,6 +53,7 @@ from traitlets import Unicode
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import Config
 from taskweaver_lite.kernel.process import SOCKET_PATH_LIMIT, filtered_environment
+from taskweaver_lite.kernel.sandbox import cgroup as kernel_cgroup
 from taskweaver_lite.kernel.sandbox import syscall_filter
 from taskweaver_lite.kernel.sandbox.bwrap import SandboxPlan, kernel_command, session_sandbox, uses_sandbox
 from taskweaver_lite.kernel.sandbox.disk_limit import DiskWatch, Reached, end_children
@@ -115,6 +117,7 @@ class SandboxProvisioner(LocalProvisioner):
     plan: SandboxPlan | None = None
     _seccomp_fd: int | None = None
     _sandbox_info: SandboxInfo | None = None
+    _cgroup: kernel_cgroup.KernelCgroup | None = None
     _socket_dir: Path | None = None
     _disk: DiskWatch | None = None
     _log: int | None = None  # the session's log, open for the kernel's stdout and stderr
@@ -153,12 +156,14 @@ class SandboxProvisioner(LocalProvisioner):
             if uses_sandbox(execution)
             else None
         )
+        if self._cgroup is None:  # the gateway said at start, in one line, when none can be made here
+            self._cgroup, _ = kernel_cgroup.for_kernel(execution)
         kwargs["env"] = kernel_environment(given, allowed=execution.allowed_env)
         kwargs["cwd"] = str(root if self.plan is None else cwd)
         launch = await super().pre_launch(**kwargs)
         if self.plan is not None and self.plan.run_as is not None:
             os.chown(km.connection_file, self.plan.run_as, self.plan.run_as)  # written by the gateway, read by the kernel's own uid
-        launch["cmd"] = kernel_command(launch["cmd"], config=execution, plan=self.plan)
+        launch["cmd"] = kernel_command(launch["cmd"], config=execution, plan=self.plan, cgroup=self._cgroup)
         return launch
 
     def _sockets(self, root: Path) -> Path:
@@ -241,6 +246,9 @@ class SandboxProvisioner(LocalProvisioner):
         if self._sandbox_info is not None:
             self._sandbox_info.close()
             self._sandbox_info = None
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
 
 
 def kernels_of_session(manager: Any, session: str) -> list[str]:

@@ -16,10 +16,12 @@ bubblewrap's `--disable-userns` also keeps the sandbox's user namespace from mak
 
 Limits apply with or without the sandbox: `execution.memory_limit` as the address-space limit of
 every process of the kernel (a cell that passes it gets a MemoryError, or the kernel dies and is
-restarted, and the model is told), `execution.max_processes` inside the sandbox, and
-`execution.disk_limit` as the largest file any of them may write (`disk_limit.py` keeps the
-total). They are set by `limits.py`, which runs first and then becomes the kernel (exec), so no
-shell is involved.
+restarted, and the model is told) and, where the kernel has a cgroup of its own (cgroup.py), as
+the total of all its processes, with `execution.cpu_limit`; `execution.max_processes` inside the
+sandbox and in the cgroup, and `execution.disk_limit` as the largest file any of them may write
+(`disk_limit.py` keeps the total). They are set by `limits.py`, which runs first and then becomes
+the kernel (exec), so no shell is involved; with a cgroup, a first `limits.py` outside bubblewrap
+joins it and becomes bubblewrap.
 
 The user's `execution.mounts` are bound at their own path, read-only unless `rw`, after the hidden
 folders are emptied (a hidden folder inside a mount is emptied again); the folders of another
@@ -41,6 +43,7 @@ from pathlib import Path
 from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.kernel.sandbox import identity, limits
+from taskweaver_lite.kernel.sandbox.cgroup import KernelCgroup
 
 NOBODY = 65534
 PACKAGE = "bubblewrap"
@@ -210,21 +213,23 @@ def session_sandbox(
     return plan
 
 
-def kernel_command(argv: Sequence[str], *, config: ExecutionConfig, plan: SandboxPlan | None) -> list[str]:
-    """`argv` (ipykernel) behind the limits launcher and, with a plan, inside bwrap."""
+def kernel_command(argv: Sequence[str], *, config: ExecutionConfig, plan: SandboxPlan | None, cgroup: KernelCgroup | None = None) -> list[str]:
+    """`argv` (ipykernel) behind the limits launcher and, with a plan, inside bwrap; with a cgroup, joined before either starts."""
     uid = plan.run_as if plan is not None else None
     # RLIMIT_NPROC counts every process of the user: the cap comes on top of what the user runs now
     # (nothing, for a kernel's own uid: it was picked for having no process).
     running = 0 if uid is not None and identity.in_range(uid) else limits.user_tasks(os.getuid() if uid is None else uid)
     processes = running + config.max_processes if plan is not None else None
     caps = limits.arguments(memory=config.memory_limit_bytes(), processes=processes, uid=uid, file_size=config.disk_limit_bytes())
-    launcher = [sys.executable, "-I", "-S", limits.__file__, *caps, "--"]
+    joins = limits.join_arguments(cgroup.join_files()) if cgroup is not None else []
     if plan is None:
-        return [*launcher, *argv]
+        return [sys.executable, "-I", "-S", limits.__file__, *joins, *caps, "--", *argv]
     bwrap = bwrap_path()
     if bwrap is None:
         raise ConfigError(f"`bwrap` is not installed: install the {PACKAGE} package (Debian/Ubuntu: sudo apt-get install {PACKAGE}).")
-    return [bwrap, *bwrap_arguments(plan), *launcher, *argv]
+    launcher = [sys.executable, "-I", "-S", limits.__file__, *caps, "--"]
+    outside = [sys.executable, "-I", "-S", limits.__file__, *joins, "--"] if joins else []  # the sandbox cannot write to the cgroup's files
+    return [*outside, bwrap, *bwrap_arguments(plan), *launcher, *argv]
 
 
 def bwrap_arguments(plan: SandboxPlan) -> list[str]:

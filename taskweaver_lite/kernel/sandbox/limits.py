@@ -1,4 +1,8 @@
-"""Run a command under the kernel's limits: `python limits.py [--memory B] [--processes N] [--file-size B] [--uid U] -- command...`.
+"""Run a command under the kernel's limits: `python limits.py [--join FILE]... [--memory B] [--processes N] [--file-size B] [--uid U] -- command...`.
+
+Joins the kernel's cgroup first (`--join`: a `cgroup.procs` file of cgroup.py's, one per
+controller on cgroup v1), so that everything the command starts is in it: run outside
+bubblewrap for that, since the sandbox cannot write there.
 
 Sets the address-space limit (bytes), the largest file any process may write (`RLIMIT_FSIZE`,
 the disk limit: the program lowers the soft limit to the room left before each cell) and the
@@ -41,11 +45,21 @@ def user_tasks(uid: int) -> int:
     return count
 
 
+def join_arguments(files: Sequence[str]) -> list[str]:
+    """This launcher's options to join the cgroup whose `cgroup.procs` files are `files`."""
+    return [arg for file in files for arg in ("--join", file)]
+
+
 def main(argv: Sequence[str]) -> None:
     """Apply the limits in `argv` and exec the command after `--`."""
     split = list(argv).index("--")
     options, command = list(argv[:split]), list(argv[split + 1 :])
-    values = dict(zip(options[::2], (int(v) for v in options[1::2]), strict=True))
+    pairs = list(zip(options[::2], options[1::2], strict=True))
+    for flag, file in pairs:
+        if flag == "--join":
+            with open(file, "w", encoding="ascii") as procs:
+                procs.write(str(os.getpid()))
+    values = {flag: int(value) for flag, value in pairs if flag != "--join"}
     if "--memory" in values:
         resource.setrlimit(resource.RLIMIT_AS, (values["--memory"], values["--memory"]))
     if "--file-size" in values:

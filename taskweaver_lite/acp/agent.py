@@ -1,0 +1,383 @@
+"""This agent for editors: an Agent Client Protocol agent (Zed, JetBrains, Neovim, JupyterLab's chat).
+
+`taskweaver-lite acp -p PROJECT` speaks ACP on its standard input and output through the official
+Python SDK. The editor starts it and talks to it:
+
+- `initialize`: it declares `loadSession` (stored sessions are resumed), text prompts with links
+  to files, and MCP servers run by a command;
+- `session/new`: a new stored session, whose id is the ACP session id. Its kernel starts at once,
+  in the sandbox as always; the editor's folder (`cwd`) is lent to it read-only and the editor's
+  MCP servers join that session's `mcp.servers` (folders.py says when either is left out);
+- `session/prompt`: one chat turn (the Planner, the CodeGenerator, the kernel, compression, the
+  store), streamed as it happens (updates.py): the answer, the plan, each cell as an `execute`
+  tool call with its code and output, a reasoning model's thinking;
+- `session/cancel`: Ctrl-C: the running cell is interrupted, the turn ends `cancelled`, the session
+  and its variables stay;
+- `session/load`: a stored session resumed (its cells re-run to rebuild its variables) and its
+  history sent back as updates;
+- with `execution.confirm: true`, each cell is first asked for with `session/request_permission`
+  (run it once, run every cell of this session, or not): a rejected cell does not run, and the
+  CodeGenerator is told the user declined it.
+
+Bad input (an unknown session, an empty or overlong prompt, a folder that is not one) is a JSON-RPC
+error of one line, and nothing is stored for it. At most MAX_OPEN_SESSIONS sessions keep their
+kernels; the one idle longest is closed (it stays stored) and reopened when prompted again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+from urllib.parse import unquote, urlsplit
+
+from acp import PROTOCOL_VERSION, Agent, Client, RequestError, run_agent, update_agent_message_text
+from acp.schema import (
+    AgentCapabilities,
+    AllowedOutcome,
+    Implementation,
+    InitializeResponse,
+    LoadSessionResponse,
+    McpCapabilities,
+    NewSessionResponse,
+    PermissionOption,
+    PromptCapabilities,
+    PromptResponse,
+    StopReason,
+    ToolCallUpdate,
+)
+from acp.stdio import stdio_streams
+
+from taskweaver_lite import __version__
+from taskweaver_lite.acp.folders import EditorSettings, FolderError, editor_settings
+from taskweaver_lite.acp.turn import Outbox, TurnThread, ask_client
+from taskweaver_lite.acp.updates import TurnUpdates, Update, code_content, history_updates
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.config.settings import Config
+from taskweaver_lite.errors import ConfigError, TaskWeaverError, UnknownSessionError
+from taskweaver_lite.kernel.executor import close_thread_loop
+from taskweaver_lite.records.conversation import Round
+from taskweaver_lite.safety.confirm import CellChoice
+from taskweaver_lite.session.session import Session
+from taskweaver_lite.session.workspace import Workspace
+
+# The longest prompt taken, its links and embedded files included (larger files: link them, the code reads them).
+MAX_PROMPT_CHARS = 20_000
+# Sessions kept open with their kernels; the one idle longest is closed (it stays stored).
+MAX_OPEN_SESSIONS = 4
+# Seconds a turn gets to stop its cell and store its failed round when the connection goes.
+STOP_WAIT = 30.0
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+FOLDER_NOTE = "The user's folder {folder} (open in their editor) is readable by the code at that path, read-only."
+ALLOW_ONCE, ALLOW_ALWAYS, REJECT = "allow_once", "allow_always", "reject_once"
+PERMISSION_OPTIONS = [
+    PermissionOption(option_id=ALLOW_ONCE, name="Run this cell", kind="allow_once"),
+    PermissionOption(option_id=ALLOW_ALWAYS, name="Run every cell of this session", kind="allow_always"),
+    PermissionOption(option_id=REJECT, name="Do not run it", kind="reject_once"),
+]
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+
+def bad_input(message: str) -> RequestError:
+    """Invalid params, with one line for the person behind the editor."""
+    return RequestError(INVALID_PARAMS, one_line(message))
+
+
+def one_line(text: str) -> str:
+    """`text` on one line (a config error names file, line and key over several)."""
+    return " ".join(text.split())
+
+
+class CellPermission:
+    """`execution.confirm` in an editor: each cell asked for with session/request_permission, from the turn's thread."""
+
+    def __init__(self, agent: EditorAgent) -> None:
+        self._agent = agent
+        self.session_id = ""
+        self.updates: TurnUpdates | None = None  # the running turn's: the cell's tool call is announced there
+        self.run_all = False  # "Run every cell of this session" was chosen
+
+    def __call__(self, code: str) -> CellChoice:
+        """Run, or skip (the CodeGenerator hears the user declined); a cancel while asking is KeyboardInterrupt."""
+        if self.run_all or self.updates is None:
+            return CellChoice.run(code)
+        call_id = self.updates.announce(code)
+        option = ask_client(self._agent.loop, self._agent.permission(self.session_id, call_id, code))
+        if option == ALLOW_ALWAYS:
+            self.run_all = True
+        return CellChoice.run(code) if option in (ALLOW_ONCE, ALLOW_ALWAYS) else CellChoice.skip(code)
+
+
+@dataclass
+class EditorSession:
+    """A session open for the editor: what it was opened with, its running turn, and its permission (with execution.confirm)."""
+
+    session: Session
+    cwd: str
+    servers: list[Any]
+    permission: CellPermission | None = None
+    turn: TurnThread[Round] | None = None
+
+
+class EditorAgent:
+    """The ACP agent: the sessions it opened, by id (the one idle longest first), over one workspace."""
+
+    def __init__(self, workspace: Workspace, *, overrides: Sequence[str] = (), max_open: int = MAX_OPEN_SESSIONS) -> None:
+        """`overrides`: the command's --set values, stored with each new session so that `chat --resume` applies them again."""
+        self.workspace = workspace
+        self.overrides = list(overrides)
+        self.max_open = max_open
+        self.open: OrderedDict[str, EditorSession] = OrderedDict()
+        self.closed: dict[str, tuple[str, list[Any]]] = {}  # sessions closed for room: their folder and servers, to reopen them
+        self._client: Client | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._outbox: Outbox[tuple[str, Update]] | None = None
+
+    def on_connect(self, conn: Client) -> None:
+        """The client's side of the connection: updates and permission requests go to it."""
+        self._client = conn
+        self._loop = asyncio.get_running_loop()
+        self._outbox = Outbox(self._loop, lambda item: conn.session_update(session_id=item[0], update=item[1]))
+
+    async def initialize(self, protocol_version: int, client_capabilities: Any = None, client_info: Any = None, **_: Any) -> InitializeResponse:
+        """What this agent does: load sessions, text prompts with file links, MCP servers run by a command."""
+        capabilities = AgentCapabilities(
+            load_session=True,
+            prompt_capabilities=PromptCapabilities(image=False, audio=False, embedded_context=False),
+            mcp_capabilities=McpCapabilities(http=False, sse=False),
+        )
+        info = Implementation(name="taskweaver-lite", title="TaskWeaver Lite", version=__version__)
+        return InitializeResponse(protocol_version=min(protocol_version, PROTOCOL_VERSION), agent_capabilities=capabilities, agent_info=info)
+
+    async def authenticate(self, method_id: str, **_: Any) -> None:
+        """Nothing to sign in to: the model's key is the project's."""
+        return None
+
+    async def new_session(self, cwd: str, mcp_servers: list[Any] | None = None, **_: Any) -> NewSessionResponse:
+        """A new stored session for the editor's folder, its kernel starting."""
+        servers = list(mcp_servers or [])
+        config, settings = self._config(cwd, servers)
+
+        def opened() -> EditorSession:
+            permission = CellPermission(self) if config.execution.confirm else None
+            session = self.workspace.reconfigured(config).new_session(confirm=permission)
+            self.workspace.store.save_overrides(session.id, self.overrides)
+            if settings.lent is not None:
+                session.note(FOLDER_NOTE.format(folder=settings.lent))
+            return EditorSession(session, cwd, servers, permission=permission)
+
+        entry = await self._blocking(opened, failure="The session could not be opened")
+        await self._keep(entry)
+        return NewSessionResponse(session_id=entry.session.id)
+
+    async def load_session(self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None, **_: Any) -> LoadSessionResponse:
+        """A stored session resumed (unless open here already), its history sent back as updates before the answer."""
+        entry = self.open.get(session_id) or await self._resume(session_id, cwd, list(mcp_servers or []))
+        for update in history_updates(entry.session.conversation.rounds):
+            self._send(session_id, update)
+        await self._flush()
+        return LoadSessionResponse()
+
+    async def prompt(self, prompt: list[Any], session_id: str, **_: Any) -> PromptResponse:
+        """One chat turn, streamed; ends `end_turn`, or `cancelled` after a cancel (the session stays)."""
+        text = prompt_text(prompt)
+        entry = await self._entry(session_id)
+        if entry.turn is not None:
+            raise bad_input(f"session {session_id} is answering another prompt: cancel it or wait for its answer")
+        session, permission = entry.session, entry.permission
+        updates = TurnUpdates(lambda update: self._send(session_id, update), show_reasoning=session.config.llm.show_reasoning)
+        session.add_listener(updates.listen)
+        if permission is not None:
+            permission.session_id, permission.updates = session_id, updates
+        turn = entry.turn = TurnThread(self.loop, lambda: session.ask(text), executor=session.executor).start()
+        stop: StopReason = "end_turn"
+        try:
+            rnd = await asyncio.shield(turn.result)
+            if rnd.state == "failed":
+                self._send(session_id, update_agent_message_text(f"This request failed: {rnd.error or 'no answer'}"))
+        except KeyboardInterrupt:
+            stop = "cancelled"
+        except TaskWeaverError as exc:  # the model or the kernel failed: the round is stored failed, the session goes on
+            self._send(session_id, update_agent_message_text(f"This request failed: {exc} (the session is kept)"))
+        except asyncio.CancelledError:  # the connection is going: the turn stops as on a cancel
+            turn.cancel()
+            await asyncio.wait([turn.result], timeout=STOP_WAIT)
+            raise
+        finally:
+            session.remove_listener(updates.listen)
+            entry.turn = None
+            if permission is not None:
+                permission.updates = None
+        await self._flush()
+        return PromptResponse(stop_reason=stop)
+
+    async def cancel(self, session_id: str, **_: Any) -> None:
+        """Stop the session's running turn as Ctrl-C does (nothing when none runs)."""
+        entry = self.open.get(session_id)
+        if entry is not None and entry.turn is not None:
+            entry.turn.cancel()
+
+    async def permission(self, session_id: str, call_id: str, code: str) -> str:
+        """The option the person chose for one cell; a cancelled request is the turn's cancel (KeyboardInterrupt)."""
+        await self._flush()  # the cell's tool call reaches the editor before the question about it
+        assert self._client is not None
+        asked = ToolCallUpdate(tool_call_id=call_id, kind="execute", status="pending", content=[code_content(code)], raw_input={"code": code})
+        try:
+            response = await self._client.request_permission(session_id=session_id, tool_call=asked, options=PERMISSION_OPTIONS)
+        except RequestError as exc:  # the editor could not ask: the cell is not run
+            log.warning("The editor could not ask about a cell (%s): it is not run", exc)
+            return REJECT
+        if not isinstance(response.outcome, AllowedOutcome):
+            raise KeyboardInterrupt  # the prompt was cancelled while the person was being asked
+        return response.outcome.option_id
+
+    def _config(self, cwd: str, servers: list[Any], *, remembered: Sequence[str] = ()) -> tuple[Config, EditorSettings]:
+        """The project's config with this command's --set values, a resumed session's, and the editor's folder and servers."""
+        project = self.workspace.config.project_dir
+        try:
+            base = load_config(project, [*remembered, *self.overrides]) if remembered else self.workspace.config
+            settings = editor_settings(base, cwd=cwd, servers=servers)
+            config = load_config(project, [*remembered, *self.overrides, *settings.overrides]) if settings.overrides else base
+        except FolderError as exc:
+            raise bad_input(str(exc)) from None
+        except ConfigError as exc:
+            raise bad_input(f"The editor's settings do not fit the project's config: {exc}") from None
+        for notice in settings.notices:
+            print(notice, file=sys.stderr)
+        return config, settings
+
+    async def _resume(self, session_id: str, cwd: str, servers: list[Any]) -> EditorSession:
+        """A stored session opened here with its variables rebuilt; bad input when there is no such session."""
+        try:
+            found = self.workspace.store.resolve(session_id)
+        except UnknownSessionError:
+            found = None
+        if found != session_id:  # an ACP session id is a whole id, never 'last' or a prefix
+            raise bad_input(f"no session {session_id!r} in this project (session/new starts one)")
+        config, _ = self._config(cwd, servers, remembered=self.workspace.remembered_overrides(session_id))
+
+        def resumed() -> EditorSession:
+            permission = CellPermission(self) if config.execution.confirm else None
+            session, _ = self.workspace.reconfigured(config).resume_session(session_id, confirm=permission)
+            return EditorSession(session, cwd, servers, permission=permission)
+
+        entry = await self._blocking(resumed, failure=f"Session {session_id} could not be resumed")
+        self.closed.pop(session_id, None)
+        await self._keep(entry)
+        return entry
+
+    async def _entry(self, session_id: str) -> EditorSession:
+        """The open session `session_id` names; one closed for room is reopened; bad input for others."""
+        entry = self.open.get(session_id)
+        if entry is not None:
+            self.open.move_to_end(session_id)
+            return entry
+        if session_id in self.closed:
+            cwd, servers = self.closed[session_id]
+            return await self._resume(session_id, cwd, servers)
+        raise bad_input(f"no open session {session_id!r}: start one with session/new, or resume a stored one with session/load")
+
+    async def _keep(self, entry: EditorSession) -> None:
+        """Keep `entry` open; close the sessions idle longest beyond max_open (they stay stored and reopen when prompted)."""
+        self.open[entry.session.id] = entry
+        idle = [key for key, kept in self.open.items() if key != entry.session.id and kept.turn is None]
+        for key in idle[: max(0, len(self.open) - self.max_open)]:
+            closing = self.open.pop(key)
+            self.closed[key] = (closing.cwd, closing.servers)
+            await asyncio.to_thread(closing.session.close)
+
+    async def _blocking(self, work: Callable[[], _T], *, failure: str) -> _T:
+        """`work` (opening, resuming: the store, a kernel, cells re-run) on a thread; its failure is an error of one line."""
+
+        def run() -> _T:
+            try:
+                return work()
+            finally:
+                close_thread_loop()  # the kernel client's loop of this thread
+
+        try:
+            return await asyncio.to_thread(run)
+        except TaskWeaverError as exc:  # open in another program, a kernel that cannot start
+            raise RequestError(INTERNAL_ERROR, one_line(f"{failure}: {exc}")) from None
+
+    def _send(self, session_id: str, update: Update) -> None:
+        if self._outbox is not None:
+            self._outbox.put((session_id, update))
+
+    async def _flush(self) -> None:
+        if self._outbox is not None:
+            await self._outbox.flush()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The protocol's event loop (known once the client connected)."""
+        assert self._loop is not None, "on_connect comes first"
+        return self._loop
+
+    def close(self) -> None:
+        """Close every open session (each stays stored)."""
+        entries, self.open = list(self.open.values()), OrderedDict()
+        for entry in entries:
+            if entry.turn is not None:
+                entry.turn.cancel()
+            entry.session.close()
+
+
+def prompt_text(blocks: Sequence[Any]) -> str:
+    """The request a prompt's content makes: its text, each linked file named by its path; bad input otherwise."""
+    parts: list[str] = []
+    for block in blocks:
+        kind = getattr(block, "type", "")
+        if kind == "text":
+            parts.append(block.text)
+        elif kind == "resource_link":
+            parts.append(f"(the file {file_path(block.uri)})")
+        elif kind == "resource" and hasattr(block.resource, "text"):
+            parts.append(f"The file {file_path(block.resource.uri)}:\n{block.resource.text}")
+        else:
+            raise bad_input(f"a prompt takes text and links to files, not {kind or 'this'} content")
+    text = "\n\n".join(part for part in parts if part.strip())
+    if not text.strip():
+        raise bad_input("the prompt is empty: write a request")
+    if len(text) > MAX_PROMPT_CHARS:
+        raise bad_input(f"the prompt has {len(text):,} characters; at most {MAX_PROMPT_CHARS:,} are taken (link large files rather than pasting them)")
+    return text
+
+
+def file_path(uri: str) -> str:
+    """A file:// address as the path the kernel reads; other addresses as they are."""
+    parts = urlsplit(uri)
+    return unquote(parts.path) if parts.scheme == "file" else uri
+
+
+async def serve(workspace: Workspace, overrides: Sequence[str] = ()) -> None:
+    """Speak ACP on stdin and stdout until the editor closes them; every session opened is closed (and stays stored).
+
+    Only the protocol reaches standard output: whatever else this process (a role, a library)
+    prints goes to standard error, which editors keep as the agent's log.
+    """
+    protocol = os.dup(sys.stdout.fileno())
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    sys.stdout = os.fdopen(protocol, "w")
+    try:
+        reader, writer = await stdio_streams()
+    except ValueError:  # asyncio takes pipes, sockets and terminals only
+        raise ConfigError(
+            "taskweaver-lite acp talks to an editor over pipes: let the editor start it (see the 'In your editor' page), "
+            "rather than running it with its input or output in a file"
+        ) from None
+    finally:
+        sys.stdout = sys.stderr
+    agent = EditorAgent(workspace, overrides=overrides)
+    try:
+        # The SDK's Agent protocol lists every method; those left out here are answered 'method not found' by its router.
+        await run_agent(cast(Agent, agent), writer, reader)
+    finally:
+        await asyncio.to_thread(agent.close)

@@ -1,0 +1,133 @@
+"""Single sign-on with a real OpenID Connect provider, in a real browser: panva's oidc-provider (npm) started here,
+`serve` with `serve.oidc`, headless Chromium signing in through the provider's own login and consent pages.
+
+A first allowed sign-in adds the user (an admin by `admin_groups`), one from a domain not allowed is
+refused, and a user removed since stays out. Skipped without node's oidc-provider (`.ci/run` installs
+it into build/npm) or Chromium.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from helpers import OIDC_PROVIDER_MODULE, make_project, oidc_provider
+
+from taskweaver_lite.cli.main import main
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.testing.web_server import WebServer
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+pytestmark = [
+    pytest.mark.team,
+    pytest.mark.skipif(CHROMIUM is None or DRIVER is None, reason="Chromium and chromedriver are not installed: apt-get install chromium chromium-driver"),
+    pytest.mark.skipif(shutil.which("node") is None or not OIDC_PROVIDER_MODULE.exists(), reason="oidc-provider is not in build/npm (.ci/run installs it)"),
+]
+SECRET = "client-secret-for-the-tests-0123456789"
+ACCOUNTS = {
+    "carol": {"email": "carol@example.org", "groups": ["analysts", "tw-admins"]},
+    "dan": {"email": "dan@example.org", "groups": ["analysts"]},
+    "eve": {"email": "eve@elsewhere.test", "groups": ["analysts"]},
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=str(DRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def sign_in_at_the_provider(browser: Any, url: str, login: str) -> str:
+    """Open the page, press the single sign-on button, sign in and consent at the provider; the text the browser ends on."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.delete_all_cookies()
+    browser.get(url + "/")
+    WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.ID, "sso")).pop().click()
+    WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.NAME, "login")).pop().send_keys(login)
+    browser.find_element(By.NAME, "password").send_keys("any password\n")
+
+    def landed(d: Any) -> bool:
+        consent = d.find_elements(By.CSS_SELECTOR, "input[name=prompt][value=consent]")
+        if consent:
+            consent[0].find_element(By.XPATH, "./ancestor::form").submit()
+            return False
+        return bool(d.current_url.startswith(url) and (d.find_elements(By.ID, "new-session") or d.find_elements(By.NAME, "token")))
+
+    WebDriverWait(browser, 60).until(landed)
+    return str(browser.find_element(By.TAG_NAME, "body").text)
+
+
+def test_a_first_allowed_sign_in_adds_the_user_a_domain_not_allowed_is_refused_and_a_removed_user_stays_out(
+    tmp_path: Path, browser: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    project = make_project(tmp_path, "http://127.0.0.1:9")
+    assert main(["users", "add", "root", "--admin", "-p", str(project)]) == 0
+    provider_port = _free_port()
+    issuer = f"http://127.0.0.1:{provider_port}"
+    oidc = {
+        "issuer": issuer, "client_id": "taskweaver", "client_secret": SECRET, "allowed_domains": ["example.org"],
+        "admin_groups": ["tw-admins"], "scopes": ["openid", "email", "profile", "groups"], "label": "the test provider",
+    }  # fmt: skip
+    config = load_config(project, [f"serve.oidc={json.dumps(oidc)}"])
+    web = WebServer(config)
+    with oidc_provider(port=provider_port, redirect_uris=[f"{web.url}/oidc/callback"], accounts=ACCOUNTS, client_secret=SECRET), web:
+        shown = sign_in_at_the_provider(browser, web.url, "carol")
+        assert browser.find_elements(By.ID, "new-session"), f"carol's first sign-in signs the page in: {shown}"
+        cookie = next(c for c in browser.get_cookies() if c["name"] == "twl_sign_in")
+        with httpx.Client(base_url=web.url, cookies={"twl_sign_in": cookie["value"]}) as client:
+            assert client.get("/api/sessions").status_code == 200
+        capsys.readouterr()
+        assert main(["users", "list", "--json", "-p", str(project)]) == 0
+        users = {u["name"]: u["admin"] for u in json.loads(capsys.readouterr().out)}
+        assert users == {"root": True, "carol@example.org": True}, f"added at her first sign-in, an admin by admin_groups: {users}"
+
+        shown = sign_in_at_the_provider(browser, web.url, "dan")
+        assert browser.find_elements(By.ID, "new-session"), shown
+        capsys.readouterr()
+        assert main(["users", "list", "--json", "-p", str(project)]) == 0
+        assert {u["name"]: u["admin"] for u in json.loads(capsys.readouterr().out)}["dan@example.org"] is False
+
+        shown = sign_in_at_the_provider(browser, web.url, "eve")
+        assert "only addresses at example.org" in shown and not browser.find_elements(By.ID, "new-session"), shown
+
+        assert main(["users", "remove", "carol@example.org", "-p", str(project)]) == 0
+        shown = sign_in_at_the_provider(browser, web.url, "carol")
+        assert "was removed" in shown and not browser.find_elements(By.ID, "new-session"), "a removed user stays out"
+        capsys.readouterr()
+        assert main(["audit", "--json", "-p", str(project)]) == 0
+        entries = [(e["actor"], e["action"], e["target"]) for e in json.loads(capsys.readouterr().out)]
+        actor = f"oidc:127.0.0.1:{provider_port}"
+        for expected in [
+            (actor, "user-added", "carol@example.org"),
+            ("carol@example.org", "sign-in", "carol@example.org"),
+            (actor, "sign-in-refused", "eve@elsewhere.test"),
+            (actor, "sign-in-refused", "carol@example.org"),
+        ]:
+            assert expected in entries, (expected, entries)
