@@ -28,7 +28,7 @@ from taskweaver_lite.testing.postgres_cluster import PostgresCluster
 from taskweaver_lite.testing.replicas import run_code_model
 from taskweaver_lite.testing.scripted_server import ScriptedServer
 
-pytestmark = pytest.mark.team
+pytestmark = [pytest.mark.team, pytest.mark.timeout(300)]  # a gateway, two replicas and PostgreSQL started in order on a loaded machine
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((REPO / "deploy" / "compose.yaml").read_text(encoding="utf-8"))["services"]

@@ -29,7 +29,7 @@ from taskweaver_lite.testing.postgres_cluster import PostgresCluster
 from taskweaver_lite.testing.replicas import ServeProcess, run_code_model, write_team_project
 from taskweaver_lite.testing.scripted_server import ScriptedServer
 
-pytestmark = pytest.mark.team
+pytestmark = [pytest.mark.team, pytest.mark.timeout(300)]  # a gateway, two replicas, PostgreSQL and 12 kernels on a loaded machine
 
 KERNELS_PER_USER = 8
 SETTING = "gateway.max_kernels_per_user"
