@@ -47,7 +47,7 @@ def bare(project: Path, overrides: list[str], rounds: int) -> float:
 def harness(project: Path, overrides: list[str], rounds: int) -> tuple[float, float, float]:
     """Seconds per round through the examiner loop; of those, the examiner model's, and the harness's own."""
     config = load_config(project, overrides)
-    examiner = MeteredModel(OpenAIChatModel(config.llm.model_copy(update={"json_mode": False})))
+    examiner = MeteredModel(OpenAIChatModel(config.llm.model_copy(update={"structured": "off"})))
     calls: list[float] = []
     timed = _Timed(examiner, calls)
     asking: list[float] = []
@@ -75,10 +75,10 @@ class _Timed(ModelDefaults):
     def __init__(self, inner: MeteredModel, calls: list[float]) -> None:
         self.inner, self.calls = inner, calls
 
-    def complete(self, messages, *, purpose, max_tokens=None, on_delta=None):  # the ChatModel signature, as MeteredModel has it
+    def complete(self, messages, *, purpose, max_tokens=None, on_delta=None, schema=None):  # the ChatModel signature, as MeteredModel has it
         started = time.perf_counter()
         try:
-            return self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+            return self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta, schema=schema)
         finally:
             self.calls.append(time.perf_counter() - started)
 

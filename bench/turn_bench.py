@@ -44,6 +44,7 @@ from taskweaver_lite.kernel.base import SessionKernel
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.interface import Executor, OutputSink
 from taskweaver_lite.llm.client import DeltaSink, MeteredModel, ModelDefaults, OpenAIChatModel
+from taskweaver_lite.llm.replies import ReplySchema
 from taskweaver_lite.records.execution import ExecutionResult, KernelEnvironment, Variable
 from taskweaver_lite.records.model_calls import Completion, Message
 from taskweaver_lite.session.session import Session
@@ -174,10 +175,12 @@ class TimedModel(ModelDefaults):
         self.inner = inner
         self.seconds = 0.0
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None, schema: ReplySchema | None = None
+    ) -> Completion:
         started = time.thread_time()
         try:
-            return self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+            return self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta, schema=schema)
         finally:
             if threading.current_thread() is threading.main_thread():
                 self.seconds += time.thread_time() - started
@@ -248,9 +251,15 @@ def tracing_absent() -> Iterator[None]:
     """The code path as it was before tracing: each traced method's untraced body called directly, the helpers doing nothing."""
 
     def complete(
-        self: MeteredModel, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None
+        self: MeteredModel,
+        messages: Sequence[Message],
+        *,
+        purpose: str,
+        max_tokens: int | None = None,
+        on_delta: DeltaSink | None = None,
+        schema: ReplySchema | None = None,
     ) -> Completion:
-        return self._metered(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+        return self._metered(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta, schema=schema)
 
     def run(self: SessionKernel, code: str, *, timeout: float | None = None, on_output: OutputSink | None = None) -> ExecutionResult:
         return self._run(code, timeout=timeout, on_output=on_output)

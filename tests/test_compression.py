@@ -19,6 +19,7 @@ import pytest
 from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ContextOverflowError
 from taskweaver_lite.llm.client import DeltaSink, ModelDefaults, OpenAIChatModel
+from taskweaver_lite.llm.replies import ReplySchema
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import ContextSettings, RoleContext
 from taskweaver_lite.memory.summary import CompressionState
@@ -73,9 +74,11 @@ class SummaryModel:
 
         self.server.set_default("compression", respond)
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None, schema: ReplySchema | None = None
+    ) -> Completion:
         """The real client's call (for code that takes the model itself; `context` hands the client to RoleContext)."""
-        return self.client.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+        return self.client.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta, schema=schema)
 
     @property
     def calls(self) -> list[tuple[str, list[Message]]]:
@@ -384,11 +387,13 @@ class BrokenOnce(ModelDefaults):
         self.inner = inner
         self.raised = False
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None, schema: ReplySchema | None = None
+    ) -> Completion:
         if not self.raised:
             self.raised = True
             raise RuntimeError("summariser bug\nsecond line")
-        return self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+        return self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta, schema=schema)
 
 
 def test_an_unexpected_error_in_a_fold_is_a_failed_fold_not_a_thread_traceback(monkeypatch: pytest.MonkeyPatch) -> None:

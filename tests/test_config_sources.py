@@ -90,7 +90,7 @@ TASKWEAVER_JSON = {
 def test_taskweavers_json_config_is_read_with_its_keys_mapped_and_the_rest_listed(tmp_path: Path) -> None:
     project = project_with(tmp_path, json.dumps(TASKWEAVER_JSON), name="taskweaver_config.json")
     config = load_config(project)
-    assert (config.llm.api_base, config.llm.model, config.llm.json_mode) == ("http://localhost:11434/v1", "qwen2.5-coder:7b", False)
+    assert (config.llm.api_base, config.llm.model, config.llm.structured) == ("http://localhost:11434/v1", "qwen2.5-coder:7b", "off")
     assert config.llm.api_key is not None and config.llm.api_key.get_secret_value() == "ignored"
     assert (config.planner.prompt_compression, config.code_generator.prompt_compression) == (False, True)
     assert config.code_generator.auto_plugin_selection and config.round_compressor.rounds_to_retain == 1

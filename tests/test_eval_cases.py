@@ -199,10 +199,9 @@ def test_the_examiner_and_the_judge_default_to_the_projects_model_and_take_parti
     (tmp_path / "taskweaver_config.yaml").write_text("llm: {model: agent-model, context_window: 32000}\n", encoding="utf-8")
     plain = load_config(tmp_path)
     assert eval_llm(plain, "judge").model == eval_llm(plain, "examiner").model == "agent-model"
-    assert eval_llm(plain, "judge").json_mode and not eval_llm(plain, "examiner").json_mode  # the examiner writes prose
-    config = load_config(tmp_path, ["eval.judge.llm.model=judge-model", "eval.examiner.llm.json_mode=true"])
+    config = load_config(tmp_path, ["eval.judge.llm.model=judge-model", "eval.examiner.llm.structured=off"])
     assert eval_llm(config, "judge").model == "judge-model" and eval_llm(config, "judge").context_window == 32000
-    assert eval_llm(config, "examiner").json_mode
+    assert (eval_llm(config, "judge").structured, eval_llm(config, "examiner").structured) == ("auto", "off")
     broken = load_config(tmp_path, ["eval.examiner.llm.context_window=300"])
     with pytest.raises(ConfigError, match=r"eval\.examiner\.llm \(over llm\).*context_window"):
         eval_llm(broken, "examiner")

@@ -25,6 +25,7 @@ from taskweaver_lite.errors import (
     LLMUnreachableError,
 )
 from taskweaver_lite.llm.client import DeltaSink, MeteredModel, ModelDefaults, OpenAIChatModel, RoutedModel
+from taskweaver_lite.llm.replies import PLANNER_SCHEMA, ReplySchema, json_schema
 from taskweaver_lite.records.model_calls import CallRecord, Completion, Message, Usage
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, last_user_text, planner_reply
 
@@ -64,8 +65,10 @@ class Recorded:
         if self._also is not None:
             self._also(record)
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
-        return self._meter.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None, schema: ReplySchema | None = None
+    ) -> Completion:
+        return self._meter.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta, schema=schema)
 
     def usage(self) -> Usage:
         return self._meter.usage()
@@ -120,19 +123,19 @@ def test_reply_text_and_token_usage_are_recorded_per_call(server: ScriptedServer
     assert totals.total_tokens == completion.prompt_tokens + completion.completion_tokens
 
 
-def test_request_carries_the_model_the_messages_and_json_mode(server: ScriptedServer, make_model: ModelFactory) -> None:
+def test_request_carries_the_model_the_messages_and_the_reply_schema(server: ScriptedServer, make_model: ModelFactory) -> None:
     server.enqueue("planner", planner_reply("hi", send_to="User"))
-    make_model(config_for(server)).complete(PLANNER_CALL, purpose="planner")
+    make_model(config_for(server)).complete(PLANNER_CALL, purpose="planner", schema=PLANNER_SCHEMA)
     [request] = server.requests
     assert request.role == "planner"
     assert request.body["model"] == MODEL
     assert request.messages == PLANNER_CALL
-    assert request.body["response_format"] == {"type": "json_object"}
+    assert request.body["response_format"] == {"type": "json_schema", "json_schema": {"name": "Planner", "strict": True, "schema": json_schema(PLANNER_SCHEMA)}}
 
 
 def test_json_mode_off_sends_no_response_format(server: ScriptedServer, make_model: ModelFactory) -> None:
     server.enqueue("planner", planner_reply("hi", send_to="User"))
-    make_model(config_for(server, json_mode=False)).complete(PLANNER_CALL, purpose="planner")
+    make_model(config_for(server, json_mode=False)).complete(PLANNER_CALL, purpose="planner", schema=PLANNER_SCHEMA)
     assert "response_format" not in server.requests[0].body
 
 
@@ -234,22 +237,22 @@ def test_prompt_over_the_context_window_raises_context_too_long(server: Scripted
         model.complete(PLANNER_CALL, purpose="planner")
 
 
-def test_endpoint_rejecting_response_format_is_asked_again_without_it_and_that_is_remembered(server: ScriptedServer, make_model: ModelFactory) -> None:
-    model = make_model(config_for(server, max_retries=0))
-    refusal = Reply(status=400, error_message="response_format of type json_object is not supported")
+def test_endpoint_rejecting_response_format_is_asked_again_with_less_and_that_is_remembered(server: ScriptedServer, make_model: ModelFactory) -> None:
+    model = make_model(config_for(server, max_retries=0, json_mode=True))  # the older name of structured: auto
+    refusal = Reply(status=400, error_message="response_format of type json_schema is not supported")
     server.enqueue("planner", refusal, planner_reply("first", send_to="User"), planner_reply("second", send_to="User"))
-    assert model.complete(PLANNER_CALL, purpose="planner").text == planner_reply("first", send_to="User")
-    assert model.complete(PLANNER_CALL, purpose="planner").text == planner_reply("second", send_to="User")
-    bodies = [request.body for request in server.requests]
-    assert ["response_format" in body for body in bodies] == [True, False, False]
+    assert model.complete(PLANNER_CALL, purpose="planner", schema=PLANNER_SCHEMA).text == planner_reply("first", send_to="User")
+    assert model.complete(PLANNER_CALL, purpose="planner", schema=PLANNER_SCHEMA).text == planner_reply("second", send_to="User")
+    sent = [request.body.get("response_format", {}).get("type") for request in server.requests]
+    assert sent == ["json_schema", "json_object", "json_object"]
 
 
-def test_endpoint_rejecting_response_format_even_without_it_suggests_turning_json_mode_off(server: ScriptedServer, make_model: ModelFactory) -> None:
+def test_endpoint_rejecting_response_format_even_without_it_suggests_turning_structured_off(server: ScriptedServer, make_model: ModelFactory) -> None:
     model = make_model(config_for(server, max_retries=0))
     refusal = Reply(status=400, error_message="response_format of type json_object is not supported")
-    server.enqueue("planner", refusal, refusal)
-    with pytest.raises(LLMError, match=r"--set llm\.json_mode=false"):
-        model.complete(PLANNER_CALL, purpose="planner")
+    server.enqueue("planner", refusal, refusal, refusal)
+    with pytest.raises(LLMError, match=r"--set llm\.structured=off"):
+        model.complete(PLANNER_CALL, purpose="planner", schema=PLANNER_SCHEMA)
 
 
 def test_other_http_errors_name_the_status_and_the_server_message(server: ScriptedServer, make_model: ModelFactory) -> None:
@@ -436,7 +439,9 @@ class Abilities(ModelDefaults):
         self.name = name
         self.asked: list[str] = []
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None, schema: ReplySchema | None = None
+    ) -> Completion:
         return Completion(model=self.name, text="ok", prompt_tokens=1, completion_tokens=1, latency=0.0)
 
     def model_name(self, purpose: str) -> str:

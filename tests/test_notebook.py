@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -278,3 +280,14 @@ def test_a_step_past_its_timeout_is_stopped_and_the_stop_button_stops_a_model_ca
     listed = "".join(str(item["data"].get("text/plain", "")) for item in shown)
     assert "1. sleep a while -> That ran too long and was stopped." in listed
     assert "2. what is slow? -> failed: Cancelled by the user." in listed and "3. are you there? -> Still here." in listed
+
+
+@pytest.mark.cli  # a fresh interpreter
+def test_loading_the_extension_imports_nothing_heavy() -> None:
+    probe = (
+        "import sys\nfrom IPython.core.interactiveshell import InteractiveShell\n"
+        "InteractiveShell.instance().run_line_magic('load_ext', 'taskweaver_lite')\n"
+        "print(sorted({m.partition('.')[0] for m in sys.modules} & {'openai', 'pydantic', 'jupyter_client', 'rich', 'pandas', 'httpx'}))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]", "%load_ext is instant: the agent's modules are imported by the first request"

@@ -77,4 +77,4 @@ def test_a_role_model_can_be_set_from_the_command_line(tmp_path: Path) -> None:
     project = make_project(tmp_path, "http://127.0.0.1:9/v1")
     config = load_config(project, ["round_compressor.llm.model=tiny", "planner.llm.json_mode=false"])
     assert config.llm_for("round_compressor").model == "tiny" and config.llm_for("planner").model == "scripted"
-    assert config.llm_for("planner").json_mode is False and config.llm_for("code_generator").json_mode is True
+    assert config.llm_for("planner").structured == "off" and config.llm_for("code_generator").structured == "auto"  # json_mode: the older name

@@ -104,6 +104,18 @@ def test_another_model_starts_cautious_and_then_follows_the_worst_ratio_its_repl
         assert model.counter.ratio == pytest.approx(1.2, abs=0.01)
 
 
+def test_a_server_said_to_count_that_does_not_is_one_warning_and_counting_goes_on_cautiously(
+    models: list[OpenAIChatModel], caplog: pytest.LogCaptureFixture
+) -> None:
+    with ScriptedServer() as server, caplog.at_level(logging.WARNING, logger="taskweaver_lite.llm.counting"):
+        counter = client(models, server, server_kind="llama.cpp").counter  # it has no /tokenize
+        first, again = counter.count_messages(PROMPT), counter.count_messages(PROMPT)
+    assert (counter.mode, counter.ratio) == ("o200k_base", CAUTIOUS_RATIO)
+    assert first == again >= O200K.count_messages(PROMPT) * CAUTIOUS_RATIO
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "did not count a prompt (HTTP 404)" in said[0] and "cautiously" in said[0], said
+
+
 def test_openai_models_are_counted_with_o200k_from_the_start(models: list[OpenAIChatModel]) -> None:
     with ScriptedServer() as server:
         for name in ("gpt-4o-mini", "o3-mini"):

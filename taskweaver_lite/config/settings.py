@@ -39,6 +39,7 @@ MAX_OUTPUT_TOKENS = 2_000
 
 Strategy = Literal["round_compression", "sliding_window", "summary_buffer", "observation_masking", "none"]
 FoldSchedule = Literal["rounds", "pressure"]
+Structured = Literal["auto", "json_schema", "json_object", "off"]  # llm.structured (llm/structured.py says what each sends)
 FoldPrompt = Literal["role", "separate"]
 
 
@@ -65,7 +66,13 @@ class LLMConfig(_Section):
         description="tokens kept free for the model's reply (sent as max_tokens); unset: a quarter of context_window, at most 4,096",
     )
     margin: int = Field(256, ge=0, lt=MAX_CONTEXT_WINDOW, description="tokens kept free for counting differences (a template's seams, a ratio's spread)")
-    json_mode: bool = Field(True, description="send response_format=json_object")
+    structured: Structured = Field(
+        "auto",
+        description="replies constrained to each role's schema: auto (json_schema, stepping down to json_object, then to none, "
+        "where the endpoint refuses), json_schema, json_object or off; json_mode is its older name (true: auto, false: off)",
+    )
+    # Read into `structured` before validation (`read_structured`): a key the files and --set still take, never kept or shown.
+    json_mode: bool | None = Field(None, exclude=True, description="the older name of structured: true is auto, false is off")
     timeout: float = Field(120.0, gt=0, description="seconds a model call may take")
     max_retries: int = Field(2, ge=0, description="retries of a call that failed on the way (connection, 429, 5xx, a cut-off stream)")
     tokenizer: Literal["o200k_base", "cl100k_base"] = Field(
@@ -87,6 +94,11 @@ class LLMConfig(_Section):
         "calibrated on the server's usage (OpenAI's models: llm.tokenizer); calibrated: never ask the server; tokenizer: llm.tokenizer alone",
     )
     vision: bool = Field(False, description="the model reads images: roles that require vision are off without it")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_mode_is_structured(cls, data: Any) -> Any:
+        return read_structured(data)
 
     @model_validator(mode="before")
     @classmethod
@@ -127,7 +139,8 @@ class LLMOverrides(_Section):
     context_window: int | None = None
     reply_reserve: int | None = None
     margin: int | None = None
-    json_mode: bool | None = None
+    structured: Structured | None = None
+    json_mode: bool | None = Field(None, exclude=True, description="the older name of structured: true is auto, false is off")
     timeout: float | None = None
     max_retries: int | None = None
     tokenizer: Literal["o200k_base", "cl100k_base"] | None = None
@@ -136,6 +149,38 @@ class LLMOverrides(_Section):
     server_kind: Literal["auto", "openai", "llama.cpp", "vllm", "other"] | None = None
     token_counting: Literal["auto", "calibrated", "tokenizer"] | None = None
     vision: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_mode_is_structured(cls, data: Any) -> Any:
+        return read_structured(data)
+
+
+def read_structured(data: Any) -> Any:
+    """An `llm` mapping with `structured: off` as YAML reads it (false) taken for "off", and the older `json_mode`
+    read as `structured` (true: auto, false: off); both given must agree."""
+    if not isinstance(data, dict):
+        return data
+    if isinstance(data.get("structured"), bool):
+        data = {**data, "structured": "auto" if data["structured"] else "off"}  # YAML 1.1 reads a bare off (and on) as a boolean
+    if "json_mode" not in data:
+        return data
+    data = dict(data)
+    json_mode = data.pop("json_mode")
+    if json_mode is None:
+        return data
+    if not isinstance(json_mode, bool):
+        raise ValueError(f"json_mode must be true or false (it is the older name of structured: true is auto, false is off); got {json_mode!r}")
+    wanted = "auto" if json_mode else "off"
+    given = data.get("structured")
+    if given is None:
+        data["structured"] = wanted
+    elif (given == "off") != (wanted == "off"):
+        raise ValueError(
+            f"json_mode: {str(json_mode).lower()} and structured: {given} disagree (json_mode is the older name of structured: "
+            "true is auto, false is off); keep structured alone"
+        )
+    return data
 
 
 # The part of a session that folds rounds; every role's section (`planner`, `code_generator`, a

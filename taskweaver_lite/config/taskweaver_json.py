@@ -50,8 +50,8 @@ RENAMED = {
 # Keys whose values mean something else here: each gives our (key, value) pairs, or None when it has no equivalent.
 Convert = Callable[[Any], "list[tuple[str, Any]] | None"]
 CONVERTED: dict[str, Convert] = {
-    # json_object asks for JSON mode; "text" or null turn it off.
-    "llm.response_format": lambda value: [("llm.json_mode", value == "json_object")],
+    # json_object asks for JSON replies: here the role's schema where the endpoint takes one (auto); "text" or null: off.
+    "llm.response_format": lambda value: [("llm.structured", "auto" if value == "json_object" else "off")],
     # The OpenAI wire is the only one spoken; "openai" says nothing new.
     "llm.api_type": lambda value: [] if value in (None, "openai") else None,
     # TaskWeaver's container mode isolates the kernel; the sandbox is how this program does that.

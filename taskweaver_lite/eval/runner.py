@@ -485,7 +485,7 @@ def _side_costs(examiner: MeteredModel, judge: MeteredModel) -> dict[str, Any]:
 
 
 def _client(config: Config, part: str) -> ChatModel:
-    """The examiner's or the judge's model: `eval.<part>.llm` over the project's `llm`; the examiner writes prose, not JSON."""
+    """The examiner's or the judge's model: `eval.<part>.llm` over the project's `llm` (the examiner writes prose: its calls name no reply schema)."""
     return OpenAIChatModel(eval_llm(config, part), hints=setting_hints(config, section=f"eval.{part}", overrides=getattr(config.eval, part).llm))
 
 
@@ -496,6 +496,4 @@ def eval_llm(config: Config, part: str) -> LLMConfig:
         llm = merged_llm(config.llm, section.llm)
     except ValueError as exc:
         raise ConfigError(f"eval.{part}.llm (over llm): {' '.join(str(exc).split())[:300]}") from None
-    if part == "examiner" and section.llm.json_mode is None:
-        llm = llm.model_copy(update={"json_mode": False})
     return llm

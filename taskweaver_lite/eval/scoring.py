@@ -16,8 +16,11 @@ from taskweaver_lite.eval.examiner import Transcript
 from taskweaver_lite.eval.outcome import PointResult
 from taskweaver_lite.kernel.interface import Executor
 from taskweaver_lite.llm.client import ChatModel
-from taskweaver_lite.llm.replies import extract_json
+from taskweaver_lite.llm.replies import FieldSpec, ReplySchema, extract_json
 from taskweaver_lite.llm.templates import load_prompt
+
+# What the judge's prompt asks for: where the endpoint constrains replies (llm.structured), it cannot answer otherwise.
+VERDICT_SCHEMA = ReplySchema(name="Verdict", wrapper=None, fields={"reason": FieldSpec(), "is_hit": FieldSpec(choices=("yes", "no"))})
 
 
 class NotAVerdict(Exception):
@@ -67,7 +70,9 @@ def ask_judge(judge: ChatModel, *, task_description: str, transcript: Transcript
     prompt = load_prompt("eval_judge")
     user = prompt.render("user", task_description=task_description, conversation=transcript.conversation_json(), statement=statement)
     try:
-        reply = judge.complete([{"role": "system", "content": prompt.render("system")}, {"role": "user", "content": user}], purpose="judge").text
+        reply = judge.complete(
+            [{"role": "system", "content": prompt.render("system")}, {"role": "user", "content": user}], purpose="judge", schema=VERDICT_SCHEMA
+        ).text
     except TaskWeaverError as exc:
         raise JudgeFailed(f"the judge's model failed: {exc}") from exc
     return read_verdict(reply)

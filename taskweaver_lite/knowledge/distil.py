@@ -45,7 +45,7 @@ def distil(rounds: Sequence[Round], *, model: ChatModel, tokenizer: Tokenizer, l
         raise ExperienceError(f"llm.context_window {llm.context_window} leaves no room to show the model the session; raise it to distil tips")
     record, shown = session_record(done, tokenizer=tokenizer, max_tokens=room)
     messages = [Message(role="system", content=system), Message(role="user", content=template.render("transcript", shown=shown, record=record))]
-    completion = model.complete(messages, purpose=PURPOSE, max_tokens=reply_tokens)
+    completion = model.complete(messages, purpose=PURPOSE, max_tokens=reply_tokens, schema=DISTIL_SCHEMA)
     try:
         if completion.finish_reason == "length":
             raise ReplyFormatError("the reply was cut off at its length limit")

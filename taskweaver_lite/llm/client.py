@@ -8,8 +8,10 @@ a server's `Retry-After` is honoured or refused by our rule, and messages count 
 Credentials inside `llm.api_base` never reach a message. With `llm.stream` each request streams,
 and the text reaches the caller's `on_delta` as it arrives: a `start` delta opens every request
 (a retry's included, so what was shown of a broken stream is known to be void), then `content` and
-`reasoning` pieces; reasoning never becomes part of the reply's text. Reading the JSON inside replies is
-`replies.py`'s job; reading the completion around it, `completions.py`'s.
+`reasoning` pieces; reasoning never becomes part of the reply's text. A call that reads JSON names its
+schema, which `llm.structured` turns into the request's `response_format` (`structured.py`, stepping
+down for the session when the endpoint refuses it). Reading the JSON inside replies is `replies.py`'s
+job; reading the completion around it, `completions.py`'s.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from taskweaver_lite.errors import (
 from taskweaver_lite.llm.completions import BrokenReply, OddReply, Piece, PieceSink, ReplyFields, read_body, read_completion, read_stream, retry_after
 from taskweaver_lite.llm.counting import ModelTokenizer, RatioBook, ServerTokens, model_tokenizer
 from taskweaver_lite.llm.prompt_cache import PromptCache, read_props
+from taskweaver_lite.llm.replies import ReplySchema
+from taskweaver_lite.llm.structured import ResponseFormat, refusal_names_it
 from taskweaver_lite.llm.tokens import Tokenizer
 from taskweaver_lite.records.model_calls import CallRecord, Completion, Delta, Message, Usage
 from taskweaver_lite.telemetry import tracing
@@ -58,11 +62,15 @@ class ChatModel(Protocol):
     model without them inherits `ModelDefaults`; a model that wraps another passes each on.
     """
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None, schema: ReplySchema | None = None
+    ) -> Completion:
         """Answer `messages` in at most `max_tokens` tokens (default: llm.reply_reserve).
 
         `purpose` names the caller: planner, code_generator, compression_planner, compression_code_generator.
         A model that streams sends the reply's pieces to `on_delta` as they come; others may never call it.
+        `schema` is the JSON object the caller reads the reply as (None: prose); a model that can
+        constrain its replies to it does (`llm.structured`), others may ignore it.
         """
         ...
 
@@ -123,9 +131,11 @@ class RoutedModel:
         """The model name calls for `purpose` ask for."""
         return self.route(purpose).model_name(purpose)
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None, schema: ReplySchema | None = None
+    ) -> Completion:
         """Forward to the model for `purpose`."""
-        return self.route(purpose).complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+        return self.route(purpose).complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta, schema=schema)
 
     def scope_cache(self, name: str) -> None:
         """Name the session for every distinct model."""
@@ -181,21 +191,25 @@ class MeteredModel:
         self._usage = usage
         self._by_model: dict[tuple[str, str], Usage] = {}
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None, schema: ReplySchema | None = None
+    ) -> Completion:
         """Forward to the inner model, then count the call; within a traced request, the call is a GenAI span."""
         tracer = tracing.active()
         if tracer is None:
-            return self._metered(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+            return self._metered(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta, schema=schema)
         model = self.inner.model_name(purpose)
         with tracing.model_call(tracer, purpose=purpose, model=model, messages=messages, max_tokens=max_tokens) as call:
-            completion = self._metered(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+            completion = self._metered(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta, schema=schema)
             call.finished(completion)
         return completion
 
-    def _metered(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None, on_delta: DeltaSink | None) -> Completion:
+    def _metered(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None, on_delta: DeltaSink | None, schema: ReplySchema | None
+    ) -> Completion:
         started = time.perf_counter()
         try:
-            completion = self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta)
+            completion = self.inner.complete(messages, purpose=purpose, max_tokens=max_tokens, on_delta=on_delta, schema=schema)
         except TaskWeaverError as exc:
             failed = CallRecord(
                 purpose,
@@ -323,8 +337,8 @@ class OpenAIChatModel:
                 raise LLMAuthError(f"no API key for {self.url}: set {hints.api_key}")
             key = _LOCAL_SERVER_KEY  # Ollama, vLLM, LM Studio... accept any key
         self._secrets = tuple(secret for secret in (key, *url_secrets(base_url)) if len(secret) >= _MIN_SCRUBBED_KEY and secret != _LOCAL_SERVER_KEY)
-        # Cleared for good (this client's life: the session) when the endpoint refuses response_format.
-        self._json_mode = config.json_mode
+        # What calls that read JSON ask for; under `auto` it steps down for this client's life (the session) when refused.
+        self.response_format = ResponseFormat(config.structured)
         self.prompt_cache = PromptCache(
             mode=config.prompt_cache, kind=config.server_kind, api_base=base_url, props=lambda api_base: read_props(api_base, api_key=key)
         )
@@ -348,14 +362,17 @@ class OpenAIChatModel:
             http_client=_http_client_type()(verify=_tls_context()),
         )
 
-    def complete(self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None) -> Completion:
+    def complete(
+        self, messages: Sequence[Message], *, purpose: str, max_tokens: int | None = None, on_delta: DeltaSink | None = None, schema: ReplySchema | None = None
+    ) -> Completion:
         """Send one Chat Completions request, retrying server failures; raise an `LLMError` subclass when it fails."""
         # max_tokens enforces the room the prompt budget left free for the answer (reply_reserve for
         # the roles; a fold asks for less, sized to its summary, and its prompt may use the rest).
         limit = self._config.reply_reserve if max_tokens is None else max_tokens
         request: dict[str, Any] = {"model": self._config.model, "messages": list(messages), "max_tokens": limit}
-        if self._json_mode:
-            request["response_format"] = {"type": "json_object"}
+        constraint = self.response_format.for_call(schema)
+        if constraint is not None:
+            request["response_format"] = constraint
         if self._config.stream:
             request["stream"] = True
             request["stream_options"] = {"include_usage": True}  # else streamed replies carry no token counts
@@ -375,11 +392,13 @@ class OpenAIChatModel:
                 if "stream_options" in request and _refuses(failure.cause, "stream_options"):
                     del request["stream_options"]  # older servers stream but know no options: no usage, then
                     continue
-                if "response_format" in request and _refuses(failure.cause, "response_format"):
-                    # Many local servers (older llama.cpp, some vLLM models) refuse it: the prompts ask
-                    # for JSON anyway and replies are read tolerantly, so ask again without it, at once.
-                    self._json_mode = False
-                    del request["response_format"]
+                if "response_format" in request and _refuses_format(failure.cause) and self.response_format.step_down(request["response_format"]):
+                    # Many local servers (older llama.cpp, some vLLM models) refuse one or the other: the
+                    # prompts ask for JSON anyway and replies are repaired, so ask again with less, at once.
+                    request.pop("response_format")
+                    constraint = self.response_format.for_call(schema)
+                    if constraint is not None:
+                        request["response_format"] = constraint
                     continue
                 self._pause_or_raise(failure, made)
                 continue
@@ -548,10 +567,16 @@ class OpenAIChatModel:
                 f"the prompt is longer than model '{model}' accepts at {self.host} ({detail}); "
                 "set llm.context_window to the model's real context size so prompts are compressed to fit"
             )
-        if exc.status_code in (400, 422) and "response_format" in lowered:
+        if exc.status_code in (400, 422) and refusal_names_it(lowered):
+            setting = self.response_format.setting
+            if setting in ("json_schema", "json_object"):
+                return LLMError(
+                    f"{self.host} does not accept response_format {setting} for model '{model}' ({detail}); "
+                    "set llm.structured to auto (it steps down to what the endpoint takes) or off, e.g. --set llm.structured=auto"
+                )
             return LLMError(
-                f"{self.host} does not accept response_format=json_object for model '{model}' ({detail}); "
-                "run with --set llm.json_mode=false (or set llm.json_mode: false in taskweaver_config.yaml)"
+                f"{self.host} refuses the reply format for model '{model}' ({detail}); "
+                "run with --set llm.structured=off (or set llm.structured: off in taskweaver_config.yaml)"
             )
         return LLMError(f"the model endpoint at {self.host} answered HTTP {exc.status_code}: {detail}")
 
@@ -577,6 +602,12 @@ class _Failure(Exception):
         self.cause = cause
         self.retryable = retryable
         self.wait = wait
+
+
+def _refuses_format(exc: Exception) -> bool:
+    """An HTTP 400/422 about the response format: the endpoint does not take the constraint asked for."""
+    status = getattr(exc, "status_code", None)
+    return status in (400, 422) and hasattr(exc, "body") and refusal_names_it(_server_message(exc))
 
 
 def _refuses(exc: Exception, parameter: str) -> bool:

@@ -1,6 +1,10 @@
 """Model replies: finding the JSON in what a model wrote, checking it against a role's schema,
 and wording the repair turn when it does not fit.
 
+Each `ReplySchema` is also what a constrained call sends (`json_schema`): the same fields, kinds and
+allowed values the parser checks, as a strict JSON Schema (every field listed as required, an optional
+one nullable, no other keys), so a server that constrains decoding cannot write what the parser refuses.
+
 Local models wrap their JSON in code fences, put prose or a `<think>` block before it, slip on
 syntax, or stop mid-object. `extract_json` recovers what is recoverable; `parse_reply` is lenient
 only where the meaning cannot change (letter case of enumerated values, a missing wrapper) and
@@ -155,6 +159,36 @@ def schema_outline(schema: ReplySchema) -> str:
     if schema.wrapper is not None:
         outline = {schema.wrapper: outline}
     return json.dumps(outline, indent=2)
+
+
+def json_schema(schema: ReplySchema) -> dict[str, Any]:
+    """`schema` as a strict JSON Schema (OpenAI's structured outputs; llama.cpp, vLLM, Ollama and LM Studio take it too)."""
+    inner = _object_schema(schema.fields)
+    if schema.wrapper is None:
+        return inner
+    return {"type": "object", "properties": {schema.wrapper: inner}, "required": [schema.wrapper], "additionalProperties": False}
+
+
+def _object_schema(fields: Mapping[str, FieldSpec]) -> dict[str, Any]:
+    # Strict mode wants every property required: an optional field may be null instead (the parser reads null as absent).
+    properties = {name: _field_schema(spec) for name, spec in fields.items()}
+    return {"type": "object", "properties": properties, "required": list(fields), "additionalProperties": False}
+
+
+def _field_schema(spec: FieldSpec) -> dict[str, Any]:
+    described: dict[str, Any]
+    if spec.kind == "list":
+        items = _object_schema(spec.items) if spec.items is not None else {"type": "string"}
+        described = {"type": "array", "items": items}
+    else:
+        described = {"type": "string"}
+        if spec.choices:
+            described["enum"] = list(spec.choices)
+    if not spec.required:
+        described["type"] = [described["type"], "null"]
+        if "enum" in described:
+            described["enum"] = [*described["enum"], None]
+    return described
 
 
 def _strip_thinking(text: str) -> str:

@@ -266,7 +266,7 @@ def _fold_batch(
     cap = fold.limits.text_tokens(mode)
     purpose = f"compression_{fold.role}"
     try:
-        completion = fold.model.complete(messages, purpose=purpose, max_tokens=max_tokens)
+        completion = fold.model.complete(messages, purpose=purpose, max_tokens=max_tokens, schema=SUMMARY_SCHEMA)
         try:
             fields = _read_summary(completion.text, tokenizer=tokenizer, cap=cap)
         except ReplyFormatError as problem:
@@ -274,7 +274,7 @@ def _fold_batch(
             repair = [*messages, echo, Message(role="user", content=repair_message(problem, SUMMARY_SCHEMA))]
             if tokenizer.count_messages(repair) + max_tokens > fold.limits.window - fold.limits.margin:
                 raise
-            completion = fold.model.complete(repair, purpose=purpose, max_tokens=max_tokens)
+            completion = fold.model.complete(repair, purpose=purpose, max_tokens=max_tokens, schema=SUMMARY_SCHEMA)
             # The repaired reply only has to be valid; text still too long is cut rather than lost.
             fields = _read_summary(completion.text, tokenizer=tokenizer, cap=None)
     except TaskWeaverError as exc:  # unreachable model, unusable reply: keep the rounds, retry later

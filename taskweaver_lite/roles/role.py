@@ -119,7 +119,7 @@ class Role(ABC):
         while True:
             reserve = tokenizer.count_messages(repair) if repair else 0
             built = self.context.build(system=system, examples=self._examples, history=rendered_history, current=now, reserve=reserve)
-            completion = self._model.complete([*built.messages, *repair], purpose=self.key, on_delta=self._on_delta)
+            completion = self._model.complete([*built.messages, *repair], purpose=self.key, on_delta=self._on_delta, schema=schema)
             try:
                 return _read(completion, schema)
             except ReplyFormatError as problem:
