@@ -416,6 +416,13 @@ class ExecutionConfig(_Section):
     disk_limit: int | str | None = Field(
         None, description="what a session's cells may keep in its working folder in total: bytes, '100MB', '2GB'; null: no limit"
     )
+    display_per_cell: int | str | None = Field(
+        "20MB", description="images one cell may keep (plots and other displays, saved and stored): bytes, '20MB'; null: no cap"
+    )
+    display_per_session: int | str | None = Field("500MB", description="images a session's cells may keep in all: bytes, '500MB'; null: no cap")
+    disk_limit_files: int | None = Field(
+        100_000, ge=100, description="with disk_limit: the most files and folders a session's cells may keep, however small; null: no cap"
+    )
 
     @field_validator("mounts", mode="before")
     @classmethod
@@ -434,7 +441,7 @@ class ExecutionConfig(_Section):
         """`memory_limit` in bytes (None: no limit)."""
         return None if self.memory_limit is None else size_in_bytes(self.memory_limit)
 
-    @field_validator("disk_limit")
+    @field_validator("disk_limit", "display_per_cell", "display_per_session")
     @classmethod
     def _a_disk_size(cls, value: int | str | None) -> int | str | None:
         if value is not None:
@@ -444,6 +451,11 @@ class ExecutionConfig(_Section):
     def disk_limit_bytes(self) -> int | None:
         """`disk_limit` in bytes (None: no limit)."""
         return None if self.disk_limit is None else disk_bytes(self.disk_limit)
+
+    def display_caps(self) -> tuple[int | None, int | None]:
+        """`display_per_cell` and `display_per_session` in bytes (None: no cap)."""
+        cell, session = (None if value is None else disk_bytes(value) for value in (self.display_per_cell, self.display_per_session))
+        return cell, session
 
     @model_validator(mode="before")
     @classmethod
@@ -907,6 +919,7 @@ _LOCAL_ONLY = {
     "cpu_limit": "limits are set on a kernel started on this machine",
     "cgroup": "a cgroup holds a kernel started on this machine",
     "disk_limit": "the limit is kept on a kernel started on this machine; a gateway's disk is the gateway's to limit",
+    "disk_limit_files": "the limit is kept on a kernel started on this machine; a gateway's disk is the gateway's to limit",
 }
 
 

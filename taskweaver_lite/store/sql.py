@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from taskweaver_lite.errors import SessionLimitReached, StoreError, UnknownSessionError
+from taskweaver_lite.errors import AmbiguousSessionError, SessionLimitReached, StoreError, UnknownSessionError
 from taskweaver_lite.records.conversation import Post, Round
 from taskweaver_lite.records.events import CellPrinted, Event, FileLoaded, ReplyStreamed, Working
 from taskweaver_lite.records.execution import Variable
@@ -41,6 +41,7 @@ class SqlStore(UserQueries):
     keeps_files: bool = False
     now_sql = ""  # the database's clock in epoch seconds (leases are timed by it, not by a replica's)
     cell_code_sql = ""  # a post's cell code, from its `data` JSON
+    cell_seconds_sql = ""  # how long a post's cell ran, from its `data` JSON
 
     def __init__(self) -> None:
         self._known_rounds: set[tuple[str, str]] = set()  # (session, round) rows this store has made sure of
@@ -201,7 +202,7 @@ class SqlStore(UserQueries):
         if len(matches) == 1:
             return matches[0]
         if matches:
-            raise StoreError(f"'{ref}' matches several sessions ({', '.join(matches[:5])}); give more of the id")
+            raise AmbiguousSessionError(f"'{ref}' matches several sessions ({', '.join(matches[:5])}); give more of the id")
         raise UnknownSessionError(ref, store=self.where)
 
     def owner_of(self, session_id: str) -> str | None:
