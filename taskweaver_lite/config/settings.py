@@ -401,7 +401,7 @@ class ExecutionConfig(_Section):
     cgroup: Literal["auto", "off"] = Field(
         "auto", description="give each kernel a cgroup of its own where this program may make one (root, or a delegated cgroup v2); off: never"
     )
-    confirm: bool = Field(False, description="show each cell and wait for run / edit / skip (interactive chat only)")
+    confirm: bool = Field(False, description="show each cell and wait for run / edit / skip (the chat on a terminal; an editor over ACP asks run / skip)")
     kernel: str | None = Field(
         None,
         description="the Python the local kernel runs on: null (this program's), an installed Jupyter kernelspec's name, "
