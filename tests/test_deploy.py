@@ -54,6 +54,7 @@ class Deployment:
         self.root = root
         self.project = project
         self.token = token
+        self.admin_token = ""
         self.store_url = store_url
         self.gateway = gateway
         self.replicas = replicas
@@ -141,8 +142,13 @@ def deployment(postgres_cluster: PostgresCluster, tmp_path_factory: pytest.TempP
             [sys.executable, "-m", "taskweaver_lite", "users", "add", "alice", "-p", str(project)], capture_output=True, text=True, timeout=60
         )
         assert added.returncode == 0, added.stderr
+        boss = subprocess.run(
+            [sys.executable, "-m", "taskweaver_lite", "users", "add", "boss", "--admin", "-p", str(project)], capture_output=True, text=True, timeout=60
+        )
+        assert boss.returncode == 0, boss.stderr
         replicas = [ServeProcess.start(project, args=("--host", _compose_host())) for _ in range(2)]
         service = Deployment(root, project, added.stdout.strip().splitlines()[-1], replicas, store_url=url, gateway=gateway)
+        service.admin_token = boss.stdout.strip().splitlines()[-1]
         try:
             yield service
         finally:
@@ -166,7 +172,7 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
-def _sign_in_by_the_form(browser: Any, deployment: Deployment) -> None:
+def _sign_in_by_the_form(browser: Any, deployment: Deployment, token: str | None = None) -> None:
     """Open the page and sign in as a person does: the token pasted into the form, Enter."""
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
@@ -175,7 +181,7 @@ def _sign_in_by_the_form(browser: Any, deployment: Deployment) -> None:
     browser.delete_all_cookies()
     browser.get(f"{deployment.url}/")
     field = WebDriverWait(browser, 60).until(lambda d: d.find_element(By.NAME, "token"))
-    field.send_keys(deployment.token + "\n")
+    field.send_keys((token or deployment.token) + "\n")
     try:
         WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.ID, "new-session"))
     except TimeoutException:
@@ -296,6 +302,34 @@ def test_the_page_signs_in_by_its_form_and_out_through_nginx_and_the_signed_out_
     actions = [(entry.actor, entry.action) for entry in entries]
     assert ("alice", "sign-in") in actions and ("alice", "sign-out") in actions, actions
     assert all(entry.source == "127.0.0.1" for entry in entries if entry.action == "sign-in"), "the client, as X-Forwarded-For names it"
+
+
+def test_the_admin_page_through_nginx_lists_the_users_sessions_kernels_usage_and_the_audit(deployment: Deployment, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    session_id = _open_new_session(browser, deployment)  # alice's session, with a kernel on the gateway
+    browser.find_element(By.ID, "text").send_keys("RUN<<print('for the admin', 6 * 7)>>\n")
+    _wait(browser, lambda d: "for the admin 42" in _chat(d) and d.find_element(By.ID, "send").is_enabled(), "alice's answer")
+    assert not browser.find_element(By.ID, "admin-link").is_displayed(), "no admin link for a user"
+    _sign_in_by_the_form(browser, deployment, deployment.admin_token)
+    _wait(browser, lambda d: d.find_element(By.ID, "admin-link").is_displayed(), "the admin link for an admin")
+    browser.find_element(By.ID, "admin-link").click()
+
+    def table(name: str) -> str:
+        return str(browser.find_element(By.ID, name).text)
+
+    _wait(browser, lambda d: "alice" in table("users") and "boss" in table("users"), "the users on the admin page")
+    _wait(browser, lambda d: session_id in table("sessions") and "sign-in" in table("audit"), "the sessions and the audit on the admin page")
+    _wait(browser, lambda d: session_id in table("kernels"), "alice's kernel on the gateway, with its session")
+    assert "alice" in [line.split()[0] for line in table("kernels").splitlines()[1:]], table("kernels")
+    assert "scripted" in table("usage") and "alice" in table("usage"), table("usage")
+    audit = table("audit")
+    assert "boss" in audit and "alice" in audit, audit
+    # An admin adds a user on the page: the token is shown once, and the audit names boss as the actor.
+    browser.find_element(By.ID, "new-name").send_keys("carl")
+    browser.find_element(By.CSS_SELECTOR, "#add-user button").click()
+    _wait(browser, lambda d: d.find_element(By.ID, "token-value").text.startswith("twl_") and "carl" in table("users"), "carl added with a token")
+    _wait(browser, lambda d: any(line.split()[2:4] == ["boss", "user-added"] for line in table("audit").splitlines()), "the page's change in the audit")
 
 
 def test_metrics_answer_the_scrapers_token_through_the_proxy_while_the_store_is_down(deployment: Deployment, postgres_cluster: PostgresCluster) -> None:

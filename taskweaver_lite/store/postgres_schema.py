@@ -109,6 +109,10 @@ MIGRATIONS: list[Migration] = [
         """CREATE TRIGGER audit_no_truncate BEFORE TRUNCATE ON audit
             FOR EACH STATEMENT EXECUTE FUNCTION taskweaver_lite_audit_append_only()""",
     ),
+    (
+        # Version 5 (as SQLite's version 9): the model each call asked for, for usage per user and model.
+        "ALTER TABLE model_calls ADD COLUMN model TEXT NOT NULL DEFAULT ''",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -118,6 +118,11 @@ MIGRATIONS: list[Migration] = [
         "CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END",
         "CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END",
     ),
+    (
+        # Version 9: the model each call asked for, for usage per user and model (calls made before read '').
+        # The same as PostgreSQL's version 5.
+        "ALTER TABLE model_calls ADD COLUMN model TEXT NOT NULL DEFAULT ''",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -41,6 +41,7 @@ class SqlStore(UserQueries):
     keeps_files: bool = False
     now_sql = ""  # the database's clock in epoch seconds (leases are timed by it, not by a replica's)
     cell_code_sql = ""  # a post's cell code, from its `data` JSON
+    cell_seconds_sql = ""  # how long a post's cell ran, from its `data` JSON
 
     def __init__(self) -> None:
         self._known_rounds: set[tuple[str, str]] = set()  # (session, round) rows this store has made sure of

@@ -125,6 +125,11 @@ class Hub:
             close_thread_loop()
         return self._keep(LiveSession(session)).id
 
+    def open_ids(self) -> list[str]:
+        """The sessions this server holds open now (their kernels run here, or are held on the gateway for them)."""
+        with self._lock:
+            return list(self._open)
+
     def get(self, session_id: str) -> LiveSession | None:
         """This server's copy of the session, if it holds one (as a replica: perhaps stale)."""
         with self._lock:

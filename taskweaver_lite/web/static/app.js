@@ -93,6 +93,24 @@ function postJSON(path, data) {
   return api(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(data || {}) });
 }
 
+// --- who I am: the admin page's link for admins, a new token of one's own for every user -----------
+
+async function showWhoIAm() {
+  const me = await api("/api/me").catch(() => null);
+  if (!me || !me.users) return;
+  $("admin-link").hidden = !me.admin;
+  $("new-token").hidden = false;
+  $("new-token").onclick = async () => {
+    if (!confirm("Make a new token for you? Your old one stops working at once (this page stays signed in).")) return;
+    try {
+      const made = await postJSON("/api/me/token");
+      notice(`Your new token, shown this once (only its hash is kept): ${made.token}`);
+    } catch (failure) {
+      notice(failure.message);
+    }
+  };
+}
+
 // --- sessions -----------------------------------------------------------------------------------
 
 async function listSessions() {
@@ -552,6 +570,7 @@ window.addEventListener("DOMContentLoaded", () => {
     [...event.dataTransfer.files].forEach(upload);
   };
   listSessions();
+  showWhoIAm();
   // `#new` (serve --demo's link) opens the page on a new session; its own id then replaces it in the address.
   const wanted = location.hash.slice(1);
   if (wanted === "new") newSession();
