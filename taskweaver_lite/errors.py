@@ -84,6 +84,10 @@ class SessionBusyError(StoreError):
     """Another process has this session open."""
 
 
+class AmbiguousSessionError(StoreError):
+    """A start of a session id that more than one stored session begins with; the message lists some and asks for more."""
+
+
 class UnknownSessionError(StoreError):
     """No stored session has this id; the message says how to list them (the CLI adds its -p)."""
 

@@ -28,7 +28,7 @@ from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.errors import KernelError
 from taskweaver_lite.kernel import namespace
 from taskweaver_lite.kernel.interface import OutputSink
-from taskweaver_lite.kernel.output import CellOutput, artifact_file
+from taskweaver_lite.kernel.output import CellOutput, DisplayBudget, artifact_file
 from taskweaver_lite.kernel.process import end_at_exit, forget
 from taskweaver_lite.records.execution import CellCancelled, CellError, ExecutionResult, KernelEnvironment, Variable, VariableChanges
 from taskweaver_lite.records.mcp_tools import McpServer
@@ -93,6 +93,8 @@ class SessionKernel(ABC):
         self._start_wait = 0.0  # seconds a start may take besides the kernel's own (the MCP servers it starts)
         self._namespace = namespace.VariableTracker()
         self._cell = namespace.last_cell_number(self.outputs_dir, self.artifacts_dir)
+        # Images the cells may keep, per cell and in all (execution.display_per_cell, display_per_session).
+        self._display = DisplayBudget.for_session(config.display_caps(), self.artifacts_dir)
         self._expressions: dict[str, str] = {}
         self._start_error: BaseException | None = None
         self._ready = threading.Event()
@@ -238,7 +240,9 @@ class SessionKernel(ABC):
     def _run_cell(self, code: str, timeout: float, on_output: OutputSink | None) -> ExecutionResult:
         self._cell += 1
         stem = f"cell-{self._cell:04d}"
-        output = CellOutput(max_tokens=self.output_tokens, transcript_path=self.outputs_dir / f"{stem}.txt", artifacts_dir=self.artifacts_dir, stem=stem)
+        output = CellOutput(
+            max_tokens=self.output_tokens, transcript_path=self.outputs_dir / f"{stem}.txt", artifacts_dir=self.artifacts_dir, stem=stem, display=self._display
+        )
         self._interrupt_requested = False
         started = time.monotonic()
         msg_id = ""

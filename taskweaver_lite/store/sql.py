@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from taskweaver_lite.errors import StoreError, UnknownSessionError
+from taskweaver_lite.errors import AmbiguousSessionError, StoreError, UnknownSessionError
 from taskweaver_lite.records.conversation import Post, Round
 from taskweaver_lite.records.events import CellPrinted, Event, FileLoaded, ReplyStreamed, Working
 from taskweaver_lite.records.execution import Variable
@@ -186,7 +186,7 @@ class SqlStore(UserQueries):
         if len(matches) == 1:
             return matches[0]
         if matches:
-            raise StoreError(f"'{ref}' matches several sessions ({', '.join(matches[:5])}); give more of the id")
+            raise AmbiguousSessionError(f"'{ref}' matches several sessions ({', '.join(matches[:5])}); give more of the id")
         raise UnknownSessionError(ref, store=self.where)
 
     def owner_of(self, session_id: str) -> str | None:

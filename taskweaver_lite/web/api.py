@@ -224,8 +224,8 @@ async def _history(_: Request, hub: Hub, session_id: str) -> Response:
         busy = hub.replica is not None and await asyncio.to_thread(hub.parts.store.lease, session_id) is not None
     last_event = await asyncio.to_thread(hub.parts.store.last_event_id, session_id)
     shown = [round_json(r, session_id=session_id) for r in rounds]
-    # The folders the artifacts route serves from: the page links a path in them that an answer names.
-    folder = hub.config.sessions_dir / session_id
+    # The folders the artifacts route serves from, as the end of a path (never where they are on this machine):
+    # the page links a path an answer names that passes through one of them.
     return JSONResponse(
         {
             "id": session_id,
@@ -234,7 +234,7 @@ async def _history(_: Request, hub: Hub, session_id: str) -> Response:
             "busy": busy,
             "last_event": last_event,
             "suggested_requests": hub.config.session.suggested_requests,
-            "folders": [str(folder / "cwd"), str(folder / "artifacts")],
+            "folders": [f"{session_id}/cwd", f"{session_id}/artifacts", session_id],
         }
     )
 

@@ -201,9 +201,11 @@ class SandboxProvisioner(LocalProvisioner):
     async def post_launch(self, **kwargs: Any) -> None:
         """Watch the session's folders against `execution.disk_limit`."""
         await super().post_launch(**kwargs)
-        limit = self.config_of_project.execution.disk_limit_bytes()
+        execution = self.config_of_project.execution
+        limit = execution.disk_limit_bytes()
         if limit is not None and self._disk is None and self.plan is not None:
-            self._disk = DiskWatch((self.plan.cwd, self.plan.socket_dir, self.log_path()), limit=limit, on_reached=self._disk_reached)
+            paths = (self.plan.cwd, self.plan.socket_dir, self.log_path())
+            self._disk = DiskWatch(paths, limit=limit, on_reached=self._disk_reached, files=execution.disk_limit_files)
 
     def _disk_reached(self, reached: Reached, in_cell: bool) -> None:
         """Past the disk limit (on the watcher's thread): the kernel's child processes end; if it still grows, the kernel does.
