@@ -401,7 +401,7 @@ class ExecutionConfig(_Section):
     cgroup: Literal["auto", "off"] = Field(
         "auto", description="give each kernel a cgroup of its own where this program may make one (root, or a delegated cgroup v2); off: never"
     )
-    confirm: bool = Field(False, description="show each cell and wait for run / edit / skip (interactive chat only)")
+    confirm: bool = Field(False, description="show each cell and wait for run / edit / skip (the chat on a terminal; an editor over ACP asks run / skip)")
     kernel: str | None = Field(
         None,
         description="the Python the local kernel runs on: null (this program's), an installed Jupyter kernelspec's name, "
@@ -415,6 +415,13 @@ class ExecutionConfig(_Section):
     )
     disk_limit: int | str | None = Field(
         None, description="what a session's cells may keep in its working folder in total: bytes, '100MB', '2GB'; null: no limit"
+    )
+    display_per_cell: int | str | None = Field(
+        "20MB", description="images one cell may keep (plots and other displays, saved and stored): bytes, '20MB'; null: no cap"
+    )
+    display_per_session: int | str | None = Field("500MB", description="images a session's cells may keep in all: bytes, '500MB'; null: no cap")
+    disk_limit_files: int | None = Field(
+        100_000, ge=100, description="with disk_limit: the most files and folders a session's cells may keep, however small; null: no cap"
     )
 
     @field_validator("mounts", mode="before")
@@ -434,7 +441,7 @@ class ExecutionConfig(_Section):
         """`memory_limit` in bytes (None: no limit)."""
         return None if self.memory_limit is None else size_in_bytes(self.memory_limit)
 
-    @field_validator("disk_limit")
+    @field_validator("disk_limit", "display_per_cell", "display_per_session")
     @classmethod
     def _a_disk_size(cls, value: int | str | None) -> int | str | None:
         if value is not None:
@@ -444,6 +451,11 @@ class ExecutionConfig(_Section):
     def disk_limit_bytes(self) -> int | None:
         """`disk_limit` in bytes (None: no limit)."""
         return None if self.disk_limit is None else disk_bytes(self.disk_limit)
+
+    def display_caps(self) -> tuple[int | None, int | None]:
+        """`display_per_cell` and `display_per_session` in bytes (None: no cap)."""
+        cell, session = (None if value is None else disk_bytes(value) for value in (self.display_per_cell, self.display_per_session))
+        return cell, session
 
     @model_validator(mode="before")
     @classmethod
@@ -583,8 +595,13 @@ class ServeConfig(_Section):
     hot_sessions: int = Field(
         100, ge=1, description="sessions a replica keeps in memory between requests at most (the least recently used idle one goes first)"
     )
+    hot_session_idle: float = Field(
+        300.0,
+        ge=1,
+        description="seconds a replica keeps a session unused in memory, and its kernel's connection open; then it lets go (the gateway may cull the kernel)",
+    )
     max_sessions_per_user: int | None = Field(
-        None, description="sessions (with at least one request) each user may have in the store; making another answers 429; null: no limit"
+        None, description="sessions each user may have in the store, counted as made; past it, New hands back their unused one, else 429; null: no limit"
     )
     trusted_user_header: str | None = Field(
         None, description="a single sign-on proxy's header naming the user (X-Forwarded-User for oauth2-proxy); null: no header is believed"
@@ -902,6 +919,7 @@ _LOCAL_ONLY = {
     "cpu_limit": "limits are set on a kernel started on this machine",
     "cgroup": "a cgroup holds a kernel started on this machine",
     "disk_limit": "the limit is kept on a kernel started on this machine; a gateway's disk is the gateway's to limit",
+    "disk_limit_files": "the limit is kept on a kernel started on this machine; a gateway's disk is the gateway's to limit",
 }
 
 

@@ -10,7 +10,7 @@ stdio transport: nothing else reaches stdout, logs go to stderr). Its tools:
   its cells re-run to rebuild its variables. A long turn reports progress; a cancelled request
   interrupts the cell, fails the round as a Ctrl-C does, and keeps the session.
 - `sessions` {}: the stored sessions, newest first.
-- `variables` {session_id}: the variables a session's kernel holds now.
+- `variables` {session_id}: the variables a session's kernel holds: now if it is open here, else as its last cell left them (stored: it never runs code).
 
 What the cells produced (plots, files in the working folder) are resources, with MIME types, under
 `taskweaver-lite://session/<id>/...`; `ask` links those of its turn. Bad input (an unknown session,
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -37,7 +38,7 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 
 from taskweaver_lite import __version__
-from taskweaver_lite.errors import TaskWeaverError, UnknownSessionError
+from taskweaver_lite.errors import AmbiguousSessionError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.mcp.resources import artifact_links, list_resources, read_resource
 from taskweaver_lite.records.conversation import USER, Round
 from taskweaver_lite.records.events import Event, Working
@@ -98,7 +99,8 @@ SESSIONS = types.Tool(
 )
 VARIABLES = types.Tool(
     name="variables",
-    description="The variables a session's kernel holds now (name, type, a short description); the session is resumed if it is not open.",
+    description="The variables a session's kernel holds (name, type, a short description): now, if the session is open here, else as its "
+    "last cell left them. It never runs code.",
     input_schema={"type": "object", "properties": {"session_id": {"type": "string"}}, "required": ["session_id"], "additionalProperties": False},
     annotations=types.ToolAnnotations(read_only_hint=True),
 )
@@ -378,11 +380,11 @@ class AgentServer(ToolServer):
         return await on_thread(work, report=lambda number, text: ctx.session.report_progress(number, None, text))
 
     def _opened(self, ref: str | None, turn: Turn) -> OpenSession:
-        """The session to ask in; an unknown id is a protocol error (nothing is opened or stored)."""
+        """The session to ask in; an unknown or ambiguous id is a protocol error (nothing is opened or stored)."""
         try:
             return self.agent.session(ref, on_replay=lambda done, total: turn.progress(f"Re-running earlier cells: {done}/{total}"))
-        except UnknownSessionError as exc:
-            raise bad_input(f"{exc} (or call the sessions tool)") from None
+        except (UnknownSessionError, AmbiguousSessionError) as exc:
+            raise _unknown(ref or "", exc) from None
 
     def _turn(self, session: Session, question: str) -> types.CallToolResult:
         try:
@@ -398,11 +400,18 @@ class AgentServer(ToolServer):
         return await self._variables(ctx, ref)
 
     async def _variables(self, ctx: Any, ref: str) -> types.CallToolResult:
+        """An open session's kernel says; a session not open here answers from the store: nothing is resumed, no cell runs."""
+
         def work(turn: Turn) -> types.CallToolResult:
-            session = self._opened(ref, turn).session
-            rows = [{"name": v.name, "type": v.type, "description": v.description} for v in session.executor.variables()]
-            text = "\n".join(f"{r['name']}: {r['type']} {r['description']}".rstrip() for r in rows) or "No variables yet."
-            return _json_result({"session_id": session.id, "variables": rows}, text=text)
+            store = self.agent.workspace.store
+            try:
+                session_id = store.resolve(ref)
+            except (UnknownSessionError, AmbiguousSessionError) as exc:
+                raise _unknown(ref, exc) from None
+            entry = self.agent.open.get(session_id)
+            if entry is None:
+                return variables_result(session_id, store.load(session_id).last_variables)
+            return variables_result(session_id, entry.session.executor.variables())
 
         return await on_thread(work, report=lambda number, text: ctx.session.report_progress(number, None, text))
 
@@ -420,10 +429,17 @@ class AgentServer(ToolServer):
         """The folder of a stored session that is not open here (its files are still resources), None if there is none."""
         try:
             resolved = self.agent.workspace.store.resolve(session_id)
-        except UnknownSessionError:
+        except (UnknownSessionError, AmbiguousSessionError):
             return None
         folder = self.agent.workspace.config.sessions_dir / resolved
         return folder if folder.is_dir() else None
+
+
+def _unknown(ref: str, error: TaskWeaverError) -> MCPError:
+    """A session id that names no session, or several: one line, without the store's path on this machine."""
+    if isinstance(error, AmbiguousSessionError):
+        return bad_input(str(error))
+    return bad_input(f"no session {ref!r} here: call the sessions tool for the ids")
 
 
 def _json_result(data: dict[str, Any], *, text: str) -> types.CallToolResult:
@@ -431,7 +447,16 @@ def _json_result(data: dict[str, Any], *, text: str) -> types.CallToolResult:
 
 
 def _error_result(text: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+    return types.CallToolResult(content=[types.TextContent(type="text", text=for_client(text))], is_error=True)
+
+
+_PID = re.compile(r"\s*\(pid \d+\)")
+_PATH = re.compile(r"(?<![\w:/.])/(?:[^\s'\"():;,/]+/)+([^\s'\"():;,/]+)")
+
+
+def for_client(text: str) -> str:
+    """An error's words for an MCP host: this machine's paths cut to their last part, process ids left out."""
+    return _PATH.sub(r"\1", _PID.sub("", text))
 
 
 async def serve(workspace: Workspace, overrides: Sequence[str] = ()) -> None:

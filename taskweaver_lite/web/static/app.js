@@ -10,7 +10,7 @@ let current = null;      // the open session's id
 let running = false;     // a request is being answered
 let step = null;         // the step (details element) the CodeInterpreter is working on
 let streaming = null;    // the Planner's bubble while its reply streams
-let folders = [];        // the session's working and artifacts folders on the server
+let folders = [];        // the ends of the session's working and artifacts folders' paths on the server (`<id>/cwd`)
 const produced = new Set();  // file names the session's cells saved or named: linked where an answer names them
 
 function el(tag, cls, text) {
@@ -43,8 +43,8 @@ const FILE = /(\/[^\s`'"<>()[\]]*[^\s`'"<>()[\].,;:!?])|([\w-][\w.-]*\.[A-Za-z0-
 
 function artifactName(text, path) {
   if (!path) return produced.has(text) ? text : null;
-  const folder = folders.find((f) => path.startsWith(`${f}/`));
-  const name = folder && path.slice(folder.length + 1);
+  const folder = folders.find((f) => path.includes(`/${f}/`));
+  const name = folder && path.slice(path.lastIndexOf(`/${folder}/`) + folder.length + 2);
   return name && !name.includes("/") ? name : null;
 }
 
