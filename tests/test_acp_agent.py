@@ -99,6 +99,9 @@ def folder(tmp_path: Path) -> Path:
     path = tmp_path / "acp-folder"
     path.mkdir()
     (path / "notes.txt").write_text("the analyst's notes\n", encoding="utf-8")
+    # Anyone may write them: only the read-only mount stops the kernel (a root-run sandbox runs it as a uid of its own).
+    path.chmod(0o777)
+    (path / "notes.txt").chmod(0o666)
     return path
 
 

@@ -416,3 +416,24 @@ def test_a_stopping_replica_answers_503_stopping_until_its_request_is_done(deplo
         assert leaving.process.wait(60) in (0, 143, -15) and "Traceback" not in leaving.log(), leaving.log()
     finally:
         leaving.stop()
+
+
+def test_a_body_past_the_proxys_cap_is_refused_with_json_naming_the_limit(deployment: Deployment) -> None:
+    import socket
+    import ssl
+
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    head = "POST /api/sessions/any/files HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/octet-stream\r\nContent-Length: 300000000\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", deployment.port), timeout=30) as raw, context.wrap_socket(raw) as sock:
+        sock.sendall(head.encode())  # nginx answers from the length alone, before any of the body
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    status, _, rest = answer.partition(b"\r\n")
+    assert b" 413 " in status and b"application/json" in rest, answer[:500]
+    body = json.loads(rest.split(b"\r\n\r\n", 1)[1])
+    assert "client_max_body_size 257m" in body["error"] and "session.max_upload_bytes" in body["error"], body

@@ -401,7 +401,7 @@ class ExecutionConfig(_Section):
     cgroup: Literal["auto", "off"] = Field(
         "auto", description="give each kernel a cgroup of its own where this program may make one (root, or a delegated cgroup v2); off: never"
     )
-    confirm: bool = Field(False, description="show each cell and wait for run / edit / skip (interactive chat only)")
+    confirm: bool = Field(False, description="show each cell and wait for run / edit / skip (the chat on a terminal; an editor over ACP asks run / skip)")
     kernel: str | None = Field(
         None,
         description="the Python the local kernel runs on: null (this program's), an installed Jupyter kernelspec's name, "
@@ -595,8 +595,13 @@ class ServeConfig(_Section):
     hot_sessions: int = Field(
         100, ge=1, description="sessions a replica keeps in memory between requests at most (the least recently used idle one goes first)"
     )
+    hot_session_idle: float = Field(
+        300.0,
+        ge=1,
+        description="seconds a replica keeps a session unused in memory, and its kernel's connection open; then it lets go (the gateway may cull the kernel)",
+    )
     max_sessions_per_user: int | None = Field(
-        None, description="sessions (with at least one request) each user may have in the store; making another answers 429; null: no limit"
+        None, description="sessions each user may have in the store, counted as made; past it, New hands back their unused one, else 429; null: no limit"
     )
     trusted_user_header: str | None = Field(
         None, description="a single sign-on proxy's header naming the user (X-Forwarded-User for oauth2-proxy); null: no header is believed"

@@ -103,12 +103,32 @@ class SessionKernel(ABC):
         self._interrupt_requested = False
         self._closed = False
         self._starter: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._thread_name = "kernel-start"
+        self._claimed = False  # the kernel was asked for (on a gateway: its start accepted) before the start thread ran
 
-    def _begin(self, thread_name: str) -> None:
-        """Start the kernel in a background thread (the subclass calls this last in its constructor)."""
+    def _begin(self, thread_name: str, *, now: bool = True) -> None:
+        """Start the kernel in a background thread, or (`now=False`) at its first use (the subclass calls this last in its constructor)."""
         end_at_exit(self)
-        self._starter = threading.Thread(target=self._start, name=thread_name, daemon=True)
-        self._starter.start()
+        self._thread_name = thread_name
+        if now:
+            with self._start_lock:
+                self._starter = threading.Thread(target=self._start, name=thread_name, daemon=True)
+                self._starter.start()
+
+    def start(self) -> None:
+        """Start a kernel that waits for its first use; what refuses the start at once (a gateway's limit) is raised here. No-op once started."""
+        with self._start_lock:
+            if self._starter is not None or self._closed:
+                return
+            self._claim()
+            self._claimed = True
+            self._starter = threading.Thread(target=self._start, name=self._thread_name, daemon=True)
+            self._starter.start()
+
+    def still_there(self) -> bool:
+        """True: a local kernel cannot go away unnoticed (a gateway's kernel may: gateway/remote.py)."""
+        return True
 
     @property
     def working_dir(self) -> Path:
@@ -120,8 +140,9 @@ class SessionKernel(ABC):
         return artifact_file(self.artifacts_dir, name)
 
     def wait_ready(self, timeout: float | None = None) -> None:
-        """Block until the kernel answers (default limit: the configured start timeout); KernelError if not."""
+        """Block until the kernel answers (default limit: the configured start timeout), starting one that waited for its first use; KernelError if not."""
         self._check_open()
+        self.start()
         limit = self.config.kernel_start_timeout + REPLY_WAIT + self._start_wait if timeout is None else timeout
         if not self._ready.wait(limit):
             raise KernelError(f"{self._kernel_name()} is not ready after {limit:g} s{self._see_also()}")
@@ -224,6 +245,8 @@ class SessionKernel(ABC):
 
     def _start(self) -> None:
         try:
+            if not self._claimed:
+                self._claim()
             self._launch()
         except Exception as exc:  # noqa: BLE001 - whatever it is, `wait_ready` reports it as a KernelError in the caller's thread
             self._start_error = exc
@@ -262,6 +285,9 @@ class SessionKernel(ABC):
                 raise
             kept = dataclasses.replace(partial, success=False, cancelled=True, interrupted=True, elapsed=time.monotonic() - started)
             raise CellCancelled(kept) from None
+        except Exception:
+            output.close()  # the transport failed (its gateway went away): the error says what became of the cell
+            raise
         finally:
             self._running = False
         interrupted = self._interrupt_requested and not end.timed_out
@@ -368,9 +394,12 @@ class SessionKernel(ABC):
     def _kernel_folder(self) -> str:
         """The kernel's working folder as the kernel names it (a cell that leaves it is put back there)."""
 
+    def _claim(self) -> None:  # noqa: B027 - nothing to claim for a local kernel; a gateway's start request is one
+        """The part of a start that may be refused at once (a gateway's start request); run by `start` in the caller's thread, else in the start thread."""
+
     @abstractmethod
     def _launch(self) -> None:
-        """Start the kernel and connect to it (in the start thread)."""
+        """Start the kernel and connect to it (in the start thread, after `_claim`)."""
 
     @abstractmethod
     def _execute(self, code: str) -> str:

@@ -143,6 +143,6 @@ def read_version(conn: psycopg.Connection[Any], *, where: str) -> int:
     if version > SCHEMA_VERSION:
         raise StoreError(
             f"{where} was written by a newer taskweaver-lite (store schema version {version}; this one reads "
-            f"up to {SCHEMA_VERSION}); upgrade taskweaver-lite (pip install -U taskweaver-lite) on every server that uses it"
+            f"up to {SCHEMA_VERSION}); upgrade taskweaver-lite on every server that uses it (in a checkout: git pull, then pip install '.[team]')"
         )
     return version

@@ -158,7 +158,7 @@ def _schema_version(db: sqlite3.Connection, target: int, *, path: Path) -> int:
     if version > target:
         raise StoreError(
             f"{path} was written by a newer taskweaver-lite (store schema version {version}; this one reads "
-            f"up to {target}); upgrade taskweaver-lite (pip install -U taskweaver-lite) to open it"
+            f"up to {target}); upgrade taskweaver-lite to open it (in a checkout: git pull, then pip install .)"
         )
     if version == 0 and db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
         raise StoreError(f"{path} is an SQLite file but not a taskweaver-lite session store; move it aside or set store.path")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from taskweaver_lite.errors import AmbiguousSessionError, StoreError, UnknownSessionError
+from taskweaver_lite.errors import AmbiguousSessionError, SessionLimitReached, StoreError, UnknownSessionError
 from taskweaver_lite.records.conversation import Post, Round
 from taskweaver_lite.records.events import CellPrinted, Event, FileLoaded, ReplyStreamed, Working
 from taskweaver_lite.records.execution import Variable
@@ -65,14 +65,32 @@ class SqlStore(UserQueries):
 
     # Sessions
 
-    def create_session(self, session_id: str, *, started: float, owner: str | None = None) -> None:
-        """Add a new, empty session, owned by the user whose id is `owner` (None: made without users)."""
+    def create_session(self, session_id: str, *, started: float, owner: str | None = None, limit: int | None = None) -> None:
+        """Add a new, empty session, owned by the user whose id is `owner` (None: made without users).
+
+        With `limit`, SessionLimitReached when `owner` already has that many sessions, empty ones
+        included: counted and made in one transaction that holds the owner's lock, so starts sent at
+        once by one user, to any server on the store, are counted one after another.
+        """
         if not SESSION_ID.match(session_id):
             raise StoreError(f"'{session_id}' is not a valid session id (letters, digits, '.', '_' and '-' only)")
         with self._transaction() as db:
+            if limit is not None and owner is not None:
+                self._one_at_a_time(db, f"sessions of {owner}")
+                count = int(db.execute("SELECT COUNT(*) FROM sessions WHERE owner = ?", (owner,)).fetchone()[0])
+                if count >= limit:
+                    unused = db.execute(
+                        "SELECT id FROM sessions s WHERE owner = ? AND NOT EXISTS (SELECT 1 FROM rounds r WHERE r.session_id = s.id)"
+                        " ORDER BY started DESC LIMIT 1",
+                        (owner,),
+                    ).fetchone()
+                    raise SessionLimitReached(count, limit, unused=None if unused is None else str(unused[0]))
             if db.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
                 raise StoreError(f"session {session_id} already exists in {self.where}")
             db.execute("INSERT INTO sessions (id, started, last_active, owner) VALUES (?, ?, ?, ?)", (session_id, started, started, owner))
+
+    def _one_at_a_time(self, db: Any, key: str) -> None:
+        """Hold `key`'s lock until the transaction ends (SQLite: its write transaction already is one at a time)."""
 
     def record(self, session_id: str, *events: Event, shown: Sequence[dict[str, Any]] = ()) -> list[int]:
         """Write session events (and `shown`, entries for the event log) in one transaction; returns the log entries' ids.
@@ -155,11 +173,9 @@ class SqlStore(UserQueries):
         return [SessionEntry(id=r[0], title=r[1], rounds=int(r[2]), started=float(r[3]), last_active=float(r[4]), owner=r[5]) for r in rows]
 
     def count_sessions(self, *, owner: str) -> int:
-        """How many sessions `owner` has that `list_sessions` shows them (those with at least one round)."""
+        """How many sessions `owner` has, those never asked anything included (what serve.max_sessions_per_user counts)."""
         with self._read_one() as db:
-            row = db.execute(
-                "SELECT COUNT(*) FROM sessions s WHERE s.owner = ? AND EXISTS (SELECT 1 FROM rounds r WHERE r.session_id = s.id)", (owner,)
-            ).fetchone()
+            row = db.execute("SELECT COUNT(*) FROM sessions WHERE owner = ?", (owner,)).fetchone()
         return int(row[0])
 
     def resolve(self, ref: str, *, owner: str | None = None) -> str:

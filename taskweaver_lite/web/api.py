@@ -45,7 +45,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from taskweaver_lite.errors import GatewayError, StoreError, StoreUnavailable, TaskWeaverError, UnknownSessionError
+from taskweaver_lite.errors import GatewayError, KernelLimitReached, StoreError, StoreUnavailable, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.llm.client import usage_by_purpose
 from taskweaver_lite.records.event_json import round_json
 from taskweaver_lite.records.model_calls import Usage
@@ -120,6 +120,8 @@ def answer_failure(exc: Exception, *, hub: Hub | None = None) -> JSONResponse:
         return error(429, said)
     if isinstance(exc, StoreUnavailable):
         return error(503, STORE_DOWN)
+    if isinstance(exc, KernelLimitReached):  # the gateway's own words: the user, the count and gateway.max_kernels_per_user
+        return error(429, said)
     if isinstance(exc, GatewayError):  # the service's own part is down or refused the replica: not the request's fault
         return error(503, GATEWAY_DOWN)
     return error(400, said)
@@ -138,8 +140,8 @@ def _sessions(hub: Hub) -> Handler:
     async def sessions(request: Request) -> Response:
         try:
             if request.method == "POST":
-                live = await asyncio.to_thread(hub.new, owner=user_of_request(request))
-                return JSONResponse({"id": live.id})
+                made = await asyncio.to_thread(hub.new, owner=user_of_request(request))
+                return JSONResponse({"id": made})
             rows = await asyncio.to_thread(hub.parts.store.list_sessions, owner=owner_of_request(request))
         except (AtLimit, Stopping, TaskWeaverError) as exc:
             return _failed(hub, exc)
@@ -173,6 +175,8 @@ def _failed(hub: Hub, exc: Exception) -> JSONResponse:
     if isinstance(exc, StoreUnavailable):
         hub.parts.metrics.store_unavailable.inc()
         _log.warning("%s", store_down(exc))  # one line, no traceback
+    elif isinstance(exc, KernelLimitReached):
+        _log.warning("the kernel gateway refused a kernel: %s", exc)
     elif isinstance(exc, GatewayError):
         _log.warning("%s", " ".join(str(exc).split()))  # the operator's line names the gateway; the client's does not
     return answer_failure(exc, hub=hub)

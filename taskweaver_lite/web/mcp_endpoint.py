@@ -74,7 +74,7 @@ class TeamServer(ToolServer):
 
     def _start(self, request: Request, question: str, ref: str | None, loop: asyncio.AbstractEventLoop) -> tuple[str, Turn]:
         if ref is None:
-            session_id = self.hub.new(owner=user_of_request(request)).id
+            session_id = self.hub.new(owner=user_of_request(request))
         else:
             session_id = self._own(request, ref)
             if self.hub.replica is None and self.hub.get(session_id) is None:
