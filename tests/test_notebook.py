@@ -291,3 +291,17 @@ def test_loading_the_extension_imports_nothing_heavy() -> None:
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]", "%load_ext is instant: the agent's modules are imported by the first request"
+
+
+def test_code_verification_applies_in_the_notebooks_kernel(kernel: Any, server: ScriptedServer, folders: tuple[Path, dict[str, str]]) -> None:
+    work, _ = folders
+    execute(kernel, ANALYST_CELL)
+    server.enqueue("planner", planner_reply("Sum the units of df as total_units."))
+    server.enqueue("code_generator", code_reply("import subprocess\nsubprocess.run(['touch', 'pwned'])"), code_reply(SUM_CODE))
+    server.enqueue("planner", planner_reply("60 units.", send_to="User"))
+    shown: list[dict[str, Any]] = []
+    _, printed = execute(kernel, "%%ask --set code_interpreter.code_verification_on=true\nsum the units", shown=shown)
+    notes = "".join(str(item["data"].get("text/plain", "")) for item in shown)
+    assert "Not run:** it breaks the verification rules." in notes and "subprocess" in notes, "the refusal shows with its rule"
+    assert not (work / "pwned").exists(), "the refused cell did not run"
+    assert "total units: 60" in printed, "the revised cell ran"
