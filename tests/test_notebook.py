@@ -281,6 +281,19 @@ def test_a_step_past_its_timeout_is_stopped_and_the_stop_button_stops_a_model_ca
     assert "1. sleep a while -> That ran too long and was stopped." in listed
     assert "2. what is slow? -> failed: Cancelled by the user." in listed and "3. are you there? -> Still here." in listed
 
+    shown.clear()
+    execute(kernel, "%ask_reset", shown=shown)
+    said = "".join(str(item["data"].get("text/plain", "")) for item in shown)
+    assert "The next request starts a new session for this notebook. The earlier one, `" in said and "stays stored" in said
+    shown.clear()
+    execute(kernel, "%ask_history", shown=shown)
+    assert "No requests yet" in str(shown[-1]["data"]["text/plain"]), "a reset notebook's history starts empty"
+    server.enqueue("planner", planner_reply("Fresh start.", send_to="User"))
+    assert execute(kernel, "%ask hello again")[0]["status"] == "ok"
+    shown.clear()
+    execute(kernel, "%ask_history", shown=shown)
+    assert "1 request." in str(shown[-1]["data"]["text/plain"]), "the new session has the one request"
+
 
 @pytest.mark.cli  # a fresh interpreter
 def test_loading_the_extension_imports_nothing_heavy() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import keyword
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -690,6 +691,14 @@ class McpConfig(_Section):
     """The Model Context Protocol: the MCP servers whose tools the CodeGenerator's code may call."""
 
     servers: dict[str, McpServerConfig] = Field(default_factory=dict, description="NAME: {command: [ARGV...], env: {...}}; a cell calls tool T as NAME.T(...)")
+    session_idle_timeout: float = Field(
+        300.0,
+        ge=0,
+        description=(
+            "seconds `taskweaver-lite mcp` keeps a session open that no request uses; then it closes it (it stays stored), so that "
+            "`chat --resume` or another host may open it, and its next ask resumes it; 0: kept until the host leaves"
+        ),
+    )
 
     @field_validator("servers")
     @classmethod
@@ -973,7 +982,8 @@ def _gateway_conflicts(execution: ExecutionConfig) -> list[str]:
 
 def yaml_text(value: Any) -> str:
     """A setting's value as it is written in YAML (true, null, 50%)."""
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    # On one line however long (a mapping of servers), in the order the settings are declared.
+    return yaml.safe_dump(value, default_flow_style=True, width=math.inf, sort_keys=False).strip().removesuffix("...").strip()
 
 
 def _merge_problem(err: ErrorDetails) -> str:

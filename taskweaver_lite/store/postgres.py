@@ -195,6 +195,7 @@ class PostgresStore(SqlStore):
     keeps_files = True
     now_sql = "extract(epoch from clock_timestamp())::double precision"
     cell_code_sql = "(data::jsonb -> 'execution' ->> 'code')"
+    cell_died_sql = "(data::jsonb -> 'execution' ->> 'kernel_died')"
     cell_seconds_sql = "COALESCE((data::jsonb -> 'execution' ->> 'elapsed')::double precision, 0)"
 
     def __init__(self, url: str, *, pool_size: int = 10) -> None:

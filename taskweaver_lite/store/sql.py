@@ -41,6 +41,7 @@ class SqlStore(UserQueries):
     keeps_files: bool = False
     now_sql = ""  # the database's clock in epoch seconds (leases are timed by it, not by a replica's)
     cell_code_sql = ""  # a post's cell code, from its `data` JSON
+    cell_died_sql = ""  # whether a post's cell found its kernel dead (`execution.kernel_died`), from its `data` JSON
     cell_seconds_sql = ""  # how long a post's cell ran, from its `data` JSON
 
     def __init__(self) -> None:
@@ -283,11 +284,19 @@ class SqlStore(UserQueries):
             db.execute("DELETE FROM rounds WHERE session_id = ? AND round_id = ?", (session_id, round_id))
 
     def successful_cells(self, session_id: str) -> list[str]:
-        """The code of every cell that ran without error, in the order it ran (for the kernel replay)."""
-        # Rounds of every state count: the kernel ran a failed round's good cells all the same.
+        """The code of every cell that ran without error in the session's kernel as it stands, in order (for the kernel replay).
+
+        Rounds of every state count: the kernel ran a failed round's good cells all the same. A kernel
+        that died took its variables with it: only the cells since the last death count (the cell that
+        noticed it, when it ran in the new kernel), so a replay gives what the session had, no more.
+        """
         with self._read_one() as db:
-            rows = db.execute(f"SELECT {self.cell_code_sql} FROM posts WHERE session_id = ? AND success = 1 ORDER BY seq", (session_id,)).fetchall()
-        return [r[0] for r in rows]
+            rows = db.execute(
+                f"SELECT {self.cell_code_sql}, success, {self.cell_died_sql} FROM posts WHERE session_id = ? AND {self.cell_code_sql} IS NOT NULL ORDER BY seq",
+                (session_id,),
+            ).fetchall()
+        since = max((number for number, row in enumerate(rows) if _true(row[2])), default=0)
+        return [row[0] for row in rows[since:] if row[1]]
 
     # Artifacts and uploads
 
@@ -416,3 +425,8 @@ def _secret_setting(key: str) -> bool:
 def _usage(sums: list[int]) -> Usage:
     calls, failed, prompt, completion, cached = sums
     return Usage(calls=calls, failed_calls=failed, prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
+
+
+def _true(value: object) -> bool:
+    """A JSON boolean as a backend reads it out of a document: 1 (SQLite), true or 'true' (PostgreSQL)."""
+    return value in (1, True, "true")

@@ -25,7 +25,7 @@ from pathlib import Path
 from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import SessionBusyError, SessionLimitReached, StoreError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.kernel.executor import close_thread_loop
-from taskweaver_lite.records.events import CellPrinted, Event, ModelCalled, ReplyStreamed, Working
+from taskweaver_lite.records.events import CellPrinted, Event, Listener, ModelCalled, ReplyStreamed, Working
 from taskweaver_lite.session.assembly import delete_session, new_session_id
 from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.interface import Notices, Store
@@ -156,15 +156,19 @@ class Hub:
         with self._lock:
             return self._open.get(session_id)
 
-    def ask(self, session_id: str, text: str, *, loop: asyncio.AbstractEventLoop) -> Turn:
-        """Start answering `text` in the session, its events read on `loop` (a replica: call from a thread); Busy, NotOpen, Stopping."""
+    def ask(self, session_id: str, text: str, *, loop: asyncio.AbstractEventLoop, listener: Callable[[LiveSession], Listener] | None = None) -> Turn:
+        """Start answering `text` in the session, its events read on `loop` (a replica: call from a thread); Busy, NotOpen, Stopping.
+
+        `listener(live)`, when given, makes a listener that hears the session's events while this request's turn runs.
+        """
         self._refuse_when_stopping()
         started = time.monotonic()
         leases = self.parts.leases
         if leases is None:
             live = self._open_here(session_id)
             since = self.parts.store.last_event_id(session_id)
-            turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, None))
+            heard = listener(live) if listener is not None else None
+            turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, None), listener=heard)
             turn.since = since
             return turn
         hold = self._take(leases, session_id)
@@ -172,7 +176,9 @@ class Hub:
             live = self._current(session_id)
             live.session.executor.start()  # a new session's kernel, at its first request: refused here (429, 503), not in the round
             live.last_used = time.monotonic()
-            turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, hold), on_done=functools.partial(self._finish, live, hold))
+            heard = listener(live) if listener is not None else None
+            answered, done = functools.partial(self._answered, started, hold), functools.partial(self._finish, live, hold)
+            turn = live.ask(text, loop=loop, on_answer=answered, on_done=done, listener=heard)
             turn.since = live.version
             return turn
         except BaseException:
@@ -220,6 +226,23 @@ class Hub:
         finally:
             if hold is not None and leases is not None:
                 leases.release(hold)  # its row went with the session: nothing is left to free but this replica's note of it
+
+    def release(self, session_id: str) -> bool:
+        """Let go of the session held here (it stays stored): alone, its kernel ends and its claim goes; a replica drops its copy.
+
+        False when none is held here; Busy while it answers.
+        """
+        live = self.get(session_id)
+        if live is None:
+            return False
+        if live.busy:
+            raise Busy("This session is answering a request: close it once the answer is in.")
+        with self._lock:
+            if self._open.get(session_id) is live:
+                del self._open[session_id]
+            self.parts.metrics.open_sessions.set(len(self._open))
+        live.close(record=self.replica is None)  # a replica's copy may be older than the store
+        return True
 
     def forget_if_deleted(self, session_id: str) -> None:
         """A replica's copy of a session the store no longer has (deleted on another replica) goes, with its folder here."""
