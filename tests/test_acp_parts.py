@@ -3,6 +3,7 @@ folder and MCP servers become as a session's settings (lent read-only, or not, a
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,9 @@ from taskweaver_lite.acp.folders import FolderError, editor_settings, python_nam
 from taskweaver_lite.acp.updates import TurnUpdates, fenced, plan_update
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.records.conversation import Plan, Post
-from taskweaver_lite.records.events import CellPrinted, PostAdded, Working
+from taskweaver_lite.records.events import CellPrinted, PostAdded, ReplyStreamed, Working
 from taskweaver_lite.records.execution import ExecutionResult
+from taskweaver_lite.records.model_calls import Delta
 
 pytestmark = pytest.mark.unit
 
@@ -99,3 +101,34 @@ def test_the_editors_stdio_servers_join_mcp_servers_under_python_names_and_http_
     assert "runs beside the kernel as my_files: a cell calls its tools as my_files.TOOL(...)" in settings.notices[0]
     assert "'web' is not started: only servers run by a command (stdio)" in settings.notices[1]
     assert [python_name(name) for name in ("clock", "2fa", "class", "a b")] == ["clock", "_2fa", "_class", "a_b"]
+
+
+def test_the_answer_streams_as_it_is_written_once_and_a_reasoning_models_thinking_is_a_thought() -> None:
+    sent: list[Any] = []
+    turn = TurnUpdates(sent.append)
+    reply = json.dumps(
+        {"response": {"init_plan": "1. answer", "plan": "1. answer", "current_plan_step": "1. answer", "send_to": "User", "message": "The total is 600."}}
+    )
+    turn.listen(ReplyStreamed("planner", Delta("start")))
+    turn.listen(ReplyStreamed("planner", Delta("reasoning", "The user wants the sum. ")))
+    turn.listen(ReplyStreamed("planner", Delta("content", "<think>Three rows.</think>")))
+    for start in range(0, len(reply), 7):
+        turn.listen(ReplyStreamed("planner", Delta("content", reply[start : start + 7])))
+    streamed = "".join(update.content.text for update in sent if update.session_update == "agent_message_chunk")
+    assert streamed == "The total is 600." and len([u for u in sent if u.session_update == "agent_message_chunk"]) > 1
+    turn.listen(PostAdded(round=None, post=Post(send_from="Planner", send_to="User", message="The total is 600.")))  # type: ignore[arg-type]
+    answer = "".join(update.content.text for update in sent if update.session_update == "agent_message_chunk")
+    assert answer == "The total is 600.", "the posted answer adds nothing that streamed already"
+    thoughts = "".join(update.content.text for update in sent if update.session_update == "agent_thought_chunk")
+    assert thoughts == "The user wants the sum. Three rows."
+
+
+def test_a_step_to_a_role_does_not_stream_as_the_answer() -> None:
+    sent: list[Any] = []
+    turn = TurnUpdates(sent.append)
+    reply = json.dumps(
+        {"response": {"init_plan": "1. sum", "plan": "1. sum", "current_plan_step": "1. sum", "send_to": "CodeInterpreter", "message": "Sum it."}}
+    )
+    turn.listen(ReplyStreamed("planner", Delta("start")))
+    turn.listen(ReplyStreamed("planner", Delta("content", reply)))
+    assert [update for update in sent if update.session_update == "agent_message_chunk"] == []

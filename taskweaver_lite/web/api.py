@@ -9,7 +9,8 @@
     POST /api/sessions/{id}/stop                cancel the running request, like Ctrl-C (on whichever replica runs it)
     POST /api/sessions/{id}/files               multipart `file` -> like /load
     GET  /api/sessions/{id}/artifacts/{name}    a file the session produced (only from its folders, or the store)
-    GET  /api/sessions/{id}/context             each role's last prompt, in tokens by part, against its budget; prompt tokens cached and not
+    GET  /api/sessions/{id}/context             each role's last prompt, in tokens by part, against its budget; prompt tokens cached and not;
+                                                how they are counted (`counted_with`)
     GET  /api/sessions/{id}/export?format=ipynb|md
     POST /api/sessions/{id}/experience          distil the session into tips (like /save) -> {"saved": [...]}
     GET  /api/sessions/{id}/experience          every tip, and the handcrafted files that could not be read
@@ -47,6 +48,7 @@ from starlette.types import Receive, Scope, Send
 
 from taskweaver_lite.errors import GatewayError, KernelLimitReached, StoreError, StoreUnavailable, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.llm.client import usage_by_purpose
+from taskweaver_lite.llm.counting import ModelTokenizer
 from taskweaver_lite.records.event_json import round_json
 from taskweaver_lite.records.model_calls import Usage
 from taskweaver_lite.safety.workfiles import open_below
@@ -462,6 +464,8 @@ def _roles(live: LiveSession) -> list[dict[str, Any]]:
             "uncached_tokens": calls.uncached_tokens,
             "fold_prompt_tokens": folds.prompt_tokens,
             "fold_cached_tokens": folds.cached_tokens,
+            # How its prompts are counted: the server's tokenizer, or llm.tokenizer times a ratio ('' for a model in this process).
+            "counted_with": context.tokenizer.describe() if isinstance(context.tokenizer, ModelTokenizer) else "",
         }
         report = context.report()
         if report is None:
