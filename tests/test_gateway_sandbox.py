@@ -378,6 +378,7 @@ def test_a_kernel_gone_from_the_gateway_between_cells_is_replaced_and_its_variab
         requests.delete(f"{sandboxed.gateway.url}/api/kernels/{first}", headers={"Authorization": f"token {sandboxed.gateway.token}"}, timeout=60)
         lost = executor.run("print('after')")
         assert lost.kernel_died and lost.lost_variables == ("kept",), "a kernel ended while its session's copy stays open: said on the next cell"
+        assert "no longer on the gateway" in lost.outcome() and "died" not in lost.outcome(), "ended while idle: not told as a death"
         assert executor.kernel_id != first
         if idle:
             assert lost.stdout == "after\n", "asked before the cell: the cell runs on the new kernel"

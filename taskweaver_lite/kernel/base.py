@@ -106,6 +106,7 @@ class SessionKernel(ABC):
         self._start_lock = threading.Lock()
         self._thread_name = "kernel-start"
         self._claimed = False  # the kernel was asked for (on a gateway: its start accepted) before the start thread ran
+        self._ended_why = ""  # set with a kernel found gone between cells that did not die (a gateway ended it): said on the next cell
 
     def _begin(self, thread_name: str, *, now: bool = True) -> None:
         """Start the kernel in a background thread, or (`now=False`) at its first use (the subclass calls this last in its constructor)."""
@@ -167,8 +168,9 @@ class SessionKernel(ABC):
             with self._cell_limits():
                 result = self._run_cell(code, self.config.timeout if timeout is None else timeout, on_output)
             result = self._limits_checked(result)
-            if lost is not None:  # died since the last cell, with or without variables: say so on this one
-                result = dataclasses.replace(result, kernel_died=True, lost_variables=lost)
+            if lost is not None:  # died (or was ended) since the last cell, with or without variables: say so on this one
+                result = dataclasses.replace(result, kernel_died=True, lost_variables=lost, kernel_ended=self._ended_why)
+            self._ended_why = ""
             return result
 
     def interrupt(self) -> None:
@@ -297,7 +299,8 @@ class SessionKernel(ABC):
         if end.ending != "idle":
             lost = self._namespace.names()
             self._recover(end.ending)
-            return dataclasses.replace(base, success=False, kernel_died=True, lost_variables=lost, changes=VariableChanges(deleted=lost))
+            ended, self._ended_why = self._ended_why, ""
+            return dataclasses.replace(base, success=False, kernel_died=True, lost_variables=lost, changes=VariableChanges(deleted=lost), kernel_ended=ended)
         return self._finish(base, end.reply or {})
 
     def _finish(self, base: ExecutionResult, reply: dict[str, Any]) -> ExecutionResult:

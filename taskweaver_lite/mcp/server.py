@@ -377,7 +377,11 @@ def ask_result(session: Session, rnd: Round, *, written: Collection[str]) -> typ
 
 
 def failed_answer(session_id: str | None, message: str, *, state: str = "failed") -> types.CallToolResult:
-    """`ask`'s answer when the turn gave none (it failed, was cancelled, or could not start): the reason, in its text and structured content."""
+    """`ask`'s answer when the turn gave none (it failed, was cancelled, or could not start): the reason, in its text and structured content.
+
+    This machine's paths and process ids are left out (`for_client`).
+    """
+    message = for_client(message)
     structured = {"answer": message, "session_id": session_id or "", "state": state, "artifacts": []}
     return types.CallToolResult(content=[types.TextContent(type="text", text=message)], structured_content=structured, is_error=True)
 

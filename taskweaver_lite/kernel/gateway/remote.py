@@ -43,6 +43,10 @@ _STATES_OF_DEATH = ("restarting", "dead", "starting")
 # have gone astray: two answers in a row that are not "busy" mean the kernel is no longer in our cell.
 LIVENESS_CHECK = 2.0
 _HOME = "home"
+ENDED_WHILE_IDLE = (
+    "The session's kernel was no longer on the gateway, which ends idle kernels (culled after gateway.cull_idle_timeout, "
+    "or to make room for another of its user's sessions under gateway.max_kernels_per_user)"
+)
 # Seconds without a cell after which the next one first asks whether the gateway still has the kernel (it may have culled it).
 GONE_CHECK = 30.0
 # Seconds to wait for a new kernel's output channel to answer before asking again.
@@ -316,6 +320,7 @@ class GatewayExecutor(SessionKernel):
         self._namespace.forget()
         try:
             if self.kernel.state() == GONE:
+                self._ended_why = ENDED_WHILE_IDLE
                 self._start_afresh()
                 return
             if not self.kernel.connected:
@@ -347,6 +352,7 @@ class GatewayExecutor(SessionKernel):
     def _replaced_gone_kernel(self) -> tuple[str, ...]:
         """The gateway has no kernel of that id any more (culled, or ended to make room for its user's next one): a new one; the lost names."""
         lost = self._namespace.names()
+        self._ended_why = ENDED_WHILE_IDLE
         self._start_afresh()
         return lost
 
