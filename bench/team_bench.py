@@ -45,6 +45,7 @@ from typing import Any
 import httpx
 import psutil
 
+from taskweaver_lite.kernel.gateway.provisioner import SESSION_ROUTE
 from taskweaver_lite.testing.kernel_gateway import Gateway, kernel_gateway, sandbox_gateway
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster, running_cluster
 from taskweaver_lite.testing.replicas import ServeProcess, write_team_project
@@ -101,6 +102,7 @@ class Load:
     store_cpu: float  # of which PostgreSQL's
     refreshed: tuple[int, float]  # replicas' copies brought up to date in place: how many, mean seconds
     loaded: tuple[int, float]  # sessions loaded afresh from the store: how many, mean seconds
+    sessions: list[str]  # the ids of the sessions the load made
 
 
 def load(
@@ -122,7 +124,7 @@ def load(
     with httpx.Client(timeout=120) as http:
         refreshed, loaded = (_histogram(http, urls, name) for name in ("taskweaver_session_refresh_seconds", "taskweaver_session_load_seconds"))
     answered = max(len(arrivals), 1)
-    return Load(latencies, len(arrivals) / elapsed, len(arrivals), spent / answered, stored / answered, refreshed, loaded)
+    return Load(latencies, len(arrivals) / elapsed, len(arrivals), spent / answered, stored / answered, refreshed, loaded, opened)
 
 
 def cpu_seconds(pids: list[int]) -> dict[int, float]:
@@ -195,7 +197,7 @@ def measure_load(
                 service, store_pids = functools.partial(service_pids, servers, store), functools.partial(postgres_pids, store)
                 urls = [s.url for s in servers]
                 found = load(urls, model, sessions=size, requests=requests, service=service, store_pids=store_pids, sticky=name.endswith("-sticky"))
-            cull(gateway)  # replicas leave kernels on the gateway; a deployment's culling ends them, here at once
+            cull(gateway, found.sessions)  # replicas leave kernels on the gateway; a deployment's culling ends them, here at once
             results[(name, size)] = found
             line = f"  {name:8} {size:3} sessions: p95 {p95(found.latencies) * 1000:7.1f} ms, {found.rate:6.1f} requests/s, {found.answered} answered"
             moves = ""
@@ -207,12 +209,21 @@ def measure_load(
     return results
 
 
-def cull(gateway: Gateway) -> None:
-    """End every kernel the gateway runs (what its idle culling does in a deployment)."""
+def cull(gateway: Gateway, sessions: list[str]) -> None:
+    """End the kernels of `sessions` on the gateway (what its idle culling does in a deployment).
+
+    `taskweaver-lite gateway` lists no kernels: each session's kernels end through its session route.
+    A plain gateway lists them (the bench starts it with `list_kernels`): each one is deleted.
+    """
     headers = {"Authorization": f"token {gateway.token}"}
     with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as http:
-        for kernel in http.get("/api/kernels").json():
-            http.delete(f"/api/kernels/{kernel['id']}")
+        listed = http.get("/api/kernels")
+        if listed.status_code == 200:
+            for kernel in listed.json():
+                http.delete(f"/api/kernels/{kernel['id']}")
+            return
+        for session_id in sessions:
+            http.delete(f"{SESSION_ROUTE}{session_id}")
 
 
 def kills(project: Path, *, count: int, lease: float) -> tuple[list[float], list[float], int, int, float]:

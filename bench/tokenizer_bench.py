@@ -80,7 +80,7 @@ def run(server: LlamaServer, mode: str, rounds: int) -> dict[str, Any]:
     finally:
         ModelTokenizer.observe = observe  # type: ignore[method-assign]
     shares = [(server_count(server, r.messages) + int(r.body["max_tokens"])) / WINDOW for r in done.requests]
-    return {"counted": counted, "shares": shares, "failed": len(done.failed_rounds), "requests": done.requests}
+    return {"counted": counted, "shares": shares, "failed": len(done.failed_rounds), "requests": done.requests, "seconds": done.seconds}
 
 
 def cost(server: LlamaServer, requests: Any) -> dict[str, float]:
@@ -111,14 +111,18 @@ def main() -> None:
         sys.exit(missing())
     with llama_server(binary, model, slots=1) as server:
         print(f"SmolLM2-135M-Instruct on llama-server; the soak, {args.rounds} requests, llm.context_window {WINDOW:,}\n")
-        print(f"{'counting':<26}{'requests':>9}{'server/budget mean':>20}{'worst':>8}{'worst of window':>17}{'over window':>13}{'failed rounds':>15}")
+        head = f"{'counting':<26}{'requests':>9}{'server/budget mean':>20}{'worst':>8}{'worst of window':>17}{'over window':>13}"
+        print(f"{head}{'failed rounds':>15}{'session s':>11}")
         results = {}
         for mode in MODES:
             result = results[mode] = run(server, mode, args.rounds)
             ratios = [served / ours for served, ours in result["counted"]]
             shares = result["shares"]
             over = sum(1 for share in shares if share > 1.0)
-            print(f"{LABELS[mode]:<26}{len(shares):>9}{statistics.fmean(ratios):>20.3f}{max(ratios):>8.3f}{max(shares):>17.3f}{over:>13}{result['failed']:>15}")
+            print(
+                f"{LABELS[mode]:<26}{len(shares):>9}{statistics.fmean(ratios):>20.3f}{max(ratios):>8.3f}{max(shares):>17.3f}{over:>13}"
+                f"{result['failed']:>15}{result['seconds']:>11.1f}"
+            )
         spent = cost(server, results["auto"]["requests"])
         print(
             f"\ncounting a prompt, in the session's order: {spent['server']:.2f} ms by the server's tokenizer against {spent['o200k']:.2f} ms "

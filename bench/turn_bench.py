@@ -89,6 +89,12 @@ class TimedExecutor:
     def catch_up(self, kernel_id: str | None, *, cells_before: int) -> bool:
         return False
 
+    def start(self) -> None:
+        pass
+
+    def still_there(self) -> bool:
+        return True
+
     def variables(self) -> tuple[Variable, ...]:
         return self.inner.variables()
 

@@ -72,6 +72,10 @@ class GatewayConnectionLost(GatewayError):
     """The WebSocket to the kernel closed."""
 
 
+class KernelLimitReached(GatewayError):
+    """The gateway will not start another kernel for this user (gateway.max_kernels_per_user); the message is the gateway's, naming the setting."""
+
+
 class StoreError(TaskWeaverError):
     """The session store is unreadable, locked, or from a newer version."""
 
@@ -82,6 +86,18 @@ class StoreUnavailable(StoreError):
 
 class SessionBusyError(StoreError):
     """Another process has this session open."""
+
+
+class SessionLimitReached(StoreError):
+    """The user already has as many sessions as the limit allows (serve.max_sessions_per_user); `unused`: their newest one never asked anything."""
+
+    def __init__(self, count: int, limit: int, *, unused: str | None) -> None:
+        super().__init__(f"the user has {count} sessions, the most serve.max_sessions_per_user ({limit}) allows")
+        self.count, self.limit, self.unused = count, limit, unused
+
+
+class AmbiguousSessionError(StoreError):
+    """A start of a session id that more than one stored session begins with; the message lists some and asks for more."""
 
 
 class UnknownSessionError(StoreError):

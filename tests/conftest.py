@@ -1,4 +1,4 @@
-"""Shared pytest fixtures, and the test tiers: every test is `unit`, `kernel`, `cli`, `soak`, `llama`, `real`, `postgres`, `team` or `otlp`.
+"""Shared pytest fixtures, and the test tiers: every test is `unit`, `kernel`, `cli`, `soak`, `llama`, `real`, `postgres`, `team`, `otlp` or `jupyter`.
 
 A file's tier is its `pytestmark = pytest.mark.<tier>` line; a test's own tier marker wins over its
 file's (a quick check in a kernel file). A test with no tier fails, saying where to put one.
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from taskweaver_lite.testing.postgres_cluster import PostgresCluster
     from taskweaver_lite.testing.scripted_server import ScriptedServer
 
-TIERS = ("unit", "kernel", "cli", "soak", "llama", "real", "postgres", "team", "otlp")
+TIERS = ("unit", "kernel", "cli", "soak", "llama", "real", "postgres", "team", "otlp", "jupyter")
 # unit: no kernel, no program started, nothing off this machine (a scripted model server or `serve` on
 # 127.0.0.1 in a thread is fine); kernel: a real ipykernel (local, sandboxed or on a gateway) or a
 # browser; cli: a program started: ours as a command, pytest itself, a fresh interpreter, a writer
@@ -35,7 +35,8 @@ TIERS = ("unit", "kernel", "cli", "soak", "llama", "real", "postgres", "team", "
 # test run (the store's tests on their second backend); team: several `serve` processes on that
 # PostgreSQL server and a real kernel gateway (the replicas' flows, faults included); otlp: traces sent
 # to Arize Phoenix, installed once by .ci/phoenix.sh in its own venv, and read back from it (the tests
-# skip without it).
+# skip without it); jupyter: JupyterLab with Jupyter AI and the persona, installed by .ci/jupyter-ai.sh
+# in its own venv, asked in its chat from headless Chromium (the tests skip without it).
 
 
 _UNTIERED = pytest.StashKey[bool]()

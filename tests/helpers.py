@@ -148,6 +148,12 @@ class IdleExecutor:
     def catch_up(self, kernel_id: str | None, *, cells_before: int) -> bool:
         return False
 
+    def start(self) -> None:
+        pass
+
+    def still_there(self) -> bool:
+        return True
+
     def variables(self) -> tuple[Variable, ...]:
         return ()
 

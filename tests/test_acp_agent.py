@@ -99,6 +99,9 @@ def folder(tmp_path: Path) -> Path:
     path = tmp_path / "acp-folder"
     path.mkdir()
     (path / "notes.txt").write_text("the analyst's notes\n", encoding="utf-8")
+    # Anyone may write them: only the read-only mount stops the kernel (a root-run sandbox runs it as a uid of its own).
+    path.chmod(0o777)
+    (path / "notes.txt").chmod(0o666)
     return path
 
 
@@ -322,3 +325,19 @@ def test_a_second_process_loads_the_session_with_its_history_and_variables(proje
     asyncio.run(resume(session_id))
     [row] = stored_sessions(project)
     assert row["id"] == session_id and row["rounds"] == 2
+
+
+def test_the_editor_settings_as_the_docs_write_them_work_from_any_folder_without_the_venv_on_path(project: Path, folder: Path) -> None:
+    """The docs' Zed and JetBrains entries: the console script's full path, `acp -p PROJECT`, started from / with a bare PATH."""
+    command = str(Path(sys.executable).parent / "taskweaver-lite")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(folder.parent)}
+    editor = Editor()
+
+    async def scenario() -> str:
+        async with spawn_agent_process(editor, command, "acp", "-p", str(project), env=env, cwd="/", transport_kwargs={"stderr": None}) as (conn, _):  # type: ignore[arg-type]
+            await asyncio.wait_for(conn.initialize(protocol_version=PROTOCOL_VERSION), WAIT)
+            session_id = (await asyncio.wait_for(conn.new_session(cwd=str(folder), mcp_servers=[]), WAIT)).session_id
+            return await ask(conn, session_id, "set x please")
+
+    assert asyncio.run(scenario()) == "end_turn"
+    assert editor.answer() == "The answer is 42."

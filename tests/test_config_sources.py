@@ -152,3 +152,12 @@ def test_chat_lists_the_ignored_taskweaver_keys_once(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("ignored: logging.log_folder") == 1
     assert "not found: using the defaults" not in done.stderr
+
+
+def test_taskweavers_document_retriever_index_folder_is_read_as_the_folder_the_built_in_retriever_indexes(tmp_path: Path) -> None:
+    settings = {"session.roles": ["planner", "document_retriever"], "document_retriever.index_folder": "knowledge_base"}
+    project = project_with(tmp_path, json.dumps(settings), name="taskweaver_config.json")
+    config = load_config(project)
+    assert config.document_retriever.folder == "knowledge_base" and "document_retriever" in config.session.roles
+    [line] = config.notices
+    assert line.startswith(f'{project / "taskweaver_config.json"}: document_retriever.index_folder: "knowledge_base" read as document_retriever.folder')

@@ -9,6 +9,7 @@ running request and the page must recover on the other. Skipped without nginx, o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -24,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from helpers import OIDC_PROVIDER_MODULE, oidc_provider
 
 from taskweaver_lite.kernel.gateway.remote import REMOTE_SESSIONS
 from taskweaver_lite.store.postgres import PostgresStore
@@ -45,20 +47,26 @@ pytestmark = [pytest.mark.team, pytest.mark.timeout(300), NEEDS_NGINX, NEEDS_CHR
 REPO = Path(__file__).resolve().parent.parent
 LEASE = 3.0  # serve.lease_timeout: a dead replica's session is free after this
 METRICS_TOKEN = "prometheus-only"
+SSO_SECRET = "the-deployment-tests-client-secret-0123456789"
+SSO_ACCOUNTS = {"dora": {"email": "dora@example.org", "groups": ["analysts"]}}
 
 
 class Deployment:
     """The running service: two replicas, nginx in front at `url` (https), a user's token, the cluster."""
 
-    def __init__(self, root: Path, project: Path, token: str, replicas: list[ServeProcess], *, store_url: str, gateway: Gateway) -> None:
+    def __init__(
+        self, root: Path, project: Path, token: str, replicas: list[ServeProcess], *, store_url: str, gateway: Gateway, port: int | None = None
+    ) -> None:
         self.root = root
         self.project = project
         self.token = token
+        self.admin_token = ""
         self.store_url = store_url
         self.gateway = gateway
         self.replicas = replicas
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"https://127.0.0.1:{self.port}"
+        self.sso = False  # serve.oidc is set, with oidc-provider running
         self.nginx = _start_nginx(root / "nginx", port=self.port, replicas=[replica.port for replica in replicas])
 
     def client(self, **headers: str) -> httpx.Client:
@@ -129,20 +137,36 @@ def _compose_host() -> str:
 def deployment(postgres_cluster: PostgresCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     root = tmp_path_factory.mktemp("deploy")
     (root / "gateway").mkdir()
-    with ScriptedServer() as model, kernel_gateway(root / "gateway") as gateway:
+    nginx_port, provider_port = free_port(), free_port()
+    sso = shutil.which("node") is not None and OIDC_PROVIDER_MODULE.exists()
+    provider = (
+        oidc_provider(port=provider_port, redirect_uris=[f"https://127.0.0.1:{nginx_port}/oidc/callback"], accounts=SSO_ACCOUNTS, client_secret=SSO_SECRET)
+        if sso
+        else contextlib.nullcontext("")
+    )
+    with ScriptedServer() as model, kernel_gateway(root / "gateway") as gateway, provider as issuer:
         run_code_model(model)
         url = postgres_cluster.new_database()
         project = write_team_project(root / "project", store_url=url, gateway=gateway, model_url=model.url, lease_timeout=LEASE)
         config = yaml.safe_load((project / "taskweaver_config.yaml").read_text())
         config["serve"]["metrics_token"] = METRICS_TOKEN
         config["serve"]["trusted_proxies"] = _shipped_trusted_proxies()
+        if sso:
+            config["serve"]["oidc"] = {"issuer": issuer, "client_id": "taskweaver", "client_secret": SSO_SECRET, "allowed_groups": ["analysts"]}
+            config["serve"]["oidc"]["scopes"] = ["openid", "email", "profile", "groups"]  # the provider sends groups with this scope
         (project / "taskweaver_config.yaml").write_text(yaml.safe_dump(config))
         added = subprocess.run(
             [sys.executable, "-m", "taskweaver_lite", "users", "add", "alice", "-p", str(project)], capture_output=True, text=True, timeout=60
         )
         assert added.returncode == 0, added.stderr
+        boss = subprocess.run(
+            [sys.executable, "-m", "taskweaver_lite", "users", "add", "boss", "--admin", "-p", str(project)], capture_output=True, text=True, timeout=60
+        )
+        assert boss.returncode == 0, boss.stderr
         replicas = [ServeProcess.start(project, args=("--host", _compose_host())) for _ in range(2)]
-        service = Deployment(root, project, added.stdout.strip().splitlines()[-1], replicas, store_url=url, gateway=gateway)
+        service = Deployment(root, project, added.stdout.strip().splitlines()[-1], replicas, store_url=url, gateway=gateway, port=nginx_port)
+        service.admin_token = boss.stdout.strip().splitlines()[-1]
+        service.sso = sso
         try:
             yield service
         finally:
@@ -166,7 +190,7 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
-def _sign_in_by_the_form(browser: Any, deployment: Deployment) -> None:
+def _sign_in_by_the_form(browser: Any, deployment: Deployment, token: str | None = None) -> None:
     """Open the page and sign in as a person does: the token pasted into the form, Enter."""
     from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
@@ -175,7 +199,7 @@ def _sign_in_by_the_form(browser: Any, deployment: Deployment) -> None:
     browser.delete_all_cookies()
     browser.get(f"{deployment.url}/")
     field = WebDriverWait(browser, 60).until(lambda d: d.find_element(By.NAME, "token"))
-    field.send_keys(deployment.token + "\n")
+    field.send_keys((token or deployment.token) + "\n")
     try:
         WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.ID, "new-session"))
     except TimeoutException:
@@ -298,6 +322,75 @@ def test_the_page_signs_in_by_its_form_and_out_through_nginx_and_the_signed_out_
     assert all(entry.source == "127.0.0.1" for entry in entries if entry.action == "sign-in"), "the client, as X-Forwarded-For names it"
 
 
+def test_the_admin_page_through_nginx_lists_the_users_sessions_kernels_usage_and_the_audit(deployment: Deployment, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    session_id = _open_new_session(browser, deployment)  # alice's session, with a kernel on the gateway
+    browser.find_element(By.ID, "text").send_keys("RUN<<print('for the admin', 6 * 7)>>\n")
+    _wait(browser, lambda d: "for the admin 42" in _chat(d) and d.find_element(By.ID, "send").is_enabled(), "alice's answer")
+    assert not browser.find_element(By.ID, "admin-link").is_displayed(), "no admin link for a user"
+    _sign_in_by_the_form(browser, deployment, deployment.admin_token)
+    _wait(browser, lambda d: d.find_element(By.ID, "admin-link").is_displayed(), "the admin link for an admin")
+    browser.find_element(By.ID, "admin-link").click()
+
+    def table(name: str) -> str:
+        return str(browser.find_element(By.ID, name).text)
+
+    _wait(browser, lambda d: "alice" in table("users") and "boss" in table("users"), "the users on the admin page")
+    _wait(browser, lambda d: session_id in table("sessions") and "sign-in" in table("audit"), "the sessions and the audit on the admin page")
+    _wait(browser, lambda d: session_id in table("kernels"), "alice's kernel on the gateway, with its session")
+    assert "alice" in [line.split()[0] for line in table("kernels").splitlines()[1:]], table("kernels")
+    assert "scripted" in table("usage") and "alice" in table("usage"), table("usage")
+    audit = table("audit")
+    assert "boss" in audit and "alice" in audit, audit
+    # An admin adds a user on the page: the token is shown once, and the audit names boss as the actor.
+    browser.find_element(By.ID, "new-name").send_keys("carl")
+    browser.find_element(By.CSS_SELECTOR, "#add-user button").click()
+    _wait(browser, lambda d: d.find_element(By.ID, "token-value").text.startswith("twl_") and "carl" in table("users"), "carl added with a token")
+    _wait(browser, lambda d: any(line.split()[2:4] == ["boss", "user-added"] for line in table("audit").splitlines()), "the page's change in the audit")
+
+
+def test_the_page_signs_in_through_the_openid_provider_behind_nginx_with_a_secure_cookie(deployment: Deployment, browser: Any) -> None:
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    if not deployment.sso:
+        pytest.skip("oidc-provider is not in build/npm (.ci/run installs it)")
+    browser.delete_all_cookies()
+    browser.get(f"{deployment.url}/")
+    WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.ID, "sso")).pop().click()
+    WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.NAME, "login")).pop().send_keys("dora")
+    browser.find_element(By.NAME, "password").send_keys("any password\n")
+
+    def landed(d: Any) -> bool:
+        consent = d.find_elements(By.CSS_SELECTOR, "input[name=prompt][value=consent]")
+        if consent:
+            consent[0].find_element(By.XPATH, "./ancestor::form").submit()
+            return False
+        return bool(d.current_url.startswith(deployment.url) and d.find_elements(By.ID, "new-session"))
+
+    try:
+        WebDriverWait(browser, 90).until(landed)
+    except TimeoutException:
+        raise AssertionError(
+            f"not signed in through the provider; the browser shows {browser.current_url}: {browser.find_element(By.TAG_NAME, 'body').text}"
+        ) from None
+    (cookie,) = [c for c in browser.get_cookies() if c["name"] == "twl_sign_in"]
+    assert cookie["secure"] and cookie["httpOnly"], cookie
+    with httpx.Client(base_url=deployment.url, verify=False, timeout=60, cookies={"twl_sign_in": cookie["value"]}) as client:
+        for _ in deployment.replicas:  # either replica knows the sign-in the other made
+            assert client.get("/api/sessions").status_code == 200
+    store = PostgresStore(deployment.store_url)
+    try:
+        dora = store.user_by_name("dora@example.org")
+        entries = [(e.actor, e.action, e.target) for e in store.audit_entries()]
+    finally:
+        store.close()
+    assert dora is not None and not dora.admin, "added at her first sign-in"
+    assert ("dora@example.org", "sign-in", "dora@example.org") in entries, entries
+
+
 def test_metrics_answer_the_scrapers_token_through_the_proxy_while_the_store_is_down(deployment: Deployment, postgres_cluster: PostgresCluster) -> None:
     with deployment.client() as user, deployment.client(Authorization=f"Bearer {METRICS_TOKEN}") as scraper:
         session_id = user.post("/api/sessions", json={}).json()["id"]
@@ -382,3 +475,24 @@ def test_a_stopping_replica_answers_503_stopping_until_its_request_is_done(deplo
         assert leaving.process.wait(60) in (0, 143, -15) and "Traceback" not in leaving.log(), leaving.log()
     finally:
         leaving.stop()
+
+
+def test_a_body_past_the_proxys_cap_is_refused_with_json_naming_the_limit(deployment: Deployment) -> None:
+    import socket
+    import ssl
+
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    head = "POST /api/sessions/any/files HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/octet-stream\r\nContent-Length: 300000000\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", deployment.port), timeout=30) as raw, context.wrap_socket(raw) as sock:
+        sock.sendall(head.encode())  # nginx answers from the length alone, before any of the body
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    status, _, rest = answer.partition(b"\r\n")
+    assert b" 413 " in status and b"application/json" in rest, answer[:500]
+    body = json.loads(rest.split(b"\r\n\r\n", 1)[1])
+    assert "client_max_body_size 257m" in body["error"] and "session.max_upload_bytes" in body["error"], body

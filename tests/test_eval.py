@@ -303,3 +303,20 @@ def test_a_case_the_scripted_model_cannot_play_is_not_played_rather_than_scored_
     assert outcome.reason.startswith("the model could not play this case: it could not answer request(s) 1; run it with real models")
     summary = write_report(tmp_path / "report", [outcome], [Setting("project")], plot=False)[0].read_text(encoding="utf-8")
     assert "| median | project | not played |" in summary and "| project | - | 0/1 |" in summary
+
+
+def test_taskweavers_rag_case_plays_its_indexer_read_as_index_these_documents_for_the_built_in_retriever(tmp_path: Path, server: ScriptedServer) -> None:
+    cases = tmp_path / "auto_eval" / "cases"
+    shutil.copytree(TASKWEAVER_CASES / "rag", cases / "rag")  # where TaskWeaver's pre_command expects it: auto_eval/cases/rag
+    [outcome] = run_eval(load_cases([cases / "rag"]), plan(tmp_path, server))
+    assert outcome.status == "scored" and outcome.score is not None and outcome.score > 0, outcome
+    docs = (cases / "rag" / "docs").resolve()
+    read_as = [note for note in outcome.notes if note.startswith("pre_command")]
+    assert read_as == [
+        "pre_command 'python ../scripts/document_indexer.py --doc_paths ./cases/rag/docs --output_path ./cases/rag/knowledge_base --extensions md'"
+        f" read as: index the documents in {docs} for the document_retriever (its own index; TaskWeaver's indexer is not run)"
+    ], outcome.notes
+    assert not any("index_folder" in note for note in outcome.notes), "document_retriever.index_folder is applied, not set aside"
+    assert not (cases / "rag" / "knowledge_base").exists()
+    asked = [r for r in server.requests if r.role == "planner"]
+    assert any("DocumentRetriever" in str(r.messages[-1]["content"]) and "Two Modes of Code Execution" in str(r.messages[-1]["content"]) for r in asked)

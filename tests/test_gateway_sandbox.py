@@ -28,6 +28,7 @@ from helpers import make_project
 
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
+from taskweaver_lite.errors import KernelLimitReached
 from taskweaver_lite.kernel.gateway import remote
 from taskweaver_lite.kernel.gateway.kernel import GatewayKernel
 from taskweaver_lite.kernel.gateway.provisioner import OWNER_VARIABLE, SESSION_VARIABLE
@@ -315,15 +316,28 @@ def _running(gateway: Gateway, kernel_id: str) -> bool:
     return True
 
 
-def test_past_the_kernels_per_user_limit_their_least_recently_used_idle_kernel_ends(sandboxed: Arena) -> None:
+def test_past_the_kernels_per_user_limit_a_start_is_refused_naming_it_until_a_kernel_nobody_holds_may_end(sandboxed: Arena) -> None:
     started = [Cells(sandboxed.gateway, session=f"dave-{n}", owner="dave") for n in range(MAX_KERNELS_PER_USER)]
     try:
-        newest = Cells(sandboxed.gateway, session="dave-extra", owner="dave")
-        started.append(newest)
-        assert not _running(sandboxed.gateway, started[0].kernel_id), "dave's oldest idle kernel made room"
-        assert all(_running(sandboxed.gateway, cells.kernel_id) for cells in started[1:])
+        with pytest.raises(KernelLimitReached) as refused:
+            Cells(sandboxed.gateway, session="dave-extra", owner="dave")
+        said = str(refused.value)
+        assert f"gateway.max_kernels_per_user ({MAX_KERNELS_PER_USER})" in said and "dave" in said and "token" not in said, said
+        started[0].kernel.disconnect()  # its session let go of it (a replica dropped its copy): once quiet a while, it may make room
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                started.append(Cells(sandboxed.gateway, session="dave-extra", owner="dave"))
+                break
+            except KernelLimitReached:
+                assert time.monotonic() < deadline, "the kernel nobody held never made room"
+                time.sleep(0.5)
+        assert not _running(sandboxed.gateway, started[0].kernel_id), "dave's kernel nobody held made room"
+        assert all(_running(sandboxed.gateway, cells.kernel_id) for cells in started[1:]), "the kernels still held were not touched"
         others = (sandboxed.alice.kernel_id, sandboxed.bob.kernel_id)
         assert all(_running(sandboxed.gateway, kernel_id) for kernel_id in others), "other users' kernels are not counted"
+        log = (sandboxed.root / "gateway.log").read_text(encoding="utf-8")
+        assert f"ended dave's kernel {started[0].kernel_id}" in log and "refused a kernel to dave" in log, log[-2000:]
     finally:
         for cells in started:
             cells.close()
@@ -364,6 +378,7 @@ def test_a_kernel_gone_from_the_gateway_between_cells_is_replaced_and_its_variab
         requests.delete(f"{sandboxed.gateway.url}/api/kernels/{first}", headers={"Authorization": f"token {sandboxed.gateway.token}"}, timeout=60)
         lost = executor.run("print('after')")
         assert lost.kernel_died and lost.lost_variables == ("kept",), "a kernel ended while its session's copy stays open: said on the next cell"
+        assert "no longer on the gateway" in lost.outcome() and "died" not in lost.outcome(), "ended while idle: not told as a death"
         assert executor.kernel_id != first
         if idle:
             assert lost.stdout == "after\n", "asked before the cell: the cell runs on the new kernel"

@@ -113,6 +113,7 @@ SITS_ON: dict[str, tuple[str, ...]] = {
     "eval": ("__init__",),  # its report names the version
     "mcp": ("__init__",),  # this agent as an MCP server (the MCP client the kernel runs is kernel/mcp/client.py)
     "acp": ("__init__",),  # this agent for editors over the Agent Client Protocol
+    "jupyter_ai": ("notebook",),  # `@TaskWeaver` in JupyterLab's chat: the persona starts `taskweaver-lite acp` for the notebook's project
     "web": ("mcp",),  # serve answers MCP at /mcp with the same tools
     "testing": ("eval", "web"),
     "cli": ("testing", "acp"),

@@ -33,7 +33,9 @@ from taskweaver_lite.llm.counting import ServerTokens, model_tokenizer
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.testing.scripted_server import ScriptedRequest, ScriptedServer, detect_role
 
-pytestmark = pytest.mark.llama
+# A session of 24 requests per fold schedule against a CPU-bound server, each prompt also counted by it:
+# a minute per session on a loaded machine.
+pytestmark = [pytest.mark.llama, pytest.mark.timeout(300)]
 
 VERSION = os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "taskweaver-lite" / "llama-server" / VERSION

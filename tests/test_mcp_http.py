@@ -35,7 +35,7 @@ from taskweaver_lite.testing.scripted_server import ScriptedServer
 pytestmark = pytest.mark.team
 
 WAIT = 240  # seconds one client call may take on a loaded machine (a kernel starts on the gateway)
-TOOLS = ["ask", "sessions", "variables"]
+TOOLS = ["ask", "sessions", "variables", "close_session"]
 
 
 class Service:

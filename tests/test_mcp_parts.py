@@ -4,20 +4,29 @@ CodeGenerator reads it, the network rule, Python names for tool names, and resou
 from __future__ import annotations
 
 import base64
+import json
+import re
 from pathlib import Path
+from typing import Any
 
+import anyio
+import jsonschema
+import mcp_types as types
 import pytest
+from helpers import REPO
 from mcp import MCPError
 
+from taskweaver_lite.cli.main import main
 from taskweaver_lite.cli.reference import config_keys
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import McpServerConfig
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.kernel.mcp.client import python_name
 from taskweaver_lite.kernel.mcp.launch import McpLaunch
-from taskweaver_lite.mcp.resources import read_resource, resource_uri
-from taskweaver_lite.mcp.server import MAX_QUESTION_CHARS, question_of
+from taskweaver_lite.mcp.resources import MAX_RESOURCE_BYTES, read_resource, resource_uri
+from taskweaver_lite.mcp.server import MAX_QUESTION_CHARS, ToolServer, failed_answer, question_of, variables_result
 from taskweaver_lite.plugins.prompt import render_mcp_block
+from taskweaver_lite.records.execution import Variable
 from taskweaver_lite.records.mcp_tools import McpServer, McpTool
 
 pytestmark = pytest.mark.unit
@@ -127,3 +136,66 @@ def test_resources_are_files_directly_in_a_sessions_folders(tmp_path: Path) -> N
     ):
         with pytest.raises(MCPError):
             read(bad)
+
+
+def test_config_shows_the_mcp_servers_with_their_env_values_hidden(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    servers = "mcp:\n  servers:\n    time:\n      command: [mcp-server-time, --local-timezone, UTC]\n      env: {API_TOKEN: s3cret}\n"
+    (tmp_path / "taskweaver_config.yaml").write_text(servers, encoding="utf-8")
+    assert main(["config", "-p", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    line = next(text for text in shown.splitlines() if text.startswith("mcp.servers "))
+    assert (
+        "command: [mcp-server-time, --local-timezone, UTC]" in line
+        and "API_TOKEN: (hidden)" in line
+        and line.endswith(f"(file {tmp_path / 'taskweaver_config.yaml'})")
+    )
+    assert main(["config", "--json", "-p", str(tmp_path)]) == 0
+    rows = {row["key"]: row["value"] for row in json.loads(capsys.readouterr().out)}
+    assert rows["mcp.servers"] == {
+        "time": {
+            "command": ["mcp-server-time", "--local-timezone", "UTC"],
+            "env": {"API_TOKEN": "(hidden)"},
+            "network": False,
+            "start_timeout": 60.0,
+            "call_timeout": 120.0,
+        }
+    }
+    assert "s3cret" not in shown
+
+
+def test_every_tool_has_annotations_and_its_answers_a_schema_they_fit() -> None:
+    tools = {tool.name: tool for tool in anyio.run(ToolServer().list_tools, None, None).tools}
+    assert set(tools) == {"ask", "sessions", "variables", "close_session"}
+    schemas: dict[str, dict[str, Any]] = {}
+    for tool in tools.values():
+        assert tool.annotations is not None and tool.annotations.read_only_hint is not None, f"{tool.name} has no annotations"
+        assert tool.output_schema is not None, f"{tool.name} has no outputSchema"
+        schemas[tool.name] = tool.output_schema
+    assert tools["sessions"].annotations.read_only_hint and tools["variables"].annotations.read_only_hint  # type: ignore[union-attr]
+    assert tools["ask"].annotations.read_only_hint is False and tools["ask"].annotations.open_world_hint  # type: ignore[union-attr]
+    row = {"id": "s1", "title": "t", "rounds": 1, "started": 1.0, "last_active": 2.0, "owner": None}
+    jsonschema.validate({"sessions": [row]}, schemas["sessions"])
+    jsonschema.validate(variables_result("s1", [Variable(name="x", type="int", description="42")]).structured_content, schemas["variables"])
+    for state in ("failed", "cancelled"):
+        jsonschema.validate(failed_answer("s1", "Cancelled.", state=state).structured_content, schemas["ask"])
+
+
+def test_a_resource_over_the_size_limit_is_refused_as_too_large_not_as_missing(tmp_path: Path) -> None:
+    folder = tmp_path / "s1"
+    (folder / "cwd").mkdir(parents=True)
+    with (folder / "cwd" / "big.csv").open("wb") as big:
+        big.truncate(MAX_RESOURCE_BYTES + 1)  # sparse: no disk spent
+    with pytest.raises(MCPError) as refused:
+        read_resource(resource_uri("s1", "files", "big.csv"), {}, stored=lambda _: folder)
+    assert refused.value.error.code == types.INVALID_PARAMS, "not -32002, which says the resource does not exist"
+    assert "big.csv is too large to read as a resource: 26,214,401 bytes, more than 26,214,400" in str(refused.value)
+
+
+def test_the_mcp_page_installs_from_a_checkout_and_its_host_configs_name_the_program_by_its_full_path() -> None:
+    page = (REPO / "docs" / "mcp.md").read_text(encoding="utf-8")
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "pip install 'taskweaver-lite[" not in page, "no index has the package: it installs from the checkout"
+    assert ".venv/bin/pip install '.[mcp]'" in page and ".venv/bin/pip install '.[mcp]'" in readme
+    configs = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", page, re.DOTALL)]
+    commands = [server["command"] for config in configs for server in (config.get("mcpServers") or config.get("servers")).values() if "command" in server]
+    assert commands and all(command.startswith("/") and command.endswith("/.venv/bin/taskweaver-lite") for command in commands), commands

@@ -5,12 +5,14 @@ a cancelled request, bad input, and a session resumed by a new server process.""
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,12 +51,14 @@ STEPS = {
     "double x": "Compute x*2-2 from the kept x and print it.",
     "plot": "Plot x and write table.csv.",
     "sleep": "Sleep for a long while.",
+    "write other": "Write other.csv.",
 }
 CELLS = {
     "x = 42": "x = 42\nprint(x)",
     "x*2-2": "print(x*2-2)",
     "Plot x": "import matplotlib.pyplot as plt\nplt.plot([1, 2, x])\nplt.show()\nopen('table.csv', 'w').write('a,b\\n1,2\\n')",
     "Sleep": "import time\ntime.sleep(600)",
+    "other.csv": "open('other.csv', 'w').write('c\\n3\\n')",
 }
 
 
@@ -86,7 +90,7 @@ def stored_sessions(project: Path) -> list[dict[str, Any]]:
 def test_an_mcp_client_asks_twice_in_one_session_reads_a_plot_and_cancels_a_cell(project: Path) -> None:
     async def scenario() -> None:
         async with agent(project) as client:
-            assert [tool.name for tool in (await client.list_tools()).tools] == ["ask", "sessions", "variables"]
+            assert [tool.name for tool in (await client.list_tools()).tools] == ["ask", "sessions", "variables", "close_session"]
             heard_lines: list[str] = []
 
             async def heard(progress: float, total: float | None, message: str | None) -> None:
@@ -209,7 +213,7 @@ def test_the_mcp_inspector_cli_lists_the_tools_and_asks(project: Path) -> None:
     server = [sys.executable, "-m", "taskweaver_lite", "mcp", "-p", str(project)]
     listed = subprocess.run([*command, *server, "--method", "tools/list"], capture_output=True, text=True, env=cli_env(), timeout=WAIT)
     assert listed.returncode == 0, listed.stderr
-    assert [tool["name"] for tool in json.loads(listed.stdout)["tools"]] == ["ask", "sessions", "variables"]
+    assert [tool["name"] for tool in json.loads(listed.stdout)["tools"]] == ["ask", "sessions", "variables", "close_session"]
     asked = subprocess.run(
         [*command, *server, "--method", "tools/call", "--tool-name", "ask", "--tool-arg", "question=set x"],
         capture_output=True,
@@ -225,3 +229,60 @@ def test_confirm_mode_is_refused_in_one_line_since_no_one_could_answer(project: 
     done = run_cli("mcp", "-p", str(project), "--set", "execution.confirm=true")
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("taskweaver-lite: execution.confirm: true asks a person at a terminal") and done.stderr.count("\n") == 1
+
+
+def test_a_session_the_host_leaves_idle_is_released_and_close_session_releases_one_at_once(project: Path) -> None:
+    def resumed_in_a_chat(session_id: str) -> subprocess.CompletedProcess[str]:
+        return run_cli("chat", "-p", str(project), "--resume", session_id, stdin="double x please\n", timeout=WAIT)
+
+    async def scenario() -> None:
+        async with agent(project, "--set", "mcp.session_idle_timeout=2") as client:
+            idle = await client.call_tool("ask", {"question": "set x"})
+            assert idle.structured_content is not None
+            await anyio.sleep(4)  # past the setting: released while the host stays connected
+            done = await anyio.to_thread.run_sync(resumed_in_a_chat, idle.structured_content["session_id"])
+            assert done.returncode == 0 and "The answer is 82." in done.stdout, done.stderr
+            closed = await client.call_tool("ask", {"question": "set x"})
+            assert closed.structured_content is not None
+            session_id = closed.structured_content["session_id"]
+            released = await client.call_tool("close_session", {"session_id": session_id})
+            assert not released.is_error and released.structured_content == {"session_id": session_id, "closed": True}
+            done = await anyio.to_thread.run_sync(resumed_in_a_chat, session_id)
+            assert done.returncode == 0 and "The answer is 82." in done.stdout, done.stderr
+            again = await client.call_tool("ask", {"question": "double x", "session_id": session_id})  # the host goes on: resumed
+            assert again.structured_content is not None and again.structured_content["answer"] == "The answer is 82."
+
+    anyio.run(scenario)
+
+
+def test_ask_links_only_the_files_its_own_cells_wrote_not_a_replays_nor_a_strangers(project: Path) -> None:
+    async def ask(*questions: str, session_id: str | None = None) -> dict[str, Any]:
+        async with agent(project) as client:
+            for question in questions:
+                answered = await client.call_tool("ask", {"question": question} | ({"session_id": session_id} if session_id else {}))
+                assert answered.structured_content is not None, answered
+                session_id = answered.structured_content["session_id"]
+            return answered.structured_content
+
+    plotted = anyio.run(ask, "set x", "plot it")
+    assert any(uri.endswith("/files/table.csv") for uri in plotted["artifacts"]), plotted
+    working = project / "sessions" / plotted["session_id"] / "cwd"
+    stranger = working / "notes.txt"  # written by someone else, dated in the future
+    stranger.write_text("not the agent's\n", encoding="utf-8")
+    os.utime(stranger, (time.time() + 3600, time.time() + 3600))
+    # A new server process resumes the session: its replay writes table.csv (and draws the plot) again first.
+    wrote = anyio.run(functools.partial(ask, "write other now", session_id=plotted["session_id"]))
+    assert [uri.rsplit("/", 2)[-2:] for uri in wrote["artifacts"]] == [["files", "other.csv"]], wrote["artifacts"]
+
+
+def test_an_ask_whose_turn_fails_still_answers_with_structured_content_naming_the_session(tmp_path: Path) -> None:
+    async def scenario(project: Path) -> CallToolResult:
+        async with agent(project) as client:
+            return await client.call_tool("ask", {"question": "set x"})
+
+    with ScriptedServer() as silent:  # no reply for anyone: every model call fails
+        failed = anyio.run(scenario, make_project(tmp_path, silent.url, llm={"max_retries": 0}))
+    assert failed.is_error and failed.structured_content is not None, failed
+    assert failed.structured_content["state"] == "failed" and failed.structured_content["artifacts"] == []
+    assert failed.structured_content["session_id"] and failed.structured_content["session_id"] in failed.content[0].text  # type: ignore[union-attr]
+    assert failed.structured_content["answer"] == failed.content[0].text  # type: ignore[union-attr]

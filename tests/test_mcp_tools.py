@@ -4,6 +4,7 @@ not start are one line each, and the session goes on."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from helpers import REPO, make_project, run_cli
 
 from taskweaver_lite.session.workspace import Workspace
@@ -93,3 +95,87 @@ def test_a_chat_whose_server_cannot_start_answers_and_says_so_in_one_line(tmp_pa
     line = "MCP server gone: did not start (no-such-mcp-server was not found where the kernel runs): no-such-mcp-server --flag"
     assert done.stderr.count(f"{line}; the session goes on without it") == 1, done.stderr
     assert line in listed.stdout and listed.returncode == 0
+
+
+# What `npx -y` of a package the registry does not have writes on stderr before exiting 1: the error first, npm's notices last.
+NPX_404 = """npm error code E404
+npm error 404 Not Found - GET https://registry.npmjs.org/@example%2fserver-nope - Not found
+npm error 404
+npm error 404  '@example/server-nope@*' is not in this registry.
+npm error A complete log of this run can be found in: /root/.npm/_logs/2026-12-05T04_00_00_000Z-debug-0.log
+npm notice
+npm notice New major version of npm available! 10.8.2 -> 11.6.4
+npm notice To update run: npm install -g npm@11.6.4
+npm notice
+"""
+
+
+def test_a_server_that_fails_is_told_by_its_first_error_line_not_npms_last_notice(tmp_path: Path) -> None:
+    fake = tmp_path / "npx"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nsys.stderr.write({NPX_404!r})\nsys.exit(1)\n", encoding="utf-8")
+    fake.chmod(0o755)
+    crash = [sys.executable, "-c", "import json\nprint('starting', file=__import__('sys').stderr)\njson.loads('{')"]
+    servers = {"nope": {"command": [str(fake), "-y", "@example/server-nope"]}, "crash": {"command": crash}}
+    project = make_project(tmp_path, "http://127.0.0.1:9", mcp={"servers": servers})
+    listed = run_cli("plugins", "-p", str(project))
+    assert listed.returncode == 0, listed.stderr
+    said = {line.split(":", 1)[0]: line for line in listed.stdout.splitlines() if line.startswith("MCP server ")}
+    assert "it said: npm error code E404: 404 Not Found - GET https://registry.npmjs.org/@example%2fserver-nope - Not found" in said["MCP server nope"]
+    assert "npm notice" not in said["MCP server nope"]
+    assert "it said: json.decoder.JSONDecodeError: Expecting property name enclosed in double quotes" in said["MCP server crash"], said
+
+
+def test_the_docs_recipe_for_an_npm_server_runs_as_written_from_a_mounted_install_without_the_network(tmp_path: Path) -> None:
+    script = npm_server("server-everything")
+    if script is None:
+        pytest.skip("@modelcontextprotocol/server-everything is not installed: .ci/run installs it with npm into build/npm")
+    page = (REPO / "docs" / "mcp.md").read_text(encoding="utf-8")
+    [recipe] = [block for block in re.findall(r"```yaml\n(.*?)```", page, re.DOTALL) if "server-everything" in block]
+    settings = yaml.safe_load(recipe.replace("/home/me/mcp-servers", str(script.parents[4])))
+    assert "npx" not in recipe and not settings.get("execution", {}).get("network"), "the recipe downloads nothing and opens no network"
+    everything = {"everything": settings["mcp"]["servers"]["everything"]}
+    with ScriptedServer() as server:
+        project = make_project(tmp_path, server.url, execution={**settings["execution"], "timeout": 60}, mcp={"servers": everything})
+        server.enqueue("planner", planner_reply("Add 2 and 3 with the everything server."), planner_reply("5", send_to="User"))
+        server.enqueue("code_generator", code_reply("print(everything.get_sum(a=2, b=3))"))
+        with Workspace.load(project) as workspace, workspace.new_session() as session:
+            rnd = session.ask("add 2 and 3")
+    [result] = [post.execution for post in rnd.posts if post.execution is not None]
+    assert result.success and result.stdout == "The sum of 2 and 3 is 5.\n", (result.error, result.notices)
+
+
+def test_plugins_lists_a_server_that_needs_the_network_as_not_started_under_a_sandbox_without_one(tmp_path: Path) -> None:
+    servers = {"online": {"command": ["mcp-server-time"], "network": True}, "time": {"command": ["mcp-server-time"]}}
+    project = make_project(tmp_path, "http://127.0.0.1:9", mcp={"servers": servers}, execution={"sandbox": "bubblewrap"})
+    listed = run_cli("plugins", "-p", str(project))
+    assert listed.returncode == 0, listed.stderr
+    assert "MCP server online: not started: it needs the network (mcp.servers.online.network: true)" in listed.stdout, listed.stdout
+    assert re.search(r"^time +mcp +get_current_time, convert_time$", listed.stdout, re.MULTILINE), listed.stdout
+    as_json = {row["name"]: row for row in json.loads(run_cli("plugins", "-p", str(project), "--json").stdout)}
+    assert as_json["online"]["state"] == "broken" and as_json["time"]["state"] == "enabled"
+    opened = make_project(tmp_path / "open", "http://127.0.0.1:9", mcp={"servers": servers}, execution={"sandbox": "bubblewrap", "network": True})
+    assert re.search(r"^online +mcp +get_current_time", run_cli("plugins", "-p", str(opened)).stdout, re.MULTILINE)
+
+
+def test_a_tools_image_and_embedded_resource_are_kept_as_the_cells_artifact_and_file_and_named_in_its_output(tmp_path: Path) -> None:
+    script = npm_server("server-everything")
+    if script is None:
+        pytest.skip("@modelcontextprotocol/server-everything is not installed: .ci/run installs it with npm into build/npm")
+    cell = "said = everything.get_tiny_image()\nprint(said)\nref = everything.get_resource_reference(resourceType='Text', resourceId=1)"
+    with ScriptedServer() as server:
+        execution = {"timeout": 60, "mounts": [str(script.parents[3])]}
+        project = make_project(tmp_path, server.url, execution=execution, mcp={"servers": {"everything": {"command": ["node", str(script), "stdio"]}}})
+        server.enqueue("planner", planner_reply("Get the tiny image and resource 1."), planner_reply("Done.", send_to="User"))
+        server.enqueue("code_generator", code_reply(cell))
+        with Workspace.load(project) as workspace, workspace.new_session() as session:
+            rnd = session.ask("show me the image")
+            working = session.working_dir
+    [result] = [post.execution for post in rnd.posts if post.execution is not None]
+    assert result.success, result.error
+    [image] = result.artifacts
+    assert Path(image).read_bytes().startswith(b"\x89PNG"), "the tool's image is kept as the cell's plot is"
+    assert "everything.get_tiny_image returned an image (image/png): kept as this cell's artifact" in result.stdout, result.stdout
+    assert "Here's the image you requested:\nThe image above is the MCP logo." in result.stdout
+    named = re.search(r"everything\.get_resource_reference returned the resource (\S+) \(text/plain\): saved as (\S+) in the working folder", result.stdout)
+    assert named is not None, result.stdout
+    assert (working / named[2]).read_text(encoding="utf-8").startswith("Resource 1:"), "the embedded resource's text is the file's"

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -278,3 +280,41 @@ def test_a_step_past_its_timeout_is_stopped_and_the_stop_button_stops_a_model_ca
     listed = "".join(str(item["data"].get("text/plain", "")) for item in shown)
     assert "1. sleep a while -> That ran too long and was stopped." in listed
     assert "2. what is slow? -> failed: Cancelled by the user." in listed and "3. are you there? -> Still here." in listed
+
+    shown.clear()
+    execute(kernel, "%ask_reset", shown=shown)
+    said = "".join(str(item["data"].get("text/plain", "")) for item in shown)
+    assert "The next request starts a new session for this notebook. The earlier one, `" in said and "stays stored" in said
+    shown.clear()
+    execute(kernel, "%ask_history", shown=shown)
+    assert "No requests yet" in str(shown[-1]["data"]["text/plain"]), "a reset notebook's history starts empty"
+    server.enqueue("planner", planner_reply("Fresh start.", send_to="User"))
+    assert execute(kernel, "%ask hello again")[0]["status"] == "ok"
+    shown.clear()
+    execute(kernel, "%ask_history", shown=shown)
+    assert "1 request." in str(shown[-1]["data"]["text/plain"]), "the new session has the one request"
+
+
+@pytest.mark.cli  # a fresh interpreter
+def test_loading_the_extension_imports_nothing_heavy() -> None:
+    probe = (
+        "import sys\nfrom IPython.core.interactiveshell import InteractiveShell\n"
+        "InteractiveShell.instance().run_line_magic('load_ext', 'taskweaver_lite')\n"
+        "print(sorted({m.partition('.')[0] for m in sys.modules} & {'openai', 'pydantic', 'jupyter_client', 'rich', 'pandas', 'httpx'}))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]", "%load_ext is instant: the agent's modules are imported by the first request"
+
+
+def test_code_verification_applies_in_the_notebooks_kernel(kernel: Any, server: ScriptedServer, folders: tuple[Path, dict[str, str]]) -> None:
+    work, _ = folders
+    execute(kernel, ANALYST_CELL)
+    server.enqueue("planner", planner_reply("Sum the units of df as total_units."))
+    server.enqueue("code_generator", code_reply("import subprocess\nsubprocess.run(['touch', 'pwned'])"), code_reply(SUM_CODE))
+    server.enqueue("planner", planner_reply("60 units.", send_to="User"))
+    shown: list[dict[str, Any]] = []
+    _, printed = execute(kernel, "%%ask --set code_interpreter.code_verification_on=true\nsum the units", shown=shown)
+    notes = "".join(str(item["data"].get("text/plain", "")) for item in shown)
+    assert "Not run:** it breaks the verification rules." in notes and "subprocess" in notes, "the refusal shows with its rule"
+    assert not (work / "pwned").exists(), "the refused cell did not run"
+    assert "total units: 60" in printed, "the revised cell ran"

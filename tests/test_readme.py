@@ -87,8 +87,13 @@ def test_the_readme_set_up_commands_are_one_line_each_and_its_test_line_is_what_
     checks = [line for line in ci[install + 1 :] if ".ci/" not in line]  # the servers some tiers use (llama.cpp, Phoenix), set up before them
     quick = [".venv/bin/ruff check .", ".venv/bin/ruff format --check .", ".venv/bin/mypy taskweaver_lite tests bench", ".venv/bin/python -m pytest -q -m unit"]
     assert checks[:4] == quick, "the quick checks first: lint, format, types, the unit tier"
-    assert checks[4] == '.venv/bin/python -m pytest -q -m "not unit"', "then every other tier: the two runs are the whole suite"
-    assert any(".venv/bin/mkdocs build --strict" in line for line in checks[5:]), "and the documentation, warnings as errors"
+    # Then every other tier: on workers, all but the tiers that time a model server, then those alone. With the
+    # unit run, the three runs are the whole suite: no tier left out, none run twice.
+    assert checks[4:6] == [
+        '.venv/bin/python -m pytest -q -m "not unit and not llama and not real" -n 3 --dist loadfile',
+        '.venv/bin/python -m pytest -q -m "llama or real"',
+    ], "then every other tier: the runs together are the whole suite"
+    assert any(".venv/bin/mkdocs build --strict" in line for line in checks[6:]), "and the documentation, warnings as errors"
     hooks = (REPO / ".pre-commit-config.yaml").read_text(encoding="utf-8")
     assert all(check.removeprefix(".venv/bin/").split(" .")[0].split(" -q")[0] in hooks for check in quick), "pre-commit runs the same quick checks"
 

@@ -247,6 +247,23 @@ def test_a_dead_kernel_is_reported_and_the_code_generator_is_told_what_was_lost(
     assert "Lost in a kernel restart (recompute before use): a, b" in system
 
 
+def test_a_resume_brings_back_only_the_variables_the_stored_session_still_had_after_its_kernel_died(tmp_path: Path, server: ScriptedServer) -> None:
+    steps = [("Set a = 1 and b = 2.", "a = 1\nb = 2"), ("Crash the kernel.", "import os\nos._exit(1)"), ("Set c = 3.", "c = 3")]
+    for step, code in steps:
+        server.enqueue("planner", planner_reply(step), planner_reply("Done.", send_to="User"))
+        server.enqueue("code_generator", code_reply(code))
+    with open_session(tmp_path, server) as session:
+        for step, _ in steps:
+            session.ask(step)
+        had = {v.name for v in session.executor.variables()}
+        session_id, config = session.id, session.config
+    assert had == {"c"}, "precondition: the kernel that died took a and b with it"
+    resumed, report = assembly.resume_session(config, session_id)
+    with resumed:
+        assert {v.name for v in resumed.executor.variables()} == had, "a resume rebuilds the kernel as the session had it, not as it was before the crash"
+    assert report.replayed == 1
+
+
 def test_a_repair_turn_keeps_the_planners_step_verbatim_in_the_last_user_message(tmp_path: Path, server: ScriptedServer) -> None:
     step = "  Print the sum of [1, 2].\n"  # surrounding whitespace must survive too
     server.enqueue("planner", planner_reply(step), planner_reply("3.", send_to="User"))
@@ -322,6 +339,12 @@ class CountingExecutor:
 
     def catch_up(self, kernel_id: str | None, *, cells_before: int) -> bool:
         return False
+
+    def start(self) -> None:
+        pass
+
+    def still_there(self) -> bool:
+        return True
 
     def variables(self) -> tuple[Variable, ...]:
         return self.inner.variables()

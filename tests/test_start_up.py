@@ -20,6 +20,7 @@ pytestmark = pytest.mark.cli  # fresh interpreters, started as commands
 HELP_MODULES = {
     "taskweaver_lite",
     "taskweaver_lite.cli",
+    "taskweaver_lite.cli.audit",
     "taskweaver_lite.cli.eval",
     "taskweaver_lite.cli.gateway",
     "taskweaver_lite.cli.main",

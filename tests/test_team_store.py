@@ -416,7 +416,7 @@ def test_an_sqlite_store_from_before_expiring_tokens_is_upgraded_and_its_tokens_
     finally:
         store.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == len(SQLITE_MIGRATIONS) == 8
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(SQLITE_MIGRATIONS) == 9
 
 
 @pytest.mark.postgres
@@ -437,7 +437,7 @@ def test_a_postgresql_store_from_before_expiring_tokens_is_upgraded_and_its_toke
     finally:
         store.close()
     with psycopg.connect(postgres_url) as conn:
-        assert conn.execute("SELECT version FROM taskweaver_lite_schema").fetchall() == [(SCHEMA_VERSION,)] and SCHEMA_VERSION == 4
+        assert conn.execute("SELECT version FROM taskweaver_lite_schema").fetchall() == [(SCHEMA_VERSION,)] and SCHEMA_VERSION == 5
 
 
 def test_a_store_from_before_user_ids_gives_its_users_ids_and_their_sessions_follow_them(store: Store) -> None:

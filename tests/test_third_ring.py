@@ -8,6 +8,7 @@ local sandboxed kernel, and must find nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -17,21 +18,28 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import requests
+import yaml
+from helpers import make_project
 from mcp.shared.exceptions import MCPError
 from test_gateway_sandbox import Cells, gateway_project
 
-from taskweaver_lite.config.settings import ExecutionConfig
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
+from taskweaver_lite.kernel.gateway.remote import GatewayExecutor
 from taskweaver_lite.kernel.sandbox import cgroup
 from taskweaver_lite.kernel.sandbox.bwrap import bwrap_path
 from taskweaver_lite.mcp.resources import read_resource, resource_uri
 from taskweaver_lite.testing.kernel_gateway import Gateway, free_port, sandbox_gateway
+from taskweaver_lite.testing.web_server import WebServer
 
 pytestmark = [pytest.mark.kernel, pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap is not installed")]
 
 DISK_LIMIT = 50 * 1024**2
+DISK_FILES = 10_000
 
 # Every descriptor the kernel holds: what it points to, its identity, and the first bytes reopening it gives.
 FDS = """
@@ -93,6 +101,9 @@ def _shared(kernel_fds: list[list[object]], holder: int, *, own: tuple[Path, ...
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     project = gateway_project(tmp_path_factory.mktemp("contain") / "project")
+    config = yaml.safe_load((project / "taskweaver_config.yaml").read_text(encoding="utf-8"))
+    config["execution"]["disk_limit_files"] = DISK_FILES
+    (project / "taskweaver_config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     with sandbox_gateway(project) as running:
         yield running
 
@@ -114,7 +125,7 @@ def bob(gateway: Gateway, alice: Cells) -> Iterator[Cells]:
 
 @pytest.fixture
 def local(tmp_path: Path) -> Iterator[KernelExecutor]:
-    config = ExecutionConfig(sandbox="bubblewrap", disk_limit=DISK_LIMIT, timeout=120)
+    config = ExecutionConfig.model_validate({"sandbox": "bubblewrap", "disk_limit": DISK_LIMIT, "disk_limit_files": DISK_FILES, "timeout": 120})
     executor = KernelExecutor(tmp_path / "bob-local", config=config)
     yield executor
     executor.shutdown()
@@ -300,3 +311,92 @@ def test_four_workers_of_900_mb_on_the_gateway_are_held_to_its_memory_limit_in_t
     codes = said.rsplit("exit codes", 1)[-1]
     assert "-9" in codes, said
     assert bob.run("print(6 * 7)").strip() == "42", "the kernel itself goes on"
+
+
+# 200,000 empty files: no bytes to speak of, every one an inode (paced a little, as real work would be).
+EMPTY_FILES = (
+    "import os, time\nos.makedirs('many', exist_ok=True)\nmade = 0\n"
+    "for i in range(200_000):\n    open(f'many/{i}', 'w').close()\n    made += 1\n    if i % 2000 == 0:\n        time.sleep(0.02)\n"
+    "print('made', made)\n"
+)
+
+
+def _files_in(folder: Path) -> int:
+    return len(os.listdir(folder / "many")) if (folder / "many").is_dir() else 0
+
+
+def test_two_hundred_thousand_empty_files_are_stopped_by_the_files_cap_on_this_machine(local: KernelExecutor) -> None:
+    result = local.run(EMPTY_FILES)
+    kept = _files_in(local.cwd)
+    assert not result.success and "execution.disk_limit_files" in result.limit_reached, result
+    # What is made between two looks stays (the watcher looks less often the more there is to count): far from the 200,000.
+    assert kept < 10 * DISK_FILES, f"{kept:,} files kept under a cap of {DISK_FILES:,}"
+    local.run("import shutil\nshutil.rmtree('many')")
+    assert "still here" in local.run("print('still here')").stdout, "and the session goes on"
+
+
+def test_two_hundred_thousand_empty_files_are_stopped_by_the_files_cap_on_the_gateway(gateway: Gateway) -> None:
+    cells = Cells(gateway, session="bob-files", owner="bob")
+    try:
+        with contextlib.suppress(AssertionError):  # the kernel is ended under the cell: it never says it finished
+            cells.run(EMPTY_FILES, timeout=30)
+        time.sleep(2)
+        kept = _files_in(gateway.root / "taskweaver_sessions" / "bob-files")
+    finally:
+        cells.close()
+    # What is made between two looks stays (the watcher looks less often the more there is to count): far from the 200,000.
+    assert kept < 10 * DISK_FILES, f"{kept:,} files kept under a cap of {DISK_FILES:,}"
+
+
+# Twenty PNGs of 2 MB in one cell (random bytes behind a PNG signature: nothing compresses them).
+MANY_IMAGES = (
+    "import base64, os\nfrom IPython.display import display\n"
+    "for i in range(20):\n"
+    "    png = base64.b64encode(b'\\x89PNG\\r\\n\\x1a\\n' + os.urandom(2 * 2**20)).decode()\n"
+    "    display({'image/png': png}, raw=True)\n"
+    "print('shown')\n"
+)
+DISPLAY_CAPS = {"display_per_cell": "8MB", "display_per_session": "12MB"}
+
+
+def _kept_images(executor: KernelExecutor | GatewayExecutor) -> int:
+    return sum(path.stat().st_size for path in executor.artifacts_dir.iterdir() if path.is_file())
+
+
+def _flood_twice(executor: KernelExecutor | GatewayExecutor) -> None:
+    first = executor.run(MANY_IMAGES)
+    assert first.stdout == "shown\n", first
+    assert _kept_images(executor) <= 8 * 2**20, "no more than execution.display_per_cell from one cell"
+    said = [line for line in first.notices if "execution.display_per_cell" in line]
+    assert len(said) == 1 and "not kept" in said[0], first.notices
+    second = executor.run(MANY_IMAGES)
+    assert _kept_images(executor) <= 12 * 2**20, "no more than execution.display_per_session in all"
+    said = [line for line in second.notices if "execution.display_per_session" in line]
+    assert len(said) == 1, second.notices
+
+
+def test_display_data_is_capped_per_cell_and_per_session_on_this_machine(tmp_path: Path) -> None:
+    config = ExecutionConfig.model_validate({"sandbox": "bubblewrap", "timeout": 120, **DISPLAY_CAPS})
+    executor = KernelExecutor(tmp_path / "bob-images", config=config)
+    try:
+        _flood_twice(executor)
+    finally:
+        executor.shutdown()
+
+
+def test_display_data_is_capped_per_cell_and_per_session_on_the_gateway(gateway: Gateway, tmp_path: Path) -> None:
+    config = ExecutionConfig.model_validate({"timeout": 120, **DISPLAY_CAPS})
+    executor = GatewayExecutor(tmp_path / "bob-images", config=config, gateway=KernelGatewayConfig(url=gateway.url, token=gateway.token, connect_timeout=60))
+    try:
+        _flood_twice(executor)
+    finally:
+        executor.shutdown()
+
+
+def test_a_sessions_record_names_none_of_the_servers_folders(tmp_path: Path) -> None:
+    project = make_project(tmp_path, "http://127.0.0.1:9")
+    config = load_config(project)
+    with WebServer(config) as web, httpx.Client(base_url=web.url, timeout=60) as client:
+        session_id = client.post("/api/sessions", json={}).json()["id"]
+        shown = client.get(f"/api/sessions/{session_id}").text
+    assert str(config.sessions_dir) not in shown and str(project) not in shown and str(tmp_path) not in shown, shown

@@ -64,6 +64,7 @@ def test_a_server_that_tells_counts_every_prompt_exactly_with_its_template(kind:
             ours = counter.count_messages(prompt)
             assert exact <= ours <= exact + 2, f"{kind}: we count {ours} where the server counts {exact} ({len(prompt)} messages)"
         assert counter.mode == kind and counter.ratio == 1.0
+        assert counter.describe() == f"the server's own tokenizer ({'llama.cpp' if kind == 'llama.cpp' else 'vLLM'})"
         assert counter.count_messages(PROMPT) > 1.25 * O200K.count_messages(PROMPT), "precondition: this model makes more tokens than o200k"
 
 
@@ -96,8 +97,10 @@ def test_another_model_starts_cautious_and_then_follows_the_worst_ratio_its_repl
         server.set_default("other", text_reply("hi"))
         model = client(models, server)
         assert model.counter.ratio == CAUTIOUS_RATIO, "an unmeasured model that is not OpenAI's is counted cautiously"
+        assert model.counter.describe() == "o200k_base times 1.300, a cautious start until a reply measures it"
         model.complete(list(PROMPT), purpose="planner")
         assert model.counter.ratio == pytest.approx(1.2, abs=0.01)
+        assert model.counter.describe().endswith(", calibrated on the server's replies")
         assert model.counter.count_messages(PROMPT) >= server.prompt_tokens([dict(m) for m in PROMPT])
         server.token_ratio = 1.1  # a prompt that tokenizes better does not lower the ratio
         model.complete(list(PROMPT), purpose="planner")

@@ -8,6 +8,8 @@ tests/test_tracing_phoenix.py sends them to Arize Phoenix and reads them back fr
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +34,7 @@ from taskweaver_lite.eval.runner import EvalPlan, run_eval
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.records.model_calls import Usage
 from taskweaver_lite.session.workspace import Workspace
+from taskweaver_lite.store.interface import User
 from taskweaver_lite.telemetry import otel, tracing
 from taskweaver_lite.testing import eval_script
 from taskweaver_lite.testing.otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -177,6 +180,8 @@ def test_serve_continues_the_traceparent_a_request_carries_into_the_thread_that_
     done = threading.Event()
 
     async def ask(request: Request) -> JSONResponse:
+        request.state.user = User(name="ana", admin=False, created_at=0.0, id="3f2a")  # as the sign-in check leaves it
+
         def answer() -> None:  # the request's turn runs on its own thread, as web/live.py starts it
             with tracing.turn(tracing.active(), session_id="s", request="hidden"):
                 done.set()
@@ -196,6 +201,8 @@ def test_serve_continues_the_traceparent_a_request_carries_into_the_thread_that_
     (served,) = [span for span in spans if span.kind == SERVER_SPAN]
     assert served.name == "POST /api/sessions/{id}/messages" and served.attributes["http.response.status_code"] == 200
     assert served.trace_id == trace_id and served.parent_span_id == parent, "the caller's trace goes on"
+    assert served.attributes["enduser.id"] == "ana", "who asked, by name"
+    assert served.resource["service.instance.id"] == f"{socket.gethostname()}:{os.getpid()}", "which replica answered"
     (turn,) = [span for span in spans if span.name == "turn"]
     assert turn.trace_id == trace_id and turn.parent_span_id == served.span_id
     assert len(spans) == 2, "/healthz is not traced"

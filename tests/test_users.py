@@ -185,9 +185,6 @@ def test_a_user_at_serve_max_sessions_per_user_gets_429_naming_the_setting(proje
     ana, root = add_user(project, "ana", capsys), add_user(project, "root", capsys, admin=True)
     stored(project, "ana-1", "ana")
     stored(project, "ana-2", "ana")
-    store = SessionStore(project / "sessions.db")
-    store.create_session("ana-empty", started=time.time(), owner=store.users()[0].id)  # never asked anything: not listed, not counted
-    store.close()
     with WebServer(load_config(project, ["serve.max_sessions_per_user=2"])) as web, httpx.Client(base_url=web.url) as client:
         refused = client.post("/api/sessions", json={}, headers={"Authorization": f"Bearer {ana}"})
         message = refused.json()["error"]
@@ -345,13 +342,17 @@ def test_a_name_removed_and_added_again_is_someone_new_without_the_old_ones_sess
     store.close()
 
 
-def test_a_session_never_asked_anything_counts_once_reopened_at_serve_max_sessions_per_user(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_at_serve_max_sessions_per_user_a_new_session_is_the_users_one_never_asked_anything(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ana = add_user(project, "ana", capsys)
     stored(project, "ana-1", "ana")
-    stored(project, "ana-2", "ana")
     store = SessionStore(project / "sessions.db")
-    store.create_session("ana-empty", started=time.time(), owner=store.users()[0].id)  # made while she had none, never asked anything
+    store.create_session("ana-empty", started=time.time(), owner=store.users()[0].id)  # made, never asked anything: it counts
     store.close()
     with WebServer(load_config(project, ["serve.max_sessions_per_user=2"])) as web, httpx.Client(base_url=web.url) as client:
-        refused = client.post("/api/sessions/ana-empty/resume", headers={"Authorization": f"Bearer {ana}"})
-        assert refused.status_code == 429 and "serve.max_sessions_per_user (2)" in refused.json()["error"], refused.text
+        headers = {"Authorization": f"Bearer {ana}"}
+        again = [client.post("/api/sessions", json={}, headers=headers) for _ in range(3)]
+        assert [answer.json() for answer in again] == [{"id": "ana-empty"}] * 3, "past the limit, New hands back her unused session: nothing is made"
+        assert client.post("/api/sessions/ana-empty/resume", headers=headers).status_code == 200
+    store = SessionStore(project / "sessions.db")
+    assert store.count_sessions(owner=store.users()[0].id) == 2
+    store.close()

@@ -343,7 +343,7 @@ def prompt_text(blocks: Sequence[Any]) -> str:
             parts.append(f"The file {file_path(block.resource.uri)}:\n{block.resource.text}")
         else:
             raise bad_input(f"a prompt takes text and links to files, not {kind or 'this'} content")
-    text = "\n\n".join(part for part in parts if part.strip())
+    text = "\n\n".join(part for part in parts if part.strip()).strip()
     if not text.strip():
         raise bad_input("the prompt is empty: write a request")
     if len(text) > MAX_PROMPT_CHARS:

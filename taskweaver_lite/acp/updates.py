@@ -201,12 +201,16 @@ class TurnUpdates:
 
 
 def finished_cell(call_id: str, result: ExecutionResult) -> ToolCallProgress:
-    """A cell's end: its code, its output as text, its plots as images; `completed` when it succeeded, else `failed`."""
+    """A cell's end: its code, its output as text, its plots as images; `completed` when it succeeded, else `failed`.
+
+    The output's text is also the raw output: clients that show no content (JupyterLab's chat) show that.
+    """
+    readable = result.prompt_text(marked=False)
     return update_tool_call(
         call_id,
         status="completed" if result.success else "failed",
-        content=[code_content(result.code), *output_content(result)],
-        raw_output={"success": result.success, "outcome": result.outcome()},
+        content=[code_content(result.code), *output_content(result, readable)],
+        raw_output=readable,
     )
 
 
@@ -215,9 +219,9 @@ def code_content(code: str) -> ContentToolCallContent:
     return tool_content(text_block(fenced(code, "python")))
 
 
-def output_content(result: ExecutionResult) -> list[ContentToolCallContent]:
-    """What a cell did, as people read it (outcome, error, output, variables), and its plots as image content."""
-    content = [tool_content(text_block(fenced(result.prompt_text(marked=False))))]
+def output_content(result: ExecutionResult, readable: str) -> list[ContentToolCallContent]:
+    """What a cell did as people read it (`readable`: outcome, error, output, variables), and its plots as image content."""
+    content = [tool_content(text_block(fenced(readable)))]
     content += [tool_content(image) for image in (image_block(Path(path)) for path in result.artifacts) if image is not None]
     return content
 

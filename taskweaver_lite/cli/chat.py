@@ -28,6 +28,7 @@ from taskweaver_lite.config.settings import DISTILLER, FOLDER, Config
 from taskweaver_lite.config.taskweaver_json import JSON_FILE_NAME
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.llm.client import usage_by_purpose
+from taskweaver_lite.llm.counting import ModelTokenizer
 from taskweaver_lite.llm.discovery import discover, needs_discovery, no_model_found, use_local_server
 from taskweaver_lite.llm.tokens import get_tokenizer
 from taskweaver_lite.memory.compression import RoleContext
@@ -563,6 +564,8 @@ class SlashCommands(TurnCommands):
             cost = report.cost
             lines = [f"{context.label} ({report.strategy}): {cost.total:,} of {report.budget:,} tokens ({cost.total / report.budget:.0%})"]
             lines += [f"  {part:<16}{tokens:>9,}" for part, tokens in report.parts().items()]
+            if isinstance(context.tokenizer, ModelTokenizer):
+                lines.append(f"  counted with {context.tokenizer.describe()}")
             notes = []
             if report.folded_through:
                 notes.append(f"rounds 1-{report.folded_through} folded into the summary")

@@ -57,11 +57,17 @@ def setting_rows(config: Config) -> list[tuple[str, Any, str]]:
     for name, section in config.role_sections.items():
         values += list(effective_values(section, prefix=f"{name}.", section_of=section_type))
     for key, value in values:
-        printable = shown(value)
-        if key.rpartition(".")[2] in _MASKED_MAPPINGS and isinstance(printable, dict):
-            printable = dict.fromkeys(printable, "(hidden)")
-        rows.append((key, printable, _origin(config, key, value)))
+        rows.append((key, _masked(key.rpartition(".")[2], shown(value)), _origin(config, key, value)))
     return rows
+
+
+def _masked(name: str, value: Any) -> Any:
+    """`value` with the values of every `env` and `headers` mapping in it hidden (mcp.servers.NAME.env included), their keys shown."""
+    if not isinstance(value, dict):
+        return value
+    if name in _MASKED_MAPPINGS:
+        return dict.fromkeys(value, "(hidden)")
+    return {key: _masked(str(key), item) for key, item in value.items()}
 
 
 def _origin(config: Config, key: str, value: Any) -> str:

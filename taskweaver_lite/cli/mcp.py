@@ -24,7 +24,7 @@ def run_mcp(args: argparse.Namespace) -> int:
 
         from taskweaver_lite.mcp.server import serve
     except ImportError as exc:
-        raise ConfigError(f"taskweaver-lite mcp needs the MCP SDK ({exc.name} is missing): pip install 'taskweaver-lite[mcp]'") from None
+        raise ConfigError(f"taskweaver-lite mcp needs the MCP SDK ({exc.name} is missing): pip install '.[mcp]' in the checkout") from None
     config = load_config(project_dir(args), list(args.overrides))
     if config.execution.confirm:
         # Nobody could answer "run, edit or skip?": refused rather than running each cell unasked.

@@ -20,7 +20,7 @@ from typing import Any
 
 from taskweaver_lite.cli.console import PlainConsole, RichConsole
 from taskweaver_lite.config.file import load_config
-from taskweaver_lite.config.settings import McpServerConfig
+from taskweaver_lite.config.settings import ExecutionConfig, McpServerConfig
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.kernel import plugin_runtime
 from taskweaver_lite.kernel.mcp import client as mcp_client
@@ -50,7 +50,7 @@ def run_plugins(project: Path, *, as_json: bool) -> int:
     """`taskweaver-lite plugins`: list the project's and installed packages' plugins with their state, and the MCP servers."""
     config = load_config(project)
     entries = with_import_errors(discover(config.project_dir).entries)
-    servers = checked_mcp_servers(config.mcp.servers) if config.mcp.servers else ()
+    servers = checked_mcp_servers(config.mcp.servers, execution=config.execution) if config.mcp.servers else ()
     if as_json:
         rows = json.loads(entries_as_json(entries)) + [_server_json(server) for server in servers]
         print(json.dumps(rows, indent=2))
@@ -61,12 +61,19 @@ def run_plugins(project: Path, *, as_json: bool) -> int:
     return 0
 
 
-def checked_mcp_servers(servers: Mapping[str, McpServerConfig]) -> tuple[McpServer, ...]:
-    """The MCP servers started once as a kernel starts them (in a short-lived process of this interpreter), with their tools or why not."""
+def checked_mcp_servers(servers: Mapping[str, McpServerConfig], *, execution: ExecutionConfig) -> tuple[McpServer, ...]:
+    """The MCP servers started once as a kernel starts them (in a short-lived process of this interpreter), with their tools or why not.
+
+    A server that needs the network is refused, as the kernel refuses it, when the kernel's sandbox
+    has none; the others are checked outside the sandbox.
+    """
     from taskweaver_lite.kernel.mcp.launch import McpLaunch
     from taskweaver_lite.kernel.process import filtered_environment
+    from taskweaver_lite.kernel.sandbox.bwrap import uses_sandbox
 
-    launch = McpLaunch(servers, network=True)  # a check outside the sandbox: the chat says again if the sandbox refuses one
+    launch = McpLaunch(servers, network=execution.network or not uses_sandbox(execution))
+    if not launch.servers:
+        return launch.refused
     script = _MCP_CHECK.format(module=mcp_client.MODULE_NAME, path=mcp_client.__file__)
     specs = json.dumps({name: spec.model_dump(mode="json") for name, spec in launch.servers.items()})
     try:
@@ -76,7 +83,8 @@ def checked_mcp_servers(servers: Mapping[str, McpServerConfig]) -> tuple[McpServ
         report = json.loads(done.stdout.strip().splitlines()[-1])
     except (subprocess.TimeoutExpired, IndexError, ValueError):
         report = {}
-    return tuple(McpServer.from_dict(name, report.get(name) if isinstance(report, dict) else None) for name in launch.servers)
+    checked = tuple(McpServer.from_dict(name, report.get(name) if isinstance(report, dict) else None) for name in launch.servers)
+    return (*launch.refused, *checked)
 
 
 def _server_json(server: McpServer) -> dict[str, object]:

@@ -11,6 +11,8 @@ import argparse
 import contextlib
 import errno
 import logging
+import os
+import signal
 import socket
 import sys
 import threading
@@ -29,20 +31,20 @@ from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.roles.registry import discover_roles
 from taskweaver_lite.safety.terminal import strip_controls
 from taskweaver_lite.store.opening import store_has_users
+from taskweaver_lite.telemetry.log_lines import LOG_FORMAT, LOG_TIME, one_line_handler, utc_stamp
 from taskweaver_lite.web.access_log import AccessLog
 from taskweaver_lite.web.app import build_app
-from taskweaver_lite.web.auth import Access
+from taskweaver_lite.web.auth import LOOPBACK, TOKEN_ENV, Access
 from taskweaver_lite.web.connections import server_settings
 from taskweaver_lite.web.hub import Hub
 
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-LOG_TIME = "%Y-%m-%dT%H:%M:%S%z"
+
 # uvicorn's loggers in the same form (its default has no time); its access log stays off (serve --log writes ours).
 UVICORN_LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"stamped": {"format": LOG_FORMAT, "datefmt": LOG_TIME}},
+    "formatters": {"stamped": {"()": "taskweaver_lite.telemetry.log_lines.UtcFormatter", "format": LOG_FORMAT, "datefmt": LOG_TIME}},
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "stamped", "stream": "ext://sys.stderr"}},
     "loggers": {"uvicorn": {"handlers": ["stderr"], "level": "WARNING", "propagate": False}},
 }
@@ -72,15 +74,18 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def say(line: str) -> None:
     """One line (or several) to stderr, each stamped with the time as the log's lines are."""
-    stamp = time.strftime(LOG_TIME)
+    stamp = utc_stamp()
     print("\n".join(f"{stamp} {part}" for part in line.splitlines()), file=sys.stderr, flush=True)
 
 
 def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] = (), intro: str = "", fresh: bool = False) -> int:
     """Serve `config` on the command's address: `intro` is said once it is listening, and with `fresh` its link opens a new session."""
-    logging.basicConfig(stream=sys.stderr, format=LOG_FORMAT, datefmt=LOG_TIME, level=logging.WARNING)  # the server's warnings, stamped
+    logging.basicConfig(handlers=[one_line_handler(sys.stderr)], level=logging.WARNING)  # the server's warnings (a driver's too), one line each
     has_users = store_has_users(config)
-    access = Access.for_address(args.host, args.token, store_has_users=has_users)
+    # A team's store (PostgreSQL) with no users yet: its replicas start all the same (compose starts them first on a first
+    # start), and refuse every request, saying so, until an administrator adds the first user.
+    awaiting_users = not has_users and config.store.url is not None and not (args.token or os.environ.get(TOKEN_ENV)) and args.host not in LOOPBACK
+    access = Access.for_address(args.host, args.token, store_has_users=has_users or awaiting_users)
     log = AccessLog(args.log) if args.log else None
     try:
         app = build_app(config, access, log=log, preload=preload)
@@ -88,6 +93,8 @@ def _serve(config: Config, args: argparse.Namespace, *, preload: Sequence[Path] 
             if intro:
                 say(intro)
             say(start_line(config.project_dir, host=args.host, port=args.port, token=access.token, fresh=fresh))
+            if awaiting_users:
+                say(f"The store has no users yet: every request is refused (401) until an administrator adds one: {add_user_line(config)}")
             for warning in (gateway_warning(config) if has_users else None, proxy_warning(config)):
                 if warning:
                     say(warning)
@@ -125,6 +132,12 @@ class _Server(uvicorn.Server):
         if self._cutter is not None:  # a second signal: stop waiting for the running requests
             super().handle_exit(sig, frame)
             return
+        running = self._hub.running()
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+        say(
+            f"{name}: stopping; new requests get 503, {running} running request{'s' if running != 1 else ''} may finish within "
+            f"serve.drain_timeout ({self._drain:g} s)"
+        )
         self._hub.stop_taking()
         self._cutter = threading.Timer(self._drain, self._hub.cut_running)
         self._cutter.daemon = True
@@ -196,6 +209,11 @@ def proxy_warning(config: Config) -> str | None:
     )
 
 
+def add_user_line(config: Config) -> str:
+    """The command that adds the first user to `config`'s store."""
+    return f"taskweaver-lite users add NAME --admin -p {config.project_dir}"
+
+
 def start_line(project: Path, *, host: str, port: int, token: str | None, fresh: bool = False) -> str:
     """What `serve` prints once listening: the project and a link that opens the page (with the token when one is needed).
 
@@ -204,6 +222,7 @@ def start_line(project: Path, *, host: str, port: int, token: str | None, fresh:
     shown = "127.0.0.1" if host in WILDCARDS else host
     where = f"http://{'[' + shown + ']' if ':' in shown else shown}:{port}/"
     opening = "#new" if fresh else ""
+    listening = f" (listening on every address of this machine, {host or '0.0.0.0'} port {port})" if host in WILDCARDS else ""
     if token is None:
-        return f"taskweaver-lite serving {project} at {where}{opening}"
-    return f"taskweaver-lite serving {project} at {where} (token required); open {where}?token={quote(token, safe='')}{opening}"
+        return f"taskweaver-lite serving {project} at {where}{opening}{listening}"
+    return f"taskweaver-lite serving {project} at {where}{listening} (token required); open {where}?token={quote(token, safe='')}{opening}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import keyword
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -401,7 +402,7 @@ class ExecutionConfig(_Section):
     cgroup: Literal["auto", "off"] = Field(
         "auto", description="give each kernel a cgroup of its own where this program may make one (root, or a delegated cgroup v2); off: never"
     )
-    confirm: bool = Field(False, description="show each cell and wait for run / edit / skip (interactive chat only)")
+    confirm: bool = Field(False, description="show each cell and wait for run / edit / skip (the chat on a terminal; an editor over ACP asks run / skip)")
     kernel: str | None = Field(
         None,
         description="the Python the local kernel runs on: null (this program's), an installed Jupyter kernelspec's name, "
@@ -415,6 +416,13 @@ class ExecutionConfig(_Section):
     )
     disk_limit: int | str | None = Field(
         None, description="what a session's cells may keep in its working folder in total: bytes, '100MB', '2GB'; null: no limit"
+    )
+    display_per_cell: int | str | None = Field(
+        "20MB", description="images one cell may keep (plots and other displays, saved and stored): bytes, '20MB'; null: no cap"
+    )
+    display_per_session: int | str | None = Field("500MB", description="images a session's cells may keep in all: bytes, '500MB'; null: no cap")
+    disk_limit_files: int | None = Field(
+        100_000, ge=100, description="with disk_limit: the most files and folders a session's cells may keep, however small; null: no cap"
     )
 
     @field_validator("mounts", mode="before")
@@ -434,7 +442,7 @@ class ExecutionConfig(_Section):
         """`memory_limit` in bytes (None: no limit)."""
         return None if self.memory_limit is None else size_in_bytes(self.memory_limit)
 
-    @field_validator("disk_limit")
+    @field_validator("disk_limit", "display_per_cell", "display_per_session")
     @classmethod
     def _a_disk_size(cls, value: int | str | None) -> int | str | None:
         if value is not None:
@@ -444,6 +452,11 @@ class ExecutionConfig(_Section):
     def disk_limit_bytes(self) -> int | None:
         """`disk_limit` in bytes (None: no limit)."""
         return None if self.disk_limit is None else disk_bytes(self.disk_limit)
+
+    def display_caps(self) -> tuple[int | None, int | None]:
+        """`display_per_cell` and `display_per_session` in bytes (None: no cap)."""
+        cell, session = (None if value is None else disk_bytes(value) for value in (self.display_per_cell, self.display_per_session))
+        return cell, session
 
     @model_validator(mode="before")
     @classmethod
@@ -583,8 +596,13 @@ class ServeConfig(_Section):
     hot_sessions: int = Field(
         100, ge=1, description="sessions a replica keeps in memory between requests at most (the least recently used idle one goes first)"
     )
+    hot_session_idle: float = Field(
+        300.0,
+        ge=1,
+        description="seconds a replica keeps a session unused in memory, and its kernel's connection open; then it lets go (the gateway may cull the kernel)",
+    )
     max_sessions_per_user: int | None = Field(
-        None, description="sessions (with at least one request) each user may have in the store; making another answers 429; null: no limit"
+        None, description="sessions each user may have in the store, counted as made; past it, New hands back their unused one, else 429; null: no limit"
     )
     trusted_user_header: str | None = Field(
         None, description="a single sign-on proxy's header naming the user (X-Forwarded-User for oauth2-proxy); null: no header is believed"
@@ -673,6 +691,14 @@ class McpConfig(_Section):
     """The Model Context Protocol: the MCP servers whose tools the CodeGenerator's code may call."""
 
     servers: dict[str, McpServerConfig] = Field(default_factory=dict, description="NAME: {command: [ARGV...], env: {...}}; a cell calls tool T as NAME.T(...)")
+    session_idle_timeout: float = Field(
+        300.0,
+        ge=0,
+        description=(
+            "seconds `taskweaver-lite mcp` keeps a session open that no request uses; then it closes it (it stays stored), so that "
+            "`chat --resume` or another host may open it, and its next ask resumes it; 0: kept until the host leaves"
+        ),
+    )
 
     @field_validator("servers")
     @classmethod
@@ -902,6 +928,7 @@ _LOCAL_ONLY = {
     "cpu_limit": "limits are set on a kernel started on this machine",
     "cgroup": "a cgroup holds a kernel started on this machine",
     "disk_limit": "the limit is kept on a kernel started on this machine; a gateway's disk is the gateway's to limit",
+    "disk_limit_files": "the limit is kept on a kernel started on this machine; a gateway's disk is the gateway's to limit",
 }
 
 
@@ -955,7 +982,8 @@ def _gateway_conflicts(execution: ExecutionConfig) -> list[str]:
 
 def yaml_text(value: Any) -> str:
     """A setting's value as it is written in YAML (true, null, 50%)."""
-    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+    # On one line however long (a mapping of servers), in the order the settings are declared.
+    return yaml.safe_dump(value, default_flow_style=True, width=math.inf, sort_keys=False).strip().removesuffix("...").strip()
 
 
 def _merge_problem(err: ErrorDetails) -> str:

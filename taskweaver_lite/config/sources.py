@@ -54,7 +54,9 @@ class ConfigSources:
             found = self.origins.get(".".join(parts[:end]))
             if found is not None:
                 return found
-        return DEFAULT
+        # A mapping of sections (mcp.servers) is set by its entries' keys: it came from where they did.
+        within = [origin for key, origin in self.origins.items() if key.startswith(f"{dotted}.")]
+        return " and ".join(dict.fromkeys(within)) if within else DEFAULT
 
     def hint(self, dotted: str, *, also: str | None = None) -> str:
         """Where a user sets `dotted`, for messages: the file by name, for a JSON project its variable too; `also` another variable read."""
@@ -98,4 +100,6 @@ def shown(value: Any) -> Any:
         return value.model_dump(mode="json")
     if isinstance(value, list):
         return [shown(item) for item in value]
+    if isinstance(value, dict):  # a mapping of sections (mcp.servers: NAME -> its settings)
+        return {key: shown(item) for key, item in value.items()}
     return value

@@ -56,6 +56,8 @@ CONVERTED: dict[str, Convert] = {
     "llm.api_type": lambda value: [] if value in (None, "openai") else None,
     # TaskWeaver's container mode isolates the kernel; the sandbox is how this program does that.
     "execution_service.kernel_mode": lambda value: {"local": [], "container": [("execution.sandbox", "bubblewrap")]}.get(str(value)),
+    # TaskWeaver's retriever reads a FAISS index; the built-in one indexes the folder's documents itself.
+    "document_retriever.index_folder": lambda value: [("document_retriever.folder", value)] if isinstance(value, str) else None,
 }
 
 
@@ -102,7 +104,7 @@ def read_taskweaver_json(
         raise ConfigError(f'{path}: expected one JSON object of settings ("llm.model": ...)')
     written = {key: (_expanded(value, path=path, key=key), from_file(path)) for key, value in _flat(loaded)}
     given = {**written, **_from_environment(environment, written, path=path, roles=role_folders)}
-    mapped = [*_azure(given), *_module_base(loaded)]
+    mapped = [*_azure(given), *_module_base(loaded), *_index_folder(given)]
     roles = {*role_folders, *_session_roles(given)}
     data: dict[str, Any] = {}
     origins: dict[str, str] = {}
@@ -126,6 +128,18 @@ def read_taskweaver_json(
             f"{said} read as experience.enabled: {json.dumps(enabled)} (here one switch shows tips to the Planner and the CodeGenerator; it is on by default)"
         )
     return TaskWeaverSettings(data=data, ignored=tuple(ignored), mapped=tuple(mapped), origins=origins)
+
+
+def _index_folder(given: Mapping[str, tuple[Any, str]]) -> list[str]:
+    """The line saying what document_retriever.index_folder became."""
+    if "document_retriever.index_folder" not in given:
+        return []
+    folder = given["document_retriever.index_folder"][0]
+    return [
+        f"document_retriever.index_folder: {json.dumps(folder)} read as document_retriever.folder: the built-in retriever indexes "
+        "the documents in that folder itself (TaskWeaver's FAISS index files there are not read; put the documents there, or set "
+        "document_retriever.folder to where they are)"
+    ]
 
 
 def _from_environment(environment: Environment | None, written: Mapping[str, Any], *, path: Path, roles: Collection[str]) -> dict[str, tuple[Any, str]]:

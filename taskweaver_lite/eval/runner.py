@@ -17,7 +17,9 @@ runs go on. A case whose `session.roles` names a role this run leaves out (not i
 broken, or dropped by `--set`) is "not played", with the role and why: the agent could not do the
 task, and a 0 would say nothing about the model. A run the model could not play (`CANNOT_PLAY`
 in the conversation or a verdict) is "not played" too. A case's `pre_command` runs in TaskWeaver's
-working folder, the `auto_eval/` folder that holds `cases/`.
+working folder, the `auto_eval/` folder that holds `cases/`, except a run of TaskWeaver's document
+indexer: that one is read as the documents the built-in document_retriever answers from, and
+`document_retriever.index_folder` names them (indexer_command.py).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from taskweaver_lite.eval import probe
 from taskweaver_lite.eval.cases import BadCase, Case, ProblemSet, TaskCase
 from taskweaver_lite.eval.dseval import SetupFailed, run_problem_set
 from taskweaver_lite.eval.examiner import ExaminerFailed, RoundFailed, Transcript, examine
+from taskweaver_lite.eval.indexer_command import INDEX_FOLDER, documents_folder, index_command
 from taskweaver_lite.eval.matrix import Setting
 from taskweaver_lite.eval.outcome import CANNOT_PLAY, RESULTS_FILE, Outcome, PointResult, ResultsFile, eval_run_id, scored_keys
 from taskweaver_lite.eval.scoring import JudgeFailed, NotAVerdict, mark, score
@@ -282,6 +285,10 @@ def case_overrides(case: Case) -> tuple[list[str], list[str]]:
             else:
                 notes.append(f"config_var {key}: {value} keeps the project's execution.sandbox")
             continue
+        if key == INDEX_FOLDER:  # TaskWeaver's FAISS index: here, the documents the built-in retriever indexes itself
+            folder = documents_folder(str(value), case.pre_command, cwd=command_folder(case))
+            overrides.append(f"document_retriever.folder={json.dumps(str(folder))}")
+            continue
         ours = TASKWEAVER_KEYS.get(str(key), str(key))
         if is_config_key(ours):
             overrides.append(f"{ours}={json.dumps(value)}")
@@ -335,10 +342,17 @@ def command_folder(case: TaskCase) -> Path:
 
 
 def _pre_commands(case: TaskCase) -> list[str]:
-    """Run the case's pre_command lines where TaskWeaver runs them (`command_folder`); a note for each that fails (the case still runs)."""
+    """Run the case's pre_command lines where TaskWeaver runs them (`command_folder`); a note for each that fails (the case still runs).
+
+    A run of TaskWeaver's `scripts/document_indexer.py` is not run but read (indexer_command.py), in one note.
+    """
     notes = []
     cwd = command_folder(case)
     for command in case.pre_command:
+        indexing = index_command(command, cwd=cwd)
+        if indexing is not None:  # TaskWeaver's own indexer: read as the documents to index (case_overrides applied it)
+            notes.append(indexing.line())
+            continue
         try:
             done = subprocess.run(command, shell=True, cwd=cwd, capture_output=True, text=True, timeout=PRE_COMMAND_TIMEOUT, check=False)
         except subprocess.TimeoutExpired:

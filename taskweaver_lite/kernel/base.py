@@ -28,7 +28,7 @@ from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.errors import KernelError
 from taskweaver_lite.kernel import namespace
 from taskweaver_lite.kernel.interface import OutputSink
-from taskweaver_lite.kernel.output import CellOutput, artifact_file
+from taskweaver_lite.kernel.output import CellOutput, DisplayBudget, artifact_file
 from taskweaver_lite.kernel.process import end_at_exit, forget
 from taskweaver_lite.records.execution import CellCancelled, CellError, ExecutionResult, KernelEnvironment, Variable, VariableChanges
 from taskweaver_lite.records.mcp_tools import McpServer
@@ -93,6 +93,8 @@ class SessionKernel(ABC):
         self._start_wait = 0.0  # seconds a start may take besides the kernel's own (the MCP servers it starts)
         self._namespace = namespace.VariableTracker()
         self._cell = namespace.last_cell_number(self.outputs_dir, self.artifacts_dir)
+        # Images the cells may keep, per cell and in all (execution.display_per_cell, display_per_session).
+        self._display = DisplayBudget.for_session(config.display_caps(), self.artifacts_dir)
         self._expressions: dict[str, str] = {}
         self._start_error: BaseException | None = None
         self._ready = threading.Event()
@@ -101,12 +103,33 @@ class SessionKernel(ABC):
         self._interrupt_requested = False
         self._closed = False
         self._starter: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._thread_name = "kernel-start"
+        self._claimed = False  # the kernel was asked for (on a gateway: its start accepted) before the start thread ran
+        self._ended_why = ""  # set with a kernel found gone between cells that did not die (a gateway ended it): said on the next cell
 
-    def _begin(self, thread_name: str) -> None:
-        """Start the kernel in a background thread (the subclass calls this last in its constructor)."""
+    def _begin(self, thread_name: str, *, now: bool = True) -> None:
+        """Start the kernel in a background thread, or (`now=False`) at its first use (the subclass calls this last in its constructor)."""
         end_at_exit(self)
-        self._starter = threading.Thread(target=self._start, name=thread_name, daemon=True)
-        self._starter.start()
+        self._thread_name = thread_name
+        if now:
+            with self._start_lock:
+                self._starter = threading.Thread(target=self._start, name=thread_name, daemon=True)
+                self._starter.start()
+
+    def start(self) -> None:
+        """Start a kernel that waits for its first use; what refuses the start at once (a gateway's limit) is raised here. No-op once started."""
+        with self._start_lock:
+            if self._starter is not None or self._closed:
+                return
+            self._claim()
+            self._claimed = True
+            self._starter = threading.Thread(target=self._start, name=self._thread_name, daemon=True)
+            self._starter.start()
+
+    def still_there(self) -> bool:
+        """True: a local kernel cannot go away unnoticed (a gateway's kernel may: gateway/remote.py)."""
+        return True
 
     @property
     def working_dir(self) -> Path:
@@ -118,8 +141,9 @@ class SessionKernel(ABC):
         return artifact_file(self.artifacts_dir, name)
 
     def wait_ready(self, timeout: float | None = None) -> None:
-        """Block until the kernel answers (default limit: the configured start timeout); KernelError if not."""
+        """Block until the kernel answers (default limit: the configured start timeout), starting one that waited for its first use; KernelError if not."""
         self._check_open()
+        self.start()
         limit = self.config.kernel_start_timeout + REPLY_WAIT + self._start_wait if timeout is None else timeout
         if not self._ready.wait(limit):
             raise KernelError(f"{self._kernel_name()} is not ready after {limit:g} s{self._see_also()}")
@@ -144,8 +168,9 @@ class SessionKernel(ABC):
             with self._cell_limits():
                 result = self._run_cell(code, self.config.timeout if timeout is None else timeout, on_output)
             result = self._limits_checked(result)
-            if lost is not None:  # died since the last cell, with or without variables: say so on this one
-                result = dataclasses.replace(result, kernel_died=True, lost_variables=lost)
+            if lost is not None:  # died (or was ended) since the last cell, with or without variables: say so on this one
+                result = dataclasses.replace(result, kernel_died=True, lost_variables=lost, kernel_ended=self._ended_why)
+            self._ended_why = ""
             return result
 
     def interrupt(self) -> None:
@@ -222,6 +247,8 @@ class SessionKernel(ABC):
 
     def _start(self) -> None:
         try:
+            if not self._claimed:
+                self._claim()
             self._launch()
         except Exception as exc:  # noqa: BLE001 - whatever it is, `wait_ready` reports it as a KernelError in the caller's thread
             self._start_error = exc
@@ -238,7 +265,9 @@ class SessionKernel(ABC):
     def _run_cell(self, code: str, timeout: float, on_output: OutputSink | None) -> ExecutionResult:
         self._cell += 1
         stem = f"cell-{self._cell:04d}"
-        output = CellOutput(max_tokens=self.output_tokens, transcript_path=self.outputs_dir / f"{stem}.txt", artifacts_dir=self.artifacts_dir, stem=stem)
+        output = CellOutput(
+            max_tokens=self.output_tokens, transcript_path=self.outputs_dir / f"{stem}.txt", artifacts_dir=self.artifacts_dir, stem=stem, display=self._display
+        )
         self._interrupt_requested = False
         started = time.monotonic()
         msg_id = ""
@@ -258,6 +287,9 @@ class SessionKernel(ABC):
                 raise
             kept = dataclasses.replace(partial, success=False, cancelled=True, interrupted=True, elapsed=time.monotonic() - started)
             raise CellCancelled(kept) from None
+        except Exception:
+            output.close()  # the transport failed (its gateway went away): the error says what became of the cell
+            raise
         finally:
             self._running = False
         interrupted = self._interrupt_requested and not end.timed_out
@@ -267,7 +299,8 @@ class SessionKernel(ABC):
         if end.ending != "idle":
             lost = self._namespace.names()
             self._recover(end.ending)
-            return dataclasses.replace(base, success=False, kernel_died=True, lost_variables=lost, changes=VariableChanges(deleted=lost))
+            ended, self._ended_why = self._ended_why, ""
+            return dataclasses.replace(base, success=False, kernel_died=True, lost_variables=lost, changes=VariableChanges(deleted=lost), kernel_ended=ended)
         return self._finish(base, end.reply or {})
 
     def _finish(self, base: ExecutionResult, reply: dict[str, Any]) -> ExecutionResult:
@@ -364,9 +397,12 @@ class SessionKernel(ABC):
     def _kernel_folder(self) -> str:
         """The kernel's working folder as the kernel names it (a cell that leaves it is put back there)."""
 
+    def _claim(self) -> None:  # noqa: B027 - nothing to claim for a local kernel; a gateway's start request is one
+        """The part of a start that may be refused at once (a gateway's start request); run by `start` in the caller's thread, else in the start thread."""
+
     @abstractmethod
     def _launch(self) -> None:
-        """Start the kernel and connect to it (in the start thread)."""
+        """Start the kernel and connect to it (in the start thread, after `_claim`)."""
 
     @abstractmethod
     def _execute(self, code: str) -> str:

@@ -110,10 +110,10 @@ class KernelExecutor(SessionKernel):
         fallback = fallback_notice() if config.sandbox == "auto" and not use_sandbox else None
         filter_off = syscall_filter.lost_without() if use_sandbox and config.syscall_filter == "off" else None
         self._first_notices = tuple(notice for notice in (fallback, filter_off, no_cgroup) if notice)
-        # execution.disk_limit: the working folder, the socket folder and the kernel's log, in total.
+        # execution.disk_limit (and disk_limit_files): the working folder, the socket folder and the kernel's log, in total.
         limit = config.disk_limit_bytes()
         paths = (self.cwd, self._socket_dir, self._log_path)
-        self._disk = DiskWatch(paths, limit=limit, on_reached=self._disk_reached) if limit is not None else None
+        self._disk = DiskWatch(paths, limit=limit, on_reached=self._disk_reached, files=config.disk_limit_files) if limit is not None else None
         self._kernel_pids: dict[int, int] = {}  # launched process -> the kernel's own (past bubblewrap's)
         self._strikes = 0  # times the folders grew past the limit between cells since the last cell
         # Asked for with every cell, in the same request: the variables, and the working folder put back.

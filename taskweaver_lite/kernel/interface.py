@@ -67,6 +67,14 @@ class Executor(Protocol):
         """Go on with this kernel after another process ran `cells_before` cells in it; False when only a fresh load will do."""
         ...
 
+    def start(self) -> None:
+        """Start a kernel that waits for its first use (a no-op once started); what refuses it at once is raised here (a gateway's limit)."""
+        ...
+
+    def still_there(self) -> bool:
+        """False when the kernel, with its variables, went away since the last cell (a gateway ended it or restarted); GatewayError when unreachable."""
+        ...
+
 
 # Builds a session's executor for its session folder (kernel/choice.py chooses it; opening, resuming and resetting a session call it).
 ExecutorFactory = Callable[[Path], Executor]

@@ -14,7 +14,9 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -144,10 +146,41 @@ class _Transcript:
             self._file = None
 
 
+@dataclass
+class DisplayBudget:
+    """The images a session's cells may keep: per cell and in all (`execution.display_per_cell`, `display_per_session`).
+
+    An image past either is not saved (nor stored, nor shown); the cell says so in one line per cap.
+    """
+
+    per_cell: int | None
+    per_session: int | None
+    used: int = 0  # bytes of images the session's cells kept so far
+
+    @classmethod
+    def for_session(cls, caps: tuple[int | None, int | None], artifacts_dir: Path) -> DisplayBudget:
+        """The budget of a session whose earlier cells kept what is in `artifacts_dir` (a resumed session's too)."""
+        used = 0
+        with contextlib.suppress(OSError), os.scandir(artifacts_dir) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    used += entry.stat(follow_symlinks=False).st_size
+        return cls(per_cell=caps[0], per_session=caps[1], used=used)
+
+
 class CellOutput:
     """Collects one cell's iopub messages into the output fields of an `ExecutionResult`."""
 
-    def __init__(self, *, max_tokens: int, transcript_path: Path, artifacts_dir: Path, stem: str, tokenizer: Tokenizer | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_tokens: int,
+        transcript_path: Path,
+        artifacts_dir: Path,
+        stem: str,
+        tokenizer: Tokenizer | None = None,
+        display: DisplayBudget | None = None,
+    ) -> None:
         self._max_tokens = max_tokens
         self._tokenizer = tokenizer or get_tokenizer()
         budget = max(max_tokens * CHARS_PER_TOKEN_KEPT, MIN_KEPT_CHARS)
@@ -163,6 +196,9 @@ class CellOutput:
         self._error: tuple[str, _Clip, _Clip] | None = None
         self._artifacts: list[str] = []
         self._problems: list[str] = []  # files that could not be written, for the result's notices
+        self._display = display
+        self._cell_images = 0  # bytes of images this cell kept
+        self._left_out: dict[str, list[int]] = {}  # the setting whose cap an image passed -> the sizes of those not kept
 
     def add(self, msg_type: str, content: dict[str, Any]) -> None:
         """Take one iopub message that belongs to this cell; one the kernel garbled becomes a notice, never an exception.
@@ -237,8 +273,30 @@ class CellOutput:
             displays=displays,
             artifacts=tuple(self._artifacts),
             full_output_path=self._transcript.save(needed=cut),
-            notices=tuple(self._problems) + ((self._transcript.problem,) if self._transcript.problem else ()),
+            notices=tuple(self._problems) + ((self._transcript.problem,) if self._transcript.problem else ()) + self._left_out_notices(),
         )
+
+    def _left_out_notices(self) -> tuple[str, ...]:
+        """One line per cap that left images out: how many, how large, which setting raises it."""
+        lines = []
+        for setting, sizes in self._left_out.items():
+            cap = getattr(self._display, "per_cell" if setting == "execution.display_per_cell" else "per_session", None) or 0
+            images = "an image" if len(sizes) == 1 else f"{len(sizes)} images"
+            lines.append(
+                f"{images} ({_megabytes(sum(sizes))}) the cell displayed were not kept, past {setting} ({_megabytes(cap)}): "
+                f"show fewer or smaller ones (savefig to a file), or raise {setting}"
+            )
+        return tuple(lines)
+
+    def _room_for(self, size: int) -> str | None:
+        """The setting whose cap an image of `size` bytes would pass (None: it may be kept)."""
+        if self._display is None:
+            return None
+        if self._display.per_cell is not None and self._cell_images + size > self._display.per_cell:
+            return "execution.display_per_cell"
+        if self._display.per_session is not None and self._display.used + size > self._display.per_session:
+            return "execution.display_per_session"
+        return None
 
     def _bounded_error(self, *, share: float) -> tuple[CellError, bool]:
         """The error within its share (name and message first, cut only if huge; then the traceback's
@@ -268,12 +326,19 @@ class CellOutput:
             except ValueError as exc:  # the kernel's data, not an image: said in one line, the rest of the cell goes on
                 self._problems.append(f"a displayed {mime} was not saved: {exc}")
                 return True  # its text/plain ("<Figure ...>") says nothing more
+            past = self._room_for(len(content))
+            if past is not None:
+                self._left_out.setdefault(past, []).append(len(content))
+                return True
             try:
                 path.write_bytes(content)
             except OSError as exc:  # a full disk: say so, and the cell's other output still counts
                 self._problems.append(f"an image the cell displayed could not be saved to {path} ({exc.strerror or exc})")
                 return True
             self._artifacts.append(str(path))
+            self._cell_images += len(content)
+            if self._display is not None:
+                self._display.used += len(content)
             saved = True
         return saved
 
@@ -357,3 +422,7 @@ def file_inside(folder: Path, name: str) -> Path:
     if resolved.parent != folder.resolve():
         raise KeyError(name)
     return resolved
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1024**2:.1f} MB"

@@ -211,6 +211,13 @@ class OwnKernelExecutor:
         """False: no other process runs cells in this kernel."""
         return False
 
+    def start(self) -> None:
+        """Nothing to start: the notebook's kernel already runs."""
+
+    def still_there(self) -> bool:
+        """True: the notebook's own kernel is the one running this code."""
+        return True
+
 
 @contextlib.contextmanager
 def _tapped(shell: InteractiveShell, output: CellOutput, on_output: OutputSink | None) -> Iterator[None]:

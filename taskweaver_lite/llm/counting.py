@@ -364,6 +364,19 @@ class ModelTokenizer(Tokenizer):
         server = self._server
         return server.kind if server is not None else self.name
 
+    def describe(self) -> str:
+        """How this model's prompts are counted now, in a few words for /context."""
+        server = self._server
+        if server is not None:
+            extra = f", times {self._ratio:.3f} its replies showed" if self._ratio > 1.0 else ""
+            return f"the server's own tokenizer ({'llama.cpp' if server.kind == 'llama.cpp' else 'vLLM'}){extra}"
+        if self._counting == "tokenizer":
+            return f"{self.name} alone (llm.token_counting: tokenizer)"
+        if self._openai and self._ratio == 1.0:
+            return f"{self.name}, as OpenAI's models count"
+        how = "calibrated on the server's replies" if self._measured else "a cautious start until a reply measures it"
+        return f"{self.name} times {self._ratio:.3f}, {how}"
+
     @property
     def ratio(self) -> float:
         """Model tokens per counted token, as calibrated so far (1 where counts are exact and held)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import mimetypes
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -71,16 +71,15 @@ def list_resources(sessions: Iterable[Session]) -> list[types.Resource]:
     return [_resource(session.id, kind, path) for session in sessions for kind, path in session_files(session) if path.exists()]
 
 
-def artifact_links(session: Session, rnd: Round) -> list[types.ResourceLink]:
-    """Links to what a turn's cells produced: its plots, and the files written in the working folder since it started."""
-    links = []
-    for kind, path in session_files(session):
-        in_round = kind == "artifacts" and any(post.execution and str(path) in post.execution.artifacts for post in rnd.posts)
-        if in_round or (kind == "files" and path.stat().st_mtime >= rnd.started_at - 1):
-            links.append(
-                types.ResourceLink(type="resource_link", uri=resource_uri(session.id, kind, path.name), name=path.name, mime_type=mime_type(path.name))
-            )
-    return links
+def artifact_links(session: Session, rnd: Round, *, written: Collection[str]) -> list[types.ResourceLink]:
+    """Links to what a turn's cells produced: its plots, and the files its cells wrote in the working folder (`written`: turn_files.py)."""
+    plots = [Path(path) for post in rnd.posts if post.execution for path in post.execution.artifacts]
+    found = [("artifacts", path) for path in plots if path.is_file()]
+    found += [("files", session.working_dir / name) for name in written if (session.working_dir / name).is_file()]
+    return [
+        types.ResourceLink(type="resource_link", uri=resource_uri(session.id, kind, path.name), name=path.name, mime_type=mime_type(path.name))
+        for kind, path in found
+    ]
 
 
 def read_resource(uri: str, sessions: Mapping[str, Session], *, stored: Callable[[str], Path | None]) -> types.ReadResourceResult:
@@ -117,7 +116,7 @@ def _read(uri: str, folder: Path, name: str, *, what: str) -> bytes:
         raise _not_found(uri, what) from None
     with os.fdopen(fd, "rb") as file:
         if info.st_size > MAX_RESOURCE_BYTES:
-            raise _not_found(uri, f"{name} has {info.st_size:,} bytes, more than the {MAX_RESOURCE_BYTES:,} a resource may have")
+            raise too_large(uri, name, info.st_size)
         return file.read(MAX_RESOURCE_BYTES + 1)[:MAX_RESOURCE_BYTES]
 
 
@@ -128,6 +127,14 @@ def resource_parts(uri: str) -> tuple[str, str, str]:
     if len(parts) != 3 or parts[1] not in _FOLDERS or not parts[0] or not parts[2]:
         raise _not_found(uri, f"not a resource of this server: addresses look like {resource_uri('ID', 'artifacts', 'NAME')} (or files/NAME)")
     return unquote(parts[0]), parts[1], unquote(parts[2])
+
+
+def too_large(uri: str, name: str, size: int) -> MCPError:
+    """A file past MAX_RESOURCE_BYTES: refused as such (invalid params), never as a resource that does not exist."""
+    return MCPError(
+        code=types.INVALID_PARAMS,
+        message=f"{uri}: {name} is too large to read as a resource: {size:,} bytes, more than {MAX_RESOURCE_BYTES:,} (it is there, but not sent)",
+    )
 
 
 def _not_found(uri: str, why: str) -> MCPError:

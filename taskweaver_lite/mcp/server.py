@@ -10,7 +10,7 @@ stdio transport: nothing else reaches stdout, logs go to stderr). Its tools:
   its cells re-run to rebuild its variables. A long turn reports progress; a cancelled request
   interrupts the cell, fails the round as a Ctrl-C does, and keeps the session.
 - `sessions` {}: the stored sessions, newest first.
-- `variables` {session_id}: the variables a session's kernel holds now.
+- `variables` {session_id}: the variables a session's kernel holds: now if it is open here, else as its last cell left them (stored: it never runs code).
 
 What the cells produced (plots, files in the working folder) are resources, with MIME types, under
 `taskweaver-lite://session/<id>/...`; `ask` links those of its turn. Bad input (an unknown session,
@@ -23,12 +23,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import re
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import anyio
 import mcp_types as types
@@ -37,8 +39,9 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 
 from taskweaver_lite import __version__
-from taskweaver_lite.errors import TaskWeaverError, UnknownSessionError
+from taskweaver_lite.errors import AmbiguousSessionError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.mcp.resources import artifact_links, list_resources, read_resource
+from taskweaver_lite.mcp.turn_files import TurnFiles
 from taskweaver_lite.records.conversation import USER, Round
 from taskweaver_lite.records.events import Event, Working
 from taskweaver_lite.records.execution import Variable
@@ -61,6 +64,7 @@ ACTIVITY = {
     "role_working": "A role is working",
 }
 _T = TypeVar("_T")
+Released = Literal["closed", "not open", "answering"]  # what close_session found
 
 ASK = types.Tool(
     name="ask",
@@ -89,19 +93,87 @@ ASK = types.Tool(
         },
         "required": ["answer", "session_id", "state", "artifacts"],
     },
+    # It runs code that may write files and reach what the kernel reaches, and asks a model: not read-only, open world.
+    annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=True),
 )
 SESSIONS = types.Tool(
     name="sessions",
+    title="The stored sessions",
     description="The stored sessions, newest first: id, title, rounds, started and last active (epoch seconds).",
     input_schema={"type": "object", "properties": {}, "additionalProperties": False},
-    annotations=types.ToolAnnotations(read_only_hint=True),
+    output_schema={
+        "type": "object",
+        "properties": {
+            "sessions": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "string"},
+                        "title": {"type": "string"},
+                        "rounds": {"type": "integer"},
+                        "started": {"type": "number"},
+                        "last_active": {"type": "number"},
+                        "owner": {"type": ["string", "null"]},
+                    },
+                    "required": ["id", "title", "rounds", "started", "last_active"],
+                },
+            }
+        },
+        "required": ["sessions"],
+    },
+    annotations=types.ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
 )
 VARIABLES = types.Tool(
     name="variables",
-    description="The variables a session's kernel holds now (name, type, a short description); the session is resumed if it is not open.",
+    title="A session's variables",
+    description="The variables a session's kernel holds (name, type, a short description): now, if the session is open here, else as its "
+    "last cell left them. It never runs code.",
     input_schema={"type": "object", "properties": {"session_id": {"type": "string"}}, "required": ["session_id"], "additionalProperties": False},
-    annotations=types.ToolAnnotations(read_only_hint=True),
+    output_schema={
+        "type": "object",
+        "properties": {
+            "session_id": {"type": "string"},
+            "variables": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string"}, "type": {"type": "string"}, "description": {"type": "string"}},
+                    "required": ["name", "type", "description"],
+                },
+            },
+        },
+        "required": ["session_id", "variables"],
+    },
+    annotations=types.ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
 )
+
+CLOSE_SESSION = types.Tool(
+    name="close_session",
+    title="Close a session here",
+    description=(
+        "Release a session this server holds open: its kernel stops and its claim goes, so the user's terminal (chat --resume) or "
+        "another assistant can open it. It stays stored: ask with its session_id later resumes it, re-running its cells."
+    ),
+    input_schema={"type": "object", "properties": {"session_id": {"type": "string"}}, "required": ["session_id"], "additionalProperties": False},
+    output_schema={
+        "type": "object",
+        "properties": {"session_id": {"type": "string"}, "closed": {"type": "boolean", "description": "false when it was not open here"}},
+        "required": ["session_id", "closed"],
+    },
+    annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+)
+
+
+def closed_result(session_id: str, released: Released) -> types.CallToolResult:
+    """`close_session`'s answer: what became of the session, in one line and as structured content."""
+    if released == "answering":
+        return _error_result(f"Session {session_id} is answering a question: close it once that answer is in (or cancel the ask).")
+    if released == "not open":
+        text = f"Session {session_id} was not open here: nothing to release. It is stored; ask with its session_id resumes it."
+    else:
+        text = f"Session {session_id} is closed here and stays stored: chat --resume {session_id} opens it, and ask with its session_id resumes it."
+    return _json_result({"session_id": session_id, "closed": released == "closed"}, text=text)
 
 
 def bad_input(message: str) -> MCPError:
@@ -111,20 +183,29 @@ def bad_input(message: str) -> MCPError:
 
 @dataclass
 class OpenSession:
-    """A session open in this server: one turn at a time."""
+    """A session open in this server: one turn at a time; `closed` once the server let it go (a turn that got it asks again)."""
 
     session: Session
     busy: threading.Lock = field(default_factory=threading.Lock)
+    last_used: float = field(default_factory=time.monotonic)
+    closed: bool = False
 
 
 class Agent:
-    """The sessions this server opened, by id, the least recently used first; opening and resuming go through the workspace."""
+    """The sessions this server opened, by id, the least recently used first; opening and resuming go through the workspace.
 
-    def __init__(self, workspace: Workspace, *, overrides: Sequence[str] = (), max_open: int = MAX_OPEN_SESSIONS) -> None:
+    A session holds its kernel and its claim in the store (no other program may open it) while it is
+    open here. So it is let go, and stays stored, when it has gone unused for `idle_timeout` seconds
+    (mcp.session_idle_timeout; 0: never), when `close_session` asks, and when more than `max_open`
+    are open; the next `ask` that names it resumes it.
+    """
+
+    def __init__(self, workspace: Workspace, *, overrides: Sequence[str] = (), max_open: int = MAX_OPEN_SESSIONS, idle_timeout: float | None = None) -> None:
         """`overrides`: the command's --set values, stored with each new session so that `chat --resume` applies them again."""
         self.workspace = workspace
         self.overrides = list(overrides)
         self.max_open = max_open
+        self.idle_timeout = workspace.config.mcp.session_idle_timeout if idle_timeout is None else idle_timeout
         self.open: OrderedDict[str, OpenSession] = OrderedDict()
         self._guard = threading.Lock()
 
@@ -138,7 +219,9 @@ class Agent:
             session_id = self.workspace.store.resolve(ref)
             if session_id in self.open:
                 self.open.move_to_end(session_id)
-                return self.open[session_id]
+                entry = self.open[session_id]
+                entry.last_used = time.monotonic()
+                return entry
         session, _ = self.workspace.resume_session(session_id, on_replay=on_replay)
         return self._keep(session)
 
@@ -147,16 +230,54 @@ class Agent:
             kept = self.open[session.id] = OpenSession(session)
             idle = [key for key, entry in self.open.items() if key != session.id and not entry.busy.locked()]
             closing = [self.open.pop(key) for key in idle[: max(0, len(self.open) - self.max_open)]]
-        for entry in closing:
-            entry.session.close()
+        self._close(closing)
         return kept
+
+    def release(self, ref: str) -> tuple[str, Released]:
+        """Close the session `ref` names here now (it stays stored): its id, and whether it was closed, not open, or answering."""
+        session_id = self.workspace.store.resolve(ref)
+        with self._guard:
+            entry = self.open.get(session_id)
+            if entry is None:
+                return session_id, "not open"
+            if entry.busy.locked():
+                return session_id, "answering"
+            del self.open[session_id]
+        self._close([entry])
+        return session_id, "closed"
+
+    def release_idle(self) -> list[str]:
+        """Close the sessions no request has used for `idle_timeout` seconds (they stay stored); their ids."""
+        if not self.idle_timeout:
+            return []
+        settled = time.monotonic() - self.idle_timeout
+        with self._guard:
+            idle = [key for key, entry in self.open.items() if entry.last_used <= settled and not entry.busy.locked()]
+            closing = [self.open.pop(key) for key in idle]
+        self._close(closing)
+        return idle
 
     def close(self) -> None:
         """Close every open session (each stays stored)."""
         with self._guard:
             entries, self.open = list(self.open.values()), OrderedDict()
+        self._close(entries)
+
+    @staticmethod
+    def _close(entries: Iterable[OpenSession]) -> None:
         for entry in entries:
+            entry.closed = True
             entry.session.close()
+
+
+async def release_idle_sessions(agent: Agent) -> None:
+    """Let go of the sessions left idle past `agent.idle_timeout`, checking a few times within it, until cancelled."""
+    if not agent.idle_timeout:
+        return
+    every = min(max(agent.idle_timeout / 4, 0.25), 30.0)
+    while True:
+        await anyio.sleep(every)
+        await anyio.to_thread.run_sync(agent.release_idle)
 
 
 class Turn:
@@ -245,10 +366,10 @@ def answer_of(rnd: Round) -> str:
     return next((post.message for post in reversed(rnd.posts) if post.send_to == USER), "")
 
 
-def ask_result(session: Session, rnd: Round) -> types.CallToolResult:
-    """`ask`'s answer: the text with the session id, the structured content, links to the turn's artifacts."""
+def ask_result(session: Session, rnd: Round, *, written: Collection[str]) -> types.CallToolResult:
+    """`ask`'s answer: the text with the session id, the structured content, links to the turn's plots and the files its cells `written`."""
     answer = answer_of(rnd)
-    links = artifact_links(session, rnd)
+    links = artifact_links(session, rnd, written=written)
     text = f"{answer}\n\n(session {session.id}: pass session_id {session.id!r} to continue it with its variables)"
     structured = {"answer": answer, "session_id": session.id, "state": rnd.state, "artifacts": [str(link.uri) for link in links]}
     content: list[types.ContentBlock] = [types.TextContent(type="text", text=text), *links]
@@ -256,7 +377,11 @@ def ask_result(session: Session, rnd: Round) -> types.CallToolResult:
 
 
 def failed_answer(session_id: str | None, message: str, *, state: str = "failed") -> types.CallToolResult:
-    """`ask`'s answer when the turn gave none (it failed, was cancelled, or could not start): the reason, in its text and structured content."""
+    """`ask`'s answer when the turn gave none (it failed, was cancelled, or could not start): the reason, in its text and structured content.
+
+    This machine's paths and process ids are left out (`for_client`).
+    """
+    message = for_client(message)
     structured = {"answer": message, "session_id": session_id or "", "state": state, "artifacts": []}
     return types.CallToolResult(content=[types.TextContent(type="text", text=message)], structured_content=structured, is_error=True)
 
@@ -303,8 +428,8 @@ class ToolServer:
         )
 
     async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
-        """The tools: ask, sessions, variables."""
-        return types.ListToolsResult(tools=[ASK, SESSIONS, VARIABLES])
+        """The tools: ask, sessions, variables, close_session."""
+        return types.ListToolsResult(tools=[ASK, SESSIONS, VARIABLES, CLOSE_SESSION])
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         """Run one tool call; bad input is a protocol error, a failed turn an error result."""
@@ -320,7 +445,12 @@ class ToolServer:
             if not isinstance(ref, str) or not ref.strip():
                 raise bad_input("variables needs session_id: the id of a session")
             return await self.variables(ctx, ref)
-        raise bad_input(f"no tool {params.name!r}: the tools are ask, sessions and variables")
+        if params.name == "close_session":
+            ref = arguments.get("session_id")
+            if not isinstance(ref, str) or not ref.strip():
+                raise bad_input("close_session needs session_id: the id of a session")
+            return await self.close_session(ctx, ref)
+        raise bad_input(f"no tool {params.name!r}: the tools are ask, sessions, variables and close_session")
 
     async def ask(self, ctx: Any, question: str, ref: str | None) -> types.CallToolResult:
         """One turn in the session `ref` names (a new one for None)."""
@@ -332,6 +462,10 @@ class ToolServer:
 
     async def variables(self, ctx: Any, ref: str) -> types.CallToolResult:
         """The variables the session's kernel holds."""
+        raise NotImplementedError
+
+    async def close_session(self, ctx: Any, ref: str) -> types.CallToolResult:
+        """Release the session `ref` names (it stays stored)."""
         raise NotImplementedError
 
     async def list_resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:
@@ -362,9 +496,12 @@ class AgentServer(ToolServer):
             except MCPError:
                 raise
             except TaskWeaverError as exc:  # open in another program, a kernel that cannot start: the client hears why
-                return _error_result(f"The session could not be opened: {exc}")
+                return failed_answer(ref, f"The session could not be opened: {exc}")
             if not entry.busy.acquire(timeout=BUSY_WAIT):
-                return _error_result(f"session {entry.session.id} is answering another question: wait for that answer, then ask again")
+                return failed_answer(entry.session.id, f"session {entry.session.id} is answering another question: wait for that answer, then ask again")
+            if entry.closed:  # let go (idle, or closed) between being found and being taken: resumed again
+                entry.busy.release()
+                return work(turn) if ref is not None else failed_answer(entry.session.id, "The new session was closed before its first question: ask again.")
             try:
                 turn.session = entry.session
                 entry.session.add_listener(turn.listen)
@@ -373,38 +510,58 @@ class AgentServer(ToolServer):
                 finally:
                     entry.session.remove_listener(turn.listen)
             finally:
+                entry.last_used = time.monotonic()
                 entry.busy.release()
 
         return await on_thread(work, report=lambda number, text: ctx.session.report_progress(number, None, text))
 
     def _opened(self, ref: str | None, turn: Turn) -> OpenSession:
-        """The session to ask in; an unknown id is a protocol error (nothing is opened or stored)."""
+        """The session to ask in; an unknown or ambiguous id is a protocol error (nothing is opened or stored)."""
         try:
             return self.agent.session(ref, on_replay=lambda done, total: turn.progress(f"Re-running earlier cells: {done}/{total}"))
-        except UnknownSessionError as exc:
-            raise bad_input(f"{exc} (or call the sessions tool)") from None
+        except (UnknownSessionError, AmbiguousSessionError) as exc:
+            raise _unknown(ref or "", exc) from None
 
     def _turn(self, session: Session, question: str) -> types.CallToolResult:
+        written = TurnFiles(session.working_dir)
+        session.add_listener(written)
         try:
             rnd = session.ask(question)
         except KeyboardInterrupt:
-            return _error_result(f"Cancelled. Session {session.id} and its variables are kept.")
+            return failed_answer(session.id, f"Cancelled. Session {session.id} and its variables are kept.", state="cancelled")
         except TaskWeaverError as exc:
-            return _error_result(f"This request failed: {exc} (session {session.id} is kept)")
-        return ask_result(session, rnd)
+            return failed_answer(session.id, f"This request failed: {exc} (session {session.id} is kept)")
+        finally:
+            session.remove_listener(written)
+        return ask_result(session, rnd, written=written.names)
 
     async def variables(self, ctx: Any, ref: str) -> types.CallToolResult:
         """The variables of the session's kernel."""
         return await self._variables(ctx, ref)
 
     async def _variables(self, ctx: Any, ref: str) -> types.CallToolResult:
+        """An open session's kernel says; a session not open here answers from the store: nothing is resumed, no cell runs."""
+
         def work(turn: Turn) -> types.CallToolResult:
-            session = self._opened(ref, turn).session
-            rows = [{"name": v.name, "type": v.type, "description": v.description} for v in session.executor.variables()]
-            text = "\n".join(f"{r['name']}: {r['type']} {r['description']}".rstrip() for r in rows) or "No variables yet."
-            return _json_result({"session_id": session.id, "variables": rows}, text=text)
+            store = self.agent.workspace.store
+            try:
+                session_id = store.resolve(ref)
+            except (UnknownSessionError, AmbiguousSessionError) as exc:
+                raise _unknown(ref, exc) from None
+            entry = self.agent.open.get(session_id)
+            if entry is None:
+                return variables_result(session_id, store.load(session_id).last_variables)
+            return variables_result(session_id, entry.session.executor.variables())
 
         return await on_thread(work, report=lambda number, text: ctx.session.report_progress(number, None, text))
+
+    async def close_session(self, ctx: Any, ref: str) -> types.CallToolResult:
+        """Close the session here now; it stays stored."""
+        try:
+            session_id, released = await anyio.to_thread.run_sync(self.agent.release, ref)
+        except (UnknownSessionError, AmbiguousSessionError) as exc:
+            raise _unknown(ref, exc) from None
+        return closed_result(session_id, released)
 
     async def list_resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:
         """What the open sessions' cells produced."""
@@ -420,10 +577,17 @@ class AgentServer(ToolServer):
         """The folder of a stored session that is not open here (its files are still resources), None if there is none."""
         try:
             resolved = self.agent.workspace.store.resolve(session_id)
-        except UnknownSessionError:
+        except (UnknownSessionError, AmbiguousSessionError):
             return None
         folder = self.agent.workspace.config.sessions_dir / resolved
         return folder if folder.is_dir() else None
+
+
+def _unknown(ref: str, error: TaskWeaverError) -> MCPError:
+    """A session id that names no session, or several: one line, without the store's path on this machine."""
+    if isinstance(error, AmbiguousSessionError):
+        return bad_input(str(error))
+    return bad_input(f"no session {ref!r} here: call the sessions tool for the ids")
 
 
 def _json_result(data: dict[str, Any], *, text: str) -> types.CallToolResult:
@@ -431,7 +595,16 @@ def _json_result(data: dict[str, Any], *, text: str) -> types.CallToolResult:
 
 
 def _error_result(text: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+    return types.CallToolResult(content=[types.TextContent(type="text", text=for_client(text))], is_error=True)
+
+
+_PID = re.compile(r"\s*\(pid \d+\)")
+_PATH = re.compile(r"(?<![\w:/.])/(?:[^\s'\"():;,/]+/)+([^\s'\"():;,/]+)")
+
+
+def for_client(text: str) -> str:
+    """An error's words for an MCP host: this machine's paths cut to their last part, process ids left out."""
+    return _PATH.sub(r"\1", _PID.sub("", text))
 
 
 async def serve(workspace: Workspace, overrides: Sequence[str] = ()) -> None:
@@ -439,7 +612,9 @@ async def serve(workspace: Workspace, overrides: Sequence[str] = ()) -> None:
     agent = Agent(workspace, overrides=overrides)
     server = AgentServer(agent).lowlevel()
     try:
-        async with stdio_server() as (read_stream, write_stream):
+        async with stdio_server() as (read_stream, write_stream), anyio.create_task_group() as group:
+            group.start_soon(release_idle_sessions, agent)
             await server.run(read_stream, write_stream, server.create_initialization_options())
+            group.cancel_scope.cancel()
     finally:
         await anyio.to_thread.run_sync(agent.close)

@@ -95,20 +95,23 @@ class CellView:
         if post.send_to == USER:
             show_markdown(post.message)
             return
-        if post.send_from in (USER, post.send_to):
-            return  # the request itself (it is the cell), or a role revising its code (the next attempt shows when it runs)
-        if post.execution is None:
+        result = post.execution
+        if post.send_from == USER or (post.send_from == post.send_to and result is None):
+            return  # the request itself (it is the cell), or a role's note to itself
+        if result is None:
             show_markdown(f"**{post.send_from} → {post.send_to}:** {post.message}")
             return
-        result = post.execution
-        if result.refused == HANDED_OVER:
+        # A run's own output and traceback showed as it ran: only what did not run, or ran out of time, is said here.
+        if result.refused:  # it never started: its code shows here
             show_markdown(code_block(post.code or ""), post.code or "")
+        if result.refused == HANDED_OVER:
             show_markdown("*Not run here: confirm mode (`execution.confirm`) puts the code into a new cell below.*")
         elif result.refused:
-            show_markdown(f"**Not run:** {result.refused}.")
+            why = f"\n\n{result.error.value}" if result.error is not None else ""
+            show_markdown(f"**Not run:** {result.refused}.{why}")
         elif result.timed_out:
             show_markdown(f"*{result.outcome()}*")
-        if post.code and (result.success or result.refused == HANDED_OVER):
+        if post.code and post.send_from != post.send_to and (result.success or result.refused == HANDED_OVER):
             self._code.append(post.code)
 
     def _set_status(self, markdown: str) -> None:

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from taskweaver_lite.errors import TaskWeaverError
-from taskweaver_lite.notebook.cell_view import show_markdown
-from taskweaver_lite.notebook.notebook_session import NotebookSession
-from taskweaver_lite.records.conversation import Round
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
+
+    from taskweaver_lite.notebook.notebook_session import NotebookSession
+    from taskweaver_lite.records.conversation import Round
 
 # `%ask ... so far?`: IPython takes a line ending in `?` for a help request on its last word.
 _ASK_LINE = re.compile(r"^(\s*)%ask\s+(.*\S)\s*$")
@@ -88,7 +88,17 @@ class AskMagics:
     """The four magics over this kernel's notebook session."""
 
     def __init__(self, shell: InteractiveShell) -> None:
-        self.notebook = NotebookSession(shell)
+        self._shell = shell
+        self._notebook: NotebookSession | None = None
+
+    @property
+    def notebook(self) -> NotebookSession:
+        """The notebook's session, its modules imported at the first use of a magic (`%load_ext` stays instant)."""
+        if self._notebook is None:
+            from taskweaver_lite.notebook.notebook_session import NotebookSession
+
+            self._notebook = NotebookSession(self._shell)
+        return self._notebook
 
     def ask(self, line: str, cell: str | None = None) -> None:
         """`%%ask` / `%ask`: one request in the notebook's session; its steps and answer show in this cell."""
@@ -108,6 +118,8 @@ class AskMagics:
             session_id, rounds = self.notebook.rounds()
         except TaskWeaverError as exc:
             raise AskError(str(exc)) from None
+        from taskweaver_lite.notebook.cell_view import show_markdown
+
         markdown, plain = history_text(session_id, rounds)
         show_markdown(markdown, plain)
 
@@ -117,12 +129,15 @@ class AskMagics:
             earlier = self.notebook.reset()
         except TaskWeaverError as exc:
             raise AskError(str(exc)) from None
+        from taskweaver_lite.notebook.cell_view import show_markdown
+
         kept = f" The earlier one, `{earlier}`, stays stored (`taskweaver-lite sessions` lists it)." if earlier else ""
         show_markdown(f"The next request starts a new session for this notebook.{kept} The kernel's variables are untouched.")
 
     def close(self) -> None:
         """Close the session (stored as it is) when the kernel ends or the extension is unloaded."""
-        self.notebook.close()
+        if self._notebook is not None:
+            self._notebook.close()
 
 
 def history_text(session_id: str | None, rounds: list[Round]) -> tuple[str, str]:

@@ -126,6 +126,7 @@ class ExecutionResult:
     refused: str = ""  # why the code was not run at all (a verification rule, the user declined); "" when it ran
     cancelled: bool = False  # stopped by the user (Ctrl-C, the page's Stop): the output is what it printed until then
     limit_reached: str = ""  # a limit the cell passed (execution.disk_limit): what happened and how to go on; "" when none
+    kernel_ended: str = ""  # with kernel_died: why the kernel went though it did not die (a gateway ended it while idle); "" when it died
 
     def to_dict(self) -> dict[str, Any]:
         """JSON shape used by the store and by export."""
@@ -145,6 +146,7 @@ class ExecutionResult:
         values["refused"] = str(values.get("refused") or "")
         values["cancelled"] = bool(values.get("cancelled", False))  # stored before cancelled cells were kept
         values["limit_reached"] = str(values.get("limit_reached") or "")  # stored before the disk limit
+        values["kernel_ended"] = str(values.get("kernel_ended") or "")  # stored before ended kernels were told from dead ones
         for name in ("displays", "artifacts", "lost_variables", "notices"):
             values[name] = tuple(values.get(name) or ())
         return cls(**values)
@@ -156,6 +158,9 @@ class ExecutionResult:
         lost = ", ".join(self.lost_variables) or "none"
         if self.kernel_died and self.timed_out:
             return f"The cell timed out after {self.elapsed:.0f} s and did not stop when interrupted, so the kernel was restarted. Variables lost: {lost}."
+        if self.kernel_died and self.kernel_ended:
+            ran = "this cell ran on a new kernel" if self.success else "this cell was lost with it and a new kernel started"
+            return f"{self.kernel_ended}, so {ran}. Variables lost: {lost}."
         if self.kernel_died and self.success:
             # It died between cells (the OOM killer picks idle kernels too): this cell ran on a fresh one.
             return f"The kernel died before this cell and was restarted; the cell ran on the fresh kernel. Variables lost: {lost}."

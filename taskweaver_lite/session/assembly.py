@@ -81,6 +81,7 @@ def open_session(
     store: Store | None = None,
     claim: bool = True,
     catalogs: Catalogs | None = None,
+    limit: int | None = None,
 ) -> Session:
     """Start a stored session: its kernel boots in the background while the first request is typed.
 
@@ -90,13 +91,14 @@ def open_session(
     `store`: a store the caller keeps open and closes (default: `config`'s, opened for this session);
     `claim=False` takes no claim on the session for this process (replicas guard each request instead).
     `catalogs`: the project's roles and plugins as a `Workspace` found them (default: discovered now).
+    `limit`: the most sessions `owner` may have (SessionLimitReached, and nothing made, when they have as many).
     """
     session_id = session_id or new_session_id()
     owns_store = store is None
     store = store or open_store(config)
     with OpeningGuard(store, owned=owns_store) as guard:
         lock = guard.lock = store.lock(session_id) if claim else None
-        store.create_session(session_id, started=time.time(), owner=owner)
+        store.create_session(session_id, started=time.time(), owner=owner, limit=limit)
         parts = SessionOptions(store=store, lock=lock, owner=owner, owns_store=owns_store, confirm=confirm, **_found(catalogs))
         return _assemble(config, session_id, parts, model=model, executor=executor, listeners=listeners)
 

@@ -44,5 +44,7 @@ def undo(session: Session, *, on_replay: Replayed | None = None) -> Round:
 
 
 def _good_cells(rounds: Sequence[Round]) -> list[str]:
-    """The code of every cell that ran without error, in order (the store's `successful_cells` for a session without one)."""
-    return [post.execution.code for rnd in rounds for post in rnd.posts if post.execution is not None and post.execution.success]
+    """The code of every cell that ran without error since the kernel last died, in order (the store's `successful_cells` for a session without one)."""
+    cells = [post.execution for rnd in rounds for post in rnd.posts if post.execution is not None]
+    since = max((number for number, cell in enumerate(cells) if cell.kernel_died), default=0)
+    return [cell.code for cell in cells[since:] if cell.success]

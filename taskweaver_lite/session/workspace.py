@@ -72,6 +72,7 @@ class Workspace:
         confirm: ConfirmCell | None = None,
         owner: str | None = None,
         claim: bool = True,
+        limit: int | None = None,
     ) -> Session:
         """A new stored session on this workspace's store and catalogs (each option as for `assembly.open_session`)."""
         return open_session(
@@ -85,6 +86,7 @@ class Workspace:
             store=self.store,
             claim=claim,
             catalogs=self.catalogs,
+            limit=limit,
         )
 
     def resume_session(

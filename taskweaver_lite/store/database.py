@@ -60,6 +60,8 @@ class SessionStore(SqlStore):
 
     now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
     cell_code_sql = "json_extract(data, '$.execution.code')"
+    cell_died_sql = "json_extract(data, '$.execution.kernel_died')"
+    cell_seconds_sql = "COALESCE(json_extract(data, '$.execution.elapsed'), 0)"
 
     def __init__(self, path: Path, *, synchronous: Synchronous = "NORMAL", read_only: bool = False) -> None:
         """Open (creating if needed) and check the store; `read_only` never writes, for listing and export.

@@ -87,8 +87,8 @@ def _ensure_round(db: Connection, session_id: str, rnd: Round) -> None:
 def _insert_call(db: Connection, session_id: str, event: ModelCalled, now: float) -> None:
     prompt = to_json(list(event.prompt)) if event.prompt is not None else None
     db.execute(
-        "INSERT INTO model_calls (session_id, purpose, prompt_tokens, completion_tokens, cached_tokens, latency, ok, error, prompt, reply, at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO model_calls (session_id, purpose, prompt_tokens, completion_tokens, cached_tokens, latency, ok, error, prompt, reply, at, model)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             session_id,
             event.purpose,
@@ -101,6 +101,7 @@ def _insert_call(db: Connection, session_id: str, event: ModelCalled, now: float
             prompt,
             event.reply,
             now,
+            event.model,
         ),
     )
 

@@ -21,7 +21,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from taskweaver_lite.records.conversation import Round
@@ -161,6 +161,21 @@ class AuditEntry:
         }
 
 
+@dataclass
+class UserUsage:
+    """What one user's sessions used: sessions, cells run and their seconds, and per model the calls and tokens."""
+
+    user: str  # the user's name (`-`: sessions made without users; `removed:NAME` for a user since removed)
+    sessions: int = 0
+    cells: int = 0
+    cell_seconds: float = 0.0
+    models: dict[str, dict[str, int]] = field(default_factory=dict)  # model -> {calls, prompt_tokens, completion_tokens, cached_tokens}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON shape: {user, sessions, cells, cell_seconds, models: {MODEL: {calls, prompt_tokens, completion_tokens, cached_tokens}}}."""
+        return {"user": self.user, "sessions": self.sessions, "cells": self.cells, "cell_seconds": round(self.cell_seconds, 3), "models": self.models}
+
+
 @dataclass(frozen=True)
 class StoredEvent:
     """One entry of a session's event log: `id` rises with every entry of the store (an SSE `id:`)."""
@@ -222,7 +237,7 @@ class Store(Protocol):
     keeps_files: bool  # artifacts and uploads are kept as bytes in the store (any replica serves them)
 
     # Sessions
-    def create_session(self, session_id: str, *, started: float, owner: str | None = None) -> None: ...
+    def create_session(self, session_id: str, *, started: float, owner: str | None = None, limit: int | None = None) -> None: ...
     def record(self, session_id: str, *events: Event, shown: Sequence[dict[str, Any]] = ()) -> list[int]: ...
     def save_compression(self, session_id: str, role: str, state: dict[str, Any]) -> None: ...
     def save_overrides(self, session_id: str, overrides: list[str]) -> None: ...
@@ -265,6 +280,8 @@ class Store(Protocol):
     def remove_user(self, name: str, *, by: Actor | None = None) -> bool: ...
     def token_id_of(self, name: str) -> str | None: ...
     def was_removed(self, name: str) -> bool: ...
+    def usage_by_user(self) -> list[UserUsage]: ...
+    def session_kernels(self) -> dict[str, str]: ...
     def has_users(self) -> bool: ...
     def had_users(self) -> bool: ...
     def user_for_token(self, token: str) -> User | None: ...

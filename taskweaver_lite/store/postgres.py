@@ -26,6 +26,7 @@ import contextlib
 import re
 import select
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -44,13 +45,72 @@ from taskweaver_lite.store.sql import SESSION_ID, SqlStore
 # Seconds between attempts to listen again after the LISTEN connection dropped.
 LISTEN_RETRY_SECONDS = 1.0
 CONNECT_TIMEOUT_SECONDS = 5.0  # waiting for a connection (the database down, or every connection busy) before a StoreError
+# While the database is known to be down, a request is answered at once (no 5 s wait for a connection);
+# one request in this many seconds tries a connection of its own, and the first that gets one ends the outage.
+PROBE_INTERVAL_SECONDS = 0.5
+PROBE_TIMEOUT_SECONDS = 2
 _WORD = re.compile(r"\w+")
 
 _POOLS: dict[str, psycopg_pool.ConnectionPool[Any]] = {}
 _POOLS_GUARD = threading.Lock()
 
 
-def _pool(url: str, size: int) -> psycopg_pool.ConnectionPool[Any]:
+class Outage:
+    """Whether a database is down, as this process last found it, and the probe that finds it back (one per URL, shared by its stores).
+
+    A pool waits for a connection before it gives up (CONNECT_TIMEOUT_SECONDS), and after failed
+    attempts tries again later and later (psycopg_pool's back-off: 1, 2, 4... s per connection,
+    every connection of the pool at once after a while). An outage of a minute then cost every
+    request 5 s before its 503, and ~20 s after the database was back before the first request
+    got through. Here, once an operation finds the database unreachable, requests fail at once;
+    one of them every PROBE_INTERVAL_SECONDS connects on its own, and when that works the outage
+    is over: the pool, still waiting out its back-off, is replaced by a fresh one.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._lock = threading.Lock()
+        self.since: float | None = None  # monotonic time it was found down (None: up)
+        self._probed = 0.0
+        self._failed_probes = 0
+
+    def found_down(self) -> None:
+        """An operation could not reach the database."""
+        with self._lock:
+            if self.since is None:
+                self.since, self._probed, self._failed_probes = time.monotonic(), 0.0, 0
+
+    def usable(self) -> bool:
+        """True when the database is up, or was just found back by this call's probe; False: down (answer at once)."""
+        if self.since is None:
+            return True
+        if not self._lock.acquire(blocking=False):
+            return False  # another request is probing now
+        try:
+            if self.since is None:
+                return True
+            now = time.monotonic()
+            if now - self._probed < PROBE_INTERVAL_SECONDS:
+                return False
+            self._probed = now
+            try:
+                with psycopg.connect(self._url, connect_timeout=PROBE_TIMEOUT_SECONDS, autocommit=True) as conn:
+                    conn.execute("SELECT 1")
+            except psycopg.Error:
+                self._failed_probes += 1
+                return False
+            if self._failed_probes:  # down a while: the pool's retries may be far off, so start a fresh pool
+                _replace_pool(self._url)
+            self.since = None
+            return True
+        finally:
+            self._lock.release()
+
+
+_OUTAGES: dict[str, Outage] = {}
+
+
+def _pool_for(url: str, size: int) -> psycopg_pool.ConnectionPool[Any]:
     """The process's pool for `url` (made on first use, closed at exit)."""
     with _POOLS_GUARD:
         pool = _POOLS.get(url)
@@ -68,6 +128,20 @@ def _pool(url: str, size: int) -> psycopg_pool.ConnectionPool[Any]:
             pool.open(wait=False)
             _POOLS[url] = pool
         return pool
+
+
+def _outage(url: str) -> Outage:
+    """The process's record of `url`'s outages."""
+    with _POOLS_GUARD:
+        return _OUTAGES.setdefault(url, Outage(url))
+
+
+def _replace_pool(url: str) -> None:
+    """Close `url`'s pool (in the background: its borrowed connections are dead anyway); the next use makes a new one."""
+    with _POOLS_GUARD:
+        old = _POOLS.pop(url, None)
+    if old is not None:
+        threading.Thread(target=old.close, kwargs={"timeout": 1.0}, name="store-pool-close", daemon=True).start()
 
 
 def _check_connection(conn: psycopg.Connection[Any]) -> None:
@@ -121,13 +195,16 @@ class PostgresStore(SqlStore):
     keeps_files = True
     now_sql = "extract(epoch from clock_timestamp())::double precision"
     cell_code_sql = "(data::jsonb -> 'execution' ->> 'code')"
+    cell_died_sql = "(data::jsonb -> 'execution' ->> 'kernel_died')"
+    cell_seconds_sql = "COALESCE((data::jsonb -> 'execution' ->> 'elapsed')::double precision, 0)"
 
     def __init__(self, url: str, *, pool_size: int = 10) -> None:
         """Connect (through the process's pool for `url`) and bring the schema up to date; StoreError when it cannot."""
         super().__init__()
         self._url = url
         self.where = redact(url)
-        self._pool = _pool(url, pool_size)
+        self._pool_size = pool_size
+        self._outage = _outage(url)
         try:
             with self._errors(), self._pool.connection() as conn:
                 migrate(conn, MIGRATIONS, where=self.where)
@@ -138,10 +215,19 @@ class PostgresStore(SqlStore):
     def __repr__(self) -> str:
         return f"PostgresStore({self.where!r})"
 
+    @property
+    def _pool(self) -> psycopg_pool.ConnectionPool[Any]:
+        """The process's pool for this database (a new one after an outage)."""
+        return _pool_for(self._url, self._pool_size)
+
     @contextmanager
     def _transaction(self) -> Iterator[_Connection]:
         with self._errors(), self._pool.connection() as conn:  # commits on leaving, rolls back on an exception
             yield _Connection(conn)
+
+    def _one_at_a_time(self, db: Any, key: str) -> None:
+        """Hold a transaction-scoped advisory lock on `key` (every server on this database waits its turn for it)."""
+        db.execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (key,))
 
     @contextmanager
     def _read(self) -> Iterator[_Connection]:
@@ -209,15 +295,19 @@ class PostgresStore(SqlStore):
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
+        if not self._outage.usable():
+            raise StoreUnavailable(f"the session store {self.where} cannot be reached; what is stored is kept: try again once it is back")
         try:
             yield
         except psycopg_pool.PoolTimeout:
+            self._outage.found_down()
             raise StoreUnavailable(
                 f"the session store {self.where} did not answer within {CONNECT_TIMEOUT_SECONDS:.0f} s (is PostgreSQL running and "
                 "reachable? are all store.pool_size connections busy?); what is stored is kept: try again once it is back"
             ) from None
         except psycopg.OperationalError as exc:
             said = _said(exc)
+            self._outage.found_down()
             raise StoreUnavailable(f"the session store {self.where} cannot be reached ({said}); what is stored is kept: try again once it is back") from None
         except psycopg.Error as exc:
             raise StoreError(f"the session store {self.where} refused a request ({_said(exc)})") from None
@@ -284,7 +374,7 @@ class _Listener(threading.Thread):
                         for notice in db.notifies(timeout=1.0):
                             self._handlers[notice.channel](notice.payload)
             except psycopg.Error:
-                pass  # the store is down or restarting: /healthz says so; try again
+                _outage(self._url).found_down()  # the store is down or restarting: requests are answered at once until a probe finds it back
             self.connected = False
             self._stopping.wait(LISTEN_RETRY_SECONDS)
 

@@ -109,6 +109,10 @@ MIGRATIONS: list[Migration] = [
         """CREATE TRIGGER audit_no_truncate BEFORE TRUNCATE ON audit
             FOR EACH STATEMENT EXECUTE FUNCTION taskweaver_lite_audit_append_only()""",
     ),
+    (
+        # Version 5 (as SQLite's version 9): the model each call asked for, for usage per user and model.
+        "ALTER TABLE model_calls ADD COLUMN model TEXT NOT NULL DEFAULT ''",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -139,6 +143,6 @@ def read_version(conn: psycopg.Connection[Any], *, where: str) -> int:
     if version > SCHEMA_VERSION:
         raise StoreError(
             f"{where} was written by a newer taskweaver-lite (store schema version {version}; this one reads "
-            f"up to {SCHEMA_VERSION}); upgrade taskweaver-lite (pip install -U taskweaver-lite) on every server that uses it"
+            f"up to {SCHEMA_VERSION}); upgrade taskweaver-lite on every server that uses it (in a checkout: git pull, then pip install '.[team]')"
         )
     return version

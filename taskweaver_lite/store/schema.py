@@ -118,6 +118,11 @@ MIGRATIONS: list[Migration] = [
         "CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END",
         "CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END",
     ),
+    (
+        # Version 9: the model each call asked for, for usage per user and model (calls made before read '').
+        # The same as PostgreSQL's version 5.
+        "ALTER TABLE model_calls ADD COLUMN model TEXT NOT NULL DEFAULT ''",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -153,7 +158,7 @@ def _schema_version(db: sqlite3.Connection, target: int, *, path: Path) -> int:
     if version > target:
         raise StoreError(
             f"{path} was written by a newer taskweaver-lite (store schema version {version}; this one reads "
-            f"up to {target}); upgrade taskweaver-lite (pip install -U taskweaver-lite) to open it"
+            f"up to {target}); upgrade taskweaver-lite to open it (in a checkout: git pull, then pip install .)"
         )
     if version == 0 and db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
         raise StoreError(f"{path} is an SQLite file but not a taskweaver-lite session store; move it aside or set store.path")

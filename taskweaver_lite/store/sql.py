@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from taskweaver_lite.errors import StoreError, UnknownSessionError
+from taskweaver_lite.errors import AmbiguousSessionError, SessionLimitReached, StoreError, UnknownSessionError
 from taskweaver_lite.records.conversation import Post, Round
 from taskweaver_lite.records.events import CellPrinted, Event, FileLoaded, ReplyStreamed, Working
 from taskweaver_lite.records.execution import Variable
@@ -41,6 +41,8 @@ class SqlStore(UserQueries):
     keeps_files: bool = False
     now_sql = ""  # the database's clock in epoch seconds (leases are timed by it, not by a replica's)
     cell_code_sql = ""  # a post's cell code, from its `data` JSON
+    cell_died_sql = ""  # whether a post's cell found its kernel dead (`execution.kernel_died`), from its `data` JSON
+    cell_seconds_sql = ""  # how long a post's cell ran, from its `data` JSON
 
     def __init__(self) -> None:
         self._known_rounds: set[tuple[str, str]] = set()  # (session, round) rows this store has made sure of
@@ -64,14 +66,32 @@ class SqlStore(UserQueries):
 
     # Sessions
 
-    def create_session(self, session_id: str, *, started: float, owner: str | None = None) -> None:
-        """Add a new, empty session, owned by the user whose id is `owner` (None: made without users)."""
+    def create_session(self, session_id: str, *, started: float, owner: str | None = None, limit: int | None = None) -> None:
+        """Add a new, empty session, owned by the user whose id is `owner` (None: made without users).
+
+        With `limit`, SessionLimitReached when `owner` already has that many sessions, empty ones
+        included: counted and made in one transaction that holds the owner's lock, so starts sent at
+        once by one user, to any server on the store, are counted one after another.
+        """
         if not SESSION_ID.match(session_id):
             raise StoreError(f"'{session_id}' is not a valid session id (letters, digits, '.', '_' and '-' only)")
         with self._transaction() as db:
+            if limit is not None and owner is not None:
+                self._one_at_a_time(db, f"sessions of {owner}")
+                count = int(db.execute("SELECT COUNT(*) FROM sessions WHERE owner = ?", (owner,)).fetchone()[0])
+                if count >= limit:
+                    unused = db.execute(
+                        "SELECT id FROM sessions s WHERE owner = ? AND NOT EXISTS (SELECT 1 FROM rounds r WHERE r.session_id = s.id)"
+                        " ORDER BY started DESC LIMIT 1",
+                        (owner,),
+                    ).fetchone()
+                    raise SessionLimitReached(count, limit, unused=None if unused is None else str(unused[0]))
             if db.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone():
                 raise StoreError(f"session {session_id} already exists in {self.where}")
             db.execute("INSERT INTO sessions (id, started, last_active, owner) VALUES (?, ?, ?, ?)", (session_id, started, started, owner))
+
+    def _one_at_a_time(self, db: Any, key: str) -> None:
+        """Hold `key`'s lock until the transaction ends (SQLite: its write transaction already is one at a time)."""
 
     def record(self, session_id: str, *events: Event, shown: Sequence[dict[str, Any]] = ()) -> list[int]:
         """Write session events (and `shown`, entries for the event log) in one transaction; returns the log entries' ids.
@@ -154,11 +174,9 @@ class SqlStore(UserQueries):
         return [SessionEntry(id=r[0], title=r[1], rounds=int(r[2]), started=float(r[3]), last_active=float(r[4]), owner=r[5]) for r in rows]
 
     def count_sessions(self, *, owner: str) -> int:
-        """How many sessions `owner` has that `list_sessions` shows them (those with at least one round)."""
+        """How many sessions `owner` has, those never asked anything included (what serve.max_sessions_per_user counts)."""
         with self._read_one() as db:
-            row = db.execute(
-                "SELECT COUNT(*) FROM sessions s WHERE s.owner = ? AND EXISTS (SELECT 1 FROM rounds r WHERE r.session_id = s.id)", (owner,)
-            ).fetchone()
+            row = db.execute("SELECT COUNT(*) FROM sessions WHERE owner = ?", (owner,)).fetchone()
         return int(row[0])
 
     def resolve(self, ref: str, *, owner: str | None = None) -> str:
@@ -185,7 +203,7 @@ class SqlStore(UserQueries):
         if len(matches) == 1:
             return matches[0]
         if matches:
-            raise StoreError(f"'{ref}' matches several sessions ({', '.join(matches[:5])}); give more of the id")
+            raise AmbiguousSessionError(f"'{ref}' matches several sessions ({', '.join(matches[:5])}); give more of the id")
         raise UnknownSessionError(ref, store=self.where)
 
     def owner_of(self, session_id: str) -> str | None:
@@ -266,11 +284,19 @@ class SqlStore(UserQueries):
             db.execute("DELETE FROM rounds WHERE session_id = ? AND round_id = ?", (session_id, round_id))
 
     def successful_cells(self, session_id: str) -> list[str]:
-        """The code of every cell that ran without error, in the order it ran (for the kernel replay)."""
-        # Rounds of every state count: the kernel ran a failed round's good cells all the same.
+        """The code of every cell that ran without error in the session's kernel as it stands, in order (for the kernel replay).
+
+        Rounds of every state count: the kernel ran a failed round's good cells all the same. A kernel
+        that died took its variables with it: only the cells since the last death count (the cell that
+        noticed it, when it ran in the new kernel), so a replay gives what the session had, no more.
+        """
         with self._read_one() as db:
-            rows = db.execute(f"SELECT {self.cell_code_sql} FROM posts WHERE session_id = ? AND success = 1 ORDER BY seq", (session_id,)).fetchall()
-        return [r[0] for r in rows]
+            rows = db.execute(
+                f"SELECT {self.cell_code_sql}, success, {self.cell_died_sql} FROM posts WHERE session_id = ? AND {self.cell_code_sql} IS NOT NULL ORDER BY seq",
+                (session_id,),
+            ).fetchall()
+        since = max((number for number, row in enumerate(rows) if _true(row[2])), default=0)
+        return [row[0] for row in rows[since:] if row[1]]
 
     # Artifacts and uploads
 
@@ -399,3 +425,8 @@ def _secret_setting(key: str) -> bool:
 def _usage(sums: list[int]) -> Usage:
     calls, failed, prompt, completion, cached = sums
     return Usage(calls=calls, failed_calls=failed, prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
+
+
+def _true(value: object) -> bool:
+    """A JSON boolean as a backend reads it out of a document: 1 (SQLite), true or 'true' (PostgreSQL)."""
+    return value in (1, True, "true")

@@ -18,7 +18,7 @@ from typing import Any
 
 from taskweaver_lite.errors import StoreError
 from taskweaver_lite.store.event_rows import Connection
-from taskweaver_lite.store.interface import Actor, AuditEntry, SignIn, User
+from taskweaver_lite.store.interface import Actor, AuditEntry, SignIn, User, UserUsage
 from taskweaver_lite.store.users import Verifier, check_name, make_token, make_user_id, token_id
 
 SIGN_IN_KEEP_SECONDS = 7 * 86400.0  # sign-ins past their end are deleted this long after it (the audit keeps that they happened)
@@ -28,6 +28,7 @@ class UserQueries:
     """Users, sign-ins and the audit trail, on the connections of the store that inherits this."""
 
     where: str = ""
+    cell_seconds_sql = ""
     _verifier: Verifier
 
     def _transaction(self) -> AbstractContextManager[Connection]:
@@ -38,6 +39,9 @@ class UserQueries:
 
     def _write_one(self) -> AbstractContextManager[Connection]:
         raise NotImplementedError(f"{type(self).__name__} is a store backend without _write_one")
+
+    def _read(self) -> AbstractContextManager[Connection]:
+        raise NotImplementedError(f"{type(self).__name__} is a store backend without _read")
 
     # Users
 
@@ -223,6 +227,37 @@ class UserQueries:
                     (time.time(), check),
                 )
         return before if before not in (None, check) else None
+
+    def session_kernels(self) -> dict[str, str]:
+        """Which session each kernel on a gateway runs: kernel id -> session id."""
+        with self._read_one() as db:
+            rows = db.execute("SELECT kernel_id, id FROM sessions WHERE kernel_id IS NOT NULL").fetchall()
+        return {str(kernel): str(session) for kernel, session in rows}
+
+    # Usage per user
+
+    def usage_by_user(self) -> list[UserUsage]:
+        """What each user's sessions used: model tokens by model, cells run and their seconds (`-`: sessions made without users)."""
+        usage: dict[str, UserUsage] = {}
+        owner = "COALESCE(u.name, CASE WHEN s.owner IS NULL THEN '-' ELSE s.owner END)"
+        with self._read() as db:
+            calls = db.execute(
+                f"SELECT {owner}, m.model, COUNT(*), COALESCE(SUM(m.prompt_tokens), 0), COALESCE(SUM(m.completion_tokens), 0),"
+                " COALESCE(SUM(m.cached_tokens), 0) FROM model_calls m JOIN sessions s ON s.id = m.session_id"
+                f" LEFT JOIN users u ON u.id = s.owner GROUP BY {owner}, m.model"
+            ).fetchall()
+            cells = db.execute(
+                f"SELECT {owner}, COUNT(DISTINCT s.id), COUNT(p.success), COALESCE(SUM(CASE WHEN p.success IS NULL THEN 0 ELSE {self.cell_seconds_sql} END), 0)"
+                " FROM sessions s LEFT JOIN posts p ON p.session_id = s.id"
+                f" LEFT JOIN users u ON u.id = s.owner GROUP BY {owner}"
+            ).fetchall()
+        for name, sessions, count, seconds in cells:
+            usage[str(name)] = UserUsage(user=str(name), sessions=int(sessions), cells=int(count), cell_seconds=float(seconds))
+        for name, model, count, prompt, completion, cached in calls:
+            entry = usage.setdefault(str(name), UserUsage(user=str(name)))
+            tokens = {"prompt_tokens": int(prompt), "completion_tokens": int(completion), "cached_tokens": int(cached)}
+            entry.models[str(model) or "unknown"] = {"calls": int(count), **tokens}
+        return sorted(usage.values(), key=lambda entry: entry.user)
 
     # The audit trail
 

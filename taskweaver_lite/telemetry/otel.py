@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -65,7 +66,9 @@ def traces_url(endpoint: str | None) -> str | None:
 def _provider(exporter: SpanExporter, *, service: str) -> TracerProvider:
     # A receiver that is down: one line when a batch is given up, not one per retry (they would break into a chat's screen).
     logging.getLogger("opentelemetry.exporter.otlp").setLevel(logging.ERROR)
-    resource = Resource.create({"service.name": service, "service.version": _version()})
+    # Which replica sent a span: its machine and process (a trace of a session that moved between replicas shows where each part ran).
+    instance = f"{socket.gethostname()}:{os.getpid()}"
+    resource = Resource.create({"service.name": service, "service.version": _version(), "service.instance.id": instance, "host.name": socket.gethostname()})
     provider = TracerProvider(resource=resource)  # shut down at exit (the SDK's default), which sends the last batch
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return provider

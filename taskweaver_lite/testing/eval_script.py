@@ -25,6 +25,9 @@ from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, 
 
 STOP_WORD = "TASK_FINISHED"
 _REPORT = "CodeInterpreter:"
+_RETRIEVED = "DocumentRetriever:"
+_RETRIEVER_INTRO = "## The DocumentRetriever"  # the Planner's prompt has a section per enabled role
+_CODER_INTRO = "## The CodeInterpreter"
 _EXAMINER_MARK = "You are testing a data-analysis assistant"
 _JUDGE_MARK = "You mark an assistant's work"
 
@@ -40,8 +43,11 @@ def scripted_eval_server() -> ScriptedServer:
 
 
 def planner(messages: list[dict[str, Any]]) -> str:
-    """Delegate a new request to code; answer the user from the CodeInterpreter's report."""
+    """Delegate a new request to code (to the DocumentRetriever where it is the only helper); answer the user from the report."""
     text = last_user_text(messages)
+    if text.startswith(_RETRIEVED):
+        found = text.removeprefix(_RETRIEVED).strip() or "The documents say nothing about it."
+        return planner_reply(found, send_to="User", plan="1. Report what the documents say")
     if text.startswith(_REPORT):
         output = _between(text, "<data>", "</data>")
         answers = [line.removeprefix("answer:").strip() for line in output.splitlines() if line.startswith("answer:")]
@@ -50,6 +56,9 @@ def planner(messages: list[dict[str, Any]]) -> str:
     # The Planner's request message may carry a bracketed note on the working folder's files after the user's words.
     lines = [line for line in text.strip().splitlines() if line.strip() and not line.startswith("[")]
     request = lines[-1] if lines else ""
+    system = str(messages[0].get("content", "")) if messages else ""
+    if _RETRIEVER_INTRO in system and _CODER_INTRO not in system:
+        return planner_reply(request, send_to="DocumentRetriever", plan="1. Find what the documents say\n2. Report it")
     return planner_reply(f"Write and run code for this request: {request}", plan="1. Run code for the request\n2. Report the result")
 
 
@@ -131,6 +140,7 @@ def judge(prompt: str) -> str:
     numbers = re.findall(r"\d[\d,]*(?:\.\d+)?(?!\s*rounds?\b)(?![\d,]|\.\d)", statement)
     names = [w for w in re.findall(r"(?<!^)(?<![.!?]\s)\b[A-Z][\w.-]+", statement) if w not in ("Agent", "The", "A", "I")]
     quoted = [phrase.strip("\\ ") for phrase in re.findall(r'"([^"]+)"', statement)]  # TaskWeaver's YAML keeps \" as is
+    quoted += re.findall(r"(?<!\w)'([^']+)'(?!\w)", statement)  # 'local' and 'container' (an apostrophe, as in agent's, is no quote)
     wanted = numbers or quoted or names
     if not wanted:
         reason = f"{CANNOT_PLAY}: the scripted judge checks numbers, quoted phrases and names only; this statement has none"

@@ -53,11 +53,14 @@ def kernel_gateway(root: Path, *, options: Sequence[str] = ()) -> Iterator[Gatew
 
 
 @contextlib.contextmanager
-def sandbox_gateway(project: Path, *, overrides: Sequence[str] = ()) -> Iterator[Gateway]:
-    """`taskweaver-lite gateway -p project` on 127.0.0.1 with a fresh token; its `root` is where its sessions' folders are (gateway.root)."""
+def sandbox_gateway(project: Path, *, overrides: Sequence[str] = (), port: int | None = None, token: str | None = None) -> Iterator[Gateway]:
+    """`taskweaver-lite gateway -p project` on 127.0.0.1 with a fresh token; its `root` is where its sessions' folders are (gateway.root).
+
+    `port` and `token`: those of a gateway stopped earlier, to start it again where its clients look for it.
+    """
     from taskweaver_lite.config.file import load_config
 
-    port, token = free_port(), secrets.token_hex(16)
+    port, token = port or free_port(), token or secrets.token_hex(16)
     env = {**os.environ, "KG_AUTH_TOKEN": token}
     sets = [arg for item in overrides for arg in ("--set", item)]
     args = [sys.executable, "-m", "taskweaver_lite", "gateway", "-p", str(project), "--port", str(port), *sets]

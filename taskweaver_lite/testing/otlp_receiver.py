@@ -13,7 +13,7 @@ import gzip
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
@@ -36,6 +36,7 @@ class ReceivedSpan:
     attributes: dict[str, Any]
     status_code: int  # 0 unset, 1 ok, 2 error
     service: str
+    resource: dict[str, Any] = field(default_factory=dict)  # the sending process's attributes (service.instance.id...)
 
 
 class OtlpReceiver:
@@ -89,6 +90,7 @@ class OtlpReceiver:
                         attributes={kv.key: _value(kv.value) for kv in span.attributes},
                         status_code=span.status.code,
                         service=str(resource.get("service.name", "")),
+                        resource=resource,
                     )
                     for span in scope_spans.spans
                 ]

@@ -18,6 +18,8 @@ from urllib.parse import parse_qsl, urlencode
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from taskweaver_lite.telemetry.log_lines import utc_stamp
+
 HIDDEN = "***"
 _SESSION_PATH = re.compile(r"^/api/sessions/([^/]+)")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -54,7 +56,7 @@ def request_line(scope: Scope, *, status: int, seconds: float) -> str:
     path = scope.get("path", "")
     raw = scope.get("raw_path")  # as sent, still percent-encoded: a decoded space could pass for the line's next field
     target = (raw.decode("latin-1") if isinstance(raw, bytes) else path) + (f"?{urlencode(pairs, safe='*')}" if pairs else "")
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    stamp = utc_stamp()  # UTC, said so with its Z: replicas in other time zones line up
     user = getattr(scope.get("state", {}).get("user"), "name", None) or "-"
     session = _SESSION_PATH.match(path)
     line = f"{stamp} {client[0]} {scope.get('method', '-')} {target} {status} {seconds * 1000:.0f}ms user={user} session={session[1] if session else '-'}"

@@ -9,7 +9,8 @@
     POST /api/sessions/{id}/stop                cancel the running request, like Ctrl-C (on whichever replica runs it)
     POST /api/sessions/{id}/files               multipart `file` -> like /load
     GET  /api/sessions/{id}/artifacts/{name}    a file the session produced (only from its folders, or the store)
-    GET  /api/sessions/{id}/context             each role's last prompt, in tokens by part, against its budget; prompt tokens cached and not
+    GET  /api/sessions/{id}/context             each role's last prompt, in tokens by part, against its budget; prompt tokens cached and not;
+                                                how they are counted (`counted_with`)
     GET  /api/sessions/{id}/export?format=ipynb|md
     POST /api/sessions/{id}/experience          distil the session into tips (like /save) -> {"saved": [...]}
     GET  /api/sessions/{id}/experience          every tip, and the handcrafted files that could not be read
@@ -45,8 +46,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from taskweaver_lite.errors import GatewayError, StoreError, StoreUnavailable, TaskWeaverError, UnknownSessionError
+from taskweaver_lite.errors import GatewayError, KernelLimitReached, StoreError, StoreUnavailable, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.llm.client import usage_by_purpose
+from taskweaver_lite.llm.counting import ModelTokenizer
 from taskweaver_lite.records.event_json import round_json
 from taskweaver_lite.records.model_calls import Usage
 from taskweaver_lite.safety.workfiles import open_below
@@ -120,6 +122,8 @@ def answer_failure(exc: Exception, *, hub: Hub | None = None) -> JSONResponse:
         return error(429, said)
     if isinstance(exc, StoreUnavailable):
         return error(503, STORE_DOWN)
+    if isinstance(exc, KernelLimitReached):  # the gateway's own words: the user, the count and gateway.max_kernels_per_user
+        return error(429, said)
     if isinstance(exc, GatewayError):  # the service's own part is down or refused the replica: not the request's fault
         return error(503, GATEWAY_DOWN)
     return error(400, said)
@@ -138,8 +142,8 @@ def _sessions(hub: Hub) -> Handler:
     async def sessions(request: Request) -> Response:
         try:
             if request.method == "POST":
-                live = await asyncio.to_thread(hub.new, owner=user_of_request(request))
-                return JSONResponse({"id": live.id})
+                made = await asyncio.to_thread(hub.new, owner=user_of_request(request))
+                return JSONResponse({"id": made})
             rows = await asyncio.to_thread(hub.parts.store.list_sessions, owner=owner_of_request(request))
         except (AtLimit, Stopping, TaskWeaverError) as exc:
             return _failed(hub, exc)
@@ -173,6 +177,8 @@ def _failed(hub: Hub, exc: Exception) -> JSONResponse:
     if isinstance(exc, StoreUnavailable):
         hub.parts.metrics.store_unavailable.inc()
         _log.warning("%s", store_down(exc))  # one line, no traceback
+    elif isinstance(exc, KernelLimitReached):
+        _log.warning("the kernel gateway refused a kernel: %s", exc)
     elif isinstance(exc, GatewayError):
         _log.warning("%s", " ".join(str(exc).split()))  # the operator's line names the gateway; the client's does not
     return answer_failure(exc, hub=hub)
@@ -224,8 +230,8 @@ async def _history(_: Request, hub: Hub, session_id: str) -> Response:
         busy = hub.replica is not None and await asyncio.to_thread(hub.parts.store.lease, session_id) is not None
     last_event = await asyncio.to_thread(hub.parts.store.last_event_id, session_id)
     shown = [round_json(r, session_id=session_id) for r in rounds]
-    # The folders the artifacts route serves from: the page links a path in them that an answer names.
-    folder = hub.config.sessions_dir / session_id
+    # The folders the artifacts route serves from, as the end of a path (never where they are on this machine):
+    # the page links a path an answer names that passes through one of them.
     return JSONResponse(
         {
             "id": session_id,
@@ -234,7 +240,7 @@ async def _history(_: Request, hub: Hub, session_id: str) -> Response:
             "busy": busy,
             "last_event": last_event,
             "suggested_requests": hub.config.session.suggested_requests,
-            "folders": [str(folder / "cwd"), str(folder / "artifacts")],
+            "folders": [f"{session_id}/cwd", f"{session_id}/artifacts", session_id],
         }
     )
 
@@ -458,6 +464,8 @@ def _roles(live: LiveSession) -> list[dict[str, Any]]:
             "uncached_tokens": calls.uncached_tokens,
             "fold_prompt_tokens": folds.prompt_tokens,
             "fold_cached_tokens": folds.cached_tokens,
+            # How its prompts are counted: the server's tokenizer, or llm.tokenizer times a ratio ('' for a model in this process).
+            "counted_with": context.tokenizer.describe() if isinstance(context.tokenizer, ModelTokenizer) else "",
         }
         report = context.report()
         if report is None:

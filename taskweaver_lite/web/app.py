@@ -44,6 +44,7 @@ from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.interface import AuditEntry, Store
 from taskweaver_lite.telemetry import tracing
 from taskweaver_lite.web.access_log import AccessLog, AccessLogMiddleware
+from taskweaver_lite.web.admin import admin_routes
 from taskweaver_lite.web.api import api_routes, error
 from taskweaver_lite.web.auth import COOKIE, NEEDS_A_USER, NEEDS_THE_TOKEN, Access, Refusal, same_origin_form, same_origin_link, too_many_refused
 from taskweaver_lite.web.connections import BodyLimit
@@ -88,6 +89,19 @@ ROUTES_ABOUT = {
         "the provider's answer: the code exchanged, the ID token checked, the person let in by `serve.oidc.allowed_domains` and "
         "`allowed_groups` (added at their first sign-in, unless removed; admin by `admin_groups`), then the sign-in cookie and the page"
     ),
+    ("GET", "/admin"): "the admin page (HTML): users, sessions with their owners, kernels per user, usage per user, the audit trail",
+    ("GET", "/api/me"): "the caller: `{name, admin, users}` (`users`: whether the server has users)",
+    ("POST", "/api/me/token"): "a new token for the caller, shown once (`{name, token}`); their old one and its sign-ins stop at once",
+    ("GET", "/api/admin/users"): "admins only: every user, as `users list --json`",
+    ("POST", "/api/admin/users"): 'admins only: `{"name", "admin", "expires_days"}` adds a user: `{name, token}` (the token shown once)',
+    ("POST", "/api/admin/users/{name}/{action}"): (
+        'admins only: `rotate` (a new token, shown once), `promote`, `demote`, `expire` (`{"days": N}`, null for never), as `users` does'
+    ),
+    ("DELETE", "/api/admin/users/{name}"): "admins only: removes the user (their sessions stay)",
+    ("GET", "/api/admin/sessions"): "admins only: every session with its owner",
+    ("GET", "/api/admin/kernels"): "admins only: the gateway's kernels (or the sessions open here), each with its session and owner",
+    ("GET", "/api/admin/usage"): "admins only: per user, sessions, cells, the seconds cells ran, and per model the calls and tokens",
+    ("GET", "/api/admin/audit"): "admins only: the latest `?limit=N` (200) entries of the audit trail, oldest first, as `audit --json`",
     ("GET", "/static/{name}"): "the page's own scripts, styles and vendored libraries",
     ("GET", "/api/sessions"): "the stored sessions, newest first, as `sessions --json`",
     ("POST", "/api/sessions"): (
@@ -189,6 +203,7 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
         Route("/healthz", _health(hub)),
         Route(METRICS, _metrics(hub)),
         *api_routes(hub),
+        *admin_routes(hub, _admin_page, access),
         Route(MCP_PATH, mcp if mcp is not None else _no_mcp, methods=["GET", "POST", "DELETE"]),
     ]
     logging = [Middleware(AccessLogMiddleware, log=log)] if log is not None else []  # outermost: refusals are logged too
@@ -290,6 +305,11 @@ def _page(access: Access) -> Handler:
         return Response((STATIC / "index.html").read_text(encoding="utf-8"), media_type="text/html", headers=_PAGE_HEADERS)
 
     return page
+
+
+async def _admin_page(_: Request) -> Response:
+    """The admin page: its data comes from /api/admin/... (for admins only)."""
+    return Response((STATIC / "admin.html").read_text(encoding="utf-8"), media_type="text/html", headers=_PAGE_HEADERS)
 
 
 def _sign_in(access: Access) -> Handler:

@@ -67,7 +67,9 @@ FAILURE_WINDOW_SECONDS = 60.0
 _log = logging.getLogger(__name__)
 NEEDS_A_USER = "This server needs your user's token: send `Authorization: Bearer <token>`, or sign in on the page."
 NEEDS_THE_TOKEN = "This server needs a token: send `Authorization: Bearer <token>`, or sign in on the page."
-NO_USERS_LEFT = "This server has no users left, so every request is refused: an administrator adds one with `taskweaver-lite users add NAME`."
+NO_USERS_LEFT = (
+    "This server has no users (none added yet, or none left), so every request is refused: an administrator adds one with `taskweaver-lite users add NAME`."
+)
 
 
 class Refusal(NamedTuple):

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from taskweaver_lite.config.settings import Config
-from taskweaver_lite.errors import SessionBusyError, StoreError, TaskWeaverError, UnknownSessionError
+from taskweaver_lite.errors import SessionBusyError, SessionLimitReached, StoreError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.kernel.executor import close_thread_loop
-from taskweaver_lite.records.events import CellPrinted, Event, ModelCalled, ReplyStreamed, Working
+from taskweaver_lite.records.events import CellPrinted, Event, Listener, ModelCalled, ReplyStreamed, Working
 from taskweaver_lite.session.assembly import delete_session, new_session_id
 from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.interface import Notices, Store
@@ -77,6 +77,7 @@ class Hub:
         self._open: dict[str, LiveSession] = {}
         self._lock = threading.Lock()
         self.stopping = False  # SIGTERM: no new requests; running ones finish
+        self._closing = threading.Event()
 
     def join_replicas(self, notices: Notices) -> None:
         """Serve as one replica of several on the shared store: leases on sessions, events and Stop heard from the others (`notices`)."""
@@ -85,6 +86,17 @@ class Hub:
         leases = Leases(self.parts.store, seconds=serve.lease_timeout, wait=serve.lease_wait, on_lost=self.cut_here, on_stop=self.stop_here)
         self.parts = dataclasses.replace(self.parts, replica=replica, leases=leases)
         self.parts.fanout.listen(notices, on_stop=self.stop_here)
+        self._sweeper = threading.Thread(target=self._sweep, name="hot-sessions", daemon=True)
+        self._sweeper.start()
+
+    def _sweep(self) -> None:
+        """Every few seconds: let go of copies unused for serve.hot_session_idle, and of those past serve.hot_sessions."""
+        idle = self.config.serve.hot_session_idle
+        while not self._closing.wait(min(max(idle / 4, 1.0), 30.0)):
+            try:
+                self._let_go_of_the_oldest(unused_for=idle)
+            except Exception as exc:  # noqa: BLE001 - the sweep must go on; the next one tries again
+                _log.warning("could not let go of idle sessions: %s", " ".join(str(exc).split()))
 
     def stop_taking(self) -> None:
         """SIGTERM: refuse new requests (503: the load balancer sends them to another replica) and end the event streams."""
@@ -96,16 +108,26 @@ class Hub:
         """This server's replica part (None: one process alone)."""
         return self.parts.replica
 
-    def new(self, *, owner: str | None = None) -> LiveSession:
-        """A new stored session owned by `owner` (its kernel starts in the background); AtLimit past serve.max_sessions_per_user."""
+    def new(self, *, owner: str | None = None) -> str:
+        """A new stored session owned by `owner`; its id.
+
+        Its kernel starts in the background (on a replica: at its first request). Past
+        serve.max_sessions_per_user, counted at making under the owner's lock in the store, the
+        owner's newest session never asked anything is handed back instead, else AtLimit.
+        """
         self._refuse_when_stopping()
-        self._check_limit(owner)
+        limit = self.config.serve.max_sessions_per_user if owner is not None else None
         session_id = new_session_id()
         executor = self.replica.executor(session_id, owner=owner) if self.replica is not None else None
-        session = self.parts.workspace.new_session(session_id=session_id, executor=executor, owner=owner, claim=self.replica is None)
+        try:
+            session = self.parts.workspace.new_session(session_id=session_id, executor=executor, owner=owner, claim=self.replica is None, limit=limit)
+        except SessionLimitReached as exc:
+            if exc.unused is None:
+                raise _at_limit(exc.count, exc.limit) from None
+            return exc.unused if self.replica is not None else self.resume(exc.unused, owner=owner)
         for path in self._preload:
             session.load_file(path)
-        return self._keep(LiveSession(session))
+        return self._keep(LiveSession(session)).id
 
     def resume(self, session_id: str, *, owner: str | None = None) -> str:
         """A stored session made ready here (alone: re-opened, its cells replayed); Busy when it is open in another process."""
@@ -115,7 +137,6 @@ class Hub:
         with self._lock:
             if session_id in self._open:
                 return session_id
-        self._check_use(session_id)
         try:
             # The replay runs cells from this thread.
             session, _ = self.parts.workspace.resume_session(session_id, owner=owner)
@@ -125,31 +146,39 @@ class Hub:
             close_thread_loop()
         return self._keep(LiveSession(session)).id
 
+    def open_ids(self) -> list[str]:
+        """The sessions this server holds open now (their kernels run here, or are held on the gateway for them)."""
+        with self._lock:
+            return list(self._open)
+
     def get(self, session_id: str) -> LiveSession | None:
         """This server's copy of the session, if it holds one (as a replica: perhaps stale)."""
         with self._lock:
             return self._open.get(session_id)
 
-    def ask(self, session_id: str, text: str, *, loop: asyncio.AbstractEventLoop) -> Turn:
-        """Start answering `text` in the session, its events read on `loop` (a replica: call from a thread); Busy, NotOpen, Stopping."""
+    def ask(self, session_id: str, text: str, *, loop: asyncio.AbstractEventLoop, listener: Callable[[LiveSession], Listener] | None = None) -> Turn:
+        """Start answering `text` in the session, its events read on `loop` (a replica: call from a thread); Busy, NotOpen, Stopping.
+
+        `listener(live)`, when given, makes a listener that hears the session's events while this request's turn runs.
+        """
         self._refuse_when_stopping()
         started = time.monotonic()
         leases = self.parts.leases
         if leases is None:
             live = self._open_here(session_id)
-            self._check_first_request(live)
             since = self.parts.store.last_event_id(session_id)
-            turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, None))
+            heard = listener(live) if listener is not None else None
+            turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, None), listener=heard)
             turn.since = since
             return turn
         hold = self._take(leases, session_id)
         try:
-            held = self.get(session_id)
-            if held is None or not held.session.conversation.rounds:
-                self._check_use(session_id)  # before the session is loaded (and its kernel reached) for nothing
             live = self._current(session_id)
+            live.session.executor.start()  # a new session's kernel, at its first request: refused here (429, 503), not in the round
             live.last_used = time.monotonic()
-            turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, hold), on_done=functools.partial(self._finish, live, hold))
+            heard = listener(live) if listener is not None else None
+            answered, done = functools.partial(self._answered, started, hold), functools.partial(self._finish, live, hold)
+            turn = live.ask(text, loop=loop, on_answer=answered, on_done=done, listener=heard)
             turn.since = live.version
             return turn
         except BaseException:
@@ -197,6 +226,23 @@ class Hub:
         finally:
             if hold is not None and leases is not None:
                 leases.release(hold)  # its row went with the session: nothing is left to free but this replica's note of it
+
+    def release(self, session_id: str) -> bool:
+        """Let go of the session held here (it stays stored): alone, its kernel ends and its claim goes; a replica drops its copy.
+
+        False when none is held here; Busy while it answers.
+        """
+        live = self.get(session_id)
+        if live is None:
+            return False
+        if live.busy:
+            raise Busy("This session is answering a request: close it once the answer is in.")
+        with self._lock:
+            if self._open.get(session_id) is live:
+                del self._open[session_id]
+            self.parts.metrics.open_sessions.set(len(self._open))
+        live.close(record=self.replica is None)  # a replica's copy may be older than the store
+        return True
 
     def forget_if_deleted(self, session_id: str) -> None:
         """A replica's copy of a session the store no longer has (deleted on another replica) goes, with its folder here."""
@@ -257,6 +303,7 @@ class Hub:
 
     def close(self) -> None:
         """Close every session held here (on a replica their kernels stay on the gateway) and free what is still leased."""
+        self._closing.set()
         with self._lock:
             sessions, self._open = list(self._open.values()), {}
         for live in sessions:
@@ -265,36 +312,6 @@ class Hub:
         if self.parts.leases is not None:
             self.parts.leases.close()
         close_thread_loop()
-
-    def _check_limit(self, owner: str | None) -> None:
-        """AtLimit when `owner` already has serve.max_sessions_per_user sessions (no limit without one, or without users)."""
-        limit = self.config.serve.max_sessions_per_user
-        if limit is None or owner is None:
-            return
-        count = self.parts.store.count_sessions(owner=owner)
-        if count >= limit:
-            raise _at_limit(count, limit)
-
-    def _check_first_request(self, live: LiveSession) -> None:
-        """A session's first request makes it count (sessions made but never asked do not): AtLimit when its owner is at the limit already.
-
-        Counted at use as well as at making: sessions made while none had a request would otherwise
-        all pass the check at making, and all count once asked.
-        """
-        if not live.session.conversation.rounds:
-            self._check_limit(live.session.owner)
-
-    def _check_use(self, session_id: str) -> None:
-        """Re-opening or asking a session that does not count yet (never asked anything) is its first use: AtLimit when its owner is at the limit."""
-        limit = self.config.serve.max_sessions_per_user
-        if limit is None:
-            return
-        owner = self.parts.store.owner_of(session_id)
-        if owner is None:
-            return
-        counted = {entry.id for entry in self.parts.store.list_sessions(owner=owner)}
-        if session_id not in counted and len(counted) >= limit:
-            raise _at_limit(len(counted), limit)
 
     def _user_name(self, owner: str | None) -> str | None:
         """The name of the user whose id `owner` is, for the metrics (a session belongs to an id; an operator reads names); the id once they are gone."""
@@ -327,7 +344,9 @@ class Hub:
         live = self.get(session_id)
         # version -1: the copy's folds were abandoned or its record is unknown; only a load makes it whole.
         if live is not None and not live.busy and live.version >= 0:
-            if self.replica.is_current(session_id, live.version):
+            # A copy whose kernel went from the gateway (culled, ended for room, the gateway restarted) is loaded
+            # again below, its variables rebuilt by replay; a gateway that does not answer is the request's 503.
+            if self.replica.is_current(session_id, live.version) and live.session.executor.still_there():
                 live.last_used = time.monotonic()
                 return live
             try:
@@ -382,12 +401,19 @@ class Hub:
             self._let_go_of_the_oldest()
         return live
 
-    def _let_go_of_the_oldest(self) -> None:
-        """A replica holds at most serve.hot_sessions copies: the least recently used idle ones go (their kernels stay)."""
+    def _let_go_of_the_oldest(self, *, unused_for: float | None = None) -> None:
+        """A replica holds at most serve.hot_sessions copies, and (`unused_for`) none unused that long: the least recently used idle ones go.
+
+        Their kernels stay on the gateway, their connection to them closed: the gateway may cull
+        them (gateway.cull_idle_timeout) or end them to make room for their user's next one.
+        """
+        now = time.monotonic()
         with self._lock:
-            settled = time.monotonic() - IDLE_BEFORE_EVICTION  # not one a request has just picked up
+            settled = now - IDLE_BEFORE_EVICTION  # not one a request has just picked up
             idle = sorted((live for live in self._open.values() if not live.busy and live.last_used < settled), key=lambda live: live.last_used)
             surplus = idle[: max(len(self._open) - self.config.serve.hot_sessions, 0)]
+            if unused_for is not None:
+                surplus += [live for live in idle[len(surplus) :] if live.last_used < now - unused_for]
         for live in surplus:
             self._drop(live)
 

@@ -18,8 +18,9 @@ from typing import Any
 from taskweaver_lite.errors import TaskWeaverError
 from taskweaver_lite.kernel.executor import close_thread_loop
 from taskweaver_lite.llm.streaming import SHOWN_FIELDS, PartialReply
+from taskweaver_lite.records.conversation import Round
 from taskweaver_lite.records.event_json import event_json
-from taskweaver_lite.records.events import Event, PostAdded, ReplyStreamed
+from taskweaver_lite.records.events import Event, Listener, PostAdded, ReplyStreamed
 from taskweaver_lite.records.tips import Tip
 from taskweaver_lite.session.session import Session
 from taskweaver_lite.telemetry import tracing
@@ -136,10 +137,12 @@ class LiveSession:
         loop: asyncio.AbstractEventLoop | None = None,
         on_answer: Callable[[], None] | None = None,
         on_done: Callable[[], None] | None = None,
+        listener: Listener | None = None,
     ) -> Turn:
         """Start answering `text` on a worker thread; its events arrive on the returned turn, read on `loop` (default: the running one).
 
-        `on_answer` is called once the answer is stored, `on_done` once the request's thread has nothing left to do.
+        `on_answer` is called once the answer is stored, `on_done` once the request's thread has nothing left to do;
+        `listener` hears the session's events while this request's turn runs (MCP's note of the files its cells write).
         """
         with self._guard:
             if self.busy:
@@ -149,7 +152,7 @@ class LiveSession:
             self._on_answer = on_answer
             # In this context: with tracing on, the turn continues the trace of the HTTP request that asked.
             answer = tracing.carried(self._answer)
-            self._worker = threading.Thread(target=answer, args=(text, turn, previous, on_done), name=f"ask-{self.id}", daemon=True)
+            self._worker = threading.Thread(target=answer, args=(text, turn, previous, on_done, listener), name=f"ask-{self.id}", daemon=True)
             self._worker.start()
         return turn
 
@@ -174,13 +177,13 @@ class LiveSession:
         self.session.executor.interrupt()  # a running cell stops now, not at the next bytecode
         return True
 
-    def _answer(self, text: str, turn: Turn, previous: threading.Thread | None, on_done: Callable[[], None] | None) -> None:
+    def _answer(self, text: str, turn: Turn, previous: threading.Thread | None, on_done: Callable[[], None] | None, listener: Listener | None) -> None:
         final: dict[str, Any] | None
         self._turns[threading.get_ident()] = turn
         try:
             if previous is not None:
                 previous.join()  # Stop while waiting for it cancels this request too
-            rnd = self.session.ask(text)
+            rnd = self._asked(text, listener)
         except KeyboardInterrupt:
             final = {"type": "error", "message": f"{CUT_SHORT if self.session.ending else 'Stopped'}. The session and its variables are kept."}
         except TaskWeaverError as exc:
@@ -200,6 +203,16 @@ class LiveSession:
         turn.put(END)
         if on_done is not None:
             on_done()
+
+    def _asked(self, text: str, listener: Listener | None) -> Round:
+        """`Session.ask`, with `listener` hearing its events meanwhile."""
+        if listener is None:
+            return self.session.ask(text)
+        self.session.add_listener(listener)
+        try:
+            return self.session.ask(text)
+        finally:
+            self.session.remove_listener(listener)
 
     def _on_event(self, event: Event) -> None:
         # A request's thread feeds its own turn, even once a newer request has started (it finishes

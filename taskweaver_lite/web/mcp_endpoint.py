@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from taskweaver_lite.errors import StoreUnavailable, TaskWeaverError, UnknownSessionError
+from taskweaver_lite.errors import AmbiguousSessionError, StoreUnavailable, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.mcp.resources import (
     MAX_LISTED_PER_SESSION,
     MAX_RESOURCE_BYTES,
@@ -44,12 +44,14 @@ from taskweaver_lite.mcp.resources import (
     resource_parts,
     resource_uri,
     session_files,
+    too_large,
 )
-from taskweaver_lite.mcp.server import ACTIVITY, STOP_WAIT, ToolServer, ask_result, bad_input, failed_answer, variables_result
+from taskweaver_lite.mcp.server import ACTIVITY, STOP_WAIT, ToolServer, ask_result, bad_input, closed_result, failed_answer, variables_result
+from taskweaver_lite.mcp.turn_files import TurnFiles
 from taskweaver_lite.records.conversation import Round
 from taskweaver_lite.web.api import STORE_DOWN, owner_of_request, public_text, user_of_request
 from taskweaver_lite.web.hub import AtLimit, Hub, Stopping
-from taskweaver_lite.web.live import Busy, Turn
+from taskweaver_lite.web.live import Busy, LiveSession, Turn
 
 PATH = "/mcp"
 LISTED_SESSIONS = 20  # the caller's newest sessions whose files `resources/list` offers
@@ -65,23 +67,29 @@ class TeamServer(ToolServer):
         """One turn under the session's lease (on replicas), its events read as progress; a cancel stops it."""
         loop = asyncio.get_running_loop()
         try:
-            session_id, turn = await asyncio.to_thread(self._start, _request(ctx), question, ref, loop)
-        except UnknownSessionError:
+            session_id, turn, written = await asyncio.to_thread(self._start, _request(ctx), question, ref, loop)
+        except (UnknownSessionError, AmbiguousSessionError):
             raise _no_such_session(ref or "") from None
         except (AtLimit, Busy, Stopping, TaskWeaverError) as exc:
             return failed_answer(ref, self._said(exc))
-        return await self._follow(ctx, session_id, turn)
+        return await self._follow(ctx, session_id, turn, written)
 
-    def _start(self, request: Request, question: str, ref: str | None, loop: asyncio.AbstractEventLoop) -> tuple[str, Turn]:
+    def _start(self, request: Request, question: str, ref: str | None, loop: asyncio.AbstractEventLoop) -> tuple[str, Turn, list[TurnFiles]]:
         if ref is None:
-            session_id = self.hub.new(owner=user_of_request(request)).id
+            session_id = self.hub.new(owner=user_of_request(request))
         else:
             session_id = self._own(request, ref)
             if self.hub.replica is None and self.hub.get(session_id) is None:
                 self.hub.resume(session_id, owner=owner_of_request(request))  # one process alone: re-opened here first
-        return session_id, self.hub.ask(session_id, question, loop=loop)
+        written: list[TurnFiles] = []  # made once the session's copy here is current (a replica may load it)
 
-    async def _follow(self, ctx: Any, session_id: str, turn: Turn) -> types.CallToolResult:
+        def note_files(live: LiveSession) -> TurnFiles:
+            written.append(TurnFiles(live.session.working_dir))
+            return written[-1]
+
+        return session_id, self.hub.ask(session_id, question, loop=loop, listener=note_files), written
+
+    async def _follow(self, ctx: Any, session_id: str, turn: Turn, written: list[TurnFiles]) -> types.CallToolResult:
         """The turn's events until its end: activity as progress lines; then the answer (or why there is none)."""
         seen = _Seen()
         try:
@@ -100,7 +108,7 @@ class TeamServer(ToolServer):
         rnd = self._round(session_id, seen.round)
         live = self.hub.get(session_id)
         if seen.error is None and rnd is not None and live is not None:
-            return ask_result(live.session, rnd)
+            return ask_result(live.session, rnd, written=[name for files in written for name in files.names])
         message = public_text(seen.error or "no answer", self.hub)
         state = "cancelled" if message.startswith("Stopped") else "failed"
         return failed_answer(session_id, message, state=state)
@@ -130,10 +138,26 @@ class TeamServer(ToolServer):
 
         try:
             return await asyncio.to_thread(stored)
-        except UnknownSessionError:
+        except (UnknownSessionError, AmbiguousSessionError):
             raise _no_such_session(ref) from None
         except StoreUnavailable:
             raise MCPError(code=types.INTERNAL_ERROR, message=STORE_DOWN) from None
+
+    async def close_session(self, ctx: Any, ref: str) -> types.CallToolResult:
+        """Let go of the session on this server now (it stays stored); a replica, which holds none between answers, drops its copy."""
+        request = _request(ctx)
+
+        def release() -> types.CallToolResult:
+            session_id = self._own(request, ref)
+            try:
+                return closed_result(session_id, "closed" if self.hub.release(session_id) else "not open")
+            except Busy:
+                return closed_result(session_id, "answering")
+
+        try:
+            return await asyncio.to_thread(release)
+        except (UnknownSessionError, AmbiguousSessionError):
+            raise _no_such_session(ref) from None
 
     async def list_resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:
         """The files of the caller's newest sessions: those in this replica's folders, and the plots the store keeps."""
@@ -168,7 +192,7 @@ class TeamServer(ToolServer):
         session_id, kind, name = resource_parts(uri)
         try:
             session_id = self._own(request, session_id)
-        except UnknownSessionError:
+        except (UnknownSessionError, AmbiguousSessionError):
             raise _missing(uri, f"no session {session_id!r} of yours on this server (call the sessions tool)") from None
         live = self.hub.get(session_id)
         sessions = {session_id: live.session} if live is not None else {}
@@ -180,9 +204,7 @@ class TeamServer(ToolServer):
             if data is None:
                 raise
         if len(data) > MAX_RESOURCE_BYTES:
-            raise MCPError(
-                code=types.INVALID_PARAMS, message=f"{uri}: {name} has {len(data):,} bytes, more than the {MAX_RESOURCE_BYTES:,} a resource may have"
-            )
+            raise too_large(uri, name, len(data))
         return resource_contents(uri, name, data)
 
     def _own(self, request: Request, ref: str) -> str:

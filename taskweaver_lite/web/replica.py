@@ -13,7 +13,9 @@ session; nothing routes a session to "its" replica. What makes that safe:
 - A session's kernel lives on the gateway, and its id is in the store: the replica that loads the
   session attaches to that kernel, variables and all, and leaves it running when it lets go. Only
   a kernel the gateway no longer has is started afresh, its variables rebuilt by replaying the
-  session's cells.
+  session's cells; a copy whose kernel went (culled, ended for room, the gateway restarted) is
+  loaded again the same way. A new session's kernel starts at its first request, so a session
+  never used costs the gateway nothing, and a start the gateway refuses is the request's answer.
 - Loading a session whose last round is still "running" in the store means the replica that ran it
   died: the round is marked cut off (the resume does it) and counted as a lease takeover.
 """
@@ -88,7 +90,9 @@ class Replica:
         from taskweaver_lite.kernel.gateway.remote import KernelHandover  # the gateway extra, as in kernel/choice.py
 
         started = functools.partial(self._kernel_started, session_id)
-        handover = KernelHandover(reuse=kernel_id, keep=True, on_start=started, cells_before=cells_before, owner=owner)
+        handover = KernelHandover(
+            reuse=kernel_id, keep=True, on_start=started, cells_before=cells_before, owner=owner, owner_name=self._user_name(owner), at_first_use=True
+        )
         return executor_factory(self.config, plugins=self.workspace.plugins.enabled, handover=handover)
 
     def load(self, session_id: str, *, listeners: Iterable[Listener] = ()) -> Session:
@@ -123,6 +127,15 @@ class Replica:
     def is_current(self, session_id: str, version: int) -> bool:
         """Whether the store holds nothing newer than `version` for the session (a hot copy may be reused)."""
         return self.store.last_event_id(session_id) == version
+
+    def _user_name(self, owner: str | None) -> str | None:
+        """The name of the user whose id `owner` is (the gateway's log and metrics name users by it); None when unknown."""
+        if owner is None:
+            return None
+        try:
+            return next((user.name for user in self.store.users() if user.id == owner), None)
+        except StoreError:
+            return None
 
     def _kernel_started(self, session_id: str, kernel_id: str) -> None:
         try:

@@ -41,6 +41,9 @@ class TraceMiddleware:
             async def answered(message: Message) -> None:
                 if message["type"] == "http.response.start":
                     span.set({"http.response.status_code": int(message["status"])})
+                    user = scope.get("state", {}).get("user")
+                    if user is not None:  # who asked, by name (set by the sign-in check before the route ran)
+                        span.set({"enduser.id": str(getattr(user, "name", user))})
                 await send(message)
 
             await self._app(scope, receive, answered)

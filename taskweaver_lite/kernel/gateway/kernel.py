@@ -23,7 +23,7 @@ from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
 
 from taskweaver_lite.config.settings import KernelGatewayConfig
-from taskweaver_lite.errors import GatewayAuthError, GatewayConnectionLost, GatewayError, GatewayUnreachableError
+from taskweaver_lite.errors import GatewayAuthError, GatewayConnectionLost, GatewayError, GatewayUnreachableError, KernelLimitReached
 from taskweaver_lite.kernel.gateway.provisioner import NAME as PROVISIONER_NAME
 from taskweaver_lite.kernel.gateway.provisioner import SESSION_ROUTE
 
@@ -192,6 +192,18 @@ class GatewayKernel:
         except (requests.RequestException, ValueError, AttributeError):
             return ""
 
+    def present(self) -> bool:
+        """Whether the gateway still has our kernel: False when it answers that it has not; GatewayUnreachableError when it does not answer."""
+        try:
+            answer = self._http.get(self.url + self._path(), timeout=self.config.connect_timeout)
+        except requests.RequestException as exc:
+            raise GatewayUnreachableError(f"Cannot reach the kernel gateway {self.url} ({exc}); check that the gateway runs.") from exc
+        if answer.status_code == 404:
+            return False
+        if answer.status_code >= 400:
+            raise self._refused(answer.status_code, "find the session's kernel", answer.text)
+        return True
+
     def exists(self) -> bool:
         """Whether the gateway still has our kernel."""
         try:
@@ -263,9 +275,11 @@ class GatewayKernel:
         return response
 
     def _refused(self, status: int, action: str, body: str = "") -> GatewayError:
-        if status in (401, 403):
-            return GatewayAuthError(f"The kernel gateway {self.url} refused the token (HTTP {status}); {_TOKEN_HINT}.")
         reason = _reason(body)
+        if status == 429 and reason:  # taskweaver-lite gateway: the user's kernels are at gateway.max_kernels_per_user
+            return KernelLimitReached(reason)
+        if status == 401 or (status == 403 and not _explained(body)):
+            return GatewayAuthError(f"The kernel gateway {self.url} refused the token (HTTP {status}); {_TOKEN_HINT}.")
         return GatewayError(f"The kernel gateway {self.url} could not {action} (HTTP {status}{': ' + reason if reason else ''}).")
 
 
@@ -286,6 +300,15 @@ def _provisioner_name(entry: Any) -> str | None:
     for key in ("spec", "metadata", "kernel_provisioner", "provisioner_name"):
         entry = entry.get(key) if isinstance(entry, dict) else None
     return entry if isinstance(entry, str) else None
+
+
+def _explained(body: str) -> bool:
+    """Whether a 403's body gives the gateway's own reason (a start it refused), rather than a refused token's bare page."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and bool(data.get("message")) and data.get("reason") not in (None, "Forbidden")
 
 
 def _reason(body: str) -> str:

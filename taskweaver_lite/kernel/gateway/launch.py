@@ -6,8 +6,10 @@ Kernel Gateway until `run`, so the checks cost nothing to load.
 
 from __future__ import annotations
 
+import collections
 import ipaddress
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -18,10 +20,12 @@ from taskweaver_lite.kernel.gateway.provisioner import KERNELS, LOGS, SESSIONS, 
 from taskweaver_lite.kernel.process import make_undumpable
 from taskweaver_lite.kernel.sandbox import cgroup as kernel_cgroup
 from taskweaver_lite.kernel.sandbox.bwrap import fallback_notice, uses_sandbox
+from taskweaver_lite.telemetry.log_lines import one_line_handler
 
 KERNEL_NAME = "taskweaver-lite"
 TOKEN_VARIABLE = "KG_AUTH_TOKEN"
 API_MODULE = "taskweaver_lite.kernel.gateway.server"  # Kernel Gateway's `api` option: the module it asks for its personality
+KERNEL_MANAGER = "taskweaver_lite.kernel.gateway.user_limit.SandboxKernelManager"  # counts each user's kernels from their start
 
 
 def is_loopback(ip: str) -> bool:
@@ -80,10 +84,43 @@ def gateway_arguments(config: Config, *, root: Path, ip: str, port: int) -> list
     return [
         f"--KernelGatewayApp.ip={ip}", f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0",
         f"--KernelGatewayApp.api={API_MODULE}", f"--SandboxPersonality.root={root}", "--SandboxPersonality.list_kernels=False",
+        f"--KernelGatewayApp.kernel_manager_class={KERNEL_MANAGER}", f"--SandboxKernelManager.project_dir={config.project_dir.resolve()}",
         f"--KernelGatewayApp.default_kernel_name={KERNEL_NAME}", f"--KernelGatewayApp.force_kernel_name={KERNEL_NAME}",
         f"--KernelSpecManager.allowed_kernelspecs={KERNEL_NAME}", "--KernelSpecManager.ensure_native_kernel=False",
         f"--MappingKernelManager.cull_idle_timeout={culling.cull_idle_timeout}", f"--MappingKernelManager.cull_interval={culling.cull_interval}",
     ]  # fmt: skip
+
+
+class _OnceEach(logging.Filter):
+    """Lets through the first of each message that jupyter_client repeats for one kernel ("Kernel shutdown: <id>", up to 8 times)."""
+
+    REPEATED = ("Kernel shutdown: ",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: collections.OrderedDict[str, None] = collections.OrderedDict()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(self.REPEATED):
+            return True
+        if message in self._seen:
+            return False
+        self._seen[message] = None
+        if len(self._seen) > 1000:
+            self._seen.popitem(last=False)
+        return True
+
+
+def one_format(app_log: logging.Logger) -> None:
+    """Every line the gateway's process writes in this program's form (UTC with its Z, one line each), ours, Jupyter's and tornado's alike."""
+    handler = one_line_handler()
+    handler.setLevel(logging.INFO)  # Jupyter's debug lines (each kernel's whole command line) stay out
+    handler.addFilter(_OnceEach())
+    for logger in (app_log, logging.getLogger("taskweaver_lite"), logging.getLogger("tornado"), logging.getLogger()):
+        logger.handlers = [handler]
+        logger.propagate = False
+    logging.getLogger("taskweaver_lite").setLevel(logging.INFO)
 
 
 def run(config: Config, *, ip: str, port: int) -> None:
@@ -96,5 +133,8 @@ def run(config: Config, *, ip: str, port: int) -> None:
     os.environ["JUPYTER_RUNTIME_DIR"] = str(root / ".runtime")
     os.environ.pop("KG_FORCE_KERNEL_NAME", None)
     make_undumpable()
-    KernelGatewayApp.launch_instance(argv=gateway_arguments(config, root=root, ip=ip, port=port))
+    app = KernelGatewayApp.instance()
+    app.initialize(argv=gateway_arguments(config, root=root, ip=ip, port=port))
+    one_format(app.log)
+    app.start()
     sys.stdout.flush()

@@ -25,9 +25,8 @@ Its standard streams are its own: stdin is /dev/null, stdout and stderr go to th
 those and the syscall filter's file are handed to bubblewrap: nothing of the gateway's own (its log,
 its terminal, the journal's stream) is there for a cell to reopen through `/proc/self/fd`.
 
-`KERNEL_USERNAME` (the session's owner, sent by serve) counts the kernels of each user: past
-`gateway.max_kernels_per_user`, starting one ends that user's least recently used idle kernel
-(its session replays its cells when next used), or is refused when all of them are busy.
+`KERNEL_USERNAME` (the session's owner, sent by serve) is whose kernel it is: the gateway's kernel
+manager counts each user's kernels against `gateway.max_kernels_per_user` (user_limit.py).
 The environment a kernel gets is the request's `KERNEL_*` variables, `PATH` and the locale, and
 `execution.allowed_env`: nothing else of the gateway's, its token least of all.
 """
@@ -63,6 +62,7 @@ from taskweaver_lite.kernel.sandbox.kernel_pid import SandboxInfo, end_sandbox, 
 NAME = "taskweaver-lite-sandbox"  # the entry point's name, in the kernelspec's metadata (serve reads it to tell our gateway from a plain one)
 SESSION_VARIABLE = "KERNEL_TASKWEAVER_SESSION"
 OWNER_VARIABLE = "KERNEL_USERNAME"
+USER_NAME_VARIABLE = "KERNEL_TASKWEAVER_USER"  # the owner's name, for the gateway's log and metrics (KERNEL_USERNAME is an id)
 SESSIONS = "taskweaver_sessions"  # as the replica's start-up code names it (remote.REMOTE_SESSIONS)
 KERNELS = "kernels"
 LOGS = "logs"  # <root>/logs/<session>.log: a session's kernels' stdout and stderr
@@ -80,9 +80,14 @@ class KernelRefused(HTTPError):
 
 
 @functools.cache
-def _project_config(project_dir: str) -> Config:
+def project_config(project_dir: str) -> Config:
     """The gateway's project config, read once per process (the gateway command read it first, so it is valid)."""
     return load_config(project_dir)
+
+
+def safe_name(given: str | None) -> str | None:
+    """`given` when it may be a folder's name or a count's key (letters, digits, . _ - @; at most 100), else None."""
+    return given if given and _SAFE_NAME.fullmatch(given) and given not in (".", "..") else None
 
 
 def session_name(env: dict[str, str], *, kernel_id: str) -> str:
@@ -121,7 +126,7 @@ class SandboxProvisioner(LocalProvisioner):
     @property
     def config_of_project(self) -> Config:
         """The project's config (`execution.*`, `gateway.*`)."""
-        return _project_config(self.project_dir)
+        return project_config(self.project_dir)
 
     async def pre_launch(self, **kwargs: Any) -> dict[str, Any]:
         """Prepare the session's folder, the socket folder and the sandbox; the command comes back wrapped in it."""
@@ -130,9 +135,7 @@ class SandboxProvisioner(LocalProvisioner):
         given = dict(kwargs.get("env") or os.environ)
         if self.session is None:  # a restart keeps the first start's session, folder and sockets
             self.session = session_name(given, kernel_id=str(self.kernel_id))
-            owner = given.get(OWNER_VARIABLE) or None
-            self.owner = owner if owner is not None and _SAFE_NAME.fullmatch(owner) else None
-            await self._within_user_limit(config)
+            self.owner = safe_name(given.get(OWNER_VARIABLE))
         root = Path(self.root).resolve()
         cwd = root / SESSIONS / self.session
         cwd.mkdir(parents=True, exist_ok=True)
@@ -201,9 +204,11 @@ class SandboxProvisioner(LocalProvisioner):
     async def post_launch(self, **kwargs: Any) -> None:
         """Watch the session's folders against `execution.disk_limit`."""
         await super().post_launch(**kwargs)
-        limit = self.config_of_project.execution.disk_limit_bytes()
+        execution = self.config_of_project.execution
+        limit = execution.disk_limit_bytes()
         if limit is not None and self._disk is None and self.plan is not None:
-            self._disk = DiskWatch((self.plan.cwd, self.plan.socket_dir, self.log_path()), limit=limit, on_reached=self._disk_reached)
+            paths = (self.plan.cwd, self.plan.socket_dir, self.log_path())
+            self._disk = DiskWatch(paths, limit=limit, on_reached=self._disk_reached, files=execution.disk_limit_files)
 
     def _disk_reached(self, reached: Reached, in_cell: bool) -> None:
         """Past the disk limit (on the watcher's thread): the kernel's child processes end; if it still grows, the kernel does.
@@ -246,34 +251,6 @@ class SandboxProvisioner(LocalProvisioner):
         if self._cgroup is not None:
             self._cgroup.remove()
             self._cgroup = None
-
-    async def _within_user_limit(self, config: Config) -> None:
-        """Past gateway.max_kernels_per_user for this owner: end their least recently used idle kernel, or refuse."""
-        limit = config.gateway.max_kernels_per_user
-        manager = getattr(self.parent, "parent", None)  # the gateway's MappingKernelManager
-        if limit is None or self.owner is None or manager is None:
-            return
-        theirs = [kernel_id for kernel_id in manager.list_kernel_ids() if kernel_id != self.kernel_id and _owner_of(manager, kernel_id) == self.owner]
-        if len(theirs) < limit:
-            return
-        idle = [kernel_id for kernel_id in theirs if getattr(manager.get_kernel(kernel_id), "execution_state", "") == "idle"]
-        if len(theirs) - len(idle) >= limit:
-            raise KernelRefused(
-                f"{self.owner} already runs {len(theirs)} kernels on this gateway, all busy, the most gateway.max_kernels_per_user ({limit}) "
-                "allows: wait for one to finish, or raise gateway.max_kernels_per_user in the gateway's project"
-            )
-        idle.sort(key=lambda kernel_id: manager.get_kernel(kernel_id).last_activity)
-        for kernel_id in idle[: len(theirs) - limit + 1]:
-            await manager.shutdown_kernel(kernel_id)
-
-
-def _owner_of(manager: Any, kernel_id: str) -> str | None:
-    """The owner a kernel of ours was started for (None: not ours, or no owner given)."""
-    try:
-        provisioner = manager.get_kernel(kernel_id).provisioner
-    except KeyError:
-        return None
-    return provisioner.owner if isinstance(provisioner, SandboxProvisioner) else None
 
 
 def kernels_of_session(manager: Any, session: str) -> list[str]:

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
-from taskweaver_lite.errors import GatewayConnectionLost, GatewayError, KernelError
+from taskweaver_lite.errors import GatewayConnectionLost, GatewayError, GatewayUnreachableError, KernelError
 from taskweaver_lite.kernel import namespace
 from taskweaver_lite.kernel.base import DEFAULT_OUTPUT_TOKENS, POLL_INTERVAL, REPLY_WAIT, CellEnd, CellWatch, Ending, SessionKernel, show
 from taskweaver_lite.kernel.gateway import remote_code
 from taskweaver_lite.kernel.gateway.kernel import GONE, GatewayKernel
-from taskweaver_lite.kernel.gateway.provisioner import OWNER_VARIABLE, SESSION_VARIABLE
+from taskweaver_lite.kernel.gateway.provisioner import OWNER_VARIABLE, SESSION_VARIABLE, USER_NAME_VARIABLE
 from taskweaver_lite.kernel.interface import OutputSink
 from taskweaver_lite.kernel.output import CellOutput
 from taskweaver_lite.kernel.uploads import UploadError
@@ -43,6 +43,10 @@ _STATES_OF_DEATH = ("restarting", "dead", "starting")
 # have gone astray: two answers in a row that are not "busy" mean the kernel is no longer in our cell.
 LIVENESS_CHECK = 2.0
 _HOME = "home"
+ENDED_WHILE_IDLE = (
+    "The session's kernel was no longer on the gateway, which ends idle kernels (culled after gateway.cull_idle_timeout, "
+    "or to make room for another of its user's sessions under gateway.max_kernels_per_user)"
+)
 # Seconds without a cell after which the next one first asks whether the gateway still has the kernel (it may have culled it).
 GONE_CHECK = 30.0
 # Seconds to wait for a new kernel's output channel to answer before asking again.
@@ -58,6 +62,8 @@ class KernelHandover:
     on_start: Callable[[str], None] | None = None  # told the id of a kernel started here (to store it)
     cells_before: int = 0  # cells the session ran elsewhere: numbering goes on after them (artifact names stay unique)
     owner: str | None = None  # the session's user: sent as KERNEL_USERNAME (our gateway counts kernels by it; Enterprise Gateway runs the kernel as them)
+    owner_name: str | None = None  # how the gateway's log and metrics name that user (the owner is an id)
+    at_first_use: bool = False  # start the kernel at the session's first use (`start`), not when the session opens: a session never used costs none
 
 
 @dataclass(kw_only=True)
@@ -116,7 +122,8 @@ class GatewayExecutor(SessionKernel):
         self.attached = False  # the kernel of `handover.reuse` was found with our helpers (and the session's variables) in it
         self.home = f"{REMOTE_SESSIONS}/{self.session_dir.name}"  # made absolute by the kernel at start
         self._expressions = self._cell_expressions(self.home)
-        self._begin("gateway-kernel-start")
+        self._attaching = False  # `_claim` found the session's kernel of `handover.reuse` still on the gateway
+        self._begin("gateway-kernel-start", now=not kernel.at_first_use)
 
     def kept_variables(self) -> bool:
         """Whether the kernel came with the session's variables (attached to one that outlived its replica); waits for it."""
@@ -189,21 +196,45 @@ class GatewayExecutor(SessionKernel):
         else:
             self.kernel.shutdown()
 
-    def _launch(self) -> None:
+    def _claim(self) -> None:
+        """Attach to the session's kernel if the gateway still has it, else ask for a new one (refused at once past the gateway's limit)."""
         wanted = self.handover.reuse
-        if wanted is not None and self.kernel.attach(wanted):
-            self.kernel.connect()
+        self._attaching = wanted is not None and self.kernel.attach(wanted)
+        if not self._attaching:
+            self._new_kernel()
+
+    def _launch(self) -> None:
+        self.kernel.connect()
+        if self._attaching:
             self.attached = self._reattach()
             if not self.attached:
                 self._initialize()  # the gateway restarted it since (our helpers and the variables are gone)
             return
-        self._start_afresh()
+        self._initialize()
+
+    def still_there(self) -> bool:
+        """Whether the session's kernel is still on the gateway (False: culled, ended for room, or the gateway restarted; its variables are gone).
+
+        True for a kernel not started yet, or still starting: there is nothing to lose. Raises
+        GatewayUnreachableError when the gateway does not answer.
+        """
+        if not self._ready.is_set() or self._start_error is not None or self.kernel.kernel_id is None or self._closed:
+            return True
+        return self.kernel.present()
+
+    def _new_kernel(self) -> None:
+        """Ask the gateway for a new kernel for the session; its id is told as the first one's was."""
+        self.kernel.start(env=self._start_environment())
+        if self.handover.on_start is not None and self.kernel.kernel_id is not None:
+            self.handover.on_start(self.kernel.kernel_id)
 
     def _start_environment(self) -> dict[str, str]:
         """The start request's variables: the configured ones, the session's id (its folder on our gateway), its owner."""
         env = {**self.kernel.config.env, SESSION_VARIABLE: self.session_dir.name}
         if self.handover.owner is not None:
             env[OWNER_VARIABLE] = self.handover.owner
+        if self.handover.owner_name is not None:
+            env[USER_NAME_VARIABLE] = self.handover.owner_name
         return env
 
     def _reattach(self) -> bool:
@@ -289,6 +320,7 @@ class GatewayExecutor(SessionKernel):
         self._namespace.forget()
         try:
             if self.kernel.state() == GONE:
+                self._ended_why = ENDED_WHILE_IDLE
                 self._start_afresh()
                 return
             if not self.kernel.connected:
@@ -320,6 +352,7 @@ class GatewayExecutor(SessionKernel):
     def _replaced_gone_kernel(self) -> tuple[str, ...]:
         """The gateway has no kernel of that id any more (culled, or ended to make room for its user's next one): a new one; the lost names."""
         lost = self._namespace.names()
+        self._ended_why = ENDED_WHILE_IDLE
         self._start_afresh()
         return lost
 
@@ -327,9 +360,7 @@ class GatewayExecutor(SessionKernel):
         """A new kernel for the session, its id told as the first one's was; the old one's variables are gone."""
         self._namespace.forget()
         self.kernel.disconnect()
-        self.kernel.start(env=self._start_environment())
-        if self.handover.on_start is not None and self.kernel.kernel_id is not None:
-            self.handover.on_start(self.kernel.kernel_id)
+        self._new_kernel()
         self.kernel.connect()
         self._initialize()
 
@@ -356,6 +387,8 @@ class GatewayExecutor(SessionKernel):
                 msg = self.kernel.receive(POLL_INTERVAL)
             except GatewayConnectionLost:
                 if reconnected or not self._reconnect():
+                    if not self._gateway_answers():
+                        return CellEnd("died", watch.timed_out)
                     return CellEnd("lost", watch.timed_out, error=_connection_lost(self.kernel.url))
                 reconnected, msg = True, None
             if msg is not None and _death(msg):
@@ -377,6 +410,20 @@ class GatewayExecutor(SessionKernel):
         watch.next_check = now + LIVENESS_CHECK
         watch.quiet = watch.quiet + 1 if self.kernel.state() not in ("busy", "") else 0  # "gone" too: nothing runs our cell
         return watch.quiet >= 2
+
+    def _gateway_answers(self) -> bool:
+        """After a connection that could not be restored: whether the gateway still has the kernel (False: it has not).
+
+        A gateway that does not answer at all ends the request: GatewayUnreachableError, and the
+        cell's outcome is unknown. Nothing the model could write would run until it is back.
+        """
+        try:
+            return self.kernel.present()
+        except GatewayUnreachableError as exc:
+            raise GatewayUnreachableError(
+                f"The kernel gateway {self.kernel.url} stopped answering during this cell, so its outcome is unknown; "
+                "send the request again once the gateway is back (the session's variables are rebuilt by replaying its cells)."
+            ) from exc
 
     def _reconnect(self) -> bool:
         """Reopen a dropped socket (the gateway hands over what it buffered meanwhile); False if that fails."""

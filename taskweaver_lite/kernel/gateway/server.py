@@ -8,8 +8,11 @@ What is ours is small; the rest is Kernel Gateway as it ships:
 - its only kernelspec (`taskweaver-lite`, forced for every start whatever a client asks) names
   `SandboxProvisioner` (provisioner.py), so each kernel starts in the local sandbox, in its own
   session's folder, over IPC sockets;
-- its API personality is Kernel Gateway's own WebSocket one plus one route,
+- its API personality is Kernel Gateway's own WebSocket one plus two routes,
   `DELETE /api/taskweaver-lite/sessions/<id>`: a deleted session's kernels end and its folder and log go;
+  `GET /metrics`, behind the gateway's token: Prometheus's text format of the kernels per user
+  (starting ones included), the starts `gateway.max_kernels_per_user` refused, the kernels ended to
+  make room and those culled, each by user (user_limit.py keeps the counts);
 - its token comes from `KG_AUTH_TOKEN` only (Kernel Gateway reads it there itself), and without
   one it will not listen on anything but loopback;
 - idle kernels are culled (`gateway.cull_idle_timeout`, `gateway.cull_interval`: the culling settings of
@@ -29,6 +32,7 @@ from tornado import web
 from traitlets import Unicode
 
 from taskweaver_lite.kernel.gateway.provisioner import LOGS, SESSION_ROUTE, SESSIONS, kernels_of_session, session_name
+from taskweaver_lite.kernel.gateway.user_limit import SETTING, KernelCounts
 
 
 class SessionHandler(TokenAuthorizationMixin, JSONErrorsMixin, web.RequestHandler):  # type: ignore[misc]  # Kernel Gateway's mixins are untyped
@@ -50,15 +54,43 @@ class SessionHandler(TokenAuthorizationMixin, JSONErrorsMixin, web.RequestHandle
         self.finish()
 
 
+class MetricsHandler(TokenAuthorizationMixin, web.RequestHandler):  # type: ignore[misc]  # Kernel Gateway's mixins are untyped
+    """`GET /metrics`: the gateway's kernels per user, and the refusals, evictions and culls so far, in Prometheus's text format."""
+
+    def get(self) -> None:
+        """The counts as they are now."""
+        counts = getattr(self.settings["kernel_manager"], "counts", None)
+        self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.finish(metrics_text(counts if isinstance(counts, KernelCounts) else KernelCounts()))
+
+
+def metrics_text(counts: KernelCounts) -> str:
+    """`counts` in Prometheus's text exposition format."""
+    families = (
+        ("taskweaver_gateway_kernels", "gauge", "Kernels each user has on this gateway now, starting ones included", counts.per_user()),
+        ("taskweaver_gateway_kernel_starts_refused_total", "counter", f"Kernel starts refused by {SETTING}, by user", counts.refused),
+        ("taskweaver_gateway_kernel_evictions_total", "counter", f"Kernels ended to make room under {SETTING}, by user", counts.evicted),
+        ("taskweaver_gateway_kernel_culls_total", "counter", "Idle kernels culled (gateway.cull_idle_timeout), by user", counts.culled),
+    )
+    lines = []
+    for name, kind, about, by_user in families:
+        lines += [f"# HELP {name} {about}", f"# TYPE {name} {kind}"]
+        lines += [f'{name}{{user="{user}"}} {value}' for user, value in sorted(by_user.items())]  # user names are safe names: no quoting needed
+    return "\n".join(lines) + "\n"
+
+
 class SandboxPersonality(JupyterWebsocketPersonality):  # type: ignore[misc]  # Kernel Gateway's classes are untyped
-    """Kernel Gateway's WebSocket API, plus the route that removes a deleted session."""
+    """Kernel Gateway's WebSocket API, plus the route that removes a deleted session and the metrics."""
 
     root = Unicode("", config=True, help="the folder holding the sessions' folders (gateway.root)")
 
     def create_request_handlers(self) -> list[tuple[Any, ...]]:
         """Kernel Gateway's handlers, and ours first."""
-        ours = (url_path_join("/", self.parent.base_url, SESSION_ROUTE + "([^/]+)"), SessionHandler)
-        return [ours, *super().create_request_handlers()]
+        ours = [
+            (url_path_join("/", self.parent.base_url, SESSION_ROUTE + "([^/]+)"), SessionHandler),
+            (url_path_join("/", self.parent.base_url, "/metrics"), MetricsHandler),
+        ]
+        return [*ours, *super().create_request_handlers()]
 
 
 def create_personality(*, parent: Any, log: Any) -> SandboxPersonality:

@@ -10,17 +10,20 @@ One event loop on a thread of its own holds every server's connection (a task pe
 and leaves it, as the SDK's task groups require). A cell's call waits on that loop; an interrupt
 (Ctrl-C, Stop, the cell's timeout) cancels the call, and the server goes on for the next one. A
 tool that answers with an error raises `McpToolError` with its text, so the CodeGenerator sees a
-cell error it can fix. What a server writes on stderr goes to a private file, whose last line
-explains a server that would not start.
+cell error it can fix. What a server writes on stderr goes to a private file, whose error line
+(a traceback's exception, npm's first error rather than its closing notices) explains a server
+that would not start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import json
 import keyword
 import logging
+import mimetypes
 import os
 import re
 import shutil
@@ -147,16 +150,41 @@ async def _connection(name: str, spec: dict[str, Any], listed: asyncio.Future[li
 
 
 def _start_failure(exc: BaseException, command: list[str], errlog: IO[str]) -> str:
-    """One line on why a server did not start: the error and the last line it wrote on stderr."""
+    """One line on why a server did not start: the error and the line of its stderr that says why (`error_line`)."""
     errlog.flush()
     errlog.seek(0)
-    last = next((line.strip() for line in reversed(errlog.read()[-4000:].splitlines()) if line.strip()), "")
+    last = error_line(errlog.read(MAX_STDERR_READ))
     if isinstance(exc, FileNotFoundError):
         why = f"{command[0]} was not found where the kernel runs"
     else:
         why = "; ".join(dict.fromkeys(_one_line(str(e)) or type(e).__name__ for e in _leaves(exc)))
     said = f"; it said: {_one_line(last)}" if last else ""
     return f"did not start ({why}){said}: {_describe(command)}"
+
+
+MAX_STDERR_READ = 256 * 1024  # what of a server's stderr is read to find why it failed
+_NOISE = re.compile(r"^npm (?:notice|warn|WARN)\b")  # npm's update notices and warnings: printed last, never the reason
+_ERROR = re.compile(r"(?i)\berror\b|ERR!|exception|fatal|not found|cannot|failed|denied|refused|no such")
+_NPM_FIELD = re.compile(r"^npm (?:error|ERR!) (?:code|errno|syscall) \S+$")  # "npm error code E404": the reason is on the next line
+
+
+def error_line(stderr: str) -> str:
+    """The line of a failed server's stderr that says why: a Python traceback's exception, else the first error line (npm's code
+    with the line after it), else the last line that is not npm's notice; "" for none."""
+    lines = stderr.splitlines()
+    if "Traceback (most recent call last):" in lines:
+        start = len(lines) - lines[::-1].index("Traceback (most recent call last):")
+        raised = next((line for line in lines[start:] if line.strip() and not line[0].isspace()), "")
+        if raised:
+            return _one_line(raised)
+    said = [line.strip() for line in lines if line.strip() and not _NOISE.match(line.strip())]
+    for number, line in enumerate(said):
+        if _NPM_FIELD.match(line):
+            reason = next((later for later in said[number + 1 :] if not _NPM_FIELD.match(later)), "")
+            return _one_line(f"{line}: {reason.removeprefix('npm error ').removeprefix('npm ERR! ')}" if reason else line)
+        if _ERROR.search(line):
+            return _one_line(line)
+    return _one_line(said[-1]) if said else ""
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -239,15 +267,99 @@ class McpTool:
 
 
 def _value(server: str, name: str, result: Any) -> Any:
-    """A tool's result as a cell gets it; an error result raised."""
+    """A tool's result as a cell gets it; an error result raised.
+
+    Its images are displayed (the executor keeps them as the cell's artifacts, as it keeps a plot), its
+    embedded resources and audio saved in the working folder; each is named in one printed line, so
+    neither the cell's output nor the model misses them. The cell gets the structured content, else
+    the text, else what was kept of each block.
+    """
     texts = [block.text for block in result.content if getattr(block, "type", "") == "text"]
     if result.is_error:
         raise McpToolError(f"{server}.{python_name(name)} failed: {' '.join(texts) or 'no reason given'}")
+    kept = [entry for block in result.content if (entry := _keep(f"{server}.{python_name(name)}", block)) is not None]
     if result.structured_content is not None:
         return result.structured_content
     if texts or not result.content:
         return "\n".join(texts)
-    return [block.model_dump(mode="json", exclude_none=True) for block in result.content]
+    return kept
+
+
+def _keep(called: str, block: Any) -> dict[str, Any] | None:
+    """Keep one block that is not text (an image displayed, a resource or audio saved), say so in a line; what was kept, None for text."""
+    kind = getattr(block, "type", "")
+    if kind == "image":
+        mime = str(block.mime_type)
+        if _display_image(mime, str(block.data)):
+            print(f"[{called} returned an image ({mime}): kept as this cell's artifact]")
+            return {"type": "image", "mime_type": mime, "kept": "artifact"}
+        saved = _save(_decoded(str(block.data)), _file_name(called, None, mime))
+        print(f"[{called} returned an image ({mime}): saved as {saved} in the working folder]")
+        return {"type": "image", "mime_type": mime, "file": saved}
+    if kind == "audio":
+        mime = str(block.mime_type)
+        saved = _save(_decoded(str(block.data)), _file_name(called, None, mime))
+        print(f"[{called} returned audio ({mime}): saved as {saved} in the working folder]")
+        return {"type": "audio", "mime_type": mime, "file": saved}
+    if kind == "resource":
+        resource = block.resource
+        uri, mime = str(resource.uri), str(getattr(resource, "mime_type", None) or "application/octet-stream")
+        data = resource.text.encode("utf-8") if getattr(resource, "text", None) is not None else _decoded(str(resource.blob))
+        saved = _save(data, _file_name(called, uri, mime))
+        print(f"[{called} returned the resource {uri} ({mime}): saved as {saved} in the working folder]")
+        return {"type": "resource", "uri": uri, "mime_type": mime, "file": saved}
+    if kind == "resource_link":
+        print(f"[{called} returned a link to the resource {block.uri} (not read)]")
+        return {"type": "resource_link", "uri": str(block.uri), "name": str(getattr(block, "name", "") or "")}
+    return None
+
+
+_SHOWN_IMAGES = ("image/png", "image/jpeg", "image/svg+xml")  # what the executor keeps as a displayed image (kernel/output.py)
+_SUFFIXES = {"image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif", "image/webp": ".webp", "image/svg+xml": ".svg", "text/plain": ".txt"}
+MAX_KEPT_BYTES = 50 * 1024 * 1024  # the most one block of a tool's result writes to the working folder
+
+
+def _display_image(mime: str, data: str) -> bool:
+    """Display the base64 image as the cell's output (the executor saves it as an artifact); False for a type it does not keep."""
+    if mime not in _SHOWN_IMAGES:
+        return False
+    try:
+        from IPython.display import display
+    except ImportError:
+        return False
+    shown = base64.b64decode(data).decode("utf-8", errors="replace") if mime == "image/svg+xml" else data
+    display({mime: shown, "text/plain": f"<image {mime}>"}, raw=True)
+    return True
+
+
+def _decoded(data: str) -> bytes:
+    try:
+        return base64.b64decode(data, validate=False)
+    except (ValueError, TypeError):
+        return b""
+
+
+def _file_name(called: str, uri: str | None, mime: str) -> str:
+    """A plain file name for a kept block: the last part of its URI, else the tool's name; the suffix its type implies."""
+    last = re.sub(r"[^A-Za-z0-9._-]+", "_", (uri or "").rstrip("/").rsplit("/", 1)[-1]).strip("._")
+    stem = last or called.replace(".", "-")
+    suffix = _SUFFIXES.get(mime) or mimetypes.guess_extension(mime) or ".bin"
+    return stem if "." in last else f"{stem}{suffix}"
+
+
+def _save(data: bytes, name: str) -> str:
+    """Write `data` as a new file in the working folder (never over an existing file or through a link); the name it got."""
+    stem, dot, suffix = name.rpartition(".") if "." in name else (name, "", "")
+    for number in range(1, 1000):
+        candidate = name if number == 1 else f"{stem}-{number}{dot}{suffix}"
+        try:
+            fd = os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "wb") as out:
+            out.write(data[:MAX_KEPT_BYTES])
+        return candidate
+    raise McpToolError(f"no free file name like {name} in the working folder")
 
 
 def _install(name: str, client: Any, tools: list[Any], *, call_timeout: float) -> None:

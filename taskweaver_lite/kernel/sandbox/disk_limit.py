@@ -66,8 +66,13 @@ def human(size: int) -> str:
 
 def used(paths: tuple[Path, ...]) -> int:
     """What `paths` (folders or files) take on disk, as the limit counts it; Unmeasurable if a folder cannot be read."""
+    return measured(paths)[0]
+
+
+def measured(paths: tuple[Path, ...]) -> tuple[int, int]:
+    """(bytes on disk, files and folders) of `paths` and all below them, as the limits count them; Unmeasurable if a folder cannot be read."""
     seen: set[tuple[int, int]] = set()
-    total = 0
+    total = entries = 0
     for path in paths:
         try:
             info = os.stat(path, follow_symlinks=False)
@@ -76,8 +81,9 @@ def used(paths: tuple[Path, ...]) -> int:
         total += _size(info, seen)
         folder = _open_folder(str(path), None) if stat.S_ISDIR(info.st_mode) else None
         if folder is not None:
-            total += _folder(folder, seen, depth=1)
-    return total
+            size, count = _folder(folder, seen, depth=1)
+            total, entries = total + size, entries + count
+    return total, entries
 
 
 def _size(info: os.stat_result, seen: set[tuple[int, int]]) -> int:
@@ -89,16 +95,21 @@ def _size(info: os.stat_result, seen: set[tuple[int, int]]) -> int:
     return max(info.st_size, allocated) if stat.S_ISREG(info.st_mode) else allocated
 
 
-def _folder(fd: int, seen: set[tuple[int, int]], *, depth: int) -> int:
-    """The size of what is in the folder open at `fd` (closed here), walked by descriptor: no link is followed, no path grows too long."""
+def _folder(fd: int, seen: set[tuple[int, int]], *, depth: int) -> tuple[int, int]:
+    """(size, entries) of what is in the folder open at `fd` (closed here), walked by descriptor: no link is followed, no path grows too long.
+
+    Every name counts as an entry (a file's second link too): each takes a folder's room, and an
+    empty file an inode of its own.
+    """
     if depth > MAX_DEPTH:
         os.close(fd)
         raise Unmeasurable(f"folders are nested more than {MAX_DEPTH} deep")
-    total = 0
+    total = count = 0
     try:
         with os.scandir(fd) as entries:
             children = []
             for entry in entries:
+                count += 1
                 with contextlib.suppress(FileNotFoundError):  # removed while we walk
                     info = entry.stat(follow_symlinks=False)
                     total += _size(info, seen)
@@ -107,10 +118,11 @@ def _folder(fd: int, seen: set[tuple[int, int]], *, depth: int) -> int:
         for name in children:
             child = _open_folder(name, fd)
             if child is not None:
-                total += _folder(child, seen, depth=depth + 1)
+                size, below = _folder(child, seen, depth=depth + 1)
+                total, count = total + size, count + below
     finally:
         os.close(fd)
-    return total
+    return total, count
 
 
 def _open_folder(name: str, parent: int | None) -> int | None:
@@ -149,9 +161,21 @@ class Reached:
     size: int | None
     limit: int
     why: str = ""
+    files: int | None = None  # files and folders counted
+    files_limit: int | None = None  # execution.disk_limit_files
+
+    @property
+    def too_many_files(self) -> bool:
+        """Whether it is the count of files and folders that is past its cap (not the bytes)."""
+        return self.files is not None and self.files_limit is not None and self.files > self.files_limit and self.size is not None and self.size <= self.limit
 
     def message(self, what: str) -> str:
         """What the result says after `what` happened ("The cell was stopped"): the size reached, the setting, how to go on."""
+        if self.too_many_files:
+            return (
+                f"{what} with {self.files:,} files and folders in the working folder, past execution.disk_limit_files ({self.files_limit:,}): "
+                "delete files there (shutil.rmtree, os.remove) before making more, or keep many small records in one file, or raise execution.disk_limit_files"
+            )
         size = human(self.size) if self.size is not None else f"an unknown size ({self.why})"
         if self.size is not None and size == human(self.limit):  # 100.0 MB past 100.0 MB: say the bytes
             size = f"{self.size:,} bytes"
@@ -171,10 +195,12 @@ class DiskWatch:
     often, and told what it reached.
     """
 
-    def __init__(self, paths: tuple[Path, ...], *, limit: int, on_reached: Callable[[Reached, bool], None]) -> None:
-        """Start watching `paths` (the working folder first)."""
+    def __init__(self, paths: tuple[Path, ...], *, limit: int, on_reached: Callable[[Reached, bool], None], files: int | None = None) -> None:
+        """Start watching `paths` (the working folder first); `files`: the most files and folders (execution.disk_limit_files)."""
         self.paths = paths
         self.limit = limit
+        self.files = files
+        self._allowed_files = files
         self._on_reached = on_reached
         self._in_cell = False
         self._reached: Reached | None = None
@@ -187,22 +213,37 @@ class DiskWatch:
     def measure(self) -> Reached | int:
         """What the folders take now, or what was reached if past the limit."""
         try:
-            size = used(self.paths)
+            size, count = measured(self.paths)
         except Unmeasurable as exc:
             return Reached(None, self.limit, str(exc))
         except OSError as exc:  # too many open files, an I/O error: what cannot be measured cannot be let pass
             return Reached(None, self.limit, f"the folders could not be walked ({exc.strerror or exc})")
-        return Reached(size, self.limit) if size > self.limit else size
+        if size > self.limit or (self.files is not None and count > self.files):
+            return Reached(size, self.limit, files=count, files_limit=self.files)
+        return size
 
     def _past(self, now: Reached | int) -> Reached | None:
         """`now` if it is past what is allowed at this moment."""
-        if isinstance(now, Reached) and (now.size is None or now.size > self._allowed):
+        if not isinstance(now, Reached):
+            return None
+        if now.size is None or now.size > self._allowed:
+            return now
+        if now.files is not None and self._allowed_files is not None and now.files > self._allowed_files:
             return now
         return None
 
+    def _allow(self, now: Reached) -> None:
+        """From here on, what `now` holds is allowed (but never less than the limits): only growing past it is told."""
+        self._allowed = max(self.limit, now.size or self.limit)
+        if self.files is not None:
+            self._allowed_files = max(self.files, now.files or self.files)
+
     def _settle(self, now: Reached | int) -> None:
-        """At a cell's edge, from what the folders take `now`: what is allowed from here on (the limit, or more if already past it)."""
-        self._allowed = max(self.limit, now.size or self.limit) if isinstance(now, Reached) else self.limit
+        """At a cell's edge, from what the folders take `now`: what is allowed from here on (the limits, or more if already past them)."""
+        if isinstance(now, Reached):
+            self._allow(now)
+        else:
+            self._allowed, self._allowed_files = self.limit, self.files
 
     @contextlib.contextmanager
     def cell(self) -> Iterator[None]:
@@ -243,10 +284,10 @@ class DiskWatch:
                     self._reached = reached
                 self._on_reached(reached, in_cell)
             told = reached is not None  # said once per passing: again only after going back under, or in a new cell
-            grown = reached.size if reached is not None and not in_cell else None
-            between = grown is not None
-            if grown is not None:
-                self._allowed, told = grown, False  # between cells: told again, soon, if it grows further
+            between = reached is not None and not in_cell and reached.size is not None
+            if between and reached is not None:
+                self._allow(reached)  # between cells: told again, soon, if it grows further
+                told = False
             pause = max(FAST if self._in_cell or between else SLOW, spent * _SLOWDOWN)
             while self._wake.wait(pause) and not self._stop.is_set():
                 # A cell began: `cell()` has just measured, so the next look is one short pause away.

@@ -10,7 +10,7 @@ let current = null;      // the open session's id
 let running = false;     // a request is being answered
 let step = null;         // the step (details element) the CodeInterpreter is working on
 let streaming = null;    // the Planner's bubble while its reply streams
-let folders = [];        // the session's working and artifacts folders on the server
+let folders = [];        // the ends of the session's working and artifacts folders' paths on the server (`<id>/cwd`)
 const produced = new Set();  // file names the session's cells saved or named: linked where an answer names them
 
 function el(tag, cls, text) {
@@ -43,8 +43,8 @@ const FILE = /(\/[^\s`'"<>()[\]]*[^\s`'"<>()[\].,;:!?])|([\w-][\w.-]*\.[A-Za-z0-
 
 function artifactName(text, path) {
   if (!path) return produced.has(text) ? text : null;
-  const folder = folders.find((f) => path.startsWith(`${f}/`));
-  const name = folder && path.slice(folder.length + 1);
+  const folder = folders.find((f) => path.includes(`/${f}/`));
+  const name = folder && path.slice(path.lastIndexOf(`/${folder}/`) + folder.length + 2);
   return name && !name.includes("/") ? name : null;
 }
 
@@ -91,6 +91,24 @@ async function api(path, options = {}) {
 
 function postJSON(path, data) {
   return api(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(data || {}) });
+}
+
+// --- who I am: the admin page's link for admins, a new token of one's own for every user -----------
+
+async function showWhoIAm() {
+  const me = await api("/api/me").catch(() => null);
+  if (!me || !me.users) return;
+  $("admin-link").hidden = !me.admin;
+  $("new-token").hidden = false;
+  $("new-token").onclick = async () => {
+    if (!confirm("Make a new token for you? Your old one stops working at once (this page stays signed in).")) return;
+    try {
+      const made = await postJSON("/api/me/token");
+      notice(`Your new token, shown this once (only its hash is kept): ${made.token}`);
+    } catch (failure) {
+      notice(failure.message);
+    }
+  };
 }
 
 // --- sessions -----------------------------------------------------------------------------------
@@ -552,6 +570,7 @@ window.addEventListener("DOMContentLoaded", () => {
     [...event.dataTransfer.files].forEach(upload);
   };
   listSessions();
+  showWhoIAm();
   // `#new` (serve --demo's link) opens the page on a new session; its own id then replaces it in the address.
   const wanted = location.hash.slice(1);
   if (wanted === "new") newSession();
