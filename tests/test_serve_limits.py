@@ -6,6 +6,7 @@ kernel starts and no model is called.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import Iterator
@@ -14,11 +15,14 @@ from pathlib import Path
 import httpx
 import pytest
 from helpers import make_project
+from uvicorn.server import ServerState
 
+from taskweaver_lite.cli.serve import listening
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.testing.web_server import WebServer
 from taskweaver_lite.web.access_log import request_line
+from taskweaver_lite.web.connections import server_settings
 
 pytestmark = pytest.mark.unit
 
@@ -139,3 +143,36 @@ def test_answers_name_no_path_on_the_server_and_a_404_does_not_name_the_store(pr
         assert none_yet.status_code == 400 and "no stored sessions" in none_yet.json()["error"], none_yet.text
         for answer in (missing, exported, none_yet):
             assert str(project) not in answer.text and "/tmp" not in answer.text, answer.text
+
+
+def test_every_connection_sends_at_once_even_on_serves_own_listening_socket(project: Path) -> None:
+    """`serve` binds its own socket (protocol 0), whose connections asyncio leaves without TCP_NODELAY: each response after
+    a connection's first then waited for the client's delayed ACK (40 ms), which an MCP host keeping its connection pays
+    on every call."""
+
+    async def app(scope: object, receive: object, send: object) -> None:  # never reached: the connection only opens
+        raise AssertionError("no request is sent")
+
+    settings = server_settings(app, load_config(project).serve)
+    settings.load()
+    made: list[asyncio.Protocol] = []
+
+    async def scenario() -> int:
+        loop = asyncio.get_running_loop()
+
+        def protocol() -> asyncio.Protocol:
+            made.append(settings.http_protocol_class(config=settings, server_state=ServerState(), app_state={}, _loop=loop))  # type: ignore[call-arg]
+            return made[-1]
+
+        with listening("127.0.0.1", 0) as sock:
+            server = await loop.create_server(protocol, sock=sock)
+            _, writer = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
+            while not made or getattr(made[0], "transport", None) is None:
+                await asyncio.sleep(0.01)
+            accepted = made[0].transport.get_extra_info("socket")  # type: ignore[attr-defined]
+            option = int(accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+            server.close()
+            return option
+
+    assert asyncio.run(scenario()) == 1
