@@ -99,5 +99,6 @@ def test_the_access_log_line_hides_the_token_and_keeps_the_rest() -> None:
 
 def test_the_start_line_names_a_usable_address_for_a_wildcard_host() -> None:
     assert start_line(Path("p"), host="0.0.0.0", port=8765, token="t") == (
-        "taskweaver-lite serving p at http://127.0.0.1:8765/ (token required); open http://127.0.0.1:8765/?token=t"
-    )
+        "taskweaver-lite serving p at http://127.0.0.1:8765/ (listening on every address of this machine, 0.0.0.0 port 8765)"
+        " (token required); open http://127.0.0.1:8765/?token=t"
+    ), "a wildcard host: a usable address to open, and the line says the server listens on every address"

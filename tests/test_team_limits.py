@@ -299,3 +299,24 @@ def test_a_store_outage_is_answered_at_once_and_the_service_is_back_within_secon
     slow = [wait for wait in waits if wait > 1.0]
     assert recovered < 4.0, f"back {recovered:.1f} s after the store's restart"
     assert len(slow) <= 2 and sorted(waits)[len(waits) // 2] < 0.3, f"while down, requests are answered at once: {sorted(waits)[-5:]}"
+
+
+def test_a_replica_lets_go_of_a_session_unused_for_serve_hot_session_idle_and_the_next_request_finds_it_whole(service: Service) -> None:
+    letting_go = ServeProcess.start(service.project, args=("--set", "serve.hot_session_idle=1"))
+    try:
+        with httpx.Client(base_url=letting_go.url, headers={"Authorization": f"Bearer {service.tokens['carol']}"}, timeout=180) as client:
+            session_id = client.post("/api/sessions", json={}).json()["id"]
+            status, events = ask(client, session_id, "RUN<<held = 7>>")
+            assert status == 200, events
+            store = PostgresStore(service.store_url)
+            kernel_id = store.load(session_id).kernel_id
+            store.close()
+            headers = {"Authorization": f"token {service.gateway.token}"}
+            deadline = time.monotonic() + 90
+            while requests.get(f"{service.gateway.url}/api/kernels/{kernel_id}", headers=headers, timeout=30).json()["connections"] != 0:
+                assert time.monotonic() < deadline, "the replica never let go of the session's kernel"
+                time.sleep(0.5)
+            status, events = ask(client, session_id, "RUN<<print('held', held)>>")
+            assert status == 200 and "held 7" in events[-1]["text"], events[-1]
+    finally:
+        letting_go.stop()
