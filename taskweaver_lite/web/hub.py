@@ -76,6 +76,7 @@ class Hub:
         self._preload = tuple(preload)  # files loaded into every new session (`serve --demo`: the sample data)
         self._open: dict[str, LiveSession] = {}
         self._lock = threading.Lock()
+        self._starting = 0  # requests past the door but not yet answering: their lease taken, the session or its kernel starting
         self.stopping = False  # SIGTERM: no new requests; running ones finish
         self._closing = threading.Event()
 
@@ -171,19 +172,25 @@ class Hub:
             turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, None), listener=heard)
             turn.since = since
             return turn
-        hold = self._take(leases, session_id)
+        with self._lock:
+            self._starting += 1  # counted as running from here: a SIGTERM meanwhile waits for it, as for a request answering
         try:
-            live = self._current(session_id)
-            live.session.executor.start()  # a new session's kernel, at its first request: refused here (429, 503), not in the round
-            live.last_used = time.monotonic()
-            heard = listener(live) if listener is not None else None
-            answered, done = functools.partial(self._answered, started, hold), functools.partial(self._finish, live, hold)
-            turn = live.ask(text, loop=loop, on_answer=answered, on_done=done, listener=heard)
-            turn.since = live.version
-            return turn
-        except BaseException:
-            leases.release(hold)
-            raise
+            hold = self._take(leases, session_id)
+            try:
+                live = self._current(session_id)
+                live.session.executor.start()  # a new session's kernel, at its first request: refused here (429, 503), not in the round
+                live.last_used = time.monotonic()
+                heard = listener(live) if listener is not None else None
+                answered, done = functools.partial(self._answered, started, hold), functools.partial(self._finish, live, hold)
+                turn = live.ask(text, loop=loop, on_answer=answered, on_done=done, listener=heard)
+                turn.since = live.version
+                return turn
+            except BaseException:
+                leases.release(hold)
+                raise
+        finally:
+            with self._lock:
+                self._starting -= 1
 
     def _answered(self, started: float, hold: Hold | None) -> None:
         """A request's answer is stored and on its way: its time counted; on a replica, a contender may now wait for the lease."""
@@ -297,9 +304,9 @@ class Hub:
         return folder
 
     def running(self) -> int:
-        """Requests being answered here now."""
+        """Requests being answered here now, and those still taking their lease or starting their session's kernel."""
         with self._lock:
-            return sum(live.busy for live in self._open.values())
+            return self._starting + sum(live.busy for live in self._open.values())
 
     def close(self) -> None:
         """Close every session held here (on a replica their kernels stay on the gateway) and free what is still leased."""

@@ -69,8 +69,12 @@ def used(paths: tuple[Path, ...]) -> int:
     return measured(paths)[0]
 
 
-def measured(paths: tuple[Path, ...]) -> tuple[int, int]:
-    """(bytes on disk, files and folders) of `paths` and all below them, as the limits count them; Unmeasurable if a folder cannot be read."""
+def measured(paths: tuple[Path, ...], *, most: int | None = None) -> tuple[int, int]:
+    """(bytes on disk, files and folders) of `paths` and all below them, as the limits count them; Unmeasurable if a folder cannot be read.
+
+    With `most`, the walk stops once it has counted more than `most` entries: what it returns then is
+    a lower bound of both, enough to say a files limit is passed without walking a flood to its end.
+    """
     seen: set[tuple[int, int]] = set()
     total = entries = 0
     for path in paths:
@@ -81,8 +85,10 @@ def measured(paths: tuple[Path, ...]) -> tuple[int, int]:
         total += _size(info, seen)
         folder = _open_folder(str(path), None) if stat.S_ISDIR(info.st_mode) else None
         if folder is not None:
-            size, count = _folder(folder, seen, depth=1)
+            size, count = _folder(folder, seen, depth=1, most=None if most is None else most - entries)
             total, entries = total + size, entries + count
+            if most is not None and entries > most:
+                break
     return total, entries
 
 
@@ -95,7 +101,7 @@ def _size(info: os.stat_result, seen: set[tuple[int, int]]) -> int:
     return max(info.st_size, allocated) if stat.S_ISREG(info.st_mode) else allocated
 
 
-def _folder(fd: int, seen: set[tuple[int, int]], *, depth: int) -> tuple[int, int]:
+def _folder(fd: int, seen: set[tuple[int, int]], *, depth: int, most: int | None = None) -> tuple[int, int]:
     """(size, entries) of what is in the folder open at `fd` (closed here), walked by descriptor: no link is followed, no path grows too long.
 
     Every name counts as an entry (a file's second link too): each takes a folder's room, and an
@@ -110,6 +116,8 @@ def _folder(fd: int, seen: set[tuple[int, int]], *, depth: int) -> tuple[int, in
             children = []
             for entry in entries:
                 count += 1
+                if most is not None and count > most:
+                    return total, count  # enough counted: past `most` (the descriptor is closed below)
                 with contextlib.suppress(FileNotFoundError):  # removed while we walk
                     info = entry.stat(follow_symlinks=False)
                     total += _size(info, seen)
@@ -118,8 +126,10 @@ def _folder(fd: int, seen: set[tuple[int, int]], *, depth: int) -> tuple[int, in
         for name in children:
             child = _open_folder(name, fd)
             if child is not None:
-                size, below = _folder(child, seen, depth=depth + 1)
+                size, below = _folder(child, seen, depth=depth + 1, most=None if most is None else most - count)
                 total, count = total + size, count + below
+                if most is not None and count > most:
+                    break
     finally:
         os.close(fd)
     return total, count
@@ -204,6 +214,7 @@ class DiskWatch:
         self._on_reached = on_reached
         self._in_cell = False
         self._reached: Reached | None = None
+        self._near = False  # the last look found past half the files limit: looked at again at once, the walk bounded
         self._allowed = limit
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -212,12 +223,15 @@ class DiskWatch:
 
     def measure(self) -> Reached | int:
         """What the folders take now, or what was reached if past the limit."""
+        # A files limit bounds the walk: past twice what is allowed, the count is high enough to act on.
+        most = None if self._allowed_files is None else 2 * self._allowed_files
         try:
-            size, count = measured(self.paths)
+            size, count = measured(self.paths, most=most)
         except Unmeasurable as exc:
             return Reached(None, self.limit, str(exc))
         except OSError as exc:  # too many open files, an I/O error: what cannot be measured cannot be let pass
             return Reached(None, self.limit, f"the folders could not be walked ({exc.strerror or exc})")
+        self._near = self.files is not None and count > self.files // 2  # bytes have RLIMIT_FSIZE besides; files only this count
         if size > self.limit or (self.files is not None and count > self.files):
             return Reached(size, self.limit, files=count, files_limit=self.files)
         return size
@@ -288,7 +302,9 @@ class DiskWatch:
             if between and reached is not None:
                 self._allow(reached)  # between cells: told again, soon, if it grows further
                 told = False
-            pause = max(FAST if self._in_cell or between else SLOW, spent * _SLOWDOWN)
+            # The watcher walks a twentieth of its time at most, but near the files limit (a flood of small files,
+            # on a gateway too, where no cell's edges are seen) it looks again at once: its walk stops at twice the limit.
+            pause = FAST if self._near else max(FAST if self._in_cell or between else SLOW, spent * _SLOWDOWN)
             while self._wake.wait(pause) and not self._stop.is_set():
                 # A cell began: `cell()` has just measured, so the next look is one short pause away.
                 self._wake.clear()
