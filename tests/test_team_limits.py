@@ -132,21 +132,23 @@ class Watch:
 
 
 def _running_kernel_processes(gateway: Gateway) -> int:
-    """Kernels of the gateway that are processes now, starting ones included (an ipykernel under the gateway's process)."""
+    """Kernels of the gateway that are processes now, starting ones included: the distinct connection files of the
+    ipykernel command lines under the gateway's process (a kernel's launcher and the kernel it becomes are one kernel)."""
     import psutil
 
     try:
         children = psutil.Process(gateway.pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return 0
-    count = 0
+    kernels: set[str] = set()
     for child in children:
         try:
-            if "ipykernel_launcher" in " ".join(child.cmdline()) and child.name() != "bwrap":
-                count += 1
+            command = child.cmdline()
+            if child.name() != "bwrap" and "ipykernel_launcher" in command:
+                kernels.add(command[command.index("-f") + 1] if "-f" in command[:-1] else str(child.pid))
         except psutil.Error:
             continue
-    return count
+    return len(kernels)
 
 
 def test_twelve_first_requests_at_once_from_one_user_run_the_first_eight_and_refuse_the_rest_naming_the_setting(service: Service) -> None:
@@ -160,7 +162,9 @@ def test_twelve_first_requests_at_once_from_one_user_run_the_first_eight_and_ref
         kernel_processes = Watch(lambda: _running_kernel_processes(service.gateway))
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
             results = list(pool.map(lambda pair: ask(pair[0], pair[1], code), zip(clients, sessions, strict=True)))
-        assert kernels_counted.stop() <= KERNELS_PER_USER and kernel_processes.stop() <= KERNELS_PER_USER, "never more kernels than the limit"
+        counted, running = kernels_counted.stop(), kernel_processes.stop()
+        assert counted <= KERNELS_PER_USER and running <= KERNELS_PER_USER, f"never more kernels than the limit: {counted} counted, {running} running"
+        assert running == KERNELS_PER_USER, f"the eight kernels that ran were seen running at once ({running}): the count sees kernels"
     finally:
         for client in clients:
             client.close()
