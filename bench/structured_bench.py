@@ -43,12 +43,13 @@ def main() -> None:
                 total = totals[setting]
                 total["requests"] += len(chat.rounds)
                 total["repairs"] += chat.repair_turns
-                total["failed"] += len(chat.format_failures)
+                total["failed"] += len(chat.format_and_cut_off)  # the repair turns used up: a broken format, or replies cut off
                 total["other"] += len(chat.other_failures)
                 total["cells"] += chat.cells
                 total["seconds"] += chat.seconds
                 print(
-                    f"run {run} {setting:<11} repair turns {chat.repair_turns}, failed on format {len(chat.format_failures)} of {len(chat.rounds)}, "
+                    f"run {run} {setting:<11} repair turns {chat.repair_turns}, failed on format {len(chat.format_failures)}"
+                    f" or cut off {len(chat.cut_off_failures)} of {len(chat.rounds)}, "
                     f"other failures {len(chat.other_failures)}, cells run {chat.cells}, {chat.seconds:.0f} s",
                     flush=True,
                 )

@@ -33,6 +33,7 @@ REQUESTS = (
     "Which region has the highest profit?",
 )
 FORMAT_FAILURE = "kept answering in a broken format"  # a round failed because its replies could not be read
+CUT_OFF = "cut off at the model's output limit"  # the last problem of a request whose replies ran past `max_tokens`
 REPLY_TOKENS = 256  # the most a reply may take: a Planner reply needs about 120, a short cell about 150
 HOPS = 3  # steps the Planner may delegate per request
 
@@ -49,7 +50,17 @@ class ChatOutcome:
 
     @property
     def format_failures(self) -> list[Round]:
-        """Requests that failed because the model kept breaking the reply format."""
+        """Requests that failed because the model kept breaking the reply format (not because its replies ran past the output limit)."""
+        return [r for r in self.format_and_cut_off if CUT_OFF not in (r.error or "")]
+
+    @property
+    def cut_off_failures(self) -> list[Round]:
+        """Requests whose repair turns ran out on replies cut off at the output limit: the schema held, the length did not."""
+        return [r for r in self.format_and_cut_off if CUT_OFF in (r.error or "")]
+
+    @property
+    def format_and_cut_off(self) -> list[Round]:
+        """Requests that failed with the repair turns used up, whatever the last problem was."""
         return [r for r in self.rounds if r.state == "failed" and FORMAT_FAILURE in (r.error or "")]
 
     @property
