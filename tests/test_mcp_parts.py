@@ -10,7 +10,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import anyio
 import jsonschema
 import mcp_types as types
 import pytest
@@ -26,7 +25,7 @@ from taskweaver_lite.kernel.mcp.client import python_name
 from taskweaver_lite.kernel.mcp.launch import McpLaunch
 from taskweaver_lite.mcp.lazy_workspace import LazyWorkspace
 from taskweaver_lite.mcp.resources import MAX_RESOURCE_BYTES, read_resource, resource_uri
-from taskweaver_lite.mcp.server import MAX_QUESTION_CHARS, ToolServer, failed_answer, question_of, variables_result
+from taskweaver_lite.mcp.server import MAX_QUESTION_CHARS, TOOLS, failed_answer, question_of, variables_result
 from taskweaver_lite.plugins.prompt import render_mcp_block
 from taskweaver_lite.records.execution import Variable
 from taskweaver_lite.records.mcp_tools import McpServer, McpTool
@@ -166,7 +165,7 @@ def test_config_shows_the_mcp_servers_with_their_env_values_hidden(tmp_path: Pat
 
 
 def test_every_tool_has_annotations_and_its_answers_a_schema_they_fit() -> None:
-    tools = {tool.name: tool for tool in anyio.run(ToolServer().list_tools, None, None).tools}
+    tools = {tool.name: tool for tool in TOOLS}
     assert set(tools) == {"ask", "sessions", "variables", "close_session"}
     schemas: dict[str, dict[str, Any]] = {}
     for tool in tools.values():

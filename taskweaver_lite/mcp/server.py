@@ -24,6 +24,7 @@ project that cannot be opened (a damaged store, PostgreSQL down) fails that call
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import re
@@ -172,6 +173,8 @@ CLOSE_SESSION = types.Tool(
     },
     annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
 )
+
+TOOLS = (ASK, SESSIONS, VARIABLES, CLOSE_SESSION)  # as `tools/list` gives them, on every transport
 
 
 def closed_result(session_id: str, released: Released) -> types.CallToolResult:
@@ -441,11 +444,12 @@ def question_of(arguments: dict[str, Any]) -> tuple[str, str | None]:
     return question, ref
 
 
-class ToolServer:
+class ToolServer(abc.ABC):
     """The MCP handlers every transport shares: the tools, their arguments checked, the errors that say what was wrong.
 
-    Where the sessions live is the subclass's: this process (`AgentServer`, stdio) or a team's
-    service (`web/mcp_endpoint.py`, `serve`'s `/mcp`), which also knows who is asking.
+    Where the sessions live is the subclass's, which implements the six abstract methods: this
+    process (`AgentServer`, stdio) or a team's service (`web/mcp_endpoint.py`, `serve`'s `/mcp`),
+    which also knows who is asking.
     """
 
     def lowlevel(self) -> Server[Any]:
@@ -462,7 +466,7 @@ class ToolServer:
 
     async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
         """The tools: ask, sessions, variables, close_session."""
-        return types.ListToolsResult(tools=[ASK, SESSIONS, VARIABLES, CLOSE_SESSION])
+        return types.ListToolsResult(tools=list(TOOLS))
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         """Run one tool call; bad input is a protocol error, a failed turn an error result."""
@@ -485,29 +489,29 @@ class ToolServer:
             return await self.close_session(ctx, ref)
         raise bad_input(f"no tool {params.name!r}: the tools are ask, sessions, variables and close_session")
 
+    @abc.abstractmethod
     async def ask(self, ctx: Any, question: str, ref: str | None) -> types.CallToolResult:
         """One turn in the session `ref` names (a new one for None)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def stored_sessions(self, ctx: Any) -> list[dict[str, Any]]:
         """The caller's stored sessions, newest first, as `sessions --json` rows."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def variables(self, ctx: Any, ref: str) -> types.CallToolResult:
         """The variables the session's kernel holds."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def close_session(self, ctx: Any, ref: str) -> types.CallToolResult:
         """Release the session `ref` names (it stays stored)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def list_resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:
         """What the caller's sessions' cells produced."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         """One file a session's cells produced."""
-        raise NotImplementedError
 
 
 class AgentServer(ToolServer):
