@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from chromium import NEEDS_CHROMIUM, chromium
 from helpers import OIDC_PROVIDER_MODULE, oidc_provider
 
 from taskweaver_lite.kernel.gateway.remote import REMOTE_SESSIONS
@@ -36,12 +37,7 @@ from taskweaver_lite.testing.scripted_server import ScriptedServer
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 OPENSSL = shutil.which("openssl")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
 NEEDS_NGINX = pytest.mark.skipif(NGINX is None or OPENSSL is None, reason="nginx and openssl are not installed: apt-get install nginx openssl")
-NEEDS_CHROMIUM = pytest.mark.skipif(
-    CHROMIUM is None or DRIVER is None, reason="Chromium and chromedriver are not installed: apt-get install chromium chromium-driver"
-)
 # A browser, nginx, two replicas and a gateway on a loaded machine: more than the usual 120 s per test.
 pytestmark = [pytest.mark.team, pytest.mark.timeout(300), NEEDS_NGINX, NEEDS_CHROMIUM]
 REPO = Path(__file__).resolve().parent.parent
@@ -175,19 +171,8 @@ def deployment(postgres_cluster: PostgresCluster, tmp_path_factory: pytest.TempP
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000", "--ignore-certificate-errors"):
-        options.add_argument(flag)
-    options.accept_insecure_certs = True  # the proxy's certificate is self-signed
-    driver = webdriver.Chrome(service=Service(executable_path=str(DRIVER)), options=options)
-    try:
+    with chromium(self_signed=True) as driver:  # the proxy's certificate is self-signed
         yield driver
-    finally:
-        driver.quit()
 
 
 def _sign_in_by_the_form(browser: Any, deployment: Deployment, token: str | None = None) -> None:
