@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from chromium import NEEDS_CHROMIUM, chromium
+from chromium import NEEDS_CHROMIUM, chromium, sign_in_at_the_provider
 from helpers import OIDC_PROVIDER_MODULE, oidc_provider
 
 from taskweaver_lite.kernel.gateway.remote import REMOTE_SESSIONS
@@ -336,31 +336,9 @@ def test_the_admin_page_through_nginx_lists_the_users_sessions_kernels_usage_and
 
 
 def test_the_page_signs_in_through_the_openid_provider_behind_nginx_with_a_secure_cookie(deployment: Deployment, browser: Any) -> None:
-    from selenium.common.exceptions import TimeoutException
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
     if not deployment.sso:
         pytest.skip("oidc-provider is not in build/npm (.ci/run installs it)")
-    browser.delete_all_cookies()
-    browser.get(f"{deployment.url}/")
-    WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.ID, "sso")).pop().click()
-    WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.NAME, "login")).pop().send_keys("dora")
-    browser.find_element(By.NAME, "password").send_keys("any password\n")
-
-    def landed(d: Any) -> bool:
-        consent = d.find_elements(By.CSS_SELECTOR, "input[name=prompt][value=consent]")
-        if consent:
-            consent[0].find_element(By.XPATH, "./ancestor::form").submit()
-            return False
-        return bool(d.current_url.startswith(deployment.url) and d.find_elements(By.ID, "new-session"))
-
-    try:
-        WebDriverWait(browser, 90).until(landed)
-    except TimeoutException:
-        raise AssertionError(
-            f"not signed in through the provider; the browser shows {browser.current_url}: {browser.find_element(By.TAG_NAME, 'body').text}"
-        ) from None
+    sign_in_at_the_provider(browser, deployment.url, "dora")
     (cookie,) = [c for c in browser.get_cookies() if c["name"] == "twl_sign_in"]
     assert cookie["secure"] and cookie["httpOnly"], cookie
     with httpx.Client(base_url=deployment.url, verify=False, timeout=60, cookies={"twl_sign_in": cookie["value"]}) as client:

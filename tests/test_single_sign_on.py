@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from chromium import NEEDS_CHROMIUM, chromium
+from chromium import NEEDS_CHROMIUM, chromium, sign_in_at_the_provider
 from helpers import OIDC_PROVIDER_MODULE, make_project, oidc_provider
 
 from taskweaver_lite.cli.main import main
@@ -41,28 +41,6 @@ ACCOUNTS = {
 def browser() -> Iterator[Any]:
     with chromium() as driver:
         yield driver
-
-
-def sign_in_at_the_provider(browser: Any, url: str, login: str) -> str:
-    """Open the page, press the single sign-on button, sign in and consent at the provider; the text the browser ends on."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    browser.delete_all_cookies()
-    browser.get(url + "/")
-    WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.ID, "sso")).pop().click()
-    WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.NAME, "login")).pop().send_keys(login)
-    browser.find_element(By.NAME, "password").send_keys("any password\n")
-
-    def landed(d: Any) -> bool:
-        consent = d.find_elements(By.CSS_SELECTOR, "input[name=prompt][value=consent]")
-        if consent:
-            consent[0].find_element(By.XPATH, "./ancestor::form").submit()
-            return False
-        return bool(d.current_url.startswith(url) and (d.find_elements(By.ID, "new-session") or d.find_elements(By.NAME, "token")))
-
-    WebDriverWait(browser, 60).until(landed)
-    return str(browser.find_element(By.TAG_NAME, "body").text)
 
 
 def test_a_first_allowed_sign_in_adds_the_user_a_domain_not_allowed_is_refused_and_a_removed_user_stays_out(
