@@ -121,13 +121,13 @@ class Leases:
             held = [h for key, h in self._held.items() if h.holder == hold.holder]
             for h in held:
                 del self._held[h.session_id]
-        # The lease first, the mark last: a contender that finds the lease held and no mark is refused at
-        # once, so the mark must outlive the lease; a mark left over for a moment only makes one wait.
-        for h in sorted(held, key=lambda h: h.session_id != hold.session_id):
-            try:
-                self._store.release_lease(h.session_id, h.holder)
-            except StoreError:
-                _log.warning("could not free the lease of session %s (the store is unreachable); it runs out by itself", hold.session_id)
+        # The lease and its mark in one statement: a contender that finds the lease held and no mark is
+        # refused at once, so the mark must never go before the lease.
+        marks = [h.session_id.removeprefix(hold.session_id) for h in held if h.session_id != hold.session_id]
+        try:
+            self._store.release_lease(hold.session_id, hold.holder, marks=marks)
+        except StoreError:
+            _log.warning("could not free the lease of session %s (the store is unreachable); it runs out by itself", hold.session_id)
 
     def held(self) -> list[Hold]:
         """The leases held now (for a replica stopping: what it still runs)."""
