@@ -52,7 +52,8 @@ from traitlets import Unicode
 
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import Config
-from taskweaver_lite.kernel.process import SOCKET_PATH_LIMIT, filtered_environment
+from taskweaver_lite.kernel import lifeline
+from taskweaver_lite.kernel.process import LIFELINE_START_UP, SOCKET_PATH_LIMIT, filtered_environment
 from taskweaver_lite.kernel.sandbox import cgroup as kernel_cgroup
 from taskweaver_lite.kernel.sandbox import syscall_filter
 from taskweaver_lite.kernel.sandbox.bwrap import SandboxPlan, kernel_command, session_sandbox, uses_sandbox
@@ -197,6 +198,7 @@ class SandboxProvisioner(LocalProvisioner):
             fds.append(self._sandbox_info.rewound())
         if fds:
             kwargs["pass_fds"] = tuple(fds)
+        lifeline.attach(kwargs)  # the kernel ends with the gateway, however the gateway ends
         log = self._open_log()
         kwargs.update(stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         return await super().launch_kernel(cmd, **kwargs)
@@ -268,6 +270,7 @@ def kernelspec(*, project_dir: Path, root: Path) -> dict[str, Any]:
     """The kernel.json of the gateway's only kernelspec: ipykernel on this interpreter, started by `SandboxProvisioner`."""
     # Sessions keep their own record; IPython's shared SQLite history only adds lock contention.
     argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--HistoryManager.hist_file=:memory:", "--InteractiveShell.automagic=False"]
+    argv.append(f"--IPKernelApp.exec_lines={LIFELINE_START_UP}")
     return {
         "argv": argv,
         "display_name": "Python (taskweaver-lite sandbox)",
