@@ -33,7 +33,7 @@ from taskweaver_lite.kernel import lifeline, plugin_runtime
 from taskweaver_lite.kernel import snapshot as kernel_snapshot
 from taskweaver_lite.kernel.sandbox import guard as kernel_guard
 from taskweaver_lite.kernel.sandbox import syscall_filter
-from taskweaver_lite.kernel.sandbox.kernel_pid import SandboxInfo
+from taskweaver_lite.kernel.sandbox.kernel_pid import SandboxInfo, alive
 
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 SECRET_PREFIXES = ("OPENAI_",)
@@ -189,18 +189,8 @@ def remove_stale_socket_dirs(sessions_dir: Path | None = None, *, prefix: str = 
             owner = int((folder / OWNER_FILE).read_text(encoding="ascii"))
         except (OSError, ValueError):
             continue
-        if not _alive(owner):
+        if not alive(owner):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
 
 
 KERNEL_MARK = "TASKWEAVER_LITE_KERNEL"  # in the environment of a kernel and of everything it starts

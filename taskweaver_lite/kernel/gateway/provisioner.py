@@ -38,7 +38,6 @@ import functools
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -57,7 +56,7 @@ from taskweaver_lite.kernel.process import LIFELINE_START_UP, SOCKET_PATH_LIMIT,
 from taskweaver_lite.kernel.sandbox import cgroup as kernel_cgroup
 from taskweaver_lite.kernel.sandbox import syscall_filter
 from taskweaver_lite.kernel.sandbox.bwrap import SandboxPlan, kernel_command, session_sandbox, uses_sandbox
-from taskweaver_lite.kernel.sandbox.disk_limit import DiskWatch, Reached, end_children
+from taskweaver_lite.kernel.sandbox.disk_limit import DiskWatch, Reached, end_the_writer
 from taskweaver_lite.kernel.sandbox.kernel_pid import SandboxInfo, end_sandbox, find_kernel
 
 NAME = "taskweaver-lite-sandbox"  # the entry point's name, in the kernelspec's metadata (serve reads it to tell our gateway from a plain one)
@@ -224,12 +223,8 @@ class SandboxProvisioner(LocalProvisioner):
             end_sandbox(self.pid)
             return
         self._strikes += 1
-        if self._strikes == 1:
-            end_children(kernel)
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(kernel, signal.SIGKILL)  # the gateway restarts it; the replica tells the model its variables are gone
-        self._strikes = 0
+        if end_the_writer(kernel, strikes=self._strikes):
+            self._strikes = 0  # the gateway restarts it; the replica tells the model its variables are gone
 
     async def cleanup(self, restart: bool = False) -> None:
         """After the kernel ended: its sockets and the filter's file go (its session folder stays for the session's next kernel)."""
