@@ -86,6 +86,28 @@ def watch_stderr(proc: subprocess.Popen[str], marker: str) -> tuple[list[str], t
     return lines, seen, reader
 
 
+def processes_naming(folder: Path) -> list[str]:
+    """The live processes whose command line names `folder` (a sandbox binds its session's folders by path), as `pid: command`."""
+    needle = os.fsencode(folder)
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (entry / "cmdline").read_bytes()  # empty for a zombie: dead, only not reaped yet
+        except OSError:
+            continue
+        if needle in cmdline:
+            found.append(f"{entry.name}: {cmdline.replace(bytes(1), b' ').decode(errors='replace')[:200]}")
+    return found
+
+
+def outliving(folder: Path, *, seconds: float = 30.0) -> list[str]:
+    """The processes naming `folder` still alive after waiting up to `seconds` for them to end (none: [])."""
+    deadline = time.monotonic() + seconds
+    while (left := processes_naming(folder)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
 class Terminal:
     """A pseudo-terminal the program runs on; `read_until` collects what it shows."""
 

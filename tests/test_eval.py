@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, cli_env, make_project, watch_stderr
+from helpers import REPO, cli_env, make_project, outliving, watch_stderr
 
 from taskweaver_lite.eval.cases import load_cases
 from taskweaver_lite.eval.matrix import Setting
@@ -249,6 +249,8 @@ def test_eval_killed_mid_run_resumes_without_redoing_the_scored_runs(tmp_path: P
         assert proc.poll() is None, "the run ended before it could be interrupted"
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
+    # Killed as the next case's kernel was starting: no sandbox, kernel or launcher of the run outlives it.
+    assert outliving(tmp_path) == [], "a kernel outlived the program that started it"
     assert [json.loads(line)["case"] for line in results.read_text(encoding="utf-8").splitlines()] == ["mean_units"]
     again = subprocess.run([*command, "--resume"], capture_output=True, text=True, env=cli_env(), timeout=120)
     assert again.returncode == 0, again.stderr

@@ -16,6 +16,7 @@ from typing import Literal
 
 import psutil
 import pytest
+from helpers import outliving
 
 from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.errors import KernelError
@@ -327,6 +328,48 @@ def test_sigterm_to_the_owning_process_ends_its_kernel(tmp_path: Path) -> None:
     # Already gone when the owner is: its SIGTERM handler shut the kernel down (the kernel's own
     # parent poller would only notice a second or so later).
     assert process_gone(kernel_pid, within=0.5)
+
+
+@pytest.mark.parametrize(
+    "sandbox",
+    ["none", pytest.param("bubblewrap", marks=pytest.mark.skipif(bwrap_path() is None, reason="bubblewrap (bwrap) is not installed"))],
+)
+def test_a_program_killed_while_its_kernel_starts_leaves_no_kernel_running(tmp_path: Path, sandbox: Literal["none", "bubblewrap"]) -> None:
+    # The launch's first process (bubblewrap, or the limits launcher) is held still from its first moment until the
+    # program is dead: bubblewrap's own --die-with-parent, asked for only after its set-up, never hears of that death.
+    for attempt in range(5):
+        folder = tmp_path / f"attempt-{attempt}"
+        script = textwrap.dedent(
+            f"""
+            import time
+            from pathlib import Path
+            from taskweaver_lite.config.settings import ExecutionConfig
+            from taskweaver_lite.kernel.executor import KernelExecutor
+            KernelExecutor(Path({str(folder)!r}), config=ExecutionConfig(sandbox={sandbox!r})).start()
+            time.sleep(60)
+            """
+        )
+        with subprocess.Popen([sys.executable, "-c", script]) as owner:
+            program = psutil.Process(owner.pid)
+            deadline = time.monotonic() + 60
+            while not (launched := program.children()) and time.monotonic() < deadline and owner.poll() is None:
+                time.sleep(0.001)
+            assert launched, "the program never launched its kernel"
+            first = launched[0]
+            first.suspend()
+            # Caught before it made its namespace (bubblewrap) or became the kernel (the limits launcher).
+            caught = not first.children() and "ipykernel_launcher" not in first.cmdline()[1:3]
+            owner.kill()
+            owner.wait(10)
+            first.resume()
+        left = outliving(folder)
+        for pid in (int(line.split(":")[0]) for line in left):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).kill()
+        assert left == [], f"a kernel started for a program already dead runs on: {left}"
+        if caught:
+            return
+    pytest.skip("the launch was never caught before its set-up: the machine is too slow to test this here")
 
 
 def test_kernel_that_cannot_start_raises_kernel_error_naming_its_log(tmp_path: Path) -> None:

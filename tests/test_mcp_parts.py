@@ -6,10 +6,10 @@ from __future__ import annotations
 import base64
 import json
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
-import anyio
 import jsonschema
 import mcp_types as types
 import pytest
@@ -20,11 +20,12 @@ from taskweaver_lite.cli.main import main
 from taskweaver_lite.cli.reference import config_keys
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import McpServerConfig
-from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.errors import ConfigError, TaskWeaverError
 from taskweaver_lite.kernel.mcp.client import python_name
 from taskweaver_lite.kernel.mcp.launch import McpLaunch
+from taskweaver_lite.mcp.lazy_workspace import LazyWorkspace
 from taskweaver_lite.mcp.resources import MAX_RESOURCE_BYTES, read_resource, resource_uri
-from taskweaver_lite.mcp.server import MAX_QUESTION_CHARS, ToolServer, failed_answer, question_of, variables_result
+from taskweaver_lite.mcp.server import MAX_QUESTION_CHARS, TOOLS, failed_answer, question_of, variables_result
 from taskweaver_lite.plugins.prompt import render_mcp_block
 from taskweaver_lite.records.execution import Variable
 from taskweaver_lite.records.mcp_tools import McpServer, McpTool
@@ -164,7 +165,7 @@ def test_config_shows_the_mcp_servers_with_their_env_values_hidden(tmp_path: Pat
 
 
 def test_every_tool_has_annotations_and_its_answers_a_schema_they_fit() -> None:
-    tools = {tool.name: tool for tool in anyio.run(ToolServer().list_tools, None, None).tools}
+    tools = {tool.name: tool for tool in TOOLS}
     assert set(tools) == {"ask", "sessions", "variables", "close_session"}
     schemas: dict[str, dict[str, Any]] = {}
     for tool in tools.values():
@@ -199,3 +200,31 @@ def test_the_mcp_page_installs_from_a_checkout_and_its_host_configs_name_the_pro
     configs = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", page, re.DOTALL)]
     commands = [server["command"] for config in configs for server in (config.get("mcpServers") or config.get("servers")).values() if "command" in server]
     assert commands and all(command.startswith("/") and command.endswith("/.venv/bin/taskweaver-lite") for command in commands), commands
+
+
+def test_the_mcp_servers_project_is_opened_once_by_calls_that_come_together_and_again_after_a_failed_opening(tmp_path: Path) -> None:
+    (tmp_path / "taskweaver_config.yaml").write_text("session:\n  roles: [planner, code_interpreter, nope]\n  max_internal_hopz: 3\n", encoding="utf-8")
+    said: list[str] = []
+    with LazyWorkspace(tmp_path, say=said.append) as project:
+        with pytest.raises(ConfigError, match="max_internal_hopz"):
+            project.get()
+        assert project.opened is None and len(said) == 1 and said[0].startswith("taskweaver-lite: the project could not be opened (the next call tries again)")
+        (tmp_path / "taskweaver_config.yaml").write_text("session:\n  roles: [planner, code_interpreter, nope]\n", encoding="utf-8")
+        said.clear()
+        ready = threading.Barrier(8)
+        got: list[object] = []
+
+        def call() -> None:
+            ready.wait()
+            got.append(project.get())
+
+        callers = [threading.Thread(target=call) for _ in range(8)]
+        for caller in callers:
+            caller.start()
+        for caller in callers:
+            caller.join(timeout=60)
+        assert len(got) == 8 and all(workspace is project.opened for workspace in got), "each call that came together opened a project of its own"
+        assert [line for line in said if "no role is called 'nope'" in line] == [said[0]] and len(said) == 1, said
+    assert project.opened is None
+    with pytest.raises(TaskWeaverError, match="shutting down"):
+        project.get()

@@ -225,12 +225,6 @@ def test_the_mcp_inspector_cli_lists_the_tools_and_asks(project: Path) -> None:
     assert json.loads(asked.stdout)["structuredContent"]["answer"] == "The answer is 42."
 
 
-def test_confirm_mode_is_refused_in_one_line_since_no_one_could_answer(project: Path) -> None:
-    done = run_cli("mcp", "-p", str(project), "--set", "execution.confirm=true")
-    assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr.startswith("taskweaver-lite: execution.confirm: true asks a person at a terminal") and done.stderr.count("\n") == 1
-
-
 def test_a_session_the_host_leaves_idle_is_released_and_close_session_releases_one_at_once(project: Path) -> None:
     def resumed_in_a_chat(session_id: str) -> subprocess.CompletedProcess[str]:
         return run_cli("chat", "-p", str(project), "--resume", session_id, stdin="double x please\n", timeout=WAIT)

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from taskweaver_lite.config.file import merge_overrides
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.notebook.cell_view import code_block
 from taskweaver_lite.notebook.magics import AskError, AskOptions, history_text, parse_ask, questions_kept
-from taskweaver_lite.notebook.notebook_session import SessionIndex, merged_overrides, notebook_identity, notebook_project
+from taskweaver_lite.notebook.notebook_session import SessionIndex, notebook_identity, notebook_project
 from taskweaver_lite.records.conversation import Post, Round
 from taskweaver_lite.roles.planner import list_working_files
 
@@ -84,7 +85,7 @@ def test_each_notebook_keeps_its_session_id_until_reset(tmp_path: Path) -> None:
 
 
 def test_later_settings_win_in_the_order_keys_first_came() -> None:
-    assert merged_overrides(["a=1", "b=2"], ["b=3", "c=4"]) == ["a=1", "b=3", "c=4"]
+    assert merge_overrides(["a=1", "b=2"], ["b=3", "c=4"]) == ["a=1", "b=3", "c=4"]
 
 
 def test_the_history_lists_each_request_with_how_it_ended() -> None:

@@ -153,16 +153,18 @@ def test_a_refused_token_takes_as_long_whether_or_not_its_id_exists(project: Pat
     kinds = {"known": f"twl_{known_id}_{'y' * 43}", "unknown": f"twl_{'0' * 16}_{'y' * 43}", "malformed": "not-a-token"}
     times: dict[str, list[float]] = {kind: [] for kind in kinds}
     try:
-        for _ in range(15):  # interleaved, and the fastest of each kept: what a refusal costs at least, whatever else the machine does
+        for _ in range(2):  # interleaved, the least of each kept
             for kind, token in kinds.items():
-                started = time.perf_counter()
+                # The CPU this thread spends: the work a refusal does, which a wall clock shows an attacker as time, but
+                # which other programs on a loaded machine do not add to (a wall clock here measured them, up to 20 s).
+                started = time.thread_time()
                 assert store.user_for_token(token) is None
-                times[kind].append(time.perf_counter() - started)
+                times[kind].append(time.thread_time() - started)
     finally:
         store.close()
     wrong_secret, unknown_id, malformed = (min(times[kind]) * 1000 for kind in kinds)
-    assert unknown_id > wrong_secret * 0.3 and malformed > wrong_secret * 0.3, (  # without the decoy check: 0.002
-        f"a refusal's time tells whether a token id exists: {wrong_secret:.1f} ms (known id) against {unknown_id:.1f} ms (unknown), "
+    assert unknown_id > wrong_secret * 0.5 and malformed > wrong_secret * 0.5, (  # without the decoy check: 0.002
+        f"a refusal's work tells whether a token id exists: {wrong_secret:.1f} ms of CPU (known id) against {unknown_id:.1f} ms (unknown), "
         f"{malformed:.1f} ms (malformed)"
     )
 

@@ -2,7 +2,10 @@
 
 The import set of `taskweaver-lite --help` is held exactly, as tests/test_layout.py holds the layers'
 imports: a module that joins it (a command's implementation imported to register the command, a
-third-party package) fails here by name, before anyone feels the start-up slow down.
+third-party package) fails here by name, before anyone feels the start-up slow down. So is the set
+`taskweaver-lite mcp` has imported when it has answered `initialize` and listed its tools and
+resources: the MCP SDK and the server's own modules, never the config's, the session's or the
+store's, which the first call that needs the project imports.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +31,23 @@ HELP_MODULES = {
     "taskweaver_lite.cli.users",
     "taskweaver_lite.errors",
 }
+
+# What `mcp` may have imported once it answered `initialize`, `tools/list` and `resources/list`: the
+# command line, the server and what its answers are built from (the config, the session, the kernel
+# and the store come with the first call that opens the project).
+MCP_ANSWERING_MODULES = HELP_MODULES | {
+    "taskweaver_lite.cli.mcp",
+    "taskweaver_lite.cli.project",
+    "taskweaver_lite.mcp",
+    "taskweaver_lite.mcp.lazy_workspace",
+    "taskweaver_lite.mcp.resources",
+    "taskweaver_lite.mcp.server",
+    "taskweaver_lite.safety",
+    "taskweaver_lite.safety.terminal",
+    "taskweaver_lite.safety.workfiles",
+}
+# Third-party packages the first call brings (the config's YAML, the prompts, the model client, the kernel's client).
+NOT_BEFORE_A_CALL = {"yaml", "jinja2", "openai", "jupyter_client", "zmq", "psycopg", "rich", "prompt_toolkit", "bpe_openai", "json_repair"}
 
 # Run a command's parser in a fresh interpreter and report, as it exits, what it imported.
 PROBE = """
@@ -87,3 +108,41 @@ def test_listing_sessions_does_not_import_the_chat_the_kernel_or_the_model_clien
     ]
     assert chat_stack == [], f"`sessions` imports the chat's stack: {chat_stack}"
     assert not {"openai", "jupyter_client", "rich", "prompt_toolkit"} & set(loaded["others"]), loaded["others"]
+
+
+def mcp_request(number: int, method: str, params: dict[str, Any] | None = None) -> str:
+    """One JSON-RPC line of the MCP stdio transport (a notification without a number)."""
+    message: dict[str, Any] = {"jsonrpc": "2.0", "method": method} | ({"id": number} if number else {}) | ({"params": params} if params else {})
+    return json.dumps(message) + "\n"
+
+
+def test_mcp_answers_initialize_and_its_lists_before_reading_the_config_or_importing_the_session(tmp_path: Path) -> None:
+    from taskweaver_lite.cli.init import init_project
+
+    project = tmp_path / "project"
+    init_project(project)
+    initialize = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}
+    argv = [sys.executable, "-c", PROBE, "mcp", "-p", str(project)]
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as server:
+        assert server.stdin is not None and server.stdout is not None
+        server.stdin.write(mcp_request(1, "initialize", initialize) + mcp_request(0, "notifications/initialized"))
+        server.stdin.write(mcp_request(2, "tools/list") + mcp_request(3, "resources/list"))
+        server.stdin.flush()
+        answers: dict[int, dict[str, Any]] = {}
+        while len(answers) < 3:  # each answer in full before the input closes (a request still in flight at its end is dropped)
+            line = server.stdout.readline()
+            assert line, f"mcp ended before answering: {server.stderr.read()[-2000:] if server.stderr else ''}"
+            answer = json.loads(line)
+            answers[answer["id"]] = answer["result"]
+        _, stderr = server.communicate(timeout=60)  # the input closed: the server ends
+    assert answers[1]["serverInfo"]["name"] == "taskweaver-lite"
+    assert [tool["name"] for tool in answers[2]["tools"]] == ["ask", "sessions", "variables", "close_session"]
+    assert answers[3]["resources"] == []
+    loaded = json.loads(stderr.rpartition("IMPORTED ")[2])
+    assert set(loaded["ours"]) == MCP_ANSWERING_MODULES, (
+        "`taskweaver-lite mcp` imports more (or less) of the package before its first call than answering needs: "
+        f"added {sorted(set(loaded['ours']) - MCP_ANSWERING_MODULES)}, gone {sorted(MCP_ANSWERING_MODULES - set(loaded['ours']))}; "
+        "what only a tool call needs is imported when the project is opened (mcp/lazy_workspace.py)"
+    )
+    assert not NOT_BEFORE_A_CALL & set(loaded["others"]), sorted(NOT_BEFORE_A_CALL & set(loaded["others"]))
+    assert not (project / "sessions.db").exists(), "the store was opened before any call needed it"

@@ -23,7 +23,7 @@ from taskweaver_lite.cli.prompt_line import INTERRUPTED, PromptLine
 from taskweaver_lite.cli.roles import role_table
 from taskweaver_lite.cli.sessions import export_format
 from taskweaver_lite.cli.turns import TurnCommands, session_artifacts
-from taskweaver_lite.config.file import CONFIG_FILE_NAME, load_config
+from taskweaver_lite.config.file import CONFIG_FILE_NAME, load_config, merge_overrides
 from taskweaver_lite.config.settings import DISTILLER, FOLDER, Config
 from taskweaver_lite.config.taskweaver_json import JSON_FILE_NAME
 from taskweaver_lite.errors import ConfigError, LLMError, TaskWeaverError, UnknownSessionError
@@ -270,14 +270,6 @@ def _resume(
     if remembered:
         say("Re-applied the settings this session was started with: " + " ".join(f"--set {item}" for item in remembered))
     return session, overrides
-
-
-def merge_overrides(earlier: list[str], later: list[str]) -> list[str]:
-    """One `KEY=VALUE` per key, the later value winning, in the order the keys first appeared."""
-    merged: dict[str, str] = {}
-    for item in [*earlier, *later]:
-        merged[item.partition("=")[0].strip()] = item
-    return list(merged.values())
 
 
 def _resume_session(

@@ -8,7 +8,7 @@ key, its line and what was expected, on one line.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin
@@ -196,6 +196,14 @@ def _read_text(path: Path) -> str:
         raise ConfigError(
             f"{path}: line {line} is not UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}, perhaps Latin-1); save the file as UTF-8"
         ) from None
+
+
+def merge_overrides(earlier: Sequence[str], later: Sequence[str]) -> list[str]:
+    """One `KEY=VALUE` per key, the later value winning, in the order the keys first appeared (what was set before, then anew)."""
+    merged: dict[str, str] = {}
+    for item in [*earlier, *later]:
+        merged[item.partition("=")[0].strip()] = item
+    return list(merged.values())
 
 
 def _apply_override(data: dict[str, Any], item: str, *, roles: set[str]) -> str | None:

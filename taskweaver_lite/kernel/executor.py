@@ -16,7 +16,6 @@ import functools
 import os
 import queue
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -48,7 +47,7 @@ from taskweaver_lite.kernel.process import (
 from taskweaver_lite.kernel.sandbox import cgroup as kernel_cgroup
 from taskweaver_lite.kernel.sandbox import syscall_filter
 from taskweaver_lite.kernel.sandbox.bwrap import SandboxPlan, fallback_notice, kernel_command, session_sandbox, uses_sandbox
-from taskweaver_lite.kernel.sandbox.disk_limit import DiskWatch, Reached, disk_limit_notes, end_children, human
+from taskweaver_lite.kernel.sandbox.disk_limit import DiskWatch, Reached, disk_limit_notes, end_children, end_the_writer, human
 from taskweaver_lite.kernel.sandbox.hidden_paths import hidden_path_notes
 from taskweaver_lite.kernel.sandbox.kernel_pid import SandboxInfo, end_sandbox, find_kernel
 from taskweaver_lite.kernel.uploads import copy_file
@@ -255,12 +254,8 @@ class KernelExecutor(SessionKernel):
             self.interrupt()
             return
         self._strikes += 1
-        if self._strikes == 1:
-            end_children(kernel)
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(kernel, signal.SIGKILL)
-        self._first_notices += (reached.message("Between cells the kernel kept writing, so it was ended,"),)
+        if end_the_writer(kernel, strikes=self._strikes):
+            self._first_notices += (reached.message("Between cells the kernel kept writing, so it was ended,"),)
 
     def _lost(self, reached: Reached) -> None:
         """Past the limit with no kernel to be found where bubblewrap said it is: the whole sandbox ends, and the next cell says why."""

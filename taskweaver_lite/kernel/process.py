@@ -3,9 +3,9 @@
 Launching: ipykernel on this very interpreter, or the one `execution.kernel` names (never whatever a
 `python3` kernelspec points to unless named),
 with the in-kernel helpers (snapshot, guard, plugin runtime) loaded at start. Environment: ours minus secrets. Ending: every
-live executor is shut down at interpreter exit and on SIGTERM; ipykernel's parent poller ends a
-kernel whose parent vanished without either (SIGKILL); and the kernel's whole process group is
-killed after it, so subprocesses started by user code go too.
+live executor is shut down at interpreter exit and on SIGTERM; the kernel's lifeline (lifeline.py)
+ends a kernel whose program vanished without either (SIGKILL), in the sandbox or not; and the
+kernel's whole process group is killed after it, so subprocesses started by user code go too.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import KernelManager
 
 from taskweaver_lite.kernel import display as kernel_display
-from taskweaver_lite.kernel import plugin_runtime
+from taskweaver_lite.kernel import lifeline, plugin_runtime
 from taskweaver_lite.kernel import snapshot as kernel_snapshot
 from taskweaver_lite.kernel.sandbox import guard as kernel_guard
 from taskweaver_lite.kernel.sandbox import syscall_filter
-from taskweaver_lite.kernel.sandbox.kernel_pid import SandboxInfo
+from taskweaver_lite.kernel.sandbox.kernel_pid import SandboxInfo, alive
 
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 SECRET_PREFIXES = ("OPENAI_",)
@@ -58,8 +58,11 @@ def load_by_path(name: str, path: str) -> str:
     )
 
 
+# The kernel ends when this program does, however it ends (lifeline.py): its watch starts first.
+LIFELINE_START_UP = f"{load_by_path(lifeline.MODULE_NAME, lifeline.__file__)}; __import__('sys').modules[{lifeline.MODULE_NAME!r}].watch()"
 _START_UP = "; ".join(
     [
+        LIFELINE_START_UP,
         load_by_path(kernel_snapshot.MODULE_NAME, kernel_snapshot.__file__),
         load_by_path(kernel_guard.MODULE_NAME, kernel_guard.__file__),
         f"__import__('sys').modules[{kernel_guard.MODULE_NAME!r}].install()",
@@ -119,6 +122,7 @@ class InterpreterKernelManager(KernelManager):
             fds.append(self.sandbox_info.rewound())
         if fds:
             kw["pass_fds"] = tuple(fds)
+        lifeline.attach(kw)
         await super()._async_launch_kernel(kernel_cmd, **kw)
 
     def write_connection_file(self, **kwargs: Any) -> None:
@@ -185,18 +189,8 @@ def remove_stale_socket_dirs(sessions_dir: Path | None = None, *, prefix: str = 
             owner = int((folder / OWNER_FILE).read_text(encoding="ascii"))
         except (OSError, ValueError):
             continue
-        if not _alive(owner):
+        if not alive(owner):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
 
 
 KERNEL_MARK = "TASKWEAVER_LITE_KERNEL"  # in the environment of a kernel and of everything it starts

@@ -16,14 +16,17 @@ import mimetypes
 import os
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote, unquote
 
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
-from taskweaver_lite.records.conversation import Round
 from taskweaver_lite.safety.workfiles import open_below
-from taskweaver_lite.session.session import Session
+
+if TYPE_CHECKING:  # the MCP server answers `initialize` before these are imported (mcp/server.py)
+    from taskweaver_lite.records.conversation import Round
+    from taskweaver_lite.session.session import Session
 
 SCHEME = "taskweaver-lite"
 MAX_RESOURCE_BYTES = 25 * 1024 * 1024

@@ -16,21 +16,25 @@ What the cells produced (plots, files in the working folder) are resources, with
 `taskweaver-lite://session/<id>/...`; `ask` links those of its turn. Bad input (an unknown session,
 a question past MAX_QUESTION_CHARS, arguments that do not fit) is a protocol error with one line,
 and nothing is stored for it.
+
+It answers `initialize` and lists its tools before it has imported the session's stack or opened
+the project: the first call that needs the project opens it (`mcp/lazy_workspace.py`), and a
+project that cannot be opened (a damaged store, PostgreSQL down) fails that call with the reason.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
-import ctypes
 import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 import mcp_types as types
@@ -40,13 +44,17 @@ from mcp.shared.exceptions import MCPError
 
 from taskweaver_lite import __version__
 from taskweaver_lite.errors import AmbiguousSessionError, TaskWeaverError, UnknownSessionError
+from taskweaver_lite.mcp.lazy_workspace import LazyWorkspace
 from taskweaver_lite.mcp.resources import artifact_links, list_resources, read_resource
-from taskweaver_lite.mcp.turn_files import TurnFiles
-from taskweaver_lite.records.conversation import USER, Round
-from taskweaver_lite.records.events import Event, Working
-from taskweaver_lite.records.execution import Variable
-from taskweaver_lite.session.session import Session
-from taskweaver_lite.session.workspace import Workspace
+
+# `initialize` and the tools' list are answered before any of these is imported: the session's stack comes
+# with the first call that opens the project (mcp/lazy_workspace.py), the records with the first answer.
+if TYPE_CHECKING:
+    from taskweaver_lite.records.conversation import Round
+    from taskweaver_lite.records.events import Event
+    from taskweaver_lite.records.execution import Variable
+    from taskweaver_lite.session.session import Session
+    from taskweaver_lite.session.workspace import Workspace
 
 # The longest question `ask` takes: as long as a line the chat takes (put longer text in a file).
 MAX_QUESTION_CHARS = 20_000
@@ -56,6 +64,8 @@ MAX_OPEN_SESSIONS = 4
 BUSY_WAIT = 10.0
 # Seconds a cancelled turn gets to stop its cell and store its failed round before the cancellation is answered.
 STOP_WAIT = 60.0
+# Seconds between looks, until a call opened the project, for whether one has (the idle sessions' timer starts then).
+OPENED_POLL = 0.5
 ACTIVITY = {
     "planner_thinking": "The Planner is thinking",
     "code_writing": "Writing code",
@@ -164,6 +174,8 @@ CLOSE_SESSION = types.Tool(
     annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
 )
 
+TOOLS = (ASK, SESSIONS, VARIABLES, CLOSE_SESSION)  # as `tools/list` gives them, on every transport
+
 
 def closed_result(session_id: str, released: Released) -> types.CallToolResult:
     """`close_session`'s answer: what became of the session, in one line and as structured content."""
@@ -192,28 +204,41 @@ class OpenSession:
 
 
 class Agent:
-    """The sessions this server opened, by id, the least recently used first; opening and resuming go through the workspace.
+    """The sessions this server opened, by id, the least recently used first; opening and resuming go through the project's workspace.
 
+    The workspace is opened by the first call that needs it (`LazyWorkspace`), on that call's thread.
     A session holds its kernel and its claim in the store (no other program may open it) while it is
     open here. So it is let go, and stays stored, when it has gone unused for `idle_timeout` seconds
     (mcp.session_idle_timeout; 0: never), when `close_session` asks, and when more than `max_open`
     are open; the next `ask` that names it resumes it.
     """
 
-    def __init__(self, workspace: Workspace, *, overrides: Sequence[str] = (), max_open: int = MAX_OPEN_SESSIONS, idle_timeout: float | None = None) -> None:
-        """`overrides`: the command's --set values, stored with each new session so that `chat --resume` applies them again."""
-        self.workspace = workspace
-        self.overrides = list(overrides)
+    def __init__(self, project: LazyWorkspace, *, max_open: int = MAX_OPEN_SESSIONS, idle_timeout: float | None = None) -> None:
+        """`idle_timeout`: seconds, or None for the project's mcp.session_idle_timeout once it is opened."""
+        self.project = project
         self.max_open = max_open
-        self.idle_timeout = workspace.config.mcp.session_idle_timeout if idle_timeout is None else idle_timeout
+        self._idle_timeout = idle_timeout
         self.open: OrderedDict[str, OpenSession] = OrderedDict()
         self._guard = threading.Lock()
+
+    @property
+    def idle_timeout(self) -> float:
+        """Seconds an open session may go unused before it is let go (0: never); 0 until the project is opened, when none is open."""
+        if self._idle_timeout is not None:
+            return self._idle_timeout
+        opened = self.project.opened
+        return opened.config.mcp.session_idle_timeout if opened is not None else 0.0
+
+    @property
+    def workspace(self) -> Workspace:
+        """The project's workspace, opened now if no call has yet (it blocks: call it from a worker thread)."""
+        return self.project.get()
 
     def session(self, ref: str | None, *, on_replay: Callable[[int, int], None] | None = None) -> OpenSession:
         """The open session `ref` names (resumed from the store if need be), or a new one; UnknownSessionError for an unknown id."""
         if ref is None:
             session = self.workspace.new_session()
-            self.workspace.store.save_overrides(session.id, self.overrides)
+            self.workspace.store.save_overrides(session.id, self.project.overrides)
             return self._keep(session)
         with self._guard:
             session_id = self.workspace.store.resolve(ref)
@@ -271,7 +296,12 @@ class Agent:
 
 
 async def release_idle_sessions(agent: Agent) -> None:
-    """Let go of the sessions left idle past `agent.idle_timeout`, checking a few times within it, until cancelled."""
+    """Let go of the sessions left idle past `agent.idle_timeout`, checking a few times within it, until cancelled.
+
+    No session is open before the project is, and its config says the timeout: this starts once a call opened it.
+    """
+    while agent.project.opened is None:
+        await anyio.sleep(OPENED_POLL)
     if not agent.idle_timeout:
         return
     every = min(max(agent.idle_timeout / 4, 0.25), 30.0)
@@ -309,6 +339,8 @@ class Turn:
 
     def listen(self, event: Event) -> None:
         """The session's events as progress lines: who is working on what."""
+        from taskweaver_lite.records.events import Working
+
         if isinstance(event, Working):
             self.progress(ACTIVITY.get(event.activity, event.activity))
 
@@ -317,6 +349,8 @@ class Turn:
         thread = self._thread
         if thread is None or not thread.is_alive() or thread.ident is None:
             return
+        import ctypes
+
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(KeyboardInterrupt))
         if self.session is not None:
             self.session.executor.interrupt()
@@ -361,6 +395,8 @@ async def send_progress(lines: asyncio.Queue[str], report: Callable[[float, str]
 
 def answer_of(rnd: Round) -> str:
     """The Planner's answer to the user in `rnd` (the round's error when it failed)."""
+    from taskweaver_lite.records.conversation import USER
+
     if rnd.state == "failed":
         return f"This request failed: {rnd.error or 'no answer'}"
     return next((post.message for post in reversed(rnd.posts) if post.send_to == USER), "")
@@ -408,11 +444,12 @@ def question_of(arguments: dict[str, Any]) -> tuple[str, str | None]:
     return question, ref
 
 
-class ToolServer:
+class ToolServer(abc.ABC):
     """The MCP handlers every transport shares: the tools, their arguments checked, the errors that say what was wrong.
 
-    Where the sessions live is the subclass's: this process (`AgentServer`, stdio) or a team's
-    service (`web/mcp_endpoint.py`, `serve`'s `/mcp`), which also knows who is asking.
+    Where the sessions live is the subclass's, which implements the six abstract methods: this
+    process (`AgentServer`, stdio) or a team's service (`web/mcp_endpoint.py`, `serve`'s `/mcp`),
+    which also knows who is asking.
     """
 
     def lowlevel(self) -> Server[Any]:
@@ -429,7 +466,7 @@ class ToolServer:
 
     async def list_tools(self, ctx: Any, params: Any) -> types.ListToolsResult:
         """The tools: ask, sessions, variables, close_session."""
-        return types.ListToolsResult(tools=[ASK, SESSIONS, VARIABLES, CLOSE_SESSION])
+        return types.ListToolsResult(tools=list(TOOLS))
 
     async def call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         """Run one tool call; bad input is a protocol error, a failed turn an error result."""
@@ -452,29 +489,29 @@ class ToolServer:
             return await self.close_session(ctx, ref)
         raise bad_input(f"no tool {params.name!r}: the tools are ask, sessions, variables and close_session")
 
+    @abc.abstractmethod
     async def ask(self, ctx: Any, question: str, ref: str | None) -> types.CallToolResult:
         """One turn in the session `ref` names (a new one for None)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def stored_sessions(self, ctx: Any) -> list[dict[str, Any]]:
         """The caller's stored sessions, newest first, as `sessions --json` rows."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def variables(self, ctx: Any, ref: str) -> types.CallToolResult:
         """The variables the session's kernel holds."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def close_session(self, ctx: Any, ref: str) -> types.CallToolResult:
         """Release the session `ref` names (it stays stored)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def list_resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:
         """What the caller's sessions' cells produced."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         """One file a session's cells produced."""
-        raise NotImplementedError
 
 
 class AgentServer(ToolServer):
@@ -485,12 +522,20 @@ class AgentServer(ToolServer):
 
     async def stored_sessions(self, ctx: Any) -> list[dict[str, Any]]:
         """Every stored session of the project."""
-        return [entry.to_dict() for entry in self.agent.workspace.sessions()]
+        try:
+            entries = await anyio.to_thread.run_sync(lambda: self.agent.workspace.sessions())
+        except TaskWeaverError as exc:
+            raise _failed(exc) from None
+        return [entry.to_dict() for entry in entries]
 
     async def ask(self, ctx: Any, question: str, ref: str | None) -> types.CallToolResult:
         """One turn on a thread of its own, its progress reported, a cancel interrupting it."""
 
         def work(turn: Turn) -> types.CallToolResult:
+            try:
+                self.agent.project.get()
+            except TaskWeaverError as exc:  # a mistake in the config, a damaged store: the client hears why, and the next call tries again
+                return failed_answer(ref, f"The project could not be opened: {exc}")
             try:
                 entry = self._opened(ref, turn)
             except MCPError:
@@ -523,6 +568,8 @@ class AgentServer(ToolServer):
             raise _unknown(ref or "", exc) from None
 
     def _turn(self, session: Session, question: str) -> types.CallToolResult:
+        from taskweaver_lite.mcp.turn_files import TurnFiles
+
         written = TurnFiles(session.working_dir)
         session.add_listener(written)
         try:
@@ -543,14 +590,16 @@ class AgentServer(ToolServer):
         """An open session's kernel says; a session not open here answers from the store: nothing is resumed, no cell runs."""
 
         def work(turn: Turn) -> types.CallToolResult:
-            store = self.agent.workspace.store
             try:
+                store = self.agent.workspace.store
                 session_id = store.resolve(ref)
+                entry = self.agent.open.get(session_id)
+                if entry is None:
+                    return variables_result(session_id, store.load(session_id).last_variables)
             except (UnknownSessionError, AmbiguousSessionError) as exc:
                 raise _unknown(ref, exc) from None
-            entry = self.agent.open.get(session_id)
-            if entry is None:
-                return variables_result(session_id, store.load(session_id).last_variables)
+            except TaskWeaverError as exc:
+                raise _failed(exc) from None
             return variables_result(session_id, entry.session.executor.variables())
 
         return await on_thread(work, report=lambda number, text: ctx.session.report_progress(number, None, text))
@@ -561,6 +610,8 @@ class AgentServer(ToolServer):
             session_id, released = await anyio.to_thread.run_sync(self.agent.release, ref)
         except (UnknownSessionError, AmbiguousSessionError) as exc:
             raise _unknown(ref, exc) from None
+        except TaskWeaverError as exc:
+            raise _failed(exc) from None
         return closed_result(session_id, released)
 
     async def list_resources(self, ctx: Any, params: Any) -> types.ListResourcesResult:
@@ -569,9 +620,9 @@ class AgentServer(ToolServer):
         return types.ListResourcesResult(resources=list_resources(sessions), ttl_ms=0)
 
     async def read_resource(self, ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
-        """One file a session's cells produced, as text or base64."""
+        """One file a session's cells produced, as text or base64 (read on a worker thread: a stored session's needs the store)."""
         sessions = {entry.session.id: entry.session for entry in list(self.agent.open.values())}
-        return read_resource(str(params.uri), sessions, stored=self._stored_folder)
+        return await anyio.to_thread.run_sync(lambda: read_resource(str(params.uri), sessions, stored=self._stored_folder))
 
     def _stored_folder(self, session_id: str) -> Path | None:
         """The folder of a stored session that is not open here (its files are still resources), None if there is none."""
@@ -579,6 +630,8 @@ class AgentServer(ToolServer):
             resolved = self.agent.workspace.store.resolve(session_id)
         except (UnknownSessionError, AmbiguousSessionError):
             return None
+        except TaskWeaverError as exc:
+            raise _failed(exc) from None
         folder = self.agent.workspace.config.sessions_dir / resolved
         return folder if folder.is_dir() else None
 
@@ -588,6 +641,11 @@ def _unknown(ref: str, error: TaskWeaverError) -> MCPError:
     if isinstance(error, AmbiguousSessionError):
         return bad_input(str(error))
     return bad_input(f"no session {ref!r} here: call the sessions tool for the ids")
+
+
+def _failed(error: TaskWeaverError) -> MCPError:
+    """A call the project could not answer (it could not be opened, its store failed): one line, without this machine's paths."""
+    return MCPError(code=types.INTERNAL_ERROR, message=for_client(" ".join(str(error).splitlines())))
 
 
 def _json_result(data: dict[str, Any], *, text: str) -> types.CallToolResult:
@@ -607,9 +665,12 @@ def for_client(text: str) -> str:
     return _PATH.sub(r"\1", _PID.sub("", text))
 
 
-async def serve(workspace: Workspace, overrides: Sequence[str] = ()) -> None:
-    """Serve MCP on stdin and stdout until the client goes; every session opened is closed (and stays stored)."""
-    agent = Agent(workspace, overrides=overrides)
+async def serve(project: LazyWorkspace) -> None:
+    """Serve MCP on stdin and stdout until the client goes; every session opened is closed (and stays stored).
+
+    `initialize`, `tools/list` and `resources/list` are answered without the project; the first call that needs it opens it.
+    """
+    agent = Agent(project)
     server = AgentServer(agent).lowlevel()
     try:
         async with stdio_server() as (read_stream, write_stream), anyio.create_task_group() as group:

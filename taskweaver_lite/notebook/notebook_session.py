@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from taskweaver_lite.config.file import CONFIG_FILE_NAME, load_config
+from taskweaver_lite.config.file import CONFIG_FILE_NAME, load_config, merge_overrides
 from taskweaver_lite.config.settings import Config
 from taskweaver_lite.config.taskweaver_json import JSON_FILE_NAME
 from taskweaver_lite.errors import ConfigError, UnknownSessionError
@@ -132,14 +132,6 @@ class SessionIndex:
         self._path(key).unlink(missing_ok=True)
 
 
-def merged_overrides(earlier: Sequence[str], later: Sequence[str]) -> list[str]:
-    """One `KEY=VALUE` per key, the later value winning, in the order the keys first appeared."""
-    merged: dict[str, str] = {}
-    for item in [*earlier, *later]:
-        merged[item.partition("=")[0].strip()] = item
-    return list(merged.values())
-
-
 class NotebookSession:
     """The session of the notebook this kernel runs, opened at its first request; `ask`, `history` and `reset` act on it."""
 
@@ -180,7 +172,7 @@ class NotebookSession:
 
     def _open(self, overrides: Sequence[str]) -> Session:
         """The notebook's session under its settings and `overrides` (reopened when they change them)."""
-        wanted = merged_overrides(self._overrides, overrides)
+        wanted = merge_overrides(self._overrides, overrides)
         if self._session is not None and wanted == self._overrides:
             return self._session
         self.close()
@@ -190,7 +182,7 @@ class NotebookSession:
         index = SessionIndex(workspace.config.state_dir / INDEX_FOLDER)
         known = self._stored(workspace, index.get(identity.key))
         if known is not None:
-            wanted = merged_overrides(workspace.store.overrides(known), wanted)  # what it ran with before a restart, then the new values
+            wanted = merge_overrides(workspace.store.overrides(known), wanted)  # what it ran with before a restart, then the new values
             workspace = workspace.reconfigured(load_config(project.folder, wanted))
         _find_model(workspace.config)
         factory = own_kernel_factory(workspace.config, shell=self._shell)

@@ -13,14 +13,14 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
-START_LIMIT = 60.0  # a loaded machine: the gateway imports jupyter_server, which takes a while
+from taskweaver_lite.testing.server_start import free_port as free_port  # where the tests and benches have found it
+from taskweaver_lite.testing.server_start import wait_until_answering
 
 
 @dataclass(frozen=True)
@@ -31,14 +31,6 @@ class Gateway:
     token: str
     root: Path
     pid: int = 0  # the gateway's process
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @contextlib.contextmanager
@@ -89,15 +81,12 @@ def _running(args: list[str], *, cwd: Path, env: dict[str, str], port: int, toke
 
 
 def _wait_until_up(gateway: Gateway, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + START_LIMIT
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the kernel gateway exited; see {gateway.root / 'gateway.log'}")
+    def answers() -> bool:
         with contextlib.suppress(requests.RequestException):
-            if requests.get(f"{gateway.url}/api", headers={"Authorization": f"token {gateway.token}"}, timeout=1).ok:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"the kernel gateway did not answer within {START_LIMIT:g} s; see {gateway.root / 'gateway.log'}")
+            return requests.get(f"{gateway.url}/api", headers={"Authorization": f"token {gateway.token}"}, timeout=1).ok
+        return False
+
+    wait_until_answering(process, answers, what="the kernel gateway", log=gateway.root / "gateway.log")
 
 
 class Relay:

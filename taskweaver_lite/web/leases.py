@@ -97,9 +97,15 @@ class Leases:
                     self._held[marker.session_id] = marker
 
     def ask_to_stop(self, session_id: str) -> bool:
-        """Mark the session's running request, whichever replica holds it, to be stopped; False when none runs."""
+        """Mark the session's running request, whichever replica holds it, to be stopped; False when none runs, or its answer is out.
+
+        An answered request holds the lease only for its bookkeeping (the folds), which Stop does not cut short.
+        """
         running = self._store.lease(session_id)
         if running is None:
+            return False
+        answered = self._store.lease(session_id + ANSWERED)
+        if answered is not None and answered.holder == running.holder:
             return False
         self._mark(session_id + STOP, running.holder)
         return True

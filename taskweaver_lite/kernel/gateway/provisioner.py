@@ -38,7 +38,6 @@ import functools
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -52,11 +51,12 @@ from traitlets import Unicode
 
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import Config
-from taskweaver_lite.kernel.process import SOCKET_PATH_LIMIT, filtered_environment
+from taskweaver_lite.kernel import lifeline
+from taskweaver_lite.kernel.process import LIFELINE_START_UP, SOCKET_PATH_LIMIT, filtered_environment
 from taskweaver_lite.kernel.sandbox import cgroup as kernel_cgroup
 from taskweaver_lite.kernel.sandbox import syscall_filter
 from taskweaver_lite.kernel.sandbox.bwrap import SandboxPlan, kernel_command, session_sandbox, uses_sandbox
-from taskweaver_lite.kernel.sandbox.disk_limit import DiskWatch, Reached, end_children
+from taskweaver_lite.kernel.sandbox.disk_limit import DiskWatch, Reached, end_the_writer
 from taskweaver_lite.kernel.sandbox.kernel_pid import SandboxInfo, end_sandbox, find_kernel
 
 NAME = "taskweaver-lite-sandbox"  # the entry point's name, in the kernelspec's metadata (serve reads it to tell our gateway from a plain one)
@@ -197,6 +197,7 @@ class SandboxProvisioner(LocalProvisioner):
             fds.append(self._sandbox_info.rewound())
         if fds:
             kwargs["pass_fds"] = tuple(fds)
+        lifeline.attach(kwargs)  # the kernel ends with the gateway, however the gateway ends
         log = self._open_log()
         kwargs.update(stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         return await super().launch_kernel(cmd, **kwargs)
@@ -222,12 +223,8 @@ class SandboxProvisioner(LocalProvisioner):
             end_sandbox(self.pid)
             return
         self._strikes += 1
-        if self._strikes == 1:
-            end_children(kernel)
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(kernel, signal.SIGKILL)  # the gateway restarts it; the replica tells the model its variables are gone
-        self._strikes = 0
+        if end_the_writer(kernel, strikes=self._strikes):
+            self._strikes = 0  # the gateway restarts it; the replica tells the model its variables are gone
 
     async def cleanup(self, restart: bool = False) -> None:
         """After the kernel ended: its sockets and the filter's file go (its session folder stays for the session's next kernel)."""
@@ -268,6 +265,7 @@ def kernelspec(*, project_dir: Path, root: Path) -> dict[str, Any]:
     """The kernel.json of the gateway's only kernelspec: ipykernel on this interpreter, started by `SandboxProvisioner`."""
     # Sessions keep their own record; IPython's shared SQLite history only adds lock contention.
     argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--HistoryManager.hist_file=:memory:", "--InteractiveShell.automagic=False"]
+    argv.append(f"--IPKernelApp.exec_lines={LIFELINE_START_UP}")
     return {
         "argv": argv,
         "display_name": "Python (taskweaver-lite sandbox)",

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.kernel.sandbox.disk_limit import human
+from taskweaver_lite.kernel.sandbox.kernel_pid import alive
 
 ROOT = Path("/sys/fs/cgroup")
 PREFIX = "taskweaver-lite-"  # a kernel's cgroup, beside this program's own: taskweaver-lite-<our pid>-<random>
@@ -158,19 +159,9 @@ def _remove_stale(group: Path) -> None:
     with contextlib.suppress(OSError):
         for folder in group.iterdir():
             match = _KERNEL_NAME.fullmatch(folder.name)
-            if match and folder.is_dir() and not _alive(int(match.group(1))):
+            if match and folder.is_dir() and not alive(int(match.group(1))):
                 with contextlib.suppress(OSError):
                     folder.rmdir()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def make(caps: Caps, *, root: Path = ROOT, own: dict[str, str] | None = None) -> KernelCgroup:

@@ -324,6 +324,17 @@ def end_children(kernel: int) -> int:
     return ended
 
 
+def end_the_writer(kernel: int, *, strikes: int) -> bool:
+    """Past the limit between cells for the `strikes`-th time: the kernel's children end the first time; after that the
+    kernel itself, which must be what writes (a thread of a cell that ended). True when the kernel was ended."""
+    if strikes == 1:
+        end_children(kernel)
+        return False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(kernel, signal.SIGKILL)
+    return True
+
+
 def disk_limit_notes(error: CellError | None, limit: int | None) -> tuple[str, ...]:
     """A note for a cell that failed with "File too large": no file may grow past the disk limit."""
     if limit is None or error is None or "File too large" not in error.value + error.traceback:

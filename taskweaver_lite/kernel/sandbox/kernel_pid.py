@@ -54,7 +54,7 @@ class SandboxInfo:
         """The kernel's process id as this machine sees it, below the bubblewrap we launched as `launched`; None: lost."""
         deadline = time.monotonic() + ANNOUNCE_WAIT
         while (announced := self.announced()) is None:
-            if time.monotonic() > deadline or not _alive(launched):
+            if time.monotonic() > deadline or not alive(launched):
                 return None
             time.sleep(0.02)
         first, namespace = announced
@@ -110,13 +110,14 @@ def _pid_namespace(pid: int) -> int | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process of that id exists (another user's counts: it is there)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        return True  # someone else's process
     return True
 
 
