@@ -15,6 +15,15 @@ adds), p95; and requests per second over the whole load. Configurations:
     pg-2-sticky  the same two replicas, each session kept on one of them (replica n % 2) as the shipped nginx
                  keeps it (a consistent hash of the session id in the path)
 
+Each load begins with a warm-up, not measured: every session's first request on each replica its
+load uses (one when kept in place, both round robin), so what is measured is a service that has held
+its sessions a while; the first load of a session on a replica, paid once per session, is counted by
+the replicas' load histogram should one happen during the load. `--rounds N` loads each configuration
+N times, the configurations taking turns, and sums them: a shared machine whose load drifts weighs on
+each alike. The replicas' targets compare each figure with the SQLite server's at the same session
+count in the same run: CPU per answer at most 1.3x kept in place and 2x round robin, answers per
+second kept in place at least 0.8x.
+
 Kills (`--kills K`): a request whose cell sleeps runs on one replica; once its cell runs, the replica
 is killed (SIGKILL) and a new one started in its place; the other replica is asked again until it
 answers. Reported: the time from the kill to that answer (it includes waiting out
@@ -22,7 +31,11 @@ answers. Reported: the time from the kill to that answer (it includes waiting ou
 loading a session costs (the replicas' own histogram of it), and stored events lost: every event the
 store held before the kill is read again after it, by id and content.
 
-    python bench/team_bench.py [--sessions 10,20,40] [--requests 5] [--kills 20] [--lease 3] [--gateway sandbox|plain]
+Statements (`--statements`): PostgreSQL counts every statement the service sent during each timed
+load (pg_stat_statements, loaded into the private cluster for the run); each PostgreSQL configuration
+then lists them per answer, most frequent first: the profile of an answer's round trips.
+
+    python bench/team_bench.py [--sessions 10,20,40] [--requests 5] [--kills 20] [--lease 3] [--gateway sandbox|plain] [--rounds N] [--statements]
 """
 
 from __future__ import annotations
@@ -44,6 +57,7 @@ from typing import Any
 
 import httpx
 import psutil
+import psycopg
 
 from taskweaver_lite.kernel.gateway.provisioner import SESSION_ROUTE
 from taskweaver_lite.testing.kernel_gateway import Gateway, kernel_gateway, sandbox_gateway
@@ -93,38 +107,132 @@ def replicas(project: Path, count: int) -> Iterator[list[ServeProcess]]:
 
 @dataclass(frozen=True)
 class Load:
-    """One configuration at one size: what the clients saw, and what the service's own processes spent."""
+    """One configuration at one size: what the clients saw, and what the service's own processes spent (summed over rounds)."""
 
     latencies: list[float]  # s, the model's last reply sent -> its answer event at the client
-    rate: float  # answers per second over the load
+    elapsed: float  # s of load
     answered: int
-    cpu: float  # CPU seconds of the serve processes (and PostgreSQL's, when it is the store) per answer
-    store_cpu: float  # of which PostgreSQL's
-    refreshed: tuple[int, float]  # replicas' copies brought up to date in place: how many, mean seconds
-    loaded: tuple[int, float]  # sessions loaded afresh from the store: how many, mean seconds
+    cpu_total: float  # CPU seconds of the serve processes (and PostgreSQL's, when it is the store)
+    store_cpu_total: float  # of which PostgreSQL's
+    refreshed: tuple[int, float]  # replicas' copies brought up to date in place during the load: how many, seconds in all
+    loaded: tuple[int, float]  # sessions loaded afresh from the store during the load: how many, seconds in all
     sessions: list[str]  # the ids of the sessions the load made
+
+    @property
+    def rate(self) -> float:
+        """Answers per second over the load."""
+        return self.answered / self.elapsed if self.elapsed else 0.0
+
+    @property
+    def cpu(self) -> float:
+        """CPU seconds per answer, the service's processes."""
+        return self.cpu_total / max(self.answered, 1)
+
+    @property
+    def store_cpu(self) -> float:
+        """CPU seconds per answer, PostgreSQL's."""
+        return self.store_cpu_total / max(self.answered, 1)
+
+    def __add__(self, other: Load) -> Load:
+        """Two rounds of one configuration as one load."""
+
+        def both(a: tuple[int, float], b: tuple[int, float]) -> tuple[int, float]:
+            return a[0] + b[0], a[1] + b[1]
+
+        return Load(
+            self.latencies + other.latencies,
+            self.elapsed + other.elapsed,
+            self.answered + other.answered,
+            self.cpu_total + other.cpu_total,
+            self.store_cpu_total + other.store_cpu_total,
+            both(self.refreshed, other.refreshed),
+            both(self.loaded, other.loaded),
+            self.sessions + other.sessions,
+        )
 
 
 def load(
-    urls: list[str], model: Model, *, sessions: int, requests: int, service: Callable[[], list[int]], store_pids: Callable[[], list[int]], sticky: bool = False
+    urls: list[str],
+    model: Model,
+    *,
+    sessions: int,
+    requests: int,
+    service: Callable[[], list[int]],
+    store_pids: Callable[[], list[int]],
+    sticky: bool = False,
+    statements: Statements | None = None,
 ) -> Load:
-    """`sessions` clients sending `requests` each, after a warm-up; `service`: the pids whose CPU is the service's (`store_pids` of them PostgreSQL's)."""
+    """`sessions` clients sending `requests` each, after a warm-up; `service`: the pids whose CPU is the service's (`store_pids` of them PostgreSQL's).
+
+    The warm-up sends each session's first request to every replica its load will use (one, kept in
+    place; each of them, round robin): what is measured is a service that has held its sessions a
+    while, not the first load of each session on each replica, which a session pays once (the
+    replicas' load histogram counts any that happen during the load all the same).
+    """
     with httpx.Client(timeout=120) as http:
         opened = [http.post(urls[n % len(urls)] + "/api/sessions", json={}).json()["id"] for n in range(sessions)]
-    run_clients(urls, opened, model, requests=1, prefix="warm-", sticky=sticky)  # kernels started, first cells run: not what is measured
+    # Kernels started, first cells run, each session held where its requests go: not what is measured.
+    run_clients(urls, opened, model, requests=1 if sticky else len(urls), prefix="warm-", sticky=sticky)
+    if statements is not None:
+        statements.reset()
+    moves_before = _moves(urls)
     before = cpu_seconds(service())
     started = time.perf_counter()
     arrivals = run_clients(urls, opened, model, requests=requests, sticky=sticky)
     elapsed = time.perf_counter() - started
     after = cpu_seconds(service())
+    if statements is not None:
+        statements.read()
     spent = sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
     in_store = set(store_pids())
     stored = sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items() if pid in in_store)
     latencies = [arrived - model.sent[marker] for marker, arrived in arrivals.items() if marker in model.sent]
+    (refreshed, loaded), (refreshed_before, loaded_before) = _moves(urls), moves_before
+    since = [(now[0] - was[0], now[1] - was[1]) for now, was in ((refreshed, refreshed_before), (loaded, loaded_before))]
+    return Load(latencies, elapsed, len(arrivals), spent, stored, since[0], since[1], opened)
+
+
+def _moves(urls: list[str]) -> tuple[tuple[int, float], tuple[int, float]]:
+    """The replicas' copies brought up to date, and sessions loaded, so far: (how many, seconds in all) of each."""
     with httpx.Client(timeout=120) as http:
-        refreshed, loaded = (_histogram(http, urls, name) for name in ("taskweaver_session_refresh_seconds", "taskweaver_session_load_seconds"))
-    answered = max(len(arrivals), 1)
-    return Load(latencies, len(arrivals) / elapsed, len(arrivals), spent / answered, stored / answered, refreshed, loaded, opened)
+        refreshed, loaded = (_histogram_totals(http, urls, name) for name in ("taskweaver_session_refresh_seconds", "taskweaver_session_load_seconds"))
+    return refreshed, loaded
+
+
+class Statements:
+    """PostgreSQL's own count of the statements run on the cluster (pg_stat_statements), between `reset` and `read`."""
+
+    def __init__(self, cluster: PostgresCluster) -> None:
+        self.cluster = cluster
+        self.counted: list[tuple[str, int, float]] = []  # (statement, times run, milliseconds of PostgreSQL's time in all)
+
+    def enable(self) -> None:
+        """Load pg_stat_statements into the cluster (a restart); it counts utility statements (BEGIN, COMMIT, LISTEN) too."""
+        with psycopg.connect(self.cluster.url(), autocommit=True) as db:
+            db.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+        self.cluster.restart()
+        with psycopg.connect(self.cluster.url(), autocommit=True) as db:
+            db.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+
+    def reset(self) -> None:
+        with psycopg.connect(self.cluster.url(), autocommit=True) as db:
+            db.execute("SELECT pg_stat_statements_reset()")
+
+    def read(self) -> None:
+        """What ran since `reset` in the service's databases (not this bench's own queries to the `postgres` database)."""
+        with psycopg.connect(self.cluster.url(), autocommit=True) as db:
+            rows = db.execute(
+                "SELECT s.query, SUM(s.calls)::bigint, SUM(s.total_exec_time + s.total_plan_time) FROM pg_stat_statements s"
+                " JOIN pg_database d ON d.oid = s.dbid WHERE d.datname <> 'postgres' GROUP BY s.query ORDER BY 2 DESC, 1"
+            ).fetchall()
+        self.counted = [(" ".join(str(query).split()), int(calls), float(ms)) for query, calls, ms in rows]
+
+    def report(self, answered: int) -> None:
+        total = sum(calls for _, calls, _ in self.counted)
+        print(f"    statements per answer: {total / answered:.1f} in all", file=sys.stderr)
+        for query, calls, ms in self.counted:
+            if calls / answered >= 0.05:
+                print(f"    {calls / answered:6.2f}  {ms / answered:6.3f} ms  {query[:150]}", file=sys.stderr)
 
 
 def cpu_seconds(pids: list[int]) -> dict[int, float]:
@@ -187,26 +295,57 @@ def run_clients(urls: list[str], sessions: list[str], model: Model, *, requests:
 
 
 def measure_load(
-    setups: dict[str, Callable[[], Any]], model: Model, *, sizes: list[int], requests: int, gateway: Gateway, cluster: PostgresCluster
+    setups: dict[str, Callable[[], Any]],
+    model: Model,
+    *,
+    sizes: list[int],
+    requests: int,
+    gateway: Gateway,
+    cluster: PostgresCluster,
+    statements: Statements | None = None,
+    rounds: int = 1,
 ) -> dict[tuple[str, int], Load]:
+    """Each configuration at each size, `rounds` times over, the configurations taking turns (a machine whose load drifts weighs on each alike)."""
     results: dict[tuple[str, int], Load] = {}
-    for name, start in setups.items():
-        for size in sizes:
-            with start() as servers:
-                store = None if name == "sqlite" else cluster
-                service, store_pids = functools.partial(service_pids, servers, store), functools.partial(postgres_pids, store)
-                urls = [s.url for s in servers]
-                found = load(urls, model, sessions=size, requests=requests, service=service, store_pids=store_pids, sticky=name.endswith("-sticky"))
-            cull(gateway, found.sessions)  # replicas leave kernels on the gateway; a deployment's culling ends them, here at once
-            results[(name, size)] = found
-            line = f"  {name:8} {size:3} sessions: p95 {p95(found.latencies) * 1000:7.1f} ms, {found.rate:6.1f} requests/s, {found.answered} answered"
-            moves = ""
-            if name.startswith("pg-2"):
-                (refreshes, refresh_mean), (loads, load_mean) = found.refreshed, found.loaded
-                moves = f"; copies brought up to date {refreshes} (mean {refresh_mean * 1000:.0f} ms), sessions loaded {loads} (mean {load_mean * 1000:.0f} ms)"
-            of_store = f" ({found.store_cpu * 1000:.0f} ms of it PostgreSQL's)" if store is not None else ""
-            print(line + f", {found.cpu * 1000:.0f} ms CPU per answer{of_store}{moves}", file=sys.stderr, flush=True)
+    for _ in range(rounds):
+        for name, start in setups.items():
+            for size in sizes:
+                found = measure_one(name, start, model, size=size, requests=requests, gateway=gateway, cluster=cluster, statements=statements)
+                results[(name, size)] = results[(name, size)] + found if (name, size) in results else found
     return results
+
+
+def measure_one(
+    name: str,
+    start: Callable[[], Any],
+    model: Model,
+    *,
+    size: int,
+    requests: int,
+    gateway: Gateway,
+    cluster: PostgresCluster,
+    statements: Statements | None,
+) -> Load:
+    """One configuration at one size, once: its servers started, loaded, stopped; a line on stderr."""
+    with start() as servers:
+        store = None if name == "sqlite" else cluster
+        service, store_pids = functools.partial(service_pids, servers, store), functools.partial(postgres_pids, store)
+        urls = [s.url for s in servers]
+        counting = statements if store is not None else None
+        sticky = name.endswith("-sticky")
+        found = load(urls, model, sessions=size, requests=requests, service=service, store_pids=store_pids, sticky=sticky, statements=counting)
+    cull(gateway, found.sessions)  # replicas leave kernels on the gateway; a deployment's culling ends them, here at once
+    line = f"  {name:11} {size:3} sessions: p95 {p95(found.latencies) * 1000:7.1f} ms, {found.rate:6.1f} requests/s, {found.answered} answered"
+    moves = ""
+    if name.startswith("pg-2"):
+        (refreshes, refresh_total), (loads, load_total) = found.refreshed, found.loaded
+        moves = f"; copies brought up to date {refreshes} (mean {refresh_total / max(refreshes, 1) * 1000:.0f} ms)"
+        moves += f", sessions loaded {loads} (mean {load_total / max(loads, 1) * 1000:.0f} ms)"
+    of_store = f" ({found.store_cpu * 1000:.0f} ms of it PostgreSQL's)" if store is not None else ""
+    print(line + f", {found.cpu * 1000:.1f} ms CPU per answer{of_store}{moves}", file=sys.stderr, flush=True)
+    if counting is not None:
+        counting.report(max(found.answered, 1))
+    return found
 
 
 def cull(gateway: Gateway, sessions: list[str]) -> None:
@@ -299,6 +438,12 @@ def stored_events(http: httpx.Client, url: str, session_id: str) -> list[tuple[i
 
 def _histogram(http: httpx.Client, urls: list[str], name: str) -> tuple[int, float]:
     """A histogram of the servers' /metrics summed over them: how many were observed, and their mean in seconds."""
+    count, total = _histogram_totals(http, urls, name)
+    return count, total / count if count else 0.0
+
+
+def _histogram_totals(http: httpx.Client, urls: list[str], name: str) -> tuple[int, float]:
+    """A histogram of the servers' /metrics summed over them: how many were observed, and their sum in seconds."""
     total = count = 0.0
     for url in urls:
         for line in http.get(url + "/metrics").text.splitlines():
@@ -306,7 +451,7 @@ def _histogram(http: httpx.Client, urls: list[str], name: str) -> tuple[int, flo
                 total += float(line.split()[-1])
             elif line.startswith(name + "_count "):
                 count += float(line.split()[-1])
-    return int(count), total / count if count else 0.0
+    return int(count), total
 
 
 def main() -> int:
@@ -316,6 +461,8 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=20, help="replicas killed mid-cell (0: none)")
     parser.add_argument("--lease", type=float, default=3.0, help="serve.lease_timeout for the kills")
     parser.add_argument("--configs", default="sqlite,pg-local,pg-1,pg-2,pg-2-sticky", help="which configurations to load, comma-separated")
+    parser.add_argument("--rounds", type=int, default=1, help="times each configuration is loaded, the configurations taking turns")
+    parser.add_argument("--statements", action="store_true", help="count the statements PostgreSQL ran per answer (pg_stat_statements)")
     parser.add_argument(
         "--gateway", choices=("sandbox", "plain"), default="sandbox", help="the replicas' gateway: taskweaver-lite gateway, or jupyter kernelgateway"
     )
@@ -323,6 +470,9 @@ def main() -> int:
     sizes = [int(size) for size in args.sessions.split(",")]
     model = Model()
     with ScriptedServer() as scripted, tempfile.TemporaryDirectory() as folder, running_cluster() as cluster:
+        statements = Statements(cluster) if args.statements else None
+        if statements is not None:
+            statements.enable()
         root = Path(folder)
         (root / "gateway").mkdir()
         scripted.set_default("planner", model.planner)
@@ -335,7 +485,9 @@ def main() -> int:
             setups = _setups(root, cluster, gateway_url=gateway, model_url=scripted.url, lease=args.lease)
             print("load (each line: one configuration, one size):", file=sys.stderr)
             chosen = {name: start for name, (start, _) in setups.items() if name in args.configs.split(",")}
-            results = measure_load(chosen, model, sizes=sizes, requests=args.requests, gateway=gateway, cluster=cluster)
+            results = measure_load(
+                chosen, model, sizes=sizes, requests=args.requests, gateway=gateway, cluster=cluster, statements=statements, rounds=args.rounds
+            )
             kill_numbers = kills(setups["pg-2"][1], count=args.kills, lease=args.lease) if args.kills else None
     report(results, sizes, kill_numbers, lease=args.lease)
     return 0
@@ -356,16 +508,41 @@ def _setups(root: Path, cluster: PostgresCluster, *, gateway_url: Any, model_url
     }
 
 
+# Two replicas against one SQLite server at the same session count: (configuration, what, the most CPU per answer it may take).
+CPU_TARGETS = (("pg-2-sticky", "sessions kept on one replica, as the shipped nginx routes", 1.3), ("pg-2", "round robin, every request moving", 2.0))
+RATE_TARGET = 0.8  # answers per second of two replicas kept in place, at least this share of the SQLite server's
+
+
+def replica_targets(results: dict[tuple[str, int], Load], sqlite: Load, size: int) -> None:
+    """The replicas' targets at `size` sessions, each figure against the SQLite server's in the same run."""
+    for name, what, most in CPU_TARGETS:
+        found = results.get((name, size))
+        if found is not None:
+            ratio = found.cpu / sqlite.cpu
+            print(
+                f"target: CPU per answer, two replicas ({what}), at most {most:g}x the SQLite server's at {size} sessions:"
+                f" {ratio:.2f}x ({found.cpu * 1000:.1f} against {sqlite.cpu * 1000:.1f} ms, {found.store_cpu * 1000:.1f} of it PostgreSQL's):"
+                f" {'holds' if ratio <= most else 'misses'}"
+            )
+    kept = results.get(("pg-2-sticky", size))
+    if kept is not None:
+        ratio = kept.rate / sqlite.rate
+        print(
+            f"target: answers per second, two replicas kept in place, at least {RATE_TARGET:g}x the SQLite server's at {size} sessions:"
+            f" {ratio:.2f}x ({kept.rate:.1f} against {sqlite.rate:.1f}): {'holds' if ratio >= RATE_TARGET else 'misses'}"
+        )
+
+
 def report(results: dict[tuple[str, int], Load], sizes: list[int], kills: Any, *, lease: float) -> None:
     print("\nanswer p95 (model's reply sent -> answer event), requests/s, and the service's CPU per answer (serve processes,")
     print("and PostgreSQL's when it is the store); ratios against one SQLite server at 10 sessions")
     base = results.get(("sqlite", 10)) or next(iter(results.values()))
     base_p95 = p95(base.latencies)
-    print(f"{'config':9} {'sessions':>8} {'p95 ms':>8} {'x base':>7} {'req/s':>7} {'x base':>7} {'CPU ms':>7} {'x base':>7} {'answered':>8}")
+    print(f"{'config':11} {'sessions':>8} {'p95 ms':>8} {'x base':>7} {'req/s':>7} {'x base':>7} {'CPU ms':>7} {'x base':>7} {'answered':>8}")
     for (name, size), found in results.items():
         latency = p95(found.latencies)
         print(
-            f"{name:9} {size:8} {latency * 1000:8.1f} {latency / base_p95:7.2f} {found.rate:7.1f} {found.rate / base.rate:7.2f}"
+            f"{name:11} {size:8} {latency * 1000:8.1f} {latency / base_p95:7.2f} {found.rate:7.1f} {found.rate / base.rate:7.2f}"
             f" {found.cpu * 1000:7.1f} {found.cpu / base.cpu:7.2f} {found.answered:8}"
         )
     if ("pg-2", 20) in results:
@@ -379,6 +556,10 @@ def report(results: dict[tuple[str, int], Load], sizes: list[int], kills: Any, *
             f" ({two.cpu / base.cpu:.2f}x): with a machine per replica, each of two replicas at 20 sessions does the work of one server at 10,"
             f" at that ratio of its CPU per answer"
         )
+    for size in sizes:
+        same = results.get(("sqlite", size))
+        if same is not None:
+            replica_targets(results, same, size)
     if kills is None:
         return
     to_answer, after_lease, lost, checked, load_mean = kills

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,8 @@ from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import ConfigError
 from taskweaver_lite.records.events import Folded, ModelCalled
 from taskweaver_lite.store.database import SessionStore
-from taskweaver_lite.web.leases import LeaseBusy, Leases
+from taskweaver_lite.store.interface import Lease
+from taskweaver_lite.web.leases import Hold, LeaseBusy, Leases
 from taskweaver_lite.web.metrics import Metrics
 from taskweaver_lite.web.replica import check_replica_setup
 
@@ -159,6 +160,34 @@ def test_stop_asked_on_another_replica_reaches_the_holder_through_the_store_with
         elsewhere.close()
 
 
+def test_a_contender_whose_two_reads_straddle_the_holder_letting_go_takes_the_session_rather_than_being_refused(tmp_path: Path) -> None:
+    # The holder frees its lease and its answered mark in one statement: a contender may find the lease
+    # held, and then no mark, because both went in between. It must take the session, not answer 409.
+    let_go: list[Hold] = []
+
+    class LettingGo(SessionStore):
+        def lease(self, session_id: str) -> Lease | None:
+            if session_id == "s1:answered" and let_go:
+                holder.release(let_go.pop())  # the holder's bookkeeping ends right between the contender's reads
+            return super().lease(session_id)
+
+    store = LettingGo(tmp_path / "sessions.db")
+    store.create_session("s1", started=time.time())
+    holder, contender = Leases(store, seconds=5, wait=1), Leases(store, seconds=5, wait=1)
+    try:
+        hold = holder.take("s1")
+        holder.answered(hold)
+        let_go.append(hold)
+        taken = contender.take("s1")
+        current = store.lease("s1")
+        assert current is not None and current.holder == taken.holder
+        assert not let_go, "the contender read the mark once the holder had let go"
+    finally:
+        holder.close()
+        contender.close()
+        store.close()
+
+
 def test_stop_asked_once_the_request_has_answered_finds_nothing_to_stop(store: SessionStore) -> None:
     running, elsewhere = Leases(store, seconds=5, wait=0), Leases(store, seconds=5, wait=0)
     try:
@@ -179,8 +208,8 @@ def test_a_contender_never_finds_a_session_held_without_its_answered_mark_while_
     seen: list[tuple[bool, bool]] = []  # (lease held, answered mark there) after each row the holder frees
 
     class Watched(SessionStore):
-        def release_lease(self, session_id: str, holder: str) -> None:
-            super().release_lease(session_id, holder)
+        def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> None:
+            super().release_lease(session_id, holder, marks=marks)
             seen.append((self.lease("s1") is not None, self.lease("s1:answered") is not None))
 
     store = Watched(tmp_path / "sessions.db")

@@ -243,8 +243,10 @@ class Session:
         rnd = self.conversation.start_round(text)
         message = "\n\n".join([*self._notes, text])
         try:
-            self._emit(RoundStarted(rnd))
-            self._add(rnd, Post(send_from=USER, send_to=self._entry.spec.alias, message=message))
+            # The round's start and the request itself are stored in one write (both are shown at once anyway).
+            request = Post(send_from=USER, send_to=self._entry.spec.alias, message=message)
+            rnd.posts.append(request)
+            self._emit(RoundStarted(rnd), PostAdded(rnd, request))
             self._run_hops(rnd, views)
             rnd.state = "finished"
             self._notes.clear()  # only now: a failed round's notes go out again with the next request
@@ -446,18 +448,19 @@ class Session:
         with contextlib.suppress(StoreError):
             self._emit(RoundEnded(rnd))
 
-    def _emit(self, event: Event) -> None:
-        """The store records `event` first, then the listeners show it: what was shown is durable.
+    def _emit(self, *events: Event) -> None:
+        """The store records `events` first (in one write), then the listeners show them in order: what was shown is durable.
 
-        Should the store fail, the event is still shown (nothing the user saw is hidden) and the
+        Should the store fail, the events are still shown (nothing the user saw is hidden) and the
         failure is raised after, so the round says its record is incomplete.
         """
         try:
             if self._recorder is not None:
-                self._recorder(event)
+                self._recorder.record(*events)
         finally:
-            for listener in list(self._listeners):
-                listener(event)
+            for event in events:
+                for listener in list(self._listeners):
+                    listener(event)
 
 
 def _last_report(rnd: Round, *, to: str) -> str:

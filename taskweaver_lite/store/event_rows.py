@@ -112,12 +112,17 @@ def _end_round(db: Connection, session_id: str, round_id: str, *, state: str, er
 
 def _insert_post(db: Connection, session_id: str, round_id: str, post: Post) -> None:
     execution = post.execution
-    inserted = db.execute(
+    if execution is not None:
+        # Every cell's result carries the kernel's snapshot after it (empty after a kernel death); a post
+        # written before (the same id) leaves the session's as it is. Decided by the database, not by a
+        # row count read back, so that PostgreSQL can be sent the whole write at once.
+        variables = to_json([v.to_dict() for v in execution.variables])
+        db.execute(
+            "UPDATE sessions SET variables = ? WHERE id = ? AND NOT EXISTS (SELECT 1 FROM posts WHERE session_id = ? AND post_id = ?)",
+            (variables, session_id, session_id, post.id),
+        )
+    db.execute(
         "INSERT INTO posts (session_id, round_id, post_id, send_from, send_to, success, created_at, data)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, post_id) DO NOTHING",
         (session_id, round_id, post.id, post.send_from, post.send_to, int(execution.success) if execution else None, post.created_at, to_json(post.to_dict())),
-    ).rowcount
-    if inserted and execution is not None:
-        # Every cell's result carries the kernel's snapshot after it (empty after a kernel death).
-        variables = to_json([v.to_dict() for v in execution.variables])
-        db.execute("UPDATE sessions SET variables = ? WHERE id = ?", (variables, session_id))
+    )

@@ -257,13 +257,29 @@ class PostgresStore(SqlStore):
             finally:
                 _back_to_transactions(conn)
 
-    def _log(self, db: Connection, session_id: str, item: dict[str, Any], now: float) -> int:
+    @contextmanager
+    def _batch(self, session_id: str) -> Iterator[_Connection]:
+        """One `record`'s transaction sent whole (a pipeline: BEGIN, its statements, COMMIT), answered in one round trip.
+
+        Nothing in it is read before the end. A session that is not stored fails its rows' foreign
+        keys, and is said as SqlStore says it.
+        """
+        with self._autocommit() as conn:
+            try:
+                with conn.pipeline():
+                    conn.execute("BEGIN")
+                    yield _Connection(conn)
+                    conn.execute("COMMIT")
+            except psycopg.errors.ForeignKeyViolation:
+                raise StoreError(f"session {session_id} is not in {self.where}; it must be created before events are recorded") from None
+
+    def _log(self, db: Connection, session_id: str, item: dict[str, Any], now: float) -> Callable[[], int]:
         """Append one entry to the session's event log and notify on commit, in one statement (one notice per transaction and session)."""
-        row = db.execute(
+        logged = db.execute(
             "WITH logged AS (INSERT INTO events (session_id, data, at) VALUES (?, ?, ?) RETURNING id) SELECT id, pg_notify(?, ?) FROM logged",
             (session_id, to_json(item), now, EVENTS_CHANNEL, session_id),
-        ).fetchone()
-        return int(row[0])
+        )
+        return lambda: int(logged.fetchone()[0])
 
     def search_tips(self, text: str, *, owner: str | None = None, limit: int) -> list[Tip] | None:
         """The stored tips that fit `text` (any of its words, stemmed), best first by `ts_rank`."""

@@ -9,7 +9,7 @@ from typing import Any
 
 from taskweaver_lite.errors import StoreError
 from taskweaver_lite.records.event_json import event_json
-from taskweaver_lite.records.events import CellPrinted, Event, FileLoaded, Folded, ModelCalled, PostAdded, ReplyStreamed, Working
+from taskweaver_lite.records.events import CellPrinted, Event, FileLoaded, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, Working
 from taskweaver_lite.safety.workfiles import read_below
 from taskweaver_lite.store.interface import Store
 
@@ -19,9 +19,16 @@ MAX_KEPT_BYTES = 50 * 1024 * 1024  # an artifact larger than this stays in its s
 class StoreRecorder:
     """A session listener that records every event; safe to call from the session's and the fold threads.
 
-    A model call's record is written with the next event (the post its reply became, the repair,
-    the fold, the round's end): one transaction instead of two, and a kill -9 in between loses
-    only what `kill -9` during the call's own write would have. `flush` writes what is held.
+    Each write is one transaction (on PostgreSQL, with one notice to the other replicas), and an
+    event is written before anything shows it, so a request's events are written in as few as
+    that allows:
+    - A model call's record is written with the next event (the post its reply became, the repair,
+      the fold, the round's end): a kill -9 in between loses only what `kill -9` during the call's
+      own write would have. `flush` writes what is held.
+    - Events shown together are written together (`record(*events)`: a round's start and its request).
+    - The answer ends its round in the store: its write also logs the round's end, and the
+      `RoundEnded` that follows for that round writes nothing more.
+    - A fold's new compression state is saved in the write of its `Folded` event.
 
     `compression_state(role)` returns that role's CompressionState.to_dict(); with it, each fold also
     saves the role's new state. A store failure in a background thread is raised again on the next
@@ -47,24 +54,23 @@ class StoreRecorder:
         self._failure: StoreError | None = None
         self._held: list[ModelCalled] = []
         self._held_lock = threading.Lock()
+        self._ended_by_answer: str | None = None  # the round whose answer's write also ended it
 
     def __call__(self, event: Event) -> None:
         """Record `event` (the Listener signature)."""
+        self.record(event)
+
+    def record(self, *events: Event) -> None:
+        """Record `events` in one write (with the model calls held until now), unless they are all model calls (held)."""
         with self._held_lock:
-            if isinstance(event, ModelCalled):
-                self._held.append(event)
+            if all(isinstance(event, ModelCalled) for event in events):
+                self._held.extend(event for event in events if isinstance(event, ModelCalled))
                 held = None
             else:
                 held, self._held = self._held, []
         if held is not None:
             try:
-                self.store.record(self.session_id, *held, event, shown=self._shown(event))
-                if self.store.keeps_files:
-                    self._keep_files(event)
-                if isinstance(event, Folded) and self._compression_state is not None:
-                    state = self._compression_state(event.role)
-                    if state is not None:
-                        self.store.save_compression(self.session_id, event.role, state)
+                self._write([*held, *(event for event in events if not self._already_ended(event))])
             except StoreError as exc:
                 if threading.get_ident() != self._owner:
                     self._failure = exc
@@ -73,6 +79,28 @@ class StoreRecorder:
         if self._failure is not None and threading.get_ident() == self._owner:
             failure, self._failure = self._failure, None
             raise failure
+
+    def _write(self, events: list[Event]) -> None:
+        shown = [entry for event in events for entry in self._shown(event)]
+        answer = next((e for e in events if isinstance(e, PostAdded) and e.post.is_answer), None)
+        if answer is not None:  # the answer ends its round in the store: its end is logged with it, as the page is told
+            shown.append({"type": "round_ended", "round": answer.round.index, "state": "finished", "error": None})
+        states: dict[str, dict[str, Any]] = {}
+        for fold in (event for event in events if isinstance(event, Folded)):
+            state = self._compression_state(fold.role) if self._compression_state is not None else None
+            if state is not None:
+                states[fold.role] = state
+        if events or shown:
+            self.store.record(self.session_id, *events, shown=shown, compression=states)
+        if answer is not None:
+            self._ended_by_answer = answer.round.id
+        if self.store.keeps_files:
+            for event in events:
+                self._keep_files(event)
+
+    def _already_ended(self, event: Event) -> bool:
+        """A round's end that its answer's write already stored and logged."""
+        return isinstance(event, RoundEnded) and event.round.id == self._ended_by_answer and event.round.state == "finished"
 
     def _shown(self, event: Event) -> list[dict[str, Any]]:
         """The event-log entry of `event` (what the events route streams): recorded events the page shows, as it shows them."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -21,7 +21,7 @@ from taskweaver_lite.records.events import CellPrinted, Event, FileLoaded, Reply
 from taskweaver_lite.records.execution import Variable
 from taskweaver_lite.records.model_calls import Usage
 from taskweaver_lite.records.tips import Tip, TipKind
-from taskweaver_lite.store.event_rows import Connection, to_json, write_event
+from taskweaver_lite.store.event_rows import Connection, Rows, to_json, write_event
 from taskweaver_lite.store.interface import INTERRUPTED_ERROR, FileKind, Lease, SessionEntry, StoredEvent, StoredSession
 from taskweaver_lite.store.user_queries import UserQueries
 from taskweaver_lite.store.users import Verifier
@@ -93,29 +93,43 @@ class SqlStore(UserQueries):
     def _one_at_a_time(self, db: Any, key: str) -> None:
         """Hold `key`'s lock until the transaction ends (SQLite: its write transaction already is one at a time)."""
 
-    def record(self, session_id: str, *events: Event, shown: Sequence[dict[str, Any]] = ()) -> list[int]:
-        """Write session events (and `shown`, entries for the event log) in one transaction; returns the log entries' ids.
+    def record(
+        self, session_id: str, *events: Event, shown: Sequence[dict[str, Any]] = (), compression: Mapping[str, dict[str, Any]] | None = None
+    ) -> list[int]:
+        """Write session events, `shown` (entries for the event log) and `compression` (roles' new states) in one transaction; the log entries' ids.
 
         `Working`, `ReplyStreamed`, `CellPrinted` are progress only: they are not recorded.
         """
         kept = [event for event in events if not isinstance(event, (Working, ReplyStreamed, CellPrinted))]
-        if not kept and not shown:
+        if not kept and not shown and not compression:
             return []
         now = time.time()
-        with self._transaction() as db:
-            if db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id)).rowcount == 0:
-                raise StoreError(f"session {session_id} is not in {self.where}; it must be created before events are recorded")
-            made: set[tuple[str, str]] = set()
+        made: set[tuple[str, str]] = set()
+        with self._batch(session_id) as db:
+            touched = db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
+            self._check_stored(touched, session_id)
             for event in kept:
                 write_event(db, session_id, event, now, known_rounds=self._known_rounds, made=made)
-            ids = [self._log(db, session_id, item, now) for item in shown]
+            for role, state in (compression or {}).items():
+                _save_state(db, session_id, role, state, now)
+            logged = [self._log(db, session_id, item, now) for item in shown]
+        self._check_stored(touched, session_id)  # a batch sent whole is read once it is done (nothing else was written then)
         self._known_rounds |= made  # only once committed: a rolled-back round row is made again next time
-        return ids
+        return [entry() for entry in logged]
 
-    def _log(self, db: Connection, session_id: str, item: dict[str, Any], now: float) -> int:
-        """Append one entry to the session's event log (PostgreSQL's also tells the other replicas); its id."""
+    def _batch(self, session_id: str) -> AbstractContextManager[Connection]:
+        """The transaction of one `record` (PostgreSQL sends it whole, in one round trip)."""
+        return self._transaction()
+
+    def _check_stored(self, touched: Rows, session_id: str) -> None:
+        """StoreError when the statement that marked the session active found no session (a rowcount not known yet is -1)."""
+        if touched.rowcount == 0:
+            raise StoreError(f"session {session_id} is not in {self.where}; it must be created before events are recorded")
+
+    def _log(self, db: Connection, session_id: str, item: dict[str, Any], now: float) -> Callable[[], int]:
+        """Append one entry to the session's event log (PostgreSQL's also tells the other replicas); its id, read once the transaction is done."""
         row = db.execute("INSERT INTO events (session_id, data, at) VALUES (?, ?, ?) RETURNING id", (session_id, to_json(item), now)).fetchone()
-        return int(row[0])
+        return lambda: int(row[0])
 
     def events_after(self, session_id: str, after: int, *, limit: int = 500) -> list[StoredEvent]:
         """The session's event-log entries with an id above `after`, oldest first (at most `limit`)."""
@@ -138,11 +152,7 @@ class SqlStore(UserQueries):
         """Keep `role`'s CompressionState.to_dict(), replacing the one saved before."""
         now = time.time()
         with self._transaction() as db:
-            db.execute(
-                "INSERT INTO compression (session_id, role, state, saved_at) VALUES (?, ?, ?, ?)"
-                " ON CONFLICT (session_id, role) DO UPDATE SET state = excluded.state, saved_at = excluded.saved_at",
-                (session_id, role, to_json(state), now),
-            )
+            _save_state(db, session_id, role, state, now)
             db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
 
     def save_overrides(self, session_id: str, overrides: list[str]) -> None:
@@ -184,20 +194,24 @@ class SqlStore(UserQueries):
 
         With `owner`, only that user's sessions are candidates: another's is unknown, as if absent.
         """
+        # Each step is one statement of its own (no transaction around them): an exact id, which every
+        # request to a session checks, is one round trip.
         mine, params = (" AND owner = ?", (owner,)) if owner is not None else ("", ())
-        with self._read() as db:
-            if ref == "last":
+        if ref == "last":
+            with self._read_one() as db:
                 row = db.execute(
                     f"SELECT id FROM sessions s WHERE EXISTS (SELECT 1 FROM rounds r WHERE r.session_id = s.id){mine}"
                     " ORDER BY last_active DESC, started DESC LIMIT 1",
                     params,
                 ).fetchone()
-                if row is None:
-                    raise StoreError(f"there are no stored sessions in {self.where} yet")
-                return str(row[0])
+            if row is None:
+                raise StoreError(f"there are no stored sessions in {self.where} yet")
+            return str(row[0])
+        with self._read_one() as db:
             if db.execute(f"SELECT 1 FROM sessions WHERE id = ?{mine}", (ref, *params)).fetchone():
                 return ref
-            pattern = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        pattern = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        with self._read_one() as db:
             found = db.execute(f"SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\'{mine} ORDER BY id", (pattern, *params)).fetchall()
         matches = [str(r[0]) for r in found]
         if len(matches) == 1:
@@ -383,10 +397,11 @@ class SqlStore(UserQueries):
             updated = db.execute(f"UPDATE leases SET expires = {self.now_sql} + ? WHERE session_id = ? AND holder = ?", (seconds, session_id, holder)).rowcount
         return updated > 0
 
-    def release_lease(self, session_id: str, holder: str) -> None:
-        """Free the session's lease if `holder` has it."""
+    def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> None:
+        """Free the session's lease if `holder` has it, and at the same moment `holder`'s marks on it (the rows `session_id + mark`)."""
+        keys = [session_id, *(session_id + mark for mark in marks)]
         with self._write_one() as db:
-            db.execute("DELETE FROM leases WHERE session_id = ? AND holder = ?", (session_id, holder))
+            db.execute(f"DELETE FROM leases WHERE holder = ? AND session_id IN ({', '.join('?' * len(keys))})", (holder, *keys))
 
     def lease(self, session_id: str) -> Lease | None:
         """The session's current, unexpired lease; None when it is free."""
@@ -415,6 +430,15 @@ class SqlStore(UserQueries):
         """Raise StoreError when the store cannot be reached."""
         with self._read_one() as db:
             db.execute("SELECT 1").fetchone()
+
+
+def _save_state(db: Connection, session_id: str, role: str, state: dict[str, Any], now: float) -> None:
+    """Keep `role`'s compression state in place of the one saved before."""
+    db.execute(
+        "INSERT INTO compression (session_id, role, state, saved_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (session_id, role) DO UPDATE SET state = excluded.state, saved_at = excluded.saved_at",
+        (session_id, role, to_json(state), now),
+    )
 
 
 def _secret_setting(key: str) -> bool:

@@ -8,8 +8,10 @@ third of `serve.lease_timeout`; a replica that dies stops renewing, and its leas
 
 Taking a lease is one statement that exactly one contender wins. The loser is told at once (409)
 while the holder still answers; once the holder has answered (it marks that with a second row,
-`<id>:answered`), the loser waits for it to finish its bookkeeping, up to `serve.lease_wait`
-seconds, rather than send a person who typed quickly an error.
+`<id>:answered`, before the client has the answer), the loser waits for it to finish its
+bookkeeping, up to `serve.lease_wait` seconds, rather than send a person who typed quickly an
+error. The holder frees the lease and its mark in one statement; a loser that finds no mark tries
+once more before it refuses, since both may have gone between its two reads.
 
 Stop pressed on another replica reaches this one twice over: at once by NOTIFY (`fanout.py`), and
 through the store, as a third row (`<id>:stop`, naming the request it stops) that the renewing
@@ -81,7 +83,12 @@ class Leases:
         hold = Hold(session_id, f"{self.replica}/{uuid.uuid4().hex[:8]}")
         deadline = time.monotonic() + self._wait
         while self._store.take_lease(session_id, hold.holder, seconds=self._seconds) is None:
-            if self._store.lease(session_id + ANSWERED) is None or time.monotonic() > deadline:
+            # No mark: the holder is still answering, or has just let go of the lease and its mark together
+            # (one statement) since the attempt above; one more attempt tells which.
+            unmarked = self._store.lease(session_id + ANSWERED) is None
+            if unmarked and self._store.take_lease(session_id, hold.holder, seconds=self._seconds) is not None:
+                break
+            if unmarked or time.monotonic() > deadline:
                 raise LeaseBusy("This session is answering another request (perhaps from another tab): wait for it, or press Stop.")
             time.sleep(POLL)
         with self._lock:
@@ -127,13 +134,13 @@ class Leases:
             held = [h for key, h in self._held.items() if h.holder == hold.holder]
             for h in held:
                 del self._held[h.session_id]
-        # The lease first, the mark last: a contender that finds the lease held and no mark is refused at
-        # once, so the mark must outlive the lease; a mark left over for a moment only makes one wait.
-        for h in sorted(held, key=lambda h: h.session_id != hold.session_id):
-            try:
-                self._store.release_lease(h.session_id, h.holder)
-            except StoreError:
-                _log.warning("could not free the lease of session %s (the store is unreachable); it runs out by itself", hold.session_id)
+        # The lease and its mark in one statement: a contender that finds the lease held and no mark is
+        # refused at once, so the mark must never go before the lease.
+        marks = [h.session_id.removeprefix(hold.session_id) for h in held if h.session_id != hold.session_id]
+        try:
+            self._store.release_lease(hold.session_id, hold.holder, marks=marks)
+        except StoreError:
+            _log.warning("could not free the lease of session %s (the store is unreachable); it runs out by itself", hold.session_id)
 
     def held(self) -> list[Hold]:
         """The leases held now (for a replica stopping: what it still runs)."""

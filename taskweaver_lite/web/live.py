@@ -227,17 +227,19 @@ class LiveSession:
             self._answered(turn, event)
 
     def _answered(self, turn: Turn, event: PostAdded) -> None:
-        """The answer goes to the page when the terminal would print it: once the store holds it (Session._emit).
+        """The answer goes to the page when the terminal would print it: once the store holds it (Session._emit), and the request is marked answered.
 
         Its thread then waits for the loop to write it, rather than take the interpreter from the
         loop for the round's bookkeeping; a client that stopped reading costs at most that wait.
         Should storing the round's end fail, an error follows the answer, last.
         """
         turn.answered = True
+        if self._on_answer is not None:
+            # Before the client has the answer: a request it sends the moment the answer arrives must find this
+            # one marked answered (on a replica: the lease's mark), and wait for its bookkeeping, not be refused.
+            self._on_answer()
         turn.put({"type": "round_ended", "round": event.round.index, "state": "finished", "error": None})
         turn.put({"type": "answer", "text": event.post.message, "round": event.round.index})
-        if self._on_answer is not None:
-            self._on_answer()
         turn.answer_sent.wait(ANSWER_WRITE_WAIT)
 
     def _streamed(self, event: ReplyStreamed) -> dict[str, Any] | None:

@@ -217,8 +217,15 @@ class GatewayExecutor(SessionKernel):
 
         True for a kernel not started yet, or still starting: there is nothing to lose. Raises
         GatewayUnreachableError when the gateway does not answer.
+
+        A cell sent within GONE_CHECK seconds on a connection still open and silent answers without
+        asking the gateway: a kernel it ends (culled, ended for room, restarted) says so on the
+        connection first (its status messages), and a gateway that stops closes it; either leaves
+        something to read, and the gateway is asked then.
         """
         if not self._ready.is_set() or self._start_error is not None or self.kernel.kernel_id is None or self._closed:
+            return True
+        if time.monotonic() - self._last_cell < GONE_CHECK and self.kernel.connected and not self.kernel.waiting():
             return True
         return self.kernel.present()
 
