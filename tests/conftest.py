@@ -43,6 +43,8 @@ _UNTIERED = pytest.StashKey[bool]()
 _TIER_NAMED = re.compile(rf"\bmark\.({'|'.join(TIERS)})\b")
 # A fixture here whose parameters carry a tier gives that tier to the tests of any file that asks for it.
 FIXTURE_TIERS = {"store": "postgres"}
+# The real model's sampling seed: every request samples from it, so a run repeats the last one on this machine.
+SMOLLM2_SEED = 7
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -165,7 +167,7 @@ def kernel_executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kernel
 
 @pytest.fixture(scope="session")
 def smollm2_server() -> Iterator[LlamaServer]:
-    """llama-server on SmolLM2-135M-Instruct for the whole run: two slots (a role's prompt cache each) of its full 8,192-token context.
+    """llama-server on SmolLM2-135M-Instruct for the whole run: two slots (a role's prompt cache each) of its full 8,192-token context, seeded.
 
     Skipped, saying which script to run, without the built server or the model.
     """
@@ -174,7 +176,7 @@ def smollm2_server() -> Iterator[LlamaServer]:
     binary, model, why = built_server(), smollm2(), missing()
     if binary is None or model is None:
         pytest.skip(why or "no llama-server or SmolLM2 here")
-    with llama_server(binary, model, slots=2) as running:
+    with llama_server(binary, model, slots=2, options=("--seed", str(SMOLLM2_SEED))) as running:
         yield running
 
 

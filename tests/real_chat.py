@@ -4,8 +4,8 @@ format, cells run. The `real` tier (tests/test_real_chat.py) and bench/structure
 The project is the bundled one (`project/`, its plugins and `sample_data/sales.csv`), pointed at a
 llama-server, with `llm.structured` as asked. Replies are capped (`llm.reply_reserve`) and a request
 may delegate a few steps only, so that three requests on two shared cores take minutes, not an hour.
-The model's sampling is the server's: seeded there (`--seed`) the chat is the same on every run on
-one machine.
+The model's sampling is the server's: the test tier seeds it (`--seed`), so that its chat is the same
+on every run on one machine; the bench does not, and measures how the chat varies.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from chromium import NEEDS_CHROMIUM, chromium, sign_in_at_the_provider
 from helpers import OIDC_PROVIDER_MODULE, oidc_provider
 
 from taskweaver_lite.kernel.gateway.remote import REMOTE_SESSIONS
@@ -36,12 +37,7 @@ from taskweaver_lite.testing.scripted_server import ScriptedServer
 
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 OPENSSL = shutil.which("openssl")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
 NEEDS_NGINX = pytest.mark.skipif(NGINX is None or OPENSSL is None, reason="nginx and openssl are not installed: apt-get install nginx openssl")
-NEEDS_CHROMIUM = pytest.mark.skipif(
-    CHROMIUM is None or DRIVER is None, reason="Chromium and chromedriver are not installed: apt-get install chromium chromium-driver"
-)
 # A browser, nginx, two replicas and a gateway on a loaded machine: more than the usual 120 s per test.
 pytestmark = [pytest.mark.team, pytest.mark.timeout(300), NEEDS_NGINX, NEEDS_CHROMIUM]
 REPO = Path(__file__).resolve().parent.parent
@@ -175,19 +171,8 @@ def deployment(postgres_cluster: PostgresCluster, tmp_path_factory: pytest.TempP
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000", "--ignore-certificate-errors"):
-        options.add_argument(flag)
-    options.accept_insecure_certs = True  # the proxy's certificate is self-signed
-    driver = webdriver.Chrome(service=Service(executable_path=str(DRIVER)), options=options)
-    try:
+    with chromium(self_signed=True) as driver:  # the proxy's certificate is self-signed
         yield driver
-    finally:
-        driver.quit()
 
 
 def _sign_in_by_the_form(browser: Any, deployment: Deployment, token: str | None = None) -> None:
@@ -351,31 +336,9 @@ def test_the_admin_page_through_nginx_lists_the_users_sessions_kernels_usage_and
 
 
 def test_the_page_signs_in_through_the_openid_provider_behind_nginx_with_a_secure_cookie(deployment: Deployment, browser: Any) -> None:
-    from selenium.common.exceptions import TimeoutException
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
     if not deployment.sso:
         pytest.skip("oidc-provider is not in build/npm (.ci/run installs it)")
-    browser.delete_all_cookies()
-    browser.get(f"{deployment.url}/")
-    WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.ID, "sso")).pop().click()
-    WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.NAME, "login")).pop().send_keys("dora")
-    browser.find_element(By.NAME, "password").send_keys("any password\n")
-
-    def landed(d: Any) -> bool:
-        consent = d.find_elements(By.CSS_SELECTOR, "input[name=prompt][value=consent]")
-        if consent:
-            consent[0].find_element(By.XPATH, "./ancestor::form").submit()
-            return False
-        return bool(d.current_url.startswith(deployment.url) and d.find_elements(By.ID, "new-session"))
-
-    try:
-        WebDriverWait(browser, 90).until(landed)
-    except TimeoutException:
-        raise AssertionError(
-            f"not signed in through the provider; the browser shows {browser.current_url}: {browser.find_element(By.TAG_NAME, 'body').text}"
-        ) from None
+    sign_in_at_the_provider(browser, deployment.url, "dora")
     (cookie,) = [c for c in browser.get_cookies() if c["name"] == "twl_sign_in"]
     assert cookie["secure"] and cookie["httpOnly"], cookie
     with httpx.Client(base_url=deployment.url, verify=False, timeout=60, cookies={"twl_sign_in": cookie["value"]}) as client:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,20 +20,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chromium import NEEDS_CHROMIUM, chromium
 from helpers import REPO, cli_env, make_project
 
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, last_user_text, planner_reply
+from taskweaver_lite.testing.server_start import free_port, wait_until_answering
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
 VENV = Path(os.environ.get("TASKWEAVER_LITE_JUPYTER_VENV") or REPO / "build" / "jupyter-ai" / "venv")
 JUPYTER = VENV / "bin" / "jupyter"
 pytestmark = [
     pytest.mark.jupyter,
-    pytest.mark.skipif(CHROMIUM is None or DRIVER is None, reason="Chromium and chromedriver are not installed: apt-get install chromium chromium-driver"),
+    NEEDS_CHROMIUM,
     pytest.mark.skipif(not JUPYTER.exists(), reason=f"JupyterLab with Jupyter AI is not installed at {VENV}: run .ci/jupyter-ai.sh"),
 ]
-START = 120  # seconds JupyterLab may take to answer on a loaded machine
+START = 120  # seconds: of JupyterLab's CPU to start; of wall time for the page and the agent on a loaded machine
 ANSWER = 240  # seconds the persona may take: its agent starts, then a kernel, then the turn
 TOKEN = "jupyter-ai-test-token"
 
@@ -48,13 +46,6 @@ def planner(messages: list[dict[str, Any]]) -> str:
 
 def coder(folder: Path) -> str:
     return code_reply(f"import pandas as pd\nsales = pd.read_csv({str(folder / 'sales.csv')!r})\nprint('TOTAL', sales['amount'].sum())")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @pytest.fixture
@@ -75,7 +66,7 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, Path, ScriptedServer, Path]]:
             process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:
-            wait_for(lambda: _status(url), START, f"JupyterLab did not start: see {tmp_path / 'lab.log'}")
+            wait_until_answering(process, lambda: _status(url), what="JupyterLab", log=tmp_path / "lab.log", cpu_limit=START)
             yield url, project, server, tmp_path / "lab.log"
         finally:
             os.killpg(process.pid, 15)
@@ -103,18 +94,8 @@ def wait_for(check: Any, seconds: float, why: str) -> None:
 
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=str(DRIVER)), options=options)  # no Selenium Manager, no download
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def test_a_question_in_jupyterlabs_chat_is_answered_with_the_cells_output(lab: tuple[str, Path, ScriptedServer, Path], browser: Any, tmp_path: Path) -> None:

@@ -27,17 +27,22 @@ from taskweaver_lite.testing.llama_server import LlamaServer
 
 pytestmark = pytest.mark.real
 
+# The first request names the role that runs code: asked for a total, this model mostly answers with the
+# file list instead of delegating (none of three requests ran code in two runs of the bench's requests).
+# What reaches the kernel is the plumbing under test, not the model's judgement.
+ASKED = ("Ask the CodeInterpreter to print the total revenue in sales.csv.", *REQUESTS[1:])
+
 
 @pytest.mark.timeout(1800)  # three requests of a real model on two shared cores: 12.5 minutes at a load average of 16
 def test_three_requests_on_the_sample_data_none_failing_on_format_with_code_run_stored_and_resumed(smollm2_server: LlamaServer, tmp_path: Path) -> None:
     project = sample_project(tmp_path, smollm2_server, structured="auto", planner_examples=False)
-    chat = run_chat(project)
-    assert len(chat.rounds) == len(REQUESTS)
+    chat = run_chat(project, ASKED)
+    assert len(chat.rounds) == len(ASKED)
     assert not chat.format_failures, f"requests failed on their format with the schema sent: {[r.error for r in chat.format_failures]}"
-    assert chat.cells >= 1, f"no code reached the kernel in {len(REQUESTS)} requests: {[r.answer for r in chat.rounds]}"
+    assert chat.cells >= 1, f"no code reached the kernel in {len(ASKED)} requests: {[r.answer for r in chat.rounds]}"
     session, report = resume_session(chat.config, chat.session_id)
     with session:
-        assert report.rounds == len(REQUESTS), "the stored session lost requests"
+        assert report.rounds == len(ASKED), "the stored session lost requests"
         ran = sum(1 for r in chat.rounds for p in r.posts if p.execution is not None and p.execution.success)
         assert (report.replayed, report.replay_failures) == (ran, 0), "the kernel was not rebuilt from the stored cells"
-        assert [r.user_query for r in session.conversation.rounds][-len(REQUESTS) :] == list(REQUESTS)
+        assert [r.user_query for r in session.conversation.rounds][-len(ASKED) :] == list(ASKED)

@@ -10,24 +10,23 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from chromium import NEEDS_CHROMIUM, chromium, sign_in_at_the_provider
 from helpers import OIDC_PROVIDER_MODULE, make_project, oidc_provider
 
 from taskweaver_lite.cli.main import main
 from taskweaver_lite.config.file import load_config
+from taskweaver_lite.testing.server_start import free_port
 from taskweaver_lite.testing.web_server import WebServer
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
 pytestmark = [
     pytest.mark.team,
-    pytest.mark.skipif(CHROMIUM is None or DRIVER is None, reason="Chromium and chromedriver are not installed: apt-get install chromium chromium-driver"),
+    NEEDS_CHROMIUM,
     pytest.mark.skipif(shutil.which("node") is None or not OIDC_PROVIDER_MODULE.exists(), reason="oidc-provider is not in build/npm (.ci/run installs it)"),
 ]
 SECRET = "client-secret-for-the-tests-0123456789"
@@ -38,48 +37,10 @@ ACCOUNTS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=str(DRIVER)), options=options)
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
-
-
-def sign_in_at_the_provider(browser: Any, url: str, login: str) -> str:
-    """Open the page, press the single sign-on button, sign in and consent at the provider; the text the browser ends on."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    browser.delete_all_cookies()
-    browser.get(url + "/")
-    WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.ID, "sso")).pop().click()
-    WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.NAME, "login")).pop().send_keys(login)
-    browser.find_element(By.NAME, "password").send_keys("any password\n")
-
-    def landed(d: Any) -> bool:
-        consent = d.find_elements(By.CSS_SELECTOR, "input[name=prompt][value=consent]")
-        if consent:
-            consent[0].find_element(By.XPATH, "./ancestor::form").submit()
-            return False
-        return bool(d.current_url.startswith(url) and (d.find_elements(By.ID, "new-session") or d.find_elements(By.NAME, "token")))
-
-    WebDriverWait(browser, 60).until(landed)
-    return str(browser.find_element(By.TAG_NAME, "body").text)
 
 
 def test_a_first_allowed_sign_in_adds_the_user_a_domain_not_allowed_is_refused_and_a_removed_user_stays_out(
@@ -89,7 +50,7 @@ def test_a_first_allowed_sign_in_adds_the_user_a_domain_not_allowed_is_refused_a
 
     project = make_project(tmp_path, "http://127.0.0.1:9")
     assert main(["users", "add", "root", "--admin", "-p", str(project)]) == 0
-    provider_port = _free_port()
+    provider_port = free_port()
     issuer = f"http://127.0.0.1:{provider_port}"
     oidc = {
         "issuer": issuer, "client_id": "taskweaver", "client_secret": SECRET, "allowed_domains": ["example.org"],

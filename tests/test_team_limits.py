@@ -284,7 +284,8 @@ def test_a_store_outage_is_answered_at_once_and_the_service_is_back_within_secon
         postgres_cluster.stop()
         waits: list[float] = []
         try:
-            outage_ends = time.monotonic() + 30  # long enough for a pool's growing back-off to reach tens of seconds
+            # Long enough for a pool's growing back-off (1, 2, 4, 8 s...) to put its next try 15 s past the restart.
+            outage_ends = time.monotonic() + 16
             while time.monotonic() < outage_ends:
                 for client in (first, second):
                     began = time.monotonic()

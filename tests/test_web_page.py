@@ -8,23 +8,18 @@ what the browser shows (the README's screenshot comes from here).
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from chromium import NEEDS_CHROMIUM, chromium
 from helpers import make_project
 
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 from taskweaver_lite.testing.web_server import WebServer
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-DRIVER = shutil.which("chromedriver")
-pytestmark = [
-    pytest.mark.kernel,
-    pytest.mark.skipif(CHROMIUM is None or DRIVER is None, reason="Chromium and chromedriver are not installed: apt-get install chromium chromium-driver"),
-]
+pytestmark = [pytest.mark.kernel, NEEDS_CHROMIUM]
 
 PLOT = (
     "import pandas as pd\nimport matplotlib.pyplot as plt\n"
@@ -36,18 +31,8 @@ PLOT = (
 
 @pytest.fixture
 def browser() -> Iterator[object]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=str(DRIVER)), options=options)  # no Selenium Manager, no download
-    try:
+    with chromium() as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def test_ask_in_the_page_and_see_the_answer_and_the_plot(tmp_path: Path, browser: object) -> None:

@@ -5,8 +5,9 @@ session's working folder as its only writable folder besides a private `/tmp`, a
 user's home nor the project folder (the store, the config, other sessions): both are replaced by
 empty folders, with only the Python installation put back (read-only) where it lives inside them.
 It runs in its own PID namespace (the program's `/proc` entries are out of sight), with no network
-unless `execution.network`, and it ends with the program (`--die-with-parent`; the namespace's
-init takes every process in it along, `setsid` or not). When the program runs as root the kernel
+unless `execution.network`, and it ends with the program (`--die-with-parent`, and the kernel's
+lifeline for a program killed while the sandbox was starting: lifeline.py; the namespace's init takes
+every process in it along, `setsid` or not). When the program runs as root the kernel
 runs as a uid of its own (identity.py), so that the process cap (`RLIMIT_NPROC`, which never
 applies to root, and counts per uid) holds per session.
 
@@ -262,7 +263,7 @@ def bwrap_arguments(plan: SandboxPlan) -> list[str]:
         args += ["--seccomp", str(plan.seccomp_fd)]
     args += ["--setenv", "HOME", "/tmp", "--setenv", "MPLCONFIGDIR", "/tmp/matplotlib", "--chdir", str(plan.start_in or plan.cwd)]
     # The kernel's parent inside is the namespace's init (pid 1): ipykernel would take that for its
-    # parent having died. `--die-with-parent` ends the sandbox with the program instead.
+    # parent having died. `--die-with-parent` and the kernel's lifeline (lifeline.py) end the sandbox with the program instead.
     args += ["--setenv", "JPY_PARENT_PID", "1"]
     return args
 
