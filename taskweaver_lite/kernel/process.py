@@ -115,14 +115,7 @@ class InterpreterKernelManager(KernelManager):
     sandbox_info: SandboxInfo | None = None  # where bwrap says which process is the kernel (`--info-fd FD`)
 
     async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
-        # Every start and restart: the filter's file kept open in the child and read from its start,
-        # bubblewrap's info file emptied for what it says about this start.
-        fds = [syscall_filter.rewound(self.seccomp_fd)] if self.seccomp_fd is not None else []
-        if self.sandbox_info is not None:
-            fds.append(self.sandbox_info.rewound())
-        if fds:
-            kw["pass_fds"] = tuple(fds)
-        lifeline.attach(kw)
+        pass_launch_files(kw, seccomp_fd=self.seccomp_fd, sandbox_info=self.sandbox_info)
         await super()._async_launch_kernel(kernel_cmd, **kw)
 
     def write_connection_file(self, **kwargs: Any) -> None:
@@ -154,6 +147,20 @@ class InterpreterKernelManager(KernelManager):
         # A sandboxed kernel is in its own session inside bwrap: a signal to bwrap's process group
         # would not reach it, so interrupts travel as messages on the control channel.
         return KernelSpec(argv=self.wrap(argv), display_name="taskweaver-lite", language="python", interrupt_mode=self.interrupt_mode)
+
+
+def pass_launch_files(launch: dict[str, Any], *, seccomp_fd: int | None, sandbox_info: SandboxInfo | None) -> None:
+    """What every start and restart of a kernel keeps open in it (`launch`: Popen's keyword arguments), here and on a gateway.
+
+    The syscall filter's file, read by bubblewrap from its start; bubblewrap's info file, emptied for what it says about
+    this start; and the kernel's lifeline to this program (lifeline.py).
+    """
+    fds = [syscall_filter.rewound(seccomp_fd)] if seccomp_fd is not None else []
+    if sandbox_info is not None:
+        fds.append(sandbox_info.rewound())
+    if fds:
+        launch["pass_fds"] = (*launch.get("pass_fds", ()), *fds)
+    lifeline.attach(launch)
 
 
 def socket_dir(session_dir: Path, *, prefix: str = SOCKET_PREFIX) -> Path:

@@ -5,7 +5,8 @@
 It runs the queries of `sql.SqlStore` (their `?` become psycopg's `%s`) over a connection pool
 (psycopg_pool) that the process keeps per URL: every session a server opens shares it. Each method
 is one transaction; reads run REPEATABLE READ, so a load sees one moment of the session. A method
-of one statement sends it alone, in autocommit: one round trip instead of BEGIN, it and COMMIT.
+of one statement sends it alone, in autocommit: one round trip instead of BEGIN, it and COMMIT. A
+write of events (`record`) is sent whole, BEGIN to COMMIT, as a pipeline: one round trip too.
 
 What differs from the SQLite file:
 - A session open in a process is claimed by a session-level advisory lock on a connection of its

@@ -51,8 +51,7 @@ from traitlets import Unicode
 
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import Config
-from taskweaver_lite.kernel import lifeline
-from taskweaver_lite.kernel.process import LIFELINE_START_UP, SOCKET_PATH_LIMIT, filtered_environment
+from taskweaver_lite.kernel.process import LIFELINE_START_UP, SOCKET_PATH_LIMIT, filtered_environment, pass_launch_files
 from taskweaver_lite.kernel.sandbox import cgroup as kernel_cgroup
 from taskweaver_lite.kernel.sandbox import syscall_filter
 from taskweaver_lite.kernel.sandbox.bwrap import SandboxPlan, kernel_command, session_sandbox, uses_sandbox
@@ -192,12 +191,8 @@ class SandboxProvisioner(LocalProvisioner):
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         """Start the sandboxed kernel with streams of its own, the syscall filter's file open in it for bubblewrap to read."""
-        fds = [syscall_filter.rewound(self._seccomp_fd)] if self._seccomp_fd is not None else []
-        if self._sandbox_info is not None and self.plan is not None:
-            fds.append(self._sandbox_info.rewound())
-        if fds:
-            kwargs["pass_fds"] = tuple(fds)
-        lifeline.attach(kwargs)  # the kernel ends with the gateway, however the gateway ends
+        # The kernel ends with the gateway, however the gateway ends (its lifeline).
+        pass_launch_files(kwargs, seccomp_fd=self._seccomp_fd, sandbox_info=self._sandbox_info if self.plan is not None else None)
         log = self._open_log()
         kwargs.update(stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         return await super().launch_kernel(cmd, **kwargs)
