@@ -39,10 +39,12 @@ MCP_ANSWERING_MODULES = HELP_MODULES | {
     "taskweaver_lite.cli.mcp",
     "taskweaver_lite.cli.project",
     "taskweaver_lite.mcp",
+    "taskweaver_lite.mcp.bounded_stdio",
     "taskweaver_lite.mcp.lazy_workspace",
     "taskweaver_lite.mcp.resources",
     "taskweaver_lite.mcp.server",
     "taskweaver_lite.safety",
+    "taskweaver_lite.safety.bounded_lines",
     "taskweaver_lite.safety.terminal",
     "taskweaver_lite.safety.workfiles",
 }

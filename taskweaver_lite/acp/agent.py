@@ -62,6 +62,7 @@ from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ConfigError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.kernel.executor import close_thread_loop
 from taskweaver_lite.records.conversation import Round
+from taskweaver_lite.safety.bounded_lines import CHUNK_BYTES, MAX_LINE_BYTES, BoundedLines, overlong_error, overlong_message
 from taskweaver_lite.safety.confirm import CellChoice
 from taskweaver_lite.session.session import Session
 from taskweaver_lite.session.workspace import Workspace
@@ -357,6 +358,31 @@ def file_path(uri: str) -> str:
     return unquote(parts.path) if parts.scheme == "file" else uri
 
 
+class BoundedStreamReader(asyncio.StreamReader):
+    """The editor's lines as the SDK reads them (`readuntil`), each at most MAX_LINE_BYTES (safety/bounded_lines.py).
+
+    The SDK would gather a line of any length in memory; this one is read from `wire` in chunks and
+    a line past the limit is dropped as it streams, answered on `writer` with one JSON-RPC error (id null).
+    """
+
+    def __init__(self, wire: asyncio.StreamReader, writer: asyncio.StreamWriter, *, limit: int = MAX_LINE_BYTES) -> None:
+        super().__init__()
+        self._writer = writer
+        self._lines = BoundedLines(lambda: wire.read(CHUNK_BYTES), on_overlong=self._overlong, limit=limit)
+
+    async def readuntil(self, separator: Any = b"\n") -> bytes:
+        """The next line (`separator` is the SDK's newline); IncompleteReadError with the rest at the end, as a StreamReader's."""
+        line = await self._lines.next_line()
+        if not line.endswith(b"\n"):
+            raise asyncio.IncompleteReadError(line, None)
+        return line
+
+    async def _overlong(self) -> None:
+        print(f"taskweaver-lite: {overlong_message(self._lines.limit)}", file=sys.stderr, flush=True)
+        self._writer.write(overlong_error(self._lines.limit))  # one write: whole, between the SDK's own messages
+        await self._writer.drain()
+
+
 async def serve(workspace: Workspace, overrides: Sequence[str] = ()) -> None:
     """Speak ACP on stdin and stdout until the editor closes them; every session opened is closed (and stays stored).
 
@@ -378,6 +404,6 @@ async def serve(workspace: Workspace, overrides: Sequence[str] = ()) -> None:
     agent = EditorAgent(workspace, overrides=overrides)
     try:
         # The SDK's Agent protocol lists every method; those left out here are answered 'method not found' by its router.
-        await run_agent(cast(Agent, agent), writer, reader)
+        await run_agent(cast(Agent, agent), writer, BoundedStreamReader(reader, writer))
     finally:
         await asyncio.to_thread(agent.close)

@@ -1,7 +1,8 @@
 """This agent as an MCP server: an MCP host (Claude Desktop, VS Code, any MCP client) asks it questions.
 
 `taskweaver-lite mcp -p PROJECT` speaks MCP on its standard input and output (the official SDK's
-stdio transport: nothing else reaches stdout, logs go to stderr). Its tools:
+stdio transport, each input line held only up to 4 MiB by `mcp/bounded_stdio.py`: nothing else reaches
+stdout, logs go to stderr). Its tools:
 
 - `ask` {question, session_id?}: one chat turn (the Planner, the CodeGenerator, the kernel,
   compression, the store) in a new session or in the one `session_id` names; it answers with the
@@ -39,11 +40,11 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import anyio
 import mcp_types as types
 from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 
 from taskweaver_lite import __version__
 from taskweaver_lite.errors import AmbiguousSessionError, TaskWeaverError, UnknownSessionError
+from taskweaver_lite.mcp.bounded_stdio import bounded_stdio_server
 from taskweaver_lite.mcp.lazy_workspace import LazyWorkspace
 from taskweaver_lite.mcp.resources import artifact_links, list_resources, read_resource
 
@@ -673,7 +674,7 @@ async def serve(project: LazyWorkspace) -> None:
     agent = Agent(project)
     server = AgentServer(agent).lowlevel()
     try:
-        async with stdio_server() as (read_stream, write_stream), anyio.create_task_group() as group:
+        async with bounded_stdio_server() as (read_stream, write_stream), anyio.create_task_group() as group:
             group.start_soon(release_idle_sessions, agent)
             await server.run(read_stream, write_stream, server.create_initialization_options())
             group.cancel_scope.cancel()
