@@ -42,7 +42,7 @@ class Team:
         self.model = model  # the scripted model every replica calls
         self.store_url = store_url
         self.gateway = gateway
-        self.replicas = [ServeProcess.start(project), ServeProcess.start(project)]
+        self.replicas = ServeProcess.start_several(project, 2)
 
     def client(self, replica: int, user: str = "alice", **options: Any) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.tokens[user]}"}
