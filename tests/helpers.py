@@ -8,6 +8,7 @@ import select
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -19,6 +20,7 @@ import yaml
 
 from taskweaver_lite.kernel.interface import OutputSink
 from taskweaver_lite.records.execution import ExecutionResult, KernelEnvironment, Variable
+from taskweaver_lite.testing.server_start import wait_until_answering
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -202,19 +204,23 @@ def oidc_provider(*, port: int, redirect_uris: list[str], accounts: dict[str, di
     config = {"client_id": "taskweaver", "client_secret": client_secret, "redirect_uris": redirect_uris, "accounts": accounts}
     command = ["node", str(REPO / "tests" / "oidc" / "provider.mjs"), str(port), json.dumps(config)]
     env = {**os.environ, "OIDC_PROVIDER_MODULE": str(OIDC_PROVIDER_MODULE)}
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) as process:
+    folder = Path(tempfile.mkdtemp(prefix="twl-oidc-"))
+    log = folder / "provider.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    with process:
         issuer = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                assert process.poll() is None, f"oidc-provider ended: {process.stdout.read().decode() if process.stdout else ''}"
-                assert time.monotonic() < deadline, "oidc-provider did not answer within 30 s"
+
+            def answers() -> bool:
                 try:
-                    if httpx.get(f"{issuer}/.well-known/openid-configuration", timeout=2).status_code == 200:
-                        break
+                    return httpx.get(f"{issuer}/.well-known/openid-configuration", timeout=2).status_code == 200
                 except httpx.TransportError:
-                    time.sleep(0.2)
+                    return False
+
+            wait_until_answering(process, answers, what="oidc-provider", log=log, pause=0.2)
             yield issuer
         finally:
             process.terminate()
             process.wait(10)
+            shutil.rmtree(folder, ignore_errors=True)

@@ -159,7 +159,7 @@ def deployment(postgres_cluster: PostgresCluster, tmp_path_factory: pytest.TempP
             [sys.executable, "-m", "taskweaver_lite", "users", "add", "boss", "--admin", "-p", str(project)], capture_output=True, text=True, timeout=60
         )
         assert boss.returncode == 0, boss.stderr
-        replicas = [ServeProcess.start(project, args=("--host", _compose_host())) for _ in range(2)]
+        replicas = ServeProcess.start_several(project, 2, args=("--host", _compose_host()))
         service = Deployment(root, project, added.stdout.strip().splitlines()[-1], replicas, store_url=url, gateway=gateway, port=nginx_port)
         service.admin_token = boss.stdout.strip().splitlines()[-1]
         service.sso = sso

@@ -44,7 +44,7 @@ class Service:
     def __init__(self, project: Path, tokens: dict[str, str]) -> None:
         self.project = project
         self.tokens = tokens
-        self.replicas = [ServeProcess.start(project), ServeProcess.start(project)]
+        self.replicas = ServeProcess.start_several(project, 2)
 
     def endpoint(self, replica: int) -> str:
         return self.replicas[replica].url + "/mcp"

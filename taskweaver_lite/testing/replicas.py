@@ -95,6 +95,19 @@ class ServeProcess:
             raise
         return serve
 
+    @classmethod
+    def start_several(cls, project: Path, count: int, *, args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> list[ServeProcess]:
+        """`count` replicas started one after the other; those already up are stopped should a later one fail to start."""
+        started: list[ServeProcess] = []
+        try:
+            for _ in range(count):
+                started.append(cls.start(project, args=args, env=env))
+        except BaseException:
+            for serve in started:
+                serve.stop()
+            raise
+        return started
+
     def wait_until_up(self) -> None:
         """Until /healthz answers (whatever it says); RuntimeError (with the log) if the process ends or is stuck first."""
 
