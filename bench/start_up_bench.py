@@ -7,6 +7,10 @@ made in a temporary folder for the commands that read one. `mcp` is timed twice:
 answer (the target), and to its answer to a first `sessions` call, which reads the config and opens
 the project (what `initialize` no longer waits for). Its second baseline is the floor the MCP SDK
 sets: a bare SDK server (no tools, nothing of ours) started the same way, to its `initialize` answer.
+`acp` is timed likewise: to its `initialize` answer, which opens nothing (`acp initialize`), and to
+its answer to a first `session/load` of a session that is not there, which reads the config and opens
+the project, then answers "no session" (`acp first call`: no kernel starts). That one is what
+`initialize` waited for when the command opened the project before answering it.
 
 Beside each wall time, the CPU time (user and system) the command's process spent until it exited
 or answered: on a machine busy with other work, the wall times grow with the load and the CPU times
@@ -62,6 +66,7 @@ INITIALIZE = {
 }
 INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 SESSIONS_CALL = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "sessions", "arguments": {}}}
+ACP_INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": 1}}
 
 
 # The MCP SDK's own start: its low-level server on stdio, with nothing of ours.
@@ -97,6 +102,25 @@ def mcp_answer(argv: list[str], *, first_call: bool = False) -> Timing:
     return seconds, cpu
 
 
+def acp_answer(argv: list[str], project: Path, *, first_call: bool = False) -> Timing:
+    """Seconds from starting `acp` to its `initialize` answer (with `first_call`: to its answer to a `session/load` of no session after it)."""
+    started = time.perf_counter()
+    agent = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert agent.stdin is not None and agent.stdout is not None
+    load = {"jsonrpc": "2.0", "id": 2, "method": "session/load", "params": {"cwd": str(project), "sessionId": "none-such", "mcpServers": []}}
+    messages = [ACP_INITIALIZE, load] if first_call else [ACP_INITIALIZE]
+    agent.stdin.write("".join(json.dumps(message) + "\n" for message in messages))
+    agent.stdin.flush()
+    answers = [agent.stdout.readline() for _ in messages]
+    seconds = time.perf_counter() - started
+    cpu = cpu_so_far(agent.pid)
+    agent.stdin.close()
+    agent.wait(timeout=30)
+    if '"result"' not in answers[0] or (first_call and "none-such" not in answers[1]):
+        sys.exit(f"acp did not answer: {answers!r}")
+    return seconds, cpu
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="processes of each command, alternating with the baseline")
@@ -115,6 +139,8 @@ def main() -> int:
             "bare SDK server": lambda: mcp_answer([sys.executable, "-c", BARE_SERVER]),
             "mcp initialize": lambda: mcp_answer([SCRIPT, "mcp", "-p", str(project)]),
             "mcp first call": lambda: mcp_answer([SCRIPT, "mcp", "-p", str(project)], first_call=True),
+            "acp initialize": lambda: acp_answer([SCRIPT, "acp", "-p", str(project)], project),
+            "acp first call": lambda: acp_answer([SCRIPT, "acp", "-p", str(project)], project, first_call=True),
         }
         seconds: dict[str, list[float]] = {name: [] for name in commands}
         cpu: dict[str, list[float]] = {name: [] for name in commands}
@@ -143,6 +169,11 @@ def main() -> int:
     print(
         f"mcp initialize / the bare SDK server's: {ours / sdk:.2f}x ({(ours - sdk) * 1000:+.0f} ms); "
         f"CPU {ours_cpu / sdk_cpu:.2f}x ({(ours_cpu - sdk_cpu) * 1000:+.0f} ms)"
+    )
+    acp_first, acp_init = statistics.median(seconds["acp first call"]), statistics.median(seconds["acp initialize"])
+    print(
+        f"acp initialize / acp first call (what initialize waited for when the project was opened first): "
+        f"{acp_init / acp_first:.2f}x ({(acp_init - acp_first) * 1000:+.0f} ms)"
     )
     return 0
 

@@ -23,12 +23,12 @@ from taskweaver_lite.config.settings import McpServerConfig
 from taskweaver_lite.errors import ConfigError, TaskWeaverError
 from taskweaver_lite.kernel.mcp.client import python_name
 from taskweaver_lite.kernel.mcp.launch import McpLaunch
-from taskweaver_lite.mcp.lazy_workspace import LazyWorkspace
 from taskweaver_lite.mcp.resources import MAX_RESOURCE_BYTES, read_resource, resource_uri
 from taskweaver_lite.mcp.server import MAX_QUESTION_CHARS, TOOLS, failed_answer, question_of, variables_result
 from taskweaver_lite.plugins.prompt import render_mcp_block
 from taskweaver_lite.records.execution import Variable
 from taskweaver_lite.records.mcp_tools import McpServer, McpTool
+from taskweaver_lite.session.lazy_workspace import LazyWorkspace
 
 pytestmark = pytest.mark.unit
 

@@ -40,13 +40,14 @@ MCP_ANSWERING_MODULES = HELP_MODULES | {
     "taskweaver_lite.cli.project",
     "taskweaver_lite.mcp",
     "taskweaver_lite.mcp.bounded_stdio",
-    "taskweaver_lite.mcp.lazy_workspace",
     "taskweaver_lite.mcp.resources",
     "taskweaver_lite.mcp.server",
     "taskweaver_lite.safety",
     "taskweaver_lite.safety.bounded_lines",
     "taskweaver_lite.safety.terminal",
     "taskweaver_lite.safety.workfiles",
+    "taskweaver_lite.session",
+    "taskweaver_lite.session.lazy_workspace",
 }
 # Third-party packages the first call brings (the config's YAML, the prompts, the model client, the kernel's client).
 NOT_BEFORE_A_CALL = {"yaml", "jinja2", "openai", "jupyter_client", "zmq", "psycopg", "rich", "prompt_toolkit", "bpe_openai", "json_repair"}
@@ -144,7 +145,78 @@ def test_mcp_answers_initialize_and_its_lists_before_reading_the_config_or_impor
     assert set(loaded["ours"]) == MCP_ANSWERING_MODULES, (
         "`taskweaver-lite mcp` imports more (or less) of the package before its first call than answering needs: "
         f"added {sorted(set(loaded['ours']) - MCP_ANSWERING_MODULES)}, gone {sorted(MCP_ANSWERING_MODULES - set(loaded['ours']))}; "
-        "what only a tool call needs is imported when the project is opened (mcp/lazy_workspace.py)"
+        "what only a tool call needs is imported when the project is opened (session/lazy_workspace.py)"
     )
     assert not NOT_BEFORE_A_CALL & set(loaded["others"]), sorted(NOT_BEFORE_A_CALL & set(loaded["others"]))
     assert not (project / "sessions.db").exists(), "the store was opened before any call needed it"
+
+
+# What `acp` may have imported once it answered `initialize`: the command line, the agent and what its updates are
+# built from (the records), never the config's, the session's, the kernel's or the store's modules.
+ACP_ANSWERING_MODULES = HELP_MODULES | {
+    "taskweaver_lite.acp",
+    "taskweaver_lite.acp.agent",
+    "taskweaver_lite.acp.folders",
+    "taskweaver_lite.acp.turn",
+    "taskweaver_lite.acp.updates",
+    "taskweaver_lite.cli.acp",
+    "taskweaver_lite.cli.project",
+    "taskweaver_lite.llm",
+    "taskweaver_lite.llm.streaming",
+    "taskweaver_lite.records",
+    "taskweaver_lite.records.conversation",
+    "taskweaver_lite.records.events",
+    "taskweaver_lite.records.execution",
+    "taskweaver_lite.records.mcp_tools",
+    "taskweaver_lite.records.model_calls",
+    "taskweaver_lite.records.plugin_spec",
+    "taskweaver_lite.safety",
+    "taskweaver_lite.safety.bounded_lines",
+    "taskweaver_lite.safety.terminal",
+    "taskweaver_lite.session",
+    "taskweaver_lite.session.lazy_workspace",
+}
+
+
+def acp_answers(project: Path, *requests: str) -> tuple[list[dict[str, Any]], str, bool]:
+    """`taskweaver-lite acp -p PROJECT` under the probe: its answer to each request in turn, its stderr, and whether the store existed at the first answer."""
+    argv = [sys.executable, "-c", PROBE, "acp", "-p", str(project)]
+    answers: list[dict[str, Any]] = []
+    opened_at_first = False
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as agent:
+        assert agent.stdin is not None and agent.stdout is not None
+        for number, line in enumerate(requests):
+            agent.stdin.write(line)
+            agent.stdin.flush()
+            answers.append(json.loads(agent.stdout.readline() or "{}"))
+            if number == 0:
+                opened_at_first = (project / "sessions.db").exists()
+        _, stderr = agent.communicate(timeout=60)
+    return answers, stderr, opened_at_first
+
+
+def test_acp_answers_initialize_before_reading_the_config_or_importing_the_session_and_session_new_names_a_broken_config(tmp_path: Path) -> None:
+    from taskweaver_lite.cli.init import init_project
+
+    project = tmp_path / "project"
+    init_project(project)
+    config = project / "taskweaver_config.yaml"
+    config.write_text(config.read_text(encoding="utf-8") + "\nsession:\n  max_internal_hopz: 3\n", encoding="utf-8")
+    initialize = mcp_request(1, "initialize", {"protocolVersion": 1})
+
+    [initialized], stderr, opened = acp_answers(project, initialize)
+    assert initialized.get("result", {}).get("agentInfo", {}).get("name") == "taskweaver-lite", (initialized, stderr[-2000:])
+    assert not opened and not (project / "sessions.db").exists(), "the store was opened though no request needed it"
+    loaded = json.loads(stderr.rpartition("IMPORTED ")[2])
+    assert set(loaded["ours"]) == ACP_ANSWERING_MODULES, (
+        "`taskweaver-lite acp` imports more (or less) of the package before its first session than answering initialize needs: "
+        f"added {sorted(set(loaded['ours']) - ACP_ANSWERING_MODULES)}, gone {sorted(ACP_ANSWERING_MODULES - set(loaded['ours']))}; "
+        "what only a session needs is imported when the project is opened (session/lazy_workspace.py)"
+    )
+    assert not NOT_BEFORE_A_CALL & set(loaded["others"]), sorted(NOT_BEFORE_A_CALL & set(loaded["others"]))
+
+    # The config is read by the first request that needs the project: a mistake in it answers that request, in one line.
+    [_, refused], stderr, _ = acp_answers(project, initialize, mcp_request(2, "session/new", {"cwd": str(project), "mcpServers": []}))
+    message = refused["error"]["message"]
+    assert message.startswith("The project could not be opened") and "max_internal_hopz" in message and "\n" not in message, refused
+    assert "max_internal_hopz" in stderr  # the agent's log says why too

@@ -33,7 +33,7 @@ import sys
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 from urllib.parse import unquote, urlsplit
 
 from acp import PROTOCOL_VERSION, Agent, Client, RequestError, run_agent, update_agent_message_text
@@ -57,15 +57,18 @@ from taskweaver_lite import __version__
 from taskweaver_lite.acp.folders import EditorSettings, FolderError, editor_settings
 from taskweaver_lite.acp.turn import Outbox, TurnThread, ask_client
 from taskweaver_lite.acp.updates import TurnUpdates, Update, code_content, history_updates
-from taskweaver_lite.config.file import load_config
-from taskweaver_lite.config.settings import Config
 from taskweaver_lite.errors import ConfigError, TaskWeaverError, UnknownSessionError
-from taskweaver_lite.kernel.executor import close_thread_loop
-from taskweaver_lite.records.conversation import Round
 from taskweaver_lite.safety.bounded_lines import CHUNK_BYTES, MAX_LINE_BYTES, BoundedLines, overlong_error, overlong_message
-from taskweaver_lite.safety.confirm import CellChoice
-from taskweaver_lite.session.session import Session
-from taskweaver_lite.session.workspace import Workspace
+from taskweaver_lite.session.lazy_workspace import LazyWorkspace
+
+# `initialize` is answered before any of these is imported: the config's, the session's and the kernel's
+# modules come with the first session/new or session/load, which opens the project (session/lazy_workspace.py).
+if TYPE_CHECKING:
+    from taskweaver_lite.config.settings import Config
+    from taskweaver_lite.records.conversation import Round
+    from taskweaver_lite.safety.confirm import CellChoice
+    from taskweaver_lite.session.session import Session
+    from taskweaver_lite.session.workspace import Workspace
 
 # The longest prompt taken, its links and embedded files included (larger files: link them, the code reads them).
 MAX_PROMPT_CHARS = 20_000
@@ -107,6 +110,8 @@ class CellPermission:
 
     def __call__(self, code: str) -> CellChoice:
         """Run, or skip (the CodeGenerator hears the user declined); a cancel while asking is KeyboardInterrupt."""
+        from taskweaver_lite.safety.confirm import CellChoice
+
         if self.run_all or self.updates is None:
             return CellChoice.run(code)
         call_id = self.updates.announce(code)
@@ -128,12 +133,17 @@ class EditorSession:
 
 
 class EditorAgent:
-    """The ACP agent: the sessions it opened, by id (the one idle longest first), over one workspace."""
+    """The ACP agent: the sessions it opened, by id (the one idle longest first), over one project.
 
-    def __init__(self, workspace: Workspace, *, overrides: Sequence[str] = (), max_open: int = MAX_OPEN_SESSIONS) -> None:
-        """`overrides`: the command's --set values, stored with each new session so that `chat --resume` applies them again."""
-        self.workspace = workspace
-        self.overrides = list(overrides)
+    The project's config is read and its workspace opened by the first `session/new` or
+    `session/load` (`LazyWorkspace`, on a worker thread), not before `initialize` is answered; an
+    opening that fails answers that request with the reason, and the next one tries again.
+    """
+
+    def __init__(self, project: LazyWorkspace, *, max_open: int = MAX_OPEN_SESSIONS) -> None:
+        """`project`: with the command's --set values, stored with each new session so that `chat --resume` applies them again."""
+        self.project = project
+        self.overrides = list(project.overrides)
         self.max_open = max_open
         self.open: OrderedDict[str, EditorSession] = OrderedDict()
         self.closed: dict[str, tuple[str, list[Any]]] = {}  # sessions closed for room: their folder and servers, to reopen them
@@ -157,6 +167,17 @@ class EditorAgent:
         info = Implementation(name="taskweaver-lite", title="TaskWeaver Lite", version=__version__)
         return InitializeResponse(protocol_version=min(protocol_version, PROTOCOL_VERSION), agent_capabilities=capabilities, agent_info=info)
 
+    @property
+    def workspace(self) -> Workspace:
+        """The project's workspace, once `_opened()` opened it."""
+        opened = self.project.opened
+        assert opened is not None, "a request that needs the project awaits _opened() first"
+        return opened
+
+    async def _opened(self) -> Workspace:
+        """The project's workspace, opened now (on a thread) if no request has yet; an error of one line if it cannot be."""
+        return await self._blocking(self.project.get, failure="The project could not be opened")
+
     async def authenticate(self, method_id: str, **_: Any) -> None:
         """Nothing to sign in to: the model's key is the project's."""
         return None
@@ -164,6 +185,7 @@ class EditorAgent:
     async def new_session(self, cwd: str, mcp_servers: list[Any] | None = None, **_: Any) -> NewSessionResponse:
         """A new stored session for the editor's folder, its kernel starting."""
         servers = list(mcp_servers or [])
+        await self._opened()
         config, settings = self._config(cwd, servers)
 
         def opened() -> EditorSession:
@@ -180,6 +202,7 @@ class EditorAgent:
 
     async def load_session(self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None, **_: Any) -> LoadSessionResponse:
         """A stored session resumed (unless open here already), its history sent back as updates before the answer."""
+        await self._opened()
         entry = self.open.get(session_id) or await self._resume(session_id, cwd, list(mcp_servers or []))
         for update in history_updates(entry.session.conversation.rounds):
             self._send(session_id, update)
@@ -241,6 +264,8 @@ class EditorAgent:
 
     def _config(self, cwd: str, servers: list[Any], *, remembered: Sequence[str] = ()) -> tuple[Config, EditorSettings]:
         """The project's config with this command's --set values, a resumed session's, and the editor's folder and servers."""
+        from taskweaver_lite.config.file import load_config
+
         project = self.workspace.config.project_dir
         try:
             base = load_config(project, [*remembered, *self.overrides]) if remembered else self.workspace.config
@@ -296,6 +321,8 @@ class EditorAgent:
 
     async def _blocking(self, work: Callable[[], _T], *, failure: str) -> _T:
         """`work` (opening, resuming: the store, a kernel, cells re-run) on a thread; its failure is an error of one line."""
+
+        from taskweaver_lite.kernel.executor import close_thread_loop
 
         def run() -> _T:
             try:
@@ -383,7 +410,7 @@ class BoundedStreamReader(asyncio.StreamReader):
         await self._writer.drain()
 
 
-async def serve(workspace: Workspace, overrides: Sequence[str] = ()) -> None:
+async def serve(project: LazyWorkspace) -> None:
     """Speak ACP on stdin and stdout until the editor closes them; every session opened is closed (and stays stored).
 
     Only the protocol reaches standard output: whatever else this process (a role, a library)
@@ -401,7 +428,7 @@ async def serve(workspace: Workspace, overrides: Sequence[str] = ()) -> None:
         ) from None
     finally:
         sys.stdout = sys.stderr
-    agent = EditorAgent(workspace, overrides=overrides)
+    agent = EditorAgent(project)
     try:
         # The SDK's Agent protocol lists every method; those left out here are answered 'method not found' by its router.
         await run_agent(cast(Agent, agent), writer, BoundedStreamReader(reader, writer))

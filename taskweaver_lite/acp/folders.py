@@ -24,9 +24,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from taskweaver_lite.config.settings import Config
+if TYPE_CHECKING:
+    from taskweaver_lite.config.settings import Config
 
 
 class FolderError(ValueError):

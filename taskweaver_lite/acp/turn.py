@@ -20,10 +20,10 @@ import ctypes
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from taskweaver_lite.kernel.executor import close_thread_loop
-from taskweaver_lite.kernel.interface import Executor
+if TYPE_CHECKING:  # the kernel's modules come with the first session, not with the agent's start
+    from taskweaver_lite.kernel.interface import Executor
 
 _T = TypeVar("_T")
 _U = TypeVar("_U")
@@ -61,6 +61,8 @@ class TurnThread(Generic[_T]):
         except BaseException as exc:  # noqa: BLE001 - handed to the loop, where the prompt waits for it
             outcome = (None, exc)
         with contextlib.suppress(BaseException):  # a cancel that landed in the lines above has nothing left to stop
+            from taskweaver_lite.kernel.executor import close_thread_loop
+
             close_thread_loop()  # the kernel client's loop for this thread
         for _ in range(3):  # a cancel raised a moment late must not keep the outcome from the loop
             try:

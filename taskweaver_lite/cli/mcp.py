@@ -1,7 +1,7 @@
 """`taskweaver-lite mcp`: this agent as an MCP server on standard input and output (the protocol is `mcp/server.py`).
 
 The command checks that the project folder is there and hands it to the server, which reads the
-config and opens the project when the first call needs it (`mcp/lazy_workspace.py`), so that a host
+config and opens the project when the first call needs it (`session/lazy_workspace.py`), so that a host
 hears `initialize` at once. Standard output carries the protocol alone, so whatever it has to say
 (the config's notices, a broken plugin or role, a project that could not be opened) goes to stderr,
 where MCP hosts keep a server's log.
@@ -22,11 +22,11 @@ def run_mcp(args: argparse.Namespace) -> int:
     try:
         import anyio
 
-        from taskweaver_lite.mcp.lazy_workspace import LazyWorkspace
-        from taskweaver_lite.mcp.server import serve
+        from taskweaver_lite.mcp.server import refuse_confirm_mode, serve
+        from taskweaver_lite.session.lazy_workspace import LazyWorkspace
     except ImportError as exc:
         raise ConfigError(f"taskweaver-lite mcp needs the MCP SDK ({exc.name} is missing): pip install '.[mcp]' in the checkout") from None
-    with LazyWorkspace(project_dir(args), list(args.overrides), say=say) as project:
+    with LazyWorkspace(project_dir(args), list(args.overrides), say=say, check=refuse_confirm_mode) as project:
         anyio.run(serve, project)
     return 0
 

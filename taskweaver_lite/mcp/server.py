@@ -19,7 +19,7 @@ a question past MAX_QUESTION_CHARS, arguments that do not fit) is a protocol err
 and nothing is stored for it.
 
 It answers `initialize` and lists its tools before it has imported the session's stack or opened
-the project: the first call that needs the project opens it (`mcp/lazy_workspace.py`), and a
+the project: the first call that needs the project opens it (`session/lazy_workspace.py`), and a
 project that cannot be opened (a damaged store, PostgreSQL down) fails that call with the reason.
 """
 
@@ -43,14 +43,15 @@ from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 
 from taskweaver_lite import __version__
-from taskweaver_lite.errors import AmbiguousSessionError, TaskWeaverError, UnknownSessionError
+from taskweaver_lite.errors import AmbiguousSessionError, ConfigError, TaskWeaverError, UnknownSessionError
 from taskweaver_lite.mcp.bounded_stdio import bounded_stdio_server
-from taskweaver_lite.mcp.lazy_workspace import LazyWorkspace
 from taskweaver_lite.mcp.resources import artifact_links, list_resources, read_resource
+from taskweaver_lite.session.lazy_workspace import LazyWorkspace
 
 # `initialize` and the tools' list are answered before any of these is imported: the session's stack comes
-# with the first call that opens the project (mcp/lazy_workspace.py), the records with the first answer.
+# with the first call that opens the project (session/lazy_workspace.py), the records with the first answer.
 if TYPE_CHECKING:
+    from taskweaver_lite.config.settings import Config
     from taskweaver_lite.records.conversation import Round
     from taskweaver_lite.records.events import Event
     from taskweaver_lite.records.execution import Variable
@@ -731,6 +732,15 @@ _PATH = re.compile(r"(?<![\w:/.])/(?:[^\s'\"():;,/]+/)+([^\s'\"():;,/]+)")
 def for_client(text: str) -> str:
     """An error's words for an MCP host: this machine's paths cut to their last part, process ids left out."""
     return _PATH.sub(r"\1", _PID.sub("", text))
+
+
+def refuse_confirm_mode(config: Config) -> None:
+    """Nobody could answer "run, edit or skip?" before a cell runs: a project that asks it is refused rather than run unasked."""
+    if config.execution.confirm:
+        raise ConfigError(
+            "execution.confirm: true asks a person at a terminal before each cell runs, and an MCP server has none: "
+            "set it to false for this project, or start with --set execution.confirm=false"
+        )
 
 
 async def serve(project: LazyWorkspace) -> None:

@@ -1,11 +1,11 @@
-"""The project `taskweaver-lite mcp` serves, opened by the first tool call that needs it.
+"""The project a protocol server serves (`taskweaver-lite mcp`, `taskweaver-lite acp`), opened by the first call that needs it.
 
-An MCP host starts its servers as it starts and waits for each one's `initialize` answer. Reading
-the config, importing the session's stack (roles, kernel, model client) and opening the store with
-the roles and plugins found takes longer than the rest of the start, and neither `initialize` nor
-the lists of tools and of the open sessions' files need any of it. So the command checks only that
-the project folder is there (a wrong `-p` stops it at once, with one line on stderr), and the
-project stays closed until a call needs it:
+An MCP host or an editor starts its servers as it starts and waits for each one's `initialize`
+answer. Reading the config, importing the session's stack (roles, kernel, model client) and opening
+the store with the roles and plugins found takes longer than the rest of the start, and neither
+`initialize` nor MCP's lists of tools and of the open sessions' files need any of it. So the command
+checks only that the project folder is there (a wrong `-p` stops it at once, with one line on
+stderr), and the project stays closed until a call needs it:
 
 - the first such call reads the config and opens the project, on its own thread, and tells stderr
   what that found (the config's notices, a broken plugin, a role that is off); calls that come
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from taskweaver_lite.errors import ConfigError, TaskWeaverError
+from taskweaver_lite.errors import TaskWeaverError
 
 if TYPE_CHECKING:
     from taskweaver_lite.config.settings import Config
@@ -33,11 +33,20 @@ if TYPE_CHECKING:
 class LazyWorkspace:
     """The project's `Workspace`, opened by the first `get()` on whichever thread, once; closed by `close()` if it was opened."""
 
-    def __init__(self, project_dir: Path, overrides: Sequence[str] = (), *, say: Callable[[str], None] = lambda line: None) -> None:
-        """`overrides`: the command's --set values; `say`: where a line for the server's log goes (what the opening found, why it failed)."""
+    def __init__(
+        self,
+        project_dir: Path,
+        overrides: Sequence[str] = (),
+        *,
+        say: Callable[[str], None] = lambda line: None,
+        check: Callable[[Config], None] = lambda config: None,
+    ) -> None:
+        """`overrides`: the command's --set values; `say`: where a line for the server's log goes (what the opening found, why it failed);
+        `check`: what the server cannot serve, raised as a ConfigError before the workspace is opened (MCP: confirm mode)."""
         self.project_dir = project_dir
         self.overrides = list(overrides)
         self._say = say
+        self._check = check
         self._workspace: Workspace | None = None
         self._opening = threading.Lock()
         self._attempts = 0  # openings finished so far, opened or failed
@@ -79,7 +88,7 @@ class LazyWorkspace:
 
         try:
             config = load_config(self.project_dir, self.overrides)
-            refuse_confirm_mode(config)
+            self._check(config)
             workspace = Workspace(config)
         except TaskWeaverError as exc:
             self._say(f"taskweaver-lite: the project could not be opened (the next call tries again): {exc}")
@@ -101,12 +110,3 @@ class LazyWorkspace:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def refuse_confirm_mode(config: Config) -> None:
-    """Nobody could answer "run, edit or skip?" before a cell runs: a project that asks it is refused rather than run unasked."""
-    if config.execution.confirm:
-        raise ConfigError(
-            "execution.confirm: true asks a person at a terminal before each cell runs, and an MCP server has none: "
-            "set it to false for this project, or start with --set execution.confirm=false"
-        )
