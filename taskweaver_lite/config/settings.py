@@ -699,6 +699,15 @@ class McpConfig(_Section):
             "`chat --resume` or another host may open it, and its next ask resumes it; 0: kept until the host leaves"
         ),
     )
+    max_open_sessions: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description=(
+            "sessions `taskweaver-lite mcp` keeps open at once, each with its kernel; to open another it closes the one used least "
+            "recently (it stays stored), and while all are answering, an ask that needs another waits for one to finish"
+        ),
+    )
 
     @field_validator("servers")
     @classmethod

@@ -59,8 +59,8 @@ if TYPE_CHECKING:
 
 # The longest question `ask` takes: as long as a line the chat takes (put longer text in a file).
 MAX_QUESTION_CHARS = 20_000
-# Sessions kept open with their kernels; the one used least recently is closed (it stays stored).
-MAX_OPEN_SESSIONS = 4
+# Seconds between looks, while an ask waits for a free session, for a cancel of its request.
+SLOT_POLL = 0.5
 # Seconds an ask waits for the session's previous answer (a cancelled one winding down) before it is refused.
 BUSY_WAIT = 10.0
 # Seconds a cancelled turn gets to stop its cell and store its failed round before the cancellation is answered.
@@ -196,12 +196,16 @@ def bad_input(message: str) -> MCPError:
 
 @dataclass
 class OpenSession:
-    """A session open in this server: one turn at a time; `closed` once the server let it go (a turn that got it asks again)."""
+    """A session open in this server: one turn at a time; `closed` once the server let it go (a turn that got it asks again).
+
+    `users`: the asks that were handed it and have not finished; a session in use is never let go for room or idleness.
+    """
 
     session: Session
     busy: threading.Lock = field(default_factory=threading.Lock)
     last_used: float = field(default_factory=time.monotonic)
     closed: bool = False
+    users: int = 0
 
 
 class Agent:
@@ -210,17 +214,33 @@ class Agent:
     The workspace is opened by the first call that needs it (`LazyWorkspace`), on that call's thread.
     A session holds its kernel and its claim in the store (no other program may open it) while it is
     open here. So it is let go, and stays stored, when it has gone unused for `idle_timeout` seconds
-    (mcp.session_idle_timeout; 0: never), when `close_session` asks, and when more than `max_open`
-    are open; the next `ask` that names it resumes it.
+    (mcp.session_idle_timeout; 0: never), when `close_session` asks, and when a session must be
+    opened and `max_open` are (the one used least recently that no ask is using); the next `ask` that
+    names it resumes it.
+
+    At most `max_open` sessions (mcp.max_open_sessions), and so kernels, are open or opening at
+    once, however many asks come together: an ask that needs another while all of them are answering
+    waits for one to finish (`on_wait` says so once), and a cancel of its request ends the wait. A
+    host that sends several asks at once (a model calling tools in parallel) thus gets every answer,
+    in turn, rather than errors to retry, and its own timeout or Stop still ends a wait.
     """
 
-    def __init__(self, project: LazyWorkspace, *, max_open: int = MAX_OPEN_SESSIONS, idle_timeout: float | None = None) -> None:
-        """`idle_timeout`: seconds, or None for the project's mcp.session_idle_timeout once it is opened."""
+    def __init__(self, project: LazyWorkspace, *, max_open: int | None = None, idle_timeout: float | None = None) -> None:
+        """`max_open`, `idle_timeout`: or None for the project's mcp.max_open_sessions and mcp.session_idle_timeout once it is opened."""
         self.project = project
-        self.max_open = max_open
+        self._max_open = max_open
         self._idle_timeout = idle_timeout
         self.open: OrderedDict[str, OpenSession] = OrderedDict()
         self._guard = threading.Lock()
+        self._slots = threading.Condition(self._guard)  # told when a session is let go or an ask is done with one
+        self._opening = 0  # sessions being opened or resumed now, each counted against max_open
+
+    @property
+    def max_open(self) -> int:
+        """Sessions this server keeps open at most: the argument, else the opened project's mcp.max_open_sessions."""
+        if self._max_open is not None:
+            return self._max_open
+        return self.workspace.config.mcp.max_open_sessions
 
     @property
     def idle_timeout(self) -> float:
@@ -235,29 +255,68 @@ class Agent:
         """The project's workspace, opened now if no call has yet (it blocks: call it from a worker thread)."""
         return self.project.get()
 
-    def session(self, ref: str | None, *, on_replay: Callable[[int, int], None] | None = None) -> OpenSession:
-        """The open session `ref` names (resumed from the store if need be), or a new one; UnknownSessionError for an unknown id."""
-        if ref is None:
-            session = self.workspace.new_session()
-            self.workspace.store.save_overrides(session.id, self.project.overrides)
-            return self._keep(session)
-        with self._guard:
-            session_id = self.workspace.store.resolve(ref)
-            if session_id in self.open:
-                self.open.move_to_end(session_id)
-                entry = self.open[session_id]
-                entry.last_used = time.monotonic()
-                return entry
-        session, _ = self.workspace.resume_session(session_id, on_replay=on_replay)
-        return self._keep(session)
+    def session(self, ref: str | None, *, on_replay: Callable[[int, int], None] | None = None, on_wait: Callable[[str], None] | None = None) -> OpenSession:
+        """The open session `ref` names (resumed from the store if need be), or a new one; UnknownSessionError for an unknown id.
 
-    def _keep(self, session: Session) -> OpenSession:
-        with self._guard:
-            kept = self.open[session.id] = OpenSession(session)
-            idle = [key for key, entry in self.open.items() if key != session.id and not entry.busy.locked()]
-            closing = [self.open.pop(key) for key in idle[: max(0, len(self.open) - self.max_open)]]
-        self._close(closing)
+        The caller uses it until `done_with(entry)`, which it must call. Opening one waits while
+        `max_open` are open and in use (`on_wait` hears why, once); it is KeyboardInterrupt that ends the wait.
+        """
+        workspace = self.workspace
+        session_id = None
+        if ref is not None:
+            with self._guard:
+                session_id = workspace.store.resolve(ref)
+                if session_id in self.open:
+                    self.open.move_to_end(session_id)
+                    entry = self.open[session_id]
+                    entry.last_used = time.monotonic()
+                    entry.users += 1
+                    return entry
+        closing = self._room(on_wait)
+        try:
+            self._close(closing)
+            if session_id is None:
+                session = workspace.new_session()
+                workspace.store.save_overrides(session.id, self.project.overrides)
+            else:
+                session, _ = workspace.resume_session(session_id, on_replay=on_replay)
+        except BaseException:
+            with self._slots:
+                self._opening -= 1
+                self._slots.notify_all()
+            raise
+        with self._slots:
+            self._opening -= 1
+            kept = self.open[session.id] = OpenSession(session, users=1)
         return kept
+
+    def _room(self, on_wait: Callable[[str], None] | None) -> list[OpenSession]:
+        """Room for one more session: the sessions let go to make it (to be closed), one opening counted; waits while all are in use."""
+        closing: list[OpenSession] = []
+        told = False
+        try:
+            with self._slots:
+                while len(self.open) + self._opening >= self.max_open:
+                    unused = next((key for key, entry in self.open.items() if entry.users == 0), None)
+                    if unused is not None:  # the one used least recently that no ask is using: let go, it stays stored
+                        closing.append(self.open.pop(unused))
+                        continue
+                    if on_wait is not None and not told:
+                        on_wait(f"Waiting for a free session: the {self.max_open} this server keeps open (mcp.max_open_sessions) are all answering")
+                        told = True
+                    self._slots.wait(SLOT_POLL)  # woken when one is done; the poll lets a cancel's KeyboardInterrupt in
+                self._opening += 1
+        except BaseException:
+            self._close(closing)
+            raise
+        return closing
+
+    def done_with(self, entry: OpenSession) -> None:
+        """An ask is done with `entry` (from `session`): once no ask uses it, it may be let go for room or idleness."""
+        with self._slots:
+            entry.users -= 1
+            entry.last_used = time.monotonic()
+            self._slots.notify_all()
 
     def release(self, ref: str) -> tuple[str, Released]:
         """Close the session `ref` names here now (it stays stored): its id, and whether it was closed, not open, or answering."""
@@ -266,9 +325,10 @@ class Agent:
             entry = self.open.get(session_id)
             if entry is None:
                 return session_id, "not open"
-            if entry.busy.locked():
+            if entry.users or entry.busy.locked():
                 return session_id, "answering"
             del self.open[session_id]
+            self._slots.notify_all()
         self._close([entry])
         return session_id, "closed"
 
@@ -278,8 +338,9 @@ class Agent:
             return []
         settled = time.monotonic() - self.idle_timeout
         with self._guard:
-            idle = [key for key, entry in self.open.items() if entry.last_used <= settled and not entry.busy.locked()]
+            idle = [key for key, entry in self.open.items() if entry.last_used <= settled and not entry.users and not entry.busy.locked()]
             closing = [self.open.pop(key) for key in idle]
+            self._slots.notify_all()
         self._close(closing)
         return idle
 
@@ -543,28 +604,34 @@ class AgentServer(ToolServer):
                 raise
             except TaskWeaverError as exc:  # open in another program, a kernel that cannot start: the client hears why
                 return failed_answer(ref, f"The session could not be opened: {exc}")
-            if not entry.busy.acquire(timeout=BUSY_WAIT):
-                return failed_answer(entry.session.id, f"session {entry.session.id} is answering another question: wait for that answer, then ask again")
-            if entry.closed:  # let go (idle, or closed) between being found and being taken: resumed again
-                entry.busy.release()
-                return work(turn) if ref is not None else failed_answer(entry.session.id, "The new session was closed before its first question: ask again.")
             try:
-                turn.session = entry.session
-                entry.session.add_listener(turn.listen)
-                try:
-                    return self._turn(entry.session, question)
-                finally:
-                    entry.session.remove_listener(turn.listen)
+                return self._answer(entry, question, turn)
             finally:
-                entry.last_used = time.monotonic()
-                entry.busy.release()
+                self.agent.done_with(entry)
 
         return await on_thread(work, report=lambda number, text: ctx.session.report_progress(number, None, text))
+
+    def _answer(self, entry: OpenSession, question: str, turn: Turn) -> types.CallToolResult:
+        """The turn in `entry`'s session, once the ask before it there is answered."""
+        if not entry.busy.acquire(timeout=BUSY_WAIT):
+            return failed_answer(entry.session.id, f"session {entry.session.id} is answering another question: wait for that answer, then ask again")
+        try:
+            if entry.closed:  # the server is shutting down (a session in use is never let go otherwise)
+                return failed_answer(entry.session.id, f"Session {entry.session.id} was closed as the server shuts down: ask again.")
+            turn.session = entry.session
+            entry.session.add_listener(turn.listen)
+            try:
+                return self._turn(entry.session, question)
+            finally:
+                entry.session.remove_listener(turn.listen)
+        finally:
+            entry.last_used = time.monotonic()
+            entry.busy.release()
 
     def _opened(self, ref: str | None, turn: Turn) -> OpenSession:
         """The session to ask in; an unknown or ambiguous id is a protocol error (nothing is opened or stored)."""
         try:
-            return self.agent.session(ref, on_replay=lambda done, total: turn.progress(f"Re-running earlier cells: {done}/{total}"))
+            return self.agent.session(ref, on_replay=lambda done, total: turn.progress(f"Re-running earlier cells: {done}/{total}"), on_wait=turn.progress)
         except (UnknownSessionError, AmbiguousSessionError) as exc:
             raise _unknown(ref or "", exc) from None
 
