@@ -37,6 +37,7 @@ from taskweaver_lite.kernel.mcp.launch import REPORT_EXPRESSION, McpLaunch
 from taskweaver_lite.kernel.output import CellOutput
 from taskweaver_lite.kernel.process import (
     InterpreterKernelManager,
+    close_launch_files,
     filtered_environment,
     kill_marked,
     kill_process_group,
@@ -292,11 +293,8 @@ class KernelExecutor(SessionKernel):
                 self._disk.close()
             self._log.close()
             shutil.rmtree(self._socket_dir, ignore_errors=True)
-            if self._seccomp_fd is not None:
-                os.close(self._seccomp_fd)
-                self._seccomp_fd = None
-            if self._sandbox_info is not None:
-                self._sandbox_info.close()
+            close_launch_files(self._seccomp_fd, self._sandbox_info)
+            self._seccomp_fd = None
             if self._cgroup is not None:
                 self._cgroup.remove()  # what is still in it (a process that left the kernel's group) ends with it
 

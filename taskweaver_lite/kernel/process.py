@@ -163,6 +163,14 @@ def pass_launch_files(launch: dict[str, Any], *, seccomp_fd: int | None, sandbox
     lifeline.attach(launch)
 
 
+def close_launch_files(seccomp_fd: int | None, sandbox_info: SandboxInfo | None) -> None:
+    """Close what `pass_launch_files` kept for the kernel's starts, once no start is to come (the caller forgets them)."""
+    if seccomp_fd is not None:
+        os.close(seccomp_fd)
+    if sandbox_info is not None:
+        sandbox_info.close()
+
+
 def socket_dir(session_dir: Path, *, prefix: str = SOCKET_PREFIX) -> Path:
     """A new folder for a kernel's connection file and IPC sockets, holding our pid.
 

@@ -51,7 +51,7 @@ from traitlets import Unicode
 
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import Config
-from taskweaver_lite.kernel.process import LIFELINE_START_UP, SOCKET_PATH_LIMIT, filtered_environment, pass_launch_files
+from taskweaver_lite.kernel.process import LIFELINE_START_UP, SOCKET_PATH_LIMIT, close_launch_files, filtered_environment, pass_launch_files
 from taskweaver_lite.kernel.sandbox import cgroup as kernel_cgroup
 from taskweaver_lite.kernel.sandbox import syscall_filter
 from taskweaver_lite.kernel.sandbox.bwrap import SandboxPlan, kernel_command, session_sandbox, uses_sandbox
@@ -234,12 +234,8 @@ class SandboxProvisioner(LocalProvisioner):
             self._log = None
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
-        if self._seccomp_fd is not None:
-            os.close(self._seccomp_fd)
-            self._seccomp_fd = None
-        if self._sandbox_info is not None:
-            self._sandbox_info.close()
-            self._sandbox_info = None
+        close_launch_files(self._seccomp_fd, self._sandbox_info)
+        self._seccomp_fd, self._sandbox_info = None, None
         if self._cgroup is not None:
             self._cgroup.remove()
             self._cgroup = None
