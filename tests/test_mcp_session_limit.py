@@ -34,11 +34,11 @@ def planner(messages: list[dict[str, Any]]) -> str:
     text = last_user_text(messages)
     if "Execution result" in text or "The code" in text or "execution succeeded" in text:
         return planner_reply("The answer is 42.", send_to="User")
-    return planner_reply("Wait a moment, then print 42.")
+    return planner_reply("Wait long, then print 42." if "slow" in text else "Wait a moment, then print 42.")
 
 
 def coder(messages: list[dict[str, Any]]) -> str:
-    return code_reply("import time\ntime.sleep(1.5)\nprint(42)")
+    return code_reply(f"import time\ntime.sleep({6 if 'Wait long' in last_user_text(messages) else 1.5})\nprint(42)")
 
 
 @pytest.fixture
@@ -100,18 +100,23 @@ def server_pid(project: Path) -> int:
     raise AssertionError("no taskweaver-lite mcp process under the test")
 
 
-def test_concurrent_asks_past_max_open_sessions_wait_for_a_free_one_and_never_open_more_kernels(project: Path) -> None:
+def start(project: Path, limit: int) -> Client:
+    """The SDK's client with `taskweaver-lite mcp` as its server, `limit` sessions open at most, none let go for idleness."""
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "taskweaver_lite", "mcp", "-p", str(project), "--set", f"mcp.max_open_sessions={LIMIT}", "--set", "mcp.session_idle_timeout=0"],
+        args=["-m", "taskweaver_lite", "mcp", "-p", str(project), "--set", f"mcp.max_open_sessions={limit}", "--set", "mcp.session_idle_timeout=0"],
         env=cli_env(),
     )
+    return Client(stdio_client(params, errlog=sys.stderr), read_timeout_seconds=WAIT)
+
+
+def test_concurrent_asks_past_max_open_sessions_wait_for_a_free_one_and_never_open_more_kernels(project: Path) -> None:
     kernels = KernelCount()
     results: list[Any] = []
     heard: list[str] = []
 
     async def scenario() -> None:
-        async with Client(stdio_client(params, errlog=sys.stderr), read_timeout_seconds=WAIT) as client:
+        async with start(project, LIMIT) as client:
             await client.list_tools()
             kernels.watch(server_pid(project))
 
@@ -137,3 +142,51 @@ def test_concurrent_asks_past_max_open_sessions_wait_for_a_free_one_and_never_op
     assert 1 <= most <= LIMIT, f"{most} kernels were running at once under a limit of {LIMIT}"
     waited = [line for line in heard if line.startswith("Waiting for a free session")]
     assert waited and all("mcp.max_open_sessions" in line for line in waited), heard
+
+
+def test_an_ask_cancelled_while_it_waits_for_a_free_session_gives_its_place_back(project: Path) -> None:
+    kernels = KernelCount()
+    heard: list[str] = []
+    answers: list[Any] = []
+
+    async def scenario() -> None:
+        async with start(project, 1) as client:
+            await client.list_tools()
+            kernels.watch(server_pid(project))
+            running, waiting = anyio.Event(), anyio.Event()
+
+            async def first_progress(progress: float, total: float | None, message: str | None) -> None:
+                if message == "Running code":
+                    running.set()
+
+            async def second_progress(progress: float, total: float | None, message: str | None) -> None:
+                heard.append(message or "")
+                if (message or "").startswith("Waiting for a free session"):
+                    waiting.set()
+
+            async def slow() -> None:
+                answers.append(await client.call_tool("ask", {"question": "a slow one"}, progress_callback=first_progress))
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(slow)
+                with anyio.fail_after(WAIT):
+                    await running.wait()
+                with anyio.CancelScope() as second:  # cancelled once it says it waits: the host's Stop
+
+                    async def wait_then_stop() -> None:
+                        with anyio.fail_after(WAIT):
+                            await waiting.wait()
+                        second.cancel()
+
+                    group.start_soon(wait_then_stop)
+                    await client.call_tool("ask", {"question": "another"}, progress_callback=second_progress)
+            with anyio.fail_after(WAIT):  # the slow one answered; the cancelled one's place is free for the next
+                answers.append(await client.call_tool("ask", {"question": "the next one"}))
+
+    try:
+        anyio.run(scenario)
+    finally:
+        most = kernels.stop()
+    assert any(line.startswith("Waiting for a free session") and "mcp.max_open_sessions" in line for line in heard), heard
+    assert [answer.structured_content["answer"] for answer in answers] == ["The answer is 42."] * 2, answers
+    assert most == 1, f"{most} kernels ran at once under a limit of 1"
