@@ -72,7 +72,7 @@ def service(postgres_cluster: PostgresCluster, tmp_path_factory: pytest.TempPath
         store_url = postgres_cluster.new_database()
         project = write_team_project(root / "project", store_url=store_url, gateway=gateway, model_url=model.url, lease_timeout=3.0)
         tokens = {name: _add_user(project, name) for name in ("alice", "bob", "carol")}
-        replicas = [ServeProcess.start(project), ServeProcess.start(project)]
+        replicas = ServeProcess.start_several(project, 2)
         try:
             yield Service(gateway_project, gateway, project, replicas, store_url, gateways, tokens)
         finally:
@@ -193,7 +193,7 @@ def test_twelve_first_requests_at_once_from_one_user_run_the_first_eight_and_ref
 
 
 def test_sessions_made_at_once_by_one_user_never_pass_serve_max_sessions_per_user_on_any_replica(service: Service) -> None:
-    limited = [ServeProcess.start(service.project, args=("--set", "serve.max_sessions_per_user=5")) for _ in range(2)]
+    limited = ServeProcess.start_several(service.project, 2, args=("--set", "serve.max_sessions_per_user=5"))
     headers = {"Authorization": f"Bearer {service.tokens['carol']}"}
     try:
 
