@@ -62,7 +62,16 @@ for name in sorted(os.listdir('/proc/self/fd'), key=int):
         except OSError:
             pass
     found.append([int(name), target, info.st_dev, info.st_ino, info.st_mode, info.st_rdev, data[:LIMIT].decode(errors='replace')])
+# The lifeline (the reading end of a pipe whose writing end only the program that started the kernel
+# holds) is the one descriptor of the program's a kernel keeps: which one, and whether it reopens for writing.
+lifeline = getattr(__import__('sys').modules.get('_taskweaver_lifeline'), 'watched', None)
+try:
+    os.close(os.open(f'/proc/self/fd/{{lifeline}}', os.O_WRONLY | os.O_NONBLOCK))
+    writable = lifeline is not None
+except OSError:
+    writable = False
 open('fds.json', 'w').write(json.dumps(found))
+open('lifeline.json', 'w').write(json.dumps({{'fd': lifeline, 'writable': writable}}))
 print(len(found))
 """
 
@@ -82,8 +91,8 @@ def _identities(pid: int) -> set[tuple[int, int]]:
     return found
 
 
-def _shared(kernel_fds: list[list[object]], holder: int, *, own: tuple[Path, ...] = ()) -> list[list[object]]:
-    """The kernel's descriptors that are also `holder`'s (the gateway, this program), but for files of the kernel's own."""
+def _shared(kernel_fds: list[list[object]], holder: int, *, own: tuple[Path, ...] = (), lifeline: object = None) -> list[list[object]]:
+    """The kernel's descriptors that are also `holder`'s (the gateway, this program), but for files of the kernel's own and its lifeline."""
     theirs = _identities(holder)
     null = os.stat("/dev/null").st_rdev
     mine = {(os.stat(path).st_dev, os.stat(path).st_ino) for path in own if path.exists()}
@@ -91,6 +100,8 @@ def _shared(kernel_fds: list[list[object]], holder: int, *, own: tuple[Path, ...
     for fd, target, dev, ino, mode, rdev, _ in kernel_fds:
         assert isinstance(mode, int) and isinstance(dev, int) and isinstance(ino, int)
         if (stat.S_ISCHR(mode) and rdev == null) or str(target).startswith("anon_inode:"):
+            continue
+        if fd == lifeline and stat.S_ISFIFO(mode):
             continue
         if (dev, ino) in theirs and (dev, ino) not in mine:
             shared.append([fd, target])
@@ -133,8 +144,11 @@ def local(tmp_path: Path) -> Iterator[KernelExecutor]:
 def test_a_gateway_kernel_holds_no_descriptor_of_the_gateways(gateway: Gateway, alice: Cells, bob: Cells) -> None:
     bob.run(FDS.format(limit=1 << 20))
     kernel_fds = json.loads((gateway.root / "taskweaver_sessions" / "bob-s" / "fds.json").read_text(encoding="utf-8"))
-    shared = _shared(kernel_fds, gateway.pid, own=(gateway.root / "logs" / "bob-s.log",))
+    lifeline = json.loads((gateway.root / "taskweaver_sessions" / "bob-s" / "lifeline.json").read_text(encoding="utf-8"))
+    shared = _shared(kernel_fds, gateway.pid, own=(gateway.root / "logs" / "bob-s.log",), lifeline=lifeline["fd"])
     assert shared == [], "reopened through /proc/self/fd, these are the gateway's own files"
+    # Every kernel of the gateway holds the same lifeline: written to, it would be a channel between them.
+    assert lifeline["fd"] is not None and not lifeline["writable"], "bob's kernel reopened its lifeline for writing"
     seen = "\n".join(str(entry[6]) for entry in kernel_fds)
     assert alice.kernel_id not in seen and "alice-stderr-line" not in seen, "the gateway's log, read from bob's cell"
     assert {entry[0] for entry in kernel_fds} >= {0, 1, 2}
@@ -157,7 +171,9 @@ def test_a_local_kernel_holds_no_descriptor_of_this_programs(local: KernelExecut
     result = local.run(FDS.format(limit=0))
     assert result.success, result.error
     kernel_fds = json.loads((local.cwd / "fds.json").read_text(encoding="utf-8"))
-    assert _shared(kernel_fds, os.getpid(), own=(local.session_dir / "kernel.log",)) == []
+    lifeline = json.loads((local.cwd / "lifeline.json").read_text(encoding="utf-8"))
+    assert lifeline["fd"] is not None, "the kernel watches its lifeline"
+    assert _shared(kernel_fds, os.getpid(), own=(local.session_dir / "kernel.log",), lifeline=lifeline["fd"]) == []
     stdin = next(entry for entry in kernel_fds if entry[0] == 0)
     assert stdin[1] == "/dev/null", "stdin is /dev/null"
 

@@ -28,6 +28,7 @@ MODULE_NAME = "_taskweaver_lifeline"
 VARIABLE = "TASKWEAVER_LITE_LIFELINE"  # the reading end's descriptor number, in the kernel's environment
 _pipe: tuple[int, int] | None = None
 _lock = threading.Lock()
+watched: int | None = None  # in the kernel: the descriptor its watch waits on (the one it holds of the program's)
 
 
 def reading_end() -> int:
@@ -56,6 +57,8 @@ def watch() -> None:
         os.set_inheritable(fd, False)  # the kernel's own children need not hold it
     except OSError:
         return  # not open here: a kernel started some other way
+    global watched
+    watched = fd
     threading.Thread(target=_wait, args=(fd,), name="taskweaver-lifeline", daemon=True).start()
 
 
