@@ -353,14 +353,21 @@ def test_two_hundred_thousand_empty_files_are_stopped_by_the_files_cap_on_this_m
 def test_two_hundred_thousand_empty_files_are_stopped_by_the_files_cap_on_the_gateway(gateway: Gateway) -> None:
     cells = Cells(gateway, session="bob-files", owner="bob")
     try:
-        # The kernel is ended under the cell, so the cell never says it finished: wait for the gateway to see
-        # the kernel go (it restarts it), not for a timeout. A kernel left to finish goes idle with 200,000 files.
+        # The kernel is ended under the cell, so the cell never says it finished: wait until no file has been
+        # made for 2 s (or the gateway has seen the kernel go), not for a timeout. A kernel left to finish
+        # stops too, at 200,000 files.
+        folder = gateway.root / "taskweaver_sessions" / "bob-files"
         cells.kernel.execute(EMPTY_FILES, user_expressions={})
-        deadline = time.monotonic() + 30
-        while cells.kernel.state() in ("busy", "idle", "") and time.monotonic() < deadline:
+        deadline = time.monotonic() + 60
+        kept, changed = 0, time.monotonic()
+        while time.monotonic() < deadline and cells.kernel.state() in ("busy", "idle", ""):
             time.sleep(0.25)
-        time.sleep(2)
-        kept = _files_in(gateway.root / "taskweaver_sessions" / "bob-files")
+            if (now := _files_in(folder)) != kept:
+                kept, changed = now, time.monotonic()
+            elif kept and time.monotonic() - changed > 2:
+                break
+        time.sleep(0.5)
+        kept = _files_in(folder)
     finally:
         cells.close()
     # What is made between two looks stays (the watcher looks less often the more there is to count): far from the 200,000.
