@@ -244,9 +244,7 @@ class Session:
         message = "\n\n".join([*self._notes, text])
         try:
             # The round's start and the request itself are stored in one write (both are shown at once anyway).
-            request = Post(send_from=USER, send_to=self._entry.spec.alias, message=message)
-            rnd.posts.append(request)
-            self._emit(RoundStarted(rnd), PostAdded(rnd, request))
+            self._add(rnd, Post(send_from=USER, send_to=self._entry.spec.alias, message=message), first=RoundStarted(rnd))
             self._run_hops(rnd, views)
             rnd.state = "finished"
             self._notes.clear()  # only now: a failed round's notes go out again with the next request
@@ -416,11 +414,12 @@ class Session:
             # A round the role took no part in renders to nothing and never folds: it is not rendered at all.
             active.context.round_finished([active.role.render(r) for r in view if r.posts])
 
-    def _add(self, rnd: Round, post: Post) -> None:
+    def _add(self, rnd: Round, post: Post, *, first: Event | None = None) -> None:
+        """`post` into `rnd`, stored and shown; `first`: an event stored in the same write and shown just before it."""
         rnd.posts.append(post)
         if post.execution is not None:
             self.variables.saw(post.execution)
-        self._emit(PostAdded(rnd, post))
+        self._emit(*([first] if first is not None else []), PostAdded(rnd, post))
 
     def _on_call(self, record: CallRecord) -> None:
         keep = self.config.store.record_prompts
