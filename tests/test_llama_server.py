@@ -121,7 +121,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     model = tmp_path_factory.mktemp("llama") / "tiny.gguf"
     write_tiny_model(model, vocab)
     port = free_port()
-    command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(SLOTS * SLOT_CONTEXT), "-np", str(SLOTS), "-t", "2"]
+    command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(SLOTS * SLOT_CONTEXT), "-np", str(SLOTS), "-t", "1"]
     log = (model.parent / "server.log").open("w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

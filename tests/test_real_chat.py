@@ -18,6 +18,7 @@ CodeGenerator keeps its example: without it, its replies rambled to the length l
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from real_chat import REQUESTS, run_chat, sample_project
@@ -31,11 +32,18 @@ pytestmark = pytest.mark.real
 # file list instead of delegating (none of three requests ran code in two runs of the bench's requests).
 # What reaches the kernel is the plumbing under test, not the model's judgement.
 ASKED = ("Ask the CodeInterpreter to print the total revenue in sales.csv.", *REQUESTS[1:])
+# One repair turn per request, not the default three: with the schema sent no reply here broke the format,
+# and what the repair turns were spent on was replies cut off at the output limit (8 of 9 cut-off replies in
+# a run with three), each 256 tokens of generation that cannot change the outcome. One is still a turn
+# that a reply in a broken format would have to get right, so a format failure shows sooner, not later.
+# The server's kind is named, so that the first request already goes to the Planner's slot (asked to
+# detect it, the client learns it from the first reply, whose prompt the CodeGenerator then overwrites).
+SETTINGS: dict[str, dict[str, Any]] = {"session": {"max_repair_attempts": 1}, "llm": {"server_kind": "llama.cpp"}}
 
 
 @pytest.mark.timeout(1800)  # three requests of a real model on two shared cores: 12.5 minutes at a load average of 16
 def test_three_requests_on_the_sample_data_none_failing_on_format_with_code_run_stored_and_resumed(smollm2_server: LlamaServer, tmp_path: Path) -> None:
-    project = sample_project(tmp_path, smollm2_server, structured="auto", planner_examples=False)
+    project = sample_project(tmp_path, smollm2_server, structured="auto", planner_examples=False, settings=SETTINGS)
     chat = run_chat(project, ASKED)
     assert len(chat.rounds) == len(ASKED)
     assert not chat.format_failures, f"requests failed on their format with the schema sent: {[r.error for r in chat.format_failures]}"
