@@ -208,9 +208,10 @@ def test_a_contender_never_finds_a_session_held_without_its_answered_mark_while_
     seen: list[tuple[bool, bool]] = []  # (lease held, answered mark there) after each row the holder frees
 
     class Watched(SessionStore):
-        def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> None:
-            super().release_lease(session_id, holder, marks=marks)
+        def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> int:
+            newest = super().release_lease(session_id, holder, marks=marks)
             seen.append((self.lease("s1") is not None, self.lease("s1:answered") is not None))
+            return newest
 
     store = Watched(tmp_path / "sessions.db")
     store.create_session("s1", started=time.time())

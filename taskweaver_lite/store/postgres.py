@@ -38,7 +38,7 @@ import psycopg_pool
 from taskweaver_lite.config.store_url import redact, redact_text
 from taskweaver_lite.errors import SessionBusyError, StoreError, StoreUnavailable
 from taskweaver_lite.records.tips import Tip
-from taskweaver_lite.store.event_rows import Connection, Rows, to_json
+from taskweaver_lite.store.event_rows import EventRows, Rows
 from taskweaver_lite.store.interface import EVENTS_CHANNEL
 from taskweaver_lite.store.postgres_schema import MIGRATIONS, migrate
 from taskweaver_lite.store.sql import SESSION_ID, SqlStore
@@ -258,29 +258,50 @@ class PostgresStore(SqlStore):
             finally:
                 _back_to_transactions(conn)
 
-    @contextmanager
-    def _batch(self, session_id: str) -> Iterator[_Connection]:
-        """One `record`'s transaction sent whole (a pipeline: BEGIN, its statements, COMMIT), answered in one round trip.
+    def _write(self, rows: EventRows) -> list[int]:
+        """The whole write as one statement (each table's rows a data-modifying `WITH`): atomic with no transaction around it, one round trip.
 
-        Nothing in it is read before the end. A session that is not stored fails its rows' foreign
-        keys, and is said as SqlStore says it.
+        Its log entries send one `NOTIFY twl_events` with the session's id, on commit. A session
+        that is not stored fails the rows' foreign keys, or finds no row to update.
         """
-        with self._autocommit() as conn:
+        parts: list[str] = []
+        params: list[Any] = []
+        update = rows.session_update()
+        if update is not None:
+            parts.append(f"touched AS ({update[0]} RETURNING 1)")
+            params += update[1]
+        for number, (sql, values) in enumerate(rows.statements()):
+            parts.append(f"w{number} AS ({sql})")
+            params += values
+        logged = rows.log_insert()
+        if logged is not None:
+            parts.append(f"logged AS ({logged[0]})")
+            params += logged[1]
+        found = "(SELECT COUNT(*) FROM touched)" if update is not None else "(SELECT COUNT(*) FROM sessions WHERE id = ?)"
+        params += [] if update is not None else [rows.session_id]
+        ids = "ARRAY(SELECT id FROM logged ORDER BY id)" if logged is not None else "NULL"
+        notify = ", pg_notify(?, ?)" if logged is not None else ""
+        params += [EVENTS_CHANNEL, rows.session_id] if logged is not None else []
+        statement = f"WITH {', '.join(parts)} SELECT {found}, {ids}{notify}" if parts else f"SELECT {found}, {ids}"
+        with self._one() as db:
             try:
-                with conn.pipeline():
-                    conn.execute("BEGIN")
-                    yield _Connection(conn)
-                    conn.execute("COMMIT")
+                row = db.execute(statement, params).fetchone()
             except psycopg.errors.ForeignKeyViolation:
-                raise StoreError(f"session {session_id} is not in {self.where}; it must be created before events are recorded") from None
+                raise self._not_stored(rows.session_id) from None
+        if not row[0]:
+            raise self._not_stored(rows.session_id)
+        return [int(n) for n in row[1] or []]
 
-    def _log(self, db: Connection, session_id: str, item: dict[str, Any], now: float) -> Callable[[], int]:
-        """Append one entry to the session's event log and notify on commit, in one statement (one notice per transaction and session)."""
-        logged = db.execute(
-            "WITH logged AS (INSERT INTO events (session_id, data, at) VALUES (?, ?, ?) RETURNING id) SELECT id, pg_notify(?, ?) FROM logged",
-            (session_id, to_json(item), now, EVENTS_CHANNEL, session_id),
-        )
-        return lambda: int(logged.fetchone()[0])
+    def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> int:
+        """As SqlStore's, in one statement: the newest id is read in the snapshot the lease is freed in (nobody else writes until then)."""
+        keys = [session_id, *(session_id + mark for mark in marks)]
+        with self._write_one() as db:
+            row = db.execute(
+                f"WITH freed AS (DELETE FROM leases WHERE holder = ? AND session_id IN ({', '.join('?' * len(keys))}))"
+                " SELECT COALESCE(MAX(id), 0) FROM events WHERE session_id = ?",
+                (holder, *keys, session_id),
+            ).fetchone()
+        return int(row[0])
 
     def search_tips(self, text: str, *, owner: str | None = None, limit: int) -> list[Tip] | None:
         """The stored tips that fit `text` (any of its words, stemmed), best first by `ts_rank`."""

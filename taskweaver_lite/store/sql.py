@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -21,7 +21,7 @@ from taskweaver_lite.records.events import CellPrinted, Event, FileLoaded, Reply
 from taskweaver_lite.records.execution import Variable
 from taskweaver_lite.records.model_calls import Usage
 from taskweaver_lite.records.tips import Tip, TipKind
-from taskweaver_lite.store.event_rows import Connection, Rows, to_json, write_event
+from taskweaver_lite.store.event_rows import Connection, EventRows, to_json
 from taskweaver_lite.store.interface import INTERRUPTED_ERROR, FileKind, Lease, SessionEntry, StoredEvent, StoredSession
 from taskweaver_lite.store.user_queries import UserQueries
 from taskweaver_lite.store.users import Verifier
@@ -96,40 +96,37 @@ class SqlStore(UserQueries):
     def record(
         self, session_id: str, *events: Event, shown: Sequence[dict[str, Any]] = (), compression: Mapping[str, dict[str, Any]] | None = None
     ) -> list[int]:
-        """Write session events, `shown` (entries for the event log) and `compression` (roles' new states) in one transaction; the log entries' ids.
+        """Write session events, `shown` (entries for the event log) and `compression` (roles' new states) in one write; the log entries' ids.
 
-        `Working`, `ReplyStreamed`, `CellPrinted` are progress only: they are not recorded.
+        `Working`, `ReplyStreamed`, `CellPrinted` are progress only: they are not recorded. StoreError
+        when the session is not stored.
         """
-        kept = [event for event in events if not isinstance(event, (Working, ReplyStreamed, CellPrinted))]
-        if not kept and not shown and not compression:
+        rows = EventRows(session_id, time.time())
+        for event in events:
+            if not isinstance(event, (Working, ReplyStreamed, CellPrinted)):
+                rows.add(event, known_rounds=self._known_rounds)
+        rows.states = {role: to_json(state) for role, state in (compression or {}).items()}
+        rows.log = [to_json(item) for item in shown]
+        if rows.empty:
             return []
-        now = time.time()
-        made: set[tuple[str, str]] = set()
-        with self._batch(session_id) as db:
-            touched = db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
-            self._check_stored(touched, session_id)
-            for event in kept:
-                write_event(db, session_id, event, now, known_rounds=self._known_rounds, made=made)
-            for role, state in (compression or {}).items():
-                _save_state(db, session_id, role, state, now)
-            logged = [self._log(db, session_id, item, now) for item in shown]
-        self._check_stored(touched, session_id)  # a batch sent whole is read once it is done (nothing else was written then)
-        self._known_rounds |= made  # only once committed: a rolled-back round row is made again next time
-        return [entry() for entry in logged]
+        ids = self._write(rows)
+        self._known_rounds |= {(session_id, round_id) for round_id in rows.rounds}  # only once committed: a rolled-back round row is made again
+        return ids
 
-    def _batch(self, session_id: str) -> AbstractContextManager[Connection]:
-        """The transaction of one `record` (PostgreSQL sends it whole, in one round trip)."""
-        return self._transaction()
+    def _write(self, rows: EventRows) -> list[int]:
+        """Write `rows` in one transaction, statement by statement; the new log entries' ids (PostgreSQL sends them as one statement)."""
+        with self._transaction() as db:
+            update = rows.session_update()
+            found = db.execute(*update) if update is not None else db.execute("SELECT 1 FROM sessions WHERE id = ?", (rows.session_id,))
+            if (found.rowcount if update is not None else len(found.fetchall())) == 0:
+                raise self._not_stored(rows.session_id)
+            for statement in rows.statements():
+                db.execute(*statement)
+            logged = rows.log_insert()
+            return sorted(int(row[0]) for row in db.execute(*logged).fetchall()) if logged is not None else []
 
-    def _check_stored(self, touched: Rows, session_id: str) -> None:
-        """StoreError when the statement that marked the session active found no session (a rowcount not known yet is -1)."""
-        if touched.rowcount == 0:
-            raise StoreError(f"session {session_id} is not in {self.where}; it must be created before events are recorded")
-
-    def _log(self, db: Connection, session_id: str, item: dict[str, Any], now: float) -> Callable[[], int]:
-        """Append one entry to the session's event log (PostgreSQL's also tells the other replicas); its id, read once the transaction is done."""
-        row = db.execute("INSERT INTO events (session_id, data, at) VALUES (?, ?, ?) RETURNING id", (session_id, to_json(item), now)).fetchone()
-        return lambda: int(row[0])
+    def _not_stored(self, session_id: str) -> StoreError:
+        return StoreError(f"session {session_id} is not in {self.where}; it must be created before events are recorded")
 
     def events_after(self, session_id: str, after: int, *, limit: int = 500) -> list[StoredEvent]:
         """The session's event-log entries with an id above `after`, oldest first (at most `limit`)."""
@@ -397,11 +394,17 @@ class SqlStore(UserQueries):
             updated = db.execute(f"UPDATE leases SET expires = {self.now_sql} + ? WHERE session_id = ? AND holder = ?", (seconds, session_id, holder)).rowcount
         return updated > 0
 
-    def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> None:
-        """Free the session's lease if `holder` has it, and at the same moment `holder`'s marks on it (the rows `session_id + mark`)."""
+    def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> int:
+        """Free the session's lease if `holder` has it, and at the same moment `holder`'s marks on it (the rows `session_id + mark`).
+
+        Returns the session's newest event-log id as it was while the lease was still held: what
+        the holder's copy of the session is current with, when it wrote everything since it took it.
+        """
         keys = [session_id, *(session_id + mark for mark in marks)]
-        with self._write_one() as db:
+        with self._transaction() as db:
+            newest = db.execute("SELECT COALESCE(MAX(id), 0) FROM events WHERE session_id = ?", (session_id,)).fetchone()
             db.execute(f"DELETE FROM leases WHERE holder = ? AND session_id IN ({', '.join('?' * len(keys))})", (holder, *keys))
+        return int(newest[0])
 
     def lease(self, session_id: str) -> Lease | None:
         """The session's current, unexpired lease; None when it is free."""

@@ -353,7 +353,8 @@ class Hub:
         if live is not None and not live.busy and live.version >= 0:
             # A copy whose kernel went from the gateway (culled, ended for room, the gateway restarted) is loaded
             # again below, its variables rebuilt by replay; a gateway that does not answer is the request's 503.
-            if self.replica.is_current(session_id, live.version) and live.session.executor.still_there():
+            newest = self.parts.store.last_event_id(session_id)  # nobody else writes while the lease is held
+            if newest == live.version and live.session.executor.still_there():
                 live.last_used = time.monotonic()
                 return live
             try:
@@ -363,7 +364,7 @@ class Hub:
                 raise
             if refreshed:
                 live.last_used = time.monotonic()
-                live.version = self.parts.store.last_event_id(session_id)
+                live.version = newest
                 return live
         if live is not None:
             self._drop(live)
@@ -380,21 +381,22 @@ class Hub:
         another replica went on with the session, would write an older summary over a newer one.
         """
         assert self.replica is not None and self.parts.leases is not None
+        whole = False
         try:
             if live is not None:
                 deadline = time.monotonic() + self.config.serve.lease_wait  # what a contender waits for the lease, at most
                 contexts = live.session.contexts().values()
-                if not all(context.wait_idle(timeout=max(deadline - time.monotonic(), 0.0)) for context in contexts):
+                whole = all(context.wait_idle(timeout=max(deadline - time.monotonic(), 0.0)) for context in contexts)
+                if not whole:
                     for context in contexts:
                         context.close()  # its fold's result is dropped when it returns
-                    live.version = -1  # a copy without its folds: the next request here loads the session again
-                    return
-                live.version = self.parts.store.last_event_id(live.id)
-        except StoreError:
-            if live is not None:
-                live.version = -1  # unknown: the next request here loads the session again
         finally:
-            self.parts.leases.release(hold)
+            # The copy is current with the store's newest event as the lease goes (read in the same statement):
+            # everything since the lease was taken, this copy wrote. A copy without its folds, or a version
+            # unknown (the store down), is -1: the next request here loads the session again.
+            newest = self.parts.leases.release(hold)
+            if live is not None:
+                live.version = newest if whole and newest is not None else -1
 
     def _keep(self, live: LiveSession) -> LiveSession:
         live.session.add_listener(self.parts.metrics.listener(self._user_name(live.session.owner)))

@@ -127,8 +127,8 @@ class Leases:
                 self._store.release_lease(key, earlier.holder)
         return False
 
-    def release(self, hold: Hold) -> None:
-        """Free the lease (and its answered mark); a store that is down lets it run out instead."""
+    def release(self, hold: Hold) -> int | None:
+        """Free the lease (and its answered mark); the session's newest event id as it was freed (None: the store is down, the lease runs out instead)."""
         with self._lock:
             self._stopped.discard(hold.holder)
             held = [h for key, h in self._held.items() if h.holder == hold.holder]
@@ -138,9 +138,10 @@ class Leases:
         # refused at once, so the mark must never go before the lease.
         marks = [h.session_id.removeprefix(hold.session_id) for h in held if h.session_id != hold.session_id]
         try:
-            self._store.release_lease(hold.session_id, hold.holder, marks=marks)
+            return self._store.release_lease(hold.session_id, hold.holder, marks=marks)
         except StoreError:
             _log.warning("could not free the lease of session %s (the store is unreachable); it runs out by itself", hold.session_id)
+            return None
 
     def held(self) -> list[Hold]:
         """The leases held now (for a replica stopping: what it still runs)."""
