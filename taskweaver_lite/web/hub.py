@@ -29,6 +29,7 @@ from taskweaver_lite.records.events import CellPrinted, Event, Listener, ModelCa
 from taskweaver_lite.session.assembly import delete_session, new_session_id
 from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.interface import Notices, Store
+from taskweaver_lite.store.sql import SESSION_ID
 from taskweaver_lite.web.fanout import Fanout
 from taskweaver_lite.web.leases import Hold, LeaseBusy, Leases
 from taskweaver_lite.web.live import Busy, LiveSession, Turn
@@ -368,7 +369,12 @@ class Hub:
                 return live
         if live is not None:
             self._drop(live)
-        session = self.replica.load(session_id)  # the metrics' listener is added by _keep (twice would count every call twice)
+        try:
+            session = self.replica.load(session_id)  # the metrics' listener is added by _keep (twice would count every call twice)
+        except UnknownSessionError:
+            if SESSION_ID.match(session_id):  # deleted on another replica: what this one kept of it goes too
+                shutil.rmtree(self.config.sessions_dir / session_id, ignore_errors=True)
+            raise
         close_thread_loop()  # the replay (if the kernel had to be started afresh) ran cells from this thread
         live = self._keep(LiveSession(session))
         live.version = self.parts.store.last_event_id(session_id)
