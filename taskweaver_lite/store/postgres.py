@@ -122,7 +122,9 @@ def _pool_for(url: str, size: int) -> psycopg_pool.ConnectionPool[Any]:
                 max_size=size,
                 timeout=CONNECT_TIMEOUT_SECONDS,
                 check=_check_connection,
-                kwargs={"connect_timeout": int(CONNECT_TIMEOUT_SECONDS)},
+                # Each statement commits as it runs unless a transaction is opened (`_transaction`, `_read`): a
+                # statement alone is one round trip, and lending a connection never changes its mode.
+                kwargs={"connect_timeout": int(CONNECT_TIMEOUT_SECONDS), "autocommit": True},
                 name="taskweaver-lite-store",
                 open=False,
             )
@@ -223,7 +225,7 @@ class PostgresStore(SqlStore):
 
     @contextmanager
     def _transaction(self) -> Iterator[_Connection]:
-        with self._errors(), self._pool.connection() as conn:  # commits on leaving, rolls back on an exception
+        with self._errors(), self._pool.connection() as conn, conn.transaction():  # committed on leaving, rolled back on an exception
             yield _Connection(conn)
 
     def _one_at_a_time(self, db: Any, key: str) -> None:
@@ -232,31 +234,20 @@ class PostgresStore(SqlStore):
 
     @contextmanager
     def _read(self) -> Iterator[_Connection]:
-        with self._autocommit() as conn:
+        with self._errors(), self._pool.connection() as conn:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")  # one round trip, not BEGIN and then SET
             try:
                 yield _Connection(conn)
             finally:
-                if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
-                    conn.execute("COMMIT")  # read only: nothing to keep or undo either way
+                _end_read(conn)
 
     @contextmanager
     def _one(self) -> Iterator[_Connection]:
         """One statement, its own transaction: a round trip instead of three (BEGIN, it, COMMIT)."""
-        with self._autocommit() as conn:
+        with self._errors(), self._pool.connection() as conn:
             yield _Connection(conn)
 
     _read_one = _write_one = _one
-
-    @contextmanager
-    def _autocommit(self) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection that sends each statement as it is (it goes back to the pool as it came)."""
-        with self._errors(), self._pool.connection() as conn:
-            conn.autocommit = True
-            try:
-                yield conn
-            finally:
-                _back_to_transactions(conn)
 
     def _write(self, rows: EventRows) -> list[int]:
         """The whole write as one statement (each table's rows a data-modifying `WITH`): atomic with no transaction around it, one round trip.
@@ -351,14 +342,13 @@ class PostgresStore(SqlStore):
             raise StoreError(f"the session store {self.where} refused a request ({_said(exc)})") from None
 
 
-def _back_to_transactions(conn: psycopg.Connection[Any]) -> None:
-    """Undo what a statement left open and turn autocommit off again; a connection that cannot be is closed (the pool drops it)."""
+def _end_read(conn: psycopg.Connection[Any]) -> None:
+    """End a read's transaction (read only: nothing to keep or undo either way); a connection that cannot be is closed (the pool drops it)."""
     if conn.closed:
         return
     try:
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             conn.execute("ROLLBACK")
-        conn.autocommit = False
     except psycopg.Error:
         conn.close()
 
