@@ -41,7 +41,7 @@ from taskweaver_lite.records.tips import Tip
 from taskweaver_lite.store.event_rows import EventRows, Rows
 from taskweaver_lite.store.interface import EVENTS_CHANNEL
 from taskweaver_lite.store.postgres_schema import MIGRATIONS, migrate
-from taskweaver_lite.store.sql import SESSION_ID, SqlStore
+from taskweaver_lite.store.sql import SESSION_ID, USAGE_SUMS, SessionRows, SqlStore
 
 # Seconds between attempts to listen again after the LISTEN connection dropped.
 LISTEN_RETRY_SECONDS = 1.0
@@ -282,6 +282,24 @@ class PostgresStore(SqlStore):
         if not row[0]:
             raise self._not_stored(rows.session_id)
         return [int(n) for n in row[1] or []]
+
+    def _session_rows(self, session_id: str) -> SessionRows | None:
+        """As SqlStore's, in one statement (one moment of the session without a transaction, one round trip): each table's rows as arrays."""
+        with self._read_one() as db:
+            row = db.execute(
+                "SELECT s.title, s.started, s.last_active, s.variables, s.overrides, s.owner, s.kernel_id,"
+                " (SELECT json_agg(json_build_array(round_id, idx, user_query, state, error, started_at) ORDER BY seq) FROM rounds WHERE session_id = s.id),"
+                " ARRAY(SELECT round_id FROM posts WHERE session_id = s.id ORDER BY seq), ARRAY(SELECT data FROM posts WHERE session_id = s.id ORDER BY seq),"
+                " (SELECT json_agg(json_build_array(role, state)) FROM compression WHERE session_id = s.id),"
+                " (SELECT json_agg(json_build_array(name, source, after_round, at) ORDER BY seq) FROM files WHERE session_id = s.id),"
+                f" (SELECT ARRAY[{USAGE_SUMS}] FROM model_calls WHERE session_id = s.id)"
+                " FROM sessions s WHERE s.id = ?",
+                (session_id,),
+            ).fetchone()
+        if row is None:
+            return None
+        rounds, post_rounds, post_data, states, loads, usage = row[7:]
+        return row[:7], rounds or [], list(zip(post_rounds, post_data, strict=True)), states or [], loads or [], usage
 
     def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> int:
         """As SqlStore's, in one statement: the newest id is read in the snapshot the lease is freed in (nobody else writes until then)."""

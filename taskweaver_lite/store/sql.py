@@ -29,6 +29,10 @@ from taskweaver_lite.store.users import Verifier
 # What a session's rows are kept in besides `sessions` itself, children before the tables they refer to.
 SESSION_TABLES = ("posts", "rounds", "model_calls", "folds", "compression", "files", "events", "blobs", "tips")
 SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# A session's usage from its model calls: calls, failed ones, prompt, completion and cached tokens.
+USAGE_SUMS = "COUNT(*), COALESCE(SUM(1 - ok), 0), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cached_tokens), 0)"
+# A session as `load` reads it: (its row, rounds, posts, compression states, loaded files, usage sums).
+SessionRows = tuple[Sequence[Any], Sequence[Sequence[Any]], Sequence[Sequence[Any]], Sequence[Sequence[Any]], Sequence[Sequence[Any]], Sequence[Any]]
 
 
 class SqlStore(UserQueries):
@@ -227,21 +231,10 @@ class SqlStore(UserQueries):
 
     def load(self, session_id: str) -> StoredSession:
         """The whole session: rounds rebuilt from their posts in order, summaries, usage, crash marks."""
-        with self._read() as db:
-            head = db.execute("SELECT title, started, last_active, variables, overrides, owner, kernel_id FROM sessions WHERE id = ?", (session_id,)).fetchone()
-            if head is None:
-                raise UnknownSessionError(session_id, store=self.where)
-            round_rows = db.execute(
-                "SELECT round_id, idx, user_query, state, error, started_at FROM rounds WHERE session_id = ? ORDER BY seq", (session_id,)
-            ).fetchall()
-            post_rows = db.execute("SELECT round_id, data FROM posts WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
-            states = db.execute("SELECT role, state FROM compression WHERE session_id = ?", (session_id,)).fetchall()
-            loads = db.execute("SELECT name, source, after_round, at FROM files WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
-            usage = db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0),"
-                " COALESCE(SUM(cached_tokens), 0) FROM model_calls WHERE session_id = ?",
-                (session_id,),
-            ).fetchone()
+        found = self._session_rows(session_id)
+        if found is None:
+            raise UnknownSessionError(session_id, store=self.where)
+        head, round_rows, post_rows, states, loads, usage = found
         rounds = {r[0]: Round(id=r[0], index=r[1], user_query=r[2], state=r[3], error=r[4], started_at=r[5], posts=[]) for r in round_rows}
         for round_id, data in post_rows:
             rounds[round_id].posts.append(Post.from_dict(json.loads(data)))
@@ -261,6 +254,21 @@ class SqlStore(UserQueries):
             owner=head[5],
             kernel_id=head[6],
         )
+
+    def _session_rows(self, session_id: str) -> SessionRows | None:
+        """What `load` reads, as one moment of the session: its row, rounds, posts, compression states, loaded files, usage sums (None: no such session)."""
+        with self._read() as db:
+            head = db.execute("SELECT title, started, last_active, variables, overrides, owner, kernel_id FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            if head is None:
+                return None
+            round_rows = db.execute(
+                "SELECT round_id, idx, user_query, state, error, started_at FROM rounds WHERE session_id = ? ORDER BY seq", (session_id,)
+            ).fetchall()
+            post_rows = db.execute("SELECT round_id, data FROM posts WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
+            states = db.execute("SELECT role, state FROM compression WHERE session_id = ?", (session_id,)).fetchall()
+            loads = db.execute("SELECT name, source, after_round, at FROM files WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
+            usage = db.execute(f"SELECT {USAGE_SUMS} FROM model_calls WHERE session_id = ?", (session_id,)).fetchone()
+        return head, round_rows, post_rows, states, loads, usage
 
     def delete_session(self, session_id: str) -> bool:
         """Forget a session and everything kept of it (rounds, events, model calls, files, the tips saved from it); False when there is none.
