@@ -4,9 +4,10 @@
 
 It runs the queries of `sql.SqlStore` (their `?` become psycopg's `%s`) over a connection pool
 (psycopg_pool) that the process keeps per URL: every session a server opens shares it. Each method
-is one transaction; reads run REPEATABLE READ, so a load sees one moment of the session. A method
-of one statement sends it alone, in autocommit: one round trip instead of BEGIN, it and COMMIT. A
-write of events (`record`) is sent whole, BEGIN to COMMIT, as a pipeline: one round trip too.
+is one transaction; the pool's connections are in autocommit, so a method of one statement sends it
+alone: one round trip instead of BEGIN, it and COMMIT. A write of events (`record`) is one
+statement, each table's rows a data-modifying `WITH`; a load (`load`) is one too, each table's rows
+as an array: one moment of the session, one round trip, no transaction around either.
 
 What differs from the SQLite file:
 - A session open in a process is claimed by a session-level advisory lock on a connection of its
