@@ -193,6 +193,9 @@ class Lease:
     session_id: str
     holder: str
     expires: float
+    # The session's newest event id as the lease's last holder freed it, when this take found it freed so: what a
+    # copy current with it may be reused at. -1: unknown (a lease that ran out, or the session's first).
+    version: int = -1
 
 
 # The store's notice that a session has new events (payload: the session id), sent as they are committed.

@@ -125,7 +125,9 @@ def _pool_for(url: str, size: int) -> psycopg_pool.ConnectionPool[Any]:
                 check=_check_connection,
                 # Each statement commits as it runs unless a transaction is opened (`_transaction`, `_read`): a
                 # statement alone is one round trip, and lending a connection never changes its mode.
-                kwargs={"connect_timeout": int(CONNECT_TIMEOUT_SECONDS), "autocommit": True},
+                # Each statement is prepared on its first use (a few dozen, each sent again and again): PostgreSQL
+                # parses and plans it once per connection, not once per request.
+                kwargs={"connect_timeout": int(CONNECT_TIMEOUT_SECONDS), "autocommit": True, "prepare_threshold": 0},
                 name="taskweaver-lite-store",
                 open=False,
             )
@@ -304,12 +306,14 @@ class PostgresStore(SqlStore):
 
     def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> int:
         """As SqlStore's, in one statement: the newest id is read in the snapshot the lease is freed in (nobody else writes until then)."""
-        keys = [session_id, *(session_id + mark for mark in marks)]
+        keys = [session_id + mark for mark in marks]
+        unmarked = f"unmarked AS (DELETE FROM leases WHERE holder = ? AND session_id IN ({', '.join('?' * len(keys))}))," if keys else ""
         with self._write_one() as db:
             row = db.execute(
-                f"WITH freed AS (DELETE FROM leases WHERE holder = ? AND session_id IN ({', '.join('?' * len(keys))}))"
-                " SELECT COALESCE(MAX(id), 0) FROM events WHERE session_id = ?",
-                (holder, *keys, session_id),
+                f"WITH {unmarked} newest AS (SELECT COALESCE(MAX(id), 0) AS id FROM events WHERE session_id = ?),"
+                " freed AS (UPDATE leases SET holder = '', expires = 0, version = (SELECT id FROM newest) WHERE session_id = ? AND holder = ?)"
+                " SELECT id FROM newest",
+                (*([holder, *keys] if keys else []), session_id, session_id, holder),
             ).fetchone()
         return int(row[0])
 

@@ -386,15 +386,21 @@ class SqlStore(UserQueries):
     # Leases
 
     def take_lease(self, session_id: str, holder: str, *, seconds: float) -> Lease | None:
-        """Claim the session's lease for `seconds` (when free, expired, or already `holder`'s); None when another holds it."""
+        """Claim the session's lease for `seconds` (when free, expired, or already `holder`'s); None when another holds it.
+
+        Taken from a holder that freed it (`release_lease`), it carries the session's newest event id
+        as it was freed: the row is read as it is taken, whatever committed before (no snapshot of an
+        earlier moment), so no write of the holder's can be missing from it.
+        """
         with self._write_one() as db:
             row = db.execute(
                 f"INSERT INTO leases (session_id, holder, expires) VALUES (?, ?, {self.now_sql} + ?)"
-                " ON CONFLICT (session_id) DO UPDATE SET holder = excluded.holder, expires = excluded.expires"
-                f" WHERE leases.holder = excluded.holder OR leases.expires < {self.now_sql} RETURNING holder, expires",
+                " ON CONFLICT (session_id) DO UPDATE SET holder = excluded.holder, expires = excluded.expires,"
+                " version = CASE WHEN leases.holder = '' THEN leases.version ELSE -1 END"
+                f" WHERE leases.holder = excluded.holder OR leases.expires < {self.now_sql} RETURNING holder, expires, version",
                 (session_id, holder, seconds),
             ).fetchone()
-        return None if row is None else Lease(session_id=session_id, holder=str(row[0]), expires=float(row[1]))
+        return None if row is None else Lease(session_id=session_id, holder=str(row[0]), expires=float(row[1]), version=int(row[2]))
 
     def renew_lease(self, session_id: str, holder: str, *, seconds: float) -> bool:
         """Extend `holder`'s lease by `seconds` from now; False when it is no longer theirs."""
@@ -407,12 +413,15 @@ class SqlStore(UserQueries):
 
         Returns the session's newest event-log id as it was while the lease was still held: what
         the holder's copy of the session is current with, when it wrote everything since it took it.
+        The lease's row stays, freed (no holder, run out), with that id: the next `take_lease` reads it.
         """
-        keys = [session_id, *(session_id + mark for mark in marks)]
         with self._transaction() as db:
-            newest = db.execute("SELECT COALESCE(MAX(id), 0) FROM events WHERE session_id = ?", (session_id,)).fetchone()
-            db.execute(f"DELETE FROM leases WHERE holder = ? AND session_id IN ({', '.join('?' * len(keys))})", (holder, *keys))
-        return int(newest[0])
+            newest = int(db.execute("SELECT COALESCE(MAX(id), 0) FROM events WHERE session_id = ?", (session_id,)).fetchone()[0])
+            if marks:
+                keys = [session_id + mark for mark in marks]
+                db.execute(f"DELETE FROM leases WHERE holder = ? AND session_id IN ({', '.join('?' * len(keys))})", (holder, *keys))
+            db.execute("UPDATE leases SET holder = '', expires = 0, version = ? WHERE session_id = ? AND holder = ?", (newest, session_id, holder))
+        return newest
 
     def lease(self, session_id: str) -> Lease | None:
         """The session's current, unexpired lease; None when it is free."""

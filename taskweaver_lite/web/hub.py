@@ -178,7 +178,7 @@ class Hub:
         try:
             hold = self._take(leases, session_id)
             try:
-                live = self._current(session_id)
+                live = self._current(session_id, hold.version)
                 live.session.executor.start()  # a new session's kernel, at its first request: refused here (429, 503), not in the round
                 live.last_used = time.monotonic()
                 heard = listener(live) if listener is not None else None
@@ -209,7 +209,7 @@ class Hub:
         self._refuse_when_stopping()
         hold = self._take(leases, session_id)
         try:
-            live = self._current(session_id)
+            live = self._current(session_id, hold.version)
             live.last_used = time.monotonic()
             if live.busy:
                 raise Busy("This session is answering a request: try again when it is done.")
@@ -346,15 +346,19 @@ class Hub:
         except LeaseBusy as exc:
             raise Busy(str(exc)) from None
 
-    def _current(self, session_id: str) -> LiveSession:
-        """This server's copy if the store has nothing newer, or that copy brought up to date; else the session loaded afresh (under the caller's lease)."""
+    def _current(self, session_id: str, newest: int) -> LiveSession:
+        """This server's copy if the store has nothing newer, or that copy brought up to date; else the session loaded afresh (under the caller's lease).
+
+        `newest`: the session's newest event id as the lease was taken (-1: unknown, read here).
+        """
         assert self.replica is not None
         live = self.get(session_id)
         # version -1: the copy's folds were abandoned or its record is unknown; only a load makes it whole.
         if live is not None and not live.busy and live.version >= 0:
             # A copy whose kernel went from the gateway (culled, ended for room, the gateway restarted) is loaded
             # again below, its variables rebuilt by replay; a gateway that does not answer is the request's 503.
-            newest = self.parts.store.last_event_id(session_id)  # nobody else writes while the lease is held
+            if newest < 0:  # the lease ran out rather than being freed, or is the session's first
+                newest = self.parts.store.last_event_id(session_id)  # nobody else writes while the lease is held
             if newest == live.version and live.session.executor.still_there():
                 live.last_used = time.monotonic()
                 return live

@@ -22,6 +22,7 @@ the request was still loading its session, stops it at the next renewal all the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -51,6 +52,7 @@ class Hold:
 
     session_id: str
     holder: str
+    version: int = -1  # the session's newest event id as the lease's last holder freed it (-1: unknown), as `take` found it
 
 
 class Leases:
@@ -86,15 +88,16 @@ class Leases:
         hold = Hold(session_id, f"{self.replica}/{uuid.uuid4().hex[:8]}")
         deadline = time.monotonic() + self._wait
         self._wait_here(session_id, deadline)
-        while self._store.take_lease(session_id, hold.holder, seconds=self._seconds) is None:
+        while (taken := self._store.take_lease(session_id, hold.holder, seconds=self._seconds)) is None:
             # No mark: the holder is still answering, or has just let go of the lease and its mark together
             # (one statement) since the attempt above; one more attempt tells which.
             unmarked = self._store.lease(session_id + ANSWERED) is None
-            if unmarked and self._store.take_lease(session_id, hold.holder, seconds=self._seconds) is not None:
+            if unmarked and (taken := self._store.take_lease(session_id, hold.holder, seconds=self._seconds)) is not None:
                 break
             if unmarked or time.monotonic() > deadline:
                 raise LeaseBusy(BUSY)
             time.sleep(POLL)
+        hold = dataclasses.replace(hold, version=taken.version)
         with self._lock:
             self._held[session_id] = hold
         return hold
