@@ -183,6 +183,22 @@ def test_one_holder_at_a_time_has_a_sessions_lease_until_it_expires(store: Store
     assert taken is not None and taken.holder == "replica-a/2"
 
 
+def test_a_lease_freed_by_its_holder_tells_the_next_one_the_sessions_newest_event_and_one_that_ran_out_does_not(store: Store) -> None:
+    started(store, "s")
+    first = store.take_lease("s", "replica-a/1", seconds=30)
+    assert first is not None and first.version == -1, "the session's first lease: its newest event is not known"
+    written = store.record("s", shown=[{"type": "note", "n": 1}, {"type": "note", "n": 2}])
+    assert store.release_lease("s", "replica-a/1") == written[-1]
+    assert store.lease("s") is None, "freed: no one's"
+    taken = store.take_lease("s", "replica-b/1", seconds=0.2)
+    assert taken is not None and taken.version == written[-1], "the next holder knows what its copy must be current with"
+    store.record("s", shown=[{"type": "note", "n": 3}])  # written by replica-b, whose lease then runs out (it died)
+    time.sleep(0.4)
+    after = store.take_lease("s", "replica-a/2", seconds=30)
+    assert after is not None and after.version == -1, "a lease that ran out says nothing of what its holder wrote: the store is read"
+    assert store.take_lease("s", "replica-a/2", seconds=30) is not None, "its holder takes it again"
+
+
 def test_eval_results_and_kernel_ids_are_kept(store: Store) -> None:
     store.save_eval_result("run-1", "mean_units", {"score": 0.5})
     store.save_eval_result("run-1", "mean_units", {"score": 1.0})
@@ -447,7 +463,7 @@ def test_an_sqlite_store_from_before_expiring_tokens_is_upgraded_and_its_tokens_
     finally:
         store.close()
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == len(SQLITE_MIGRATIONS) == 9
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(SQLITE_MIGRATIONS) == 10
 
 
 @pytest.mark.postgres
@@ -468,7 +484,7 @@ def test_a_postgresql_store_from_before_expiring_tokens_is_upgraded_and_its_toke
     finally:
         store.close()
     with psycopg.connect(postgres_url) as conn:
-        assert conn.execute("SELECT version FROM taskweaver_lite_schema").fetchall() == [(SCHEMA_VERSION,)] and SCHEMA_VERSION == 5
+        assert conn.execute("SELECT version FROM taskweaver_lite_schema").fetchall() == [(SCHEMA_VERSION,)] and SCHEMA_VERSION == 6
 
 
 def test_a_store_from_before_user_ids_gives_its_users_ids_and_their_sessions_follow_them(store: Store) -> None:
