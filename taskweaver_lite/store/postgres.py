@@ -233,13 +233,13 @@ class PostgresStore(SqlStore):
                 yield conn
             return
         try:
-            conn = psycopg.connect(self._url, connect_timeout=int(CONNECT_TIMEOUT_SECONDS))
+            conn = psycopg.connect(self._url, connect_timeout=int(CONNECT_TIMEOUT_SECONDS), autocommit=True)  # as the pool's: migrate opens its transactions
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(
                 f"the session store {self.where} could not be opened ({_said(exc)}); check store.url (host, port, user, password "
                 "and database) and that PostgreSQL is running there"
             ) from None
-        with conn:  # commits on leaving, rolls back on an exception, and closes
+        with conn:  # closed on leaving
             yield conn
 
     def __repr__(self) -> str:
