@@ -204,13 +204,43 @@ def test_stop_asked_once_the_request_has_answered_finds_nothing_to_stop(store: S
         elsewhere.close()
 
 
+def test_the_next_request_on_the_replica_holding_the_lease_waits_for_it_there_not_by_asking_the_store(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    class Counted(SessionStore):
+        def take_lease(self, session_id: str, holder: str, *, seconds: float) -> Lease | None:
+            asked.append(session_id)
+            return super().take_lease(session_id, holder, seconds=seconds)
+
+    store = Counted(tmp_path / "sessions.db")
+    store.create_session("s1", started=time.time())
+    leases = Leases(store, seconds=5, wait=30)
+    try:
+        hold = leases.take("s1")
+        with pytest.raises(LeaseBusy):
+            leases.take("s1")  # still answering: refused at once, as another replica's request is
+        leases.answered(hold)
+        asked.clear()
+        threading.Timer(0.5, leases.release, args=(hold,)).start()
+        started = time.monotonic()
+        following = leases.take("s1")  # waits for the bookkeeping, then runs
+        now = store.lease("s1")
+        assert time.monotonic() - started >= 0.4 and now is not None and now.holder == following.holder
+        assert asked == ["s1"], f"one attempt once the lease was freed, not one every 10 ms while waiting: {asked}"
+        leases.release(following)
+    finally:
+        leases.close()
+        store.close()
+
+
 def test_a_contender_never_finds_a_session_held_without_its_answered_mark_while_the_holder_lets_go(tmp_path: Path) -> None:
     seen: list[tuple[bool, bool]] = []  # (lease held, answered mark there) after each row the holder frees
 
     class Watched(SessionStore):
-        def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> None:
-            super().release_lease(session_id, holder, marks=marks)
+        def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> int:
+            newest = super().release_lease(session_id, holder, marks=marks)
             seen.append((self.lease("s1") is not None, self.lease("s1:answered") is not None))
+            return newest
 
     store = Watched(tmp_path / "sessions.db")
     store.create_session("s1", started=time.time())

@@ -173,7 +173,9 @@ def test_ids_resolve_from_last_an_exact_id_or_a_unique_prefix(store: Store) -> N
     for number, session_id in enumerate(["20250101-a", "20250102-b", "20250102-c"]):
         store.create_session(session_id, started=100.0 + number)
         record_round(store, session_id, 1, f"question {number}", [])
-    store.record("20250101-a", ModelCalled("planner", 1, 1, 0.1, ok=True))  # now the most recently active
+    store.record("20250101-a", ModelCalled("planner", 1, 1, 0.1, ok=True))  # a write that starts no round: not what `last` goes by
+    assert store.resolve("last") == "20250102-c"
+    record_round(store, "20250101-a", 2, "one more question", [])  # a new request: now the most recently active
     assert store.resolve("last") == "20250101-a"
     assert store.resolve("20250102-b") == "20250102-b" and store.resolve("20250101") == "20250101-a"
     with pytest.raises(StoreError, match="matches several sessions"):

@@ -49,6 +49,28 @@ def test_the_pick_ranks_by_the_words_a_tip_shares_with_the_request_and_follows_n
     assert experience.relevant("?!") == [] and experience.relevant("quantum chromodynamics") == []
 
 
+def test_a_request_searches_each_text_once_and_the_next_request_sees_tips_saved_elsewhere(store: SessionStore, tmp_path: Path) -> None:
+    looked: list[str] = []
+
+    class Counted(SessionStore):
+        def tips_version(self) -> tuple[int, int]:
+            looked.append("tips")
+            return super().tips_version()
+
+    counted = Counted(tmp_path / "counted.db")
+    counted.create_session("s1", started=time.time())
+    experience = Experience(store=counted, folder=tmp_path / "none", settings=ExperienceConfig())
+    experience.new_request()
+    assert experience.relevant("monthly sales plots") == [] and experience.relevant("monthly sales plots") == []
+    assert looked == ["tips"], "the Planner's second prompt of a request does not search again"
+    elsewhere = Experience(store=counted, folder=tmp_path / "none", settings=ExperienceConfig())  # another session's view of the project
+    elsewhere.save("s1", [("preference", "Monthly sales plots use bars.")])
+    assert experience.relevant("monthly sales plots") == [], "within one request its prompts show the same tips"
+    experience.new_request()
+    assert [t.text for t in experience.relevant("monthly sales plots")] == ["Monthly sales plots use bars."], "the next request sees it"
+    counted.close()
+
+
 def test_the_tips_block_stays_within_its_cap_and_is_empty_when_retrieval_is_off(store: SessionStore, tmp_path: Path) -> None:
     long_tip = "When sales are resampled by month " + "always check the month boundaries carefully " * 40
     tokenizer = get_tokenizer()

@@ -55,6 +55,12 @@ class Experience:
         self._key: object = None
         self._index: _TipIndex | None = None
         self._files = _HandcraftedFolder(folder)
+        self._this_request: dict[str, list[Tip]] = {}  # what `relevant` found for each text since `new_request`
+
+    def new_request(self) -> None:
+        """A new request begins: the tips are searched again (within one, each text is searched once, whichever prompt asks)."""
+        with self._lock:
+            self._this_request = {}
 
     def for_owner(self, owner: str | None) -> Experience:
         """The same project's tips as `owner` may see them; the handcrafted files stay read once for every owner."""
@@ -79,11 +85,13 @@ class Experience:
         """Store tips distilled from `session_id` in place of its earlier ones (none given: those stay); ExperienceError without a store."""
         if self._store is None:
             raise ExperienceError("this session has no store, so tips cannot be kept")
+        self.new_request()  # its own saves count at once
         return self._store.save_tips(session_id, tips) if tips else []
 
     def delete(self, tip_id: str) -> Tip:
         """Delete a stored tip by its number (`7` or `#7`); for a handcrafted one, ExperienceError names the file to edit."""
         number = tip_id.removeprefix("#")
+        self.new_request()  # its own deletes count at once
         stored = {tip.id: tip for tip in (self._store.stored_tips(owner=self.owner) if self._store is not None else [])}
         if number in stored and self._store is not None:
             if not self._store.delete_tip(int(number), owner=self.owner):
@@ -95,7 +103,20 @@ class Experience:
         raise ExperienceError(f"there is no tip {tip_id}; /experience lists them with their ids")
 
     def relevant(self, text: str) -> list[Tip]:
-        """The top `experience.top_k` tips for `text`, best first (none when experience is off or nothing matches)."""
+        """The top `experience.top_k` tips for `text`, best first (none when experience is off or nothing matches).
+
+        Searched once per text within a request (`new_request`): a role's prompts for one request
+        (the Planner's before and after each step) show the same tips, and the store is asked once.
+        """
+        with self._lock:
+            found = self._this_request.get(text)
+        if found is None:
+            found = self._search(text)
+            with self._lock:
+                self._this_request[text] = found
+        return list(found)
+
+    def _search(self, text: str) -> list[Tip]:
         if not self.settings.enabled or fts5_problem() is not None:
             return []
         query = match_query(text)

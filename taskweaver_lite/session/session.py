@@ -241,6 +241,7 @@ class Session:
         text = suggested(text, self.config.session.suggested_requests)
         views = self._role_views()
         rnd = self.conversation.start_round(text)
+        self.experience.new_request()  # tips saved or deleted since the last request count from this one on
         message = "\n\n".join([*self._notes, text])
         try:
             # The round's start and the request itself are stored in one write (both are shown at once anyway).

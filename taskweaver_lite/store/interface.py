@@ -193,6 +193,9 @@ class Lease:
     session_id: str
     holder: str
     expires: float
+    # The session's newest event id as the lease's last holder freed it, when this take found it freed so: what a
+    # copy current with it may be reused at. -1: unknown (a lease that ran out, or the session's first).
+    version: int = -1
 
 
 # The store's notice that a session has new events (payload: the session id), sent as they are committed.
@@ -302,7 +305,7 @@ class Store(Protocol):
     # Leases: one request at a time per session, across processes
     def take_lease(self, session_id: str, holder: str, *, seconds: float) -> Lease | None: ...
     def renew_lease(self, session_id: str, holder: str, *, seconds: float) -> bool: ...
-    def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> None: ...
+    def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> int: ...
     def lease(self, session_id: str) -> Lease | None: ...
 
     # Eval results

@@ -4,9 +4,10 @@
 
 It runs the queries of `sql.SqlStore` (their `?` become psycopg's `%s`) over a connection pool
 (psycopg_pool) that the process keeps per URL: every session a server opens shares it. Each method
-is one transaction; reads run REPEATABLE READ, so a load sees one moment of the session. A method
-of one statement sends it alone, in autocommit: one round trip instead of BEGIN, it and COMMIT. A
-write of events (`record`) is sent whole, BEGIN to COMMIT, as a pipeline: one round trip too.
+is one transaction; the pool's connections are in autocommit, so a method of one statement sends it
+alone: one round trip instead of BEGIN, it and COMMIT. A write of events (`record`) is one
+statement, each table's rows a data-modifying `WITH`; a load (`load`) is one too, each table's rows
+as an array: one moment of the session, one round trip, no transaction around either.
 
 What differs from the SQLite file:
 - A session open in a process is claimed by a session-level advisory lock on a connection of its
@@ -38,10 +39,10 @@ import psycopg_pool
 from taskweaver_lite.config.store_url import redact, redact_text
 from taskweaver_lite.errors import SessionBusyError, StoreError, StoreUnavailable
 from taskweaver_lite.records.tips import Tip
-from taskweaver_lite.store.event_rows import Connection, Rows, to_json
+from taskweaver_lite.store.event_rows import EventRows, Rows
 from taskweaver_lite.store.interface import EVENTS_CHANNEL
 from taskweaver_lite.store.postgres_schema import MIGRATIONS, migrate
-from taskweaver_lite.store.sql import SESSION_ID, SqlStore
+from taskweaver_lite.store.sql import SESSION_ID, USAGE_SUMS, SessionRows, SqlStore
 
 # Seconds between attempts to listen again after the LISTEN connection dropped.
 LISTEN_RETRY_SECONDS = 1.0
@@ -122,7 +123,11 @@ def _pool_for(url: str, size: int) -> psycopg_pool.ConnectionPool[Any]:
                 max_size=size,
                 timeout=CONNECT_TIMEOUT_SECONDS,
                 check=_check_connection,
-                kwargs={"connect_timeout": int(CONNECT_TIMEOUT_SECONDS)},
+                # Each statement commits as it runs unless a transaction is opened (`_transaction`, `_read`): a
+                # statement alone is one round trip, and lending a connection never changes its mode.
+                # Each statement is prepared on its first use (a few dozen, each sent again and again): PostgreSQL
+                # parses and plans it once per connection, not once per request.
+                kwargs={"connect_timeout": int(CONNECT_TIMEOUT_SECONDS), "autocommit": True, "prepare_threshold": 0},
                 name="taskweaver-lite-store",
                 open=False,
             )
@@ -207,11 +212,35 @@ class PostgresStore(SqlStore):
         self._pool_size = pool_size
         self._outage = _outage(url)
         try:
-            with self._errors(), self._pool.connection() as conn:
+            with self._errors(), self._first_connection() as conn:
                 migrate(conn, MIGRATIONS, where=self.where)
         except StoreError:
             close_pools(url)  # no pool left retrying in the background for a store this process could not open
             raise
+        _pool_for(url, pool_size)  # its connections are made in the background, ready for the first request
+
+    @contextmanager
+    def _first_connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection to open the store on: the pool's when this process has one for the URL, else one of its own.
+
+        The pool, asked for its first connection, keeps trying for CONNECT_TIMEOUT_SECONDS whatever the
+        reason; a connection of its own fails at once when nothing listens at the address or the
+        server refuses the user, password or database, and says which (a typo in store.url shows as
+        `serve` starts, not 5 s later as a timeout).
+        """
+        if self._url in _POOLS:
+            with self._pool.connection() as conn:
+                yield conn
+            return
+        try:
+            conn = psycopg.connect(self._url, connect_timeout=int(CONNECT_TIMEOUT_SECONDS), autocommit=True)  # as the pool's: migrate opens its transactions
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(
+                f"the session store {self.where} could not be opened ({_said(exc)}); check store.url (host, port, user, password "
+                "and database) and that PostgreSQL is running there"
+            ) from None
+        with conn:  # closed on leaving
+            yield conn
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.where!r})"
@@ -223,7 +252,7 @@ class PostgresStore(SqlStore):
 
     @contextmanager
     def _transaction(self) -> Iterator[_Connection]:
-        with self._errors(), self._pool.connection() as conn:  # commits on leaving, rolls back on an exception
+        with self._errors(), self._pool.connection() as conn, conn.transaction():  # committed on leaving, rolled back on an exception
             yield _Connection(conn)
 
     def _one_at_a_time(self, db: Any, key: str) -> None:
@@ -232,55 +261,85 @@ class PostgresStore(SqlStore):
 
     @contextmanager
     def _read(self) -> Iterator[_Connection]:
-        with self._autocommit() as conn:
+        with self._errors(), self._pool.connection() as conn:
             conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")  # one round trip, not BEGIN and then SET
             try:
                 yield _Connection(conn)
             finally:
-                if conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS:
-                    conn.execute("COMMIT")  # read only: nothing to keep or undo either way
+                _end_read(conn)
 
     @contextmanager
     def _one(self) -> Iterator[_Connection]:
         """One statement, its own transaction: a round trip instead of three (BEGIN, it, COMMIT)."""
-        with self._autocommit() as conn:
+        with self._errors(), self._pool.connection() as conn:
             yield _Connection(conn)
 
     _read_one = _write_one = _one
 
-    @contextmanager
-    def _autocommit(self) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection that sends each statement as it is (it goes back to the pool as it came)."""
-        with self._errors(), self._pool.connection() as conn:
-            conn.autocommit = True
-            try:
-                yield conn
-            finally:
-                _back_to_transactions(conn)
+    def _write(self, rows: EventRows) -> list[int]:
+        """The whole write as one statement (each table's rows a data-modifying `WITH`): atomic with no transaction around it, one round trip.
 
-    @contextmanager
-    def _batch(self, session_id: str) -> Iterator[_Connection]:
-        """One `record`'s transaction sent whole (a pipeline: BEGIN, its statements, COMMIT), answered in one round trip.
-
-        Nothing in it is read before the end. A session that is not stored fails its rows' foreign
-        keys, and is said as SqlStore says it.
+        Its log entries send one `NOTIFY twl_events` with the session's id, on commit. A session
+        that is not stored fails the rows' foreign keys, or finds no row to update.
         """
-        with self._autocommit() as conn:
+        parts: list[str] = []
+        params: list[Any] = []
+        update = rows.session_update()
+        if update is not None:
+            parts.append(f"touched AS ({update[0]} RETURNING 1)")
+            params += update[1]
+        for number, (sql, values) in enumerate(rows.statements()):
+            parts.append(f"w{number} AS ({sql})")
+            params += values
+        logged = rows.log_insert()
+        if logged is not None:
+            parts.append(f"logged AS ({logged[0]})")
+            params += logged[1]
+        found = "(SELECT COUNT(*) FROM touched)" if update is not None else "(SELECT COUNT(*) FROM sessions WHERE id = ?)"
+        params += [] if update is not None else [rows.session_id]
+        ids = "ARRAY(SELECT id FROM logged ORDER BY id)" if logged is not None else "NULL"
+        notify = ", pg_notify(?, ?)" if logged is not None else ""
+        params += [EVENTS_CHANNEL, rows.session_id] if logged is not None else []
+        statement = f"WITH {', '.join(parts)} SELECT {found}, {ids}{notify}" if parts else f"SELECT {found}, {ids}"
+        with self._one() as db:
             try:
-                with conn.pipeline():
-                    conn.execute("BEGIN")
-                    yield _Connection(conn)
-                    conn.execute("COMMIT")
+                row = db.execute(statement, params).fetchone()
             except psycopg.errors.ForeignKeyViolation:
-                raise StoreError(f"session {session_id} is not in {self.where}; it must be created before events are recorded") from None
+                raise self._not_stored(rows.session_id) from None
+        if not row[0]:
+            raise self._not_stored(rows.session_id)
+        return [int(n) for n in row[1] or []]
 
-    def _log(self, db: Connection, session_id: str, item: dict[str, Any], now: float) -> Callable[[], int]:
-        """Append one entry to the session's event log and notify on commit, in one statement (one notice per transaction and session)."""
-        logged = db.execute(
-            "WITH logged AS (INSERT INTO events (session_id, data, at) VALUES (?, ?, ?) RETURNING id) SELECT id, pg_notify(?, ?) FROM logged",
-            (session_id, to_json(item), now, EVENTS_CHANNEL, session_id),
-        )
-        return lambda: int(logged.fetchone()[0])
+    def _session_rows(self, session_id: str) -> SessionRows | None:
+        """As SqlStore's, in one statement (one moment of the session without a transaction, one round trip): each table's rows as arrays."""
+        with self._read_one() as db:
+            row = db.execute(
+                "SELECT s.title, s.started, s.last_active, s.variables, s.overrides, s.owner, s.kernel_id,"
+                " (SELECT json_agg(json_build_array(round_id, idx, user_query, state, error, started_at) ORDER BY seq) FROM rounds WHERE session_id = s.id),"
+                " ARRAY(SELECT round_id FROM posts WHERE session_id = s.id ORDER BY seq), ARRAY(SELECT data FROM posts WHERE session_id = s.id ORDER BY seq),"
+                " (SELECT json_agg(json_build_array(role, state)) FROM compression WHERE session_id = s.id),"
+                " (SELECT json_agg(json_build_array(name, source, after_round, at) ORDER BY seq) FROM files WHERE session_id = s.id),"
+                f" (SELECT ARRAY[{USAGE_SUMS}] FROM model_calls WHERE session_id = s.id)"
+                " FROM sessions s WHERE s.id = ?",
+                (session_id,),
+            ).fetchone()
+        if row is None:
+            return None
+        rounds, post_rounds, post_data, states, loads, usage = row[7:]
+        return row[:7], rounds or [], list(zip(post_rounds, post_data, strict=True)), states or [], loads or [], usage
+
+    def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> int:
+        """As SqlStore's, in one statement: the newest id is read in the snapshot the lease is freed in (nobody else writes until then)."""
+        keys = [session_id + mark for mark in marks]
+        unmarked = f"unmarked AS (DELETE FROM leases WHERE holder = ? AND session_id IN ({', '.join('?' * len(keys))}))," if keys else ""
+        with self._write_one() as db:
+            row = db.execute(
+                f"WITH {unmarked} newest AS (SELECT COALESCE(MAX(id), 0) AS id FROM events WHERE session_id = ?),"
+                " freed AS (UPDATE leases SET holder = '', expires = 0, version = (SELECT id FROM newest) WHERE session_id = ? AND holder = ?)"
+                " SELECT id FROM newest",
+                (*([holder, *keys] if keys else []), session_id, session_id, holder),
+            ).fetchone()
+        return int(row[0])
 
     def search_tips(self, text: str, *, owner: str | None = None, limit: int) -> list[Tip] | None:
         """The stored tips that fit `text` (any of its words, stemmed), best first by `ts_rank`."""
@@ -330,14 +389,13 @@ class PostgresStore(SqlStore):
             raise StoreError(f"the session store {self.where} refused a request ({_said(exc)})") from None
 
 
-def _back_to_transactions(conn: psycopg.Connection[Any]) -> None:
-    """Undo what a statement left open and turn autocommit off again; a connection that cannot be is closed (the pool drops it)."""
+def _end_read(conn: psycopg.Connection[Any]) -> None:
+    """End a read's transaction (read only: nothing to keep or undo either way); a connection that cannot be is closed (the pool drops it)."""
     if conn.closed:
         return
     try:
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             conn.execute("ROLLBACK")
-        conn.autocommit = False
     except psycopg.Error:
         conn.close()
 

@@ -113,6 +113,11 @@ MIGRATIONS: list[Migration] = [
         # Version 5 (as SQLite's version 9): the model each call asked for, for usage per user and model.
         "ALTER TABLE model_calls ADD COLUMN model TEXT NOT NULL DEFAULT ''",
     ),
+    (
+        # Version 6 (as SQLite's version 10): a freed lease keeps its row, with the session's newest event id as it
+        # was freed, so the next request reads it as it takes the lease (-1: not freed so).
+        "ALTER TABLE leases ADD COLUMN version BIGINT NOT NULL DEFAULT -1",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -123,6 +123,11 @@ MIGRATIONS: list[Migration] = [
         # The same as PostgreSQL's version 5.
         "ALTER TABLE model_calls ADD COLUMN model TEXT NOT NULL DEFAULT ''",
     ),
+    (
+        # Version 10: a freed lease keeps its row, with the session's newest event id as it was freed, so the next
+        # request reads it as it takes the lease (-1: not freed so). The same as PostgreSQL's version 6.
+        "ALTER TABLE leases ADD COLUMN version INTEGER NOT NULL DEFAULT -1",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

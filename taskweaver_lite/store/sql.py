@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -21,7 +21,7 @@ from taskweaver_lite.records.events import CellPrinted, Event, FileLoaded, Reply
 from taskweaver_lite.records.execution import Variable
 from taskweaver_lite.records.model_calls import Usage
 from taskweaver_lite.records.tips import Tip, TipKind
-from taskweaver_lite.store.event_rows import Connection, Rows, to_json, write_event
+from taskweaver_lite.store.event_rows import Connection, EventRows, to_json
 from taskweaver_lite.store.interface import INTERRUPTED_ERROR, FileKind, Lease, SessionEntry, StoredEvent, StoredSession
 from taskweaver_lite.store.user_queries import UserQueries
 from taskweaver_lite.store.users import Verifier
@@ -29,6 +29,10 @@ from taskweaver_lite.store.users import Verifier
 # What a session's rows are kept in besides `sessions` itself, children before the tables they refer to.
 SESSION_TABLES = ("posts", "rounds", "model_calls", "folds", "compression", "files", "events", "blobs", "tips")
 SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# A session's usage from its model calls: calls, failed ones, prompt, completion and cached tokens.
+USAGE_SUMS = "COUNT(*), COALESCE(SUM(1 - ok), 0), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cached_tokens), 0)"
+# A session as `load` reads it: (its row, rounds, posts, compression states, loaded files, usage sums).
+SessionRows = tuple[Sequence[Any], Sequence[Sequence[Any]], Sequence[Sequence[Any]], Sequence[Sequence[Any]], Sequence[Sequence[Any]], Sequence[Any]]
 
 
 class SqlStore(UserQueries):
@@ -96,40 +100,37 @@ class SqlStore(UserQueries):
     def record(
         self, session_id: str, *events: Event, shown: Sequence[dict[str, Any]] = (), compression: Mapping[str, dict[str, Any]] | None = None
     ) -> list[int]:
-        """Write session events, `shown` (entries for the event log) and `compression` (roles' new states) in one transaction; the log entries' ids.
+        """Write session events, `shown` (entries for the event log) and `compression` (roles' new states) in one write; the log entries' ids.
 
-        `Working`, `ReplyStreamed`, `CellPrinted` are progress only: they are not recorded.
+        `Working`, `ReplyStreamed`, `CellPrinted` are progress only: they are not recorded. StoreError
+        when the session is not stored.
         """
-        kept = [event for event in events if not isinstance(event, (Working, ReplyStreamed, CellPrinted))]
-        if not kept and not shown and not compression:
+        rows = EventRows(session_id, time.time())
+        for event in events:
+            if not isinstance(event, (Working, ReplyStreamed, CellPrinted)):
+                rows.add(event, known_rounds=self._known_rounds)
+        rows.states = {role: to_json(state) for role, state in (compression or {}).items()}
+        rows.log = [to_json(item) for item in shown]
+        if rows.empty:
             return []
-        now = time.time()
-        made: set[tuple[str, str]] = set()
-        with self._batch(session_id) as db:
-            touched = db.execute("UPDATE sessions SET last_active = ? WHERE id = ?", (now, session_id))
-            self._check_stored(touched, session_id)
-            for event in kept:
-                write_event(db, session_id, event, now, known_rounds=self._known_rounds, made=made)
-            for role, state in (compression or {}).items():
-                _save_state(db, session_id, role, state, now)
-            logged = [self._log(db, session_id, item, now) for item in shown]
-        self._check_stored(touched, session_id)  # a batch sent whole is read once it is done (nothing else was written then)
-        self._known_rounds |= made  # only once committed: a rolled-back round row is made again next time
-        return [entry() for entry in logged]
+        ids = self._write(rows)
+        self._known_rounds |= {(session_id, round_id) for round_id in rows.rounds}  # only once committed: a rolled-back round row is made again
+        return ids
 
-    def _batch(self, session_id: str) -> AbstractContextManager[Connection]:
-        """The transaction of one `record` (PostgreSQL sends it whole, in one round trip)."""
-        return self._transaction()
+    def _write(self, rows: EventRows) -> list[int]:
+        """Write `rows` in one transaction, statement by statement; the new log entries' ids (PostgreSQL sends them as one statement)."""
+        with self._transaction() as db:
+            update = rows.session_update()
+            found = db.execute(*update) if update is not None else db.execute("SELECT 1 FROM sessions WHERE id = ?", (rows.session_id,))
+            if (found.rowcount if update is not None else len(found.fetchall())) == 0:
+                raise self._not_stored(rows.session_id)
+            for statement in rows.statements():
+                db.execute(*statement)
+            logged = rows.log_insert()
+            return sorted(int(row[0]) for row in db.execute(*logged).fetchall()) if logged is not None else []
 
-    def _check_stored(self, touched: Rows, session_id: str) -> None:
-        """StoreError when the statement that marked the session active found no session (a rowcount not known yet is -1)."""
-        if touched.rowcount == 0:
-            raise StoreError(f"session {session_id} is not in {self.where}; it must be created before events are recorded")
-
-    def _log(self, db: Connection, session_id: str, item: dict[str, Any], now: float) -> Callable[[], int]:
-        """Append one entry to the session's event log (PostgreSQL's also tells the other replicas); its id, read once the transaction is done."""
-        row = db.execute("INSERT INTO events (session_id, data, at) VALUES (?, ?, ?) RETURNING id", (session_id, to_json(item), now)).fetchone()
-        return lambda: int(row[0])
+    def _not_stored(self, session_id: str) -> StoreError:
+        return StoreError(f"session {session_id} is not in {self.where}; it must be created before events are recorded")
 
     def events_after(self, session_id: str, after: int, *, limit: int = 500) -> list[StoredEvent]:
         """The session's event-log entries with an id above `after`, oldest first (at most `limit`)."""
@@ -230,21 +231,10 @@ class SqlStore(UserQueries):
 
     def load(self, session_id: str) -> StoredSession:
         """The whole session: rounds rebuilt from their posts in order, summaries, usage, crash marks."""
-        with self._read() as db:
-            head = db.execute("SELECT title, started, last_active, variables, overrides, owner, kernel_id FROM sessions WHERE id = ?", (session_id,)).fetchone()
-            if head is None:
-                raise UnknownSessionError(session_id, store=self.where)
-            round_rows = db.execute(
-                "SELECT round_id, idx, user_query, state, error, started_at FROM rounds WHERE session_id = ? ORDER BY seq", (session_id,)
-            ).fetchall()
-            post_rows = db.execute("SELECT round_id, data FROM posts WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
-            states = db.execute("SELECT role, state FROM compression WHERE session_id = ?", (session_id,)).fetchall()
-            loads = db.execute("SELECT name, source, after_round, at FROM files WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
-            usage = db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(1 - ok), 0), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens), 0),"
-                " COALESCE(SUM(cached_tokens), 0) FROM model_calls WHERE session_id = ?",
-                (session_id,),
-            ).fetchone()
+        found = self._session_rows(session_id)
+        if found is None:
+            raise UnknownSessionError(session_id, store=self.where)
+        head, round_rows, post_rows, states, loads, usage = found
         rounds = {r[0]: Round(id=r[0], index=r[1], user_query=r[2], state=r[3], error=r[4], started_at=r[5], posts=[]) for r in round_rows}
         for round_id, data in post_rows:
             rounds[round_id].posts.append(Post.from_dict(json.loads(data)))
@@ -264,6 +254,21 @@ class SqlStore(UserQueries):
             owner=head[5],
             kernel_id=head[6],
         )
+
+    def _session_rows(self, session_id: str) -> SessionRows | None:
+        """What `load` reads, as one moment of the session: its row, rounds, posts, compression states, loaded files, usage sums (None: no such session)."""
+        with self._read() as db:
+            head = db.execute("SELECT title, started, last_active, variables, overrides, owner, kernel_id FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            if head is None:
+                return None
+            round_rows = db.execute(
+                "SELECT round_id, idx, user_query, state, error, started_at FROM rounds WHERE session_id = ? ORDER BY seq", (session_id,)
+            ).fetchall()
+            post_rows = db.execute("SELECT round_id, data FROM posts WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
+            states = db.execute("SELECT role, state FROM compression WHERE session_id = ?", (session_id,)).fetchall()
+            loads = db.execute("SELECT name, source, after_round, at FROM files WHERE session_id = ? ORDER BY seq", (session_id,)).fetchall()
+            usage = db.execute(f"SELECT {USAGE_SUMS} FROM model_calls WHERE session_id = ?", (session_id,)).fetchone()
+        return head, round_rows, post_rows, states, loads, usage
 
     def delete_session(self, session_id: str) -> bool:
         """Forget a session and everything kept of it (rounds, events, model calls, files, the tips saved from it); False when there is none.
@@ -381,15 +386,21 @@ class SqlStore(UserQueries):
     # Leases
 
     def take_lease(self, session_id: str, holder: str, *, seconds: float) -> Lease | None:
-        """Claim the session's lease for `seconds` (when free, expired, or already `holder`'s); None when another holds it."""
+        """Claim the session's lease for `seconds` (when free, expired, or already `holder`'s); None when another holds it.
+
+        Taken from a holder that freed it (`release_lease`), it carries the session's newest event id
+        as it was freed: the row is read as it is taken, whatever committed before (no snapshot of an
+        earlier moment), so no write of the holder's can be missing from it.
+        """
         with self._write_one() as db:
             row = db.execute(
                 f"INSERT INTO leases (session_id, holder, expires) VALUES (?, ?, {self.now_sql} + ?)"
-                " ON CONFLICT (session_id) DO UPDATE SET holder = excluded.holder, expires = excluded.expires"
-                f" WHERE leases.holder = excluded.holder OR leases.expires < {self.now_sql} RETURNING holder, expires",
+                " ON CONFLICT (session_id) DO UPDATE SET holder = excluded.holder, expires = excluded.expires,"
+                " version = CASE WHEN leases.holder = '' THEN leases.version ELSE -1 END"
+                f" WHERE leases.holder = excluded.holder OR leases.expires < {self.now_sql} RETURNING holder, expires, version",
                 (session_id, holder, seconds),
             ).fetchone()
-        return None if row is None else Lease(session_id=session_id, holder=str(row[0]), expires=float(row[1]))
+        return None if row is None else Lease(session_id=session_id, holder=str(row[0]), expires=float(row[1]), version=int(row[2]))
 
     def renew_lease(self, session_id: str, holder: str, *, seconds: float) -> bool:
         """Extend `holder`'s lease by `seconds` from now; False when it is no longer theirs."""
@@ -397,11 +408,20 @@ class SqlStore(UserQueries):
             updated = db.execute(f"UPDATE leases SET expires = {self.now_sql} + ? WHERE session_id = ? AND holder = ?", (seconds, session_id, holder)).rowcount
         return updated > 0
 
-    def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> None:
-        """Free the session's lease if `holder` has it, and at the same moment `holder`'s marks on it (the rows `session_id + mark`)."""
-        keys = [session_id, *(session_id + mark for mark in marks)]
-        with self._write_one() as db:
-            db.execute(f"DELETE FROM leases WHERE holder = ? AND session_id IN ({', '.join('?' * len(keys))})", (holder, *keys))
+    def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> int:
+        """Free the session's lease if `holder` has it, and at the same moment `holder`'s marks on it (the rows `session_id + mark`).
+
+        Returns the session's newest event-log id as it was while the lease was still held: what
+        the holder's copy of the session is current with, when it wrote everything since it took it.
+        The lease's row stays, freed (no holder, run out), with that id: the next `take_lease` reads it.
+        """
+        with self._transaction() as db:
+            newest = int(db.execute("SELECT COALESCE(MAX(id), 0) FROM events WHERE session_id = ?", (session_id,)).fetchone()[0])
+            if marks:
+                keys = [session_id + mark for mark in marks]
+                db.execute(f"DELETE FROM leases WHERE holder = ? AND session_id IN ({', '.join('?' * len(keys))})", (holder, *keys))
+            db.execute("UPDATE leases SET holder = '', expires = 0, version = ? WHERE session_id = ? AND holder = ?", (newest, session_id, holder))
+        return newest
 
     def lease(self, session_id: str) -> Lease | None:
         """The session's current, unexpired lease; None when it is free."""

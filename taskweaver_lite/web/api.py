@@ -192,7 +192,14 @@ def public_text(text: str, hub: Hub) -> str:
 
 
 def _check_owner(hub: Hub, session_id: str, owner: str | None) -> None:
-    """UnknownSessionError unless the session is stored and (when `owner` is given) theirs."""
+    """UnknownSessionError unless the session is stored and (when `owner` is given) theirs.
+
+    A session this server holds for that owner is not asked about again: a session's owner never
+    changes, and one deleted on another replica is found gone as its next request takes it up.
+    """
+    live = hub.get(session_id)
+    if live is not None and (owner is None or live.session.owner == owner):
+        return
     store = hub.parts.store
     try:
         found = store.resolve(session_id, owner=owner)

@@ -29,6 +29,7 @@ from taskweaver_lite.records.events import CellPrinted, Event, Listener, ModelCa
 from taskweaver_lite.session.assembly import delete_session, new_session_id
 from taskweaver_lite.session.workspace import Workspace
 from taskweaver_lite.store.interface import Notices, Store
+from taskweaver_lite.store.sql import SESSION_ID
 from taskweaver_lite.web.fanout import Fanout
 from taskweaver_lite.web.leases import Hold, LeaseBusy, Leases
 from taskweaver_lite.web.live import Busy, LiveSession, Turn
@@ -177,7 +178,7 @@ class Hub:
         try:
             hold = self._take(leases, session_id)
             try:
-                live = self._current(session_id)
+                live = self._current(session_id, hold.version)
                 live.session.executor.start()  # a new session's kernel, at its first request: refused here (429, 503), not in the round
                 live.last_used = time.monotonic()
                 heard = listener(live) if listener is not None else None
@@ -208,7 +209,7 @@ class Hub:
         self._refuse_when_stopping()
         hold = self._take(leases, session_id)
         try:
-            live = self._current(session_id)
+            live = self._current(session_id, hold.version)
             live.last_used = time.monotonic()
             if live.busy:
                 raise Busy("This session is answering a request: try again when it is done.")
@@ -345,15 +346,20 @@ class Hub:
         except LeaseBusy as exc:
             raise Busy(str(exc)) from None
 
-    def _current(self, session_id: str) -> LiveSession:
-        """This server's copy if the store has nothing newer, or that copy brought up to date; else the session loaded afresh (under the caller's lease)."""
+    def _current(self, session_id: str, newest: int) -> LiveSession:
+        """This server's copy if the store has nothing newer, or that copy brought up to date; else the session loaded afresh (under the caller's lease).
+
+        `newest`: the session's newest event id as the lease was taken (-1: unknown, read here).
+        """
         assert self.replica is not None
         live = self.get(session_id)
         # version -1: the copy's folds were abandoned or its record is unknown; only a load makes it whole.
         if live is not None and not live.busy and live.version >= 0:
             # A copy whose kernel went from the gateway (culled, ended for room, the gateway restarted) is loaded
             # again below, its variables rebuilt by replay; a gateway that does not answer is the request's 503.
-            if self.replica.is_current(session_id, live.version) and live.session.executor.still_there():
+            if newest < 0:  # the lease ran out rather than being freed, or is the session's first
+                newest = self.parts.store.last_event_id(session_id)  # nobody else writes while the lease is held
+            if newest == live.version and live.session.executor.still_there():
                 live.last_used = time.monotonic()
                 return live
             try:
@@ -363,11 +369,16 @@ class Hub:
                 raise
             if refreshed:
                 live.last_used = time.monotonic()
-                live.version = self.parts.store.last_event_id(session_id)
+                live.version = newest
                 return live
         if live is not None:
             self._drop(live)
-        session = self.replica.load(session_id)  # the metrics' listener is added by _keep (twice would count every call twice)
+        try:
+            session = self.replica.load(session_id)  # the metrics' listener is added by _keep (twice would count every call twice)
+        except UnknownSessionError:
+            if SESSION_ID.match(session_id):  # deleted on another replica: what this one kept of it goes too
+                shutil.rmtree(self.config.sessions_dir / session_id, ignore_errors=True)
+            raise
         close_thread_loop()  # the replay (if the kernel had to be started afresh) ran cells from this thread
         live = self._keep(LiveSession(session))
         live.version = self.parts.store.last_event_id(session_id)
@@ -380,21 +391,22 @@ class Hub:
         another replica went on with the session, would write an older summary over a newer one.
         """
         assert self.replica is not None and self.parts.leases is not None
+        whole = False
         try:
             if live is not None:
                 deadline = time.monotonic() + self.config.serve.lease_wait  # what a contender waits for the lease, at most
                 contexts = live.session.contexts().values()
-                if not all(context.wait_idle(timeout=max(deadline - time.monotonic(), 0.0)) for context in contexts):
+                whole = all(context.wait_idle(timeout=max(deadline - time.monotonic(), 0.0)) for context in contexts)
+                if not whole:
                     for context in contexts:
                         context.close()  # its fold's result is dropped when it returns
-                    live.version = -1  # a copy without its folds: the next request here loads the session again
-                    return
-                live.version = self.parts.store.last_event_id(live.id)
-        except StoreError:
-            if live is not None:
-                live.version = -1  # unknown: the next request here loads the session again
         finally:
-            self.parts.leases.release(hold)
+            # The copy is current with the store's newest event as the lease goes (read in the same statement):
+            # everything since the lease was taken, this copy wrote. A copy without its folds, or a version
+            # unknown (the store down), is -1: the next request here loads the session again.
+            newest = self.parts.leases.release(hold)
+            if live is not None:
+                live.version = newest if whole and newest is not None else -1
 
     def _keep(self, live: LiveSession) -> LiveSession:
         live.session.add_listener(self.parts.metrics.listener(self._user_name(live.session.owner)))

@@ -22,6 +22,7 @@ the request was still loading its session, stops it at the next renewal all the 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -37,6 +38,7 @@ from taskweaver_lite.store.interface import Store
 ANSWERED = ":answered"
 STOP = ":stop"  # a row naming (as its holder) the request that Stop was pressed for
 POLL = 0.01  # seconds between attempts while the holder finishes its bookkeeping (two indexed queries each)
+BUSY = "This session is answering another request (perhaps from another tab): wait for it, or press Stop."
 _log = logging.getLogger(__name__)
 
 
@@ -50,6 +52,7 @@ class Hold:
 
     session_id: str
     holder: str
+    version: int = -1  # the session's newest event id as the lease's last holder freed it (-1: unknown), as `take` found it
 
 
 class Leases:
@@ -74,6 +77,8 @@ class Leases:
         self._stopped: set[str] = set()  # holders whose request was told to stop (once is enough)
         self._held: dict[str, Hold] = {}  # by the row's key (a session id, or one with ANSWERED)
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)  # told each time a lease held here has been freed in the store
+        self._freeing: dict[str, int] = {}  # sessions whose lease is being freed in the store now (how many times at once)
         self._stopping = threading.Event()
         self._renewer = threading.Thread(target=self._renew_loop, name="lease-renew", daemon=True)
         self._renewer.start()
@@ -82,18 +87,36 @@ class Leases:
         """The session's lease for a new request; LeaseBusy when another request runs it (StoreError when the store is down)."""
         hold = Hold(session_id, f"{self.replica}/{uuid.uuid4().hex[:8]}")
         deadline = time.monotonic() + self._wait
-        while self._store.take_lease(session_id, hold.holder, seconds=self._seconds) is None:
+        self._wait_here(session_id, deadline)
+        while (taken := self._store.take_lease(session_id, hold.holder, seconds=self._seconds)) is None:
             # No mark: the holder is still answering, or has just let go of the lease and its mark together
             # (one statement) since the attempt above; one more attempt tells which.
             unmarked = self._store.lease(session_id + ANSWERED) is None
-            if unmarked and self._store.take_lease(session_id, hold.holder, seconds=self._seconds) is not None:
+            if unmarked and (taken := self._store.take_lease(session_id, hold.holder, seconds=self._seconds)) is not None:
                 break
             if unmarked or time.monotonic() > deadline:
-                raise LeaseBusy("This session is answering another request (perhaps from another tab): wait for it, or press Stop.")
+                raise LeaseBusy(BUSY)
             time.sleep(POLL)
+        hold = dataclasses.replace(hold, version=taken.version)
         with self._lock:
             self._held[session_id] = hold
         return hold
+
+    def _wait_here(self, session_id: str, deadline: float) -> None:
+        """While a request on this replica holds the session's lease: LeaseBusy if it is answering, else wait until it has freed it.
+
+        What the store would say, known here without asking it again and again: the session's next
+        request, sent once the answer is in, usually comes to the replica that answered it.
+        """
+        with self._lock:
+            while (held := self._held.get(session_id)) is not None or session_id in self._freeing:
+                mark = self._held.get(session_id + ANSWERED)
+                if held is not None and (mark is None or mark.holder != held.holder):
+                    raise LeaseBusy(BUSY)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise LeaseBusy(BUSY)
+                self._freed.wait(timeout=left)
 
     def answered(self, hold: Hold) -> None:
         """The request has answered: a contender now waits for the bookkeeping rather than being refused."""
@@ -127,20 +150,28 @@ class Leases:
                 self._store.release_lease(key, earlier.holder)
         return False
 
-    def release(self, hold: Hold) -> None:
-        """Free the lease (and its answered mark); a store that is down lets it run out instead."""
+    def release(self, hold: Hold) -> int | None:
+        """Free the lease (and its answered mark); the session's newest event id as it was freed (None: the store is down, the lease runs out instead)."""
         with self._lock:
             self._stopped.discard(hold.holder)
             held = [h for key, h in self._held.items() if h.holder == hold.holder]
             for h in held:
                 del self._held[h.session_id]
+            self._freeing[hold.session_id] = self._freeing.get(hold.session_id, 0) + 1
         # The lease and its mark in one statement: a contender that finds the lease held and no mark is
         # refused at once, so the mark must never go before the lease.
         marks = [h.session_id.removeprefix(hold.session_id) for h in held if h.session_id != hold.session_id]
         try:
-            self._store.release_lease(hold.session_id, hold.holder, marks=marks)
+            return self._store.release_lease(hold.session_id, hold.holder, marks=marks)
         except StoreError:
             _log.warning("could not free the lease of session %s (the store is unreachable); it runs out by itself", hold.session_id)
+            return None
+        finally:
+            with self._lock:
+                left = self._freeing.pop(hold.session_id) - 1
+                if left:
+                    self._freeing[hold.session_id] = left
+                self._freed.notify_all()
 
     def held(self) -> list[Hold]:
         """The leases held now (for a replica stopping: what it still runs)."""

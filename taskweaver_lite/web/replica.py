@@ -124,10 +124,6 @@ class Replica:
         self.metrics.session_refreshes.observe(time.monotonic() - started)
         return True
 
-    def is_current(self, session_id: str, version: int) -> bool:
-        """Whether the store holds nothing newer than `version` for the session (a hot copy may be reused)."""
-        return self.store.last_event_id(session_id) == version
-
     def _user_name(self, owner: str | None) -> str | None:
         """The name of the user whose id `owner` is (the gateway's log and metrics name users by it); None when unknown."""
         if owner is None:
