@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+# The test processes load jsonschema (nbformat, the MCP client) as the commands do, without the IRI
+# grammars nothing here checks: 1 s of CPU per process otherwise (see taskweaver_lite/cli/main.py).
+sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  # None: its import raises ImportError, which jsonschema allows for
 
 # The fixtures import what they build when first used: a run of a few unit tests (and the tier check's
 # own pytest run) starts without the kernel client and the PostgreSQL driver.

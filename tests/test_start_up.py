@@ -220,3 +220,40 @@ def test_acp_answers_initialize_before_reading_the_config_or_importing_the_sessi
     message = refused["error"]["message"]
     assert message.startswith("The project could not be opened") and "max_internal_hopz" in message and "\n" not in message, refused
     assert "max_internal_hopz" in stderr  # the agent's log says why too
+
+
+def test_the_gateway_loads_kernel_gateway_and_its_schema_checks_without_building_the_iri_grammars() -> None:
+    # jsonschema imports rfc3987_syntax where it is installed, which compiles 39 grammars with lark as it
+    # loads: about 1 s of CPU at every gateway start for formats no schema of the gateway uses.
+    probe = (
+        "import json, sys\n"
+        "from taskweaver_lite.kernel.gateway.launch import kernel_gateway_app\n"
+        "kernel_gateway_app()\n"
+        "from jupyter_events.validators import validate_schema\n"
+        "from jupyter_events.schema import EventSchema\n"
+        "schema = {'$id': 'https://example.org/twl', 'version': '1', 'type': 'object', 'properties': {'where': {'type': 'string'}}}\n"
+        "validate_schema(schema)\n"
+        "EventSchema(schema).validate({'where': 'here'})\n"
+        "print(json.dumps(sorted(m for m in ('jsonschema', 'jupyter_events', 'jupyter_server', 'rfc3987_syntax', 'lark') if sys.modules.get(m))))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == ["jsonschema", "jupyter_events", "jupyter_server"], done.stdout
+
+
+def test_export_writes_its_notebook_without_building_jsonschemas_iri_grammars(tmp_path: Path) -> None:
+    from helpers import make_project
+
+    from taskweaver_lite.records.conversation import Round
+    from taskweaver_lite.records.events import RoundStarted
+    from taskweaver_lite.store.database import SessionStore
+
+    project = make_project(tmp_path, "http://127.0.0.1:9/v1")
+    store = SessionStore(project / "sessions.db")
+    store.create_session("20260101-000000-aaaaaa", started=1.0)
+    store.record("20260101-000000-aaaaaa", RoundStarted(Round(index=1, user_query="a request")))
+    store.close()
+    notebook = tmp_path / "out.ipynb"
+    loaded = imported_by("export", "last", "-p", str(project), "-o", str(notebook), cwd=tmp_path)
+    assert json.loads(notebook.read_text(encoding="utf-8"))["nbformat"] == 4
+    assert {"nbformat", "jsonschema"} <= set(loaded["others"]) and "lark" not in loaded["others"], loaded["others"]

@@ -13,12 +13,15 @@ import queue
 import re
 import shutil
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from helpers import cli_env, make_project
 
 from taskweaver_lite.config.settings import ExperienceConfig
 from taskweaver_lite.config.store_url import redact, redact_text
@@ -30,7 +33,7 @@ from taskweaver_lite.records.execution import ExecutionResult
 from taskweaver_lite.session.export import export_notebook
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.store.interface import EVENTS_CHANNEL, Store
-from taskweaver_lite.store.postgres import PostgresStore
+from taskweaver_lite.store.postgres import CONNECT_TIMEOUT_SECONDS, PostgresStore
 from taskweaver_lite.store.postgres_schema import MIGRATIONS as POSTGRES_MIGRATIONS
 from taskweaver_lite.store.postgres_schema import SCHEMA_VERSION
 from taskweaver_lite.store.postgres_schema import migrate as migrate_postgres
@@ -258,6 +261,34 @@ def test_the_password_never_shows_in_an_error_or_a_repr(postgres_cluster: Postgr
         PostgresStore(nobody)
     message = str(down.value)
     assert password not in message and "\n" not in message and "twl:***@127.0.0.1" in message, message
+
+
+@pytest.mark.postgres
+def test_a_store_url_with_a_wrong_password_or_port_fails_at_once_saying_why(postgres_cluster: PostgresCluster, postgres_url: str) -> None:
+    # Not after the pool's wait for a connection (CONNECT_TIMEOUT_SECONDS), as "did not answer": the server's own reason, at once.
+    wrong = postgres_cluster.url(postgres_url.rsplit("/", 1)[1], password="not-" + postgres_cluster.password)
+    nobody = f"postgresql://twl:{postgres_cluster.password}@127.0.0.1:{free_port()}/none"
+    for url, reason in ((wrong, "password authentication failed"), (nobody, "refused")):
+        began = time.monotonic()
+        with pytest.raises(StoreUnavailable) as failed:
+            PostgresStore(url)
+        took, message = time.monotonic() - began, str(failed.value)
+        assert reason in message and "store.url" in message and "did not answer" not in message, message
+        assert took < CONNECT_TIMEOUT_SECONDS / 2, f"{redact(url)} failed after {took:.1f} s: {message}"
+
+
+@pytest.mark.postgres
+def test_serve_on_a_store_url_with_a_wrong_password_stops_at_once_in_one_line_saying_why(
+    postgres_cluster: PostgresCluster, postgres_url: str, tmp_path: Path
+) -> None:
+    wrong = postgres_cluster.url(postgres_url.rsplit("/", 1)[1], password="not-" + postgres_cluster.password)
+    project = make_project(tmp_path, "http://127.0.0.1:9/v1", store={"url": wrong})
+    command = [sys.executable, "-m", "taskweaver_lite", "serve", "-p", str(project), "--port", str(free_port())]
+    done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120, env=cli_env())
+    said = done.stderr.strip()
+    assert done.returncode != 0 and "serving" not in said, said
+    assert "password authentication failed" in said and "store.url" in said and "Traceback" not in said and "\n" not in said, said
+    assert postgres_cluster.password not in said, said  # the server's reason, which the pool's wait for a connection never gave
 
 
 def test_urls_and_driver_messages_lose_their_passwords() -> None:

@@ -243,6 +243,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
         if signum is not None:
             signal.signal(signum, lambda signum, frame: sys.exit(128 + signum))
+    # Commands that write notebooks (nbformat) or run the gateway (jupyter_server's events) load jsonschema,
+    # which would compile the grammars of an IRI checker no schema of ours uses: 1 s of CPU (see
+    # kernel/gateway/launch.py's kernel_gateway_app). This process is ours: no one else's code misses them.
+    sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  # None: its import raises ImportError, which jsonschema allows for
     from taskweaver_lite.errors import TaskWeaverError
     from taskweaver_lite.safety.terminal import strip_controls
 

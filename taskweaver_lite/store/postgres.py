@@ -212,11 +212,35 @@ class PostgresStore(SqlStore):
         self._pool_size = pool_size
         self._outage = _outage(url)
         try:
-            with self._errors(), self._pool.connection() as conn:
+            with self._errors(), self._first_connection() as conn:
                 migrate(conn, MIGRATIONS, where=self.where)
         except StoreError:
             close_pools(url)  # no pool left retrying in the background for a store this process could not open
             raise
+        _pool_for(url, pool_size)  # its connections are made in the background, ready for the first request
+
+    @contextmanager
+    def _first_connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection to open the store on: the pool's when this process has one for the URL, else one of its own.
+
+        The pool, asked for its first connection, keeps trying for CONNECT_TIMEOUT_SECONDS whatever the
+        reason; a connection of its own fails at once when nothing listens at the address or the
+        server refuses the user, password or database, and says which (a typo in store.url shows as
+        `serve` starts, not 5 s later as a timeout).
+        """
+        if self._url in _POOLS:
+            with self._pool.connection() as conn:
+                yield conn
+            return
+        try:
+            conn = psycopg.connect(self._url, connect_timeout=int(CONNECT_TIMEOUT_SECONDS), autocommit=True)  # as the pool's: migrate opens its transactions
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(
+                f"the session store {self.where} could not be opened ({_said(exc)}); check store.url (host, port, user, password "
+                "and database) and that PostgreSQL is running there"
+            ) from None
+        with conn:  # closed on leaving
+            yield conn
 
     def __repr__(self) -> str:
         return f"PostgresStore({self.where!r})"
