@@ -62,10 +62,11 @@ if TYPE_CHECKING:
 MAX_QUESTION_CHARS = 20_000
 # Seconds between looks, while an ask waits for a free session, for a cancel of its request.
 SLOT_POLL = 0.5
-# Seconds an ask waits for the session's previous answer (a cancelled one winding down) before it is refused.
-BUSY_WAIT = 10.0
 # Seconds a cancelled turn gets to stop its cell and store its failed round before the cancellation is answered.
 STOP_WAIT = 60.0
+# Seconds an ask waits for the session's previous answer before it is refused: as long as a cancelled one may take to
+# wind down, so that asking again right after a cancel is answered, not refused, on a busy machine too.
+BUSY_WAIT = STOP_WAIT
 # Seconds between looks, until a call opened the project, for whether one has (the idle sessions' timer starts then).
 OPENED_POLL = 0.5
 ACTIVITY = {
