@@ -136,7 +136,8 @@ class GatewayExecutor(SessionKernel):
     def catch_up(self, kernel_id: str | None, *, cells_before: int) -> bool:
         """Go on with this kernel after another replica ran cells in it: its variables read again, its numbering after theirs.
 
-        What the other replica's cells sent to this connection meanwhile is dropped unread. False when
+        What the other replica's cells sent to this connection meanwhile is dropped unread, and its
+        output channel is seen to answer before anything is sent. False when
         this is not the session's kernel any more (`kernel_id`, from the store), when it does not
         answer, or when our helpers are gone from it: the session must then be loaded afresh.
         """
@@ -151,6 +152,9 @@ class GatewayExecutor(SessionKernel):
                         self.kernel.drop_waiting()
                 if not self.kernel.connected:
                     self.kernel.connect()
+                # The kernel may have died and been restarted there: this connection's output channel then
+                # reconnects to the new one in its own time, and a cell sent before it has would lose its output.
+                self._await_iopub(time.monotonic() + self.config.kernel_start_timeout)
                 asked = {k: v for k, v in namespace.cell_expressions(".").items() if k != namespace.CWD}
                 reply = self._reply(self.kernel.execute("", user_expressions=asked, silent=True))
             except GatewayError:
