@@ -3,7 +3,8 @@
 # The `otlp` test tier sends traces to it (an OTLP/HTTP receiver nobody here wrote) and reads them back
 # through its REST API; the tests skip without it.
 #
-# Idempotent: an environment at the cache path that imports phoenix is printed and nothing else is done.
+# Idempotent: an environment at the cache path that has this version of Phoenix installed is printed and nothing
+# else is done (its package metadata is read, not the package imported: importing Phoenix takes 9 s of CPU).
 # Its own environment, not the test extra: Phoenix brings some 850 MB (a web app, gRPC, SQLAlchemy,
 # pandas of its own versions) and took 7 minutes to install here; the project's venv stays small.
 # It runs offline: nothing is fetched at start or run time.
@@ -11,7 +12,7 @@ set -euo pipefail
 VERSION="${PHOENIX_VERSION:-20.26.1}"
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/taskweaver-lite/phoenix/$VERSION"
 PY="$CACHE/venv/bin/python"
-if [[ -x "$PY" ]] && "$PY" -c "import phoenix" 2>/dev/null; then
+if [[ -x "$PY" ]] && [[ "$("$PY" -c "import importlib.metadata as m; print(m.version('arize-phoenix'))" 2>/dev/null)" == "$VERSION" ]]; then
   echo "$PY"
   exit 0
 fi
