@@ -24,6 +24,9 @@ each alike. The replicas' targets compare each figure with the SQLite server's a
 count in the same run: CPU per answer at most 1.3x kept in place and 2x round robin, answers per
 second kept in place at least 0.8x.
 
+The loads run with the shipped `serve.lease_timeout` (each held lease renewed every third of it);
+the kills with `--lease`.
+
 Kills (`--kills K`): a request whose cell sleeps runs on one replica; once its cell runs, the replica
 is killed (SIGKILL) and a new one started in its place; the other replica is asked again until it
 answers. Reported: the time from the kill to that answer (it includes waiting out
@@ -59,6 +62,7 @@ import httpx
 import psutil
 import psycopg
 
+from taskweaver_lite.config.settings import ServeConfig
 from taskweaver_lite.kernel.gateway.provisioner import SESSION_ROUTE
 from taskweaver_lite.testing.kernel_gateway import Gateway, kernel_gateway, sandbox_gateway
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster, running_cluster
@@ -459,7 +463,7 @@ def main() -> int:
     parser.add_argument("--sessions", default="10,20,40", help="session counts, comma-separated")
     parser.add_argument("--requests", type=int, default=5, help="timed requests per session")
     parser.add_argument("--kills", type=int, default=20, help="replicas killed mid-cell (0: none)")
-    parser.add_argument("--lease", type=float, default=3.0, help="serve.lease_timeout for the kills")
+    parser.add_argument("--lease", type=float, default=3.0, help="serve.lease_timeout for the kills (the loads run with the shipped one)")
     parser.add_argument("--configs", default="sqlite,pg-local,pg-1,pg-2,pg-2-sticky", help="which configurations to load, comma-separated")
     parser.add_argument("--rounds", type=int, default=1, help="times each configuration is loaded, the configurations taking turns")
     parser.add_argument("--statements", action="store_true", help="count the statements PostgreSQL ran per answer (pg_stat_statements)")
@@ -484,20 +488,24 @@ def main() -> int:
         with started as gateway:
             setups = _setups(root, cluster, gateway_url=gateway, model_url=scripted.url, lease=args.lease)
             print("load (each line: one configuration, one size):", file=sys.stderr)
-            chosen = {name: start for name, (start, _) in setups.items() if name in args.configs.split(",")}
+            chosen = {name: start for name, (start, _) in setups.items() if name in args.configs.split(",") and name != "kills"}
             results = measure_load(
                 chosen, model, sizes=sizes, requests=args.requests, gateway=gateway, cluster=cluster, statements=statements, rounds=args.rounds
             )
-            kill_numbers = kills(setups["pg-2"][1], count=args.kills, lease=args.lease) if args.kills else None
+            kill_numbers = kills(setups["kills"][1], count=args.kills, lease=args.lease) if args.kills else None
     report(results, sizes, kill_numbers, lease=args.lease)
     return 0
 
 
 def _setups(root: Path, cluster: PostgresCluster, *, gateway_url: Any, model_url: str, lease: float) -> dict[str, tuple[Callable[[], Any], Path]]:
+    """Each configuration's servers, and its project. The loads run with the shipped serve.lease_timeout (a lease renewed
+    each third of it); the kills (`kills`) with `lease`, so that a takeover is not waited for that long."""
     # Streamed replies, as serve_bench.py: the model notes the moment each answer was sent whole.
+    shipped = ServeConfig().lease_timeout
     sqlite = write_team_project(root / "sqlite", store_url=None, gateway=None, model_url=model_url, stream=True)
-    one = write_team_project(root / "pg-1", store_url=cluster.new_database(), gateway=gateway_url, model_url=model_url, lease_timeout=lease, stream=True)
-    two = write_team_project(root / "pg-2", store_url=cluster.new_database(), gateway=gateway_url, model_url=model_url, lease_timeout=lease, stream=True)
+    one = write_team_project(root / "pg-1", store_url=cluster.new_database(), gateway=gateway_url, model_url=model_url, lease_timeout=shipped, stream=True)
+    two = write_team_project(root / "pg-2", store_url=cluster.new_database(), gateway=gateway_url, model_url=model_url, lease_timeout=shipped, stream=True)
+    killed = write_team_project(root / "kills", store_url=cluster.new_database(), gateway=gateway_url, model_url=model_url, lease_timeout=lease, stream=True)
     local = write_team_project(root / "pg-local", store_url=cluster.new_database(), gateway=None, model_url=model_url, stream=True, single_replica=True)
     return {
         "sqlite": (lambda: replicas(sqlite, 1), sqlite),
@@ -505,6 +513,7 @@ def _setups(root: Path, cluster: PostgresCluster, *, gateway_url: Any, model_url
         "pg-1": (lambda: replicas(one, 1), one),
         "pg-2": (lambda: replicas(two, 2), two),
         "pg-2-sticky": (lambda: replicas(two, 2), two),
+        "kills": (lambda: replicas(killed, 2), killed),
     }
 
 
