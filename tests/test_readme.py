@@ -89,12 +89,15 @@ def test_the_readme_set_up_commands_are_one_line_each_and_its_test_line_is_what_
     checks = [line for line in ci[install + 1 :] if ".ci/" not in line and not line.startswith(("settle ", ".venv/bin/python -m compileall"))]
     quick = [".venv/bin/ruff check .", ".venv/bin/ruff format --check .", ".venv/bin/mypy taskweaver_lite tests bench", ".venv/bin/python -m pytest -q -m unit"]
     assert checks[:4] == quick, "the quick checks first: lint, format, types, the unit tier"
-    # Then every other tier: on workers, all but the tiers that time a model server, then those alone. With the
-    # unit run, the three runs are the whole suite: no tier left out, none run twice.
-    assert checks[4:6] == [
-        '.venv/bin/python -m pytest -q -m "not unit and not llama and not real" -n 3 --dist loadfile',
-        '.venv/bin/python -m pytest -q -m "llama or real"',
+    # Then every other tier: the tiers that run a model server, started in the background, and beside them all the
+    # rest on workers; the run waits for both. With the unit run, the three runs are the whole suite: no tier left
+    # out, none run twice.
+    runs = [line for line in checks[4:] if " -m pytest " in line]
+    assert runs == [
+        'setsid .venv/bin/python -m pytest -q -m "llama or real" >build/ci/models.log 2>&1 &',
+        '.venv/bin/python -m pytest -q -m "not unit and not llama and not real" -n 4 --dist loadfile',
     ], "then every other tier: the runs together are the whole suite"
+    assert 'wait "$MODELS" || { cat build/ci/models.log; exit 1; }' in checks, "a failure of the model server's tiers fails the run"
     assert any(".venv/bin/mkdocs build --strict" in line for line in checks[6:]), "and the documentation, warnings as errors"
     hooks = (REPO / ".pre-commit-config.yaml").read_text(encoding="utf-8")
     assert all(check.removeprefix(".venv/bin/").split(" .")[0].split(" -q")[0] in hooks for check in quick), "pre-commit runs the same quick checks"
