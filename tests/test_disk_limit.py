@@ -131,12 +131,27 @@ def test_a_kernel_thread_writing_between_cells_ends_the_kernel_and_the_next_cell
             "kept = 1"
         )
         assert executor.run(code).success
-        time.sleep(6)  # the watcher looks every second between cells
+        kernel = executor.pid
+        assert kernel is not None
+        deadline = time.monotonic() + 30  # the watcher looks every second between cells: its second strike ends the kernel
+        while _running(kernel):
+            assert time.monotonic() < deadline, "the kernel whose thread kept writing was never ended"
+            time.sleep(0.1)
         count = len(list(executor.working_dir.glob("bg-*")))
         after = executor.run("print('fresh')")
         assert after.kernel_died and after.lost_variables == ("kept",) and after.stdout.strip() == "fresh"
         assert any(notice.startswith("Between cells the kernel kept writing") for notice in after.notices), after.notices
         assert count < 200 and len(list(executor.working_dir.glob("bg-*"))) == count, "the kernel's thread went on writing"
+
+
+def _running(pid: int) -> bool:
+    """Whether the process runs (ended and not yet reaped counts as ended)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_the_code_generator_is_told_and_the_session_goes_on(tmp_path: Path) -> None:
