@@ -15,10 +15,13 @@ adds), p95; and requests per second over the whole load. Configurations:
     pg-2-sticky  the same two replicas, each session kept on one of them (replica n % 2) as the shipped nginx
                  keeps it (a consistent hash of the session id in the path)
 
-Each load begins with a warm-up, not measured: every session's first request on each replica its
-load uses (one when kept in place, both round robin), so what is measured is a service that has held
-its sessions a while; the first load of a session on a replica, paid once per session, is counted by
-the replicas' load histogram should one happen during the load. `--rounds N` loads each configuration
+Each load begins with a warm-up, not measured: every session's first WARM_UP requests, which reach
+each replica its load uses (one when kept in place, both round robin), so what is measured is a
+service that has held its sessions a while; the first load of a session on a replica, paid once per
+session, is counted by the replicas' load histogram should one happen during the load. Every
+configuration warms up with as many requests, so each load times the same rounds of its sessions,
+and as many folds (a role's rounds are folded as they gather: a load that began a round later
+would time a different number of them). `--rounds N` loads each configuration
 N times, the configurations taking turns, and sums them: a shared machine whose load drifts weighs on
 each alike. The replicas' targets compare each figure with the SQLite server's at the same session
 count in the same run: CPU per answer at most 1.3x kept in place and 2x round robin, answers per
@@ -70,6 +73,7 @@ from taskweaver_lite.testing.replicas import ServeProcess, write_team_project
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 
 LATENCY = 0.05
+WARM_UP = 2  # requests per session before the timing: round robin over two replicas, one on each
 
 
 class Model:
@@ -168,15 +172,16 @@ def load(
 ) -> Load:
     """`sessions` clients sending `requests` each, after a warm-up; `service`: the pids whose CPU is the service's (`store_pids` of them PostgreSQL's).
 
-    The warm-up sends each session's first request to every replica its load will use (one, kept in
-    place; each of them, round robin): what is measured is a service that has held its sessions a
-    while, not the first load of each session on each replica, which a session pays once (the
-    replicas' load histogram counts any that happen during the load all the same).
+    The warm-up sends each session's first WARM_UP requests, which reach every replica its load will
+    use (one, kept in place; each of them, round robin): what is measured is a service that has held
+    its sessions a while, not the first load of each session on each replica, which a session pays
+    once (the replicas' load histogram counts any that happen during the load all the same). As many
+    in every configuration: each load times the same rounds (and folds) of its sessions.
     """
     with httpx.Client(timeout=120) as http:
         opened = [http.post(urls[n % len(urls)] + "/api/sessions", json={}).json()["id"] for n in range(sessions)]
     # Kernels started, first cells run, each session held where its requests go: not what is measured.
-    run_clients(urls, opened, model, requests=1 if sticky else len(urls), prefix="warm-", sticky=sticky)
+    run_clients(urls, opened, model, requests=WARM_UP, prefix="warm-", sticky=sticky)
     if statements is not None:
         statements.reset()
     moves_before = _moves(urls)

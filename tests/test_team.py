@@ -264,10 +264,17 @@ def test_sigterm_lets_the_running_request_finish_then_the_replica_exits(team: Te
     with team.client(0) as first, team.client(1) as second:
         session_id = first.post("/api/sessions", json={}).json()["id"]
         result: list[tuple[int, list[dict[str, Any]]]] = []
-        code = "RUN<<import time\nprint('started', flush=True)\ntime.sleep(3)\nfinal = 1\nprint('finished')>>"
+        # The cell runs until the test has seen the replica stopping with it under way, however busy the machine.
+        code = "RUN<<import os, time\nprint('started', flush=True)\nwhile not os.path.exists('go'):\n    time.sleep(0.05)\nfinal = 1\nprint('finished')>>"
         running, printed = _ask_watching_output(first, session_id, code, "started", result)
         assert printed.wait(60), f"the cell never started: {result}"
         team.replicas[0].terminate()
+        deadline = time.monotonic() + 30
+        while (health := first.get("/healthz")).status_code == 200:
+            assert time.monotonic() < deadline, "the replica never began to stop"
+            time.sleep(0.05)
+        assert health.json()["status"] == "stopping" and running.is_alive() and not result, "precondition: it stops with the request under way"
+        (team.gateway.root / "taskweaver_sessions" / session_id / "go").touch()
         running.join(60)
         assert result and result[0][0] == 200 and "finished" in result[0][1][-1]["text"], result
         # It exits on its own once drained (uvicorn passes the signal on: 128 + SIGTERM), without a traceback.

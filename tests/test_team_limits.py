@@ -156,12 +156,22 @@ def test_twelve_first_requests_at_once_from_one_user_run_the_first_eight_and_ref
     try:
         sessions = [client.post("/api/sessions", json={}).json()["id"] for client in clients]
         assert not list((service.gateway.root / "taskweaver_sessions").glob("*")), "a session never asked anything has no kernel, nor a folder"
-        # Each cell counts its own runs in its session's folder, and holds its kernel busy a while.
-        code = "RUN<<import time\nopen('runs.txt', 'a').write('x')\nprint('runs', len(open('runs.txt').read()))\ntime.sleep(3)>>"
+        # Each cell counts its own runs in its session's folder, and holds its kernel busy until the test has seen the
+        # refusals come back and the kernels that run all running at once (however slowly a loaded machine starts them).
+        code = (
+            "RUN<<import os, time\nopen('runs.txt', 'a').write('x')\nprint('runs', len(open('runs.txt').read()))\n"
+            "while not os.path.exists('go'):\n    time.sleep(0.05)>>"
+        )
         kernels_counted = Watch(lambda: _kernels_counted(service.gateway))
         kernel_processes = Watch(lambda: _running_kernel_processes(service.gateway))
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
-            results = list(pool.map(lambda pair: ask(pair[0], pair[1], code), zip(clients, sessions, strict=True)))
+            asked = [pool.submit(ask, client, session_id, code) for client, session_id in zip(clients, sessions, strict=True)]
+            deadline = time.monotonic() + 120  # past it, the cells are let go all the same: the checks below say what went wrong
+            while time.monotonic() < deadline and (sum(future.done() for future in asked) < 12 - KERNELS_PER_USER or kernel_processes.most < KERNELS_PER_USER):
+                time.sleep(0.1)
+            for folder in (service.gateway.root / "taskweaver_sessions").glob("*"):
+                (folder / "go").touch()
+            results = [future.result() for future in asked]
         counted, running = kernels_counted.stop(), kernel_processes.stop()
         assert counted <= KERNELS_PER_USER and running <= KERNELS_PER_USER, f"never more kernels than the limit: {counted} counted, {running} running"
         assert running == KERNELS_PER_USER, f"the eight kernels that ran were seen running at once ({running}): the count sees kernels"
