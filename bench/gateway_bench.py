@@ -4,10 +4,11 @@
 
 Starts a real `jupyter kernelgateway` on 127.0.0.1 and measures: the round trip of `x = 1`
 through `GatewayExecutor.run` (with its variable snapshot) vs a bare execute over the same
-gateway's WebSocket (send, read until idle and the reply; target <= 1.2x); kernel ready through
-the executor (REST start, WebSocket, our start-up code) vs the REST start call alone; and a
-`/load` upload of a file of random bytes through the kernel. Medians; the local kernel's own
-figures are in kernel_bench.py.
+gateway's WebSocket (send, read until idle and the reply; target <= 1.2x); the CPU a cell costs
+the process running it, GatewayExecutor against KernelExecutor with a local kernel (ZeroMQ), the
+kernels' own not counted (means, interleaved); kernel ready through the executor (REST start,
+WebSocket, our start-up code) vs the REST start call alone; and a `/load` upload of a file of
+random bytes through the kernel. Medians; the local kernel's own figures are in kernel_bench.py.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import secrets
 import socket
 import statistics
@@ -28,6 +30,7 @@ from jupyter_client.jsonutil import json_default
 from jupyter_client.session import Session
 
 from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
+from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.gateway.remote import GatewayExecutor
 from taskweaver_lite.testing.kernel_gateway import Gateway, kernel_gateway
 
@@ -110,6 +113,35 @@ def measure_round_trip(gateway: Gateway, root: Path, cells: int) -> tuple[float,
     return statistics.median(bare), statistics.median(ours), statistics.median(delayed)
 
 
+def cpu_seconds() -> float:
+    """This process's user + system CPU so far (the executors' threads included, not the kernels')."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure_cpu(gateway: Gateway, root: Path, cells: int) -> tuple[float, float]:
+    """CPU per `x = 1` in the process that runs the cell: GatewayExecutor (over the WebSocket) against KernelExecutor (ZeroMQ), interleaved.
+
+    What a server spends per cell on its kernel's messages, wherever the kernel runs (the kernels' own CPU is not counted).
+    """
+    remote = executor_for(gateway, root / "cpu-remote")
+    local = KernelExecutor(root / "cpu-local", config=ExecutionConfig())
+    remote.wait_ready()
+    local.wait_ready()
+    for _ in range(20):  # warm both
+        remote.run("x = 1")
+        local.run("x = 1")
+    spent = {"remote": 0.0, "local": 0.0}
+    for _ in range(cells):
+        for name, executor in (("remote", remote), ("local", local)):
+            before = cpu_seconds()
+            executor.run("x = 1")
+            spent[name] += cpu_seconds() - before
+    remote.shutdown()
+    local.shutdown()
+    return spent["remote"] / cells, spent["local"] / cells
+
+
 def measure_upload(gateway: Gateway, root: Path, megabytes: int) -> float:
     source = root / "upload.bin"
     source.write_bytes(os.urandom(megabytes * 1024 * 1024))
@@ -132,12 +164,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder, kernel_gateway(Path(folder)) as gateway:
         root = Path(folder)
         bare_cell, our_cell, delayed_cell = measure_round_trip(gateway, root, args.cells)
+        remote_cpu, local_cpu = measure_cpu(gateway, root, args.cells)
         bare_start, our_start = measure_start(gateway, root, args.starts)
         upload = measure_upload(gateway, root, args.upload_mb)
     rows = [
         ("measure", "bare gateway", "GatewayExecutor", "ratio"),
         ("x = 1 round trip", f"{bare_cell * 1000:.2f} ms", f"{our_cell * 1000:.2f} ms", f"{our_cell / bare_cell:.2f}x"),
         ("x = 1, delayed ACKs", f"{delayed_cell * 1000:.2f} ms", "-", f"{delayed_cell / bare_cell:.2f}x of bare"),
+        ("CPU per x = 1, this process", f"{local_cpu * 1000:.2f} ms (local kernel)", f"{remote_cpu * 1000:.2f} ms", f"{remote_cpu / local_cpu:.2f}x"),
         ("kernel ready", f"{bare_start * 1000:.0f} ms (REST start)", f"{our_start * 1000:.0f} ms", f"{our_start / bare_start:.2f}x"),
         (f"upload {args.upload_mb} MB", "-", f"{upload * 1000:.0f} ms", f"{args.upload_mb / upload:.1f} MB/s"),
     ]

@@ -15,14 +15,20 @@ adds), p95; and requests per second over the whole load. Configurations:
     pg-2-sticky  the same two replicas, each session kept on one of them (replica n % 2) as the shipped nginx
                  keeps it (a consistent hash of the session id in the path)
 
-Each load begins with a warm-up, not measured: every session's first request on each replica its
-load uses (one when kept in place, both round robin), so what is measured is a service that has held
-its sessions a while; the first load of a session on a replica, paid once per session, is counted by
-the replicas' load histogram should one happen during the load. `--rounds N` loads each configuration
+Each load begins with a warm-up, not measured: every session's first WARM_UP requests, which reach
+each replica its load uses (one when kept in place, both round robin), so what is measured is a
+service that has held its sessions a while; the first load of a session on a replica, paid once per
+session, is counted by the replicas' load histogram should one happen during the load. Every
+configuration warms up with as many requests, so each load times the same rounds of its sessions,
+and as many folds (a role's rounds are folded as they gather: a load that began a round later
+would time a different number of them). `--rounds N` loads each configuration
 N times, the configurations taking turns, and sums them: a shared machine whose load drifts weighs on
 each alike. The replicas' targets compare each figure with the SQLite server's at the same session
 count in the same run: CPU per answer at most 1.3x kept in place and 2x round robin, answers per
 second kept in place at least 0.8x.
+
+The loads run with the shipped `serve.lease_timeout` (each held lease renewed every third of it);
+the kills with `--lease`.
 
 Kills (`--kills K`): a request whose cell sleeps runs on one replica; once its cell runs, the replica
 is killed (SIGKILL) and a new one started in its place; the other replica is asked again until it
@@ -59,6 +65,7 @@ import httpx
 import psutil
 import psycopg
 
+from taskweaver_lite.config.settings import ServeConfig
 from taskweaver_lite.kernel.gateway.provisioner import SESSION_ROUTE
 from taskweaver_lite.testing.kernel_gateway import Gateway, kernel_gateway, sandbox_gateway
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster, running_cluster
@@ -66,6 +73,7 @@ from taskweaver_lite.testing.replicas import ServeProcess, write_team_project
 from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, code_reply, planner_reply
 
 LATENCY = 0.05
+WARM_UP = 2  # requests per session before the timing: round robin over two replicas, one on each
 
 
 class Model:
@@ -164,15 +172,16 @@ def load(
 ) -> Load:
     """`sessions` clients sending `requests` each, after a warm-up; `service`: the pids whose CPU is the service's (`store_pids` of them PostgreSQL's).
 
-    The warm-up sends each session's first request to every replica its load will use (one, kept in
-    place; each of them, round robin): what is measured is a service that has held its sessions a
-    while, not the first load of each session on each replica, which a session pays once (the
-    replicas' load histogram counts any that happen during the load all the same).
+    The warm-up sends each session's first WARM_UP requests, which reach every replica its load will
+    use (one, kept in place; each of them, round robin): what is measured is a service that has held
+    its sessions a while, not the first load of each session on each replica, which a session pays
+    once (the replicas' load histogram counts any that happen during the load all the same). As many
+    in every configuration: each load times the same rounds (and folds) of its sessions.
     """
     with httpx.Client(timeout=120) as http:
         opened = [http.post(urls[n % len(urls)] + "/api/sessions", json={}).json()["id"] for n in range(sessions)]
     # Kernels started, first cells run, each session held where its requests go: not what is measured.
-    run_clients(urls, opened, model, requests=1 if sticky else len(urls), prefix="warm-", sticky=sticky)
+    run_clients(urls, opened, model, requests=WARM_UP, prefix="warm-", sticky=sticky)
     if statements is not None:
         statements.reset()
     moves_before = _moves(urls)
@@ -459,7 +468,7 @@ def main() -> int:
     parser.add_argument("--sessions", default="10,20,40", help="session counts, comma-separated")
     parser.add_argument("--requests", type=int, default=5, help="timed requests per session")
     parser.add_argument("--kills", type=int, default=20, help="replicas killed mid-cell (0: none)")
-    parser.add_argument("--lease", type=float, default=3.0, help="serve.lease_timeout for the kills")
+    parser.add_argument("--lease", type=float, default=3.0, help="serve.lease_timeout for the kills (the loads run with the shipped one)")
     parser.add_argument("--configs", default="sqlite,pg-local,pg-1,pg-2,pg-2-sticky", help="which configurations to load, comma-separated")
     parser.add_argument("--rounds", type=int, default=1, help="times each configuration is loaded, the configurations taking turns")
     parser.add_argument("--statements", action="store_true", help="count the statements PostgreSQL ran per answer (pg_stat_statements)")
@@ -484,20 +493,24 @@ def main() -> int:
         with started as gateway:
             setups = _setups(root, cluster, gateway_url=gateway, model_url=scripted.url, lease=args.lease)
             print("load (each line: one configuration, one size):", file=sys.stderr)
-            chosen = {name: start for name, (start, _) in setups.items() if name in args.configs.split(",")}
+            chosen = {name: start for name, (start, _) in setups.items() if name in args.configs.split(",") and name != "kills"}
             results = measure_load(
                 chosen, model, sizes=sizes, requests=args.requests, gateway=gateway, cluster=cluster, statements=statements, rounds=args.rounds
             )
-            kill_numbers = kills(setups["pg-2"][1], count=args.kills, lease=args.lease) if args.kills else None
+            kill_numbers = kills(setups["kills"][1], count=args.kills, lease=args.lease) if args.kills else None
     report(results, sizes, kill_numbers, lease=args.lease)
     return 0
 
 
 def _setups(root: Path, cluster: PostgresCluster, *, gateway_url: Any, model_url: str, lease: float) -> dict[str, tuple[Callable[[], Any], Path]]:
+    """Each configuration's servers, and its project. The loads run with the shipped serve.lease_timeout (a lease renewed
+    each third of it); the kills (`kills`) with `lease`, so that a takeover is not waited for that long."""
     # Streamed replies, as serve_bench.py: the model notes the moment each answer was sent whole.
+    shipped = ServeConfig().lease_timeout
     sqlite = write_team_project(root / "sqlite", store_url=None, gateway=None, model_url=model_url, stream=True)
-    one = write_team_project(root / "pg-1", store_url=cluster.new_database(), gateway=gateway_url, model_url=model_url, lease_timeout=lease, stream=True)
-    two = write_team_project(root / "pg-2", store_url=cluster.new_database(), gateway=gateway_url, model_url=model_url, lease_timeout=lease, stream=True)
+    one = write_team_project(root / "pg-1", store_url=cluster.new_database(), gateway=gateway_url, model_url=model_url, lease_timeout=shipped, stream=True)
+    two = write_team_project(root / "pg-2", store_url=cluster.new_database(), gateway=gateway_url, model_url=model_url, lease_timeout=shipped, stream=True)
+    killed = write_team_project(root / "kills", store_url=cluster.new_database(), gateway=gateway_url, model_url=model_url, lease_timeout=lease, stream=True)
     local = write_team_project(root / "pg-local", store_url=cluster.new_database(), gateway=None, model_url=model_url, stream=True, single_replica=True)
     return {
         "sqlite": (lambda: replicas(sqlite, 1), sqlite),
@@ -505,6 +518,7 @@ def _setups(root: Path, cluster: PostgresCluster, *, gateway_url: Any, model_url
         "pg-1": (lambda: replicas(one, 1), one),
         "pg-2": (lambda: replicas(two, 2), two),
         "pg-2-sticky": (lambda: replicas(two, 2), two),
+        "kills": (lambda: replicas(killed, 2), killed),
     }
 
 

@@ -292,6 +292,9 @@ def test_the_page_signs_in_by_its_form_and_out_through_nginx_and_the_signed_out_
     assert deployment.token not in nginx_log and deployment.token.split("_")[2] not in nginx_log, "the token never reaches the proxy's log"
     with httpx.Client(base_url=deployment.url, verify=False, timeout=60, cookies={"twl_sign_in": cookie["value"]}) as kept:
         assert kept.get("/api/sessions").status_code == 200, "the cookie signs the API in, on either replica"
+        # The header settles first: once the page knows who is signed in it shows Admin and New token left of Sign out,
+        # and a click landing as they appear hits one of them (New token asks to confirm; Admin leaves the page).
+        _wait(browser, lambda d: d.find_element(By.ID, "new-token").is_displayed(), "the page's header naming who is signed in", seconds=60)
         browser.find_element(By.CSS_SELECTOR, "#sign-out button").click()
         _wait(browser, lambda d: d.find_elements(By.NAME, "token"), "the sign-in page after signing out", seconds=60)
         assert "other sites" not in browser.page_source, "the sign-out form is same-origin"
@@ -411,14 +414,16 @@ def test_the_shipped_proxy_keeps_each_session_on_one_replica(deployment: Deploym
         assert len(answered_by) == 1, f"session {session_id}'s requests went to replicas {sorted(answered_by)}: the proxy moves sessions between replicas"
 
 
-def test_a_stopping_replica_answers_503_stopping_until_its_request_is_done(deployment: Deployment) -> None:
+def test_a_stopping_replica_answers_503_stopping_until_its_request_is_done(deployment: Deployment, tmp_path: Path) -> None:
     leaving = ServeProcess.start(deployment.project, args=("--host", _compose_host()))
     headers = {"Authorization": f"Bearer {deployment.token}"}
+    go = tmp_path / "go"  # the cell runs until the test has seen the replica stopping, however busy the machine
     try:
         with httpx.Client(base_url=leaving.url, headers=headers, timeout=90) as client:
             session_id = client.post("/api/sessions", json={}).json()["id"]
             done: list[int] = []
-            asked = {"text": "RUN<<import time; print('started', flush=True); time.sleep(6)>>"}
+            waiting = f"import os, time\nprint('started', flush=True)\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"
+            asked = {"text": f"RUN<<{waiting}>>"}
             running = threading.Thread(target=lambda: done.append(client.post(f"/api/sessions/{session_id}/messages", json=asked).status_code))
             running.start()
             deadline = time.monotonic() + 60
@@ -426,13 +431,17 @@ def test_a_stopping_replica_answers_503_stopping_until_its_request_is_done(deplo
                 assert time.monotonic() < deadline, "the request never started"
                 time.sleep(0.2)
             leaving.terminate()
-            time.sleep(1.0)
+            deadline = time.monotonic() + 30
+            while (health := client.get("/healthz")).status_code == 200:  # until the signal is handled; a refused connection fails here
+                assert time.monotonic() < deadline, "the replica never began to stop"
+                time.sleep(0.05)
+            assert health.status_code == 503 and health.json()["status"] == "stopping", health.text
             refused = client.post("/api/sessions", json={})
             assert refused.status_code == 503 and "stopping" in refused.json()["error"], (
                 f"a stopping replica answers 503, not a refused connection: {refused.text}"
             )
-            health = client.get("/healthz")
-            assert health.status_code == 503 and health.json()["status"] == "stopping"
+            assert running.is_alive() and not done, "precondition: the request was still running while the replica refused new ones"
+            go.touch()
             running.join(60)
             assert done == [200], "the running request finishes first"
         assert leaving.process.wait(60) in (0, 143, -15) and "Traceback" not in leaving.log(), leaving.log()

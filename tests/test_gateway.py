@@ -307,3 +307,35 @@ def test_a_cell_after_the_gateway_pinged_an_idle_kernel_runs_at_once(tmp_path: P
             assert waited < REPLY_WAIT, f"the cell waited {waited:.1f} s behind a ping for a message that never came"
         finally:
             executor.shutdown()
+
+
+def test_a_copy_brought_up_to_date_reads_what_the_other_copy_ran_and_its_next_cells_output_arrives_even_after_a_restart(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    # Two replicas' copies of one session, each on its own connection to the one kernel.
+    config = KernelGatewayConfig(url=gateway.url, token=gateway.token, connect_timeout=5)
+    first = GatewayExecutor(tmp_path / "session", config=ExecutionConfig(timeout=30), gateway=config, kernel=remote.KernelHandover(keep=True))
+    try:
+        first.run("a = 1")
+        second = GatewayExecutor(
+            tmp_path / "copy" / "session",
+            config=ExecutionConfig(timeout=30),
+            gateway=config,
+            kernel=remote.KernelHandover(reuse=first.kernel_id, keep=True, cells_before=1),
+        )
+        try:
+            assert second.kept_variables()
+            first.run("b = 2\nprint('from the first copy')")  # what its connection hears meanwhile is dropped
+            assert second.catch_up(first.kernel_id, cells_before=2)
+            assert {"a", "b"} <= {v.name for v in second.variables()}, "the variables the other copy made"
+            assert second.run("print('after', a + b)").stdout.strip() == "after 3", "and the next cell's output comes back"
+            first.restart()  # the other copy restarts the kernel: its output channel is remade
+            assert second.catch_up(first.kernel_id, cells_before=3)
+            assert not {"a", "b"} & {v.name for v in second.variables()}
+            for n in range(3):
+                assert second.run(f"print('cell', {n})").stdout.strip() == f"cell {n}", "no output lost after the restart"
+        finally:
+            second.shutdown()
+    finally:
+        first.handover = remote.KernelHandover()  # end the kernel with the first copy
+        first.shutdown()

@@ -132,7 +132,8 @@ def gateway_project(folder: Path, **gateway: object) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     config = {
         "execution": {"memory_limit": MEMORY_LIMIT, "disk_limit": DISK_LIMIT, "max_processes": MAX_PROCESSES, "sandbox": "bubblewrap"},
-        "gateway": {"max_kernels_per_user": MAX_KERNELS_PER_USER, **gateway},
+        # A kernel nobody holds makes room once quiet 2 s (10 unless set): the kernels-per-user test waits that out.
+        "gateway": {"max_kernels_per_user": MAX_KERNELS_PER_USER, "eviction_grace": 2, **gateway},
     }
     (folder / "taskweaver_config.yaml").write_text(yaml.safe_dump(config), encoding="utf-8")
     return folder

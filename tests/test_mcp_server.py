@@ -24,7 +24,10 @@ from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp_types import CallToolResult
 
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.errors import SessionBusyError
 from taskweaver_lite.session.workspace import Workspace
+from taskweaver_lite.store.lock import SessionLock
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, last_user_text, planner_reply
 
 pytestmark = pytest.mark.cli
@@ -233,7 +236,8 @@ def test_a_session_the_host_leaves_idle_is_released_and_close_session_releases_o
         async with agent(project, "--set", "mcp.session_idle_timeout=2") as client:
             idle = await client.call_tool("ask", {"question": "set x"})
             assert idle.structured_content is not None
-            await anyio.sleep(4)  # past the setting: released while the host stays connected
+            # Past the setting (looked at every half second) it is released while the host stays connected: its lock is free.
+            await anyio.to_thread.run_sync(functools.partial(released_within, 60, project, idle.structured_content["session_id"]))
             done = await anyio.to_thread.run_sync(resumed_in_a_chat, idle.structured_content["session_id"])
             assert done.returncode == 0 and "The answer is 82." in done.stdout, done.stderr
             closed = await client.call_tool("ask", {"question": "set x"})
@@ -247,6 +251,19 @@ def test_a_session_the_host_leaves_idle_is_released_and_close_session_releases_o
             assert again.structured_content is not None and again.structured_content["answer"] == "The answer is 82."
 
     anyio.run(scenario)
+
+
+def released_within(seconds: float, project: Path, session_id: str) -> None:
+    """Until this process can take the session's lock (no other process has it open); AssertionError after `seconds`."""
+    lock = load_config(project).store_path
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            SessionLock(lock.with_name(lock.name + ".locks") / f"{session_id}.lock", session_id=session_id).release()
+            return
+        except SessionBusyError:
+            assert time.monotonic() < deadline, f"the idle session {session_id} was not released within {seconds} s"
+            time.sleep(0.1)
 
 
 def test_ask_links_only_the_files_its_own_cells_wrote_not_a_replays_nor_a_strangers(project: Path) -> None:

@@ -38,7 +38,10 @@ def planner(messages: list[dict[str, Any]]) -> str:
 
 
 def coder(messages: list[dict[str, Any]]) -> str:
-    return code_reply(f"import time\ntime.sleep({6 if 'Wait long' in last_user_text(messages) else 1.5})\nprint(42)")
+    """Each cell takes a while (1.5 s); the slow one runs until the test makes the file `go` in its working folder, however busy the machine."""
+    if "Wait long" in last_user_text(messages):
+        return code_reply("import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.05)\nprint(42)")
+    return code_reply("import time\ntime.sleep(1.5)\nprint(42)")
 
 
 @pytest.fixture
@@ -180,6 +183,8 @@ def test_an_ask_cancelled_while_it_waits_for_a_free_session_gives_its_place_back
 
                     group.start_soon(wait_then_stop)
                     await client.call_tool("ask", {"question": "another"}, progress_callback=second_progress)
+                for working in (project / "sessions").glob("*/cwd"):  # the slow one may finish now: the other ask was cancelled while it waited
+                    (working / "go").touch()
             with anyio.fail_after(WAIT):  # the slow one answered; the cancelled one's place is free for the next
                 answers.append(await client.call_tool("ask", {"question": "the next one"}))
 

@@ -16,9 +16,11 @@ from helpers import make_project
 
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.errors import ConfigError
-from taskweaver_lite.records.events import Folded, ModelCalled
+from taskweaver_lite.records.conversation import Post, Round
+from taskweaver_lite.records.events import Folded, ModelCalled, PostAdded, RoundStarted
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.store.interface import Lease
+from taskweaver_lite.store.recorder import StoreRecorder
 from taskweaver_lite.web.leases import Hold, LeaseBusy, Leases
 from taskweaver_lite.web.metrics import Metrics
 from taskweaver_lite.web.replica import check_replica_setup
@@ -230,6 +232,44 @@ def test_the_next_request_on_the_replica_holding_the_lease_waits_for_it_there_no
         leases.release(following)
     finally:
         leases.close()
+        store.close()
+
+
+def test_the_answered_mark_goes_in_the_answers_own_write_and_a_contender_then_waits_for_the_bookkeeping(tmp_path: Path) -> None:
+    taken: list[str] = []
+
+    class Counted(SessionStore):
+        def take_lease(self, session_id: str, holder: str, *, seconds: float) -> Lease | None:
+            taken.append(session_id)
+            return super().take_lease(session_id, holder, seconds=seconds)
+
+    store = Counted(tmp_path / "sessions.db")
+    store.create_session("s1", started=time.time())
+    holder, contender = Leases(store, seconds=5, wait=30), Leases(store, seconds=5, wait=30)
+    try:
+        hold = holder.take("s1")
+        recorder = StoreRecorder(store, "s1")
+        mark = holder.answer_mark(hold)
+        recorder.mark_answer(mark)
+        rnd = Round(index=1, user_query="set x")
+        recorder.record(RoundStarted(rnd))
+        recorder.record(PostAdded(rnd, Post(send_from="Planner", send_to="CodeInterpreter", message="x = 1")))
+        assert store.lease("s1:answered") is None and not recorder.marked(mark), "not before the answer"
+        with pytest.raises(LeaseBusy):
+            contender.take("s1")  # still answering: refused at once
+        recorder.record(PostAdded(rnd, Post(send_from="Planner", send_to="User", message="done")))
+        stored = store.lease("s1:answered")
+        assert recorder.marked(mark) and stored is not None and stored.holder == hold.holder, "taken in the answer's write"
+        taken.clear()
+        holder.answered(hold, stored=True)
+        assert taken == [], "no statement of its own"
+        threading.Timer(0.5, holder.release, args=(hold,)).start()
+        following = contender.take("s1")  # waits for the bookkeeping, then runs
+        assert following.holder != hold.holder and store.lease("s1:answered") is None, "the mark went with the lease"
+        contender.release(following)
+    finally:
+        holder.close()
+        contender.close()
         store.close()
 
 

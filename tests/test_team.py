@@ -21,12 +21,12 @@ from typing import Any
 import httpx
 import pytest
 
-from taskweaver_lite.store.interface import INTERRUPTED_ERROR
+from taskweaver_lite.store.interface import INTERRUPTED_ERROR, StoredSession
 from taskweaver_lite.store.postgres import PostgresStore
 from taskweaver_lite.testing.kernel_gateway import Gateway, sandbox_gateway
 from taskweaver_lite.testing.postgres_cluster import PostgresCluster
 from taskweaver_lite.testing.replicas import ServeProcess, run_code_model, write_team_project
-from taskweaver_lite.testing.scripted_server import Reply, ScriptedServer, summary_reply
+from taskweaver_lite.testing.scripted_server import ScriptedServer, summary_reply
 
 pytestmark = pytest.mark.team
 
@@ -264,10 +264,17 @@ def test_sigterm_lets_the_running_request_finish_then_the_replica_exits(team: Te
     with team.client(0) as first, team.client(1) as second:
         session_id = first.post("/api/sessions", json={}).json()["id"]
         result: list[tuple[int, list[dict[str, Any]]]] = []
-        code = "RUN<<import time\nprint('started', flush=True)\ntime.sleep(3)\nfinal = 1\nprint('finished')>>"
+        # The cell runs until the test has seen the replica stopping with it under way, however busy the machine.
+        code = "RUN<<import os, time\nprint('started', flush=True)\nwhile not os.path.exists('go'):\n    time.sleep(0.05)\nfinal = 1\nprint('finished')>>"
         running, printed = _ask_watching_output(first, session_id, code, "started", result)
         assert printed.wait(60), f"the cell never started: {result}"
         team.replicas[0].terminate()
+        deadline = time.monotonic() + 30
+        while (health := first.get("/healthz")).status_code == 200:
+            assert time.monotonic() < deadline, "the replica never began to stop"
+            time.sleep(0.05)
+        assert health.json()["status"] == "stopping" and running.is_alive() and not result, "precondition: it stops with the request under way"
+        (team.gateway.root / "taskweaver_sessions" / session_id / "go").touch()
         running.join(60)
         assert result and result[0][0] == 200 and "finished" in result[0][1][-1]["text"], result
         # It exits on its own once drained (uvicorn passes the signal on: 128 + SIGTERM), without a traceback.
@@ -396,27 +403,53 @@ def test_a_fold_still_running_when_a_replica_lets_go_of_a_session_never_lands_ov
         session_id = first.post("/api/sessions", json={}).json()["id"]
         for n in range(4):
             answer(first, session_id, f"RUN<<v{n} = {n}>>")
-        # The fifth round starts a fold of rounds 1-2 (2 folded, 3 kept) that outlasts serve.lease_wait (5 s here).
-        team.model.set_default("compression", Reply(content=summary_reply("STALE: from the replica that let go.", []), delay=8))
+        # The fifth round starts a fold of rounds 1-2 (2 folded, 3 kept) that outlasts serve.lease_wait (5 s here): its
+        # answer is held until the second replica has taken the session over and stored its own fold, however busy the machine.
+        release = threading.Event()
+
+        def stale(messages: list[dict[str, Any]]) -> str:
+            release.wait(120)
+            return summary_reply("STALE: from the replica that let go.", [])
+
+        team.model.set_default("compression", stale)
         try:
             answer(first, session_id, "RUN<<v4 = 4>>")
         finally:
             run_code_model(team.model)
-        answered = time.monotonic()
-        while (outcome := ask(second, session_id, "just a question"))[0] == 409:  # the first replica's bookkeeping, up to lease_wait
-            assert time.monotonic() - answered < 20, "the first replica must let go of the session once serve.lease_wait has passed"
-            time.sleep(0.5)
-        assert outcome[0] == 200 and outcome[1][-1]["type"] == "answer", outcome[1][-1]
-        time.sleep(max(0.0, answered + 10 - time.monotonic()))  # past the moment the first replica's slow fold returns
-        store = PostgresStore(team.store_url)
         try:
-            stored = store.load(session_id)
+            answered = time.monotonic()
+            while (outcome := ask(second, session_id, "just a question"))[0] == 409:  # the first replica's bookkeeping, up to lease_wait
+                assert time.monotonic() - answered < 20, "the first replica must let go of the session once serve.lease_wait has passed"
+                time.sleep(0.5)
+            assert outcome[0] == 200 and outcome[1][-1]["type"] == "answer", outcome[1][-1]
+            deadline = time.monotonic() + 60
+            while not _own_fold(stored := _stored(team, session_id)):
+                assert time.monotonic() < deadline, f"the second replica never stored its own fold: {stored.compression}"
+                time.sleep(0.2)
         finally:
-            store.close()
-        summaries = {role: state["summary"] for role, state in stored.compression.items()}
-        assert not any("STALE" in text for text in summaries.values()), f"a replica that let go of the session wrote its fold over the store: {summaries}"
-        assert stored.compression["planner"]["folded_through"] >= 2 and "The user ran code." in summaries["planner"], "the second replica's own fold stays"
+            release.set()  # the first replica's fold returns now, after the second one's landed
+        watched = time.monotonic() + 2  # what it would write, it writes as its answer arrives
+        while time.monotonic() < watched:
+            summaries = {role: state["summary"] for role, state in _stored(team, session_id).compression.items()}
+            assert not any("STALE" in text for text in summaries.values()), f"a replica that let go of the session wrote its fold over the store: {summaries}"
+            time.sleep(0.2)
+        stored = _stored(team, session_id)
+        assert _own_fold(stored), "the second replica's own fold stays"
         assert [r.state for r in stored.rounds] == ["finished"] * 6
+
+
+def _stored(team: Team, session_id: str) -> StoredSession:
+    store = PostgresStore(team.store_url)
+    try:
+        return store.load(session_id)
+    finally:
+        store.close()
+
+
+def _own_fold(stored: StoredSession) -> bool:
+    """The Planner's summary covers rounds 1-2 and is the code model's own (not the stale one)."""
+    planner = stored.compression.get("planner", {})
+    return bool(planner.get("folded_through", 0) >= 2 and "The user ran code." in planner.get("summary", ""))
 
 
 def test_a_request_cut_short_by_the_drain_timeout_is_marked_cut_off_not_cancelled(team: Team) -> None:

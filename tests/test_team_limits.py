@@ -156,12 +156,22 @@ def test_twelve_first_requests_at_once_from_one_user_run_the_first_eight_and_ref
     try:
         sessions = [client.post("/api/sessions", json={}).json()["id"] for client in clients]
         assert not list((service.gateway.root / "taskweaver_sessions").glob("*")), "a session never asked anything has no kernel, nor a folder"
-        # Each cell counts its own runs in its session's folder, and holds its kernel busy a while.
-        code = "RUN<<import time\nopen('runs.txt', 'a').write('x')\nprint('runs', len(open('runs.txt').read()))\ntime.sleep(3)>>"
+        # Each cell counts its own runs in its session's folder, and holds its kernel busy until the test has seen the
+        # refusals come back and the kernels that run all running at once (however slowly a loaded machine starts them).
+        code = (
+            "RUN<<import os, time\nopen('runs.txt', 'a').write('x')\nprint('runs', len(open('runs.txt').read()))\n"
+            "while not os.path.exists('go'):\n    time.sleep(0.05)>>"
+        )
         kernels_counted = Watch(lambda: _kernels_counted(service.gateway))
         kernel_processes = Watch(lambda: _running_kernel_processes(service.gateway))
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
-            results = list(pool.map(lambda pair: ask(pair[0], pair[1], code), zip(clients, sessions, strict=True)))
+            asked = [pool.submit(ask, client, session_id, code) for client, session_id in zip(clients, sessions, strict=True)]
+            deadline = time.monotonic() + 120  # past it, the cells are let go all the same: the checks below say what went wrong
+            while time.monotonic() < deadline and (sum(future.done() for future in asked) < 12 - KERNELS_PER_USER or kernel_processes.most < KERNELS_PER_USER):
+                time.sleep(0.1)
+            for folder in (service.gateway.root / "taskweaver_sessions").glob("*"):
+                (folder / "go").touch()
+            results = [future.result() for future in asked]
         counted, running = kernels_counted.stop(), kernel_processes.stop()
         assert counted <= KERNELS_PER_USER and running <= KERNELS_PER_USER, f"never more kernels than the limit: {counted} counted, {running} running"
         assert running == KERNELS_PER_USER, f"the eight kernels that ran were seen running at once ({running}): the count sees kernels"
@@ -284,8 +294,9 @@ def test_a_store_outage_is_answered_at_once_and_the_service_is_back_within_secon
         postgres_cluster.stop()
         waits: list[float] = []
         try:
-            # Long enough for a pool's growing back-off (1, 2, 4, 8 s...) to put its next try 15 s past the restart.
-            outage_ends = time.monotonic() + 16
+            # Long enough that retries growing from 1 s (1, 2, 4, 8 s: tries at about 1, 3, 7 and 15 s) would put the next
+            # one some 7 s past the restart, well past the 4 s the service has to be back in (seen failing so at 7.6 s).
+            outage_ends = time.monotonic() + 8
             while time.monotonic() < outage_ends:
                 for client in (first, second):
                     began = time.monotonic()
@@ -293,7 +304,7 @@ def test_a_store_outage_is_answered_at_once_and_the_service_is_back_within_secon
                     waits.append(time.monotonic() - began)
                     assert down.status_code == 503 and "store" in down.json()["error"] and "\n" not in down.json()["error"], down.text
                     assert client.get("/healthz").status_code == 503
-                time.sleep(0.1)  # some eighty requests per replica over the outage: enough to see each answered at once, without a busy loop
+                time.sleep(0.1)  # some forty requests per replica over the outage: enough to see each answered at once, without a busy loop
         finally:
             postgres_cluster.start_again()
         restarted = time.monotonic()

@@ -32,7 +32,7 @@ from taskweaver_lite.records.events import FileLoaded, Folded, ModelCalled, Post
 from taskweaver_lite.records.execution import ExecutionResult
 from taskweaver_lite.session.export import export_notebook
 from taskweaver_lite.store.database import SessionStore
-from taskweaver_lite.store.interface import EVENTS_CHANNEL, Store
+from taskweaver_lite.store.interface import EVENTS_CHANNEL, LeaseMark, Store
 from taskweaver_lite.store.postgres import CONNECT_TIMEOUT_SECONDS, PostgresStore
 from taskweaver_lite.store.postgres_schema import MIGRATIONS as POSTGRES_MIGRATIONS
 from taskweaver_lite.store.postgres_schema import SCHEMA_VERSION
@@ -197,6 +197,23 @@ def test_a_lease_freed_by_its_holder_tells_the_next_one_the_sessions_newest_even
     after = store.take_lease("s", "replica-a/2", seconds=30)
     assert after is not None and after.version == -1, "a lease that ran out says nothing of what its holder wrote: the store is read"
     assert store.take_lease("s", "replica-a/2", seconds=30) is not None, "its holder takes it again"
+
+
+def test_an_answers_write_takes_the_lease_mark_with_it_over_an_earlier_one_and_a_failed_write_takes_none(store: Store) -> None:
+    started(store, "s")
+    assert store.take_lease("s:answered", "replica-a/1", seconds=30) is not None  # a mark an earlier holder left behind
+    store.take_lease("s", "replica-b/1", seconds=30)
+    rnd = Round(index=2, user_query="again")
+    answer = Post(send_from="Planner", send_to="User", message="done")
+    store.record("s", PostAdded(rnd, answer), shown=[{"type": "answer"}], mark=LeaseMark("s:answered", "replica-b/1", 30))
+    marked = store.lease("s:answered")
+    assert marked is not None and marked.holder == "replica-b/1" and marked.expires > time.time() + 20, "taken in the answer's write, for its term"
+    assert [e.data for e in store.events_after("s", 0)][-1] == {"type": "answer"}
+    assert store.release_lease("s", "replica-b/1", marks=[":answered"]) > 0
+    assert store.lease("s:answered") is None, "freed with the lease"
+    with pytest.raises(StoreError):
+        store.record("gone", shown=[{"type": "answer"}], mark=LeaseMark("gone:answered", "replica-b/2", 30))
+    assert store.lease("gone:answered") is None, "a write refused as a whole takes no mark"
 
 
 def test_eval_results_and_kernel_ids_are_kept(store: Store) -> None:

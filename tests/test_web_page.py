@@ -7,9 +7,11 @@ what the browser shows (the README's screenshot comes from here).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from chromium import NEEDS_CHROMIUM, chromium
@@ -29,10 +31,25 @@ PLOT = (
 )
 
 
-@pytest.fixture
-def browser() -> Iterator[object]:
+@pytest.fixture(scope="module")
+def chromium_for_the_module() -> Iterator[Any]:
+    """One Chromium for the module's tests (a start costs about a second of CPU): each test's server is a new origin."""
     with chromium() as driver:
         yield driver
+
+
+@pytest.fixture
+def browser(chromium_for_the_module: Any) -> Iterator[object]:
+    """The module's Chromium on a blank page, left there again after the test, with no dialog open and no cookie kept."""
+    from selenium.common.exceptions import NoAlertPresentException
+
+    driver = chromium_for_the_module
+    driver.get("about:blank")
+    yield driver
+    with contextlib.suppress(NoAlertPresentException):
+        driver.switch_to.alert.dismiss()  # a test that failed with its dialog open
+    driver.get("about:blank")
+    driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
 
 
 def test_ask_in_the_page_and_see_the_answer_and_the_plot(tmp_path: Path, browser: object) -> None:

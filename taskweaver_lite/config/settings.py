@@ -747,6 +747,12 @@ class GatewayConfig(_Section):
     max_kernels_per_user: int | None = Field(
         8, ge=1, description="kernels the gateway runs at once for one user (KERNEL_USERNAME, sent by serve); one more is refused; null: no limit"
     )
+    eviction_grace: float = Field(
+        10.0,
+        ge=0,
+        description="seconds a kernel nobody holds must have been quiet before the gateway may end it to make room for its user's next one "
+        "(max_kernels_per_user): a replica attaching to a kernel opens its channels within it",
+    )
 
 
 class Config(_Section):

@@ -51,7 +51,7 @@ from taskweaver_lite.roles.team import TeamMember, build_team, show_tips
 from taskweaver_lite.roles.worker import RoleRequest, Turn
 from taskweaver_lite.safety.confirm import ConfirmCell
 from taskweaver_lite.safety.workfiles import CopyReport
-from taskweaver_lite.store.interface import INTERRUPTED_ERROR, SessionClaim, Store, StoredSession
+from taskweaver_lite.store.interface import INTERRUPTED_ERROR, LeaseMark, SessionClaim, Store, StoredSession
 from taskweaver_lite.store.recorder import StoreRecorder
 from taskweaver_lite.telemetry import tracing
 
@@ -342,6 +342,15 @@ class Session:
         """Write the model-call records the store's recorder still holds (before the store is changed under it)."""
         if self._recorder is not None:
             self._recorder.flush()
+
+    def mark_answer(self, mark: LeaseMark | None) -> None:
+        """Take the lease row `mark` in the store as the next answer is stored, in the answer's own write (None: none)."""
+        if self._recorder is not None:
+            self._recorder.mark_answer(mark)
+
+    def answer_marked(self, mark: LeaseMark) -> bool:
+        """Whether the answer's write took `mark` (False: it is still to take, by a statement of its own)."""
+        return self._recorder is not None and self._recorder.marked(mark)
 
     def live_variables(self) -> LiveVariables:
         """The kernel's variables now, most recently created or changed first, and names lost to restarts."""

@@ -75,6 +75,7 @@ class EventRows:
     files: list[list[Any]] = field(default_factory=list)
     states: dict[str, str] = field(default_factory=dict)  # role -> its compression state's JSON
     log: list[str] = field(default_factory=list)  # the event log's entries, JSON, in order
+    mark: Statement | None = None  # a lease row taken in the same write (the answered mark: `Store.record`'s `mark`)
 
     def add(self, event: Event, *, known_rounds: set[tuple[str, str]]) -> None:
         """Gather `event`'s rows (a round's row too unless `known_rounds` has it)."""
@@ -181,6 +182,8 @@ class EventRows:
             rows = [[self.session_id, role, state, self.now] for role, state in self.states.items()]
             upsert = " ON CONFLICT (session_id, role) DO UPDATE SET state = excluded.state, saved_at = excluded.saved_at"
             out.append(_insert("compression (session_id, role, state, saved_at)", rows, upsert))
+        if self.mark is not None:
+            out.append(self.mark)
         return out
 
     def log_insert(self) -> Statement | None:

@@ -198,6 +198,19 @@ class Lease:
     version: int = -1
 
 
+@dataclass(frozen=True)
+class LeaseMark:
+    """A lease row written with a write of events, in the same statement: `key` (a session id with a suffix) held by `holder` for `seconds`.
+
+    The lease's holder takes it as its answer is stored (the answered mark), rather than by a statement of its own;
+    written over any earlier one, since only the lease's holder writes its marks.
+    """
+
+    key: str
+    holder: str
+    seconds: float
+
+
 # The store's notice that a session has new events (payload: the session id), sent as they are committed.
 EVENTS_CHANNEL = "twl_events"
 
@@ -242,7 +255,12 @@ class Store(Protocol):
     # Sessions
     def create_session(self, session_id: str, *, started: float, owner: str | None = None, limit: int | None = None) -> None: ...
     def record(
-        self, session_id: str, *events: Event, shown: Sequence[dict[str, Any]] = (), compression: Mapping[str, dict[str, Any]] | None = None
+        self,
+        session_id: str,
+        *events: Event,
+        shown: Sequence[dict[str, Any]] = (),
+        compression: Mapping[str, dict[str, Any]] | None = None,
+        mark: LeaseMark | None = None,
     ) -> list[int]: ...
     def save_compression(self, session_id: str, role: str, state: dict[str, Any]) -> None: ...
     def save_overrides(self, session_id: str, overrides: list[str]) -> None: ...

@@ -11,7 +11,7 @@ from taskweaver_lite.errors import StoreError
 from taskweaver_lite.records.event_json import event_json
 from taskweaver_lite.records.events import CellPrinted, Event, FileLoaded, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, Working
 from taskweaver_lite.safety.workfiles import read_below
-from taskweaver_lite.store.interface import Store
+from taskweaver_lite.store.interface import LeaseMark, Store
 
 MAX_KEPT_BYTES = 50 * 1024 * 1024  # an artifact larger than this stays in its session folder only
 
@@ -29,6 +29,8 @@ class StoreRecorder:
     - The answer ends its round in the store: its write also logs the round's end, and the
       `RoundEnded` that follows for that round writes nothing more.
     - A fold's new compression state is saved in the write of its `Folded` event.
+    - A lease row to take as the answer is stored (`mark_answer`: the lease's answered mark on a
+      replica) goes in the answer's write, not in a statement of its own.
 
     `compression_state(role)` returns that role's CompressionState.to_dict(); with it, each fold also
     saves the role's new state. A store failure in a background thread is raised again on the next
@@ -55,6 +57,8 @@ class StoreRecorder:
         self._held: list[ModelCalled] = []
         self._held_lock = threading.Lock()
         self._ended_by_answer: str | None = None  # the round whose answer's write also ended it
+        self._answer_mark: LeaseMark | None = None  # taken in the next answer's write
+        self._marked: LeaseMark | None = None  # the mark the last answer's write took
 
     def __call__(self, event: Event) -> None:
         """Record `event` (the Listener signature)."""
@@ -90,13 +94,23 @@ class StoreRecorder:
             state = self._compression_state(fold.role) if self._compression_state is not None else None
             if state is not None:
                 states[fold.role] = state
+        mark = self._answer_mark if answer is not None else None
         if events or shown:
-            self.store.record(self.session_id, *events, shown=shown, compression=states)
+            self.store.record(self.session_id, *events, shown=shown, compression=states, mark=mark)
         if answer is not None:
             self._ended_by_answer = answer.round.id
+            self._answer_mark, self._marked = None, mark
         if self.store.keeps_files:
             for event in events:
                 self._keep_files(event)
+
+    def mark_answer(self, mark: LeaseMark | None) -> None:
+        """Take the lease row `mark` in the next answer's write (None: no row); what an earlier answer took is forgotten."""
+        self._answer_mark, self._marked = mark, None
+
+    def marked(self, mark: LeaseMark) -> bool:
+        """Whether the last answer's write took `mark`."""
+        return self._marked == mark
 
     def _already_ended(self, event: Event) -> bool:
         """A round's end that its answer's write already stored and logged."""

@@ -22,7 +22,7 @@ from taskweaver_lite.records.execution import Variable
 from taskweaver_lite.records.model_calls import Usage
 from taskweaver_lite.records.tips import Tip, TipKind
 from taskweaver_lite.store.event_rows import Connection, EventRows, to_json
-from taskweaver_lite.store.interface import INTERRUPTED_ERROR, FileKind, Lease, SessionEntry, StoredEvent, StoredSession
+from taskweaver_lite.store.interface import INTERRUPTED_ERROR, FileKind, Lease, LeaseMark, SessionEntry, StoredEvent, StoredSession
 from taskweaver_lite.store.user_queries import UserQueries
 from taskweaver_lite.store.users import Verifier
 
@@ -98,10 +98,16 @@ class SqlStore(UserQueries):
         """Hold `key`'s lock until the transaction ends (SQLite: its write transaction already is one at a time)."""
 
     def record(
-        self, session_id: str, *events: Event, shown: Sequence[dict[str, Any]] = (), compression: Mapping[str, dict[str, Any]] | None = None
+        self,
+        session_id: str,
+        *events: Event,
+        shown: Sequence[dict[str, Any]] = (),
+        compression: Mapping[str, dict[str, Any]] | None = None,
+        mark: LeaseMark | None = None,
     ) -> list[int]:
         """Write session events, `shown` (entries for the event log) and `compression` (roles' new states) in one write; the log entries' ids.
 
+        `mark`: a lease row taken in the same write (over any earlier one), when it writes anything.
         `Working`, `ReplyStreamed`, `CellPrinted` are progress only: they are not recorded. StoreError
         when the session is not stored.
         """
@@ -113,6 +119,12 @@ class SqlStore(UserQueries):
         rows.log = [to_json(item) for item in shown]
         if rows.empty:
             return []
+        if mark is not None:
+            rows.mark = (
+                f"INSERT INTO leases (session_id, holder, expires) VALUES (?, ?, {self.now_sql} + ?)"
+                " ON CONFLICT (session_id) DO UPDATE SET holder = excluded.holder, expires = excluded.expires",
+                [mark.key, mark.holder, mark.seconds],
+            )
         ids = self._write(rows)
         self._known_rounds |= {(session_id, round_id) for round_id in rows.rounds}  # only once committed: a rolled-back round row is made again
         return ids

@@ -170,7 +170,7 @@ class Hub:
             live = self._open_here(session_id)
             since = self.parts.store.last_event_id(session_id)
             heard = listener(live) if listener is not None else None
-            turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, None), listener=heard)
+            turn = live.ask(text, loop=loop, on_answer=functools.partial(self._answered, started, None, None), listener=heard)
             turn.since = since
             return turn
         with self._lock:
@@ -182,7 +182,10 @@ class Hub:
                 live.session.executor.start()  # a new session's kernel, at its first request: refused here (429, 503), not in the round
                 live.last_used = time.monotonic()
                 heard = listener(live) if listener is not None else None
-                answered, done = functools.partial(self._answered, started, hold), functools.partial(self._finish, live, hold)
+                mark = leases.answer_mark(hold)
+                live.session.mark_answer(mark)  # the lease's answered mark goes in the answer's own write
+                answered = functools.partial(self._answered, started, hold, lambda: live.session.answer_marked(mark))
+                done = functools.partial(self._finish, live, hold)
                 turn = live.ask(text, loop=loop, on_answer=answered, on_done=done, listener=heard)
                 turn.since = live.version
                 return turn
@@ -193,11 +196,14 @@ class Hub:
             with self._lock:
                 self._starting -= 1
 
-    def _answered(self, started: float, hold: Hold | None) -> None:
-        """A request's answer is stored and on its way: its time counted; on a replica, a contender may now wait for the lease."""
+    def _answered(self, started: float, hold: Hold | None, marked: Callable[[], bool] | None) -> None:
+        """A request's answer is stored and on its way: its time counted; on a replica, a contender may now wait for the lease.
+
+        `marked`: whether the answer's write took the lease's answered mark (else it is taken now).
+        """
         self.parts.metrics.answers.observe(time.monotonic() - started)
         if hold is not None and self.parts.leases is not None:
-            self.parts.leases.answered(hold)
+            self.parts.leases.answered(hold, stored=marked is not None and marked())
 
     @contextlib.contextmanager
     def using(self, session_id: str) -> Iterator[LiveSession]:
@@ -401,6 +407,8 @@ class Hub:
                     for context in contexts:
                         context.close()  # its fold's result is dropped when it returns
         finally:
+            if live is not None:
+                live.session.mark_answer(None)  # a request that ended without an answer leaves no mark to a later write
             # The copy is current with the store's newest event as the lease goes (read in the same statement):
             # everything since the lease was taken, this copy wrote. A copy without its folds, or a version
             # unknown (the store down), is -1: the next request here loads the session again.

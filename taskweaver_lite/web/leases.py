@@ -8,7 +8,7 @@ third of `serve.lease_timeout`; a replica that dies stops renewing, and its leas
 
 Taking a lease is one statement that exactly one contender wins. The loser is told at once (409)
 while the holder still answers; once the holder has answered (it marks that with a second row,
-`<id>:answered`, before the client has the answer), the loser waits for it to finish its
+`<id>:answered`, in the answer's own write, before the client has the answer), the loser waits for it to finish its
 bookkeeping, up to `serve.lease_wait` seconds, rather than send a person who typed quickly an
 error. The holder frees the lease and its mark in one statement; a loser that finds no mark tries
 once more before it refuses, since both may have gone between its two reads.
@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from taskweaver_lite.errors import StoreError
-from taskweaver_lite.store.interface import Store
+from taskweaver_lite.store.interface import LeaseMark, Store
 
 ANSWERED = ":answered"
 STOP = ":stop"  # a row naming (as its holder) the request that Stop was pressed for
@@ -118,11 +118,18 @@ class Leases:
                     raise LeaseBusy(BUSY)
                 self._freed.wait(timeout=left)
 
-    def answered(self, hold: Hold) -> None:
-        """The request has answered: a contender now waits for the bookkeeping rather than being refused."""
+    def answer_mark(self, hold: Hold) -> LeaseMark:
+        """The answered mark of `hold`'s request, for the store to take in the answer's own write (`Store.record`'s `mark`)."""
+        return LeaseMark(hold.session_id + ANSWERED, hold.holder, self._seconds)
+
+    def answered(self, hold: Hold, *, stored: bool = False) -> None:
+        """The request has answered: a contender now waits for the bookkeeping rather than being refused.
+
+        `stored`: the answer's write took the mark already (`answer_mark`); else it is taken here.
+        """
         marker = Hold(hold.session_id + ANSWERED, hold.holder)
         with contextlib.suppress(StoreError):  # only a contender's patience depends on it
-            if self._mark(marker.session_id, marker.holder):
+            if stored or self._mark(marker.session_id, marker.holder):
                 with self._lock:
                     self._held[marker.session_id] = marker
 

@@ -137,9 +137,11 @@ class GatewayExecutor(SessionKernel):
         """Go on with this kernel after another replica ran cells in it: its variables read again, its numbering after theirs.
 
         What the other replica's cells sent to this connection meanwhile is dropped unread, and its
-        output channel is seen to answer before anything is sent. False when
-        this is not the session's kernel any more (`kernel_id`, from the store), when it does not
-        answer, or when our helpers are gone from it: the session must then be loaded afresh.
+        output channel is seen to answer before the next cell: the request for the variables is the
+        probe (its status messages come back on that channel), and only when they do not come is the
+        channel asked again until it answers. False when this is not the session's kernel any more
+        (`kernel_id`, from the store), when it does not answer, or when our helpers are gone from it:
+        the session must then be loaded afresh.
         """
         if kernel_id is None or kernel_id != self.kernel.kernel_id or not self._ready.is_set() or self._start_error is not None:
             return False
@@ -152,11 +154,12 @@ class GatewayExecutor(SessionKernel):
                         self.kernel.drop_waiting()
                 if not self.kernel.connected:
                     self.kernel.connect()
-                # The kernel may have died and been restarted there: this connection's output channel then
-                # reconnects to the new one in its own time, and a cell sent before it has would lose its output.
-                self._await_iopub(time.monotonic() + self.config.kernel_start_timeout)
                 asked = {k: v for k, v in namespace.cell_expressions(".").items() if k != namespace.CWD}
-                reply = self._reply(self.kernel.execute("", user_expressions=asked, silent=True))
+                reply, heard = self._reply_heard(self.kernel.execute("", user_expressions=asked, silent=True))
+                if not heard:
+                    # The kernel may have died and been restarted there: this connection's output channel then
+                    # reconnects to the new one in its own time, and a cell sent before it has would lose its output.
+                    self._await_iopub(time.monotonic() + self.config.kernel_start_timeout)
             except GatewayError:
                 return False
             rows = namespace.snapshot_rows(reply or {})
@@ -457,6 +460,30 @@ class GatewayExecutor(SessionKernel):
                 content: dict[str, Any] = msg["content"]
                 return content
         return None
+
+    def _reply_heard(self, msg_id: str) -> tuple[dict[str, Any] | None, bool]:
+        """The shell reply to `msg_id` (None if none came within REPLY_WAIT), and whether its status came on the output channel.
+
+        The status is waited for up to IOPUB_PROBE past the reply (the kernel says "busy" before it
+        replies and "idle" after).
+        """
+        deadline = time.monotonic() + REPLY_WAIT
+        reply: dict[str, Any] | None = None
+        heard = False
+        while not (reply is not None and heard) and (left := deadline - time.monotonic()) > 0:
+            msg = self.kernel.receive(min(left, 1.0))
+            if msg is None:
+                continue
+            if _death(msg, booting=False):
+                raise GatewayError(f"The kernel on the gateway {self.kernel.url} died while answering.")
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            if msg.get("channel") == "shell":
+                reply = msg["content"]
+                deadline = min(deadline, time.monotonic() + IOPUB_PROBE)
+            elif msg.get("channel") == "iopub":
+                heard = True
+        return reply, heard
 
     def _stream(self, source: Path, target: str) -> None:
         """Write `source` to `<home>/<target>` through the kernel, a few chunks in flight at a time.

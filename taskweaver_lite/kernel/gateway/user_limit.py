@@ -9,8 +9,8 @@ at a time is decided, under that user's lock; other users' starts do not wait fo
 Past the limit, room is made by ending the user's least recently used kernel that nobody can be
 about to use: idle, no client holding its channels open (a replica holds a session's kernel open
 while it keeps the session in memory, from before its first cell until it lets go of the session),
-and quiet for `EVICTION_GRACE` seconds (a replica attaching to it opens its channels right after
-finding it). When there is none, the start is refused with HTTP 429 and a message naming the setting.
+and quiet for `gateway.eviction_grace` seconds (a replica attaching to it opens its channels right
+after finding it). When there is none, the start is refused with HTTP 429 and a message naming the setting.
 
 The gateway says one line for each refusal, eviction and cull, naming the user and the reason, and
 counts them for its `/metrics` (`KernelCounts`).
@@ -31,7 +31,6 @@ from traitlets import Unicode
 
 from taskweaver_lite.kernel.gateway.provisioner import OWNER_VARIABLE, SESSION_VARIABLE, USER_NAME_VARIABLE, project_config, safe_name
 
-EVICTION_GRACE = 10.0  # seconds a kernel must have been quiet before it may be ended to make room
 SETTING = "gateway.max_kernels_per_user"
 _log = logging.getLogger("taskweaver_lite.gateway")
 
@@ -109,13 +108,14 @@ class SandboxKernelManager(SeedingMappingKernelManager):  # type: ignore[misc]  
         return started
 
     async def _make_room(self, owned: Owned) -> None:
-        limit = project_config(self.project_dir).gateway.max_kernels_per_user if self.project_dir else None
-        if limit is None:
+        gateway = project_config(self.project_dir).gateway if self.project_dir else None
+        limit = gateway.max_kernels_per_user if gateway is not None else None
+        if gateway is None or limit is None:
             return
         theirs = [kernel_id for kernel_id, other in self.counts.kernels.items() if other.owner == owned.owner]
         if len(theirs) < limit:
             return
-        spare = sorted((kernel_id for kernel_id in theirs if self._nobody_uses(kernel_id)), key=self._last_activity)
+        spare = sorted((kernel_id for kernel_id in theirs if self._nobody_uses(kernel_id, grace=gateway.eviction_grace)), key=self._last_activity)
         if len(theirs) - len(spare) >= limit:
             self.counts.refused[owned.name] = self.counts.refused.get(owned.name, 0) + 1
             said = "refused a kernel to %s for session %s: %d kernels in use, the most %s (%d) allows"
@@ -131,13 +131,13 @@ class SandboxKernelManager(SeedingMappingKernelManager):  # type: ignore[misc]  
             self.counts.evicted[owned.name] = self.counts.evicted.get(owned.name, 0) + 1
             await self.shutdown_kernel(kernel_id)
 
-    def _nobody_uses(self, kernel_id: str) -> bool:
-        """Started, idle, no client holding its channels, quiet for EVICTION_GRACE seconds: nobody can be about to run a cell in it."""
+    def _nobody_uses(self, kernel_id: str, *, grace: float) -> bool:
+        """Started, idle, no client holding its channels, quiet for `grace` seconds: nobody can be about to run a cell in it."""
         if kernel_id not in self._kernels or not self.counts.kernels[kernel_id].started:
             return False
         kernel = self._kernels[kernel_id]
         connected = self._kernel_connections.get(kernel_id, 0)
-        return getattr(kernel, "execution_state", "") == "idle" and not connected and self._idle_seconds(kernel_id) >= EVICTION_GRACE
+        return getattr(kernel, "execution_state", "") == "idle" and not connected and self._idle_seconds(kernel_id) >= grace
 
     def _last_activity(self, kernel_id: str) -> datetime.datetime:
         return getattr(self._kernels[kernel_id], "last_activity", datetime.datetime.min.replace(tzinfo=datetime.timezone.utc))

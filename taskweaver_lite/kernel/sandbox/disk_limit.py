@@ -14,7 +14,10 @@ help (no quota, no loop-mounted filesystem; a size-capped tmpfs would not keep t
   container often lacks it) or a request to the kernel per cell: the watcher does that work;
 - a watcher measures the folders while the kernel lives, every few hundredths of a second
   while a cell runs (the walk's own time times twenty, when it is slower) and every second
-  between cells. Many small files pass any per-file cap: the watcher sees their total. Past
+  between cells, but never later than half the time the growth seen between its last two looks
+  would take to pass a limit: on a busy machine a walk waiting for a core takes long, and twenty
+  times that was time enough for a cell to write 100,000 small files past a 4 MB limit. Many
+  small files pass any per-file cap: the watcher sees their total. Past
   the limit it ends the kernel's child processes (a `dd`, a pool's workers: often the writers)
   and interrupts the running cell; the cell's result says the limit was reached, at what size,
   and which setting raises it, and the session goes on. Between cells, a total still growing
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import signal
 import stat
@@ -215,6 +219,8 @@ class DiskWatch:
         self._in_cell = False
         self._reached: Reached | None = None
         self._near = False  # the last look found past half the files limit: looked at again at once, the walk bounded
+        self._last: tuple[float, int, int] | None = None  # (monotonic time, bytes, entries) of the last look that measured
+        self._growth = (0.0, 0.0)  # bytes and entries per second between the last two looks
         self._allowed = limit
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -232,9 +238,40 @@ class DiskWatch:
         except OSError as exc:  # too many open files, an I/O error: what cannot be measured cannot be let pass
             return Reached(None, self.limit, f"the folders could not be walked ({exc.strerror or exc})")
         self._near = self.files is not None and count > self.files // 2  # bytes have RLIMIT_FSIZE besides; files only this count
+        self._note(size, count)
         if size > self.limit or (self.files is not None and count > self.files):
             return Reached(size, self.limit, files=count, files_limit=self.files)
         return size
+
+    def _note(self, size: int, count: int) -> None:
+        """Keep this look, and the pace the folders grew at since the one before (looks from any thread)."""
+        now, last = time.monotonic(), self._last
+        if last is not None and now > last[0]:
+            self._growth = ((size - last[1]) / (now - last[0]), (count - last[2]) / (now - last[0]))
+        self._last = (now, size, count)
+
+    def _until_reached(self) -> float:
+        """Seconds until what is allowed is passed, at the pace of the last two looks (inf: not growing)."""
+        if self._last is None:
+            return math.inf
+        _, size, count = self._last
+        per_byte, per_entry = self._growth
+        soonest = (self._allowed - size) / per_byte if per_byte > 0 else math.inf
+        if per_entry > 0 and self._allowed_files is not None:
+            soonest = min(soonest, (self._allowed_files - count) / per_entry)
+        return max(soonest, 0.0)
+
+    def _pause(self, walked: float, *, between: bool) -> float:
+        """Seconds to the next look, after a walk that took `walked` seconds.
+
+        The watcher walks a twentieth of its time at most, but near the files limit (a flood of small files,
+        on a gateway too, where no cell's edges are seen) it looks again at once: its walk stops at twice the
+        limit. And never later than half the time the last growth would take to pass a limit.
+        """
+        if self._near:
+            return FAST
+        pause = max(FAST if self._in_cell or between else SLOW, walked * _SLOWDOWN)
+        return min(pause, max(FAST, self._until_reached() / 2))
 
     def _past(self, now: Reached | int) -> Reached | None:
         """`now` if it is past what is allowed at this moment."""
@@ -302,9 +339,7 @@ class DiskWatch:
             if between and reached is not None:
                 self._allow(reached)  # between cells: told again, soon, if it grows further
                 told = False
-            # The watcher walks a twentieth of its time at most, but near the files limit (a flood of small files,
-            # on a gateway too, where no cell's edges are seen) it looks again at once: its walk stops at twice the limit.
-            pause = FAST if self._near else max(FAST if self._in_cell or between else SLOW, spent * _SLOWDOWN)
+            pause = self._pause(spent, between=between)
             while self._wake.wait(pause) and not self._stop.is_set():
                 # A cell began: `cell()` has just measured, so the next look is one short pause away.
                 self._wake.clear()
