@@ -65,7 +65,7 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     more keeps the cores busy while another waits (on two cores: 18 s with three workers, 22 s with
     two, 40 s in one process). Only with pytest-xdist installed (the `test` extra has it) and no `-n`
     given: `-n 0` runs it in one process. The other tiers run in one process unless `-n` is given
-    (`.ci/run` gives them five workers, with the tiers that run a model server beside them in one process).
+    (`.ci/run` gives them four workers, with the tiers that run a model server beside them in one process).
     """
     whole_tier = config.option.markexpr.strip() == "unit" and config.args_source is pytest.Config.ArgsSource.TESTPATHS
     if not whole_tier or hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):

@@ -95,7 +95,7 @@ def test_the_readme_set_up_commands_are_one_line_each_and_its_test_line_is_what_
     runs = [line for line in checks[4:] if " -m pytest " in line]
     assert runs == [
         'setsid nice -n 10 .venv/bin/python -m pytest -q -m "llama or real" >build/ci/models.log 2>&1 &',
-        '.venv/bin/python -m pytest -q -m "not unit and not llama and not real" -n 5 --dist loadfile',
+        '.venv/bin/python -m pytest -q -m "not unit and not llama and not real" -n 4 --dist loadfile',
     ], "then every other tier: the runs together are the whole suite"
     assert 'wait "$MODELS" || { cat build/ci/models.log; exit 1; }' in checks, "a failure of the model server's tiers fails the run"
     assert any(".venv/bin/mkdocs build --strict" in line for line in checks[6:]), "and the documentation, warnings as errors"
