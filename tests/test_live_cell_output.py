@@ -31,8 +31,11 @@ TICKS = (
 )
 
 
-def snapshots(screen: io.StringIO, stop: threading.Event, on_screen: Callable[[str], None]) -> list[tuple[float, str]]:
-    """The screen every 20 ms until `stop`, taken on a thread while the session runs on the test's; each is shown to `on_screen`."""
+def snapshots(screen: io.StringIO, stop: threading.Event, on_screen: Callable[[str], None]) -> tuple[list[tuple[float, str]], threading.Thread]:
+    """The screen every 20 ms until `stop`, and once more then, taken on a thread while the session runs on the test's; each is shown to `on_screen`.
+
+    The last one holds the lines that came after the thread's previous look (under load the cell's last line can
+    come and the session end between two looks)."""
     taken: list[tuple[float, str]] = []
 
     def take() -> None:
@@ -40,9 +43,11 @@ def snapshots(screen: io.StringIO, stop: threading.Event, on_screen: Callable[[s
             taken.append((time.monotonic(), screen.getvalue()))
             on_screen(taken[-1][1])
             time.sleep(0.02)
+        taken.append((time.monotonic(), screen.getvalue()))
 
-    threading.Thread(target=take, daemon=True).start()
-    return taken
+    thread = threading.Thread(target=take, daemon=True)
+    thread.start()
+    return taken, thread
 
 
 def run_cell(tmp_path: Path, server: ScriptedServer, code: str) -> tuple[io.StringIO, list[tuple[float, str]]]:
@@ -58,11 +63,12 @@ def run_cell(tmp_path: Path, server: ScriptedServer, code: str) -> tuple[io.Stri
             if "tick 0" in text and not go.exists():
                 go.touch()  # TICKS goes on once its first line was seen
 
-        taken = snapshots(screen, stop, on_screen)
+        taken, taking = snapshots(screen, stop, on_screen)
         try:
             session.ask("run the cell")
         finally:
             stop.set()
+            taking.join(10)
     return screen, taken
 
 
