@@ -69,8 +69,14 @@ _START_UP = "; ".join(
         # Plugin files import `taskweaver.plugin` / `taskweaver_lite.plugin`: both are this module in the kernel.
         load_by_path(plugin_runtime.MODULE_NAME, plugin_runtime.__file__),
         f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].register_shims()",
+        # The launcher kept the debugger out of the kernel's start (LAUNCHER); a cell that imports it gets it.
+        "_twl_s = __import__('sys'); _twl_s.modules.get('debugpy', 0) is None and _twl_s.modules.pop('debugpy'); del _twl_s",
     ]
 )
+# ipykernel's launcher, named as the argument after this code (so `ps` shows it), run without the debugger: ipykernel
+# imports debugpy (pydevd) at every start wherever it is installed (it depends on it), 0.08 s of CPU of a 0.28 s start,
+# for a debugger nothing attaches to here. ipykernel finds it missing and starts without one.
+LAUNCHER = "import runpy, sys; sys.modules['debugpy'] = None; runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
 # pandas' display width from TASKWEAVER_DISPLAY_WIDTH (see display.py); loaded the same way.
 _SET_DISPLAY = (
     "import importlib.util as _twl_u; "
@@ -135,7 +141,7 @@ class InterpreterKernelManager(KernelManager):
 
     def _build_spec(self) -> KernelSpec:
         argv = [
-            self.python, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+            self.python, "-c", LAUNCHER, "ipykernel_launcher", "-f", "{connection_file}",
             # Sessions keep their own record; IPython's shared SQLite history only adds lock contention.
             "--HistoryManager.hist_file=:memory:",
             # `ls -la` would run the shell through automagic, and it parses as Python (`ls - la`).
