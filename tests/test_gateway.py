@@ -275,8 +275,7 @@ def test_sigterm_to_the_owning_process_shuts_the_kernel_down_on_the_gateway(gate
         import time
         from pathlib import Path
         from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
-        from taskweaver_lite.kernel.gateway.kernel import GatewayKernel
-from taskweaver_lite.kernel.gateway.remote import GatewayExecutor
+        from taskweaver_lite.kernel.gateway.remote import GatewayExecutor
         gateway = KernelGatewayConfig(url={gateway.url!r}, token={gateway.token!r})
         executor = GatewayExecutor(Path({str(tmp_path)!r}), config=ExecutionConfig(), gateway=gateway)
         executor.wait_ready()
