@@ -375,7 +375,12 @@ def test_a_new_follower_waits_for_a_write_under_way_so_that_its_next_read_holds_
     followed = threading.Event()
     with psycopg.connect(postgres_url) as writer:  # a write of events under way: checked for followers, not committed
         assert writer.execute("SELECT taskweaver_lite_events_logged('s')").fetchone() == (False,)
-        follower = threading.Thread(target=lambda: (store.follow("s", "replica-1", seconds=60), followed.set()))
+
+        def follow() -> None:
+            store.follow("s", "replica-1", seconds=60)
+            followed.set()
+
+        follower = threading.Thread(target=follow)
         follower.start()
         assert not followed.wait(1.0), "a follower registered while a write that did not notice it was still under way"
         writer.commit()
