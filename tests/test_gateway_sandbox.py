@@ -57,8 +57,12 @@ class Cells:
     def __init__(self, gateway: Gateway, *, session: str, owner: str, kernel_name: str | None = None) -> None:
         self.kernel = GatewayKernel(KernelGatewayConfig(url=gateway.url, token=gateway.token, kernel_name=kernel_name, connect_timeout=60))
         self.kernel_id = self.kernel.start(env={SESSION_VARIABLE: session, OWNER_VARIABLE: owner})
-        self.kernel.connect()
-        self._await_output()
+        try:
+            self.kernel.connect()
+            self._await_output()
+        except BaseException:
+            self.kernel.release()  # its connections closed here, not by the garbage collector in the middle of another test
+            raise
         # As the replica's start-up code does: into the session's folder, by the same relative path on any gateway.
         self.run(f"import os\nos.makedirs('taskweaver_sessions/{session}', exist_ok=True)\nos.chdir('taskweaver_sessions/{session}')")
 
@@ -389,15 +393,20 @@ def test_a_kernel_gone_from_the_gateway_between_cells_is_replaced_and_its_variab
 
 
 def test_an_idle_kernel_is_culled(tmp_path: Path) -> None:
-    project = gateway_project(tmp_path / "project", cull_idle_timeout=2, cull_interval=1)
+    # Idle 5 s, not less: a kernel is idle from its start until its connection opens, and under CI's load (a load
+    # average of 11) a sandboxed kernel's start and connection took over 2 s, so a 2 s timeout culled it before the test
+    # could use it.
+    project = gateway_project(tmp_path / "project", cull_idle_timeout=5, cull_interval=1)
     with sandbox_gateway(project) as gateway:
         cells = Cells(gateway, session="idle-s", owner="frank")
-        cells.kernel.disconnect()  # as a replica does when it lets go of the session: a connected kernel is never culled
-        deadline = time.monotonic() + 60
-        while _running(gateway, cells.kernel_id):
-            assert time.monotonic() < deadline, "the idle kernel was still there a minute later"
-            time.sleep(1)
-        cells.kernel.release()
+        try:
+            cells.kernel.disconnect()  # as a replica does when it lets go of the session: a connected kernel is never culled
+            deadline = time.monotonic() + 60
+            while _running(gateway, cells.kernel_id):
+                assert time.monotonic() < deadline, "the idle kernel was still there a minute later"
+                time.sleep(0.5)
+        finally:
+            cells.kernel.release()
 
 
 def test_the_gateway_will_not_listen_beyond_loopback_without_a_token(tmp_path: Path) -> None:
