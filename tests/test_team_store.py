@@ -15,6 +15,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -319,12 +320,74 @@ def test_urls_and_driver_messages_lose_their_passwords() -> None:
 def test_appending_to_a_sessions_event_log_notifies_the_other_replicas_once_per_write(postgres_url: str) -> None:
     store = PostgresStore(postgres_url)
     started(store, "s")
+    store.notices().follow("s")  # an event stream of the session is open on some replica
     with psycopg.connect(postgres_url, autocommit=True) as listener:
         listener.execute("LISTEN twl_events")
         store.record("s", shown=[{"type": "post", "text": "one"}, {"type": "post", "text": "two"}])
         store.record("s", ModelCalled("planner", 10, 2, 0.1, ok=True))  # nothing for the log: no notice
         heard = [n.payload for n in listener.notifies(timeout=2.0)]
     assert heard == ["s"], "each write that appends to the log tells the other replicas, once, by the session's id"
+
+
+def _heard_until_the_end(listener: psycopg.Connection[Any]) -> list[str]:
+    """The event notices `listener` got, up to an `end` sent last (notices come in the order their writes committed)."""
+    listener.execute("SELECT pg_notify('twl_events', 'end')")
+    heard: list[str] = []
+    for notice in listener.notifies(timeout=10.0):
+        if notice.payload == "end":
+            return heard
+        heard.append(notice.payload)
+    raise AssertionError(f"the closing notice never came (heard {heard})")
+
+
+@pytest.mark.postgres
+def test_a_write_of_events_notices_only_while_some_replica_follows_its_session(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url)
+    for session_id in ("a", "b"):
+        started(store, session_id)
+    here, there = store.notices(), store.notices()  # two replicas
+    shown = [{"type": "post", "text": "one"}]
+    with psycopg.connect(postgres_url, autocommit=True) as listener:
+        listener.execute("LISTEN twl_events")
+        store.record("a", shown=shown)  # nobody follows either session: no replica is woken
+        here.follow("b")
+        here.follow("b")  # two streams of it on one replica
+        there.follow("b")
+        store.record("a", shown=shown)
+        store.record("b", shown=shown)
+        assert _heard_until_the_end(listener) == ["b"], "only the followed session's write notices"
+        here.unfollow("b")
+        there.unfollow("b")
+        store.record("b", shown=shown)
+        assert _heard_until_the_end(listener) == ["b"], "followed while one stream of it is still open"
+        here.unfollow("b")
+        store.record("b", shown=shown)
+        assert _heard_until_the_end(listener) == [], "once the last stream of it has ended, nobody is woken"
+        with psycopg.connect(postgres_url, autocommit=True) as db:
+            assert db.execute("SELECT COUNT(*) FROM followers").fetchone() == (0,), "no row is left behind"
+
+
+@pytest.mark.postgres
+def test_a_new_follower_waits_for_a_write_under_way_so_that_its_next_read_holds_that_write(postgres_url: str) -> None:
+    """A write that found nobody following commits before a follower registers: the follower's first read then has it."""
+    store = PostgresStore(postgres_url)
+    started(store, "s")
+    followed = threading.Event()
+    with psycopg.connect(postgres_url) as writer:  # a write of events under way: checked for followers, not committed
+        assert writer.execute("SELECT taskweaver_lite_events_logged('s')").fetchone() == (False,)
+
+        def follow() -> None:
+            store.follow("s", "replica-1", seconds=60)
+            followed.set()
+
+        follower = threading.Thread(target=follow)
+        follower.start()
+        assert not followed.wait(1.0), "a follower registered while a write that did not notice it was still under way"
+        writer.commit()
+    assert followed.wait(10), "registered once that write committed"
+    follower.join()
+    with psycopg.connect(postgres_url) as writer:
+        assert writer.execute("SELECT taskweaver_lite_events_logged('s')").fetchone() == (True,), "the next write notices it"
 
 
 @pytest.mark.postgres
@@ -339,6 +402,7 @@ def test_the_stores_notices_carry_a_sessions_new_events_and_the_servers_own_mess
         while not notices.connected and time.monotonic() < deadline:
             time.sleep(0.05)
         assert notices.connected, "the LISTEN connection did not come up"
+        notices.follow("s")  # an event stream of the session is open here
         store.record("s", shown=[{"type": "post", "text": "one"}])
         assert heard.get(timeout=10) == ("events", "s"), "an append to the event log reaches the listeners as the session's id"
         store.notices().send("twl_stop", "s")
@@ -501,7 +565,7 @@ def test_a_postgresql_store_from_before_expiring_tokens_is_upgraded_and_its_toke
     finally:
         store.close()
     with psycopg.connect(postgres_url) as conn:
-        assert conn.execute("SELECT version FROM taskweaver_lite_schema").fetchall() == [(SCHEMA_VERSION,)] and SCHEMA_VERSION == 6
+        assert conn.execute("SELECT version FROM taskweaver_lite_schema").fetchall() == [(SCHEMA_VERSION,)] and SCHEMA_VERSION == 7
 
 
 def test_a_store_from_before_user_ids_gives_its_users_ids_and_their_sessions_follow_them(store: Store) -> None:

@@ -118,6 +118,25 @@ MIGRATIONS: list[Migration] = [
         # was freed, so the next request reads it as it takes the lease (-1: not freed so).
         "ALTER TABLE leases ADD COLUMN version BIGINT NOT NULL DEFAULT -1",
     ),
+    (
+        # Version 7 (PostgreSQL's alone: the SQLite file has no notices): the replicas following each session's events
+        # (an event stream open there), for as long as they renew their row. A write of events notices them only when
+        # some replica follows the session (`twl_events` is store/interface.py's EVENTS_CHANNEL). The check reads the
+        # followers in a snapshot of its own, under a lock on the session's events that a new follower takes
+        # exclusively (`PostgresStore.follow`): a write checks after it registered, or it registers after the
+        # write committed, and then reads what it wrote.
+        """CREATE TABLE followers (
+            session_id TEXT NOT NULL, follower TEXT NOT NULL, expires DOUBLE PRECISION NOT NULL, PRIMARY KEY (session_id, follower))""",
+        """CREATE FUNCTION taskweaver_lite_events_logged(sid TEXT) RETURNS BOOLEAN LANGUAGE plpgsql VOLATILE AS $$
+            BEGIN
+                PERFORM pg_advisory_xact_lock_shared(hashtextextended('taskweaver-lite events of ' || sid, 0));
+                IF EXISTS (SELECT 1 FROM followers WHERE session_id = sid AND expires >= extract(epoch from clock_timestamp())) THEN
+                    PERFORM pg_notify('twl_events', sid);
+                    RETURN TRUE;
+                END IF;
+                RETURN FALSE;
+            END $$""",
+    ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
