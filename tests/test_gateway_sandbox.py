@@ -204,18 +204,29 @@ ATTACKS = {
         "for path in glob.glob('/proc/[0-9]*/environ') + glob.glob('/proc/[0-9]*/cmdline'):\n"
         "    try:\n        print(open(path, 'rb').read().replace(b'\\0', b' ').decode(errors='replace'))\n    except OSError:\n        pass\n"
     ),
+    # Every kernel file under the gateway's root, and every kernel a process of the gateway runs (by its command line).
+    # Only those: where nothing stops it, this attack reaches every kernel of the machine, and another test's kernel
+    # asked to run a failing cell would drop what its own client had queued behind it.
     "connection-files": lambda a, port, ports: (
         "import glob, json, os\n"
         "from jupyter_client import BlockingKernelClient\n"
         "from ipykernel.connect import get_connection_file\n"
         "mine = os.path.realpath(get_connection_file())\n"
-        f"found = glob.glob('{a.root}/**/*.json', recursive=True) + glob.glob('/root/.local/share/jupyter/runtime/*.json')\n"
+        "def of_the_gateway(pid):\n"
+        "    for _ in range(64):\n"
+        f"        if pid == {a.gateway.pid}:\n            return True\n"
+        "        try:\n            pid = int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1])\n"
+        "        except (OSError, ValueError, IndexError):\n            return False\n"
+        "    return False\n"
+        f"found = glob.glob('{a.root}/**/*.json', recursive=True) + glob.glob('{a.root}/.*/**/*.json', recursive=True)\n"
         "for cmdline in glob.glob('/proc/[0-9]*/cmdline'):\n"
         "    try:\n        args = open(cmdline, 'rb').read().split(b'\\0')\n    except OSError:\n        continue\n"
-        "    found += [args[i + 1].decode() for i, arg in enumerate(args[:-1]) if arg == b'-f']\n"
+        "    if of_the_gateway(int(cmdline.split('/')[2])):\n"
+        "        found += [args[i + 1].decode() for i, arg in enumerate(args[:-1]) if arg == b'-f']\n"
         "for path in sorted({os.path.realpath(p) for p in found} - {mine}):\n"
         "    try:\n        info = json.load(open(path))\n        client = BlockingKernelClient()\n        client.load_connection_info(info)\n"
-        "        client.start_channels()\n        client.execute_interactive('print(secret)', timeout=10)\n        client.stop_channels()\n"
+        "        client.start_channels()\n"
+        "        client.execute_interactive('print(secret)', timeout=10, stop_on_error=False)\n        client.stop_channels()\n"
         "    except Exception as exc:\n        print('no', path, type(exc).__name__)\n"
     ),
     "gateway-rest-api": lambda a, port, ports: _connect("127.0.0.1", port),
