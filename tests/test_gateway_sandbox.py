@@ -348,6 +348,33 @@ def test_past_the_kernels_per_user_limit_a_start_is_refused_naming_it_until_a_ke
             cells.close()
 
 
+def test_a_kernel_nobody_holds_quiet_for_less_than_the_eviction_grace_is_left_running_and_the_start_refused(tmp_path: Path) -> None:
+    project = gateway_project(tmp_path / "project", max_kernels_per_user=1, eviction_grace=600)
+    with sandbox_gateway(project) as gateway:
+        held = Cells(gateway, session="gina-1", owner="gina")
+        held.kernel.disconnect()  # let go of (a replica dropped its copy), idle: only its quiet time, under the grace, keeps it
+        deadline = time.monotonic() + 60
+        while (model := _kernel_model(gateway, held.kernel_id))["connections"] or model["execution_state"] != "idle":
+            assert time.monotonic() < deadline, f"the gateway still counts a client or a busy kernel: {model}"
+            time.sleep(0.2)
+        try:
+            with pytest.raises(KernelLimitReached) as refused:
+                Cells(gateway, session="gina-2", owner="gina")
+            assert "gateway.max_kernels_per_user (1)" in str(refused.value)
+            assert _running(gateway, held.kernel_id), "a kernel quiet for less than gateway.eviction_grace was ended to make room"
+            assert "ended gina's kernel" not in (gateway.root / "gateway.log").read_text(encoding="utf-8")
+        finally:
+            held.close()
+
+
+def _kernel_model(gateway: Gateway, kernel_id: str) -> dict[str, object]:
+    """The gateway's model of one kernel: its state and how many clients hold its channels."""
+    answer = requests.get(f"{gateway.url}/api/kernels/{kernel_id}", headers={"Authorization": f"token {gateway.token}"}, timeout=30)
+    answer.raise_for_status()
+    model: dict[str, object] = answer.json()
+    return model
+
+
 def test_deleting_a_session_removes_its_folder_and_its_kernel_on_the_gateway(sandboxed: Arena, tmp_path: Path) -> None:
     with ScriptedServer() as server:
         project = make_project(tmp_path, server.url, execution={"kernel_gateway": {"url": sandboxed.gateway.url, "token": sandboxed.gateway.token}})

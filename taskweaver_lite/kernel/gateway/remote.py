@@ -169,7 +169,7 @@ class GatewayExecutor(SessionKernel):
                 if not self.kernel.connected:
                     self.kernel.connect()
                 asked = {k: v for k, v in namespace.cell_expressions(".").items() if k != namespace.CWD}
-                reply, heard = self._reply_heard(self.kernel.execute("", user_expressions=asked, silent=True))
+                reply, heard = self._listen(self.kernel.execute("", user_expressions=asked, silent=True), hear=True)
                 if not heard:
                     # The kernel may have died and been restarted there: this connection's output channel then
                     # reconnects to the new one in its own time, and a cell sent before it has would lose its output.
@@ -462,32 +462,22 @@ class GatewayExecutor(SessionKernel):
 
     def _reply(self, msg_id: str, deadline: float | None = None) -> dict[str, Any] | None:
         """The shell reply to `msg_id` (None if none came by `deadline`, default REPLY_WAIT from now)."""
+        return self._listen(msg_id, deadline)[0]
+
+    def _listen(self, msg_id: str, deadline: float | None = None, *, hear: bool = False) -> tuple[dict[str, Any] | None, bool]:
+        """The shell reply to `msg_id` (None if none came by `deadline`, default REPLY_WAIT from now), and whether its status came on the output channel.
+
+        With `hear`, the status is waited for up to IOPUB_PROBE past the reply (the kernel says
+        "busy" before it replies and "idle" after); without, the reply ends the wait.
+        """
         deadline = time.monotonic() + REPLY_WAIT if deadline is None else deadline
-        while (left := deadline - time.monotonic()) > 0:
+        reply: dict[str, Any] | None = None
+        heard = False
+        while not (reply is not None and (heard or not hear)) and (left := deadline - time.monotonic()) > 0:
             msg = self.kernel.receive(min(left, 1.0))
             if msg is None:
                 continue
             if _death(msg, booting=False):  # a kernel we just (re)started says "starting": not news
-                raise GatewayError(f"The kernel on the gateway {self.kernel.url} died while answering.")
-            if msg.get("channel") == "shell" and msg.get("parent_header", {}).get("msg_id") == msg_id:
-                content: dict[str, Any] = msg["content"]
-                return content
-        return None
-
-    def _reply_heard(self, msg_id: str) -> tuple[dict[str, Any] | None, bool]:
-        """The shell reply to `msg_id` (None if none came within REPLY_WAIT), and whether its status came on the output channel.
-
-        The status is waited for up to IOPUB_PROBE past the reply (the kernel says "busy" before it
-        replies and "idle" after).
-        """
-        deadline = time.monotonic() + REPLY_WAIT
-        reply: dict[str, Any] | None = None
-        heard = False
-        while not (reply is not None and heard) and (left := deadline - time.monotonic()) > 0:
-            msg = self.kernel.receive(min(left, 1.0))
-            if msg is None:
-                continue
-            if _death(msg, booting=False):
                 raise GatewayError(f"The kernel on the gateway {self.kernel.url} died while answering.")
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
