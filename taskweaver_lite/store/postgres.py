@@ -17,8 +17,9 @@ What differs from the SQLite file:
   a process follows that session's events (a `followers` row, kept by `PostgresNotices.follow` while
   an event stream is open there); the processes hear it, and their own notices, through
   `PostgresNotices` (LISTEN on one connection). A write nobody follows wakes nobody.
-- Tips are searched by PostgreSQL's full text search (`tsvector`, `websearch_to_tsquery`), ranked
-  by `ts_rank`.
+- Tips are ranked in memory (FTS5's BM25, knowledge/experience.py), as on SQLite. Every change of
+  them notices `twl_tips` (a trigger), so a process that LISTENs keeps their version in memory
+  (`TipsVersion`) and asks the store for it only after a change; one that does not asks at each search.
 - The URL's password is never shown: messages name the store by `url.redact`, and a driver's error
   passes through `url.redact_text` before it is worded.
 """
@@ -29,7 +30,6 @@ import atexit
 import contextlib
 import logging
 import os
-import re
 import select
 import socket
 import threading
@@ -44,7 +44,6 @@ import psycopg_pool
 
 from taskweaver_lite.config.store_url import redact, redact_text
 from taskweaver_lite.errors import SessionBusyError, StoreError, StoreUnavailable
-from taskweaver_lite.records.tips import Tip
 from taskweaver_lite.store.event_rows import EventRows, Rows
 from taskweaver_lite.store.postgres_schema import MIGRATIONS, migrate
 from taskweaver_lite.store.sql import SESSION_ID, USAGE_SUMS, SessionRows, SqlStore
@@ -56,11 +55,12 @@ CONNECT_TIMEOUT_SECONDS = 5.0  # waiting for a connection (the database down, or
 # one request in this many seconds tries a connection of its own, and the first that gets one ends the outage.
 PROBE_INTERVAL_SECONDS = 0.5
 PROBE_TIMEOUT_SECONDS = 2
-_WORD = re.compile(r"\w+")
 # Seconds a process's following of a session lasts unless renewed (each third of it, by its LISTEN thread): a process
 # that dies leaves rows that cost the writers of those sessions a notice each until then, nothing more.
 FOLLOW_SECONDS = 60.0
 _log = logging.getLogger(__name__)
+
+TIPS_CHANNEL = "twl_tips"  # every change of the stored tips (postgres_schema.py's version 8)
 
 _POOLS: dict[str, psycopg_pool.ConnectionPool[Any]] = {}
 _POOLS_GUARD = threading.Lock()
@@ -119,6 +119,55 @@ class Outage:
 
 
 _OUTAGES: dict[str, Outage] = {}
+
+
+class TipsVersion:
+    """The stored tips' version as this process last read it (one per URL): trusted only while its LISTEN connection hears every change.
+
+    A change notices `twl_tips` as it commits; hearing it forgets the version, and so does the
+    connection coming up or going down (what changed meanwhile was not heard). A version read
+    while a change was heard is not kept: it may be older than that change.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hearing = False
+        self._changes = 0  # changes heard (and connections made or lost) so far
+        self._known: tuple[int, int] | None = None
+
+    def read(self, fetch: Callable[[], tuple[int, int]]) -> tuple[int, int]:
+        """The version: the one kept, or `fetch`ed from the store (and kept while every change is heard)."""
+        with self._lock:
+            if self._known is not None:
+                return self._known
+            changes = self._changes
+        version = fetch()
+        with self._lock:
+            if self._hearing and changes == self._changes:
+                self._known = version
+        return version
+
+    def changed(self, _payload: str = "") -> None:
+        """A change of the tips was heard."""
+        with self._lock:
+            self._changes += 1
+            self._known = None
+
+    def hearing(self, on: bool) -> None:
+        """The LISTEN connection came up (every change is heard from now on) or went down."""
+        with self._lock:
+            self._hearing = on
+            self._changes += 1
+            self._known = None
+
+
+_TIPS: dict[str, TipsVersion] = {}
+
+
+def _tips_version(url: str) -> TipsVersion:
+    """The process's record of `url`'s tips version."""
+    with _POOLS_GUARD:
+        return _TIPS.setdefault(url, TipsVersion())
 
 
 def _pool_for(url: str, size: int) -> psycopg_pool.ConnectionPool[Any]:
@@ -352,19 +401,9 @@ class PostgresStore(SqlStore):
             ).fetchone()
         return int(row[0])
 
-    def search_tips(self, text: str, *, owner: str | None = None, limit: int) -> list[Tip] | None:
-        """The stored tips that fit `text` (any of its words, stemmed), best first by `ts_rank`."""
-        words = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))[:64]
-        if not words:
-            return []
-        mine, params = (" AND s.owner = ?", (owner,)) if owner is not None else ("", ())  # a user's own, as `stored_tips`
-        with self._read_one() as db:
-            rows = db.execute(
-                "SELECT t.id, t.kind, t.text, t.session_id, t.created_at FROM tips t LEFT JOIN sessions s ON s.id = t.session_id,"
-                f" websearch_to_tsquery('english', ?) q WHERE t.search @@ q{mine} ORDER BY ts_rank(t.search, q) DESC, t.id LIMIT ?",
-                (" or ".join(words), *params, limit),
-            ).fetchall()
-        return [Tip(id=str(r[0]), kind=r[1], text=r[2], source=r[3], created_at=float(r[4])) for r in rows]
+    def tips_version(self) -> tuple[int, int]:
+        """As SqlStore's; kept in memory while this process hears every change of the tips (`TipsVersion`), so a search asks nothing then."""
+        return _tips_version(self._url).read(super().tips_version)
 
     def lock(self, session_id: str) -> AdvisoryClaim:
         """Claim the session for this process; SessionBusyError if another process (on any machine) has it open."""
@@ -492,7 +531,8 @@ class PostgresNotices:
 
     def listen(self, handlers: Mapping[str, Callable[[str], object]]) -> None:
         """LISTEN on each channel from now on; each notice's payload goes to its channel's handler."""
-        self._listener = _Listener(self._url, dict(handlers), every=(FOLLOW_SECONDS / 3, self.renew))
+        tips = _tips_version(self._url)
+        self._listener = _Listener(self._url, {**handlers, TIPS_CHANNEL: tips.changed}, every=(FOLLOW_SECONDS / 3, self.renew), on_connected=tips.hearing)
         self._listener.start()
 
     def send(self, channel: str, payload: str) -> None:
@@ -509,12 +549,20 @@ class PostgresNotices:
 class _Listener(threading.Thread):
     """The LISTEN connection's thread: hands each notice's payload to its channel's handler; reconnects after a drop."""
 
-    def __init__(self, url: str, handlers: dict[str, Callable[[str], object]], *, every: tuple[float, Callable[[], object]]) -> None:
-        """`every`: (seconds, what): called that often from this thread (the followed sessions' renewal)."""
+    def __init__(
+        self,
+        url: str,
+        handlers: dict[str, Callable[[str], object]],
+        *,
+        every: tuple[float, Callable[[], object]],
+        on_connected: Callable[[bool], object],
+    ) -> None:
+        """`every`: (seconds, what): called that often from this thread (the followed sessions' renewal); `on_connected` hears the connection come and go."""
         super().__init__(name="store-listen", daemon=True)
         self._url = url
         self._handlers = handlers
         self._every = every
+        self._on_connected = on_connected
         self._stopping = threading.Event()
         self.connected = False
 
@@ -527,6 +575,7 @@ class _Listener(threading.Thread):
                     for channel in self._handlers:
                         db.execute(f"LISTEN {channel}")
                     self.connected = True
+                    self._on_connected(True)
                     while not self._stopping.is_set():
                         for notice in db.notifies(timeout=1.0):
                             self._handlers[notice.channel](notice.payload)
@@ -535,6 +584,8 @@ class _Listener(threading.Thread):
                             due = time.monotonic() + seconds
             except psycopg.Error:
                 _outage(self._url).found_down()  # the store is down or restarting: requests are answered at once until a probe finds it back
+            finally:
+                self._on_connected(False)
             self.connected = False
             self._stopping.wait(LISTEN_RETRY_SECONDS)
 

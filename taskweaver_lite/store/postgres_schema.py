@@ -8,7 +8,9 @@ newer taskweaver-lite is refused, never misread.
 The tables are those of the SQLite store (`schema.py`, version 5 onwards, each later step with its
 twin here) in PostgreSQL's types: identity columns for SQLite's rowids, BYTEA for blobs, DOUBLE
 PRECISION for times, and booleans kept as 0/1 integers so that both backends share their queries.
-Tips carry a `tsvector` column (generated, with a GIN index) that PostgreSQL's full-text search ranks.
+Tips carry a `tsvector` column (generated, with a GIN index) that PostgreSQL's full-text search ranked
+until version 8; tips are now ranked in memory, as on SQLite, and the column stays for the replicas of
+an earlier version during a rolling upgrade.
 """
 
 from __future__ import annotations
@@ -136,6 +138,14 @@ MIGRATIONS: list[Migration] = [
                 END IF;
                 RETURN FALSE;
             END $$""",
+    ),
+    (
+        # Version 8 (PostgreSQL's alone): every change of the stored tips, by any statement, notices `twl_tips` on commit:
+        # a replica keeps the tips' version in memory while it hears them, instead of asking for it at each search.
+        """CREATE FUNCTION taskweaver_lite_tips_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN PERFORM pg_notify('twl_tips', ''); RETURN NULL; END $$""",
+        """CREATE TRIGGER tips_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON tips
+            FOR EACH STATEMENT EXECUTE FUNCTION taskweaver_lite_tips_changed()""",
     ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
