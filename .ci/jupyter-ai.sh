@@ -5,7 +5,8 @@
 #
 # Its own environment, not the test extra: Jupyter AI needs the MCP SDK below 2 and the `mcp` extra 2 or
 # later, and it brings some 300 MB (JupyterLab, its chat, Jupyter AI's MCP server). It lives in this
-# checkout (build/jupyter-ai), installed editable, so the persona it runs is always this checkout's.
+# checkout (build/jupyter-ai) or where TASKWEAVER_LITE_JUPYTER_VENV says (CI keeps it in its cache), with this
+# checkout installed editable in it each time, so the persona it runs is always this checkout's.
 # Idempotent: an environment that already imports Jupyter AI's ACP client only gets this checkout again.
 set -euo pipefail
 cd "$(dirname "$0")/.."

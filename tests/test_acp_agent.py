@@ -231,6 +231,33 @@ async def wait_for_output(editor: Editor, text: str) -> None:
         await asyncio.sleep(0.05)
 
 
+def test_past_acp_max_open_sessions_an_idle_session_is_closed_for_room_and_while_all_answer_another_is_refused(
+    project: Path, folder: Path, server: ScriptedServer
+) -> None:
+    editor = Editor()
+
+    async def scenario() -> None:
+        async with agent(project, editor, "--set", "acp.max_open_sessions=1") as conn:
+            first = (await conn.new_session(cwd=str(folder), mcp_servers=[])).session_id
+            assert await ask(conn, first, "set x please") == "end_turn"
+            second = (await conn.new_session(cwd=str(folder), mcp_servers=[])).session_id  # the idle first one is closed for it
+            prompt = asyncio.ensure_future(ask(conn, second, "sleep now"))
+            await wait_for_output(editor, "\nsleeping\n")
+            openings = (lambda: conn.new_session(cwd=str(folder), mcp_servers=[]), lambda: conn.prompt(session_id=first, prompt=[text_block("double x")]))
+            for opening in openings:  # a new thread, and the first one's (closed for room) reopened
+                with pytest.raises(RequestError) as refused:
+                    await asyncio.wait_for(opening(), WAIT)
+                assert "acp.max_open_sessions" in str(refused.value) and "all answering" in str(refused.value), str(refused.value)
+            await conn.cancel(session_id=second)
+            assert await asyncio.wait_for(prompt, 20) == "cancelled"
+            editor.clear()
+            assert await ask(conn, first, "double x") == "end_turn", "once the other stopped, the first one reopens (its x rebuilt)"
+            assert editor.answer() == "The answer is 82."
+
+    asyncio.run(scenario())
+    assert len(stored_sessions(project)) == 2, "a refused thread stores nothing"
+
+
 def test_confirm_mode_asks_before_each_cell_and_a_rejected_cell_never_runs(project: Path, folder: Path, server: ScriptedServer) -> None:
     editor = Editor(answers=["reject_once", "allow_once"])
 

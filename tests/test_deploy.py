@@ -292,8 +292,7 @@ def test_the_page_signs_in_by_its_form_and_out_through_nginx_and_the_signed_out_
     assert deployment.token not in nginx_log and deployment.token.split("_")[2] not in nginx_log, "the token never reaches the proxy's log"
     with httpx.Client(base_url=deployment.url, verify=False, timeout=60, cookies={"twl_sign_in": cookie["value"]}) as kept:
         assert kept.get("/api/sessions").status_code == 200, "the cookie signs the API in, on either replica"
-        # The header settles first: once the page knows who is signed in it shows Admin and New token left of Sign out,
-        # and a click landing as they appear hits one of them (New token asks to confirm; Admin leaves the page).
+        # The page has learnt who is signed in (Admin and New token appear left of Sign out, which keeps its place).
         _wait(browser, lambda d: d.find_element(By.ID, "new-token").is_displayed(), "the page's header naming who is signed in", seconds=60)
         browser.find_element(By.CSS_SELECTOR, "#sign-out button").click()
         _wait(browser, lambda d: d.find_elements(By.NAME, "token"), "the sign-in page after signing out", seconds=60)

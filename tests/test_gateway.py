@@ -24,6 +24,7 @@ from taskweaver_lite.kernel.base import REPLY_WAIT
 from taskweaver_lite.kernel.choice import executor_factory
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.gateway import remote
+from taskweaver_lite.kernel.gateway.kernel import GatewayKernel
 from taskweaver_lite.kernel.gateway.remote import GatewayExecutor
 from taskweaver_lite.session.assembly import open_session, resume_session
 from taskweaver_lite.testing.kernel_gateway import Gateway, Relay, free_port, kernel_gateway
@@ -122,6 +123,43 @@ def test_upload_streams_a_file_into_the_kernels_folder_in_chunks(executor: Gatew
     digest = executor.run("import hashlib\nhashlib.sha256(open('copy.bin', 'rb').read()).hexdigest()").result
     assert digest == repr(hashlib.sha256(data).hexdigest())
     assert not (Path(executor.home) / "copy.bin.part").exists()
+
+
+def failing_cell_of_another_client(gateway: Gateway, kernel_id: str) -> GatewayKernel:
+    """A second client of the kernel (a notebook, say) runs a cell that fails after a second, with `stop_on_error` as front ends send it.
+
+    Returns once the kernel has begun that cell: what arrives meanwhile queues behind it, and ipykernel
+    aborts it when the cell fails.
+    """
+    other = GatewayKernel(KernelGatewayConfig(url=gateway.url, token=gateway.token, connect_timeout=5))
+    assert other.attach(kernel_id)
+    other.connect()
+    content = {"code": "import time\ntime.sleep(1)\n1 / 0", "silent": False, "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}
+    msg_id = other.send("shell", "execute_request", content)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        msg = other.receive(1.0)
+        if msg is not None and msg.get("msg_type") == "execute_input" and msg["parent_header"].get("msg_id") == msg_id:
+            return other
+    raise AssertionError("the other client's cell did not start")
+
+
+def test_an_upload_and_a_cell_queued_behind_another_clients_failed_cell_are_sent_again_or_named_not_run(gateway: Gateway, tmp_path: Path) -> None:
+    data = os.urandom(remote.UPLOAD_CHUNK + 5)
+    source = tmp_path / "blob.bin"
+    source.write_bytes(data)
+    with connect(gateway, tmp_path / "shared-kernel") as executor:
+        executor.wait_ready()
+        assert executor.kernel_id is not None
+        other = failing_cell_of_another_client(gateway, executor.kernel_id)
+        assert executor.upload(source, name="copy.bin") == "copy.bin", "an upload the kernel dropped unrun was not sent again"
+        assert (Path(executor.home) / "copy.bin").read_bytes() == data
+        other.disconnect()
+        other = failing_cell_of_another_client(gateway, executor.kernel_id)
+        result = executor.run("made = 1")
+        other.disconnect()
+        assert not result.success and result.error is not None and "did not run" in result.error.value and "None" not in result.error.value
+        assert executor.run("made = 2; made").result == "2"
 
 
 def test_a_kernel_killed_mid_cell_is_noticed_restarted_and_the_lost_variables_named(gateway: Gateway, tmp_path: Path) -> None:

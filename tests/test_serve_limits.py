@@ -7,6 +7,8 @@ kernel starts and no model is called.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -22,6 +24,7 @@ from taskweaver_lite.config.file import load_config
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.testing.web_server import WebServer
 from taskweaver_lite.web.access_log import request_line
+from taskweaver_lite.web.app import MCP_REFUSED
 from taskweaver_lite.web.connections import server_settings
 
 pytestmark = pytest.mark.unit
@@ -113,6 +116,26 @@ def test_a_chunked_body_without_a_length_is_counted_as_it_arrives_and_refused_pa
         answer = answer_of(sock)
     assert answer.startswith(b"HTTP/1.1 413"), answer[:300]
     assert setting in answer.split(b"\r\n\r\n", 1)[1]
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["declared-length", "endless-chunked-line"])
+def test_one_json_rpc_message_to_mcp_over_serve_max_request_bytes_gets_a_json_rpc_error_naming_it(web: WebServer, declared: bool) -> None:
+    head = "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+    opening = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "ask", "arguments": {"question": "'
+    with connect(web) as sock:
+        if declared:
+            sock.sendall((head + "Content-Length: 300000000\r\n\r\n").encode() + opening)
+        else:
+            sock.sendall((head + "Transfer-Encoding: chunked\r\n\r\n").encode() + b"%x\r\n%s\r\n" % (len(opening), opening))
+            chunk = b"x" * 65536
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                for _ in range(4):  # a line that never ends: only the cap can answer
+                    sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        answer = answer_of(sock)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:300]
+    error = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert error["jsonrpc"] == "2.0" and error["id"] is None and error["error"]["code"] == MCP_REFUSED, error
+    assert "serve.max_request_bytes (50,000 bytes)" in error["error"]["message"], error
 
 
 def test_an_upload_name_too_long_for_a_file_system_is_a_400_not_a_500(web: WebServer) -> None:

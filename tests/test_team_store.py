@@ -7,6 +7,7 @@ and a password that never shows in a message, a repr or a stored row.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import queue
@@ -15,7 +16,9 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -231,16 +234,62 @@ def test_eval_results_and_kernel_ids_are_kept(store: Store) -> None:
 
 
 @pytest.mark.postgres
-def test_postgresql_ranks_tips_with_its_own_full_text_search(postgres_url: str) -> None:
+def test_postgresql_tips_are_ranked_in_memory_as_on_sqlite_each_users_own(postgres_url: str, tmp_path: Path) -> None:
     store = PostgresStore(postgres_url)
     started(store, "ana-1", owner="ana")
     started(store, "bob-1", owner="bob")
     store.save_tips("ana-1", [("preference", "Parse the month column as dates before grouping"), ("preference", "Plots need a title")])
     store.save_tips("bob-1", [("preference", "Grouping by months: parse dates first")])
-    found = store.search_tips("grouped by month", owner="ana", limit=5)
-    assert found is not None and [t.text for t in found] == ["Parse the month column as dates before grouping"], "stemmed, and only ana's"
-    assert store.search_tips("the", owner=None, limit=5) == [], "stop words alone find nothing"
-    assert SessionStore.search_tips(SessionStore.__new__(SessionStore), "month", limit=3) is None, "SQLite leaves the search to FTS5 in memory"
+    assert store.search_tips("grouped by month", owner="ana", limit=5) is None, "ranked in memory, not by the database"
+    anas = Experience(store=store, folder=tmp_path / "experience", settings=ExperienceConfig(), owner="ana")
+    assert [t.text for t in anas.relevant("grouped by month")] == ["Parse the month column as dates before grouping"], "stemmed, and only ana's"
+    anas.new_request()
+    assert anas.relevant("histogram") == [], "a word of no tip finds nothing"
+
+
+class _CountedReads(PostgresStore):
+    """A PostgreSQL store that counts its one-statement reads."""
+
+    reads = 0
+
+    @contextlib.contextmanager
+    def _read_one(self) -> Iterator[Any]:
+        type(self).reads += 1
+        with super()._read_one() as db:
+            yield db
+
+
+@pytest.mark.postgres
+def test_a_replica_that_hears_the_tips_change_asks_for_their_version_only_after_a_change(postgres_url: str) -> None:
+    store = _CountedReads(postgres_url)
+    started(store, "s")
+    store.save_tips("s", [("preference", "Plots need a title")])
+    notices = store.notices()
+    notices.listen({EVENTS_CHANNEL: lambda _: None})
+    try:
+        deadline = time.monotonic() + 30
+        while not notices.connected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert notices.connected, "the LISTEN connection did not come up"
+        _CountedReads.reads = 0
+        first = store.tips_version()
+        assert [store.tips_version() for _ in range(3)] == [first] * 3 and _CountedReads.reads == 1, "asked once, then kept"
+        with psycopg.connect(postgres_url) as elsewhere:  # another replica (or an administrator) changes the tips
+            elsewhere.execute("DELETE FROM tips")
+        deadline = time.monotonic() + 10
+        while store.tips_version() == first and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert store.tips_version() == (0, 0), "the change was heard, and the version read again"
+    finally:
+        notices.close()
+    deadline = time.monotonic() + 10
+    while notices.connected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # the LISTEN thread lets go of the version as it leaves
+    _CountedReads.reads = 0
+    store.tips_version()
+    store.tips_version()
+    assert _CountedReads.reads == 2, "not hearing the changes, it asks at each search"
 
 
 @pytest.mark.postgres
@@ -319,12 +368,74 @@ def test_urls_and_driver_messages_lose_their_passwords() -> None:
 def test_appending_to_a_sessions_event_log_notifies_the_other_replicas_once_per_write(postgres_url: str) -> None:
     store = PostgresStore(postgres_url)
     started(store, "s")
+    store.notices().follow("s")  # an event stream of the session is open on some replica
     with psycopg.connect(postgres_url, autocommit=True) as listener:
         listener.execute("LISTEN twl_events")
         store.record("s", shown=[{"type": "post", "text": "one"}, {"type": "post", "text": "two"}])
         store.record("s", ModelCalled("planner", 10, 2, 0.1, ok=True))  # nothing for the log: no notice
         heard = [n.payload for n in listener.notifies(timeout=2.0)]
     assert heard == ["s"], "each write that appends to the log tells the other replicas, once, by the session's id"
+
+
+def _heard_until_the_end(listener: psycopg.Connection[Any]) -> list[str]:
+    """The event notices `listener` got, up to an `end` sent last (notices come in the order their writes committed)."""
+    listener.execute("SELECT pg_notify('twl_events', 'end')")
+    heard: list[str] = []
+    for notice in listener.notifies(timeout=10.0):
+        if notice.payload == "end":
+            return heard
+        heard.append(notice.payload)
+    raise AssertionError(f"the closing notice never came (heard {heard})")
+
+
+@pytest.mark.postgres
+def test_a_write_of_events_notices_only_while_some_replica_follows_its_session(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url)
+    for session_id in ("a", "b"):
+        started(store, session_id)
+    here, there = store.notices(), store.notices()  # two replicas
+    shown = [{"type": "post", "text": "one"}]
+    with psycopg.connect(postgres_url, autocommit=True) as listener:
+        listener.execute("LISTEN twl_events")
+        store.record("a", shown=shown)  # nobody follows either session: no replica is woken
+        here.follow("b")
+        here.follow("b")  # two streams of it on one replica
+        there.follow("b")
+        store.record("a", shown=shown)
+        store.record("b", shown=shown)
+        assert _heard_until_the_end(listener) == ["b"], "only the followed session's write notices"
+        here.unfollow("b")
+        there.unfollow("b")
+        store.record("b", shown=shown)
+        assert _heard_until_the_end(listener) == ["b"], "followed while one stream of it is still open"
+        here.unfollow("b")
+        store.record("b", shown=shown)
+        assert _heard_until_the_end(listener) == [], "once the last stream of it has ended, nobody is woken"
+        with psycopg.connect(postgres_url, autocommit=True) as db:
+            assert db.execute("SELECT COUNT(*) FROM followers").fetchone() == (0,), "no row is left behind"
+
+
+@pytest.mark.postgres
+def test_a_new_follower_waits_for_a_write_under_way_so_that_its_next_read_holds_that_write(postgres_url: str) -> None:
+    """A write that found nobody following commits before a follower registers: the follower's first read then has it."""
+    store = PostgresStore(postgres_url)
+    started(store, "s")
+    followed = threading.Event()
+    with psycopg.connect(postgres_url) as writer:  # a write of events under way: checked for followers, not committed
+        assert writer.execute("SELECT taskweaver_lite_events_logged('s')").fetchone() == (False,)
+
+        def follow() -> None:
+            store.follow("s", "replica-1", seconds=60)
+            followed.set()
+
+        follower = threading.Thread(target=follow)
+        follower.start()
+        assert not followed.wait(1.0), "a follower registered while a write that did not notice it was still under way"
+        writer.commit()
+    assert followed.wait(10), "registered once that write committed"
+    follower.join()
+    with psycopg.connect(postgres_url) as writer:
+        assert writer.execute("SELECT taskweaver_lite_events_logged('s')").fetchone() == (True,), "the next write notices it"
 
 
 @pytest.mark.postgres
@@ -339,6 +450,7 @@ def test_the_stores_notices_carry_a_sessions_new_events_and_the_servers_own_mess
         while not notices.connected and time.monotonic() < deadline:
             time.sleep(0.05)
         assert notices.connected, "the LISTEN connection did not come up"
+        notices.follow("s")  # an event stream of the session is open here
         store.record("s", shown=[{"type": "post", "text": "one"}])
         assert heard.get(timeout=10) == ("events", "s"), "an append to the event log reaches the listeners as the session's id"
         store.notices().send("twl_stop", "s")
@@ -501,7 +613,7 @@ def test_a_postgresql_store_from_before_expiring_tokens_is_upgraded_and_its_toke
     finally:
         store.close()
     with psycopg.connect(postgres_url) as conn:
-        assert conn.execute("SELECT version FROM taskweaver_lite_schema").fetchall() == [(SCHEMA_VERSION,)] and SCHEMA_VERSION == 6
+        assert conn.execute("SELECT version FROM taskweaver_lite_schema").fetchall() == [(SCHEMA_VERSION,)] and SCHEMA_VERSION == 8
 
 
 def test_a_store_from_before_user_ids_gives_its_users_ids_and_their_sessions_follow_them(store: Store) -> None:

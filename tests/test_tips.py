@@ -12,7 +12,7 @@ from taskweaver_lite.errors import ExperienceError
 from taskweaver_lite.knowledge.experience import Experience
 from taskweaver_lite.knowledge.tips import read_handcrafted
 from taskweaver_lite.llm.tokens import get_tokenizer
-from taskweaver_lite.records.tips import KIND_LABELS
+from taskweaver_lite.records.tips import KIND_LABELS, Tip
 from taskweaver_lite.store.database import SessionStore
 
 pytestmark = pytest.mark.unit
@@ -68,6 +68,27 @@ def test_a_request_searches_each_text_once_and_the_next_request_sees_tips_saved_
     assert experience.relevant("monthly sales plots") == [], "within one request its prompts show the same tips"
     experience.new_request()
     assert [t.text for t in experience.relevant("monthly sales plots")] == ["Monthly sales plots use bars."], "the next request sees it"
+    counted.close()
+
+
+def test_the_stored_tips_are_read_again_only_once_they_changed(tmp_path: Path) -> None:
+    read: list[str | None] = []
+
+    class Counted(SessionStore):
+        def stored_tips(self, *, owner: str | None = None) -> list[Tip]:
+            read.append(owner)
+            return super().stored_tips(owner=owner)
+
+    counted = Counted(tmp_path / "counted.db")
+    counted.create_session("s1", started=time.time())
+    experience = Experience(store=counted, folder=tmp_path / "none", settings=ExperienceConfig())
+    experience.save("s1", [("preference", "Monthly sales plots use bars.")])
+    for text in ("monthly sales plots", "sales by region", "plots with bars"):  # requests' texts, all different
+        experience.new_request()
+        assert experience.relevant(text)
+    assert read == [None], "the tips were read once for three searches: their version did not change"
+    experience.save("s1", [("preference", "Regional sales use a map.")])
+    assert [t.text for t in experience.relevant("regional sales")] == ["Regional sales use a map."] and read == [None, None], "read again once changed"
     counted.close()
 
 

@@ -17,6 +17,7 @@ import pytest
 from chromium import NEEDS_CHROMIUM, chromium
 from helpers import make_project
 
+from taskweaver_lite.cli.main import main
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 from taskweaver_lite.testing.web_server import WebServer
@@ -304,3 +305,41 @@ def test_delete_in_the_page_asks_first_then_the_session_is_gone_from_the_list(tm
             wait.until(lambda d: "The session was deleted." in d.find_element(By.ID, "notice").text)
             wait.until(lambda d: "remember this" not in d.find_element(By.ID, "sessions").text)
             assert browser.find_element(By.ID, "chat").text == "" and not browser.find_element(By.ID, "delete-session").is_enabled()
+
+
+# Where Sign out is when the page's document has loaded, before it knows who signed in (Admin and New token come after).
+_RECORD_SIGN_OUT = (
+    "document.addEventListener('DOMContentLoaded', () => {"
+    " const r = document.querySelector('#sign-out button').getBoundingClientRect(); window.twlSignOutAtLoad = [r.left, r.top]; });"
+)
+
+
+@pytest.mark.parametrize("width", [1280, 900])
+def test_sign_out_keeps_its_place_when_admin_and_new_token_appear_after_sign_in(
+    tmp_path: Path, browser: object, capsys: pytest.CaptureFixture[str], width: int
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    assert isinstance(browser, WebDriver)
+    project = make_project(tmp_path, "http://127.0.0.1:9")  # no model is called
+    assert main(["users", "add", "boss", "--admin", "-p", str(project)]) == 0
+    token = capsys.readouterr().out.splitlines()[-1]
+    recorder = browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": _RECORD_SIGN_OUT})
+    size = browser.get_window_size()
+    browser.set_window_size(width, 800)
+    try:
+        with WebServer(load_config(project)) as web:
+            browser.get(web.url + "/")
+            browser.find_element(By.NAME, "token").send_keys(token + "\n")
+            shown = WebDriverWait(browser, 60).until(
+                lambda d: d.find_element(By.ID, "admin-link").is_displayed() and d.find_element(By.ID, "new-token").is_displayed()
+            )
+            assert shown
+            at_load = browser.execute_script("return window.twlSignOutAtLoad")
+            now = browser.execute_script("const r = document.querySelector('#sign-out button').getBoundingClientRect(); return [r.left, r.top];")
+            assert at_load is not None and now == at_load, f"Sign out moved from {at_load} to {now} once Admin and New token appeared"
+    finally:
+        browser.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": recorder["identifier"]})
+        browser.set_window_size(size["width"], size["height"])

@@ -20,8 +20,10 @@ Python SDK. The editor starts it and talks to it:
   CodeGenerator is told the user declined it.
 
 Bad input (an unknown session, an empty or overlong prompt, a folder that is not one) is a JSON-RPC
-error of one line, and nothing is stored for it. At most MAX_OPEN_SESSIONS sessions keep their
-kernels; the one idle longest is closed (it stays stored) and reopened when prompted again.
+error of one line, and nothing is stored for it. At most `acp.max_open_sessions` sessions keep
+their kernels, opening ones counted: to open another, the one idle longest is closed first (it stays
+stored, and is reopened when prompted again); while every one is answering, a session that would
+open another is refused in one line naming the setting (an editor waiting on it would show nothing).
 """
 
 from __future__ import annotations
@@ -72,12 +74,11 @@ if TYPE_CHECKING:
 
 # The longest prompt taken, its links and embedded files included (larger files: link them, the code reads them).
 MAX_PROMPT_CHARS = 20_000
-# Sessions kept open with their kernels; the one idle longest is closed (it stays stored).
-MAX_OPEN_SESSIONS = 4
 # Seconds a turn gets to stop its cell and store its failed round when the connection goes.
 STOP_WAIT = 30.0
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
+AT_LIMIT = -32000  # JSON-RPC's range for a server's own errors: every open session is answering
 FOLDER_NOTE = "The user's folder {folder} (open in their editor) is readable by the code at that path, read-only."
 ALLOW_ONCE, ALLOW_ALWAYS, REJECT = "allow_once", "allow_always", "reject_once"
 PERMISSION_OPTIONS = [
@@ -140,12 +141,12 @@ class EditorAgent:
     opening that fails answers that request with the reason, and the next one tries again.
     """
 
-    def __init__(self, project: LazyWorkspace, *, max_open: int = MAX_OPEN_SESSIONS) -> None:
+    def __init__(self, project: LazyWorkspace) -> None:
         """`project`: with the command's --set values, stored with each new session so that `chat --resume` applies them again."""
         self.project = project
         self.overrides = list(project.overrides)
-        self.max_open = max_open
         self.open: OrderedDict[str, EditorSession] = OrderedDict()
+        self._opening = 0  # sessions being opened or resumed now, each counted against acp.max_open_sessions
         self.closed: dict[str, tuple[str, list[Any]]] = {}  # sessions closed for room: their folder and servers, to reopen them
         self._client: Client | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -196,8 +197,7 @@ class EditorAgent:
                 session.note(FOLDER_NOTE.format(folder=settings.lent))
             return EditorSession(session, cwd, servers, permission=permission)
 
-        entry = await self._blocking(opened, failure="The session could not be opened")
-        await self._keep(entry)
+        entry = await self._opening_one(opened, failure="The session could not be opened")
         return NewSessionResponse(session_id=entry.session.id)
 
     async def load_session(self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None, **_: Any) -> LoadSessionResponse:
@@ -294,9 +294,8 @@ class EditorAgent:
             session, _ = self.workspace.reconfigured(config).resume_session(session_id, confirm=permission)
             return EditorSession(session, cwd, servers, permission=permission)
 
-        entry = await self._blocking(resumed, failure=f"Session {session_id} could not be resumed")
+        entry = await self._opening_one(resumed, failure=f"Session {session_id} could not be resumed")
         self.closed.pop(session_id, None)
-        await self._keep(entry)
         return entry
 
     async def _entry(self, session_id: str) -> EditorSession:
@@ -310,14 +309,31 @@ class EditorAgent:
             return await self._resume(session_id, cwd, servers)
         raise bad_input(f"no open session {session_id!r}: start one with session/new, or resume a stored one with session/load")
 
-    async def _keep(self, entry: EditorSession) -> None:
-        """Keep `entry` open; close the sessions idle longest beyond max_open (they stay stored and reopen when prompted)."""
+    async def _opening_one(self, open_it: Callable[[], EditorSession], *, failure: str) -> EditorSession:
+        """A session opened by `open_it` (on a thread) once there is room for it, and kept open."""
+        await self._room()
+        try:
+            entry = await self._blocking(open_it, failure=failure)
+        finally:
+            self._opening -= 1
         self.open[entry.session.id] = entry
-        idle = [key for key, kept in self.open.items() if key != entry.session.id and kept.turn is None]
-        for key in idle[: max(0, len(self.open) - self.max_open)]:
-            closing = self.open.pop(key)
-            self.closed[key] = (closing.cwd, closing.servers)
+        return entry
+
+    async def _room(self) -> None:
+        """Room for one more open session, counted as opening: the idle longest closed first (they stay stored); refused while all answer."""
+        limit = self.workspace.config.acp.max_open_sessions
+        while len(self.open) + self._opening >= limit:
+            idle = next((key for key, kept in self.open.items() if kept.turn is None), None)
+            if idle is None:
+                raise RequestError(
+                    AT_LIMIT,
+                    f"the {limit} sessions this agent keeps open (acp.max_open_sessions) are all answering: "
+                    "wait for one to finish or stop one, then open this thread again",
+                )
+            closing = self.open.pop(idle)
+            self.closed[idle] = (closing.cwd, closing.servers)
             await asyncio.to_thread(closing.session.close)
+        self._opening += 1
 
     async def _blocking(self, work: Callable[[], _T], *, failure: str) -> _T:
         """`work` (opening, resuming: the store, a kernel, cells re-run) on a thread; its failure is an error of one line."""

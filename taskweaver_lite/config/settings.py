@@ -755,6 +755,20 @@ class GatewayConfig(_Section):
     )
 
 
+class AcpConfig(_Section):
+    """`taskweaver-lite acp`: the agent an editor starts (see docs/editor.md)."""
+
+    max_open_sessions: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description=(
+            "sessions `taskweaver-lite acp` keeps open at once, each with its kernel; to open another it closes the one idle longest "
+            "(it stays stored and reopens when prompted), and while all are answering a session/new or session/load is refused"
+        ),
+    )
+
+
 class Config(_Section):
     """Everything a session needs, validated."""
 
@@ -771,6 +785,7 @@ class Config(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     serve: ServeConfig = Field(default_factory=ServeConfig)
     mcp: McpConfig = Field(default_factory=McpConfig)
+    acp: AcpConfig = Field(default_factory=AcpConfig)
     tracing: TracingConfig = Field(default_factory=TracingConfig)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig)
     # The sections of roles that have no field here (`echo:`, a project role's), written at the top

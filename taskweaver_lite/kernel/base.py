@@ -44,6 +44,11 @@ POLL_INTERVAL = 0.1
 INTERRUPT_GRACE = 5.0
 REPLY_WAIT = 5.0
 DEFAULT_OUTPUT_TOKENS = 1_000
+# The status of a reply to a request the kernel dropped without running it: ipykernel aborts the
+# execute requests queued behind a cell that failed with `stop_on_error` set. Ours never set it, but
+# another client of the same kernel (a notebook on the same gateway kernel) may.
+ABORTED = "aborted"
+ABORTED_WORDS = "the kernel dropped the request without running it (it was queued behind another client's cell that failed)"
 
 # How following a cell ended: the kernel went idle, died, would not stop, or could not be reached.
 Ending = Literal["idle", "died", "stuck", "lost"]
@@ -306,6 +311,8 @@ class SessionKernel(ABC):
     def _finish(self, base: ExecutionResult, reply: dict[str, Any]) -> ExecutionResult:
         """The cell's result with the kernel's reply: success, the new variable snapshot, notices, plugin reports."""
         ok = reply.get("status") == "ok"
+        if reply.get("status") == ABORTED and base.error is None:
+            base = dataclasses.replace(base, error=CellError(name="CellNotRun", value=f"The cell did not run: {ABORTED_WORDS}; run it again.", traceback=""))
         # The kernel skips user_expressions after an error, so only then do they cost a request.
         expressions = reply if ok else self._request_expressions()
         changes = self._namespace.take(namespace.snapshot_rows(expressions))
@@ -435,6 +442,15 @@ class SessionKernel(ABC):
     @abstractmethod
     def _end(self) -> None:
         """End the kernel and release the connection (shutdown's transport part)."""
+
+
+def reply_problem(reply: dict[str, Any] | None) -> str:
+    """Why a request's reply is not "ok", in words: the error it names, that the kernel dropped it unrun, or that none came."""
+    if reply is None:
+        return "no answer"
+    if reply.get("status") == ABORTED:
+        return ABORTED_WORDS
+    return f"{reply.get('ename', 'an error')}: {reply.get('evalue', '')}"
 
 
 @contextlib.contextmanager

@@ -127,11 +127,10 @@ class Experience:
         with self._lock:
             if found is not None:  # the store ranked its own tips: only the handcrafted ones are searched here
                 key: object = ("files", self._files.key())
-                tips = list(self._files.read().tips)
             else:
                 key = (self._store.tips_version() if self._store is not None else None, self._files.key())
-                tips = self.all()
-            if self._index is None or key != self._key:
+            if self._index is None or key != self._key:  # the tips are read again only when they changed
+                tips = list(self._files.read().tips) if found is not None else self.all()
                 self._index, self._key = _TipIndex(tips), key
             here = self._index.search(query, limit=limit)
         if found is None:

@@ -219,7 +219,16 @@ class Notices(Protocol):
     """Notices between the processes sharing a store: the store's own (`EVENTS_CHANNEL`) and theirs.
 
     A notice carries a hint, never data: one missed (while a connection is remade) is made up by reading the store.
+    The store's notices of a session's new events reach the processes that follow it (`follow`), no others.
     """
+
+    def follow(self, session_id: str) -> None:
+        """Hear the session's new events from now on (until as many `unfollow`); StoreError when the store is down."""
+        ...
+
+    def unfollow(self, session_id: str) -> None:
+        """One `follow` of the session fewer: after the last, its writes no longer notice this process."""
+        ...
 
     @property
     def connected(self) -> bool:

@@ -13,10 +13,13 @@ What differs from the SQLite file:
 - A session open in a process is claimed by a session-level advisory lock on a connection of its
   own: PostgreSQL drops it when that connection ends, so a killed process frees its sessions.
 - Artifacts and uploads are kept as bytes (`keeps_files`): any server can serve and export them.
-- Appending to a session's event log sends `NOTIFY twl_events` with the session's id, on commit; the
-  other processes hear it, and their own notices, through `PostgresNotices` (LISTEN on one connection).
-- Tips are searched by PostgreSQL's full text search (`tsvector`, `websearch_to_tsquery`), ranked
-  by `ts_rank`.
+- Appending to a session's event log sends `NOTIFY twl_events` with the session's id, on commit, when
+  a process follows that session's events (a `followers` row, kept by `PostgresNotices.follow` while
+  an event stream is open there); the processes hear it, and their own notices, through
+  `PostgresNotices` (LISTEN on one connection). A write nobody follows wakes nobody.
+- Tips are ranked in memory (FTS5's BM25, knowledge/experience.py), as on SQLite. Every change of
+  them notices `twl_tips` (a trigger), so a process that LISTENs keeps their version in memory
+  (`TipsVersion`) and asks the store for it only after a change; one that does not asks at each search.
 - The URL's password is never shown: messages name the store by `url.redact`, and a driver's error
   passes through `url.redact_text` before it is worded.
 """
@@ -25,10 +28,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import re
+import logging
+import os
 import select
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -38,9 +44,7 @@ import psycopg_pool
 
 from taskweaver_lite.config.store_url import redact, redact_text
 from taskweaver_lite.errors import SessionBusyError, StoreError, StoreUnavailable
-from taskweaver_lite.records.tips import Tip
 from taskweaver_lite.store.event_rows import EventRows, Rows
-from taskweaver_lite.store.interface import EVENTS_CHANNEL
 from taskweaver_lite.store.postgres_schema import MIGRATIONS, migrate
 from taskweaver_lite.store.sql import SESSION_ID, USAGE_SUMS, SessionRows, SqlStore
 
@@ -51,7 +55,12 @@ CONNECT_TIMEOUT_SECONDS = 5.0  # waiting for a connection (the database down, or
 # one request in this many seconds tries a connection of its own, and the first that gets one ends the outage.
 PROBE_INTERVAL_SECONDS = 0.5
 PROBE_TIMEOUT_SECONDS = 2
-_WORD = re.compile(r"\w+")
+# Seconds a process's following of a session lasts unless renewed (each third of it, by its LISTEN thread): a process
+# that dies leaves rows that cost the writers of those sessions a notice each until then, nothing more.
+FOLLOW_SECONDS = 60.0
+_log = logging.getLogger(__name__)
+
+TIPS_CHANNEL = "twl_tips"  # every change of the stored tips (postgres_schema.py's version 8)
 
 _POOLS: dict[str, psycopg_pool.ConnectionPool[Any]] = {}
 _POOLS_GUARD = threading.Lock()
@@ -110,6 +119,55 @@ class Outage:
 
 
 _OUTAGES: dict[str, Outage] = {}
+
+
+class TipsVersion:
+    """The stored tips' version as this process last read it (one per URL): trusted only while its LISTEN connection hears every change.
+
+    A change notices `twl_tips` as it commits; hearing it forgets the version, and so does the
+    connection coming up or going down (what changed meanwhile was not heard). A version read
+    while a change was heard is not kept: it may be older than that change.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hearing = False
+        self._changes = 0  # changes heard (and connections made or lost) so far
+        self._known: tuple[int, int] | None = None
+
+    def read(self, fetch: Callable[[], tuple[int, int]]) -> tuple[int, int]:
+        """The version: the one kept, or `fetch`ed from the store (and kept while every change is heard)."""
+        with self._lock:
+            if self._known is not None:
+                return self._known
+            changes = self._changes
+        version = fetch()
+        with self._lock:
+            if self._hearing and changes == self._changes:
+                self._known = version
+        return version
+
+    def changed(self, _payload: str = "") -> None:
+        """A change of the tips was heard."""
+        with self._lock:
+            self._changes += 1
+            self._known = None
+
+    def hearing(self, on: bool) -> None:
+        """The LISTEN connection came up (every change is heard from now on) or went down."""
+        with self._lock:
+            self._hearing = on
+            self._changes += 1
+            self._known = None
+
+
+_TIPS: dict[str, TipsVersion] = {}
+
+
+def _tips_version(url: str) -> TipsVersion:
+    """The process's record of `url`'s tips version."""
+    with _POOLS_GUARD:
+        return _TIPS.setdefault(url, TipsVersion())
 
 
 def _pool_for(url: str, size: int) -> psycopg_pool.ConnectionPool[Any]:
@@ -279,7 +337,8 @@ class PostgresStore(SqlStore):
     def _write(self, rows: EventRows) -> list[int]:
         """The whole write as one statement (each table's rows a data-modifying `WITH`): atomic with no transaction around it, one round trip.
 
-        Its log entries send one `NOTIFY twl_events` with the session's id, on commit. A session
+        Its log entries send one `NOTIFY twl_events` with the session's id, on commit, if a process
+        follows the session (`follow`). A session
         that is not stored fails the rows' foreign keys, or finds no row to update.
         """
         parts: list[str] = []
@@ -298,8 +357,9 @@ class PostgresStore(SqlStore):
         found = "(SELECT COUNT(*) FROM touched)" if update is not None else "(SELECT COUNT(*) FROM sessions WHERE id = ?)"
         params += [] if update is not None else [rows.session_id]
         ids = "ARRAY(SELECT id FROM logged ORDER BY id)" if logged is not None else "NULL"
-        notify = ", pg_notify(?, ?)" if logged is not None else ""
-        params += [EVENTS_CHANNEL, rows.session_id] if logged is not None else []
+        # The notice goes out only when some process follows the session (postgres_schema.py's version 7).
+        notify = ", taskweaver_lite_events_logged(?)" if logged is not None else ""
+        params += [rows.session_id] if logged is not None else []
         statement = f"WITH {', '.join(parts)} SELECT {found}, {ids}{notify}" if parts else f"SELECT {found}, {ids}"
         with self._one() as db:
             try:
@@ -341,19 +401,9 @@ class PostgresStore(SqlStore):
             ).fetchone()
         return int(row[0])
 
-    def search_tips(self, text: str, *, owner: str | None = None, limit: int) -> list[Tip] | None:
-        """The stored tips that fit `text` (any of its words, stemmed), best first by `ts_rank`."""
-        words = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))[:64]
-        if not words:
-            return []
-        mine, params = (" AND s.owner = ?", (owner,)) if owner is not None else ("", ())  # a user's own, as `stored_tips`
-        with self._read_one() as db:
-            rows = db.execute(
-                "SELECT t.id, t.kind, t.text, t.session_id, t.created_at FROM tips t LEFT JOIN sessions s ON s.id = t.session_id,"
-                f" websearch_to_tsquery('english', ?) q WHERE t.search @@ q{mine} ORDER BY ts_rank(t.search, q) DESC, t.id LIMIT ?",
-                (" or ".join(words), *params, limit),
-            ).fetchall()
-        return [Tip(id=str(r[0]), kind=r[1], text=r[2], source=r[3], created_at=float(r[4])) for r in rows]
+    def tips_version(self) -> tuple[int, int]:
+        """As SqlStore's; kept in memory while this process hears every change of the tips (`TipsVersion`), so a search asks nothing then."""
+        return _tips_version(self._url).read(super().tips_version)
 
     def lock(self, session_id: str) -> AdvisoryClaim:
         """Claim the session for this process; SessionBusyError if another process (on any machine) has it open."""
@@ -364,7 +414,37 @@ class PostgresStore(SqlStore):
 
     def notices(self) -> PostgresNotices:
         """LISTEN and NOTIFY on this database: the store's notices of new events, and the servers' own."""
-        return PostgresNotices(self._url)
+        return PostgresNotices(self._url, store=self)
+
+    def follow(self, session_id: str, follower: str, *, seconds: float) -> None:
+        """From now on (for `seconds`, unless renewed), each write of the session's events notices `follower`'s process.
+
+        Taken exclusively, the lock on the session's events that each write holds (shared) from its
+        check of the followers to its commit: a write under way either checks after this row is in,
+        or commits before this returns, so what the follower reads next holds it.
+        """
+        with self._transaction() as db:
+            self._one_at_a_time(db, f"taskweaver-lite events of {session_id}")
+            db.execute(
+                f"INSERT INTO followers (session_id, follower, expires) VALUES (?, ?, {self.now_sql} + ?)"
+                " ON CONFLICT (session_id, follower) DO UPDATE SET expires = excluded.expires",
+                (session_id, follower, seconds),
+            )
+
+    def unfollow(self, session_id: str, follower: str) -> None:
+        """`follower`'s process no longer follows the session: its writes stop noticing it."""
+        with self._write_one() as db:
+            db.execute("DELETE FROM followers WHERE session_id = ? AND follower = ?", (session_id, follower))
+
+    def renew_following(self, follower: str, session_ids: Sequence[str], *, seconds: float) -> None:
+        """`follower` follows `session_ids` for `seconds` more (rows lost meanwhile made again); rows that ran out long ago go."""
+        with self._write_one() as db:
+            db.execute(
+                f"WITH gone AS (DELETE FROM followers WHERE expires < {self.now_sql} - ?)"
+                f" INSERT INTO followers (session_id, follower, expires) SELECT unnest(?::text[]), ?, {self.now_sql} + ?"
+                " ON CONFLICT (session_id, follower) DO UPDATE SET expires = excluded.expires",
+                (seconds, list(session_ids), follower, seconds),
+            )
 
     def close(self) -> None:
         """Nothing to close per store: the connections belong to the process's pool, closed at exit."""
@@ -401,11 +481,48 @@ def _end_read(conn: psycopg.Connection[Any]) -> None:
 
 
 class PostgresNotices:
-    """Notices between the processes on one database: LISTEN on a connection of its own (a daemon thread), NOTIFY by one statement."""
+    """Notices between the processes on one database: LISTEN on a connection of its own (a daemon thread), NOTIFY by one statement.
 
-    def __init__(self, url: str) -> None:
+    The store's notices of new events come only for the sessions this process follows (`follow`):
+    each followed session is a row in the store, renewed by the LISTEN thread each third of
+    FOLLOW_SECONDS, deleted once nothing here follows it.
+    """
+
+    def __init__(self, url: str, *, store: PostgresStore) -> None:
         self._url = url
+        self._store = store
+        self.follower = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._followed: dict[str, int] = {}  # session id -> how many here follow it
+        self._following = threading.Lock()  # one change of the rows at a time, each with its count
         self._listener: _Listener | None = None
+
+    def follow(self, session_id: str) -> None:
+        """This process follows the session's events from now on (StoreError when the store is down): its writes notice us."""
+        with self._following:
+            if not self._followed.get(session_id):
+                self._store.follow(session_id, self.follower, seconds=FOLLOW_SECONDS)
+            self._followed[session_id] = self._followed.get(session_id, 0) + 1
+
+    def unfollow(self, session_id: str) -> None:
+        """One follower of the session here fewer; the last one's row goes (left to run out when the store is down)."""
+        with self._following:
+            left = self._followed.get(session_id, 0) - 1
+            if left > 0:
+                self._followed[session_id] = left
+                return
+            self._followed.pop(session_id, None)
+            try:
+                self._store.unfollow(session_id, self.follower)
+            except StoreError as exc:
+                _log.warning("session %s: could not stop following its events (%s); it runs out by itself", session_id, exc)
+
+    def renew(self) -> None:
+        """Renew what this process follows (rows lost meanwhile made again)."""
+        with self._following:
+            followed = list(self._followed)
+        if followed:
+            with contextlib.suppress(StoreError):  # the store is down: renewed at the next turn, or made again then
+                self._store.renew_following(self.follower, followed, seconds=FOLLOW_SECONDS)
 
     @property
     def connected(self) -> bool:
@@ -414,7 +531,8 @@ class PostgresNotices:
 
     def listen(self, handlers: Mapping[str, Callable[[str], object]]) -> None:
         """LISTEN on each channel from now on; each notice's payload goes to its channel's handler."""
-        self._listener = _Listener(self._url, dict(handlers))
+        tips = _tips_version(self._url)
+        self._listener = _Listener(self._url, {**handlers, TIPS_CHANNEL: tips.changed}, every=(FOLLOW_SECONDS / 3, self.renew), on_connected=tips.hearing)
         self._listener.start()
 
     def send(self, channel: str, payload: str) -> None:
@@ -431,25 +549,43 @@ class PostgresNotices:
 class _Listener(threading.Thread):
     """The LISTEN connection's thread: hands each notice's payload to its channel's handler; reconnects after a drop."""
 
-    def __init__(self, url: str, handlers: dict[str, Callable[[str], object]]) -> None:
+    def __init__(
+        self,
+        url: str,
+        handlers: dict[str, Callable[[str], object]],
+        *,
+        every: tuple[float, Callable[[], object]],
+        on_connected: Callable[[bool], object],
+    ) -> None:
+        """`every`: (seconds, what): called that often from this thread (the followed sessions' renewal); `on_connected` hears the connection come and go."""
         super().__init__(name="store-listen", daemon=True)
         self._url = url
         self._handlers = handlers
+        self._every = every
+        self._on_connected = on_connected
         self._stopping = threading.Event()
         self.connected = False
 
     def run(self) -> None:
+        seconds, task = self._every
+        due = time.monotonic() + seconds
         while not self._stopping.is_set():
             try:
                 with psycopg.connect(self._url, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_SECONDS)) as db:
                     for channel in self._handlers:
                         db.execute(f"LISTEN {channel}")
                     self.connected = True
+                    self._on_connected(True)
                     while not self._stopping.is_set():
                         for notice in db.notifies(timeout=1.0):
                             self._handlers[notice.channel](notice.payload)
+                        if time.monotonic() >= due:
+                            task()
+                            due = time.monotonic() + seconds
             except psycopg.Error:
                 _outage(self._url).found_down()  # the store is down or restarting: requests are answered at once until a probe finds it back
+            finally:
+                self._on_connected(False)
             self.connected = False
             self._stopping.wait(LISTEN_RETRY_SECONDS)
 

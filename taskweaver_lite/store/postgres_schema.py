@@ -8,7 +8,9 @@ newer taskweaver-lite is refused, never misread.
 The tables are those of the SQLite store (`schema.py`, version 5 onwards, each later step with its
 twin here) in PostgreSQL's types: identity columns for SQLite's rowids, BYTEA for blobs, DOUBLE
 PRECISION for times, and booleans kept as 0/1 integers so that both backends share their queries.
-Tips carry a `tsvector` column (generated, with a GIN index) that PostgreSQL's full-text search ranks.
+Tips carry a `tsvector` column (generated, with a GIN index) that PostgreSQL's full-text search ranked
+until version 8; tips are now ranked in memory, as on SQLite, and the column stays for the replicas of
+an earlier version during a rolling upgrade.
 """
 
 from __future__ import annotations
@@ -117,6 +119,33 @@ MIGRATIONS: list[Migration] = [
         # Version 6 (as SQLite's version 10): a freed lease keeps its row, with the session's newest event id as it
         # was freed, so the next request reads it as it takes the lease (-1: not freed so).
         "ALTER TABLE leases ADD COLUMN version BIGINT NOT NULL DEFAULT -1",
+    ),
+    (
+        # Version 7 (PostgreSQL's alone: the SQLite file has no notices): the replicas following each session's events
+        # (an event stream open there), for as long as they renew their row. A write of events notices them only when
+        # some replica follows the session (`twl_events` is store/interface.py's EVENTS_CHANNEL). The check reads the
+        # followers in a snapshot of its own, under a lock on the session's events that a new follower takes
+        # exclusively (`PostgresStore.follow`): a write checks after it registered, or it registers after the
+        # write committed, and then reads what it wrote.
+        """CREATE TABLE followers (
+            session_id TEXT NOT NULL, follower TEXT NOT NULL, expires DOUBLE PRECISION NOT NULL, PRIMARY KEY (session_id, follower))""",
+        """CREATE FUNCTION taskweaver_lite_events_logged(sid TEXT) RETURNS BOOLEAN LANGUAGE plpgsql VOLATILE AS $$
+            BEGIN
+                PERFORM pg_advisory_xact_lock_shared(hashtextextended('taskweaver-lite events of ' || sid, 0));
+                IF EXISTS (SELECT 1 FROM followers WHERE session_id = sid AND expires >= extract(epoch from clock_timestamp())) THEN
+                    PERFORM pg_notify('twl_events', sid);
+                    RETURN TRUE;
+                END IF;
+                RETURN FALSE;
+            END $$""",
+    ),
+    (
+        # Version 8 (PostgreSQL's alone): every change of the stored tips, by any statement, notices `twl_tips` on commit:
+        # a replica keeps the tips' version in memory while it hears them, instead of asking for it at each search.
+        """CREATE FUNCTION taskweaver_lite_tips_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN PERFORM pg_notify('twl_tips', ''); RETURN NULL; END $$""",
+        """CREATE TRIGGER tips_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON tips
+            FOR EACH STATEMENT EXECUTE FUNCTION taskweaver_lite_tips_changed()""",
     ),
 ]
 SCHEMA_VERSION = len(MIGRATIONS)

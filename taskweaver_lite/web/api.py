@@ -344,27 +344,33 @@ async def _event_stream(hub: Hub, session_id: str, after: int, *, still_allowed:
     yield f"retry: {RECONNECT_MS}\n\n"
     every = hub.config.serve.lease_timeout / 3  # a revoked token's streams end within the lease renewal period, on every replica
     next_check = time.monotonic() + every
-    while not hub.stopping:  # a replica that stops ends its streams: the clients reconnect to another, missing nothing
-        if time.monotonic() >= next_check:
-            if not await still_allowed():
-                yield ": the token or sign-in this stream was opened with no longer works\n\n"
-                return
-            next_check = time.monotonic() + every
-        with hub.parts.fanout.waiter(session_id) as signal:
-            try:
-                entries: list[StoredEvent] = await asyncio.to_thread(hub.parts.store.events_after, session_id, after)
-            except StoreError:
-                yield ": the session store is unreachable; waiting for it\n\n"
-                await asyncio.sleep(1.0)
-                continue
-            if entries:
-                after = entries[-1].id
-                yield "".join(f"id: {entry.id}\ndata: {json.dumps(entry.data, ensure_ascii=False)}\n\n" for entry in entries)
-                continue
-            try:
-                await asyncio.wait_for(signal.wait(), min(POLL, max(next_check - time.monotonic(), 0.01)))
-            except asyncio.TimeoutError:
-                yield ": keep-alive\n\n"
+    following = hub.parts.fanout.following(session_id)  # this replica hears the session's writes while the stream lasts
+    try:
+        while not hub.stopping:  # a replica that stops ends its streams: the clients reconnect to another, missing nothing
+            if time.monotonic() >= next_check:
+                if not await still_allowed():
+                    yield ": the token or sign-in this stream was opened with no longer works\n\n"
+                    return
+                next_check = time.monotonic() + every
+            if not following.on:  # before the store is read: whatever is written after that read wakes the stream
+                await asyncio.to_thread(following.start)
+            with hub.parts.fanout.waiter(session_id) as signal:
+                try:
+                    entries: list[StoredEvent] = await asyncio.to_thread(hub.parts.store.events_after, session_id, after)
+                except StoreError:
+                    yield ": the session store is unreachable; waiting for it\n\n"
+                    await asyncio.sleep(1.0)
+                    continue
+                if entries:
+                    after = entries[-1].id
+                    yield "".join(f"id: {entry.id}\ndata: {json.dumps(entry.data, ensure_ascii=False)}\n\n" for entry in entries)
+                    continue
+                try:
+                    await asyncio.wait_for(signal.wait(), min(POLL, max(next_check - time.monotonic(), 0.01)))
+                except asyncio.TimeoutError:
+                    yield ": keep-alive\n\n"
+    finally:
+        following.end()
 
 
 async def _stop(_: Request, hub: Hub, session_id: str) -> Response:

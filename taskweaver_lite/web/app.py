@@ -212,7 +212,9 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
     guard = Middleware(_Guard, access=access, metrics_token=scraper)
     tracer = tracing.tracer_for(config.tracing)  # None with tracing off: no middleware, no cost
     traced = [Middleware(TraceMiddleware, tracer=tracer, routes=routes)] if tracer is not None else []
-    app = Starlette(routes=routes, middleware=[*logging, timing, *traced, guard, Middleware(BodyLimit, config=config)], lifespan=lifespan)
+    app = Starlette(
+        routes=routes, middleware=[*logging, timing, *traced, guard, Middleware(BodyLimit, config=config, jsonrpc=(MCP_PATH, MCP_REFUSED))], lifespan=lifespan
+    )
     app.state.hub = hub
     return app
 

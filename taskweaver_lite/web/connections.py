@@ -13,7 +13,8 @@
   (and its multipart envelope), any other request `serve.max_request_bytes`. A larger declared
   Content-Length is refused before a byte of the body is read; a body without one (chunked) is
   counted as it arrives and refused once it passes the cap. Either way: 413 and one line, and
-  nothing past the cap is read into memory or onto disk.
+  nothing past the cap is read into memory or onto disk. On `/mcp` the line comes as a JSON-RPC
+  error, which an MCP client shows (one JSON-RPC message is one body there: the cap bounds it).
 - Each write goes out at once (TCP_NODELAY): a kept-alive connection's responses do not wait for
   the client's delayed ACK.
 """
@@ -102,9 +103,11 @@ class _TooLarge(Exception):
 class BodyLimit:
     """ASGI middleware: 413 for a body past its cap (see the module docstring), declared or counted as it arrives."""
 
-    def __init__(self, app: ASGIApp, config: Config) -> None:
+    def __init__(self, app: ASGIApp, config: Config, *, jsonrpc: tuple[str, int] | None = None) -> None:
+        """`jsonrpc`: (path, error code) of the endpoint whose refusals are JSON-RPC errors (`/mcp`)."""
         self._app = app
         self._limits = (config.session.max_upload_bytes + MULTIPART_ENVELOPE, config.serve.max_request_bytes)
+        self._jsonrpc = jsonrpc
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -114,7 +117,7 @@ class BodyLimit:
         limit = self._limits[0] if upload else self._limits[1]
         declared = _content_length(scope)
         if declared is not None and declared > limit:
-            await _too_large(limit, upload=upload)(scope, receive, send)
+            await self._too_large(scope, limit, upload=upload)(scope, receive, send)
             return
         received = 0
         started = False
@@ -137,7 +140,18 @@ class BodyLimit:
         except _TooLarge:
             if started:
                 raise
-            await _too_large(limit, upload=upload)(scope, receive, send)
+            await self._too_large(scope, limit, upload=upload)(scope, receive, send)
+
+    def _too_large(self, scope: Scope, limit: int, *, upload: bool) -> JSONResponse:
+        """413 and one line naming the setting: a JSON-RPC error on the JSON-RPC endpoint, else `{"error": line}`."""
+        setting = f"session.max_upload_bytes ({limit - MULTIPART_ENVELOPE:,} bytes)" if upload else f"serve.max_request_bytes ({limit:,} bytes)"
+        what = "The file is" if upload else "The request's body is"
+        line = f"{what} larger than {setting} allows: nothing was done."
+        if self._jsonrpc is not None and scope.get("path") == self._jsonrpc[0]:
+            body: dict[str, Any] = {"jsonrpc": "2.0", "id": None, "error": {"code": self._jsonrpc[1], "message": line}}
+        else:
+            body = {"error": line}
+        return JSONResponse(body, status_code=413, headers={"Connection": "close"})
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -145,9 +159,3 @@ def _content_length(scope: Scope) -> int | None:
         if key == b"content-length":
             return int(value) if value.isdigit() else None
     return None
-
-
-def _too_large(limit: int, *, upload: bool) -> JSONResponse:
-    setting = f"session.max_upload_bytes ({limit - MULTIPART_ENVELOPE:,} bytes)" if upload else f"serve.max_request_bytes ({limit:,} bytes)"
-    what = "The file is" if upload else "The request's body is"
-    return JSONResponse({"error": f"{what} larger than {setting} allows: nothing was done."}, status_code=413, headers={"Connection": "close"})

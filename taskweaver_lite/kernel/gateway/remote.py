@@ -21,7 +21,19 @@ from typing import Any
 from taskweaver_lite.config.settings import ExecutionConfig, KernelGatewayConfig
 from taskweaver_lite.errors import GatewayConnectionLost, GatewayError, GatewayUnreachableError, KernelError
 from taskweaver_lite.kernel import namespace
-from taskweaver_lite.kernel.base import DEFAULT_OUTPUT_TOKENS, POLL_INTERVAL, REPLY_WAIT, CellEnd, CellWatch, Ending, SessionKernel, show
+from taskweaver_lite.kernel.base import (
+    ABORTED,
+    ABORTED_WORDS,
+    DEFAULT_OUTPUT_TOKENS,
+    POLL_INTERVAL,
+    REPLY_WAIT,
+    CellEnd,
+    CellWatch,
+    Ending,
+    SessionKernel,
+    reply_problem,
+    show,
+)
 from taskweaver_lite.kernel.gateway import remote_code
 from taskweaver_lite.kernel.gateway.kernel import GONE, GatewayKernel
 from taskweaver_lite.kernel.gateway.provisioner import OWNER_VARIABLE, SESSION_VARIABLE, USER_NAME_VARIABLE
@@ -34,6 +46,8 @@ from taskweaver_lite.records.plugin_spec import PluginSpec
 # Raw bytes per upload request (base64 makes it a third bigger on the wire); requests in flight at once.
 UPLOAD_CHUNK = 1024 * 1024
 UPLOAD_WINDOW = 4
+# Tries at an upload whose parts the kernel dropped unrun (each try is sent whole).
+UPLOAD_ATTEMPTS = 3
 # Where sessions' folders go, relative to the folder the gateway starts kernels in.
 REMOTE_SESSIONS = "taskweaver_sessions"
 # What the gateway says when a kernel died ("restarting", "dead" if it gave up) and what a new one
@@ -155,7 +169,7 @@ class GatewayExecutor(SessionKernel):
                 if not self.kernel.connected:
                     self.kernel.connect()
                 asked = {k: v for k, v in namespace.cell_expressions(".").items() if k != namespace.CWD}
-                reply, heard = self._reply_heard(self.kernel.execute("", user_expressions=asked, silent=True))
+                reply, heard = self._listen(self.kernel.execute("", user_expressions=asked, silent=True), hear=True)
                 if not heard:
                     # The kernel may have died and been restarted there: this connection's output channel then
                     # reconnects to the new one in its own time, and a cell sent before it has would lose its output.
@@ -277,8 +291,7 @@ class GatewayExecutor(SessionKernel):
         msg_id = self.kernel.execute(start_up, user_expressions={_HOME: remote_code.HOME_EXPRESSION, **namespace.LIBRARIES_EXPRESSION}, silent=True)
         reply = self._reply(msg_id, deadline)
         if reply is None or reply.get("status") != "ok":
-            problem = (reply or {}).get("evalue") or "no answer"
-            raise GatewayError(f"The kernel on the gateway {self.kernel.url} did not take our start-up code ({problem}).")
+            raise GatewayError(f"The kernel on the gateway {self.kernel.url} did not take our start-up code ({reply_problem(reply)}).")
         self.libraries = namespace.importable_libraries(reply)
         home = _text_value(reply, _HOME)
         if home:
@@ -449,32 +462,22 @@ class GatewayExecutor(SessionKernel):
 
     def _reply(self, msg_id: str, deadline: float | None = None) -> dict[str, Any] | None:
         """The shell reply to `msg_id` (None if none came by `deadline`, default REPLY_WAIT from now)."""
+        return self._listen(msg_id, deadline)[0]
+
+    def _listen(self, msg_id: str, deadline: float | None = None, *, hear: bool = False) -> tuple[dict[str, Any] | None, bool]:
+        """The shell reply to `msg_id` (None if none came by `deadline`, default REPLY_WAIT from now), and whether its status came on the output channel.
+
+        With `hear`, the status is waited for up to IOPUB_PROBE past the reply (the kernel says
+        "busy" before it replies and "idle" after); without, the reply ends the wait.
+        """
         deadline = time.monotonic() + REPLY_WAIT if deadline is None else deadline
-        while (left := deadline - time.monotonic()) > 0:
+        reply: dict[str, Any] | None = None
+        heard = False
+        while not (reply is not None and (heard or not hear)) and (left := deadline - time.monotonic()) > 0:
             msg = self.kernel.receive(min(left, 1.0))
             if msg is None:
                 continue
             if _death(msg, booting=False):  # a kernel we just (re)started says "starting": not news
-                raise GatewayError(f"The kernel on the gateway {self.kernel.url} died while answering.")
-            if msg.get("channel") == "shell" and msg.get("parent_header", {}).get("msg_id") == msg_id:
-                content: dict[str, Any] = msg["content"]
-                return content
-        return None
-
-    def _reply_heard(self, msg_id: str) -> tuple[dict[str, Any] | None, bool]:
-        """The shell reply to `msg_id` (None if none came within REPLY_WAIT), and whether its status came on the output channel.
-
-        The status is waited for up to IOPUB_PROBE past the reply (the kernel says "busy" before it
-        replies and "idle" after).
-        """
-        deadline = time.monotonic() + REPLY_WAIT
-        reply: dict[str, Any] | None = None
-        heard = False
-        while not (reply is not None and heard) and (left := deadline - time.monotonic()) > 0:
-            msg = self.kernel.receive(min(left, 1.0))
-            if msg is None:
-                continue
-            if _death(msg, booting=False):
                 raise GatewayError(f"The kernel on the gateway {self.kernel.url} died while answering.")
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
@@ -486,30 +489,51 @@ class GatewayExecutor(SessionKernel):
         return reply, heard
 
     def _stream(self, source: Path, target: str) -> None:
-        """Write `source` to `<home>/<target>` through the kernel, a few chunks in flight at a time.
+        """Write `source` to `<home>/<target>` through the kernel; started over when the kernel dropped a part of it unrun.
+
+        A request the kernel aborted (queued behind another client's failing cell) was not run, and
+        the parts after it may then have run against a file that was never opened: the whole upload is
+        sent again, up to UPLOAD_ATTEMPTS times.
+        """
+        for _ in range(UPLOAD_ATTEMPTS):
+            if self._send_upload(source, target):
+                return
+        raise GatewayError(f"{ABORTED_WORDS}, {UPLOAD_ATTEMPTS} times in a row, while writing {target}")
+
+    def _send_upload(self, source: Path, target: str) -> bool:
+        """One try at the upload, a few chunks in flight at a time; False when the kernel dropped a part of it unrun.
 
         Each chunk rides in `user_expressions` of an empty request: evaluated as one expression, it
         skips IPython's cell transforms, which cost ~0.3 s per megabyte of code.
         """
         partial = f"{target}.part"
         pending = [self.kernel.execute(remote_code.upload_open(partial), user_expressions={}, silent=True)]
+        dropped = False
         with source.open("rb") as data:
             while chunk := data.read(UPLOAD_CHUNK):
                 pending.append(self.kernel.execute("", user_expressions={remote_code.WRITE: remote_code.upload_write(chunk)}, silent=True))
                 if len(pending) > UPLOAD_WINDOW:
-                    self._confirm(pending.pop(0), target)
+                    dropped = self._dropped(pending.pop(0), target, after_drop=dropped) or dropped
         pending.append(self.kernel.execute(remote_code.upload_finish(partial, target), user_expressions={}, silent=True))
         for msg_id in pending:
-            self._confirm(msg_id, target)
+            dropped = self._dropped(msg_id, target, after_drop=dropped) or dropped
+        return not dropped
 
-    def _confirm(self, msg_id: str, target: str) -> None:
-        """The kernel's reply to one upload request, checked: GatewayError if it did not write."""
+    def _dropped(self, msg_id: str, target: str, *, after_drop: bool = False) -> bool:
+        """The kernel's reply to one upload request, checked: True if it was dropped unrun, GatewayError if it did not write.
+
+        After a dropped part (`after_drop`) a failure is expected (nothing was opened to write to)
+        and only the reply is waited for: the upload is sent again.
+        """
         reply = self._reply(msg_id, time.monotonic() + self.kernel.config.connect_timeout)
         if reply is None:
             raise GatewayError(f"the kernel did not confirm a part of {target} in time")
+        if reply.get("status") == ABORTED:
+            return True
         written = (reply.get("user_expressions") or {}).get(remote_code.WRITE) or reply
-        if written.get("status") != "ok":
-            raise GatewayError(f"the kernel could not write {target} ({written.get('ename')}: {written.get('evalue')})")
+        if written.get("status") != "ok" and not after_drop:
+            raise GatewayError(f"the kernel could not write {target} ({reply_problem(written)})")
+        return False
 
 
 def _death(msg: dict[str, Any], *, booting: bool = True) -> bool:
