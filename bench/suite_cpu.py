@@ -19,7 +19,9 @@ when you compare against it:
     nice -n 10 .venv/bin/python bench/suite_cpu.py --against build/suite_cpu/before.json [tests/test_soak.py ...]
 
 `--against` prints each file's CPU as a ratio to the saved run's, and the totals of the files both
-measured. Each file's pytest output is kept in build/suite_cpu/logs/.
+measured; `--show RUN.json` prints a saved run (beside `--against`'s) without measuring. `--tree DIR`
+runs another checkout's tests on its own .venv: a baseline measured beside this one, file by file.
+Each file's pytest output is kept in build/suite_cpu/logs/<checkout>/.
 """
 
 from __future__ import annotations
@@ -255,7 +257,12 @@ def main() -> int:
     parser.add_argument("--against", type=Path, help="a saved run to print ratios against")
     parser.add_argument("--top", type=int, default=25, help="rows of the table")
     parser.add_argument("--tree", type=Path, default=REPO, help="the checkout to run, on its own .venv (default: this one): a baseline")
+    parser.add_argument("--show", type=Path, help="print a saved run (with --against: beside another) instead of measuring")
     args = parser.parse_args()
+    against = {each["path"]: FileCost(**each) for each in json.loads(args.against.read_text())} if args.against else {}
+    if args.show:
+        print_table([FileCost(**each) for each in json.loads(args.show.read_text())], against, args.top)
+        return 0
     if os.geteuid() != 0:
         sys.exit("run as root: each file runs in a cgroup of its own")
     root = cgroup2_root() / f"suite_cpu.{os.getpid()}"
@@ -275,9 +282,6 @@ def main() -> int:
                 args.save.write_text(json.dumps([asdict(each) for each in costs], indent=1))
     finally:
         root.rmdir()
-    against = {}
-    if args.against:
-        against = {each["path"]: FileCost(**each) for each in json.loads(args.against.read_text())}
     print_table(costs, against, args.top)
     return 1 if any(cost.returncode not in (0, 5) for cost in costs) else 0
 
