@@ -204,18 +204,29 @@ ATTACKS = {
         "for path in glob.glob('/proc/[0-9]*/environ') + glob.glob('/proc/[0-9]*/cmdline'):\n"
         "    try:\n        print(open(path, 'rb').read().replace(b'\\0', b' ').decode(errors='replace'))\n    except OSError:\n        pass\n"
     ),
+    # Every kernel file under the gateway's root, and every kernel a process of the gateway runs (by its command line).
+    # Only those: where nothing stops it, this attack reaches every kernel of the machine, and another test's kernel
+    # asked to run a failing cell would drop what its own client had queued behind it.
     "connection-files": lambda a, port, ports: (
         "import glob, json, os\n"
         "from jupyter_client import BlockingKernelClient\n"
         "from ipykernel.connect import get_connection_file\n"
         "mine = os.path.realpath(get_connection_file())\n"
-        f"found = glob.glob('{a.root}/**/*.json', recursive=True) + glob.glob('/root/.local/share/jupyter/runtime/*.json')\n"
+        "def of_the_gateway(pid):\n"
+        "    for _ in range(64):\n"
+        f"        if pid == {a.gateway.pid}:\n            return True\n"
+        "        try:\n            pid = int(open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1])\n"
+        "        except (OSError, ValueError, IndexError):\n            return False\n"
+        "    return False\n"
+        f"found = glob.glob('{a.root}/**/*.json', recursive=True) + glob.glob('{a.root}/.*/**/*.json', recursive=True)\n"
         "for cmdline in glob.glob('/proc/[0-9]*/cmdline'):\n"
         "    try:\n        args = open(cmdline, 'rb').read().split(b'\\0')\n    except OSError:\n        continue\n"
-        "    found += [args[i + 1].decode() for i, arg in enumerate(args[:-1]) if arg == b'-f']\n"
+        "    if of_the_gateway(int(cmdline.split('/')[2])):\n"
+        "        found += [args[i + 1].decode() for i, arg in enumerate(args[:-1]) if arg == b'-f']\n"
         "for path in sorted({os.path.realpath(p) for p in found} - {mine}):\n"
         "    try:\n        info = json.load(open(path))\n        client = BlockingKernelClient()\n        client.load_connection_info(info)\n"
-        "        client.start_channels()\n        client.execute_interactive('print(secret)', timeout=10)\n        client.stop_channels()\n"
+        "        client.start_channels()\n"
+        "        client.execute_interactive('print(secret)', timeout=10, stop_on_error=False)\n        client.stop_channels()\n"
         "    except Exception as exc:\n        print('no', path, type(exc).__name__)\n"
     ),
     "gateway-rest-api": lambda a, port, ports: _connect("127.0.0.1", port),
@@ -289,6 +300,12 @@ def test_the_projects_limits_the_syscall_filter_and_a_pid_namespace_hold_in_ever
     assert values["seccomp"] == "2", "the syscall filter is loaded"
     assert int(values["pids"]) <= 3, "the kernel's own PID namespace: bwrap's init and the kernel"
     assert values["cwd"] == str(sandboxed.root / "taskweaver_sessions" / "bob-s")
+
+
+def test_the_gateways_kernels_start_without_the_debugger_and_a_cell_can_still_import_it(sandboxed: Arena) -> None:
+    # As on this machine (tests/test_kernel.py): ipykernel's debugger is 0.08 s of CPU of every start, and nothing attaches to it.
+    shown = sandboxed.bob.run("import sys\nprint('debugpy' in sys.modules)\nimport debugpy\nprint(debugpy.__name__)")
+    assert shown.split() == ["False", "debugpy"], shown
 
 
 def test_no_file_a_kernel_writes_may_pass_the_gateway_projects_disk_limit(sandboxed: Arena) -> None:
