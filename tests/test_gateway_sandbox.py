@@ -302,6 +302,12 @@ def test_the_projects_limits_the_syscall_filter_and_a_pid_namespace_hold_in_ever
     assert values["cwd"] == str(sandboxed.root / "taskweaver_sessions" / "bob-s")
 
 
+def test_the_gateways_kernels_start_without_the_debugger_and_a_cell_can_still_import_it(sandboxed: Arena) -> None:
+    # As on this machine (tests/test_kernel.py): ipykernel's debugger is 0.08 s of CPU of every start, and nothing attaches to it.
+    shown = sandboxed.bob.run("import sys\nprint('debugpy' in sys.modules)\nimport debugpy\nprint(debugpy.__name__)")
+    assert shown.split() == ["False", "debugpy"], shown
+
+
 def test_no_file_a_kernel_writes_may_pass_the_gateway_projects_disk_limit(sandboxed: Arena) -> None:
     said = sandboxed.bob.run(f"with open('big.bin', 'wb') as f:\n    f.write(b'x' * {DISK_LIMIT + 1024})")
     assert "File too large" in said, said

@@ -57,7 +57,7 @@ PROBE = """
 import atexit, json, sys
 before = set(sys.modules)
 def report():
-    loaded = set(sys.modules) - before
+    loaded = {m for m in set(sys.modules) - before if sys.modules[m] is not None}  # None: an import we block, not made
     ours = sorted(m for m in loaded if m.startswith("taskweaver_lite"))
     others = sorted({m.partition(".")[0] for m in loaded} - set(sys.stdlib_module_names) - {"taskweaver_lite", "_distutils_hack"})
     sys.__stderr__.write("\\nIMPORTED " + json.dumps({"ours": ours, "others": others}) + "\\n")
@@ -67,9 +67,9 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def imported_by(*argv: str, cwd: Path | None = None) -> dict[str, list[str]]:
-    """The package's modules and the third-party packages that `taskweaver-lite ARGV` imported."""
-    done = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=60, cwd=cwd)
+def imported_by(*argv: str, cwd: Path | None = None, stdin: str | None = None) -> dict[str, list[str]]:
+    """The package's modules and the third-party packages that `taskweaver-lite ARGV` imported (`stdin`: what it reads)."""
+    done = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=120, cwd=cwd, input=stdin)
     marker = done.stderr.rpartition("IMPORTED ")[2]
     assert marker, f"the probe did not report: {done.stderr[-2000:]}"
     loaded: dict[str, list[str]] = json.loads(marker)
@@ -257,3 +257,21 @@ def test_export_writes_its_notebook_without_building_jsonschemas_iri_grammars(tm
     loaded = imported_by("export", "last", "-p", str(project), "-o", str(notebook), cwd=tmp_path)
     assert json.loads(notebook.read_text(encoding="utf-8"))["nbformat"] == 4
     assert {"nbformat", "jsonschema"} <= set(loaded["others"]) and "lark" not in loaded["others"], loaded["others"]
+
+
+def test_a_chat_turn_does_not_import_trio_where_it_is_installed(tmp_path: Path) -> None:
+    # httpcore (under the openai client) imports trio wherever it is installed, only to tell which async library
+    # runs it: 0.13 s of CPU at every command that asks a model (chat, serve, mcp, acp), for a loop that is asyncio's.
+    import importlib.util
+
+    from helpers import make_project
+
+    from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
+
+    assert importlib.util.find_spec("trio") is not None, "precondition: trio is installed here (selenium, in the test extra, brings it)"
+    with ScriptedServer() as server:
+        server.enqueue("planner", planner_reply("Add the numbers."), planner_reply("The total is 42.", send_to="User"))
+        server.enqueue("code_generator", code_reply("print(41 + 1)"))
+        loaded = imported_by("chat", "-p", str(make_project(tmp_path, server.url)), stdin="add them\n")
+    assert {"openai", "jupyter_client"} <= set(loaded["others"]), loaded["others"]  # the turn ran: the model was asked, a cell ran
+    assert "trio" not in loaded["others"], loaded["others"]

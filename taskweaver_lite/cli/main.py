@@ -247,6 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # which would compile the grammars of an IRI checker no schema of ours uses: 1 s of CPU (see
     # kernel/gateway/launch.py's kernel_gateway_app). This process is ours: no one else's code misses them.
     sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  # None: its import raises ImportError, which jsonschema allows for
+    # The model client's HTTP layer (httpcore) imports trio wherever it is installed (selenium brings it), only to
+    # tell which async library runs it; every loop here is asyncio's: 0.13 s of CPU per command that asks a model.
+    sys.modules.setdefault("trio", None)  # type: ignore[arg-type]
     from taskweaver_lite.errors import TaskWeaverError
     from taskweaver_lite.safety.terminal import strip_controls
 

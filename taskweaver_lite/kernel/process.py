@@ -58,6 +58,13 @@ def load_by_path(name: str, path: str) -> str:
     )
 
 
+# ipykernel's launcher, named as the argument after this code (so `ps` shows it), run without the debugger: ipykernel
+# imports debugpy (pydevd) at every start wherever it is installed (it depends on it), 0.08 s of CPU of a 0.28 s start,
+# for a debugger nothing attaches to here. ipykernel finds it missing and starts without one; DEBUGGER_BACK, in the
+# start-up code, lets a cell that imports it get it. A kernel's command line: [python, *LAUNCH, "-f", ...].
+LAUNCHER = "import runpy, sys; sys.modules['debugpy'] = None; runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)"
+LAUNCH = ("-c", LAUNCHER, "ipykernel_launcher")
+DEBUGGER_BACK = "_twl_s = __import__('sys'); _twl_s.modules.get('debugpy', 0) is None and _twl_s.modules.pop('debugpy'); del _twl_s"
 # The kernel ends when this program does, however it ends (lifeline.py): its watch starts first.
 LIFELINE_START_UP = f"{load_by_path(lifeline.MODULE_NAME, lifeline.__file__)}; __import__('sys').modules[{lifeline.MODULE_NAME!r}].watch()"
 _START_UP = "; ".join(
@@ -69,6 +76,7 @@ _START_UP = "; ".join(
         # Plugin files import `taskweaver.plugin` / `taskweaver_lite.plugin`: both are this module in the kernel.
         load_by_path(plugin_runtime.MODULE_NAME, plugin_runtime.__file__),
         f"__import__('sys').modules[{plugin_runtime.MODULE_NAME!r}].register_shims()",
+        DEBUGGER_BACK,
     ]
 )
 # pandas' display width from TASKWEAVER_DISPLAY_WIDTH (see display.py); loaded the same way.
@@ -135,7 +143,7 @@ class InterpreterKernelManager(KernelManager):
 
     def _build_spec(self) -> KernelSpec:
         argv = [
-            self.python, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+            self.python, *LAUNCH, "-f", "{connection_file}",
             # Sessions keep their own record; IPython's shared SQLite history only adds lock contention.
             "--HistoryManager.hist_file=:memory:",
             # `ls -la` would run the shell through automagic, and it parses as Python (`ls - la`).

@@ -51,7 +51,15 @@ from traitlets import Unicode
 
 from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import Config
-from taskweaver_lite.kernel.process import LIFELINE_START_UP, SOCKET_PATH_LIMIT, close_launch_files, filtered_environment, pass_launch_files
+from taskweaver_lite.kernel.process import (
+    DEBUGGER_BACK,
+    LAUNCH,
+    LIFELINE_START_UP,
+    SOCKET_PATH_LIMIT,
+    close_launch_files,
+    filtered_environment,
+    pass_launch_files,
+)
 from taskweaver_lite.kernel.sandbox import cgroup as kernel_cgroup
 from taskweaver_lite.kernel.sandbox import syscall_filter
 from taskweaver_lite.kernel.sandbox.bwrap import SandboxPlan, kernel_command, session_sandbox, uses_sandbox
@@ -255,8 +263,8 @@ def kernels_of_session(manager: Any, session: str) -> list[str]:
 def kernelspec(*, project_dir: Path, root: Path) -> dict[str, Any]:
     """The kernel.json of the gateway's only kernelspec: ipykernel on this interpreter, started by `SandboxProvisioner`."""
     # Sessions keep their own record; IPython's shared SQLite history only adds lock contention.
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--HistoryManager.hist_file=:memory:", "--InteractiveShell.automagic=False"]
-    argv.append(f"--IPKernelApp.exec_lines={LIFELINE_START_UP}")
+    argv = [sys.executable, *LAUNCH, "-f", "{connection_file}", "--HistoryManager.hist_file=:memory:", "--InteractiveShell.automagic=False"]
+    argv.append(f"--IPKernelApp.exec_lines={LIFELINE_START_UP}; {DEBUGGER_BACK}")
     return {
         "argv": argv,
         "display_name": "Python (taskweaver-lite sandbox)",
