@@ -14,6 +14,9 @@ adds), p95; and requests per second over the whole load. Configurations:
                  as a round-robin proxy without sticky sessions would send it: every request moves its session
     pg-2-sticky  the same two replicas, each session kept on one of them (replica n % 2) as the shipped nginx
                  keeps it (a consistent hash of the session id in the path)
+    pg-2-sticky-before  as pg-2-sticky, the replicas running the taskweaver-lite of `--before` (a source tree,
+                 e.g. `git worktree add /tmp/before <commit>`) on a database of their own: a change
+                 measured against the code before it in the same run
 
 Each load begins with a warm-up, not measured: every session's first WARM_UP requests, which reach
 each replica its load uses (one when kept in place, both round robin), so what is measured is a
@@ -42,6 +45,7 @@ load (pg_stat_statements, loaded into the private cluster for the run); each Pos
 then lists them per answer, most frequent first: the profile of an answer's round trips.
 
     python bench/team_bench.py [--sessions 10,20,40] [--requests 5] [--kills 20] [--lease 3] [--gateway sandbox|plain] [--rounds N] [--statements]
+                               [--before SOURCE_TREE]
 """
 
 from __future__ import annotations
@@ -108,9 +112,12 @@ def p95(values: list[float]) -> float:
 
 
 @contextmanager
-def replicas(project: Path, count: int) -> Iterator[list[ServeProcess]]:
+def replicas(project: Path, count: int, *, source: Path | None = None) -> Iterator[list[ServeProcess]]:
+    """`count` serve processes on `project`; `source`: a taskweaver-lite source tree they run instead of this one."""
+    # PYTHONSAFEPATH: `python -m` would otherwise put the working folder (perhaps this checkout) before PYTHONPATH.
+    env = {"PYTHONPATH": str(source), "PYTHONSAFEPATH": "1"} if source is not None else None
     with ExitStack() as stack:
-        yield [stack.enter_context(ServeProcess.start(project)) for _ in range(count)]
+        yield [stack.enter_context(ServeProcess.start(project, env=env)) for _ in range(count)]
 
 
 @dataclass(frozen=True)
@@ -341,7 +348,7 @@ def measure_one(
         service, store_pids = functools.partial(service_pids, servers, store), functools.partial(postgres_pids, store)
         urls = [s.url for s in servers]
         counting = statements if store is not None else None
-        sticky = name.endswith("-sticky")
+        sticky = "-sticky" in name
         found = load(urls, model, sessions=size, requests=requests, service=service, store_pids=store_pids, sticky=sticky, statements=counting)
     cull(gateway, found.sessions)  # replicas leave kernels on the gateway; a deployment's culling ends them, here at once
     line = f"  {name:11} {size:3} sessions: p95 {p95(found.latencies) * 1000:7.1f} ms, {found.rate:6.1f} requests/s, {found.answered} answered"
@@ -472,6 +479,7 @@ def main() -> int:
     parser.add_argument("--configs", default="sqlite,pg-local,pg-1,pg-2,pg-2-sticky", help="which configurations to load, comma-separated")
     parser.add_argument("--rounds", type=int, default=1, help="times each configuration is loaded, the configurations taking turns")
     parser.add_argument("--statements", action="store_true", help="count the statements PostgreSQL ran per answer (pg_stat_statements)")
+    parser.add_argument("--before", type=Path, help="a taskweaver-lite source tree whose replicas pg-2-sticky-before runs (the code before a change)")
     parser.add_argument(
         "--gateway", choices=("sandbox", "plain"), default="sandbox", help="the replicas' gateway: taskweaver-lite gateway, or jupyter kernelgateway"
     )
@@ -491,7 +499,7 @@ def main() -> int:
         started = sandbox_gateway(root / "gateway") if args.gateway == "sandbox" else kernel_gateway(root / "gateway", options=plain)
         print(f"gateway: {'taskweaver-lite gateway' if args.gateway == 'sandbox' else 'jupyter kernelgateway'}", file=sys.stderr)
         with started as gateway:
-            setups = _setups(root, cluster, gateway_url=gateway, model_url=scripted.url, lease=args.lease)
+            setups = _setups(root, cluster, gateway_url=gateway, model_url=scripted.url, lease=args.lease, before=args.before)
             print("load (each line: one configuration, one size):", file=sys.stderr)
             chosen = {name: start for name, (start, _) in setups.items() if name in args.configs.split(",") and name != "kills"}
             results = measure_load(
@@ -502,7 +510,9 @@ def main() -> int:
     return 0
 
 
-def _setups(root: Path, cluster: PostgresCluster, *, gateway_url: Any, model_url: str, lease: float) -> dict[str, tuple[Callable[[], Any], Path]]:
+def _setups(
+    root: Path, cluster: PostgresCluster, *, gateway_url: Any, model_url: str, lease: float, before: Path | None = None
+) -> dict[str, tuple[Callable[[], Any], Path]]:
     """Each configuration's servers, and its project. The loads run with the shipped serve.lease_timeout (a lease renewed
     each third of it); the kills (`kills`) with `lease`, so that a takeover is not waited for that long."""
     # Streamed replies, as serve_bench.py: the model notes the moment each answer was sent whole.
@@ -511,6 +521,10 @@ def _setups(root: Path, cluster: PostgresCluster, *, gateway_url: Any, model_url
     one = write_team_project(root / "pg-1", store_url=cluster.new_database(), gateway=gateway_url, model_url=model_url, lease_timeout=shipped, stream=True)
     two = write_team_project(root / "pg-2", store_url=cluster.new_database(), gateway=gateway_url, model_url=model_url, lease_timeout=shipped, stream=True)
     killed = write_team_project(root / "kills", store_url=cluster.new_database(), gateway=gateway_url, model_url=model_url, lease_timeout=lease, stream=True)
+    # The code before a change (--before) on a database of its own: its schema may be older.
+    earlier = root / "before"
+    if before is not None:
+        write_team_project(earlier, store_url=cluster.new_database(), gateway=gateway_url, model_url=model_url, lease_timeout=shipped, stream=True)
     local = write_team_project(root / "pg-local", store_url=cluster.new_database(), gateway=None, model_url=model_url, stream=True, single_replica=True)
     return {
         "sqlite": (lambda: replicas(sqlite, 1), sqlite),
@@ -518,12 +532,17 @@ def _setups(root: Path, cluster: PostgresCluster, *, gateway_url: Any, model_url
         "pg-1": (lambda: replicas(one, 1), one),
         "pg-2": (lambda: replicas(two, 2), two),
         "pg-2-sticky": (lambda: replicas(two, 2), two),
+        **({"pg-2-sticky-before": (lambda: replicas(earlier, 2, source=before), earlier)} if before is not None else {}),
         "kills": (lambda: replicas(killed, 2), killed),
     }
 
 
 # Two replicas against one SQLite server at the same session count: (configuration, what, the most CPU per answer it may take).
-CPU_TARGETS = (("pg-2-sticky", "sessions kept on one replica, as the shipped nginx routes", 1.3), ("pg-2", "round robin, every request moving", 2.0))
+CPU_TARGETS = (
+    ("pg-2-sticky", "sessions kept on one replica, as the shipped nginx routes", 1.3),
+    ("pg-2-sticky-before", "kept on one replica, the code of --before", 1.3),
+    ("pg-2", "round robin, every request moving", 2.0),
+)
 RATE_TARGET = 0.8  # answers per second of two replicas kept in place, at least this share of the SQLite server's
 
 

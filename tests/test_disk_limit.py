@@ -8,6 +8,7 @@ session goes on; the CodeGenerator reads why. How the folder is measured is chec
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from taskweaver_lite.config.file import load_config
 from taskweaver_lite.config.settings import ExecutionConfig
 from taskweaver_lite.kernel.executor import KernelExecutor
 from taskweaver_lite.kernel.sandbox.bwrap import bwrap_path
-from taskweaver_lite.kernel.sandbox.disk_limit import MAX_DEPTH, Unmeasurable, used
+from taskweaver_lite.kernel.sandbox.disk_limit import FAST, MAX_DEPTH, SLOW, DiskWatch, Pace, Reached, Unmeasurable, human, next_look, used
 from taskweaver_lite.session.assembly import open_session
 from taskweaver_lite.testing.scripted_server import ScriptedServer, code_reply, planner_reply
 
@@ -64,6 +65,90 @@ def test_many_small_files_count_as_much_as_one_large_one(tmp_path: Path) -> None
         assert len(os.listdir(executor.working_dir / "many")) < 100000, "the cell was not stopped once its files passed the limit"
 
 
+def _first_seen_past(limit: int, *, pace: int, walked: float, cpu: float, base: float, starts: float = 0.0) -> int:
+    """The size at which the watcher's pacing first looks at a folder growing `pace` bytes a second from `starts` seconds
+    after its first look past `limit`, each walk taking `walked` seconds (`cpu` of them on a core): its loop on a simulated clock."""
+    watch, now, chunk = Pace(), 0.0, MB // 2
+    while True:
+        size = int(pace * max(0.0, now - starts)) // chunk * chunk  # what the walk finds (written in half megabytes); noted when it ends
+        now += walked
+        watch.note(now, size, 1)
+        if size > limit:
+            return size
+        until, room = watch.until(limit, None), watch.room(limit, None)
+        now += next_look(base=base, walked=walked, cpu=cpu, until=until, room=room)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("starts", [0.0, 0.75])
+def test_a_busy_machine_does_not_push_back_the_first_look_at_a_folder_growing_toward_the_limit(starts: float) -> None:
+    """16 MB/s toward a 20 MB limit (a kernel's thread between cells, a gateway's kernel) while a walk of one file takes
+    0.11 s waiting for a core (CI under load): pausing twenty times that wall time, the watcher first saw the folder at
+    37 MB. Begun 0.75 s after a look, the writer's mean pace over the next second is a quarter of its own: paced by
+    that, the look after saw 33 MB. Both are seen within two megabytes of the limit (a walk of 0.11 s apart)."""
+    for walked, base in ((0.001, SLOW), (0.11, SLOW), (0.11, FAST)):
+        seen = _first_seen_past(20 * MB, pace=16 * MB, walked=walked, cpu=0.0005, base=base, starts=starts)
+        assert seen <= 22 * MB, f"first seen at {seen / MB:.1f} MB (walks of {walked} s, looks every {base} s)"
+
+
+@pytest.mark.unit
+def test_the_watcher_spends_a_twentieth_of_a_core_at_most_and_looks_before_the_growth_seen_passes_a_limit() -> None:
+    assert next_look(base=FAST, walked=0.001, cpu=0.001) == FAST
+    assert next_look(base=SLOW, walked=0.001, cpu=0.001) == SLOW
+    assert next_look(base=FAST, walked=0.5, cpu=0.2) == pytest.approx(4.0), "a walk's CPU (a huge folder) spaces the looks out"
+    assert next_look(base=FAST, walked=0.03, cpu=0.001) == pytest.approx(0.6), "a slow walk (a busy machine, a slow disk) too"
+    assert next_look(base=FAST, walked=5.0, cpu=0.001) == SLOW, "but a second at most when the room left is small"
+    assert next_look(base=FAST, walked=0.2, cpu=0.001, room=10.0) == pytest.approx(4.0), "and further only when it is large"
+    assert next_look(base=SLOW, walked=0.001, cpu=0.001, until=0.5) == pytest.approx(0.25)
+    assert next_look(base=SLOW, walked=0.001, cpu=0.001, until=0.0) == FAST
+    assert next_look(base=SLOW, walked=1.0, cpu=1.0, near=True) == FAST
+    growing = Pace()
+    growing.note(9.0, 2 * MB, 10)
+    growing.note(10.0, 4 * MB, 10)
+    assert growing.until(10 * MB, None) == 0.0, "growth just begun, near the limit: its pace is measured at once"
+    assert growing.until(1000 * MB, None) == pytest.approx(498.0), "far from it: paced by what was seen"
+    assert growing.room(10 * MB, None) == pytest.approx(6 / 64)
+    growing.note(11.0, 6 * MB, 1010)
+    assert growing.until(10 * MB, None) == pytest.approx(2.0)
+    assert growing.until(10 * MB, 1510) == pytest.approx(0.5), "the files limit is passed first"
+    growing.note(11.1, 6 * MB, 1010)
+    assert growing.until(10 * MB, 1510) == pytest.approx(0.5), "between two writes: still the pace seen"
+    growing.note(12.0, 6 * MB, 1010)
+    assert growing.until(10 * MB, 1510) == float("inf"), "a quiet spell: no pace to pass a limit at"
+
+
+def test_a_folder_growing_toward_the_limit_is_looked_at_before_the_pace_it_grows_at_could_pass_it(tmp_path: Path) -> None:
+    """A writer at 16 MB/s toward a 20 MB limit, between cells (a kernel's thread, a gateway's kernel): the watcher's
+    second-long pause would see it first near 32 MB; looking again within half the time the growth seen would take to
+    reach the limit, it sees it within a few hundredths of a second of passing it, on a busy machine too (where its
+    first pause, twenty times a slow walk's wall time, let it first see 36 MB in 2 of 4 CI runs)."""
+    folder = tmp_path / "cwd"
+    folder.mkdir()
+    first: list[Reached] = []
+    passed = threading.Event()
+
+    def told(reached: Reached, in_cell: bool) -> None:
+        first.append(reached)
+        passed.set()
+
+    watch = DiskWatch((folder,), limit=20 * MB, on_reached=told)
+    try:
+        chunk, pace = b"x" * (MB // 2), 16 * MB  # bytes per second at most: late on a busy machine, it never catches up in a burst
+        due, written = time.monotonic(), 0
+        with (folder / "growing.bin").open("wb") as out:
+            while not passed.is_set() and written < 60 * MB:
+                out.write(chunk)
+                out.flush()
+                written += len(chunk)
+                due = max(due + len(chunk) / pace, time.monotonic())
+                passed.wait(max(0.0, due - time.monotonic()))
+        assert passed.wait(10), f"the watcher never saw {written / MB:.0f} MB pass the 20 MB limit"
+    finally:
+        watch.close()
+    size = first[0].size
+    assert size is not None and size <= 22 * MB, f"the watcher first saw the folder at {human(size) if size else size}, well past the 20 MB limit"
+
+
 def test_a_cell_that_begins_past_the_limit_may_delete_and_only_writing_more_stops_it(tmp_path: Path) -> None:
     config = ExecutionConfig(sandbox="none", disk_limit="2MB", timeout=60)
     with KernelExecutor(tmp_path / "sessions" / "s", config=config) as executor:
@@ -87,6 +172,21 @@ def test_a_child_process_writing_past_the_limit_is_ended(tmp_path: Path) -> None
         count = len(list(executor.working_dir.glob("w-*")))
         assert executor.run("x = 1").success
         assert len(list(executor.working_dir.glob("w-*"))) == count, "the writer went on after the cell"
+
+
+@pytest.mark.parametrize("sandbox", SANDBOXES)
+def test_a_cell_whose_child_process_passes_the_limit_stops_within_a_second_or_two_every_time(tmp_path: Path, sandbox: str) -> None:
+    """Its children were ended before the cell was interrupted: `subprocess.run` then returned, the cell ended on its own,
+    and the interrupt (a message to a sandboxed kernel) landed after it, in the kernel's own code, which dropped the
+    cell's reply: 5 s more waiting for it, in 3 of 6 such cells under load. Four cells, each within 3 s."""
+    config = ExecutionConfig(sandbox=sandbox, disk_limit="20MB", timeout=120)
+    writer = "import subprocess\nsubprocess.run(['sh', '-c', 'i=0; while true; do i=$((i+1)); head -c 1048576 /dev/zero > w-$i; done'])"
+    with KernelExecutor(tmp_path / "sessions" / "s", config=config) as executor:
+        for _ in range(4):
+            result = executor.run(writer)
+            assert not result.success and "execution.disk_limit" in result.limit_reached, result
+            assert result.elapsed < 3.0, f"the cell stopped {result.elapsed:.1f} s after it began"
+            assert executor.run("import glob, os\nfor name in glob.glob('w-*'): os.remove(name)").success
 
 
 def test_a_kernel_thread_writing_between_cells_ends_the_kernel_and_the_next_cell_says_why(tmp_path: Path) -> None:

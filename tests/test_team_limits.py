@@ -23,9 +23,10 @@ import pytest
 import requests
 import yaml
 
-from taskweaver_lite.store.postgres import PostgresStore
+from taskweaver_lite.errors import StoreUnavailable
+from taskweaver_lite.store.postgres import PostgresStore, close_pools
 from taskweaver_lite.testing.kernel_gateway import Gateway, sandbox_gateway
-from taskweaver_lite.testing.postgres_cluster import PostgresCluster
+from taskweaver_lite.testing.postgres_cluster import PostgresCluster, running_cluster
 from taskweaver_lite.testing.replicas import ServeProcess, run_code_model, write_team_project
 from taskweaver_lite.testing.scripted_server import ScriptedServer
 
@@ -316,6 +317,37 @@ def test_a_store_outage_is_answered_at_once_and_the_service_is_back_within_secon
     slow = [wait for wait in waits if wait > 1.0]
     assert recovered < 4.0, f"back {recovered:.1f} s after the store's restart"
     assert len(slow) <= 2 and sorted(waits)[len(waits) // 2] < 0.3, f"while down, requests are answered at once: {sorted(waits)[-5:]}"
+
+
+def test_once_the_store_is_back_its_first_request_gets_through_without_waiting_out_the_pools_reconnection_back_off() -> None:
+    """The connection pool reconnects on its own back-off (1, 2, 4, 8 s: tries some 1, 3, 7 and 15 s into an outage), and
+    while one try waits no other starts: after 10 s down, its next is 3 s or more past the restart, and each request
+    meanwhile waits 5 s for a connection and fails (the first got through 5.7 s after the restart so). Finding the server
+    back, the store starts a fresh pool, which connects at once. Its own server: stopping the run's would cut other tests."""
+    with running_cluster() as cluster:
+        url = cluster.new_database()
+        store = PostgresStore(url)
+        try:
+            store.ping()
+            cluster.stop()
+            down = time.monotonic()
+            while time.monotonic() - down < 10:  # past the pool's tries at 7 and 8 s (10% jitter), short of the next at 13.5 s
+                with pytest.raises(StoreUnavailable):
+                    store.ping()
+                time.sleep(0.2)
+            cluster.start_again()
+            restarted = time.monotonic()
+            while True:
+                try:
+                    store.ping()
+                    break
+                except StoreUnavailable:
+                    assert time.monotonic() - restarted < 30, "the store never found the server again"
+                    time.sleep(0.05)
+            recovered = time.monotonic() - restarted
+        finally:
+            close_pools(url)  # before the server goes: no pool left reconnecting to it
+    assert recovered < 2.0, f"the first request got through {recovered:.1f} s after the store's restart"
 
 
 def test_a_replica_lets_go_of_a_session_unused_for_serve_hot_session_idle_and_the_next_request_finds_it_whole(service: Service) -> None:

@@ -56,6 +56,9 @@ from taskweaver_lite.records.execution import CellError, ExecutionResult
 from taskweaver_lite.records.plugin_spec import PluginSpec
 
 SHUTDOWN_GRACE = 2.0
+# Seconds to wait for an interrupted cell's reply once the kernel is idle: sent before it said so, it is there by now
+# unless the kernel dropped it (an interrupt that landed in its own code, after the cell).
+INTERRUPTED_REPLY_WAIT = 0.5
 
 
 class KernelExecutor(SessionKernel):
@@ -251,8 +254,10 @@ class KernelExecutor(SessionKernel):
             self._lost(reached)
             return
         if in_cell:
-            end_children(kernel)
+            # The interrupt first: ending a child first (a `subprocess.run` waiting on it) lets the cell end on its own,
+            # and an interrupt landing after that, in the kernel's own code, loses the cell's reply (a 5 s wait for it).
             self.interrupt()
+            end_children(kernel)
             return
         self._strikes += 1
         if end_the_writer(kernel, strikes=self._strikes):
@@ -397,7 +402,11 @@ class KernelExecutor(SessionKernel):
                 msg = None
             if msg is not None and msg["parent_header"].get("msg_id") == msg_id:
                 if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
-                    return CellEnd("idle", watch.timed_out, reply=_reply(client, msg_id))
+                    # The reply goes out before the kernel says it is idle, unless an interrupt landed after the cell, in the
+                    # kernel's own code: ipykernel then drops it. After an interrupt it is waited for briefly (the snapshot is
+                    # asked for again without it).
+                    interrupted = watch.interrupted_at is not None or self._interrupt_requested
+                    return CellEnd("idle", watch.timed_out, reply=_reply(client, msg_id, wait=INTERRUPTED_REPLY_WAIT if interrupted else REPLY_WAIT))
                 show(msg, output, on_output)
             # Checked on a clock rather than on silence, so a cell that prints nonstop still times out.
             now = time.monotonic()

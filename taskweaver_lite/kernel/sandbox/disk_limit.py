@@ -13,10 +13,17 @@ help (no quota, no loop-mounted filesystem; a size-capped tmpfs would not keep t
   room left before each cell would need CAP_SYS_RESOURCE over the kernel's process (root in a
   container often lacks it) or a request to the kernel per cell: the watcher does that work;
 - a watcher measures the folders while the kernel lives, every few hundredths of a second
-  while a cell runs (the walk's own time times twenty, when it is slower) and every second
+  while a cell runs (the walk's own CPU time times twenty, when it is slower) and every second
   between cells, but never later than half the time the growth seen between its last two looks
   would take to pass a limit: on a busy machine a walk waiting for a core takes long, and twenty
-  times that was time enough for a cell to write 100,000 small files past a 4 MB limit. Many
+  times that was time enough for a cell to write 100,000 small files past a 4 MB limit. Before
+  any growth is seen (a cell's first look, a quiet spell) the pause does not stretch with load
+  either: it is twenty times the walk's CPU time, and its wall time (a busy machine's wait for a
+  core, a slow disk) pushes the next look back a second at most, unless the room left before the
+  limit is more than a writer at 64 MB/s would fill meanwhile. Growth that has just begun near a
+  limit is looked at again at once, its true pace measured: it may have begun an instant before
+  the look that saw it. So a writer at 16 MB/s toward 20 MB is first seen within a megabyte or
+  two of the limit, on a busy machine as on an idle one. Many
   small files pass any per-file cap: the watcher sees their total. Past
   the limit it ends the kernel's child processes (a `dd`, a pool's workers: often the writers)
   and interrupts the running cell; the cell's result says the limit was reached, at what size,
@@ -51,7 +58,7 @@ from taskweaver_lite.records.execution import CellError
 
 MAX_DEPTH = 128
 FAST, SLOW = 0.02, 1.0  # seconds between measures while a cell runs, and between cells
-_SLOWDOWN = 20  # the watcher spends at most a twentieth of its time walking
+_SLOWDOWN = 20  # the watcher spends at most a twentieth of a core walking
 
 
 class Unmeasurable(Exception):
@@ -199,6 +206,79 @@ class Reached:
         )
 
 
+# A busy machine's wait for a core (or a slow disk) stretches the pause only while a writer at this pace could not
+# fill the room left meanwhile; past that, a second at most. And growth that has just begun, and would pass a limit
+# within HORIZON even at the mean pace seen since the last look, is looked at again at once: it may have begun an
+# instant before this look, at many times that pace.
+STRETCH_PACE = 64 * 1024 * 1024  # bytes a second
+STRETCH_FILES = 10_000  # files and folders a second
+HORIZON = 10.0
+QUIET = 0.25  # seconds without a change before the folders count as not growing
+
+
+@dataclass
+class Pace:
+    """How fast the folders grew between the watcher's last two looks, and when, at that pace, a limit is passed."""
+
+    last: tuple[float, int, int] | None = None  # (monotonic time, bytes, entries) of the last look that measured
+    growth: tuple[float, float] = (0.0, 0.0)  # bytes and entries per second between the last two looks
+    began: bool = False  # the folders grew since the last look, and not between the two before: when it began is not known
+
+    def note(self, now: float, size: int, count: int) -> None:
+        """Keep the look made at `now`, and the pace the folders grew at since the one before.
+
+        A look that finds nothing changed within QUIET of the one before is not kept: a writer may be
+        between two writes, and the next look measures its pace over the longer time.
+        """
+        last = self.last
+        if last is not None and (size, count) == last[1:] and now - last[0] < QUIET:
+            return
+        if last is not None and now > last[0]:
+            was_growing = self.growth[0] > 0 or self.growth[1] > 0
+            self.growth = ((size - last[1]) / (now - last[0]), (count - last[2]) / (now - last[0]))
+            self.began = not was_growing and (self.growth[0] > 0 or self.growth[1] > 0)
+        self.last = (now, size, count)
+
+    def until(self, allowed: int, allowed_files: int | None) -> float:
+        """Seconds until `allowed` bytes or `allowed_files` entries are passed, at the last pace (inf: not growing; 0: just
+        began, and near enough that its true pace must be measured before the next look)."""
+        if self.last is None:
+            return math.inf
+        _, size, count = self.last
+        per_byte, per_entry = self.growth
+        soonest = (allowed - size) / per_byte if per_byte > 0 else math.inf
+        if per_entry > 0 and allowed_files is not None:
+            soonest = min(soonest, (allowed_files - count) / per_entry)
+        if self.began and soonest < HORIZON:
+            return 0.0
+        return max(soonest, 0.0)
+
+    def room(self, allowed: int, allowed_files: int | None) -> float:
+        """Seconds a writer at STRETCH_PACE (or STRETCH_FILES) would take to fill what is left before a limit (0: not measured yet)."""
+        if self.last is None:
+            return 0.0
+        _, size, count = self.last
+        room = (allowed - size) / STRETCH_PACE
+        if allowed_files is not None:
+            room = min(room, (allowed_files - count) / STRETCH_FILES)
+        return max(room, 0.0)
+
+
+def next_look(*, base: float, walked: float, cpu: float, until: float = math.inf, room: float = 0.0, near: bool = False) -> float:
+    """Seconds from a look to the next: `base` (FAST in a cell, SLOW between), after a walk of `walked` seconds that took `cpu` seconds of CPU.
+
+    The watcher spends a twentieth of a core at most: the walk's CPU time times twenty. Its wall time
+    stretches the pause too (a busy machine, a slow disk) while `room` (see `Pace.room`) allows, and a
+    second at most past it: twenty times a walk's wait for a core let a writer run far past the limit
+    before the first look that could see it grow. Never later than half of `until` (when, at the pace
+    seen, a limit is passed); `near` the files limit, at once.
+    """
+    if near:
+        return FAST
+    pause = max(base, cpu * _SLOWDOWN, min(walked * _SLOWDOWN, max(SLOW, room)))
+    return min(pause, max(FAST, until / 2))
+
+
 class DiskWatch:
     """Watches one kernel's folders against the limit on a thread of its own while the kernel lives.
 
@@ -219,8 +299,7 @@ class DiskWatch:
         self._in_cell = False
         self._reached: Reached | None = None
         self._near = False  # the last look found past half the files limit: looked at again at once, the walk bounded
-        self._last: tuple[float, int, int] | None = None  # (monotonic time, bytes, entries) of the last look that measured
-        self._growth = (0.0, 0.0)  # bytes and entries per second between the last two looks
+        self._pace = Pace()  # the growth between the last two looks (from any thread)
         self._allowed = limit
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -238,40 +317,16 @@ class DiskWatch:
         except OSError as exc:  # too many open files, an I/O error: what cannot be measured cannot be let pass
             return Reached(None, self.limit, f"the folders could not be walked ({exc.strerror or exc})")
         self._near = self.files is not None and count > self.files // 2  # bytes have RLIMIT_FSIZE besides; files only this count
-        self._note(size, count)
+        self._pace.note(time.monotonic(), size, count)
         if size > self.limit or (self.files is not None and count > self.files):
             return Reached(size, self.limit, files=count, files_limit=self.files)
         return size
 
-    def _note(self, size: int, count: int) -> None:
-        """Keep this look, and the pace the folders grew at since the one before (looks from any thread)."""
-        now, last = time.monotonic(), self._last
-        if last is not None and now > last[0]:
-            self._growth = ((size - last[1]) / (now - last[0]), (count - last[2]) / (now - last[0]))
-        self._last = (now, size, count)
-
-    def _until_reached(self) -> float:
-        """Seconds until what is allowed is passed, at the pace of the last two looks (inf: not growing)."""
-        if self._last is None:
-            return math.inf
-        _, size, count = self._last
-        per_byte, per_entry = self._growth
-        soonest = (self._allowed - size) / per_byte if per_byte > 0 else math.inf
-        if per_entry > 0 and self._allowed_files is not None:
-            soonest = min(soonest, (self._allowed_files - count) / per_entry)
-        return max(soonest, 0.0)
-
-    def _pause(self, walked: float, *, between: bool) -> float:
-        """Seconds to the next look, after a walk that took `walked` seconds.
-
-        The watcher walks a twentieth of its time at most, but near the files limit (a flood of small files,
-        on a gateway too, where no cell's edges are seen) it looks again at once: its walk stops at twice the
-        limit. And never later than half the time the last growth would take to pass a limit.
-        """
-        if self._near:
-            return FAST
-        pause = max(FAST if self._in_cell or between else SLOW, walked * _SLOWDOWN)
-        return min(pause, max(FAST, self._until_reached() / 2))
+    def _pause(self, walked: float, cpu: float, *, between: bool) -> float:
+        """Seconds to the next look, after a walk that took `walked` seconds and `cpu` seconds of CPU (see `next_look`)."""
+        base = FAST if self._in_cell or between else SLOW
+        until, room = self._pace.until(self._allowed, self._allowed_files), self._pace.room(self._allowed, self._allowed_files)
+        return next_look(base=base, walked=walked, cpu=cpu, until=until, room=room, near=self._near)
 
     def _past(self, now: Reached | int) -> Reached | None:
         """`now` if it is past what is allowed at this moment."""
@@ -326,9 +381,9 @@ class DiskWatch:
     def _watch(self) -> None:
         told = False
         while not self._stop.is_set():
-            began = time.monotonic()
+            began, began_cpu = time.monotonic(), time.thread_time()
             reached = self._past(self.measure())
-            spent = time.monotonic() - began
+            spent, spent_cpu = time.monotonic() - began, time.thread_time() - began_cpu
             in_cell = self._in_cell
             if reached is not None and not told:
                 if in_cell:
@@ -339,11 +394,11 @@ class DiskWatch:
             if between and reached is not None:
                 self._allow(reached)  # between cells: told again, soon, if it grows further
                 told = False
-            pause = self._pause(spent, between=between)
+            pause = self._pause(spent, spent_cpu, between=between)
             while self._wake.wait(pause) and not self._stop.is_set():
                 # A cell began: `cell()` has just measured, so the next look is one short pause away.
                 self._wake.clear()
-                told, pause = False, max(FAST, spent * _SLOWDOWN)
+                told, pause = False, self._pause(spent, spent_cpu, between=False)
 
 
 def end_children(kernel: int) -> int:
