@@ -275,3 +275,33 @@ def test_a_chat_turn_does_not_import_trio_where_it_is_installed(tmp_path: Path) 
         loaded = imported_by("chat", "-p", str(make_project(tmp_path, server.url)), stdin="add them\n")
     assert {"openai", "jupyter_client"} <= set(loaded["others"]), loaded["others"]  # the turn ran: the model was asked, a cell ran
     assert "trio" not in loaded["others"], loaded["others"]
+
+
+# A server built and answering (its /healthz), then asked over MCP once: what it had imported before and after.
+SERVE_PROBE = """
+import json, sys
+from starlette.testclient import TestClient
+from taskweaver_lite.config.file import load_config
+from taskweaver_lite.web.app import build_app
+from taskweaver_lite.web.auth import Access
+app = build_app(load_config(sys.argv[1]), Access(token=None))
+hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "probe", "version": "1"}}
+initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}
+with TestClient(app, client=("127.0.0.1", 50000), base_url="http://127.0.0.1") as client:
+    health = client.get("/healthz").status_code
+    before = "mcp" in sys.modules
+    answer = client.post("/mcp", json=initialize, headers={"Accept": "application/json, text/event-stream"})
+    print(json.dumps({"health": health, "before": before, "after": "mcp" in sys.modules, "status": answer.status_code, "body": answer.text}))
+"""
+
+
+def test_serve_loads_the_mcp_sdk_only_when_mcp_is_first_asked_and_then_answers(tmp_path: Path) -> None:
+    from taskweaver_lite.cli.init import init_project
+
+    init_project(tmp_path / "project")
+    done = subprocess.run([sys.executable, "-c", SERVE_PROBE, str(tmp_path / "project")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["health"] == 200
+    assert not seen["before"], "a server nobody asked over MCP imported the MCP SDK as it started (half a second of every replica's start)"
+    assert seen["after"] and seen["status"] == 200 and '"serverInfo"' in seen["body"], f"/mcp did not answer its first request: {seen}"

@@ -20,6 +20,7 @@ import contextlib
 import functools
 import hmac
 import html
+import importlib
 import logging
 import mimetypes
 import time
@@ -178,12 +179,14 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
     if notices is not None and is_replica(config):
         hub.join_replicas(notices)
 
-    mcp = _mcp_endpoint(hub)
+    mcp = _Mcp(hub)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        async with mcp.running() if mcp is not None else contextlib.nullcontext():
+        try:
             yield
+        finally:
+            await mcp.close()
         hub.stop_taking()
         await asyncio.to_thread(hub.close)
         hub.parts.fanout.close()
@@ -204,7 +207,7 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
         Route(METRICS, _metrics(hub)),
         *api_routes(hub),
         *admin_routes(hub, _admin_page, access),
-        Route(MCP_PATH, mcp if mcp is not None else _no_mcp, methods=["GET", "POST", "DELETE"]),
+        Route(MCP_PATH, mcp, methods=["GET", "POST", "DELETE"]),
     ]
     logging = [Middleware(AccessLogMiddleware, log=log)] if log is not None else []  # outermost: refusals are logged too
     timing = Middleware(RequestMetrics, metrics=hub.parts.metrics, routes=routes)
@@ -219,17 +222,58 @@ def build_app(config: Config, access: Access, *, log: AccessLog | None = None, p
     return app
 
 
-def _mcp_endpoint(hub: Hub) -> McpEndpoint | None:
-    """`/mcp` over `hub`; None without the MCP SDK (the `mcp` extra), when `/mcp` says how to get it."""
-    try:
-        from taskweaver_lite.web.mcp_endpoint import McpEndpoint
-    except ImportError:
-        return None
-    return McpEndpoint(hub)
+class _Mcp:
+    """`/mcp` over `hub`, the MCP SDK loaded and its transport started by the first request to reach it.
+
+    A server nobody asks over MCP never imports the SDK: about half a second of CPU off every
+    replica's start. The transport then runs, in a task of its own, for the rest of the app's life.
+    Without the SDK (the `mcp` extra), `/mcp` says how to get it.
+    """
+
+    def __init__(self, hub: Hub) -> None:
+        self._hub = hub
+        self._endpoint: McpEndpoint | None = None
+        self._problem = ""  # why /mcp cannot answer, once its start failed
+        self._task: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+        self._stop = asyncio.Event()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._task is None:  # the first request starts it; the task outlives that request (and its cancellation)
+            self._task = asyncio.create_task(self._run(), name="mcp-transport")
+        await self._ready.wait()
+        if self._endpoint is None:
+            await error(501 if self._problem == _NO_MCP_SDK else 503, self._problem)(scope, receive, send)
+            return
+        await self._endpoint(scope, receive, send)
+
+    async def _run(self) -> None:
+        try:
+            try:
+                module = await asyncio.to_thread(importlib.import_module, "taskweaver_lite.web.mcp_endpoint")
+            except ImportError:
+                self._problem = _NO_MCP_SDK
+                return
+            endpoint: McpEndpoint = module.McpEndpoint(self._hub)
+            async with endpoint.running():
+                self._endpoint = endpoint
+                self._ready.set()
+                await self._stop.wait()
+        except Exception:  # noqa: BLE001 - whatever stopped it, /mcp must answer saying so, not leave its requests waiting
+            _log.exception("/mcp could not start")
+            self._problem = "This server's MCP transport could not start (its log says why), so /mcp does not answer; restart serve."
+        finally:
+            self._endpoint = None
+            self._ready.set()
+
+    async def close(self) -> None:
+        """Stop the transport, if a request started it (the app's lifespan, as the server stops)."""
+        self._stop.set()
+        if self._task is not None:
+            await self._task
 
 
-async def _no_mcp(request: Request) -> Response:
-    return error(501, "This server has no MCP SDK, so /mcp does not answer: install the mcp extra (pip install '.[mcp]' in a checkout), then restart serve.")
+_NO_MCP_SDK = "This server has no MCP SDK, so /mcp does not answer: install the mcp extra (pip install '.[mcp]' in a checkout), then restart serve."
 
 
 class _Guard:
