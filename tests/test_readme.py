@@ -88,16 +88,11 @@ def test_the_readme_set_up_commands_are_one_line_each_and_its_test_line_is_what_
     # the background, and the package's bytecode, compiled once for every test process.
     checks = [line for line in ci[install + 1 :] if ".ci/" not in line and not line.startswith(("settle ", ".venv/bin/python -m compileall"))]
     quick = [".venv/bin/ruff check .", ".venv/bin/ruff format --check .", ".venv/bin/mypy taskweaver_lite tests bench", ".venv/bin/python -m pytest -q -m unit"]
-    # The tiers that run a model server start in the background as soon as the project is installed (under nice, in a
-    # process group the run stops on any failure); in the foreground the quick checks come first.
-    background = ["setsid nice -n 10 ", "MODELS=$!", "trap 'kill -- -$MODELS"]
-    foreground = [line for line in checks if not line.startswith(tuple(background))]
-    assert foreground[:4] == quick, "the quick checks first: lint, format, types, the unit tier"
-    assert checks.index("trap 'kill -- -$MODELS 2>/dev/null || true' EXIT") < checks.index(quick[0]), "a failed check stops the model tiers"
-    # Then every other tier: the tiers that run a model server, in the background, and beside them all the rest on
-    # workers; the run waits for both. With the unit run, the three runs are the whole suite: no tier left out, none
-    # run twice.
-    runs = [line for line in checks if " -m pytest " in line and line not in quick]
+    assert checks[:4] == quick, "the quick checks first: lint, format, types, the unit tier"
+    # Then every other tier: the tiers that run a model server, started in the background, and beside them all the
+    # rest on workers; the run waits for both. With the unit run, the three runs are the whole suite: no tier left
+    # out, none run twice.
+    runs = [line for line in checks[4:] if " -m pytest " in line]
     assert runs == [
         'setsid nice -n 10 .venv/bin/python -m pytest -q -m "llama or real" >build/ci/models.log 2>&1 &',
         '.venv/bin/python -m pytest -q -m "not unit and not llama and not real" -n 4 --dist loadfile',
