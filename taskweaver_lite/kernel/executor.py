@@ -259,9 +259,14 @@ class KernelExecutor(SessionKernel):
             self.interrupt()
             end_children(kernel)
             return
+        if self._strikes > 1:
+            # The kernel that kept writing was ended: what its last writes add as it dies is not the doing of the kernel
+            # the next cell starts in its place (under load that one was up before the watcher looked again, and ended).
+            return
         self._strikes += 1
-        if end_the_writer(kernel, strikes=self._strikes):
+        if self._strikes > 1:  # said before the kernel ends: the next cell, finding it ended, says why
             self._first_notices += (reached.message("Between cells the kernel kept writing, so it was ended,"),)
+        end_the_writer(kernel, strikes=self._strikes)
 
     def _lost(self, reached: Reached) -> None:
         """Past the limit with no kernel to be found where bubblewrap said it is: the whole sandbox ends, and the next cell says why."""
