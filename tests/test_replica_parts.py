@@ -15,12 +15,13 @@ import pytest
 from helpers import make_project
 
 from taskweaver_lite.config.file import load_config
-from taskweaver_lite.errors import ConfigError
+from taskweaver_lite.errors import ConfigError, StoreError
 from taskweaver_lite.records.conversation import Post, Round
 from taskweaver_lite.records.events import Folded, ModelCalled, PostAdded, RoundStarted
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.store.interface import Lease
 from taskweaver_lite.store.recorder import StoreRecorder
+from taskweaver_lite.web import leases as leases_module
 from taskweaver_lite.web.leases import Hold, LeaseBusy, Leases
 from taskweaver_lite.web.metrics import Metrics
 from taskweaver_lite.web.replica import check_replica_setup
@@ -296,3 +297,190 @@ def test_a_contender_never_finds_a_session_held_without_its_answered_mark_while_
     finally:
         leases.close()
         store.close()
+
+
+class Counted(SessionStore):
+    """A store that notes each lease statement a replica sends (renewals aside: they run on their own clock)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.sent: list[str] = []
+
+    def take_lease(self, session_id: str, holder: str, *, seconds: float) -> Lease | None:
+        self.sent.append(f"take {session_id}")
+        return super().take_lease(session_id, holder, seconds=seconds)
+
+    def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> int:
+        self.sent.append(f"release {session_id}")
+        return super().release_lease(session_id, holder, marks=marks)
+
+    def lease(self, session_id: str) -> Lease | None:
+        self.sent.append(f"read {session_id}")
+        return super().lease(session_id)
+
+
+def answered_round(leases: Leases, hold: Hold, recorder: StoreRecorder, index: int) -> None:
+    """A request's round as a replica stores it: started, answered with the lease's mark in the answer's write."""
+    mark = leases.answer_mark(hold)
+    recorder.mark_answer(mark)
+    rnd = Round(index=index, user_query=f"request {index}")
+    recorder.record(RoundStarted(rnd))
+    recorder.record(PostAdded(rnd, Post(send_from="Planner", send_to="User", message="done")))
+    leases.answered(hold, stored=recorder.marked(mark))
+
+
+def test_the_sessions_next_request_here_is_handed_the_lease_without_a_statement_and_its_first_write_drops_the_last_mark(tmp_path: Path) -> None:
+    store = Counted(tmp_path / "sessions.db")
+    store.create_session("s1", started=time.time())
+    here, elsewhere = Leases(store, seconds=5, wait=30), Leases(store, seconds=5, wait=0)
+    settled: list[Hold] = []
+    try:
+        recorder = StoreRecorder(store, "s1")
+        hold = here.take("s1", handover=True)
+        answered_round(here, hold, recorder, 1)
+        assert here.linger(hold, lambda: settled.append(hold))
+        store.sent.clear()
+        following = here.take("s1", handover=True)
+        assert store.sent == [], f"the lease was asked of the store again: {store.sent}"
+        assert following.handed and following.holder == hold.holder
+        recorder.free_marks(here.handed_over(following), lambda: here.confirm(following))
+        rnd = Round(index=2, user_query="request 2")
+        recorder.record(RoundStarted(rnd))  # the request's first write
+        assert store.lease("s1:answered") is None, "the previous request's answered mark must go in the next one's first write"
+        assert (held := store.lease("s1")) is not None and held.holder == hold.holder, "the lease stays this replica's throughout"
+        with pytest.raises(LeaseBusy):
+            elsewhere.take("s1")  # this one is answering: refused at once, as for any running request
+        time.sleep(leases_module.LINGER + 0.3)
+        assert settled == [], "a lease handed over must not be freed when the previous request's linger would have ended"
+        recorder.record(PostAdded(rnd, Post(send_from="Planner", send_to="User", message="done")))
+        here.release(following)
+        assert store.lease("s1") is None and store.lease("s1:answered") is None
+    finally:
+        here.close()
+        elsewhere.close()
+        store.close()
+
+
+def test_a_lingering_lease_is_freed_when_no_request_comes_and_a_contender_elsewhere_waits_for_it(tmp_path: Path) -> None:
+    store = Counted(tmp_path / "sessions.db")
+    store.create_session("s1", started=time.time())
+    here, elsewhere = Leases(store, seconds=5, wait=30), Leases(store, seconds=5, wait=30)
+    freed = threading.Event()
+    try:
+        recorder = StoreRecorder(store, "s1")
+        hold = here.take("s1")
+        answered_round(here, hold, recorder, 1)
+
+        def settle() -> None:
+            here.release(hold)
+            freed.set()
+
+        assert here.linger(hold, settle)
+        following = elsewhere.take("s1")  # waits for the linger (and the folds a settle waits for), not refused
+        assert freed.is_set() and not following.handed and following.version == recorder.newest, "taken once freed, current to the last event"
+        elsewhere.release(following)
+    finally:
+        here.close()
+        elsewhere.close()
+        store.close()
+
+
+def test_a_request_that_did_not_answer_frees_its_lease_at_once(store: SessionStore) -> None:
+    leases = Leases(store, seconds=5, wait=0)
+    try:
+        hold = leases.take("s1", handover=True)
+        assert not leases.linger(hold, lambda: None), "a contender would be refused meanwhile: an unanswered request does not linger"
+        leases.release(hold)
+        assert store.lease("s1") is None
+    finally:
+        leases.close()
+
+
+def test_an_upload_or_delete_after_an_answer_waits_for_the_lingering_lease_to_be_freed_then_takes_it(store: SessionStore) -> None:
+    leases = Leases(store, seconds=5, wait=30)
+    try:
+        recorder = StoreRecorder(store, "s1")
+        hold = leases.take("s1", handover=True)
+        answered_round(leases, hold, recorder, 1)
+        settled: list[str] = []
+        assert leases.linger(hold, lambda: (settled.append("folds awaited"), leases.release(hold)))
+        taken = leases.take("s1")  # not a message: it writes no event to carry the marks' end
+        assert settled == ["folds awaited"] and not taken.handed and taken.holder != hold.holder
+        leases.release(taken)
+    finally:
+        leases.close()
+
+
+def test_a_lease_the_store_has_not_confirmed_for_half_its_term_is_not_handed_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(leases_module, "LINGER", 30.0)  # only a request ends the linger here
+
+    class Unreachable(Counted):
+        down = False
+
+        def renew_leases(self, held: Sequence[tuple[str, str]], *, seconds: float, read: Sequence[str] = ()) -> tuple[set[str], dict[str, str]]:
+            if self.down:
+                raise StoreError("the store is down")
+            return super().renew_leases(held, seconds=seconds, read=read)
+
+    store = Unreachable(tmp_path / "sessions.db")
+    store.create_session("s1", started=time.time())
+    leases = Leases(store, seconds=1.0, wait=30)
+    try:
+        recorder = StoreRecorder(store, "s1")
+        hold = leases.take("s1", handover=True)
+        answered_round(leases, hold, recorder, 1)
+        assert leases.linger(hold, lambda: leases.release(hold))
+        store.down = True  # renewals fail: the lease may have run out in the store, and another taken it
+        time.sleep(0.6)
+        following = leases.take("s1", handover=True)
+        assert not following.handed and following.holder != hold.holder, "handed over on the strength of an old renewal"
+        assert "take s1" in store.sent
+        leases.release(following)
+    finally:
+        leases.close()
+        store.close()
+
+
+def test_a_stop_left_for_the_answered_request_does_not_stop_the_one_handed_its_lease(tmp_path: Path) -> None:
+    heard: list[str] = []
+
+    def stop_here(session_id: str) -> bool:
+        heard.append(session_id)
+        return True
+
+    store = SessionStore(tmp_path / "sessions.db")
+    store.create_session("s1", started=time.time())
+    here, elsewhere = Leases(store, seconds=1.2, wait=30, on_stop=stop_here), Leases(store, seconds=1.2, wait=0)
+    try:
+        recorder = StoreRecorder(store, "s1")
+        hold = here.take("s1", handover=True)
+        answered_round(here, hold, recorder, 1)
+        store.take_lease("s1:stop", hold.holder, seconds=60)  # Stop pressed elsewhere just as it answered
+        assert here.linger(hold, lambda: here.release(hold))
+        following = here.take("s1", handover=True)
+        assert following.handed
+        time.sleep(1.0)  # two renewals and more, before the request's first write
+        assert heard == [], "a Stop meant for the previous request stopped the one handed its lease"
+        recorder.free_marks(here.handed_over(following), lambda: here.confirm(following))
+        recorder.record(RoundStarted(Round(index=2, user_query="request 2")))
+        assert store.lease("s1:stop") is None, "the previous request's Stop goes in the first write"
+        assert elsewhere.ask_to_stop("s1"), "this request runs, unanswered: Stop elsewhere marks it"
+        assert heard_within(heard, ["s1"]), "and its renewal reads the mark and stops it"
+        here.release(following)
+    finally:
+        here.close()
+        elsewhere.close()
+        store.close()
+
+
+def test_a_handed_request_that_ends_before_its_first_write_leaves_none_of_the_previous_ones_marks(store: SessionStore) -> None:
+    leases = Leases(store, seconds=5, wait=0)
+    try:
+        hold = leases.take("s1", handover=True)
+        answered_round(leases, hold, StoreRecorder(store, "s1"), 1)
+        assert leases.linger(hold, lambda: leases.release(hold))
+        following = leases.take("s1", handover=True)  # then fails at once: the kernel could not start, say
+        leases.release(following)
+        assert store.lease("s1") is None and store.lease("s1:answered") is None, "a stale answered mark would make a contender wait for nothing"
+    finally:
+        leases.close()

@@ -22,6 +22,7 @@ from taskweaver_lite.errors import SessionBusyError, StoreError
 from taskweaver_lite.records.conversation import Conversation, Post, Round, RoundState
 from taskweaver_lite.records.events import Folded, ModelCalled, PostAdded, RoundEnded, RoundStarted, Working
 from taskweaver_lite.records.execution import ExecutionResult, Variable
+from taskweaver_lite.store import recorder as recorder_module
 from taskweaver_lite.store.database import SessionStore
 from taskweaver_lite.store.interface import Store
 from taskweaver_lite.store.postgres import PostgresStore
@@ -256,9 +257,20 @@ def test_the_recorder_takes_events_from_many_threads_at_once(store: Store) -> No
     record_round(store, "s", 1, "meanwhile", [code_post(f"v{n} = {n}") for n in range(20)])
     for thread in threads:
         thread.join()
-    recorder(Working("planner_thinking"))  # the calls' records go with the session's next event
+    recorder.flush()  # the session closes: the calls' records are written
     stored = store.load("s")
     assert (stored.usage.calls, stored.usage.prompt_tokens) == (300, 900) and len(stored.rounds[0].posts) == 20
+
+
+def test_a_cell_starting_does_not_write_the_call_that_wrote_it_alone(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    store.create_session("s", started=time.time())
+    recorder = StoreRecorder(store, "s")
+    recorder(ModelCalled("code_generator", 7, 2, 0.05, ok=True))
+    recorder(Working("code_running"))  # progress: shown, never recorded
+    assert store.load("s").usage.calls == 0, "a progress event wrote the held call in a write of its own"
+    monkeypatch.setattr(recorder_module, "HOLD_AT_MOST", 0.0)  # a cell that has run (and printed) a while
+    recorder(Working("code_running"))
+    assert store.load("s").usage.calls == 1, "a call held through a long cell is written at its next progress"
 
 
 def test_a_model_calls_record_is_written_with_the_post_its_reply_became(store: Store) -> None:

@@ -158,6 +158,32 @@ def test_the_events_stream_on_another_replica_resumes_from_last_event_id(team: T
         assert second.get(f"/api/sessions/{session_id}/events", params={"after": "x"}).status_code == 400
 
 
+def test_requests_sent_back_to_back_on_one_replica_each_say_where_their_own_events_begin(team: Team) -> None:
+    # Each request's stream opens with the session's newest stored event before it (`id:`): a page that loses the
+    # stream follows the session from there. The replica keeps the session's lease between such requests.
+    with team.client(0) as first:
+        session_id = first.post("/api/sessions", json={}).json()["id"]
+        since: list[int] = []
+        for n in range(4):
+            with first.stream("POST", f"/api/sessions/{session_id}/messages", json={"text": f"RUN<<print({n})>>"}) as response:
+                lines = [line for line in response.iter_lines() if line]
+            assert lines[-1].startswith("data: ") and json.loads(lines[-1][6:])["type"] == "answer", lines[-1]
+            since.append(int(next(line for line in lines if line.startswith("id: "))[4:]))
+        last = first.get(f"/api/sessions/{session_id}").json()["last_event"]
+        stored: list[tuple[int, dict[str, Any]]] = []
+        with first.stream("GET", f"/api/sessions/{session_id}/events", params={"after": 0}) as response:
+            event_id = 0
+            for line in response.iter_lines():
+                event_id = int(line[4:]) if line.startswith("id: ") else event_id
+                if line.startswith("data: "):
+                    stored.append((event_id, json.loads(line[6:])))
+                    if event_id >= last:
+                        break
+    starts = [(event_id, data["round"]) for event_id, data in stored if data["type"] == "round_started"]
+    before = [max((event_id for event_id, _ in stored if event_id < start), default=0) for start, _ in starts]
+    assert since == before, f"where each request's events begin, as its stream said {since}, and as stored {before}"
+
+
 def _read_events(team: Team, session_id: str, after: int, into: list[tuple[int, dict[str, Any]]], count: int) -> None:
     with team.client(1) as second, second.stream("GET", f"/api/sessions/{session_id}/events", params={"after": after}) as response:
         into.extend(_events(response, count))

@@ -174,7 +174,12 @@ def test_one_holder_at_a_time_has_a_sessions_lease_until_it_expires(store: Store
     lease = store.take_lease("s", "replica-a/1", seconds=30)
     assert lease is not None and lease.holder == "replica-a/1" and lease.expires > time.time()
     assert store.take_lease("s", "replica-b/1", seconds=30) is None
-    assert store.renew_lease("s", "replica-a/1", seconds=30) and not store.renew_lease("s", "replica-b/1", seconds=30)
+    assert store.renew_leases([("s", "replica-a/1")], seconds=30) == ({"s"}, {}) and store.renew_leases([("s", "replica-b/1")], seconds=30)[0] == set()
+    store.take_lease("s:stop", "replica-a/1", seconds=30)
+    store.take_lease("t", "replica-b/1", seconds=-1.0)  # run out already
+    renewed, found = store.renew_leases([("s", "replica-a/1"), ("s:stop", "replica-a/1")], seconds=30, read=["s:stop", "t", "u"])
+    assert renewed == {"s", "s:stop"} and found == {"s:stop": "replica-a/1"}, "one write renews several rows and reads the live ones asked for"
+    store.release_lease("s:stop", "replica-a/1")
     store.release_lease("s", "replica-b/1")  # not theirs: nothing happens
     assert (held := store.lease("s")) is not None and held.holder == "replica-a/1"
     store.release_lease("s", "replica-a/1")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ from taskweaver_lite.roles.team import TeamMember, build_team, show_tips
 from taskweaver_lite.roles.worker import RoleRequest, Turn
 from taskweaver_lite.safety.confirm import ConfirmCell
 from taskweaver_lite.safety.workfiles import CopyReport
-from taskweaver_lite.store.interface import INTERRUPTED_ERROR, LeaseMark, SessionClaim, Store, StoredSession
+from taskweaver_lite.store.interface import INTERRUPTED_ERROR, FreedMarks, LeaseMark, SessionClaim, Store, StoredSession
 from taskweaver_lite.store.recorder import StoreRecorder
 from taskweaver_lite.telemetry import tracing
 
@@ -347,6 +347,16 @@ class Session:
         """Take the lease row `mark` in the store as the next answer is stored, in the answer's own write (None: none)."""
         if self._recorder is not None:
             self._recorder.mark_answer(mark)
+
+    def free_lease_marks(self, marks: FreedMarks, then: Callable[[], None]) -> None:
+        """Delete the lease rows `marks` in the store's next write of this session (`then` is told once it has)."""
+        if self._recorder is not None:
+            self._recorder.free_marks(marks, then)
+
+    @property
+    def newest_event(self) -> int:
+        """The id of the newest event-log entry this session wrote to the store (0: none yet)."""
+        return self._recorder.newest if self._recorder is not None else 0
 
     def answer_marked(self, mark: LeaseMark) -> bool:
         """Whether the answer's write took `mark` (False: it is still to take, by a statement of its own)."""

@@ -76,6 +76,7 @@ class EventRows:
     states: dict[str, str] = field(default_factory=dict)  # role -> its compression state's JSON
     log: list[str] = field(default_factory=list)  # the event log's entries, JSON, in order
     mark: Statement | None = None  # a lease row taken in the same write (the answered mark: `Store.record`'s `mark`)
+    unmark: Statement | None = None  # lease rows deleted in the same write (`Store.record`'s `unmark`)
 
     def add(self, event: Event, *, known_rounds: set[tuple[str, str]]) -> None:
         """Gather `event`'s rows (a round's row too unless `known_rounds` has it)."""
@@ -182,8 +183,7 @@ class EventRows:
             rows = [[self.session_id, role, state, self.now] for role, state in self.states.items()]
             upsert = " ON CONFLICT (session_id, role) DO UPDATE SET state = excluded.state, saved_at = excluded.saved_at"
             out.append(_insert("compression (session_id, role, state, saved_at)", rows, upsert))
-        if self.mark is not None:
-            out.append(self.mark)
+        out += [statement for statement in (self.mark, self.unmark) if statement is not None]
         return out
 
     def log_insert(self) -> Statement | None:

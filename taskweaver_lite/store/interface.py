@@ -211,6 +211,18 @@ class LeaseMark:
     seconds: float
 
 
+@dataclass(frozen=True)
+class FreedMarks:
+    """Lease rows deleted with a write of events, in the same statement: `keys` where `holder` holds them.
+
+    A request handed its session's lease by the previous one on the same replica (one holder for both)
+    drops what that one left: its answered mark, and a Stop meant for it.
+    """
+
+    keys: tuple[str, ...]
+    holder: str
+
+
 # The store's notice that a session has new events (payload: the session id), sent as they are committed.
 EVENTS_CHANNEL = "twl_events"
 
@@ -270,6 +282,7 @@ class Store(Protocol):
         shown: Sequence[dict[str, Any]] = (),
         compression: Mapping[str, dict[str, Any]] | None = None,
         mark: LeaseMark | None = None,
+        unmark: FreedMarks | None = None,
     ) -> list[int]: ...
     def save_compression(self, session_id: str, role: str, state: dict[str, Any]) -> None: ...
     def save_overrides(self, session_id: str, overrides: list[str]) -> None: ...
@@ -331,7 +344,7 @@ class Store(Protocol):
 
     # Leases: one request at a time per session, across processes
     def take_lease(self, session_id: str, holder: str, *, seconds: float) -> Lease | None: ...
-    def renew_lease(self, session_id: str, holder: str, *, seconds: float) -> bool: ...
+    def renew_leases(self, held: Sequence[tuple[str, str]], *, seconds: float, read: Sequence[str] = ()) -> tuple[set[str], dict[str, str]]: ...
     def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> int: ...
     def lease(self, session_id: str) -> Lease | None: ...
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,11 @@ from taskweaver_lite.errors import StoreError
 from taskweaver_lite.records.event_json import event_json
 from taskweaver_lite.records.events import CellPrinted, Event, FileLoaded, Folded, ModelCalled, PostAdded, ReplyStreamed, RoundEnded, Working
 from taskweaver_lite.safety.workfiles import read_below
-from taskweaver_lite.store.interface import LeaseMark, Store
+from taskweaver_lite.store.interface import FreedMarks, LeaseMark, Store
 
 MAX_KEPT_BYTES = 50 * 1024 * 1024  # an artifact larger than this stays in its session folder only
+HOLD_AT_MOST = 1.0  # seconds a model call's record waits for the next recorded event, once progress is heard
+PROGRESS = (Working, ReplyStreamed, CellPrinted)  # shown as they happen, never recorded
 
 
 class StoreRecorder:
@@ -24,13 +27,16 @@ class StoreRecorder:
     that allows:
     - A model call's record is written with the next event (the post its reply became, the repair,
       the fold, the round's end): a kill -9 in between loses only what `kill -9` during the call's
-      own write would have. `flush` writes what is held.
+      own write would have. Progress (a cell starting, printing) is not such an event: a held call
+      waits for the cell's result, unless it has waited HOLD_AT_MOST seconds already (a long cell
+      that prints). `flush` writes what is held.
     - Events shown together are written together (`record(*events)`: a round's start and its request).
     - The answer ends its round in the store: its write also logs the round's end, and the
       `RoundEnded` that follows for that round writes nothing more.
     - A fold's new compression state is saved in the write of its `Folded` event.
     - A lease row to take as the answer is stored (`mark_answer`: the lease's answered mark on a
-      replica) goes in the answer's write, not in a statement of its own.
+      replica) goes in the answer's write, not in a statement of its own; so do lease rows to free
+      (`free_marks`: a request handed the lease drops the previous request's marks) in the next write.
 
     `compression_state(role)` returns that role's CompressionState.to_dict(); with it, each fold also
     saves the role's new state. A store failure in a background thread is raised again on the next
@@ -55,10 +61,13 @@ class StoreRecorder:
         self._owner = threading.get_ident()
         self._failure: StoreError | None = None
         self._held: list[ModelCalled] = []
+        self._held_since = 0.0  # monotonic time the oldest held call was held
         self._held_lock = threading.Lock()
         self._ended_by_answer: str | None = None  # the round whose answer's write also ended it
         self._answer_mark: LeaseMark | None = None  # taken in the next answer's write
         self._marked: LeaseMark | None = None  # the mark the last answer's write took
+        self._unmark: tuple[FreedMarks, Callable[[], None]] | None = None  # freed in the next write, then told
+        self.newest = 0  # the id of the newest event-log entry written here (0: none yet)
 
     def __call__(self, event: Event) -> None:
         """Record `event` (the Listener signature)."""
@@ -67,8 +76,13 @@ class StoreRecorder:
     def record(self, *events: Event) -> None:
         """Record `events` in one write (with the model calls held until now), unless they are all model calls (held)."""
         with self._held_lock:
-            if all(isinstance(event, ModelCalled) for event in events):
-                self._held.extend(event for event in events if isinstance(event, ModelCalled))
+            calls = [event for event in events if isinstance(event, ModelCalled)]
+            if calls and not self._held:
+                self._held_since = time.monotonic()
+            if all(isinstance(event, (ModelCalled, *PROGRESS)) for event in events) and not (
+                self._held and not calls and time.monotonic() - self._held_since >= HOLD_AT_MOST
+            ):
+                self._held.extend(calls)  # nothing to record but calls: they wait for the next event
                 held = None
             else:
                 held, self._held = self._held, []
@@ -95,8 +109,13 @@ class StoreRecorder:
             if state is not None:
                 states[fold.role] = state
         mark = self._answer_mark if answer is not None else None
+        unmark = self._unmark if shown else None  # with entries for the log: a write that surely happens
         if events or shown:
-            self.store.record(self.session_id, *events, shown=shown, compression=states, mark=mark)
+            ids = self.store.record(self.session_id, *events, shown=shown, compression=states, mark=mark, unmark=unmark[0] if unmark else None)
+            self.newest = max([self.newest, *ids])
+            if unmark is not None and self._unmark is unmark:
+                self._unmark = None
+                unmark[1]()
         if answer is not None:
             self._ended_by_answer = answer.round.id
             self._answer_mark, self._marked = None, mark
@@ -108,6 +127,10 @@ class StoreRecorder:
         """Take the lease row `mark` in the next answer's write (None: no row); what an earlier answer took is forgotten."""
         self._answer_mark, self._marked = mark, None
 
+    def free_marks(self, marks: FreedMarks, then: Callable[[], None]) -> None:
+        """Delete the lease rows `marks` in the next write that writes anything (`then` is told once it has)."""
+        self._unmark = (marks, then)
+
     def marked(self, mark: LeaseMark) -> bool:
         """Whether the last answer's write took `mark`."""
         return self._marked == mark
@@ -118,7 +141,7 @@ class StoreRecorder:
 
     def _shown(self, event: Event) -> list[dict[str, Any]]:
         """The event-log entry of `event` (what the events route streams): recorded events the page shows, as it shows them."""
-        if isinstance(event, (Working, ReplyStreamed, CellPrinted)):
+        if isinstance(event, PROGRESS):
             return []  # progress only: not recorded
         shown = event_json(event, session_id=self.session_id)
         return [shown] if shown is not None else []

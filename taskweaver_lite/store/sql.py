@@ -22,7 +22,7 @@ from taskweaver_lite.records.execution import Variable
 from taskweaver_lite.records.model_calls import Usage
 from taskweaver_lite.records.tips import Tip, TipKind
 from taskweaver_lite.store.event_rows import Connection, EventRows, to_json
-from taskweaver_lite.store.interface import INTERRUPTED_ERROR, FileKind, Lease, LeaseMark, SessionEntry, StoredEvent, StoredSession
+from taskweaver_lite.store.interface import INTERRUPTED_ERROR, FileKind, FreedMarks, Lease, LeaseMark, SessionEntry, StoredEvent, StoredSession
 from taskweaver_lite.store.user_queries import UserQueries
 from taskweaver_lite.store.users import Verifier
 
@@ -104,10 +104,12 @@ class SqlStore(UserQueries):
         shown: Sequence[dict[str, Any]] = (),
         compression: Mapping[str, dict[str, Any]] | None = None,
         mark: LeaseMark | None = None,
+        unmark: FreedMarks | None = None,
     ) -> list[int]:
         """Write session events, `shown` (entries for the event log) and `compression` (roles' new states) in one write; the log entries' ids.
 
-        `mark`: a lease row taken in the same write (over any earlier one), when it writes anything.
+        `mark`: a lease row taken in the same write (over any earlier one), when it writes anything;
+        `unmark`: lease rows deleted in it (never `mark`'s own row: it is written over anyway).
         `Working`, `ReplyStreamed`, `CellPrinted` are progress only: they are not recorded. StoreError
         when the session is not stored.
         """
@@ -125,6 +127,8 @@ class SqlStore(UserQueries):
                 " ON CONFLICT (session_id) DO UPDATE SET holder = excluded.holder, expires = excluded.expires",
                 [mark.key, mark.holder, mark.seconds],
             )
+        if unmark is not None and (keys := [key for key in unmark.keys if mark is None or key != mark.key]):
+            rows.unmark = (f"DELETE FROM leases WHERE holder = ? AND session_id IN ({', '.join('?' * len(keys))})", [unmark.holder, *keys])
         ids = self._write(rows)
         self._known_rounds |= {(session_id, round_id) for round_id in rows.rounds}  # only once committed: a rolled-back round row is made again
         return ids
@@ -414,11 +418,26 @@ class SqlStore(UserQueries):
             ).fetchone()
         return None if row is None else Lease(session_id=session_id, holder=str(row[0]), expires=float(row[1]), version=int(row[2]))
 
-    def renew_lease(self, session_id: str, holder: str, *, seconds: float) -> bool:
-        """Extend `holder`'s lease by `seconds` from now; False when it is no longer theirs."""
-        with self._write_one() as db:
-            updated = db.execute(f"UPDATE leases SET expires = {self.now_sql} + ? WHERE session_id = ? AND holder = ?", (seconds, session_id, holder)).rowcount
-        return updated > 0
+    def renew_leases(self, held: Sequence[tuple[str, str]], *, seconds: float, read: Sequence[str] = ()) -> tuple[set[str], dict[str, str]]:
+        """Extend each (key, holder) lease by `seconds` from now where `holder` still has it, and read the leases `read` as they are.
+
+        Returns the keys renewed, and the holder of each lease of `read` not run out. A replica's
+        whole renewal (its leases, their marks, and the Stop rows it looks for) in one write.
+        """
+        with self._transaction() as db:
+            renewed = {
+                key
+                for key, holder in held
+                if db.execute(f"UPDATE leases SET expires = {self.now_sql} + ? WHERE session_id = ? AND holder = ?", (seconds, key, holder)).rowcount
+            }
+            found = (
+                db.execute(
+                    f"SELECT session_id, holder FROM leases WHERE session_id IN ({', '.join('?' * len(read))}) AND expires >= {self.now_sql}", tuple(read)
+                ).fetchall()
+                if read
+                else []
+            )
+        return renewed, {str(key): str(holder) for key, holder in found}
 
     def release_lease(self, session_id: str, holder: str, *, marks: Sequence[str] = ()) -> int:
         """Free the session's lease if `holder` has it, and at the same moment `holder`'s marks on it (the rows `session_id + mark`).

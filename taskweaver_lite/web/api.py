@@ -162,7 +162,7 @@ def _session(hub: Hub, handler: SessionHandler, *, visits: AdminVisits | None = 
         session_id = request.path_params["id"]
         owner = owner_of_request(request)
         try:
-            if owner is not None or hub.replica is not None:
+            if (owner is not None or hub.replica is not None) and not _held_for(hub, session_id, owner):
                 await asyncio.to_thread(_check_owner, hub, session_id, owner)
             if visits is not None and owner is None and request.scope.get("state", {}).get("user") is not None:
                 await asyncio.to_thread(admin_visit, hub.parts.store, request, session_id, visits)
@@ -191,14 +191,19 @@ def public_text(text: str, hub: Hub) -> str:
     return re.sub(rf"(?:{pattern})(?=/|\b)[^\s'\"`,;()]*", lambda m: m.group(0).rstrip("/").rsplit("/", 1)[-1] or "…", text)
 
 
-def _check_owner(hub: Hub, session_id: str, owner: str | None) -> None:
-    """UnknownSessionError unless the session is stored and (when `owner` is given) theirs.
+def _held_for(hub: Hub, session_id: str, owner: str | None) -> bool:
+    """Whether this server holds the session for `owner` (any owner when None): nothing to ask the store, on the loop.
 
-    A session this server holds for that owner is not asked about again: a session's owner never
-    changes, and one deleted on another replica is found gone as its next request takes it up.
+    A session's owner never changes, and one deleted on another replica is found gone as its next
+    request takes it up.
     """
     live = hub.get(session_id)
-    if live is not None and (owner is None or live.session.owner == owner):
+    return live is not None and (owner is None or live.session.owner == owner)
+
+
+def _check_owner(hub: Hub, session_id: str, owner: str | None) -> None:
+    """UnknownSessionError unless the session is stored and (when `owner` is given) theirs (the store asked unless `_held_for`)."""
+    if _held_for(hub, session_id, owner):
         return
     store = hub.parts.store
     try:

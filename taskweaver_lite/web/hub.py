@@ -3,7 +3,8 @@
 One process alone: a session is opened or resumed here and stays until the server stops, its
 kernel and its store claim with it. As a replica (`replica.py`), any request may name any stored
 session: it takes the session's lease, uses this server's copy if the store has nothing newer,
-else loads it, and frees the lease once its round's bookkeeping is done. Each session's requests
+else loads it, and frees the lease once its round's bookkeeping is done, or hands it to the
+session's next request here if that comes within moments (leases.py's LINGER). Each session's requests
 run on a worker thread of its `LiveSession` (`live.py`).
 """
 
@@ -176,16 +177,18 @@ class Hub:
         with self._lock:
             self._starting += 1  # counted as running from here: a SIGTERM meanwhile waits for it, as for a request answering
         try:
-            hold = self._take(leases, session_id)
+            hold = self._take(leases, session_id, handover=True)
             try:
-                live = self._current(session_id, hold.version)
+                live, kept = self._current(session_id, hold)
+                if hold.handed:  # the previous request's marks go in this one's first write
+                    live.session.free_lease_marks(leases.handed_over(hold), functools.partial(leases.confirm, hold))
                 live.session.executor.start()  # a new session's kernel, at its first request: refused here (429, 503), not in the round
                 live.last_used = time.monotonic()
                 heard = listener(live) if listener is not None else None
                 mark = leases.answer_mark(hold)
                 live.session.mark_answer(mark)  # the lease's answered mark goes in the answer's own write
                 answered = functools.partial(self._answered, started, hold, lambda: live.session.answer_marked(mark))
-                done = functools.partial(self._finish, live, hold)
+                done = functools.partial(self._done, live, hold, kept)
                 turn = live.ask(text, loop=loop, on_answer=answered, on_done=done, listener=heard)
                 turn.since = live.version
                 return turn
@@ -205,6 +208,15 @@ class Hub:
         if hold is not None and self.parts.leases is not None:
             self.parts.leases.answered(hold, stored=marked is not None and marked())
 
+    def _done(self, live: LiveSession, hold: Hold, kept: bool) -> None:
+        """A request's thread is done: its lease lingers for the session's next request here if the session stays here, else is freed.
+
+        `kept`: the request found this replica's copy current (the session's last request was answered here).
+        """
+        assert self.parts.leases is not None
+        if not (kept and self.parts.leases.linger(hold, functools.partial(self._finish, live, hold))):
+            self._finish(live, hold)
+
     @contextlib.contextmanager
     def using(self, session_id: str) -> Iterator[LiveSession]:
         """The session for a request that is not a message (an upload, its context, its tips): under its lease on a replica."""
@@ -215,7 +227,7 @@ class Hub:
         self._refuse_when_stopping()
         hold = self._take(leases, session_id)
         try:
-            live = self._current(session_id, hold.version)
+            live, _ = self._current(session_id, hold)
             live.last_used = time.monotonic()
             if live.busy:
                 raise Busy("This session is answering a request: try again when it is done.")
@@ -346,20 +358,26 @@ class Hub:
             raise NotOpen("This session is not open in this server: resume it first (POST .../resume).")
         return live
 
-    def _take(self, leases: Leases, session_id: str) -> Hold:
+    def _take(self, leases: Leases, session_id: str, *, handover: bool = False) -> Hold:
         try:
-            return leases.take(session_id)
+            return leases.take(session_id, handover=handover)
         except LeaseBusy as exc:
             raise Busy(str(exc)) from None
 
-    def _current(self, session_id: str, newest: int) -> LiveSession:
+    def _current(self, session_id: str, hold: Hold) -> tuple[LiveSession, bool]:
         """This server's copy if the store has nothing newer, or that copy brought up to date; else the session loaded afresh (under the caller's lease).
 
-        `newest`: the session's newest event id as the lease was taken (-1: unknown, read here).
+        With it, whether the copy was current as it was: the session's last request was answered here.
         """
         assert self.replica is not None
         live = self.get(session_id)
         # version -1: the copy's folds were abandoned or its record is unknown; only a load makes it whole.
+        if live is not None and not live.busy and live.version >= 0 and hold.handed and live.session.executor.still_there():
+            # The lease never left this replica since the copy's last request: nothing is newer than what it wrote.
+            live.version = max(live.version, live.session.newest_event)
+            live.last_used = time.monotonic()
+            return live, True
+        newest = hold.version  # the session's newest event id as the lease was taken (-1: unknown, read below)
         if live is not None and not live.busy and live.version >= 0:
             # A copy whose kernel went from the gateway (culled, ended for room, the gateway restarted) is loaded
             # again below, its variables rebuilt by replay; a gateway that does not answer is the request's 503.
@@ -367,7 +385,7 @@ class Hub:
                 newest = self.parts.store.last_event_id(session_id)  # nobody else writes while the lease is held
             if newest == live.version and live.session.executor.still_there():
                 live.last_used = time.monotonic()
-                return live
+                return live, True
             try:
                 refreshed = self.replica.refresh(live.session)
             except UnknownSessionError:
@@ -376,7 +394,7 @@ class Hub:
             if refreshed:
                 live.last_used = time.monotonic()
                 live.version = newest
-                return live
+                return live, False
         if live is not None:
             self._drop(live)
         try:
@@ -388,7 +406,7 @@ class Hub:
         close_thread_loop()  # the replay (if the kernel had to be started afresh) ran cells from this thread
         live = self._keep(LiveSession(session))
         live.version = self.parts.store.last_event_id(session_id)
-        return live
+        return live, False
 
     def _finish(self, live: LiveSession | None, hold: Hold) -> None:
         """A request is done: its folds awaited (serve.lease_wait in all), the copy's version noted, the lease freed.
