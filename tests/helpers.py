@@ -178,6 +178,9 @@ class IdleExecutor:
     def still_there(self) -> bool:
         return True
 
+    def known_there(self) -> bool:
+        return True
+
     def variables(self) -> tuple[Variable, ...]:
         return ()
 

@@ -346,6 +346,9 @@ class CountingExecutor:
     def still_there(self) -> bool:
         return True
 
+    def known_there(self) -> bool:
+        return True
+
     def variables(self) -> tuple[Variable, ...]:
         return self.inner.variables()
 

@@ -136,6 +136,10 @@ class SessionKernel(ABC):
         """True: a local kernel cannot go away unnoticed (a gateway's kernel may: gateway/remote.py)."""
         return True
 
+    def known_there(self) -> bool:
+        """True, as `still_there`: nothing to ask."""
+        return True
+
     @property
     def working_dir(self) -> Path:
         """The session's local working folder (`<session>/cwd`)."""

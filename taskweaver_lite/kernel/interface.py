@@ -75,6 +75,10 @@ class Executor(Protocol):
         """False when the kernel, with its variables, went away since the last cell (a gateway ended it or restarted); GatewayError when unreachable."""
         ...
 
+    def known_there(self) -> bool:
+        """`still_there` when it can say so without asking anyone (no wait); False when only asking would tell."""
+        ...
+
 
 # Builds a session's executor for its session folder (kernel/choice.py chooses it; opening, resuming and resetting a session call it).
 ExecutorFactory = Callable[[Path], Executor]

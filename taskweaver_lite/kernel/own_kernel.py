@@ -218,6 +218,10 @@ class OwnKernelExecutor:
         """True: the notebook's own kernel is the one running this code."""
         return True
 
+    def known_there(self) -> bool:
+        """True, as `still_there`."""
+        return True
+
 
 @contextlib.contextmanager
 def _tapped(shell: InteractiveShell, output: CellOutput, on_output: OutputSink | None) -> Iterator[None]:

@@ -263,8 +263,10 @@ async def _messages(request: Request, hub: Hub, session_id: str) -> Response:
     if not isinstance(text, str) or not text.strip():
         return error(400, 'Send {"text": "..."} with the request.')
     loop = asyncio.get_running_loop()
-    # A replica takes the session's lease, and perhaps loads the session, first: off the loop.
-    turn = hub.ask(session_id, text, loop=loop) if hub.replica is None else await asyncio.to_thread(hub.ask, session_id, text, loop=loop)
+    # A replica takes the session's lease, and perhaps loads the session, first: off the loop, unless it is handed the lease here.
+    turn = hub.ask(session_id, text, loop=loop) if hub.replica is None else hub.ask_at_once(session_id, text, loop=loop)
+    if turn is None:
+        turn = await asyncio.to_thread(hub.ask, session_id, text, loop=loop)
 
     async def stream() -> AsyncIterator[str]:
         if turn.since is not None:  # where a client that loses this stream picks up the session's stored events (GET .../events)

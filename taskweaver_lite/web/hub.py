@@ -178,26 +178,48 @@ class Hub:
             self._starting += 1  # counted as running from here: a SIGTERM meanwhile waits for it, as for a request answering
         try:
             hold = self._take(leases, session_id, handover=True)
-            try:
-                live, kept = self._current(session_id, hold)
-                if hold.handed:  # the previous request's marks go in this one's first write
-                    live.session.free_lease_marks(leases.handed_over(hold), functools.partial(leases.confirm, hold))
-                live.session.executor.start()  # a new session's kernel, at its first request: refused here (429, 503), not in the round
-                live.last_used = time.monotonic()
-                heard = listener(live) if listener is not None else None
-                mark = leases.answer_mark(hold)
-                live.session.mark_answer(mark)  # the lease's answered mark goes in the answer's own write
-                answered = functools.partial(self._answered, started, hold, lambda: live.session.answer_marked(mark))
-                done = functools.partial(self._done, live, hold, kept)
-                turn = live.ask(text, loop=loop, on_answer=answered, on_done=done, listener=heard)
-                turn.since = live.version
-                return turn
-            except BaseException:
-                leases.release(hold)
-                raise
+            return self._ask_holding(leases, hold, text, loop=loop, listener=listener, started=started)
         finally:
             with self._lock:
                 self._starting -= 1
+
+    def ask_at_once(
+        self, session_id: str, text: str, *, loop: asyncio.AbstractEventLoop, listener: Callable[[LiveSession], Listener] | None = None
+    ) -> Turn | None:
+        """`ask` on a replica, from the loop's own thread, when it waits for nothing: None when it would (then call `ask` from a thread).
+
+        It waits for nothing when the session's previous request here left its lease lingering
+        (handed over without a statement) and the copy's kernel is known to be there without asking the gateway.
+        """
+        leases, live = self.parts.leases, self.get(session_id)
+        if leases is None or self.stopping or live is None or live.busy or live.version < 0 or not live.session.executor.known_there():
+            return None
+        hold = leases.hand_over(session_id)
+        if hold is None:
+            return None
+        return self._ask_holding(leases, hold, text, loop=loop, listener=listener, started=time.monotonic())
+
+    def _ask_holding(
+        self, leases: Leases, hold: Hold, text: str, *, loop: asyncio.AbstractEventLoop, listener: Callable[[LiveSession], Listener] | None, started: float
+    ) -> Turn:
+        """`ask`, once the session's lease is held (its lease freed if the request cannot start)."""
+        try:
+            live, kept = self._current(hold.session_id, hold)
+            if hold.handed:  # the previous request's marks go in this one's first write
+                live.session.free_lease_marks(leases.handed_over(hold), functools.partial(leases.confirm, hold))
+            live.session.executor.start()  # a new session's kernel, at its first request: refused here (429, 503), not in the round
+            live.last_used = time.monotonic()
+            heard = listener(live) if listener is not None else None
+            mark = leases.answer_mark(hold)
+            live.session.mark_answer(mark)  # the lease's answered mark goes in the answer's own write
+            answered = functools.partial(self._answered, started, hold, lambda: live.session.answer_marked(mark))
+            done = functools.partial(self._done, live, hold, kept)
+            turn = live.ask(text, loop=loop, on_answer=answered, on_done=done, listener=heard)
+            turn.since = live.version
+            return turn
+        except BaseException:
+            leases.release(hold)
+            raise
 
     def _answered(self, started: float, hold: Hold | None, marked: Callable[[], bool] | None) -> None:
         """A request's answer is stored and on its way: its time counted; on a replica, a contender may now wait for the lease.

@@ -145,11 +145,10 @@ class Leases:
         """
         with self._lock:
             while True:
+                if handover and (handed := self._hand_over(session_id)) is not None:
+                    return handed
                 linger = self._lingering.pop(session_id, None)
                 if linger is not None:
-                    confirmed = self._confirmed.get(session_id)
-                    if handover and confirmed is not None and time.monotonic() - confirmed < self._seconds / 2:
-                        return self._hand_over(linger.hold)
                     self._lock.release()  # its folds awaited, off the lock: then taken as usual
                     try:
                         linger.settle()
@@ -167,12 +166,22 @@ class Leases:
                     raise LeaseBusy(BUSY)
                 self._freed.wait(timeout=left)
 
-    def _hand_over(self, hold: Hold) -> Hold:
-        """`hold`, lingering, for the session's next request here: no longer marked answered here; the lock must be held."""
-        self._held.pop(hold.session_id + ANSWERED, None)
-        self._stopped.discard(hold.holder)
-        handed = dataclasses.replace(hold, handed=True)
-        self._held[hold.session_id] = handed
+    def hand_over(self, session_id: str) -> Hold | None:
+        """The session's lease, lingering here, for its next request (without waiting or a statement); None when there is none to hand over."""
+        with self._lock:
+            return self._hand_over(session_id)
+
+    def _hand_over(self, session_id: str) -> Hold | None:
+        """`hand_over`; the lock must be held. Only a lease the store confirmed within half a term: nobody else can have it."""
+        linger = self._lingering.get(session_id)
+        confirmed = self._confirmed.get(session_id)
+        if linger is None or confirmed is None or time.monotonic() - confirmed >= self._seconds / 2:
+            return None
+        del self._lingering[session_id]
+        self._held.pop(session_id + ANSWERED, None)
+        self._stopped.discard(linger.hold.holder)
+        handed = dataclasses.replace(linger.hold, handed=True)
+        self._held[session_id] = handed
         return handed
 
     def handed_over(self, hold: Hold) -> FreedMarks:

@@ -244,11 +244,13 @@ class GatewayExecutor(SessionKernel):
         connection first (its status messages), and a gateway that stops closes it; either leaves
         something to read, and the gateway is asked then.
         """
+        return self.known_there() or self.kernel.present()
+
+    def known_there(self) -> bool:
+        """`still_there` without asking the gateway: False when only asking would tell."""
         if not self._ready.is_set() or self._start_error is not None or self.kernel.kernel_id is None or self._closed:
             return True
-        if time.monotonic() - self._last_cell < GONE_CHECK and self.kernel.connected and not self.kernel.waiting():
-            return True
-        return self.kernel.present()
+        return time.monotonic() - self._last_cell < GONE_CHECK and self.kernel.connected and not self.kernel.waiting()
 
     def _new_kernel(self) -> None:
         """Ask the gateway for a new kernel for the session; its id is told as the first one's was."""
