@@ -95,6 +95,9 @@ class TimedExecutor:
     def still_there(self) -> bool:
         return True
 
+    def known_there(self) -> bool:
+        return True
+
     def variables(self) -> tuple[Variable, ...]:
         return self.inner.variables()
 

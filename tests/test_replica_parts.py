@@ -403,7 +403,12 @@ def test_an_upload_or_delete_after_an_answer_waits_for_the_lingering_lease_to_be
         hold = leases.take("s1", handover=True)
         answered_round(leases, hold, recorder, 1)
         settled: list[str] = []
-        assert leases.linger(hold, lambda: (settled.append("folds awaited"), leases.release(hold)))
+
+        def settle() -> None:
+            settled.append("folds awaited")
+            leases.release(hold)
+
+        assert leases.linger(hold, settle)
         taken = leases.take("s1")  # not a message: it writes no event to carry the marks' end
         assert settled == ["folds awaited"] and not taken.handed and taken.holder != hold.holder
         leases.release(taken)

@@ -421,6 +421,21 @@ def test_a_write_of_events_notices_only_while_some_replica_follows_its_session(p
 
 
 @pytest.mark.postgres
+def test_a_write_sees_a_follower_that_registered_while_it_waited_whatever_the_databases_default_isolation(postgres_cluster: PostgresCluster) -> None:
+    url = postgres_cluster.new_database()
+    with psycopg.connect(postgres_cluster.url(), autocommit=True) as admin:  # an administrator's choice for the database
+        admin.execute(f"ALTER DATABASE \"{url.rsplit('/', 1)[1]}\" SET default_transaction_isolation = 'repeatable read'")
+    store = PostgresStore(url + "?options=-c%20search_path%3Dpublic")  # the URL's own server options are kept
+    started(store, "s")
+    with store._transaction() as db:  # as a write of events: its snapshot taken, then the follower registers
+        assert db.execute("SHOW transaction_isolation").fetchone()[0] == "read committed"
+        assert db.execute("SHOW search_path").fetchone()[0] == "public"
+        assert db.execute("SELECT COUNT(*) FROM followers").fetchone() == (0,)  # the snapshot a REPEATABLE READ would keep
+        store.follow("s", "replica-1", seconds=60)
+        assert db.execute("SELECT taskweaver_lite_events_logged('s')").fetchone() == (True,), "a write missed a follower that registered"
+
+
+@pytest.mark.postgres
 def test_a_new_follower_waits_for_a_write_under_way_so_that_its_next_read_holds_that_write(postgres_url: str) -> None:
     """A write that found nobody following commits before a follower registers: the follower's first read then has it."""
     store = PostgresStore(postgres_url)

@@ -185,13 +185,25 @@ def _pool_for(url: str, size: int) -> psycopg_pool.ConnectionPool[Any]:
                 # statement alone is one round trip, and lending a connection never changes its mode.
                 # Each statement is prepared on its first use (a few dozen, each sent again and again): PostgreSQL
                 # parses and plans it once per connection, not once per request.
-                kwargs={"connect_timeout": int(CONNECT_TIMEOUT_SECONDS), "autocommit": True, "prepare_threshold": 0},
+                kwargs={"connect_timeout": int(CONNECT_TIMEOUT_SECONDS), "autocommit": True, "prepare_threshold": 0, "options": _read_committed(url)},
                 name="taskweaver-lite-store",
                 open=False,
             )
             pool.open(wait=False)
             _POOLS[url] = pool
         return pool
+
+
+def _read_committed(url: str) -> str:
+    """The URL's own server options, and READ COMMITTED for every transaction, whatever the database's default.
+
+    A write's check for the session's followers reads them after it waits for their lock
+    (`follow`): only a fresh snapshot for each statement, READ COMMITTED's, then sees a follower
+    that registered meanwhile. Under a default of REPEATABLE READ or SERIALIZABLE the write would
+    not notice it, and its stream would wait for the next poll of the store.
+    """
+    own = psycopg.conninfo.conninfo_to_dict(url).get("options") or ""
+    return f"{own} -c default_transaction_isolation=read\\ committed".strip()
 
 
 def _outage(url: str) -> Outage:

@@ -74,7 +74,7 @@ class StoreRecorder:
         self.record(event)
 
     def record(self, *events: Event) -> None:
-        """Record `events` in one write (with the model calls held until now), unless they are all model calls (held)."""
+        """Record `events` in one write (with the model calls held until now), unless they are only model calls and progress (the calls held)."""
         with self._held_lock:
             calls = [event for event in events if isinstance(event, ModelCalled)]
             if calls and not self._held:

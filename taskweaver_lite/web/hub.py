@@ -399,7 +399,8 @@ class Hub:
             live.version = max(live.version, live.session.newest_event)
             live.last_used = time.monotonic()
             return live, True
-        newest = hold.version  # the session's newest event id as the lease was taken (-1: unknown, read below)
+        # The session's newest event id as the lease was taken (-1: unknown, read below; a lease handed over carries its first take's).
+        newest = -1 if hold.handed else hold.version
         if live is not None and not live.busy and live.version >= 0:
             # A copy whose kernel went from the gateway (culled, ended for room, the gateway restarted) is loaded
             # again below, its variables rebuilt by replay; a gateway that does not answer is the request's 503.
