@@ -177,9 +177,10 @@ def test_a_child_process_writing_past_the_limit_is_ended(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("sandbox", SANDBOXES)
 def test_a_cell_whose_child_process_passes_the_limit_stops_without_waiting_for_a_lost_reply(tmp_path: Path, sandbox: str) -> None:
-    """Its children were ended before the cell was interrupted: `subprocess.run` then returned, the cell ended on its own,
-    and the interrupt (a message to a sandboxed kernel) landed after it, in the kernel's own code, which dropped the
-    cell's reply: 5 s more waiting for it, in 3 of 6 such cells under load. Four cells, each stopped well within those 5 s."""
+    """A cell waiting on its writer (`subprocess.run`) ends on its own once the writer is ended. An interrupt sent to it (a
+    message, to a sandboxed kernel) landed after it: in the kernel's own code, which dropped the cell's reply (5 s more
+    waiting for it, in 3 of 6 such cells under load), or in the next cell, which it failed. Four cells, each stopped well
+    within those 5 s, and the cell after each runs."""
     config = ExecutionConfig(sandbox=sandbox, disk_limit="20MB", timeout=120)
     writer = "import subprocess\nsubprocess.run(['sh', '-c', 'i=0; while true; do i=$((i+1)); head -c 1048576 /dev/zero > w-$i; done'])"
     with KernelExecutor(tmp_path / "sessions" / "s", config=config) as executor:

@@ -59,6 +59,8 @@ SHUTDOWN_GRACE = 2.0
 # Seconds to wait for an interrupted cell's reply once the kernel is idle: sent before it said so, it is there by now
 # unless the kernel dropped it (an interrupt that landed in its own code, after the cell).
 INTERRUPTED_REPLY_WAIT = 0.5
+# Seconds a cell past the disk limit waits for a sandboxed kernel to say it raised the interrupt, before its writers end.
+INTERRUPT_CONFIRM = 1.0
 
 
 class KernelExecutor(SessionKernel):
@@ -254,9 +256,10 @@ class KernelExecutor(SessionKernel):
             self._lost(reached)
             return
         if in_cell:
-            # The interrupt first: ending a child first (a `subprocess.run` waiting on it) lets the cell end on its own,
-            # and an interrupt landing after that, in the kernel's own code, loses the cell's reply (a 5 s wait for it).
-            self.interrupt()
+            # The interrupt raised in the kernel before its writers end: a cell waiting on them (`subprocess.run`) ends
+            # on its own once they are gone, and an interrupt that reached the kernel after that would land in its own
+            # code (the cell's reply lost: 5 s waiting for it) or in the next cell (which it fails).
+            self._interrupt_raised()
             end_children(kernel)
             return
         if self._strikes > 1:
@@ -267,6 +270,31 @@ class KernelExecutor(SessionKernel):
         if self._strikes > 1:  # said before the kernel ends: the next cell, finding it ended, says why
             self._first_notices += (reached.message("Between cells the kernel kept writing, so it was ended,"),)
         end_the_writer(kernel, strikes=self._strikes)
+
+    def _interrupt_raised(self) -> None:
+        """Interrupt the running cell, and return once the kernel has raised the interrupt (or INTERRUPT_CONFIRM seconds passed).
+
+        A signal (no sandbox) is raised as it is sent. A sandboxed kernel is interrupted by a message on
+        its control channel, which it handles when it reads it: it raises the signal, then replies. The
+        manager sends it without reading the reply, so it is sent here on a connection of its own.
+        """
+        if not self._running or self._closed:
+            return
+        manager = self._manager
+        if manager.interrupt_mode != "message":
+            self.interrupt()
+            return
+        self._interrupt_requested = True
+        socket = manager.connect_control()
+        try:
+            sent = manager.session.send(socket, "interrupt_request", {})
+            deadline = time.monotonic() + INTERRUPT_CONFIRM
+            while (left := deadline - time.monotonic()) > 0 and socket.poll(int(left * 1000) + 1):
+                _, reply = manager.session.recv(socket)
+                if reply is not None and reply["parent_header"].get("msg_id") == sent["header"]["msg_id"]:
+                    return
+        finally:
+            socket.close(linger=0)
 
     def _lost(self, reached: Reached) -> None:
         """Past the limit with no kernel to be found where bubblewrap said it is: the whole sandbox ends, and the next cell says why."""
