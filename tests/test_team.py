@@ -164,11 +164,13 @@ def test_requests_sent_back_to_back_on_one_replica_each_say_where_their_own_even
     with team.client(0) as first:
         session_id = first.post("/api/sessions", json={}).json()["id"]
         since: list[int] = []
+        handed_before = _count(first, "taskweaver_lease_handovers_total")
         for n in range(4):
             with first.stream("POST", f"/api/sessions/{session_id}/messages", json={"text": f"RUN<<print({n})>>"}) as response:
                 lines = [line for line in response.iter_lines() if line]
             assert lines[-1].startswith("data: ") and json.loads(lines[-1][6:])["type"] == "answer", lines[-1]
             since.append(int(next(line for line in lines if line.startswith("id: "))[4:]))
+        handed = _count(first, "taskweaver_lease_handovers_total") - handed_before
         last = first.get(f"/api/sessions/{session_id}").json()["last_event"]
         stored: list[tuple[int, dict[str, Any]]] = []
         with first.stream("GET", f"/api/sessions/{session_id}/events", params={"after": 0}) as response:
@@ -182,6 +184,7 @@ def test_requests_sent_back_to_back_on_one_replica_each_say_where_their_own_even
     starts = [(event_id, data["round"]) for event_id, data in stored if data["type"] == "round_started"]
     before = [max((event_id for event_id, _ in stored if event_id < start), default=0) for start, _ in starts]
     assert since == before, f"where each request's events begin, as its stream said {since}, and as stored {before}"
+    assert handed >= 2, f"requests sent back to back on one replica must be handed the session's lease there: {handed} of 3 were"
 
 
 def _read_events(team: Team, session_id: str, after: int, into: list[tuple[int, dict[str, Any]]], count: int) -> None:

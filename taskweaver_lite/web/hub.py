@@ -207,6 +207,7 @@ class Hub:
             live, kept = self._current(hold.session_id, hold)
             if hold.handed:  # the previous request's marks go in this one's first write
                 live.session.free_lease_marks(leases.handed_over(hold), functools.partial(leases.confirm, hold))
+                self.parts.metrics.lease_handovers.inc()
             live.session.executor.start()  # a new session's kernel, at its first request: refused here (429, 503), not in the round
             live.last_used = time.monotonic()
             heard = listener(live) if listener is not None else None

@@ -59,6 +59,9 @@ class Metrics:
         self.open_sessions = Gauge("taskweaver_open_sessions", "Sessions this replica holds in memory", registry=r)
         self.running = Gauge("taskweaver_running_requests", "Requests this replica is answering now", registry=r)
         self.lease_takeovers = Counter("taskweaver_lease_takeovers", "Sessions taken over from a replica whose lease ran out", registry=r)
+        self.lease_handovers = Counter(
+            "taskweaver_lease_handovers", "Requests handed their session's lease by its previous request on this replica (no store round trip)", registry=r
+        )
         self.session_loads = Histogram(
             "taskweaver_session_load_seconds", "Loading a session from the store into this replica (a takeover's cost)", registry=r, buckets=_LATENCY_BUCKETS
         )
@@ -76,7 +79,7 @@ class Metrics:
     def _count_nothing(self) -> None:
         """Without prometheus_client: every metric a no-op, so the server runs the same."""
         for name in ("requests", "latency", "answers", "model_calls", "prompt_tokens", "completion_tokens", "folds", "open_sessions", "running",
-                     "lease_takeovers", "session_loads", "session_refreshes", "store_unavailable", "tokens"):  # fmt: skip
+                     "lease_takeovers", "lease_handovers", "session_loads", "session_refreshes", "store_unavailable", "tokens"):  # fmt: skip
             setattr(self, name, _Nothing())
 
     def listener(self, user: str | None) -> Listener:
